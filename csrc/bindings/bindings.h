@@ -1,0 +1,24 @@
+// Shared declarations of the pybind11 binding files (one per core subsystem).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+
+struct ggml_tensor;
+
+namespace superggml {
+
+// A ggml tensor seen from Python; `owner` keeps its context (or store) alive.
+struct tensor_ref {
+    ggml_tensor * t = nullptr;
+    std::shared_ptr<void> owner;
+};
+
+void init_errors(pybind11::module_ & m);
+void init_gguf_file(pybind11::module_ & m);
+void init_paged_tensor(pybind11::module_ & m);
+void init_graph(pybind11::module_ & m);
+void init_ops(pybind11::module_ & m);
+
+}  // namespace superggml

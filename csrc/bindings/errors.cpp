@@ -1,0 +1,38 @@
+#include "bindings.h"
+
+#include "error.h"
+
+#include <cerrno>
+#include <ggml.h>
+
+namespace py = pybind11;
+
+namespace superggml {
+
+static void raise_from(const char * cls, const char * msg) {
+    py::object errors = py::module_::import("superggml.errors");
+    PyErr_SetString(errors.attr(cls).ptr(), msg);
+}
+
+void init_errors(py::module_ & m) {
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const GGUFError & e) {
+            raise_from("GGUFError", e.what());
+        } catch (const FileError & e) {
+            PyErr_SetString(e.err == ENOENT ? PyExc_FileNotFoundError : PyExc_OSError, e.what());
+        } catch (const Error & e) {
+            raise_from("SuperggmlError", e.what());
+        }
+    });
+    // ggml logs go through Python's stderr only when asked (SUPERGGML_GGML_LOG=1).
+    ggml_log_set([](ggml_log_level level, const char * text, void *) {
+        static const bool on = [] { const char * v = std::getenv("SUPERGGML_GGML_LOG"); return v && *v && *v != '0'; }();
+        if (on || level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+    }, nullptr);
+    m.attr("GGML_VERSION") = ggml_version();
+    m.attr("GGML_COMMIT") = ggml_commit();
+}
+
+}  // namespace superggml

@@ -1,0 +1,100 @@
+#include "bindings.h"
+
+#include "gguf-file.h"
+
+#include <ggml.h>
+#include <gguf.h>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+
+namespace superggml {
+
+static py::str to_str(const char * s) {
+    PyObject * o = PyUnicode_DecodeUTF8(s, (Py_ssize_t) strlen(s), "surrogateescape");
+    if (!o) throw py::error_already_set();
+    return py::reinterpret_steal<py::str>(o);
+}
+
+template <typename T>
+static py::list arr_to_list(const void * data, size_t n) {
+    const T * p = static_cast<const T *>(data);
+    py::list l(n);
+    for (size_t i = 0; i < n; ++i) l[i] = py::cast(p[i]);
+    return l;
+}
+
+static py::object scalar(const gguf_context * g, int64_t k, gguf_type t) {
+    switch (t) {
+        case GGUF_TYPE_UINT8:   return py::int_(gguf_get_val_u8(g, k));
+        case GGUF_TYPE_INT8:    return py::int_(gguf_get_val_i8(g, k));
+        case GGUF_TYPE_UINT16:  return py::int_(gguf_get_val_u16(g, k));
+        case GGUF_TYPE_INT16:   return py::int_(gguf_get_val_i16(g, k));
+        case GGUF_TYPE_UINT32:  return py::int_(gguf_get_val_u32(g, k));
+        case GGUF_TYPE_INT32:   return py::int_(gguf_get_val_i32(g, k));
+        case GGUF_TYPE_UINT64:  return py::int_(gguf_get_val_u64(g, k));
+        case GGUF_TYPE_INT64:   return py::int_(gguf_get_val_i64(g, k));
+        case GGUF_TYPE_FLOAT32: return py::float_(gguf_get_val_f32(g, k));
+        case GGUF_TYPE_FLOAT64: return py::float_(gguf_get_val_f64(g, k));
+        case GGUF_TYPE_BOOL:    return py::bool_(gguf_get_val_bool(g, k));
+        case GGUF_TYPE_STRING:  return to_str(gguf_get_val_str(g, k));
+        default: return py::none();
+    }
+}
+
+static py::object value(const gguf_context * g, int64_t k) {
+    gguf_type t = gguf_get_kv_type(g, k);
+    if (t != GGUF_TYPE_ARRAY) return scalar(g, k, t);
+    gguf_type at = gguf_get_arr_type(g, k);
+    size_t n = gguf_get_arr_n(g, k);
+    if (at == GGUF_TYPE_STRING) {
+        py::list l(n);
+        for (size_t i = 0; i < n; ++i) l[i] = to_str(gguf_get_arr_str(g, k, i));
+        return l;
+    }
+    const void * d = gguf_get_arr_data(g, k);
+    switch (at) {
+        case GGUF_TYPE_UINT8:   return arr_to_list<uint8_t>(d, n);
+        case GGUF_TYPE_INT8:    return arr_to_list<int8_t>(d, n);
+        case GGUF_TYPE_UINT16:  return arr_to_list<uint16_t>(d, n);
+        case GGUF_TYPE_INT16:   return arr_to_list<int16_t>(d, n);
+        case GGUF_TYPE_UINT32:  return arr_to_list<uint32_t>(d, n);
+        case GGUF_TYPE_INT32:   return arr_to_list<int32_t>(d, n);
+        case GGUF_TYPE_UINT64:  return arr_to_list<uint64_t>(d, n);
+        case GGUF_TYPE_INT64:   return arr_to_list<int64_t>(d, n);
+        case GGUF_TYPE_FLOAT32: return arr_to_list<float>(d, n);
+        case GGUF_TYPE_FLOAT64: return arr_to_list<double>(d, n);
+        case GGUF_TYPE_BOOL:    return arr_to_list<bool>(d, n);
+        default: return py::none();
+    }
+}
+
+void init_gguf_file(py::module_ & m) {
+    py::class_<gguf_file, std::shared_ptr<gguf_file>>(m, "GGUFFile",
+        "A GGUF file: header parsed, tensor ranges validated, data mapped read-only.")
+        .def(py::init<const std::string &>(), py::arg("path"), py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("path", &gguf_file::path)
+        .def_property_readonly("file_size", &gguf_file::file_size)
+        .def_property_readonly("data_offset", &gguf_file::data_offset)
+        .def_property_readonly("alignment", &gguf_file::alignment)
+        .def_property_readonly("closed", &gguf_file::closed)
+        .def("metadata", [](const gguf_file & f) {
+            if (f.closed()) throw Error("the GGUF file is closed");
+            py::dict d;
+            const gguf_context * g = f.gguf();
+            for (int64_t k = 0; k < gguf_get_n_kv(g); ++k) d[to_str(gguf_get_key(g, k))] = value(g, k);
+            return d;
+        }, "All key/value pairs of the header as a dict (arrays as lists).")
+        .def("tensors", [](const gguf_file & f) {
+            py::list l;
+            for (const auto & ti : f.tensors()) {
+                py::list shape;
+                for (int d = 0; d < ti.n_dims; ++d) shape.append(ti.ne[d]);
+                l.append(py::make_tuple(ti.name, ggml_type_name((ggml_type) ti.type), shape, ti.offset, ti.nbytes));
+            }
+            return l;
+        }, "Tensor table: (name, type name, shape in ggml order, absolute offset, nbytes).")
+        .def("close", &gguf_file::close);
+}
+
+}  // namespace superggml

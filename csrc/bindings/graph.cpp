@@ -1,0 +1,158 @@
+#include "bindings.h"
+
+#include "graph.h"
+
+#include <ggml.h>
+#include <ggml-backend.h>
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+
+namespace superggml {
+
+struct graph_ref {
+    ggml_cgraph * g = nullptr;
+    std::shared_ptr<graph_context> owner;
+};
+
+static std::vector<int64_t> shape_of(const ggml_tensor * t) {
+    int n = ggml_n_dims(t);
+    return std::vector<int64_t>(t->ne, t->ne + n);
+}
+
+void init_graph(py::module_ & m) {
+    py::enum_<ggml_type>(m, "GGMLType")
+        .value("F32", GGML_TYPE_F32).value("F16", GGML_TYPE_F16).value("BF16", GGML_TYPE_BF16)
+        .value("I32", GGML_TYPE_I32).value("I64", GGML_TYPE_I64)
+        .value("Q4_0", GGML_TYPE_Q4_0).value("Q4_1", GGML_TYPE_Q4_1).value("Q8_0", GGML_TYPE_Q8_0)
+        .value("Q4_K", GGML_TYPE_Q4_K).value("Q6_K", GGML_TYPE_Q6_K);
+
+    py::class_<tensor_ref>(m, "Tensor", "A ggml tensor (a node or leaf of a graph, or a paged weight).")
+        .def_property_readonly("shape", [](const tensor_ref & r) { return shape_of(r.t); },
+            "ne in ggml order (ne[0] = row length), trailing 1s dropped")
+        .def_property_readonly("ne", [](const tensor_ref & r) { return std::vector<int64_t>(r.t->ne, r.t->ne + 4); })
+        .def_property_readonly("nb", [](const tensor_ref & r) { return std::vector<size_t>(r.t->nb, r.t->nb + 4); })
+        .def_property_readonly("type", [](const tensor_ref & r) { return r.t->type; })
+        .def_property_readonly("type_name", [](const tensor_ref & r) { return std::string(ggml_type_name(r.t->type)); })
+        .def_property_readonly("nbytes", [](const tensor_ref & r) { return ggml_nbytes(r.t); })
+        .def_property_readonly("nelements", [](const tensor_ref & r) { return ggml_nelements(r.t); })
+        .def_property_readonly("element_size", [](const tensor_ref & r) { return ggml_element_size(r.t); })
+        .def_property_readonly("bound", [](const tensor_ref & r) { return r.t->data != nullptr; })
+        .def_property("name", [](const tensor_ref & r) { return std::string(r.t->name); },
+            [](tensor_ref & r, const std::string & n) { ggml_set_name(r.t, n.c_str()); })
+        .def("set_input", [](tensor_ref & r) { ggml_set_input(r.t); })
+        .def("set_output", [](tensor_ref & r) { ggml_set_output(r.t); })
+        .def("__repr__", [](const tensor_ref & r) {
+            std::string s = "<Tensor '" + std::string(r.t->name) + "' " + ggml_type_name(r.t->type) + " [";
+            for (int i = 0; i < ggml_n_dims(r.t); ++i) s += (i ? ", " : "") + std::to_string(r.t->ne[i]);
+            return s + "]>";
+        });
+
+    py::class_<graph_ref>(m, "Graph", "A ggml compute graph.")
+        .def("expand", [](graph_ref & g, const tensor_ref & t) {
+            if ((size_t) ggml_graph_n_nodes(g.g) + 64 > g.owner->graph_size()) throw Error("graph is full");
+            ggml_build_forward_expand(g.g, t.t);
+        }, "Adds `t` and everything it depends on.")
+        .def_property_readonly("n_nodes", [](const graph_ref & g) { return ggml_graph_n_nodes(g.g); });
+
+    py::class_<graph_context, std::shared_ptr<graph_context>>(m, "Context",
+        "A no-alloc ggml context: tensors and ops are made here, storage comes later.")
+        .def(py::init<size_t, size_t>(), py::arg("max_tensors") = 1024, py::arg("graph_size") = 0)
+        .def("new_graph", [](const std::shared_ptr<graph_context> & c) {
+            return graph_ref{c->new_graph(), c};
+        });
+
+    py::class_<buffer_handle, std::shared_ptr<buffer_handle>>(m, "Buffer", "A backend buffer (owned).")
+        .def_property_readonly("size", &buffer_handle::size)
+        .def("clear", [](buffer_handle & b, uint8_t v) { ggml_backend_buffer_clear(b.buf, v); }, py::arg("value") = 0);
+
+    py::class_<compute_backend, std::shared_ptr<compute_backend>>(m, "Backend",
+        "A ggml device plus the allocator of graph intermediates.")
+        .def(py::init([](const std::string & device, int n_threads) {
+            backend_params p; p.device = device; p.n_threads = n_threads;
+            return std::make_shared<compute_backend>(p);
+        }), py::arg("device") = "", py::arg("n_threads") = 4)
+        .def_property_readonly("name", &compute_backend::name)
+        .def_property("n_threads", &compute_backend::n_threads, &compute_backend::set_n_threads)
+        .def_property_readonly("compute_buffer_size", &compute_backend::compute_buffer_size)
+        .def("compute", [](compute_backend & b, const graph_ref & g) {
+            py::gil_scoped_release nogil;
+            b.compute(g.g);
+        }, "Allocates intermediates and runs the graph; the GIL is released.")
+        .def("compute_many", [](compute_backend & b, const std::vector<graph_ref> & gs) {
+            std::vector<ggml_cgraph *> v;
+            for (auto & g : gs) v.push_back(g.g);
+            py::gil_scoped_release nogil;
+            b.compute_many(v);
+        }, "Runs graphs in order in one call; the GIL is released.")
+        .def("alloc_tensors", [](compute_backend & b, const std::shared_ptr<graph_context> & c) {
+            return alloc_tensors(*c, b.buffer_type());
+        }, "Allocates every unallocated tensor of the context in one new buffer of this device.");
+
+    m.def("tensor_set", [](tensor_ref & r, py::buffer data, size_t offset) {
+        py::buffer_info info = data.request();
+        size_t n = (size_t) info.size * (size_t) info.itemsize;
+        if (!r.t->data || !r.t->buffer) throw Error(std::string("tensor_set: '") + r.t->name + "' has no storage");
+        if (offset + n > ggml_nbytes(r.t)) throw Error("tensor_set: data larger than the tensor");
+        py::gil_scoped_release nogil;
+        ggml_backend_tensor_set(r.t, info.ptr, offset, n);
+    }, py::arg("tensor"), py::arg("data"), py::arg("offset") = 0,
+       "Copies the bytes of a contiguous buffer into the tensor's storage at byte `offset`.");
+
+    m.def("tensor_get", [](tensor_ref & r) {
+        if (!r.t->data || !r.t->buffer) throw Error(std::string("tensor_get: '") + r.t->name + "' has no storage");
+        if (!ggml_is_contiguous(r.t)) throw Error("tensor_get: tensor is not contiguous");
+        std::vector<py::ssize_t> shape;
+        for (int i = ggml_n_dims(r.t) - 1; i >= 0; --i) shape.push_back(r.t->ne[i]);
+        auto fetch = [&](auto dummy) {
+            using T = decltype(dummy);
+            py::array_t<T> a(shape);
+            {
+                py::gil_scoped_release nogil;
+                ggml_backend_tensor_get(r.t, a.mutable_data(), 0, ggml_nbytes(r.t));
+            }
+            return py::object(a);
+        };
+        switch (r.t->type) {
+            case GGML_TYPE_F32: return fetch(float{});
+            case GGML_TYPE_I32: return fetch(int32_t{});
+            case GGML_TYPE_F16: return fetch(uint16_t{});
+            default: {
+                std::string s(ggml_nbytes(r.t), '\0');
+                ggml_backend_tensor_get(r.t, s.data(), 0, s.size());
+                return py::object(py::bytes(s));
+            }
+        }
+    }, py::arg("tensor"), "Copies the tensor's contents out: numpy (shape reversed to row-major) for F32/I32/F16(raw), bytes otherwise.");
+
+    m.def("type_size", [](ggml_type t) { return ggml_type_size(t); });
+    m.def("blck_size", [](ggml_type t) { return ggml_blck_size(t); });
+    m.def("row_size", [](ggml_type t, int64_t ne) { return ggml_row_size(t, ne); });
+    m.def("graph_overhead", [](size_t n) { return ggml_graph_overhead_custom(n, false); });
+    m.def("devices", [] {
+        py::list l;
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            ggml_backend_dev_t d = ggml_backend_dev_get(i);
+            size_t free = 0, total = 0;
+            ggml_backend_dev_memory(d, &free, &total);
+            const char * type = "cpu";
+            switch (ggml_backend_dev_type(d)) {
+                case GGML_BACKEND_DEVICE_TYPE_GPU: type = "gpu"; break;
+                case GGML_BACKEND_DEVICE_TYPE_IGPU: type = "igpu"; break;
+                case GGML_BACKEND_DEVICE_TYPE_ACCEL: type = "accel"; break;
+                default: break;
+            }
+            py::dict e;
+            e["name"] = ggml_backend_dev_name(d);
+            e["description"] = ggml_backend_dev_description(d);
+            e["type"] = type;
+            e["memory_free"] = free;
+            e["memory_total"] = total;
+            l.append(e);
+        }
+        return l;
+    }, "The ggml devices registered in this build: name, description, type, memory_free, memory_total.");
+}
+
+}  // namespace superggml

@@ -1,0 +1,155 @@
+#include "bindings.h"
+
+#include "graph.h"
+
+#include <ggml.h>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+
+namespace superggml {
+
+using ctx_ptr = std::shared_ptr<graph_context>;
+using T = tensor_ref;
+
+// Every op checks room and shapes first: ggml itself would abort the process.
+static T wrap(const ctx_ptr & c, ggml_tensor * t) { return T{t, c}; }
+
+static void need(bool ok, const char * op, const char * what) {
+    if (!ok) throw Error(std::string(op) + ": " + what);
+}
+
+void init_ops(py::module_ & m) {
+    auto ctx = py::reinterpret_borrow<py::class_<graph_context, ctx_ptr>>(m.attr("Context"));
+
+    ctx.def("new_tensor", [](const ctx_ptr & c, ggml_type type, const std::vector<int64_t> & shape) {
+        need(!shape.empty() && shape.size() <= 4, "new_tensor", "shape must have 1..4 dims");
+        c->check_room();
+        int64_t ne[4] = {1, 1, 1, 1};
+        for (size_t i = 0; i < shape.size(); ++i) ne[i] = shape[i];
+        return wrap(c, ggml_new_tensor(c->ctx(), type, (int) shape.size(), ne));
+    }, py::arg("type"), py::arg("shape"), "New tensor, shape in ggml order (ne[0] first).");
+
+    ctx.def("mul_mat", [](const ctx_ptr & c, const T & a, const T & b) {
+        need(a.t->ne[0] == b.t->ne[0] && b.t->ne[2] % a.t->ne[2] == 0 && b.t->ne[3] % a.t->ne[3] == 0, "mul_mat", "shapes do not match (a.ne[0] != b.ne[0] or no broadcast)");
+        c->check_room();
+        return wrap(c, ggml_mul_mat(c->ctx(), a.t, b.t));
+    }, "a [K, M, ...] x b [K, N, ...] -> F32 [M, N, ...]");
+    ctx.def("mul_mat_set_prec_f32", [](const ctx_ptr &, T & a) { ggml_mul_mat_set_prec(a.t, GGML_PREC_F32); });
+
+    auto binary = [&](const char * name, ggml_tensor * (*f)(ggml_context *, ggml_tensor *, ggml_tensor *)) {
+        ctx.def(name, [f, name](const ctx_ptr & c, const T & a, const T & b) {
+            need(ggml_can_repeat(b.t, a.t), name, "b does not broadcast to a");
+            c->check_room();
+            return wrap(c, f(c->ctx(), a.t, b.t));
+        });
+    };
+    binary("add", ggml_add);
+    binary("mul", ggml_mul);
+    binary("add_inplace", ggml_add_inplace);
+
+    ctx.def("scale", [](const ctx_ptr & c, const T & a, float s) { c->check_room(); return wrap(c, ggml_scale(c->ctx(), a.t, s)); });
+    ctx.def("rms_norm", [](const ctx_ptr & c, const T & a, float eps) { c->check_room(); return wrap(c, ggml_rms_norm(c->ctx(), a.t, eps)); });
+    ctx.def("silu", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_silu(c->ctx(), a.t)); });
+    ctx.def("swiglu_split", [](const ctx_ptr & c, const T & gate, const T & up) {
+        need(ggml_are_same_shape(gate.t, up.t), "swiglu_split", "gate and up differ in shape");
+        c->check_room();
+        return wrap(c, ggml_swiglu_split(c->ctx(), gate.t, up.t));
+    }, "silu(gate) * up");
+    ctx.def("cont", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_cont(c->ctx(), a.t)); });
+    ctx.def("cast", [](const ctx_ptr & c, const T & a, ggml_type t) { c->check_room(); return wrap(c, ggml_cast(c->ctx(), a.t, t)); });
+    ctx.def("transpose", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_transpose(c->ctx(), a.t)); });
+
+    ctx.def("reshape", [](const ctx_ptr & c, const T & a, const std::vector<int64_t> & shape) {
+        int64_t n = 1;
+        for (auto s : shape) n *= s;
+        need(!shape.empty() && shape.size() <= 4, "reshape", "shape must have 1..4 dims");
+        need(n == ggml_nelements(a.t), "reshape", "element count differs");
+        need(ggml_is_contiguous(a.t), "reshape", "tensor is not contiguous");
+        c->check_room();
+        ggml_context * x = c->ctx();
+        switch (shape.size()) {
+            case 1: return wrap(c, ggml_reshape_1d(x, a.t, shape[0]));
+            case 2: return wrap(c, ggml_reshape_2d(x, a.t, shape[0], shape[1]));
+            case 3: return wrap(c, ggml_reshape_3d(x, a.t, shape[0], shape[1], shape[2]));
+            default: return wrap(c, ggml_reshape_4d(x, a.t, shape[0], shape[1], shape[2], shape[3]));
+        }
+    });
+
+    ctx.def("view", [](const ctx_ptr & c, const T & a, const std::vector<int64_t> & shape,
+                       const std::vector<size_t> & nb, size_t offset) {
+        need(!shape.empty() && shape.size() <= 4 && nb.size() + 1 == shape.size(), "view",
+             "need 1..4 dims and len(nb) == len(shape) - 1 (row strides in bytes)");
+        int64_t ne[4] = {1, 1, 1, 1};
+        size_t st[3] = {0, 0, 0};
+        for (size_t i = 0; i < shape.size(); ++i) ne[i] = shape[i];
+        for (size_t i = 0; i < nb.size(); ++i) st[i] = nb[i];
+        size_t last = offset + ggml_row_size(a.t->type, ne[0]);
+        for (int i = 1; i < 4; ++i) last += (ne[i] - 1) * (i - 1 < 3 ? st[i - 1] : 0);
+        need(last <= ggml_nbytes(a.t), "view", "view reaches past the end of the tensor");
+        c->check_room();
+        ggml_context * x = c->ctx();
+        switch (shape.size()) {
+            case 1: return wrap(c, ggml_view_1d(x, a.t, ne[0], offset));
+            case 2: return wrap(c, ggml_view_2d(x, a.t, ne[0], ne[1], st[0], offset));
+            case 3: return wrap(c, ggml_view_3d(x, a.t, ne[0], ne[1], ne[2], st[0], st[1], offset));
+            default: return wrap(c, ggml_view_4d(x, a.t, ne[0], ne[1], ne[2], ne[3], st[0], st[1], st[2], offset));
+        }
+    }, py::arg("a"), py::arg("shape"), py::arg("nb"), py::arg("offset") = 0,
+       "View of `a`: shape in ggml order, nb = byte strides of dims 1.., byte offset.");
+
+    ctx.def("permute", [](const ctx_ptr & c, const T & a, int a0, int a1, int a2, int a3) {
+        c->check_room();
+        return wrap(c, ggml_permute(c->ctx(), a.t, a0, a1, a2, a3));
+    });
+
+    ctx.def("get_rows", [](const ctx_ptr & c, const T & a, const T & idx) {
+        need(idx.t->type == GGML_TYPE_I32, "get_rows", "indices must be I32");
+        c->check_room();
+        return wrap(c, ggml_get_rows(c->ctx(), a.t, idx.t));
+    }, "Rows of `a` at I32 indices, as F32.");
+
+    ctx.def("cpy", [](const ctx_ptr & c, const T & a, const T & b) {
+        need(ggml_nelements(a.t) == ggml_nelements(b.t), "cpy", "element counts differ");
+        c->check_room();
+        return wrap(c, ggml_cpy(c->ctx(), a.t, b.t));
+    }, "Copies a into b (converting type); returns a view of b.");
+
+    ctx.def("set_rows", [](const ctx_ptr & c, const T & dst, const T & src, const T & idx) {
+        need(idx.t->type == GGML_TYPE_I64 || idx.t->type == GGML_TYPE_I32, "set_rows", "indices must be I64 or I32");
+        need(dst.t->ne[0] == src.t->ne[0] && src.t->ne[1] == idx.t->ne[0], "set_rows", "shapes do not match");
+        c->check_room();
+        return wrap(c, ggml_set_rows(c->ctx(), dst.t, src.t, idx.t));
+    }, "dst[idx[i], :] = src[i, :] (rows of ne[0] elements, converting type).");
+
+    ctx.def("rope_ext", [](const ctx_ptr & c, const T & a, const T & pos, int n_dims, int mode, int n_ctx_orig,
+                           float freq_base, float freq_scale, float ext_factor, float attn_factor,
+                           float beta_fast, float beta_slow) {
+        need(pos.t->type == GGML_TYPE_I32 && pos.t->ne[0] == a.t->ne[2], "rope_ext", "positions must be I32 [n_tokens]");
+        need(n_dims <= a.t->ne[0] && n_dims % 2 == 0, "rope_ext", "n_dims must be even and <= head_dim");
+        c->check_room();
+        return wrap(c, ggml_rope_ext(c->ctx(), a.t, pos.t, nullptr, n_dims, mode, n_ctx_orig, freq_base, freq_scale,
+                                     ext_factor, attn_factor, beta_fast, beta_slow));
+    }, py::arg("a"), py::arg("pos"), py::arg("n_dims"), py::arg("mode"), py::arg("n_ctx_orig"),
+       py::arg("freq_base"), py::arg("freq_scale") = 1.0f, py::arg("ext_factor") = 0.0f,
+       py::arg("attn_factor") = 1.0f, py::arg("beta_fast") = 32.0f, py::arg("beta_slow") = 1.0f);
+
+    ctx.def("soft_max_ext", [](const ctx_ptr & c, const T & a, std::optional<T> mask, float scale, float max_bias) {
+        c->check_room();
+        return wrap(c, ggml_soft_max_ext(c->ctx(), a.t, mask ? mask->t : nullptr, scale, max_bias));
+    }, py::arg("a"), py::arg("mask"), py::arg("scale"), py::arg("max_bias") = 0.0f);
+
+    ctx.def("flash_attn_ext", [](const ctx_ptr & c, const T & q, const T & k, const T & v, std::optional<T> mask,
+                                 float scale, float max_bias, float softcap) {
+        need(q.t->ne[0] == k.t->ne[0] && k.t->ne[1] == v.t->ne[1] && q.t->ne[2] % k.t->ne[2] == 0,
+             "flash_attn_ext", "q/k/v shapes do not match");
+        c->check_room();
+        ggml_tensor * r = ggml_flash_attn_ext(c->ctx(), q.t, k.t, v.t, mask ? mask->t : nullptr, scale, max_bias, softcap);
+        ggml_flash_attn_ext_set_prec(r, GGML_PREC_F32);
+        return wrap(c, r);
+    }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"),
+       py::arg("max_bias") = 0.0f, py::arg("softcap") = 0.0f,
+       "q [d, n_tokens, n_head], k/v [d, n_kv, n_head_kv], mask F16 [n_kv, n_tokens] -> [d, n_head, n_tokens]");
+}
+
+}  // namespace superggml

@@ -1,0 +1,35 @@
+#include "bindings.h"
+
+#include "graph.h"
+#include "paged-tensor.h"
+
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+
+namespace superggml {
+
+void init_paged_tensor(py::module_ & m) {
+    py::enum_<weight_home>(m, "WeightHome")
+        .value("UNBOUND", weight_home::unbound)
+        .value("MMAP", weight_home::mmap)
+        .value("RESIDENT", weight_home::resident);
+
+    py::class_<weight_store, std::shared_ptr<weight_store>>(m, "WeightStore",
+        "The weights of a GGUF file as paged tensors, bound to the mmap or to resident buffers.")
+        .def(py::init<std::shared_ptr<gguf_file>>(), py::arg("file"))
+        .def("get", [](const std::shared_ptr<weight_store> & s, const std::string & name) {
+            return tensor_ref{s->get(name), s};
+        }, py::arg("name"), "The paged tensor `name` (GGUFError if the file has none).")
+        .def("has", &weight_store::has)
+        .def("home", &weight_store::home)
+        .def("bytes", &weight_store::bytes)
+        .def("bind_mmap", &weight_store::bind_mmap, py::arg("names") = std::vector<std::string>{},
+             py::call_guard<py::gil_scoped_release>(), "Binds tensors (all if empty) to the file mapping, zero copy.")
+        .def("load_resident", [](weight_store & s, const std::vector<std::string> & names, compute_backend & b) {
+            py::gil_scoped_release nogil;
+            return s.load_resident(names, b.buffer_type());
+        }, py::arg("names"), py::arg("backend"), "Copies tensors into a new buffer of the backend's device; returns bytes.");
+}
+
+}  // namespace superggml

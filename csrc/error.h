@@ -1,0 +1,26 @@
+// superggml core errors. Every failure of the core surfaces as one of these
+// C++ exceptions; the bindings turn them into Python exceptions.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace superggml {
+
+// Generic core failure (RuntimeError in Python).
+struct Error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// The GGUF file is malformed, truncated or inconsistent (superggml.GGUFError).
+struct GGUFError : Error {
+    using Error::Error;
+};
+
+// A file could not be opened (FileNotFoundError / OSError in Python).
+struct FileError : Error {
+    int err;
+    FileError(const std::string & msg, int err) : Error(msg), err(err) {}
+};
+
+}  // namespace superggml
