@@ -1,0 +1,32 @@
+"""Per-layer graphs of the supported model families.
+
+An architecture sees ggml tensors and hyperparameters only: where a weight's
+bytes live (mmap, resident buffer, pool slot) is not its business.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..errors import UnsupportedModelError
+from .common import Architecture, HParams
+from .llama import LlamaArch
+from .qwen2 import Qwen2Arch
+
+ARCHITECTURES: dict[str, type[Architecture]] = {
+    "llama": LlamaArch,
+    "qwen2": Qwen2Arch,
+}
+
+
+def get_architecture(meta: Mapping[str, Any]) -> Architecture:
+    """The architecture named in the GGUF metadata; UnsupportedModelError if unknown."""
+    name = meta.get("general.architecture")
+    cls = ARCHITECTURES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise UnsupportedModelError(
+            f"unsupported model architecture {name!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
+    return cls(HParams.from_metadata(meta, name))
+
+
+__all__ = ["ARCHITECTURES", "Architecture", "HParams", "get_architecture"]

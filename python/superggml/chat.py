@@ -1,0 +1,53 @@
+"""Chat templates from the GGUF (Jinja, rendered in a sandbox as llama.cpp's jinja engine would)."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Mapping, Sequence
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .errors import SuperggmlError
+
+# Used when a GGUF has no template: ChatML, what most small instruct models expect.
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+class ChatTemplateError(SuperggmlError, ValueError):
+    """The chat template failed to render these messages."""
+
+
+def _raise(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+class ChatTemplate:
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = ""):
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as e:
+            raise ChatTemplateError(f"the GGUF's chat template does not parse: {e}") from e
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+               **extra: Any) -> str:
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or "role" not in m:
+                raise ChatTemplateError(f"message {i} needs a 'role'")
+        try:
+            return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+        except ChatTemplateError:
+            raise
+        except jinja2.TemplateError as e:
+            raise ChatTemplateError(f"chat template failed: {e}") from e

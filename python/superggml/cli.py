@@ -1,0 +1,93 @@
+"""The `superggml` command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Sequence
+
+from .errors import SuperggmlError
+
+
+def _env_default(name: str, default: str | None) -> str | None:
+    return os.environ.get(f"SUPERGGML_{name}", default)
+
+
+def _model_path(arg: str | None) -> str:
+    if arg:
+        return arg
+    from .models import smollm2_path
+    return str(smollm2_path())
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", default=_env_default("MODEL", None),
+                   help="GGUF file (default: the bundled SmolLM2-135M test model)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="compute threads (default: all cores)")
+    p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward pass")
+    p.add_argument("--flash-attn", action="store_true", help="use ggml's flash attention")
+    p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default f16)")
+
+
+def _cmd_generate(a: argparse.Namespace) -> int:
+    from .model import Model
+
+    with Model(_model_path(a.model), ctx_size=a.ctx_size, n_threads=a.threads, n_batch=a.batch_size,
+               seed=a.seed, flash_attn=a.flash_attn, kv_type=a.kv_type) as m:
+        kw = dict(max_tokens=a.n_predict if a.n_predict >= 0 else None, temperature=a.temp, top_k=a.top_k,
+                  top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed,
+                  stop=a.stop or None, stream=True)
+        t0 = time.perf_counter()
+        n = 0
+        if a.chat:
+            chunks = m.create_chat_completion([{"role": "user", "content": a.prompt}], **kw)
+            for c in chunks:
+                piece = c["choices"][0]["delta"].get("content", "")
+                n += 1 if piece else 0
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        else:
+            for c in m.create_completion(a.prompt, **kw):
+                sys.stdout.write(c["choices"][0]["text"])
+                sys.stdout.flush()
+        sys.stdout.write("\n")
+        if a.verbose:
+            dt = time.perf_counter() - t0
+            print(f"[superggml] {m.n_tokens} tokens in context, {dt:.2f} s", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="superggml", description="Run GGUF models layer by layer over ggml.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="complete a prompt")
+    _add_model_args(g)
+    g.add_argument("-p", "--prompt", required=True, help="prompt text")
+    g.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (-1: until EOS)")
+    g.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
+    g.add_argument("--top-k", type=int, default=40)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--min-p", type=float, default=0.05)
+    g.add_argument("--repeat-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("-v", "--verbose", action="store_true")
+    g.set_defaults(func=_cmd_generate)
+
+    a = parser.parse_args(argv)
+    try:
+        return a.func(a)
+    except (SuperggmlError, FileNotFoundError, ValueError) as e:
+        print(f"superggml: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

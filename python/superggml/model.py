@@ -1,0 +1,317 @@
+"""superggml.Model: the high-level API, shaped like llama_cpp.Llama."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from . import _core
+from .arch import get_architecture
+from .chat import CHATML, ChatTemplate
+from .errors import GGUFError
+from .executor import Executor, ExecutorParams
+from .sampling import Sampler, SamplingParams
+from .tokenizer import Tokenizer
+
+
+def _default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class Model:
+    """A GGUF language model run layer by layer over ggml.
+
+    >>> with Model(path, ctx_size=2048) as m:
+    ...     print(m.create_completion("Once upon a time", max_tokens=16)["choices"][0]["text"])
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, ctx_size: int = 4096, n_batch: int = 512,
+                 n_threads: int | None = None, seed: int | None = None, flash_attn: bool = False,
+                 kv_type: str = "f16", logits_all: bool = False, verbose: bool = False):
+        if ctx_size < 1:
+            raise ValueError("ctx_size must be >= 1")
+        if n_batch < 1:
+            raise ValueError("n_batch must be >= 1")
+        self.path = os.fspath(path)
+        self.verbose = verbose
+        self.seed = seed
+        self.logits_all = logits_all
+        self._file = _core.GGUFFile(self.path)
+        try:
+            self.metadata: dict[str, Any] = self._file.metadata()
+            self.arch = get_architecture(self.metadata)
+            self.hparams = self.arch.hp
+            self.tensor_info = {name: (typ, tuple(shape), off, nb)
+                                for name, typ, shape, off, nb in self._file.tensors()}
+            self.arch.validate({n: v[1] for n, v in self.tensor_info.items()})
+            self.tokenizer = Tokenizer.from_metadata(self.metadata)
+            if self.tokenizer.n_vocab != self.hparams.n_vocab:
+                raise GGUFError(f"vocabulary has {self.tokenizer.n_vocab} tokens but the model "
+                                f"{self.hparams.n_vocab}")
+            self._store = _core.WeightStore(self._file)
+            self._store.bind_mmap()
+            self._exec = Executor(self.arch, self._store, ExecutorParams(
+                n_ctx=ctx_size, n_batch=min(n_batch, ctx_size), n_threads=n_threads or _default_threads(),
+                flash_attn=flash_attn, kv_type=kv_type))
+        except BaseException:
+            self._file.close()
+            raise
+        self._tokens: list[int] = []     # what the KV cache holds
+        self._scores: np.ndarray | None = None
+        self._closed = False
+        tmpl = self.metadata.get("tokenizer.chat_template")
+        tk = self.tokenizer
+        self.chat_template = ChatTemplate(
+            tmpl if isinstance(tmpl, str) else CHATML,
+            bos_token=tk.token_to_piece(tk.bos_id).decode("utf-8", "replace") if tk.bos_id is not None else "",
+            eos_token=tk.token_to_piece(tk.eos_id).decode("utf-8", "replace") if tk.eos_id is not None else "")
+
+    # -- lifecycle ---------------------------------------------------------
+    def close(self) -> None:
+        """Frees the KV cache and unmaps the file; the model is unusable after."""
+        if not getattr(self, "_closed", True):
+            self._closed = True
+            del self._exec
+            del self._store
+            self._file.close()
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the model is closed")
+
+    # -- properties --------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self._exec.params.n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self.hparams.n_vocab
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def n_threads(self) -> int:
+        return self._exec.backend.n_threads
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._tokens)
+
+    @property
+    def scores(self) -> np.ndarray | None:
+        """Logits of the last eval: [n_tokens, n_vocab] with logits_all, else [1, n_vocab]."""
+        return self._scores
+
+    @property
+    def logits(self) -> np.ndarray:
+        """Logits after the last token fed, F32 [n_vocab]."""
+        if self._scores is None:
+            raise RuntimeError("no logits yet: eval() some tokens first")
+        return self._scores[-1]
+
+    # -- tokens ------------------------------------------------------------
+    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of `text` (llama_cpp.Llama.tokenize: add_bos adds the GGUF's BOS if it asks for one)."""
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self.tokenizer.encode(text, add_special=add_bos, parse_special=special)
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
+        """The bytes of `tokens` (special tokens' text only if `special`)."""
+        return b"".join(self.tokenizer.token_to_piece(int(t), special=special) for t in tokens)
+
+    def token_bos(self) -> int | None:
+        return self.tokenizer.bos_id
+
+    def token_eos(self) -> int | None:
+        return self.tokenizer.eos_id
+
+    # -- evaluation ----------------------------------------------------------
+    def reset(self) -> None:
+        """Forgets the cached context."""
+        self._check_open()
+        self._exec.reset(0)
+        self._tokens = []
+        self._scores = None
+
+    def eval(self, tokens: Sequence[int], *, logits_all: bool | None = None) -> np.ndarray:
+        """Appends `tokens` to the context and returns their logits (see `scores`)."""
+        self._check_open()
+        tokens = [int(t) for t in tokens]
+        la = self.logits_all if logits_all is None else logits_all
+        self._scores = self._exec.eval(tokens, logits_all=la)
+        self._tokens.extend(tokens)
+        return self._scores
+
+    def _prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        """Brings the cache to `tokens`, reusing the longest cached prefix; returns last logits."""
+        tokens = list(tokens)
+        if not tokens:
+            raise ValueError("the prompt is empty")
+        keep = 0
+        for a, b in zip(self._tokens, tokens[:-1]):
+            if a != b:
+                break
+            keep += 1
+        self._exec.reset(keep)
+        del self._tokens[keep:]
+        return self.eval(tokens[keep:], logits_all=False)[-1]
+
+    def generate(self, tokens: Sequence[int], *, temp: float = 0.8, top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 seed: int | None = None, reset: bool = True) -> Iterator[int]:
+        """Yields sampled tokens after `tokens`, forever (stop by leaving the loop)."""
+        self._check_open()
+        sampler = Sampler(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                         frequency_penalty=frequency_penalty,
+                                         presence_penalty=presence_penalty),
+                          seed=self.seed if seed is None else seed)
+        logits = self._prefill(tokens) if reset or not self._tokens else self.eval(tokens)[-1]
+        while True:
+            tok = sampler.sample(logits, self._tokens)
+            yield tok
+            if self.n_tokens >= self.n_ctx:
+                return
+            logits = self.eval([tok])[-1]
+
+    # -- completions ---------------------------------------------------------
+    def _completion_stream(self, prompt_tokens: list[int], max_tokens: int | None, stop: Sequence[str],
+                           sampling: Mapping[str, Any]) -> Iterator[tuple[str, str | None, int]]:
+        """Yields (text piece, finish_reason or None, completion token count)."""
+        if len(prompt_tokens) >= self.n_ctx:
+            raise ValueError(f"prompt has {len(prompt_tokens)} tokens; ctx_size is {self.n_ctx}")
+        limit = self.n_ctx - len(prompt_tokens)
+        if max_tokens is not None and max_tokens > 0:
+            limit = min(limit, max_tokens)
+        pending = b""
+        text = ""
+        sent = 0
+        n = 0
+        finish = "length"
+        holdback = max((len(s) for s in stop), default=0)
+        for tok in self.generate(prompt_tokens, **sampling):
+            if self.tokenizer.is_eog(tok):
+                finish = "stop"
+                break
+            n += 1
+            pending += self.tokenizer.token_to_piece(tok, special=False)
+            try:
+                text += pending.decode("utf-8")
+                pending = b""
+            except UnicodeDecodeError:
+                if len(pending) > 8:
+                    text += pending.decode("utf-8", errors="replace")
+                    pending = b""
+            hit = min((i for i in (text.find(s, max(0, sent - len(s))) for s in stop) if i >= 0), default=-1)
+            if hit >= 0:
+                text = text[:hit]
+                finish = "stop"
+                break
+            safe = len(text) - holdback
+            if safe > sent:
+                yield text[sent:safe], None, n
+                sent = safe
+            if n >= limit:
+                break
+        if pending:
+            text += pending.decode("utf-8", errors="replace")
+        yield text[sent:], finish, n
+
+    def create_completion(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16,
+                          temperature: float = 0.8, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
+                          repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+                          presence_penalty: float = 0.0, stop: str | Sequence[str] | None = None,
+                          seed: int | None = None, stream: bool = False, echo: bool = False,
+                          add_bos: bool = True) -> Any:
+        """OpenAI-style text completion (dict, or an iterator of chunks with stream=True)."""
+        self._check_open()
+        prompt_tokens = (self.tokenize(prompt, add_bos=add_bos, special=True) if isinstance(prompt, str)
+                         else [int(t) for t in prompt])
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        sampling = dict(temp=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
+                        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, seed=seed)
+        cid = f"cmpl-{uuid.uuid4()}"
+        created = int(time.time())
+        model_name = os.path.basename(self.path)
+        prefix = prompt if (echo and isinstance(prompt, str)) else ""
+        gen = self._completion_stream(prompt_tokens, max_tokens, stops, sampling)
+
+        def chunk(text: str, finish: str | None) -> dict[str, Any]:
+            return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
+                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+
+        if stream:
+            def it() -> Iterator[dict[str, Any]]:
+                if prefix:
+                    yield chunk(prefix, None)
+                for piece, finish, _ in gen:
+                    if piece or finish:
+                        yield chunk(piece, finish)
+            return it()
+        parts, finish, n = [prefix], "length", 0
+        for piece, fin, n in gen:
+            parts.append(piece)
+            finish = fin or finish
+        out = chunk("".join(parts), finish)
+        out["usage"] = {"prompt_tokens": len(prompt_tokens), "completion_tokens": n,
+                        "total_tokens": len(prompt_tokens) + n}
+        return out
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+
+    def create_chat_completion(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int | None = None,
+                               temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
+                               min_p: float = 0.05, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+                               presence_penalty: float = 0.0, stop: str | Sequence[str] | None = None,
+                               seed: int | None = None, stream: bool = False) -> Any:
+        """OpenAI-style chat completion using the GGUF's chat template."""
+        prompt = self.apply_chat_template(messages)
+        tokens = self.tokenize(prompt, add_bos=True, special=True)
+        res = self.create_completion(tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                     top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
+                                     frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                     stop=stop, seed=seed, stream=stream)
+        cid = f"chatcmpl-{uuid.uuid4()}"
+        if stream:
+            def it() -> Iterator[dict[str, Any]]:
+                first = True
+                for c in res:
+                    ch = c["choices"][0]
+                    delta: dict[str, Any] = {"role": "assistant"} if first else {}
+                    first = False
+                    if ch["text"]:
+                        delta["content"] = ch["text"]
+                    yield {"id": cid, "object": "chat.completion.chunk", "created": c["created"],
+                           "model": c["model"], "choices": [{"index": 0, "delta": delta,
+                                                             "finish_reason": ch["finish_reason"]}]}
+            return it()
+        ch = res["choices"][0]
+        return {"id": cid, "object": "chat.completion", "created": res["created"], "model": res["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": ch["text"]},
+                             "finish_reason": ch["finish_reason"]}],
+                "usage": res["usage"]}

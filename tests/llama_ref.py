@@ -1,0 +1,94 @@
+"""llama.cpp (llama-cpp-python) as the reference, always in a child process.
+
+llama-cpp-python ships its own libggml*.so with the same sonames as the
+pinned ggml superggml links: loading both in one process binds one of them
+to the other's symbols. So the reference runs in a subprocess:
+`python llama_ref.py` reads a JSON request on stdin and writes an .npz.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+
+def _serve(req: dict[str, Any]) -> dict[str, Any]:
+    import llama_cpp
+
+    kind = req["kind"]
+    kw = dict(model_path=req["model"], verbose=False, n_threads=req.get("n_threads", 2),
+              n_threads_batch=req.get("n_threads", 2), n_ctx=req.get("n_ctx", 512),
+              n_batch=req.get("n_batch", 512), n_ubatch=req.get("n_batch", 512),
+              flash_attn=req.get("flash_attn", False))
+    if req.get("kv_type") == "f32":
+        kw.update(type_k=0, type_v=0)
+    if kind == "tokenize":
+        llm = llama_cpp.Llama(vocab_only=True, **kw)
+        out = {}
+        for i, (text, add_special, parse_special) in enumerate(req["items"]):
+            ids = llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=parse_special)
+            out[f"ids{i}"] = np.asarray(ids, dtype=np.int64)
+        return out
+    if kind == "logits":
+        llm = llama_cpp.Llama(logits_all=True, **kw)
+        out = {}
+        for i, toks in enumerate(req["prompts"]):
+            llm.reset()
+            if req.get("one_by_one"):
+                for t in toks:
+                    llm.eval([t])
+            else:
+                llm.eval(toks)
+            out[f"logits{i}"] = np.array(llm.scores[: len(toks)], dtype=np.float32)
+        return out
+    if kind == "generate":
+        llm = llama_cpp.Llama(**kw)
+        out = {}
+        for i, prompt in enumerate(req["prompts"]):
+            r = llm.create_completion(prompt, max_tokens=req["max_tokens"], temperature=0.0, top_k=1,
+                                      repeat_penalty=1.0)
+            out[f"text{i}"] = np.array(r["choices"][0]["text"])
+        return out
+    if kind == "bench":
+        llm = llama_cpp.Llama(**kw)
+        toks = req["prompt_tokens"]
+        res = {}
+        for rep in range(req.get("repeats", 1)):
+            llm.reset()
+            t0 = time.perf_counter()
+            llm.eval(toks)
+            t1 = time.perf_counter()
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            for _ in range(req["n_decode"]):
+                llm.eval([tok])
+            t2 = time.perf_counter()
+            res.setdefault("prefill_s", []).append(t1 - t0)
+            res.setdefault("decode_s", []).append(t2 - t1)
+        return {k: np.asarray(v) for k, v in res.items()}
+    raise ValueError(f"unknown request kind {kind!r}")
+
+
+def run(request: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
+    """Runs one request in a child process and returns its arrays."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out.npz")
+        env = dict(os.environ)
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), out],
+                              input=json.dumps(request), text=True, capture_output=True,
+                              timeout=timeout, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"llama.cpp reference failed:\n{proc.stderr[-4000:]}")
+        with np.load(out, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+
+
+if __name__ == "__main__":
+    req = json.loads(sys.stdin.read())
+    np.savez(sys.argv[1], **_serve(req))
