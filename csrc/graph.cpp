@@ -86,8 +86,21 @@ static void check_leaves(ggml_cgraph * g) {
     }
 }
 
+// Tensors placed by the graph allocator keep their address in a cached graph;
+// the compute buffer may have moved or been reused since, so forget them.
+static void forget_compute_storage(ggml_cgraph * g) {
+    auto reset = [](ggml_tensor * t) {
+        if (t->buffer && ggml_backend_buffer_get_usage(t->buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE) {
+            t->buffer = nullptr;
+            t->data = nullptr;
+        }
+    };
+    for (int i = 0; i < ggml_graph_n_nodes(g); ++i) reset(ggml_graph_node(g, i));
+}
+
 void compute_backend::compute(ggml_cgraph * graph) {
     check_leaves(graph);
+    forget_compute_storage(graph);
     if (!ggml_gallocr_alloc_graph(galloc_, graph)) throw Error("cannot allocate the compute buffer");
     if (ggml_backend_graph_compute(backend_, graph) != GGML_STATUS_SUCCESS) throw Error("graph compute failed");
 }

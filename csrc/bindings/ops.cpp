@@ -143,6 +143,7 @@ void init_ops(py::module_ & m) {
                                  float scale, float max_bias, float softcap) {
         need(q.t->ne[0] == k.t->ne[0] && k.t->ne[1] == v.t->ne[1] && q.t->ne[2] % k.t->ne[2] == 0,
              "flash_attn_ext", "q/k/v shapes do not match");
+        need(!mask || mask->t->type == GGML_TYPE_F16, "flash_attn_ext", "mask must be F16");
         c->check_room();
         ggml_tensor * r = ggml_flash_attn_ext(c->ctx(), q.t, k.t, v.t, mask ? mask->t : nullptr, scale, max_bias, softcap);
         ggml_flash_attn_ext_set_prec(r, GGML_PREC_F32);

@@ -23,6 +23,7 @@ I64 = _core.GGMLType.I64
 
 KV_PAD = 256          # n_kv is padded to this so graph shapes change rarely
 GRAPH_NODES = 1024    # room for one block graph
+PLAN_CACHE = 4        # micro-batch shapes whose graphs are kept
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class Executor:
             self.v_cache.append(v)
         self._pbuf = self.backend.alloc_tensors(self._pctx)
         self._pbuf.clear(0)
+        self._plans: dict[tuple[int, int, int], _Plan] = {}
 
     @property
     def kv_bytes(self) -> int:
@@ -91,70 +93,41 @@ class Executor:
         self.n_past = n_past
 
     # -- one micro-batch ---------------------------------------------------
-    def _inputs(self, tokens: Sequence[int], out_rows: Sequence[int]) -> tuple[StepInputs, Any, Any]:
+    def _plan(self, n: int, n_kv: int, n_out: int) -> "_Plan":
+        """The graphs for micro-batches of this shape, built once and reused."""
+        key = (n, n_kv, n_out)
+        plan = self._plans.pop(key, None)
+        if plan is None:
+            plan = _Plan.build(self, n, n_kv, n_out)
+        self._plans[key] = plan            # most recently used last
+        while len(self._plans) > PLAN_CACHE:
+            self._plans.pop(next(iter(self._plans)))
+        return plan
+
+    def _ubatch(self, tokens: Sequence[int], out_rows: Sequence[int]) -> np.ndarray | None:
         hp, p = self.hp, self.params
         n = len(tokens)
         p0 = self.n_past
         n_kv = min(p.n_ctx, -(-(p0 + n) // KV_PAD) * KV_PAD)
-        ctx = _core.Context(max_tensors=8)
-        t = {
-            "tokens": ctx.new_tensor(I32, [n]),
-            "positions": ctx.new_tensor(I32, [n]),
-            "mask": ctx.new_tensor(F16 if p.flash_attn else F32, [n_kv, n]),
-            "k_idxs": ctx.new_tensor(I64, [n]),
-            "v_idxs": ctx.new_tensor(I64, [n] if p.flash_attn else [n * hp.n_embd_gqa]),
-            "out_ids": ctx.new_tensor(I32, [max(len(out_rows), 1)]),
-        }
-        for name, x in t.items():
-            x.name = "inp_" + name
-        buf = self.backend.alloc_tensors(ctx)
+        plan = self._plan(n, n_kv, len(out_rows))
+        inp = plan.inputs
         pos = np.arange(p0, p0 + n, dtype=np.int32)
-        _core.tensor_set(t["tokens"], np.asarray(tokens, dtype=np.int32))
-        _core.tensor_set(t["positions"], pos)
-        kv_pos = np.arange(n_kv, dtype=np.int32)
-        mask = np.where(kv_pos[None, :] <= pos[:, None], 0.0, -np.inf)
-        mask = mask.astype(np.float16 if p.flash_attn else np.float32)
-        _core.tensor_set(t["mask"], mask)
-        _core.tensor_set(t["k_idxs"], pos.astype(np.int64))
+        _core.tensor_set(inp.tokens, np.asarray(tokens, dtype=np.int32))
+        _core.tensor_set(inp.positions, pos)
+        mask = np.where(np.arange(n_kv)[None, :] <= pos[:, None], 0.0, -np.inf)
+        _core.tensor_set(inp.mask, mask.astype(np.float16 if p.flash_attn else np.float32))
+        _core.tensor_set(inp.k_idxs, pos.astype(np.int64))
         if p.flash_attn:
-            _core.tensor_set(t["v_idxs"], pos.astype(np.int64))
+            _core.tensor_set(inp.v_idxs, pos.astype(np.int64))
         else:
             chan = np.arange(hp.n_embd_gqa, dtype=np.int64)
-            _core.tensor_set(t["v_idxs"], (chan[None, :] * p.n_ctx + pos[:, None]).reshape(-1))
-        _core.tensor_set(t["out_ids"], np.asarray(out_rows or [0], dtype=np.int32))
-        inp = StepInputs(n_tokens=n, n_kv=n_kv, n_outputs=len(out_rows), flash_attn=p.flash_attn, **t)
-        return inp, ctx, buf
-
-    def _act_view(self, ctx: Any, n: int) -> Any:
-        return ctx.view(self.act, [self.hp.n_embd, n], [self.act.nb[1]], 0)
-
-    def _run(self, build: Any) -> Any:
-        ctx = _core.Context(max_tensors=GRAPH_NODES, graph_size=GRAPH_NODES)
-        gf = ctx.new_graph()
-        out = build(ctx, gf)
-        gf.expand(out)
-        self.backend.compute(gf)
-        return out
-
-    def _ubatch(self, tokens: Sequence[int], out_rows: Sequence[int]) -> np.ndarray | None:
-        arch, w, n = self.arch, self.weights, len(tokens)
-        inp, _ictx, _ibuf = self._inputs(tokens, out_rows)
-
-        self._run(lambda ctx, gf: ctx.cpy(arch.build_embed(ctx, w, inp), self._act_view(ctx, n)))
-        for il in range(self.hp.n_layer):
-            self._run(lambda ctx, gf, il=il: ctx.cpy(
-                arch.build_block(ctx, gf, w, inp, il, self._act_view(ctx, n),
-                                 self.k_cache[il], self.v_cache[il]),
-                self._act_view(ctx, n)))
-        logits = None
-        if out_rows:
-            def head(ctx: Any, gf: Any) -> Any:
-                out = arch.build_output(ctx, w, inp, self._act_view(ctx, n))
-                out.set_output()
-                return out
-            logits = _core.tensor_get(self._run(head)).reshape(len(out_rows), self.hp.n_vocab)
+            _core.tensor_set(inp.v_idxs, (chan[None, :] * p.n_ctx + pos[:, None]).reshape(-1))
+        _core.tensor_set(inp.out_ids, np.asarray(out_rows or [0], dtype=np.int32))
+        self.backend.compute_many(plan.graphs)
         self.n_past += n
-        return logits
+        if not out_rows:
+            return None
+        return _core.tensor_get(plan.logits).reshape(len(out_rows), hp.n_vocab)
 
     # -- public --------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, logits_all: bool = False) -> np.ndarray:
@@ -179,3 +152,53 @@ class Executor:
             if r is not None:
                 outs.append(r)
         return np.concatenate(outs, axis=0)
+
+
+class _Plan:
+    """Step inputs plus the embedding, block and output graphs for one micro-batch shape."""
+
+    def __init__(self) -> None:
+        self.keep: list[Any] = []       # contexts and buffers the graphs point into
+        self.graphs: list[Any] = []
+        self.logits: Any = None
+        self.inputs: StepInputs
+
+    @classmethod
+    def build(cls, ex: Executor, n: int, n_kv: int, n_out: int) -> "_Plan":
+        hp, p, arch, w = ex.hp, ex.params, ex.arch, ex.weights
+        self = cls()
+        ictx = _core.Context(max_tensors=8)
+        t = {
+            "tokens": ictx.new_tensor(I32, [n]),
+            "positions": ictx.new_tensor(I32, [n]),
+            "mask": ictx.new_tensor(F16 if p.flash_attn else F32, [n_kv, n]),
+            "k_idxs": ictx.new_tensor(I64, [n]),
+            "v_idxs": ictx.new_tensor(I64, [n] if p.flash_attn else [n * hp.n_embd_gqa]),
+            "out_ids": ictx.new_tensor(I32, [max(n_out, 1)]),
+        }
+        for name, x in t.items():
+            x.name = "inp_" + name
+        self.keep += [ictx, ex.backend.alloc_tensors(ictx)]
+        self.inputs = inp = StepInputs(n_tokens=n, n_kv=n_kv, n_outputs=n_out, flash_attn=p.flash_attn, **t)
+
+        def graph(build: Any) -> Any:
+            ctx = _core.Context(max_tensors=GRAPH_NODES, graph_size=GRAPH_NODES)
+            gf = ctx.new_graph()
+            act = ctx.view(ex.act, [hp.n_embd, n], [ex.act.nb[1]], 0)
+            out = build(ctx, gf, act)
+            gf.expand(out)
+            self.keep.append(ctx)
+            self.graphs.append(gf)
+            return out
+
+        graph(lambda ctx, gf, act: ctx.cpy(arch.build_embed(ctx, w, inp), act))
+        for il in range(hp.n_layer):
+            graph(lambda ctx, gf, act, il=il: ctx.cpy(
+                arch.build_block(ctx, gf, w, inp, il, act, ex.k_cache[il], ex.v_cache[il]), act))
+        if n_out:
+            def head(ctx: Any, gf: Any, act: Any) -> Any:
+                out = arch.build_output(ctx, w, inp, act)
+                out.set_output()
+                return out
+            self.logits = graph(head)
+        return self

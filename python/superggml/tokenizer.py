@@ -827,10 +827,6 @@ class Tokenizer:
             value = _meta_bool(meta, f"tokenizer.ggml.{name}_token")
             if value is not None:
                 setattr(self, name, value)
-        for flag, name in (("add_bos", "bos"), ("add_eos", "eos"), ("add_sep", "sep")):
-            if getattr(self, flag) and ids[name] is None:
-                raise GGUFError(f"tokenizer.ggml.{flag}_token is true, but the {name} token "
-                                "id is not set")
         self._ids = ids
 
     def _detect_special_tokens(self) -> None:
@@ -1001,7 +997,9 @@ class Tokenizer:
         fragments = self._partition(text, parse_special) if text else []
         out: list[int] = []
         if add_special and self.add_bos:
-            out.append(self.bos_id)  # type: ignore[arg-type]
+            if self.bos_id is None:
+                raise GGUFError("tokenizer.ggml.add_bos_token is true but there is no BOS token")
+            out.append(self.bos_id)
         if self.model == "llama":
             is_prev_special = True
             for frag in fragments:
@@ -1023,7 +1021,9 @@ class Tokenizer:
                     if words:
                         out.extend(self._hf_encode([_byte_encode(w) for w in words]))
         if add_special and self.add_eos:
-            out.append(self.eos_id)  # type: ignore[arg-type]
+            if self.eos_id is None:
+                raise GGUFError("tokenizer.ggml.add_eos_token is true but there is no EOS token")
+            out.append(self.eos_id)
         return out
 
     __call__ = encode
