@@ -722,6 +722,7 @@ class Tokenizer:
         self._special: list[tuple[str, int]] = []
         self._regexes: list[_SplitRegex] = []
         self._hf: _HFTokenizer | None = None
+        self._phantom: dict[int, str] = {}  # SentencePiece characters that are not tokens
 
     # ------------------------------------------------------------------ construction
 
@@ -784,7 +785,8 @@ class Tokenizer:
         tokens = []
         token_to_id: dict[str, int] = {}
         for i, t in enumerate(raw_tokens):
-            text = _as_text(t) or f"[EMPTY_{i}]"
+            # llama.cpp reads the token as a C string: it ends at the first NUL
+            text = _as_text(t).split("\x00", 1)[0] or f"[EMPTY_{i}]"
             if token_to_id.setdefault(text, i) != i:
                 raise GGUFError(f"duplicate token in vocabulary: {text!r} has ids "
                                 f"{token_to_id[text]} and {i}")
@@ -934,20 +936,51 @@ class Tokenizer:
         return _HFTokenizer(bpe)
 
     def _build_spm(self) -> _HFTokenizer:
-        """SentencePiece merges as llm_tokenizer_spm: any two adjacent pieces whose concatenation
-        is a token merge, highest token score first."""
-        vocab = self._token_to_id
+        """llm_tokenizer_spm as a BPE model: two adjacent symbols merge when their concatenation
+        is a token, highest token score first. Symbols start as single characters, which need
+        not be tokens themselves: such characters get placeholder ids past the vocabulary, and
+        any left unmerged are replaced by their bytes afterwards (see _spm_fix)."""
+        vocab = dict(self._token_to_id)
+        known = self._token_to_id
         scored: list[tuple[float, int, int, str, str]] = []
         for tid, text in enumerate(self._tokens):
             for k in range(1, len(text)):
                 left, right = text[:k], text[k:]
-                if left in vocab and right in vocab:
+                if (left in known or k == 1) and (right in known or k == len(text) - 1):
                     scored.append((-self._scores[tid], tid, k, left, right))
         scored.sort()
+        for *_, left, right in scored:
+            for sym in (left, right):
+                if sym not in vocab:
+                    vocab[sym] = len(vocab)
+                    self._phantom[vocab[sym]] = sym
         unk = self._tokens[self.unk_id] if self.unk_id is not None else None
-        bpe = _hf_models.BPE(vocab=dict(vocab), merges=[(a, b) for *_, a, b in scored],
+        bpe = _hf_models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in scored],
                              unk_token=unk, byte_fallback=True)
         return _HFTokenizer(bpe)
+
+    def _byte_tokens(self, char: str) -> list[int]:
+        """llama_vocab::byte_to_token for each UTF-8 byte of ``char``."""
+        out = []
+        for b in char.encode("utf-8", "surrogatepass"):
+            tid = self._token_to_id.get(f"<0x{b:02X}>")
+            if tid is None:
+                tid = self._token_to_id.get(chr(b))
+            if tid is None:
+                raise GGUFError(f"SentencePiece vocabulary without a token for byte 0x{b:02X}")
+            out.append(tid)
+        return out
+
+    def _spm_fix(self, ids: list[int]) -> list[int]:
+        if not ids or max(ids) < self.n_vocab:
+            return ids
+        out: list[int] = []
+        for tid in ids:
+            if tid < self.n_vocab:
+                out.append(tid)
+            else:
+                out.extend(self._byte_tokens(self._phantom[tid]))
+        return out
 
     # ------------------------------------------------------------------ vocabulary queries
 
@@ -1010,7 +1043,7 @@ class Tokenizer:
                 piece = text[frag[0]:frag[1]]
                 if self.add_space_prefix and is_prev_special:
                     piece = " " + piece
-                out.extend(self._hf_encode([piece.replace(" ", "\u2581")]))
+                out.extend(self._spm_fix(self._hf_encode([piece.replace(" ", "\u2581")])))
                 is_prev_special = False
         else:
             for frag in fragments:

@@ -1,0 +1,24 @@
+"""Prompts for the teacher-forced logit comparison: varied, each at least 64 tokens."""
+
+PROMPTS = [
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+    "combined movable metal type, oil-based ink and a screw press adapted from wine making. Within "
+    "fifty years presses had spread to more than two hundred cities across Europe, and the price of "
+    "books fell so far that ordinary merchants could own them. Printers became publishers, editors "
+    "and booksellers at once, and the first newspapers appeared in the early seventeenth century.",
+    "def merge_sort(items):\n    \"\"\"Return a new sorted list.\"\"\"\n    if len(items) <= 1:\n"
+    "        return list(items)\n    mid = len(items) // 2\n    left = merge_sort(items[:mid])\n"
+    "    right = merge_sort(items[mid:])\n    out = []\n    i = j = 0\n    while i < len(left) and j < len(right):\n"
+    "        if left[i] <= right[j]:\n            out.append(left[i]); i += 1\n",
+    "Q: A train leaves the station at 3:15 pm travelling at 80 km/h. A second train leaves the same "
+    "station at 4:00 pm travelling at 120 km/h on the same track. At what time does the second train "
+    "catch up with the first?\nA: Let t be the hours after 4:00 pm. The first train is 60 km ahead, so",
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWrite a short poem "
+    "about the sea at night, with the moon, the tide and a lighthouse keeper who cannot sleep.<|im_end|>\n"
+    "<|im_start|>assistant\nThe moon lays silver on the restless tide,\nthe lighthouse keeper "
+    "counts the waves that break against the stone, and every hour he climbs the winding stair to trim "
+    "the lamp",
+    "Recipe for a simple bread: 500 g flour, 350 ml warm water, 10 g salt, 7 g dried yeast. Mix the "
+    "flour and yeast, add the water and salt, and knead for ten minutes until smooth. Leave to rise for "
+    "an hour, shape into a loaf, rise again for 45 minutes, then bake at 220 degrees for 30 minutes.",
+]

@@ -1,0 +1,518 @@
+"""superggml.tokenizer against llama.cpp (llama-cpp-python 0.3.36 as the reference).
+
+The comparisons with llama.cpp skip when llama_cpp is not installed (``pip install
+superggml[reference]``); the self-contained tests always run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from superggml.errors import GGUFError, UnsupportedModelError
+from superggml.tokenizer import TokenAttr, Tokenizer
+
+sys.path.insert(0, str(Path(__file__).parent / "data"))
+from tokenizer_corpus import CORPUS  # noqa: E402
+
+META_KEYS = ("general.architecture", "general.name")
+
+
+def read_tokenizer_meta(path: str) -> dict:
+    """The tokenizer.* keys (and general.architecture/name) of a GGUF, read with gguf-py."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    return {k: f.contents() for k, f in reader.fields.items()
+            if (k.startswith("tokenizer.") and k != "tokenizer.chat_template") or k in META_KEYS}
+
+
+@pytest.fixture(scope="session")
+def smollm2_meta(smollm2_path):
+    return read_tokenizer_meta(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def qwen_meta(qwen_path):
+    return read_tokenizer_meta(qwen_path)
+
+
+# llama.cpp runs in a child process: llama_cpp's bundled libggml clashes with the libggml that
+# superggml._core has already loaded into this one.
+_REFERENCE_SCRIPT = r"""
+import ctypes, json, sys
+import llama_cpp
+
+SPECIAL = 8 | 16 | 1  # CONTROL | USER_DEFINED | UNKNOWN
+
+
+def run(job):
+    llm = llama_cpp.Llama(model_path=job["path"], vocab_only=True, verbose=False)
+    vocab = llm._model.vocab
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+
+    def detok(ids, remove_special, unparse_special):
+        arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
+        size = 1024 + 256 * len(ids)
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, size, remove_special,
+                                       unparse_special)
+        assert n >= 0
+        return buf.raw[:n].hex()
+
+    def piece(tid, special, lstrip):
+        buf = ctypes.create_string_buffer(1024)
+        n = llama_cpp.llama_token_to_piece(vocab, tid, buf, 1024, lstrip, special)
+        assert n >= 0
+        return buf.raw[:n].hex()
+
+    out = {"n_vocab": n_vocab, "tokenize": {}, "detokenize": {}}
+    for text in job["corpus"]:
+        data = bytes.fromhex(text) if job.get("hex") else text.encode("utf-8")
+        toks = {f"{int(a)}{int(p)}": llm.tokenize(data, add_bos=a, special=p)
+                for a, p in job["flags"]}
+        out["tokenize"][text] = toks
+        if job.get("detokenize"):
+            ids = llm.tokenize(data, add_bos=True, special=True)
+            out["detokenize"][text] = {"ids": ids, **{
+                f"{int(r)}{int(u)}": detok(ids, r, u)
+                for r, u in ((False, True), (True, False), (False, False))}}
+    if job.get("vocab"):
+        attrs = [llama_cpp.llama_vocab_get_attr(vocab, t) for t in range(n_vocab)]
+        out["attrs"] = attrs
+        out["eog"] = [t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)]
+        step = job["vocab"]
+        sample = sorted({*range(0, n_vocab, step), *(t for t in range(n_vocab)
+                                                     if attrs[t] & SPECIAL),
+                         *out["eog"], n_vocab - 1})
+        out["pieces"] = {t: [piece(t, True, 0), piece(t, False, 0), piece(t, True, 1)]
+                         for t in sample}
+        out["special"] = {name: getattr(llama_cpp, f"llama_vocab_{name}")(vocab) for name in (
+            "bos", "eos", "eot", "pad", "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep",
+            "fim_sep")}
+        out["add_bos"] = bool(llama_cpp.llama_vocab_get_add_bos(vocab))
+        out["add_eos"] = bool(llama_cpp.llama_vocab_get_add_eos(vocab))
+    return out
+
+
+json.dump([run(job) for job in json.load(sys.stdin)], sys.stdout)
+"""
+
+
+def require_reference() -> None:
+    # not imported here: its libggml must not be loaded next to superggml's
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python (the reference) is not installed")
+
+
+def run_reference(jobs: list[dict]) -> list[dict]:
+    """Run llama.cpp (llama-cpp-python, vocab only) on ``jobs`` in a child process.
+
+    A job: {"path": gguf, "corpus": [str], "flags": [(add_special, parse_special)],
+    "detokenize": bool, "vocab": piece sampling step or 0, "hex": corpus given as hex}.
+    """
+    require_reference()
+    proc = subprocess.run([sys.executable, "-c", _REFERENCE_SCRIPT], input=json.dumps(jobs),
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        pytest.fail(f"llama.cpp reference failed:\n{proc.stderr[-3000:]}")
+    results = json.loads(proc.stdout)
+    for res in results:
+        if "pieces" in res:
+            res["pieces"] = {int(k): [bytes.fromhex(x) for x in v]
+                             for k, v in res["pieces"].items()}
+        for entry in res["detokenize"].values():
+            for k in ("01", "10", "00"):
+                entry[k] = bytes.fromhex(entry[k])
+        res["special"] = {k: (None if v < 0 else v) for k, v in res.get("special", {}).items()}
+    return results
+
+
+ALL_FLAGS = [(a, p) for a in (True, False) for p in (True, False)]
+
+
+def encode_mismatches(tok: Tokenizer, ref: dict, corpus, flags=ALL_FLAGS):
+    bad = []
+    for s in corpus:
+        for add_special, parse_special in flags:
+            want = ref["tokenize"][s][f"{int(add_special)}{int(parse_special)}"]
+            got = tok.encode(s, add_special=add_special, parse_special=parse_special)
+            if got != want:
+                bad.append((s, add_special, parse_special, want, got))
+    return bad
+
+
+MODELS = ["smollm2", pytest.param("qwen", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(scope="session")
+def _loaded():
+    return {}
+
+
+@pytest.fixture(params=MODELS)
+def model(request, _loaded):
+    """(name, Tokenizer, llama.cpp reference results) per real model, built once per session;
+    the reference is computed on first use."""
+    name = request.param
+    if name not in _loaded:
+        meta = request.getfixturevalue(f"{name}_meta")
+        path = request.getfixturevalue("smollm2_path" if name == "smollm2" else "qwen_path")
+        _loaded[name] = {"name": name, "tok": Tokenizer.from_metadata(meta), "path": path}
+    return _loaded[name]
+
+
+def reference_of(entry: dict) -> dict:
+    if "ref" not in entry:
+        entry["ref"] = run_reference([{"path": entry["path"], "corpus": CORPUS, "flags": ALL_FLAGS,
+                                       "detokenize": True, "vocab": 37}])[0]
+    return entry["ref"]
+
+
+# ---------------------------------------------------------------------------- the real models
+
+def test_corpus_is_broad():
+    assert len(CORPUS) >= 200
+    assert len(set(CORPUS)) == len(CORPUS)
+    assert "" in CORPUS and any("<|im_start|>" in s for s in CORPUS)
+
+
+def test_metadata(model):
+    name, tok = model["name"], model["tok"]
+    assert tok.model == "gpt2"
+    assert tok.pre == {"smollm2": "smollm", "qwen": "qwen2"}[name]
+    assert tok.n_vocab == len(tok) == {"smollm2": 49152, "qwen": 151936}[name]
+    assert tok.add_bos is False and tok.add_eos is False
+    im_end = tok.token_id("<|im_end|>")
+    assert im_end is not None and tok.is_eog(im_end) and tok.is_eog(tok.eos_id)
+    assert tok.is_eog(tok.token_id("<|endoftext|>"))
+    assert not tok.is_eog(tok.token_id("<|im_start|>"))
+    assert not tok.is_eog(tok.encode("hello", add_special=False)[0])
+
+
+def test_encode_matches_llama_cpp(model):
+    tok, ref = model["tok"], reference_of(model)
+    assert len(ref["tokenize"]) == len(CORPUS) >= 200
+    bad = encode_mismatches(tok, ref, CORPUS)
+    assert not bad, f"{len(bad)} of {4 * len(CORPUS)} differ, first: {bad[:3]}"
+
+
+def test_special_token_parsing(model):
+    tok = model["tok"]
+    im_start, im_end = tok.token_id("<|im_start|>"), tok.token_id("<|im_end|>")
+    text = "<|im_start|>user\nhi<|im_end|>"
+    ids = tok.encode(text, add_special=False, parse_special=True)
+    assert ids[0] == im_start and ids[-1] == im_end
+    plain = tok.encode(text, add_special=False, parse_special=False)
+    assert im_start not in plain and im_end not in plain
+    assert tok.decode(ids) == tok.decode(plain) == text
+    assert tok.decode(ids, skip_special=True) == "user\nhi"
+
+
+@pytest.mark.slow
+def test_user_defined_tokens_always_split(qwen_meta):
+    tok = Tokenizer.from_metadata(qwen_meta)
+    call = tok.token_id("<tool_call>")
+    assert tok.token_attr(call) & TokenAttr.USER_DEFINED
+    for parse_special in (False, True):
+        assert tok.encode("a<tool_call>b", add_special=False, parse_special=parse_special)[1] == call
+
+
+def test_decode_round_trips(model):
+    tok = model["tok"]
+    # bytes without a token are dropped (SmolLM2 has none for 0x1d, for instance)
+    single = {p[0] for p in map(tok.token_to_piece, range(tok.n_vocab)) if len(p) == 1}
+    checked = [s for s in CORPUS if set(s.encode("utf-8")) <= single]
+    assert len(checked) >= len(CORPUS) - 5
+    bad = []
+    for s in checked:
+        for parse_special in (False, True):
+            ids = tok.encode(s, add_special=False, parse_special=parse_special)
+            if tok.decode(ids) != s:
+                bad.append((s, parse_special))
+    assert not bad, f"{len(bad)} strings do not round-trip, first: {bad[:3]}"
+
+
+def test_detokenize_matches_llama_cpp(model):
+    tok, ref = model["tok"], reference_of(model)
+    bad = []
+    for s in CORPUS:
+        want = ref["detokenize"][s]
+        ids = want["ids"]
+        for remove_special, unparse_special in ((False, True), (True, False), (False, False)):
+            got = tok.detokenize(ids, remove_special=remove_special,
+                                 unparse_special=unparse_special)
+            if got != want[f"{int(remove_special)}{int(unparse_special)}"]:
+                bad.append((s, remove_special, unparse_special))
+        if tok.decode(ids) != want["01"].decode("utf-8", "replace"):
+            bad.append((s, "decode"))
+        if tok.decode(ids, skip_special=True) != want["10"].decode("utf-8", "replace"):
+            bad.append((s, "decode skip_special"))
+    assert not bad, f"{len(bad)} differ, first: {bad[:3]}"
+
+
+def test_token_to_piece_matches_llama_cpp(model):
+    tok, ref = model["tok"], reference_of(model)
+    pieces = ref["pieces"]
+    assert set(tok.special_ids) <= set(pieces) and len(pieces) >= tok.n_vocab // 37
+    bad = []
+    for tid, (special, plain, lstrip) in pieces.items():
+        got = (tok.token_to_piece(tid), tok.token_to_piece(tid, special=False),
+               tok.token_to_piece(tid, lstrip=1))
+        if got != (special, plain, lstrip):
+            bad.append((tid, got, (special, plain, lstrip)))
+    assert not bad, f"{len(bad)} of {len(pieces)} differ, first: {bad[:5]}"
+    with pytest.raises(IndexError):
+        tok.token_to_piece(tok.n_vocab)
+
+
+def test_attrs_eog_and_special_ids_match_llama_cpp(model):
+    tok, ref = model["tok"], reference_of(model)
+    assert ref["n_vocab"] == tok.n_vocab
+    assert [tok.token_attr(t) for t in range(tok.n_vocab)] == ref["attrs"]
+    assert sorted(tok.eog_ids) == ref["eog"]
+    for name, tid in ref["special"].items():
+        if name != "eot":  # llama.cpp picks the EOT among candidates in hash-map order
+            assert getattr(tok, f"{name}_id") == tid, name
+    assert tok.add_bos == ref["add_bos"] and tok.add_eos == ref["add_eos"]
+
+
+# ------------------------------------------- other pre-tokenizers, on SmolLM2's vocabulary
+
+@pytest.fixture(scope="session")
+def smollm2_fields(smollm2_path):
+    import gguf
+
+    return gguf.GGUFReader(smollm2_path).fields
+
+
+def write_gguf(path: Path, fields, overrides: dict, drop=()):
+    """A tensor-less GGUF with ``fields``' metadata, ``overrides`` (key -> (value, type, subtype))
+    replacing or adding keys: llama.cpp loads it with vocab_only=True."""
+    import gguf
+
+    arch = fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, field in fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in overrides \
+                or key in drop:
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
+        else:
+            w.add_key_value(key, field.contents(), vtype)
+    for key, (value, vtype, sub_type) in overrides.items():
+        w.add_key_value(key, value, vtype, sub_type=sub_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+# one name per distinct regex list / flag set in llama-vocab.cpp
+PRE_TYPES = ["default", "llama-bpe", "qwen2", "deepseek-coder", "deepseek-llm", "deepseek-v3",
+             "starcoder", "falcon", "gpt-2", "tekken", "gpt-4o", "qwen35", "poro-chat", "viking",
+             "chameleon", "bailingmoe", "seed-coder", "exaone-moe", "jais-2", "minicpm5",
+             "laguna", "youtu", "spark2_5", "chatglm-bpe", "granite-embed-multi-97m",
+             "ufakzeka", "megrez"]
+PRE_CORPUS = CORPUS[::3]
+
+
+@pytest.fixture(scope="session")
+def pre_type_results(smollm2_fields, tmp_path_factory):
+    """llama.cpp's results for SmolLM2's vocabulary re-labelled with each of PRE_TYPES."""
+    require_reference()
+    import gguf
+
+    folder = tmp_path_factory.mktemp("pre")
+    jobs = [{"path": write_gguf(folder / f"{pre}.gguf", smollm2_fields,
+                                {"tokenizer.ggml.pre": (pre, gguf.GGUFValueType.STRING, None)}),
+             "corpus": PRE_CORPUS, "flags": [(True, True), (False, False)], "detokenize": True}
+            for pre in PRE_TYPES]
+    return dict(zip(PRE_TYPES, run_reference(jobs)))
+
+
+@pytest.mark.parametrize("pre", PRE_TYPES)
+def test_pre_tokenizer_matches_llama_cpp(pre, smollm2_meta, pre_type_results):
+    ref = pre_type_results[pre]
+    tok = Tokenizer.from_metadata({**smollm2_meta, "tokenizer.ggml.pre": pre})
+    bad = encode_mismatches(tok, ref, PRE_CORPUS, [(True, True), (False, False)])
+    for s in PRE_CORPUS:
+        want = ref["detokenize"][s]
+        if tok.detokenize(want["ids"], remove_special=True) != want["10"]:
+            bad.append(("detokenize", s))
+    assert not bad, f"{len(bad)} differ, first: {bad[:3]}"
+
+
+# ------------------------------------------------------------------- SentencePiece ("llama")
+
+def spm_vocab_from_bpe(meta) -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece-style vocabulary made from a byte-level BPE one: <unk> <s> </s>, the 256
+    byte tokens, a few control/user-defined tokens, then every BPE token that is whole UTF-8 text
+    (spaces as "▁"), scored by rank."""
+    byte_level = {}
+    n = 0
+    for b in range(256):
+        if 0x21 <= b <= 0x7E or 0xA1 <= b <= 0xAC or 0xAE <= b:
+            byte_level[chr(b)] = b
+        else:
+            byte_level[chr(256 + n)] = b
+            n += 1
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)),
+              "<|im_start|>", "<|im_end|>", "<tool>"]
+    types = [2, 3, 3, *[6] * 256, 3, 3, 4]
+    scores = [0.0] * len(tokens)
+    seen = set(tokens)
+    for text, ttype in zip(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]):
+        if ttype != 1:
+            continue
+        try:
+            piece = bytes(byte_level[c] for c in text).decode("utf-8").replace(" ", "\u2581")
+        except (KeyError, UnicodeDecodeError):
+            continue
+        if piece and piece not in seen:
+            seen.add(piece)
+            tokens.append(piece)
+            scores.append(-float(len(scores)))
+            types.append(1)
+    return tokens, scores, types
+
+
+@pytest.fixture(scope="session")
+def spm_case(smollm2_meta, smollm2_fields, tmp_path_factory):
+    import gguf
+
+    tokens, scores, types = spm_vocab_from_bpe(smollm2_meta)
+    T = gguf.GGUFValueType
+    overrides = {
+        "tokenizer.ggml.model": ("llama", T.STRING, None),
+        "tokenizer.ggml.tokens": (tokens, T.ARRAY, T.STRING),
+        "tokenizer.ggml.scores": (scores, T.ARRAY, T.FLOAT32),
+        "tokenizer.ggml.token_type": (types, T.ARRAY, T.INT32),
+        "tokenizer.ggml.bos_token_id": (1, T.UINT32, None),
+        "tokenizer.ggml.eos_token_id": (2, T.UINT32, None),
+        "tokenizer.ggml.unknown_token_id": (0, T.UINT32, None),
+        "llama.vocab_size": (len(tokens), T.UINT32, None),
+    }
+    drop = ("tokenizer.ggml.merges", "tokenizer.ggml.pre", "tokenizer.ggml.add_bos_token",
+            "tokenizer.ggml.add_space_prefix", "tokenizer.ggml.padding_token_id")
+    path = write_gguf(tmp_path_factory.mktemp("spm") / "spm.gguf", smollm2_fields, overrides,
+                      drop)
+    meta = {k: v[0] for k, v in overrides.items() if k.startswith("tokenizer.")}
+    meta["general.architecture"] = "llama"
+    return Tokenizer.from_metadata(meta), path
+
+
+def test_spm_matches_llama_cpp(spm_case):
+    tok, path = spm_case
+    assert tok.model == "llama" and tok.add_bos and tok.add_space_prefix
+    ref = run_reference([{"path": path, "corpus": CORPUS, "flags": ALL_FLAGS,
+                          "detokenize": True, "vocab": 1}])[0]
+    bad = encode_mismatches(tok, ref, CORPUS)
+    for s in CORPUS:
+        want = ref["detokenize"][s]
+        for remove_special, unparse_special in ((False, True), (True, False), (False, False)):
+            got = tok.detokenize(want["ids"], remove_special=remove_special,
+                                 unparse_special=unparse_special)
+            if got != want[f"{int(remove_special)}{int(unparse_special)}"]:
+                bad.append(("detokenize", s, remove_special, unparse_special))
+    for tid, pieces in ref["pieces"].items():
+        if pieces != [tok.token_to_piece(tid), tok.token_to_piece(tid, special=False),
+                      tok.token_to_piece(tid, lstrip=1)]:
+            bad.append(("piece", tid))
+    assert [tok.token_attr(t) for t in range(tok.n_vocab)] == ref["attrs"]
+    assert sorted(tok.eog_ids) == ref["eog"]
+    assert not bad, f"{len(bad)} differ, first: {bad[:3]}"
+
+
+def tiny_spm_meta():
+    normal = ["\u2581", "h", "e", "l", "o", "w", "r", "d", "\u2581h", "he", "ll", "\u2581he", "llo",
+              "\u2581hello", "\u2581w", "or", "\u2581wor", "ld", "\u2581world"]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *normal, "<|x|>"]
+    types = [2, 3, 3, *[6] * 256, *[1] * len(normal), 3]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(normal), 0, -1)] + [0.0]
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": scores, "tokenizer.ggml.token_type": types}
+
+
+def test_spm_tiny_vocab():
+    tok = Tokenizer.from_metadata(tiny_spm_meta())
+    ids = lambda *texts: [tok.token_id(t) for t in texts]  # noqa: E731
+    assert tok.bos_id == 1 and tok.eos_id == 2 and tok.unk_id == 0 and tok.add_bos
+    assert tok.encode("hello world") == [1, *ids("\u2581hello", "\u2581world")]
+    assert tok.encode("hello", add_special=False) == ids("\u2581hello")
+    # unknown characters fall back to their UTF-8 bytes
+    assert tok.encode("hé", add_special=False) == [*ids("\u2581h"), 3 + 0xC3, 3 + 0xA9]
+    # the space prefix is added again after a special token
+    assert tok.encode("<|x|>hello", add_special=False, parse_special=True) == \
+        ids("<|x|>", "\u2581hello")
+    # llama_detokenize drops the leading space of the first token, unless it removed a BOS
+    assert tok.decode(tok.encode("hello world", add_special=False)) == "hello world"
+    assert tok.decode(tok.encode("hello world")) == "<s> hello world"
+    assert tok.decode(tok.encode("hello world"), skip_special=True) == " hello world"
+    assert tok.decode(tok.encode("hé", add_special=False)) == "hé"
+    assert tok.token_to_piece(tok.token_id("\u2581hello")) == b" hello"
+    assert tok.token_to_piece(3 + 0x41) == b"A"
+    assert tok.token_to_piece(1, special=False) == b""
+    assert tok.is_eog(2) and not tok.is_eog(1)
+    assert tok.encode("") == [1] and tok.encode("", add_special=False) == []
+
+
+# ------------------------------------------------------------------------- errors and edges
+
+def test_unsupported_models(smollm2_meta):
+    for model in ("bert", "t5", "rwkv", "gemma4", "no_vocab", "nonsense"):
+        with pytest.raises(UnsupportedModelError):
+            Tokenizer.from_metadata({**smollm2_meta, "tokenizer.ggml.model": model})
+    for pre in ("kimi-k2", "afmoe", "superbpe", "tiny_aya", "not-a-pre-tokenizer"):
+        with pytest.raises(UnsupportedModelError):
+            Tokenizer.from_metadata({**smollm2_meta, "tokenizer.ggml.pre": pre})
+
+
+def test_malformed_metadata(smollm2_meta):
+    with pytest.raises(GGUFError):
+        Tokenizer.from_metadata({k: v for k, v in smollm2_meta.items()
+                                 if k != "tokenizer.ggml.model"})
+    with pytest.raises(GGUFError):
+        Tokenizer.from_metadata({k: v for k, v in smollm2_meta.items()
+                                 if k != "tokenizer.ggml.tokens"})
+    with pytest.raises(GGUFError):
+        Tokenizer.from_metadata({k: v for k, v in smollm2_meta.items()
+                                 if k != "tokenizer.ggml.merges"})
+    tokens = list(smollm2_meta["tokenizer.ggml.tokens"])
+    tokens[100] = tokens[101]
+    with pytest.raises(GGUFError):
+        Tokenizer.from_metadata({**smollm2_meta, "tokenizer.ggml.tokens": tokens})
+    assert issubclass(GGUFError, ValueError)
+
+
+def test_missing_pre_is_default(smollm2_meta):
+    meta = {k: v for k, v in smollm2_meta.items() if k != "tokenizer.ggml.pre"}
+    tok = Tokenizer.from_metadata(meta)
+    assert tok.pre == "default" and tok.clean_spaces
+
+
+def test_bytes_input_and_invalid_utf8(model):
+    tok = model["tok"]
+    assert tok.encode("héllo".encode()) == tok.encode("héllo")
+    raw = [b"ab\xffcd", b"\xe4\xb8", b"x\xc3(y", b"\xf0\x9f\x98", b"\xed\xa0\x80z"]
+    ref = run_reference([{"path": model["path"], "corpus": [r.hex() for r in raw], "hex": True,
+                          "flags": [(False, False)]}])[0]
+    for r in raw:
+        assert tok.encode(r, add_special=False) == ref["tokenize"][r.hex()]["00"], r
+
+
+def test_add_bos_from_metadata(smollm2_meta):
+    tok = Tokenizer.from_metadata({**smollm2_meta, "tokenizer.ggml.add_bos_token": True,
+                                   "tokenizer.ggml.add_eos_token": True})
+    ids = tok.encode("hi")
+    assert ids[0] == tok.bos_id == 1 and ids[-1] == tok.eos_id == 2
+    assert tok.encode("") == [1, 2]
+    assert tok.decode(ids, skip_special=True) == "hi"
