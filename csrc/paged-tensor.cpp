@@ -107,6 +107,41 @@ size_t weight_store::load_resident(const std::vector<std::string> & names, ggml_
     return total;
 }
 
+// Would `dev` run mul_mat(w, x) with w stored in `buft`? (llama.cpp's test.)
+static bool repack_supported(ggml_backend_device * dev, ggml_backend_buffer_type * buft, ggml_tensor * w) {
+    if (ggml_n_dims(w) != 2) return false;
+    ggml_init_params p = { 2 * ggml_tensor_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(p);
+    ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 512);
+    ggml_tensor * op = ggml_mul_mat(ctx, w, x);
+    ggml_backend_buffer * dummy = ggml_backend_buft_alloc_buffer(buft, 0);
+    ggml_backend_buffer * saved = w->buffer;
+    w->buffer = dummy;
+    bool ok = dummy && ggml_backend_dev_supports_op(dev, op);
+    w->buffer = saved;
+    if (dummy) ggml_backend_buffer_free(dummy);
+    ggml_free(ctx);
+    return ok;
+}
+
+size_t weight_store::load_repacked(const std::vector<std::string> & names, ggml_backend_device * dev) {
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
+    if (!get_extra) return 0;
+    size_t total = 0;
+    for (ggml_backend_buffer_type_t * b = get_extra(dev); b && *b; ++b) {
+        std::vector<std::string> ok;
+        for (const auto & n : names) {
+            auto h = home(n);
+            if (h != weight_home::repacked && repack_supported(dev, *b, get(n))) ok.push_back(n);
+        }
+        if (ok.empty()) continue;
+        total += load_resident(ok, *b);
+        for (const auto & n : ok) home_[n] = weight_home::repacked;
+    }
+    return total;
+}
+
 size_t weight_store::bytes(weight_home h) const {
     size_t s = 0;
     for (const auto & ti : file_->tensors()) {

@@ -27,7 +27,7 @@ void tensor_bind(ggml_tensor * t, ggml_backend_buffer * buffer, void * addr);
 void tensor_unbind(ggml_tensor * t);
 
 // Where a weight's bytes live.
-enum class weight_home { unbound, mmap, resident };
+enum class weight_home { unbound, mmap, resident, repacked };
 
 // The weights of one GGUF file as paged tensors.
 class weight_store {
@@ -51,6 +51,12 @@ public:
     // them there. Returns the bytes allocated. Throws Error if the
     // allocation fails. I/O comes from the mapping (page faults).
     size_t load_resident(const std::vector<std::string> & names, ggml_backend_buffer_type * buft);
+
+    // Re-lays `names` for the device's faster kernels (ggml-cpu "repack"
+    // extra buffer types) where the device supports the matmul with the
+    // re-laid weight, copying them from the mapping; others stay as they are.
+    // Returns the bytes moved (0 if the device has no such buffer type).
+    size_t load_repacked(const std::vector<std::string> & names, ggml_backend_device * dev);
 
     // Bytes of weights per home.
     size_t bytes(weight_home h) const;

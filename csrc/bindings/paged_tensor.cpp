@@ -13,7 +13,8 @@ void init_paged_tensor(py::module_ & m) {
     py::enum_<weight_home>(m, "WeightHome")
         .value("UNBOUND", weight_home::unbound)
         .value("MMAP", weight_home::mmap)
-        .value("RESIDENT", weight_home::resident);
+        .value("RESIDENT", weight_home::resident)
+        .value("REPACKED", weight_home::repacked);
 
     py::class_<weight_store, std::shared_ptr<weight_store>>(m, "WeightStore",
         "The weights of a GGUF file as paged tensors, bound to the mmap or to resident buffers.")
@@ -29,7 +30,12 @@ void init_paged_tensor(py::module_ & m) {
         .def("load_resident", [](weight_store & s, const std::vector<std::string> & names, compute_backend & b) {
             py::gil_scoped_release nogil;
             return s.load_resident(names, b.buffer_type());
-        }, py::arg("names"), py::arg("backend"), "Copies tensors into a new buffer of the backend's device; returns bytes.");
+        }, py::arg("names"), py::arg("backend"), "Copies tensors into a new buffer of the backend's device; returns bytes.")
+        .def("load_repacked", [](weight_store & s, const std::vector<std::string> & names, compute_backend & b) {
+            py::gil_scoped_release nogil;
+            return s.load_repacked(names, b.device());
+        }, py::arg("names"), py::arg("backend"),
+           "Re-lays the weights the device can use re-laid (ggml-cpu repack); returns bytes moved.");
 }
 
 }  // namespace superggml

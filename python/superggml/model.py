@@ -28,13 +28,17 @@ def _default_threads() -> int:
 class Model:
     """A GGUF language model run layer by layer over ggml.
 
+    Weights are used in place from the read-only mapping of the file, except
+    that with ``repack`` (default, as llama.cpp) the matmul weights the CPU
+    has faster re-laid kernels for are copied into that layout at load.
+
     >>> with Model(path, ctx_size=2048) as m:
     ...     print(m.create_completion("Once upon a time", max_tokens=16)["choices"][0]["text"])
     """
 
     def __init__(self, path: str | os.PathLike[str], *, ctx_size: int = 4096, n_batch: int = 512,
                  n_threads: int | None = None, seed: int | None = None, flash_attn: bool = False,
-                 kv_type: str = "f16", logits_all: bool = False, verbose: bool = False):
+                 kv_type: str = "f16", repack: bool = True, logits_all: bool = False, verbose: bool = False):
         if ctx_size < 1:
             raise ValueError("ctx_size must be >= 1")
         if n_batch < 1:
@@ -60,6 +64,8 @@ class Model:
             self._exec = Executor(self.arch, self._store, ExecutorParams(
                 n_ctx=ctx_size, n_batch=min(n_batch, ctx_size), n_threads=n_threads or _default_threads(),
                 flash_attn=flash_attn, kv_type=kv_type))
+            self.repacked_bytes = (self._store.load_repacked(self.arch.matmul_weights(self._store.has),
+                                                             self._exec.backend) if repack else 0)
         except BaseException:
             self._file.close()
             raise

@@ -914,10 +914,14 @@ class Tokenizer:
                 attrs[t2i["[MASK]"]] |= TokenAttr.LSTRIP
 
     def _build_bpe(self, meta: Mapping[str, Any]) -> _HFTokenizer:
+        """llm_tokenizer_bpe's merges as a tokenizers BPE model. Symbols llama.cpp can form that
+        are not tokens (byte-level characters missing from the vocabulary, results of merges
+        that are not tokens) get placeholder ids past the vocabulary, resolved like llama.cpp
+        afterwards (see _resolve_phantoms)."""
         raw_merges = _meta_list(meta, "tokenizer.ggml.merges")
         if raw_merges is None:
             raise GGUFError("tokenizer.ggml.merges is missing")
-        vocab = self._token_to_id
+        vocab = dict(self._token_to_id)
         merges: list[tuple[str, str]] = []
         seen: set[tuple[str, str]] = set()
         for m in raw_merges:
@@ -926,20 +930,27 @@ class Tokenizer:
             if pos < 0:
                 continue
             pair = (m[:pos], m[pos + 1:])
-            # llama.cpp keeps the first rank of a pair; tokenizers needs all three in the vocab
-            if pair in seen or pair[0] not in vocab or pair[1] not in vocab \
-                    or pair[0] + pair[1] not in vocab:
+            if pair in seen:  # llama.cpp keeps the first rank of a pair
                 continue
             seen.add(pair)
             merges.append(pair)
-        bpe = _hf_models.BPE(vocab=dict(vocab), merges=merges, ignore_merges=self.ignore_merges)
+            for sym in (*pair, pair[0] + pair[1]):
+                self._add_phantom(vocab, sym)
+        for char in _BYTE_TO_CHAR:
+            self._add_phantom(vocab, char)
+        bpe = _hf_models.BPE(vocab=vocab, merges=merges, ignore_merges=self.ignore_merges)
         return _HFTokenizer(bpe)
+
+    def _add_phantom(self, vocab: dict[str, int], sym: str) -> None:
+        if sym not in vocab:
+            vocab[sym] = len(vocab)
+            self._phantom[vocab[sym]] = sym
 
     def _build_spm(self) -> _HFTokenizer:
         """llm_tokenizer_spm as a BPE model: two adjacent symbols merge when their concatenation
         is a token, highest token score first. Symbols start as single characters, which need
         not be tokens themselves: such characters get placeholder ids past the vocabulary, and
-        any left unmerged are replaced by their bytes afterwards (see _spm_fix)."""
+        any left unmerged are replaced by their bytes afterwards (see _resolve_phantoms)."""
         vocab = dict(self._token_to_id)
         known = self._token_to_id
         scored: list[tuple[float, int, int, str, str]] = []
@@ -950,36 +961,35 @@ class Tokenizer:
                     scored.append((-self._scores[tid], tid, k, left, right))
         scored.sort()
         for *_, left, right in scored:
-            for sym in (left, right):
-                if sym not in vocab:
-                    vocab[sym] = len(vocab)
-                    self._phantom[vocab[sym]] = sym
+            self._add_phantom(vocab, left)
+            self._add_phantom(vocab, right)
         unk = self._tokens[self.unk_id] if self.unk_id is not None else None
         bpe = _hf_models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in scored],
                              unk_token=unk, byte_fallback=True)
         return _HFTokenizer(bpe)
 
-    def _byte_tokens(self, char: str) -> list[int]:
-        """llama_vocab::byte_to_token for each UTF-8 byte of ``char``."""
-        out = []
-        for b in char.encode("utf-8", "surrogatepass"):
-            tid = self._token_to_id.get(f"<0x{b:02X}>")
-            if tid is None:
-                tid = self._token_to_id.get(chr(b))
-            if tid is None:
-                raise GGUFError(f"SentencePiece vocabulary without a token for byte 0x{b:02X}")
-            out.append(tid)
-        return out
-
-    def _spm_fix(self, ids: list[int]) -> list[int]:
+    def _resolve_phantoms(self, ids: list[int]) -> list[int]:
+        """Replace placeholder ids (symbols that are not tokens) the way llama.cpp does: SPM
+        emits the byte tokens of the text (llama_vocab::byte_to_token), BPE the tokens whose
+        text is one of its bytes, skipping bytes without one."""
         if not ids or max(ids) < self.n_vocab:
             return ids
+        t2i = self._token_to_id
         out: list[int] = []
         for tid in ids:
             if tid < self.n_vocab:
                 out.append(tid)
-            else:
-                out.extend(self._byte_tokens(self._phantom[tid]))
+                continue
+            for b in self._phantom[tid].encode("utf-8", "surrogatepass"):
+                if self.model == "llama":
+                    byte_tid = t2i.get(f"<0x{b:02X}>")
+                    if byte_tid is None:
+                        byte_tid = t2i.get(chr(b))
+                    if byte_tid is None:
+                        raise GGUFError(f"vocabulary without a token for byte 0x{b:02X}")
+                    out.append(byte_tid)
+                elif b < 0x80 and chr(b) in t2i:
+                    out.append(t2i[chr(b)])
         return out
 
     # ------------------------------------------------------------------ vocabulary queries
@@ -1043,7 +1053,7 @@ class Tokenizer:
                 piece = text[frag[0]:frag[1]]
                 if self.add_space_prefix and is_prev_special:
                     piece = " " + piece
-                out.extend(self._spm_fix(self._hf_encode([piece.replace(" ", "\u2581")])))
+                out.extend(self._hf_encode([piece.replace(" ", "\u2581")]))
                 is_prev_special = False
         else:
             for frag in fragments:
@@ -1063,7 +1073,8 @@ class Tokenizer:
 
     def _hf_encode(self, words: list[str]) -> list[int]:
         assert self._hf is not None
-        return self._hf.encode(words, is_pretokenized=True, add_special_tokens=False).ids
+        ids = self._hf.encode(words, is_pretokenized=True, add_special_tokens=False).ids
+        return self._resolve_phantoms(ids) if self._phantom else ids
 
     def _partition(self, text: str, parse_special: bool) -> list[int | tuple[int, int]]:
         """tokenizer_st_partition: split special tokens out, leaving (start, end) text spans."""

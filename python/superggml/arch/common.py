@@ -138,6 +138,14 @@ class Architecture:
     def block_tensors(self, il: int) -> list[str]:
         return list(self.block_tensor_shapes(il))
 
+    def matmul_weights(self, has: Any) -> list[str]:
+        """Weights used only as the left side of mul_mat (candidates for re-laid kernels)."""
+        names = [n for il in range(self.hp.n_layer)
+                 for n, shape in self.block_tensor_shapes(il).items() if len(shape) == 2]
+        if has("output.weight"):
+            names.append("output.weight")
+        return names
+
     def output_tensor(self, has: Any) -> str:
         return "output.weight" if has("output.weight") else "token_embd.weight"
 
