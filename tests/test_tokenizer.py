@@ -286,9 +286,17 @@ def test_attrs_eog_and_special_ids_match_llama_cpp(model):
 
 @pytest.fixture(scope="session")
 def smollm2_fields(smollm2_path):
+    """SmolLM2's metadata as [(key, value, type, array item type)], tensors left out."""
     import gguf
 
-    return gguf.GGUFReader(smollm2_path).fields
+    fields = []
+    for key, field in gguf.GGUFReader(smollm2_path).fields.items():
+        if key.startswith("GGUF."):
+            continue
+        vtype = field.types[0]
+        sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        fields.append((key, field.contents(), vtype, sub_type))
+    return fields
 
 
 def write_gguf(path: Path, fields, overrides: dict, drop=()):
@@ -296,17 +304,12 @@ def write_gguf(path: Path, fields, overrides: dict, drop=()):
     replacing or adding keys: llama.cpp loads it with vocab_only=True."""
     import gguf
 
-    arch = fields["general.architecture"].contents()
+    arch = next(value for key, value, *_ in fields if key == "general.architecture")
     w = gguf.GGUFWriter(str(path), arch)
-    for key, field in fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in overrides \
-                or key in drop:
+    for key, value, vtype, sub_type in fields:
+        if key == "general.architecture" or key in overrides or key in drop:
             continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
-        else:
-            w.add_key_value(key, field.contents(), vtype)
+        w.add_key_value(key, value, vtype, sub_type=sub_type)
     for key, (value, vtype, sub_type) in overrides.items():
         w.add_key_value(key, value, vtype, sub_type=sub_type)
     w.write_header_to_file()
