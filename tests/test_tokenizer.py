@@ -17,18 +17,30 @@ import pytest
 from superggml.errors import GGUFError, UnsupportedModelError
 from superggml.tokenizer import TokenAttr, Tokenizer
 
-sys.path.insert(0, str(Path(__file__).parent / "data"))
-from tokenizer_corpus import CORPUS  # noqa: E402
+
+def _load_corpus() -> list[str]:
+    spec = importlib.util.spec_from_file_location(
+        "tokenizer_corpus", Path(__file__).parent / "data" / "tokenizer_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.CORPUS
+
+
+CORPUS = _load_corpus()
 
 META_KEYS = ("general.architecture", "general.name")
 
 
 def read_tokenizer_meta(path: str) -> dict:
-    """The tokenizer.* keys (and general.architecture/name) of a GGUF, read with gguf-py."""
-    import gguf
+    """The tokenizer.* keys (and general.architecture/name) of a GGUF, read by superggml's core."""
+    from superggml import _core
 
-    reader = gguf.GGUFReader(path)
-    return {k: f.contents() for k, f in reader.fields.items()
+    f = _core.GGUFFile(path)
+    try:
+        meta = f.metadata()
+    finally:
+        f.close()
+    return {k: v for k, v in meta.items()
             if (k.startswith("tokenizer.") and k != "tokenizer.chat_template") or k in META_KEYS}
 
 
@@ -121,16 +133,17 @@ def run_reference(jobs: list[dict]) -> list[dict]:
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         pytest.fail(f"llama.cpp reference failed:\n{proc.stderr[-3000:]}")
-    results = json.loads(proc.stdout)
-    for res in results:
-        if "pieces" in res:
-            res["pieces"] = {int(k): [bytes.fromhex(x) for x in v]
-                             for k, v in res["pieces"].items()}
-        for entry in res["detokenize"].values():
-            for k in ("01", "10", "00"):
-                entry[k] = bytes.fromhex(entry[k])
-        res["special"] = {k: (None if v < 0 else v) for k, v in res.get("special", {}).items()}
-    return results
+    return [_decode_result(res) for res in json.loads(proc.stdout)]
+
+
+def _decode_result(res: dict) -> dict:
+    if "pieces" in res:
+        res["pieces"] = {int(k): [bytes.fromhex(x) for x in v] for k, v in res["pieces"].items()}
+    for entry in res["detokenize"].values():
+        for k in ("01", "10", "00"):
+            entry[k] = bytes.fromhex(entry[k])
+    res["special"] = {k: (None if v < 0 else v) for k, v in res.get("special", {}).items()}
+    return res
 
 
 ALL_FLAGS = [(a, p) for a in (True, False) for p in (True, False)]
@@ -157,8 +170,8 @@ def _loaded():
 
 @pytest.fixture(params=MODELS)
 def model(request, _loaded):
-    """(name, Tokenizer, llama.cpp reference results) per real model, built once per session;
-    the reference is computed on first use."""
+    """{"name", "tok": Tokenizer, "path"} per real model, built once per session (plus "ref",
+    llama.cpp's results, once reference_of computed them)."""
     name = request.param
     if name not in _loaded:
         meta = request.getfixturevalue(f"{name}_meta")
@@ -328,6 +341,33 @@ PRE_TYPES = ["default", "llama-bpe", "qwen2", "deepseek-coder", "deepseek-llm", 
 PRE_CORPUS = CORPUS[::3]
 
 
+def with_string_kv(base: bytes, key: str, value: str) -> bytes:
+    """``base``, a tensor-less GGUF whose last key/value is the string ``key``, with that value
+    replaced (much faster than writing the file again)."""
+    kb = key.encode()
+    head = len(kb).to_bytes(8, "little") + kb + (8).to_bytes(4, "little")  # 8: STRING
+    cut = base.rindex(head)
+    vb = value.encode()
+    out = base[:cut] + head + len(vb).to_bytes(8, "little") + vb
+    return out + b"\0" * (-len(out) % 32)
+
+
+def run_reference_parallel(jobs: list[dict], processes: int = 2) -> list[dict]:
+    require_reference()
+    chunks = [jobs[i::processes] for i in range(processes)]
+    procs = [subprocess.Popen([sys.executable, "-c", _REFERENCE_SCRIPT], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in chunks]
+    outputs = [proc.communicate(json.dumps(chunk)) for proc, chunk in zip(procs, chunks)]
+    for proc, (_, err) in zip(procs, outputs):
+        if proc.returncode != 0:
+            pytest.fail(f"llama.cpp reference failed:\n{err[-3000:]}")
+    results: list[dict] = [{}] * len(jobs)
+    for i, (out, _) in enumerate(outputs):
+        results[i::processes] = [_decode_result(r) for r in json.loads(out)]
+    return results
+
+
 @pytest.fixture(scope="session")
 def pre_type_results(smollm2_fields, tmp_path_factory):
     """llama.cpp's results for SmolLM2's vocabulary re-labelled with each of PRE_TYPES."""
@@ -335,11 +375,16 @@ def pre_type_results(smollm2_fields, tmp_path_factory):
     import gguf
 
     folder = tmp_path_factory.mktemp("pre")
-    jobs = [{"path": write_gguf(folder / f"{pre}.gguf", smollm2_fields,
-                                {"tokenizer.ggml.pre": (pre, gguf.GGUFValueType.STRING, None)}),
-             "corpus": PRE_CORPUS, "flags": [(True, True), (False, False)], "detokenize": True}
-            for pre in PRE_TYPES]
-    return dict(zip(PRE_TYPES, run_reference(jobs)))
+    base = Path(write_gguf(folder / "base.gguf", smollm2_fields,
+                           {"tokenizer.ggml.pre": ("x", gguf.GGUFValueType.STRING, None)}))
+    data = base.read_bytes()
+    jobs = []
+    for pre in PRE_TYPES:
+        path = folder / f"{pre}.gguf"
+        path.write_bytes(with_string_kv(data, "tokenizer.ggml.pre", pre))
+        jobs.append({"path": str(path), "corpus": PRE_CORPUS, "flags": [(True, True), (False, False)],
+                     "detokenize": True})
+    return dict(zip(PRE_TYPES, run_reference_parallel(jobs)))
 
 
 @pytest.mark.parametrize("pre", PRE_TYPES)
