@@ -60,6 +60,7 @@ compute_backend::compute_backend(const backend_params & params) : n_threads_(par
 compute_backend::~compute_backend() {
     if (galloc_) ggml_gallocr_free(galloc_);
     if (backend_) ggml_backend_free(backend_);
+    if (threadpool_) ggml_threadpool_free(threadpool_);
 }
 
 ggml_backend_device * compute_backend::device() const { return ggml_backend_get_device(backend_); }
@@ -72,6 +73,14 @@ void compute_backend::set_n_threads(int n) {
     ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(device());
     auto fn = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
     if (fn) fn(backend_, n);
+    if (ggml_backend_is_cpu(backend_)) {
+        ggml_threadpool_params tpp = ggml_threadpool_params_default(n);
+        ggml_threadpool * tp = ggml_threadpool_new(&tpp);
+        if (!tp) throw Error("cannot start a thread pool of " + std::to_string(n) + " threads");
+        ggml_backend_cpu_set_threadpool(backend_, tp);
+        if (threadpool_) ggml_threadpool_free(threadpool_);
+        threadpool_ = tp;
+    }
 }
 
 static void check_leaves(ggml_cgraph * g) {

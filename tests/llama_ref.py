@@ -22,6 +22,15 @@ import numpy as np
 def _serve(req: dict[str, Any]) -> dict[str, Any]:
     import llama_cpp
 
+    if req.get("repack") is False:  # llama.cpp's --no-repack: weights stay in the mapping
+        default = llama_cpp.llama_model_default_params
+
+        def no_repack():
+            p = default()
+            p.use_extra_bufts = False
+            return p
+
+        llama_cpp.llama_model_default_params = no_repack
     kind = req["kind"]
     kw = dict(model_path=req["model"], verbose=False, n_threads=req.get("n_threads", 2),
               n_threads_batch=req.get("n_threads", 2), n_ctx=req.get("n_ctx", 512),

@@ -95,3 +95,31 @@ def test_flash_attention_and_f32_kv_agree_with_default(smollm2_path):
     for o in outs[1:]:
         assert (o.argmax(1) == outs[0].argmax(1)).mean() >= 0.9
         assert np.abs(o - outs[0]).max() < 3.0
+
+
+def test_as_close_to_exact_as_llama_cpp(smollm2_path, record_property):
+    """Against a float64 forward pass of the same quantized weights, superggml's error is no larger
+    than llama.cpp's: the superggml/llama.cpp difference is rounding noise, not a modelling error."""
+    from numpy_ref import Float64Reference
+
+    tok = llama_ref.run({"kind": "tokenize", "model": smollm2_path, "items": [[p, True, True] for p in PROMPTS]})
+    prompts = [[int(x) for x in tok[f"ids{i}"][:N_POS]] for i in range(len(PROMPTS))]
+    ref = llama_ref.run({"kind": "logits", "model": smollm2_path, "prompts": prompts})
+    exact = Float64Reference(smollm2_path)
+    ours_err, llama_err, ours_top1, llama_top1 = [], [], [], []
+    with Model(smollm2_path, ctx_size=128, n_threads=2) as m:
+        for i, p in enumerate(prompts):
+            m.reset()
+            o = m.eval(p, logits_all=True)
+            t = exact.logits(p)
+            ll = ref[f"logits{i}"]
+            ours_err.append(np.abs(o - t).mean())
+            llama_err.append(np.abs(ll - t).mean())
+            ours_top1.append((o.argmax(1) == t.argmax(1)).mean())
+            llama_top1.append((ll.argmax(1) == t.argmax(1)).mean())
+    record_property("mean_abs_err_superggml", float(np.mean(ours_err)))
+    record_property("mean_abs_err_llama_cpp", float(np.mean(llama_err)))
+    print(f"\nmean |logit - float64|: superggml {np.mean(ours_err):.4f}, llama.cpp {np.mean(llama_err):.4f}; "
+          f"top-1 = float64's: superggml {np.mean(ours_top1):.3f}, llama.cpp {np.mean(llama_top1):.3f}")
+    assert np.mean(ours_err) <= 1.1 * np.mean(llama_err)
+    assert np.mean(ours_top1) >= np.mean(llama_top1) - 0.02

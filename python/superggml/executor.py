@@ -181,24 +181,27 @@ class _Plan:
         self.keep += [ictx, ex.backend.alloc_tensors(ictx)]
         self.inputs = inp = StepInputs(n_tokens=n, n_kv=n_kv, n_outputs=n_out, flash_attn=p.flash_attn, **t)
 
-        def graph(build: Any) -> Any:
+        def graph(build: Any, rows_in: int = n, rows_out: int = n) -> Any:
             ctx = _core.Context(max_tensors=GRAPH_NODES, graph_size=GRAPH_NODES)
             gf = ctx.new_graph()
-            act = ctx.view(ex.act, [hp.n_embd, n], [ex.act.nb[1]], 0)
-            out = build(ctx, gf, act)
+            act = ctx.view(ex.act, [hp.n_embd, rows_in], [ex.act.nb[1]], 0)
+            act_out = act if rows_out == rows_in else ctx.view(ex.act, [hp.n_embd, rows_out], [ex.act.nb[1]], 0)
+            out = build(ctx, gf, act, act_out)
             gf.expand(out)
             self.keep.append(ctx)
             self.graphs.append(gf)
             return out
 
-        graph(lambda ctx, gf, act: ctx.cpy(arch.build_embed(ctx, w, inp), act))
+        n_last = min(n, max(n_out, 1))           # rows the last block keeps
+        graph(lambda ctx, gf, act, act_out: ctx.cpy(arch.build_embed(ctx, w, inp), act))
         for il in range(hp.n_layer):
-            graph(lambda ctx, gf, act, il=il: ctx.cpy(
-                arch.build_block(ctx, gf, w, inp, il, act, ex.k_cache[il], ex.v_cache[il]), act))
+            graph(lambda ctx, gf, act, act_out, il=il: ctx.cpy(
+                arch.build_block(ctx, gf, w, inp, il, act, ex.k_cache[il], ex.v_cache[il]), act_out),
+                rows_out=n_last if il == hp.n_layer - 1 else n)
         if n_out:
-            def head(ctx: Any, gf: Any, act: Any) -> Any:
+            def head(ctx: Any, gf: Any, act: Any, act_out: Any) -> Any:
                 out = arch.build_output(ctx, w, inp, act)
                 out.set_output()
                 return out
-            self.logits = graph(head)
+            self.logits = graph(head, rows_in=n_out, rows_out=n_out)
         return self

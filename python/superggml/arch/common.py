@@ -175,15 +175,14 @@ class Architecture:
         return ctx.get_rows(w("token_embd.weight"), inp.tokens)
 
     def build_output(self, ctx: Any, w: Weights, inp: StepInputs, x: Any) -> Any:
-        """x F32 [n_embd, n_tokens] -> logits F32 [n_vocab, n_outputs]"""
-        if inp.n_outputs != inp.n_tokens:
-            x = ctx.get_rows(x, inp.out_ids)
+        """x F32 [n_embd, n_outputs] (the last block kept only those rows) -> logits F32 [n_vocab, n_outputs]"""
         x = ctx.mul(ctx.rms_norm(x, self.hp.rms_eps), w("output_norm.weight"))
         return ctx.mul_mat(w(self.output_tensor(w.has)), x)
 
     def build_block(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int,
                     x: Any, k_cache: Any, v_cache: Any) -> Any:
-        """One transformer block: x F32 [n_embd, n_tokens] -> same shape."""
+        """One transformer block: x F32 [n_embd, n_tokens] -> same shape, except that the last
+        block keeps only the rows whose logits are wanted ([n_embd, n_outputs], as llama.cpp)."""
         hp = self.hp
         p = f"blk.{il}."
         n = inp.n_tokens
@@ -202,6 +201,9 @@ class Architecture:
         k = ctx.rope_ext(k, inp.positions, hp.n_rot, self.rope_mode, hp.n_ctx_train,
                          hp.rope_base, hp.rope_scale)
         cur = build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache)
+        if il == hp.n_layer - 1 and inp.n_outputs < n:
+            cur = ctx.get_rows(cur, inp.out_ids)
+            x = ctx.get_rows(x, inp.out_ids)
         cur = ctx.mul_mat(w(p + "attn_output.weight"), cur)
         ffn_inp = ctx.add(cur, x)
         cur = ctx.mul(ctx.rms_norm(ffn_inp, hp.rms_eps), w(p + "ffn_norm.weight"))
