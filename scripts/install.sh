@@ -9,9 +9,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
-if [ "${SUPERGGML_NATIVE:-1}" != "0" ]; then
+native_installed() {  # the sdist build installs under libggml/lib, the wheel under libggml/lib64
+    "$PY" -c "import libggml, os, sys; sys.exit(not os.path.isdir(os.path.join(list(libggml.__path__)[0], 'lib')))" 2>/dev/null
+}
+if [ "${SUPERGGML_NATIVE:-1}" != "0" ] && ! native_installed; then
     CMAKE_ARGS="-DGGML_NATIVE=ON ${CMAKE_ARGS:-}" "$PY" -m pip install --progress-bar off \
-        --no-binary libggml-python libggml-python==0.20.2.post1
+        --force-reinstall --no-deps --no-binary libggml-python libggml-python==0.20.2.post1
 fi
 
 extras=""
