@@ -24,17 +24,14 @@ class ModelNotInstalledError(FileNotFoundError):
 
 
 def _package_dir(name: str) -> Path | None:
-    spec = importlib.util.find_spec(name) if _importable_name(name) else None
+    """Folder of an installed package without importing it (some model packages fail to import)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(list(spec.submodule_search_locations)[0])
-
-
-def _importable_name(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def smollm2_path() -> Path:
