@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 from typing import Any, Iterator, Mapping, Sequence
@@ -69,6 +70,12 @@ class Model:
         except BaseException:
             self._file.close()
             raise
+        if verbose:
+            hp = self.hparams
+            print(f"superggml: {self.path}: {hp.arch}, {hp.n_layer} blocks, n_embd {hp.n_embd}, "
+                  f"vocab {hp.n_vocab}; ctx {ctx_size}, {self.n_threads} threads, "
+                  f"{self.repacked_bytes / 2**20:.0f} MiB re-laid, KV {self._exec.kv_bytes / 2**20:.0f} MiB",
+                  file=sys.stderr)
         self._tokens: list[int] = []     # what the KV cache holds
         self._scores: np.ndarray | None = None
         self._closed = False
@@ -145,8 +152,8 @@ class Model:
         return self.tokenizer.encode(text, add_special=add_bos, parse_special=special)
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
-        """The bytes of `tokens` (special tokens' text only if `special`)."""
-        return b"".join(self.tokenizer.token_to_piece(int(t), special=special) for t in tokens)
+        """The bytes of `tokens` (special tokens' text only if `special`), as llama_detokenize."""
+        return self.tokenizer.detokenize([int(t) for t in tokens], unparse_special=special)
 
     def token_bos(self) -> int | None:
         return self.tokenizer.bos_id
