@@ -14,7 +14,7 @@ native_installed() {  # the sdist build installs under libggml/lib, the wheel un
 }
 if [ "${SUPERGGML_NATIVE:-1}" != "0" ] && ! native_installed; then
     CMAKE_ARGS="-DGGML_NATIVE=ON ${CMAKE_ARGS:-}" "$PY" -m pip install --progress-bar off \
-        --force-reinstall --no-deps --no-binary libggml-python libggml-python==0.20.2.post1
+        --no-cache-dir --force-reinstall --no-deps --no-binary libggml-python libggml-python==0.20.2.post1
 fi
 
 extras=""
