@@ -122,17 +122,20 @@ void init_ops(py::module_ & m) {
         return wrap(c, ggml_set_rows(c->ctx(), dst.t, src.t, idx.t));
     }, "dst[idx[i], :] = src[i, :] (rows of ne[0] elements, converting type).");
 
-    ctx.def("rope_ext", [](const ctx_ptr & c, const T & a, const T & pos, int n_dims, int mode, int n_ctx_orig,
-                           float freq_base, float freq_scale, float ext_factor, float attn_factor,
-                           float beta_fast, float beta_slow) {
+    ctx.def("rope_ext", [](const ctx_ptr & c, const T & a, const T & pos, std::optional<T> freq_factors,
+                           int n_dims, int mode, int n_ctx_orig, float freq_base, float freq_scale,
+                           float ext_factor, float attn_factor, float beta_fast, float beta_slow) {
         need(pos.t->type == GGML_TYPE_I32 && pos.t->ne[0] == a.t->ne[2], "rope_ext", "positions must be I32 [n_tokens]");
         need(n_dims <= a.t->ne[0] && n_dims % 2 == 0, "rope_ext", "n_dims must be even and <= head_dim");
+        need(!freq_factors || (freq_factors->t->type == GGML_TYPE_F32 && freq_factors->t->ne[0] >= n_dims / 2),
+             "rope_ext", "freq_factors must be F32 [n_dims/2]");
         c->check_room();
-        return wrap(c, ggml_rope_ext(c->ctx(), a.t, pos.t, nullptr, n_dims, mode, n_ctx_orig, freq_base, freq_scale,
-                                     ext_factor, attn_factor, beta_fast, beta_slow));
-    }, py::arg("a"), py::arg("pos"), py::arg("n_dims"), py::arg("mode"), py::arg("n_ctx_orig"),
-       py::arg("freq_base"), py::arg("freq_scale") = 1.0f, py::arg("ext_factor") = 0.0f,
-       py::arg("attn_factor") = 1.0f, py::arg("beta_fast") = 32.0f, py::arg("beta_slow") = 1.0f);
+        return wrap(c, ggml_rope_ext(c->ctx(), a.t, pos.t, freq_factors ? freq_factors->t : nullptr, n_dims, mode,
+                                     n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow));
+    }, py::arg("a"), py::arg("pos"), py::arg("freq_factors"), py::arg("n_dims"), py::arg("mode"),
+       py::arg("n_ctx_orig"), py::arg("freq_base"), py::arg("freq_scale") = 1.0f, py::arg("ext_factor") = 0.0f,
+       py::arg("attn_factor") = 1.0f, py::arg("beta_fast") = 32.0f, py::arg("beta_slow") = 1.0f,
+       "RoPE of a [head_dim, n_head, n_tokens] at I32 positions; freq_factors (F32 [n_dims/2]) or None.");
 
     ctx.def("soft_max_ext", [](const ctx_ptr & c, const T & a, std::optional<T> mask, float scale, float max_bias) {
         c->check_room();

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
 from .. import _core
-from ..errors import GGUFError
+from ..errors import GGUFError, UnsupportedModelError
 
 F32 = _core.GGMLType.F32
 ROPE_NORM = 0
@@ -48,7 +48,12 @@ class HParams:
             n_head_kv = int(get("attention.head_count_kv", n_head))
             head_dim = int(get("attention.key_length", n_embd // max(n_head, 1)))
             n_vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
-            scale_linear = float(meta.get(f"{arch}.rope.scale_linear", 1.0) or 1.0)
+            scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+            if scaling not in ("none", "linear"):
+                raise UnsupportedModelError(f"RoPE scaling type {scaling!r} is not supported (none, linear)")
+            # as llama.cpp: rope.scaling.factor, else the older rope.scale_linear
+            scale_linear = float(meta.get(f"{arch}.rope.scaling.factor")
+                                 or meta.get(f"{arch}.rope.scale_linear") or 1.0)
             hp = cls(
                 arch=arch,
                 n_layer=int(get("block_count")),
@@ -151,11 +156,14 @@ class Architecture:
 
     def global_tensor_shapes(self, has: Any) -> dict[str, tuple[int, ...]]:
         hp = self.hp
-        return {
+        shapes = {
             "token_embd.weight": (hp.n_embd, hp.n_vocab),
             "output_norm.weight": (hp.n_embd,),
             self.output_tensor(has): (hp.n_embd, hp.n_vocab),
         }
+        if has("rope_freqs.weight"):
+            shapes["rope_freqs.weight"] = (hp.n_rot // 2,)
+        return shapes
 
     def validate(self, table: Mapping[str, tuple[int, ...]]) -> None:
         """GGUFError naming the first missing or misshapen tensor."""
@@ -196,9 +204,10 @@ class Architecture:
             v = ctx.add(v, w(p + "attn_v.bias"))
         q = ctx.reshape(q, [hp.head_dim, hp.n_head, n])
         k = ctx.reshape(k, [hp.head_dim, hp.n_head_kv, n])
-        q = ctx.rope_ext(q, inp.positions, hp.n_rot, self.rope_mode, hp.n_ctx_train,
+        ff = w("rope_freqs.weight") if w.has("rope_freqs.weight") else None   # Llama 3.1 long-context factors
+        q = ctx.rope_ext(q, inp.positions, ff, hp.n_rot, self.rope_mode, hp.n_ctx_train,
                          hp.rope_base, hp.rope_scale)
-        k = ctx.rope_ext(k, inp.positions, hp.n_rot, self.rope_mode, hp.n_ctx_train,
+        k = ctx.rope_ext(k, inp.positions, ff, hp.n_rot, self.rope_mode, hp.n_ctx_train,
                          hp.rope_base, hp.rope_scale)
         cur = build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache)
         if il == hp.n_layer - 1 and inp.n_outputs < n:
