@@ -32,6 +32,8 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
 
         llama_cpp.llama_model_default_params = no_repack
     kind = req["kind"]
+    if kind == "sysinfo":
+        return {"sysinfo": np.array(llama_cpp.llama_print_system_info().decode())}
     kw = dict(model_path=req["model"], verbose=False, n_threads=req.get("n_threads", 2),
               n_threads_batch=req.get("n_threads", 2), n_ctx=req.get("n_ctx", 512),
               n_batch=req.get("n_batch", 512), n_ubatch=req.get("n_batch", 512),
@@ -82,6 +84,17 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
             res.setdefault("decode_s", []).append(t2 - t1)
         return {k: np.asarray(v) for k, v in res.items()}
     raise ValueError(f"unknown request kind {kind!r}")
+
+
+def cpu_features() -> dict[str, int]:
+    """llama.cpp's CPU feature flags, e.g. {"AVX2": 1, "AVX512": 1, ...}."""
+    text = str(run({"kind": "sysinfo"})["sysinfo"])
+    out = {}
+    for part in text.split("|"):
+        if "=" in part:
+            k, v = part.rsplit("=", 1)
+            out[k.split(":")[-1].strip()] = int(v.strip()) if v.strip().isdigit() else 0
+    return out
 
 
 def run(request: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:

@@ -4,6 +4,7 @@
 
 #include <ggml.h>
 #include <ggml-backend.h>
+#include <ggml-cpu.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -141,6 +142,16 @@ void init_graph(py::module_ & m) {
             }
         }
     }, py::arg("tensor"), "Copies the tensor's contents out: numpy (shape reversed to row-major) for F32/I32/F16(raw), bytes otherwise.");
+
+    m.def("cpu_features", [] {
+        py::dict d;
+        d["SSE3"] = ggml_cpu_has_sse3(); d["SSSE3"] = ggml_cpu_has_ssse3(); d["AVX"] = ggml_cpu_has_avx();
+        d["AVX_VNNI"] = ggml_cpu_has_avx_vnni(); d["AVX2"] = ggml_cpu_has_avx2(); d["F16C"] = ggml_cpu_has_f16c();
+        d["FMA"] = ggml_cpu_has_fma(); d["BMI2"] = ggml_cpu_has_bmi2(); d["AVX512"] = ggml_cpu_has_avx512();
+        d["AVX512_VBMI"] = ggml_cpu_has_avx512_vbmi(); d["AVX512_VNNI"] = ggml_cpu_has_avx512_vnni();
+        d["AVX512_BF16"] = ggml_cpu_has_avx512_bf16();
+        return d;
+    }, "The instruction sets the loaded ggml-cpu was built for (as llama.cpp's system info).");
 
     m.def("type_size", [](ggml_type t) { return ggml_type_size(t); });
     m.def("blck_size", [](ggml_type t) { return ggml_blck_size(t); });
