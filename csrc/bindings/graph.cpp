@@ -149,7 +149,7 @@ void init_graph(py::module_ & m) {
         d["AVX_VNNI"] = ggml_cpu_has_avx_vnni(); d["AVX2"] = ggml_cpu_has_avx2(); d["F16C"] = ggml_cpu_has_f16c();
         d["FMA"] = ggml_cpu_has_fma(); d["BMI2"] = ggml_cpu_has_bmi2(); d["AVX512"] = ggml_cpu_has_avx512();
         d["AVX512_VBMI"] = ggml_cpu_has_avx512_vbmi(); d["AVX512_VNNI"] = ggml_cpu_has_avx512_vnni();
-        d["AVX512_BF16"] = ggml_cpu_has_avx512_bf16();
+        d["AVX512_BF16"] = ggml_cpu_has_avx512_bf16(); d["LLAMAFILE"] = ggml_cpu_has_llamafile();
         return d;
     }, "The instruction sets the loaded ggml-cpu was built for (as llama.cpp's system info).");
 
