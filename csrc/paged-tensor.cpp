@@ -5,6 +5,8 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include <chrono>
+
 namespace superggml {
 
 void tensor_bind(ggml_tensor * t, ggml_backend_buffer * buffer, void * addr) {
@@ -150,5 +152,150 @@ size_t weight_store::bytes(weight_home h) const {
     }
     return s;
 }
+
+}  // namespace superggml
+
+namespace superggml {
+
+size_t layer_slot_bytes(const weight_store & store, const std::vector<std::string> & names,
+                        ggml_backend_buffer_type * buft) {
+    if (!buft) buft = ggml_backend_cpu_buffer_type();
+    const size_t align = ggml_backend_buft_get_alignment(buft);
+    size_t bytes = 0;
+    for (const auto & n : names) bytes += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, store.get(n)), align);
+    return bytes;
+}
+
+layer_pager::layer_pager(std::shared_ptr<weight_store> store, const std::vector<std::vector<std::string>> & layers,
+                         const pager_params & params) : store_(std::move(store)) {
+    ggml_backend_buffer_type * buft = params.buft ? params.buft : ggml_backend_cpu_buffer_type();
+    const size_t align = ggml_backend_buft_get_alignment(buft);
+    std::unordered_map<std::string, const gguf_tensor_info *> by_name;
+    for (const auto & ti : store_->file().tensors()) by_name[ti.name] = &ti;
+    size_t largest = 0;
+    int largest_layer = 0;
+    for (const auto & names : layers) {
+        layer L;
+        for (const auto & n : names) {
+            auto it = by_name.find(n);
+            if (it == by_name.end()) throw GGUFError("GGUF has no tensor '" + n + "'");
+            ggml_tensor * t = store_->get(n);
+            L.tensors.push_back(t);
+            L.offsets.push_back(L.bytes);
+            L.ranges.push_back({it->second->offset, it->second->nbytes, L.bytes});
+            L.bytes += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
+        }
+        if (L.bytes > largest) { largest = L.bytes; largest_layer = (int) layers_.size(); }
+        layers_.push_back(std::move(L));
+    }
+    pager_params p = params;
+    if (p.slot_size == 0) p.slot_size = largest;
+    if (largest > p.slot_size) {
+        throw Error("layer " + std::to_string(largest_layer) + " needs " + std::to_string(largest) +
+                    " bytes but a slot has " + std::to_string(p.slot_size));
+    }
+    pool_params pp;
+    pp.slot_size = p.slot_size;
+    pp.n_slots = p.n_slots;
+    pp.buft = buft;
+    pool_ = std::make_unique<buffer_pool>(pp);
+    io_ = std::make_unique<prefetcher>(store_->file().path(), p.n_workers);
+}
+
+layer_pager::~layer_pager() {
+    for (auto & L : layers_) {
+        settle(L);
+        if (L.bound) for (auto * t : L.tensors) tensor_unbind(t);
+    }
+    io_.reset();
+}
+
+void layer_pager::settle(layer & L) {
+    if (!L.ready.valid()) return;
+    try { L.ready.get(); } catch (...) {}
+}
+
+void layer_pager::on_evict(int key) {
+    if (key < 0) return;
+    layer & E = layers_.at(key);
+    if (E.bound) for (auto * t : E.tensors) tensor_unbind(t);
+    E.bound = false;
+    E.slot = -1;
+    E.ready = {};
+    stats_.evictions++;
+}
+
+bool layer_pager::prefetch(int l, int priority) {
+    layer & L = layers_.at(l);
+    if (L.slot >= 0) return true;
+    buffer_pool::acquired a;
+    try {
+        a = pool_->acquire(l);
+    } catch (const PoolExhausted &) {
+        return false;
+    }
+    on_evict(a.evicted);
+    L.slot = a.slot;
+    L.prefetch_hold = true;
+    load_job job;
+    job.key = l;
+    job.priority = priority;
+    job.ranges = L.ranges;
+    job.dst = pool_->buffer(a.slot);
+    L.ready = io_->submit(std::move(job));
+    stats_.loads++;
+    for (const auto & r : L.ranges) stats_.bytes_loaded += r.size;
+    return true;
+}
+
+void layer_pager::acquire(int l) {
+    layer & L = layers_.at(l);
+    if (L.slot < 0) {
+        if (!prefetch(l, 1 << 20)) throw PoolExhausted("no pool slot free for layer " + std::to_string(l));
+    } else {
+        stats_.hits++;
+    }
+    if (L.prefetch_hold) {
+        L.prefetch_hold = false;          // the prefetch's hold becomes this one
+    } else {
+        pool_->acquire(l);                // a hit: count the hold
+    }
+    L.holds++;
+    if (!L.bound) {
+        auto t0 = std::chrono::steady_clock::now();
+        try {
+            L.ready.get();
+        } catch (...) {
+            L.holds--;
+            pool_->release(L.slot);
+            pool_->drop(l);
+            L.slot = -1;
+            L.ready = {};
+            throw;
+        }
+        stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ggml_backend_buffer * buf = pool_->buffer(L.slot);
+        auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf));
+        for (size_t i = 0; i < L.tensors.size(); ++i) tensor_bind(L.tensors[i], buf, base + L.offsets[i]);
+        L.bound = true;
+    }
+}
+
+void layer_pager::release(int l) {
+    layer & L = layers_.at(l);
+    if (L.holds <= 0) throw Error("release of layer " + std::to_string(l) + " that is not acquired");
+    L.holds--;
+    pool_->release(L.slot);
+}
+
+void layer_pager::pin(int l) {
+    acquire(l);
+    pool_->set_pinned(layers_.at(l).slot, true);
+    release(l);
+}
+
+bool layer_pager::resident(int l) const { return layers_.at(l).slot >= 0; }
+
+pager_stats layer_pager::stats() const { return stats_; }
 
 }  // namespace superggml

@@ -7,7 +7,11 @@
 // a copy; graphs that reference the tensor read the new address at compute.
 #pragma once
 
+#include "buffer-pool.h"
 #include "gguf-file.h"
+#include "prefetch.h"
+
+#include <future>
 
 #include <memory>
 #include <string>
@@ -66,6 +70,75 @@ private:
     ggml_backend_buffer * mmap_buf_ = nullptr;
     std::vector<ggml_backend_buffer *> resident_bufs_;
     std::unordered_map<std::string, weight_home> home_;
+};
+
+// Bytes one slot needs to hold `names` back to back in `buft` (nullptr: CPU),
+// each padded to the buffer alignment. Throws GGUFError for an unknown name.
+size_t layer_slot_bytes(const weight_store & store, const std::vector<std::string> & names,
+                        ggml_backend_buffer_type * buft);
+
+struct pager_params {
+    int n_slots = 1;
+    size_t slot_size = 0;                      // 0: the largest layer
+    int n_workers = 1;
+    ggml_backend_buffer_type * buft = nullptr; // nullptr: CPU
+};
+
+struct pager_stats {
+    uint64_t loads = 0, hits = 0, evictions = 0, bytes_loaded = 0;
+    double wait_seconds = 0;                   // time acquire() blocked on I/O
+};
+
+// Streams groups of paged tensors ("layers") through a buffer pool.
+//
+// Each layer's tensors are laid out back to back (buffer alignment) in one
+// slot. prefetch(l) starts loading l into a slot in the background;
+// acquire(l) waits for l's bytes and binds its tensors to the slot (a pointer
+// swap); release(l) lets the slot be evicted again; pin(l) keeps l resident.
+// When a slot is reused its old layer's tensors are unbound, so a stale
+// binding can never be computed. Errors of a load (short read, I/O error)
+// are thrown by acquire(). Not for concurrent callers: one executor drives it.
+class layer_pager {
+public:
+    // Throws Error naming the bytes needed if a layer does not fit a slot.
+    layer_pager(std::shared_ptr<weight_store> store, const std::vector<std::vector<std::string>> & layers,
+                const pager_params & params);
+    ~layer_pager();
+
+    int n_layers() const { return (int) layers_.size(); }
+    size_t layer_bytes(int l) const { return layers_.at(l).bytes; }
+    const buffer_pool & pool() const { return *pool_; }
+
+    // False (and nothing done) if no slot can be had right now.
+    bool prefetch(int l, int priority = 0);
+    void acquire(int l);
+    void release(int l);
+    void pin(int l);
+    bool resident(int l) const;   // bytes are in a slot (loaded or loading)
+
+    pager_stats stats() const;
+    prefetch_stats io_stats() const { return io_->stats(); }
+
+private:
+    struct layer {
+        std::vector<ggml_tensor *> tensors;
+        std::vector<size_t> offsets;   // in the slot
+        std::vector<read_range> ranges;
+        size_t bytes = 0;
+        int slot = -1;
+        bool prefetch_hold = false;    // the pool's in-use count taken by prefetch()
+        int holds = 0;
+        bool bound = false;
+        std::shared_future<void> ready;
+    };
+    void on_evict(int key);
+    void settle(layer & L);            // wait for an in-flight load, swallowing its error
+
+    std::shared_ptr<weight_store> store_;
+    std::vector<layer> layers_;
+    std::unique_ptr<buffer_pool> pool_;
+    std::unique_ptr<prefetcher> io_;
+    pager_stats stats_;
 };
 
 }  // namespace superggml

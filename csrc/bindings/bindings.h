@@ -20,5 +20,8 @@ void init_gguf_file(pybind11::module_ & m);
 void init_paged_tensor(pybind11::module_ & m);
 void init_graph(pybind11::module_ & m);
 void init_ops(pybind11::module_ & m);
+void init_buffer_pool(pybind11::module_ & m);
+void init_prefetch(pybind11::module_ & m);
+void init_pager(pybind11::module_ & m);
 
 }  // namespace superggml

@@ -1,6 +1,8 @@
 #include "bindings.h"
 
+#include "buffer-pool.h"
 #include "error.h"
+#include "prefetch.h"
 
 #include <cerrno>
 #include <ggml.h>
@@ -18,6 +20,10 @@ void init_errors(py::module_ & m) {
     py::register_exception_translator([](std::exception_ptr p) {
         try {
             if (p) std::rethrow_exception(p);
+        } catch (const PoolExhausted & e) {
+            raise_from("PoolExhausted", e.what());
+        } catch (const Cancelled & e) {
+            raise_from("LoadCancelled", e.what());
         } catch (const GGUFError & e) {
             raise_from("GGUFError", e.what());
         } catch (const FileError & e) {

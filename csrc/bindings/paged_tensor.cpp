@@ -23,6 +23,14 @@ void init_paged_tensor(py::module_ & m) {
             return tensor_ref{s->get(name), s};
         }, py::arg("name"), "The paged tensor `name` (GGUFError if the file has none).")
         .def("has", &weight_store::has)
+        .def("names", [](const weight_store & s) {
+            std::vector<std::string> v;
+            for (const auto & ti : s.file().tensors()) v.push_back(ti.name);
+            return v;
+        }, "Every tensor name of the file, in file order.")
+        .def("slot_bytes", [](const weight_store & s, const std::vector<std::string> & names, compute_backend * b) {
+            return layer_slot_bytes(s, names, b ? b->buffer_type() : nullptr);
+        }, py::arg("names"), py::arg("backend") = nullptr, "Bytes a pool slot needs to hold these tensors.")
         .def("home", &weight_store::home)
         .def("bytes", &weight_store::bytes)
         .def("bind_mmap", &weight_store::bind_mmap, py::arg("names") = std::vector<std::string>{},
@@ -36,6 +44,40 @@ void init_paged_tensor(py::module_ & m) {
             return s.load_repacked(names, b.device());
         }, py::arg("names"), py::arg("backend"),
            "Re-lays the weights the device can use re-laid (ggml-cpu repack); returns bytes moved.");
+}
+
+void init_pager(py::module_ & m) {
+    py::class_<layer_pager, std::shared_ptr<layer_pager>>(m, "LayerPager",
+        "Streams groups of paged tensors (layers) through a buffer pool with worker-thread prefetch.")
+        .def(py::init([](std::shared_ptr<weight_store> store, const std::vector<std::vector<std::string>> & layers,
+                         int n_slots, size_t slot_size, int n_workers, compute_backend * backend) {
+            pager_params p;
+            p.n_slots = n_slots;
+            p.slot_size = slot_size;
+            p.n_workers = n_workers;
+            p.buft = backend ? backend->buffer_type() : nullptr;
+            return std::make_shared<layer_pager>(std::move(store), layers, p);
+        }), py::arg("store"), py::arg("layers"), py::arg("n_slots"), py::arg("slot_size") = 0,
+            py::arg("n_workers") = 1, py::arg("backend") = nullptr)
+        .def_property_readonly("n_layers", &layer_pager::n_layers)
+        .def_property_readonly("slot_size", [](const layer_pager & p) { return p.pool().slot_size(); })
+        .def_property_readonly("n_slots", [](const layer_pager & p) { return p.pool().n_slots(); })
+        .def("layer_bytes", &layer_pager::layer_bytes)
+        .def("prefetch", &layer_pager::prefetch, py::arg("layer"), py::arg("priority") = 0)
+        .def("acquire", &layer_pager::acquire, py::arg("layer"), py::call_guard<py::gil_scoped_release>(),
+             "Waits for the layer's bytes (GIL released) and binds its tensors to the slot.")
+        .def("release", &layer_pager::release)
+        .def("pin", &layer_pager::pin, py::call_guard<py::gil_scoped_release>())
+        .def("resident", &layer_pager::resident)
+        .def("stats", [](const layer_pager & p) {
+            auto s = p.stats();
+            auto io = p.io_stats();
+            py::dict d;
+            d["loads"] = s.loads; d["hits"] = s.hits; d["evictions"] = s.evictions;
+            d["bytes_loaded"] = s.bytes_loaded; d["wait_seconds"] = s.wait_seconds;
+            d["read_seconds"] = io.read_seconds; d["pending"] = io.pending; d["failed"] = io.failed;
+            return d;
+        });
 }
 
 }  // namespace superggml

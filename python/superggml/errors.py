@@ -11,3 +11,11 @@ class UnsupportedModelError(SuperggmlError):
 
 class GGUFError(SuperggmlError, ValueError):
     """The GGUF file is malformed, truncated or inconsistent."""
+
+
+class PoolExhausted(SuperggmlError):
+    """Every buffer-pool slot is in use or pinned."""
+
+
+class LoadCancelled(SuperggmlError):
+    """A queued load was cancelled before it ran."""

@@ -34,6 +34,10 @@ class ExecutorParams:
     flash_attn: bool = False
     device: str = ""
     kv_type: str = "f16"   # "f16" (as llama.cpp) or "f32"
+    device_budget: int | None = None   # bytes for transformer blocks; None: all resident
+    async_prefetch: bool = False       # load the next layers while this one computes
+    prefetch_depth: int = 2            # layers ahead with async_prefetch
+    n_io_workers: int = 1
 
 
 class _WeightView:
@@ -81,6 +85,29 @@ class Executor:
         self._pbuf = self.backend.alloc_tensors(self._pctx)
         self._pbuf.clear(0)
         self._plans: dict[tuple[int, int, int], _Plan] = {}
+        self.pager = self._make_pager(store) if params.device_budget is not None else None
+
+    def _make_pager(self, store: Any) -> Any:
+        """Blocks go through a pool of slots within the budget; the first ones that fit stay pinned."""
+        p, hp = self.params, self.hp
+        layers = [self.arch.block_tensors(il) for il in range(hp.n_layer)]
+        names = {n for layer in layers for n in layer}
+        store.bind_mmap([n for n in store.names() if n not in names])
+        sizes = [store.slot_bytes(layer, self.backend) for layer in layers]
+        slot = max(sizes)
+        n_slots = p.device_budget // slot
+        if n_slots < 1:
+            big = sizes.index(slot)
+            raise ValueError(f"device_budget of {p.device_budget} bytes is smaller than one layer: "
+                             f"block {big} needs {slot} bytes")
+        n_slots = min(n_slots, hp.n_layer)
+        pager = _core.LayerPager(store, layers, n_slots=n_slots, slot_size=slot,
+                                 n_workers=p.n_io_workers, backend=self.backend)
+        n_stream = min(n_slots, (p.prefetch_depth + 1) if p.async_prefetch else 1)
+        self.n_pinned = hp.n_layer if n_slots >= hp.n_layer else n_slots - n_stream
+        for il in range(self.n_pinned):
+            pager.pin(il)
+        return pager
 
     @property
     def kv_bytes(self) -> int:
@@ -123,11 +150,29 @@ class Executor:
             chan = np.arange(hp.n_embd_gqa, dtype=np.int64)
             _core.tensor_set(inp.v_idxs, (chan[None, :] * p.n_ctx + pos[:, None]).reshape(-1))
         _core.tensor_set(inp.out_ids, np.asarray(out_rows or [0], dtype=np.int32))
-        self.backend.compute_many(plan.graphs)
+        self._compute(plan)
         self.n_past += n
         if not out_rows:
             return None
         return _core.tensor_get(plan.logits).reshape(len(out_rows), hp.n_vocab)
+
+    def _compute(self, plan: "_Plan") -> None:
+        pager, gs, n_layer = self.pager, plan.graphs, self.hp.n_layer
+        if pager is None:
+            self.backend.compute_many(gs)
+            return
+        depth = self.params.prefetch_depth if self.params.async_prefetch else 0
+        self.backend.compute(gs[0])
+        for il in range(n_layer):
+            pager.acquire(il)
+            for j in range(il + 1, il + 1 + depth):
+                pager.prefetch(j % n_layer)        # wraps to the next pass; False when no slot is free
+            try:
+                self.backend.compute(gs[1 + il])
+            finally:
+                pager.release(il)
+        for g in gs[1 + n_layer:]:
+            self.backend.compute(g)
 
     # -- public --------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, logits_all: bool = False) -> np.ndarray:
@@ -205,3 +250,4 @@ class _Plan:
                 return out
             self.logits = graph(head, rows_in=n_out, rows_out=n_out)
         return self
+

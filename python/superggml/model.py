@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import uuid
@@ -19,6 +20,22 @@ from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
 
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+          "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_size(v: int | str | None) -> int | None:
+    """Bytes from 123, "512MiB", "2GB", "1.5 GiB"; None stays None. ValueError otherwise."""
+    if v is None or isinstance(v, int):
+        if isinstance(v, int) and v < 0:
+            raise ValueError("a size must be >= 0")
+        return v
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(v))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {v!r} (examples: 512MiB, 2GB, 1048576)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
 def _default_threads() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -33,13 +50,21 @@ class Model:
     that with ``repack`` (default, as llama.cpp) the matmul weights the CPU
     has faster re-laid kernels for are copied into that layout at load.
 
+    With ``device_budget`` (bytes, or a string such as ``"128MiB"``) the
+    transformer blocks are paged from the file through a pool of slots that
+    never holds more than the budget: the first blocks that fit stay pinned,
+    the rest stream through the remaining slots, loaded by a worker thread
+    (``async_prefetch``: ``prefetch_depth`` blocks ahead of the computation).
+    Streamed and resident runs give bit-identical logits (with repack off).
+
     >>> with Model(path, ctx_size=2048) as m:
     ...     print(m.create_completion("Once upon a time", max_tokens=16)["choices"][0]["text"])
     """
 
     def __init__(self, path: str | os.PathLike[str], *, ctx_size: int = 4096, n_batch: int = 512,
                  n_threads: int | None = None, seed: int | None = None, flash_attn: bool = False,
-                 kv_type: str = "f16", repack: bool = True, logits_all: bool = False, verbose: bool = False):
+                 kv_type: str = "f16", repack: bool = True, logits_all: bool = False, verbose: bool = False,
+                 device_budget: int | str | None = None, async_prefetch: bool = False, prefetch_depth: int = 2):
         if ctx_size < 1:
             raise ValueError("ctx_size must be >= 1")
         if n_batch < 1:
@@ -61,12 +86,15 @@ class Model:
                 raise GGUFError(f"vocabulary has {self.tokenizer.n_vocab} tokens but the model "
                                 f"{self.hparams.n_vocab}")
             self._store = _core.WeightStore(self._file)
-            self._store.bind_mmap()
             self._exec = Executor(self.arch, self._store, ExecutorParams(
                 n_ctx=ctx_size, n_batch=min(n_batch, ctx_size), n_threads=n_threads or _default_threads(),
-                flash_attn=flash_attn, kv_type=kv_type))
+                flash_attn=flash_attn, kv_type=kv_type, device_budget=parse_size(device_budget),
+                async_prefetch=async_prefetch, prefetch_depth=prefetch_depth))
+            paged = device_budget is not None
+            if not paged:
+                self._store.bind_mmap()
             self.repacked_bytes = (self._store.load_repacked(self.arch.matmul_weights(self._store.has),
-                                                             self._exec.backend) if repack else 0)
+                                                             self._exec.backend) if repack and not paged else 0)
         except BaseException:
             self._file.close()
             raise

@@ -1,0 +1,56 @@
+#include "bindings.h"
+
+#include "buffer-pool.h"
+#include "graph.h"
+
+#include <ggml-backend.h>
+#include <pybind11/numpy.h>
+
+namespace py = pybind11;
+
+namespace superggml {
+
+void init_buffer_pool(py::module_ & m) {
+    py::class_<buffer_pool, std::shared_ptr<buffer_pool>>(m, "BufferPool",
+        "Fixed-size slots on one backend buffer type; LRU eviction, pinning, a hard byte budget.")
+        .def(py::init([](size_t slot_size, int n_slots, compute_backend * backend) {
+            pool_params p;
+            p.slot_size = slot_size;
+            p.n_slots = n_slots;
+            p.buft = backend ? backend->buffer_type() : nullptr;
+            return std::make_shared<buffer_pool>(p);
+        }), py::arg("slot_size"), py::arg("n_slots"), py::arg("backend") = nullptr)
+        .def_property_readonly("n_slots", &buffer_pool::n_slots)
+        .def_property_readonly("slot_size", &buffer_pool::slot_size)
+        .def_property_readonly("bytes", &buffer_pool::bytes)
+        .def("acquire", [](buffer_pool & p, int key) {
+            auto a = p.acquire(key);
+            return py::make_tuple(a.slot, a.hit, a.evicted);
+        }, py::arg("key"), "(slot, hit, evicted key or -1); PoolExhausted if every slot is in use or pinned")
+        .def("release", &buffer_pool::release)
+        .def("set_pinned", &buffer_pool::set_pinned)
+        .def("drop", &buffer_pool::drop)
+        .def("slot_of", &buffer_pool::slot_of)
+        .def("key_of", &buffer_pool::key_of)
+        .def("in_use", &buffer_pool::in_use)
+        .def("read", [](buffer_pool & p, int slot, size_t offset, size_t size) {
+            if (offset + size > p.slot_size()) throw Error("read past the end of the slot");
+            py::array_t<uint8_t> a(size);
+            ggml_backend_buffer * b = p.buffer(slot);
+            auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(b));
+            if (ggml_backend_buffer_is_host(b)) {
+                std::memcpy(a.mutable_data(), base + offset, size);
+            } else {
+                throw Error("read() of device slots is not supported; bind a tensor and use tensor_get");
+            }
+            return a;
+        }, py::arg("slot"), py::arg("offset"), py::arg("size"), "Copy of a slot's bytes (host slots).")
+        .def("stats", [](const buffer_pool & p) {
+            auto s = p.stats();
+            py::dict d;
+            d["hits"] = s.hits; d["misses"] = s.misses; d["evictions"] = s.evictions;
+            return d;
+        });
+}
+
+}  // namespace superggml

@@ -1,0 +1,63 @@
+#include "bindings.h"
+
+#include "buffer-pool.h"
+#include "prefetch.h"
+
+#include <chrono>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+
+namespace superggml {
+
+struct future_ref {
+    std::shared_future<void> f;
+};
+
+void init_prefetch(py::module_ & m) {
+    py::class_<future_ref>(m, "LoadFuture", "The completion of one load job.")
+        .def("result", [](future_ref & r, std::optional<double> timeout) {
+            bool ready = true;
+            {
+                py::gil_scoped_release nogil;
+                if (timeout) {
+                    ready = r.f.wait_for(std::chrono::duration<double>(*timeout)) == std::future_status::ready;
+                } else {
+                    r.f.wait();
+                }
+            }
+            if (!ready) {
+                PyErr_SetString(PyExc_TimeoutError, "load not finished in time");
+                throw py::error_already_set();
+            }
+            r.f.get();
+        }, py::arg("timeout") = py::none(), "Waits (GIL released); raises the load's error, TimeoutError on timeout.")
+        .def("done", [](future_ref & r) {
+            return r.f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+        });
+
+    py::class_<prefetcher, std::shared_ptr<prefetcher>>(m, "Prefetcher",
+        "Worker threads reading file byte ranges into pool slots (pread).")
+        .def(py::init<const std::string &, int>(), py::arg("path"), py::arg("n_workers") = 1)
+        .def("submit", [](prefetcher & p, int key, buffer_pool & pool, int slot,
+                          const std::vector<std::tuple<uint64_t, size_t, size_t>> & ranges, int priority) {
+            load_job j;
+            j.key = key;
+            j.priority = priority;
+            j.dst = pool.buffer(slot);
+            for (auto & [off, size, dst] : ranges) j.ranges.push_back({off, size, dst});
+            return future_ref{p.submit(std::move(j))};
+        }, py::arg("key"), py::arg("pool"), py::arg("slot"), py::arg("ranges"), py::arg("priority") = 0,
+           "Queues reads of (file_offset, size, slot_offset) ranges into the slot; returns a LoadFuture.")
+        .def("cancel", &prefetcher::cancel)
+        .def_property_readonly("n_workers", &prefetcher::n_workers)
+        .def("stats", [](const prefetcher & p) {
+            auto s = p.stats();
+            py::dict d;
+            d["completed"] = s.completed; d["failed"] = s.failed; d["cancelled"] = s.cancelled;
+            d["bytes"] = s.bytes; d["read_seconds"] = s.read_seconds; d["pending"] = s.pending;
+            return d;
+        });
+}
+
+}  // namespace superggml

@@ -1,0 +1,113 @@
+#include "buffer-pool.h"
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#include <string>
+
+namespace superggml {
+
+buffer_pool::buffer_pool(const pool_params & p) {
+    if (p.n_slots < 1) throw Error("buffer pool needs at least one slot");
+    if (p.slot_size == 0) throw Error("buffer pool slot size must be > 0");
+    ggml_backend_buffer_type * buft = p.buft ? p.buft : ggml_backend_cpu_buffer_type();
+    const size_t align = ggml_backend_buft_get_alignment(buft);
+    slot_size_ = (p.slot_size + align - 1) / align * align;
+    is_host_ = ggml_backend_buft_is_host(buft);
+    slots_.resize(p.n_slots);
+    for (auto & s : slots_) {
+        s.buf = ggml_backend_buft_alloc_buffer(buft, slot_size_);
+        if (!s.buf) {
+            size_t n = &s - slots_.data();
+            for (size_t i = 0; i < n; ++i) ggml_backend_buffer_free(slots_[i].buf);
+            slots_.clear();
+            throw Error("cannot allocate buffer pool slot " + std::to_string(n) + " of " +
+                        std::to_string(slot_size_) + " bytes on " + ggml_backend_buft_name(buft));
+        }
+        ggml_backend_buffer_set_usage(s.buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    }
+}
+
+buffer_pool::~buffer_pool() {
+    for (auto & s : slots_) ggml_backend_buffer_free(s.buf);
+}
+
+buffer_pool::acquired buffer_pool::acquire(int key) {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++clock_;
+    for (int i = 0; i < (int) slots_.size(); ++i) {
+        if (slots_[i].key == key) {
+            slots_[i].in_use++;
+            slots_[i].last_use = clock_;
+            stats_.hits++;
+            return {i, true, -1};
+        }
+    }
+    int best = -1;
+    for (int i = 0; i < (int) slots_.size(); ++i) {
+        const slot & s = slots_[i];
+        if (s.in_use || s.pinned) continue;
+        if (s.key < 0) { best = i; break; }
+        if (best < 0 || s.last_use < slots_[best].last_use) best = i;
+    }
+    if (best < 0) throw PoolExhausted("all " + std::to_string(slots_.size()) + " pool slots are in use or pinned");
+    slot & s = slots_[best];
+    int evicted = s.key;
+    if (evicted >= 0) stats_.evictions++;
+    stats_.misses++;
+    s.key = key;
+    s.in_use = 1;
+    s.last_use = clock_;
+    return {best, false, evicted};
+}
+
+void buffer_pool::release(int i) {
+    std::lock_guard<std::mutex> lk(mu_);
+    slot & s = slots_.at(i);
+    if (s.in_use <= 0) throw Error("release of slot " + std::to_string(i) + " that is not in use");
+    s.in_use--;
+}
+
+void buffer_pool::set_pinned(int i, bool pinned) {
+    std::lock_guard<std::mutex> lk(mu_);
+    slots_.at(i).pinned = pinned;
+}
+
+bool buffer_pool::drop(int key) {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto & s : slots_) {
+        if (s.key == key && s.in_use == 0) {
+            s.key = -1;
+            s.pinned = false;
+            return true;
+        }
+    }
+    return false;
+}
+
+int buffer_pool::slot_of(int key) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (int i = 0; i < (int) slots_.size(); ++i) if (slots_[i].key == key) return i;
+    return -1;
+}
+
+int buffer_pool::key_of(int i) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return slots_.at(i).key;
+}
+
+int buffer_pool::in_use(int i) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return slots_.at(i).in_use;
+}
+
+uint8_t * buffer_pool::base(int i) const {
+    return is_host_ ? static_cast<uint8_t *>(ggml_backend_buffer_get_base(slots_.at(i).buf)) : nullptr;
+}
+
+pool_stats buffer_pool::stats() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return stats_;
+}
+
+}  // namespace superggml

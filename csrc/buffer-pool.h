@@ -1,0 +1,89 @@
+// buffer-pool: a fixed set of equal-size slots on one backend buffer type.
+//
+// A slot holds one layer's bytes. acquire(key) returns the slot already
+// holding `key` (a hit) or takes a free slot, else evicts the least recently
+// used slot that is neither in use nor pinned. The pool allocates exactly
+// n_slots * slot_size bytes at construction and never more: the budget is
+// the allocation. Thread safe.
+#pragma once
+
+#include "error.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+struct ggml_backend_buffer;
+struct ggml_backend_buffer_type;
+
+namespace superggml {
+
+// No slot can be given: every slot is in use or pinned.
+struct PoolExhausted : Error {
+    using Error::Error;
+};
+
+struct pool_params {
+    size_t slot_size = 0;                     // bytes per slot (rounded up to the buffer alignment)
+    int n_slots = 1;
+    ggml_backend_buffer_type * buft = nullptr; // nullptr: CPU
+};
+
+struct pool_stats {
+    uint64_t hits = 0, misses = 0, evictions = 0;
+};
+
+class buffer_pool {
+public:
+    // Allocates the slots. Throws Error naming the bytes if the allocation fails.
+    explicit buffer_pool(const pool_params & params);
+    ~buffer_pool();
+    buffer_pool(const buffer_pool &) = delete;
+    buffer_pool & operator=(const buffer_pool &) = delete;
+
+    int n_slots() const { return (int) slots_.size(); }
+    size_t slot_size() const { return slot_size_; }
+    size_t bytes() const { return slot_size_ * slots_.size(); }
+    bool is_host() const { return is_host_; }
+
+    struct acquired {
+        int slot;
+        bool hit;      // the slot already holds `key`'s bytes (loaded or loading)
+        int evicted;   // key whose bytes were dropped to make room, or -1
+    };
+    // Marks the slot in use (a count: acquire twice, release twice).
+    // Throws PoolExhausted if nothing can be evicted.
+    acquired acquire(int key);
+    void release(int slot);
+    void set_pinned(int slot, bool pinned);
+    // Drops `key` from its slot if the slot is not in use; returns whether it did.
+    bool drop(int key);
+
+    int slot_of(int key) const;   // -1 if not held
+    int key_of(int slot) const;   // -1 if empty
+    int in_use(int slot) const;
+
+    ggml_backend_buffer * buffer(int slot) const { return slots_.at(slot).buf; }
+    uint8_t * base(int slot) const;  // host address of the slot; nullptr if not host memory
+
+    pool_stats stats() const;
+
+private:
+    struct slot {
+        ggml_backend_buffer * buf = nullptr;
+        int key = -1;
+        int in_use = 0;
+        bool pinned = false;
+        uint64_t last_use = 0;
+    };
+    mutable std::mutex mu_;
+    std::vector<slot> slots_;
+    size_t slot_size_ = 0;
+    bool is_host_ = true;
+    uint64_t clock_ = 0;
+    pool_stats stats_;
+};
+
+}  // namespace superggml

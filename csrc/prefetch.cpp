@@ -1,0 +1,146 @@
+#include "prefetch.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace superggml {
+
+prefetcher::prefetcher(const std::string & path, int n_workers) {
+    if (n_workers < 1) throw Error("prefetcher needs at least one worker");
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) {
+        int e = errno;
+        throw FileError("cannot open " + path + ": " + std::strerror(e), e);
+    }
+    for (int i = 0; i < n_workers; ++i) workers_.emplace_back([this] { run(); });
+}
+
+prefetcher::~prefetcher() {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        stop_ = true;
+        for (auto & e : queue_) e.done->set_exception(std::make_exception_ptr(Cancelled("prefetcher stopped")));
+        queue_.clear();
+    }
+    cv_.notify_all();
+    for (auto & t : workers_) t.join();
+    if (fd_ >= 0) ::close(fd_);
+}
+
+std::shared_future<void> prefetcher::submit(load_job job) {
+    auto done = std::make_shared<std::promise<void>>();
+    std::shared_future<void> f = done->get_future().share();
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (stop_) throw Cancelled("prefetcher stopped");
+        queue_.push_back({std::move(job), seq_++, done});
+    }
+    cv_.notify_one();
+    return f;
+}
+
+bool prefetcher::cancel(int key) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = std::find_if(queue_.begin(), queue_.end(), [&](const entry & e) { return e.job.key == key; });
+    if (it == queue_.end()) return false;
+    it->done->set_exception(std::make_exception_ptr(Cancelled("load of " + std::to_string(key) + " cancelled")));
+    queue_.erase(it);
+    stats_.cancelled++;
+    return true;
+}
+
+prefetch_stats prefetcher::stats() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    prefetch_stats s = stats_;
+    s.pending = queue_.size();
+    return s;
+}
+
+void prefetcher::run() {
+    for (;;) {
+        entry e;
+        {
+            std::unique_lock<std::mutex> lk(mu_);
+            cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+            if (stop_) return;
+            auto it = std::min_element(queue_.begin(), queue_.end(), [](const entry & a, const entry & b) {
+                return a.job.priority != b.job.priority ? a.job.priority > b.job.priority : a.seq < b.seq;
+            });
+            e = std::move(*it);
+            queue_.erase(it);
+        }
+        auto t0 = std::chrono::steady_clock::now();
+        std::exception_ptr err;
+        uint64_t bytes = 0;
+        try {
+            load(e.job);
+            for (auto & r : e.job.ranges) bytes += r.size;
+        } catch (...) {
+            err = std::current_exception();
+        }
+        double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            stats_.read_seconds += dt;
+            stats_.bytes += bytes;
+            (err ? stats_.failed : stats_.completed)++;
+        }
+        if (err) e.done->set_exception(err); else e.done->set_value();
+    }
+}
+
+static void read_exact(int fd, uint8_t * dst, size_t size, uint64_t off) {
+    while (size > 0) {
+        ssize_t n = ::pread(fd, dst, size, (off_t) off);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            int e = errno;
+            throw FileError("read failed at offset " + std::to_string(off) + ": " + std::strerror(e), e);
+        }
+        if (n == 0) throw FileError("short read at offset " + std::to_string(off) + ": the file was truncated", EIO);
+        dst += n;
+        off += (uint64_t) n;
+        size -= (size_t) n;
+    }
+}
+
+void prefetcher::load(const load_job & job) {
+    if (!job.dst) throw Error("load job without a destination buffer");
+    const size_t cap = ggml_backend_buffer_get_size(job.dst);
+    for (const auto & r : job.ranges) {
+        if (r.dst_offset + r.size > cap) throw Error("load range does not fit in the slot");
+    }
+    if (ggml_backend_buffer_is_host(job.dst)) {
+        auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(job.dst));
+        for (const auto & r : job.ranges) read_exact(fd_, base + r.dst_offset, r.size, r.file_offset);
+        return;
+    }
+    // device memory: stage on the host, then copy through a byte view of the slot
+    std::vector<uint8_t> staging;
+    ggml_init_params p = { ggml_tensor_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(p);
+    try {
+        for (const auto & r : job.ranges) {
+            staging.resize(r.size);
+            read_exact(fd_, staging.data(), r.size, r.file_offset);
+            ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) r.size);
+            auto * addr = static_cast<uint8_t *>(ggml_backend_buffer_get_base(job.dst)) + r.dst_offset;
+            if (ggml_backend_tensor_alloc(job.dst, t, addr) != GGML_STATUS_SUCCESS) throw Error("cannot address the slot");
+            ggml_backend_tensor_set(t, staging.data(), 0, r.size);
+            ggml_reset(ctx);
+        }
+    } catch (...) {
+        ggml_free(ctx);
+        throw;
+    }
+    ggml_free(ctx);
+}
+
+}  // namespace superggml

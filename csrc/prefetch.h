@@ -1,0 +1,84 @@
+// prefetch: worker threads that read byte ranges of a file into pool slots.
+//
+// submit() queues a job (highest priority first, then FIFO) and returns a
+// future. A worker preads each range straight into the slot when the slot is
+// host memory, else into a staging buffer and then ggml_backend_tensor_set.
+// A short read or an I/O error fails that job's future with FileError; the
+// worker carries on. cancel() fails a job that has not started with
+// Cancelled; a running job always finishes (its slot is still being
+// written), so callers wait for it before reusing the slot.
+#pragma once
+
+#include "error.h"
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct ggml_backend_buffer;
+
+namespace superggml {
+
+struct Cancelled : Error {
+    using Error::Error;
+};
+
+struct read_range {
+    uint64_t file_offset;
+    size_t size;
+    size_t dst_offset;   // bytes from the start of the destination buffer
+};
+
+struct load_job {
+    int key = -1;
+    int priority = 0;                 // larger runs first
+    std::vector<read_range> ranges;
+    ggml_backend_buffer * dst = nullptr;
+};
+
+struct prefetch_stats {
+    uint64_t completed = 0, failed = 0, cancelled = 0;
+    uint64_t bytes = 0;
+    double read_seconds = 0;          // summed over workers
+    size_t pending = 0;
+};
+
+class prefetcher {
+public:
+    // Opens `path` for reading (O_DIRECT is not used: the page cache is
+    // what llama.cpp's mmap relies on too). Throws FileError.
+    prefetcher(const std::string & path, int n_workers = 1);
+    ~prefetcher();   // fails queued jobs with Cancelled, joins the workers
+    prefetcher(const prefetcher &) = delete;
+    prefetcher & operator=(const prefetcher &) = delete;
+
+    std::shared_future<void> submit(load_job job);
+    bool cancel(int key);             // true if a queued job for `key` was removed
+    prefetch_stats stats() const;
+    int n_workers() const { return (int) workers_.size(); }
+
+private:
+    struct entry {
+        load_job job;
+        uint64_t seq;
+        std::shared_ptr<std::promise<void>> done;
+    };
+    void run();
+    void load(const load_job & job);
+
+    int fd_ = -1;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<entry> queue_;
+    std::vector<std::thread> workers_;
+    bool stop_ = false;
+    uint64_t seq_ = 0;
+    prefetch_stats stats_;
+};
+
+}  // namespace superggml
