@@ -5,6 +5,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace superggml {
@@ -30,30 +31,62 @@ void tensor_unbind(ggml_tensor * t) {
 }
 
 weight_store::weight_store(std::shared_ptr<gguf_file> file) : file_(std::move(file)) {
-    for (const auto & ti : file_->tensors()) home_[ti.name] = weight_home::unbound;
+    for (const auto & ti : file_->tensors()) entries_[ti.name] = {file_->tensor(ti.name), ti.offset, ti.nbytes};
 }
 
 weight_store::~weight_store() {
     if (!file_->closed()) {
-        for (const auto & ti : file_->tensors()) tensor_unbind(file_->tensor(ti.name));
+        for (auto & [name, e] : entries_) tensor_unbind(e.t);
     }
+    if (views_) ggml_free(views_);
     if (mmap_buf_) ggml_backend_buffer_free(mmap_buf_);
     for (auto * b : resident_bufs_) ggml_backend_buffer_free(b);
 }
 
-bool weight_store::has(const std::string & name) const { return home_.count(name) != 0; }
-
-ggml_tensor * weight_store::get(const std::string & name) const {
+const weight_store::entry & weight_store::at(const std::string & name) const {
     if (file_->closed()) throw Error("the GGUF file is closed");
-    ggml_tensor * t = file_->tensor(name);
-    if (!t) throw GGUFError("GGUF has no tensor '" + name + "': " + file_->path());
-    return t;
+    auto it = entries_.find(name);
+    if (it == entries_.end()) throw GGUFError("GGUF has no tensor '" + name + "': " + file_->path());
+    return it->second;
 }
 
-weight_home weight_store::home(const std::string & name) const {
-    auto it = home_.find(name);
-    if (it == home_.end()) throw GGUFError("GGUF has no tensor '" + name + "'");
-    return it->second;
+bool weight_store::has(const std::string & name) const { return entries_.count(name) != 0; }
+ggml_tensor * weight_store::get(const std::string & name) const { return at(name).t; }
+weight_home weight_store::home(const std::string & name) const { return at(name).home; }
+
+std::pair<uint64_t, uint64_t> weight_store::file_range(const std::string & name) const {
+    const entry & e = at(name);
+    return {e.offset, e.nbytes};
+}
+
+std::vector<std::string> weight_store::add_row_chunks(const std::string & name, size_t max_bytes) {
+    const entry & base = at(name);
+    ggml_tensor * t = base.t;
+    const size_t row = t->nb[1];
+    if (ggml_n_dims(t) > 2) throw Error("row chunks need a 2-D tensor: '" + name + "'");
+    const int64_t per = (int64_t) (max_bytes / row);
+    if (per < 1) throw Error("a row of '" + name + "' (" + std::to_string(row) + " bytes) is bigger than " +
+                             std::to_string(max_bytes) + " bytes");
+    const int64_t n_chunks = (t->ne[1] + per - 1) / per;
+    if (!views_) {
+        ggml_init_params p = { 1024 * ggml_tensor_overhead(), nullptr, true };
+        views_ = ggml_init(p);
+    }
+    if (ggml_used_mem(views_) + n_chunks * ggml_tensor_overhead() > ggml_get_mem_size(views_)) {
+        throw Error("too many row chunks");
+    }
+    std::vector<std::string> names;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        const int64_t r0 = c * per, nr = std::min(per, t->ne[1] - r0);
+        std::string n = name + ".rows" + std::to_string(r0);
+        if (!entries_.count(n)) {
+            ggml_tensor * v = ggml_new_tensor_2d(views_, t->type, t->ne[0], nr);
+            ggml_set_name(v, n.c_str());
+            entries_[n] = {v, base.offset + (uint64_t) (r0 * row), (uint64_t) (nr * row)};
+        }
+        names.push_back(n);
+    }
+    return names;
 }
 
 void weight_store::bind_mmap(const std::vector<std::string> & names) {
@@ -62,37 +95,31 @@ void weight_store::bind_mmap(const std::vector<std::string> & names) {
         if (!mmap_buf_) throw Error("cannot wrap the GGUF mapping in a CPU buffer");
         ggml_backend_buffer_set_usage(mmap_buf_, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     }
-    auto bind_one = [&](const gguf_tensor_info & ti) {
-        tensor_bind(get(ti.name), mmap_buf_, const_cast<uint8_t *>(file_->map()) + ti.offset);
-        home_[ti.name] = weight_home::mmap;
+    auto bind_one = [&](entry & e) {
+        tensor_bind(e.t, mmap_buf_, const_cast<uint8_t *>(file_->map()) + e.offset);
+        e.home = weight_home::mmap;
     };
     if (names.empty()) {
-        for (const auto & ti : file_->tensors()) bind_one(ti);
+        for (const auto & ti : file_->tensors()) bind_one(entries_.at(ti.name));
         return;
     }
-    std::unordered_map<std::string, const gguf_tensor_info *> by_name;
-    for (const auto & ti : file_->tensors()) by_name[ti.name] = &ti;
     for (const auto & n : names) {
-        auto it = by_name.find(n);
-        if (it == by_name.end()) throw GGUFError("GGUF has no tensor '" + n + "'");
-        bind_one(*it->second);
+        at(n);
+        bind_one(entries_.at(n));
     }
 }
 
 size_t weight_store::load_resident(const std::vector<std::string> & names, ggml_backend_buffer_type * buft) {
     if (!buft) buft = ggml_backend_cpu_buffer_type();
-    std::unordered_map<std::string, const gguf_tensor_info *> by_name;
-    for (const auto & ti : file_->tensors()) by_name[ti.name] = &ti;
     const size_t align = ggml_backend_buft_get_alignment(buft);
     size_t total = 0;
-    std::vector<std::pair<ggml_tensor *, const gguf_tensor_info *>> todo;
+    std::vector<entry *> todo;
     for (const auto & n : names) {
-        auto it = by_name.find(n);
-        if (it == by_name.end()) throw GGUFError("GGUF has no tensor '" + n + "'");
-        ggml_tensor * t = get(n);
-        tensor_unbind(t);
-        total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
-        todo.emplace_back(t, it->second);
+        at(n);
+        entry & e = entries_.at(n);
+        tensor_unbind(e.t);
+        total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, e.t), align);
+        todo.push_back(&e);
     }
     if (todo.empty()) return 0;
     ggml_backend_buffer * buf = ggml_backend_buft_alloc_buffer(buft, total);
@@ -100,11 +127,11 @@ size_t weight_store::load_resident(const std::vector<std::string> & names, ggml_
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     resident_bufs_.push_back(buf);
     auto * p = static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf));
-    for (auto & [t, ti] : todo) {
-        tensor_bind(t, buf, p);
-        ggml_backend_tensor_set(t, file_->map() + ti->offset, 0, ti->nbytes);
-        home_[ti->name] = weight_home::resident;
-        p += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
+    for (entry * e : todo) {
+        tensor_bind(e->t, buf, p);
+        ggml_backend_tensor_set(e->t, file_->map() + e->offset, 0, e->nbytes);
+        e->home = weight_home::resident;
+        p += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, e->t), align);
     }
     return total;
 }
@@ -139,17 +166,14 @@ size_t weight_store::load_repacked(const std::vector<std::string> & names, ggml_
         }
         if (ok.empty()) continue;
         total += load_resident(ok, *b);
-        for (const auto & n : ok) home_[n] = weight_home::repacked;
+        for (const auto & n : ok) entries_.at(n).home = weight_home::repacked;
     }
     return total;
 }
 
 size_t weight_store::bytes(weight_home h) const {
     size_t s = 0;
-    for (const auto & ti : file_->tensors()) {
-        auto it = home_.find(ti.name);
-        if (it != home_.end() && it->second == h) s += ti.nbytes;
-    }
+    for (const auto & [name, e] : entries_) if (e.home == h) s += e.nbytes;
     return s;
 }
 
@@ -170,19 +194,16 @@ layer_pager::layer_pager(std::shared_ptr<weight_store> store, const std::vector<
                          const pager_params & params) : store_(std::move(store)) {
     ggml_backend_buffer_type * buft = params.buft ? params.buft : ggml_backend_cpu_buffer_type();
     const size_t align = ggml_backend_buft_get_alignment(buft);
-    std::unordered_map<std::string, const gguf_tensor_info *> by_name;
-    for (const auto & ti : store_->file().tensors()) by_name[ti.name] = &ti;
     size_t largest = 0;
     int largest_layer = 0;
     for (const auto & names : layers) {
         layer L;
         for (const auto & n : names) {
-            auto it = by_name.find(n);
-            if (it == by_name.end()) throw GGUFError("GGUF has no tensor '" + n + "'");
             ggml_tensor * t = store_->get(n);
+            auto [offset, nbytes] = store_->file_range(n);
             L.tensors.push_back(t);
             L.offsets.push_back(L.bytes);
-            L.ranges.push_back({it->second->offset, it->second->nbytes, L.bytes});
+            L.ranges.push_back({offset, nbytes, L.bytes});
             L.bytes += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
         }
         if (L.bytes > largest) { largest = L.bytes; largest_layer = (int) layers_.size(); }
@@ -242,7 +263,7 @@ bool layer_pager::prefetch(int l, int priority) {
     job.priority = priority;
     job.ranges = L.ranges;
     job.dst = pool_->buffer(a.slot);
-    L.ready = io_->submit(std::move(job));
+    L.ready = io_->submit(std::move(job)).done;
     stats_.loads++;
     for (const auto & r : L.ranges) stats_.bytes_loaded += r.size;
     return true;

@@ -65,11 +65,27 @@ public:
     // Bytes of weights per home.
     size_t bytes(weight_home h) const;
 
+    // Absolute file offset and size of a tensor's bytes.
+    std::pair<uint64_t, uint64_t> file_range(const std::string & name) const;
+
+    // Splits a 2-D tensor into row ranges of at most `max_bytes` each, as new
+    // paged tensors "<name>.rows<first row>" over the same file bytes (so a
+    // tensor bigger than a pool slot can stream). Returns their names.
+    std::vector<std::string> add_row_chunks(const std::string & name, size_t max_bytes);
+
 private:
+    struct entry {
+        ggml_tensor * t = nullptr;
+        uint64_t offset = 0, nbytes = 0;
+        weight_home home = weight_home::unbound;
+    };
+    const entry & at(const std::string & name) const;
+
     std::shared_ptr<gguf_file> file_;
+    ggml_context * views_ = nullptr;                   // row-chunk tensors
     ggml_backend_buffer * mmap_buf_ = nullptr;
     std::vector<ggml_backend_buffer *> resident_bufs_;
-    std::unordered_map<std::string, weight_home> home_;
+    std::unordered_map<std::string, entry> entries_;
 };
 
 // Bytes one slot needs to hold `names` back to back in `buft` (nullptr: CPU),

@@ -34,23 +34,40 @@ prefetcher::~prefetcher() {
     if (fd_ >= 0) ::close(fd_);
 }
 
-std::shared_future<void> prefetcher::submit(load_job job) {
+prefetcher::ticket prefetcher::submit(load_job job) {
     auto done = std::make_shared<std::promise<void>>();
-    std::shared_future<void> f = done->get_future().share();
+    ticket t{0, done->get_future().share()};
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (stop_) throw Cancelled("prefetcher stopped");
-        queue_.push_back({std::move(job), seq_++, done});
+        t.id = seq_++;
+        queue_.push_back({std::move(job), t.id, done});
     }
     cv_.notify_one();
-    return f;
+    return t;
 }
 
 bool prefetcher::cancel(int key) {
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = std::find_if(queue_.begin(), queue_.end(), [&](const entry & e) { return e.job.key == key; });
+    size_t n = 0;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+        if (it->job.key == key) {
+            it->done->set_exception(std::make_exception_ptr(Cancelled("load of " + std::to_string(key) + " cancelled")));
+            it = queue_.erase(it);
+            ++n;
+        } else {
+            ++it;
+        }
+    }
+    stats_.cancelled += n;
+    return n > 0;
+}
+
+bool prefetcher::cancel_job(uint64_t id) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = std::find_if(queue_.begin(), queue_.end(), [&](const entry & e) { return e.seq == id; });
     if (it == queue_.end()) return false;
-    it->done->set_exception(std::make_exception_ptr(Cancelled("load of " + std::to_string(key) + " cancelled")));
+    it->done->set_exception(std::make_exception_ptr(Cancelled("load of " + std::to_string(it->job.key) + " cancelled")));
     queue_.erase(it);
     stats_.cancelled++;
     return true;

@@ -57,8 +57,13 @@ public:
     prefetcher(const prefetcher &) = delete;
     prefetcher & operator=(const prefetcher &) = delete;
 
-    std::shared_future<void> submit(load_job job);
-    bool cancel(int key);             // true if a queued job for `key` was removed
+    struct ticket {
+        uint64_t id;
+        std::shared_future<void> done;
+    };
+    ticket submit(load_job job);
+    bool cancel(int key);             // cancels every queued job for `key`; true if there was one
+    bool cancel_job(uint64_t id);     // cancels that job if it has not started
     prefetch_stats stats() const;
     int n_workers() const { return (int) workers_.size(); }
 

@@ -126,7 +126,7 @@ def test_prefetcher_stress(tmp_path):
                     continue
                 try:
                     fut = io.submit(key, pool, slot, [(key * chunk, chunk, 0)], priority=rnd.randrange(3))
-                    if rnd.random() < 0.2 and io.cancel(key):
+                    if rnd.random() < 0.2 and fut.cancel():
                         with pytest.raises(LoadCancelled):
                             fut.result(timeout=30)
                         with lock:

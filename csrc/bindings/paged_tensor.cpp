@@ -28,6 +28,9 @@ void init_paged_tensor(py::module_ & m) {
             for (const auto & ti : s.file().tensors()) v.push_back(ti.name);
             return v;
         }, "Every tensor name of the file, in file order.")
+        .def("add_row_chunks", &weight_store::add_row_chunks, py::arg("name"), py::arg("max_bytes"),
+             "Row ranges of a 2-D tensor as new paged tensors of at most max_bytes; returns their names.")
+        .def("file_range", &weight_store::file_range)
         .def("slot_bytes", [](const weight_store & s, const std::vector<std::string> & names, compute_backend * b) {
             return layer_slot_bytes(s, names, b ? b->buffer_type() : nullptr);
         }, py::arg("names"), py::arg("backend") = nullptr, "Bytes a pool slot needs to hold these tensors.")

@@ -12,6 +12,8 @@ namespace superggml {
 
 struct future_ref {
     std::shared_future<void> f;
+    std::weak_ptr<prefetcher> owner;
+    uint64_t id = 0;
 };
 
 void init_prefetch(py::module_ & m) {
@@ -34,22 +36,27 @@ void init_prefetch(py::module_ & m) {
         }, py::arg("timeout") = py::none(), "Waits (GIL released); raises the load's error, TimeoutError on timeout.")
         .def("done", [](future_ref & r) {
             return r.f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-        });
+        })
+        .def("cancel", [](future_ref & r) {
+            auto p = r.owner.lock();
+            return p ? p->cancel_job(r.id) : false;
+        }, "Cancels the job if it has not started (result() then raises LoadCancelled); returns whether it did.");
 
     py::class_<prefetcher, std::shared_ptr<prefetcher>>(m, "Prefetcher",
         "Worker threads reading file byte ranges into pool slots (pread).")
         .def(py::init<const std::string &, int>(), py::arg("path"), py::arg("n_workers") = 1)
-        .def("submit", [](prefetcher & p, int key, buffer_pool & pool, int slot,
+        .def("submit", [](const std::shared_ptr<prefetcher> & p, int key, buffer_pool & pool, int slot,
                           const std::vector<std::tuple<uint64_t, size_t, size_t>> & ranges, int priority) {
             load_job j;
             j.key = key;
             j.priority = priority;
             j.dst = pool.buffer(slot);
             for (auto & [off, size, dst] : ranges) j.ranges.push_back({off, size, dst});
-            return future_ref{p.submit(std::move(j))};
+            auto t = p->submit(std::move(j));
+            return future_ref{t.done, p, t.id};
         }, py::arg("key"), py::arg("pool"), py::arg("slot"), py::arg("ranges"), py::arg("priority") = 0,
            "Queues reads of (file_offset, size, slot_offset) ranges into the slot; returns a LoadFuture.")
-        .def("cancel", &prefetcher::cancel)
+        .def("cancel", &prefetcher::cancel, py::arg("key"), "Cancels every queued job for key; returns whether any.")
         .def_property_readonly("n_workers", &prefetcher::n_workers)
         .def("stats", [](const prefetcher & p) {
             auto s = p.stats();
