@@ -85,6 +85,7 @@ class Executor:
         self._pbuf = self.backend.alloc_tensors(self._pctx)
         self._pbuf.clear(0)
         self._plans: dict[tuple[int, int, int], _Plan] = {}
+        self.head_chunks: list[str] = []
         self.pager = self._make_pager(store) if params.device_budget is not None else None
 
     def _make_pager(self, store: Any) -> Any:
@@ -95,18 +96,27 @@ class Executor:
         store.bind_mmap([n for n in store.names() if n not in names])
         sizes = [store.slot_bytes(layer, self.backend) for layer in layers]
         slot = max(sizes)
+        # the lm head (the largest tensor of small models) streams in row chunks of a slot each
+        self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - 256)
+        layers += [[c] for c in self.head_chunks]
         n_slots = p.device_budget // slot
         if n_slots < 1:
             big = sizes.index(slot)
             raise ValueError(f"device_budget of {p.device_budget} bytes is smaller than one layer: "
                              f"block {big} needs {slot} bytes")
-        n_slots = min(n_slots, hp.n_layer)
+        n_keys = len(layers)
+        n_slots = min(n_slots, n_keys)
         pager = _core.LayerPager(store, layers, n_slots=n_slots, slot_size=slot,
                                  n_workers=p.n_io_workers, backend=self.backend)
         n_stream = min(n_slots, (p.prefetch_depth + 1) if p.async_prefetch else 1)
-        self.n_pinned = hp.n_layer if n_slots >= hp.n_layer else n_slots - n_stream
-        for il in range(self.n_pinned):
-            pager.pin(il)
+        self.n_pinned = n_keys if n_slots >= n_keys else n_slots - n_stream
+        for key in range(self.n_pinned):
+            pager.pin(key)
+        # the lm head's normed input and its logits live between the chunk graphs
+        self._hctx = _core.Context(max_tensors=2)
+        self.head_in = self._hctx.new_tensor(F32, [hp.n_embd, p.n_batch])
+        self.logits_buf = self._hctx.new_tensor(F32, [hp.n_vocab, p.n_batch])
+        self._hbuf = self.backend.alloc_tensors(self._hctx)
         return pager
 
     @property
@@ -157,22 +167,23 @@ class Executor:
         return _core.tensor_get(plan.logits).reshape(len(out_rows), hp.n_vocab)
 
     def _compute(self, plan: "_Plan") -> None:
-        pager, gs, n_layer = self.pager, plan.graphs, self.hp.n_layer
+        pager = self.pager
         if pager is None:
-            self.backend.compute_many(gs)
+            self.backend.compute_many(plan.graphs)
             return
+        n_keys = self.hp.n_layer + len(self.head_chunks)
         depth = self.params.prefetch_depth if self.params.async_prefetch else 0
-        self.backend.compute(gs[0])
-        for il in range(n_layer):
-            pager.acquire(il)
-            for j in range(il + 1, il + 1 + depth):
-                pager.prefetch(j % n_layer)        # wraps to the next pass; False when no slot is free
+        for key, g in zip(plan.keys, plan.graphs):
+            if key is None:
+                self.backend.compute(g)
+                continue
+            pager.acquire(key)
+            for j in range(1, depth + 1):
+                pager.prefetch((key + j) % n_keys)   # wraps to the next pass; False when no slot is free
             try:
-                self.backend.compute(gs[1 + il])
+                self.backend.compute(g)
             finally:
-                pager.release(il)
-        for g in gs[1 + n_layer:]:
-            self.backend.compute(g)
+                pager.release(key)
 
     # -- public --------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, logits_all: bool = False) -> np.ndarray:
@@ -205,6 +216,7 @@ class _Plan:
     def __init__(self) -> None:
         self.keep: list[Any] = []       # contexts and buffers the graphs point into
         self.graphs: list[Any] = []
+        self.keys: list[int | None] = []  # the paged layer each graph needs, if any
         self.logits: Any = None
         self.inputs: StepInputs
 
@@ -226,7 +238,7 @@ class _Plan:
         self.keep += [ictx, ex.backend.alloc_tensors(ictx)]
         self.inputs = inp = StepInputs(n_tokens=n, n_kv=n_kv, n_outputs=n_out, flash_attn=p.flash_attn, **t)
 
-        def graph(build: Any, rows_in: int = n, rows_out: int = n) -> Any:
+        def graph(build: Any, rows_in: int = n, rows_out: int = n, key: int | None = None) -> Any:
             ctx = _core.Context(max_tensors=GRAPH_NODES, graph_size=GRAPH_NODES)
             gf = ctx.new_graph()
             act = ctx.view(ex.act, [hp.n_embd, rows_in], [ex.act.nb[1]], 0)
@@ -235,6 +247,7 @@ class _Plan:
             gf.expand(out)
             self.keep.append(ctx)
             self.graphs.append(gf)
+            self.keys.append(key)
             return out
 
         n_last = min(n, max(n_out, 1))           # rows the last block keeps
@@ -242,12 +255,39 @@ class _Plan:
         for il in range(hp.n_layer):
             graph(lambda ctx, gf, act, act_out, il=il: ctx.cpy(
                 arch.build_block(ctx, gf, w, inp, il, act, ex.k_cache[il], ex.v_cache[il]), act_out),
-                rows_out=n_last if il == hp.n_layer - 1 else n)
-        if n_out:
+                rows_out=n_last if il == hp.n_layer - 1 else n, key=il if ex.pager else None)
+        if n_out and ex.pager:
+            self._build_chunked_head(ex, graph, n_out)
+        elif n_out:
             def head(ctx: Any, gf: Any, act: Any, act_out: Any) -> Any:
                 out = arch.build_output(ctx, w, inp, act)
                 out.set_output()
                 return out
             self.logits = graph(head, rows_in=n_out, rows_out=n_out)
         return self
+
+    def _build_chunked_head(self, ex: Executor, graph: Any, n_out: int) -> None:
+        """Output norm into ex.head_in, then one graph per streamed row chunk of the lm head,
+        each writing its rows of ex.logits_buf (F32 [n_vocab, n_batch])."""
+        hp, w = ex.hp, ex.weights
+        lb = ex.logits_buf
+        hin = [hp.n_embd, n_out]
+        graph(lambda ctx, gf, act, act_out: ctx.cpy(ex.arch.build_output_norm(ctx, w, act),
+                                                    ctx.view(ex.head_in, hin, [ex.head_in.nb[1]], 0)),
+              rows_in=n_out, rows_out=n_out)
+        row0 = 0
+        for c, name in enumerate(ex.head_chunks):
+            rows = w(name).ne[1]
+
+            def chunk(ctx: Any, gf: Any, act: Any, act_out: Any, name: str = name, r0: int = row0,
+                      rows: int = rows) -> Any:
+                x = ctx.view(ex.head_in, hin, [ex.head_in.nb[1]], 0)
+                dst = ctx.view(lb, [rows, n_out], [lb.nb[1]], r0 * lb.element_size)
+                return ctx.cpy(ctx.mul_mat(w(name), x), dst)
+
+            graph(chunk, rows_in=n_out, rows_out=n_out, key=hp.n_layer + c)
+            row0 += rows
+        ctx = _core.Context(max_tensors=2)
+        self.keep.append(ctx)
+        self.logits = ctx.view(lb, [hp.n_vocab, n_out], [lb.nb[1]], 0)
 

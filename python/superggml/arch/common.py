@@ -182,10 +182,13 @@ class Architecture:
         """F32 [n_embd, n_tokens]"""
         return ctx.get_rows(w("token_embd.weight"), inp.tokens)
 
+    def build_output_norm(self, ctx: Any, w: Weights, x: Any) -> Any:
+        """x F32 [n_embd, n_outputs] -> the normed input of the lm head, same shape"""
+        return ctx.mul(ctx.rms_norm(x, self.hp.rms_eps), w("output_norm.weight"))
+
     def build_output(self, ctx: Any, w: Weights, inp: StepInputs, x: Any) -> Any:
         """x F32 [n_embd, n_outputs] (the last block kept only those rows) -> logits F32 [n_vocab, n_outputs]"""
-        x = ctx.mul(ctx.rms_norm(x, self.hp.rms_eps), w("output_norm.weight"))
-        return ctx.mul_mat(w(self.output_tensor(w.has)), x)
+        return ctx.mul_mat(w(self.output_tensor(w.has)), self.build_output_norm(ctx, w, x))
 
     def build_block(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int,
                     x: Any, k_cache: Any, v_cache: Any) -> Any:
