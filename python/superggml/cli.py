@@ -15,6 +15,10 @@ def _env_default(name: str, default: str | None) -> str | None:
     return os.environ.get(f"SUPERGGML_{name}", default)
 
 
+def _env_flag(name: str) -> bool:
+    return (_env_default(name, "0") or "0").lower() not in ("0", "", "false", "no", "off")
+
+
 def _model_path(arg: str | None) -> str:
     if arg:
         return arg
@@ -30,13 +34,21 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward pass")
     p.add_argument("--flash-attn", action="store_true", help="use ggml's flash attention")
     p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default f16)")
+    p.add_argument("--device-budget", default=_env_default("DEVICE_BUDGET", None), metavar="SIZE",
+                   help="bytes the transformer blocks may occupy (e.g. 512MiB); blocks beyond it stream "
+                        "from the file through a pool of slots (default: all resident)")
+    p.add_argument("--async-prefetch", action="store_true", default=_env_flag("ASYNC_PREFETCH"),
+                   help="load the next blocks in a worker thread while the current one computes")
+    p.add_argument("--prefetch-depth", type=int, default=int(_env_default("PREFETCH_DEPTH", "2") or 2),
+                   help="blocks loaded ahead with --async-prefetch (default 2)")
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
     from .model import Model
 
     with Model(_model_path(a.model), ctx_size=a.ctx_size, n_threads=a.threads, n_batch=a.batch_size,
-               seed=a.seed, flash_attn=a.flash_attn, kv_type=a.kv_type) as m:
+               seed=a.seed, flash_attn=a.flash_attn, kv_type=a.kv_type, device_budget=a.device_budget,
+               async_prefetch=a.async_prefetch, prefetch_depth=a.prefetch_depth) as m:
         kw = dict(max_tokens=a.n_predict if a.n_predict >= 0 else None, temperature=a.temp, top_k=a.top_k,
                   top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed,
                   stop=a.stop or None, stream=True)

@@ -112,11 +112,6 @@ class Executor:
         self.n_pinned = n_keys if n_slots >= n_keys else n_slots - n_stream
         for key in range(self.n_pinned):
             pager.pin(key)
-        # the lm head's normed input and its logits live between the chunk graphs
-        self._hctx = _core.Context(max_tensors=2)
-        self.head_in = self._hctx.new_tensor(F32, [hp.n_embd, p.n_batch])
-        self.logits_buf = self._hctx.new_tensor(F32, [hp.n_vocab, p.n_batch])
-        self._hbuf = self.backend.alloc_tensors(self._hctx)
         return pager
 
     @property
@@ -267,13 +262,14 @@ class _Plan:
         return self
 
     def _build_chunked_head(self, ex: Executor, graph: Any, n_out: int) -> None:
-        """Output norm into ex.head_in, then one graph per streamed row chunk of the lm head,
-        each writing its rows of ex.logits_buf (F32 [n_vocab, n_batch])."""
+        """Output norm into head_in (F32 [n_embd, n_out]), then one graph per streamed row chunk
+        of the lm head, each writing its rows of the logits (F32 [n_vocab, n_out])."""
         hp, w = ex.hp, ex.weights
-        lb = ex.logits_buf
-        hin = [hp.n_embd, n_out]
-        graph(lambda ctx, gf, act, act_out: ctx.cpy(ex.arch.build_output_norm(ctx, w, act),
-                                                    ctx.view(ex.head_in, hin, [ex.head_in.nb[1]], 0)),
+        hctx = _core.Context(max_tensors=2)
+        head_in = hctx.new_tensor(F32, [hp.n_embd, n_out])
+        lb = hctx.new_tensor(F32, [hp.n_vocab, n_out])
+        self.keep += [hctx, ex.backend.alloc_tensors(hctx)]
+        graph(lambda ctx, gf, act, act_out: ctx.cpy(ex.arch.build_output_norm(ctx, w, act), head_in),
               rows_in=n_out, rows_out=n_out)
         row0 = 0
         for c, name in enumerate(ex.head_chunks):
@@ -281,13 +277,10 @@ class _Plan:
 
             def chunk(ctx: Any, gf: Any, act: Any, act_out: Any, name: str = name, r0: int = row0,
                       rows: int = rows) -> Any:
-                x = ctx.view(ex.head_in, hin, [ex.head_in.nb[1]], 0)
                 dst = ctx.view(lb, [rows, n_out], [lb.nb[1]], r0 * lb.element_size)
-                return ctx.cpy(ctx.mul_mat(w(name), x), dst)
+                return ctx.cpy(ctx.mul_mat(w(name), head_in), dst)
 
             graph(chunk, rows_in=n_out, rows_out=n_out, key=hp.n_layer + c)
             row0 += rows
-        ctx = _core.Context(max_tensors=2)
-        self.keep.append(ctx)
-        self.logits = ctx.view(lb, [hp.n_vocab, n_out], [lb.nb[1]], 0)
+        self.logits = lb
 

@@ -82,6 +82,9 @@ class Model:
                                 for name, typ, shape, off, nb in self._file.tensors()}
             self.arch.validate({n: v[1] for n, v in self.tensor_info.items()})
             self.tokenizer = Tokenizer.from_metadata(self.metadata)
+            for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
+                        "tokenizer.ggml.token_type"):   # held by the tokenizer now; tens of MB as lists
+                self.metadata.pop(key, None)
             if self.tokenizer.n_vocab != self.hparams.n_vocab:
                 raise GGUFError(f"vocabulary has {self.tokenizer.n_vocab} tokens but the model "
                                 f"{self.hparams.n_vocab}")
