@@ -113,21 +113,21 @@ size_t weight_store::load_resident(const std::vector<std::string> & names, ggml_
     if (!buft) buft = ggml_backend_cpu_buffer_type();
     const size_t align = ggml_backend_buft_get_alignment(buft);
     size_t total = 0;
-    std::vector<entry *> todo;
+    std::vector<entry *> pending;
     for (const auto & n : names) {
         at(n);
         entry & e = entries_.at(n);
         tensor_unbind(e.t);
         total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, e.t), align);
-        todo.push_back(&e);
+        pending.push_back(&e);
     }
-    if (todo.empty()) return 0;
+    if (pending.empty()) return 0;
     ggml_backend_buffer * buf = ggml_backend_buft_alloc_buffer(buft, total);
     if (!buf) throw Error("cannot allocate " + std::to_string(total) + " bytes for resident weights");
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     resident_bufs_.push_back(buf);
     auto * p = static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf));
-    for (entry * e : todo) {
+    for (entry * e : pending) {
         tensor_bind(e->t, buf, p);
         ggml_backend_tensor_set(e->t, file_->map() + e->offset, 0, e->nbytes);
         e->home = weight_home::resident;

@@ -723,7 +723,7 @@ class Tokenizer:
         self._special: list[tuple[str, int]] = []
         self._regexes: list[_SplitRegex] = []
         self._hf: _HFTokenizer | None = None
-        self._phantom: dict[int, str] = {}  # placeholder id -> symbol that is not a token
+        self._phantom: dict[int, str] = {}  # stand-in id -> symbol that is not a token
 
     # ------------------------------------------------------------------ construction
 
@@ -919,7 +919,7 @@ class Tokenizer:
     def _build_bpe(self, meta: Mapping[str, Any]) -> _HFTokenizer:
         """llm_tokenizer_bpe's merges as a tokenizers BPE model. Symbols llama.cpp can form that
         are not tokens (byte-level characters missing from the vocabulary, results of merges
-        that are not tokens) get placeholder ids past the vocabulary, resolved like llama.cpp
+        that are not tokens) get stand-in ids past the vocabulary, resolved like llama.cpp
         afterwards (see _resolve_phantoms)."""
         raw_merges = _meta_list(meta, "tokenizer.ggml.merges")
         if raw_merges is None:
@@ -952,7 +952,7 @@ class Tokenizer:
     def _build_spm(self) -> _HFTokenizer:
         """llm_tokenizer_spm as a BPE model: two adjacent symbols merge when their concatenation
         is a token, highest token score first. Symbols start as single characters, which need
-        not be tokens themselves: such characters get placeholder ids past the vocabulary, and
+        not be tokens themselves: such characters get stand-in ids past the vocabulary, and
         any left unmerged are replaced by their bytes afterwards (see _resolve_phantoms)."""
         vocab = dict(self._token_to_id)
         known = self._token_to_id
@@ -972,7 +972,7 @@ class Tokenizer:
         return _HFTokenizer(bpe)
 
     def _resolve_phantoms(self, ids: list[int]) -> list[int]:
-        """Replace placeholder ids (symbols that are not tokens) the way llama.cpp does: SPM
+        """Replace stand-in ids (symbols that are not tokens) the way llama.cpp does: SPM
         emits the byte tokens of the text (llama_vocab::byte_to_token), BPE the tokens whose
         text is one of its bytes, skipping bytes without one."""
         if not ids or max(ids) < self.n_vocab:
