@@ -82,7 +82,11 @@ void gguf_file::close() {
     if (gguf_) { gguf_free(gguf_); gguf_ = nullptr; }
 }
 
-size_t gguf_file::alignment() const { return gguf_ ? gguf_get_alignment(gguf_) : 0; }
+void gguf_file::drop_header() {
+    if (gguf_) { alignment_ = gguf_get_alignment(gguf_); gguf_free(gguf_); gguf_ = nullptr; }
+}
+
+size_t gguf_file::alignment() const { return gguf_ ? gguf_get_alignment(gguf_) : alignment_; }
 
 ggml_tensor * gguf_file::tensor(const std::string & name) const {
     return meta_ ? ggml_get_tensor(meta_, name.c_str()) : nullptr;

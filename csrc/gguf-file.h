@@ -54,9 +54,14 @@ public:
     // Read-only mapping of the whole file (page aligned). Valid until close().
     const uint8_t * map() const { return map_; }
 
+    // Frees the parsed key/value header (tens of MB for big vocabularies) once
+    // the caller has read what it needs; tensors and the mapping stay.
+    void drop_header();
+    bool has_header() const { return gguf_ != nullptr; }
+
     // Unmaps the file and frees the header; later calls on this object throw.
     void close();
-    bool closed() const { return gguf_ == nullptr; }
+    bool closed() const { return map_ == nullptr; }
 
 private:
     std::string path_;
@@ -65,6 +70,7 @@ private:
     uint8_t * map_ = nullptr;
     uint64_t file_size_ = 0;
     uint64_t data_offset_ = 0;
+    size_t alignment_ = 0;
     std::vector<gguf_tensor_info> tensors_;
 };
 

@@ -152,3 +152,34 @@ def test_prefetcher_stress(tmp_path):
     assert counts["ok"] > 1000
     st = io.stats()
     assert st["pending"] == 0 and st["failed"] == 0
+
+
+LIMITED_RUN = r"""
+import sys
+from superggml import Model
+m = Model(sys.argv[1], ctx_size=256, n_batch=32, n_threads=2, device_budget="128MiB", async_prefetch=True)
+out = m.create_completion("def fibonacci(n):\n   ", max_tokens=6, temperature=0)["choices"][0]["text"]
+hwm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
+print(repr(out))
+print(hwm)
+"""
+
+
+def test_qwen_runs_in_256mib_with_a_128mib_budget(qwen_path):
+    """llama.cpp is OOM-killed below ~720 MB here; superggml streams within the budget."""
+    import sys
+
+    import memcg
+
+    memcg.drop_page_cache(qwen_path)
+    try:
+        r = memcg.run_limited([sys.executable, "-c", LIMITED_RUN, qwen_path], 256 << 20, timeout=900)
+    except (OSError, PermissionError) as e:
+        pytest.skip(f"cannot make a child memory cgroup here: {e}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    text, hwm = r.stdout.splitlines()[-2:]
+    print(f"\nQwen2.5-1.5B in a 256 MiB cgroup, budget 128 MiB: VmHWM {int(hwm) / 2**20:.0f} MiB, text {text}")
+    assert int(hwm) <= (128 << 20) + (128 << 20)
+    with Model(qwen_path, ctx_size=256, n_threads=2, repack=False) as m:
+        ref = m.create_completion("def fibonacci(n):\n   ", max_tokens=6, temperature=0)["choices"][0]["text"]
+    assert text == repr(ref)

@@ -80,6 +80,7 @@ void init_gguf_file(py::module_ & m) {
         .def_property_readonly("closed", &gguf_file::closed)
         .def("metadata", [](const gguf_file & f) {
             if (f.closed()) throw Error("the GGUF file is closed");
+            if (!f.has_header()) throw Error("the GGUF header was dropped after loading");
             py::dict d;
             const gguf_context * g = f.gguf();
             for (int64_t k = 0; k < gguf_get_n_kv(g); ++k) d[to_str(gguf_get_key(g, k))] = value(g, k);
@@ -94,6 +95,7 @@ void init_gguf_file(py::module_ & m) {
             }
             return l;
         }, "Tensor table: (name, type name, shape in ggml order, absolute offset, nbytes).")
+        .def("drop_header", &gguf_file::drop_header, "Frees the parsed key/value header (metadata() then raises).")
         .def("close", &gguf_file::close);
 }
 

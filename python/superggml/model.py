@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import re
 import sys
@@ -34,6 +36,15 @@ def parse_size(v: int | str | None) -> int | None:
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"not a size: {v!r} (examples: 512MiB, 2GB, 1048576)")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _return_free_memory() -> None:
+    """Collect garbage and hand freed heap back to the OS (glibc), so peak RSS stays low."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _default_threads() -> int:
@@ -85,6 +96,8 @@ class Model:
             for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
                         "tokenizer.ggml.token_type"):   # held by the tokenizer now; tens of MB as lists
                 self.metadata.pop(key, None)
+            self._file.drop_header()
+            _return_free_memory()   # the vocabulary's transient objects, before slots are filled
             if self.tokenizer.n_vocab != self.hparams.n_vocab:
                 raise GGUFError(f"vocabulary has {self.tokenizer.n_vocab} tokens but the model "
                                 f"{self.hparams.n_vocab}")
