@@ -1,0 +1,71 @@
+"""superggml and llama.cpp under the same real RAM limit (a child memory cgroup), Qwen2.5-1.5B.
+
+    python bench/limited.py [--limit 768MiB] [--budget 512MiB] [--tokens 8]
+
+Before each run the model's pages are dropped from the page cache, so the
+limit covers file-backed memory too (DESIGN.md). Prints decode tokens/s, or
+how the run ended (OOM-killed: -9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+import memcg  # noqa: E402
+
+from superggml import models  # noqa: E402
+from superggml.model import parse_size  # noqa: E402
+
+OURS = r"""
+import sys, time
+from superggml import Model
+m = Model(sys.argv[1], ctx_size=256, n_batch=32, n_threads=2, device_budget=sys.argv[2], async_prefetch=True)
+m.eval(m.tokenize("def quicksort(xs):\n    "))
+tok = int(m.logits.argmax()); n = int(sys.argv[3])
+t = time.perf_counter()
+for _ in range(n):
+    tok = int(m.eval([tok])[-1].argmax())
+print(n / (time.perf_counter() - t))
+"""
+
+LLAMA = r"""
+import sys, time, numpy as np, llama_cpp
+m = llama_cpp.Llama(sys.argv[1], n_ctx=256, n_threads=2, n_threads_batch=2, verbose=False)
+m.eval(m.tokenize(b"def quicksort(xs):\n    "))
+tok = int(np.argmax(m.scores[m.n_tokens - 1])); n = int(sys.argv[3])
+t = time.perf_counter()
+for _ in range(n):
+    m.eval([tok]); tok = int(np.argmax(m.scores[m.n_tokens - 1]))
+print(n / (time.perf_counter() - t))
+"""
+
+
+def run(code: str, path: str, budget: str, n: int, limit: int) -> str:
+    memcg.drop_page_cache(path)
+    r = memcg.run_limited([sys.executable, "-c", code, path, budget, str(n)], limit, timeout=3600)
+    if r.returncode != 0:
+        return f"exit {r.returncode}" + (" (OOM-killed)" if r.returncode == -9 else "")
+    return f"{float(r.stdout.split()[-1]):.2f} tok/s"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--limit", default="768MiB")
+    ap.add_argument("--budget", default="512MiB")
+    ap.add_argument("--tokens", type=int, default=8)
+    a = ap.parse_args()
+    path = str(models.qwen_path())
+    limit = parse_size(a.limit)
+    print(f"Qwen2.5-1.5B Q4_K_M, cgroup limit {a.limit}, 2 threads, {a.tokens} decoded tokens")
+    print(f"  superggml (device_budget {a.budget}, async prefetch): {run(OURS, path, a.budget, a.tokens, limit)}")
+    print(f"  llama.cpp (default: mmap + CPU repack):            {run(LLAMA, path, a.budget, a.tokens, limit)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
