@@ -161,29 +161,7 @@ void init_graph(py::module_ & m) {
     m.def("blck_size", [](ggml_type t) { return ggml_blck_size(t); });
     m.def("row_size", [](ggml_type t, int64_t ne) { return ggml_row_size(t, ne); });
     m.def("graph_overhead", [](size_t n) { return ggml_graph_overhead_custom(n, false); });
-    m.def("devices", [] {
-        py::list l;
-        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-            ggml_backend_dev_t d = ggml_backend_dev_get(i);
-            size_t free = 0, total = 0;
-            ggml_backend_dev_memory(d, &free, &total);
-            const char * type = "cpu";
-            switch (ggml_backend_dev_type(d)) {
-                case GGML_BACKEND_DEVICE_TYPE_GPU: type = "gpu"; break;
-                case GGML_BACKEND_DEVICE_TYPE_IGPU: type = "igpu"; break;
-                case GGML_BACKEND_DEVICE_TYPE_ACCEL: type = "accel"; break;
-                default: break;
-            }
-            py::dict e;
-            e["name"] = ggml_backend_dev_name(d);
-            e["description"] = ggml_backend_dev_description(d);
-            e["type"] = type;
-            e["memory_free"] = free;
-            e["memory_total"] = total;
-            l.append(e);
-        }
-        return l;
-    }, "The ggml devices registered in this build: name, description, type, memory_free, memory_total.");
+
 }
 
 }  // namespace superggml

@@ -10,4 +10,5 @@ PYBIND11_MODULE(_core, m) {
     superggml::init_buffer_pool(m);
     superggml::init_prefetch(m);
     superggml::init_pager(m);
+    superggml::init_telemetry(m);
 }

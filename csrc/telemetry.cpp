@@ -1,0 +1,92 @@
+#include "telemetry.h"
+
+#include "ggml-backend.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+namespace superggml {
+
+static uint64_t read_u64(const std::string & path) {
+    std::ifstream f(path);
+    std::string s;
+    if (!(f >> s) || s == "max") return 0;
+    try { return std::stoull(s); } catch (...) { return 0; }
+}
+
+// kB value of `key` in a /proc file of "Key:   123 kB" lines, in bytes
+static uint64_t proc_kb(const std::string & path, const std::string & key) {
+    std::ifstream f(path);
+    std::string line;
+    while (std::getline(f, line)) {
+        if (line.compare(0, key.size(), key) == 0 && line.size() > key.size() && line[key.size()] == ':') {
+            std::istringstream is(line.substr(key.size() + 1));
+            uint64_t v = 0;
+            is >> v;
+            return v * 1024;
+        }
+    }
+    return 0;
+}
+
+static void cgroup_memory(uint64_t & limit, uint64_t & usage) {
+    std::ifstream f("/proc/self/cgroup");
+    std::string line, v2;
+    while (std::getline(f, line)) {
+        auto a = line.find(':'), b = line.find(':', a + 1);
+        if (a == std::string::npos || b == std::string::npos) continue;
+        std::string ctrl = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+        if (("," + ctrl + ",").find(",memory,") != std::string::npos) {
+            const std::string d = "/sys/fs/cgroup/memory" + path;
+            limit = read_u64(d + "/memory.limit_in_bytes");
+            usage = read_u64(d + "/memory.usage_in_bytes");
+            if (limit >= (1ull << 62)) limit = 0;   // v1 "no limit" is a huge number
+            return;
+        }
+        if (ctrl.empty()) v2 = path;
+    }
+    if (!v2.empty()) {
+        limit = read_u64("/sys/fs/cgroup" + v2 + "/memory.max");
+        usage = read_u64("/sys/fs/cgroup" + v2 + "/memory.current");
+    }
+}
+
+host_memory host_memory_info() {
+    host_memory h;
+    h.total = proc_kb("/proc/meminfo", "MemTotal");
+    h.available = proc_kb("/proc/meminfo", "MemAvailable");
+    cgroup_memory(h.cgroup_limit, h.cgroup_usage);
+    if (h.cgroup_limit) {
+        h.total = std::min(h.total ? h.total : h.cgroup_limit, h.cgroup_limit);
+        uint64_t left = h.cgroup_limit > h.cgroup_usage ? h.cgroup_limit - h.cgroup_usage : 0;
+        h.available = std::min(h.available, left);
+    }
+    h.process_rss = proc_kb("/proc/self/status", "VmRSS");
+    h.process_peak = proc_kb("/proc/self/status", "VmHWM");
+    return h;
+}
+
+std::vector<device_memory> device_memory_info() {
+    std::vector<device_memory> out;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        device_memory m;
+        m.name = ggml_backend_dev_name(d);
+        m.description = ggml_backend_dev_description(d);
+        switch (ggml_backend_dev_type(d)) {
+            case GGML_BACKEND_DEVICE_TYPE_GPU: m.type = "gpu"; break;
+            case GGML_BACKEND_DEVICE_TYPE_IGPU: m.type = "igpu"; break;
+            case GGML_BACKEND_DEVICE_TYPE_ACCEL: m.type = "accel"; break;
+            default: m.type = "cpu";
+        }
+        size_t free = 0, total = 0;
+        ggml_backend_dev_memory(d, &free, &total);
+        m.free = free;
+        m.total = total;
+        out.push_back(m);
+    }
+    return out;
+}
+
+}  // namespace superggml

@@ -1,0 +1,34 @@
+// telemetry: how much memory there is, as the process sees it.
+//
+// Host: /proc/meminfo (MemTotal, MemAvailable) clipped by the process's
+// memory cgroup (v1 memory.limit_in_bytes / usage_in_bytes, v2 memory.max /
+// memory.current): in a container /proc/meminfo shows the host, not the
+// limit. Devices: ggml_backend_dev_memory for every registered device.
+// Never throws: a value that cannot be read is 0.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace superggml {
+
+struct host_memory {
+    uint64_t total = 0;          // min(MemTotal, cgroup limit)
+    uint64_t available = 0;      // min(MemAvailable, limit - cgroup usage)
+    uint64_t cgroup_limit = 0;   // 0: no limit found
+    uint64_t cgroup_usage = 0;
+    uint64_t process_rss = 0;    // VmRSS
+    uint64_t process_peak = 0;   // VmHWM
+    double pressure() const { return total ? 1.0 - (double) available / (double) total : 0.0; }
+};
+
+struct device_memory {
+    std::string name, description, type;
+    uint64_t free = 0, total = 0;
+};
+
+host_memory host_memory_info();
+std::vector<device_memory> device_memory_info();
+
+}  // namespace superggml
