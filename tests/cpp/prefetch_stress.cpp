@@ -1,0 +1,99 @@
+// Stress test of buffer_pool + prefetcher without Python, for ThreadSanitizer:
+//   cmake -B build/tsan -DSUPERGGML_SANITIZE_THREAD=ON -DSUPERGGML_BUILD_TESTS=ON && cmake --build build/tsan
+//   ./build/tsan/prefetch_stress
+// Threads acquire keys, load them (or cancel the load), verify the bytes, release.
+#include "buffer-pool.h"
+#include "prefetch.h"
+
+#include <ggml-backend.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <unistd.h>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+using namespace superggml;
+
+int main() {
+    const size_t chunk = 16 << 10, n_keys = 256;
+    char path[] = "/tmp/superggml-stress-XXXXXX";
+    int fd = mkstemp(path);
+    std::vector<uint8_t> data(chunk * n_keys);
+    std::mt19937 gen(1);
+    for (auto & b : data) b = (uint8_t) gen();
+    if (write(fd, data.data(), data.size()) != (ssize_t) data.size()) return 2;
+    close(fd);
+
+    pool_params pp;
+    pp.slot_size = chunk;
+    pp.n_slots = 6;
+    buffer_pool pool(pp);
+    std::atomic<int> ok{0}, cancelled{0}, exhausted{0}, bad{0};
+    {
+        prefetcher io(path, 3);
+        // the fill of each slot, shared by every thread that holds the slot's key
+        std::mutex mu;
+        std::vector<std::shared_future<void>> fill(pp.n_slots);
+        auto load = [&](int slot, int key, int prio) {
+            load_job j;
+            j.key = key;
+            j.priority = prio;
+            j.ranges = {{key * chunk, chunk, 0}};
+            j.dst = pool.buffer(slot);
+            return io.submit(j);
+        };
+        std::vector<std::thread> ts;
+        for (int t = 0; t < 4; ++t) {
+            ts.emplace_back([&, t] {
+                std::mt19937 rnd(100 + t);
+                for (int i = 0; i < 2000; ++i) {
+                    int key = (int) (rnd() % n_keys);
+                    buffer_pool::acquired a;
+                    std::shared_future<void> f;
+                    {
+                        std::lock_guard<std::mutex> lk(mu);
+                        try {
+                            a = pool.acquire(key);
+                        } catch (const PoolExhausted &) {
+                            exhausted++;
+                            continue;
+                        }
+                        if (!a.hit) {
+                            auto tk = load(a.slot, key, (int) (rnd() % 3));
+                            fill[a.slot] = tk.done;
+                            if (rnd() % 5 == 0 && io.cancel_job(tk.id)) cancelled++;
+                        }
+                        f = fill[a.slot];
+                    }
+                    for (;;) {
+                        try {
+                            f.get();
+                            break;
+                        } catch (const Cancelled &) {
+                            std::lock_guard<std::mutex> lk(mu);   // refill once for everyone waiting
+                            if (fill[a.slot].valid() && fill[a.slot].wait_for(std::chrono::seconds(0)) ==
+                                    std::future_status::ready) {
+                                try { fill[a.slot].get(); } catch (const Cancelled &) {
+                                    fill[a.slot] = load(a.slot, key, 3).done;
+                                }
+                            }
+                            f = fill[a.slot];
+                        }
+                    }
+                    if (std::memcmp(pool.base(a.slot), data.data() + key * chunk, chunk) != 0) bad++;
+                    else ok++;
+                    pool.release(a.slot);
+                }
+            });
+        }
+        for (auto & th : ts) th.join();
+    }
+    unlink(path);
+    std::printf("ok %d cancelled %d exhausted %d bad %d\n", ok.load(), cancelled.load(), exhausted.load(), bad.load());
+    return bad.load() == 0 && ok.load() > 1000 ? 0 : 1;
+}
