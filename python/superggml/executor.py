@@ -24,6 +24,7 @@ I64 = _core.GGMLType.I64
 KV_PAD = 256          # n_kv is padded to this so graph shapes change rarely
 GRAPH_NODES = 1024    # room for one block graph
 PLAN_CACHE = 4        # micro-batch shapes whose graphs are kept
+SLOT_ALIGN_ROOM = 256 # bytes kept free in a slot for alignment padding
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ class Executor:
         sizes = [store.slot_bytes(layer, self.backend) for layer in layers]
         slot = max(sizes)
         # the lm head (the largest tensor of small models) streams in row chunks of a slot each
-        self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - 256)
+        # (less the room a chunk's size may take when padded to the buffer alignment)
+        self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - SLOT_ALIGN_ROOM)
         layers += [[c] for c in self.head_chunks]
         n_slots = p.device_budget // slot
         if n_slots < 1:
