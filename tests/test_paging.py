@@ -183,3 +183,14 @@ def test_qwen_runs_in_256mib_with_a_128mib_budget(qwen_path):
     with Model(qwen_path, ctx_size=256, n_threads=2, repack=False) as m:
         ref = m.create_completion("def fibonacci(n):\n   ", max_tokens=6, temperature=0)["choices"][0]["text"]
     assert text == repr(ref)
+
+
+@pytest.mark.parametrize("ngl", [0, 10])
+def test_n_gpu_layers_keeps_that_many_resident(smollm2_path, ngl):
+    with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False) as m:
+        ref = _logits(m)
+    with Model(smollm2_path, ctx_size=128, n_threads=2, n_gpu_layers=ngl, async_prefetch=True) as m:
+        out = _logits(m)
+        assert m._exec.n_pinned == ngl
+        assert m._exec.pager.n_slots == ngl + 3      # plus prefetch_depth + 1 streaming slots
+    assert np.array_equal(out, ref)

@@ -37,6 +37,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-budget", default=_env_default("DEVICE_BUDGET", None), metavar="SIZE",
                    help="bytes the transformer blocks may occupy (e.g. 512MiB); blocks beyond it stream "
                         "from the file through a pool of slots (default: all resident)")
+    p.add_argument("--n-gpu-layers", "-ngl", type=int, default=(int(_env_default("N_GPU_LAYERS", "-1") or -1)),
+                   help="blocks kept resident on the device, the rest stream (default: all that fit)")
     p.add_argument("--async-prefetch", action="store_true", default=_env_flag("ASYNC_PREFETCH"),
                    help="load the next blocks in a worker thread while the current one computes")
     p.add_argument("--prefetch-depth", type=int, default=int(_env_default("PREFETCH_DEPTH", "2") or 2),
@@ -48,6 +50,7 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 
     with Model(_model_path(a.model), ctx_size=a.ctx_size, n_threads=a.threads, n_batch=a.batch_size,
                seed=a.seed, flash_attn=a.flash_attn, kv_type=a.kv_type, device_budget=a.device_budget,
+               n_gpu_layers=a.n_gpu_layers if a.n_gpu_layers >= 0 else None,
                async_prefetch=a.async_prefetch, prefetch_depth=a.prefetch_depth) as m:
         kw = dict(max_tokens=a.n_predict if a.n_predict >= 0 else None, temperature=a.temp, top_k=a.top_k,
                   top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed,

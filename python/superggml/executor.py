@@ -36,6 +36,7 @@ class ExecutorParams:
     device: str = ""
     kv_type: str = "f16"   # "f16" (as llama.cpp) or "f32"
     device_budget: int | None = None   # bytes for transformer blocks; None: all resident
+    n_gpu_layers: int | None = None    # keys pinned resident on the device (llama.cpp's meaning); None: all that fit
     async_prefetch: bool = False       # load the next layers while this one computes
     prefetch_depth: int = 2            # layers ahead with async_prefetch
     n_io_workers: int = 1
@@ -87,7 +88,9 @@ class Executor:
         self._pbuf.clear(0)
         self._plans: dict[tuple[int, int, int], _Plan] = {}
         self.head_chunks: list[str] = []
-        self.pager = self._make_pager(store) if params.device_budget is not None else None
+        paged = params.device_budget is not None or (params.n_gpu_layers is not None
+                                                     and params.n_gpu_layers < hp.n_layer)
+        self.pager = self._make_pager(store) if paged else None
 
     def _make_pager(self, store: Any) -> Any:
         """Blocks go through a pool of slots within the budget; the first ones that fit stay pinned."""
@@ -101,17 +104,21 @@ class Executor:
         # (less the room a chunk's size may take when padded to the buffer alignment)
         self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - SLOT_ALIGN_ROOM)
         layers += [[c] for c in self.head_chunks]
-        n_slots = p.device_budget // slot
+        n_stream = (p.prefetch_depth + 1) if p.async_prefetch else 1
+        budget = p.device_budget if p.device_budget is not None else (p.n_gpu_layers + n_stream) * slot
+        n_slots = budget // slot
         if n_slots < 1:
             big = sizes.index(slot)
-            raise ValueError(f"device_budget of {p.device_budget} bytes is smaller than one layer: "
+            raise ValueError(f"device_budget of {budget} bytes is smaller than one layer: "
                              f"block {big} needs {slot} bytes")
         n_keys = len(layers)
         n_slots = min(n_slots, n_keys)
         pager = _core.LayerPager(store, layers, n_slots=n_slots, slot_size=slot,
                                  n_workers=p.n_io_workers, backend=self.backend)
-        n_stream = min(n_slots, (p.prefetch_depth + 1) if p.async_prefetch else 1)
+        n_stream = min(n_slots, n_stream)
         self.n_pinned = n_keys if n_slots >= n_keys else n_slots - n_stream
+        if p.n_gpu_layers is not None:
+            self.n_pinned = min(self.n_pinned, max(0, p.n_gpu_layers))
         for key in range(self.n_pinned):
             pager.pin(key)
         return pager

@@ -66,6 +66,9 @@ class Model:
     never holds more than the budget: the first blocks that fit stay pinned,
     the rest stream through the remaining slots, loaded by a worker thread
     (``async_prefetch``: ``prefetch_depth`` blocks ahead of the computation).
+    ``n_gpu_layers`` (llama.cpp's meaning) caps how many blocks stay resident
+    on the device; the others stream (with no budget, the pool then has room
+    for exactly those plus the streaming slots).
     Streamed and resident runs give bit-identical logits (with repack off).
 
     >>> with Model(path, ctx_size=2048) as m:
@@ -75,7 +78,8 @@ class Model:
     def __init__(self, path: str | os.PathLike[str], *, ctx_size: int = 4096, n_batch: int = 512,
                  n_threads: int | None = None, seed: int | None = None, flash_attn: bool = False,
                  kv_type: str = "f16", repack: bool = True, logits_all: bool = False, verbose: bool = False,
-                 device_budget: int | str | None = None, async_prefetch: bool = False, prefetch_depth: int = 2):
+                 device_budget: int | str | None = None, n_gpu_layers: int | None = None,
+                 async_prefetch: bool = False, prefetch_depth: int = 2):
         if ctx_size < 1:
             raise ValueError("ctx_size must be >= 1")
         if n_batch < 1:
@@ -105,8 +109,8 @@ class Model:
             self._exec = Executor(self.arch, self._store, ExecutorParams(
                 n_ctx=ctx_size, n_batch=min(n_batch, ctx_size), n_threads=n_threads or _default_threads(),
                 flash_attn=flash_attn, kv_type=kv_type, device_budget=parse_size(device_budget),
-                async_prefetch=async_prefetch, prefetch_depth=prefetch_depth))
-            paged = device_budget is not None
+                async_prefetch=async_prefetch, prefetch_depth=prefetch_depth, n_gpu_layers=n_gpu_layers))
+            paged = self._exec.pager is not None
             if not paged:
                 self._store.bind_mmap()
             self.repacked_bytes = (self._store.load_repacked(self.arch.matmul_weights(self._store.has),
