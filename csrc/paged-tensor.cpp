@@ -224,9 +224,10 @@ layer_pager::layer_pager(std::shared_ptr<weight_store> store, const std::vector<
 }
 
 layer_pager::~layer_pager() {
+    const bool tensors_alive = !store_->file().closed();   // close() frees the tensors
     for (auto & L : layers_) {
         settle(L);
-        if (L.bound) for (auto * t : L.tensors) tensor_unbind(t);
+        if (L.bound && tensors_alive) for (auto * t : L.tensors) tensor_unbind(t);
     }
     io_.reset();
 }

@@ -116,6 +116,8 @@ class Model:
             self.repacked_bytes = (self._store.load_repacked(self.arch.matmul_weights(self._store.has),
                                                              self._exec.backend) if repack and not paged else 0)
         except BaseException:
+            self.__dict__.pop("_exec", None)    # before the file: they point into its tensors
+            self.__dict__.pop("_store", None)
             self._file.close()
             raise
         if verbose:
