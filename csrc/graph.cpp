@@ -95,23 +95,29 @@ static void check_leaves(ggml_cgraph * g) {
     }
 }
 
-// Tensors placed by the graph allocator keep their address in a cached graph;
-// the compute buffer may have moved or been reused since, so forget them.
-static void forget_compute_storage(ggml_cgraph * g) {
-    auto reset = [](ggml_tensor * t) {
-        if (t->buffer && ggml_backend_buffer_get_usage(t->buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE) {
-            t->buffer = nullptr;
-            t->data = nullptr;
-        }
-    };
-    for (int i = 0; i < ggml_graph_n_nodes(g); ++i) reset(ggml_graph_node(g, i));
+// A cached graph is computed again later, after the graph allocator may have
+// grown (freed and replaced) its buffer for another graph. So the nodes it
+// placed forget their address right after each compute, while that buffer is
+// still alive; outputs keep theirs until the caller has read them and forget
+// it before the next compute (without looking at the possibly freed buffer).
+static bool placed_by_allocator(const ggml_tensor * t) {
+    return t->buffer && ggml_backend_buffer_get_usage(t->buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE;
 }
 
 void compute_backend::compute(ggml_cgraph * graph) {
     check_leaves(graph);
-    forget_compute_storage(graph);
+    const int n = ggml_graph_n_nodes(graph);
+    for (int i = 0; i < n; ++i) {
+        ggml_tensor * t = ggml_graph_node(graph, i);
+        if (t->flags & GGML_TENSOR_FLAG_OUTPUT) { t->buffer = nullptr; t->data = nullptr; }
+    }
     if (!ggml_gallocr_alloc_graph(galloc_, graph)) throw Error("cannot allocate the compute buffer");
-    if (ggml_backend_graph_compute(backend_, graph) != GGML_STATUS_SUCCESS) throw Error("graph compute failed");
+    const ggml_status st = ggml_backend_graph_compute(backend_, graph);
+    for (int i = 0; i < n; ++i) {
+        ggml_tensor * t = ggml_graph_node(graph, i);
+        if (!(t->flags & GGML_TENSOR_FLAG_OUTPUT) && placed_by_allocator(t)) { t->buffer = nullptr; t->data = nullptr; }
+    }
+    if (st != GGML_STATUS_SUCCESS) throw Error("graph compute failed");
 }
 
 void compute_backend::compute_many(const std::vector<ggml_cgraph *> & graphs) {

@@ -62,6 +62,7 @@ def test_graph_ops_compute_and_check_shapes():
     ctx = _core.Context(16, 16)
     g = ctx.new_graph()
     out = ctx.mul_mat(a, b)          # [3, 2]
+    out.set_output()                 # only outputs keep their storage after compute
     g.expand(out)
     be.compute(g)
     assert np.array_equal(_core.tensor_get(out), bv @ av.T)
@@ -88,3 +89,18 @@ def test_full_context_raises():
 def test_devices_lists_the_cpu():
     devs = _core.devices()
     assert any(d["type"] == "cpu" and d["memory_total"] > 0 for d in devs)
+
+
+def test_cached_graphs_survive_compute_buffer_growth(smollm2_path):
+    """Small graphs cached, then bigger ones grow (replace) the compute buffer, then the small
+    ones run again: their nodes must not point into the freed buffer."""
+    from superggml import Model
+
+    with Model(smollm2_path, ctx_size=512, n_threads=2, n_batch=512) as m:
+        first = m.eval([1, 2, 3]).copy()
+        for n in (8, 64, 200, 9, 300, 7, 400):
+            m.reset()
+            m.eval(list(range(100, 100 + n)))
+        m.reset()
+        again = m.eval([1, 2, 3])
+    assert np.array_equal(first, again)
