@@ -10,6 +10,11 @@
 
 namespace superggml {
 
+// Bytes `t` takes in a buffer of `buft`, padded so the next tensor stays aligned.
+static size_t padded_size(ggml_backend_buffer_type * buft, const ggml_tensor * t) {
+    return GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
+}
+
 void tensor_bind(ggml_tensor * t, ggml_backend_buffer * buffer, void * addr) {
     auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(buffer));
     auto * p = static_cast<uint8_t *>(addr);
@@ -111,14 +116,13 @@ void weight_store::bind_mmap(const std::vector<std::string> & names) {
 
 size_t weight_store::load_resident(const std::vector<std::string> & names, ggml_backend_buffer_type * buft) {
     if (!buft) buft = ggml_backend_cpu_buffer_type();
-    const size_t align = ggml_backend_buft_get_alignment(buft);
     size_t total = 0;
     std::vector<entry *> pending;
     for (const auto & n : names) {
         at(n);
         entry & e = entries_.at(n);
         tensor_unbind(e.t);
-        total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, e.t), align);
+        total += padded_size(buft, e.t);
         pending.push_back(&e);
     }
     if (pending.empty()) return 0;
@@ -131,7 +135,7 @@ size_t weight_store::load_resident(const std::vector<std::string> & names, ggml_
         tensor_bind(e->t, buf, p);
         ggml_backend_tensor_set(e->t, file_->map() + e->offset, 0, e->nbytes);
         e->home = weight_home::resident;
-        p += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, e->t), align);
+        p += padded_size(buft, e->t);
     }
     return total;
 }
@@ -184,16 +188,14 @@ namespace superggml {
 size_t layer_slot_bytes(const weight_store & store, const std::vector<std::string> & names,
                         ggml_backend_buffer_type * buft) {
     if (!buft) buft = ggml_backend_cpu_buffer_type();
-    const size_t align = ggml_backend_buft_get_alignment(buft);
     size_t bytes = 0;
-    for (const auto & n : names) bytes += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, store.get(n)), align);
+    for (const auto & n : names) bytes += padded_size(buft, store.get(n));
     return bytes;
 }
 
 layer_pager::layer_pager(std::shared_ptr<weight_store> store, const std::vector<std::vector<std::string>> & layers,
                          const pager_params & params) : store_(std::move(store)) {
     ggml_backend_buffer_type * buft = params.buft ? params.buft : ggml_backend_cpu_buffer_type();
-    const size_t align = ggml_backend_buft_get_alignment(buft);
     size_t largest = 0;
     int largest_layer = 0;
     for (const auto & names : layers) {
@@ -204,7 +206,7 @@ layer_pager::layer_pager(std::shared_ptr<weight_store> store, const std::vector<
             L.tensors.push_back(t);
             L.offsets.push_back(L.bytes);
             L.ranges.push_back({offset, nbytes, L.bytes});
-            L.bytes += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
+            L.bytes += padded_size(buft, t);
         }
         if (L.bytes > largest) { largest = L.bytes; largest_layer = (int) layers_.size(); }
         layers_.push_back(std::move(L));

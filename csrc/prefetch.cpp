@@ -47,30 +47,35 @@ prefetcher::ticket prefetcher::submit(load_job job) {
     return t;
 }
 
-bool prefetcher::cancel(int key) {
-    std::lock_guard<std::mutex> lk(mu_);
+// Fails and removes the queued jobs `match` selects; caller holds mu_.
+template <typename Match>
+static size_t cancel_queued(std::vector<prefetcher::entry> & queue, Match match) {
     size_t n = 0;
-    for (auto it = queue_.begin(); it != queue_.end();) {
-        if (it->job.key == key) {
-            it->done->set_exception(std::make_exception_ptr(Cancelled("load of " + std::to_string(key) + " cancelled")));
-            it = queue_.erase(it);
+    for (auto it = queue.begin(); it != queue.end();) {
+        if (match(*it)) {
+            it->done->set_exception(std::make_exception_ptr(
+                Cancelled("load of " + std::to_string(it->job.key) + " cancelled")));
+            it = queue.erase(it);
             ++n;
         } else {
             ++it;
         }
     }
+    return n;
+}
+
+bool prefetcher::cancel(int key) {
+    std::lock_guard<std::mutex> lk(mu_);
+    size_t n = cancel_queued(queue_, [&](const entry & e) { return e.job.key == key; });
     stats_.cancelled += n;
     return n > 0;
 }
 
 bool prefetcher::cancel_job(uint64_t id) {
     std::lock_guard<std::mutex> lk(mu_);
-    auto it = std::find_if(queue_.begin(), queue_.end(), [&](const entry & e) { return e.seq == id; });
-    if (it == queue_.end()) return false;
-    it->done->set_exception(std::make_exception_ptr(Cancelled("load of " + std::to_string(it->job.key) + " cancelled")));
-    queue_.erase(it);
-    stats_.cancelled++;
-    return true;
+    size_t n = cancel_queued(queue_, [&](const entry & e) { return e.seq == id; });
+    stats_.cancelled += n;
+    return n > 0;
 }
 
 prefetch_stats prefetcher::stats() const {

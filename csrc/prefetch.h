@@ -67,12 +67,13 @@ public:
     prefetch_stats stats() const;
     int n_workers() const { return (int) workers_.size(); }
 
-private:
-    struct entry {
+    struct entry {   // a queued job
         load_job job;
         uint64_t seq;
         std::shared_ptr<std::promise<void>> done;
     };
+
+private:
     void run();
     void load(const load_job & job);
 

@@ -19,6 +19,13 @@ struct graph_ref {
     std::shared_ptr<graph_context> owner;
 };
 
+// Views have their storage through view_src, as ggml_backend_tensor_set/get read it.
+static void need_storage(const ggml_tensor * t, const char * op) {
+    if (!t->data || !(t->buffer || (t->view_src && t->view_src->buffer))) {
+        throw Error(std::string(op) + ": '" + t->name + "' has no storage");
+    }
+}
+
 static std::vector<int64_t> shape_of(const ggml_tensor * t) {
     int n = ggml_n_dims(t);
     return std::vector<int64_t>(t->ne, t->ne + n);
@@ -110,9 +117,7 @@ void init_graph(py::module_ & m) {
     m.def("tensor_set", [](tensor_ref & r, py::buffer data, size_t offset) {
         py::buffer_info info = data.request();
         size_t n = (size_t) info.size * (size_t) info.itemsize;
-        if (!r.t->data || !(r.t->buffer || (r.t->view_src && r.t->view_src->buffer))) {
-            throw Error(std::string("tensor_set: '") + r.t->name + "' has no storage");
-        }
+        need_storage(r.t, "tensor_set");
         if (offset + n > ggml_nbytes(r.t)) throw Error("tensor_set: data larger than the tensor");
         py::gil_scoped_release nogil;
         ggml_backend_tensor_set(r.t, info.ptr, offset, n);
@@ -120,9 +125,7 @@ void init_graph(py::module_ & m) {
        "Copies the bytes of a contiguous buffer into the tensor's storage at byte `offset`.");
 
     m.def("tensor_get", [](tensor_ref & r) {
-        if (!r.t->data || !(r.t->buffer || (r.t->view_src && r.t->view_src->buffer))) {
-            throw Error(std::string("tensor_get: '") + r.t->name + "' has no storage");
-        }
+        need_storage(r.t, "tensor_get");
         if (!ggml_is_contiguous(r.t)) throw Error("tensor_get: tensor is not contiguous");
         std::vector<py::ssize_t> shape;
         for (int i = ggml_n_dims(r.t) - 1; i >= 0; --i) shape.push_back(r.t->ne[i]);
