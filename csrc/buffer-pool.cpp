@@ -5,6 +5,10 @@
 
 #include <string>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 namespace superggml {
 
 buffer_pool::buffer_pool(const pool_params & p) {
@@ -14,22 +18,68 @@ buffer_pool::buffer_pool(const pool_params & p) {
     const size_t align = ggml_backend_buft_get_alignment(buft);
     slot_size_ = (p.slot_size + align - 1) / align * align;
     is_host_ = ggml_backend_buft_is_host(buft);
+    buft_ = buft;
     slots_.resize(p.n_slots);
     for (auto & s : slots_) {
-        s.buf = ggml_backend_buft_alloc_buffer(buft, slot_size_);
+        s.buf = alloc_slot((int) (&s - slots_.data()));
         if (!s.buf) {
-            size_t n = &s - slots_.data();
-            for (size_t i = 0; i < n; ++i) ggml_backend_buffer_free(slots_[i].buf);
+            for (auto & t : slots_) if (t.buf) ggml_backend_buffer_free(t.buf);
             slots_.clear();
-            throw Error("cannot allocate buffer pool slot " + std::to_string(n) + " of " +
+            throw Error("cannot allocate buffer pool slot " + std::to_string(&s - slots_.data()) + " of " +
                         std::to_string(slot_size_) + " bytes on " + ggml_backend_buft_name(buft));
         }
-        ggml_backend_buffer_set_usage(s.buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     }
 }
 
 buffer_pool::~buffer_pool() {
-    for (auto & s : slots_) ggml_backend_buffer_free(s.buf);
+    for (auto & s : slots_) if (s.buf) ggml_backend_buffer_free(s.buf);
+}
+
+ggml_backend_buffer * buffer_pool::alloc_slot(int) {
+    ggml_backend_buffer * b = ggml_backend_buft_alloc_buffer(buft_, slot_size_);
+    if (b) ggml_backend_buffer_set_usage(b, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    return b;
+}
+
+int buffer_pool::n_slots() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    int n = 0;
+    for (const auto & s : slots_) n += s.buf != nullptr;
+    return n;
+}
+
+bool buffer_pool::shrink(int & evicted) {
+    std::lock_guard<std::mutex> lk(mu_);
+    int best = -1;
+    for (int i = 0; i < (int) slots_.size(); ++i) {
+        const slot & s = slots_[i];
+        if (!s.buf || s.in_use || s.pinned) continue;
+        if (s.key < 0) { best = i; break; }
+        if (best < 0 || s.last_use < slots_[best].last_use) best = i;
+    }
+    if (best < 0) return false;
+    slot & s = slots_[best];
+    evicted = s.key;
+    if (evicted >= 0) stats_.evictions++;
+    ggml_backend_buffer_free(s.buf);
+    s = slot{};
+#ifdef __GLIBC__
+    if (is_host_) malloc_trim(0);   // hand the freed pages back to the system now
+#endif
+    return true;
+}
+
+int buffer_pool::grow() {
+    std::lock_guard<std::mutex> lk(mu_);
+    int i = 0;
+    while (i < (int) slots_.size() && slots_[i].buf) ++i;
+    if (i == (int) slots_.size()) slots_.emplace_back();
+    slots_[i].buf = alloc_slot(i);
+    if (!slots_[i].buf) {
+        throw Error("cannot allocate buffer pool slot " + std::to_string(i) + " of " +
+                    std::to_string(slot_size_) + " bytes on " + ggml_backend_buft_name(buft_));
+    }
+    return i;
 }
 
 buffer_pool::acquired buffer_pool::acquire(int key) {
@@ -46,11 +96,15 @@ buffer_pool::acquired buffer_pool::acquire(int key) {
     int best = -1;
     for (int i = 0; i < (int) slots_.size(); ++i) {
         const slot & s = slots_[i];
-        if (s.in_use || s.pinned) continue;
+        if (!s.buf || s.in_use || s.pinned) continue;
         if (s.key < 0) { best = i; break; }
         if (best < 0 || s.last_use < slots_[best].last_use) best = i;
     }
-    if (best < 0) throw PoolExhausted("all " + std::to_string(slots_.size()) + " pool slots are in use or pinned");
+    if (best < 0) {
+        int live = 0;
+        for (const auto & t : slots_) live += t.buf != nullptr;
+        throw PoolExhausted("all " + std::to_string(live) + " pool slots are in use or pinned");
+    }
     slot & s = slots_[best];
     int evicted = s.key;
     if (evicted >= 0) stats_.evictions++;
@@ -101,8 +155,14 @@ int buffer_pool::in_use(int i) const {
     return slots_.at(i).in_use;
 }
 
+ggml_backend_buffer * buffer_pool::buffer(int i) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return slots_.at(i).buf;
+}
+
 uint8_t * buffer_pool::base(int i) const {
-    return is_host_ ? static_cast<uint8_t *>(ggml_backend_buffer_get_base(slots_.at(i).buf)) : nullptr;
+    ggml_backend_buffer * b = buffer(i);
+    return is_host_ && b ? static_cast<uint8_t *>(ggml_backend_buffer_get_base(b)) : nullptr;
 }
 
 pool_stats buffer_pool::stats() const {

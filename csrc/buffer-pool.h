@@ -3,8 +3,9 @@
 // A slot holds one layer's bytes. acquire(key) returns the slot already
 // holding `key` (a hit) or takes a free slot, else evicts the least recently
 // used slot that is neither in use nor pinned. The pool allocates exactly
-// n_slots * slot_size bytes at construction and never more: the budget is
-// the allocation. Thread safe.
+// n_slots * slot_size bytes at construction; shrink() frees a slot's buffer
+// and grow() allocates one again, so the bytes held are always
+// n_slots() * slot_size(). Slot indices stay stable across both. Thread safe.
 #pragma once
 
 #include "error.h"
@@ -43,9 +44,9 @@ public:
     buffer_pool(const buffer_pool &) = delete;
     buffer_pool & operator=(const buffer_pool &) = delete;
 
-    int n_slots() const { return (int) slots_.size(); }
+    int n_slots() const;          // slots with memory
     size_t slot_size() const { return slot_size_; }
-    size_t bytes() const { return slot_size_ * slots_.size(); }
+    size_t bytes() const { return slot_size_ * n_slots(); }
     bool is_host() const { return is_host_; }
 
     struct acquired {
@@ -61,11 +62,19 @@ public:
     // Drops `key` from its slot if the slot is not in use; returns whether it did.
     bool drop(int key);
 
+    // Frees the memory of one slot that is neither in use nor pinned (an
+    // empty one first, else the least recently used) and sets `evicted` to
+    // the key it held (-1 if none). False if every slot is in use or pinned.
+    bool shrink(int & evicted);
+    // Allocates one more slot; returns its index. Throws Error naming the
+    // bytes if the allocation fails.
+    int grow();
+
     int slot_of(int key) const;   // -1 if not held
     int key_of(int slot) const;   // -1 if empty
     int in_use(int slot) const;
 
-    ggml_backend_buffer * buffer(int slot) const { return slots_.at(slot).buf; }
+    ggml_backend_buffer * buffer(int slot) const;   // nullptr for a shrunk slot
     uint8_t * base(int slot) const;  // host address of the slot; nullptr if not host memory
 
     pool_stats stats() const;
@@ -78,8 +87,11 @@ private:
         bool pinned = false;
         uint64_t last_use = 0;
     };
+    ggml_backend_buffer * alloc_slot(int i);
+
     mutable std::mutex mu_;
-    std::vector<slot> slots_;
+    ggml_backend_buffer_type * buft_ = nullptr;
+    std::vector<slot> slots_;   // a shrunk slot has buf == nullptr
     size_t slot_size_ = 0;
     bool is_host_ = true;
     uint64_t clock_ = 0;

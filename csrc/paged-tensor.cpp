@@ -244,6 +244,7 @@ void layer_pager::on_evict(int key) {
     layer & E = layers_.at(key);
     if (E.bound) for (auto * t : E.tensors) tensor_unbind(t);
     E.bound = false;
+    E.pinned = false;
     E.slot = -1;
     E.ready = {};
     stats_.evictions++;
@@ -315,8 +316,26 @@ void layer_pager::release(int l) {
 void layer_pager::pin(int l) {
     acquire(l);
     pool_->set_pinned(layers_.at(l).slot, true);
+    layers_.at(l).pinned = true;
     release(l);
 }
+
+void layer_pager::unpin(int l) {
+    layer & L = layers_.at(l);
+    if (L.pinned && L.slot >= 0) pool_->set_pinned(L.slot, false);
+    L.pinned = false;
+}
+
+bool layer_pager::pinned(int l) const { return layers_.at(l).pinned; }
+
+bool layer_pager::shrink() {
+    int evicted = -1;
+    if (!pool_->shrink(evicted)) return false;
+    on_evict(evicted);
+    return true;
+}
+
+void layer_pager::grow() { pool_->grow(); }
 
 bool layer_pager::resident(int l) const { return layers_.at(l).slot >= 0; }
 

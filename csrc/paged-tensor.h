@@ -130,7 +130,16 @@ public:
     void acquire(int l);
     void release(int l);
     void pin(int l);
+    void unpin(int l);            // l stays in its slot but may be evicted again
+    bool pinned(int l) const;
     bool resident(int l) const;   // bytes are in a slot (loaded or loading)
+
+    // Frees one slot's memory (an empty slot first, else the least recently
+    // used unpinned one, whose layer is unbound). False if every slot is in
+    // use or pinned.
+    bool shrink();
+    // Allocates one more slot. Throws Error naming the bytes on failure.
+    void grow();
 
     pager_stats stats() const;
     prefetch_stats io_stats() const { return io_->stats(); }
@@ -145,6 +154,7 @@ private:
         bool prefetch_hold = false;    // the pool's in-use count taken by prefetch()
         int holds = 0;
         bool bound = false;
+        bool pinned = false;
         std::shared_future<void> ready;
     };
     void on_evict(int key);

@@ -30,7 +30,20 @@ static uint64_t proc_kb(const std::string & path, const std::string & key) {
     return 0;
 }
 
-static void cgroup_memory(uint64_t & limit, uint64_t & usage) {
+// `key value` lines of a cgroup memory.stat file
+static uint64_t stat_value(const std::string & path, const std::string & key) {
+    std::ifstream f(path);
+    std::string k;
+    uint64_t v;
+    while (f >> k >> v) if (k == key) return v;
+    return 0;
+}
+
+// Limit and usage of the process's memory cgroup. Usage leaves out clean
+// page cache that nothing maps (the kernel drops it before reclaiming
+// anything else); streaming a file through read() would otherwise look like
+// memory pressure.
+static void cgroup_memory(uint64_t & limit, uint64_t & usage, uint64_t & cache) {
     std::ifstream f("/proc/self/cgroup");
     std::string line, v2;
     while (std::getline(f, line)) {
@@ -40,15 +53,28 @@ static void cgroup_memory(uint64_t & limit, uint64_t & usage) {
         if (("," + ctrl + ",").find(",memory,") != std::string::npos) {
             const std::string d = "/sys/fs/cgroup/memory" + path;
             limit = read_u64(d + "/memory.limit_in_bytes");
+            const uint64_t hier = stat_value(d + "/memory.stat", "hierarchical_memory_limit");
+            if (hier && hier < limit) limit = hier;   // an ancestor's limit binds too
             usage = read_u64(d + "/memory.usage_in_bytes");
+            const std::string st = d + "/memory.stat";
+            const uint64_t pinned = stat_value(st, "total_mapped_file") + stat_value(st, "total_dirty") +
+                                    stat_value(st, "total_writeback") + stat_value(st, "total_shmem");
+            const uint64_t c = stat_value(st, "total_cache");
+            cache = c > pinned ? c - pinned : 0;
             if (limit >= (1ull << 62)) limit = 0;   // v1 "no limit" is a huge number
             return;
         }
         if (ctrl.empty()) v2 = path;
     }
     if (!v2.empty()) {
-        limit = read_u64("/sys/fs/cgroup" + v2 + "/memory.max");
-        usage = read_u64("/sys/fs/cgroup" + v2 + "/memory.current");
+        const std::string d = "/sys/fs/cgroup" + v2;
+        limit = read_u64(d + "/memory.max");
+        usage = read_u64(d + "/memory.current");
+        const std::string st = d + "/memory.stat";
+        const uint64_t pinned = stat_value(st, "file_mapped") + stat_value(st, "file_dirty") +
+                                stat_value(st, "file_writeback") + stat_value(st, "shmem");
+        const uint64_t c = stat_value(st, "file");
+        cache = c > pinned ? c - pinned : 0;
     }
 }
 
@@ -56,10 +82,11 @@ host_memory host_memory_info() {
     host_memory h;
     h.total = proc_kb("/proc/meminfo", "MemTotal");
     h.available = proc_kb("/proc/meminfo", "MemAvailable");
-    cgroup_memory(h.cgroup_limit, h.cgroup_usage);
+    cgroup_memory(h.cgroup_limit, h.cgroup_usage, h.cgroup_cache);
     if (h.cgroup_limit) {
         h.total = std::min(h.total ? h.total : h.cgroup_limit, h.cgroup_limit);
-        uint64_t left = h.cgroup_limit > h.cgroup_usage ? h.cgroup_limit - h.cgroup_usage : 0;
+        const uint64_t used = h.cgroup_usage > h.cgroup_cache ? h.cgroup_usage - h.cgroup_cache : 0;
+        uint64_t left = h.cgroup_limit > used ? h.cgroup_limit - used : 0;
         h.available = std::min(h.available, left);
     }
     h.process_rss = proc_kb("/proc/self/status", "VmRSS");

@@ -3,7 +3,9 @@
 // Host: /proc/meminfo (MemTotal, MemAvailable) clipped by the process's
 // memory cgroup (v1 memory.limit_in_bytes / usage_in_bytes, v2 memory.max /
 // memory.current): in a container /proc/meminfo shows the host, not the
-// limit. Devices: ggml_backend_dev_memory for every registered device.
+// limit. Clean, unmapped page cache of the cgroup counts as available (as
+// MemAvailable counts it), so streaming a file is not memory pressure.
+// Devices: ggml_backend_dev_memory for every registered device.
 // Never throws: a value that cannot be read is 0.
 #pragma once
 
@@ -17,7 +19,8 @@ struct host_memory {
     uint64_t total = 0;          // min(MemTotal, cgroup limit)
     uint64_t available = 0;      // min(MemAvailable, limit - cgroup usage)
     uint64_t cgroup_limit = 0;   // 0: no limit found
-    uint64_t cgroup_usage = 0;
+    uint64_t cgroup_usage = 0;   // as the cgroup reports it (page cache included)
+    uint64_t cgroup_cache = 0;   // of that usage: clean page cache nothing maps
     uint64_t process_rss = 0;    // VmRSS
     uint64_t process_peak = 0;   // VmHWM
     double pressure() const { return total ? 1.0 - (double) available / (double) total : 0.0; }

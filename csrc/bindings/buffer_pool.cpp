@@ -30,6 +30,12 @@ void init_buffer_pool(py::module_ & m) {
         .def("release", &buffer_pool::release)
         .def("set_pinned", &buffer_pool::set_pinned)
         .def("drop", &buffer_pool::drop)
+        .def("shrink", [](buffer_pool & p) {
+            int evicted = -1;
+            bool ok = p.shrink(evicted);
+            return py::make_tuple(ok, evicted);
+        }, "Frees one slot's memory: (freed, evicted key or -1); freed is False if every slot is in use or pinned.")
+        .def("grow", &buffer_pool::grow, "Allocates one more slot; returns its index.")
         .def("slot_of", &buffer_pool::slot_of)
         .def("key_of", &buffer_pool::key_of)
         .def("in_use", &buffer_pool::in_use)
@@ -37,6 +43,7 @@ void init_buffer_pool(py::module_ & m) {
             if (offset + size > p.slot_size()) throw Error("read past the end of the slot");
             py::array_t<uint8_t> a(size);
             ggml_backend_buffer * b = p.buffer(slot);
+            if (!b) throw Error("slot " + std::to_string(slot) + " has no memory (the pool was shrunk)");
             auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(b));
             if (ggml_backend_buffer_is_host(b)) {
                 std::memcpy(a.mutable_data(), base + offset, size);

@@ -98,6 +98,17 @@ void init_graph(py::module_ & m) {
             return std::make_shared<compute_backend>(p);
         }), py::arg("device") = "", py::arg("n_threads") = 4)
         .def_property_readonly("name", &compute_backend::name)
+        .def_property_readonly("device_name", [](const compute_backend & b) {
+            return std::string(ggml_backend_dev_name(b.device()));
+        })
+        .def_property_readonly("device_type", [](const compute_backend & b) -> std::string {
+            switch (ggml_backend_dev_type(b.device())) {
+                case GGML_BACKEND_DEVICE_TYPE_GPU: return "gpu";
+                case GGML_BACKEND_DEVICE_TYPE_IGPU: return "igpu";
+                case GGML_BACKEND_DEVICE_TYPE_ACCEL: return "accel";
+                default: return "cpu";
+            }
+        }, "cpu, gpu, igpu or accel: the kind of memory the weights land in")
         .def_property("n_threads", &compute_backend::n_threads, &compute_backend::set_n_threads)
         .def_property_readonly("compute_buffer_size", &compute_backend::compute_buffer_size)
         .def("compute", [](compute_backend & b, const graph_ref & g) {

@@ -71,6 +71,11 @@ void init_pager(py::module_ & m) {
              "Waits for the layer's bytes (GIL released) and binds its tensors to the slot.")
         .def("release", &layer_pager::release)
         .def("pin", &layer_pager::pin, py::call_guard<py::gil_scoped_release>())
+        .def("unpin", &layer_pager::unpin, py::arg("layer"))
+        .def("pinned", &layer_pager::pinned, py::arg("layer"))
+        .def("shrink", &layer_pager::shrink,
+             "Frees one slot's memory (evicting its unpinned layer); False if every slot is in use or pinned.")
+        .def("grow", &layer_pager::grow, py::call_guard<py::gil_scoped_release>(), "Allocates one more slot.")
         .def("resident", &layer_pager::resident)
         .def("stats", [](const layer_pager & p) {
             auto s = p.stats();

@@ -51,6 +51,7 @@ void init_prefetch(py::module_ & m) {
             j.key = key;
             j.priority = priority;
             j.dst = pool.buffer(slot);
+            if (!j.dst) throw Error("slot " + std::to_string(slot) + " has no memory (the pool was shrunk)");
             for (auto & [off, size, dst] : ranges) j.ranges.push_back({off, size, dst});
             auto t = p->submit(std::move(j));
             return future_ref{t.done, p, t.id};

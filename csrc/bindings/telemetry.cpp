@@ -16,6 +16,7 @@ void init_telemetry(py::module_ & m) {
         py::dict d;
         d["total"] = h.total; d["available"] = h.available;
         d["cgroup_limit"] = h.cgroup_limit; d["cgroup_usage"] = h.cgroup_usage;
+        d["cgroup_cache"] = h.cgroup_cache;
         d["process_rss"] = h.process_rss; d["process_peak"] = h.process_peak;
         d["pressure"] = h.pressure();
         return d;

@@ -43,6 +43,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="load the next blocks in a worker thread while the current one computes")
     p.add_argument("--prefetch-depth", type=int, default=int(_env_default("PREFETCH_DEPTH", "2") or 2),
                    help="blocks loaded ahead with --async-prefetch (default 2)")
+    p.add_argument("--dynamic-layers", action="store_true", default=_env_flag("DYNAMIC_LAYERS"),
+                   help="demote resident blocks to streamed when memory pressure rises above "
+                        "--mem-pressure, promote them again when it falls")
+    p.add_argument("--mem-pressure", type=float, default=float(_env_default("MEM_PRESSURE", "0.85") or 0.85),
+                   metavar="F", help="pressure threshold 0.0-1.0 for --dynamic-layers (default 0.85)")
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
@@ -51,7 +56,8 @@ def _cmd_generate(a: argparse.Namespace) -> int:
     with Model(_model_path(a.model), ctx_size=a.ctx_size, n_threads=a.threads, n_batch=a.batch_size,
                seed=a.seed, flash_attn=a.flash_attn, kv_type=a.kv_type, device_budget=a.device_budget,
                n_gpu_layers=a.n_gpu_layers if a.n_gpu_layers >= 0 else None,
-               async_prefetch=a.async_prefetch, prefetch_depth=a.prefetch_depth) as m:
+               async_prefetch=a.async_prefetch, prefetch_depth=a.prefetch_depth,
+               dynamic_layers=a.dynamic_layers, mem_pressure=a.mem_pressure) as m:
         kw = dict(max_tokens=a.n_predict if a.n_predict >= 0 else None, temperature=a.temp, top_k=a.top_k,
                   top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed,
                   stop=a.stop or None, stream=True)
@@ -72,6 +78,10 @@ def _cmd_generate(a: argparse.Namespace) -> int:
         if a.verbose:
             dt = time.perf_counter() - t0
             print(f"[superggml] {m.n_tokens} tokens in context, {dt:.2f} s", file=sys.stderr)
+            st = m.layer_stats()
+            if st:
+                print("[superggml] paging: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                                         for k, v in st.items()), file=sys.stderr)
     return 0
 
 

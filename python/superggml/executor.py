@@ -15,6 +15,7 @@ import numpy as np
 from . import _core
 from .arch import Architecture
 from .arch.common import StepInputs
+from .scheduler import LayerScheduler, MemoryFn, SchedulerParams, device_memory_fn
 
 F32 = _core.GGMLType.F32
 F16 = _core.GGMLType.F16
@@ -40,6 +41,8 @@ class ExecutorParams:
     async_prefetch: bool = False       # load the next layers while this one computes
     prefetch_depth: int = 2            # layers ahead with async_prefetch
     n_io_workers: int = 1
+    dynamic_layers: bool = False       # re-plan residency from memory pressure while running
+    mem_pressure: float = 0.85         # the pressure above which pinned blocks are demoted
 
 
 class _WeightView:
@@ -62,7 +65,7 @@ class _WeightView:
 class Executor:
     """Runs an architecture layer by layer over one backend with a contiguous F16 KV cache."""
 
-    def __init__(self, arch: Architecture, store: Any, params: ExecutorParams):
+    def __init__(self, arch: Architecture, store: Any, params: ExecutorParams, *, memory: MemoryFn | None = None):
         self.arch = arch
         self.hp = hp = arch.hp
         self.params = params
@@ -88,9 +91,16 @@ class Executor:
         self._pbuf.clear(0)
         self._plans: dict[tuple[int, int, int], _Plan] = {}
         self.head_chunks: list[str] = []
-        paged = params.device_budget is not None or (params.n_gpu_layers is not None
-                                                     and params.n_gpu_layers < hp.n_layer)
+        paged = params.dynamic_layers or params.device_budget is not None or (
+            params.n_gpu_layers is not None and params.n_gpu_layers < hp.n_layer)
+        self.scheduler: LayerScheduler | None = None
         self.pager = self._make_pager(store) if paged else None
+        if self.pager is not None and params.dynamic_layers:
+            n_keys = hp.n_layer + len(self.head_chunks)
+            self.scheduler = LayerScheduler(
+                self.pager, planned=list(range(self.n_pinned)), n_keys=n_keys,
+                stream_slots=self.pager.n_slots - self.n_pinned, params=SchedulerParams(params.mem_pressure),
+                memory=memory or device_memory_fn(self.backend.device_type, self.backend.device_name))
 
     def _make_pager(self, store: Any) -> Any:
         """Blocks go through a pool of slots within the budget; the first ones that fit stay pinned."""
@@ -105,13 +115,18 @@ class Executor:
         self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - SLOT_ALIGN_ROOM)
         layers += [[c] for c in self.head_chunks]
         n_stream = (p.prefetch_depth + 1) if p.async_prefetch else 1
-        budget = p.device_budget if p.device_budget is not None else (p.n_gpu_layers + n_stream) * slot
+        n_keys = len(layers)
+        if p.device_budget is not None:
+            budget = p.device_budget
+        elif p.n_gpu_layers is not None:
+            budget = (p.n_gpu_layers + n_stream) * slot
+        else:
+            budget = n_keys * slot         # dynamic layers alone: start with everything pinned
         n_slots = budget // slot
         if n_slots < 1:
             big = sizes.index(slot)
             raise ValueError(f"device_budget of {budget} bytes is smaller than one layer: "
                              f"block {big} needs {slot} bytes")
-        n_keys = len(layers)
         n_slots = min(n_slots, n_keys)
         pager = _core.LayerPager(store, layers, n_slots=n_slots, slot_size=slot,
                                  n_workers=p.n_io_workers, backend=self.backend)
@@ -175,6 +190,8 @@ class Executor:
         if pager is None:
             self.backend.compute_many(plan.graphs)
             return
+        if self.scheduler is not None:
+            self.scheduler.step()
         n_keys = self.hp.n_layer + len(self.head_chunks)
         depth = self.params.prefetch_depth if self.params.async_prefetch else 0
         for key, g in zip(plan.keys, plan.graphs):

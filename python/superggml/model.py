@@ -69,6 +69,12 @@ class Model:
     ``n_gpu_layers`` (llama.cpp's meaning) caps how many blocks stay resident
     on the device; the others stream (with no budget, the pool then has room
     for exactly those plus the streaming slots).
+    ``dynamic_layers`` re-plans while running: when the device's memory
+    pressure (used / total, cgroup-aware on the host) rises above
+    ``mem_pressure``, the least recently used pinned blocks are demoted to
+    streamed and their slots freed; when it falls, they are promoted again
+    (never beyond the static plan; without a budget the plan pins every block).
+    ``layer_stats()`` counts the moves and ``layer_events()`` lists them.
     Streamed and resident runs give bit-identical logits (with repack off).
 
     >>> with Model(path, ctx_size=2048) as m:
@@ -79,9 +85,12 @@ class Model:
                  n_threads: int | None = None, seed: int | None = None, flash_attn: bool = False,
                  kv_type: str = "f16", repack: bool = True, logits_all: bool = False, verbose: bool = False,
                  device_budget: int | str | None = None, n_gpu_layers: int | None = None,
-                 async_prefetch: bool = False, prefetch_depth: int = 2):
+                 async_prefetch: bool = False, prefetch_depth: int = 2, dynamic_layers: bool = False,
+                 mem_pressure: float = 0.85):
         if ctx_size < 1:
             raise ValueError("ctx_size must be >= 1")
+        if not 0.0 < mem_pressure <= 1.0:
+            raise ValueError(f"mem_pressure must be in (0, 1], not {mem_pressure}")
         if n_batch < 1:
             raise ValueError("n_batch must be >= 1")
         self.path = os.fspath(path)
@@ -109,7 +118,8 @@ class Model:
             self._exec = Executor(self.arch, self._store, ExecutorParams(
                 n_ctx=ctx_size, n_batch=min(n_batch, ctx_size), n_threads=n_threads or _default_threads(),
                 flash_attn=flash_attn, kv_type=kv_type, device_budget=parse_size(device_budget),
-                async_prefetch=async_prefetch, prefetch_depth=prefetch_depth, n_gpu_layers=n_gpu_layers))
+                async_prefetch=async_prefetch, prefetch_depth=prefetch_depth, n_gpu_layers=n_gpu_layers,
+                dynamic_layers=dynamic_layers, mem_pressure=mem_pressure))
             paged = self._exec.pager is not None
             if not paged:
                 self._store.bind_mmap()
@@ -193,6 +203,29 @@ class Model:
         if self._scores is None:
             raise RuntimeError("no logits yet: eval() some tokens first")
         return self._scores[-1]
+
+    # -- paging ------------------------------------------------------------
+    def layer_stats(self) -> dict[str, Any]:
+        """Counters of the layer pager and scheduler (empty when every block is resident):
+        loads, hits, evictions, bytes_loaded, wait_seconds, read_seconds, n_slots, slot_size,
+        layers_pinned, and with dynamic_layers layers_demoted / layers_promoted."""
+        self._check_open()
+        ex = self._exec
+        if ex.pager is None:
+            return {}
+        d: dict[str, Any] = dict(ex.pager.stats())
+        d.update(n_slots=ex.pager.n_slots, slot_size=ex.pager.slot_size,
+                 layers_pinned=sum(ex.pager.pinned(k) for k in range(ex.pager.n_layers)))
+        if ex.scheduler is not None:
+            d.update(ex.scheduler.stats())
+        return d
+
+    def layer_events(self) -> list[dict[str, Any]]:
+        """The scheduler's moves so far: {"event": "layer_demote"|"layer_promote", "layer", "t",
+        "pressure", "n_slots", "pinned"}; empty without dynamic_layers."""
+        self._check_open()
+        sch = self._exec.scheduler
+        return list(sch.events) if sch is not None else []
 
     # -- tokens ------------------------------------------------------------
     def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:
