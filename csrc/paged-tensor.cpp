@@ -185,29 +185,79 @@ size_t weight_store::bytes(weight_home h) const {
 
 namespace superggml {
 
-size_t layer_slot_bytes(const weight_store & store, const std::vector<std::string> & names,
-                        ggml_backend_buffer_type * buft) {
-    if (!buft) buft = ggml_backend_cpu_buffer_type();
+// Where a layer's tensors sit in a slot and which file reads fill it. Packed:
+// back to back at the buffer alignment, one read per tensor. Direct (host
+// slots, O_DIRECT): the file's own layout, in runs of tensors that are
+// adjacent in the file, each run widened to DIRECT_ALIGN and read whole from
+// an aligned address, so the disk writes straight into the slot. Offsets
+// are from the slot's aligned start; `bytes` includes the room to align it.
+struct slot_layout {
+    std::vector<size_t> offsets;
+    std::vector<read_range> ranges;
     size_t bytes = 0;
-    for (const auto & n : names) bytes += padded_size(buft, store.get(n));
-    return bytes;
+};
+
+static slot_layout layout_layer(const weight_store & store, const std::vector<std::string> & names,
+                                ggml_backend_buffer_type * buft, bool direct) {
+    slot_layout out;
+    if (!direct) {
+        for (const auto & n : names) {
+            auto [offset, nbytes] = store.file_range(n);
+            out.offsets.push_back(out.bytes);
+            out.ranges.push_back({offset, (size_t) nbytes, out.bytes, 0});
+            out.bytes += padded_size(buft, store.get(n));
+        }
+        return out;
+    }
+    const uint64_t A = DIRECT_ALIGN, file_size = store.file().file_size();
+    std::vector<size_t> order(names.size());
+    std::vector<std::pair<uint64_t, uint64_t>> fr(names.size());
+    for (size_t i = 0; i < names.size(); ++i) {
+        order[i] = i;
+        fr[i] = store.file_range(names[i]);
+        // the bytes ggml may touch (alloc size) must stay inside the slot too
+        fr[i].second = std::max<uint64_t>(fr[i].second, ggml_backend_buft_get_alloc_size(buft, store.get(names[i])));
+    }
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return fr[a].first < fr[b].first; });
+    out.offsets.assign(names.size(), 0);
+    size_t i = 0;
+    while (i < order.size()) {
+        const uint64_t start = fr[order[i]].first / A * A;
+        uint64_t end = fr[order[i]].first + fr[order[i]].second;
+        size_t j = i + 1;
+        while (j < order.size() && fr[order[j]].first < (end + A - 1) / A * A + A) {
+            end = std::max(end, fr[order[j]].first + fr[order[j]].second);
+            ++j;
+        }
+        const uint64_t stop = (end + A - 1) / A * A;
+        for (size_t k = i; k < j; ++k) out.offsets[order[k]] = out.bytes + (fr[order[k]].first - start);
+        out.ranges.push_back({start, (size_t) (stop - start), out.bytes, (size_t) (std::min(end, file_size) - start)});
+        out.bytes += stop - start;
+        i = j;
+    }
+    out.bytes += A;   // the slot's start is aligned up to A inside its buffer
+    return out;
+}
+
+size_t layer_slot_bytes(const weight_store & store, const std::vector<std::string> & names,
+                        ggml_backend_buffer_type * buft, bool direct) {
+    if (!buft) buft = ggml_backend_cpu_buffer_type();
+    return layout_layer(store, names, buft, direct && ggml_backend_buft_is_host(buft)).bytes;
 }
 
 layer_pager::layer_pager(std::shared_ptr<weight_store> store, const std::vector<std::vector<std::string>> & layers,
                          const pager_params & params) : store_(std::move(store)) {
     ggml_backend_buffer_type * buft = params.buft ? params.buft : ggml_backend_cpu_buffer_type();
+    direct_ = params.direct_io && ggml_backend_buft_is_host(buft);
     size_t largest = 0;
     int largest_layer = 0;
     for (const auto & names : layers) {
         layer L;
-        for (const auto & n : names) {
-            ggml_tensor * t = store_->get(n);
-            auto [offset, nbytes] = store_->file_range(n);
-            L.tensors.push_back(t);
-            L.offsets.push_back(L.bytes);
-            L.ranges.push_back({offset, nbytes, L.bytes});
-            L.bytes += padded_size(buft, t);
-        }
+        slot_layout lay = layout_layer(*store_, names, buft, direct_);
+        for (const auto & n : names) L.tensors.push_back(store_->get(n));
+        L.offsets = std::move(lay.offsets);
+        L.ranges = std::move(lay.ranges);
+        L.bytes = lay.bytes;
         if (L.bytes > largest) { largest = L.bytes; largest_layer = (int) layers_.size(); }
         layers_.push_back(std::move(L));
     }
@@ -222,7 +272,14 @@ layer_pager::layer_pager(std::shared_ptr<weight_store> store, const std::vector<
     pp.n_slots = p.n_slots;
     pp.buft = buft;
     pool_ = std::make_unique<buffer_pool>(pp);
-    io_ = std::make_unique<prefetcher>(store_->file().path(), p.n_workers);
+    io_ = std::make_unique<prefetcher>(store_->file().path(), p.n_workers, direct_);
+}
+
+// Bytes from a slot buffer's base to where the layer's layout starts.
+static size_t slot_pad(ggml_backend_buffer * buf, bool direct) {
+    if (!direct) return 0;
+    auto base = (uintptr_t) ggml_backend_buffer_get_base(buf);
+    return (DIRECT_ALIGN - base % DIRECT_ALIGN) % DIRECT_ALIGN;
 }
 
 layer_pager::~layer_pager() {
@@ -265,8 +322,11 @@ bool layer_pager::prefetch(int l, int priority) {
     load_job job;
     job.key = l;
     job.priority = priority;
-    job.ranges = L.ranges;
     job.dst = pool_->buffer(a.slot);
+    job.direct = direct_;
+    job.ranges = L.ranges;
+    const size_t pad = slot_pad(job.dst, direct_);
+    for (auto & r : job.ranges) r.dst_offset += pad;
     L.ready = io_->submit(std::move(job)).done;
     stats_.loads++;
     for (const auto & r : L.ranges) stats_.bytes_loaded += r.size;
@@ -300,7 +360,7 @@ void layer_pager::acquire(int l) {
         }
         stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         ggml_backend_buffer * buf = pool_->buffer(L.slot);
-        auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf));
+        auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf)) + slot_pad(buf, direct_);
         for (size_t i = 0; i < L.tensors.size(); ++i) tensor_bind(L.tensors[i], buf, base + L.offsets[i]);
         L.bound = true;
     }

@@ -88,16 +88,18 @@ private:
     std::unordered_map<std::string, entry> entries_;
 };
 
-// Bytes one slot needs to hold `names` back to back in `buft` (nullptr: CPU),
-// each padded to the buffer alignment. Throws GGUFError for an unknown name.
+// Bytes one slot of `buft` (nullptr: CPU) needs to hold `names`: back to
+// back at the buffer alignment, or with `direct` (host buffers) in the file's
+// own layout widened to O_DIRECT alignment. Throws GGUFError for an unknown name.
 size_t layer_slot_bytes(const weight_store & store, const std::vector<std::string> & names,
-                        ggml_backend_buffer_type * buft);
+                        ggml_backend_buffer_type * buft, bool direct = false);
 
 struct pager_params {
     int n_slots = 1;
     size_t slot_size = 0;                      // 0: the largest layer
     int n_workers = 1;
     ggml_backend_buffer_type * buft = nullptr; // nullptr: CPU
+    bool direct_io = false;                    // O_DIRECT reads into host slots (file layout, no page cache)
 };
 
 struct pager_stats {
@@ -107,8 +109,9 @@ struct pager_stats {
 
 // Streams groups of paged tensors ("layers") through a buffer pool.
 //
-// Each layer's tensors are laid out back to back (buffer alignment) in one
-// slot. prefetch(l) starts loading l into a slot in the background;
+// Each layer's tensors are laid out in one slot: back to back (buffer
+// alignment), or with direct_io in the file's layout so O_DIRECT can read
+// runs of them straight into the slot. prefetch(l) starts loading l into a slot in the background;
 // acquire(l) waits for l's bytes and binds its tensors to the slot (a pointer
 // swap); release(l) lets the slot be evicted again; pin(l) keeps l resident.
 // When a slot is reused its old layer's tensors are unbound, so a stale
@@ -122,6 +125,7 @@ public:
     ~layer_pager();
 
     int n_layers() const { return (int) layers_.size(); }
+    bool direct_io() const { return direct_ && io_->direct(); }   // O_DIRECT reads in use
     size_t layer_bytes(int l) const { return layers_.at(l).bytes; }
     const buffer_pool & pool() const { return *pool_; }
 
@@ -161,6 +165,7 @@ private:
     void settle(layer & L);            // wait for an in-flight load, swallowing its error
 
     std::shared_ptr<weight_store> store_;
+    bool direct_ = false;
     std::vector<layer> layers_;
     std::unique_ptr<buffer_pool> pool_;
     std::unique_ptr<prefetcher> io_;

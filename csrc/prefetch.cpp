@@ -12,13 +12,14 @@
 
 namespace superggml {
 
-prefetcher::prefetcher(const std::string & path, int n_workers) {
+prefetcher::prefetcher(const std::string & path, int n_workers, bool direct) {
     if (n_workers < 1) throw Error("prefetcher needs at least one worker");
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) {
         int e = errno;
         throw FileError("cannot open " + path + ": " + std::strerror(e), e);
     }
+    if (direct) fd_direct_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);   // -1: buffered only
     for (int i = 0; i < n_workers; ++i) workers_.emplace_back([this] { run(); });
 }
 
@@ -32,6 +33,7 @@ prefetcher::~prefetcher() {
     cv_.notify_all();
     for (auto & t : workers_) t.join();
     if (fd_ >= 0) ::close(fd_);
+    if (fd_direct_ >= 0) ::close(fd_direct_);
 }
 
 prefetcher::ticket prefetcher::submit(load_job job) {
@@ -133,15 +135,44 @@ static void read_exact(int fd, uint8_t * dst, size_t size, uint64_t off) {
     }
 }
 
+// O_DIRECT read of an aligned range; true once `need` bytes arrived, false if
+// the kernel refused the direct read (the caller reads buffered instead).
+static bool read_direct(int fd, uint8_t * dst, size_t size, size_t need, uint64_t off) {
+    size_t got = 0;
+    while (got < need) {
+        if (got % DIRECT_ALIGN) return false;   // a short read mid-range: finish buffered
+        ssize_t n = ::pread(fd, dst + got, size - got, (off_t) (off + got));
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EINVAL) return false;
+            int e = errno;
+            throw FileError("read failed at offset " + std::to_string(off + got) + ": " + std::strerror(e), e);
+        }
+        if (n == 0) throw FileError("short read at offset " + std::to_string(off + got) + ": the file was truncated", EIO);
+        got += (size_t) n;
+    }
+    return true;
+}
+
 void prefetcher::load(const load_job & job) {
     if (!job.dst) throw Error("load job without a destination buffer");
     const size_t cap = ggml_backend_buffer_get_size(job.dst);
     for (const auto & r : job.ranges) {
         if (r.dst_offset + r.size > cap) throw Error("load range does not fit in the slot");
+        if (r.need > r.size) throw Error("load range needs more bytes than it reads");
     }
     if (ggml_backend_buffer_is_host(job.dst)) {
         auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(job.dst));
-        for (const auto & r : job.ranges) read_exact(fd_, base + r.dst_offset, r.size, r.file_offset);
+        for (const auto & r : job.ranges) {
+            uint8_t * dst = base + r.dst_offset;
+            const size_t need = r.need ? r.need : r.size;
+            const bool aligned = (uintptr_t) dst % DIRECT_ALIGN == 0 && r.file_offset % DIRECT_ALIGN == 0 &&
+                                 r.size % DIRECT_ALIGN == 0;
+            if (job.direct && fd_direct_ >= 0 && aligned && read_direct(fd_direct_, dst, r.size, need, r.file_offset)) {
+                continue;
+            }
+            read_exact(fd_, dst, need, r.file_offset);
+        }
         return;
     }
     // device memory: stage on the host, then copy through a byte view of the slot
@@ -150,12 +181,13 @@ void prefetcher::load(const load_job & job) {
     ggml_context * ctx = ggml_init(p);
     try {
         for (const auto & r : job.ranges) {
-            staging.resize(r.size);
-            read_exact(fd_, staging.data(), r.size, r.file_offset);
-            ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) r.size);
+            const size_t n = r.need ? r.need : r.size;
+            staging.resize(n);
+            read_exact(fd_, staging.data(), n, r.file_offset);
+            ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) n);
             auto * addr = static_cast<uint8_t *>(ggml_backend_buffer_get_base(job.dst)) + r.dst_offset;
             if (ggml_backend_tensor_alloc(job.dst, t, addr) != GGML_STATUS_SUCCESS) throw Error("cannot address the slot");
-            ggml_backend_tensor_set(t, staging.data(), 0, r.size);
+            ggml_backend_tensor_set(t, staging.data(), 0, n);
             ggml_reset(ctx);
         }
     } catch (...) {

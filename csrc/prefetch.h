@@ -3,6 +3,11 @@
 // submit() queues a job (highest priority first, then FIFO) and returns a
 // future. A worker preads each range straight into the slot when the slot is
 // host memory, else into a staging buffer and then ggml_backend_tensor_set.
+// A direct job reads through a second descriptor opened with O_DIRECT: the
+// disk DMAs into the slot, bypassing the page cache and the CPU copy; its
+// ranges must be aligned (file offset, size and destination address, to
+// DIRECT_ALIGN). Where O_DIRECT cannot be opened (tmpfs) or a read refuses
+// it, the job falls back to the buffered descriptor.
 // A short read or an I/O error fails that job's future with FileError; the
 // worker carries on. cancel() fails a job that has not started with
 // Cancelled; a running job always finishes (its slot is still being
@@ -28,15 +33,20 @@ struct Cancelled : Error {
     using Error::Error;
 };
 
+// Alignment of O_DIRECT reads (a multiple of every common logical block size).
+constexpr size_t DIRECT_ALIGN = 4096;
+
 struct read_range {
     uint64_t file_offset;
     size_t size;
     size_t dst_offset;   // bytes from the start of the destination buffer
+    size_t need = 0;     // bytes that must arrive (0: size); a direct read may stop short at EOF past them
 };
 
 struct load_job {
     int key = -1;
     int priority = 0;                 // larger runs first
+    bool direct = false;              // read with O_DIRECT (aligned ranges, host destination)
     std::vector<read_range> ranges;
     ggml_backend_buffer * dst = nullptr;
 };
@@ -50,9 +60,9 @@ struct prefetch_stats {
 
 class prefetcher {
 public:
-    // Opens `path` for reading (O_DIRECT is not used: the page cache is
-    // what llama.cpp's mmap relies on too). Throws FileError.
-    prefetcher(const std::string & path, int n_workers = 1);
+    // Opens `path` for reading (and with O_DIRECT too if `direct`).
+    // Throws FileError.
+    prefetcher(const std::string & path, int n_workers = 1, bool direct = false);
     ~prefetcher();   // fails queued jobs with Cancelled, joins the workers
     prefetcher(const prefetcher &) = delete;
     prefetcher & operator=(const prefetcher &) = delete;
@@ -66,6 +76,7 @@ public:
     bool cancel_job(uint64_t id);     // cancels that job if it has not started
     prefetch_stats stats() const;
     int n_workers() const { return (int) workers_.size(); }
+    bool direct() const { return fd_direct_ >= 0; }   // O_DIRECT reads are available
 
     struct entry {   // a queued job
         load_job job;
@@ -78,6 +89,7 @@ private:
     void load(const load_job & job);
 
     int fd_ = -1;
+    int fd_direct_ = -1;
     mutable std::mutex mu_;
     std::condition_variable cv_;
     std::vector<entry> queue_;

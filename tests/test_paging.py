@@ -194,3 +194,81 @@ def test_n_gpu_layers_keeps_that_many_resident(smollm2_path, ngl):
         assert m._exec.n_pinned == ngl
         assert m._exec.pager.n_slots == ngl + 3      # plus prefetch_depth + 1 streaming slots
     assert np.array_equal(out, ref)
+
+
+# -- direct I/O (O_DIRECT into the slot, in the file's layout) ------------------------------
+
+@pytest.mark.parametrize("slots", [1, "half"])
+@pytest.mark.parametrize("async_prefetch", [False, True])
+def test_direct_io_is_bit_identical_to_resident(model_path, resident, slots, async_prefetch):
+    ref, slot_bytes, n_layer = resident
+    n = n_layer // 2 if slots == "half" else slots
+    with Model(model_path, ctx_size=128, n_threads=2, device_budget=int(n * slot_bytes * 1.05),
+               async_prefetch=async_prefetch, direct_io=True) as m:
+        out = _logits(m)
+        st = m.layer_stats()
+    assert st["direct_io"] is True and st["failed"] == 0 and st["evictions"] > 0
+    assert np.array_equal(out, ref)
+
+
+def test_direct_io_on_tmpfs(smollm2_path):
+    """tmpfs refuses O_DIRECT before Linux 6.6 (reads then go buffered) and takes it after: same logits."""
+    shm = "/dev/shm"
+    if not os.path.isdir(shm):
+        pytest.skip("no /dev/shm")
+    p = os.path.join(shm, f"superggml-test-{os.getpid()}.gguf")
+    shutil.copy(smollm2_path, p)
+    try:
+        with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False) as m:
+            ref = _logits(m)
+        with Model(p, ctx_size=128, n_threads=2, device_budget="8MiB", direct_io=True) as m:
+            out = _logits(m)
+    finally:
+        os.unlink(p)
+    assert np.array_equal(out, ref)
+
+
+def test_direct_io_truncated_mid_run_raises(tmp_path, smollm2_path):
+    p = tmp_path / "m.gguf"
+    shutil.copy(smollm2_path, p)
+    with Model(p, ctx_size=64, n_threads=2, device_budget="2.5MiB", async_prefetch=True, direct_io=True) as m:
+        m.eval([1, 2, 3])
+        os.truncate(p, os.path.getsize(p) // 3)
+        with pytest.raises(OSError, match="short read"):
+            for _ in range(3):
+                m.eval([4])
+
+
+def test_prefetcher_direct_reads_aligned_ranges(tmp_path):
+    data = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8)
+    path = tmp_path / "blob.bin"
+    data.tofile(path)
+    pool = _core.BufferPool(slot_size=256 << 10, n_slots=1)
+    io = _core.Prefetcher(str(path), direct=True)
+    slot, _, _ = pool.acquire(0)
+    # the slot's base is only 64-byte aligned in general; reads that are not 4096-aligned go buffered
+    io.submit(0, pool, slot, [(8192, 65536, 0), (4096 * 7 + 5, 1000, 70000)], direct=True).result(timeout=10)
+    got = pool.read(slot, 0, 71000)
+    assert np.array_equal(got[:65536], data[8192:8192 + 65536])
+    assert np.array_equal(got[70000:71000], data[4096 * 7 + 5:4096 * 7 + 1005])
+
+
+def test_pool_shrinks_and_grows():
+    pool = _core.BufferPool(slot_size=1 << 20, n_slots=3)
+    a = pool.acquire(1)[0]
+    pool.set_pinned(a, True)
+    pool.release(a)
+    b = pool.acquire(2)[0]                       # in use: cannot be freed
+    assert pool.shrink() == (True, -1)           # the empty slot goes first
+    assert pool.n_slots == 2 and pool.bytes == 2 << 20
+    assert pool.shrink() == (False, -1)          # one pinned, one in use
+    pool.release(b)
+    assert pool.shrink() == (True, 2)            # now key 2's slot, evicted
+    assert pool.slot_of(2) == -1 and pool.slot_of(1) == a
+    with pytest.raises(PoolExhausted):
+        pool.acquire(3)                          # only the pinned slot is left
+    with pytest.raises(_core.SuperggmlError if hasattr(_core, "SuperggmlError") else Exception, match="no memory"):
+        pool.read(b, 0, 16)
+    s = pool.grow()
+    assert pool.n_slots == 2
+    assert pool.acquire(3)[0] == s

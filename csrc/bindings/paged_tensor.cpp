@@ -31,9 +31,11 @@ void init_paged_tensor(py::module_ & m) {
         .def("add_row_chunks", &weight_store::add_row_chunks, py::arg("name"), py::arg("max_bytes"),
              "Row ranges of a 2-D tensor as new paged tensors of at most max_bytes; returns their names.")
         .def("file_range", &weight_store::file_range)
-        .def("slot_bytes", [](const weight_store & s, const std::vector<std::string> & names, compute_backend * b) {
-            return layer_slot_bytes(s, names, b ? b->buffer_type() : nullptr);
-        }, py::arg("names"), py::arg("backend") = nullptr, "Bytes a pool slot needs to hold these tensors.")
+        .def("slot_bytes", [](const weight_store & s, const std::vector<std::string> & names, compute_backend * b,
+                              bool direct_io) {
+            return layer_slot_bytes(s, names, b ? b->buffer_type() : nullptr, direct_io);
+        }, py::arg("names"), py::arg("backend") = nullptr, py::arg("direct_io") = false,
+           "Bytes a pool slot needs to hold these tensors (with direct_io: in the file's layout, O_DIRECT-aligned).")
         .def("home", &weight_store::home)
         .def("bytes", &weight_store::bytes)
         .def("bind_mmap", &weight_store::bind_mmap, py::arg("names") = std::vector<std::string>{},
@@ -53,15 +55,17 @@ void init_pager(py::module_ & m) {
     py::class_<layer_pager, std::shared_ptr<layer_pager>>(m, "LayerPager",
         "Streams groups of paged tensors (layers) through a buffer pool with worker-thread prefetch.")
         .def(py::init([](std::shared_ptr<weight_store> store, const std::vector<std::vector<std::string>> & layers,
-                         int n_slots, size_t slot_size, int n_workers, compute_backend * backend) {
+                         int n_slots, size_t slot_size, int n_workers, compute_backend * backend, bool direct_io) {
             pager_params p;
+            p.direct_io = direct_io;
             p.n_slots = n_slots;
             p.slot_size = slot_size;
             p.n_workers = n_workers;
             p.buft = backend ? backend->buffer_type() : nullptr;
             return std::make_shared<layer_pager>(std::move(store), layers, p);
         }), py::arg("store"), py::arg("layers"), py::arg("n_slots"), py::arg("slot_size") = 0,
-            py::arg("n_workers") = 1, py::arg("backend") = nullptr)
+            py::arg("n_workers") = 1, py::arg("backend") = nullptr, py::arg("direct_io") = false)
+        .def_property_readonly("direct_io", &layer_pager::direct_io, "O_DIRECT reads are in use")
         .def_property_readonly("n_layers", &layer_pager::n_layers)
         .def_property_readonly("slot_size", [](const layer_pager & p) { return p.pool().slot_size(); })
         .def_property_readonly("n_slots", [](const layer_pager & p) { return p.pool().n_slots(); })

@@ -44,19 +44,25 @@ void init_prefetch(py::module_ & m) {
 
     py::class_<prefetcher, std::shared_ptr<prefetcher>>(m, "Prefetcher",
         "Worker threads reading file byte ranges into pool slots (pread).")
-        .def(py::init<const std::string &, int>(), py::arg("path"), py::arg("n_workers") = 1)
+        .def(py::init<const std::string &, int, bool>(), py::arg("path"), py::arg("n_workers") = 1,
+             py::arg("direct") = false)
+        .def_property_readonly("direct", &prefetcher::direct, "O_DIRECT reads are available")
         .def("submit", [](const std::shared_ptr<prefetcher> & p, int key, buffer_pool & pool, int slot,
-                          const std::vector<std::tuple<uint64_t, size_t, size_t>> & ranges, int priority) {
+                          const std::vector<std::tuple<uint64_t, size_t, size_t>> & ranges, int priority,
+                          bool direct) {
             load_job j;
             j.key = key;
             j.priority = priority;
+            j.direct = direct;
             j.dst = pool.buffer(slot);
             if (!j.dst) throw Error("slot " + std::to_string(slot) + " has no memory (the pool was shrunk)");
             for (auto & [off, size, dst] : ranges) j.ranges.push_back({off, size, dst});
             auto t = p->submit(std::move(j));
             return future_ref{t.done, p, t.id};
         }, py::arg("key"), py::arg("pool"), py::arg("slot"), py::arg("ranges"), py::arg("priority") = 0,
-           "Queues reads of (file_offset, size, slot_offset) ranges into the slot; returns a LoadFuture.")
+           py::arg("direct") = false,
+           "Queues reads of (file_offset, size, slot_offset) ranges into the slot; returns a LoadFuture. "
+           "direct: O_DIRECT where the range and slot address are 4096-aligned and the file allows it.")
         .def("cancel", &prefetcher::cancel, py::arg("key"), "Cancels every queued job for key; returns whether any.")
         .def_property_readonly("n_workers", &prefetcher::n_workers)
         .def("stats", [](const prefetcher & p) {

@@ -26,6 +26,7 @@ KV_PAD = 256          # n_kv is padded to this so graph shapes change rarely
 GRAPH_NODES = 1024    # room for one block graph
 PLAN_CACHE = 4        # micro-batch shapes whose graphs are kept
 SLOT_ALIGN_ROOM = 256 # bytes kept free in a slot for alignment padding
+DIRECT_ROOM = 3 * 4096  # and with direct_io, for widening a chunk to O_DIRECT alignment
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class ExecutorParams:
     async_prefetch: bool = False       # load the next layers while this one computes
     prefetch_depth: int = 2            # layers ahead with async_prefetch
     n_io_workers: int = 1
+    direct_io: bool = False            # O_DIRECT reads into host slots (bypass the page cache)
     dynamic_layers: bool = False       # re-plan residency from memory pressure while running
     mem_pressure: float = 0.85         # the pressure above which pinned blocks are demoted
 
@@ -108,11 +110,12 @@ class Executor:
         layers = [self.arch.block_tensors(il) for il in range(hp.n_layer)]
         names = {n for layer in layers for n in layer}
         store.bind_mmap([n for n in store.names() if n not in names])
-        sizes = [store.slot_bytes(layer, self.backend) for layer in layers]
+        sizes = [store.slot_bytes(layer, self.backend, p.direct_io) for layer in layers]
         slot = max(sizes)
         # the lm head (the largest tensor of small models) streams in row chunks of a slot each
         # (less the room a chunk's size may take when padded to the buffer alignment)
-        self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - SLOT_ALIGN_ROOM)
+        room = SLOT_ALIGN_ROOM + (DIRECT_ROOM if p.direct_io else 0)
+        self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - room)
         layers += [[c] for c in self.head_chunks]
         n_stream = (p.prefetch_depth + 1) if p.async_prefetch else 1
         n_keys = len(layers)
@@ -129,7 +132,7 @@ class Executor:
                              f"block {big} needs {slot} bytes")
         n_slots = min(n_slots, n_keys)
         pager = _core.LayerPager(store, layers, n_slots=n_slots, slot_size=slot,
-                                 n_workers=p.n_io_workers, backend=self.backend)
+                                 n_workers=p.n_io_workers, backend=self.backend, direct_io=p.direct_io)
         n_stream = min(n_slots, n_stream)
         self.n_pinned = n_keys if n_slots >= n_keys else n_slots - n_stream
         if p.n_gpu_layers is not None:

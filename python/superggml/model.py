@@ -47,6 +47,11 @@ def _return_free_memory() -> None:
         pass
 
 
+def _want_direct_io(path: str) -> bool:
+    """O_DIRECT pays off when the file cannot stay in the page cache: larger than what is available."""
+    return os.path.getsize(path) > int(_core.host_memory()["available"])
+
+
 def _default_threads() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -75,6 +80,10 @@ class Model:
     streamed and their slots freed; when it falls, they are promoted again
     (never beyond the static plan; without a budget the plan pins every block).
     ``layer_stats()`` counts the moves and ``layer_events()`` lists them.
+    ``direct_io`` reads streamed blocks with O_DIRECT (the disk writes into
+    the slot; no page cache, no CPU copy); None picks it when the file is
+    larger than the memory available to this process, so it could not stay
+    in the page cache anyway.
     Streamed and resident runs give bit-identical logits (with repack off).
 
     >>> with Model(path, ctx_size=2048) as m:
@@ -86,7 +95,7 @@ class Model:
                  kv_type: str = "f16", repack: bool = True, logits_all: bool = False, verbose: bool = False,
                  device_budget: int | str | None = None, n_gpu_layers: int | None = None,
                  async_prefetch: bool = False, prefetch_depth: int = 2, dynamic_layers: bool = False,
-                 mem_pressure: float = 0.85):
+                 mem_pressure: float = 0.85, direct_io: bool | None = None):
         if ctx_size < 1:
             raise ValueError("ctx_size must be >= 1")
         if not 0.0 < mem_pressure <= 1.0:
@@ -119,7 +128,8 @@ class Model:
                 n_ctx=ctx_size, n_batch=min(n_batch, ctx_size), n_threads=n_threads or _default_threads(),
                 flash_attn=flash_attn, kv_type=kv_type, device_budget=parse_size(device_budget),
                 async_prefetch=async_prefetch, prefetch_depth=prefetch_depth, n_gpu_layers=n_gpu_layers,
-                dynamic_layers=dynamic_layers, mem_pressure=mem_pressure))
+                dynamic_layers=dynamic_layers, mem_pressure=mem_pressure,
+                direct_io=_want_direct_io(self.path) if direct_io is None else bool(direct_io)))
             paged = self._exec.pager is not None
             if not paged:
                 self._store.bind_mmap()
@@ -214,7 +224,7 @@ class Model:
         if ex.pager is None:
             return {}
         d: dict[str, Any] = dict(ex.pager.stats())
-        d.update(n_slots=ex.pager.n_slots, slot_size=ex.pager.slot_size,
+        d.update(n_slots=ex.pager.n_slots, slot_size=ex.pager.slot_size, direct_io=ex.pager.direct_io,
                  layers_pinned=sum(ex.pager.pinned(k) for k in range(ex.pager.n_layers)))
         if ex.scheduler is not None:
             d.update(ex.scheduler.stats())
