@@ -2,6 +2,10 @@
 
     python bench/limited.py [--limit 768MiB] [--budget 512MiB] [--tokens 8]
 
+superggml runs twice: with buffered reads (through the page cache, which
+the limit squeezes) and with O_DIRECT reads (direct_io; the default when the
+file is larger than the memory available, as here).
+
 Before each run the model's pages are dropped from the page cache, so the
 limit covers file-backed memory too (DESIGN.md). Prints decode tokens/s, or
 how the run ended (OOM-killed: -9).
@@ -24,7 +28,8 @@ from superggml.model import parse_size  # noqa: E402
 OURS = r"""
 import sys, time
 from superggml import Model
-m = Model(sys.argv[1], ctx_size=256, n_batch=32, n_threads=2, device_budget=sys.argv[2], async_prefetch=True)
+m = Model(sys.argv[1], ctx_size=256, n_batch=32, n_threads=2, device_budget=sys.argv[2], async_prefetch=True,
+          direct_io=sys.argv[4] == "direct")
 m.eval(m.tokenize("def quicksort(xs):\n    "))
 tok = int(m.logits.argmax()); n = int(sys.argv[3])
 t = time.perf_counter()
@@ -45,9 +50,9 @@ print(n / (time.perf_counter() - t))
 """
 
 
-def run(code: str, path: str, budget: str, n: int, limit: int) -> str:
+def run(code: str, path: str, budget: str, n: int, limit: int, io: str = "") -> str:
     memcg.drop_page_cache(path)
-    r = memcg.run_limited([sys.executable, "-c", code, path, budget, str(n)], limit, timeout=3600)
+    r = memcg.run_limited([sys.executable, "-c", code, path, budget, str(n), io], limit, timeout=3600)
     if r.returncode != 0:
         return f"exit {r.returncode}" + (" (OOM-killed)" if r.returncode == -9 else "")
     return f"{float(r.stdout.split()[-1]):.2f} tok/s"
@@ -62,8 +67,10 @@ def main() -> int:
     path = str(models.qwen_path())
     limit = parse_size(a.limit)
     print(f"Qwen2.5-1.5B Q4_K_M, cgroup limit {a.limit}, 2 threads, {a.tokens} decoded tokens")
-    print(f"  superggml (device_budget {a.budget}, async prefetch): {run(OURS, path, a.budget, a.tokens, limit)}")
-    print(f"  llama.cpp (default: mmap + CPU repack):            {run(LLAMA, path, a.budget, a.tokens, limit)}")
+    for io in ("buffered", "direct"):
+        print(f"  superggml (device_budget {a.budget}, async prefetch, {io:>8} reads): "
+              f"{run(OURS, path, a.budget, a.tokens, limit, io)}", flush=True)
+    print(f"  llama.cpp (default: mmap + CPU repack): {run(LLAMA, path, a.budget, a.tokens, limit)}")
     return 0
 
 

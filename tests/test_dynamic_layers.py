@@ -122,8 +122,8 @@ def test_cli_flags_and_environment(monkeypatch, smollm2_path, capsys):
     assert seen["dynamic_layers"] is True and seen["mem_pressure"] == 0.7
     assert "layers_demoted" in capsys.readouterr().err
     assert cli.main(["generate", "-m", smollm2_path, "-p", "Hi", "-n", "1", "-c", "64",
-                     "--mem-pressure", "0.6"]) == 0
-    assert seen["mem_pressure"] == 0.6
+                     "--mem-pressure", "0.6", "--direct-io", "on"]) == 0
+    assert seen["mem_pressure"] == 0.6 and seen["direct_io"] is True
 
 
 BALLAST_RUN = r"""

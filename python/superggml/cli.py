@@ -43,6 +43,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="load the next blocks in a worker thread while the current one computes")
     p.add_argument("--prefetch-depth", type=int, default=int(_env_default("PREFETCH_DEPTH", "2") or 2),
                    help="blocks loaded ahead with --async-prefetch (default 2)")
+    p.add_argument("--direct-io", choices=["auto", "on", "off"], default=_env_default("DIRECT_IO", "auto"),
+                   help="read streamed blocks with O_DIRECT (on), through the page cache (off), or O_DIRECT "
+                        "when the file is larger than the memory available (auto, default)")
     p.add_argument("--dynamic-layers", action="store_true", default=_env_flag("DYNAMIC_LAYERS"),
                    help="demote resident blocks to streamed when memory pressure rises above "
                         "--mem-pressure, promote them again when it falls")
@@ -57,7 +60,8 @@ def _cmd_generate(a: argparse.Namespace) -> int:
                seed=a.seed, flash_attn=a.flash_attn, kv_type=a.kv_type, device_budget=a.device_budget,
                n_gpu_layers=a.n_gpu_layers if a.n_gpu_layers >= 0 else None,
                async_prefetch=a.async_prefetch, prefetch_depth=a.prefetch_depth,
-               dynamic_layers=a.dynamic_layers, mem_pressure=a.mem_pressure) as m:
+               dynamic_layers=a.dynamic_layers, mem_pressure=a.mem_pressure,
+               direct_io={"on": True, "off": False}.get(a.direct_io)) as m:
         kw = dict(max_tokens=a.n_predict if a.n_predict >= 0 else None, temperature=a.temp, top_k=a.top_k,
                   top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed,
                   stop=a.stop or None, stream=True)
