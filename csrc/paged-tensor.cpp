@@ -248,7 +248,7 @@ size_t layer_slot_bytes(const weight_store & store, const std::vector<std::strin
 layer_pager::layer_pager(std::shared_ptr<weight_store> store, const std::vector<std::vector<std::string>> & layers,
                          const pager_params & params) : store_(std::move(store)) {
     ggml_backend_buffer_type * buft = params.buft ? params.buft : ggml_backend_cpu_buffer_type();
-    direct_ = params.direct_io && ggml_backend_buft_is_host(buft);
+    direct_ = params.direct_io && !params.staged && ggml_backend_buft_is_host(buft);
     size_t largest = 0;
     int largest_layer = 0;
     for (const auto & names : layers) {
@@ -272,7 +272,8 @@ layer_pager::layer_pager(std::shared_ptr<weight_store> store, const std::vector<
     pp.n_slots = p.n_slots;
     pp.buft = buft;
     pool_ = std::make_unique<buffer_pool>(pp);
-    io_ = std::make_unique<prefetcher>(store_->file().path(), p.n_workers, direct_);
+    io_ = std::make_unique<prefetcher>(store_->file().path(), p.n_workers, direct_,
+                                       ggml_backend_buft_get_device(buft), p.staged);
 }
 
 // Bytes from a slot buffer's base to where the layer's layout starts.

@@ -100,6 +100,7 @@ struct pager_params {
     int n_workers = 1;
     ggml_backend_buffer_type * buft = nullptr; // nullptr: CPU
     bool direct_io = false;                    // O_DIRECT reads into host slots (file layout, no page cache)
+    bool staged = false;                       // host slots too go through staging + async copies (the device path)
 };
 
 struct pager_stats {
@@ -126,6 +127,7 @@ public:
 
     int n_layers() const { return (int) layers_.size(); }
     bool direct_io() const { return direct_ && io_->direct(); }   // O_DIRECT reads in use
+    bool staged() const { return io_->staged() || !pool_->is_host(); }
     size_t layer_bytes(int l) const { return layers_.at(l).bytes; }
     const buffer_pool & pool() const { return *pool_; }
 

@@ -12,7 +12,49 @@
 
 namespace superggml {
 
-prefetcher::prefetcher(const std::string & path, int n_workers, bool direct) {
+constexpr size_t STAGING_CHUNK = 8u << 20;
+
+struct prefetcher::stager {
+    ggml_backend_t backend = nullptr;
+    ggml_backend_buffer_t pinned[2] = {nullptr, nullptr};   // host buffers of the device, if it has them
+    std::vector<uint8_t> plain[2];
+    uint8_t * buf[2] = {nullptr, nullptr};
+    ggml_backend_event_t event[2] = {nullptr, nullptr};
+    bool busy[2] = {false, false};
+
+    explicit stager(ggml_backend_device * dev) {
+        if (!dev) dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+        backend = ggml_backend_dev_init(dev, nullptr);
+        if (!backend) throw Error(std::string("cannot start a copy stream on ") + ggml_backend_dev_name(dev));
+        ggml_backend_buffer_type_t host = ggml_backend_dev_host_buffer_type(dev);
+        for (int i = 0; i < 2; ++i) {
+            if (host) pinned[i] = ggml_backend_buft_alloc_buffer(host, STAGING_CHUNK);
+            if (pinned[i]) {
+                buf[i] = static_cast<uint8_t *>(ggml_backend_buffer_get_base(pinned[i]));
+            } else {
+                plain[i].resize(STAGING_CHUNK);
+                buf[i] = plain[i].data();
+            }
+            event[i] = ggml_backend_event_new(dev);   // nullptr: no events, synchronize instead
+        }
+    }
+    ~stager() {
+        if (backend) ggml_backend_synchronize(backend);
+        for (int i = 0; i < 2; ++i) {
+            if (event[i]) ggml_backend_event_free(event[i]);
+            if (pinned[i]) ggml_backend_buffer_free(pinned[i]);
+        }
+        if (backend) ggml_backend_free(backend);
+    }
+    void wait(int i) {
+        if (!busy[i]) return;
+        if (event[i]) ggml_backend_event_synchronize(event[i]); else ggml_backend_synchronize(backend);
+        busy[i] = false;
+    }
+};
+
+prefetcher::prefetcher(const std::string & path, int n_workers, bool direct, ggml_backend_device * device,
+                       bool staged) : device_(device), staged_(staged) {
     if (n_workers < 1) throw Error("prefetcher needs at least one worker");
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) {
@@ -88,6 +130,7 @@ prefetch_stats prefetcher::stats() const {
 }
 
 void prefetcher::run() {
+    std::unique_ptr<stager> st;   // made on first use, on this thread
     for (;;) {
         entry e;
         {
@@ -104,7 +147,7 @@ void prefetcher::run() {
         std::exception_ptr err;
         uint64_t bytes = 0;
         try {
-            load(e.job);
+            load(e.job, st);
             for (auto & r : e.job.ranges) bytes += r.size;
         } catch (...) {
             err = std::current_exception();
@@ -154,14 +197,14 @@ static bool read_direct(int fd, uint8_t * dst, size_t size, size_t need, uint64_
     return true;
 }
 
-void prefetcher::load(const load_job & job) {
+void prefetcher::load(const load_job & job, std::unique_ptr<stager> & st) {
     if (!job.dst) throw Error("load job without a destination buffer");
     const size_t cap = ggml_backend_buffer_get_size(job.dst);
     for (const auto & r : job.ranges) {
         if (r.dst_offset + r.size > cap) throw Error("load range does not fit in the slot");
         if (r.need > r.size) throw Error("load range needs more bytes than it reads");
     }
-    if (ggml_backend_buffer_is_host(job.dst)) {
+    if (ggml_backend_buffer_is_host(job.dst) && !staged_) {
         auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(job.dst));
         for (const auto & r : job.ranges) {
             uint8_t * dst = base + r.dst_offset;
@@ -175,25 +218,43 @@ void prefetcher::load(const load_job & job) {
         }
         return;
     }
-    // device memory: stage on the host, then copy through a byte view of the slot
-    std::vector<uint8_t> staging;
-    ggml_init_params p = { ggml_tensor_overhead(), nullptr, true };
+    if (!st) st = std::make_unique<stager>(device_);
+    load_staged(job, *st);
+}
+
+void prefetcher::load_staged(const load_job & job, stager & st) {
+    size_t n_chunks = 0;
+    for (const auto & r : job.ranges) n_chunks += ((r.need ? r.need : r.size) + STAGING_CHUNK - 1) / STAGING_CHUNK;
+    // a byte view of the slot per chunk: the copies read their address after this function returns
+    ggml_init_params p = { (n_chunks + 1) * ggml_tensor_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(p);
+    if (!ctx) throw Error("cannot allocate staging views");
+    auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(job.dst));
+    int cur = 0;
     try {
         for (const auto & r : job.ranges) {
-            const size_t n = r.need ? r.need : r.size;
-            staging.resize(n);
-            read_exact(fd_, staging.data(), n, r.file_offset);
-            ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) n);
-            auto * addr = static_cast<uint8_t *>(ggml_backend_buffer_get_base(job.dst)) + r.dst_offset;
-            if (ggml_backend_tensor_alloc(job.dst, t, addr) != GGML_STATUS_SUCCESS) throw Error("cannot address the slot");
-            ggml_backend_tensor_set(t, staging.data(), 0, n);
-            ggml_reset(ctx);
+            const size_t need = r.need ? r.need : r.size;
+            for (size_t done = 0; done < need; done += STAGING_CHUNK, cur ^= 1) {
+                const size_t n = std::min(STAGING_CHUNK, need - done);
+                st.wait(cur);                                   // this staging buffer's last copy is done
+                read_exact(fd_, st.buf[cur], n, r.file_offset + done);
+                ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) n);
+                if (ggml_backend_tensor_alloc(job.dst, t, base + r.dst_offset + done) != GGML_STATUS_SUCCESS) {
+                    throw Error("cannot address the slot");
+                }
+                ggml_backend_tensor_set_async(st.backend, t, st.buf[cur], 0, n);
+                if (st.event[cur]) ggml_backend_event_record(st.event[cur], st.backend);
+                st.busy[cur] = true;
+            }
         }
     } catch (...) {
+        st.wait(0);
+        st.wait(1);
         ggml_free(ctx);
         throw;
     }
+    st.wait(0);
+    st.wait(1);
     ggml_free(ctx);
 }
 

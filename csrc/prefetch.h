@@ -2,7 +2,13 @@
 //
 // submit() queues a job (highest priority first, then FIFO) and returns a
 // future. A worker preads each range straight into the slot when the slot is
-// host memory, else into a staging buffer and then ggml_backend_tensor_set.
+// host memory. Otherwise (or with `staged`) it reads into one of two staging
+// buffers (pinned host memory where the device offers it) and copies it to
+// the slot with ggml_backend_tensor_set_async on its own backend instance of
+// the slot's device, recording an event per staging buffer: the next chunk's
+// read overlaps the previous chunk's copy, and the job completes only after
+// its copies do. Devices without async copies or events (the CPU) take the
+// same path synchronously.
 // A direct job reads through a second descriptor opened with O_DIRECT: the
 // disk DMAs into the slot, bypassing the page cache and the CPU copy; its
 // ranges must be aligned (file offset, size and destination address, to
@@ -20,12 +26,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 struct ggml_backend_buffer;
+struct ggml_backend_device;
 
 namespace superggml {
 
@@ -60,9 +68,11 @@ struct prefetch_stats {
 
 class prefetcher {
 public:
-    // Opens `path` for reading (and with O_DIRECT too if `direct`).
-    // Throws FileError.
-    prefetcher(const std::string & path, int n_workers = 1, bool direct = false);
+    // Opens `path` for reading (and with O_DIRECT too if `direct`). `device`
+    // is the slots' device (nullptr: CPU); `staged` sends host slots through
+    // the staging path too. Throws FileError.
+    prefetcher(const std::string & path, int n_workers = 1, bool direct = false,
+               ggml_backend_device * device = nullptr, bool staged = false);
     ~prefetcher();   // fails queued jobs with Cancelled, joins the workers
     prefetcher(const prefetcher &) = delete;
     prefetcher & operator=(const prefetcher &) = delete;
@@ -77,6 +87,7 @@ public:
     prefetch_stats stats() const;
     int n_workers() const { return (int) workers_.size(); }
     bool direct() const { return fd_direct_ >= 0; }   // O_DIRECT reads are available
+    bool staged() const { return staged_; }
 
     struct entry {   // a queued job
         load_job job;
@@ -84,12 +95,17 @@ public:
         std::shared_ptr<std::promise<void>> done;
     };
 
+    struct stager;   // a worker's backend instance, staging buffers and events
+
 private:
     void run();
-    void load(const load_job & job);
+    void load(const load_job & job, std::unique_ptr<stager> & st);
+    void load_staged(const load_job & job, stager & st);
 
     int fd_ = -1;
     int fd_direct_ = -1;
+    ggml_backend_device * device_ = nullptr;
+    bool staged_ = false;
     mutable std::mutex mu_;
     std::condition_variable cv_;
     std::vector<entry> queue_;

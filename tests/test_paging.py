@@ -200,14 +200,17 @@ def test_n_gpu_layers_keeps_that_many_resident(smollm2_path, ngl):
 
 @pytest.mark.parametrize("slots", [1, "half"])
 @pytest.mark.parametrize("async_prefetch", [False, True])
-def test_direct_io_is_bit_identical_to_resident(model_path, resident, slots, async_prefetch):
+@pytest.mark.parametrize("io", ["direct", "staged"])
+def test_direct_and_staged_io_are_bit_identical_to_resident(model_path, resident, slots, async_prefetch, io):
+    """direct: O_DIRECT into the slot; staged: staging buffers + async copies + events, the device path."""
     ref, slot_bytes, n_layer = resident
     n = n_layer // 2 if slots == "half" else slots
     with Model(model_path, ctx_size=128, n_threads=2, device_budget=int(n * slot_bytes * 1.05),
-               async_prefetch=async_prefetch, direct_io=True) as m:
+               async_prefetch=async_prefetch, direct_io=io == "direct", staged_io=io == "staged") as m:
         out = _logits(m)
         st = m.layer_stats()
-    assert st["direct_io"] is True and st["failed"] == 0 and st["evictions"] > 0
+    assert st["direct_io"] is (io == "direct") and st["staged_io"] is (io == "staged")
+    assert st["failed"] == 0 and st["evictions"] > 0
     assert np.array_equal(out, ref)
 
 
@@ -228,10 +231,12 @@ def test_direct_io_on_tmpfs(smollm2_path):
     assert np.array_equal(out, ref)
 
 
-def test_direct_io_truncated_mid_run_raises(tmp_path, smollm2_path):
+@pytest.mark.parametrize("io", ["direct", "staged"])
+def test_direct_and_staged_io_truncated_mid_run_raise(tmp_path, smollm2_path, io):
     p = tmp_path / "m.gguf"
     shutil.copy(smollm2_path, p)
-    with Model(p, ctx_size=64, n_threads=2, device_budget="2.5MiB", async_prefetch=True, direct_io=True) as m:
+    with Model(p, ctx_size=64, n_threads=2, device_budget="2.5MiB", async_prefetch=True,
+               direct_io=io == "direct", staged_io=io == "staged") as m:
         m.eval([1, 2, 3])
         os.truncate(p, os.path.getsize(p) // 3)
         with pytest.raises(OSError, match="short read"):
@@ -251,6 +256,21 @@ def test_prefetcher_direct_reads_aligned_ranges(tmp_path):
     got = pool.read(slot, 0, 71000)
     assert np.array_equal(got[:65536], data[8192:8192 + 65536])
     assert np.array_equal(got[70000:71000], data[4096 * 7 + 5:4096 * 7 + 1005])
+
+
+def test_prefetcher_staged_reads_in_chunks(tmp_path):
+    """Ranges larger than a staging buffer (8 MiB) alternate between the two, copies overlapping reads."""
+    data = np.random.default_rng(2).integers(0, 256, 20 << 20, dtype=np.uint8)
+    path = tmp_path / "blob.bin"
+    data.tofile(path)
+    pool = _core.BufferPool(slot_size=20 << 20, n_slots=1)
+    io = _core.Prefetcher(str(path), n_workers=2, staged=True)
+    slot, _, _ = pool.acquire(0)
+    io.submit(0, pool, slot, [(3, (17 << 20) + 5, 0), (1 << 20, 999, 18 << 20)]).result(timeout=30)
+    assert np.array_equal(pool.read(slot, 0, (17 << 20) + 5), data[3:(17 << 20) + 8])
+    assert np.array_equal(pool.read(slot, 18 << 20, 999), data[1 << 20:(1 << 20) + 999])
+    with pytest.raises(OSError, match="short read"):
+        io.submit(0, pool, slot, [(len(data) - 10, 100, 0)]).result(timeout=10)
 
 
 def test_pool_shrinks_and_grows():

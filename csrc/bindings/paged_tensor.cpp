@@ -55,16 +55,21 @@ void init_pager(py::module_ & m) {
     py::class_<layer_pager, std::shared_ptr<layer_pager>>(m, "LayerPager",
         "Streams groups of paged tensors (layers) through a buffer pool with worker-thread prefetch.")
         .def(py::init([](std::shared_ptr<weight_store> store, const std::vector<std::vector<std::string>> & layers,
-                         int n_slots, size_t slot_size, int n_workers, compute_backend * backend, bool direct_io) {
+                         int n_slots, size_t slot_size, int n_workers, compute_backend * backend, bool direct_io,
+                         bool staged) {
             pager_params p;
             p.direct_io = direct_io;
+            p.staged = staged;
             p.n_slots = n_slots;
             p.slot_size = slot_size;
             p.n_workers = n_workers;
             p.buft = backend ? backend->buffer_type() : nullptr;
             return std::make_shared<layer_pager>(std::move(store), layers, p);
         }), py::arg("store"), py::arg("layers"), py::arg("n_slots"), py::arg("slot_size") = 0,
-            py::arg("n_workers") = 1, py::arg("backend") = nullptr, py::arg("direct_io") = false)
+            py::arg("n_workers") = 1, py::arg("backend") = nullptr, py::arg("direct_io") = false,
+            py::arg("staged") = false)
+        .def_property_readonly("staged", [](const layer_pager & p) { return p.staged(); },
+                               "loads go through staging buffers and async device copies")
         .def_property_readonly("direct_io", &layer_pager::direct_io, "O_DIRECT reads are in use")
         .def_property_readonly("n_layers", &layer_pager::n_layers)
         .def_property_readonly("slot_size", [](const layer_pager & p) { return p.pool().slot_size(); })

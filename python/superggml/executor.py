@@ -43,6 +43,7 @@ class ExecutorParams:
     prefetch_depth: int = 2            # layers ahead with async_prefetch
     n_io_workers: int = 1
     direct_io: bool = False            # O_DIRECT reads into host slots (bypass the page cache)
+    staged_io: bool = False            # host slots too load via staging + async device copies (the GPU path)
     dynamic_layers: bool = False       # re-plan residency from memory pressure while running
     mem_pressure: float = 0.85         # the pressure above which pinned blocks are demoted
 
@@ -132,7 +133,8 @@ class Executor:
                              f"block {big} needs {slot} bytes")
         n_slots = min(n_slots, n_keys)
         pager = _core.LayerPager(store, layers, n_slots=n_slots, slot_size=slot,
-                                 n_workers=p.n_io_workers, backend=self.backend, direct_io=p.direct_io)
+                                 n_workers=p.n_io_workers, backend=self.backend, direct_io=p.direct_io,
+                                 staged=p.staged_io)
         n_stream = min(n_slots, n_stream)
         self.n_pinned = n_keys if n_slots >= n_keys else n_slots - n_stream
         if p.n_gpu_layers is not None:

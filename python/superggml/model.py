@@ -83,7 +83,9 @@ class Model:
     ``direct_io`` reads streamed blocks with O_DIRECT (the disk writes into
     the slot; no page cache, no CPU copy); None picks it when the file is
     larger than the memory available to this process, so it could not stay
-    in the page cache anyway.
+    in the page cache anyway. ``staged_io`` loads host slots the way device
+    slots are loaded (staging buffers, async copies, events), so the CPU runs
+    the GPU code path; it is slower and meant for testing.
     Streamed and resident runs give bit-identical logits (with repack off).
 
     >>> with Model(path, ctx_size=2048) as m:
@@ -95,7 +97,7 @@ class Model:
                  kv_type: str = "f16", repack: bool = True, logits_all: bool = False, verbose: bool = False,
                  device_budget: int | str | None = None, n_gpu_layers: int | None = None,
                  async_prefetch: bool = False, prefetch_depth: int = 2, dynamic_layers: bool = False,
-                 mem_pressure: float = 0.85, direct_io: bool | None = None):
+                 mem_pressure: float = 0.85, direct_io: bool | None = None, staged_io: bool = False):
         if ctx_size < 1:
             raise ValueError("ctx_size must be >= 1")
         if not 0.0 < mem_pressure <= 1.0:
@@ -129,7 +131,8 @@ class Model:
                 flash_attn=flash_attn, kv_type=kv_type, device_budget=parse_size(device_budget),
                 async_prefetch=async_prefetch, prefetch_depth=prefetch_depth, n_gpu_layers=n_gpu_layers,
                 dynamic_layers=dynamic_layers, mem_pressure=mem_pressure,
-                direct_io=_want_direct_io(self.path) if direct_io is None else bool(direct_io)))
+                direct_io=_want_direct_io(self.path) if direct_io is None else bool(direct_io),
+                staged_io=staged_io))
             paged = self._exec.pager is not None
             if not paged:
                 self._store.bind_mmap()
@@ -225,6 +228,7 @@ class Model:
             return {}
         d: dict[str, Any] = dict(ex.pager.stats())
         d.update(n_slots=ex.pager.n_slots, slot_size=ex.pager.slot_size, direct_io=ex.pager.direct_io,
+                 staged_io=ex.pager.staged,
                  layers_pinned=sum(ex.pager.pinned(k) for k in range(ex.pager.n_layers)))
         if ex.scheduler is not None:
             d.update(ex.scheduler.stats())

@@ -19,23 +19,18 @@
 
 using namespace superggml;
 
-int main() {
-    const size_t chunk = 16 << 10, n_keys = 256;
-    char path[] = "/tmp/superggml-stress-XXXXXX";
-    int fd = mkstemp(path);
-    std::vector<uint8_t> data(chunk * n_keys);
-    std::mt19937 gen(1);
-    for (auto & b : data) b = (uint8_t) gen();
-    if (write(fd, data.data(), data.size()) != (ssize_t) data.size()) return 2;
-    close(fd);
-
+// Four threads acquire random keys, load them (sometimes cancelling the load),
+// wait, check the bytes and release; a fifth shrinks and grows the pool.
+// mode 0: pread into the slot; 1: staged (staging buffers + async copies); 2: O_DIRECT.
+static int stress(const char * path, const std::vector<uint8_t> & data, size_t chunk, size_t n_keys, int mode) {
     pool_params pp;
     pp.slot_size = chunk;
     pp.n_slots = 6;
     buffer_pool pool(pp);
-    std::atomic<int> ok{0}, cancelled{0}, exhausted{0}, bad{0};
+    std::atomic<int> ok{0}, cancelled{0}, exhausted{0}, bad{0}, resized{0};
+    std::atomic<bool> done{false};
     {
-        prefetcher io(path, 3);
+        prefetcher io(path, 3, mode == 2, nullptr, mode == 1);
         // the fill of each slot, shared by every thread that holds the slot's key
         std::mutex mu;
         std::vector<std::shared_future<void>> fill(pp.n_slots);
@@ -45,6 +40,7 @@ int main() {
             j.priority = prio;
             j.ranges = {{key * chunk, chunk, 0}};
             j.dst = pool.buffer(slot);
+            j.direct = mode == 2;
             return io.submit(j);
         };
         std::vector<std::thread> ts;
@@ -91,9 +87,38 @@ int main() {
                 }
             });
         }
+        std::thread resizer([&] {
+            std::mt19937 rnd(7);
+            while (!done) {
+                {
+                    std::lock_guard<std::mutex> lk(mu);
+                    int evicted = -1;
+                    if (pool.n_slots() > 3 && rnd() % 2) { if (pool.shrink(evicted)) resized++; }
+                    else if (pool.n_slots() < (int) pp.n_slots) { pool.grow(); resized++; }
+                }
+                std::this_thread::sleep_for(std::chrono::microseconds(200));
+            }
+        });
         for (auto & th : ts) th.join();
+        done = true;
+        resizer.join();
     }
-    unlink(path);
-    std::printf("ok %d cancelled %d exhausted %d bad %d\n", ok.load(), cancelled.load(), exhausted.load(), bad.load());
+    std::printf("mode %d: ok %d cancelled %d exhausted %d resized %d bad %d\n", mode, ok.load(), cancelled.load(),
+                exhausted.load(), resized.load(), bad.load());
     return bad.load() == 0 && ok.load() > 1000 ? 0 : 1;
+}
+
+int main() {
+    const size_t chunk = 16 << 10, n_keys = 256;
+    char path[] = "/tmp/superggml-stress-XXXXXX";
+    int fd = mkstemp(path);
+    std::vector<uint8_t> data(chunk * n_keys);
+    std::mt19937 gen(1);
+    for (auto & b : data) b = (uint8_t) gen();
+    if (write(fd, data.data(), data.size()) != (ssize_t) data.size()) return 2;
+    close(fd);
+    int rc = 0;
+    for (int mode = 0; mode < 3; ++mode) rc |= stress(path, data, chunk, n_keys, mode);
+    unlink(path);
+    return rc;
 }
