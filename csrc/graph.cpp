@@ -104,12 +104,24 @@ static bool placed_by_allocator(const ggml_tensor * t) {
     return t->buffer && ggml_backend_buffer_get_usage(t->buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE;
 }
 
+// Views of bound tensors (a KV frame, a weight slot) take their address when
+// the graph is built; the tensor may be bound elsewhere since, so views of
+// storage the allocator does not manage follow their source at each compute.
+static void refresh_view(ggml_tensor * t) {
+    ggml_tensor * src = t->view_src;
+    if (!src || !src->data || placed_by_allocator(src)) return;
+    t->buffer = src->buffer;
+    t->data = static_cast<char *>(src->data) + t->view_offs;
+}
+
 void compute_backend::compute(ggml_cgraph * graph) {
     check_leaves(graph);
     const int n = ggml_graph_n_nodes(graph);
     for (int i = 0; i < n; ++i) {
         ggml_tensor * t = ggml_graph_node(graph, i);
         if (t->flags & GGML_TENSOR_FLAG_OUTPUT) { t->buffer = nullptr; t->data = nullptr; }
+        refresh_view(t);
+        for (int j = 0; j < GGML_MAX_SRC; ++j) if (t->src[j]) refresh_view(t->src[j]);
     }
     if (!ggml_gallocr_alloc_graph(galloc_, graph)) throw Error("cannot allocate the compute buffer");
     const ggml_status st = ggml_backend_graph_compute(backend_, graph);

@@ -56,12 +56,12 @@ struct prefetcher::stager {
 prefetcher::prefetcher(const std::string & path, int n_workers, bool direct, ggml_backend_device * device,
                        bool staged) : device_(device), staged_(staged) {
     if (n_workers < 1) throw Error("prefetcher needs at least one worker");
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) {
+    fd_ = path.empty() ? -1 : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0 && !path.empty()) {
         int e = errno;
         throw FileError("cannot open " + path + ": " + std::strerror(e), e);
     }
-    if (direct) fd_direct_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);   // -1: buffered only
+    if (direct && !path.empty()) fd_direct_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);   // -1: buffered only
     for (int i = 0; i < n_workers; ++i) workers_.emplace_back([this] { run(); });
 }
 
@@ -198,7 +198,12 @@ static bool read_direct(int fd, uint8_t * dst, size_t size, size_t need, uint64_
 }
 
 void prefetcher::load(const load_job & job, std::unique_ptr<stager> & st) {
+    if (job.task) {
+        job.task();
+        return;
+    }
     if (!job.dst) throw Error("load job without a destination buffer");
+    if (fd_ < 0) throw Error("this prefetcher has no file: it runs tasks only");
     const size_t cap = ggml_backend_buffer_get_size(job.dst);
     for (const auto & r : job.ranges) {
         if (r.dst_offset + r.size > cap) throw Error("load range does not fit in the slot");

@@ -25,6 +25,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -55,6 +56,7 @@ struct load_job {
     int key = -1;
     int priority = 0;                 // larger runs first
     bool direct = false;              // read with O_DIRECT (aligned ranges, host destination)
+    std::function<void()> task;       // if set, the worker runs this instead of reading ranges
     std::vector<read_range> ranges;
     ggml_backend_buffer * dst = nullptr;
 };
@@ -68,7 +70,8 @@ struct prefetch_stats {
 
 class prefetcher {
 public:
-    // Opens `path` for reading (and with O_DIRECT too if `direct`). `device`
+    // Opens `path` for reading (and with O_DIRECT too if `direct`; an empty
+    // path: no file, task jobs only). `device`
     // is the slots' device (nullptr: CPU); `staged` sends host slots through
     // the staging path too. Throws FileError.
     prefetcher(const std::string & path, int n_workers = 1, bool direct = false,

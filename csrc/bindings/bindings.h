@@ -24,5 +24,6 @@ void init_buffer_pool(pybind11::module_ & m);
 void init_prefetch(pybind11::module_ & m);
 void init_pager(pybind11::module_ & m);
 void init_telemetry(pybind11::module_ & m);
+void init_kv_cache(pybind11::module_ & m);
 
 }  // namespace superggml

@@ -11,4 +11,5 @@ PYBIND11_MODULE(_core, m) {
     superggml::init_prefetch(m);
     superggml::init_pager(m);
     superggml::init_telemetry(m);
+    superggml::init_kv_cache(m);
 }

@@ -46,6 +46,17 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--direct-io", choices=["auto", "on", "off"], default=_env_default("DIRECT_IO", "auto"),
                    help="read streamed blocks with O_DIRECT (on), through the page cache (off), or O_DIRECT "
                         "when the file is larger than the memory available (auto, default)")
+    p.add_argument("--paged-kv", action="store_true", default=_env_flag("PAGED_KV"),
+                   help="K/V in pages that spill to host memory and a file")
+    p.add_argument("--kv-page-size", type=int, default=int(_env_default("KV_PAGE_SIZE", "256") or 256),
+                   help="tokens per KV page, 16-8192 (default 256)")
+    p.add_argument("--kv-device-layers", type=int, default=None if _env_default("KV_DEVICE_LAYERS", None) is None
+                   else int(_env_default("KV_DEVICE_LAYERS", "0") or 0),
+                   help="layers whose K/V stay on the device with --paged-kv (default: all)")
+    p.add_argument("--host-budget", default=_env_default("HOST_BUDGET", None), metavar="SIZE",
+                   help="bytes of host memory for KV pages with --paged-kv (default: no limit)")
+    p.add_argument("--kv-spill-dir", default=_env_default("KV_SPILL_DIR", None), metavar="DIR",
+                   help="directory for KV pages beyond --host-budget")
     p.add_argument("--dynamic-layers", action="store_true", default=_env_flag("DYNAMIC_LAYERS"),
                    help="demote resident blocks to streamed when memory pressure rises above "
                         "--mem-pressure, promote them again when it falls")
@@ -61,7 +72,9 @@ def _cmd_generate(a: argparse.Namespace) -> int:
                n_gpu_layers=a.n_gpu_layers if a.n_gpu_layers >= 0 else None,
                async_prefetch=a.async_prefetch, prefetch_depth=a.prefetch_depth,
                dynamic_layers=a.dynamic_layers, mem_pressure=a.mem_pressure,
-               direct_io={"on": True, "off": False}.get(a.direct_io)) as m:
+               direct_io={"on": True, "off": False}.get(a.direct_io), paged_kv=a.paged_kv,
+               kv_page_size=a.kv_page_size, kv_device_layers=a.kv_device_layers, host_budget=a.host_budget,
+               kv_spill_dir=a.kv_spill_dir) as m:
         kw = dict(max_tokens=a.n_predict if a.n_predict >= 0 else None, temperature=a.temp, top_k=a.top_k,
                   top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed,
                   stop=a.stop or None, stream=True)

@@ -44,6 +44,11 @@ class ExecutorParams:
     n_io_workers: int = 1
     direct_io: bool = False            # O_DIRECT reads into host slots (bypass the page cache)
     staged_io: bool = False            # host slots too load via staging + async device copies (the GPU path)
+    paged_kv: bool = False             # K/V in pages that spill to host memory and a file
+    kv_page_size: int = 256            # tokens per page, 16..8192
+    kv_device_layers: int | None = None  # layers whose K/V frames stay on the device (None: all)
+    kv_host_budget: int | None = None  # bytes of host KV pages (None: no limit)
+    kv_spill_dir: str | None = None    # where pages beyond the host budget go
     dynamic_layers: bool = False       # re-plan residency from memory pressure while running
     mem_pressure: float = 0.85         # the pressure above which pinned blocks are demoted
 
@@ -77,21 +82,35 @@ class Executor:
         self.n_past = 0
 
         # persistent tensors: activations F32 [n_embd, n_batch]; per layer K, V F16 [n_embd_gqa, n_ctx]
+        # (with paged_kv, K/V are bound to the KV cache's frames layer by layer)
         self._pctx = _core.Context(max_tensors=2 * hp.n_layer + 4)
         self.act = self._pctx.new_tensor(F32, [hp.n_embd, params.n_batch])
         self.act.name = "act"
         kv_type = {"f16": F16, "f32": F32}.get(params.kv_type)
         if kv_type is None:
             raise ValueError(f"kv_type must be 'f16' or 'f32', not {params.kv_type!r}")
+        kctx = _core.Context(max_tensors=2 * hp.n_layer) if params.paged_kv else self._pctx
         self.k_cache, self.v_cache = [], []
         for il in range(hp.n_layer):
-            k = self._pctx.new_tensor(kv_type, [hp.n_embd_gqa, params.n_ctx])
-            v = self._pctx.new_tensor(kv_type, [hp.n_embd_gqa, params.n_ctx])
+            k = kctx.new_tensor(kv_type, [hp.n_embd_gqa, params.n_ctx])
+            v = kctx.new_tensor(kv_type, [hp.n_embd_gqa, params.n_ctx])
             k.name, v.name = f"cache_k_l{il}", f"cache_v_l{il}"
             self.k_cache.append(k)
             self.v_cache.append(v)
         self._pbuf = self.backend.alloc_tensors(self._pctx)
         self._pbuf.clear(0)
+        self.seq = 0
+        self._n_past: dict[int, int] = {}
+        self.kv: Any = None
+        if params.paged_kv:
+            if not 16 <= params.kv_page_size <= 8192:
+                raise ValueError(f"kv_page_size must be in 16..8192 tokens, not {params.kv_page_size}")
+            n_frames = hp.n_layer if params.kv_device_layers is None else params.kv_device_layers
+            if not 1 <= n_frames <= hp.n_layer:
+                raise ValueError(f"kv_device_layers must be in 1..{hp.n_layer}, not {params.kv_device_layers}")
+            self.kv = _core.KVCache(self.k_cache, self.v_cache, page_size=params.kv_page_size, n_frames=n_frames,
+                                    host_budget=params.kv_host_budget, spill_dir=params.kv_spill_dir or "",
+                                    v_trans=not params.flash_attn, backend=self.backend, n_workers=1)
         self._plans: dict[tuple[int, int, int], _Plan] = {}
         self.head_chunks: list[str] = []
         paged = params.dynamic_layers or params.device_budget is not None or (
@@ -145,13 +164,34 @@ class Executor:
 
     @property
     def kv_bytes(self) -> int:
+        """Bytes of a contiguous K/V cache for the whole context (what paged_kv pages)."""
         return 2 * self.hp.n_layer * self.hp.n_embd_gqa * self.params.n_ctx * self.k_cache[0].element_size
 
     def reset(self, n_past: int = 0) -> None:
-        """Forget cached positions >= n_past (the cache rows are overwritten later)."""
+        """Forget cached positions >= n_past of the current sequence (the cache rows are overwritten later)."""
         if not 0 <= n_past <= self.n_past:
             raise ValueError(f"n_past must be in [0, {self.n_past}]")
+        if self.kv is not None:
+            self.kv.seq_truncate(self.seq, n_past)
         self.n_past = n_past
+
+    def use_sequence(self, seq: int) -> None:
+        """Makes `seq` the sequence later evals extend (paged_kv keeps several; without it only 0)."""
+        if seq != 0 and self.kv is None:
+            raise ValueError("several sequences need paged_kv")
+        if seq < 0:
+            raise ValueError("sequence ids are >= 0")
+        self._n_past[self.seq] = self.n_past
+        self.seq = seq
+        self.n_past = self._n_past.get(seq, 0)
+
+    def drop_sequence(self, seq: int) -> None:
+        """Frees every page of `seq`."""
+        if self.kv is not None:
+            self.kv.seq_truncate(seq, 0)
+        self._n_past.pop(seq, None)
+        if seq == self.seq:
+            self.n_past = 0
 
     # -- one micro-batch ---------------------------------------------------
     def _plan(self, n: int, n_kv: int, n_out: int) -> "_Plan":
@@ -184,32 +224,43 @@ class Executor:
             chan = np.arange(hp.n_embd_gqa, dtype=np.int64)
             _core.tensor_set(inp.v_idxs, (chan[None, :] * p.n_ctx + pos[:, None]).reshape(-1))
         _core.tensor_set(inp.out_ids, np.asarray(out_rows or [0], dtype=np.int32))
-        self._compute(plan)
+        self._compute(plan, n)
         self.n_past += n
         if not out_rows:
             return None
         return _core.tensor_get(plan.logits).reshape(len(out_rows), hp.n_vocab)
 
-    def _compute(self, plan: "_Plan") -> None:
-        pager = self.pager
-        if pager is None:
+    def _compute(self, plan: "_Plan", n: int) -> None:
+        pager, kv = self.pager, self.kv
+        if pager is None and kv is None:
             self.backend.compute_many(plan.graphs)
             return
         if self.scheduler is not None:
             self.scheduler.step()
-        n_keys = self.hp.n_layer + len(self.head_chunks)
+        n_layer = self.hp.n_layer
+        n_keys = n_layer + len(self.head_chunks)
         depth = self.params.prefetch_depth if self.params.async_prefetch else 0
+        seq, p0 = self.seq, self.n_past
         for key, g in zip(plan.keys, plan.graphs):
             if key is None:
                 self.backend.compute(g)
                 continue
-            pager.acquire(key)
-            for j in range(1, depth + 1):
-                pager.prefetch((key + j) % n_keys)   # wraps to the next pass; False when no slot is free
+            if pager is not None:
+                pager.acquire(key)
+                for j in range(1, depth + 1):
+                    pager.prefetch((key + j) % n_keys)   # wraps to the next pass; False when no slot is free
+            if kv is not None and key < n_layer:
+                kv.acquire(seq, key, p0)
+                for j in range(1, depth + 1):
+                    if key + j < n_layer:
+                        kv.prefetch(seq, key + j, p0)
             try:
                 self.backend.compute(g)
             finally:
-                pager.release(key)
+                if kv is not None and key < n_layer:
+                    kv.release(seq, key, p0 + n)
+                if pager is not None:
+                    pager.release(key)
 
     # -- public --------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, logits_all: bool = False) -> np.ndarray:
@@ -281,7 +332,7 @@ class _Plan:
         for il in range(hp.n_layer):
             graph(lambda ctx, gf, act, act_out, il=il: ctx.cpy(
                 arch.build_block(ctx, gf, w, inp, il, act, ex.k_cache[il], ex.v_cache[il]), act_out),
-                rows_out=n_last if il == hp.n_layer - 1 else n, key=il if ex.pager else None)
+                rows_out=n_last if il == hp.n_layer - 1 else n, key=il if ex.pager or ex.kv else None)
         if n_out and ex.pager:
             self._build_chunked_head(ex, graph, n_out)
         elif n_out:

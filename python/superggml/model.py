@@ -86,6 +86,13 @@ class Model:
     in the page cache anyway. ``staged_io`` loads host slots the way device
     slots are loaded (staging buffers, async copies, events), so the CPU runs
     the GPU code path; it is slower and meant for testing.
+
+    ``paged_kv`` keeps K/V in pages of ``kv_page_size`` tokens (16-8192).
+    ``kv_device_layers`` layers keep their K/V frame on the device (default:
+    all); the others' pages live in host memory (``host_budget`` bytes) and
+    beyond it in a spill file in ``kv_spill_dir``, and come into a frame
+    while their layer runs (ahead of it with ``async_prefetch``). Logits are
+    bit-identical to the contiguous cache.
     Streamed and resident runs give bit-identical logits (with repack off).
 
     >>> with Model(path, ctx_size=2048) as m:
@@ -97,7 +104,9 @@ class Model:
                  kv_type: str = "f16", repack: bool = True, logits_all: bool = False, verbose: bool = False,
                  device_budget: int | str | None = None, n_gpu_layers: int | None = None,
                  async_prefetch: bool = False, prefetch_depth: int = 2, dynamic_layers: bool = False,
-                 mem_pressure: float = 0.85, direct_io: bool | None = None, staged_io: bool = False):
+                 mem_pressure: float = 0.85, direct_io: bool | None = None, staged_io: bool = False,
+                 paged_kv: bool = False, kv_page_size: int = 256, kv_device_layers: int | None = None,
+                 host_budget: int | str | None = None, kv_spill_dir: str | os.PathLike[str] | None = None):
         if ctx_size < 1:
             raise ValueError("ctx_size must be >= 1")
         if not 0.0 < mem_pressure <= 1.0:
@@ -132,7 +141,9 @@ class Model:
                 async_prefetch=async_prefetch, prefetch_depth=prefetch_depth, n_gpu_layers=n_gpu_layers,
                 dynamic_layers=dynamic_layers, mem_pressure=mem_pressure,
                 direct_io=_want_direct_io(self.path) if direct_io is None else bool(direct_io),
-                staged_io=staged_io))
+                staged_io=staged_io, paged_kv=paged_kv, kv_page_size=kv_page_size,
+                kv_device_layers=kv_device_layers, kv_host_budget=parse_size(host_budget),
+                kv_spill_dir=os.fspath(kv_spill_dir) if kv_spill_dir is not None else None))
             paged = self._exec.pager is not None
             if not paged:
                 self._store.bind_mmap()
@@ -219,14 +230,16 @@ class Model:
 
     # -- paging ------------------------------------------------------------
     def layer_stats(self) -> dict[str, Any]:
-        """Counters of the layer pager and scheduler (empty when every block is resident):
+        """Counters of the layer pager, the scheduler and the paged KV cache (kv_*; empty when
+        everything is resident):
         loads, hits, evictions, bytes_loaded, wait_seconds, read_seconds, n_slots, slot_size,
         layers_pinned, and with dynamic_layers layers_demoted / layers_promoted."""
         self._check_open()
         ex = self._exec
+        d: dict[str, Any] = dict(ex.kv.stats()) if ex.kv is not None else {}
         if ex.pager is None:
-            return {}
-        d: dict[str, Any] = dict(ex.pager.stats())
+            return d
+        d.update(ex.pager.stats())
         d.update(n_slots=ex.pager.n_slots, slot_size=ex.pager.slot_size, direct_io=ex.pager.direct_io,
                  staged_io=ex.pager.staged,
                  layers_pinned=sum(ex.pager.pinned(k) for k in range(ex.pager.n_layers)))

@@ -1,0 +1,85 @@
+#include "bindings.h"
+
+#include "graph.h"
+#include "kv-cache.h"
+
+#include <ggml.h>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+
+namespace superggml {
+
+// The cache with what it points into: the K/V tensors' contexts and its fill workers.
+struct kv_handle {
+    std::vector<std::shared_ptr<void>> owners;
+    std::shared_ptr<prefetcher> io;
+    std::unique_ptr<kv_cache> kv;   // destroyed first: it waits for its fills
+};
+
+void init_kv_cache(py::module_ & m) {
+    py::class_<kv_handle, std::shared_ptr<kv_handle>>(m, "KVCache",
+        "Paged K/V cache: pages of page_size tokens in device frames, host memory (a budget) and a spill file.")
+        .def(py::init([](const std::vector<tensor_ref> & k, const std::vector<tensor_ref> & v, int page_size,
+                         int n_frames, std::optional<size_t> host_budget, const std::string & spill_dir,
+                         bool v_trans, compute_backend * backend, int n_workers) {
+            if (k.empty() || k.size() != v.size()) throw Error("KVCache needs one K and one V tensor per layer");
+            auto h = std::make_shared<kv_handle>();
+            kv_params p;
+            p.n_layer = (int) k.size();
+            p.n_embd_gqa = k[0].t->ne[0];
+            p.n_ctx = k[0].t->ne[1];
+            p.elem_size = ggml_element_size(k[0].t);
+            p.v_trans = v_trans;
+            p.page_size = page_size;
+            p.n_frames = n_frames;
+            p.host_budget = host_budget ? *host_budget : SIZE_MAX;
+            p.spill_dir = spill_dir;
+            p.buft = backend ? backend->buffer_type() : nullptr;
+            std::vector<ggml_tensor *> kt, vt;
+            for (size_t i = 0; i < k.size(); ++i) {
+                if (ggml_nelements(k[i].t) != p.n_embd_gqa * p.n_ctx || ggml_nelements(v[i].t) != p.n_embd_gqa * p.n_ctx ||
+                    ggml_element_size(v[i].t) != p.elem_size) {
+                    throw Error("KVCache: every K and V tensor must be [n_embd_gqa, n_ctx] of one type");
+                }
+                kt.push_back(k[i].t);
+                vt.push_back(v[i].t);
+                h->owners.push_back(k[i].owner);
+                h->owners.push_back(v[i].owner);
+            }
+            if (n_workers > 0) h->io = std::make_shared<prefetcher>("", n_workers);
+            h->kv = std::make_unique<kv_cache>(p, kt, vt, h->io.get());
+            return h;
+        }), py::arg("k"), py::arg("v"), py::arg("page_size") = 256, py::arg("n_frames") = 0,
+            py::arg("host_budget") = py::none(), py::arg("spill_dir") = "", py::arg("v_trans") = true,
+            py::arg("backend") = nullptr, py::arg("n_workers") = 1)
+        .def("acquire", [](kv_handle & h, int seq, int layer, int64_t n_valid) { h.kv->acquire(seq, layer, n_valid); },
+             py::arg("seq"), py::arg("layer"), py::arg("n_valid"), py::call_guard<py::gil_scoped_release>(),
+             "Binds the layer's K/V to a frame holding rows [0, n_valid) of (seq, layer).")
+        .def("release", [](kv_handle & h, int seq, int layer, int64_t n_end) { h.kv->release(seq, layer, n_end); },
+             py::arg("seq"), py::arg("layer"), py::arg("n_end"), "Rows up to n_end were written: their pages are dirty.")
+        .def("prefetch", [](kv_handle & h, int seq, int layer, int64_t n_valid) { return h.kv->prefetch(seq, layer, n_valid); },
+             py::arg("seq"), py::arg("layer"), py::arg("n_valid"), py::call_guard<py::gil_scoped_release>(),
+             "Starts filling a frame on a worker; False if no frame is free.")
+        .def("seq_truncate", [](kv_handle & h, int seq, int64_t n) { h.kv->seq_truncate(seq, n); },
+             py::arg("seq"), py::arg("n"), py::call_guard<py::gil_scoped_release>(),
+             "Forgets tokens >= n of the sequence (0: all), freeing their pages.")
+        .def_property_readonly("page_bytes", [](const kv_handle & h) { return h.kv->page_bytes(); })
+        .def_property_readonly("page_size", [](const kv_handle & h) { return h.kv->params().page_size; })
+        .def("stats", [](const kv_handle & h) {
+            kv_stats s = h.kv->stats();
+            py::dict d;
+            d["kv_pages_device"] = s.pages_device; d["kv_pages_host"] = s.pages_host; d["kv_pages_disk"] = s.pages_disk;
+            d["kv_pages_loaded"] = s.pages_loaded; d["kv_pages_prefetched"] = s.pages_prefetched;
+            d["kv_pages_written_back"] = s.pages_written_back; d["kv_pages_evicted"] = s.pages_evicted;
+            d["kv_pages_spilled"] = s.pages_spilled;
+            d["kv_frame_hits"] = s.frame_hits; d["kv_frame_misses"] = s.frame_misses;
+            d["kv_tokens"] = s.tokens; d["kv_token_slots"] = s.token_slots;
+            d["kv_page_waste"] = s.token_slots ? 1.0 - (double) s.tokens / (double) s.token_slots : 0.0;
+            d["kv_host_bytes"] = s.host_bytes; d["kv_disk_bytes"] = s.disk_bytes;
+            d["kv_frame_bytes"] = s.frame_bytes; d["kv_frames"] = s.n_frames;
+            return d;
+        });
+}
+
+}  // namespace superggml

@@ -1,0 +1,146 @@
+// kv-cache: a paged K/V cache whose pages live in three tiers.
+//
+// Each (sequence, layer) has K and V rows for its tokens, cut into pages of
+// `page_size` tokens. The device holds `n_frames` frames; a frame is one
+// layer's K and V laid out exactly as the contiguous cache the attention
+// graph reads (K F16 [n_embd_gqa, n_ctx]; V F16 [n_ctx, n_embd_gqa] when
+// transposed, else like K), so graphs are the same as without paging.
+// acquire(seq, layer) binds the layer's K/V tensors to a frame holding that
+// (seq, layer), filling it from the pages when it was not there; release()
+// marks the pages the step wrote dirty. When a frame is taken for another
+// (seq, layer), its dirty pages are written back first: to host memory (a
+// byte budget; page buffers allocated on demand), and when the host budget
+// is full the least recently used host pages go to a spill file in
+// `spill_dir` (written only if changed since their last spill). With
+// n_frames >= the (seq, layer) pairs in use, pages never leave the device.
+//
+// Host and disk pages are stored as [K rows: page_size x n_embd_gqa]
+// [V: page_size x n_embd_gqa, or n_embd_gqa x page_size when transposed].
+// Failure (spill file unwritable, disk full, budget exhausted with no spill
+// dir) throws before anything is dropped: a frame or host page is released
+// only after its bytes are safe elsewhere. The spill file is unlinked when
+// the cache is destroyed. Driven by one thread; fills run on the
+// prefetcher's workers.
+#pragma once
+
+#include "error.h"
+#include "prefetch.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <map>
+#include <string>
+#include <vector>
+
+struct ggml_tensor;
+struct ggml_backend_buffer;
+struct ggml_backend_buffer_type;
+
+namespace superggml {
+
+struct kv_params {
+    int n_layer = 0;
+    int64_t n_embd_gqa = 0;         // K (and V) channels per token
+    int64_t n_ctx = 0;              // tokens a frame holds
+    size_t elem_size = 2;           // bytes per element (F16: 2, F32: 4)
+    bool v_trans = true;            // V stored transposed, as the non-flash attention graph reads it
+    int page_size = 256;            // tokens per page, 16..8192
+    int n_frames = 0;               // frames on the device (0: n_layer)
+    size_t host_budget = SIZE_MAX;  // bytes of host pages
+    std::string spill_dir;          // empty: no disk tier
+    ggml_backend_buffer_type * buft = nullptr;   // frames' buffer type (nullptr: CPU)
+};
+
+struct kv_stats {
+    uint64_t pages_device = 0, pages_host = 0, pages_disk = 0;   // now
+    uint64_t pages_loaded = 0;       // filled into frames (from host or disk)
+    uint64_t pages_prefetched = 0;   // of those, by a worker ahead of use
+    uint64_t pages_written_back = 0; // dirty pages copied out of frames
+    uint64_t pages_evicted = 0;      // host pages moved to disk
+    uint64_t pages_spilled = 0;      // pages written to the spill file
+    uint64_t frame_hits = 0, frame_misses = 0;
+    uint64_t tokens = 0, token_slots = 0;   // cached tokens, and page slots allocated for them
+    size_t host_bytes = 0, disk_bytes = 0, frame_bytes = 0;
+    int n_frames = 0;
+};
+
+class kv_cache {
+public:
+    // k[l], v[l]: layer l's no-alloc K/V tensors (the shapes above), bound to
+    // frames by acquire(). `io` runs prefetch fills (may be nullptr: none).
+    // Throws Error for a bad page size, FileError if the spill file cannot
+    // be created, Error if the frames cannot be allocated.
+    kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::vector<ggml_tensor *> v, prefetcher * io);
+    ~kv_cache();
+    kv_cache(const kv_cache &) = delete;
+    kv_cache & operator=(const kv_cache &) = delete;
+
+    // Binds layer's K/V to a frame holding rows [0, n_valid) of (seq, layer).
+    void acquire(int seq, int layer, int64_t n_valid);
+    // The step wrote rows [.., n_end) of (seq, layer): their pages are dirty.
+    void release(int seq, int layer, int64_t n_end);
+    // Starts filling a frame for (seq, layer) on a worker; false if no frame is free.
+    bool prefetch(int seq, int layer, int64_t n_valid);
+    // Forgets tokens >= n of `seq` (n = 0: the whole sequence), freeing their pages.
+    void seq_truncate(int seq, int64_t n);
+
+    kv_stats stats() const;
+    size_t page_bytes() const { return page_bytes_; }
+    const kv_params & params() const { return p_; }
+
+private:
+    struct page {
+        uint8_t * host = nullptr;
+        int64_t disk = -1;           // offset in the spill file
+        bool host_newer = false;     // host bytes changed since the disk copy
+        int pins = 0;                // fills reading the host bytes
+        uint64_t last_use = 0;
+    };
+    struct frame {
+        ggml_backend_buffer * buf = nullptr;
+        int seq = -1, layer = -1;
+        int in_use = 0;
+        uint64_t last_use = 0;
+        std::vector<char> dirty;     // per page index
+        std::shared_future<void> fill;
+        std::vector<page *> pinned;  // host pages a pending fill reads
+        int64_t valid = 0;           // rows held when acquired: the step writes from here
+    };
+    std::deque<page> & pages_of(int seq, int layer);   // stable references as it grows
+    int find_frame(int seq, int layer) const;
+    int take_frame();                // a free or evictable frame, written back; -1 if none
+    void settle(frame & f);          // waits for a pending fill; rethrows its error
+    void write_back(frame & f);
+    void start_fill(frame & f, int seq, int layer, int64_t n_valid, bool async);
+    void bind(const frame & f, int layer);
+    void store_page(frame & f, int64_t idx, page & pg);   // frame -> host (or disk)
+    bool make_host_room(size_t bytes);
+    void spill(page & pg);           // host -> disk, then frees the host bytes
+    void disk_write(page & pg, const uint8_t * bytes);
+    int64_t disk_alloc();
+    void disk_free(page & pg);
+    void free_page(page & pg);
+    // page <-> frame copies; `to_frame` picks the direction
+    void copy_page(frame & f, int64_t idx, uint8_t * page_bytes, bool to_frame) const;
+    int64_t layer_tokens(int seq, int layer) const;
+    void set_layer_tokens(int seq, int layer, int64_t n);
+
+    kv_params p_;
+    std::vector<ggml_tensor *> k_, v_;
+    prefetcher * io_;
+    size_t k_bytes_ = 0, v_off_ = 0, frame_size_ = 0, page_bytes_ = 0;
+    std::vector<frame> frames_;
+    std::map<int, std::vector<std::deque<page>>> seqs_;   // seq -> layer -> pages
+    std::map<int, std::vector<int64_t>> layer_tokens_;     // seq -> layer -> cached tokens
+    std::string spill_path_;
+    int spill_fd_ = -1;
+    int64_t spill_end_ = 0;
+    std::vector<int64_t> spill_free_;
+    size_t host_bytes_ = 0;
+    uint64_t clock_ = 0;
+    kv_stats st_;
+};
+
+}  // namespace superggml
