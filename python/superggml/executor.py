@@ -245,20 +245,24 @@ class Executor:
             if key is None:
                 self.backend.compute(g)
                 continue
+            paged_kv = kv is not None and key < n_layer
             if pager is not None:
                 pager.acquire(key)
-                for j in range(1, depth + 1):
-                    pager.prefetch((key + j) % n_keys)   # wraps to the next pass; False when no slot is free
-            if kv is not None and key < n_layer:
-                kv.acquire(seq, key, p0)
-                for j in range(1, depth + 1):
-                    if key + j < n_layer:
-                        kv.prefetch(seq, key + j, p0)
             try:
-                self.backend.compute(g)
+                if pager is not None:
+                    for j in range(1, depth + 1):
+                        pager.prefetch((key + j) % n_keys)   # wraps to the next pass; False when no slot is free
+                if paged_kv:
+                    kv.acquire(seq, key, p0)
+                    try:
+                        for j in range(1, min(depth, n_layer - 1 - key) + 1):
+                            kv.prefetch(seq, key + j, p0)
+                        self.backend.compute(g)
+                    finally:
+                        kv.release(seq, key, p0 + n)
+                else:
+                    self.backend.compute(g)
             finally:
-                if kv is not None and key < n_layer:
-                    kv.release(seq, key, p0 + n)
                 if pager is not None:
                     pager.release(key)
 
@@ -277,13 +281,18 @@ class Executor:
             raise ValueError(f"token id {bad[0]} out of range [0, {self.hp.n_vocab})")
         outs = []
         b = self.params.n_batch
-        for i in range(0, n, b):
-            chunk = tokens[i:i + b]
-            last = i + len(chunk) == n
-            rows = list(range(len(chunk))) if logits_all else ([len(chunk) - 1] if last else [])
-            r = self._ubatch(chunk, rows)
-            if r is not None:
-                outs.append(r)
+        start = self.n_past
+        try:
+            for i in range(0, n, b):
+                chunk = tokens[i:i + b]
+                last = i + len(chunk) == n
+                rows = list(range(len(chunk))) if logits_all else ([len(chunk) - 1] if last else [])
+                r = self._ubatch(chunk, rows)
+                if r is not None:
+                    outs.append(r)
+        except BaseException:
+            self.n_past = start      # all or nothing: rows written past it are overwritten later
+            raise
         return np.concatenate(outs, axis=0)
 
 

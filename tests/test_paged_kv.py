@@ -1,0 +1,241 @@
+"""paged_kv: K/V in pages that spill to host memory and a file give the contiguous cache's logits."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from superggml import Model
+from superggml.errors import SuperggmlError
+
+PROMPT = [(i * 37) % 4000 + 300 for i in range(200)]   # crosses pages of 16 mid-batch (n_batch 48)
+N_DECODE = 24
+
+
+def _run(m: Model) -> np.ndarray:
+    """Teacher-forced prompt (all logits) then greedy decoding, as one array."""
+    out = [m.eval(PROMPT, logits_all=True).copy()]
+    t = int(np.argmax(out[0][-1]))
+    for _ in range(N_DECODE):
+        logits = m.eval([t]).copy()
+        out.append(logits)
+        t = int(np.argmax(logits[-1]))
+    return np.concatenate(out)
+
+
+KW = dict(ctx_size=256, n_batch=48, n_threads=2, repack=False)
+
+
+@pytest.fixture(scope="module")
+def contiguous(model_path):
+    with Model(model_path, **KW) as m:
+        return _run(m), m.hparams.n_layer
+
+
+@pytest.mark.parametrize("page_size", [16, 256, 8192])
+@pytest.mark.parametrize("tier", ["device", "host", "disk"])
+def test_paged_kv_is_bit_identical(model_path, contiguous, page_size, tier, tmp_path):
+    ref, n_layer = contiguous
+    kw: dict = dict(paged_kv=True, kv_page_size=page_size)
+    if tier != "device":
+        kw["kv_device_layers"] = 3                       # the other layers' pages leave the device
+        kw["async_prefetch"] = tier == "host"            # fills ahead of use on a worker
+    if tier == "disk":
+        kw.update(host_budget=0, kv_spill_dir=str(tmp_path))
+    with Model(model_path, **KW, **kw) as m:
+        out = _run(m)
+        st = m.layer_stats()
+        if tier == "disk":
+            assert len(os.listdir(tmp_path)) == 1            # the spill file, while open
+    assert np.array_equal(out, ref)
+    assert st["kv_tokens"] == n_layer * (len(PROMPT) + N_DECODE)
+    if tier == "device":
+        assert st["kv_pages_written_back"] == 0 and st["kv_pages_host"] == 0
+    else:
+        assert st["kv_pages_written_back"] > 0 and st["kv_pages_loaded"] > 0
+    if tier == "host":
+        assert st["kv_pages_host"] > 0 and st["kv_pages_disk"] == 0 and st["kv_pages_prefetched"] > 0
+    if tier == "disk":
+        assert st["kv_pages_disk"] > 0 and st["kv_pages_host"] == 0 and st["kv_pages_spilled"] > 0
+        assert os.listdir(tmp_path) == []                    # removed on close
+
+
+def test_host_budget_spills_least_recently_used_pages(smollm2_path, tmp_path):
+    with Model(smollm2_path, **KW) as m:
+        ref = _run(m)
+    with Model(smollm2_path, **KW, paged_kv=True, kv_page_size=16, kv_device_layers=2,
+               host_budget="256KiB", kv_spill_dir=tmp_path) as m:
+        out = _run(m)
+        st = m.layer_stats()
+    assert np.array_equal(out, ref)
+    assert 0 < st["kv_host_bytes"] <= 256 << 10
+    assert st["kv_pages_evicted"] > 0 and st["kv_pages_disk"] > 0
+
+
+def test_sequences_share_the_cache(smollm2_path):
+    a, b = [1, 50, 60, 70, 80], [1, 900, 901, 902, 903, 904, 905]
+    with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False) as m:
+        ra = m.eval(a).copy()
+        m.reset()
+        rb = m.eval(b).copy()
+        rb2 = m.eval([42]).copy()
+        m.reset()
+        m.eval(a)
+        ra2 = m.eval([42]).copy()
+    with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False, paged_kv=True, kv_page_size=16,
+               kv_device_layers=5) as m:
+        ex = m._exec
+        ex.use_sequence(1)
+        assert np.array_equal(ex.eval(a), ra)
+        ex.use_sequence(2)
+        assert np.array_equal(ex.eval(b), rb)
+        ex.use_sequence(1)
+        assert np.array_equal(ex.eval([42]), ra2)
+        ex.use_sequence(2)
+        assert np.array_equal(ex.eval([42]), rb2)
+        pages = m.layer_stats()["kv_token_slots"]
+        ex.drop_sequence(1)
+        assert m.layer_stats()["kv_token_slots"] < pages
+
+
+def test_truncation_frees_pages_and_regenerates_identically(smollm2_path):
+    with Model(smollm2_path, **KW, paged_kv=True, kv_page_size=16, kv_device_layers=4) as m:
+        first = _run(m)
+        slots = m.layer_stats()["kv_token_slots"]
+        m._exec.reset(40)
+        m._tokens = m._tokens[:40]
+        assert m.layer_stats()["kv_token_slots"] < slots
+        m.reset()
+        assert m.layer_stats()["kv_token_slots"] == 0
+        again = _run(m)
+    assert np.array_equal(first, again)
+
+
+def test_page_size_and_layers_are_checked(smollm2_path, tmp_path):
+    with pytest.raises(ValueError, match="kv_page_size must be in 16..8192"):
+        Model(smollm2_path, paged_kv=True, kv_page_size=8)
+    with pytest.raises(ValueError, match="kv_page_size must be in 16..8192"):
+        Model(smollm2_path, paged_kv=True, kv_page_size=16384)
+    with pytest.raises(ValueError, match="kv_device_layers"):
+        Model(smollm2_path, paged_kv=True, kv_device_layers=0)
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(OSError, match="cannot create a KV spill file"):
+        Model(smollm2_path, paged_kv=True, kv_spill_dir=not_a_dir)
+    with pytest.raises(OSError, match="cannot create a KV spill file"):
+        Model(smollm2_path, paged_kv=True, kv_spill_dir=tmp_path / "missing")
+
+
+def test_host_budget_without_spill_dir_is_a_clear_error(smollm2_path):
+    with Model(smollm2_path, ctx_size=128, n_threads=2, paged_kv=True, kv_page_size=16, kv_device_layers=2,
+               host_budget=0) as m:
+        with pytest.raises(SuperggmlError, match="host budget of 0 bytes: give it a spill directory"):
+            for t in range(40):
+                m.eval([t + 100])
+
+
+FULL_DISK = r"""
+import json, resource, signal, sys
+import numpy as np
+from superggml import Model
+path, spill = sys.argv[1], sys.argv[2]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)          # writes past the limit fail with EFBIG instead
+m = Model(path, ctx_size=256, n_threads=2, repack=False, paged_kv=True, kv_page_size=16, kv_device_layers=2,
+          host_budget=0, kv_spill_dir=spill)
+resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, resource.RLIM_INFINITY))
+toks, err = list(range(300, 340)), None
+logits = m.eval(toks)
+try:
+    for t in range(1000, 1200):
+        logits = m.eval([t])
+        toks.append(t)
+except OSError as e:
+    err = str(e)
+n_ok = m.n_tokens
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+after = m.eval([7])[-1]                                  # the earlier state carries on
+m.close()
+import os
+print(json.dumps({"err": err, "n_ok": n_ok, "tokens": toks, "after": after.tolist()[:64],
+                  "left": os.listdir(spill)}))
+"""
+
+
+def test_full_spill_disk_raises_and_keeps_the_earlier_state(smollm2_path, tmp_path):
+    r = subprocess.run([sys.executable, "-c", FULL_DISK, smollm2_path, str(tmp_path)], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout.splitlines()[-1])
+    assert d["err"] and "cannot write the KV spill file" in d["err"] and "File too large" in d["err"]
+    assert d["n_ok"] == len(d["tokens"]) < 240
+    assert d["left"] == []
+    with Model(smollm2_path, ctx_size=256, n_threads=2, repack=False) as m:
+        m.eval(d["tokens"][:40])                           # fed as the child fed them
+        for t in d["tokens"][40:]:
+            m.eval([t])
+        ref = m.eval([7])[-1]
+    assert np.array_equal(np.asarray(d["after"], dtype=np.float32), ref[:64])
+
+
+def test_pages_of_256_cross_boundaries_mid_batch(smollm2_path, tmp_path):
+    prompt = [(i * 53) % 5000 + 200 for i in range(700)]   # batches of 64 straddle pages at 256 and 512
+    kw = dict(ctx_size=1024, n_batch=64, n_threads=2, repack=False)
+
+    def run(m: Model) -> np.ndarray:
+        out = [m.eval(prompt, logits_all=True).copy()]
+        t = int(np.argmax(out[0][-1]))
+        for _ in range(8):
+            out.append(m.eval([t]).copy())
+            t = int(np.argmax(out[-1][-1]))
+        return np.concatenate(out)
+
+    with Model(smollm2_path, **kw) as m:
+        ref = run(m)
+    with Model(smollm2_path, **kw, paged_kv=True, kv_page_size=256, kv_device_layers=3, host_budget="1MiB",
+               kv_spill_dir=tmp_path, async_prefetch=True) as m:
+        out = run(m)
+        st = m.layer_stats()
+    assert st["kv_pages_disk"] > 0 and st["kv_pages_host"] > 0
+    assert np.array_equal(out, ref)
+
+
+N_CTX_8K = 8448                          # so that pages of 8192 cross a boundary too
+PROMPT_8K = [(i * 97) % 20000 + 100 for i in range(8300)]
+KW_8K = dict(ctx_size=N_CTX_8K, n_batch=512, n_threads=2, repack=False)
+
+
+def _run_8k(m: Model) -> tuple[list[int], np.ndarray]:
+    logits = m.eval(PROMPT_8K)[-1]
+    toks = []
+    for _ in range(16):
+        toks.append(int(np.argmax(logits)))
+        logits = m.eval([toks[-1]])[-1]
+    return toks, logits
+
+
+@pytest.fixture(scope="module")
+def contiguous_8k(smollm2_path):
+    with Model(smollm2_path, **KW_8K) as m:
+        return _run_8k(m), m._exec.kv_bytes
+
+
+@pytest.mark.parametrize("page_size", [16, 8192])
+def test_smollm2_8k_context_with_a_quarter_of_the_kv_in_host_memory(smollm2_path, contiguous_8k, tmp_path,
+                                                                     page_size):
+    """8k tokens of context; 5 of 30 layers keep K/V on the device, the rest page through a host budget of a
+    quarter of the KV size and a spill file. Same tokens and last logits as the contiguous cache."""
+    (ref_toks, ref_logits), kv_bytes = contiguous_8k
+    with Model(smollm2_path, **KW_8K, paged_kv=True, kv_page_size=page_size, kv_device_layers=5,
+               host_budget=kv_bytes // 4, kv_spill_dir=tmp_path) as m:
+        toks, logits = _run_8k(m)
+        st = m.layer_stats()
+    print(f"\n8k context, pages of {page_size}: {st}")
+    assert toks == ref_toks and np.array_equal(logits, ref_logits)
+    assert st["kv_host_bytes"] <= kv_bytes // 4 and st["kv_pages_disk"] > 0
+    if page_size == 16:
+        assert st["kv_page_waste"] < 0.04
