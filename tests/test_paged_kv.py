@@ -239,3 +239,78 @@ def test_smollm2_8k_context_with_a_quarter_of_the_kv_in_host_memory(smollm2_path
     assert st["kv_host_bytes"] <= kv_bytes // 4 and st["kv_pages_disk"] > 0
     if page_size == 16:
         assert st["kv_page_waste"] < 0.04
+
+
+# -- the KV cache on its own: random traffic against a shadow copy ----------------------------
+
+def test_kv_cache_random_traffic_matches_a_shadow(tmp_path):
+    """Sequences grow, get truncated and dropped in random order through 3 frames, a host budget of a few
+    pages and a spill file; every acquire must show exactly the rows written before (K rows and transposed V)."""
+    from superggml import _core
+
+    n_layer, g, n_ctx, P = 4, 8, 96, 16
+    ctx = _core.Context(max_tensors=2 * n_layer)
+    k = [ctx.new_tensor(_core.GGMLType.F32, [g, n_ctx]) for _ in range(n_layer)]
+    v = [ctx.new_tensor(_core.GGMLType.F32, [g, n_ctx]) for _ in range(n_layer)]
+    kv = _core.KVCache(k, v, page_size=P, n_frames=3, host_budget=5 * 2 * P * g * 4, spill_dir=str(tmp_path))
+    rng = np.random.default_rng(0)
+    shadow: dict[tuple[int, int], np.ndarray] = {}        # (seq, layer) -> [n, 2, g]
+    n_past = {s: 0 for s in range(3)}
+    for step in range(600):
+        seq = int(rng.integers(3))
+        if rng.random() < 0.08:                             # truncate (sometimes to 0)
+            n = int(rng.integers(0, n_past[seq] + 1))
+            kv.seq_truncate(seq, n)
+            n_past[seq] = n
+            for layer in range(n_layer):
+                if (seq, layer) in shadow:
+                    shadow[seq, layer] = shadow[seq, layer][:n]
+            continue
+        p0 = n_past[seq]
+        n = int(rng.integers(1, 24))
+        if p0 + n > n_ctx:
+            continue
+        for layer in range(n_layer):
+            kv.acquire(seq, layer, p0)
+            if rng.random() < 0.5 and layer + 1 < n_layer:
+                kv.prefetch(seq, layer + 1, p0)
+            kt = _core.tensor_get(k[layer]).reshape(n_ctx, g)
+            vt = _core.tensor_get(v[layer]).reshape(g, n_ctx)   # transposed: [channel, position]
+            old = shadow.get((seq, layer), np.zeros((0, 2, g), np.float32))[:p0]
+            assert np.array_equal(kt[:p0], old[:, 0]), (step, seq, layer)
+            assert np.array_equal(vt[:, :p0].T, old[:, 1]), (step, seq, layer)
+            new = rng.standard_normal((n, 2, g)).astype(np.float32)
+            _core.tensor_set(k[layer], np.ascontiguousarray(new[:, 0]), p0 * g * 4)
+            for c in range(g):
+                _core.tensor_set(v[layer], np.ascontiguousarray(new[:, 1, c]), (c * n_ctx + p0) * 4)
+            kv.release(seq, layer, p0 + n)
+            shadow[seq, layer] = np.concatenate([old, new])
+        n_past[seq] = p0 + n
+    st = kv.stats()
+    assert st["kv_pages_spilled"] > 0 and st["kv_pages_evicted"] > 0 and st["kv_pages_prefetched"] > 0
+    assert st["kv_host_bytes"] <= 5 * kv.page_bytes
+    del kv
+    assert os.listdir(tmp_path) == []
+
+
+def test_cli_paged_kv_flags(monkeypatch, smollm2_path, tmp_path, capsys):
+    from superggml import cli
+
+    seen = {}
+    real = Model.__init__
+
+    def spy(self, path, **kw):
+        seen.update(kw)
+        real(self, path, **kw)
+
+    monkeypatch.setattr(Model, "__init__", spy)
+    monkeypatch.setenv("SUPERGGML_KV_PAGE_SIZE", "32")
+    assert cli.main(["generate", "-m", smollm2_path, "-p", "Hello", "-n", "4", "--temp", "0", "-c", "128",
+                     "--paged-kv", "--kv-device-layers", "2", "--host-budget", "64KiB",
+                     "--kv-spill-dir", str(tmp_path), "-v"]) == 0
+    assert seen["paged_kv"] is True and seen["kv_page_size"] == 32 and seen["kv_device_layers"] == 2
+    assert seen["host_budget"] == "64KiB" and seen["kv_spill_dir"] == str(tmp_path)
+    assert "kv_pages_disk" in capsys.readouterr().err
+    assert cli.main(["generate", "-m", smollm2_path, "-p", "Hi", "-n", "1", "--paged-kv",
+                     "--kv-page-size", "8"]) == 1
+    assert "kv_page_size must be in 16..8192" in capsys.readouterr().err
