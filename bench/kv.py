@@ -4,9 +4,10 @@
 
 One run per configuration, each in a fresh model: the prompt (ctx - tokens - 8
 tokens) is prefilled, then `tokens` tokens are decoded greedily and timed.
-"spilled" is the share of layers whose K/V pages live off the device
-(kv_device_layers = the rest) and come into a frame while their layer runs
-(a worker fills the next layer's frame ahead, async_prefetch). "host" keeps
+"spilled" is the share of layers whose K/V pages live off the device and
+come into one of 3 streaming frames while their layer runs (a worker fills
+the next two layers' frames ahead, async_prefetch); the other layers keep a
+frame of their own (kv_device_layers = those + 3). "host" keeps
 those pages in RAM; "disk" gives a host budget of 0 and a spill directory, so
 every page goes through the spill file (buffered I/O: on this 24 GiB machine
 the page cache serves the reads). Also reports page waste (allocated but
@@ -61,14 +62,15 @@ def main() -> int:
         for share in (0.0, 0.5, 1.0):
             if tier == "disk" and share == 0.0:
                 continue                                  # nothing leaves the device: same as host 0%
-            frames = max(1, n_layer - round(share * n_layer))
+            resident = n_layer - round(share * n_layer)
+            frames = n_layer if resident == n_layer else resident + 3
             with tempfile.TemporaryDirectory() as spill:
                 extra = dict(host_budget=0, kv_spill_dir=spill) if tier == "disk" else {}
                 with Model(path, **kw, paged_kv=True, kv_page_size=a.page_size, kv_device_layers=frames,
                            async_prefetch=True, **extra) as m:
                     tps, toks = decode(m, prompt, a.tokens)
                     st = m.layer_stats()
-            row = dict(tier=tier, spilled=(n_layer - frames) / n_layer, frames=frames, tok_s=tps,
+            row = dict(tier=tier, spilled=(n_layer - st["kv_resident_layers"]) / n_layer, frames=frames, tok_s=tps,
                        ratio=tps / base, waste=st["kv_page_waste"], same=toks == ref)
             rows.append(row)
             print(f"{tier:>6} {row['spilled']:8.0%} {frames:>6} {tps:7.2f} {row['ratio']:10.2f} "

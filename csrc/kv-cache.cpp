@@ -24,7 +24,8 @@ kv_cache::kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::
         throw Error("kv cache needs one K and one V tensor per layer");
     }
     if (!p_.buft) p_.buft = ggml_backend_cpu_buffer_type();
-    if (p_.n_frames <= 0) p_.n_frames = p_.n_layer;
+    if (p_.n_frames <= 0 || p_.n_frames > p_.n_layer) p_.n_frames = p_.n_layer;
+    n_resident_ = p_.n_frames >= p_.n_layer ? p_.n_layer : p_.n_frames - std::max(1, std::min(p_.n_stream, p_.n_frames));
     const size_t align = ggml_backend_buft_get_alignment(p_.buft);
     k_bytes_ = (size_t) (p_.n_embd_gqa * p_.n_ctx) * p_.elem_size;
     v_off_ = (k_bytes_ + align - 1) / align * align;
@@ -236,9 +237,11 @@ void kv_cache::settle(frame & f) {
     }
 }
 
-int kv_cache::take_frame() {
+int kv_cache::take_frame(int layer) {
     int best = -1;
-    for (int i = 0; i < (int) frames_.size(); ++i) {
+    const int lo = layer < n_resident_ ? layer : n_resident_;
+    const int hi = layer < n_resident_ ? layer + 1 : (int) frames_.size();
+    for (int i = lo; i < hi; ++i) {
         const frame & f = frames_[i];
         if (f.in_use) continue;
         if (f.seq < 0) { best = i; break; }
@@ -325,7 +328,7 @@ void kv_cache::bind(const frame & f, int layer) {
 
 bool kv_cache::prefetch(int seq, int layer, int64_t n_valid) {
     if (find_frame(seq, layer) >= 0) return true;
-    int i = take_frame();
+    int i = take_frame(layer);
     if (i < 0) return false;
     start_fill(frames_[i], seq, layer, n_valid, true);
     return true;
@@ -339,7 +342,7 @@ void kv_cache::acquire(int seq, int layer, int64_t n_valid) {
         settle(frames_[i]);
     } else {
         st_.frame_misses++;
-        i = take_frame();
+        i = take_frame(layer);
         if (i < 0) throw Error("every KV frame is in use");
         start_fill(frames_[i], seq, layer, n_valid, false);
     }
@@ -407,6 +410,7 @@ kv_stats kv_cache::stats() const {
     s.host_bytes = host_bytes_;
     s.frame_bytes = frame_size_ * frames_.size();
     s.n_frames = (int) frames_.size();
+    s.n_resident_layers = n_resident_;
     for (const auto & [seq, layers] : seqs_) {
         for (int l = 0; l < (int) layers.size(); ++l) {
             const auto & pages = layers[l];

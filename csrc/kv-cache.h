@@ -6,7 +6,10 @@
 // graph reads (K F16 [n_embd_gqa, n_ctx]; V F16 [n_ctx, n_embd_gqa] when
 // transposed, else like K), so graphs are the same as without paging.
 // acquire(seq, layer) binds the layer's K/V tensors to a frame holding that
-// (seq, layer), filling it from the pages when it was not there; release()
+// (seq, layer), filling it from the pages when it was not there (layers below
+// n_frames - n_stream own a frame each; the rest share the n_stream others,
+// least recently used first, so cycling through the layers never thrashes
+// the resident ones); release()
 // marks the pages the step wrote dirty. When a frame is taken for another
 // (seq, layer), its dirty pages are written back first: to host memory (a
 // byte budget; page buffers allocated on demand), and when the host budget
@@ -48,6 +51,8 @@ struct kv_params {
     bool v_trans = true;            // V stored transposed, as the non-flash attention graph reads it
     int page_size = 256;            // tokens per page, 16..8192
     int n_frames = 0;               // frames on the device (0: n_layer)
+    int n_stream = 1;               // of those, frames the other layers stream through when n_frames < n_layer;
+                                    // the first n_frames - n_stream layers keep a frame of their own
     size_t host_budget = SIZE_MAX;  // bytes of host pages
     std::string spill_dir;          // empty: no disk tier
     ggml_backend_buffer_type * buft = nullptr;   // frames' buffer type (nullptr: CPU)
@@ -64,6 +69,7 @@ struct kv_stats {
     uint64_t tokens = 0, token_slots = 0;   // cached tokens, and page slots allocated for them
     size_t host_bytes = 0, disk_bytes = 0, frame_bytes = 0;
     int n_frames = 0;
+    int n_resident_layers = 0;       // layers with a frame of their own
 };
 
 class kv_cache {
@@ -110,7 +116,7 @@ private:
     };
     std::deque<page> & pages_of(int seq, int layer);   // stable references as it grows
     int find_frame(int seq, int layer) const;
-    int take_frame();                // a free or evictable frame, written back; -1 if none
+    int take_frame(int layer);       // a free or evictable frame for `layer`, written back; -1 if none
     void settle(frame & f);          // waits for a pending fill; rethrows its error
     void write_back(frame & f);
     void start_fill(frame & f, int seq, int layer, int64_t n_valid, bool async);
@@ -131,6 +137,7 @@ private:
     std::vector<ggml_tensor *> k_, v_;
     prefetcher * io_;
     size_t k_bytes_ = 0, v_off_ = 0, frame_size_ = 0, page_bytes_ = 0;
+    int n_resident_ = 0;             // frames [0, n_resident_) belong to layers [0, n_resident_)
     std::vector<frame> frames_;
     std::map<int, std::vector<std::deque<page>>> seqs_;   // seq -> layer -> pages
     std::map<int, std::vector<int64_t>> layer_tokens_;     // seq -> layer -> cached tokens

@@ -22,7 +22,7 @@ void init_kv_cache(py::module_ & m) {
         "Paged K/V cache: pages of page_size tokens in device frames, host memory (a budget) and a spill file.")
         .def(py::init([](const std::vector<tensor_ref> & k, const std::vector<tensor_ref> & v, int page_size,
                          int n_frames, std::optional<size_t> host_budget, const std::string & spill_dir,
-                         bool v_trans, compute_backend * backend, int n_workers) {
+                         bool v_trans, compute_backend * backend, int n_workers, int n_stream) {
             if (k.empty() || k.size() != v.size()) throw Error("KVCache needs one K and one V tensor per layer");
             auto h = std::make_shared<kv_handle>();
             kv_params p;
@@ -33,6 +33,7 @@ void init_kv_cache(py::module_ & m) {
             p.v_trans = v_trans;
             p.page_size = page_size;
             p.n_frames = n_frames;
+            p.n_stream = n_stream;
             p.host_budget = host_budget ? *host_budget : SIZE_MAX;
             p.spill_dir = spill_dir;
             p.buft = backend ? backend->buffer_type() : nullptr;
@@ -52,7 +53,7 @@ void init_kv_cache(py::module_ & m) {
             return h;
         }), py::arg("k"), py::arg("v"), py::arg("page_size") = 256, py::arg("n_frames") = 0,
             py::arg("host_budget") = py::none(), py::arg("spill_dir") = "", py::arg("v_trans") = true,
-            py::arg("backend") = nullptr, py::arg("n_workers") = 1)
+            py::arg("backend") = nullptr, py::arg("n_workers") = 1, py::arg("n_stream") = 1)
         .def("acquire", [](kv_handle & h, int seq, int layer, int64_t n_valid) { h.kv->acquire(seq, layer, n_valid); },
              py::arg("seq"), py::arg("layer"), py::arg("n_valid"), py::call_guard<py::gil_scoped_release>(),
              "Binds the layer's K/V to a frame holding rows [0, n_valid) of (seq, layer).")
@@ -78,6 +79,7 @@ void init_kv_cache(py::module_ & m) {
             d["kv_page_waste"] = s.token_slots ? 1.0 - (double) s.tokens / (double) s.token_slots : 0.0;
             d["kv_host_bytes"] = s.host_bytes; d["kv_disk_bytes"] = s.disk_bytes;
             d["kv_frame_bytes"] = s.frame_bytes; d["kv_frames"] = s.n_frames;
+            d["kv_resident_layers"] = s.n_resident_layers;
             return d;
         });
 }

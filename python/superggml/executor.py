@@ -46,7 +46,7 @@ class ExecutorParams:
     staged_io: bool = False            # host slots too load via staging + async device copies (the GPU path)
     paged_kv: bool = False             # K/V in pages that spill to host memory and a file
     kv_page_size: int = 256            # tokens per page, 16..8192
-    kv_device_layers: int | None = None  # layers whose K/V frames stay on the device (None: all)
+    kv_device_layers: int | None = None  # K/V frames on the device, one layer each (None: one per layer)
     kv_host_budget: int | None = None  # bytes of host KV pages (None: no limit)
     kv_spill_dir: str | None = None    # where pages beyond the host budget go
     dynamic_layers: bool = False       # re-plan residency from memory pressure while running
@@ -110,7 +110,8 @@ class Executor:
                 raise ValueError(f"kv_device_layers must be in 1..{hp.n_layer}, not {params.kv_device_layers}")
             self.kv = _core.KVCache(self.k_cache, self.v_cache, page_size=params.kv_page_size, n_frames=n_frames,
                                     host_budget=params.kv_host_budget, spill_dir=params.kv_spill_dir or "",
-                                    v_trans=not params.flash_attn, backend=self.backend, n_workers=1)
+                                    v_trans=not params.flash_attn, backend=self.backend, n_workers=1,
+                                    n_stream=(params.prefetch_depth + 1) if params.async_prefetch else 1)
         self._plans: dict[tuple[int, int, int], _Plan] = {}
         self.head_chunks: list[str] = []
         paged = params.dynamic_layers or params.device_budget is not None or (

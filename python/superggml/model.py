@@ -88,11 +88,13 @@ class Model:
     the GPU code path; it is slower and meant for testing.
 
     ``paged_kv`` keeps K/V in pages of ``kv_page_size`` tokens (16-8192).
-    ``kv_device_layers`` layers keep their K/V frame on the device (default:
-    all); the others' pages live in host memory (``host_budget`` bytes) and
-    beyond it in a spill file in ``kv_spill_dir``, and come into a frame
-    while their layer runs (ahead of it with ``async_prefetch``). Logits are
-    bit-identical to the contiguous cache.
+    The device holds ``kv_device_layers`` frames of one layer's K/V each
+    (default: one per layer, nothing moves). With fewer, the first layers keep
+    a frame of their own and the others' pages live in host memory
+    (``host_budget`` bytes) and beyond it in a spill file in ``kv_spill_dir``,
+    coming into one of s streaming frames while their layer runs (s = 1, or
+    ``prefetch_depth`` + 1 with ``async_prefetch``, which fills them ahead).
+    Logits are bit-identical to the contiguous cache.
     Streamed and resident runs give bit-identical logits (with repack off).
 
     >>> with Model(path, ctx_size=2048) as m:
