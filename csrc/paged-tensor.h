@@ -149,6 +149,7 @@ public:
 
     pager_stats stats() const;
     prefetch_stats io_stats() const { return io_->stats(); }
+    bool last_load(int l, double & start, double & end) const { return io_->last_job(l, start, end); }
 
 private:
     struct layer {

@@ -122,6 +122,15 @@ bool prefetcher::cancel_job(uint64_t id) {
     return n > 0;
 }
 
+bool prefetcher::last_job(int key, double & start, double & end) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = last_.find(key);
+    if (it == last_.end()) return false;
+    start = it->second.first;
+    end = it->second.second;
+    return true;
+}
+
 prefetch_stats prefetcher::stats() const {
     std::lock_guard<std::mutex> lk(mu_);
     prefetch_stats s = stats_;
@@ -144,6 +153,7 @@ void prefetcher::run() {
             queue_.erase(it);
         }
         auto t0 = std::chrono::steady_clock::now();
+        const double wall0 = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
         std::exception_ptr err;
         uint64_t bytes = 0;
         try {
@@ -156,6 +166,7 @@ void prefetcher::run() {
         {
             std::lock_guard<std::mutex> lk(mu_);
             stats_.read_seconds += dt;
+            last_[e.job.key] = {wall0, wall0 + dt};
             stats_.bytes += bytes;
             (err ? stats_.failed : stats_.completed)++;
         }

@@ -31,6 +31,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 struct ggml_backend_buffer;
@@ -88,6 +89,9 @@ public:
     bool cancel(int key);             // cancels every queued job for `key`; true if there was one
     bool cancel_job(uint64_t id);     // cancels that job if it has not started
     prefetch_stats stats() const;
+    // Wall-clock start and end (seconds since the epoch) of the last finished
+    // job for `key`; false if none has finished.
+    bool last_job(int key, double & start, double & end) const;
     int n_workers() const { return (int) workers_.size(); }
     bool direct() const { return fd_direct_ >= 0; }   // O_DIRECT reads are available
     bool staged() const { return staged_; }
@@ -116,6 +120,7 @@ private:
     bool stop_ = false;
     uint64_t seq_ = 0;
     prefetch_stats stats_;
+    std::unordered_map<int, std::pair<double, double>> last_;   // key -> (start, end)
 };
 
 }  // namespace superggml

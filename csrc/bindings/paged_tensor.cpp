@@ -86,6 +86,11 @@ void init_pager(py::module_ & m) {
              "Frees one slot's memory (evicting its unpinned layer); False if every slot is in use or pinned.")
         .def("grow", &layer_pager::grow, py::call_guard<py::gil_scoped_release>(), "Allocates one more slot.")
         .def("resident", &layer_pager::resident)
+        .def("last_load", [](const layer_pager & p, int l) -> py::object {
+            double a = 0, b = 0;
+            if (!p.last_load(l, a, b)) return py::none();
+            return py::make_tuple(a, b);
+        }, py::arg("layer"), "(start, end) wall-clock seconds of the layer's last finished load, or None")
         .def("stats", [](const layer_pager & p) {
             auto s = p.stats();
             auto io = p.io_stats();
@@ -93,6 +98,7 @@ void init_pager(py::module_ & m) {
             d["loads"] = s.loads; d["hits"] = s.hits; d["evictions"] = s.evictions;
             d["bytes_loaded"] = s.bytes_loaded; d["wait_seconds"] = s.wait_seconds;
             d["read_seconds"] = io.read_seconds; d["pending"] = io.pending; d["failed"] = io.failed;
+            d["completed"] = io.completed;
             return d;
         });
 }

@@ -57,6 +57,14 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="bytes of host memory for KV pages with --paged-kv (default: no limit)")
     p.add_argument("--kv-spill-dir", default=_env_default("KV_SPILL_DIR", None), metavar="DIR",
                    help="directory for KV pages beyond --host-budget")
+    p.add_argument("--metrics", action="store_true", default=_env_flag("METRICS"),
+                   help="JSON-lines metrics (a snapshot per token, per-layer timings, events) to stderr")
+    p.add_argument("--metrics-file", default=_env_default("METRICS_FILE", None), metavar="PATH",
+                   help="write the metrics to PATH instead of stderr")
+    p.add_argument("--metrics-pretty", action="store_true", default=_env_flag("METRICS_PRETTY"),
+                   help="indented JSON instead of one compact line per object")
+    p.add_argument("--metrics-interval", type=int, default=int(_env_default("METRICS_INTERVAL", "1") or 1),
+                   metavar="N", help="a snapshot every N generated tokens (default 1)")
     p.add_argument("--dynamic-layers", action="store_true", default=_env_flag("DYNAMIC_LAYERS"),
                    help="demote resident blocks to streamed when memory pressure rises above "
                         "--mem-pressure, promote them again when it falls")
@@ -74,7 +82,8 @@ def _cmd_generate(a: argparse.Namespace) -> int:
                dynamic_layers=a.dynamic_layers, mem_pressure=a.mem_pressure,
                direct_io={"on": True, "off": False}.get(a.direct_io), paged_kv=a.paged_kv,
                kv_page_size=a.kv_page_size, kv_device_layers=a.kv_device_layers, host_budget=a.host_budget,
-               kv_spill_dir=a.kv_spill_dir) as m:
+               kv_spill_dir=a.kv_spill_dir, metrics=a.metrics, metrics_file=a.metrics_file,
+               metrics_pretty=a.metrics_pretty, metrics_interval=a.metrics_interval) as m:
         kw = dict(max_tokens=a.n_predict if a.n_predict >= 0 else None, temperature=a.temp, top_k=a.top_k,
                   top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed,
                   stop=a.stop or None, stream=True)

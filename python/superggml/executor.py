@@ -7,6 +7,7 @@ a device buffer; each block's K/V rows are written into that layer's cache.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -101,6 +102,9 @@ class Executor:
         self._pbuf.clear(0)
         self.seq = 0
         self._n_past: dict[int, int] = {}
+        self.record_timings = False                   # fill self.timings on every forward pass (metrics)
+        self.timings: list[dict[str, Any]] = []
+        self._released: dict[int, float] = {}        # key -> when it was last released (timings)
         self.kv: Any = None
         if params.paged_kv:
             if not 16 <= params.kv_page_size <= 8192:
@@ -233,7 +237,7 @@ class Executor:
 
     def _compute(self, plan: "_Plan", n: int) -> None:
         pager, kv = self.pager, self.kv
-        if pager is None and kv is None:
+        if pager is None and kv is None and not self.record_timings:
             self.backend.compute_many(plan.graphs)
             return
         if self.scheduler is not None:
@@ -242,9 +246,18 @@ class Executor:
         n_keys = n_layer + len(self.head_chunks)
         depth = self.params.prefetch_depth if self.params.async_prefetch else 0
         seq, p0 = self.seq, self.n_past
-        for key, g in zip(plan.keys, plan.graphs):
+        rec = self.timings if self.record_timings else None
+        if rec is not None:
+            rec.clear()
+        clock = time.time
+        for i, (key, g) in enumerate(zip(plan.keys, plan.graphs)):
+            t0 = clock()
             if key is None:
                 self.backend.compute(g)
+                if rec is not None:
+                    t1 = clock()
+                    rec.append(dict(layer=i, kind="embed" if i == 0 else "head", t_start=t0, t_end=t1,
+                                    wait_ms=0.0, load_ms=0.0, compute_ms=(t1 - t0) * 1e3))
                 continue
             paged_kv = kv is not None and key < n_layer
             if pager is not None:
@@ -258,14 +271,25 @@ class Executor:
                     try:
                         for j in range(1, min(depth, n_layer - 1 - key) + 1):
                             kv.prefetch(seq, key + j, p0)
+                        tc = clock()
                         self.backend.compute(g)
                     finally:
                         kv.release(seq, key, p0 + n)
                 else:
+                    tc = clock()
                     self.backend.compute(g)
             finally:
                 if pager is not None:
                     pager.release(key)
+            if rec is not None:
+                t1 = clock()
+                r = dict(layer=i, kind="block" if key < n_layer else "head", t_start=t0, t_end=t1,
+                         wait_ms=(tc - t0) * 1e3, load_ms=0.0, compute_ms=(t1 - tc) * 1e3)
+                last = pager.last_load(key) if pager is not None else None
+                if last is not None and last[0] >= self._released.get(key, 0.0):   # loaded for this use
+                    r.update(load_start=last[0], load_end=last[1], load_ms=(last[1] - last[0]) * 1e3)
+                self._released[key] = t1
+                rec.append(r)
 
     # -- public --------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, logits_all: bool = False) -> np.ndarray:

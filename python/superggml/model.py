@@ -9,7 +9,7 @@ import re
 import sys
 import time
 import uuid
-from typing import Any, Iterator, Mapping, Sequence
+from typing import IO, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from .arch import get_architecture
 from .chat import CHATML, ChatTemplate
 from .errors import GGUFError
 from .executor import Executor, ExecutorParams
+from .metrics import Metrics, MetricsWriter
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
@@ -95,6 +96,11 @@ class Model:
     coming into one of s streaming frames while their layer runs (s = 1, or
     ``prefetch_depth`` + 1 with ``async_prefetch``, which fills them ahead).
     Logits are bit-identical to the contiguous cache.
+
+    ``metrics`` (or a ``metrics_file``, a path or a text stream) writes
+    JSON-lines metrics (DESIGN.md's schema, ``superggml.metrics.schema()``):
+    a snapshot every ``metrics_interval`` generated tokens, per-layer timing
+    lines and the scheduler's moves; stderr unless a file is given.
     Streamed and resident runs give bit-identical logits (with repack off).
 
     >>> with Model(path, ctx_size=2048) as m:
@@ -108,7 +114,9 @@ class Model:
                  async_prefetch: bool = False, prefetch_depth: int = 2, dynamic_layers: bool = False,
                  mem_pressure: float = 0.85, direct_io: bool | None = None, staged_io: bool = False,
                  paged_kv: bool = False, kv_page_size: int = 256, kv_device_layers: int | None = None,
-                 host_budget: int | str | None = None, kv_spill_dir: str | os.PathLike[str] | None = None):
+                 host_budget: int | str | None = None, kv_spill_dir: str | os.PathLike[str] | None = None,
+                 metrics: bool = False, metrics_file: str | os.PathLike[str] | IO[str] | None = None,
+                 metrics_pretty: bool = False, metrics_interval: int = 1):
         if ctx_size < 1:
             raise ValueError("ctx_size must be >= 1")
         if not 0.0 < mem_pressure <= 1.0:
@@ -162,6 +170,14 @@ class Model:
                   f"vocab {hp.n_vocab}; ctx {ctx_size}, {self.n_threads} threads, "
                   f"{self.repacked_bytes / 2**20:.0f} MiB re-laid, KV {self._exec.kv_bytes / 2**20:.0f} MiB",
                   file=sys.stderr)
+        self._metrics: Metrics | None = None
+        if metrics or metrics_file is not None:
+            if metrics_interval < 1:
+                self.close()
+                raise ValueError("metrics_interval must be >= 1 token")
+            self._metrics = Metrics(self, MetricsWriter(metrics_file, pretty=metrics_pretty),
+                                    interval=metrics_interval)
+            self._exec.record_timings = True
         self._tokens: list[int] = []     # what the KV cache holds
         self._scores: np.ndarray | None = None
         self._closed = False
@@ -177,6 +193,8 @@ class Model:
         """Frees the KV cache and unmaps the file; the model is unusable after."""
         if not getattr(self, "_closed", True):
             self._closed = True
+            if getattr(self, "_metrics", None) is not None:
+                self._metrics.writer.close()
             del self._exec
             del self._store
             self._file.close()
@@ -288,6 +306,12 @@ class Model:
         la = self.logits_all if logits_all is None else logits_all
         self._scores = self._exec.eval(tokens, logits_all=la)
         self._tokens.extend(tokens)
+        if self._metrics is not None:
+            self._metrics.on_layer_timings(self._exec.timings)
+            if len(tokens) == 1 and self._metrics.prompt_tokens:
+                self._metrics.on_token()
+            else:
+                self._metrics.on_prompt(len(tokens))
         return self._scores
 
     def _prefill(self, tokens: Sequence[int]) -> np.ndarray:

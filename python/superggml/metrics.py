@@ -1,0 +1,190 @@
+"""JSON-lines metrics: one object per token (or every N tokens), plus event lines.
+
+The fields are DESIGN.md's schema (``metrics.schema.json`` in this package):
+counters of the layer pager, the scheduler and the paged KV cache, memory
+telemetry and speed. "gpu"/"vram" mean the compute device, whatever its kind
+(on a CPU build: the host). Event lines carry an ``event`` field:
+``layer`` (per-layer timings of one forward pass: wait, load, compute),
+``layer_demote`` / ``layer_promote`` (the scheduler's moves).
+
+Writing never slows decoding: lines go into an in-memory queue that one
+thread writes out, so they are never interleaved either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections import deque
+from datetime import datetime, timezone
+from importlib import resources
+from typing import IO, Any
+
+from . import _core
+
+SCHEMA_FILE = "metrics.schema.json"
+
+
+def schema() -> dict[str, Any]:
+    """The JSON schema every metrics line validates against."""
+    return json.loads(resources.files(__package__).joinpath(SCHEMA_FILE).read_text())
+
+
+def iso_now(t: float | None = None) -> str:
+    """ISO 8601 with milliseconds and Z."""
+    d = datetime.fromtimestamp(time.time() if t is None else t, tz=timezone.utc)
+    return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
+
+
+class MetricsWriter:
+    """Writes dict lines from a background thread; emit() only appends to a queue."""
+
+    def __init__(self, out: str | os.PathLike[str] | IO[str] | None = None, *, pretty: bool = False):
+        if out is None:
+            self._f: IO[str] = sys.stderr
+            self._own = False
+        elif isinstance(out, (str, os.PathLike)):
+            self._f = open(out, "w", encoding="utf-8")   # noqa: SIM115 - closed in close()
+            self._own = True
+        else:
+            self._f = out
+            self._own = False
+        self.pretty = pretty
+        self._q: deque[dict[str, Any]] = deque()
+        self._cv = threading.Condition()
+        self._stop = False
+        self.written = 0
+        self._thread = threading.Thread(target=self._run, name="superggml-metrics", daemon=True)
+        self._thread.start()
+
+    def emit(self, line: dict[str, Any]) -> None:
+        with self._cv:
+            self._q.append(line)
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._q and not self._stop:
+                    self._cv.wait()
+                batch = list(self._q)
+                self._q.clear()
+                stop = self._stop
+            for line in batch:
+                self._f.write(json.dumps(line, indent=2 if self.pretty else None,
+                                         separators=None if self.pretty else (",", ":")) + "\n")
+                self.written += 1
+            if batch:
+                self._f.flush()
+            if stop:
+                return
+
+    def close(self) -> None:
+        """Writes what is queued and stops the thread."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join()
+        if self._own:
+            self._f.close()
+
+
+class Metrics:
+    """Builds the lines for one Model: a snapshot line per `interval` tokens and event lines."""
+
+    def __init__(self, model: Any, writer: MetricsWriter, *, interval: int = 1):
+        if interval < 1:
+            raise ValueError("metrics interval must be >= 1 token")
+        self.model = model
+        self.writer = writer
+        self.interval = interval
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
+        self.token = 0
+        self._t0: float | None = None
+        self._t_last: float | None = None
+        self._n_events = 0
+        self._loads = 0
+        self._evictions = 0
+
+    # -- hooks the model calls --------------------------------------------
+    def on_prompt(self, n: int) -> None:
+        self.prompt_tokens += n
+        self._t_last = time.perf_counter()
+
+    def on_token(self) -> None:
+        now = time.perf_counter()
+        if self._t0 is None:
+            self._t0 = self._t_last if self._t_last is not None else now
+        dt = now - (self._t_last if self._t_last is not None else now)
+        self._t_last = now
+        self.generated_tokens += 1
+        self.token += 1
+        self._flush_events()
+        if self.generated_tokens % self.interval == 0:
+            self.writer.emit(self.snapshot(tokens_per_sec=1.0 / dt if dt > 0 else 0.0))
+
+    def on_layer_timings(self, timings: list[dict[str, Any]]) -> None:
+        """Per-layer timings of one forward pass (the executor's record)."""
+        for t in timings:
+            self.writer.emit({"timestamp": iso_now(t["t_start"]), "event": "layer", "token": self.token, **t})
+
+    # -- lines ----------------------------------------------------------
+    def _flush_events(self) -> None:
+        for ev in self.model.layer_events()[self._n_events:]:
+            self.writer.emit({"timestamp": iso_now(ev["t"]), "token": self.token, **ev})
+            self._n_events += 1
+
+    def snapshot(self, *, tokens_per_sec: float = 0.0) -> dict[str, Any]:
+        m = self.model
+        ex = m._exec
+        st = m.layer_stats()
+        n_layer = m.hparams.n_layer
+        pinned = int(st.get("layers_pinned", n_layer))
+        gpu = ex.backend.device_type != "cpu"
+        h = _core.host_memory()
+        dev_used, dev_total = _device_memory(ex, h)
+        elapsed = (self._t_last or 0.0) - (self._t0 or 0.0)
+        avg = self.generated_tokens / elapsed if elapsed > 0 else tokens_per_sec
+        host_pressure = float(h["pressure"])
+        line = {
+            "timestamp": iso_now(),
+            "token": self.token,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "gpu_layers_active": min(pinned, n_layer) if (gpu or ex.pager is not None) else n_layer,
+            "cpu_layers_active": 0 if gpu else n_layer,
+            "layers_evicted": int(st.get("evictions", 0)),
+            "layers_loaded": int(st.get("loads", 0)),
+            "layers_demoted": int(st.get("layers_demoted", 0)),
+            "layers_promoted": int(st.get("layers_promoted", 0)),
+            "kv_pages_gpu": int(st.get("kv_pages_device", 0)),
+            "kv_pages_cpu": int(st.get("kv_pages_host", 0)),
+            "kv_pages_disk": int(st.get("kv_pages_disk", 0)),
+            "kv_pages_evicted": int(st.get("kv_pages_evicted", 0)),
+            "kv_pages_prefetched": int(st.get("kv_pages_prefetched", 0)),
+            "vram_used_mb": round(dev_used / 2**20, 1),
+            "vram_total_mb": round(dev_total / 2**20, 1),
+            "ram_used_mb": round((int(h["total"]) - int(h["available"])) / 2**20, 1),
+            "gpu_memory_pressure": round(dev_used / dev_total, 4) if dev_total else 0.0,
+            "cpu_memory_pressure": round(host_pressure, 4),
+            "tokens_per_sec": round(tokens_per_sec, 3),
+            "avg_tokens_per_sec": round(avg, 3),
+            "prefetch_pending": int(st.get("pending", 0)),
+            "prefetch_completed": int(st.get("loads", 0)) - int(st.get("pending", 0)) - int(st.get("failed", 0)),
+            "prefetch_failed": int(st.get("failed", 0)),
+        }
+        return line
+
+
+def _device_memory(ex: Any, host: dict[str, Any]) -> tuple[int, int]:
+    """(used, total) bytes of the compute device: the host on a CPU build."""
+    if ex.backend.device_type == "cpu":
+        return int(host["total"]) - int(host["available"]), int(host["total"])
+    for d in _core.devices():
+        if d["name"] == ex.backend.device_name:
+            return int(d["memory_total"]) - int(d["memory_free"]), int(d["memory_total"])
+    return 0, 0
