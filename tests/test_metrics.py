@@ -105,3 +105,21 @@ def test_cli_metrics_file(smollm2_path, tmp_path):
 def test_bad_interval(smollm2_path):
     with pytest.raises(ValueError, match="metrics_interval"):
         Model(smollm2_path, metrics=True, metrics_interval=0)
+
+
+def test_plot_renders_a_timeline_png(smollm2_path, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    path = tmp_path / "run.jsonl"
+    with Model(smollm2_path, ctx_size=128, n_threads=2, device_budget="12MiB", async_prefetch=True,
+               metrics_file=path) as m:
+        m.create_completion("Once upon a time", max_tokens=8, temperature=0)
+    png = tmp_path / "timeline.png"
+    assert cli.main(["plot", str(path), "-o", str(png)]) == 0
+    img = np.asarray(Image.open(png).convert("L"))
+    assert img.shape[0] > 500 and img.shape[1] > 800
+    assert img.std() > 10 and (img < 128).mean() > 0.01          # drawn, not blank
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert cli.main(["plot", str(empty), "-o", str(tmp_path / "x.png")]) == 1

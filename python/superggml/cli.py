@@ -111,6 +111,69 @@ def _cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_analyze(a: argparse.Namespace) -> int:
+    import json
+
+    from .analyze import analyze, format_analysis, model_layout
+    from .model import parse_size
+
+    path = _model_path(a.model)
+    if a.device_budget:
+        budgets = [int(parse_size(b) or 0) for b in a.device_budget]
+    else:
+        lay = model_layout(path)
+        n_keys = lay.n_layer + len(lay.head_chunk_bytes)
+        budgets = [int(max(1, int(n_keys * f)) * lay.slot_bytes) for f in (1.0, 0.5, 0.25)] + [lay.slot_bytes]
+    direct = {"on": True, "off": False}.get(a.direct_io)
+    res = analyze(path, budgets, n_threads=a.threads or _threads(), direct_io=direct, progress=not a.json,
+                  measure=not a.no_measure)
+    print(json.dumps(res.to_json(), indent=1) if a.json else format_analysis(res))
+    return 0
+
+
+def _cmd_plan(a: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    from .plan import allocate, format_allocation, visible_devices
+
+    devs = visible_devices()
+    select = [int(x) for x in a.devices.split(",")] if a.devices else None
+    sizes: list[int] = []
+    if a.model:
+        from .analyze import model_layout
+        lay = model_layout(a.model)
+        sizes = list(lay.block_bytes)
+    alloc = allocate(devs, sizes, reserve=a.reserve_mib << 20, min_budget=a.min_budget_mib << 20,
+                     order=a.device_order, select=select)
+    if a.json:
+        print(json.dumps({"devices": [asdict(d) for d in devs],
+                          "placements": [{"device": p.device.name, "index": p.device.index, "budget": p.budget,
+                                          "first_layer": p.first_layer, "n_layers": p.n_layers, "bytes": p.bytes}
+                                         for p in alloc.placements],
+                          "skipped": [{"device": d.name, "why": w} for d, w in alloc.skipped],
+                          "streamed": list(alloc.streamed), "tensor_split": list(alloc.tensor_split)}, indent=1))
+        return 0
+    print(f"{'#':>2} {'device':<28} {'type':<5} {'free MiB':>9} {'total MiB':>9} source")
+    for d in devs:
+        print(f"{d.index:>2} {d.name[:28]:<28} {d.type:<5} {d.free >> 20:>9} {d.total >> 20:>9} {d.source}")
+    if sizes:
+        print()
+        print(format_allocation(alloc, sizes))
+    return 0
+
+
+def _threads() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+def _cmd_plot(a: argparse.Namespace) -> int:
+    from .plot import plot_metrics
+
+    print(plot_metrics(a.metrics, a.output, tokens=a.tokens))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="superggml", description="Run GGUF models layer by layer over ggml.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -130,10 +193,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("-v", "--verbose", action="store_true")
     g.set_defaults(func=_cmd_generate)
 
+    an = sub.add_parser("analyze", help="layer sizes, KV bytes per token and the predicted cost of budgets")
+    an.add_argument("-m", "--model", default=_env_default("MODEL", None), help="GGUF file (default: SmolLM2)")
+    an.add_argument("--device-budget", action="append", metavar="SIZE",
+                    help="a budget to plan (repeatable; default: 100%%, 50%%, 25%% of the blocks and 1 slot)")
+    an.add_argument("--direct-io", choices=["auto", "on", "off"], default="auto", help="read mode to predict for")
+    an.add_argument("-t", "--threads", type=int, default=None)
+    an.add_argument("--no-measure", action="store_true", help="sizes and plans only; no bandwidth or compute runs")
+    an.add_argument("--json", action="store_true")
+    an.set_defaults(func=_cmd_analyze)
+
+    pn = sub.add_parser("plan", help="devices, their free memory, and a layer-to-device allocation")
+    pn.add_argument("-m", "--model", default=None, help="GGUF file whose layers to allocate")
+    pn.add_argument("--reserve-mib", type=int, default=1024, help="MiB left free on each device (default 1024)")
+    pn.add_argument("--min-budget-mib", type=int, default=1024, help="skip devices with less (default 1024)")
+    pn.add_argument("--device-order", choices=["free_desc", "total_desc", "index"], default="free_desc")
+    pn.add_argument("--devices", default=None, help="comma-separated device indices to use (default: all)")
+    pn.add_argument("--json", action="store_true")
+    pn.set_defaults(func=_cmd_plan)
+
+    pl = sub.add_parser("plot", help="draw a timeline PNG from a metrics file")
+    pl.add_argument("metrics", help="a JSON-lines file written with --metrics-file")
+    pl.add_argument("-o", "--output", default="timeline.png", help="PNG to write (default timeline.png)")
+    pl.add_argument("--tokens", type=int, default=3, help="forward passes in the per-layer chart (default 3)")
+    pl.set_defaults(func=_cmd_plot)
+
     a = parser.parse_args(argv)
     try:
         return a.func(a)
-    except (SuperggmlError, FileNotFoundError, ValueError) as e:
+    except (SuperggmlError, OSError, ValueError) as e:
         print(f"superggml: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

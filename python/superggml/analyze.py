@@ -1,0 +1,194 @@
+"""`superggml analyze`: a model's layer sizes and what a budget costs per token, before running it.
+
+Sizes come from the GGUF tensor table. The prediction follows DESIGN.md's
+performance model with figures measured here and now: the read bandwidth W
+of the file (buffered pread, and O_DIRECT), and the compute time of one
+decode step (a few tokens run through a 2-slot pool, so the model need not
+fit). Per budget: the blocks that stay pinned, the bytes B streamed per
+token, and the predicted time per token: T_compute + B / W for buffered reads
+from the page cache (on a CPU the copy and the computation share the cores
+and the memory bus, so they add up), max(T_compute, B / W) for O_DIRECT with
+prefetch (the disk works while the CPU computes).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from . import _core
+from .arch import get_architecture
+
+SLOT_ALIGN_ROOM = 256
+
+
+@dataclass(frozen=True)
+class Layout:
+    path: str
+    arch: str
+    n_layer: int
+    block_bytes: tuple[int, ...]           # per block
+    other: tuple[tuple[str, int], ...]     # non-block tensors (name, bytes), largest first
+    head_bytes: int                        # the output matrix (the tied embedding if there is none)
+    kv_bytes_per_token: int                # F16 K and V over all layers
+    file_bytes: int
+    slot_bytes: int                        # a pool slot (CPU buffers): the largest block, padded
+    head_chunk_bytes: tuple[int, ...]      # the lm head's row chunks of a slot each
+
+
+def model_layout(path: str | os.PathLike[str]) -> Layout:
+    """Per-layer sizes from the GGUF's tensor table (no weights are read)."""
+    f = _core.GGUFFile(os.fspath(path))
+    try:
+        meta = f.metadata()
+        arch = get_architecture(meta)
+        sizes = {name: nb for name, _t, _s, _o, nb in f.tensors()}
+        hp = arch.hp
+        blocks = [sum(sizes[n] for n in arch.block_tensors(il)) for il in range(hp.n_layer)]
+        in_blocks = {n for il in range(hp.n_layer) for n in arch.block_tensors(il)}
+        other = sorted(((n, b) for n, b in sizes.items() if n not in in_blocks), key=lambda x: -x[1])
+        head_name = arch.output_tensor(lambda n: n in sizes)
+        store = _core.WeightStore(f)
+        slot = max(store.slot_bytes(arch.block_tensors(il)) for il in range(hp.n_layer))
+        chunks = tuple(store.file_range(c)[1] for c in store.add_row_chunks(head_name, slot - SLOT_ALIGN_ROOM))
+        del store
+        return Layout(os.fspath(path), hp.arch, hp.n_layer, tuple(blocks), tuple(other), sizes[head_name],
+                      2 * hp.n_layer * hp.n_embd_gqa * 2, os.path.getsize(path), slot, chunks)
+    finally:
+        f.close()
+
+
+def read_bandwidth(path: str, *, direct: bool, nbytes: int = 256 << 20, chunk: int = 16 << 20,
+                   progress: bool = False) -> float:
+    """Bytes/s of sequential reads of the file, as the prefetch worker reads (O_DIRECT if `direct`)."""
+    buf = mmap.mmap(-1, chunk)
+    size = os.path.getsize(path)
+    nbytes = min(nbytes, size // chunk * chunk) or chunk
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=nbytes, unit="B", unit_scale=True, desc=f"reading ({'O_DIRECT' if direct else 'buffered'})",
+                   leave=False)
+    try:
+        fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+    except OSError:
+        return float("nan")
+    done, off = 0, 0
+    t0 = time.perf_counter()
+    try:
+        while done < nbytes:
+            n = os.preadv(fd, [buf], off)
+            if n <= 0:
+                off = 0
+                continue
+            done += n
+            off += n
+            if bar is not None:
+                bar.update(n)
+    finally:
+        os.close(fd)
+        if bar is not None:
+            bar.close()
+    return done / (time.perf_counter() - t0)
+
+
+def measure_compute(path: str, *, n_threads: int, tokens: int = 4) -> float:
+    """Seconds of computation per decoded token (graph compute only, from the per-layer timings)."""
+    with _calibration_model(path, n_threads) as m:
+        m._exec.record_timings = True
+        m.eval(m.tokenize("def f(x):"))
+        per_token = []
+        for t in range(tokens):
+            m.eval([100 + t])
+            per_token.append(sum(x["compute_ms"] for x in m._exec.timings) / 1e3)
+    return statistics.median(per_token[1:] if len(per_token) > 1 else per_token)
+
+
+def _calibration_model(path: str, n_threads: int) -> Any:
+    from .model import Model
+
+    lay = model_layout(path)
+    return Model(path, ctx_size=128, n_threads=n_threads, repack=False, device_budget=2 * lay.slot_bytes,
+                 direct_io=False)
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    budget: int
+    n_slots: int
+    pinned_blocks: int
+    streamed_bytes: int          # per token
+    predicted_s: float           # per token
+
+
+@dataclass(frozen=True)
+class Analysis:
+    layout: Layout
+    t_compute_s: float
+    bandwidth_buffered: float
+    bandwidth_direct: float
+    direct_io: bool
+    plans: tuple[BudgetPlan, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        b = self.layout.block_bytes
+        d["layout"]["block_bytes_min_avg_max"] = [min(b), sum(b) / len(b), max(b)]
+        return d
+
+
+def plan_budget(lay: Layout, budget: int, *, async_prefetch: bool = True, prefetch_depth: int = 2) -> tuple[int, int, int]:
+    """(n_slots, pinned keys, bytes streamed per token) as the executor plans a budget: slots sized for the
+    largest block, the lm head in row chunks of a slot, the first keys pinned, the rest streamed."""
+    slot = lay.slot_bytes
+    keys = list(lay.block_bytes) + list(lay.head_chunk_bytes)
+    n_slots = min(budget // slot, len(keys))
+    if n_slots < 1:
+        raise ValueError(f"budget of {budget} bytes is smaller than one layer ({slot} bytes)")
+    n_stream = (prefetch_depth + 1) if async_prefetch else 1
+    pinned = len(keys) if n_slots >= len(keys) else max(0, n_slots - min(n_slots, n_stream))
+    return n_slots, pinned, int(sum(keys[pinned:]))
+
+
+def analyze(path: str, budgets: Sequence[int], *, n_threads: int, direct_io: bool | None = None,
+            progress: bool = False, measure: bool = True) -> Analysis:
+    lay = model_layout(path)
+    w_buf = read_bandwidth(path, direct=False, progress=progress) if measure else float("nan")
+    w_dir = read_bandwidth(path, direct=True, progress=progress) if measure else float("nan")
+    tc = measure_compute(path, n_threads=n_threads) if measure else float("nan")
+    if direct_io is None:
+        direct_io = lay.file_bytes > int(_core.host_memory()["available"])
+    plans = []
+    for b in budgets:
+        n_slots, pinned, streamed = plan_budget(lay, b)
+        if direct_io:
+            pred = max(tc, streamed / w_dir)
+        else:
+            pred = tc + streamed / w_buf
+        plans.append(BudgetPlan(b, n_slots, min(pinned, lay.n_layer), streamed, pred))
+    return Analysis(lay, tc, w_buf, w_dir, direct_io, tuple(plans))
+
+
+def format_analysis(a: Analysis) -> str:
+    lay = a.layout
+    b = lay.block_bytes
+    mib = 2**20
+    out = [f"{os.path.basename(lay.path)}: {lay.arch}, {lay.n_layer} blocks, file {lay.file_bytes / mib:.0f} MiB",
+           f"blocks: min {min(b) / mib:.1f} / avg {sum(b) / len(b) / mib:.1f} / max {max(b) / mib:.1f} MiB, "
+           f"total {sum(b) / mib:.0f} MiB",
+           "other tensors: " + ", ".join(f"{n} {s / mib:.1f} MiB" for n, s in lay.other[:4]) +
+           (f" (+{len(lay.other) - 4} smaller)" if len(lay.other) > 4 else ""),
+           f"KV cache (F16): {lay.kv_bytes_per_token / 1024:.1f} KiB per token "
+           f"({lay.kv_bytes_per_token * 4096 / mib:.0f} MiB at 4096 tokens)",
+           f"measured: compute {a.t_compute_s * 1e3:.1f} ms/token, read {a.bandwidth_buffered / 1e9:.2f} GB/s "
+           f"buffered, {a.bandwidth_direct / 1e9:.2f} GB/s O_DIRECT; reads here: "
+           f"{'O_DIRECT' if a.direct_io else 'buffered'}",
+           f"{'budget MiB':>10} {'slots':>6} {'pinned blocks':>13} {'streamed MB/token':>17} {'predicted ms/token':>18}"]
+    for p in a.plans:
+        out.append(f"{p.budget / mib:>10.0f} {p.n_slots:>6} {p.pinned_blocks:>13} {p.streamed_bytes / 1e6:>17.1f} "
+                   f"{p.predicted_s * 1e3:>18.1f}")
+    return "\n".join(out)

@@ -1,0 +1,75 @@
+"""plan's allocator on synthetic device lists, against hand-computed splits; the plan and analyze commands."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from superggml import cli
+from superggml.plan import Device, allocate
+
+GiB = 1 << 30
+A = Device(0, "GPU-A 8G", free=8 * GiB, total=8 * GiB)
+B = Device(1, "GPU-B 24G", free=24 * GiB, total=24 * GiB)
+C = Device(2, "GPU-C 12G (8 in use)", free=4 * GiB, total=12 * GiB)
+LAYERS = [GiB] * 40
+
+
+def ranges(a):
+    return [(p.device.index, p.first_layer, p.n_layers) for p in a.placements]
+
+
+def test_three_mixed_gpus_by_free_memory():
+    a = allocate([A, B, C], LAYERS, reserve=GiB, min_budget=GiB)
+    # budgets after the 1 GiB reserve: B 23, A 7, C 3 -> layers 0-22, 23-29, 30-32; 33-39 stream
+    assert ranges(a) == [(1, 0, 23), (0, 23, 7), (2, 30, 3)]
+    assert a.streamed == tuple(range(33, 40))
+    assert a.tensor_split == (23 / 40, 7 / 40, 3 / 40)
+    assert a.device_of(25) == A and a.device_of(35) is None
+
+
+def test_three_mixed_gpus_by_total_and_by_index():
+    assert ranges(allocate([A, B, C], LAYERS, reserve=GiB, order="total_desc")) == [(1, 0, 23), (2, 23, 3), (0, 26, 7)]
+    assert ranges(allocate([A, B, C], LAYERS, reserve=GiB, order="index")) == [(0, 0, 7), (1, 7, 23), (2, 30, 3)]
+    assert ranges(allocate([A, B, C], LAYERS, reserve=GiB, select=[0, 2])) == [(0, 0, 7), (2, 7, 3)]
+
+
+def test_reserve_larger_than_a_device():
+    small = Device(3, "GPU-D", free=GiB // 2, total=2 * GiB)
+    a = allocate([A, small], [GiB // 2] * 10, reserve=GiB, min_budget=GiB)
+    assert ranges(a) == [(0, 0, 10)]
+    (dev, why), = a.skipped
+    assert dev == small and "reserve 1024 MiB is more than its free 512 MiB" in why
+
+
+def test_one_device_too_small():
+    tight = Device(4, "GPU-E", free=GiB * 5 // 2, total=4 * GiB)     # 1.5 GiB after the reserve
+    a = allocate([tight, C], LAYERS[:4], reserve=GiB, min_budget=2 * GiB)
+    assert ranges(a) == [(2, 0, 3)] and a.streamed == (3,)
+    assert any(d == tight and "below the minimum of 2048 MiB" in w for d, w in a.skipped)
+    big_layers = allocate([C], [4 * GiB], reserve=GiB, min_budget=GiB)    # a layer bigger than the budget
+    assert big_layers.placements == () and big_layers.streamed == (0,)
+    assert "does not fit" in big_layers.skipped[0][1]
+
+
+def test_no_devices():
+    a = allocate([], LAYERS[:5])
+    assert a.placements == () and a.streamed == (0, 1, 2, 3, 4) and a.tensor_split == ()
+    assert a.notes == ("5 layers fit no device: they stream from the host",)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="device order"):
+        allocate([A], LAYERS, order="random")
+    with pytest.raises(ValueError, match="no device with index 7"):
+        allocate([A], LAYERS, select=[7])
+
+
+def test_plan_command(smollm2_path, capsys):
+    assert cli.main(["plan", "-m", smollm2_path, "--reserve-mib", "64", "--min-budget-mib", "64", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["devices"] and d["devices"][0]["type"] == "cpu"
+    assert sum(p["n_layers"] for p in d["placements"]) + len(d["streamed"]) == 30
+    assert cli.main(["plan", "--devices", "9"]) == 1
+    assert "no device with index 9" in capsys.readouterr().err
