@@ -73,3 +73,31 @@ def test_plan_command(smollm2_path, capsys):
     assert sum(p["n_layers"] for p in d["placements"]) + len(d["streamed"]) == 30
     assert cli.main(["plan", "--devices", "9"]) == 1
     assert "no device with index 9" in capsys.readouterr().err
+
+
+def test_analyze_command(smollm2_path, capsys):
+    assert cli.main(["analyze", "-m", smollm2_path, "--json", "-t", "2"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    lay = d["layout"]
+    assert lay["n_layer"] == 30 and len(lay["block_bytes"]) == 30
+    assert lay["kv_bytes_per_token"] == 2 * 30 * 192 * 2
+    assert d["t_compute_s"] > 0 and d["bandwidth_buffered"] > 0
+    plans = d["plans"]
+    assert plans[0]["streamed_bytes"] == 0 and plans[0]["predicted_s"] == pytest.approx(d["t_compute_s"])
+    assert plans[1]["streamed_bytes"] > 0 and plans[-1]["n_slots"] == 1
+    assert cli.main(["analyze", "-m", smollm2_path, "--no-measure", "--device-budget", "8MiB"]) == 0
+    out = capsys.readouterr().out
+    assert "KV cache (F16): 22.5 KiB per token" in out and "blocks: min" in out
+
+
+def test_analyze_plan_matches_the_executor(smollm2_path):
+    from superggml import Model
+    from superggml.analyze import model_layout, plan_budget
+
+    lay = model_layout(smollm2_path)
+    for budget in (6 << 20, 20 << 20):
+        n_slots, pinned, _ = plan_budget(lay, budget)
+        with Model(smollm2_path, ctx_size=64, n_threads=2, device_budget=budget, async_prefetch=True) as m:
+            st = m.layer_stats()
+            assert (st["n_slots"], st["slot_size"]) == (n_slots, lay.slot_bytes)
+            assert m._exec.n_pinned == pinned
