@@ -135,6 +135,14 @@ void init_graph(py::module_ & m) {
     }, py::arg("tensor"), py::arg("data"), py::arg("offset") = 0,
        "Copies the bytes of a contiguous buffer into the tensor's storage at byte `offset`.");
 
+    m.def("tensor_copy", [](tensor_ref & src, tensor_ref & dst) {
+        need_storage(src.t, "tensor_copy");
+        need_storage(dst.t, "tensor_copy");
+        if (src.t->type != dst.t->type || !ggml_are_same_shape(src.t, dst.t) || !ggml_is_contiguous(src.t) || !ggml_is_contiguous(dst.t)) throw Error("tensor_copy: the tensors must be contiguous, of one type and shape");
+        py::gil_scoped_release nogil;
+        ggml_backend_tensor_copy(src.t, dst.t);
+    }, py::arg("src"), py::arg("dst"), "Copies src into dst across backends (same type and shape).");
+
     m.def("tensor_get", [](tensor_ref & r) {
         need_storage(r.t, "tensor_get");
         if (!ggml_is_contiguous(r.t)) throw Error("tensor_get: tensor is not contiguous");

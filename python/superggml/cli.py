@@ -57,6 +57,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="bytes of host memory for KV pages with --paged-kv (default: no limit)")
     p.add_argument("--kv-spill-dir", default=_env_default("KV_SPILL_DIR", None), metavar="DIR",
                    help="directory for KV pages beyond --host-budget")
+    p.add_argument("--devices", default=_env_default("DEVICES", None), metavar="DEV,DEV",
+                   help="split the blocks over these ggml devices (see `superggml plan`), e.g. CUDA0,CUDA1")
+    p.add_argument("--tensor-split", default=_env_default("TENSOR_SPLIT", None), metavar="F,F",
+                   help="the devices' shares of the blocks, e.g. 3,1 (default: even)")
     p.add_argument("--metrics", action="store_true", default=_env_flag("METRICS"),
                    help="JSON-lines metrics (a snapshot per token, per-layer timings, events) to stderr")
     p.add_argument("--metrics-file", default=_env_default("METRICS_FILE", None), metavar="PATH",
@@ -83,7 +87,9 @@ def _cmd_generate(a: argparse.Namespace) -> int:
                direct_io={"on": True, "off": False}.get(a.direct_io), paged_kv=a.paged_kv,
                kv_page_size=a.kv_page_size, kv_device_layers=a.kv_device_layers, host_budget=a.host_budget,
                kv_spill_dir=a.kv_spill_dir, metrics=a.metrics, metrics_file=a.metrics_file,
-               metrics_pretty=a.metrics_pretty, metrics_interval=a.metrics_interval) as m:
+               metrics_pretty=a.metrics_pretty, metrics_interval=a.metrics_interval,
+               devices=a.devices.split(",") if a.devices else None,
+               tensor_split=[float(x) for x in a.tensor_split.split(",")] if a.tensor_split else None) as m:
         kw = dict(max_tokens=a.n_predict if a.n_predict >= 0 else None, temperature=a.temp, top_k=a.top_k,
                   top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed,
                   stop=a.stop or None, stream=True)

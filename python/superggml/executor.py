@@ -50,6 +50,8 @@ class ExecutorParams:
     kv_device_layers: int | None = None  # K/V frames on the device, one layer each (None: one per layer)
     kv_host_budget: int | None = None  # bytes of host KV pages (None: no limit)
     kv_spill_dir: str | None = None    # where pages beyond the host budget go
+    devices: tuple[str, ...] = ()      # with two or more: blocks split over these ggml devices (pipeline)
+    layer_split: tuple[int, ...] = ()  # blocks per device, in order (default: even)
     dynamic_layers: bool = False       # re-plan residency from memory pressure while running
     mem_pressure: float = 0.85         # the pressure above which pinned blocks are demoted
 
@@ -78,28 +80,43 @@ class Executor:
         self.arch = arch
         self.hp = hp = arch.hp
         self.params = params
-        self.backend = _core.Backend(params.device, params.n_threads)
+        devices = list(params.devices) or [params.device]
+        self.backends = [_core.Backend(d, params.n_threads) for d in devices]
+        self.backend = self.backends[0]
+        self.layer_backend = self._split_layers(len(devices))
+        multi = len(devices) > 1
+        if multi and (params.paged_kv or params.device_budget is not None or params.n_gpu_layers is not None
+                      or params.dynamic_layers):
+            raise ValueError("a multi-device split does not combine with paging options yet")
         self.weights = _WeightView(store)
         self.n_past = 0
 
-        # persistent tensors: activations F32 [n_embd, n_batch]; per layer K, V F16 [n_embd_gqa, n_ctx]
-        # (with paged_kv, K/V are bound to the KV cache's frames layer by layer)
-        self._pctx = _core.Context(max_tensors=2 * hp.n_layer + 4)
-        self.act = self._pctx.new_tensor(F32, [hp.n_embd, params.n_batch])
-        self.act.name = "act"
+        # persistent tensors, per device: activations F32 [n_embd, n_batch]; per layer K, V F16
+        # [n_embd_gqa, n_ctx] on its layer's device (with paged_kv, bound to the KV cache's frames instead)
+        ctxs = [_core.Context(max_tensors=2 * hp.n_layer + 4) for _ in devices]
+        self._pctx = ctxs[0]
+        self.acts = []
+        for i, c in enumerate(ctxs):
+            a = c.new_tensor(F32, [hp.n_embd, params.n_batch])
+            a.name = f"act_d{i}"
+            self.acts.append(a)
+        self.act = self.acts[0]
         kv_type = {"f16": F16, "f32": F32}.get(params.kv_type)
         if kv_type is None:
             raise ValueError(f"kv_type must be 'f16' or 'f32', not {params.kv_type!r}")
-        kctx = _core.Context(max_tensors=2 * hp.n_layer) if params.paged_kv else self._pctx
+        kctx = _core.Context(max_tensors=2 * hp.n_layer) if params.paged_kv else None
         self.k_cache, self.v_cache = [], []
         for il in range(hp.n_layer):
-            k = kctx.new_tensor(kv_type, [hp.n_embd_gqa, params.n_ctx])
-            v = kctx.new_tensor(kv_type, [hp.n_embd_gqa, params.n_ctx])
+            c = kctx or ctxs[self.layer_backend[il]]
+            k = c.new_tensor(kv_type, [hp.n_embd_gqa, params.n_ctx])
+            v = c.new_tensor(kv_type, [hp.n_embd_gqa, params.n_ctx])
             k.name, v.name = f"cache_k_l{il}", f"cache_v_l{il}"
             self.k_cache.append(k)
             self.v_cache.append(v)
-        self._pbuf = self.backend.alloc_tensors(self._pctx)
-        self._pbuf.clear(0)
+        self._pbufs = [b.alloc_tensors(c) for b, c in zip(self.backends, ctxs)]
+        self._pctxs = ctxs
+        for buf in self._pbufs:
+            buf.clear(0)
         self.seq = 0
         self._n_past: dict[int, int] = {}
         self.record_timings = False                   # fill self.timings on every forward pass (metrics)
@@ -167,6 +184,16 @@ class Executor:
             pager.pin(key)
         return pager
 
+    def _split_layers(self, n_dev: int) -> list[int]:
+        """Device index of every block: contiguous ranges, `layer_split` blocks each (default: even)."""
+        n = self.hp.n_layer
+        split = list(self.params.layer_split)
+        if not split:
+            split = [n // n_dev + (1 if i < n % n_dev else 0) for i in range(n_dev)]
+        if len(split) != n_dev or sum(split) != n or min(split) < 0:
+            raise ValueError(f"layer_split must give {n_dev} block counts summing to {n}, not {split}")
+        return [i for i, k in enumerate(split) for _ in range(k)]
+
     @property
     def kv_bytes(self) -> int:
         """Bytes of a contiguous K/V cache for the whole context (what paged_kv pages)."""
@@ -216,19 +243,21 @@ class Executor:
         p0 = self.n_past
         n_kv = min(p.n_ctx, -(-(p0 + n) // KV_PAD) * KV_PAD)
         plan = self._plan(n, n_kv, len(out_rows))
-        inp = plan.inputs
         pos = np.arange(p0, p0 + n, dtype=np.int32)
-        _core.tensor_set(inp.tokens, np.asarray(tokens, dtype=np.int32))
-        _core.tensor_set(inp.positions, pos)
         mask = np.where(np.arange(n_kv)[None, :] <= pos[:, None], 0.0, -np.inf)
-        _core.tensor_set(inp.mask, mask.astype(np.float16 if p.flash_attn else np.float32))
-        _core.tensor_set(inp.k_idxs, pos.astype(np.int64))
+        mask = mask.astype(np.float16 if p.flash_attn else np.float32)
         if p.flash_attn:
-            _core.tensor_set(inp.v_idxs, pos.astype(np.int64))
+            v_idxs = pos.astype(np.int64)
         else:
             chan = np.arange(hp.n_embd_gqa, dtype=np.int64)
-            _core.tensor_set(inp.v_idxs, (chan[None, :] * p.n_ctx + pos[:, None]).reshape(-1))
-        _core.tensor_set(inp.out_ids, np.asarray(out_rows or [0], dtype=np.int32))
+            v_idxs = (chan[None, :] * p.n_ctx + pos[:, None]).reshape(-1)
+        for inp in plan.all_inputs:
+            _core.tensor_set(inp.tokens, np.asarray(tokens, dtype=np.int32))
+            _core.tensor_set(inp.positions, pos)
+            _core.tensor_set(inp.mask, mask)
+            _core.tensor_set(inp.k_idxs, pos.astype(np.int64))
+            _core.tensor_set(inp.v_idxs, v_idxs)
+            _core.tensor_set(inp.out_ids, np.asarray(out_rows or [0], dtype=np.int32))
         self._compute(plan, n)
         self.n_past += n
         if not out_rows:
@@ -237,6 +266,9 @@ class Executor:
 
     def _compute(self, plan: "_Plan", n: int) -> None:
         pager, kv = self.pager, self.kv
+        if len(self.backends) > 1:
+            self._compute_split(plan)
+            return
         if pager is None and kv is None and not self.record_timings:
             self.backend.compute_many(plan.graphs)
             return
@@ -291,6 +323,25 @@ class Executor:
                 self._released[key] = t1
                 rec.append(r)
 
+    def _compute_split(self, plan: "_Plan") -> None:
+        """Graphs on their devices; activations copied where the device changes (a pipeline by layers)."""
+        rec = self.timings if self.record_timings else None
+        if rec is not None:
+            rec.clear()
+        prev = 0
+        for i, (g, d) in enumerate(zip(plan.graphs, plan.devs)):
+            t0 = time.time()
+            if d != prev:
+                _core.tensor_copy(self.acts[prev], self.acts[d])
+                prev = d
+            tc = time.time()
+            self.backends[d].compute(g)
+            if rec is not None:
+                t1 = time.time()
+                kind = "embed" if i == 0 else ("block" if i <= self.hp.n_layer else "head")
+                rec.append(dict(layer=i, kind=kind, t_start=t0, t_end=t1, wait_ms=(tc - t0) * 1e3, load_ms=0.0,
+                                compute_ms=(t1 - tc) * 1e3))
+
     # -- public --------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, logits_all: bool = False) -> np.ndarray:
         """Feeds tokens at positions n_past..; returns F32 logits [n_out, n_vocab]
@@ -328,53 +379,60 @@ class _Plan:
         self.keep: list[Any] = []       # contexts and buffers the graphs point into
         self.graphs: list[Any] = []
         self.keys: list[int | None] = []  # the paged layer each graph needs, if any
+        self.devs: list[int] = []       # the device each graph runs on
         self.logits: Any = None
         self.inputs: StepInputs
+        self.all_inputs: list[StepInputs] = []   # one set per device, filled alike
 
     @classmethod
     def build(cls, ex: Executor, n: int, n_kv: int, n_out: int) -> "_Plan":
         hp, p, arch, w = ex.hp, ex.params, ex.arch, ex.weights
         self = cls()
-        ictx = _core.Context(max_tensors=8)
-        t = {
-            "tokens": ictx.new_tensor(I32, [n]),
-            "positions": ictx.new_tensor(I32, [n]),
-            "mask": ictx.new_tensor(F16 if p.flash_attn else F32, [n_kv, n]),
-            "k_idxs": ictx.new_tensor(I64, [n]),
-            "v_idxs": ictx.new_tensor(I64, [n] if p.flash_attn else [n * hp.n_embd_gqa]),
-            "out_ids": ictx.new_tensor(I32, [max(n_out, 1)]),
-        }
-        for name, x in t.items():
-            x.name = "inp_" + name
-        self.keep += [ictx, ex.backend.alloc_tensors(ictx)]
-        self.inputs = inp = StepInputs(n_tokens=n, n_kv=n_kv, n_outputs=n_out, flash_attn=p.flash_attn, **t)
+        for b in ex.backends:
+            ictx = _core.Context(max_tensors=8)
+            t = {
+                "tokens": ictx.new_tensor(I32, [n]),
+                "positions": ictx.new_tensor(I32, [n]),
+                "mask": ictx.new_tensor(F16 if p.flash_attn else F32, [n_kv, n]),
+                "k_idxs": ictx.new_tensor(I64, [n]),
+                "v_idxs": ictx.new_tensor(I64, [n] if p.flash_attn else [n * hp.n_embd_gqa]),
+                "out_ids": ictx.new_tensor(I32, [max(n_out, 1)]),
+            }
+            for name, x in t.items():
+                x.name = "inp_" + name
+            self.keep += [ictx, b.alloc_tensors(ictx)]
+            self.all_inputs.append(StepInputs(n_tokens=n, n_kv=n_kv, n_outputs=n_out, flash_attn=p.flash_attn, **t))
+        self.inputs = self.all_inputs[0]
 
-        def graph(build: Any, rows_in: int = n, rows_out: int = n, key: int | None = None) -> Any:
+        def graph(build: Any, rows_in: int = n, rows_out: int = n, key: int | None = None, dev: int = 0) -> Any:
             ctx = _core.Context(max_tensors=GRAPH_NODES, graph_size=GRAPH_NODES)
             gf = ctx.new_graph()
-            act = ctx.view(ex.act, [hp.n_embd, rows_in], [ex.act.nb[1]], 0)
-            act_out = act if rows_out == rows_in else ctx.view(ex.act, [hp.n_embd, rows_out], [ex.act.nb[1]], 0)
-            out = build(ctx, gf, act, act_out)
+            a = ex.acts[dev]
+            act = ctx.view(a, [hp.n_embd, rows_in], [a.nb[1]], 0)
+            act_out = act if rows_out == rows_in else ctx.view(a, [hp.n_embd, rows_out], [a.nb[1]], 0)
+            out = build(ctx, gf, act, act_out, self.all_inputs[dev])
             gf.expand(out)
             self.keep.append(ctx)
             self.graphs.append(gf)
             self.keys.append(key)
+            self.devs.append(dev)
             return out
 
         n_last = min(n, max(n_out, 1))           # rows the last block keeps
-        graph(lambda ctx, gf, act, act_out: ctx.cpy(arch.build_embed(ctx, w, inp), act))
+        graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_embed(ctx, w, inp), act))
         for il in range(hp.n_layer):
-            graph(lambda ctx, gf, act, act_out, il=il: ctx.cpy(
+            graph(lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(
                 arch.build_block(ctx, gf, w, inp, il, act, ex.k_cache[il], ex.v_cache[il]), act_out),
-                rows_out=n_last if il == hp.n_layer - 1 else n, key=il if ex.pager or ex.kv else None)
+                rows_out=n_last if il == hp.n_layer - 1 else n, key=il if ex.pager or ex.kv else None,
+                dev=ex.layer_backend[il])
         if n_out and ex.pager:
             self._build_chunked_head(ex, graph, n_out)
         elif n_out:
-            def head(ctx: Any, gf: Any, act: Any, act_out: Any) -> Any:
+            def head(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs) -> Any:
                 out = arch.build_output(ctx, w, inp, act)
                 out.set_output()
                 return out
-            self.logits = graph(head, rows_in=n_out, rows_out=n_out)
+            self.logits = graph(head, rows_in=n_out, rows_out=n_out, dev=ex.layer_backend[-1])
         return self
 
     def _build_chunked_head(self, ex: Executor, graph: Any, n_out: int) -> None:
@@ -385,14 +443,14 @@ class _Plan:
         head_in = hctx.new_tensor(F32, [hp.n_embd, n_out])
         lb = hctx.new_tensor(F32, [hp.n_vocab, n_out])
         self.keep += [hctx, ex.backend.alloc_tensors(hctx)]
-        graph(lambda ctx, gf, act, act_out: ctx.cpy(ex.arch.build_output_norm(ctx, w, act), head_in),
+        graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(ex.arch.build_output_norm(ctx, w, act), head_in),
               rows_in=n_out, rows_out=n_out)
         row0 = 0
         for c, name in enumerate(ex.head_chunks):
             rows = w(name).ne[1]
 
-            def chunk(ctx: Any, gf: Any, act: Any, act_out: Any, name: str = name, r0: int = row0,
-                      rows: int = rows) -> Any:
+            def chunk(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs, name: str = name,
+                      r0: int = row0, rows: int = rows) -> Any:
                 dst = ctx.view(lb, [rows, n_out], [lb.nb[1]], r0 * lb.element_size)
                 return ctx.cpy(ctx.mul_mat(w(name), head_in), dst)
 

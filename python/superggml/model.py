@@ -48,6 +48,21 @@ def _return_free_memory() -> None:
         pass
 
 
+def _layer_split(shares: Sequence[float] | None, n_dev: int, n_layer: int) -> tuple[int, ...]:
+    """Blocks per device from llama.cpp-style proportions (cumulative rounding); () for the default."""
+    if not shares:
+        return ()
+    if len(shares) != n_dev or any(x < 0 for x in shares) or sum(shares) <= 0:
+        raise ValueError(f"tensor_split needs {n_dev} non-negative shares, not {list(shares)}")
+    total, acc, out, prev = float(sum(shares)), 0.0, [], 0
+    for x in shares:
+        acc += x
+        cut = round(n_layer * acc / total)
+        out.append(cut - prev)
+        prev = cut
+    return tuple(out)
+
+
 def _want_direct_io(path: str) -> bool:
     """O_DIRECT pays off when the file cannot stay in the page cache: larger than what is available."""
     return os.path.getsize(path) > int(_core.host_memory()["available"])
@@ -97,6 +112,12 @@ class Model:
     ``prefetch_depth`` + 1 with ``async_prefetch``, which fills them ahead).
     Logits are bit-identical to the contiguous cache.
 
+    ``devices`` (ggml device names, e.g. ``["CUDA0", "CUDA1"]``; the same
+    name twice gives two backend instances) splits the blocks over several
+    devices in contiguous ranges, ``tensor_split`` giving their shares (as
+    llama.cpp's; default even): each runs its blocks and their K/V, and the
+    activations are copied where the device changes.
+
     ``metrics`` (or a ``metrics_file``, a path or a text stream) writes
     JSON-lines metrics (DESIGN.md's schema, ``superggml.metrics.schema()``):
     a snapshot every ``metrics_interval`` generated tokens, per-layer timing
@@ -116,7 +137,8 @@ class Model:
                  paged_kv: bool = False, kv_page_size: int = 256, kv_device_layers: int | None = None,
                  host_budget: int | str | None = None, kv_spill_dir: str | os.PathLike[str] | None = None,
                  metrics: bool = False, metrics_file: str | os.PathLike[str] | IO[str] | None = None,
-                 metrics_pretty: bool = False, metrics_interval: int = 1):
+                 metrics_pretty: bool = False, metrics_interval: int = 1,
+                 devices: Sequence[str] | None = None, tensor_split: Sequence[float] | None = None):
         if ctx_size < 1:
             raise ValueError("ctx_size must be >= 1")
         if not 0.0 < mem_pressure <= 1.0:
@@ -151,7 +173,9 @@ class Model:
                 async_prefetch=async_prefetch, prefetch_depth=prefetch_depth, n_gpu_layers=n_gpu_layers,
                 dynamic_layers=dynamic_layers, mem_pressure=mem_pressure,
                 direct_io=_want_direct_io(self.path) if direct_io is None else bool(direct_io),
-                staged_io=staged_io, paged_kv=paged_kv, kv_page_size=kv_page_size,
+                staged_io=staged_io, devices=tuple(devices or ()),
+                layer_split=_layer_split(tensor_split, len(devices or ()), self.hparams.n_layer),
+                paged_kv=paged_kv, kv_page_size=kv_page_size,
                 kv_device_layers=kv_device_layers, kv_host_budget=parse_size(host_budget),
                 kv_spill_dir=os.fspath(kv_spill_dir) if kv_spill_dir is not None else None))
             paged = self._exec.pager is not None
