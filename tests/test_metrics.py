@@ -52,6 +52,13 @@ def test_metrics_lines_validate_and_agree_with_the_counters(smollm2_path, tmp_pa
     assert last["kv_pages_prefetched"] == final["kv_pages_prefetched"]
     assert last["prefetch_failed"] == 0 and last["avg_tokens_per_sec"] > 0
     assert len(moves) == final["layers_demoted"] + final["layers_promoted"]
+    counted = {}
+    for x in lines:
+        if "count" in x:
+            counted[x["event"]] = counted.get(x["event"], 0) + x["count"]
+    assert counted["layer_load"] == final["loads"] and counted["layer_evict"] == final["evictions"]
+    assert counted["kv_page_spill"] == final["kv_pages_spilled"]
+    assert counted["kv_page_writeback"] == final["kv_pages_written_back"]
     blocks = [x for x in layers if x["kind"] == "block" and x["token"] == 5]
     assert len(blocks) == 30 and all(b["compute_ms"] > 0 for b in blocks)
     assert any(b["load_ms"] > 0 for b in blocks)                  # streamed blocks show their load

@@ -79,17 +79,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 def _cmd_generate(a: argparse.Namespace) -> int:
     from .model import Model
 
-    with Model(_model_path(a.model), ctx_size=a.ctx_size, n_threads=a.threads, n_batch=a.batch_size,
-               seed=a.seed, flash_attn=a.flash_attn, kv_type=a.kv_type, device_budget=a.device_budget,
-               n_gpu_layers=a.n_gpu_layers if a.n_gpu_layers >= 0 else None,
-               async_prefetch=a.async_prefetch, prefetch_depth=a.prefetch_depth,
-               dynamic_layers=a.dynamic_layers, mem_pressure=a.mem_pressure,
-               direct_io={"on": True, "off": False}.get(a.direct_io), paged_kv=a.paged_kv,
-               kv_page_size=a.kv_page_size, kv_device_layers=a.kv_device_layers, host_budget=a.host_budget,
-               kv_spill_dir=a.kv_spill_dir, metrics=a.metrics, metrics_file=a.metrics_file,
-               metrics_pretty=a.metrics_pretty, metrics_interval=a.metrics_interval,
-               devices=a.devices.split(",") if a.devices else None,
-               tensor_split=[float(x) for x in a.tensor_split.split(",")] if a.tensor_split else None) as m:
+    with Model(_model_path(a.model), seed=a.seed, **_model_kwargs(a)) as m:
         kw = dict(max_tokens=a.n_predict if a.n_predict >= 0 else None, temperature=a.temp, top_k=a.top_k,
                   top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed,
                   stop=a.stop or None, stream=True)
@@ -114,6 +104,58 @@ def _cmd_generate(a: argparse.Namespace) -> int:
             if st:
                 print("[superggml] paging: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                                                          for k, v in st.items()), file=sys.stderr)
+    return 0
+
+
+def _model_kwargs(a: argparse.Namespace) -> dict:
+    """Model keyword arguments from the shared model/paging flags."""
+    return dict(ctx_size=a.ctx_size, n_threads=a.threads, n_batch=a.batch_size, flash_attn=a.flash_attn,
+                kv_type=a.kv_type, device_budget=a.device_budget,
+                n_gpu_layers=a.n_gpu_layers if a.n_gpu_layers >= 0 else None,
+                async_prefetch=a.async_prefetch, prefetch_depth=a.prefetch_depth,
+                dynamic_layers=a.dynamic_layers, mem_pressure=a.mem_pressure,
+                direct_io={"on": True, "off": False}.get(a.direct_io), paged_kv=a.paged_kv,
+                kv_page_size=a.kv_page_size, kv_device_layers=a.kv_device_layers, host_budget=a.host_budget,
+                kv_spill_dir=a.kv_spill_dir, metrics=a.metrics, metrics_file=a.metrics_file,
+                metrics_pretty=a.metrics_pretty, metrics_interval=a.metrics_interval,
+                devices=a.devices.split(",") if a.devices else None,
+                tensor_split=[float(x) for x in a.tensor_split.split(",")] if a.tensor_split else None)
+
+
+def _cmd_bench(a: argparse.Namespace) -> int:
+    import json
+    import statistics
+
+    from .model import Model
+
+    prompt = [(i * 37) % 1000 + 100 for i in range(a.n_prompt)]
+    if a.n_prompt + a.n_gen + 1 > a.ctx_size:
+        raise ValueError(f"-p {a.n_prompt} + -n {a.n_gen} tokens do not fit ctx_size {a.ctx_size}")
+    with Model(_model_path(a.model), seed=0, **_model_kwargs(a)) as m:
+        pp, tg = [], []
+        for _ in range(a.repetitions):
+            m.reset()
+            t0 = time.perf_counter()
+            m.eval(prompt)
+            t1 = time.perf_counter()
+            tok = 0
+            for _ in range(a.n_gen):
+                tok = int(m.eval([tok + 200])[-1].argmax())
+            t2 = time.perf_counter()
+            pp.append(a.n_prompt / (t1 - t0))
+            tg.append(a.n_gen / (t2 - t1) if a.n_gen else 0.0)
+        res = {"model": os.path.basename(m.path), "n_threads": m.n_threads, "n_prompt": a.n_prompt, "n_gen": a.n_gen,
+               "prefill_tok_s": statistics.median(pp), "decode_tok_s": statistics.median(tg),
+               "prefill_runs": pp, "decode_runs": tg, "paging": m.layer_stats()}
+    if a.json:
+        print(json.dumps(res, indent=1))
+    else:
+        print(f"{res['model']}: {m.n_threads} threads, median of {a.repetitions}")
+        print(f"  prefill {a.n_prompt} tokens: {res['prefill_tok_s']:.2f} tok/s")
+        print(f"  decode  {a.n_gen} tokens: {res['decode_tok_s']:.2f} tok/s")
+        if res["paging"]:
+            print("  paging: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                           for k, v in res["paging"].items()))
     return 0
 
 
@@ -198,6 +240,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("-v", "--verbose", action="store_true")
     g.set_defaults(func=_cmd_generate)
+
+    bn = sub.add_parser("bench", help="prefill and decode speed with the given model and paging flags")
+    _add_model_args(bn)
+    bn.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens (default 128)")
+    bn.add_argument("-n", "--n-gen", type=int, default=32, help="decoded tokens (default 32)")
+    bn.add_argument("-r", "--repetitions", type=int, default=3, help="runs; the median is reported (default 3)")
+    bn.add_argument("--json", action="store_true")
+    bn.set_defaults(func=_cmd_bench)
 
     an = sub.add_parser("analyze", help="layer sizes, KV bytes per token and the predicted cost of budgets")
     an.add_argument("-m", "--model", default=_env_default("MODEL", None), help="GGUF file (default: SmolLM2)")

@@ -5,7 +5,9 @@ counters of the layer pager, the scheduler and the paged KV cache, memory
 telemetry and speed. "gpu"/"vram" mean the compute device, whatever its kind
 (on a CPU build: the host). Event lines carry an ``event`` field:
 ``layer`` (per-layer timings of one forward pass: wait, load, compute),
-``layer_demote`` / ``layer_promote`` (the scheduler's moves).
+``layer_demote`` / ``layer_promote`` (the scheduler's moves), and per token
+the counts that moved: ``layer_load``, ``layer_evict``, ``kv_page_load``,
+``kv_page_prefetch``, ``kv_page_writeback``, ``kv_page_spill``.
 
 Writing never slows decoding: lines go into an in-memory queue that one
 thread writes out, so they are never interleaved either.
@@ -107,8 +109,11 @@ class Metrics:
         self._t0: float | None = None
         self._t_last: float | None = None
         self._n_events = 0
-        self._loads = 0
-        self._evictions = 0
+        self._prev: dict[str, int] = {}
+
+    COUNTED = (("loads", "layer_load"), ("evictions", "layer_evict"), ("kv_pages_spilled", "kv_page_spill"),
+               ("kv_pages_prefetched", "kv_page_prefetch"), ("kv_pages_written_back", "kv_page_writeback"),
+               ("kv_pages_loaded", "kv_page_load"))
 
     # -- hooks the model calls --------------------------------------------
     def on_prompt(self, n: int) -> None:
@@ -137,6 +142,15 @@ class Metrics:
         for ev in self.model.layer_events()[self._n_events:]:
             self.writer.emit({"timestamp": iso_now(ev["t"]), "token": self.token, **ev})
             self._n_events += 1
+        st = self.model.layer_stats()
+        now = iso_now()
+        for key, event in self.COUNTED:   # what moved during this token, one line per kind
+            if key not in st:
+                continue
+            n = int(st[key]) - self._prev.get(key, 0)
+            self._prev[key] = int(st[key])
+            if n > 0:
+                self.writer.emit({"timestamp": now, "event": event, "token": self.token, "count": n})
 
     def snapshot(self, *, tokens_per_sec: float = 0.0) -> dict[str, Any]:
         m = self.model
