@@ -314,3 +314,15 @@ def test_cli_paged_kv_flags(monkeypatch, smollm2_path, tmp_path, capsys):
     assert cli.main(["generate", "-m", smollm2_path, "-p", "Hi", "-n", "1", "--paged-kv",
                      "--kv-page-size", "8"]) == 1
     assert "kv_page_size must be in 16..8192" in capsys.readouterr().err
+
+
+def test_paged_kv_with_streamed_weights(smollm2_path, tmp_path):
+    """Blocks stream through a 3-slot pool while their K/V page through 4 frames and host memory."""
+    with Model(smollm2_path, **KW) as m:
+        ref = _run(m)
+    with Model(smollm2_path, **KW, device_budget="8MiB", async_prefetch=True, paged_kv=True, kv_page_size=16,
+               kv_device_layers=4, host_budget="128KiB", kv_spill_dir=tmp_path) as m:
+        out = _run(m)
+        st = m.layer_stats()
+    assert st["evictions"] > 0 and st["kv_pages_written_back"] > 0 and st["kv_pages_disk"] > 0
+    assert np.array_equal(out, ref)
