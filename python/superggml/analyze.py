@@ -5,10 +5,12 @@ performance model with figures measured here and now: the read bandwidth W
 of the file (buffered pread, and O_DIRECT), and the compute time of one
 decode step (a few tokens run through a 2-slot pool, so the model need not
 fit). Per budget: the blocks that stay pinned, the bytes B streamed per
-token, and the predicted time per token: T_compute + B / W for buffered reads
-from the page cache (on a CPU the copy and the computation share the cores
-and the memory bus, so they add up), max(T_compute, B / W) for O_DIRECT with
-prefetch (the disk works while the CPU computes).
+token, and the predicted time per token. With O_DIRECT reads and prefetch
+that is max(T_compute, B / W) (the performance model: the disk works while
+the CPU computes). With buffered reads from the page cache it is
+T_compute + B / W: on a CPU that copy runs on the same cores and memory bus
+as the computation, so the two add up (bench/paging.py measures this), W
+being timed with the pages cached, the steady state when the file fits.
 """
 
 from __future__ import annotations
@@ -62,9 +64,11 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
         f.close()
 
 
-def read_bandwidth(path: str, *, direct: bool, nbytes: int = 256 << 20, chunk: int = 16 << 20,
+def read_bandwidth(path: str, *, direct: bool, nbytes: int = 512 << 20, chunk: int = 32 << 20,
                    progress: bool = False) -> float:
-    """Bytes/s of sequential reads of the file, as the prefetch worker reads (O_DIRECT if `direct`)."""
+    """Bytes/s of sequential reads of the file in slot-sized chunks, as the prefetch worker reads
+    (O_DIRECT if `direct`). Buffered reads are timed on a second pass, once the pages are cached, as they
+    are in steady state when the file fits the page cache (otherwise analyze predicts O_DIRECT)."""
     buf = mmap.mmap(-1, chunk)
     size = os.path.getsize(path)
     nbytes = min(nbytes, size // chunk * chunk) or chunk
@@ -77,16 +81,18 @@ def read_bandwidth(path: str, *, direct: bool, nbytes: int = 256 << 20, chunk: i
         fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
     except OSError:
         return float("nan")
-    done, off = 0, 0
-    t0 = time.perf_counter()
+    n_chunks = max(1, nbytes // chunk)
+    span = max(size // chunk, 1)
+    offsets = [(i * span // n_chunks) * chunk for i in range(n_chunks)]   # spread over the file, as layers are
+    done = 0
     try:
-        while done < nbytes:
+        if not direct:                                   # warm the page cache
+            for off in offsets:
+                os.preadv(fd, [buf], off)
+        t0 = time.perf_counter()
+        for off in offsets:
             n = os.preadv(fd, [buf], off)
-            if n <= 0:
-                off = 0
-                continue
             done += n
-            off += n
             if bar is not None:
                 bar.update(n)
     finally:
@@ -155,7 +161,7 @@ def plan_budget(lay: Layout, budget: int, *, async_prefetch: bool = True, prefet
 
 
 def analyze(path: str, budgets: Sequence[int], *, n_threads: int, direct_io: bool | None = None,
-            progress: bool = False, measure: bool = True) -> Analysis:
+            async_prefetch: bool = True, progress: bool = False, measure: bool = True) -> Analysis:
     lay = model_layout(path)
     w_buf = read_bandwidth(path, direct=False, progress=progress) if measure else float("nan")
     w_dir = read_bandwidth(path, direct=True, progress=progress) if measure else float("nan")
@@ -164,10 +170,10 @@ def analyze(path: str, budgets: Sequence[int], *, n_threads: int, direct_io: boo
         direct_io = lay.file_bytes > int(_core.host_memory()["available"])
     plans = []
     for b in budgets:
-        n_slots, pinned, streamed = plan_budget(lay, b)
-        if direct_io:
-            pred = max(tc, streamed / w_dir)
-        else:
+        n_slots, pinned, streamed = plan_budget(lay, b, async_prefetch=async_prefetch)
+        if direct_io:      # the disk works while the CPU computes
+            pred = max(tc, streamed / w_dir) if async_prefetch else tc + streamed / w_dir
+        else:              # a memory copy on the same cores and memory bus as the computation: they add up
             pred = tc + streamed / w_buf
         plans.append(BudgetPlan(b, n_slots, min(pinned, lay.n_layer), streamed, pred))
     return Analysis(lay, tc, w_buf, w_dir, direct_io, tuple(plans))

@@ -89,6 +89,7 @@ def plot_metrics(path: str | os.PathLike[str], out: str | os.PathLike[str], *, t
         ax2.plot(ts, [x["ram_used_mb"] for x in snaps], color="#264653", label="host used (MiB)")
         if any(x["vram_total_mb"] and x["vram_used_mb"] != x["ram_used_mb"] for x in snaps):
             ax2.plot(ts, [x["vram_used_mb"] for x in snaps], color="#2a9d8f", label="device used (MiB)")
+        ax2.set_ylim(0, 1.15 * max(max(x["ram_used_mb"], x["vram_used_mb"]) for x in snaps))
         ax2.set_ylabel("MiB")
         axp = ax2.twinx()
         axp.plot(ts, [x["cpu_memory_pressure"] for x in snaps], color="#e76f51", ls="--", label="pressure")
