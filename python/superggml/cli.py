@@ -122,6 +122,18 @@ def _model_kwargs(a: argparse.Namespace) -> dict:
                 tensor_split=[float(x) for x in a.tensor_split.split(",")] if a.tensor_split else None)
 
 
+def _cmd_serve(a: argparse.Namespace) -> int:
+    from .model import Model
+    from .server import serve
+
+    kw = _model_kwargs(a)
+    if a.parallel > 1:
+        kw["paged_kv"] = True        # each request in flight is a sequence of the paged KV cache
+    with Model(_model_path(a.model), seed=0, **kw) as m:
+        serve(m, host=a.host, port=a.port, parallel=a.parallel, max_queue=a.max_queue, log_level=a.log_level)
+    return 0
+
+
 def _cmd_bench(a: argparse.Namespace) -> int:
     import json
     import statistics
@@ -240,6 +252,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("-v", "--verbose", action="store_true")
     g.set_defaults(func=_cmd_generate)
+
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP API (completions, chat, streaming)")
+    _add_model_args(sv)
+    sv.add_argument("--host", default=_env_default("HOST", "127.0.0.1"), help="address (default 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=int(_env_default("PORT", "8080") or 8080), help="default 8080")
+    sv.add_argument("--parallel", type=int, default=int(_env_default("PARALLEL", "4") or 4),
+                    help="requests generating at once, each a sequence of the paged KV cache (default 4)")
+    sv.add_argument("--max-queue", type=int, default=int(_env_default("MAX_QUEUE", "64") or 64),
+                    help="requests waiting beyond those; more get 503 (default 64)")
+    sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    sv.set_defaults(func=_cmd_serve)
 
     bn = sub.add_parser("bench", help="prefill and decode speed with the given model and paging flags")
     _add_model_args(bn)

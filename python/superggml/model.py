@@ -202,7 +202,9 @@ class Model:
             self._metrics = Metrics(self, MetricsWriter(metrics_file, pretty=metrics_pretty),
                                     interval=metrics_interval)
             self._exec.record_timings = True
-        self._tokens: list[int] = []     # what the KV cache holds
+        self._tokens: list[int] = []     # what the KV cache holds (for the current sequence)
+        self._seq = 0
+        self._other_seqs: dict[int, tuple[list[int], np.ndarray | None]] = {}
         self._scores: np.ndarray | None = None
         self._closed = False
         tmpl = self.metadata.get("tokenizer.chat_template")
@@ -316,6 +318,31 @@ class Model:
         return self.tokenizer.eos_id
 
     # -- evaluation ----------------------------------------------------------
+    # -- sequences (paged_kv) ---------------------------------------------------
+    @property
+    def sequence(self) -> int:
+        return self._seq
+
+    def use_sequence(self, seq: int) -> None:
+        """Makes `seq` the sequence eval/generate extend. With paged_kv several sequences keep their own
+        cached context (a server interleaves requests this way); without it only sequence 0 exists."""
+        self._check_open()
+        if seq == self._seq:
+            return
+        self._exec.use_sequence(seq)
+        self._other_seqs[self._seq] = (self._tokens, self._scores)
+        self._tokens, self._scores = self._other_seqs.pop(seq, ([], None))
+        self._seq = seq
+
+    def drop_sequence(self, seq: int) -> None:
+        """Frees the cached context of `seq` (its KV pages); the current sequence is reset instead."""
+        self._check_open()
+        if seq == self._seq:
+            self.reset()
+            return
+        self._exec.drop_sequence(seq)
+        self._other_seqs.pop(seq, None)
+
     def reset(self) -> None:
         """Forgets the cached context."""
         self._check_open()

@@ -1,0 +1,206 @@
+"""The OpenAI-compatible server, driven by the official openai client over loopback."""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import uvicorn
+
+from superggml import Model
+from superggml.server import create_app
+
+PROMPT = "The capital of France is"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model: Model, **kw):
+        self.port = _free_port()
+        self.app = create_app(model, **kw)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        for _ in range(200):
+            if self.server.started:
+                break
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path):
+    with Model(smollm2_path, ctx_size=512, n_threads=2, paged_kv=True, kv_page_size=16) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    s = Server(model, parallel=4, max_queue=64)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_path):
+    """Greedy texts from a fresh model, as `superggml generate` gives them."""
+    with Model(smollm2_path, ctx_size=512, n_threads=2) as m:
+        text = m.create_completion(PROMPT, max_tokens=24, temperature=0)["choices"][0]["text"]
+        m.reset()
+        chat = m.create_chat_completion([{"role": "user", "content": "Name a color."}], max_tokens=24,
+                                        temperature=0)["choices"][0]["message"]["content"]
+    return text, chat
+
+
+def test_completion_equals_generate(client, reference, server):
+    r = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1.gguf", prompt=PROMPT, max_tokens=24,
+                                  temperature=0)
+    assert r.choices[0].text == reference[0]
+    assert r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_completion_stream(client, reference):
+    parts = []
+    for c in client.completions.create(prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
+                                       model="SmolLM2-135M-Instruct.Q4_1.gguf"):
+        parts.append(c.choices[0].text)
+    assert "".join(parts) == reference[0]
+
+
+def test_chat_and_chat_stream(client, reference):
+    msgs = [{"role": "user", "content": "Name a color."}]
+    r = client.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1.gguf", messages=msgs, max_tokens=24,
+                                       temperature=0)
+    assert r.choices[0].message.content == reference[1] and r.choices[0].message.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1.gguf", messages=msgs, max_tokens=24, temperature=0, stream=True))
+    assert text == reference[1]
+
+
+def test_health_models_metrics(server):
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+    models = httpx.get(server.url + "/v1/models").json()
+    assert models["data"][0]["id"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    m = httpx.get(server.url + "/metrics").json()
+    assert "tokens_per_sec" in m and m["requests_served"] >= 0
+
+
+@pytest.mark.parametrize("body, status, code", [
+    ("{not json", 400, "invalid_json"),
+    ({"prompt": 5}, 400, "invalid_value"),
+    ({"prompt": "hi", "max_tokens": -1}, 400, "invalid_value"),
+    ({"prompt": "hi", "bogus_field": 1}, 400, "invalid_value"),
+    ({"prompt": "hi", "temperature": "hot"}, 400, "invalid_value"),
+    ({"prompt": "word " * 600}, 400, "context_length_exceeded"),
+    ({"prompt": "hi", "model": "gpt-4"}, 404, "model_not_found"),
+    ({"prompt": [999999]}, 400, None),
+])
+def test_bad_requests_get_openai_errors(server, body, status, code):
+    content = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(server.url + "/v1/completions", content=content, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"]
+    if code:
+        assert err["code"] == code
+    assert httpx.get(server.url + "/health").status_code == 200          # still serving
+
+
+def test_unknown_route_and_method(server):
+    r = httpx.get(server.url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = httpx.get(server.url + "/v1/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_client_errors_via_the_openai_client(client):
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="SmolLM2-135M-Instruct.Q4_1.gguf", prompt="hi", max_tokens=-5)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="hi")
+
+
+def test_disconnect_mid_stream_frees_the_sequence(server, model):
+    with httpx.stream("POST", server.url + "/v1/completions",
+                      json={"prompt": "Once upon a time", "max_tokens": 400, "stream": True, "temperature": 0}) as r:
+        n = 0
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                n += 1
+            if n >= 3:
+                break                                   # the client goes away
+    engine = server.app.state.engine
+    for _ in range(100):
+        if not engine.active:
+            break
+        time.sleep(0.05)
+    assert not engine.active
+    assert model.layer_stats()["kv_token_slots"] == 0 or all(
+        s not in model._other_seqs for s in range(1, 5))
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200                          # still serving
+
+
+def test_overload_gets_503(model):
+    s = Server(model, parallel=1, max_queue=1)
+    try:
+        def req(_: int) -> int:
+            return httpx.post(s.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 60},
+                              timeout=120).status_code
+        with ThreadPoolExecutor(8) as ex:
+            codes = list(ex.map(req, range(8)))
+        assert 503 in codes and 200 in codes and set(codes) <= {200, 503}
+    finally:
+        s.close()
+
+
+def test_32_concurrent_streaming_clients(server, reference):
+    """Every response complete and correct (greedy, so all equal the reference); latency reported."""
+    def one(_: int) -> tuple[str, float]:
+        t0 = time.perf_counter()
+        text = ""
+        with httpx.stream("POST", server.url + "/v1/completions", timeout=300,
+                          json={"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stream": True}) as r:
+            assert r.status_code == 200
+            done = False
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    text += json.loads(line[6:])["choices"][0]["text"]
+            assert done
+        return text, time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(32) as ex:
+        res = list(ex.map(one, range(32)))
+    wall = time.perf_counter() - t0
+    lat = sorted(x[1] for x in res)
+    print(f"\n32 streaming clients: {32 / wall:.2f} requests/s, p50 {statistics.median(lat):.2f} s, "
+          f"p99 {np.percentile(lat, 99):.2f} s")
+    assert all(t == reference[0] for t, _ in res)
