@@ -204,3 +204,26 @@ def test_32_concurrent_streaming_clients(server, reference):
     print(f"\n32 streaming clients: {32 / wall:.2f} requests/s, p50 {statistics.median(lat):.2f} s, "
           f"p99 {np.percentile(lat, 99):.2f} s")
     assert all(t == reference[0] for t, _ in res)
+
+
+def test_serve_command_starts_and_answers(smollm2_path):
+    import subprocess
+    import sys
+
+    port = _free_port()
+    p = subprocess.Popen([sys.executable, "-m", "superggml.cli", "serve", "-m", smollm2_path, "--port", str(port),
+                          "-c", "256", "-t", "2", "--log-level", "warning"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
+                       json={"prompt": PROMPT, "max_tokens": 24, "temperature": 0}, timeout=60)
+        assert r.status_code == 200
+    finally:
+        p.terminate()
+        p.communicate(timeout=30)
