@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from superggml import Model, models
+from superggml.analyze import model_layout
 
 
 def read_bandwidth(path: str, direct: bool = False, nbytes: int = 1 << 30, chunk: int = 32 << 20) -> float:
@@ -82,9 +83,9 @@ def main() -> int:
     for io in a.io.split(","):
         direct = io == "direct"
         W = read_bandwidth(path, direct)
-        with Model(path, ctx_size=256, n_threads=a.threads, device_budget=10**12, direct_io=direct) as m0:
-            slot = m0.layer_stats()["slot_size"]
-            total = m0.layer_stats()["n_slots"]       # blocks + lm head chunks
+        lay = model_layout(path)
+        slot = lay.slot_bytes
+        total = lay.n_layer + len(lay.head_chunk_bytes)       # blocks + lm head chunks
         for label, frac in (("100%", 1.0), ("50%", 0.5), ("25%", 0.25), ("1 slot", None)):
             for prefetch in (False, True):
                 slots = 1 if frac is None else max(1, int(total * frac))

@@ -292,3 +292,37 @@ def test_pool_shrinks_and_grows():
     s = pool.grow()
     assert pool.n_slots == 2
     assert pool.acquire(3)[0] == s
+
+
+def test_budget_beyond_available_memory_is_refused_before_loading(smollm2_path):
+    from superggml import _core
+
+    avail = int(_core.host_memory()["available"])
+    with pytest.raises(ValueError, match=r"device_budget of \d+ bytes is more than the \d+ bytes available on the host"):
+        Model(smollm2_path, device_budget=avail + (1 << 30))
+    with pytest.raises(ValueError, match=r"host_budget of \d+ bytes is more than the \d+ bytes of host memory"):
+        Model(smollm2_path, paged_kv=True, host_budget=avail + (1 << 30))
+
+
+BUDGET_IN_CGROUP = r"""
+import sys
+from superggml import Model
+try:
+    Model(sys.argv[1], device_budget="512MiB")
+except ValueError as e:
+    print("refused:", e)
+"""
+
+
+def test_budget_beyond_the_cgroup_limit_is_refused(smollm2_path):
+    import sys
+
+    import memcg
+
+    try:
+        r = memcg.run_limited([sys.executable, "-c", BUDGET_IN_CGROUP, smollm2_path], 300 << 20, timeout=120)
+    except (OSError, PermissionError) as e:
+        pytest.skip(f"cannot make a child memory cgroup here: {e}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused: device_budget of 536870912 bytes is more than the" in r.stdout
+    assert f"cgroup limit {300 << 20} bytes" in r.stdout

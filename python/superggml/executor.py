@@ -126,6 +126,10 @@ class Executor:
         if params.paged_kv:
             if not 16 <= params.kv_page_size <= 8192:
                 raise ValueError(f"kv_page_size must be in 16..8192 tokens, not {params.kv_page_size}")
+            if params.kv_host_budget is not None and params.kv_host_budget > int(_core.host_memory()["available"]):
+                h = _core.host_memory()
+                raise ValueError(f"host_budget of {params.kv_host_budget} bytes is more than the "
+                                 f"{h['available']} bytes of host memory available (total {h['total']} bytes)")
             n_frames = hp.n_layer if params.kv_device_layers is None else params.kv_device_layers
             if not 1 <= n_frames <= hp.n_layer:
                 raise ValueError(f"kv_device_layers must be in 1..{hp.n_layer}, not {params.kv_device_layers}")
@@ -163,6 +167,7 @@ class Executor:
         n_keys = len(layers)
         if p.device_budget is not None:
             budget = p.device_budget
+            self._check_available(budget, "device_budget")
         elif p.n_gpu_layers is not None:
             budget = (p.n_gpu_layers + n_stream) * slot
         else:
@@ -183,6 +188,20 @@ class Executor:
         for key in range(self.n_pinned):
             pager.pin(key)
         return pager
+
+    def _check_available(self, nbytes: int, what: str) -> None:
+        """Refuses a budget larger than the memory the device has free now (host: as this process sees
+        it, cgroup limit included), before anything is loaded."""
+        used, total = device_memory_fn(self.backend.device_type, self.backend.device_name)()
+        if total <= 0:
+            return
+        free = total - used
+        if nbytes > free:
+            h = _core.host_memory()
+            where = (f"the host (total {total} bytes" + (f", cgroup limit {h['cgroup_limit']} bytes"
+                                                         if h["cgroup_limit"] else "") + ")"
+                     if self.backend.device_type == "cpu" else f"{self.backend.device_name} (total {total} bytes)")
+            raise ValueError(f"{what} of {nbytes} bytes is more than the {free} bytes available on {where}")
 
     def _split_layers(self, n_dev: int) -> list[int]:
         """Device index of every block: contiguous ranges, `layer_split` blocks each (default: even)."""
