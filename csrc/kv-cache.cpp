@@ -1,5 +1,7 @@
 #include "kv-cache.h"
 
+#include "io.h"
+
 #include "paged-tensor.h"
 
 #include "ggml.h"
@@ -144,7 +146,7 @@ void kv_cache::disk_write(page & pg, const uint8_t * bytes) {
     const int64_t off = fresh ? disk_alloc() : pg.disk;
     size_t done = 0;
     while (done < page_bytes_) {
-        ssize_t n = ::pwrite(spill_fd_, bytes + done, page_bytes_ - done, (off_t) (off + (int64_t) done));
+        ssize_t n = io_pwrite(spill_fd_, bytes + done, page_bytes_ - done, (off_t) (off + (int64_t) done));
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
             int e = n < 0 ? errno : ENOSPC;
@@ -287,7 +289,7 @@ void kv_cache::start_fill(frame & f, int seq, int layer, int64_t n_valid, bool a
                 tmp.resize(pbytes);
                 size_t done = 0;
                 while (done < pbytes) {
-                    ssize_t n = ::pread(fd, tmp.data() + done, pbytes - done, (off_t) (it.disk + (int64_t) done));
+                    ssize_t n = io_pread(fd, tmp.data() + done, pbytes - done, (off_t) (it.disk + (int64_t) done));
                     if (n < 0 && errno == EINTR) continue;
                     if (n <= 0) {
                         int e = n < 0 ? errno : EIO;
@@ -339,8 +341,13 @@ void kv_cache::acquire(int seq, int layer, int64_t n_valid) {
     int i = find_frame(seq, layer);
     if (i >= 0) {
         st_.frame_hits++;
-        settle(frames_[i]);
-    } else {
+        try {
+            settle(frames_[i]);
+        } catch (...) {
+            i = -1;   // the fill ahead of time failed: fill again now, once, and let that one throw
+        }
+    }
+    if (i < 0) {
         st_.frame_misses++;
         i = take_frame(layer);
         if (i < 0) throw Error("every KV frame is in use");

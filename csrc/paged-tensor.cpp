@@ -336,18 +336,22 @@ bool layer_pager::prefetch(int l, int priority) {
 
 void layer_pager::acquire(int l) {
     layer & L = layers_.at(l);
-    if (L.slot < 0) {
-        if (!prefetch(l, 1 << 20)) throw PoolExhausted("no pool slot free for layer " + std::to_string(l));
-    } else {
-        stats_.hits++;
-    }
-    if (L.prefetch_hold) {
-        L.prefetch_hold = false;          // the prefetch's hold becomes this one
-    } else {
-        pool_->acquire(l);                // a hit: count the hold
-    }
-    L.holds++;
-    if (!L.bound) {
+    // a load started ahead of time (a prefetch) that failed is retried once, now, before giving up:
+    // the fault may have been transient, and a speculative load must not fail a later step
+    for (int attempt = 0;; ++attempt) {
+        const bool speculative = L.slot >= 0;
+        if (L.slot < 0) {
+            if (!prefetch(l, 1 << 20)) throw PoolExhausted("no pool slot free for layer " + std::to_string(l));
+        } else {
+            stats_.hits++;
+        }
+        if (L.prefetch_hold) {
+            L.prefetch_hold = false;          // the prefetch's hold becomes this one
+        } else {
+            pool_->acquire(l);                // a hit: count the hold
+        }
+        L.holds++;
+        if (L.bound) return;
         auto t0 = std::chrono::steady_clock::now();
         try {
             L.ready.get();
@@ -357,6 +361,7 @@ void layer_pager::acquire(int l) {
             pool_->drop(l);
             L.slot = -1;
             L.ready = {};
+            if (speculative && attempt == 0) continue;
             throw;
         }
         stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -364,6 +369,7 @@ void layer_pager::acquire(int l) {
         auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf)) + slot_pad(buf, direct_);
         for (size_t i = 0; i < L.tensors.size(); ++i) tensor_bind(L.tensors[i], buf, base + L.offsets[i]);
         L.bound = true;
+        return;
     }
 }
 

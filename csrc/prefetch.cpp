@@ -1,5 +1,7 @@
 #include "prefetch.h"
 
+#include "io.h"
+
 #include "ggml.h"
 #include "ggml-backend.h"
 
@@ -176,7 +178,7 @@ void prefetcher::run() {
 
 static void read_exact(int fd, uint8_t * dst, size_t size, uint64_t off) {
     while (size > 0) {
-        ssize_t n = ::pread(fd, dst, size, (off_t) off);
+        ssize_t n = io_pread(fd, dst, size, (off_t) off);
         if (n < 0) {
             if (errno == EINTR) continue;
             int e = errno;
@@ -195,7 +197,7 @@ static bool read_direct(int fd, uint8_t * dst, size_t size, size_t need, uint64_
     size_t got = 0;
     while (got < need) {
         if (got % DIRECT_ALIGN) return false;   // a short read mid-range: finish buffered
-        ssize_t n = ::pread(fd, dst + got, size - got, (off_t) (off + got));
+        ssize_t n = io_pread(fd, dst + got, size - got, (off_t) (off + got));
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EINVAL) return false;

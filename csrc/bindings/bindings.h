@@ -25,5 +25,6 @@ void init_prefetch(pybind11::module_ & m);
 void init_pager(pybind11::module_ & m);
 void init_telemetry(pybind11::module_ & m);
 void init_kv_cache(pybind11::module_ & m);
+void init_io(pybind11::module_ & m);
 
 }  // namespace superggml

@@ -1,0 +1,72 @@
+#include "io.h"
+
+#include <atomic>
+#include <cerrno>
+#include <mutex>
+#include <unistd.h>
+
+namespace superggml {
+
+namespace {
+std::atomic<bool> g_armed{false};
+std::mutex g_mu;
+io_fault g_kind = io_fault::none;
+long g_skip = 0, g_count = 0, g_hits = 0;
+
+// Whether this call of `kind`'s family is hit; counts it.
+bool hit(bool is_write) {
+    if (!g_armed.load(std::memory_order_relaxed)) return false;
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (g_kind == io_fault::none) return false;
+    const bool write_fault = g_kind == io_fault::enospc;
+    const bool read_fault = g_kind == io_fault::short_read;
+    if ((write_fault && !is_write) || (read_fault && is_write)) return false;
+    if (g_skip > 0) { --g_skip; return false; }
+    if (g_count == 0) return false;
+    if (g_count > 0) --g_count;
+    ++g_hits;
+    return true;
+}
+}  // namespace
+
+ssize_t io_pread(int fd, void * buf, size_t n, off_t off) {
+    if (hit(false)) {
+        switch (g_kind) {
+            case io_fault::short_read: return ::pread(fd, buf, n > 1 ? n / 2 : n, off);
+            case io_fault::eintr: errno = EINTR; return -1;
+            case io_fault::eio: errno = EIO; return -1;
+            default: break;
+        }
+    }
+    return ::pread(fd, buf, n, off);
+}
+
+ssize_t io_pwrite(int fd, const void * buf, size_t n, off_t off) {
+    if (hit(true)) {
+        switch (g_kind) {
+            case io_fault::eintr: errno = EINTR; return -1;
+            case io_fault::eio: errno = EIO; return -1;
+            case io_fault::enospc: errno = ENOSPC; return -1;
+            default: break;
+        }
+    }
+    return ::pwrite(fd, buf, n, off);
+}
+
+void io_fault_arm(io_fault kind, long skip, long count) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_kind = kind;
+    g_skip = skip;
+    g_count = count;
+    g_hits = 0;
+    g_armed.store(kind != io_fault::none, std::memory_order_relaxed);
+}
+
+void io_fault_clear() { io_fault_arm(io_fault::none, 0, 0); }
+
+long io_fault_hits() {
+    std::lock_guard<std::mutex> lk(g_mu);
+    return g_hits;
+}
+
+}  // namespace superggml
