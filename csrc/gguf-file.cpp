@@ -12,6 +12,19 @@
 
 namespace superggml {
 
+// Tensor names are UTF-8 (GGUF spec); a mutated byte must not reach Python as an undecodable name.
+static bool valid_utf8(const std::string & s) {
+    size_t i = 0;
+    while (i < s.size()) {
+        const unsigned char c = (unsigned char) s[i];
+        size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+        if (n == 0 || i + n > s.size()) return false;
+        for (size_t k = 1; k < n; ++k) if (((unsigned char) s[i + k] >> 6) != 0x2) return false;
+        i += n;
+    }
+    return true;
+}
+
 gguf_file::gguf_file(const std::string & path) : path_(path) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -50,6 +63,11 @@ gguf_file::gguf_file(const std::string & path) : path_(path) {
         for (int d = 0; d < 4; ++d) {
             ti.ne[d] = ne[d];
             if (ne[d] != 1) ti.n_dims = d + 1;
+        }
+        if (!valid_utf8(ti.name)) {
+            ::close(fd);
+            close();
+            throw GGUFError("tensor " + std::to_string(i) + " has a name that is not valid UTF-8: " + path);
         }
         ti.offset = data_offset_ + gguf_get_tensor_offset(gguf_, i);
         ti.nbytes = gguf_get_tensor_size(gguf_, i);
