@@ -10,7 +10,8 @@ metadata, tensor table, every tensor's bytes read back) or raise a Python
 exception. The loop runs in a child process so a crash or a hang is caught
 and the input that caused it is kept.
 
-    python tests/fuzz_gguf.py N SEED OUT_DIR     (child: prints progress lines)
+    python tests/fuzz_gguf.py N SEED OUT_DIR             (child: prints progress lines)
+    python tests/fuzz_gguf.py --corpus N SEED OUT_DIR    (writes N inputs for tests/cpp/gguf_fuzz.cpp)
 """
 
 from __future__ import annotations
@@ -176,5 +177,18 @@ def run(n: int, seed: int, out_dir: str) -> None:
     print("done", flush=True)
 
 
+def write_corpus(n: int, seed: int, out_dir: str) -> None:
+    """n mutated inputs as files (for the C++ driver tests/cpp/gguf_fuzz.cpp under ASan + UBSan)."""
+    base = seed_file(os.path.join(out_dir, "seed.gguf"))
+    fs = fields(base)
+    rng = random.Random(seed)
+    for i in range(n):
+        with open(os.path.join(out_dir, f"in{i:06d}.gguf"), "wb") as f:
+            f.write(mutate(base, fs, rng))
+
+
 if __name__ == "__main__":
-    run(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    if sys.argv[1] == "--corpus":
+        write_corpus(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    else:
+        run(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
