@@ -26,8 +26,10 @@ kv_cache::kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::
         throw Error("kv cache needs one K and one V tensor per layer");
     }
     if (!p_.buft) p_.buft = ggml_backend_cpu_buffer_type();
-    if (p_.n_frames <= 0 || p_.n_frames > p_.n_layer) p_.n_frames = p_.n_layer;
-    n_resident_ = p_.n_frames >= p_.n_layer ? p_.n_layer : p_.n_frames - std::max(1, std::min(p_.n_stream, p_.n_frames));
+    if (p_.n_frames <= 0) p_.n_frames = p_.n_layer;
+    // fewer frames than layers: the first layers own one each, the rest stream through the others;
+    // as many or more (several sequences): every (sequence, layer) competes for all of them, LRU
+    n_resident_ = p_.n_frames >= p_.n_layer ? 0 : p_.n_frames - std::max(1, std::min(p_.n_stream, p_.n_frames));
     const size_t align = ggml_backend_buft_get_alignment(p_.buft);
     k_bytes_ = (size_t) (p_.n_embd_gqa * p_.n_ctx) * p_.elem_size;
     v_off_ = (k_bytes_ + align - 1) / align * align;

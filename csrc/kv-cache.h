@@ -9,7 +9,9 @@
 // (seq, layer), filling it from the pages when it was not there (layers below
 // n_frames - n_stream own a frame each; the rest share the n_stream others,
 // least recently used first, so cycling through the layers never thrashes
-// the resident ones); release()
+// the resident ones; with n_frames >= n_layer every (sequence, layer) uses
+// any frame, least recently used first, so n_layer frames per active
+// sequence keep them all on the device); release()
 // marks the pages the step wrote dirty. When a frame is taken for another
 // (seq, layer), its dirty pages are written back first: to host memory (a
 // byte budget; page buffers allocated on demand), and when the host budget
@@ -50,7 +52,7 @@ struct kv_params {
     size_t elem_size = 2;           // bytes per element (F16: 2, F32: 4)
     bool v_trans = true;            // V stored transposed, as the non-flash attention graph reads it
     int page_size = 256;            // tokens per page, 16..8192
-    int n_frames = 0;               // frames on the device (0: n_layer)
+    int n_frames = 0;               // frames on the device (0: n_layer; more: for several sequences)
     int n_stream = 1;               // of those, frames the other layers stream through when n_frames < n_layer;
                                     // the first n_frames - n_stream layers keep a frame of their own
     size_t host_budget = SIZE_MAX;  // bytes of host pages

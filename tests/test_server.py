@@ -48,7 +48,8 @@ class Server:
 
 @pytest.fixture(scope="module")
 def model(smollm2_path):
-    with Model(smollm2_path, ctx_size=512, n_threads=2, paged_kv=True, kv_page_size=16) as m:
+    with Model(smollm2_path, ctx_size=512, n_threads=2, paged_kv=True, kv_page_size=16,
+               kv_device_layers=4 * 30) as m:
         yield m
 
 

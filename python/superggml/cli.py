@@ -129,6 +129,9 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     kw = _model_kwargs(a)
     if a.parallel > 1:
         kw["paged_kv"] = True        # each request in flight is a sequence of the paged KV cache
+        if kw.get("kv_device_layers") is None:
+            from .analyze import model_layout
+            kw["kv_device_layers"] = model_layout(_model_path(a.model)).n_layer * a.parallel   # all on the device
     with Model(_model_path(a.model), seed=0, **kw) as m:
         serve(m, host=a.host, port=a.port, parallel=a.parallel, max_queue=a.max_queue, log_level=a.log_level)
     return 0

@@ -47,7 +47,8 @@ class ExecutorParams:
     staged_io: bool = False            # host slots too load via staging + async device copies (the GPU path)
     paged_kv: bool = False             # K/V in pages that spill to host memory and a file
     kv_page_size: int = 256            # tokens per page, 16..8192
-    kv_device_layers: int | None = None  # K/V frames on the device, one layer each (None: one per layer)
+    kv_device_layers: int | None = None  # K/V frames on the device, one layer each (None: one per layer;
+                                         # n_layer per sequence keeps several sequences on the device)
     kv_host_budget: int | None = None  # bytes of host KV pages (None: no limit)
     kv_spill_dir: str | None = None    # where pages beyond the host budget go
     devices: tuple[str, ...] = ()      # with two or more: blocks split over these ggml devices (pipeline)
@@ -131,8 +132,9 @@ class Executor:
                 raise ValueError(f"host_budget of {params.kv_host_budget} bytes is more than the "
                                  f"{h['available']} bytes of host memory available (total {h['total']} bytes)")
             n_frames = hp.n_layer if params.kv_device_layers is None else params.kv_device_layers
-            if not 1 <= n_frames <= hp.n_layer:
-                raise ValueError(f"kv_device_layers must be in 1..{hp.n_layer}, not {params.kv_device_layers}")
+            if not 1 <= n_frames <= 64 * hp.n_layer:
+                raise ValueError(f"kv_device_layers must be in 1..{64 * hp.n_layer} (n_layer per sequence "
+                                 f"kept on the device), not {params.kv_device_layers}")
             self.kv = _core.KVCache(self.k_cache, self.v_cache, page_size=params.kv_page_size, n_frames=n_frames,
                                     host_budget=params.kv_host_budget, spill_dir=params.kv_spill_dir or "",
                                     v_trans=not params.flash_attn, backend=self.backend, n_workers=1,
