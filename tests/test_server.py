@@ -162,9 +162,25 @@ def test_disconnect_mid_stream_frees_the_sequence(server, model):
         time.sleep(0.05)
     assert not engine.active
     assert model.layer_stats()["kv_token_slots"] == 0 or all(
-        s not in model._other_seqs for s in range(1, 5))
+        s not in model._other_seqs for s in range(4))
     r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0})
     assert r.status_code == 200                          # still serving
+
+
+def test_without_paged_kv_requests_take_turns(smollm2_path, reference):
+    with Model(smollm2_path, ctx_size=512, n_threads=2) as m:
+        s = Server(m, parallel=4)
+        try:
+            assert s.app.state.engine.parallel == 1
+            def req(_: int) -> str:
+                r = httpx.post(s.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 24, "temperature": 0},
+                               timeout=120)
+                assert r.status_code == 200, r.text
+                return r.json()["choices"][0]["text"]
+            with ThreadPoolExecutor(4) as ex:
+                assert list(ex.map(req, range(4))) == [reference[0]] * 4
+        finally:
+            s.close()
 
 
 def test_overload_gets_503(model):

@@ -104,7 +104,7 @@ class Engine:
         self.parallel = max(1, parallel if multi else 1)   # sequences need the paged KV cache
         self.waiting: "queue.Queue[_Job]" = queue.Queue(maxsize=max_queue)
         self.active: list[_Job] = []
-        self._free_seqs = list(range(1, self.parallel + 1))
+        self._free_seqs = list(range(self.parallel))   # sequence ids (0 alone without the paged KV cache)
         self._stop = False
         self._wake = threading.Event()
         self.lock = threading.Lock()          # the model, for requests outside the engine (metrics)
