@@ -48,15 +48,20 @@ int buffer_pool::n_slots() const {
     return n;
 }
 
-bool buffer_pool::shrink(int & evicted) {
-    std::lock_guard<std::mutex> lk(mu_);
+int buffer_pool::victim() const {
     int best = -1;
     for (int i = 0; i < (int) slots_.size(); ++i) {
         const slot & s = slots_[i];
         if (!s.buf || s.in_use || s.pinned) continue;
-        if (s.key < 0) { best = i; break; }
+        if (s.key < 0) return i;
         if (best < 0 || s.last_use < slots_[best].last_use) best = i;
     }
+    return best;
+}
+
+bool buffer_pool::shrink(int & evicted) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const int best = victim();
     if (best < 0) return false;
     slot & s = slots_[best];
     evicted = s.key;
@@ -93,13 +98,7 @@ buffer_pool::acquired buffer_pool::acquire(int key) {
             return {i, true, -1};
         }
     }
-    int best = -1;
-    for (int i = 0; i < (int) slots_.size(); ++i) {
-        const slot & s = slots_[i];
-        if (!s.buf || s.in_use || s.pinned) continue;
-        if (s.key < 0) { best = i; break; }
-        if (best < 0 || s.last_use < slots_[best].last_use) best = i;
-    }
+    const int best = victim();
     if (best < 0) {
         int live = 0;
         for (const auto & t : slots_) live += t.buf != nullptr;

@@ -88,6 +88,7 @@ private:
         uint64_t last_use = 0;
     };
     ggml_backend_buffer * alloc_slot(int i);
+    int victim() const;   // an empty slot, else the LRU one neither in use nor pinned; -1 if none (mu_ held)
 
     mutable std::mutex mu_;
     ggml_backend_buffer_type * buft_ = nullptr;

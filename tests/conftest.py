@@ -19,3 +19,19 @@ def qwen_path():
 def model_path(request):
     """Both real models, one after the other."""
     return str(models.smollm2_path() if request.param == "smollm2" else models.qwen_path())
+
+
+@pytest.fixture
+def model_kwargs(monkeypatch):
+    """The keyword arguments the next Model(...) gets (the CLI's flags as they reach the library)."""
+    from superggml import Model
+
+    seen: dict = {}
+    real = Model.__init__
+
+    def spy(self, path, **kw):
+        seen.update(kw)
+        real(self, path, **kw)
+
+    monkeypatch.setattr(Model, "__init__", spy)
+    return seen

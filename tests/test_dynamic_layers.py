@@ -107,15 +107,8 @@ def test_mem_pressure_is_checked(smollm2_path):
         SchedulerParams(mem_pressure=0)
 
 
-def test_cli_flags_and_environment(monkeypatch, smollm2_path, capsys):
-    seen = {}
-    real = Model.__init__
-
-    def spy(self, path, **kw):
-        seen.update(kw)
-        real(self, path, **kw)
-
-    monkeypatch.setattr(Model, "__init__", spy)
+def test_cli_flags_and_environment(monkeypatch, model_kwargs, smollm2_path, capsys):
+    seen = model_kwargs
     monkeypatch.setenv("SUPERGGML_DYNAMIC_LAYERS", "1")
     monkeypatch.setenv("SUPERGGML_MEM_PRESSURE", "0.7")
     assert cli.main(["generate", "-m", smollm2_path, "-p", "Hi", "-n", "2", "--temp", "0", "-c", "64", "-v"]) == 0

@@ -11,6 +11,7 @@ import pytest
 
 from superggml import Model, cli
 from superggml.metrics import MetricsWriter, schema
+from superggml.plot import read_metrics
 
 
 class FakeMemory:
@@ -64,21 +65,15 @@ def test_metrics_lines_validate_and_agree_with_the_counters(smollm2_path, tmp_pa
     assert any(b["load_ms"] > 0 for b in blocks)                  # streamed blocks show their load
 
 
-def test_interval_pretty_and_stderr(smollm2_path, capsys):
+def test_interval_pretty_and_stderr(smollm2_path, capsys, tmp_path):
     with Model(smollm2_path, ctx_size=128, n_threads=2, metrics=True, metrics_pretty=True, metrics_interval=3) as m:
         m.eval([1, 2, 3])
         for t in range(6):
             m.eval([10 + t])
     err = capsys.readouterr().err
-    objs = []
-    dec = json.JSONDecoder()
-    i = 0
-    while i < len(err):
-        if err[i].isspace():
-            i += 1
-            continue
-        o, i = dec.raw_decode(err, i)
-        objs.append(o)
+    path = tmp_path / "err.jsonl"
+    path.write_text(err)
+    objs = read_metrics(path)
     snaps = [o for o in objs if "event" not in o]
     assert [s["generated_tokens"] for s in snaps] == [3, 6]
     assert "\n  \"token\"" in err                                    # indented

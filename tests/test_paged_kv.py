@@ -293,17 +293,10 @@ def test_kv_cache_random_traffic_matches_a_shadow(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_cli_paged_kv_flags(monkeypatch, smollm2_path, tmp_path, capsys):
+def test_cli_paged_kv_flags(monkeypatch, model_kwargs, smollm2_path, tmp_path, capsys):
     from superggml import cli
 
-    seen = {}
-    real = Model.__init__
-
-    def spy(self, path, **kw):
-        seen.update(kw)
-        real(self, path, **kw)
-
-    monkeypatch.setattr(Model, "__init__", spy)
+    seen = model_kwargs
     monkeypatch.setenv("SUPERGGML_KV_PAGE_SIZE", "32")
     assert cli.main(["generate", "-m", smollm2_path, "-p", "Hello", "-n", "4", "--temp", "0", "-c", "128",
                      "--paged-kv", "--kv-device-layers", "2", "--host-budget", "64KiB",
