@@ -244,3 +244,9 @@ def test_serve_command_starts_and_answers(smollm2_path):
     finally:
         p.terminate()
         p.communicate(timeout=30)
+
+
+def test_echo(server):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "temperature": 0,
+                                                         "echo": True})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith(PROMPT)

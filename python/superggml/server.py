@@ -258,6 +258,15 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
                     frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
                     stop=body.stop, seed=body.seed)
 
+    def chunks(create: Any, stream: bool, fix: Any = None) -> Any:
+        """A job body (run on the engine thread): the response chunks, or the one response, named `mid`."""
+        def make() -> Iterator[dict[str, Any]]:
+            res = create()
+            for c in (res if stream else [res]):
+                c["model"] = mid
+                yield fix(c) if fix else c
+        return make
+
     async def run(request: Request, make: Any, stream: bool) -> Any:
         loop = asyncio.get_running_loop()
         job = _Job(make=make, out=asyncio.Queue(), loop=loop)
@@ -305,15 +314,13 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
         check(body, len(tokens))
         kw = sampling(body)
 
-        def make() -> Any:
-            res = model.create_completion(tokens, stream=body.stream, **kw)
-            out = res if body.stream else iter([res])
-            for c in out:
-                c["model"] = mid
-                if body.echo and isinstance(body.prompt, str) and not body.stream:
-                    c["choices"][0]["text"] = body.prompt + c["choices"][0]["text"]
-                yield c
-        return await run(request, make, body.stream)
+        echo = body.prompt if body.echo and isinstance(body.prompt, str) and not body.stream else ""
+
+        def fix(c: dict[str, Any]) -> dict[str, Any]:
+            c["choices"][0]["text"] = echo + c["choices"][0]["text"]
+            return c
+        return await run(request, chunks(lambda: model.create_completion(tokens, stream=body.stream, **kw),
+                                         body.stream, fix), body.stream)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request) -> Any:
@@ -329,13 +336,8 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
         check(body, len(tokens))
         kw = sampling(body)
 
-        def make() -> Any:
-            res = model.create_chat_completion(msgs, stream=body.stream, **kw)
-            out = res if body.stream else iter([res])
-            for c in out:
-                c["model"] = mid
-                yield c
-        return await run(request, make, body.stream)
+        return await run(request, chunks(lambda: model.create_chat_completion(msgs, stream=body.stream, **kw),
+                                         body.stream), body.stream)
 
     return app
 
