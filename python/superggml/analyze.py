@@ -190,11 +190,13 @@ def format_analysis(a: Analysis) -> str:
            (f" (+{len(lay.other) - 4} smaller)" if len(lay.other) > 4 else ""),
            f"KV cache (F16): {lay.kv_bytes_per_token / 1024:.1f} KiB per token "
            f"({lay.kv_bytes_per_token * 4096 / mib:.0f} MiB at 4096 tokens)",
-           f"measured: compute {a.t_compute_s * 1e3:.1f} ms/token, read {a.bandwidth_buffered / 1e9:.2f} GB/s "
-           f"buffered, {a.bandwidth_direct / 1e9:.2f} GB/s O_DIRECT; reads here: "
-           f"{'O_DIRECT' if a.direct_io else 'buffered'}",
+           (f"measured: compute {a.t_compute_s * 1e3:.1f} ms/token, read {a.bandwidth_buffered / 1e9:.2f} GB/s "
+            f"buffered, {a.bandwidth_direct / 1e9:.2f} GB/s O_DIRECT; reads here: "
+            f"{'O_DIRECT' if a.direct_io else 'buffered'}" if a.t_compute_s == a.t_compute_s else
+            "not measured (--no-measure): no predicted times"),
            f"{'budget MiB':>10} {'slots':>6} {'pinned blocks':>13} {'streamed MB/token':>17} {'predicted ms/token':>18}"]
     for p in a.plans:
+        pred = f"{p.predicted_s * 1e3:>18.1f}" if p.predicted_s == p.predicted_s else f"{'-':>18}"
         out.append(f"{p.budget / mib:>10.0f} {p.n_slots:>6} {p.pinned_blocks:>13} {p.streamed_bytes / 1e6:>17.1f} "
-                   f"{p.predicted_s * 1e3:>18.1f}")
+                   + pred)
     return "\n".join(out)
