@@ -315,3 +315,20 @@ def test_budget_beyond_the_cgroup_limit_is_refused(smollm2_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "refused: device_budget of 536870912 bytes is more than the" in r.stdout
     assert f"cgroup limit {300 << 20} bytes" in r.stdout
+
+
+def test_streaming_decode_leaves_a_core_to_the_prefetcher(smollm2_path):
+    """With threads left to superggml, single-token steps that stream use one compute thread fewer than
+    prefill; an explicit n_threads is kept as given."""
+    import os as _os
+
+    n = len(_os.sched_getaffinity(0))
+    with Model(smollm2_path, ctx_size=64, device_budget="8MiB", async_prefetch=True) as m:
+        m.eval([1, 2, 3])
+        assert m._exec.backend.n_threads == n
+        m.eval([4])
+        assert m._exec.backend.n_threads == max(1, n - 1)
+    with Model(smollm2_path, ctx_size=64, n_threads=2, device_budget="8MiB", async_prefetch=True) as m:
+        m.eval([1, 2, 3])
+        m.eval([4])
+        assert m._exec.backend.n_threads == 2

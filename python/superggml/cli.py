@@ -159,13 +159,13 @@ def _cmd_bench(a: argparse.Namespace) -> int:
             t2 = time.perf_counter()
             pp.append(a.n_prompt / (t1 - t0))
             tg.append(a.n_gen / (t2 - t1) if a.n_gen else 0.0)
-        res = {"model": os.path.basename(m.path), "n_threads": m.n_threads, "n_prompt": a.n_prompt, "n_gen": a.n_gen,
+        res = {"model": os.path.basename(m.path), "n_threads": m._exec.params.n_threads, "n_prompt": a.n_prompt, "n_gen": a.n_gen,
                "prefill_tok_s": statistics.median(pp), "decode_tok_s": statistics.median(tg),
                "prefill_runs": pp, "decode_runs": tg, "paging": m.layer_stats()}
     if a.json:
         print(json.dumps(res, indent=1))
     else:
-        print(f"{res['model']}: {m.n_threads} threads, median of {a.repetitions}")
+        print(f"{res['model']}: {res['n_threads']} threads, median of {a.repetitions}")
         print(f"  prefill {a.n_prompt} tokens: {res['prefill_tok_s']:.2f} tok/s")
         print(f"  decode  {a.n_gen} tokens: {res['decode_tok_s']:.2f} tok/s")
         if res["paging"]:

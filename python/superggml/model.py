@@ -169,6 +169,7 @@ class Model:
             self._store = _core.WeightStore(self._file)
             self._exec = Executor(self.arch, self._store, ExecutorParams(
                 n_ctx=ctx_size, n_batch=min(n_batch, ctx_size), n_threads=n_threads or _default_threads(),
+                n_threads_auto=n_threads is None,
                 flash_attn=flash_attn, kv_type=kv_type, device_budget=parse_size(device_budget),
                 async_prefetch=async_prefetch, prefetch_depth=prefetch_depth, n_gpu_layers=n_gpu_layers,
                 dynamic_layers=dynamic_layers, mem_pressure=mem_pressure,
