@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
 
 namespace superggml {
 
@@ -30,13 +31,24 @@ static uint64_t proc_kb(const std::string & path, const std::string & key) {
     return 0;
 }
 
-// `key value` lines of a cgroup memory.stat file
-static uint64_t stat_value(const std::string & path, const std::string & key) {
+// The `key value` lines of a cgroup memory.stat file (read once per call).
+static std::unordered_map<std::string, uint64_t> read_stat(const std::string & path) {
+    std::unordered_map<std::string, uint64_t> m;
     std::ifstream f(path);
     std::string k;
     uint64_t v;
-    while (f >> k >> v) if (k == key) return v;
-    return 0;
+    while (f >> k >> v) m[k] = v;
+    return m;
+}
+
+// Clean page cache nothing maps: `file` less mapped, dirty, writeback and shmem
+// (the key names differ between v1 and v2).
+static uint64_t clean_cache(const std::unordered_map<std::string, uint64_t> & st, const char * file,
+                            const char * mapped, const char * dirty, const char * writeback, const char * shmem) {
+    auto get = [&](const char * k) { auto it = st.find(k); return it == st.end() ? 0 : it->second; };
+    const uint64_t pinned = get(mapped) + get(dirty) + get(writeback) + get(shmem);
+    const uint64_t c = get(file);
+    return c > pinned ? c - pinned : 0;
 }
 
 // Limit and usage of the process's memory cgroup. Usage leaves out clean
@@ -52,15 +64,12 @@ static void cgroup_memory(uint64_t & limit, uint64_t & usage, uint64_t & cache) 
         std::string ctrl = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
         if (("," + ctrl + ",").find(",memory,") != std::string::npos) {
             const std::string d = "/sys/fs/cgroup/memory" + path;
+            const auto st = read_stat(d + "/memory.stat");
             limit = read_u64(d + "/memory.limit_in_bytes");
-            const uint64_t hier = stat_value(d + "/memory.stat", "hierarchical_memory_limit");
-            if (hier && hier < limit) limit = hier;   // an ancestor's limit binds too
+            auto hier = st.find("hierarchical_memory_limit");
+            if (hier != st.end() && hier->second && hier->second < limit) limit = hier->second;   // an ancestor's binds too
             usage = read_u64(d + "/memory.usage_in_bytes");
-            const std::string st = d + "/memory.stat";
-            const uint64_t pinned = stat_value(st, "total_mapped_file") + stat_value(st, "total_dirty") +
-                                    stat_value(st, "total_writeback") + stat_value(st, "total_shmem");
-            const uint64_t c = stat_value(st, "total_cache");
-            cache = c > pinned ? c - pinned : 0;
+            cache = clean_cache(st, "total_cache", "total_mapped_file", "total_dirty", "total_writeback", "total_shmem");
             if (limit >= (1ull << 62)) limit = 0;   // v1 "no limit" is a huge number
             return;
         }
@@ -70,11 +79,7 @@ static void cgroup_memory(uint64_t & limit, uint64_t & usage, uint64_t & cache) 
         const std::string d = "/sys/fs/cgroup" + v2;
         limit = read_u64(d + "/memory.max");
         usage = read_u64(d + "/memory.current");
-        const std::string st = d + "/memory.stat";
-        const uint64_t pinned = stat_value(st, "file_mapped") + stat_value(st, "file_dirty") +
-                                stat_value(st, "file_writeback") + stat_value(st, "shmem");
-        const uint64_t c = stat_value(st, "file");
-        cache = c > pinned ? c - pinned : 0;
+        cache = clean_cache(read_stat(d + "/memory.stat"), "file", "file_mapped", "file_dirty", "file_writeback", "shmem");
     }
 }
 

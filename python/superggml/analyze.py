@@ -24,8 +24,7 @@ from typing import Any, Sequence
 
 from . import _core
 from .arch import get_architecture
-
-SLOT_ALIGN_ROOM = 256
+from .executor import SLOT_ALIGN_ROOM, plan_slots, stream_slots
 
 
 @dataclass(frozen=True)
@@ -150,13 +149,10 @@ class Analysis:
 def plan_budget(lay: Layout, budget: int, *, async_prefetch: bool = True, prefetch_depth: int = 2) -> tuple[int, int, int]:
     """(n_slots, pinned keys, bytes streamed per token) as the executor plans a budget: slots sized for the
     largest block, the lm head in row chunks of a slot, the first keys pinned, the rest streamed."""
-    slot = lay.slot_bytes
     keys = list(lay.block_bytes) + list(lay.head_chunk_bytes)
-    n_slots = min(budget // slot, len(keys))
+    n_slots, pinned = plan_slots(budget, lay.slot_bytes, len(keys), stream_slots(async_prefetch, prefetch_depth))
     if n_slots < 1:
-        raise ValueError(f"budget of {budget} bytes is smaller than one layer ({slot} bytes)")
-    n_stream = (prefetch_depth + 1) if async_prefetch else 1
-    pinned = len(keys) if n_slots >= len(keys) else max(0, n_slots - min(n_slots, n_stream))
+        raise ValueError(f"budget of {budget} bytes is smaller than one layer ({lay.slot_bytes} bytes)")
     return n_slots, pinned, int(sum(keys[pinned:]))
 
 

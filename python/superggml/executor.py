@@ -30,6 +30,21 @@ SLOT_ALIGN_ROOM = 256 # bytes kept free in a slot for alignment padding
 DIRECT_ROOM = 3 * 4096  # and with direct_io, for widening a chunk to O_DIRECT alignment
 
 
+def stream_slots(async_prefetch: bool, prefetch_depth: int) -> int:
+    """Slots (or KV frames) a streaming layer cycles through: the one computing, plus the prefetched ones."""
+    return (prefetch_depth + 1) if async_prefetch else 1
+
+
+def plan_slots(budget: int, slot: int, n_keys: int, n_stream: int) -> tuple[int, int]:
+    """(pool slots, pinned keys) for a budget: as many slots as fit (at most one per key); if not every key
+    has one, the last n_stream slots stream and the first keys keep the others. 0 slots: the budget is
+    smaller than one layer."""
+    n_slots = min(budget // slot, n_keys)
+    if n_slots >= n_keys:
+        return n_slots, n_keys
+    return n_slots, max(0, n_slots - min(n_slots, n_stream))
+
+
 @dataclass(frozen=True)
 class ExecutorParams:
     n_ctx: int = 4096
@@ -139,7 +154,7 @@ class Executor:
             self.kv = _core.KVCache(self.k_cache, self.v_cache, page_size=params.kv_page_size, n_frames=n_frames,
                                     host_budget=params.kv_host_budget, spill_dir=params.kv_spill_dir or "",
                                     v_trans=not params.flash_attn, backend=self.backend, n_workers=1,
-                                    n_stream=(params.prefetch_depth + 1) if params.async_prefetch else 1)
+                                    n_stream=stream_slots(params.async_prefetch, params.prefetch_depth))
         self._plans: dict[tuple[int, int, int], _Plan] = {}
         self.head_chunks: list[str] = []
         paged = params.dynamic_layers or params.device_budget is not None or (
@@ -167,7 +182,7 @@ class Executor:
         room = SLOT_ALIGN_ROOM + (DIRECT_ROOM if p.direct_io else 0)
         self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - room)
         layers += [[c] for c in self.head_chunks]
-        n_stream = (p.prefetch_depth + 1) if p.async_prefetch else 1
+        n_stream = stream_slots(p.async_prefetch, p.prefetch_depth)
         n_keys = len(layers)
         if p.device_budget is not None:
             budget = p.device_budget
@@ -176,17 +191,14 @@ class Executor:
             budget = (p.n_gpu_layers + n_stream) * slot
         else:
             budget = n_keys * slot         # dynamic layers alone: start with everything pinned
-        n_slots = budget // slot
+        n_slots, self.n_pinned = plan_slots(budget, slot, n_keys, n_stream)
         if n_slots < 1:
             big = sizes.index(slot)
             raise ValueError(f"device_budget of {budget} bytes is smaller than one layer: "
                              f"block {big} needs {slot} bytes")
-        n_slots = min(n_slots, n_keys)
         pager = _core.LayerPager(store, layers, n_slots=n_slots, slot_size=slot,
                                  n_workers=p.n_io_workers, backend=self.backend, direct_io=p.direct_io,
                                  staged=p.staged_io)
-        n_stream = min(n_slots, n_stream)
-        self.n_pinned = n_keys if n_slots >= n_keys else n_slots - n_stream
         if p.n_gpu_layers is not None:
             self.n_pinned = min(self.n_pinned, max(0, p.n_gpu_layers))
         for key in range(self.n_pinned):

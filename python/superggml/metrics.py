@@ -128,9 +128,10 @@ class Metrics:
         self._t_last = now
         self.generated_tokens += 1
         self.token += 1
-        self._flush_events()
+        st = self.model.layer_stats()
+        self._flush_events(st)
         if self.generated_tokens % self.interval == 0:
-            self.writer.emit(self.snapshot(tokens_per_sec=1.0 / dt if dt > 0 else 0.0))
+            self.writer.emit(self.snapshot(tokens_per_sec=1.0 / dt if dt > 0 else 0.0, stats=st))
 
     def on_layer_timings(self, timings: list[dict[str, Any]]) -> None:
         """Per-layer timings of one forward pass (the executor's record)."""
@@ -138,11 +139,10 @@ class Metrics:
             self.writer.emit({"timestamp": iso_now(t["t_start"]), "event": "layer", "token": self.token, **t})
 
     # -- lines ----------------------------------------------------------
-    def _flush_events(self) -> None:
+    def _flush_events(self, st: dict[str, Any]) -> None:
         for ev in self.model.layer_events()[self._n_events:]:
             self.writer.emit({"timestamp": iso_now(ev["t"]), "token": self.token, **ev})
             self._n_events += 1
-        st = self.model.layer_stats()
         now = iso_now()
         for key, event in self.COUNTED:   # what moved during this token, one line per kind
             if key not in st:
@@ -152,10 +152,11 @@ class Metrics:
             if n > 0:
                 self.writer.emit({"timestamp": now, "event": event, "token": self.token, "count": n})
 
-    def snapshot(self, *, tokens_per_sec: float = 0.0) -> dict[str, Any]:
+    def snapshot(self, *, tokens_per_sec: float = 0.0, stats: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The snapshot line now (`stats`: the model's layer_stats() if the caller has them)."""
         m = self.model
         ex = m._exec
-        st = m.layer_stats()
+        st = m.layer_stats() if stats is None else stats
         n_layer = m.hparams.n_layer
         pinned = int(st.get("layers_pinned", n_layer))
         gpu = ex.backend.device_type != "cpu"
