@@ -164,8 +164,15 @@ void kv_cache::disk_write(page & pg, const uint8_t * bytes) {
     st_.pages_spilled++;
 }
 
+void kv_cache::touch(page & pg) {
+    if (pg.host) host_lru_.erase({pg.last_use, &pg});
+    pg.last_use = ++clock_;
+    if (pg.host) host_lru_.insert({pg.last_use, &pg});
+}
+
 void kv_cache::free_page(page & pg) {
     if (pg.host) {
+        host_lru_.erase({pg.last_use, &pg});
         std::free(pg.host);
         pg.host = nullptr;
         host_bytes_ -= page_bytes_;
@@ -175,6 +182,7 @@ void kv_cache::free_page(page & pg) {
 
 void kv_cache::spill(page & pg) {
     if (pg.host_newer || pg.disk < 0) disk_write(pg, pg.host);   // clean pages are just dropped
+    host_lru_.erase({pg.last_use, &pg});
     std::free(pg.host);
     pg.host = nullptr;
     pg.host_newer = false;
@@ -186,12 +194,8 @@ bool kv_cache::make_host_room(size_t bytes) {
     if (bytes > p_.host_budget) return false;
     while (host_bytes_ + bytes > p_.host_budget) {
         page * lru = nullptr;
-        for (auto & [seq, layers] : seqs_) {
-            for (auto & pages : layers) {
-                for (auto & pg : pages) {
-                    if (pg.host && pg.pins == 0 && (!lru || pg.last_use < lru->last_use)) lru = &pg;
-                }
-            }
+        for (const auto & [t, pg] : host_lru_) {
+            if (pg->pins == 0) { lru = pg; break; }
         }
         if (!lru) return false;
         spill(*lru);
@@ -205,7 +209,7 @@ void kv_cache::store_page(frame & f, int64_t idx, page & pg) {
         if (!pg.host) throw Error("cannot allocate a KV page of " + std::to_string(page_bytes_) + " bytes");
         host_bytes_ += page_bytes_;
     }
-    pg.last_use = ++clock_;
+    touch(pg);
     if (pg.host) {
         copy_page(f, idx, pg.host, false);
         pg.host_newer = true;
@@ -273,7 +277,7 @@ void kv_cache::start_fill(frame & f, int seq, int layer, int64_t n_valid, bool a
         page & pg = pages[i];
         if (!pg.host && pg.disk < 0) continue;   // never stored: nothing cached there yet
         items.push_back({i, pg.host, pg.host ? -1 : pg.disk});
-        pg.last_use = f.last_use;
+        touch(pg);
         if (pg.host) {
             pg.pins++;
             f.pinned.push_back(&pg);

@@ -36,6 +36,7 @@
 #include <deque>
 #include <future>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,7 @@ private:
     int64_t disk_alloc();
     void disk_free(page & pg);
     void free_page(page & pg);
+    void touch(page & pg);           // a new last use (each its own tick: the LRU order has no ties)
     // page <-> frame copies; `to_frame` picks the direction
     void copy_page(frame & f, int64_t idx, uint8_t * page_bytes, bool to_frame) const;
     int64_t layer_tokens(int seq, int layer) const;
@@ -148,6 +150,7 @@ private:
     int64_t spill_end_ = 0;
     std::vector<int64_t> spill_free_;
     size_t host_bytes_ = 0;
+    std::set<std::pair<uint64_t, page *>> host_lru_;   // pages with host bytes, least recently used first
     uint64_t clock_ = 0;
     kv_stats st_;
 };
