@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cerrno>
 #include <mutex>
+#include <sys/mman.h>
 #include <unistd.h>
 
 namespace superggml {
@@ -51,6 +52,23 @@ ssize_t io_pwrite(int fd, const void * buf, size_t n, off_t off) {
         }
     }
     return ::pwrite(fd, buf, n, off);
+}
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+ssize_t io_populate(const void * addr, size_t n) {
+    if (hit(false)) {
+        switch (g_kind) {
+            case io_fault::short_read: n = n > 8192 ? n / 2 / 4096 * 4096 : n; break;
+            case io_fault::eintr: errno = EINTR; return -1;
+            case io_fault::eio: errno = EIO; return -1;
+            default: break;
+        }
+    }
+    if (::madvise(const_cast<void *>(addr), n, MADV_POPULATE_READ) != 0) return -1;
+    return (ssize_t) n;
 }
 
 void io_fault_arm(io_fault kind, long skip, long count) {

@@ -1,7 +1,9 @@
-// io: the pread/pwrite every byte mover goes through, with fault injection
-// for tests.
+// io: the pread/pwrite (and mapping populate) every byte mover goes through,
+// with fault injection for tests.
 //
-// io_pread / io_pwrite behave as ::pread / ::pwrite unless a fault is armed
+// io_pread / io_pwrite behave as ::pread / ::pwrite, io_populate as
+// madvise(MADV_POPULATE_READ) (reads a mapped file range into the page cache
+// and maps it, no copy), unless a fault is armed
 // (io_fault_arm, a test hook: off unless a test turns it on; when off the
 // cost is one relaxed atomic load). An armed fault lets `skip` calls through,
 // then hits the next `count` calls of its kind:
@@ -21,6 +23,10 @@ enum class io_fault { none, short_read, eintr, eio, enospc };
 
 ssize_t io_pread(int fd, void * buf, size_t n, off_t off);
 ssize_t io_pwrite(int fd, const void * buf, size_t n, off_t off);
+// Populates the mapped pages of [addr, addr + n) (addr page aligned): returns the bytes done (n, or fewer
+// with a short_read fault), or -1 with errno (EINVAL/ENOSYS: the kernel cannot; EFAULT: past the file's end;
+// EINTR: retry; EIO).
+ssize_t io_populate(const void * addr, size_t n);
 
 // Arms `kind` for `count` calls after `skip` unaffected ones (count < 0: forever).
 void io_fault_arm(io_fault kind, long skip = 0, long count = 1);

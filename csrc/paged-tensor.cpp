@@ -114,7 +114,8 @@ void weight_store::bind_mmap(const std::vector<std::string> & names) {
     }
 }
 
-size_t weight_store::load_resident(const std::vector<std::string> & names, ggml_backend_buffer_type * buft) {
+std::vector<std::string> weight_store::place_resident(const std::vector<std::string> & names,
+                                                      ggml_backend_buffer_type * buft, size_t * bytes) {
     if (!buft) buft = ggml_backend_cpu_buffer_type();
     size_t total = 0;
     std::vector<entry *> pending;
@@ -122,10 +123,11 @@ size_t weight_store::load_resident(const std::vector<std::string> & names, ggml_
         at(n);
         entry & e = entries_.at(n);
         tensor_unbind(e.t);
+        e.home = weight_home::unbound;
         total += padded_size(buft, e.t);
         pending.push_back(&e);
     }
-    if (pending.empty()) return 0;
+    if (pending.empty()) return {};
     ggml_backend_buffer * buf = ggml_backend_buft_alloc_buffer(buft, total);
     if (!buf) throw Error("cannot allocate " + std::to_string(total) + " bytes for resident weights");
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
@@ -133,10 +135,24 @@ size_t weight_store::load_resident(const std::vector<std::string> & names, ggml_
     auto * p = static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf));
     for (entry * e : pending) {
         tensor_bind(e->t, buf, p);
-        ggml_backend_tensor_set(e->t, file_->map() + e->offset, 0, e->nbytes);
         e->home = weight_home::resident;
         p += padded_size(buft, e->t);
     }
+    if (bytes) *bytes += total;
+    return names;
+}
+
+void weight_store::fill(const std::string & name) const {
+    const entry & e = at(name);
+    if (e.home != weight_home::resident && e.home != weight_home::repacked) {
+        throw Error("fill: '" + name + "' is not placed in a resident buffer");
+    }
+    ggml_backend_tensor_set(e.t, file_->map() + e.offset, 0, e.nbytes);
+}
+
+size_t weight_store::load_resident(const std::vector<std::string> & names, ggml_backend_buffer_type * buft) {
+    size_t total = 0;
+    for (const auto & n : place_resident(names, buft, &total)) fill(n);
     return total;
 }
 
@@ -157,21 +173,28 @@ static bool repack_supported(ggml_backend_device * dev, ggml_backend_buffer_type
     return ok;
 }
 
-size_t weight_store::load_repacked(const std::vector<std::string> & names, ggml_backend_device * dev) {
+std::vector<std::string> weight_store::place_repacked(const std::vector<std::string> & names,
+                                                      ggml_backend_device * dev, size_t * bytes) {
     ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
     auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
-    if (!get_extra) return 0;
-    size_t total = 0;
+    std::vector<std::string> placed;
+    if (!get_extra) return placed;
     for (ggml_backend_buffer_type_t * b = get_extra(dev); b && *b; ++b) {
         std::vector<std::string> ok;
         for (const auto & n : names) {
-            auto h = home(n);
-            if (h != weight_home::repacked && repack_supported(dev, *b, get(n))) ok.push_back(n);
+            if (home(n) != weight_home::repacked && repack_supported(dev, *b, get(n))) ok.push_back(n);
         }
-        if (ok.empty()) continue;
-        total += load_resident(ok, *b);
-        for (const auto & n : ok) entries_.at(n).home = weight_home::repacked;
+        for (const auto & n : place_resident(ok, *b, bytes)) {
+            entries_.at(n).home = weight_home::repacked;
+            placed.push_back(n);
+        }
     }
+    return placed;
+}
+
+size_t weight_store::load_repacked(const std::vector<std::string> & names, ggml_backend_device * dev) {
+    size_t total = 0;
+    for (const auto & n : place_repacked(names, dev, &total)) fill(n);
     return total;
 }
 

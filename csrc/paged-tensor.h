@@ -62,6 +62,18 @@ public:
     // Returns the bytes moved (0 if the device has no such buffer type).
     size_t load_repacked(const std::vector<std::string> & names, ggml_backend_device * dev);
 
+    // The two halves of the loads above. place_*: allocates the buffers and
+    // binds the tensors there, without their bytes (computing them before
+    // fill() reads garbage); returns the names placed and adds the bytes
+    // allocated to *bytes. fill(name): copies a placed tensor's bytes from the
+    // mapping (page faults if not in the page cache); safe to call from several
+    // threads for different tensors.
+    std::vector<std::string> place_resident(const std::vector<std::string> & names, ggml_backend_buffer_type * buft,
+                                            size_t * bytes = nullptr);
+    std::vector<std::string> place_repacked(const std::vector<std::string> & names, ggml_backend_device * dev,
+                                            size_t * bytes = nullptr);
+    void fill(const std::string & name) const;
+
     // Bytes of weights per home.
     size_t bytes(weight_home h) const;
 

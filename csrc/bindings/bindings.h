@@ -26,5 +26,6 @@ void init_pager(pybind11::module_ & m);
 void init_telemetry(pybind11::module_ & m);
 void init_kv_cache(pybind11::module_ & m);
 void init_io(pybind11::module_ & m);
+void init_weight_loader(pybind11::module_ & m);
 
 }  // namespace superggml

@@ -13,4 +13,5 @@ PYBIND11_MODULE(_core, m) {
     superggml::init_telemetry(m);
     superggml::init_kv_cache(m);
     superggml::init_io(m);
+    superggml::init_weight_loader(m);
 }

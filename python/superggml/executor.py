@@ -162,12 +162,52 @@ class Executor:
         self.scheduler: LayerScheduler | None = None
         self._decode_threads: int | None = None       # compute threads for single-token steps while streaming
         self.pager = self._make_pager(store) if paged else None
+        self.loader: Any = None                       # background load of resident weights (start_loading)
+        self._store = store
         if self.pager is not None and params.dynamic_layers:
             n_keys = hp.n_layer + len(self.head_chunks)
             self.scheduler = LayerScheduler(
                 self.pager, planned=list(range(self.n_pinned)), n_keys=n_keys,
                 stream_slots=self.pager.n_slots - self.n_pinned, params=SchedulerParams(params.mem_pressure),
                 memory=memory or device_memory_fn(self.backend.device_type, self.backend.device_name))
+
+    def load_groups(self) -> list[list[str]]:
+        """The weights in the order a forward pass uses them: block 0 (with the global tensors every block
+        reads), block 1, ..., then the output head. The token embedding is left out (a pass reads only its
+        prompt's rows, straight from the mapping) unless the head is tied to it."""
+        hp, has = self.hp, self._store.has
+        out = self.arch.output_tensor(has)
+        groups = [self.arch.block_tensors(il) for il in range(hp.n_layer)]
+        listed = {n for g in groups for n in g} | {out, "output_norm.weight", "token_embd.weight"}
+        groups[0] = [n for n in self._store.names() if n not in listed] + groups[0]
+        groups.append(["output_norm.weight", out])
+        return groups
+
+    def start_loading(self, repack: bool) -> int:
+        """Resident weights: binds them to the file mapping, places the re-laid ones (ggml-cpu repack) and
+        starts worker threads that load them group by group (load_groups), so the first pass computes
+        block i while block i+1 loads. Returns the bytes of the re-laid buffers."""
+        if self.pager is not None:
+            raise RuntimeError("a paged model streams its blocks: nothing to load ahead")
+        self.loader = _core.WeightLoader(self._store, self.load_groups(),
+                                         self.arch.matmul_weights(self._store.has) if repack else [],
+                                         self.backend, n_workers=max(1, min(2, self.params.n_threads)))
+        return int(self.loader.repacked_bytes)
+
+    def close(self) -> None:
+        """Stops the background load (before the file's mapping goes away)."""
+        if self.loader is not None:
+            self.loader.cancel()
+            self.loader = None
+
+    def _loaded(self, group: int | None) -> None:
+        """Waits for a group of the background load; the loader goes away once everything is in place."""
+        if group is not None and self.loader is not None:
+            self.loader.wait(group)
+
+    def _loading_done(self) -> None:
+        if self.loader is not None and self.loader.done():
+            self.loader = None
 
     def _make_pager(self, store: Any) -> Any:
         """Blocks go through a pool of slots within the budget; the first ones that fit stay pinned."""
@@ -310,7 +350,13 @@ class Executor:
             self._compute_split(plan)
             return
         if pager is None and kv is None and not self.record_timings:
-            self.backend.compute_many(plan.graphs)
+            if self.loader is None:
+                self.backend.compute_many(plan.graphs)
+                return
+            for g, group in zip(plan.graphs, plan.groups):
+                self._loaded(group)
+                self.backend.compute(g)
+            self._loading_done()
             return
         if self.scheduler is not None:
             self.scheduler.step()
@@ -328,6 +374,7 @@ class Executor:
         clock = time.time
         for i, (key, g) in enumerate(zip(plan.keys, plan.graphs)):
             t0 = clock()
+            self._loaded(plan.groups[i])
             if key is None:
                 self.backend.compute(g)
                 if rec is not None:
@@ -366,6 +413,7 @@ class Executor:
                     r.update(load_start=last[0], load_end=last[1], load_ms=(last[1] - last[0]) * 1e3)
                 self._released[key] = t1
                 rec.append(r)
+        self._loading_done()
 
     def _compute_split(self, plan: "_Plan") -> None:
         """Graphs on their devices; activations copied where the device changes (a pipeline by layers)."""
@@ -375,6 +423,7 @@ class Executor:
         prev = 0
         for i, (g, d) in enumerate(zip(plan.graphs, plan.devs)):
             t0 = time.time()
+            self._loaded(plan.groups[i])
             if d != prev:
                 _core.tensor_copy(self.acts[prev], self.acts[d])
                 prev = d
@@ -385,6 +434,7 @@ class Executor:
                 kind = "embed" if i == 0 else ("block" if i <= self.hp.n_layer else "head")
                 rec.append(dict(layer=i, kind=kind, t_start=t0, t_end=t1, wait_ms=(tc - t0) * 1e3, load_ms=0.0,
                                 compute_ms=(t1 - tc) * 1e3))
+        self._loading_done()
 
     # -- public --------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, logits_all: bool = False) -> np.ndarray:
@@ -424,6 +474,7 @@ class _Plan:
         self.graphs: list[Any] = []
         self.keys: list[int | None] = []  # the paged layer each graph needs, if any
         self.devs: list[int] = []       # the device each graph runs on
+        self.groups: list[int | None] = []  # the group of the background load (Executor.load_groups) it needs
         self.logits: Any = None
         self.inputs: StepInputs
         self.all_inputs: list[StepInputs] = []   # one set per device, filled alike
@@ -448,7 +499,8 @@ class _Plan:
             self.all_inputs.append(StepInputs(n_tokens=n, n_kv=n_kv, n_outputs=n_out, flash_attn=p.flash_attn, **t))
         self.inputs = self.all_inputs[0]
 
-        def graph(build: Any, rows_in: int = n, rows_out: int = n, key: int | None = None, dev: int = 0) -> Any:
+        def graph(build: Any, rows_in: int = n, rows_out: int = n, key: int | None = None, dev: int = 0,
+                  group: int | None = None) -> Any:
             ctx = _core.Context(max_tensors=GRAPH_NODES, graph_size=GRAPH_NODES)
             gf = ctx.new_graph()
             a = ex.acts[dev]
@@ -460,6 +512,7 @@ class _Plan:
             self.graphs.append(gf)
             self.keys.append(key)
             self.devs.append(dev)
+            self.groups.append(group)
             return out
 
         n_last = min(n, max(n_out, 1))           # rows the last block keeps
@@ -468,7 +521,7 @@ class _Plan:
             graph(lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(
                 arch.build_block(ctx, gf, w, inp, il, act, ex.k_cache[il], ex.v_cache[il]), act_out),
                 rows_out=n_last if il == hp.n_layer - 1 else n, key=il if ex.pager or ex.kv else None,
-                dev=ex.layer_backend[il])
+                dev=ex.layer_backend[il], group=il)
         if n_out and ex.pager:
             self._build_chunked_head(ex, graph, n_out)
         elif n_out:
@@ -476,7 +529,7 @@ class _Plan:
                 out = arch.build_output(ctx, w, inp, act)
                 out.set_output()
                 return out
-            self.logits = graph(head, rows_in=n_out, rows_out=n_out, dev=ex.layer_backend[-1])
+            self.logits = graph(head, rows_in=n_out, rows_out=n_out, dev=ex.layer_backend[-1], group=hp.n_layer)
         return self
 
     def _build_chunked_head(self, ex: Executor, graph: Any, n_out: int) -> None:

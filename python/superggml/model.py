@@ -157,15 +157,6 @@ class Model:
             self.tensor_info = {name: (typ, tuple(shape), off, nb)
                                 for name, typ, shape, off, nb in self._file.tensors()}
             self.arch.validate({n: v[1] for n, v in self.tensor_info.items()})
-            self.tokenizer = Tokenizer.from_metadata(self.metadata)
-            for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
-                        "tokenizer.ggml.token_type"):   # held by the tokenizer now; tens of MB as lists
-                self.metadata.pop(key, None)
-            self._file.drop_header()
-            _return_free_memory()   # the vocabulary's transient objects, before slots are filled
-            if self.tokenizer.n_vocab != self.hparams.n_vocab:
-                raise GGUFError(f"vocabulary has {self.tokenizer.n_vocab} tokens but the model "
-                                f"{self.hparams.n_vocab}")
             self._store = _core.WeightStore(self._file)
             self._exec = Executor(self.arch, self._store, ExecutorParams(
                 n_ctx=ctx_size, n_batch=min(n_batch, ctx_size), n_threads=n_threads or _default_threads(),
@@ -179,12 +170,21 @@ class Model:
                 paged_kv=paged_kv, kv_page_size=kv_page_size,
                 kv_device_layers=kv_device_layers, kv_host_budget=parse_size(host_budget),
                 kv_spill_dir=os.fspath(kv_spill_dir) if kv_spill_dir is not None else None))
-            paged = self._exec.pager is not None
-            if not paged:
-                self._store.bind_mmap()
-            self.repacked_bytes = (self._store.load_repacked(self.arch.matmul_weights(self._store.has),
-                                                             self._exec.backend) if repack and not paged else 0)
+            # resident weights load in the background, block by block, while the tokenizer is built and the
+            # first pass computes (Executor.start_loading); streamed ones go through the pager
+            self.repacked_bytes = self._exec.start_loading(repack) if self._exec.pager is None else 0
+            self.tokenizer = Tokenizer.from_metadata(self.metadata)
+            for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
+                        "tokenizer.ggml.token_type"):   # held by the tokenizer now; tens of MB as lists
+                self.metadata.pop(key, None)
+            self._file.drop_header()
+            _return_free_memory()   # the vocabulary's transient objects
+            if self.tokenizer.n_vocab != self.hparams.n_vocab:
+                raise GGUFError(f"vocabulary has {self.tokenizer.n_vocab} tokens but the model "
+                                f"{self.hparams.n_vocab}")
         except BaseException:
+            if "_exec" in self.__dict__:
+                self._exec.close()
             self.__dict__.pop("_exec", None)    # before the file: they point into its tensors
             self.__dict__.pop("_store", None)
             self._file.close()
@@ -222,6 +222,7 @@ class Model:
             self._closed = True
             if getattr(self, "_metrics", None) is not None:
                 self._metrics.writer.close()
+            self._exec.close()
             del self._exec
             del self._store
             self._file.close()

@@ -1,0 +1,195 @@
+#include "weight-loader.h"
+
+#include "io.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fcntl.h>
+#include <set>
+#include <unistd.h>
+
+namespace superggml {
+
+namespace {
+constexpr uint64_t PAGE = 4096;
+constexpr uint64_t MERGE_GAP = 256u << 10;   // read across gaps this small rather than split a range
+
+double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+weight_loader::weight_loader(std::shared_ptr<weight_store> store, const std::vector<std::vector<std::string>> & groups,
+                             const std::vector<std::string> & repack, ggml_backend_device * dev,
+                             const loader_params & params)
+    : store_(std::move(store)), params_(params) {
+    if (params_.chunk < PAGE) params_.chunk = PAGE;
+    params_.chunk = params_.chunk / PAGE * PAGE;
+    store_->bind_mmap();
+    std::set<std::string> placed;
+    if (params_.repack && dev) {
+        for (auto & n : store_->place_repacked(repack, dev, &repacked_bytes_)) placed.insert(n);
+    }
+    const uint64_t file_end = (store_->file().file_size() + PAGE - 1) / PAGE * PAGE;
+    std::set<std::string> seen;
+    auto add_group = [&](const std::vector<std::string> & names) {
+        group G;
+        std::vector<std::pair<uint64_t, uint64_t>> r;
+        for (const auto & n : names) {
+            auto [off, nb] = store_->file_range(n);   // GGUFError for an unknown name
+            r.push_back({off / PAGE * PAGE, std::min(file_end, (off + nb + PAGE - 1) / PAGE * PAGE)});
+            if (placed.count(n) && seen.insert(n).second) G.fill.push_back(n);
+        }
+        std::sort(r.begin(), r.end());
+        for (const auto & x : r) {
+            if (!G.ranges.empty() && x.first <= G.ranges.back().second + MERGE_GAP) {
+                G.ranges.back().second = std::max(G.ranges.back().second, x.second);
+            } else {
+                G.ranges.push_back(x);
+            }
+        }
+        groups_.push_back(std::move(G));
+    };
+    for (const auto & g : groups) add_group(g);
+    std::vector<std::string> rest;
+    for (const auto & n : placed) if (!seen.count(n)) rest.push_back(n);
+    if (!rest.empty()) add_group(rest);
+
+    fd_ = ::open(store_->file().path().c_str(), O_RDONLY | O_CLOEXEC);
+    t_start_ = now();
+    for (int i = 0; i < std::max(1, params_.n_workers); ++i) threads_.emplace_back([this] { worker(); });
+}
+
+weight_loader::~weight_loader() {
+    cancel();
+    if (fd_ >= 0) ::close(fd_);
+}
+
+void weight_loader::cancel() {
+    stop_ = true;
+    cv_.notify_all();
+    for (auto & t : threads_) if (t.joinable()) t.join();
+    threads_.clear();
+}
+
+// Reads [off, end) of the file into the page cache: populate the mapping, else pread into a scratch buffer.
+static void read_range(const uint8_t * map, int fd, uint64_t off, uint64_t end, std::atomic<bool> & no_populate,
+                       std::vector<uint8_t> & scratch) {
+    while (off < end) {
+        if (!no_populate) {
+            ssize_t n = io_populate(map + off, end - off);
+            if (n >= 0) { off += (uint64_t) n; continue; }
+            const int e = errno;
+            if (e == EINTR) continue;
+            if (e == EFAULT || e == EIO) {
+                throw FileError("cannot read the model file at offset " + std::to_string(off) + ": " +
+                                (e == EFAULT ? std::string("the file was truncated") : std::strerror(e)), EIO);
+            }
+            no_populate = true;       // EINVAL/ENOSYS/...: a kernel without MADV_POPULATE_READ
+        }
+        if (fd < 0) throw FileError("cannot open the model file for reading", EIO);
+        if (scratch.empty()) scratch.resize(4u << 20);
+        ssize_t n = io_pread(fd, scratch.data(), (size_t) std::min<uint64_t>(scratch.size(), end - off), (off_t) off);
+        if (n < 0) {
+            const int e = errno;
+            if (e == EINTR) continue;
+            throw FileError("read failed at offset " + std::to_string(off) + ": " + std::strerror(e), e);
+        }
+        if (n == 0) throw FileError("short read at offset " + std::to_string(off) + ": the file was truncated", EIO);
+        off += (uint64_t) n;
+    }
+}
+
+bool weight_loader::load(group & G, bool cancellable) {
+    const uint8_t * map = store_->file().map();
+    if (!map) throw Error("the GGUF file is closed");
+    std::vector<uint8_t> scratch;
+    for (const auto & [start, end] : G.ranges) {
+        for (uint64_t off = start; off < end; off += params_.chunk) {
+            if (cancellable && stop_) return false;
+            const uint64_t stop = std::min(end, off + params_.chunk);
+            read_range(map, fd_, off, stop, no_populate_, scratch);
+            bytes_read_ += stop - off;
+        }
+    }
+    for (const auto & n : G.fill) store_->fill(n);
+    return true;
+}
+
+void weight_loader::worker() {
+    for (;;) {
+        size_t g;
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            if (stop_ || next_ >= groups_.size()) return;
+            g = next_++;
+            groups_[g].state = 1;
+        }
+        std::exception_ptr err;
+        bool finished = true;
+        try {
+            finished = load(groups_[g], true);
+        } catch (...) {
+            err = std::current_exception();
+        }
+        std::lock_guard<std::mutex> lk(mu_);
+        groups_[g].state = err ? 3 : (finished ? 2 : 0);
+        groups_[g].error = err;
+        if (!err && std::all_of(groups_.begin(), groups_.end(), [](const group & G) { return G.state == 2; })) {
+            t_done_ = now();
+        }
+        cv_.notify_all();
+    }
+}
+
+void weight_loader::wait(int g) {
+    group & G = groups_.at((size_t) g);
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return G.state >= 2 || (G.state == 0 && stop_); });
+    if (G.state == 2) return;
+    const bool retry = G.state == 3;
+    G.state = 1;                       // loaded here, now: a worker's failed load once more, or one never started
+    lk.unlock();
+    std::exception_ptr err;
+    try {
+        load(G, false);
+    } catch (...) {
+        err = std::current_exception();
+    }
+    lk.lock();
+    if (retry) retries_++;
+    G.state = err ? 3 : 2;
+    G.error = err;
+    if (!err && std::all_of(groups_.begin(), groups_.end(), [](const group & X) { return X.state == 2; })) {
+        t_done_ = now();
+    }
+    cv_.notify_all();
+    if (err) std::rethrow_exception(err);
+}
+
+void weight_loader::wait_all() {
+    for (int g = 0; g < n_groups(); ++g) wait(g);
+}
+
+bool weight_loader::done() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return std::all_of(groups_.begin(), groups_.end(), [](const group & G) { return G.state == 2; });
+}
+
+loader_stats weight_loader::stats() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    loader_stats s;
+    s.bytes_read = bytes_read_;
+    s.bytes_repacked = repacked_bytes_;
+    s.retries = retries_;
+    for (const auto & G : groups_) {
+        s.groups_done += G.state == 2;
+        s.groups_failed += G.state == 3;
+    }
+    s.seconds = t_done_ > 0 ? t_done_ - t_start_ : 0;
+    return s;
+}
+
+}  // namespace superggml
