@@ -135,6 +135,9 @@ def main() -> int:
     for r in range(a.runs):
         for e in engines:
             left = drop_cache(path)
+            if left > 0.01:
+                raise SystemExit(f"{left:.0%} of {path} stays in the page cache after the drop: another process "
+                                 "maps it (grep -l {path} /proc/*/maps)")
             dt, detail = first_token(e, path, a.prompt)
             times[e].append(dt)
             print(f"run {r + 1} {e:10} {dt:6.3f} s  ({detail}; {left:.1%} cached before)", flush=True)

@@ -59,7 +59,10 @@ weight_loader::weight_loader(std::shared_ptr<weight_store> store, const std::vec
 
     fd_ = ::open(store_->file().path().c_str(), O_RDONLY | O_CLOEXEC);
     t_start_ = now();
-    for (int i = 0; i < std::max(1, params_.n_workers); ++i) threads_.emplace_back([this] { worker(); });
+    for (int i = 0; i < std::max(1, params_.n_readers); ++i) threads_.emplace_back([this] { reader(); });
+    if (!placed.empty()) {
+        for (int i = 0; i < std::max(1, params_.n_workers); ++i) threads_.emplace_back([this] { filler(); });
+    }
 }
 
 weight_loader::~weight_loader() {
@@ -102,7 +105,7 @@ static void read_range(const uint8_t * map, int fd, uint64_t off, uint64_t end, 
     }
 }
 
-bool weight_loader::load(group & G, bool cancellable) {
+bool weight_loader::read(group & G, bool cancellable) {
     const uint8_t * map = store_->file().map();
     if (!map) throw Error("the GGUF file is closed");
     std::vector<uint8_t> scratch;
@@ -114,33 +117,81 @@ bool weight_loader::load(group & G, bool cancellable) {
             bytes_read_ += stop - off;
         }
     }
-    for (const auto & n : G.fill) store_->fill(n);
     return true;
 }
 
-void weight_loader::worker() {
+bool weight_loader::fill(group & G, bool cancellable) {
+    for (const auto & n : G.fill) {
+        if (cancellable && stop_) return false;
+        store_->fill(n);
+    }
+    return true;
+}
+
+void weight_loader::finish(group & G, std::exception_ptr err) {
+    G.state = err ? 3 : 2;
+    G.error = err;
+    if (!err && std::all_of(groups_.begin(), groups_.end(), [](const group & X) { return X.state == 2; })) {
+        t_done_ = now();
+    }
+    cv_.notify_all();
+}
+
+void weight_loader::reader() {
     for (;;) {
         size_t g;
         {
             std::lock_guard<std::mutex> lk(mu_);
-            if (stop_ || next_ >= groups_.size()) return;
-            g = next_++;
+            if (stop_ || next_read_ >= groups_.size()) return;
+            g = next_read_++;
+            if (groups_[g].state != 0) continue;
             groups_[g].state = 1;
         }
+        group & G = groups_[g];
         std::exception_ptr err;
         bool finished = true;
         try {
-            finished = load(groups_[g], true);
+            finished = read(G, true);
         } catch (...) {
             err = std::current_exception();
         }
         std::lock_guard<std::mutex> lk(mu_);
-        groups_[g].state = err ? 3 : (finished ? 2 : 0);
-        groups_[g].error = err;
-        if (!err && std::all_of(groups_.begin(), groups_.end(), [](const group & G) { return G.state == 2; })) {
-            t_done_ = now();
+        G.read = finished && !err;
+        if (err || (finished && G.fill.empty())) {
+            finish(G, err);
+        } else {
+            G.state = 0;               // a filler takes it from here (or wait(), after a cancel)
+            cv_.notify_all();
         }
-        cv_.notify_all();
+    }
+}
+
+void weight_loader::filler() {
+    for (;;) {
+        size_t g;
+        std::unique_lock<std::mutex> lk(mu_);
+        if (stop_ || next_fill_ >= groups_.size()) return;
+        g = next_fill_++;
+        group & G = groups_[g];
+        if (G.fill.empty()) continue;
+        cv_.wait(lk, [&] { return stop_ || G.state >= 2 || (G.state == 0 && G.read); });
+        if (stop_ || G.state != 0) continue;   // failed, or loaded by wait()
+        G.state = 1;
+        lk.unlock();
+        std::exception_ptr err;
+        bool finished = true;
+        try {
+            finished = fill(G, true);
+        } catch (...) {
+            err = std::current_exception();
+        }
+        lk.lock();
+        if (err || finished) {
+            finish(G, err);
+        } else {
+            G.state = 0;
+            cv_.notify_all();
+        }
     }
 }
 
@@ -149,23 +200,20 @@ void weight_loader::wait(int g) {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return G.state >= 2 || (G.state == 0 && stop_); });
     if (G.state == 2) return;
-    const bool retry = G.state == 3;
-    G.state = 1;                       // loaded here, now: a worker's failed load once more, or one never started
+    const bool retry = G.state == 3, need_read = !G.read;
+    G.state = 1;                       // loaded here, now: a failed load once more, or one cancelled
     lk.unlock();
     std::exception_ptr err;
     try {
-        load(G, false);
+        if (need_read) read(G, false);
+        fill(G, false);
     } catch (...) {
         err = std::current_exception();
     }
     lk.lock();
     if (retry) retries_++;
-    G.state = err ? 3 : 2;
-    G.error = err;
-    if (!err && std::all_of(groups_.begin(), groups_.end(), [](const group & X) { return X.state == 2; })) {
-        t_done_ = now();
-    }
-    cv_.notify_all();
+    G.read = !err;
+    finish(G, err);
     if (err) std::rethrow_exception(err);
 }
 

@@ -5,12 +5,13 @@
 // (block 0, block 1, ..., the output head). The constructor places every
 // re-laid weight (ggml-cpu "repack" buffer types) in its resident buffer and
 // binds it there, without bytes; the other weights stay bound to the file
-// mapping. Worker threads then take the groups in order: each reads its
-// group's file ranges into the page cache and maps them (one populate call
-// per chunk, no copy; pread where the kernel cannot), then re-lays its
-// re-laid weights from the mapping. The pass computes group i as soon as
-// wait(i) returns, while the workers load i+1, i+2, ...: a cold start costs
-// about one read of the file plus compute, not the two in sequence.
+// mapping. Two stages of worker threads then take the groups in order:
+// readers bring a group's file ranges into the page cache and map them (one
+// populate call per chunk, no copy; pread where the kernel cannot), and
+// fillers re-lay a group's re-laid weights from the mapping as soon as it is
+// read, so the disk and the CPU work at once. The pass computes group i as
+// soon as wait(i) returns, while the workers load i+1, i+2, ...: a cold start
+// costs about one read of the file plus compute, not the two in sequence.
 //
 // Failure: a group whose load failed (I/O error, file truncated) is loaded
 // once more by wait(), synchronously; if that fails too, wait() throws
@@ -34,7 +35,8 @@ struct ggml_backend_device;
 namespace superggml {
 
 struct loader_params {
-    int n_workers = 2;                 // threads reading and re-laying groups
+    int n_readers = 2;                 // threads reading groups into the page cache
+    int n_workers = 2;                 // threads re-laying the groups' repacked weights
     size_t chunk = 8u << 20;           // bytes per read call (the unit of cancellation)
     bool repack = true;                // re-lay the weights the device has faster kernels for
 };
@@ -75,11 +77,15 @@ private:
     struct group {
         std::vector<std::pair<uint64_t, uint64_t>> ranges;   // file [offset, end), page aligned, merged
         std::vector<std::string> fill;                       // re-laid tensors to copy in
-        int state = 0;                                       // 0 pending, 1 loading, 2 done, 3 failed
+        bool read = false;                                   // ranges are in the page cache
+        int state = 0;                                       // 0 pending, 1 busy, 2 done, 3 failed
         std::exception_ptr error;
     };
-    void worker();
-    bool load(group & G, bool cancellable);   // throws on failure; false if cancelled
+    void reader();
+    void filler();
+    bool read(group & G, bool cancellable);   // throws on failure; false if cancelled
+    bool fill(group & G, bool cancellable);
+    void finish(group & G, std::exception_ptr err);   // under mu_
 
     std::shared_ptr<weight_store> store_;
     loader_params params_;
@@ -91,7 +97,7 @@ private:
     std::atomic<uint64_t> bytes_read_{0};
     mutable std::mutex mu_;
     std::condition_variable cv_;
-    size_t next_ = 0;
+    size_t next_read_ = 0, next_fill_ = 0;
     int retries_ = 0;
     double t_start_ = 0, t_done_ = 0;
     std::vector<std::thread> threads_;

@@ -79,6 +79,7 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
             tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
             for _ in range(req["n_decode"]):
                 llm.eval([tok])
+                tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
             t2 = time.perf_counter()
             res.setdefault("prefill_s", []).append(t1 - t0)
             res.setdefault("decode_s", []).append(t2 - t1)

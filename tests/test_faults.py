@@ -103,3 +103,31 @@ def test_file_replaced_mid_run_keeps_reading_the_open_file(smollm2_path, referen
 def test_unknown_fault_kind():
     with pytest.raises(_core.SuperggmlError if hasattr(_core, "SuperggmlError") else Exception, match="unknown I/O fault"):
         _core.inject_io_fault("gremlins")
+
+
+# resident weights: the background load (csrc/weight-loader) populates the mapping through the same hook
+@pytest.mark.parametrize("kind", ["short_read", "eintr"])
+def test_background_load_retries_transient_faults(smollm2_path, reference, kind):
+    _core.inject_io_fault(kind, count=25)
+    with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False) as m:
+        out = [m.eval(PROMPT).copy()] + [m.eval([t]).copy() for t in (7, 8, 9)]
+        assert _core.io_fault_hits() > 0
+    for a, b in zip(out, reference):
+        assert np.array_equal(a, b)
+
+
+def test_background_load_eio_reaches_the_first_pass_and_the_model_carries_on(smollm2_path, reference):
+    _core.inject_io_fault("eio", count=-1)
+    with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False) as m:
+        with pytest.raises(OSError, match="Input/output error"):
+            m.eval(PROMPT)
+        assert m.n_tokens == 0
+        _core.clear_io_faults()
+        assert np.array_equal(m.eval(PROMPT), reference[0])
+        for t, ref in zip((7, 8, 9), reference[1:]):
+            assert np.array_equal(m.eval([t]), ref)
+
+
+def test_close_while_loading(smollm2_path):
+    for _ in range(5):
+        Model(smollm2_path, ctx_size=64, n_threads=2).close()

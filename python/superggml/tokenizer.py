@@ -671,6 +671,13 @@ def _meta_list(meta: Mapping[str, Any], key: str) -> list[Any] | None:
     return list(value)
 
 
+def _texts(values: list[Any]) -> list[str]:
+    """_as_text of every item; the list itself when all are str already (GGUF strings usually are)."""
+    if all(type(v) is str for v in values):
+        return values
+    return [_as_text(v) for v in values]
+
+
 def _as_text(value: Any) -> str:
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).decode("utf-8", "surrogateescape")
@@ -785,15 +792,15 @@ class Tokenizer:
         if not raw_tokens:
             raise GGUFError("tokenizer.ggml.tokens is missing or empty")
         n = len(raw_tokens)
-        tokens = []
-        token_to_id: dict[str, int] = {}
-        for i, t in enumerate(raw_tokens):
-            # llama.cpp reads the token as a C string: it ends at the first NUL
-            text = _as_text(t).split("\x00", 1)[0] or f"[EMPTY_{i}]"
-            if token_to_id.setdefault(text, i) != i:
-                raise GGUFError(f"duplicate token in vocabulary: {text!r} has ids "
-                                f"{token_to_id[text]} and {i}")
-            tokens.append(text)
+        # llama.cpp reads a token as a C string: it ends at the first NUL
+        tokens = [t.split("\x00", 1)[0] if "\x00" in t else t for t in _texts(raw_tokens)]
+        tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)] if "" in tokens else tokens
+        token_to_id = dict(zip(tokens, range(n)))
+        if len(token_to_id) != n:
+            first: dict[str, int] = {}
+            for i, text in enumerate(tokens):
+                if first.setdefault(text, i) != i:
+                    raise GGUFError(f"duplicate token in vocabulary: {text!r} has ids {first[text]} and {i}")
         self._tokens, self._token_to_id, self.n_vocab = tokens, token_to_id, n
 
         scores = _meta_list(meta, "tokenizer.ggml.scores")
@@ -925,20 +932,13 @@ class Tokenizer:
         if raw_merges is None:
             raise GGUFError("tokenizer.ggml.merges is missing")
         vocab = dict(self._token_to_id)
-        merges: list[tuple[str, str]] = []
-        seen: set[tuple[str, str]] = set()
-        for m in raw_merges:
-            m = _as_text(m)
-            pos = m.find(" ", 1)
-            if pos < 0:
-                continue
-            pair = (m[:pos], m[pos + 1:])
-            if pair in seen:  # llama.cpp keeps the first rank of a pair
-                continue
-            seen.add(pair)
-            merges.append(pair)
-            for sym in (*pair, pair[0] + pair[1]):
-                self._add_phantom(vocab, sym)
+        # "left right" split at the first space after the first character; llama.cpp keeps the first rank
+        # of a pair (dict.fromkeys: first occurrence, in order)
+        merges = list(dict.fromkeys((m[:p], m[p + 1:]) for m in _texts(raw_merges)
+                                    for p in (m.find(" ", 1),) if p >= 0))
+        missing = [sym for a, b in merges for sym in (a, b, a + b) if sym not in vocab]
+        for sym in dict.fromkeys(missing):
+            self._add_phantom(vocab, sym)
         for char in _BYTE_TO_CHAR:
             self._add_phantom(vocab, char)
         bpe = _hf_models.BPE(vocab=vocab, merges=merges, ignore_merges=self.ignore_merges)
