@@ -8,6 +8,8 @@
 #include <cstring>
 #include <fcntl.h>
 #include <set>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace superggml {
@@ -167,6 +169,9 @@ void weight_loader::reader() {
 }
 
 void weight_loader::filler() {
+    // below the threads that compute (and build the tokenizer): they are the critical path of a cold start,
+    // the fillers use what is left of the cores
+    if (params_.nice > 0) setpriority(PRIO_PROCESS, (id_t) syscall(SYS_gettid), params_.nice);
     for (;;) {
         size_t g;
         std::unique_lock<std::mutex> lk(mu_);

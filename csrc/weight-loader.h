@@ -39,6 +39,7 @@ struct loader_params {
     int n_workers = 2;                 // threads re-laying the groups' repacked weights
     size_t chunk = 8u << 20;           // bytes per read call (the unit of cancellation)
     bool repack = true;                // re-lay the weights the device has faster kernels for
+    int nice = 10;                     // the fillers' niceness (Linux: per thread); 0 leaves it
 };
 
 struct loader_stats {

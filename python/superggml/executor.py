@@ -93,7 +93,10 @@ class _WeightView:
 class Executor:
     """Runs an architecture layer by layer over one backend with a contiguous F16 KV cache."""
 
-    def __init__(self, arch: Architecture, store: Any, params: ExecutorParams, *, memory: MemoryFn | None = None):
+    def __init__(self, arch: Architecture, store: Any, params: ExecutorParams, *, memory: MemoryFn | None = None,
+                 preload_repack: bool | None = None):
+        """`preload_repack` (True/False: with or without ggml-cpu's re-laid weights) starts the background
+        load of resident weights (start_loading) as early as possible; None leaves binding to the caller."""
         self.arch = arch
         self.hp = hp = arch.hp
         self.params = params
@@ -107,6 +110,24 @@ class Executor:
             raise ValueError("a multi-device split does not combine with paging options yet")
         self.weights = _WeightView(store)
         self.n_past = 0
+        self._store = store
+        self.loader: Any = None                       # background load of resident weights (start_loading)
+        paged = params.dynamic_layers or params.device_budget is not None or (
+            params.n_gpu_layers is not None and params.n_gpu_layers < hp.n_layer)
+        self.pager: Any = None
+        self.repacked_bytes = 0
+        if preload_repack is not None and not paged:
+            self.repacked_bytes = self.start_loading(preload_repack)   # reads overlap everything below
+        try:
+            self._setup(store, params, paged, devices, memory)
+        except BaseException:
+            self.close()       # the loader's threads must stop before the caller unmaps the file
+            raise
+
+    def _setup(self, store: Any, params: ExecutorParams, paged: bool, devices: list[str],
+               memory: MemoryFn | None) -> None:
+        hp = self.hp
+        multi = len(devices) > 1
 
         # persistent tensors, per device: activations F32 [n_embd, n_batch]; per layer K, V F16
         # [n_embd_gqa, n_ctx] on its layer's device (with paged_kv, bound to the KV cache's frames instead)
@@ -157,13 +178,9 @@ class Executor:
                                     n_stream=stream_slots(params.async_prefetch, params.prefetch_depth))
         self._plans: dict[tuple[int, int, int], _Plan] = {}
         self.head_chunks: list[str] = []
-        paged = params.dynamic_layers or params.device_budget is not None or (
-            params.n_gpu_layers is not None and params.n_gpu_layers < hp.n_layer)
         self.scheduler: LayerScheduler | None = None
         self._decode_threads: int | None = None       # compute threads for single-token steps while streaming
         self.pager = self._make_pager(store) if paged else None
-        self.loader: Any = None                       # background load of resident weights (start_loading)
-        self._store = store
         if self.pager is not None and params.dynamic_layers:
             n_keys = hp.n_layer + len(self.head_chunks)
             self.scheduler = LayerScheduler(

@@ -169,10 +169,11 @@ class Model:
                 layer_split=_layer_split(tensor_split, len(devices or ()), self.hparams.n_layer),
                 paged_kv=paged_kv, kv_page_size=kv_page_size,
                 kv_device_layers=kv_device_layers, kv_host_budget=parse_size(host_budget),
-                kv_spill_dir=os.fspath(kv_spill_dir) if kv_spill_dir is not None else None))
-            # resident weights load in the background, block by block, while the tokenizer is built and the
-            # first pass computes (Executor.start_loading); streamed ones go through the pager
-            self.repacked_bytes = self._exec.start_loading(repack) if self._exec.pager is None else 0
+                kv_spill_dir=os.fspath(kv_spill_dir) if kv_spill_dir is not None else None),
+                # resident weights load in the background, block by block, while the KV cache and the
+                # tokenizer are built and the first pass computes; streamed ones go through the pager
+                preload_repack=repack)
+            self.repacked_bytes = self._exec.repacked_bytes
             self.tokenizer = Tokenizer.from_metadata(self.metadata)
             for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
                         "tokenizer.ggml.token_type"):   # held by the tokenizer now; tens of MB as lists
