@@ -60,6 +60,15 @@ def test_teacher_forced_logits_equal_llama_cpp(ref_model, reference, record_prop
         assert np.array_equal(o, r)
 
 
+@pytest.mark.parametrize("settings", [{"flash_attn": True}, {"kv_type": "f32"}, {"flash_attn": True, "kv_type": "f32"}])
+def test_attention_settings_equal_llama_cpp(smollm2_path, settings):
+    """Flash attention and an F32 KV cache, each as llama.cpp runs them."""
+    prompt = list(range(200, 264))
+    ref = llama_ref.run({"kind": "logits", "model": smollm2_path, "prompts": [prompt], **settings})["logits0"]
+    with Model(smollm2_path, ctx_size=512, n_threads=2, **settings) as m:
+        assert np.array_equal(m.eval(prompt, logits_all=True), ref)
+
+
 def test_greedy_text_equals_llama_cpp(ref_model):
     ref = llama_ref.run({"kind": "generate", "model": ref_model, "prompts": GEN_PROMPTS, "max_tokens": N_GEN})
     with Model(ref_model, ctx_size=512, n_threads=2) as m:

@@ -10,6 +10,7 @@ from .. import _core
 from ..errors import GGUFError, UnsupportedModelError
 
 F32 = _core.GGMLType.F32
+F16 = _core.GGMLType.F16
 ROPE_NORM = 0
 ROPE_NEOX = 2
 
@@ -251,6 +252,8 @@ def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, 
     if inp.flash_attn:
         vv = ctx.view(v_cache, [d, hp.n_head_kv, n_kv], [d * es, g * es], 0)
         vp = ctx.permute(vv, 0, 2, 1, 3)                                   # [d, n_kv, n_head_kv]
+        if k_cache.type == F32:   # flash attention reads F16 K/V: an F32 cache is cast, as llama.cpp does
+            kp, vp = ctx.cast(kp, F16), ctx.cast(vp, F16)
         cur = ctx.flash_attn_ext(qp, kp, vp, inp.mask, scale)             # [d, n_head, n]
         return ctx.reshape(cur, [d * hp.n_head, n])
     vt = ctx.view(v_cache, [n_kv, hp.n_head_kv, d], [n_ctx * d * es, n_ctx * es], 0)  # [n_kv, n_head_kv, d]
