@@ -7,7 +7,8 @@ llama.cpp (llama-cpp-python) runs in a child process (its ggml libraries
 clash with superggml's in one process); both see the same GGUF, the same
 token ids and the same thread count, everything resident (each engine's default: CPU
 repack on). Each figure is the median of --repeats (after one warm-up run), and the
-engines alternate --rounds times so a slow spell of the machine hits both.
+engines alternate (which goes first, too) --rounds times so a slow spell of the machine
+hits both.
 """
 
 from __future__ import annotations
@@ -75,9 +76,13 @@ def main() -> int:
         with Model(path, ctx_size=1024) as m:
             toks = m.tokenize(PROMPT)[: a.prompt_tokens]
         runs: dict[str, list[float]] = {"sp": [], "sd": [], "lp": [], "ld": []}
-        for _ in range(a.rounds):
-            sp, sd = bench_superggml(path, toks, a.decode, a.threads, a.repeats)
-            lp, ld = bench_llama(path, toks, a.decode, a.threads, a.repeats)
+        for r in range(a.rounds):     # alternating which engine goes first
+            if r % 2 == 0:
+                sp, sd = bench_superggml(path, toks, a.decode, a.threads, a.repeats)
+                lp, ld = bench_llama(path, toks, a.decode, a.threads, a.repeats)
+            else:
+                lp, ld = bench_llama(path, toks, a.decode, a.threads, a.repeats)
+                sp, sd = bench_superggml(path, toks, a.decode, a.threads, a.repeats)
             for k, v in zip(("sp", "sd", "lp", "ld"), (sp, sd, lp, ld)):
                 runs[k] += v
         print(f"{name}: " + "; ".join(f"{k} " + " ".join(f"{x:.1f}" for x in v) for k, v in runs.items()), flush=True)

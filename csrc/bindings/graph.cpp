@@ -78,19 +78,6 @@ void init_graph(py::module_ & m) {
             }
             ggml_build_forward_expand(g.g, t.t);
         }, "Adds `t` and everything it depends on; SuperggmlError if the graph has no room.")
-        .def("extend", [](graph_ref & g, const graph_ref & other) {
-            // every node of `other`, in its order (side effects such as KV writes included); the two graphs'
-            // contexts must both outlive this graph
-            const int n = ggml_graph_n_nodes(other.g);
-            size_t need = (size_t) ggml_graph_n_nodes(g.g);
-            for (int i = 0; i < n; ++i) {
-                const ggml_tensor * x = ggml_graph_node(other.g, i);
-                need += 1;
-                for (int j = 0; j < GGML_MAX_SRC; ++j) need += x->src[j] != nullptr;   // leafs, at most
-            }
-            if (need > g.owner->graph_size()) throw Error("graph is full (raise graph_size)");
-            for (int i = 0; i < n; ++i) ggml_build_forward_expand(g.g, ggml_graph_node(other.g, i));
-        }, py::arg("other"), "Appends every node of `other` in order; SuperggmlError if the graph has no room.")
         .def_property_readonly("n_nodes", [](const graph_ref & g) { return ggml_graph_n_nodes(g.g); });
 
     py::class_<graph_context, std::shared_ptr<graph_context>>(m, "Context",
@@ -182,6 +169,7 @@ void init_graph(py::module_ & m) {
         }
     }, py::arg("tensor"), "Copies the tensor's contents out: numpy (shape reversed to row-major) for F32/I32/F16(raw), bytes otherwise.");
 
+    m.def("ggml_version", [] { return std::string(ggml_version()); }, "The version of the ggml superggml was built with.");
     m.def("cpu_features", [] {
         py::dict d;
         d["SSE3"] = ggml_cpu_has_sse3(); d["SSSE3"] = ggml_cpu_has_ssse3(); d["AVX"] = ggml_cpu_has_avx();

@@ -355,26 +355,27 @@ class Executor:
             _core.tensor_set(inp.k_idxs, pos.astype(np.int64))
             _core.tensor_set(inp.v_idxs, v_idxs)
             _core.tensor_set(inp.out_ids, np.asarray(out_rows or [0], dtype=np.int32))
-        self._compute(plan, n)
+        logits = self._compute(plan, n)
         self.n_past += n
         if not out_rows:
             return None
-        return _core.tensor_get(plan.logits).reshape(len(out_rows), hp.n_vocab)
+        return _core.tensor_get(logits).reshape(len(out_rows), hp.n_vocab)
 
-    def _compute(self, plan: "_Plan", n: int) -> None:
+    def _compute(self, plan: "_Plan", n: int) -> Any:
+        """Runs the micro-batch; returns the tensor that holds its logits (if it has any)."""
         pager, kv = self.pager, self.kv
         if len(self.backends) > 1:
             self._compute_split(plan)
-            return
+            return plan.logits
         if pager is None and kv is None and not self.record_timings:
             if self.loader is None:
-                self.backend.compute(plan.whole())     # one graph per micro-batch, as llama.cpp runs it
-                return
+                self.backend.compute(plan.whole(self))     # one graph per micro-batch, as llama.cpp runs it
+                return plan.whole_logits
             for g, group in zip(plan.graphs, plan.groups):
                 self._loaded(group)
                 self.backend.compute(g)
             self._loading_done()
-            return
+            return plan.logits
         if self.scheduler is not None:
             self.scheduler.step()
         if self._decode_threads is not None:
@@ -431,6 +432,7 @@ class Executor:
                 self._released[key] = t1
                 rec.append(r)
         self._loading_done()
+        return plan.logits
 
     def _compute_split(self, plan: "_Plan") -> None:
         """Graphs on their devices; activations copied where the device changes (a pipeline by layers)."""
@@ -493,6 +495,7 @@ class _Plan:
         self.devs: list[int] = []       # the device each graph runs on
         self.groups: list[int | None] = []  # the group of the background load (Executor.load_groups) it needs
         self._whole: Any = None
+        self.whole_logits: Any = None
         self.logits: Any = None
         self.inputs: StepInputs
         self.all_inputs: list[StepInputs] = []   # one set per device, filled alike
@@ -550,15 +553,24 @@ class _Plan:
             self.logits = graph(head, rows_in=n_out, rows_out=n_out, dev=ex.layer_backend[-1], group=hp.n_layer)
         return self
 
-    def whole(self) -> Any:
-        """Every graph of the micro-batch as one graph, in order (built on first use): one allocation and one
-        thread-pool launch per micro-batch instead of one per block. The same nodes: the same results. Only
-        for resident weights on one device (the paged paths need to act between blocks)."""
+    def whole(self, ex: Executor) -> Any:
+        """The micro-batch as one graph, built on first use, as llama.cpp builds it: each block's output is
+        the next block's input (no copy through the activation buffer), one allocation and one thread-pool
+        launch per step. The same operations as the per-block graphs: the same results. Only for resident
+        weights on one device (the paged paths need to act between blocks); whole_logits holds the logits."""
         if self._whole is None:
-            ctx = _core.Context(max_tensors=0, graph_size=4 * sum(g.n_nodes for g in self.graphs) + 256)
+            hp, arch, w, inp = ex.hp, ex.arch, ex.weights, self.inputs
+            size = 2 * sum(g.n_nodes for g in self.graphs) + 512
+            ctx = _core.Context(max_tensors=size, graph_size=size)
             gf = ctx.new_graph()
-            for g in self.graphs:
-                gf.extend(g)
+            x = arch.build_embed(ctx, w, inp)
+            for il in range(hp.n_layer):
+                x = arch.build_block(ctx, gf, w, inp, il, x, ex.k_cache[il], ex.v_cache[il])
+            if inp.n_outputs:
+                x = arch.build_output(ctx, w, inp, x)
+                x.set_output()
+                self.whole_logits = x
+            gf.expand(x)
             self.keep.append(ctx)
             self._whole = gf
         return self._whole
