@@ -56,8 +56,8 @@ def test_ratio_to_llama_cpp(bench_model, record_property):
     name, path = bench_model
     with Model(path, ctx_size=64) as m:
         toks = m.tokenize(PROMPT)[:N_PROMPT]
-    sp, sd = bench_superggml(path, toks, N_DECODE, THREADS, 3)
-    lp, ld = bench_llama(path, toks, N_DECODE, THREADS, 3)
+    sp, sd = (float(np.median(x)) for x in bench_superggml(path, toks, N_DECODE, THREADS, 5))
+    lp, ld = (float(np.median(x)) for x in bench_llama(path, toks, N_DECODE, THREADS, 5))
     record_property("prefill_ratio", sp / lp)
     record_property("decode_ratio", sd / ld)
     print(f"\n{name}: prefill {sp:.1f} vs {lp:.1f} tok/s (x{sp / lp:.2f}); "
