@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <set>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -123,9 +124,15 @@ bool weight_loader::read(group & G, bool cancellable) {
 }
 
 bool weight_loader::fill(group & G, bool cancellable) {
+    const uint8_t * map = store_->file().map();
     for (const auto & n : G.fill) {
         if (cancellable && stop_) return false;
         store_->fill(n);
+        // the re-laid copy is the one in use: unmap the file pages only it covered (as llama.cpp unmaps the
+        // fragments it copied), so they leave this process's RSS; the page cache keeps them, clean
+        auto [off, nb] = store_->file_range(n);
+        const uint64_t a = (off + PAGE - 1) / PAGE * PAGE, b = (off + nb) / PAGE * PAGE;
+        if (b > a) ::madvise(const_cast<uint8_t *>(map) + a, b - a, MADV_DONTNEED);
     }
     return true;
 }

@@ -148,3 +148,21 @@ def test_model_copy_survives_source_removal(tmp_path, smollm2_path):
     with Model(p, ctx_size=32, n_threads=1) as m:
         os.unlink(p)
         assert m.eval(m.tokenize("Hello"))[-1].shape == (m.n_vocab,)
+
+
+def _rss_file_mib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssFile")) // 1024
+
+
+def test_background_load_maps_only_the_bytes_in_use(qwen_path):
+    """A resident model's weights load in the background; the file pages of re-laid weights leave the
+    process once their copy is made (as llama.cpp unmaps them), so the mapping holds only what is used."""
+    before = _rss_file_mib()
+    with Model(qwen_path, ctx_size=256, n_threads=2) as m:
+        assert m.repacked_bytes > 500 << 20                # Qwen2.5-1.5B's Q4_K weights
+        m.eval([1, 2, 3])
+        assert m._exec.loader is None                      # loaded: the first pass waited for every block
+        grown = _rss_file_mib() - before
+        in_mapping = (os.path.getsize(qwen_path) - m.repacked_bytes) >> 20
+        assert grown <= in_mapping, (grown, in_mapping)    # without the unmap: about the whole file
