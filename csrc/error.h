@@ -7,7 +7,7 @@
 
 namespace superggml {
 
-// Generic core failure (RuntimeError in Python).
+// Generic core failure (superggml.SuperggmlError in Python).
 struct Error : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
@@ -17,7 +17,9 @@ struct GGUFError : Error {
     using Error::Error;
 };
 
-// A file could not be opened (FileNotFoundError / OSError in Python).
+// A file could not be opened, read or written: the message names it and the
+// offset; `err` is the errno (OSError(errno, message) in Python, which picks
+// FileNotFoundError and the other subclasses).
 struct FileError : Error {
     int err;
     FileError(const std::string & msg, int err) : Error(msg), err(err) {}

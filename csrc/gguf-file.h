@@ -4,7 +4,7 @@
 // read), validates every tensor's byte range against the file size and maps
 // the file read-only. The tensors of `meta_ctx()` are no-alloc ggml tensors
 // with the file's names, types and shapes; storage is bound later
-// (see paged-tensor.h).
+// (see tensor-bind.h and weight-store.h).
 #pragma once
 
 #include "error.h"

@@ -1,7 +1,11 @@
 #include "io.h"
 
+#include "error.h"
+
 #include <atomic>
 #include <cerrno>
+#include <cstring>
+#include <cstdint>
 #include <mutex>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -52,6 +56,40 @@ ssize_t io_pwrite(int fd, const void * buf, size_t n, off_t off) {
         }
     }
     return ::pwrite(fd, buf, n, off);
+}
+
+void io_pread_all(int fd, void * buf, size_t n, off_t off, const std::string & what) {
+    auto * p = static_cast<uint8_t *>(buf);
+    while (n > 0) {
+        ssize_t r = io_pread(fd, p, n, off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            const int e = errno;
+            throw FileError("cannot read " + what + " at offset " + std::to_string(off) + ": " + std::strerror(e), e);
+        }
+        if (r == 0) {
+            throw FileError("short read at offset " + std::to_string(off) + " of " + what + ": the file was truncated",
+                            EIO);
+        }
+        p += r;
+        off += r;
+        n -= (size_t) r;
+    }
+}
+
+void io_pwrite_all(int fd, const void * buf, size_t n, off_t off, const std::string & what) {
+    auto * p = static_cast<const uint8_t *>(buf);
+    while (n > 0) {
+        ssize_t r = io_pwrite(fd, p, n, off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            const int e = r < 0 ? errno : ENOSPC;
+            throw FileError("cannot write " + what + " at offset " + std::to_string(off) + ": " + std::strerror(e), e);
+        }
+        p += r;
+        off += r;
+        n -= (size_t) r;
+    }
 }
 
 #ifndef MADV_POPULATE_READ

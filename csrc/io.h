@@ -28,6 +28,12 @@ ssize_t io_pwrite(int fd, const void * buf, size_t n, off_t off);
 // EINTR: retry; EIO).
 ssize_t io_populate(const void * addr, size_t n);
 
+// Read or write exactly n bytes at `off`, looping over short transfers and EINTR. Failure throws FileError
+// carrying errno: "cannot read <what> at offset N: <strerror>", "short read at offset N of <what>: the file
+// was truncated" (EOF first; EIO), "cannot write <what> at offset N: <strerror>" (a write of 0 bytes: ENOSPC).
+void io_pread_all(int fd, void * buf, size_t n, off_t off, const std::string & what);
+void io_pwrite_all(int fd, const void * buf, size_t n, off_t off, const std::string & what);
+
 // Arms `kind` for `count` calls after `skip` unaffected ones (count < 0: forever).
 void io_fault_arm(io_fault kind, long skip = 0, long count = 1);
 void io_fault_clear();

@@ -2,7 +2,7 @@
 
 #include "io.h"
 
-#include "paged-tensor.h"
+#include "tensor-bind.h"
 
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -146,16 +146,11 @@ void kv_cache::disk_write(page & pg, const uint8_t * bytes) {
     }
     const bool fresh = pg.disk < 0;
     const int64_t off = fresh ? disk_alloc() : pg.disk;
-    size_t done = 0;
-    while (done < page_bytes_) {
-        ssize_t n = io_pwrite(spill_fd_, bytes + done, page_bytes_ - done, (off_t) (off + (int64_t) done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            int e = n < 0 ? errno : ENOSPC;
-            if (fresh) spill_free_.push_back(off);
-            throw FileError("cannot write the KV spill file " + spill_path_ + ": " + std::strerror(e), e);
-        }
-        done += (size_t) n;
+    try {
+        io_pwrite_all(spill_fd_, bytes, page_bytes_, (off_t) off, "the KV spill file " + spill_path_);
+    } catch (const FileError &) {
+        if (fresh) spill_free_.push_back(off);
+        throw;
     }
     if (fresh) {
         pg.disk = off;
@@ -293,16 +288,7 @@ void kv_cache::start_fill(frame & f, int seq, int layer, int64_t n_valid, bool a
             uint8_t * src = it.host;
             if (!src) {
                 tmp.resize(pbytes);
-                size_t done = 0;
-                while (done < pbytes) {
-                    ssize_t n = io_pread(fd, tmp.data() + done, pbytes - done, (off_t) (it.disk + (int64_t) done));
-                    if (n < 0 && errno == EINTR) continue;
-                    if (n <= 0) {
-                        int e = n < 0 ? errno : EIO;
-                        throw FileError("cannot read the KV spill file: " + std::string(std::strerror(e)), e);
-                    }
-                    done += (size_t) n;
-                }
+                io_pread_all(fd, tmp.data(), pbytes, (off_t) it.disk, "the KV spill file");
                 src = tmp.data();
             }
             copy_page(*fp, it.idx, src, true);

@@ -177,18 +177,7 @@ void prefetcher::run() {
 }
 
 static void read_exact(int fd, uint8_t * dst, size_t size, uint64_t off) {
-    while (size > 0) {
-        ssize_t n = io_pread(fd, dst, size, (off_t) off);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            int e = errno;
-            throw FileError("read failed at offset " + std::to_string(off) + ": " + std::strerror(e), e);
-        }
-        if (n == 0) throw FileError("short read at offset " + std::to_string(off) + ": the file was truncated", EIO);
-        dst += n;
-        off += (uint64_t) n;
-        size -= (size_t) n;
-    }
+    io_pread_all(fd, dst, size, (off_t) off, "the model file");
 }
 
 // O_DIRECT read of an aligned range; true once `need` bytes arrived, false if

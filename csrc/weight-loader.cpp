@@ -81,8 +81,8 @@ void weight_loader::cancel() {
 }
 
 // Reads [off, end) of the file into the page cache: populate the mapping, else pread into a scratch buffer.
-static void read_range(const uint8_t * map, int fd, uint64_t off, uint64_t end, std::atomic<bool> & no_populate,
-                       std::vector<uint8_t> & scratch) {
+static void read_range(const uint8_t * map, int fd, uint64_t file_size, uint64_t off, uint64_t end,
+                       std::atomic<bool> & no_populate, std::vector<uint8_t> & scratch) {
     while (off < end) {
         if (!no_populate) {
             ssize_t n = io_populate(map + off, end - off);
@@ -96,15 +96,12 @@ static void read_range(const uint8_t * map, int fd, uint64_t off, uint64_t end, 
             no_populate = true;       // EINVAL/ENOSYS/...: a kernel without MADV_POPULATE_READ
         }
         if (fd < 0) throw FileError("cannot open the model file for reading", EIO);
+        end = std::min(end, file_size);    // ranges end at a page boundary; the file may not
+        if (off >= end) break;
         if (scratch.empty()) scratch.resize(4u << 20);
-        ssize_t n = io_pread(fd, scratch.data(), (size_t) std::min<uint64_t>(scratch.size(), end - off), (off_t) off);
-        if (n < 0) {
-            const int e = errno;
-            if (e == EINTR) continue;
-            throw FileError("read failed at offset " + std::to_string(off) + ": " + std::strerror(e), e);
-        }
-        if (n == 0) throw FileError("short read at offset " + std::to_string(off) + ": the file was truncated", EIO);
-        off += (uint64_t) n;
+        const size_t n = (size_t) std::min<uint64_t>(scratch.size(), end - off);
+        io_pread_all(fd, scratch.data(), n, (off_t) off, "the model file");
+        off += n;
     }
 }
 
@@ -116,7 +113,7 @@ bool weight_loader::read(group & G, bool cancellable) {
         for (uint64_t off = start; off < end; off += params_.chunk) {
             if (cancellable && stop_) return false;
             const uint64_t stop = std::min(end, off + params_.chunk);
-            read_range(map, fd_, off, stop, no_populate_, scratch);
+            read_range(map, fd_, store_->file().file_size(), off, stop, no_populate_, scratch);
             bytes_read_ += stop - off;
         }
     }

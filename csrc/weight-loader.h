@@ -19,7 +19,7 @@
 // A group's bytes are never used before its wait() returned.
 #pragma once
 
-#include "paged-tensor.h"
+#include "weight-store.h"
 
 #include <atomic>
 #include <condition_variable>

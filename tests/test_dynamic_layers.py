@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from superggml import Model, _core, cli
+from superggml import Model, cli
 from superggml.scheduler import SchedulerParams
 
 PROMPT = list(range(300, 340))

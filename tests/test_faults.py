@@ -3,6 +3,7 @@ exceptions, nothing hangs, and once the fault is gone the same model carries on 
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 
@@ -119,8 +120,9 @@ def test_background_load_retries_transient_faults(smollm2_path, reference, kind)
 def test_background_load_eio_reaches_the_first_pass_and_the_model_carries_on(smollm2_path, reference):
     _core.inject_io_fault("eio", count=-1)
     with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False) as m:
-        with pytest.raises(OSError, match="Input/output error"):
+        with pytest.raises(OSError, match="Input/output error") as err:
             m.eval(PROMPT)
+        assert err.value.errno == errno.EIO
         assert m.n_tokens == 0
         _core.clear_io_faults()
         assert np.array_equal(m.eval(PROMPT), reference[0])

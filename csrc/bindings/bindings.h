@@ -17,7 +17,7 @@ struct tensor_ref {
 
 void init_errors(pybind11::module_ & m);
 void init_gguf_file(pybind11::module_ & m);
-void init_paged_tensor(pybind11::module_ & m);
+void init_weight_store(pybind11::module_ & m);
 void init_graph(pybind11::module_ & m);
 void init_ops(pybind11::module_ & m);
 void init_buffer_pool(pybind11::module_ & m);

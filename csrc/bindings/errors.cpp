@@ -27,7 +27,10 @@ void init_errors(py::module_ & m) {
         } catch (const GGUFError & e) {
             raise_from("GGUFError", e.what());
         } catch (const FileError & e) {
-            PyErr_SetString(e.err == ENOENT ? PyExc_FileNotFoundError : PyExc_OSError, e.what());
+            // OSError(errno, message): Python picks the subclass (FileNotFoundError, PermissionError, ...)
+            py::object err = py::reinterpret_steal<py::object>(
+                PyObject_CallFunction(PyExc_OSError, "is", e.err, e.what()));
+            if (err) PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(err.ptr())), err.ptr());
         } catch (const Error & e) {
             raise_from("SuperggmlError", e.what());
         }

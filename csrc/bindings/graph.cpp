@@ -169,7 +169,6 @@ void init_graph(py::module_ & m) {
         }
     }, py::arg("tensor"), "Copies the tensor's contents out: numpy (shape reversed to row-major) for F32/I32/F16(raw), bytes otherwise.");
 
-    m.def("ggml_version", [] { return std::string(ggml_version()); }, "The version of the ggml superggml was built with.");
     m.def("cpu_features", [] {
         py::dict d;
         d["SSE3"] = ggml_cpu_has_sse3(); d["SSSE3"] = ggml_cpu_has_ssse3(); d["AVX"] = ggml_cpu_has_avx();

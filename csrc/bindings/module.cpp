@@ -6,7 +6,7 @@ PYBIND11_MODULE(_core, m) {
     superggml::init_gguf_file(m);
     superggml::init_graph(m);
     superggml::init_ops(m);
-    superggml::init_paged_tensor(m);
+    superggml::init_weight_store(m);
     superggml::init_buffer_pool(m);
     superggml::init_prefetch(m);
     superggml::init_pager(m);

@@ -35,7 +35,7 @@ void init_ops(py::module_ & m) {
         c->check_room();
         return wrap(c, ggml_mul_mat(c->ctx(), a.t, b.t));
     }, "a [K, M, ...] x b [K, N, ...] -> F32 [M, N, ...]");
-    ctx.def("mul_mat_set_prec_f32", [](const ctx_ptr &, T & a) { ggml_mul_mat_set_prec(a.t, GGML_PREC_F32); });
+    ctx.def("mul_mat_set_prec_f32", [](const ctx_ptr &, T & a) { ggml_prec_set_acc(a.t, GGML_PREC_F32); });
 
     auto binary = [&](const char * name, ggml_tensor * (*f)(ggml_context *, ggml_tensor *, ggml_tensor *)) {
         ctx.def(name, [f, name](const ctx_ptr & c, const T & a, const T & b) {
@@ -149,7 +149,7 @@ void init_ops(py::module_ & m) {
         need(!mask || mask->t->type == GGML_TYPE_F16, "flash_attn_ext", "mask must be F16");
         c->check_room();
         ggml_tensor * r = ggml_flash_attn_ext(c->ctx(), q.t, k.t, v.t, mask ? mask->t : nullptr, scale, max_bias, softcap);
-        ggml_flash_attn_ext_set_prec(r, GGML_PREC_F32);
+        ggml_prec_set_acc(r, GGML_PREC_F32);   // as llama.cpp sets it
         return wrap(c, r);
     }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"),
        py::arg("max_bias") = 0.0f, py::arg("softcap") = 0.0f,

@@ -91,7 +91,9 @@ class _WeightView:
 
 
 class Executor:
-    """Runs an architecture layer by layer over one backend with a contiguous F16 KV cache."""
+    """Runs an architecture layer by layer on one or more backends (a pipeline by blocks), its weights
+    resident (loaded in the background, start_loading) or paged through a LayerPager, its K/V contiguous
+    or paged (KVCache)."""
 
     def __init__(self, arch: Architecture, store: Any, params: ExecutorParams, *, memory: MemoryFn | None = None,
                  preload_repack: bool | None = None):
@@ -127,18 +129,15 @@ class Executor:
     def _setup(self, store: Any, params: ExecutorParams, paged: bool, devices: list[str],
                memory: MemoryFn | None) -> None:
         hp = self.hp
-        multi = len(devices) > 1
 
         # persistent tensors, per device: activations F32 [n_embd, n_batch]; per layer K, V F16
         # [n_embd_gqa, n_ctx] on its layer's device (with paged_kv, bound to the KV cache's frames instead)
         ctxs = [_core.Context(max_tensors=2 * hp.n_layer + 4) for _ in devices]
-        self._pctx = ctxs[0]
         self.acts = []
         for i, c in enumerate(ctxs):
             a = c.new_tensor(F32, [hp.n_embd, params.n_batch])
             a.name = f"act_d{i}"
             self.acts.append(a)
-        self.act = self.acts[0]
         kv_type = {"f16": F16, "f32": F32}.get(params.kv_type)
         if kv_type is None:
             raise ValueError(f"kv_type must be 'f16' or 'f32', not {params.kv_type!r}")

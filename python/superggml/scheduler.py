@@ -18,7 +18,6 @@ Every move is counted and recorded as an event.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable

@@ -19,7 +19,6 @@ import json
 import queue
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Literal, Optional, Union
 

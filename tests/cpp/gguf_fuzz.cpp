@@ -4,7 +4,7 @@
 // of tests/fuzz_gguf.py neither crash nor read out of bounds. Every input must
 // load or throw superggml::Error.
 #include "gguf-file.h"
-#include "paged-tensor.h"
+#include "weight-store.h"
 
 #include "ggml.h"
 #include "ggml-backend.h"

@@ -6,7 +6,7 @@
 // way, and checks every re-laid tensor's bytes against a synchronous load_repacked of the same file.
 #include "gguf-file.h"
 #include "io.h"
-#include "paged-tensor.h"
+#include "weight-store.h"
 #include "weight-loader.h"
 
 #include <ggml-backend.h>

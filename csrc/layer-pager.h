@@ -1,0 +1,105 @@
+// layer-pager: groups of paged tensors ("layers": a transformer block, a row
+// chunk of the lm head) streamed from the GGUF file through a buffer pool.
+#pragma once
+
+#include "buffer-pool.h"
+#include "prefetch.h"
+#include "weight-store.h"
+
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+struct ggml_backend_buffer_type;
+
+namespace superggml {
+
+// Bytes one slot of `buft` (nullptr: CPU) needs to hold `names`: back to
+// back at the buffer alignment, or with `direct` (host buffers) in the file's
+// own layout widened to O_DIRECT alignment. Throws GGUFError for an unknown name.
+size_t layer_slot_bytes(const weight_store & store, const std::vector<std::string> & names,
+                        ggml_backend_buffer_type * buft, bool direct = false);
+
+struct pager_params {
+    int n_slots = 1;
+    size_t slot_size = 0;                      // 0: the largest layer
+    int n_workers = 1;
+    ggml_backend_buffer_type * buft = nullptr; // nullptr: CPU
+    bool direct_io = false;                    // O_DIRECT reads into host slots (file layout, no page cache)
+    bool staged = false;                       // host slots too go through staging + async copies (the device path)
+};
+
+struct pager_stats {
+    uint64_t loads = 0, hits = 0, evictions = 0, bytes_loaded = 0;
+    double wait_seconds = 0;                   // time acquire() blocked on I/O
+};
+
+// Streams groups of paged tensors ("layers") through a buffer pool.
+//
+// Each layer's tensors are laid out in one slot: back to back (buffer
+// alignment), or with direct_io in the file's layout so O_DIRECT can read
+// runs of them straight into the slot. prefetch(l) starts loading l into a slot in the background;
+// acquire(l) waits for l's bytes and binds its tensors to the slot (a pointer
+// swap); release(l) lets the slot be evicted again; pin(l) keeps l resident.
+// When a slot is reused its old layer's tensors are unbound, so a stale
+// binding can never be computed. Errors of a load (short read, I/O error)
+// are thrown by acquire(). Not for concurrent callers: one executor drives it.
+class layer_pager {
+public:
+    // Throws Error naming the bytes needed if a layer does not fit a slot.
+    layer_pager(std::shared_ptr<weight_store> store, const std::vector<std::vector<std::string>> & layers,
+                const pager_params & params);
+    ~layer_pager();
+
+    int n_layers() const { return (int) layers_.size(); }
+    bool direct_io() const { return direct_ && io_->direct(); }   // O_DIRECT reads in use
+    bool staged() const { return io_->staged() || !pool_->is_host(); }
+    size_t layer_bytes(int l) const { return layers_.at(l).bytes; }
+    const buffer_pool & pool() const { return *pool_; }
+
+    // False (and nothing done) if no slot can be had right now.
+    bool prefetch(int l, int priority = 0);
+    void acquire(int l);
+    void release(int l);
+    void pin(int l);
+    void unpin(int l);            // l stays in its slot but may be evicted again
+    bool pinned(int l) const;
+    bool resident(int l) const;   // bytes are in a slot (loaded or loading)
+
+    // Frees one slot's memory (an empty slot first, else the least recently
+    // used unpinned one, whose layer is unbound). False if every slot is in
+    // use or pinned.
+    bool shrink();
+    // Allocates one more slot. Throws Error naming the bytes on failure.
+    void grow();
+
+    pager_stats stats() const;
+    prefetch_stats io_stats() const { return io_->stats(); }
+    bool last_load(int l, double & start, double & end) const { return io_->last_job(l, start, end); }
+
+private:
+    struct layer {
+        std::vector<ggml_tensor *> tensors;
+        std::vector<size_t> offsets;   // in the slot
+        std::vector<read_range> ranges;
+        size_t bytes = 0;
+        int slot = -1;
+        bool prefetch_hold = false;    // the pool's in-use count taken by prefetch()
+        int holds = 0;
+        bool bound = false;
+        bool pinned = false;
+        std::shared_future<void> ready;
+    };
+    void on_evict(int key);
+    void settle(layer & L);            // wait for an in-flight load, swallowing its error
+
+    std::shared_ptr<weight_store> store_;
+    bool direct_ = false;
+    std::vector<layer> layers_;
+    std::unique_ptr<buffer_pool> pool_;
+    std::unique_ptr<prefetcher> io_;
+    pager_stats stats_;
+};
+
+}  // namespace superggml

@@ -1,0 +1,38 @@
+#include "tensor-bind.h"
+
+#include "error.h"
+
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+
+#include <cstdint>
+#include <string>
+
+namespace superggml {
+
+size_t tensor_padded_size(ggml_backend_buffer_type * buft, const ggml_tensor * t) {
+    return GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
+}
+
+void tensor_bind(ggml_tensor * t, ggml_backend_buffer * buffer, void * addr) {
+    auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(buffer));
+    auto * p = static_cast<uint8_t *>(addr);
+    size_t need = ggml_backend_buffer_get_alloc_size(buffer, t);
+    if (p < base || p + need > base + ggml_backend_buffer_get_size(buffer)) {
+        throw Error(std::string("tensor_bind: '") + t->name + "' does not fit in the buffer at that address");
+    }
+    t->buffer = nullptr;
+    t->data = nullptr;
+    if (ggml_backend_tensor_alloc(buffer, t, addr) != GGML_STATUS_SUCCESS) {
+        throw Error(std::string("tensor_bind: cannot bind '") + t->name + "'");
+    }
+}
+
+void tensor_unbind(ggml_tensor * t) {
+    t->buffer = nullptr;
+    t->data = nullptr;
+    t->extra = nullptr;
+}
+
+}  // namespace superggml
