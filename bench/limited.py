@@ -7,7 +7,7 @@ the limit squeezes) and with O_DIRECT reads (direct_io; the default when the
 file is larger than the memory available, as here).
 
 Before each run the model's pages are dropped from the page cache, so the
-limit covers file-backed memory too (DESIGN.md). Prints decode tokens/s, or
+limit covers file-backed memory too (docs/design.md). Prints decode tokens/s, or
 how the run ended (OOM-killed: -9).
 """
 

@@ -1,6 +1,6 @@
 """Run a command under a real RAM limit: a child of this process's own memory cgroup (v1 or v2).
 
-As DESIGN.md says: create the child, write its limit, put the child process in
+As docs/design.md says: create the child, write its limit, put the child process in
 it, remove the folder after; drop the model file's pages from the page cache
 first so file-backed memory is charged to the limited process, not left over.
 """

@@ -1,6 +1,6 @@
 """`superggml analyze`: a model's layer sizes and what a budget costs per token, before running it.
 
-Sizes come from the GGUF tensor table. The prediction follows DESIGN.md's
+Sizes come from the GGUF tensor table. The prediction follows docs/design.md's
 performance model with figures measured here and now: the read bandwidth W
 of the file (buffered pread, and O_DIRECT), and the compute time of one
 decode step (a few tokens run through a 2-slot pool, so the model need not

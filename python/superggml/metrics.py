@@ -1,6 +1,6 @@
 """JSON-lines metrics: one object per token (or every N tokens), plus event lines.
 
-The fields are DESIGN.md's schema (``metrics.schema.json`` in this package):
+The fields are docs/design.md's schema (``metrics.schema.json`` in this package):
 counters of the layer pager, the scheduler and the paged KV cache, memory
 telemetry and speed. "gpu"/"vram" mean the compute device, whatever its kind
 (on a CPU build: the host). Event lines carry an ``event`` field:

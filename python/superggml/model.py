@@ -119,7 +119,7 @@ class Model:
     activations are copied where the device changes.
 
     ``metrics`` (or a ``metrics_file``, a path or a text stream) writes
-    JSON-lines metrics (DESIGN.md's schema, ``superggml.metrics.schema()``):
+    JSON-lines metrics (docs/design.md's schema, ``superggml.metrics.schema()``):
     a snapshot every ``metrics_interval`` generated tokens, per-layer timing
     lines and the scheduler's moves; stderr unless a file is given.
     Streamed and resident runs give bit-identical logits (with repack off).
