@@ -132,10 +132,6 @@ void compute_backend::compute(ggml_cgraph * graph) {
     if (st != GGML_STATUS_SUCCESS) throw Error("graph compute failed");
 }
 
-void compute_backend::compute_many(const std::vector<ggml_cgraph *> & graphs) {
-    for (auto * g : graphs) compute(g);
-}
-
 size_t compute_backend::compute_buffer_size() const { return ggml_gallocr_get_buffer_size(galloc_, 0); }
 
 }  // namespace superggml

@@ -85,8 +85,6 @@ public:
     // Allocates the graph's intermediates and runs it (blocking). Throws
     // Error if a leaf tensor has no storage or the backend fails.
     void compute(ggml_cgraph * graph);
-    // Runs several graphs in order (one call, no Python in between).
-    void compute_many(const std::vector<ggml_cgraph *> & graphs);
 
     // Bytes of the compute buffer (intermediates) allocated so far.
     size_t compute_buffer_size() const;

@@ -22,6 +22,16 @@ constexpr uint64_t MERGE_GAP = 256u << 10;   // read across gaps this small rath
 double now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// Runs f; its exception, if any, is returned rather than thrown (it travels to whoever waits for the group).
+template <typename F> std::exception_ptr attempt(F && f) {
+    try {
+        f();
+    } catch (...) {
+        return std::current_exception();
+    }
+    return nullptr;
+}
 }  // namespace
 
 weight_loader::weight_loader(std::shared_ptr<weight_store> store, const std::vector<std::vector<std::string>> & groups,
@@ -137,9 +147,7 @@ bool weight_loader::fill(group & G, bool cancellable) {
 void weight_loader::finish(group & G, std::exception_ptr err) {
     G.state = err ? 3 : 2;
     G.error = err;
-    if (!err && std::all_of(groups_.begin(), groups_.end(), [](const group & X) { return X.state == 2; })) {
-        t_done_ = now();
-    }
+    if (!err && ++n_done_ == groups_.size()) t_done_ = now();
     cv_.notify_all();
 }
 
@@ -154,13 +162,8 @@ void weight_loader::reader() {
             groups_[g].state = 1;
         }
         group & G = groups_[g];
-        std::exception_ptr err;
         bool finished = true;
-        try {
-            finished = read(G, true);
-        } catch (...) {
-            err = std::current_exception();
-        }
+        std::exception_ptr err = attempt([&] { finished = read(G, true); });
         std::lock_guard<std::mutex> lk(mu_);
         G.read = finished && !err;
         if (err || (finished && G.fill.empty())) {
@@ -187,13 +190,8 @@ void weight_loader::filler() {
         if (stop_ || G.state != 0) continue;   // failed, or loaded by wait()
         G.state = 1;
         lk.unlock();
-        std::exception_ptr err;
         bool finished = true;
-        try {
-            finished = fill(G, true);
-        } catch (...) {
-            err = std::current_exception();
-        }
+        std::exception_ptr err = attempt([&] { finished = fill(G, true); });
         lk.lock();
         if (err || finished) {
             finish(G, err);
@@ -212,13 +210,10 @@ void weight_loader::wait(int g) {
     const bool retry = G.state == 3, need_read = !G.read;
     G.state = 1;                       // loaded here, now: a failed load once more, or one cancelled
     lk.unlock();
-    std::exception_ptr err;
-    try {
+    std::exception_ptr err = attempt([&] {
         if (need_read) read(G, false);
         fill(G, false);
-    } catch (...) {
-        err = std::current_exception();
-    }
+    });
     lk.lock();
     if (retry) retries_++;
     G.read = !err;
@@ -232,7 +227,7 @@ void weight_loader::wait_all() {
 
 bool weight_loader::done() const {
     std::lock_guard<std::mutex> lk(mu_);
-    return std::all_of(groups_.begin(), groups_.end(), [](const group & G) { return G.state == 2; });
+    return n_done_ == groups_.size();
 }
 
 loader_stats weight_loader::stats() const {
@@ -241,10 +236,8 @@ loader_stats weight_loader::stats() const {
     s.bytes_read = bytes_read_;
     s.bytes_repacked = repacked_bytes_;
     s.retries = retries_;
-    for (const auto & G : groups_) {
-        s.groups_done += G.state == 2;
-        s.groups_failed += G.state == 3;
-    }
+    s.groups_done = (int) n_done_;
+    for (const auto & G : groups_) s.groups_failed += G.state == 3;
     s.seconds = t_done_ > 0 ? t_done_ - t_start_ : 0;
     return s;
 }

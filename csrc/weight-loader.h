@@ -99,6 +99,7 @@ private:
     mutable std::mutex mu_;
     std::condition_variable cv_;
     size_t next_read_ = 0, next_fill_ = 0;
+    size_t n_done_ = 0;                // groups in state 2 (a group reaches it once)
     int retries_ = 0;
     double t_start_ = 0, t_done_ = 0;
     std::vector<std::thread> threads_;

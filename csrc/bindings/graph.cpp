@@ -115,12 +115,6 @@ void init_graph(py::module_ & m) {
             py::gil_scoped_release nogil;
             b.compute(g.g);
         }, "Allocates intermediates and runs the graph; the GIL is released.")
-        .def("compute_many", [](compute_backend & b, const std::vector<graph_ref> & gs) {
-            std::vector<ggml_cgraph *> v;
-            for (auto & g : gs) v.push_back(g.g);
-            py::gil_scoped_release nogil;
-            b.compute_many(v);
-        }, "Runs graphs in order in one call; the GIL is released.")
         .def("alloc_tensors", [](compute_backend & b, const std::shared_ptr<graph_context> & c) {
             return alloc_tensors(*c, b.buffer_type());
         }, "Allocates every unallocated tensor of the context in one new buffer of this device.");
