@@ -54,7 +54,7 @@ def main() -> int:
     with Model(path, **kw) as m:
         base, ref = decode(m, prompt, a.tokens)
         n_layer = m.hparams.n_layer
-        kv_mib = m._exec.kv_bytes / 2**20
+        kv_mib = m.kv_bytes / 2**20
     print(f"{os.path.basename(path)}: ctx {a.ctx}, KV {kv_mib:.0f} MiB, pages of {a.page_size}, "
           f"{a.threads} threads; unpaged decode {base:.2f} tok/s")
     print(f"{'tier':>6} {'spilled':>8} {'frames':>6} {'tok/s':>7} {'vs unpaged':>10} {'waste':>6} {'same tokens':>11}")
@@ -69,7 +69,7 @@ def main() -> int:
                 with Model(path, **kw, paged_kv=True, kv_page_size=a.page_size, kv_device_layers=frames,
                            async_prefetch=True, **extra) as m:
                     tps, toks = decode(m, prompt, a.tokens)
-                    st = m.layer_stats()
+                    st = m.stats()
             row = dict(tier=tier, spilled=(n_layer - st["kv_resident_layers"]) / n_layer, frames=frames, tok_s=tps,
                        ratio=tps / base, waste=st["kv_page_waste"], same=toks == ref)
             rows.append(row)

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 import memcg  # noqa: E402
 
 from superggml import models  # noqa: E402
-from superggml.model import parse_size  # noqa: E402
+from superggml.settings import parse_size  # noqa: E402
 
 OURS = r"""
 import sys, time

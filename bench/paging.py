@@ -50,14 +50,14 @@ def decode(m: Model, n: int) -> tuple[float, int, float]:
     """(seconds per token, bytes streamed per token, the loads' own read bandwidth in bytes/s)"""
     m.reset()
     m.eval(m.tokenize("def quicksort(xs):\n    "))
-    pager = m._exec.pager
-    s0 = pager.stats() if pager else {"bytes_loaded": 0, "read_seconds": 0.0}
+    zero = {"bytes_loaded": 0, "read_seconds": 0.0}
+    s0 = {**zero, **m.stats()}
     tok = int(np.argmax(m.logits))
     t0 = time.perf_counter()
     for _ in range(n):
         tok = int(np.argmax(m.eval([tok])[-1]))
     dt = (time.perf_counter() - t0) / n
-    s1 = pager.stats() if pager else s0
+    s1 = {**zero, **m.stats()}
     moved = s1["bytes_loaded"] - s0["bytes_loaded"]
     secs = s1["read_seconds"] - s0["read_seconds"]
     return dt, moved // n, (moved / secs if secs > 0 else float("nan"))
@@ -96,7 +96,7 @@ def main() -> int:
                     w = max(W, w_load) if w_load == w_load else W   # the faster of the two is achievable
                     bound = max(t_compute, bpt / w)
                     row = dict(io=io, budget=label, budget_mib=budget >> 20, prefetch=prefetch,
-                               slots=m.layer_stats()["n_slots"], tok_s=1 / dt, mb_per_token=bpt / 1e6,
+                               slots=m.stats()["n_slots"], tok_s=1 / dt, mb_per_token=bpt / 1e6,
                                w_gb_s=W / 1e9, w_load_gb_s=w_load / 1e9, bound_ms=bound * 1e3,
                                efficiency=bound / dt)
                 rows.append(row)

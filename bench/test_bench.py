@@ -43,8 +43,7 @@ def test_decode(benchmark, loaded):
     tok = int(np.argmax(m.eval(toks)[-1]))
 
     def run():
-        m._exec.reset(len(toks))
-        del m._tokens[len(toks):]
+        m.truncate(len(toks))
         for _ in range(N_DECODE):
             m.eval([tok])
 

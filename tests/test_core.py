@@ -7,7 +7,8 @@ import pytest
 
 from superggml import SuperggmlError, _core
 from superggml.arch import get_architecture
-from superggml.executor import Executor, ExecutorParams
+from superggml.executor import Executor
+from superggml.settings import Settings
 
 F32 = _core.GGMLType.F32
 
@@ -17,7 +18,7 @@ def _logits(path, bind):
     arch = get_architecture(f.metadata())
     store = _core.WeightStore(f)
     bind(store, arch)
-    ex = Executor(arch, store, ExecutorParams(n_ctx=64, n_threads=2))
+    ex = Executor(arch, store, Settings.from_options(dict(n_ctx=64, n_threads=2)))
     return ex.eval(list(range(300, 332)), logits_all=True), store
 
 
@@ -41,7 +42,7 @@ def test_unbound_weight_is_an_error_not_a_crash(smollm2_path):
     store = _core.WeightStore(f)
     store.bind_mmap([n for n, *_ in f.tensors() if n != "blk.3.ffn_up.weight"])
     assert store.home("blk.3.ffn_up.weight") == _core.WeightHome.UNBOUND
-    ex = Executor(arch, store, ExecutorParams(n_ctx=32, n_threads=1))
+    ex = Executor(arch, store, Settings.from_options(dict(n_ctx=32, n_threads=1)))
     with pytest.raises(SuperggmlError, match="blk.3.ffn_up.weight' has no storage"):
         ex.eval([1, 2])
     with pytest.raises(SuperggmlError, match="no tensor 'nope'"):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from superggml import Model, cli
-from superggml.scheduler import SchedulerParams
+from superggml.settings import PagingSettings
 
 PROMPT = list(range(300, 340))
 DECODE = [7, 11, 13, 17]
@@ -21,11 +21,12 @@ class FakeMemory:
     """A device of `total` bytes: the pool's slots plus `other` bytes the test sets."""
 
     def __init__(self, total: int, m: Model):
-        self.total, self.other, self.pager = total, 0, m._exec.pager
+        self.total, self.other, self.model = total, 0, m
 
     @property
     def used(self) -> int:
-        return self.other + self.pager.n_slots * self.pager.slot_size
+        st = self.model.stats()
+        return self.other + st["n_slots"] * st["slot_size"]
 
     def __call__(self) -> tuple[int, int]:
         return self.used, self.total
@@ -42,23 +43,23 @@ def resident(smollm2_path):
 def test_pressure_demotes_then_promotes_with_identical_logits(smollm2_path, resident, async_prefetch):
     with Model(smollm2_path, ctx_size=128, n_threads=2, dynamic_layers=True,
                async_prefetch=async_prefetch) as m:
-        mem = m._exec.scheduler.memory = FakeMemory(200 * MiB, m)
-        st0 = m.layer_stats()
+        mem = m.scheduler.memory = FakeMemory(200 * MiB, m)
+        st0 = m.stats()
         assert st0["layers_pinned"] == st0["n_slots"]            # no budget: the plan pins every block
         slot = st0["slot_size"]
         out = [m.eval(PROMPT).copy()]
-        assert m.layer_stats()["layers_demoted"] == 0
+        assert m.stats()["layers_demoted"] == 0
         mem.other = 170 * MiB - st0["n_slots"] * slot + 4 * slot + 1  # 4 slots + 1 byte over 0.85
         out.append(m.eval([DECODE[0]]).copy())
-        st1 = m.layer_stats()
+        st1 = m.stats()
         assert st1["n_slots"] == st0["n_slots"] - 5                # the memory really went
         assert st1["layers_demoted"] == 6                          # the first frees no slot: it streams
         assert st1["layers_pinned"] == st0["layers_pinned"] - st1["layers_demoted"]
         out.append(m.eval([DECODE[1]]).copy())                    # pressure unchanged: nothing moves
-        assert m.layer_stats()["layers_demoted"] == st1["layers_demoted"]
+        assert m.stats()["layers_demoted"] == st1["layers_demoted"]
         mem.other = 0                                              # pressure gone: back to the plan
         out += [m.eval([t]).copy() for t in DECODE[2:]]
-        st2 = m.layer_stats()
+        st2 = m.stats()
         assert st2["layers_promoted"] == st1["layers_demoted"]
         assert st2["layers_pinned"] == st0["layers_pinned"] and st2["n_slots"] == st0["n_slots"]
         ev = m.layer_events()
@@ -73,11 +74,11 @@ def test_pressure_demotes_then_promotes_with_identical_logits(smollm2_path, resi
 def test_full_pressure_streams_everything_through_the_budget(smollm2_path, resident):
     with Model(smollm2_path, ctx_size=128, n_threads=2, device_budget="40MiB", async_prefetch=True,
                dynamic_layers=True, mem_pressure=0.5) as m:
-        mem = m._exec.scheduler.memory = FakeMemory(100 * MiB, m)
-        n0 = m.layer_stats()["n_slots"]
+        mem = m.scheduler.memory = FakeMemory(100 * MiB, m)
+        n0 = m.stats()["n_slots"]
         mem.other = 100 * MiB
         out = [m.eval(PROMPT).copy()] + [m.eval([t]).copy() for t in DECODE]
-        st = m.layer_stats()
+        st = m.stats()
         assert st["layers_pinned"] == 0
         assert st["n_slots"] == n0 - st["layers_demoted"] >= 1
     assert np.array_equal(np.concatenate(out), resident)
@@ -85,12 +86,12 @@ def test_full_pressure_streams_everything_through_the_budget(smollm2_path, resid
 
 def test_hysteresis_keeps_it_from_flapping(smollm2_path):
     with Model(smollm2_path, ctx_size=64, n_threads=2, dynamic_layers=True) as m:
-        sch = m._exec.scheduler
+        sch = m.scheduler
         mem = sch.memory = FakeMemory(1000 * MiB, m)
         base = mem.used
         mem.other = 850 * MiB - base + 1                            # one byte over
         sch.step()
-        assert sch.demotions == 2 and m._exec.pager.n_slots * sch.slot_bytes == base - sch.slot_bytes
+        assert sch.demotions == 2 and m.stats()["n_slots"] * sch.slot_bytes == base - sch.slot_bytes
         for used in (849, 820, 805, 845):                           # inside the band: no moves
             mem.other = used * MiB - base
             sch.step()
@@ -104,7 +105,7 @@ def test_mem_pressure_is_checked(smollm2_path):
     with pytest.raises(ValueError, match="mem_pressure"):
         Model(smollm2_path, dynamic_layers=True, mem_pressure=1.5)
     with pytest.raises(ValueError, match="mem_pressure"):
-        SchedulerParams(mem_pressure=0)
+        PagingSettings(mem_pressure=0)
 
 
 def test_cli_flags_and_environment(monkeypatch, model_kwargs, smollm2_path, capsys):
@@ -134,10 +135,10 @@ with Model(path, ctx_size=256, n_threads=2, repack=False, device_budget="384MiB"
             ballast.clear()
         out.append(int(np.argmax(logits)))
         logits = m.eval([out[-1]])[-1]
-        pinned.append(m.layer_stats()["layers_pinned"])
+        pinned.append(m.stats()["layers_pinned"])
     hwm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
     print(json.dumps({"tokens": out, "logits": hashlib.sha256(logits.tobytes()).hexdigest(),
-                      "stats": m.layer_stats(), "pinned": pinned, "hwm": hwm}))
+                      "stats": m.stats(), "pinned": pinned, "hwm": hwm}))
 """
 
 

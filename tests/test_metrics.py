@@ -16,7 +16,7 @@ from superggml.plot import read_metrics
 
 class FakeMemory:
     def __init__(self, m: Model):
-        self.pager, self.high = m._exec.pager, False
+        self.high = False
 
     def __call__(self) -> tuple[int, int]:
         return (950 if self.high else 100) << 20, 1000 << 20
@@ -27,14 +27,14 @@ def test_metrics_lines_validate_and_agree_with_the_counters(smollm2_path, tmp_pa
     with Model(smollm2_path, ctx_size=256, n_threads=2, device_budget="24MiB", async_prefetch=True,
                dynamic_layers=True, paged_kv=True, kv_page_size=16, kv_device_layers=8, host_budget="256KiB",
                kv_spill_dir=tmp_path, metrics_file=path) as m:
-        mem = m._exec.scheduler.memory = FakeMemory(m)
+        mem = m.scheduler.memory = FakeMemory(m)
         toks = m.tokenize("The quick brown fox")
         m.eval(toks)
         t = 100
         for i in range(12):
             mem.high = 4 <= i < 7                          # pressure for a few tokens: moves to log
             m.eval([t + i])
-        final = m.layer_stats()
+        final = m.stats()
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     validator = jsonschema.Draft202012Validator(schema())
     for line in lines:

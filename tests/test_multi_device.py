@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from superggml import Model, cli
-from superggml.model import _layer_split
+from superggml.settings import DeviceSettings
 
 PROMPT = list(range(300, 340))
 
@@ -27,20 +27,22 @@ def test_two_backends_give_the_logits_of_one(model_path, split):
     with Model(model_path, ctx_size=128, n_batch=16, n_threads=2, repack=False, devices=["CPU", "CPU"],
                tensor_split=split) as m:
         out = _run(m)
-        ex = m._exec
-        assert len(ex.backends) == 2 and ex.backends[0] is not ex.backends[1]
+        st = m.stats()
+        assert st["devices"] == ["CPU", "CPU"]
         n = m.hparams.n_layer
-        want = _layer_split(split, 2, n) or (n - n // 2, n // 2)
-        assert [ex.layer_backend.count(0), ex.layer_backend.count(1)] == list(want)
+        want = DeviceSettings(("CPU", "CPU"), tuple(split or ())).layer_split(n)
+        assert st["blocks_per_device"] == list(want) and sum(want) == n
+        if split is None:
+            assert want == (n - n // 2, n // 2)
     assert np.array_equal(out, ref)
 
 
 def test_layer_split_rounding_and_errors(smollm2_path):
-    assert _layer_split([3, 1], 2, 30) == (22, 8)
-    assert _layer_split([1, 1, 1], 3, 30) == (10, 10, 10)
-    assert _layer_split(None, 2, 30) == ()
+    assert DeviceSettings(("A", "B"), (3, 1)).layer_split(30) == (22, 8)
+    assert DeviceSettings(("A", "B", "C"), (1, 1, 1)).layer_split(30) == (10, 10, 10)
+    assert DeviceSettings(("A", "B")).layer_split(31) == (16, 15)
     with pytest.raises(ValueError, match="tensor_split needs 2"):
-        _layer_split([1], 2, 30)
+        DeviceSettings(("A", "B"), (1,))
     with pytest.raises(ValueError, match="does not combine with paging"):
         Model(smollm2_path, devices=["CPU", "CPU"], device_budget="64MiB")
     with pytest.raises(Exception, match="(?i)device"):

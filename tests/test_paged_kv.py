@@ -49,7 +49,7 @@ def test_paged_kv_is_bit_identical(model_path, contiguous, page_size, tier, tmp_
         kw.update(host_budget=0, kv_spill_dir=str(tmp_path))
     with Model(model_path, **KW, **kw) as m:
         out = _run(m)
-        st = m.layer_stats()
+        st = m.stats()
         if tier == "disk":
             assert len(os.listdir(tmp_path)) == 1            # the spill file, while open
     assert np.array_equal(out, ref)
@@ -71,7 +71,7 @@ def test_host_budget_spills_least_recently_used_pages(smollm2_path, tmp_path):
     with Model(smollm2_path, **KW, paged_kv=True, kv_page_size=16, kv_device_layers=2,
                host_budget="256KiB", kv_spill_dir=tmp_path) as m:
         out = _run(m)
-        st = m.layer_stats()
+        st = m.stats()
     assert np.array_equal(out, ref)
     assert 0 < st["kv_host_bytes"] <= 256 << 10
     assert st["kv_pages_evicted"] > 0 and st["kv_pages_disk"] > 0
@@ -89,29 +89,29 @@ def test_sequences_share_the_cache(smollm2_path):
         ra2 = m.eval([42]).copy()
     with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False, paged_kv=True, kv_page_size=16,
                kv_device_layers=5) as m:
-        ex = m._exec
-        ex.use_sequence(1)
-        assert np.array_equal(ex.eval(a), ra)
-        ex.use_sequence(2)
-        assert np.array_equal(ex.eval(b), rb)
-        ex.use_sequence(1)
-        assert np.array_equal(ex.eval([42]), ra2)
-        ex.use_sequence(2)
-        assert np.array_equal(ex.eval([42]), rb2)
-        pages = m.layer_stats()["kv_token_slots"]
-        ex.drop_sequence(1)
-        assert m.layer_stats()["kv_token_slots"] < pages
+        m.use_sequence(1)
+        assert np.array_equal(m.eval(a), ra)
+        m.use_sequence(2)
+        assert np.array_equal(m.eval(b), rb)
+        m.use_sequence(1)
+        assert np.array_equal(m.eval([42]), ra2)
+        m.use_sequence(2)
+        assert np.array_equal(m.eval([42]), rb2)
+        assert m.stats()["n_sequences"] == 3 and m.tokens == b + [42]
+        pages = m.stats()["kv_token_slots"]
+        m.drop_sequence(1)
+        assert m.stats()["kv_token_slots"] < pages
 
 
 def test_truncation_frees_pages_and_regenerates_identically(smollm2_path):
     with Model(smollm2_path, **KW, paged_kv=True, kv_page_size=16, kv_device_layers=4) as m:
         first = _run(m)
-        slots = m.layer_stats()["kv_token_slots"]
-        m._exec.reset(40)
-        m._tokens = m._tokens[:40]
-        assert m.layer_stats()["kv_token_slots"] < slots
+        slots = m.stats()["kv_token_slots"]
+        m.truncate(40)
+        assert m.n_tokens == 40
+        assert m.stats()["kv_token_slots"] < slots
         m.reset()
-        assert m.layer_stats()["kv_token_slots"] == 0
+        assert m.stats()["kv_token_slots"] == 0
         again = _run(m)
     assert np.array_equal(first, again)
 
@@ -199,7 +199,7 @@ def test_pages_of_256_cross_boundaries_mid_batch(smollm2_path, tmp_path):
     with Model(smollm2_path, **kw, paged_kv=True, kv_page_size=256, kv_device_layers=3, host_budget="1MiB",
                kv_spill_dir=tmp_path, async_prefetch=True) as m:
         out = run(m)
-        st = m.layer_stats()
+        st = m.stats()
     assert st["kv_pages_disk"] > 0 and st["kv_pages_host"] > 0
     assert np.array_equal(out, ref)
 
@@ -221,7 +221,7 @@ def _run_8k(m: Model) -> tuple[list[int], np.ndarray]:
 @pytest.fixture(scope="module")
 def contiguous_8k(smollm2_path):
     with Model(smollm2_path, **KW_8K) as m:
-        return _run_8k(m), m._exec.kv_bytes
+        return _run_8k(m), m.kv_bytes
 
 
 @pytest.mark.parametrize("page_size", [16, 8192])
@@ -233,7 +233,7 @@ def test_smollm2_8k_context_with_a_quarter_of_the_kv_in_host_memory(smollm2_path
     with Model(smollm2_path, **KW_8K, paged_kv=True, kv_page_size=page_size, kv_device_layers=5,
                host_budget=kv_bytes // 4, kv_spill_dir=tmp_path) as m:
         toks, logits = _run_8k(m)
-        st = m.layer_stats()
+        st = m.stats()
     print(f"\n8k context, pages of {page_size}: {st}")
     assert toks == ref_toks and np.array_equal(logits, ref_logits)
     assert st["kv_host_bytes"] <= kv_bytes // 4 and st["kv_pages_disk"] > 0
@@ -316,6 +316,6 @@ def test_paged_kv_with_streamed_weights(smollm2_path, tmp_path):
     with Model(smollm2_path, **KW, device_budget="8MiB", async_prefetch=True, paged_kv=True, kv_page_size=16,
                kv_device_layers=4, host_budget="128KiB", kv_spill_dir=tmp_path) as m:
         out = _run(m)
-        st = m.layer_stats()
+        st = m.stats()
     assert st["evictions"] > 0 and st["kv_pages_written_back"] > 0 and st["kv_pages_disk"] > 0
     assert np.array_equal(out, ref)

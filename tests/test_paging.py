@@ -13,7 +13,7 @@ import pytest
 
 from superggml import Model, _core
 from superggml.errors import LoadCancelled, PoolExhausted
-from superggml.model import parse_size
+from superggml.settings import parse_size
 
 PROMPT = list(range(300, 340))
 DECODE = [7, 11, 13]
@@ -40,8 +40,8 @@ def test_streamed_is_bit_identical_to_resident(model_path, resident, slots, asyn
     with Model(model_path, ctx_size=128, n_threads=2, device_budget=int(budget),
                async_prefetch=async_prefetch) as m:
         out = _logits(m)
-        st = m._exec.pager.stats()
-        assert m._exec.pager.n_slots == n
+        st = m.stats()
+        assert st["n_slots"] == n
     assert np.array_equal(out, ref)
     assert st["failed"] == 0
     if n < n_layer:
@@ -193,8 +193,8 @@ def test_n_gpu_layers_keeps_that_many_resident(smollm2_path, ngl):
         ref = _logits(m)
     with Model(smollm2_path, ctx_size=128, n_threads=2, n_gpu_layers=ngl, async_prefetch=True) as m:
         out = _logits(m)
-        assert m._exec.n_pinned == ngl
-        assert m._exec.pager.n_slots == ngl + 3      # plus prefetch_depth + 1 streaming slots
+        assert m.stats()["layers_pinned"] == ngl
+        assert m.stats()["n_slots"] == ngl + 3      # plus prefetch_depth + 1 streaming slots
     assert np.array_equal(out, ref)
 
 
@@ -210,7 +210,7 @@ def test_direct_and_staged_io_are_bit_identical_to_resident(model_path, resident
     with Model(model_path, ctx_size=128, n_threads=2, device_budget=int(n * slot_bytes * 1.05),
                async_prefetch=async_prefetch, direct_io=io == "direct", staged_io=io == "staged") as m:
         out = _logits(m)
-        st = m.layer_stats()
+        st = m.stats()
     assert st["direct_io"] is (io == "direct") and st["staged_io"] is (io == "staged")
     assert st["failed"] == 0 and st["evictions"] > 0
     assert np.array_equal(out, ref)
@@ -325,10 +325,10 @@ def test_streaming_decode_leaves_a_core_to_the_prefetcher(smollm2_path):
     n = len(_os.sched_getaffinity(0))
     with Model(smollm2_path, ctx_size=64, device_budget="8MiB", async_prefetch=True) as m:
         m.eval([1, 2, 3])
-        assert m._exec.backend.n_threads == n
+        assert m.n_threads == n
         m.eval([4])
-        assert m._exec.backend.n_threads == max(1, n - 1)
+        assert m.n_threads == max(1, n - 1)
     with Model(smollm2_path, ctx_size=64, n_threads=2, device_budget="8MiB", async_prefetch=True) as m:
         m.eval([1, 2, 3])
         m.eval([4])
-        assert m._exec.backend.n_threads == 2
+        assert m.n_threads == 2

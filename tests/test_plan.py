@@ -98,15 +98,15 @@ def test_analyze_plan_matches_the_executor(smollm2_path):
     for budget in (6 << 20, 20 << 20):
         n_slots, pinned, _ = plan_budget(lay, budget)
         with Model(smollm2_path, ctx_size=64, n_threads=2, device_budget=budget, async_prefetch=True) as m:
-            st = m.layer_stats()
+            st = m.stats()
             assert (st["n_slots"], st["slot_size"]) == (n_slots, lay.slot_bytes)
-            assert m._exec.n_pinned == pinned
+            assert m.stats()["layers_pinned"] == pinned
 
 
 def test_bench_command(smollm2_path, capsys):
     assert cli.main(["bench", "-m", smollm2_path, "-p", "32", "-n", "4", "-r", "1", "-c", "64", "--json",
                      "--device-budget", "8MiB", "--async-prefetch"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["prefill_tok_s"] > 0 and d["decode_tok_s"] > 0 and d["paging"]["loads"] > 0
+    assert d["prefill_tok_s"] > 0 and d["decode_tok_s"] > 0 and d["stats"]["loads"] > 0
     assert cli.main(["bench", "-m", smollm2_path, "-p", "100", "-n", "4", "-c", "64"]) == 1
     assert "do not fit ctx_size" in capsys.readouterr().err

@@ -24,7 +24,8 @@ from typing import Any, Sequence
 
 from . import _core
 from .arch import get_architecture
-from .executor import SLOT_ALIGN_ROOM, plan_slots, stream_slots
+from .executor import SLOT_ALIGN_ROOM, plan_slots
+from .settings import PagingSettings
 
 
 @dataclass(frozen=True)
@@ -104,12 +105,12 @@ def read_bandwidth(path: str, *, direct: bool, nbytes: int = 512 << 20, chunk: i
 def measure_compute(path: str, *, n_threads: int, tokens: int = 4) -> float:
     """Seconds of computation per decoded token (graph compute only, from the per-layer timings)."""
     with _calibration_model(path, n_threads) as m:
-        m._exec.record_timings = True
+        m.record_timings = True
         m.eval(m.tokenize("def f(x):"))
         per_token = []
         for t in range(tokens):
             m.eval([100 + t])
-            per_token.append(sum(x["compute_ms"] for x in m._exec.timings) / 1e3)
+            per_token.append(sum(x["compute_ms"] for x in m.timings) / 1e3)
     return statistics.median(per_token[1:] if len(per_token) > 1 else per_token)
 
 
@@ -150,7 +151,8 @@ def plan_budget(lay: Layout, budget: int, *, async_prefetch: bool = True, prefet
     """(n_slots, pinned keys, bytes streamed per token) as the executor plans a budget: slots sized for the
     largest block, the lm head in row chunks of a slot, the first keys pinned, the rest streamed."""
     keys = list(lay.block_bytes) + list(lay.head_chunk_bytes)
-    n_slots, pinned = plan_slots(budget, lay.slot_bytes, len(keys), stream_slots(async_prefetch, prefetch_depth))
+    n_slots, pinned = plan_slots(budget, lay.slot_bytes, len(keys),
+                                PagingSettings(async_prefetch=async_prefetch, prefetch_depth=prefetch_depth).stream_slots)
     if n_slots < 1:
         raise ValueError(f"budget of {budget} bytes is smaller than one layer ({lay.slot_bytes} bytes)")
     return n_slots, pinned, int(sum(keys[pinned:]))

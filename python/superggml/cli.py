@@ -6,17 +6,14 @@ import argparse
 import os
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from .errors import SuperggmlError
+from .settings import add_arguments, default_threads, options_from_args
 
 
 def _env_default(name: str, default: str | None) -> str | None:
     return os.environ.get(f"SUPERGGML_{name}", default)
-
-
-def _env_flag(name: str) -> bool:
-    return (_env_default(name, "0") or "0").lower() not in ("0", "", "false", "no", "off")
 
 
 def _model_path(arg: str | None) -> str:
@@ -28,58 +25,14 @@ def _model_path(arg: str | None) -> str:
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=_env_default("MODEL", None),
-                   help="GGUF file (default: the bundled SmolLM2-135M test model)")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="compute threads (default: all cores)")
-    p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward pass")
-    p.add_argument("--flash-attn", action="store_true", help="use ggml's flash attention")
-    p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default f16)")
-    p.add_argument("--device-budget", default=_env_default("DEVICE_BUDGET", None), metavar="SIZE",
-                   help="bytes the transformer blocks may occupy (e.g. 512MiB); blocks beyond it stream "
-                        "from the file through a pool of slots (default: all resident)")
-    p.add_argument("--n-gpu-layers", "-ngl", type=int, default=(int(_env_default("N_GPU_LAYERS", "-1") or -1)),
-                   help="blocks kept resident on the device, the rest stream (default: all that fit)")
-    p.add_argument("--async-prefetch", action="store_true", default=_env_flag("ASYNC_PREFETCH"),
-                   help="load the next blocks in a worker thread while the current one computes")
-    p.add_argument("--prefetch-depth", type=int, default=int(_env_default("PREFETCH_DEPTH", "2") or 2),
-                   help="blocks loaded ahead with --async-prefetch (default 2)")
-    p.add_argument("--direct-io", choices=["auto", "on", "off"], default=_env_default("DIRECT_IO", "auto"),
-                   help="read streamed blocks with O_DIRECT (on), through the page cache (off), or O_DIRECT "
-                        "when the file is larger than the memory available (auto, default)")
-    p.add_argument("--paged-kv", action="store_true", default=_env_flag("PAGED_KV"),
-                   help="K/V in pages that spill to host memory and a file")
-    p.add_argument("--kv-page-size", type=int, default=int(_env_default("KV_PAGE_SIZE", "256") or 256),
-                   help="tokens per KV page, 16-8192 (default 256)")
-    p.add_argument("--kv-device-layers", type=int, default=None if _env_default("KV_DEVICE_LAYERS", None) is None
-                   else int(_env_default("KV_DEVICE_LAYERS", "0") or 0),
-                   help="layers whose K/V stay on the device with --paged-kv (default: all)")
-    p.add_argument("--host-budget", default=_env_default("HOST_BUDGET", None), metavar="SIZE",
-                   help="bytes of host memory for KV pages with --paged-kv (default: no limit)")
-    p.add_argument("--kv-spill-dir", default=_env_default("KV_SPILL_DIR", None), metavar="DIR",
-                   help="directory for KV pages beyond --host-budget")
-    p.add_argument("--devices", default=_env_default("DEVICES", None), metavar="DEV,DEV",
-                   help="split the blocks over these ggml devices (see `superggml plan`), e.g. CUDA0,CUDA1")
-    p.add_argument("--tensor-split", default=_env_default("TENSOR_SPLIT", None), metavar="F,F",
-                   help="the devices' shares of the blocks, e.g. 3,1 (default: even)")
-    p.add_argument("--metrics", action="store_true", default=_env_flag("METRICS"),
-                   help="JSON-lines metrics (a snapshot per token, per-layer timings, events) to stderr")
-    p.add_argument("--metrics-file", default=_env_default("METRICS_FILE", None), metavar="PATH",
-                   help="write the metrics to PATH instead of stderr")
-    p.add_argument("--metrics-pretty", action="store_true", default=_env_flag("METRICS_PRETTY"),
-                   help="indented JSON instead of one compact line per object")
-    p.add_argument("--metrics-interval", type=int, default=int(_env_default("METRICS_INTERVAL", "1") or 1),
-                   metavar="N", help="a snapshot every N generated tokens (default 1)")
-    p.add_argument("--dynamic-layers", action="store_true", default=_env_flag("DYNAMIC_LAYERS"),
-                   help="demote resident blocks to streamed when memory pressure rises above "
-                        "--mem-pressure, promote them again when it falls")
-    p.add_argument("--mem-pressure", type=float, default=float(_env_default("MEM_PRESSURE", "0.85") or 0.85),
-                   metavar="F", help="pressure threshold 0.0-1.0 for --dynamic-layers (default 0.85)")
+                   help="GGUF file (default: the bundled SmolLM2-135M test model) [SUPERGGML_MODEL]")
+    add_arguments(p)
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
     from .model import Model
 
-    with Model(_model_path(a.model), seed=a.seed, **_model_kwargs(a)) as m:
+    with Model(_model_path(a.model), **options_from_args(a)) as m:
         kw = dict(max_tokens=a.n_predict if a.n_predict >= 0 else None, temperature=a.temp, top_k=a.top_k,
                   top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed,
                   stop=a.stop or None, stream=True)
@@ -100,39 +53,23 @@ def _cmd_generate(a: argparse.Namespace) -> int:
         if a.verbose:
             dt = time.perf_counter() - t0
             print(f"[superggml] {m.n_tokens} tokens in context, {dt:.2f} s", file=sys.stderr)
-            st = m.layer_stats()
-            if st:
-                print("[superggml] paging: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                                         for k, v in st.items()), file=sys.stderr)
+            print(f"[superggml] stats: {_format_stats(m.stats())}", file=sys.stderr)
     return 0
-
-
-def _model_kwargs(a: argparse.Namespace) -> dict:
-    """Model keyword arguments from the shared model/paging flags."""
-    return dict(ctx_size=a.ctx_size, n_threads=a.threads, n_batch=a.batch_size, flash_attn=a.flash_attn,
-                kv_type=a.kv_type, device_budget=a.device_budget,
-                n_gpu_layers=a.n_gpu_layers if a.n_gpu_layers >= 0 else None,
-                async_prefetch=a.async_prefetch, prefetch_depth=a.prefetch_depth,
-                dynamic_layers=a.dynamic_layers, mem_pressure=a.mem_pressure,
-                direct_io={"on": True, "off": False}.get(a.direct_io), paged_kv=a.paged_kv,
-                kv_page_size=a.kv_page_size, kv_device_layers=a.kv_device_layers, host_budget=a.host_budget,
-                kv_spill_dir=a.kv_spill_dir, metrics=a.metrics, metrics_file=a.metrics_file,
-                metrics_pretty=a.metrics_pretty, metrics_interval=a.metrics_interval,
-                devices=a.devices.split(",") if a.devices else None,
-                tensor_split=[float(x) for x in a.tensor_split.split(",")] if a.tensor_split else None)
 
 
 def _cmd_serve(a: argparse.Namespace) -> int:
     from .model import Model
     from .server import serve
 
-    kw = _model_kwargs(a)
+    kw = options_from_args(a)
+    if kw["seed"] is None:
+        kw["seed"] = 0
     if a.parallel > 1:
         kw["paged_kv"] = True        # each request in flight is a sequence of the paged KV cache
         if kw.get("kv_device_layers") is None:
             from .analyze import model_layout
             kw["kv_device_layers"] = model_layout(_model_path(a.model)).n_layer * a.parallel   # all on the device
-    with Model(_model_path(a.model), seed=0, **kw) as m:
+    with Model(_model_path(a.model), **kw) as m:
         serve(m, host=a.host, port=a.port, parallel=a.parallel, max_queue=a.max_queue, log_level=a.log_level)
     return 0
 
@@ -146,7 +83,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     prompt = [(i * 37) % 1000 + 100 for i in range(a.n_prompt)]
     if a.n_prompt + a.n_gen + 1 > a.ctx_size:
         raise ValueError(f"-p {a.n_prompt} + -n {a.n_gen} tokens do not fit ctx_size {a.ctx_size}")
-    with Model(_model_path(a.model), seed=0, **_model_kwargs(a)) as m:
+    with Model(_model_path(a.model), **options_from_args(a)) as m:
         pp, tg = [], []
         for _ in range(a.repetitions):
             m.reset()
@@ -159,18 +96,16 @@ def _cmd_bench(a: argparse.Namespace) -> int:
             t2 = time.perf_counter()
             pp.append(a.n_prompt / (t1 - t0))
             tg.append(a.n_gen / (t2 - t1) if a.n_gen else 0.0)
-        res = {"model": os.path.basename(m.path), "n_threads": m._exec.params.n_threads, "n_prompt": a.n_prompt, "n_gen": a.n_gen,
+        res = {"model": os.path.basename(m.path), "n_threads": m.settings.context.threads, "n_prompt": a.n_prompt, "n_gen": a.n_gen,
                "prefill_tok_s": statistics.median(pp), "decode_tok_s": statistics.median(tg),
-               "prefill_runs": pp, "decode_runs": tg, "paging": m.layer_stats()}
+               "prefill_runs": pp, "decode_runs": tg, "stats": m.stats()}
     if a.json:
         print(json.dumps(res, indent=1))
     else:
         print(f"{res['model']}: {res['n_threads']} threads, median of {a.repetitions}")
         print(f"  prefill {a.n_prompt} tokens: {res['prefill_tok_s']:.2f} tok/s")
         print(f"  decode  {a.n_gen} tokens: {res['decode_tok_s']:.2f} tok/s")
-        if res["paging"]:
-            print("  paging: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                           for k, v in res["paging"].items()))
+        print(f"  stats: {_format_stats(res['stats'])}")
     return 0
 
 
@@ -178,7 +113,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     import json
 
     from .analyze import analyze, format_analysis, model_layout
-    from .model import parse_size
+    from .settings import parse_size
 
     path = _model_path(a.model)
     if a.device_budget:
@@ -188,7 +123,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
         n_keys = lay.n_layer + len(lay.head_chunk_bytes)
         budgets = [int(max(1, int(n_keys * f)) * lay.slot_bytes) for f in (1.0, 0.5, 0.25)] + [lay.slot_bytes]
     direct = {"on": True, "off": False}.get(a.direct_io)
-    res = analyze(path, budgets, n_threads=a.threads or _threads(), direct_io=direct, progress=not a.json,
+    res = analyze(path, budgets, n_threads=a.threads or default_threads(), direct_io=direct, progress=not a.json,
                   measure=not a.no_measure)
     print(json.dumps(res.to_json(), indent=1) if a.json else format_analysis(res))
     return 0
@@ -226,8 +161,8 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     return 0
 
 
-def _threads() -> int:
-    return max(1, os.cpu_count() or 1)
+def _format_stats(st: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in st.items())
 
 
 def _cmd_plot(a: argparse.Namespace) -> int:
@@ -237,7 +172,8 @@ def _cmd_plot(a: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: model options come from superggml.settings (flags and SUPERGGML_* defaults)."""
     parser = argparse.ArgumentParser(prog="superggml", description="Run GGUF models layer by layer over ggml.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -250,10 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("--top-p", type=float, default=0.95)
     g.add_argument("--min-p", type=float, default=0.05)
     g.add_argument("--repeat-penalty", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.add_argument("-v", "--verbose", action="store_true")
     g.set_defaults(func=_cmd_generate)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP API (completions, chat, streaming)")
@@ -300,7 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     pl.add_argument("--tokens", type=int, default=3, help="forward passes in the per-layer chart (default 3)")
     pl.set_defaults(func=_cmd_plot)
 
-    a = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     try:
         return a.func(a)
     except (SuperggmlError, OSError, ValueError) as e:

@@ -26,6 +26,7 @@ from importlib import resources
 from typing import IO, Any
 
 from . import _core
+from .scheduler import device_memory_fn
 
 SCHEMA_FILE = "metrics.schema.json"
 
@@ -98,8 +99,7 @@ class Metrics:
     """Builds the lines for one Model: a snapshot line per `interval` tokens and event lines."""
 
     def __init__(self, model: Any, writer: MetricsWriter, *, interval: int = 1):
-        if interval < 1:
-            raise ValueError("metrics interval must be >= 1 token")
+        """`interval` comes checked from MetricsSettings."""
         self.model = model
         self.writer = writer
         self.interval = interval
@@ -128,7 +128,7 @@ class Metrics:
         self._t_last = now
         self.generated_tokens += 1
         self.token += 1
-        st = self.model.layer_stats()
+        st = self.model.stats()
         self._flush_events(st)
         if self.generated_tokens % self.interval == 0:
             self.writer.emit(self.snapshot(tokens_per_sec=1.0 / dt if dt > 0 else 0.0, stats=st))
@@ -153,15 +153,14 @@ class Metrics:
                 self.writer.emit({"timestamp": now, "event": event, "token": self.token, "count": n})
 
     def snapshot(self, *, tokens_per_sec: float = 0.0, stats: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The snapshot line now (`stats`: the model's layer_stats() if the caller has them)."""
+        """The snapshot line now (`stats`: the model's stats() if the caller has them)."""
         m = self.model
-        ex = m._exec
-        st = m.layer_stats() if stats is None else stats
+        st = m.stats() if stats is None else stats
         n_layer = m.hparams.n_layer
         pinned = int(st.get("layers_pinned", n_layer))
-        gpu = ex.backend.device_type != "cpu"
+        gpu = m.device[0] != "cpu"
         h = _core.host_memory()
-        dev_used, dev_total = _device_memory(ex, h)
+        dev_used, dev_total = device_memory_fn(*m.device)()
         elapsed = (self._t_last or 0.0) - (self._t0 or 0.0)
         avg = self.generated_tokens / elapsed if elapsed > 0 else tokens_per_sec
         host_pressure = float(h["pressure"])
@@ -170,7 +169,7 @@ class Metrics:
             "token": self.token,
             "prompt_tokens": self.prompt_tokens,
             "generated_tokens": self.generated_tokens,
-            "gpu_layers_active": min(pinned, n_layer) if (gpu or ex.pager is not None) else n_layer,
+            "gpu_layers_active": min(pinned, n_layer) if (gpu or "n_slots" in st) else n_layer,
             "cpu_layers_active": 0 if gpu else n_layer,
             "layers_evicted": int(st.get("evictions", 0)),
             "layers_loaded": int(st.get("loads", 0)),
@@ -194,12 +193,3 @@ class Metrics:
         }
         return line
 
-
-def _device_memory(ex: Any, host: dict[str, Any]) -> tuple[int, int]:
-    """(used, total) bytes of the compute device: the host on a CPU build."""
-    if ex.backend.device_type == "cpu":
-        return int(host["total"]) - int(host["available"]), int(host["total"])
-    for d in _core.devices():
-        if d["name"] == ex.backend.device_name:
-            return int(d["memory_total"]) - int(d["memory_free"]), int(d["memory_total"])
-    return 0, 0

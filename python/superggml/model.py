@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import inspect
 import os
-import re
 import sys
 import time
 import uuid
@@ -17,26 +17,14 @@ from . import _core
 from .arch import get_architecture
 from .chat import CHATML, ChatTemplate
 from .errors import GGUFError
-from .executor import Executor, ExecutorParams
+from .executor import Executor
 from .metrics import Metrics, MetricsWriter
 from .sampling import Sampler, SamplingParams
+from .scheduler import LayerScheduler
+from .settings import Settings, options_doc, parse_size, signature
 from .tokenizer import Tokenizer
 
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-          "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
-
-
-def parse_size(v: int | str | None) -> int | None:
-    """Bytes from 123, "512MiB", "2GB", "1.5 GiB"; None stays None. ValueError otherwise."""
-    if v is None or isinstance(v, int):
-        if isinstance(v, int) and v < 0:
-            raise ValueError("a size must be >= 0")
-        return v
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(v))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {v!r} (examples: 512MiB, 2GB, 1048576)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+__all__ = ["Model", "parse_size"]
 
 
 def _return_free_memory() -> None:
@@ -48,31 +36,9 @@ def _return_free_memory() -> None:
         pass
 
 
-def _layer_split(shares: Sequence[float] | None, n_dev: int, n_layer: int) -> tuple[int, ...]:
-    """Blocks per device from llama.cpp-style proportions (cumulative rounding); () for the default."""
-    if not shares:
-        return ()
-    if len(shares) != n_dev or any(x < 0 for x in shares) or sum(shares) <= 0:
-        raise ValueError(f"tensor_split needs {n_dev} non-negative shares, not {list(shares)}")
-    total, acc, out, prev = float(sum(shares)), 0.0, [], 0
-    for x in shares:
-        acc += x
-        cut = round(n_layer * acc / total)
-        out.append(cut - prev)
-        prev = cut
-    return tuple(out)
-
-
 def _want_direct_io(path: str) -> bool:
     """O_DIRECT pays off when the file cannot stay in the page cache: larger than what is available."""
     return os.path.getsize(path) > int(_core.host_memory()["available"])
-
-
-def _default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 class Model:
@@ -95,7 +61,7 @@ class Model:
     ``mem_pressure``, the least recently used pinned blocks are demoted to
     streamed and their slots freed; when it falls, they are promoted again
     (never beyond the static plan; without a budget the plan pins every block).
-    ``layer_stats()`` counts the moves and ``layer_events()`` lists them.
+    ``stats()`` counts the moves and ``layer_events()`` lists them.
     ``direct_io`` reads streamed blocks with O_DIRECT (the disk writes into
     the slot; no page cache, no CPU copy); None picks it when the file is
     larger than the memory available to this process, so it could not stay
@@ -124,31 +90,22 @@ class Model:
     lines and the scheduler's moves; stderr unless a file is given.
     Streamed and resident runs give bit-identical logits (with repack off).
 
+    Every option is keyword-only (``n_ctx`` is accepted for ``ctx_size``); they are defined, with their
+    checks, in ``superggml.settings``, and ``Model.settings`` holds them:
+
+{options}
+
     >>> with Model(path, ctx_size=2048) as m:
     ...     print(m.create_completion("Once upon a time", max_tokens=16)["choices"][0]["text"])
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, ctx_size: int = 4096, n_batch: int = 512,
-                 n_threads: int | None = None, seed: int | None = None, flash_attn: bool = False,
-                 kv_type: str = "f16", repack: bool = True, logits_all: bool = False, verbose: bool = False,
-                 device_budget: int | str | None = None, n_gpu_layers: int | None = None,
-                 async_prefetch: bool = False, prefetch_depth: int = 2, dynamic_layers: bool = False,
-                 mem_pressure: float = 0.85, direct_io: bool | None = None, staged_io: bool = False,
-                 paged_kv: bool = False, kv_page_size: int = 256, kv_device_layers: int | None = None,
-                 host_budget: int | str | None = None, kv_spill_dir: str | os.PathLike[str] | None = None,
-                 metrics: bool = False, metrics_file: str | os.PathLike[str] | IO[str] | None = None,
-                 metrics_pretty: bool = False, metrics_interval: int = 1,
-                 devices: Sequence[str] | None = None, tensor_split: Sequence[float] | None = None):
-        if ctx_size < 1:
-            raise ValueError("ctx_size must be >= 1")
-        if not 0.0 < mem_pressure <= 1.0:
-            raise ValueError(f"mem_pressure must be in (0, 1], not {mem_pressure}")
-        if n_batch < 1:
-            raise ValueError("n_batch must be >= 1")
+    def __init__(self, path: str | os.PathLike[str], **options: Any):
+        self.settings = s = Settings.from_options(options)
+        c = s.context
         self.path = os.fspath(path)
-        self.verbose = verbose
-        self.seed = seed
-        self.logits_all = logits_all
+        self.verbose = c.verbose
+        self.seed = c.seed
+        self.logits_all = c.logits_all
         self._file = _core.GGUFFile(self.path)
         try:
             self.metadata: dict[str, Any] = self._file.metadata()
@@ -158,21 +115,13 @@ class Model:
                                 for name, typ, shape, off, nb in self._file.tensors()}
             self.arch.validate({n: v[1] for n, v in self.tensor_info.items()})
             self._store = _core.WeightStore(self._file)
-            self._exec = Executor(self.arch, self._store, ExecutorParams(
-                n_ctx=ctx_size, n_batch=min(n_batch, ctx_size), n_threads=n_threads or _default_threads(),
-                n_threads_auto=n_threads is None,
-                flash_attn=flash_attn, kv_type=kv_type, device_budget=parse_size(device_budget),
-                async_prefetch=async_prefetch, prefetch_depth=prefetch_depth, n_gpu_layers=n_gpu_layers,
-                dynamic_layers=dynamic_layers, mem_pressure=mem_pressure,
-                direct_io=_want_direct_io(self.path) if direct_io is None else bool(direct_io),
-                staged_io=staged_io, devices=tuple(devices or ()),
-                layer_split=_layer_split(tensor_split, len(devices or ()), self.hparams.n_layer),
-                paged_kv=paged_kv, kv_page_size=kv_page_size,
-                kv_device_layers=kv_device_layers, kv_host_budget=parse_size(host_budget),
-                kv_spill_dir=os.fspath(kv_spill_dir) if kv_spill_dir is not None else None),
-                # resident weights load in the background, block by block, while the KV cache and the
-                # tokenizer are built and the first pass computes; streamed ones go through the pager
-                preload_repack=repack)
+            direct = s.paging.direct_io
+            self._exec = Executor(self.arch, self._store, s,
+                                  direct_io=_want_direct_io(self.path) if direct is None else direct,
+                                  # resident weights load in the background, block by block, while the KV
+                                  # cache and the tokenizer are built and the first pass computes; streamed
+                                  # ones go through the pager
+                                  preload_repack=c.repack)
             self.repacked_bytes = self._exec.repacked_bytes
             self.tokenizer = Tokenizer.from_metadata(self.metadata)
             for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
@@ -190,25 +139,19 @@ class Model:
             self.__dict__.pop("_store", None)
             self._file.close()
             raise
-        if verbose:
+        if c.verbose:
             hp = self.hparams
             print(f"superggml: {self.path}: {hp.arch}, {hp.n_layer} blocks, n_embd {hp.n_embd}, "
-                  f"vocab {hp.n_vocab}; ctx {ctx_size}, {self.n_threads} threads, "
+                  f"vocab {hp.n_vocab}; ctx {c.ctx_size}, {self.n_threads} threads, "
                   f"{self.repacked_bytes / 2**20:.0f} MiB re-laid, KV {self._exec.kv_bytes / 2**20:.0f} MiB",
                   file=sys.stderr)
         self._metrics: Metrics | None = None
-        if metrics or metrics_file is not None:
-            if metrics_interval < 1:
-                self.close()
-                raise ValueError("metrics_interval must be >= 1 token")
-            self._metrics = Metrics(self, MetricsWriter(metrics_file, pretty=metrics_pretty),
-                                    interval=metrics_interval)
-            self._exec.record_timings = True
-        self._tokens: list[int] = []     # what the KV cache holds (for the current sequence)
-        self._seq = 0
-        self._other_seqs: dict[int, tuple[list[int], np.ndarray | None]] = {}
-        self._scores: np.ndarray | None = None
         self._closed = False
+        ms = s.metrics
+        if ms.enabled:
+            self._metrics = Metrics(self, MetricsWriter(ms.metrics_file, pretty=ms.metrics_pretty),
+                                    interval=ms.metrics_interval)
+            self._exec.record_timings = True
         tmpl = self.metadata.get("tokenizer.chat_template")
         tk = self.tokenizer
         self.chat_template = ChatTemplate(
@@ -247,7 +190,7 @@ class Model:
     # -- properties --------------------------------------------------------
     @property
     def n_ctx(self) -> int:
-        return self._exec.params.n_ctx
+        return self.settings.context.ctx_size
 
     @property
     def n_vocab(self) -> int:
@@ -255,46 +198,49 @@ class Model:
 
     @property
     def n_tokens(self) -> int:
-        return len(self._tokens)
+        return self._exec.seq.n_past
 
     @property
     def n_threads(self) -> int:
+        """Compute threads in use now (one fewer while decoding from a stream, when chosen automatically)."""
         return self._exec.backend.n_threads
 
     @property
     def tokens(self) -> list[int]:
-        return list(self._tokens)
+        """What the current sequence's K/V holds."""
+        return list(self._exec.seq.tokens)
 
     @property
     def scores(self) -> np.ndarray | None:
         """Logits of the last eval: [n_tokens, n_vocab] with logits_all, else [1, n_vocab]."""
-        return self._scores
+        return self._exec.seq.scores
 
     @property
     def logits(self) -> np.ndarray:
         """Logits after the last token fed, F32 [n_vocab]."""
-        if self._scores is None:
+        if self._exec.seq.scores is None:
             raise RuntimeError("no logits yet: eval() some tokens first")
-        return self._scores[-1]
+        return self._exec.seq.scores[-1]
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of a contiguous K/V cache for the whole context (what paged_kv pages)."""
+        return self._exec.kv_bytes
+
+    @property
+    def device(self) -> tuple[str, str]:
+        """(type, name) of the compute device (of the first, with a multi-device split): ("cpu", "CPU")."""
+        return self._exec.backend.device_type, self._exec.backend.device_name
 
     # -- paging ------------------------------------------------------------
-    def layer_stats(self) -> dict[str, Any]:
-        """Counters of the layer pager, the scheduler and the paged KV cache (kv_*; empty when
-        everything is resident):
-        loads, hits, evictions, bytes_loaded, wait_seconds, read_seconds, n_slots, slot_size,
-        layers_pinned, and with dynamic_layers layers_demoted / layers_promoted."""
+    def stats(self) -> dict[str, Any]:
+        """One dict of counters: the current sequence (sequence, n_sequences, n_tokens), the threads and
+        devices (n_threads, devices, blocks_per_device), the background load (weights_loading); with paged
+        weights the layer pager's (loads, hits, evictions, bytes_loaded, wait_seconds, read_seconds, pending,
+        n_slots, slot_size, layers_pinned, direct_io, staged_io), with dynamic_layers the scheduler's
+        (layers_demoted, layers_promoted) and with paged_kv the KV cache's (kv_*)."""
         self._check_open()
-        ex = self._exec
-        d: dict[str, Any] = dict(ex.kv.stats()) if ex.kv is not None else {}
-        if ex.pager is None:
-            return d
-        d.update(ex.pager.stats())
-        d.update(n_slots=ex.pager.n_slots, slot_size=ex.pager.slot_size, direct_io=ex.pager.direct_io,
-                 staged_io=ex.pager.staged,
-                 layers_pinned=sum(ex.pager.pinned(k) for k in range(ex.pager.n_layers)))
-        if ex.scheduler is not None:
-            d.update(ex.scheduler.stats())
-        return d
+        return self._exec.stats()
 
     def layer_events(self) -> list[dict[str, Any]]:
         """The scheduler's moves so far: {"event": "layer_demote"|"layer_promote", "layer", "t",
@@ -302,6 +248,26 @@ class Model:
         self._check_open()
         sch = self._exec.scheduler
         return list(sch.events) if sch is not None else []
+
+    @property
+    def scheduler(self) -> LayerScheduler | None:
+        """The memory-pressure scheduler with dynamic_layers (its ``memory`` reading may be replaced)."""
+        return self._exec.scheduler
+
+    @property
+    def record_timings(self) -> bool:
+        """Whether every forward pass records per-layer timings (``timings``); on with metrics."""
+        return self._exec.record_timings
+
+    @record_timings.setter
+    def record_timings(self, on: bool) -> None:
+        self._exec.record_timings = bool(on)
+
+    @property
+    def timings(self) -> list[dict[str, Any]]:
+        """Per-step timings of the last forward pass (with record_timings): layer, kind ("embed", "block",
+        "head"), t_start, t_end, wait_ms, load_ms, compute_ms."""
+        return [dict(t) for t in self._exec.timings]
 
     # -- tokens ------------------------------------------------------------
     def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -320,53 +286,44 @@ class Model:
     def token_eos(self) -> int | None:
         return self.tokenizer.eos_id
 
-    # -- evaluation ----------------------------------------------------------
-    # -- sequences (paged_kv) ---------------------------------------------------
+    # -- sequences ------------------------------------------------------------
     @property
     def sequence(self) -> int:
-        return self._seq
+        return self._exec.seq.id
 
     def use_sequence(self, seq: int) -> None:
         """Makes `seq` the sequence eval/generate extend. With paged_kv several sequences keep their own
         cached context (a server interleaves requests this way); without it only sequence 0 exists."""
         self._check_open()
-        if seq == self._seq:
-            return
         self._exec.use_sequence(seq)
-        self._other_seqs[self._seq] = (self._tokens, self._scores)
-        self._tokens, self._scores = self._other_seqs.pop(seq, ([], None))
-        self._seq = seq
 
     def drop_sequence(self, seq: int) -> None:
-        """Frees the cached context of `seq` (its KV pages); the current sequence is reset instead."""
+        """Frees the cached context of `seq` (its KV pages); the current sequence is emptied instead."""
         self._check_open()
-        if seq == self._seq:
-            self.reset()
-            return
         self._exec.drop_sequence(seq)
-        self._other_seqs.pop(seq, None)
+
+    def truncate(self, n: int) -> None:
+        """Keeps the first `n` tokens of the current sequence's context, freeing the K/V after them."""
+        self._check_open()
+        self._exec.truncate(n)
 
     def reset(self) -> None:
         """Forgets the cached context."""
-        self._check_open()
-        self._exec.reset(0)
-        self._tokens = []
-        self._scores = None
+        self.truncate(0)
 
+    # -- evaluation ----------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, logits_all: bool | None = None) -> np.ndarray:
         """Appends `tokens` to the context and returns their logits (see `scores`)."""
         self._check_open()
         tokens = [int(t) for t in tokens]
-        la = self.logits_all if logits_all is None else logits_all
-        self._scores = self._exec.eval(tokens, logits_all=la)
-        self._tokens.extend(tokens)
+        scores = self._exec.eval(tokens, logits_all=self.logits_all if logits_all is None else logits_all)
         if self._metrics is not None:
             self._metrics.on_layer_timings(self._exec.timings)
             if len(tokens) == 1 and self._metrics.prompt_tokens:
                 self._metrics.on_token()
             else:
                 self._metrics.on_prompt(len(tokens))
-        return self._scores
+        return scores
 
     def _prefill(self, tokens: Sequence[int]) -> np.ndarray:
         """Brings the cache to `tokens`, reusing the longest cached prefix; returns last logits."""
@@ -374,12 +331,11 @@ class Model:
         if not tokens:
             raise ValueError("the prompt is empty")
         keep = 0
-        for a, b in zip(self._tokens, tokens[:-1]):
+        for a, b in zip(self._exec.seq.tokens, tokens[:-1]):
             if a != b:
                 break
             keep += 1
-        self._exec.reset(keep)
-        del self._tokens[keep:]
+        self._exec.truncate(keep)
         return self.eval(tokens[keep:], logits_all=False)[-1]
 
     def generate(self, tokens: Sequence[int], *, temp: float = 0.8, top_k: int = 40, top_p: float = 0.95,
@@ -393,9 +349,10 @@ class Model:
                                          frequency_penalty=frequency_penalty,
                                          presence_penalty=presence_penalty),
                           seed=self.seed if seed is None else seed)
-        logits = self._prefill(tokens) if reset or not self._tokens else self.eval(tokens)[-1]
+        seq = self._exec.seq
+        logits = self._prefill(tokens) if reset or not seq.tokens else self.eval(tokens)[-1]
         while True:
-            tok = sampler.sample(logits, self._tokens)
+            tok = sampler.sample(logits, seq.tokens)
             yield tok
             if self.n_tokens >= self.n_ctx:
                 return
@@ -518,3 +475,8 @@ class Model:
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": ch["text"]},
                              "finish_reason": ch["finish_reason"]}],
                 "usage": res["usage"]}
+
+
+Model.__init__.__signature__ = signature(  # type: ignore[attr-defined]
+    inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="str | os.PathLike[str]"))
+Model.__doc__ = (Model.__doc__ or "").replace("{options}", options_doc())

@@ -9,7 +9,7 @@ process sees it, cgroup limit included) and re-plans:
   earliest in the pass) until the bytes over the threshold are covered. A
   demoted block is unpinned and one pool slot's memory is freed, so the
   block streams from then on and the process holds one slot less;
-- below ``mem_pressure - hysteresis``, with room for a whole slot under
+- below ``mem_pressure - HYSTERESIS``, with room for a whole slot under
   that line: promote demoted blocks again (allocate a slot, pin, load),
   never beyond the static plan.
 
@@ -19,7 +19,6 @@ Every move is counted and recorded as an event.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import _core
@@ -28,16 +27,7 @@ from .errors import SuperggmlError
 MemoryFn = Callable[[], "tuple[int, int]"]   # () -> (used bytes, total bytes)
 
 
-@dataclass(frozen=True)
-class SchedulerParams:
-    mem_pressure: float = 0.85    # demote above this fraction of the device's memory in use
-    hysteresis: float = 0.05      # promote only below mem_pressure - hysteresis
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.mem_pressure <= 1.0:
-            raise ValueError(f"mem_pressure must be in (0, 1], not {self.mem_pressure}")
-        if not 0.0 <= self.hysteresis < self.mem_pressure:
-            raise ValueError(f"hysteresis must be in [0, mem_pressure), not {self.hysteresis}")
+HYSTERESIS = 0.05     # promote only below mem_pressure - HYSTERESIS
 
 
 def host_memory() -> tuple[int, int]:
@@ -66,13 +56,14 @@ class LayerScheduler:
     ``planned`` are the keys the static plan pins, in pass order; ``stream_slots``
     the slots kept for streaming while any key is unpinned. The pool holds
     ``n_pinned + stream_slots`` slots (``n_pinned`` when every key is pinned),
-    so it never exceeds the static plan's budget.
+    so it never exceeds the static plan's budget. ``mem_pressure`` comes checked
+    from PagingSettings. ``memory`` is the reading it acts on (tests replace it).
     """
 
     def __init__(self, pager: Any, *, planned: list[int], n_keys: int, stream_slots: int,
-                 params: SchedulerParams, memory: MemoryFn = host_memory):
+                 mem_pressure: float, memory: MemoryFn = host_memory):
         self.pager = pager
-        self.params = params
+        self.mem_pressure = mem_pressure
         self.memory = memory
         self.planned = list(planned)
         self.n_keys = n_keys
@@ -100,8 +91,7 @@ class LayerScheduler:
         used, total = self.memory()
         if total <= 0:
             return
-        p = self.params
-        high = p.mem_pressure * total
+        high = self.mem_pressure * total
         if used > high:
             for key in [k for k in self.planned if self.pager.pinned(k)]:   # least recently used first
                 if used <= high:
@@ -112,7 +102,7 @@ class LayerScheduler:
                 self.demotions += 1
                 self._event("layer_demote", key, used, total)
             return
-        low = (p.mem_pressure - p.hysteresis) * total
+        low = (self.mem_pressure - HYSTERESIS) * total
         for key in self.planned:
             if self.pager.pinned(key):
                 continue

@@ -99,7 +99,7 @@ _END = object()
 class Engine:
     def __init__(self, model: Model, *, parallel: int = 4, max_queue: int = 64):
         self.model = model
-        multi = model._exec.kv is not None
+        multi = model.settings.kv.paged_kv
         self.parallel = max(1, parallel if multi else 1)   # sequences need the paged KV cache
         self.waiting: "queue.Queue[_Job]" = queue.Queue(maxsize=max_queue)
         self.active: list[_Job] = []

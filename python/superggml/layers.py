@@ -1,0 +1,141 @@
+"""Layer keys, and the two pagers a forward pass drives: weights (blocks and head chunks) and K/V.
+
+A forward pass is a list of steps (graphs). A step that needs paged weights
+names them with a key: ``Block(b)`` (transformer block b) or ``HeadChunk(c)``
+(row chunk c of the lm head). Its K/V lives at ``KVPage(seq, layer)``. The
+executor wraps each step in ``weights.use(key)`` and ``kv.use(page, ...)``:
+with everything resident both are null pagers that do nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Union
+
+
+@dataclass(frozen=True)
+class Block:
+    """Transformer block b's weights."""
+    b: int
+
+
+@dataclass(frozen=True)
+class HeadChunk:
+    """Row chunk c of the lm head (streamed in slot-sized chunks)."""
+    c: int
+
+
+@dataclass(frozen=True)
+class KVPage:
+    """The K/V of one layer of one sequence."""
+    seq: int
+    layer: int
+
+
+Key = Union[Block, HeadChunk]
+
+
+class NullPager:
+    """Every layer resident: nothing to acquire, prefetch or time."""
+
+    def use(self, key: Key | None) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def last_load(self, key: Key | None) -> tuple[float, float] | None:
+        return None
+
+
+class WeightPager:
+    """A _core.LayerPager over the pass's keys in order (blocks, then head chunks), prefetching `depth`
+    keys ahead of the one in use (wrapping into the next pass)."""
+
+    def __init__(self, pager: Any, n_blocks: int, n_head_chunks: int, depth: int):
+        self.core = pager
+        self.n_blocks = n_blocks
+        self.n_keys = n_blocks + n_head_chunks
+        self.depth = depth
+        self._released: dict[int, float] = {}     # core key -> when it was last released
+
+    def index(self, key: Key) -> int:
+        """The LayerPager's key: blocks first, then head chunks."""
+        return key.b if isinstance(key, Block) else self.n_blocks + key.c
+
+    def key(self, index: int) -> Key:
+        return Block(index) if index < self.n_blocks else HeadChunk(index - self.n_blocks)
+
+    @contextlib.contextmanager
+    def use(self, key: Key | None) -> Iterator[None]:
+        if key is None:
+            yield
+            return
+        i = self.index(key)
+        self.core.acquire(i)
+        try:
+            for j in range(1, self.depth + 1):
+                self.core.prefetch((i + j) % self.n_keys)    # False when no slot is free: it loads on use
+            yield
+        finally:
+            self.core.release(i)
+
+    def last_load(self, key: Key | None) -> tuple[float, float] | None:
+        """(start, end) of the load that brought `key` in for the use that just ended, if it was loaded for it."""
+        if key is None:
+            return None
+        i = self.index(key)
+        last = self.core.last_load(i)
+        since = self._released.get(i, 0.0)
+        self._released[i] = time.time()
+        return last if last is not None and last[0] >= since else None
+
+    def pin(self, key: Key) -> None:
+        self.core.pin(self.index(key))
+
+    def stats(self) -> dict[str, Any]:
+        p = self.core
+        return {**p.stats(), "n_slots": p.n_slots, "slot_size": p.slot_size, "direct_io": p.direct_io,
+                "staged_io": p.staged, "layers_pinned": sum(p.pinned(k) for k in range(p.n_layers))}
+
+
+class NullKV:
+    """K/V in contiguous per-layer tensors: nothing moves."""
+
+    def use(self, page: KVPage | None, n_valid: int, n_end: int) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def truncate(self, seq: int, n: int) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+class PagedKV:
+    """A _core.KVCache: a layer's K/V page frame is bound while the layer runs, the next `depth` layers of the
+    sequence are filled ahead."""
+
+    def __init__(self, kv: Any, n_layer: int, depth: int):
+        self.core = kv
+        self.n_layer = n_layer
+        self.depth = depth
+
+    @contextlib.contextmanager
+    def use(self, page: KVPage | None, n_valid: int, n_end: int) -> Iterator[None]:
+        """Rows [0, n_valid) of the page are valid before the step, [0, n_end) after it."""
+        if page is None:
+            yield
+            return
+        self.core.acquire(page.seq, page.layer, n_valid)
+        try:
+            for j in range(1, min(self.depth, self.n_layer - 1 - page.layer) + 1):
+                self.core.prefetch(page.seq, page.layer + j, n_valid)
+            yield
+        finally:
+            self.core.release(page.seq, page.layer, n_end)
+
+    def truncate(self, seq: int, n: int) -> None:
+        self.core.seq_truncate(seq, n)
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.core.stats())

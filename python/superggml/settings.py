@@ -1,0 +1,326 @@
+"""Every option of a Model, defined once.
+
+Each option is a field of one of the frozen dataclasses below, with its type,
+default, help text and (where it differs from ``--field-name``) its command
+line flags. ``superggml.Model(path, **options)`` builds a ``Settings`` from its
+keyword arguments; the command line (``superggml generate --help``) and the
+``SUPERGGML_<NAME>`` environment variables that give flags their defaults are
+generated from the same fields. Each group checks its values once, in
+``__post_init__``, and raises ValueError naming the option.
+
+Adding an option: add a field with ``option(...)`` to the group it belongs to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import os
+import re
+from dataclasses import dataclass, field
+from typing import IO, Any, Callable, Iterator, Mapping
+
+from . import _core
+
+KV_PAGE_MIN = getattr(_core, "KV_PAGE_MIN", 16)      # TODO(merge): _core's
+KV_PAGE_MAX = getattr(_core, "KV_PAGE_MAX", 8192)
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+          "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
+
+ENV_PREFIX = "SUPERGGML_"
+ALIASES = {"n_ctx": "ctx_size"}      # llama_cpp.Llama's names
+
+
+def parse_size(v: int | str | None) -> int | None:
+    """Bytes from 123, "512MiB", "2GB", "1.5 GiB"; None stays None. ValueError otherwise."""
+    if v is None or isinstance(v, int):
+        if isinstance(v, int) and v < 0:
+            raise ValueError("a size must be >= 0")
+        return v
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(v))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {v!r} (examples: 512MiB, 2GB, 1048576)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def default_threads() -> int:
+    """Compute threads when none are asked for: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _parse_bool(s: str) -> bool:
+    return s.strip().lower() not in ("0", "", "false", "no", "off")
+
+
+def _parse_tristate(s: str) -> bool | None:
+    v = s.strip().lower()
+    if v == "auto":
+        return None
+    return _parse_bool(v)
+
+
+def _parse_list(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
+    return lambda s: tuple(item(x) for x in s.split(",") if x.strip())
+
+
+def option(default: Any, help: str, *, flags: tuple[str, ...] = (), parse: Callable[[str], Any] | None = None,
+           metavar: str | None = None, choices: tuple[str, ...] | None = None, cli_default: str | None = None) -> Any:
+    """A settings field. `parse` turns a command line or environment string into the value (default: the type
+    of `default`; booleans become --x/--no-x); `flags` add short or differently named flags."""
+    if parse is None:
+        parse = _parse_bool if isinstance(default, bool) else type(default)
+    return field(default=default, metadata=dict(help=help, flags=flags, parse=parse, metavar=metavar,
+                                                choices=choices, cli_default=cli_default))
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)     # normalising a frozen dataclass's field in __post_init__
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """The context, the compute threads and what a forward pass returns."""
+    ctx_size: int = option(4096, "context size in tokens (alias n_ctx)", flags=("-c",))
+    n_batch: int = option(512, "prompt tokens per forward pass (at most ctx_size)", flags=("-b", "--batch-size"))
+    n_threads: int | None = option(None, "compute threads (default: the cores this process may use)",
+                                   flags=("-t", "--threads"), parse=int)
+    seed: int | None = option(None, "sampling seed (default: random)", parse=int)
+    flash_attn: bool = option(False, "use ggml's flash attention")
+    kv_type: str = option("f16", "K/V cache type", choices=("f16", "f32"))
+    repack: bool = option(True, "re-lay matmul weights for ggml-cpu's faster kernels at load, as llama.cpp")
+    logits_all: bool = option(False, "return the logits of every token of an eval, not only the last")
+    verbose: bool = option(False, "print what was loaded and the speed to stderr", flags=("-v",))
+
+    def __post_init__(self) -> None:
+        _check(self.ctx_size >= 1, f"ctx_size must be >= 1, not {self.ctx_size}")
+        _check(self.n_batch >= 1, f"n_batch must be >= 1, not {self.n_batch}")
+        _check(self.n_threads is None or self.n_threads >= 1, f"n_threads must be >= 1, not {self.n_threads}")
+        _check(self.kv_type in ("f16", "f32"), f"kv_type must be 'f16' or 'f32', not {self.kv_type!r}")
+        _set(self, "n_batch", min(self.n_batch, self.ctx_size))
+
+    @property
+    def threads(self) -> int:
+        """The compute threads to start with."""
+        return self.n_threads or default_threads()
+
+
+@dataclass(frozen=True)
+class PagingSettings:
+    """Which blocks stay resident and how the others stream."""
+    device_budget: int | str | None = option(
+        None, "bytes the transformer blocks may occupy (e.g. 512MiB); blocks beyond it stream from the file "
+        "through a pool of slots (default: all resident)", parse=str, metavar="SIZE")
+    n_gpu_layers: int | None = option(
+        None, "blocks kept resident on the device, the rest stream (default, or -1: all that fit)",
+        flags=("-ngl",), parse=int)
+    async_prefetch: bool = option(False, "load the next blocks in a worker thread while the current one computes")
+    prefetch_depth: int = option(2, "blocks loaded ahead with async_prefetch")
+    dynamic_layers: bool = option(False, "demote resident blocks to streamed when memory pressure rises above "
+                                  "mem_pressure, promote them again when it falls")
+    mem_pressure: float = option(0.85, "pressure threshold in (0, 1] for dynamic_layers", metavar="F")
+    direct_io: bool | None = option(
+        None, "read streamed blocks with O_DIRECT (on), through the page cache (off), or O_DIRECT when the file is "
+        "larger than the memory available (auto)", parse=_parse_tristate, choices=("auto", "on", "off"),
+        cli_default="auto")
+    staged_io: bool = option(False, "load host slots through staging buffers and async copies, as device slots "
+                             "are (the GPU code path on the CPU; slower, for testing)")
+
+    def __post_init__(self) -> None:
+        _set(self, "device_budget", parse_size(self.device_budget))
+        if self.n_gpu_layers is not None and self.n_gpu_layers < 0:
+            _set(self, "n_gpu_layers", None)           # llama.cpp's -1: all that fit
+        _check(self.prefetch_depth >= 1, f"prefetch_depth must be >= 1, not {self.prefetch_depth}")
+        _check(0.0 < self.mem_pressure <= 1.0, f"mem_pressure must be in (0, 1], not {self.mem_pressure}")
+
+    @property
+    def paged(self) -> bool:
+        """Some blocks may stream (or move between resident and streamed) rather than all staying resident."""
+        return self.dynamic_layers or self.device_budget is not None or self.n_gpu_layers is not None
+
+    @property
+    def stream_slots(self) -> int:
+        """Slots (or KV frames) a streaming layer cycles through: the one computing, plus the prefetched ones."""
+        return self.prefetch_depth + 1 if self.async_prefetch else 1
+
+
+@dataclass(frozen=True)
+class KVSettings:
+    """The paged K/V cache."""
+    paged_kv: bool = option(False, "K/V in pages that spill to host memory and a file")
+    kv_page_size: int = option(256, f"tokens per KV page, {KV_PAGE_MIN}-{KV_PAGE_MAX}")
+    kv_device_layers: int | None = option(
+        None, "layers whose K/V stay on the device with paged_kv (default: all)", parse=int)
+    host_budget: int | str | None = option(None, "bytes of host memory for KV pages with paged_kv (default: no "
+                                           "limit)", parse=str, metavar="SIZE")
+    kv_spill_dir: str | None = option(None, "directory for KV pages beyond host_budget", parse=str, metavar="DIR")
+
+    def __post_init__(self) -> None:
+        _check(KV_PAGE_MIN <= self.kv_page_size <= KV_PAGE_MAX,
+               f"kv_page_size must be in {KV_PAGE_MIN}..{KV_PAGE_MAX} tokens, not {self.kv_page_size}")
+        _check(self.kv_device_layers is None or self.kv_device_layers >= 1,
+               f"kv_device_layers must be >= 1, not {self.kv_device_layers}")
+        _set(self, "host_budget", parse_size(self.host_budget))
+        if self.kv_spill_dir is not None:
+            _set(self, "kv_spill_dir", os.fspath(self.kv_spill_dir))
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """JSON-lines metrics (docs/design.md has the schema)."""
+    metrics: bool = option(False, "JSON-lines metrics (a snapshot per token, per-layer timings, events) to stderr")
+    metrics_file: str | os.PathLike[str] | IO[str] | None = option(
+        None, "write the metrics to this file (a path or a text stream) instead of stderr", parse=str,
+        metavar="PATH")
+    metrics_pretty: bool = option(False, "indented JSON instead of one compact line per object")
+    metrics_interval: int = option(1, "a snapshot every N generated tokens", metavar="N")
+
+    def __post_init__(self) -> None:
+        _check(self.metrics_interval >= 1, f"metrics_interval must be >= 1 token, not {self.metrics_interval}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.metrics or self.metrics_file is not None
+
+
+@dataclass(frozen=True)
+class DeviceSettings:
+    """Where the blocks run."""
+    devices: tuple[str, ...] = option((), "split the blocks over these ggml devices (see `superggml plan`), e.g. "
+                                      "CUDA0,CUDA1; the same name twice gives two backends", parse=_parse_list(str),
+                                      metavar="DEV,DEV")
+    tensor_split: tuple[float, ...] = option((), "the devices' shares of the blocks, e.g. 3,1 (default: even)",
+                                             parse=_parse_list(float), metavar="F,F")
+
+    def __post_init__(self) -> None:
+        _set(self, "devices", tuple(str(d) for d in self.devices or ()))
+        _set(self, "tensor_split", tuple(float(x) for x in self.tensor_split or ()))
+        ts = self.tensor_split
+        _check(not ts or (len(ts) == len(self.devices) and min(ts) >= 0 and sum(ts) > 0),
+               f"tensor_split needs {len(self.devices)} non-negative shares, not {list(ts)}")
+
+    def layer_split(self, n_layer: int) -> tuple[int, ...]:
+        """Blocks per device from the shares (cumulative rounding, as llama.cpp); even without them."""
+        n_dev = max(1, len(self.devices))
+        if not self.tensor_split:
+            return tuple(n_layer // n_dev + (1 if i < n_layer % n_dev else 0) for i in range(n_dev))
+        total, acc, out, prev = sum(self.tensor_split), 0.0, [], 0
+        for x in self.tensor_split:
+            acc += x
+            cut = round(n_layer * acc / total)
+            out.append(cut - prev)
+            prev = cut
+        return tuple(out)
+
+
+GROUPS: dict[str, type] = {"context": ContextSettings, "paging": PagingSettings, "kv": KVSettings,
+                           "metrics": MetricsSettings, "devices": DeviceSettings}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All of a Model's options, one group each."""
+    context: ContextSettings = field(default_factory=ContextSettings)
+    paging: PagingSettings = field(default_factory=PagingSettings)
+    kv: KVSettings = field(default_factory=KVSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    devices: DeviceSettings = field(default_factory=DeviceSettings)
+
+    def __post_init__(self) -> None:
+        p = self.paging
+        _check(len(self.devices.devices) < 2 or not (self.kv.paged_kv or p.paged),
+               "a multi-device split does not combine with paging options yet")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> "Settings":
+        """Settings from Model's keyword arguments; TypeError for a name that is no option."""
+        opts = dict(options)
+        for alias, name in ALIASES.items():
+            if alias in opts:
+                if name in opts:
+                    raise TypeError(f"{alias} and {name} are the same option: give one")
+                opts[name] = opts.pop(alias)
+        groups: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
+        owner = {f.name: g for g, f in fields()}
+        for name, value in opts.items():
+            if name not in owner:
+                raise TypeError(f"Model() got an unexpected keyword argument {name!r}")
+            groups[owner[name]][name] = value
+        return cls(**{g: GROUPS[g](**kw) for g, kw in groups.items()})
+
+    def as_options(self) -> dict[str, Any]:
+        """The flat keyword arguments these settings were built from (normalised)."""
+        return {f.name: getattr(getattr(self, g), f.name) for g, f in fields()}
+
+
+def fields() -> Iterator[tuple[str, dataclasses.Field]]:
+    """(group, field) of every option, in definition order."""
+    for g, cls in GROUPS.items():
+        for f in dataclasses.fields(cls):
+            yield g, f
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def cli_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
+    """One flag per option, its default read from SUPERGGML_<NAME> when set; values are parsed by the option."""
+    env = os.environ if env is None else env
+    grp = parser.add_argument_group("model options (each also read from SUPERGGML_<NAME>)")
+    for _, f in fields():
+        md = f.metadata
+        names = [cli_flag(f.name)] + [x for x in md["flags"] if x != cli_flag(f.name)]
+        names.sort(key=lambda x: (x.startswith("--"), x))        # short flags first
+        raw = env.get(env_name(f.name))
+        default = md["parse"](raw) if raw is not None else f.default
+        shown = "" if f.default in (None, (), False) else f" (default {md['cli_default'] or f.default})"
+        help = f"{md['help']}{shown} [{env_name(f.name)}]"
+        kw: dict[str, Any] = dict(dest=f.name, default=default, help=help)
+        if isinstance(f.default, bool):
+            grp.add_argument(*names, action=argparse.BooleanOptionalAction, **kw)
+            continue
+        if md["choices"]:
+            kw["choices"] = list(md["choices"])
+            kw["metavar"] = "{" + ",".join(md["choices"]) + "}"
+        else:
+            kw["metavar"] = md["metavar"] or {int: "N", float: "F"}.get(md["parse"], "VALUE")
+        if raw is None and md["cli_default"] is not None:
+            kw["default"] = md["parse"](md["cli_default"])
+        grp.add_argument(*names, type=md["parse"], **kw)
+
+
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Model keyword arguments from the parsed flags of add_arguments."""
+    return {f.name: getattr(args, f.name) for _, f in fields()}
+
+
+def signature(path_param: inspect.Parameter) -> inspect.Signature:
+    """Model.__init__'s signature: the path, then every option keyword-only with its default."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), path_param]
+    for _, f in fields():
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type))
+    return inspect.Signature(params)
+
+
+def options_doc() -> str:
+    """A line per option, for Model's docstring."""
+    lines = []
+    for g, cls in GROUPS.items():
+        lines.append(f"    {cls.__doc__.strip()}")
+        for f in dataclasses.fields(cls):
+            lines.append(f"      ``{f.name}`` (default {f.default!r}): {f.metadata['help']}")
+    return "\n".join(lines)

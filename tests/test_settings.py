@@ -1,0 +1,101 @@
+"""Options are defined once (superggml.settings): Model's signature, the CLI flags and SUPERGGML_* come from them."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+from superggml import Model, cli, settings
+from superggml.settings import ContextSettings, KVSettings, PagingSettings, Settings
+
+
+def _help(capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--help"])
+    return capsys.readouterr().out
+
+
+def test_every_option_has_a_flag_an_env_var_and_a_model_keyword(capsys):
+    text = _help(capsys)
+    sig = inspect.signature(Model)
+    names = [f.name for _, f in settings.fields()]
+    assert len(names) == len(set(names)) >= 28
+    for name in names:
+        assert settings.cli_flag(name) in text, name
+        assert settings.env_name(name) in text, name
+        assert sig.parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert f"``{name}``" in Model.__doc__
+
+
+def test_env_vars_give_the_flags_defaults_and_flags_win(monkeypatch):
+    monkeypatch.setenv("SUPERGGML_CTX_SIZE", "333")
+    monkeypatch.setenv("SUPERGGML_PAGED_KV", "1")
+    monkeypatch.setenv("SUPERGGML_DIRECT_IO", "off")
+    monkeypatch.setenv("SUPERGGML_DEVICES", "CPU,CPU")
+    monkeypatch.setenv("SUPERGGML_DEVICE_BUDGET", "64MiB")
+    a = cli.build_parser().parse_args(["generate", "-p", "x", "--kv-page-size", "32", "--no-repack"])
+    o = settings.options_from_args(a)
+    assert (o["ctx_size"], o["paged_kv"], o["direct_io"], o["devices"]) == (333, True, False, ("CPU", "CPU"))
+    assert (o["kv_page_size"], o["repack"], o["device_budget"]) == (32, False, "64MiB")
+    a = cli.build_parser().parse_args(["generate", "-p", "x", "-c", "12", "--no-paged-kv", "--direct-io", "auto"])
+    o = settings.options_from_args(a)
+    assert (o["ctx_size"], o["paged_kv"], o["direct_io"]) == (12, False, None)
+    s = Settings.from_options(o)
+    assert s.paging.device_budget == 64 << 20 and s.context.ctx_size == 12
+
+
+def test_a_new_option_needs_only_its_field(monkeypatch, capsys):
+    """What adding `toy_option` to ContextSettings in settings.py gives, with no other edit."""
+    toy = dataclasses.make_dataclass(
+        "ContextSettings", [("toy_option", int, settings.option(7, "a toy"))], bases=(ContextSettings,), frozen=True)
+    monkeypatch.setitem(settings.GROUPS, "context", toy)
+    monkeypatch.setenv("SUPERGGML_TOY_OPTION", "9")
+    text = _help(capsys)
+    assert "--toy-option" in text and "SUPERGGML_TOY_OPTION" in text
+    o = settings.options_from_args(cli.build_parser().parse_args(["generate", "-p", "x"]))
+    assert o["toy_option"] == 9
+    assert Settings.from_options(o).context.toy_option == 9
+    assert Settings.from_options({"toy_option": 3}).as_options()["toy_option"] == 3
+
+
+def test_aliases_unknown_names_and_normalisation():
+    s = Settings.from_options({"n_ctx": 64, "n_batch": 512, "n_gpu_layers": -1, "host_budget": "1KiB"})
+    assert (s.context.ctx_size, s.context.n_batch, s.paging.n_gpu_layers, s.kv.host_budget) == (64, 64, None, 1024)
+    with pytest.raises(TypeError, match="same option"):
+        Settings.from_options({"n_ctx": 64, "ctx_size": 64})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'ctx'"):
+        Settings.from_options({"ctx": 64})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.context.ctx_size = 5  # type: ignore[misc]
+    assert Settings().as_options() == {f.name: f.default for _, f in settings.fields()}
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"ctx_size": 0}, "ctx_size must be >= 1"),
+    ({"n_batch": 0}, "n_batch must be >= 1"),
+    ({"n_threads": 0}, "n_threads must be >= 1"),
+    ({"kv_type": "q8_0"}, "kv_type must be"),
+    ({"device_budget": "lots"}, "not a size"),
+    ({"prefetch_depth": 0}, "prefetch_depth must be >= 1"),
+    ({"mem_pressure": 0.0}, "mem_pressure must be in"),
+    ({"kv_page_size": 8}, "kv_page_size must be in 16..8192"),
+    ({"kv_device_layers": 0}, "kv_device_layers must be >= 1"),
+    ({"metrics_interval": 0}, "metrics_interval must be >= 1"),
+    ({"devices": ["CPU", "CPU"], "tensor_split": [1]}, "tensor_split needs 2"),
+    ({"devices": ["CPU", "CPU"], "paged_kv": True}, "multi-device split does not combine"),
+])
+def test_each_check_names_its_option(options, match, smollm2_path):
+    with pytest.raises(ValueError, match=match):
+        Settings.from_options(options)
+    with pytest.raises(ValueError, match=match):
+        Model(smollm2_path, **options)     # before the file is even opened
+
+
+def test_groups_derive_what_the_executor_needs():
+    assert PagingSettings().stream_slots == 1
+    assert PagingSettings(async_prefetch=True, prefetch_depth=3).stream_slots == 4
+    assert not PagingSettings().paged and PagingSettings(n_gpu_layers=3).paged
+    assert KVSettings(kv_spill_dir=".").kv_spill_dir == "."
+    assert ContextSettings(n_threads=3).threads == 3 and ContextSettings().threads == settings.default_threads()
