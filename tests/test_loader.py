@@ -141,6 +141,22 @@ def test_context_overflow_and_bad_tokens(smollm2_path):
         assert m.n_tokens == 3
 
 
+def test_truncate_keeps_a_prefix_and_regenerates_identically(smollm2_path):
+    with Model(smollm2_path, ctx_size=64, n_threads=2, repack=False) as m:
+        toks = list(range(300, 320))
+        full = m.eval(toks, logits_all=True).copy()
+        assert m.tokens == toks and m.stats()["n_tokens"] == 20
+        m.truncate(12)
+        assert m.tokens == toks[:12] and m.scores is None
+        assert np.array_equal(m.eval(toks[12:], logits_all=True), full[12:])
+        with pytest.raises(ValueError, match="truncate"):
+            m.truncate(21)
+        with pytest.raises(ValueError, match="several sequences need paged_kv"):
+            m.use_sequence(1)
+        m.reset()
+        assert m.n_tokens == 0 and m.stats()["n_sequences"] == 1
+
+
 def test_model_copy_survives_source_removal(tmp_path, smollm2_path):
     """The mapping keeps the data even when the path goes away."""
     p = tmp_path / "copy.gguf"

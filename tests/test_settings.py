@@ -39,9 +39,10 @@ def test_env_vars_give_the_flags_defaults_and_flags_win(monkeypatch):
     o = settings.options_from_args(a)
     assert (o["ctx_size"], o["paged_kv"], o["direct_io"], o["devices"]) == (333, True, False, ("CPU", "CPU"))
     assert (o["kv_page_size"], o["repack"], o["device_budget"]) == (32, False, "64MiB")
-    a = cli.build_parser().parse_args(["generate", "-p", "x", "-c", "12", "--no-paged-kv", "--direct-io", "auto"])
+    a = cli.build_parser().parse_args(["generate", "-p", "x", "-c", "12", "--no-paged-kv", "--direct-io", "auto",
+                                       "--devices", "CPU"])
     o = settings.options_from_args(a)
-    assert (o["ctx_size"], o["paged_kv"], o["direct_io"]) == (12, False, None)
+    assert (o["ctx_size"], o["paged_kv"], o["direct_io"], o["devices"]) == (12, False, None, ("CPU",))
     s = Settings.from_options(o)
     assert s.paging.device_budget == 64 << 20 and s.context.ctx_size == 12
 
@@ -96,6 +97,7 @@ def test_each_check_names_its_option(options, match, smollm2_path):
 def test_groups_derive_what_the_executor_needs():
     assert PagingSettings().stream_slots == 1
     assert PagingSettings(async_prefetch=True, prefetch_depth=3).stream_slots == 4
-    assert not PagingSettings().paged and PagingSettings(n_gpu_layers=3).paged
+    assert not PagingSettings().paged(30) and PagingSettings(n_gpu_layers=3).paged(30)
+    assert not PagingSettings(n_gpu_layers=99).paged(30)     # llama.cpp's "all of them"
     assert KVSettings(kv_spill_dir=".").kv_spill_dir == "."
     assert ContextSettings(n_threads=3).threads == 3 and ContextSettings().threads == settings.default_threads()

@@ -112,7 +112,8 @@ class Executor:
         self.kv: PagedKV | NullKV = NullKV()
         self.scheduler: LayerScheduler | None = None
         self.repacked_bytes = 0
-        if preload_repack is not None and not settings.paging.paged:
+        self.paged = settings.paging.paged(self.hp.n_layer)
+        if preload_repack is not None and not self.paged:
             self.repacked_bytes = self.start_loading(preload_repack)   # reads overlap everything below
         try:
             self._setup(store, memory)
@@ -154,7 +155,7 @@ class Executor:
         self._plans: dict[tuple[int, int, int], _Plan] = {}
         self.head_chunks: list[str] = []
         self._decode_threads: int | None = None       # compute threads for single-token steps while streaming
-        if s.paging.paged:
+        if self.paged:
             self.pager = self._make_pager(store)
             if s.paging.dynamic_layers:
                 self.scheduler = LayerScheduler(
@@ -195,7 +196,7 @@ class Executor:
         """Resident weights: binds them to the file mapping, places the re-laid ones (ggml-cpu repack) and
         starts worker threads that load them group by group (load_groups), so the first pass computes
         block i while block i+1 loads. Returns the bytes of the re-laid buffers."""
-        if self.settings.paging.paged:
+        if self.paged:
             raise RuntimeError("a paged model streams its blocks: nothing to load ahead")
         self.loader = _core.WeightLoader(self._store, self.load_groups(),
                                          self.arch.matmul_weights(self._store.has) if repack else [],
@@ -303,6 +304,8 @@ class Executor:
             raise ValueError("sequence ids are >= 0")
         if seq != 0 and not self.settings.kv.paged_kv:
             raise ValueError("several sequences need paged_kv")
+        if not self.seq.tokens:
+            self._seqs.pop(self.seq.id)          # nothing cached: forgotten, as a dropped sequence is
         self.seq = self._seqs.setdefault(seq, SequenceState(seq))
 
     def drop_sequence(self, seq: int) -> None:

@@ -142,9 +142,14 @@ class PagingSettings:
         _check(self.prefetch_depth >= 1, f"prefetch_depth must be >= 1, not {self.prefetch_depth}")
         _check(0.0 < self.mem_pressure <= 1.0, f"mem_pressure must be in (0, 1], not {self.mem_pressure}")
 
+    def paged(self, n_layer: int) -> bool:
+        """Blocks of a model with n_layer blocks may stream (or move between resident and streamed)."""
+        return self.dynamic_layers or self.device_budget is not None or (
+            self.n_gpu_layers is not None and self.n_gpu_layers < n_layer)
+
     @property
-    def paged(self) -> bool:
-        """Some blocks may stream (or move between resident and streamed) rather than all staying resident."""
+    def options_set(self) -> bool:
+        """Any paging option given."""
         return self.dynamic_layers or self.device_budget is not None or self.n_gpu_layers is not None
 
     @property
@@ -237,7 +242,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         p = self.paging
-        _check(len(self.devices.devices) < 2 or not (self.kv.paged_kv or p.paged),
+        _check(len(self.devices.devices) < 2 or not (self.kv.paged_kv or p.options_set),
                "a multi-device split does not combine with paging options yet")
 
     @classmethod
@@ -293,14 +298,23 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         if isinstance(f.default, bool):
             grp.add_argument(*names, action=argparse.BooleanOptionalAction, **kw)
             continue
+        parse = md["parse"]
         if md["choices"]:
-            kw["choices"] = list(md["choices"])
             kw["metavar"] = "{" + ",".join(md["choices"]) + "}"
+            parse = _one_of(md["choices"], parse)
         else:
-            kw["metavar"] = md["metavar"] or {int: "N", float: "F"}.get(md["parse"], "VALUE")
+            kw["metavar"] = md["metavar"] or {int: "N", float: "F"}.get(parse, "VALUE")
         if raw is None and md["cli_default"] is not None:
-            kw["default"] = md["parse"](md["cli_default"])
-        grp.add_argument(*names, type=md["parse"], **kw)
+            kw["default"] = parse(md["cli_default"])
+        grp.add_argument(*names, type=parse, **kw)
+
+
+def _one_of(choices: tuple[str, ...], parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def check(s: str) -> Any:
+        if s not in choices:
+            raise argparse.ArgumentTypeError(f"{s!r} is not one of {', '.join(choices)}")
+        return parse(s)
+    return check
 
 
 def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
