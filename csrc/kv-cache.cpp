@@ -18,9 +18,10 @@
 namespace superggml {
 
 kv_cache::kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::vector<ggml_tensor *> v,
-                   prefetcher * io) : p_(params), k_(std::move(k)), v_(std::move(v)), io_(io) {
-    if (p_.page_size < 16 || p_.page_size > 8192) {
-        throw Error("kv_page_size must be in 16..8192 tokens, not " + std::to_string(p_.page_size));
+                   task_pool * workers) : p_(params), k_(std::move(k)), v_(std::move(v)), workers_(workers) {
+    if (p_.page_size < KV_PAGE_MIN || p_.page_size > KV_PAGE_MAX) {
+        throw Error("kv_page_size must be in " + std::to_string(KV_PAGE_MIN) + ".." + std::to_string(KV_PAGE_MAX) +
+                    " tokens, not " + std::to_string(p_.page_size));
     }
     if (p_.n_layer < 1 || (int) k_.size() != p_.n_layer || (int) v_.size() != p_.n_layer) {
         throw Error("kv cache needs one K and one V tensor per layer");
@@ -101,8 +102,7 @@ void kv_cache::copy_page(frame & f, int64_t idx, uint8_t * pb, bool to_frame) co
             return;
         }
         ggml_reset(ctx);
-        ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) n);
-        if (ggml_backend_tensor_alloc(f.buf, t, base + frame_off) != GGML_STATUS_SUCCESS) throw Error("cannot address a KV frame");
+        ggml_tensor * t = tensor_bytes(ctx, f.buf, base + frame_off, n);
         if (to_frame) ggml_backend_tensor_set(t, page_ptr, 0, n); else ggml_backend_tensor_get(t, page_ptr, 0, n);
     };
     try {
@@ -294,11 +294,8 @@ void kv_cache::start_fill(frame & f, int seq, int layer, int64_t n_valid, bool a
             copy_page(*fp, it.idx, src, true);
         }
     };
-    if (async && io_) {
-        load_job job;
-        job.key = -1 - (seq * p_.n_layer + layer);
-        job.task = run;
-        f.fill = io_->submit(std::move(job)).done;
+    if (async && workers_) {
+        f.fill = workers_->submit(seq * p_.n_layer + layer, 0, run).done;
         st_.pages_prefetched += items.size();
         return;
     }
