@@ -40,8 +40,8 @@ kv_cache::kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::
         std::string tmpl = p_.spill_dir + "/superggml-kv-XXXXXX";
         std::vector<char> path(tmpl.begin(), tmpl.end());
         path.push_back('\0');
-        spill_fd_ = ::mkstemp(path.data());
-        if (spill_fd_ < 0) {
+        spill_fd_.reset(::mkstemp(path.data()));
+        if (!spill_fd_.valid()) {
             int e = errno;
             throw FileError("cannot create a KV spill file in " + p_.spill_dir + ": " + std::strerror(e), e);
         }
@@ -53,7 +53,7 @@ kv_cache::kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::
         if (!f.buf) {
             for (auto & g : frames_) if (g.buf) ggml_backend_buffer_free(g.buf);
             frames_.clear();
-            if (spill_fd_ >= 0) { ::close(spill_fd_); ::unlink(spill_path_.c_str()); }
+            if (spill_fd_.valid()) ::unlink(spill_path_.c_str());
             throw Error("cannot allocate " + std::to_string(p_.n_frames) + " KV frames of " +
                         std::to_string(frame_size_) + " bytes on " + ggml_backend_buft_name(p_.buft));
         }
@@ -68,10 +68,7 @@ kv_cache::~kv_cache() {
     for (int l = 0; l < p_.n_layer; ++l) { tensor_unbind(k_[l]); tensor_unbind(v_[l]); }
     for (auto & f : frames_) if (f.buf) ggml_backend_buffer_free(f.buf);
     for (auto & [seq, layers] : seqs_) for (auto & pages : layers) for (auto & pg : pages) std::free(pg.host);
-    if (spill_fd_ >= 0) {
-        ::close(spill_fd_);
-        ::unlink(spill_path_.c_str());
-    }
+    if (spill_fd_.valid()) ::unlink(spill_path_.c_str());
 }
 
 std::deque<kv_cache::page> & kv_cache::pages_of(int seq, int layer) {
@@ -140,14 +137,14 @@ void kv_cache::disk_free(page & pg) {
 }
 
 void kv_cache::disk_write(page & pg, const uint8_t * bytes) {
-    if (spill_fd_ < 0) {
+    if (!spill_fd_.valid()) {
         throw Error("the KV cache needs more than its host budget of " + std::to_string(p_.host_budget) +
                     " bytes: give it a spill directory (kv_spill_dir) or a larger host budget");
     }
     const bool fresh = pg.disk < 0;
     const int64_t off = fresh ? disk_alloc() : pg.disk;
     try {
-        io_pwrite_all(spill_fd_, bytes, page_bytes_, (off_t) off, "the KV spill file " + spill_path_);
+        io_pwrite_all(spill_fd_.get(), bytes, page_bytes_, (off_t) off, "the KV spill file " + spill_path_);
     } catch (const FileError &) {
         if (fresh) spill_free_.push_back(off);
         throw;
@@ -280,7 +277,7 @@ void kv_cache::start_fill(frame & f, int seq, int layer, int64_t n_valid, bool a
     }
     st_.pages_loaded += items.size();
     frame * fp = &f;
-    const int fd = spill_fd_;
+    const int fd = spill_fd_.get();
     const size_t pbytes = page_bytes_;
     auto run = [this, fp, items, fd, pbytes] {
         std::vector<uint8_t> tmp;

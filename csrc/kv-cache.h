@@ -30,6 +30,7 @@
 #pragma once
 
 #include "error.h"
+#include "io.h"
 #include "task-pool.h"
 
 #include <cstddef>
@@ -152,7 +153,7 @@ private:
     std::map<int, std::vector<std::deque<page>>> seqs_;   // seq -> layer -> pages
     std::map<int, std::vector<int64_t>> layer_tokens_;     // seq -> layer -> cached tokens
     std::string spill_path_;
-    int spill_fd_ = -1;
+    io_fd spill_fd_;
     int64_t spill_end_ = 0;
     std::vector<int64_t> spill_free_;
     size_t host_bytes_ = 0;

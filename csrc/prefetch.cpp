@@ -58,28 +58,17 @@ struct prefetcher::stager {
 prefetcher::prefetcher(const std::string & path, int n_workers, bool direct, ggml_backend_device * device,
                        bool staged) : device_(device), staged_(staged) {
     if (n_workers < 1) throw Error("prefetcher needs at least one worker");
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) {
+    fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd_.valid()) {
         int e = errno;
         throw FileError("cannot open " + path + ": " + std::strerror(e), e);
     }
-    if (direct) fd_direct_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);   // -1: buffered only
+    if (direct) fd_direct_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
     stagers_.resize(n_workers);
-    try {
-        pool_ = std::make_unique<task_pool>(n_workers, "load");
-    } catch (...) {
-        ::close(fd_);
-        if (fd_direct_ >= 0) ::close(fd_direct_);
-        throw;
-    }
+    pool_ = std::make_unique<task_pool>(n_workers, "load");
 }
 
-prefetcher::~prefetcher() {
-    pool_.reset();
-    stagers_.clear();
-    ::close(fd_);
-    if (fd_direct_ >= 0) ::close(fd_direct_);
-}
+prefetcher::~prefetcher() = default;   // pool_, declared last, stops before what its jobs use
 
 prefetcher::ticket prefetcher::submit(load_job job) {
     const int key = job.key, priority = job.priority;
@@ -144,10 +133,11 @@ void prefetcher::load(const load_job & job) {
             const size_t need = r.need ? r.need : r.size;
             const bool aligned = (uintptr_t) dst % DIRECT_ALIGN == 0 && r.file_offset % DIRECT_ALIGN == 0 &&
                                  r.size % DIRECT_ALIGN == 0;
-            if (job.direct && fd_direct_ >= 0 && aligned && read_direct(fd_direct_, dst, r.size, need, r.file_offset)) {
+            if (job.direct && fd_direct_.valid() && aligned &&
+                read_direct(fd_direct_.get(), dst, r.size, need, r.file_offset)) {
                 continue;
             }
-            read_exact(fd_, dst, need, r.file_offset);
+            read_exact(fd_.get(), dst, need, r.file_offset);
         }
         return;
     }
@@ -171,7 +161,7 @@ void prefetcher::load_staged(const load_job & job, stager & st) {
             for (size_t done = 0; done < need; done += STAGING_CHUNK, cur ^= 1) {
                 const size_t n = std::min(STAGING_CHUNK, need - done);
                 st.wait(cur);                                   // this staging buffer's last copy is done
-                read_exact(fd_, st.buf[cur], n, r.file_offset + done);
+                read_exact(fd_.get(), st.buf[cur], n, r.file_offset + done);
                 ggml_tensor * t = tensor_bytes(ctx, job.dst, base + r.dst_offset + done, n);
                 ggml_backend_tensor_set_async(st.backend, t, st.buf[cur], 0, n);
                 if (st.event[cur]) ggml_backend_event_record(st.event[cur], st.backend);

@@ -22,6 +22,7 @@
 #pragma once
 
 #include "error.h"
+#include "io.h"
 #include "task-pool.h"
 
 #include <atomic>
@@ -84,7 +85,7 @@ public:
     // job for `key`; false if none has finished.
     bool last_job(int key, double & start, double & end) const { return pool_->last_job(key, start, end); }
     int n_workers() const { return pool_->n_workers(); }
-    bool direct() const { return fd_direct_ >= 0; }   // O_DIRECT reads are available
+    bool direct() const { return fd_direct_.valid(); }   // O_DIRECT reads are available
     bool staged() const { return staged_; }
 
     struct stager;   // a worker's backend instance, staging buffers and events
@@ -93,8 +94,8 @@ private:
     void load(const load_job & job);
     void load_staged(const load_job & job, stager & st);
 
-    int fd_ = -1;
-    int fd_direct_ = -1;
+    io_fd fd_;
+    io_fd fd_direct_;                                 // none: buffered reads only
     ggml_backend_device * device_ = nullptr;
     bool staged_ = false;
     std::atomic<uint64_t> bytes_{0};
