@@ -154,6 +154,11 @@ int buffer_pool::in_use(int i) const {
     return slots_.at(i).in_use;
 }
 
+bool buffer_pool::pinned(int i) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return slots_.at(i).pinned;
+}
+
 ggml_backend_buffer * buffer_pool::buffer(int i) const {
     std::lock_guard<std::mutex> lk(mu_);
     return slots_.at(i).buf;

@@ -5,7 +5,10 @@
 // used slot that is neither in use nor pinned. The pool allocates exactly
 // n_slots * slot_size bytes at construction; shrink() frees a slot's buffer
 // and grow() allocates one again, so the bytes held are always
-// n_slots() * slot_size(). Slot indices stay stable across both. Thread safe.
+// n_slots() * slot_size(). Slot indices stay stable across both. The pool
+// is the one record of which key a slot holds, how many holds it has (in
+// use) and whether it is pinned: its users ask it rather than keep copies.
+// Thread safe.
 #pragma once
 
 #include "error.h"
@@ -73,6 +76,7 @@ public:
     int slot_of(int key) const;   // -1 if not held
     int key_of(int slot) const;   // -1 if empty
     int in_use(int slot) const;
+    bool pinned(int slot) const;
 
     ggml_backend_buffer * buffer(int slot) const;   // nullptr for a shrunk slot
     uint8_t * base(int slot) const;  // host address of the slot; nullptr if not host memory

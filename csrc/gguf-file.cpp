@@ -1,5 +1,7 @@
 #include "gguf-file.h"
 
+#include "io.h"
+
 #include "ggml.h"
 #include "gguf.h"
 
@@ -26,28 +28,25 @@ static bool valid_utf8(const std::string & s) {
 }
 
 gguf_file::gguf_file(const std::string & path) : path_(path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
+    io_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) {
         int e = errno;
         throw FileError("cannot open " + path + ": " + std::strerror(e), e);
     }
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        ::close(fd);
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
         throw FileError("not a regular file: " + path, EINVAL);
     }
     file_size_ = (uint64_t) st.st_size;
 
     char magic[4] = {0, 0, 0, 0};
-    if (file_size_ < 8 || ::pread(fd, magic, 4, 0) != 4 || std::memcmp(magic, "GGUF", 4) != 0) {
-        ::close(fd);
+    if (file_size_ < 8 || ::pread(fd.get(), magic, 4, 0) != 4 || std::memcmp(magic, "GGUF", 4) != 0) {
         throw GGUFError("not a GGUF file (bad magic or too short): " + path);
     }
 
     gguf_init_params params = { /*no_alloc*/ true, /*ctx*/ &meta_ };
     gguf_ = gguf_init_from_file(path.c_str(), params);
     if (!gguf_) {
-        ::close(fd);
         throw GGUFError("malformed or truncated GGUF header: " + path);
     }
     data_offset_ = gguf_get_data_offset(gguf_);
@@ -65,14 +64,12 @@ gguf_file::gguf_file(const std::string & path) : path_(path) {
             if (ne[d] != 1) ti.n_dims = d + 1;
         }
         if (!valid_utf8(ti.name)) {
-            ::close(fd);
             close();
             throw GGUFError("tensor " + std::to_string(i) + " has a name that is not valid UTF-8: " + path);
         }
         ti.offset = data_offset_ + gguf_get_tensor_offset(gguf_, i);
         ti.nbytes = gguf_get_tensor_size(gguf_, i);
         if (ti.offset > file_size_ || ti.nbytes > file_size_ - ti.offset) {
-            ::close(fd);
             std::string msg = "GGUF is truncated: tensor '" + ti.name + "' needs bytes up to " +
                 std::to_string(ti.offset + ti.nbytes) + " but the file has " +
                 std::to_string(file_size_) + ": " + path;
@@ -82,9 +79,9 @@ gguf_file::gguf_file(const std::string & path) : path_(path) {
         tensors_.push_back(std::move(ti));
     }
 
-    void * m = ::mmap(nullptr, file_size_, PROT_READ, MAP_SHARED, fd, 0);
+    void * m = ::mmap(nullptr, file_size_, PROT_READ, MAP_SHARED, fd.get(), 0);
     int e = errno;
-    ::close(fd);
+    fd.reset();
     if (m == MAP_FAILED) {
         close();
         throw FileError("mmap failed for " + path + ": " + std::strerror(e), e);

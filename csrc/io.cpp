@@ -34,6 +34,22 @@ bool hit(bool is_write) {
 }
 }  // namespace
 
+io_fd & io_fd::operator=(io_fd && o) noexcept {
+    if (this != &o) reset(o.release());
+    return *this;
+}
+
+int io_fd::release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+}
+
+void io_fd::reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+}
+
 ssize_t io_pread(int fd, void * buf, size_t n, off_t off) {
     if (hit(false)) {
         switch (g_kind) {

@@ -1,5 +1,5 @@
 // io: the pread/pwrite (and mapping populate) every byte mover goes through,
-// with fault injection for tests.
+// with fault injection for tests, and io_fd, the owner of a file descriptor.
 //
 // io_pread / io_pwrite behave as ::pread / ::pwrite, io_populate as
 // madvise(MADV_POPULATE_READ) (reads a mapped file range into the page cache
@@ -33,6 +33,26 @@ ssize_t io_populate(const void * addr, size_t n);
 // was truncated" (EOF first; EIO), "cannot write <what> at offset N: <strerror>" (a write of 0 bytes: ENOSPC).
 void io_pread_all(int fd, void * buf, size_t n, off_t off, const std::string & what);
 void io_pwrite_all(int fd, const void * buf, size_t n, off_t off, const std::string & what);
+
+// An owned file descriptor (-1: none), closed when reset or destroyed.
+class io_fd {
+public:
+    io_fd() = default;
+    explicit io_fd(int fd) : fd_(fd) {}
+    ~io_fd() { reset(); }
+    io_fd(io_fd && o) noexcept : fd_(o.release()) {}
+    io_fd & operator=(io_fd && o) noexcept;
+    io_fd(const io_fd &) = delete;
+    io_fd & operator=(const io_fd &) = delete;
+
+    int get() const { return fd_; }
+    bool valid() const { return fd_ >= 0; }
+    int release();             // gives up ownership; returns the descriptor
+    void reset(int fd = -1);   // closes the one held, then holds `fd`
+
+private:
+    int fd_ = -1;
+};
 
 // Arms `kind` for `count` calls after `skip` unaffected ones (count < 0: forever).
 void io_fault_arm(io_fault kind, long skip = 0, long count = 1);

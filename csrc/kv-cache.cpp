@@ -18,9 +18,10 @@
 namespace superggml {
 
 kv_cache::kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::vector<ggml_tensor *> v,
-                   prefetcher * io) : p_(params), k_(std::move(k)), v_(std::move(v)), io_(io) {
-    if (p_.page_size < 16 || p_.page_size > 8192) {
-        throw Error("kv_page_size must be in 16..8192 tokens, not " + std::to_string(p_.page_size));
+                   task_pool * workers) : p_(params), k_(std::move(k)), v_(std::move(v)), workers_(workers) {
+    if (p_.page_size < KV_PAGE_MIN || p_.page_size > KV_PAGE_MAX) {
+        throw Error("kv_page_size must be in " + std::to_string(KV_PAGE_MIN) + ".." + std::to_string(KV_PAGE_MAX) +
+                    " tokens, not " + std::to_string(p_.page_size));
     }
     if (p_.n_layer < 1 || (int) k_.size() != p_.n_layer || (int) v_.size() != p_.n_layer) {
         throw Error("kv cache needs one K and one V tensor per layer");
@@ -39,8 +40,8 @@ kv_cache::kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::
         std::string tmpl = p_.spill_dir + "/superggml-kv-XXXXXX";
         std::vector<char> path(tmpl.begin(), tmpl.end());
         path.push_back('\0');
-        spill_fd_ = ::mkstemp(path.data());
-        if (spill_fd_ < 0) {
+        spill_fd_.reset(::mkstemp(path.data()));
+        if (!spill_fd_.valid()) {
             int e = errno;
             throw FileError("cannot create a KV spill file in " + p_.spill_dir + ": " + std::strerror(e), e);
         }
@@ -52,7 +53,7 @@ kv_cache::kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::
         if (!f.buf) {
             for (auto & g : frames_) if (g.buf) ggml_backend_buffer_free(g.buf);
             frames_.clear();
-            if (spill_fd_ >= 0) { ::close(spill_fd_); ::unlink(spill_path_.c_str()); }
+            if (spill_fd_.valid()) ::unlink(spill_path_.c_str());
             throw Error("cannot allocate " + std::to_string(p_.n_frames) + " KV frames of " +
                         std::to_string(frame_size_) + " bytes on " + ggml_backend_buft_name(p_.buft));
         }
@@ -67,10 +68,7 @@ kv_cache::~kv_cache() {
     for (int l = 0; l < p_.n_layer; ++l) { tensor_unbind(k_[l]); tensor_unbind(v_[l]); }
     for (auto & f : frames_) if (f.buf) ggml_backend_buffer_free(f.buf);
     for (auto & [seq, layers] : seqs_) for (auto & pages : layers) for (auto & pg : pages) std::free(pg.host);
-    if (spill_fd_ >= 0) {
-        ::close(spill_fd_);
-        ::unlink(spill_path_.c_str());
-    }
+    if (spill_fd_.valid()) ::unlink(spill_path_.c_str());
 }
 
 std::deque<kv_cache::page> & kv_cache::pages_of(int seq, int layer) {
@@ -101,8 +99,7 @@ void kv_cache::copy_page(frame & f, int64_t idx, uint8_t * pb, bool to_frame) co
             return;
         }
         ggml_reset(ctx);
-        ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) n);
-        if (ggml_backend_tensor_alloc(f.buf, t, base + frame_off) != GGML_STATUS_SUCCESS) throw Error("cannot address a KV frame");
+        ggml_tensor * t = tensor_bytes(ctx, f.buf, base + frame_off, n);
         if (to_frame) ggml_backend_tensor_set(t, page_ptr, 0, n); else ggml_backend_tensor_get(t, page_ptr, 0, n);
     };
     try {
@@ -140,14 +137,14 @@ void kv_cache::disk_free(page & pg) {
 }
 
 void kv_cache::disk_write(page & pg, const uint8_t * bytes) {
-    if (spill_fd_ < 0) {
+    if (!spill_fd_.valid()) {
         throw Error("the KV cache needs more than its host budget of " + std::to_string(p_.host_budget) +
                     " bytes: give it a spill directory (kv_spill_dir) or a larger host budget");
     }
     const bool fresh = pg.disk < 0;
     const int64_t off = fresh ? disk_alloc() : pg.disk;
     try {
-        io_pwrite_all(spill_fd_, bytes, page_bytes_, (off_t) off, "the KV spill file " + spill_path_);
+        io_pwrite_all(spill_fd_.get(), bytes, page_bytes_, (off_t) off, "the KV spill file " + spill_path_);
     } catch (const FileError &) {
         if (fresh) spill_free_.push_back(off);
         throw;
@@ -280,7 +277,7 @@ void kv_cache::start_fill(frame & f, int seq, int layer, int64_t n_valid, bool a
     }
     st_.pages_loaded += items.size();
     frame * fp = &f;
-    const int fd = spill_fd_;
+    const int fd = spill_fd_.get();
     const size_t pbytes = page_bytes_;
     auto run = [this, fp, items, fd, pbytes] {
         std::vector<uint8_t> tmp;
@@ -294,11 +291,8 @@ void kv_cache::start_fill(frame & f, int seq, int layer, int64_t n_valid, bool a
             copy_page(*fp, it.idx, src, true);
         }
     };
-    if (async && io_) {
-        load_job job;
-        job.key = -1 - (seq * p_.n_layer + layer);
-        job.task = run;
-        f.fill = io_->submit(std::move(job)).done;
+    if (async && workers_) {
+        f.fill = workers_->submit(seq * p_.n_layer + layer, 0, run).done;
         st_.pages_prefetched += items.size();
         return;
     }

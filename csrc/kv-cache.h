@@ -24,12 +24,14 @@
 // Failure (spill file unwritable, disk full, budget exhausted with no spill
 // dir) throws before anything is dropped: a frame or host page is released
 // only after its bytes are safe elsewhere. The spill file is unlinked when
-// the cache is destroyed. Driven by one thread; fills run on the
-// prefetcher's workers.
+// the cache is destroyed. Driven by one thread; prefetch fills run on the
+// workers of a task_pool given to it, one job per (seq, layer) under the key
+// seq * n_layer + layer (non-negative; the pool should be the cache's own).
 #pragma once
 
 #include "error.h"
-#include "prefetch.h"
+#include "io.h"
+#include "task-pool.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -46,13 +48,16 @@ struct ggml_backend_buffer_type;
 
 namespace superggml {
 
+// Tokens per KV page: page_size must lie in KV_PAGE_MIN..KV_PAGE_MAX.
+constexpr int KV_PAGE_MIN = 16, KV_PAGE_MAX = 8192;
+
 struct kv_params {
     int n_layer = 0;
     int64_t n_embd_gqa = 0;         // K (and V) channels per token
     int64_t n_ctx = 0;              // tokens a frame holds
     size_t elem_size = 2;           // bytes per element (F16: 2, F32: 4)
     bool v_trans = true;            // V stored transposed, as the non-flash attention graph reads it
-    int page_size = 256;            // tokens per page, 16..8192
+    int page_size = 256;            // tokens per page, KV_PAGE_MIN..KV_PAGE_MAX
     int n_frames = 0;               // frames on the device (0: n_layer; more: for several sequences)
     int n_stream = 1;               // of those, frames the other layers stream through when n_frames < n_layer;
                                     // the first n_frames - n_stream layers keep a frame of their own
@@ -78,10 +83,12 @@ struct kv_stats {
 class kv_cache {
 public:
     // k[l], v[l]: layer l's no-alloc K/V tensors (the shapes above), bound to
-    // frames by acquire(). `io` runs prefetch fills (may be nullptr: none).
-    // Throws Error for a bad page size, FileError if the spill file cannot
-    // be created, Error if the frames cannot be allocated.
-    kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::vector<ggml_tensor *> v, prefetcher * io);
+    // frames by acquire(). `workers` runs prefetch fills (nullptr: prefetch()
+    // fills on the calling thread); it must outlive the cache. Throws Error
+    // for a page size outside KV_PAGE_MIN..KV_PAGE_MAX, FileError if the
+    // spill file cannot be created, Error if the frames cannot be allocated.
+    kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::vector<ggml_tensor *> v,
+             task_pool * workers);
     ~kv_cache();
     kv_cache(const kv_cache &) = delete;
     kv_cache & operator=(const kv_cache &) = delete;
@@ -139,14 +146,14 @@ private:
 
     kv_params p_;
     std::vector<ggml_tensor *> k_, v_;
-    prefetcher * io_;
+    task_pool * workers_;
     size_t k_bytes_ = 0, v_off_ = 0, frame_size_ = 0, page_bytes_ = 0;
     int n_resident_ = 0;             // frames [0, n_resident_) belong to layers [0, n_resident_)
     std::vector<frame> frames_;
     std::map<int, std::vector<std::deque<page>>> seqs_;   // seq -> layer -> pages
     std::map<int, std::vector<int64_t>> layer_tokens_;     // seq -> layer -> cached tokens
     std::string spill_path_;
-    int spill_fd_ = -1;
+    io_fd spill_fd_;
     int64_t spill_end_ = 0;
     std::vector<int64_t> spill_free_;
     size_t host_bytes_ = 0;

@@ -121,29 +121,30 @@ void layer_pager::settle(layer & L) {
     try { L.ready.get(); } catch (...) {}
 }
 
+int layer_pager::slot_of(int l) const {
+    (void) layers_.at(l);   // std::out_of_range for a bad index
+    return pool_->slot_of(l);
+}
+
 void layer_pager::on_evict(int key) {
     if (key < 0) return;
     layer & E = layers_.at(key);
     if (E.bound) for (auto * t : E.tensors) tensor_unbind(t);
     E.bound = false;
-    E.pinned = false;
-    E.slot = -1;
     E.ready = {};
     stats_.evictions++;
 }
 
 bool layer_pager::prefetch(int l, int priority) {
     layer & L = layers_.at(l);
-    if (L.slot >= 0) return true;
+    if (slot_of(l) >= 0) return true;
     buffer_pool::acquired a;
     try {
-        a = pool_->acquire(l);
+        a = pool_->acquire(l);   // this hold is the load's until acquire(l) takes it over
     } catch (const PoolExhausted &) {
         return false;
     }
     on_evict(a.evicted);
-    L.slot = a.slot;
-    L.prefetch_hold = true;
     load_job job;
     job.key = l;
     job.priority = priority;
@@ -163,33 +164,30 @@ void layer_pager::acquire(int l) {
     // a load started ahead of time (a prefetch) that failed is retried once, now, before giving up:
     // the fault may have been transient, and a speculative load must not fail a later step
     for (int attempt = 0;; ++attempt) {
-        const bool speculative = L.slot >= 0;
-        if (L.slot < 0) {
+        int slot = slot_of(l);
+        const bool speculative = slot >= 0;
+        if (slot < 0) {
             if (!prefetch(l, 1 << 20)) throw PoolExhausted("no pool slot free for layer " + std::to_string(l));
+            slot = slot_of(l);
         } else {
             stats_.hits++;
         }
-        if (L.prefetch_hold) {
-            L.prefetch_hold = false;          // the prefetch's hold becomes this one
-        } else {
+        if (L.bound) {
             pool_->acquire(l);                // a hit: count the hold
+            return;
         }
-        L.holds++;
-        if (L.bound) return;
-        auto t0 = std::chrono::steady_clock::now();
+        auto t0 = std::chrono::steady_clock::now();   // the prefetch's hold is this one now
         try {
             L.ready.get();
         } catch (...) {
-            L.holds--;
-            pool_->release(L.slot);
+            pool_->release(slot);
             pool_->drop(l);
-            L.slot = -1;
             L.ready = {};
             if (speculative && attempt == 0) continue;
             throw;
         }
         stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        ggml_backend_buffer * buf = pool_->buffer(L.slot);
+        ggml_backend_buffer * buf = pool_->buffer(slot);
         auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf)) + slot_pad(buf, direct_);
         for (size_t i = 0; i < L.tensors.size(); ++i) tensor_bind(L.tensors[i], buf, base + L.offsets[i]);
         L.bound = true;
@@ -198,26 +196,29 @@ void layer_pager::acquire(int l) {
 }
 
 void layer_pager::release(int l) {
-    layer & L = layers_.at(l);
-    if (L.holds <= 0) throw Error("release of layer " + std::to_string(l) + " that is not acquired");
-    L.holds--;
-    pool_->release(L.slot);
+    const int slot = slot_of(l);
+    // an unbound layer's one hold is its prefetch's, not a caller's
+    if (slot < 0 || !layers_.at(l).bound || pool_->in_use(slot) <= 0) {
+        throw Error("release of layer " + std::to_string(l) + " that is not acquired");
+    }
+    pool_->release(slot);
 }
 
 void layer_pager::pin(int l) {
     acquire(l);
-    pool_->set_pinned(layers_.at(l).slot, true);
-    layers_.at(l).pinned = true;
+    pool_->set_pinned(slot_of(l), true);
     release(l);
 }
 
 void layer_pager::unpin(int l) {
-    layer & L = layers_.at(l);
-    if (L.pinned && L.slot >= 0) pool_->set_pinned(L.slot, false);
-    L.pinned = false;
+    const int slot = slot_of(l);
+    if (slot >= 0) pool_->set_pinned(slot, false);
 }
 
-bool layer_pager::pinned(int l) const { return layers_.at(l).pinned; }
+bool layer_pager::pinned(int l) const {
+    const int slot = slot_of(l);
+    return slot >= 0 && pool_->pinned(slot);
+}
 
 bool layer_pager::shrink() {
     int evicted = -1;
@@ -228,7 +229,7 @@ bool layer_pager::shrink() {
 
 void layer_pager::grow() { pool_->grow(); }
 
-bool layer_pager::resident(int l) const { return layers_.at(l).slot >= 0; }
+bool layer_pager::resident(int l) const { return slot_of(l) >= 0; }
 
 pager_stats layer_pager::stats() const { return stats_; }
 

@@ -45,6 +45,14 @@ struct pager_stats {
 // When a slot is reused its old layer's tensors are unbound, so a stale
 // binding can never be computed. Errors of a load (short read, I/O error)
 // are thrown by acquire(). Not for concurrent callers: one executor drives it.
+//
+// The buffer pool (keyed by layer index) is the one record of where a layer
+// is, its holds and its pin; the pager keeps no copies. A layer in a slot but
+// not bound yet is loading (or loaded) ahead of use: one of its slot's holds
+// is that prefetch's, taken by prefetch() and handed to the first acquire(),
+// so the slot cannot be evicted under the load. A pin lives on the slot:
+// pin(l) of a layer that is not resident loads and binds it first, and a
+// pinned slot is never evicted, so no pin outlives its slot.
 class layer_pager {
 public:
     // Throws Error naming the bytes needed if a layer does not fit a slot.
@@ -84,13 +92,10 @@ private:
         std::vector<size_t> offsets;   // in the slot
         std::vector<read_range> ranges;
         size_t bytes = 0;
-        int slot = -1;
-        bool prefetch_hold = false;    // the pool's in-use count taken by prefetch()
-        int holds = 0;
-        bool bound = false;
-        bool pinned = false;
+        bool bound = false;            // tensors point into the slot (loaded, acquired since)
         std::shared_future<void> ready;
     };
+    int slot_of(int l) const;          // the pool's slot holding l, -1 if none
     void on_evict(int key);
     void settle(layer & L);            // wait for an in-flight load, swallowing its error
 

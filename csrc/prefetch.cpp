@@ -1,13 +1,13 @@
 #include "prefetch.h"
 
 #include "io.h"
+#include "tensor-bind.h"
 
 #include "ggml.h"
 #include "ggml-backend.h"
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <fcntl.h>
 #include <unistd.h>
@@ -58,122 +58,42 @@ struct prefetcher::stager {
 prefetcher::prefetcher(const std::string & path, int n_workers, bool direct, ggml_backend_device * device,
                        bool staged) : device_(device), staged_(staged) {
     if (n_workers < 1) throw Error("prefetcher needs at least one worker");
-    fd_ = path.empty() ? -1 : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0 && !path.empty()) {
+    fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd_.valid()) {
         int e = errno;
         throw FileError("cannot open " + path + ": " + std::strerror(e), e);
     }
-    if (direct && !path.empty()) fd_direct_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);   // -1: buffered only
-    for (int i = 0; i < n_workers; ++i) workers_.emplace_back([this] { run(); });
+    if (direct) fd_direct_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));
+    stagers_.resize(n_workers);
+    pool_ = std::make_unique<task_pool>(n_workers, "load");
 }
 
-prefetcher::~prefetcher() {
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        stop_ = true;
-        for (auto & e : queue_) e.done->set_exception(std::make_exception_ptr(Cancelled("prefetcher stopped")));
-        queue_.clear();
-    }
-    cv_.notify_all();
-    for (auto & t : workers_) t.join();
-    if (fd_ >= 0) ::close(fd_);
-    if (fd_direct_ >= 0) ::close(fd_direct_);
-}
+prefetcher::~prefetcher() = default;   // pool_, declared last, stops before what its jobs use
 
 prefetcher::ticket prefetcher::submit(load_job job) {
-    auto done = std::make_shared<std::promise<void>>();
-    ticket t{0, done->get_future().share()};
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (stop_) throw Cancelled("prefetcher stopped");
-        t.id = seq_++;
-        queue_.push_back({std::move(job), t.id, done});
-    }
-    cv_.notify_one();
-    return t;
+    const int key = job.key, priority = job.priority;
+    return pool_->submit(key, priority, [this, job = std::move(job)] {
+        load(job);
+        uint64_t n = 0;
+        for (const auto & r : job.ranges) n += r.size;
+        bytes_ += n;
+    });
 }
 
-// Fails and removes the queued jobs `match` selects; caller holds mu_.
-template <typename Match>
-static size_t cancel_queued(std::vector<prefetcher::entry> & queue, Match match) {
-    size_t n = 0;
-    for (auto it = queue.begin(); it != queue.end();) {
-        if (match(*it)) {
-            it->done->set_exception(std::make_exception_ptr(
-                Cancelled("load of " + std::to_string(it->job.key) + " cancelled")));
-            it = queue.erase(it);
-            ++n;
-        } else {
-            ++it;
-        }
-    }
-    return n;
-}
+bool prefetcher::cancel(int key) { return pool_->cancel(key); }
 
-bool prefetcher::cancel(int key) {
-    std::lock_guard<std::mutex> lk(mu_);
-    size_t n = cancel_queued(queue_, [&](const entry & e) { return e.job.key == key; });
-    stats_.cancelled += n;
-    return n > 0;
-}
-
-bool prefetcher::cancel_job(uint64_t id) {
-    std::lock_guard<std::mutex> lk(mu_);
-    size_t n = cancel_queued(queue_, [&](const entry & e) { return e.seq == id; });
-    stats_.cancelled += n;
-    return n > 0;
-}
-
-bool prefetcher::last_job(int key, double & start, double & end) const {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = last_.find(key);
-    if (it == last_.end()) return false;
-    start = it->second.first;
-    end = it->second.second;
-    return true;
-}
+bool prefetcher::cancel_job(uint64_t id) { return pool_->cancel_job(id); }
 
 prefetch_stats prefetcher::stats() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    prefetch_stats s = stats_;
-    s.pending = queue_.size();
+    task_stats t = pool_->stats();
+    prefetch_stats s;
+    s.completed = t.completed;
+    s.failed = t.failed;
+    s.cancelled = t.cancelled;
+    s.bytes = bytes_.load();
+    s.read_seconds = t.busy_seconds;
+    s.pending = t.pending;
     return s;
-}
-
-void prefetcher::run() {
-    std::unique_ptr<stager> st;   // made on first use, on this thread
-    for (;;) {
-        entry e;
-        {
-            std::unique_lock<std::mutex> lk(mu_);
-            cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-            if (stop_) return;
-            auto it = std::min_element(queue_.begin(), queue_.end(), [](const entry & a, const entry & b) {
-                return a.job.priority != b.job.priority ? a.job.priority > b.job.priority : a.seq < b.seq;
-            });
-            e = std::move(*it);
-            queue_.erase(it);
-        }
-        auto t0 = std::chrono::steady_clock::now();
-        const double wall0 = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-        std::exception_ptr err;
-        uint64_t bytes = 0;
-        try {
-            load(e.job, st);
-            for (auto & r : e.job.ranges) bytes += r.size;
-        } catch (...) {
-            err = std::current_exception();
-        }
-        double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        {
-            std::lock_guard<std::mutex> lk(mu_);
-            stats_.read_seconds += dt;
-            last_[e.job.key] = {wall0, wall0 + dt};
-            stats_.bytes += bytes;
-            (err ? stats_.failed : stats_.completed)++;
-        }
-        if (err) e.done->set_exception(err); else e.done->set_value();
-    }
 }
 
 static void read_exact(int fd, uint8_t * dst, size_t size, uint64_t off) {
@@ -199,13 +119,8 @@ static bool read_direct(int fd, uint8_t * dst, size_t size, size_t need, uint64_
     return true;
 }
 
-void prefetcher::load(const load_job & job, std::unique_ptr<stager> & st) {
-    if (job.task) {
-        job.task();
-        return;
-    }
+void prefetcher::load(const load_job & job) {
     if (!job.dst) throw Error("load job without a destination buffer");
-    if (fd_ < 0) throw Error("this prefetcher has no file: it runs tasks only");
     const size_t cap = ggml_backend_buffer_get_size(job.dst);
     for (const auto & r : job.ranges) {
         if (r.dst_offset + r.size > cap) throw Error("load range does not fit in the slot");
@@ -218,13 +133,15 @@ void prefetcher::load(const load_job & job, std::unique_ptr<stager> & st) {
             const size_t need = r.need ? r.need : r.size;
             const bool aligned = (uintptr_t) dst % DIRECT_ALIGN == 0 && r.file_offset % DIRECT_ALIGN == 0 &&
                                  r.size % DIRECT_ALIGN == 0;
-            if (job.direct && fd_direct_ >= 0 && aligned && read_direct(fd_direct_, dst, r.size, need, r.file_offset)) {
+            if (job.direct && fd_direct_.valid() && aligned &&
+                read_direct(fd_direct_.get(), dst, r.size, need, r.file_offset)) {
                 continue;
             }
-            read_exact(fd_, dst, need, r.file_offset);
+            read_exact(fd_.get(), dst, need, r.file_offset);
         }
         return;
     }
+    auto & st = stagers_.at(task_pool::worker_index());
     if (!st) st = std::make_unique<stager>(device_);
     load_staged(job, *st);
 }
@@ -244,11 +161,8 @@ void prefetcher::load_staged(const load_job & job, stager & st) {
             for (size_t done = 0; done < need; done += STAGING_CHUNK, cur ^= 1) {
                 const size_t n = std::min(STAGING_CHUNK, need - done);
                 st.wait(cur);                                   // this staging buffer's last copy is done
-                read_exact(fd_, st.buf[cur], n, r.file_offset + done);
-                ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) n);
-                if (ggml_backend_tensor_alloc(job.dst, t, base + r.dst_offset + done) != GGML_STATUS_SUCCESS) {
-                    throw Error("cannot address the slot");
-                }
+                read_exact(fd_.get(), st.buf[cur], n, r.file_offset + done);
+                ggml_tensor * t = tensor_bytes(ctx, job.dst, base + r.dst_offset + done, n);
                 ggml_backend_tensor_set_async(st.backend, t, st.buf[cur], 0, n);
                 if (st.event[cur]) ggml_backend_event_record(st.event[cur], st.backend);
                 st.busy[cur] = true;

@@ -1,4 +1,5 @@
-// prefetch: worker threads that read byte ranges of a file into pool slots.
+// prefetch: a file reader that reads byte ranges of a file into pool slots on
+// worker threads (a task_pool of its own).
 //
 // submit() queues a job (highest priority first, then FIFO) and returns a
 // future. A worker preads each range straight into the slot when the slot is
@@ -21,27 +22,20 @@
 #pragma once
 
 #include "error.h"
+#include "io.h"
+#include "task-pool.h"
 
-#include <condition_variable>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <future>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
-#include <unordered_map>
 #include <vector>
 
 struct ggml_backend_buffer;
 struct ggml_backend_device;
 
 namespace superggml {
-
-struct Cancelled : Error {
-    using Error::Error;
-};
 
 // Alignment of O_DIRECT reads (a multiple of every common logical block size).
 constexpr size_t DIRECT_ALIGN = 4096;
@@ -54,10 +48,9 @@ struct read_range {
 };
 
 struct load_job {
-    int key = -1;
+    int key = -1;                     // names the job for cancel() and last_job()
     int priority = 0;                 // larger runs first
     bool direct = false;              // read with O_DIRECT (aligned ranges, host destination)
-    std::function<void()> task;       // if set, the worker runs this instead of reading ranges
     std::vector<read_range> ranges;
     ggml_backend_buffer * dst = nullptr;
 };
@@ -71,56 +64,43 @@ struct prefetch_stats {
 
 class prefetcher {
 public:
-    // Opens `path` for reading (and with O_DIRECT too if `direct`; an empty
-    // path: no file, task jobs only). `device`
-    // is the slots' device (nullptr: CPU); `staged` sends host slots through
-    // the staging path too. Throws FileError.
+    // Opens `path` for reading (and with O_DIRECT too if `direct`) and starts
+    // n_workers threads. `device` is the slots' device (nullptr: CPU);
+    // `staged` sends host slots through the staging path too. Throws
+    // FileError if the file cannot be opened, Error if n_workers < 1.
     prefetcher(const std::string & path, int n_workers = 1, bool direct = false,
                ggml_backend_device * device = nullptr, bool staged = false);
     ~prefetcher();   // fails queued jobs with Cancelled, joins the workers
     prefetcher(const prefetcher &) = delete;
     prefetcher & operator=(const prefetcher &) = delete;
 
-    struct ticket {
-        uint64_t id;
-        std::shared_future<void> done;
-    };
+    using ticket = task_pool::ticket;
+    // Queues the reads; a job without a destination, or whose ranges do not
+    // fit it, fails its future with Error. Throws Cancelled while stopping.
     ticket submit(load_job job);
     bool cancel(int key);             // cancels every queued job for `key`; true if there was one
     bool cancel_job(uint64_t id);     // cancels that job if it has not started
     prefetch_stats stats() const;
     // Wall-clock start and end (seconds since the epoch) of the last finished
     // job for `key`; false if none has finished.
-    bool last_job(int key, double & start, double & end) const;
-    int n_workers() const { return (int) workers_.size(); }
-    bool direct() const { return fd_direct_ >= 0; }   // O_DIRECT reads are available
+    bool last_job(int key, double & start, double & end) const { return pool_->last_job(key, start, end); }
+    int n_workers() const { return pool_->n_workers(); }
+    bool direct() const { return fd_direct_.valid(); }   // O_DIRECT reads are available
     bool staged() const { return staged_; }
-
-    struct entry {   // a queued job
-        load_job job;
-        uint64_t seq;
-        std::shared_ptr<std::promise<void>> done;
-    };
 
     struct stager;   // a worker's backend instance, staging buffers and events
 
 private:
-    void run();
-    void load(const load_job & job, std::unique_ptr<stager> & st);
+    void load(const load_job & job);
     void load_staged(const load_job & job, stager & st);
 
-    int fd_ = -1;
-    int fd_direct_ = -1;
+    io_fd fd_;
+    io_fd fd_direct_;                                 // none: buffered reads only
     ggml_backend_device * device_ = nullptr;
     bool staged_ = false;
-    mutable std::mutex mu_;
-    std::condition_variable cv_;
-    std::vector<entry> queue_;
-    std::vector<std::thread> workers_;
-    bool stop_ = false;
-    uint64_t seq_ = 0;
-    prefetch_stats stats_;
-    std::unordered_map<int, std::pair<double, double>> last_;   // key -> (start, end)
+    std::atomic<uint64_t> bytes_{0};
+    std::vector<std::unique_ptr<stager>> stagers_;   // per worker, made on its first staged job
+    std::unique_ptr<task_pool> pool_;                // declared last: its workers stop first
 };
 
 }  // namespace superggml

@@ -29,6 +29,13 @@ void tensor_bind(ggml_tensor * t, ggml_backend_buffer * buffer, void * addr) {
     }
 }
 
+ggml_tensor * tensor_bytes(ggml_context * ctx, ggml_backend_buffer * buffer, void * addr, size_t n) {
+    if (ggml_get_mem_size(ctx) - ggml_used_mem(ctx) < ggml_tensor_overhead()) throw Error("tensor_bytes: the context is full");
+    ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) n);
+    tensor_bind(t, buffer, addr);
+    return t;
+}
+
 void tensor_unbind(ggml_tensor * t) {
     t->buffer = nullptr;
     t->data = nullptr;

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 
+struct ggml_context;
 struct ggml_tensor;
 struct ggml_backend_buffer;
 struct ggml_backend_buffer_type;
@@ -19,6 +20,11 @@ namespace superggml {
 // Points `t` at `addr` inside `buffer` (no copy). Rebinding an already bound
 // tensor is allowed. Throws Error if addr..addr+nbytes is outside the buffer.
 void tensor_bind(ggml_tensor * t, ggml_backend_buffer * buffer, void * addr);
+// A byte view for backend copies (ggml_backend_tensor_set/get): a new 1-D I8
+// tensor of `n` bytes in `ctx` (a no-alloc context with room for it), bound
+// to `addr` inside `buffer`. Throws Error if the context is full or the
+// bytes are outside the buffer.
+ggml_tensor * tensor_bytes(ggml_context * ctx, ggml_backend_buffer * buffer, void * addr, size_t n);
 // Detaches `t` from its storage (data = nullptr); computing it then fails.
 void tensor_unbind(ggml_tensor * t);
 // Bytes `t` takes in a buffer of `buft`, padded so the next tensor stays aligned.

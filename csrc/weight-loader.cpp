@@ -70,7 +70,7 @@ weight_loader::weight_loader(std::shared_ptr<weight_store> store, const std::vec
     for (const auto & n : placed) if (!seen.count(n)) rest.push_back(n);
     if (!rest.empty()) add_group(rest);
 
-    fd_ = ::open(store_->file().path().c_str(), O_RDONLY | O_CLOEXEC);
+    fd_.reset(::open(store_->file().path().c_str(), O_RDONLY | O_CLOEXEC));
     t_start_ = now();
     for (int i = 0; i < std::max(1, params_.n_readers); ++i) threads_.emplace_back([this] { reader(); });
     if (!placed.empty()) {
@@ -80,7 +80,6 @@ weight_loader::weight_loader(std::shared_ptr<weight_store> store, const std::vec
 
 weight_loader::~weight_loader() {
     cancel();
-    if (fd_ >= 0) ::close(fd_);
 }
 
 void weight_loader::cancel() {
@@ -123,7 +122,7 @@ bool weight_loader::read(group & G, bool cancellable) {
         for (uint64_t off = start; off < end; off += params_.chunk) {
             if (cancellable && stop_) return false;
             const uint64_t stop = std::min(end, off + params_.chunk);
-            read_range(map, fd_, store_->file().file_size(), off, stop, no_populate_, scratch);
+            read_range(map, fd_.get(), store_->file().file_size(), off, stop, no_populate_, scratch);
             bytes_read_ += stop - off;
         }
     }

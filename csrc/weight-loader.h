@@ -19,6 +19,7 @@
 // A group's bytes are never used before its wait() returned.
 #pragma once
 
+#include "io.h"
 #include "weight-store.h"
 
 #include <atomic>
@@ -92,7 +93,7 @@ private:
     loader_params params_;
     std::vector<group> groups_;
     size_t repacked_bytes_ = 0;
-    int fd_ = -1;                      // for pread where populate is refused
+    io_fd fd_;                         // for pread where populate is refused
     std::atomic<bool> stop_{false};
     std::atomic<bool> no_populate_{false};
     std::atomic<uint64_t> bytes_read_{0};

@@ -9,11 +9,25 @@ struct ggml_tensor;
 
 namespace superggml {
 
+struct prefetch_stats;
+struct pool_stats;
+struct pager_stats;
+struct kv_stats;
+struct loader_stats;
+
 // A ggml tensor seen from Python; `owner` keeps its context (or store) alive.
 struct tensor_ref {
     ggml_tensor * t = nullptr;
     std::shared_ptr<void> owner;
 };
+
+// The one conversion of each stats struct to the dict its stats() returns
+// (defined in the binding file of its subsystem).
+pybind11::dict to_dict(const prefetch_stats & s);
+pybind11::dict to_dict(const pool_stats & s);
+pybind11::dict to_dict(const pager_stats & s);   // the pager's own counts (LayerPager.stats() adds I/O ones)
+pybind11::dict to_dict(const kv_stats & s);
+pybind11::dict to_dict(const loader_stats & s);
 
 void init_errors(pybind11::module_ & m);
 void init_gguf_file(pybind11::module_ & m);

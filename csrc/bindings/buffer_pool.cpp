@@ -10,6 +10,12 @@ namespace py = pybind11;
 
 namespace superggml {
 
+py::dict to_dict(const pool_stats & s) {
+    py::dict d;
+    d["hits"] = s.hits; d["misses"] = s.misses; d["evictions"] = s.evictions;
+    return d;
+}
+
 void init_buffer_pool(py::module_ & m) {
     py::class_<buffer_pool, std::shared_ptr<buffer_pool>>(m, "BufferPool",
         "Fixed-size slots on one backend buffer type; LRU eviction, pinning, a hard byte budget.")
@@ -52,12 +58,7 @@ void init_buffer_pool(py::module_ & m) {
             }
             return a;
         }, py::arg("slot"), py::arg("offset"), py::arg("size"), "Copy of a slot's bytes (host slots).")
-        .def("stats", [](const buffer_pool & p) {
-            auto s = p.stats();
-            py::dict d;
-            d["hits"] = s.hits; d["misses"] = s.misses; d["evictions"] = s.evictions;
-            return d;
-        });
+        .def("stats", [](const buffer_pool & p) { return to_dict(p.stats()); });
 }
 
 }  // namespace superggml

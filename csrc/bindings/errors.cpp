@@ -2,7 +2,7 @@
 
 #include "buffer-pool.h"
 #include "error.h"
-#include "prefetch.h"
+#include "task-pool.h"   // Cancelled
 
 #include <cerrno>
 #include <ggml.h>

@@ -13,11 +13,28 @@ namespace superggml {
 // The cache with what it points into: the K/V tensors' contexts and its fill workers.
 struct kv_handle {
     std::vector<std::shared_ptr<void>> owners;
-    std::shared_ptr<prefetcher> io;
+    std::unique_ptr<task_pool> workers;
     std::unique_ptr<kv_cache> kv;   // destroyed first: it waits for its fills
 };
 
+py::dict to_dict(const kv_stats & s) {
+    py::dict d;
+    d["kv_pages_device"] = s.pages_device; d["kv_pages_host"] = s.pages_host; d["kv_pages_disk"] = s.pages_disk;
+    d["kv_pages_loaded"] = s.pages_loaded; d["kv_pages_prefetched"] = s.pages_prefetched;
+    d["kv_pages_written_back"] = s.pages_written_back; d["kv_pages_evicted"] = s.pages_evicted;
+    d["kv_pages_spilled"] = s.pages_spilled;
+    d["kv_frame_hits"] = s.frame_hits; d["kv_frame_misses"] = s.frame_misses;
+    d["kv_tokens"] = s.tokens; d["kv_token_slots"] = s.token_slots;
+    d["kv_page_waste"] = s.token_slots ? 1.0 - (double) s.tokens / (double) s.token_slots : 0.0;
+    d["kv_host_bytes"] = s.host_bytes; d["kv_disk_bytes"] = s.disk_bytes;
+    d["kv_frame_bytes"] = s.frame_bytes; d["kv_frames"] = s.n_frames;
+    d["kv_resident_layers"] = s.n_resident_layers;
+    return d;
+}
+
 void init_kv_cache(py::module_ & m) {
+    m.attr("KV_PAGE_MIN") = KV_PAGE_MIN;
+    m.attr("KV_PAGE_MAX") = KV_PAGE_MAX;
     py::class_<kv_handle, std::shared_ptr<kv_handle>>(m, "KVCache",
         "Paged K/V cache: pages of page_size tokens in device frames, host memory (a budget) and a spill file.")
         .def(py::init([](const std::vector<tensor_ref> & k, const std::vector<tensor_ref> & v, int page_size,
@@ -48,8 +65,8 @@ void init_kv_cache(py::module_ & m) {
                 h->owners.push_back(k[i].owner);
                 h->owners.push_back(v[i].owner);
             }
-            if (n_workers > 0) h->io = std::make_shared<prefetcher>("", n_workers);
-            h->kv = std::make_unique<kv_cache>(p, kt, vt, h->io.get());
+            if (n_workers > 0) h->workers = std::make_unique<task_pool>(n_workers, "KV fill");
+            h->kv = std::make_unique<kv_cache>(p, kt, vt, h->workers.get());
             return h;
         }), py::arg("k"), py::arg("v"), py::arg("page_size") = 256, py::arg("n_frames") = 0,
             py::arg("host_budget") = py::none(), py::arg("spill_dir") = "", py::arg("v_trans") = true,
@@ -67,21 +84,7 @@ void init_kv_cache(py::module_ & m) {
              "Forgets tokens >= n of the sequence (0: all), freeing their pages.")
         .def_property_readonly("page_bytes", [](const kv_handle & h) { return h.kv->page_bytes(); })
         .def_property_readonly("page_size", [](const kv_handle & h) { return h.kv->params().page_size; })
-        .def("stats", [](const kv_handle & h) {
-            kv_stats s = h.kv->stats();
-            py::dict d;
-            d["kv_pages_device"] = s.pages_device; d["kv_pages_host"] = s.pages_host; d["kv_pages_disk"] = s.pages_disk;
-            d["kv_pages_loaded"] = s.pages_loaded; d["kv_pages_prefetched"] = s.pages_prefetched;
-            d["kv_pages_written_back"] = s.pages_written_back; d["kv_pages_evicted"] = s.pages_evicted;
-            d["kv_pages_spilled"] = s.pages_spilled;
-            d["kv_frame_hits"] = s.frame_hits; d["kv_frame_misses"] = s.frame_misses;
-            d["kv_tokens"] = s.tokens; d["kv_token_slots"] = s.token_slots;
-            d["kv_page_waste"] = s.token_slots ? 1.0 - (double) s.tokens / (double) s.token_slots : 0.0;
-            d["kv_host_bytes"] = s.host_bytes; d["kv_disk_bytes"] = s.disk_bytes;
-            d["kv_frame_bytes"] = s.frame_bytes; d["kv_frames"] = s.n_frames;
-            d["kv_resident_layers"] = s.n_resident_layers;
-            return d;
-        });
+        .def("stats", [](const kv_handle & h) { return to_dict(h.kv->stats()); });
 }
 
 }  // namespace superggml

@@ -9,6 +9,13 @@ namespace py = pybind11;
 
 namespace superggml {
 
+py::dict to_dict(const pager_stats & s) {
+    py::dict d;
+    d["loads"] = s.loads; d["hits"] = s.hits; d["evictions"] = s.evictions;
+    d["bytes_loaded"] = s.bytes_loaded; d["wait_seconds"] = s.wait_seconds;
+    return d;
+}
+
 void init_pager(py::module_ & m) {
     py::class_<layer_pager, std::shared_ptr<layer_pager>>(m, "LayerPager",
         "Streams groups of paged tensors (layers) through a buffer pool with worker-thread prefetch.")
@@ -50,13 +57,9 @@ void init_pager(py::module_ & m) {
             return py::make_tuple(a, b);
         }, py::arg("layer"), "(start, end) wall-clock seconds of the layer's last finished load, or None")
         .def("stats", [](const layer_pager & p) {
-            auto s = p.stats();
-            auto io = p.io_stats();
-            py::dict d;
-            d["loads"] = s.loads; d["hits"] = s.hits; d["evictions"] = s.evictions;
-            d["bytes_loaded"] = s.bytes_loaded; d["wait_seconds"] = s.wait_seconds;
-            d["read_seconds"] = io.read_seconds; d["pending"] = io.pending; d["failed"] = io.failed;
-            d["completed"] = io.completed;
+            py::dict d = to_dict(p.stats());
+            py::dict io = to_dict(p.io_stats());
+            for (const char * k : {"read_seconds", "pending", "failed", "completed"}) d[k] = io[k];
             return d;
         });
 }

@@ -16,6 +16,13 @@ struct future_ref {
     uint64_t id = 0;
 };
 
+py::dict to_dict(const prefetch_stats & s) {
+    py::dict d;
+    d["completed"] = s.completed; d["failed"] = s.failed; d["cancelled"] = s.cancelled;
+    d["bytes"] = s.bytes; d["read_seconds"] = s.read_seconds; d["pending"] = s.pending;
+    return d;
+}
+
 void init_prefetch(py::module_ & m) {
     py::class_<future_ref>(m, "LoadFuture", "The completion of one load job.")
         .def("result", [](future_ref & r, std::optional<double> timeout) {
@@ -66,13 +73,7 @@ void init_prefetch(py::module_ & m) {
            "direct: O_DIRECT where the range and slot address are 4096-aligned and the file allows it.")
         .def("cancel", &prefetcher::cancel, py::arg("key"), "Cancels every queued job for key; returns whether any.")
         .def_property_readonly("n_workers", &prefetcher::n_workers)
-        .def("stats", [](const prefetcher & p) {
-            auto s = p.stats();
-            py::dict d;
-            d["completed"] = s.completed; d["failed"] = s.failed; d["cancelled"] = s.cancelled;
-            d["bytes"] = s.bytes; d["read_seconds"] = s.read_seconds; d["pending"] = s.pending;
-            return d;
-        });
+        .def("stats", [](const prefetcher & p) { return to_dict(p.stats()); });
 }
 
 }  // namespace superggml

@@ -9,6 +9,17 @@ namespace py = pybind11;
 
 namespace superggml {
 
+py::dict to_dict(const loader_stats & s) {
+    py::dict d;
+    d["bytes_read"] = s.bytes_read;
+    d["bytes_repacked"] = s.bytes_repacked;
+    d["groups_done"] = s.groups_done;
+    d["groups_failed"] = s.groups_failed;
+    d["retries"] = s.retries;
+    d["seconds"] = s.seconds;
+    return d;
+}
+
 void init_weight_loader(py::module_ & m) {
     py::class_<weight_loader, std::shared_ptr<weight_loader>>(m, "WeightLoader",
         "A resident model's weights loaded group by group by worker threads while the first pass computes.")
@@ -35,17 +46,7 @@ void init_weight_loader(py::module_ & m) {
         .def("done", &weight_loader::done)
         .def("cancel", &weight_loader::cancel, py::call_guard<py::gil_scoped_release>(),
              "Stops the workers; groups not loaded yet are loaded by wait().")
-        .def("stats", [](const weight_loader & l) {
-            loader_stats s = l.stats();
-            py::dict d;
-            d["bytes_read"] = s.bytes_read;
-            d["bytes_repacked"] = s.bytes_repacked;
-            d["groups_done"] = s.groups_done;
-            d["groups_failed"] = s.groups_failed;
-            d["retries"] = s.retries;
-            d["seconds"] = s.seconds;
-            return d;
-        });
+        .def("stats", [](const weight_loader & l) { return to_dict(l.stats()); });
 }
 
 }  // namespace superggml

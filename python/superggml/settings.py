@@ -23,7 +23,7 @@ from typing import IO, Any, Callable, Iterator, Mapping
 
 from . import _core
 
-KV_PAGE_MIN = getattr(_core, "KV_PAGE_MIN", 16)      # TODO(merge): _core's
+
 KV_PAGE_MAX = getattr(_core, "KV_PAGE_MAX", 8192)
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,

@@ -32,7 +32,7 @@ int main() {
     if (!mkdtemp(dir)) return 2;
     int bad = 0, steps = 0;
     {
-        prefetcher io("", 2);
+        task_pool workers(2);
         kv_params p;
         p.n_layer = n_layer;
         p.n_embd_gqa = g;
@@ -42,7 +42,7 @@ int main() {
         p.n_frames = 3;
         p.host_budget = 5 * 2 * P * g * 4;
         p.spill_dir = dir;
-        kv_cache kv(p, k, v, &io);
+        kv_cache kv(p, k, v, &workers);
         std::mt19937 rnd(3);
         std::map<std::pair<int, int>, std::vector<float>> shadow;   // (seq, layer) -> n x [k g, v g]
         std::vector<int64_t> n_past(n_seq, 0);
