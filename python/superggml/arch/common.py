@@ -191,6 +191,11 @@ class Architecture:
         """x F32 [n_embd, n_outputs] (the last block kept only those rows) -> logits F32 [n_vocab, n_outputs]"""
         return ctx.mul_mat(w(self.output_tensor(w.has)), self.build_output_norm(ctx, w, x))
 
+    def build_qk_norm(self, ctx: Any, w: Weights, p: str, q: Any, k: Any) -> tuple[Any, Any]:
+        """Before RoPE: q F32 [head_dim, n_head, n_tokens], k F32 [head_dim, n_head_kv, n_tokens]. Most
+        families leave them as they are."""
+        return q, k
+
     def build_block(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int,
                     x: Any, k_cache: Any, v_cache: Any) -> Any:
         """One transformer block: x F32 [n_embd, n_tokens] -> same shape, except that the last
@@ -208,6 +213,7 @@ class Architecture:
             v = ctx.add(v, w(p + "attn_v.bias"))
         q = ctx.reshape(q, [hp.head_dim, hp.n_head, n])
         k = ctx.reshape(k, [hp.head_dim, hp.n_head_kv, n])
+        q, k = self.build_qk_norm(ctx, w, p, q, k)
         ff = w("rope_freqs.weight") if w.has("rope_freqs.weight") else None   # Llama 3.1 long-context factors
         q = ctx.rope_ext(q, inp.positions, ff, hp.n_rot, self.rope_mode, hp.n_ctx_train,
                          hp.rope_base, hp.rope_scale)
