@@ -41,7 +41,8 @@ std::vector<std::string> weight_store::add_row_chunks(const std::string & name, 
     ggml_tensor * t = base.t;
     const size_t row = t->nb[1];
     if (ggml_n_dims(t) > 2) throw Error("row chunks need a 2-D tensor: '" + name + "'");
-    const int64_t per = (int64_t) (max_bytes / row);
+    int64_t per = (int64_t) (max_bytes / row);
+    if (per >= ROW_CHUNK_ALIGN) per -= per % ROW_CHUNK_ALIGN;
     if (per < 1) throw Error("a row of '" + name + "' (" + std::to_string(row) + " bytes) is bigger than " +
                              std::to_string(max_bytes) + " bytes");
     const int64_t n_chunks = (t->ne[1] + per - 1) / per;

@@ -18,6 +18,9 @@ struct ggml_backend_device;
 
 namespace superggml {
 
+// Row granularity of add_row_chunks.
+constexpr int64_t ROW_CHUNK_ALIGN = 16;
+
 // Where a weight's bytes live.
 enum class weight_home { unbound, mmap, resident, repacked };
 
@@ -70,7 +73,11 @@ public:
 
     // Splits a 2-D tensor into row ranges of at most `max_bytes` each, as new
     // paged tensors "<name>.rows<first row>" over the same file bytes (so a
-    // tensor bigger than a pool slot can stream). Returns their names.
+    // tensor bigger than a pool slot can stream). Returns their names. Chunks
+    // hold a multiple of ROW_CHUNK_ALIGN rows where a chunk has room for that
+    // many: ggml-cpu's F32/F16 sgemm serves only row counts that are multiples
+    // of 4 (else another kernel with another summation order runs), so chunks
+    // of a multiple of 16 compute the bits the whole tensor would.
     std::vector<std::string> add_row_chunks(const std::string & name, size_t max_bytes);
 
 private:
