@@ -29,7 +29,8 @@ def vocab_fields(smollm2_path):
     return fields
 
 
-def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=None, head_dim=None, seed=0):
+def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=None, head_dim=None, seed=0,
+          extra=None):
     rng = np.random.default_rng(seed)
     hd = head_dim or N_EMBD // N_HEAD
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
@@ -60,16 +61,25 @@ def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=No
         t("output.weight", n_vocab, N_EMBD, scale=0.2)
     if rope_freqs:
         w.add_tensor("rope_freqs.weight", np.linspace(1, 8, hd // 2).astype(np.float32))
+    for name, value in (extra or {}).items():
+        w.add_tensor(name, value)
     for il in range(N_LAYER):
         p = f"blk.{il}."
         for n in ("attn_norm", "ffn_norm"):
             w.add_tensor(p + n + ".weight", (1 + 0.1 * rng.standard_normal(N_EMBD)).astype(np.float32))
-        t(p + "attn_q.weight", N_HEAD * hd, N_EMBD, scale=0.3)
-        t(p + "attn_k.weight", N_HEAD_KV * hd, N_EMBD, scale=0.3)
-        t(p + "attn_v.weight", N_HEAD_KV * hd, N_EMBD)
+        if arch == "phi3":       # fused, as llama.cpp's converter writes Phi-3: Q|K|V rows, gate|up rows
+            qkv = np.concatenate([rng.standard_normal((N_HEAD * hd, N_EMBD)) * 0.3,
+                                  rng.standard_normal((N_HEAD_KV * hd, N_EMBD)) * 0.3,
+                                  rng.standard_normal((N_HEAD_KV * hd, N_EMBD)) * 0.08])
+            w.add_tensor(p + "attn_qkv.weight", qkv.astype(np.float32))
+            t(p + "ffn_up.weight", 2 * N_FF, N_EMBD)
+        else:
+            t(p + "attn_q.weight", N_HEAD * hd, N_EMBD, scale=0.3)
+            t(p + "attn_k.weight", N_HEAD_KV * hd, N_EMBD, scale=0.3)
+            t(p + "attn_v.weight", N_HEAD_KV * hd, N_EMBD)
+            t(p + "ffn_gate.weight", N_FF, N_EMBD)
+            t(p + "ffn_up.weight", N_FF, N_EMBD)
         t(p + "attn_output.weight", N_EMBD, N_HEAD * hd)
-        t(p + "ffn_gate.weight", N_FF, N_EMBD)
-        t(p + "ffn_up.weight", N_FF, N_EMBD)
         t(p + "ffn_down.weight", N_EMBD, N_FF)
         if arch == "qwen3":
             for n in ("attn_q_norm", "attn_k_norm"):
@@ -91,6 +101,7 @@ VARIANTS = {
     "qwen2-bias": dict(arch="qwen2", tied=False),
     "qwen3-qknorm-headdim32": dict(arch="qwen3", head_dim=32),
     "qwen3-qknorm-output": dict(arch="qwen3", tied=False),
+    "phi3-fused": dict(arch="phi3", tied=False),
 }
 
 
@@ -105,6 +116,15 @@ def test_synthetic_model_matches_llama_cpp(tmp_path, vocab_fields, variant, flas
     diff = float(np.abs(ours - ref).max())
     print(f"\n{variant} flash_attn={flash_attn}: max|dlogit| = {diff:.5f}")
     assert np.array_equal(ours, ref)     # the same ggml, the same graph: the same bits
+
+
+def test_phi3_longrope_factors_are_refused(tmp_path, vocab_fields):
+    hd = N_EMBD // N_HEAD
+    path = synth(tmp_path / "phi3-longrope.gguf", vocab_fields, arch="phi3",
+                 extra={"rope_factors_long.weight": np.ones(hd // 2, np.float32),
+                        "rope_factors_short.weight": np.ones(hd // 2, np.float32)})
+    with pytest.raises(UnsupportedModelError, match="rope_factors_long"):
+        Model(path)
 
 
 def test_unsupported_rope_scaling(tmp_path):
@@ -125,7 +145,7 @@ def test_unsupported_rope_scaling(tmp_path):
         Model(tmp_path / "yarn2.gguf")
 
 
-@pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias", "qwen3-qknorm-headdim32"])
+@pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias", "qwen3-qknorm-headdim32", "phi3-fused"])
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
     """F32 weights included: the streamed lm head's row chunks hold a multiple of 16 rows, so ggml-cpu's F32
     sgemm (multiple-of-4 row counts only) serves every chunk of a prompt as it serves the whole head."""

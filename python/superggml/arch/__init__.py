@@ -12,12 +12,14 @@ from ..errors import UnsupportedModelError
 from .common import Architecture, HParams
 from .llama import LlamaArch
 from .qwen2 import Qwen2Arch
+from .phi3 import Phi3Arch
 from .qwen3 import Qwen3Arch
 
 ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama": LlamaArch,
     "qwen2": Qwen2Arch,
     "qwen3": Qwen3Arch,
+    "phi3": Phi3Arch,
 }
 
 

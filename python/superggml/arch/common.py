@@ -116,6 +116,7 @@ class Architecture:
 
     rope_mode = ROPE_NORM
     has_qkv_bias = False
+    prescale_q = False       # multiply Q by 1/sqrt(head_dim) before attention instead of scaling KQ
 
     def __init__(self, hp: HParams):
         self.hp = hp
@@ -204,6 +205,29 @@ class Architecture:
         p = f"blk.{il}."
         n = inp.n_tokens
         cur = ctx.mul(ctx.rms_norm(x, hp.rms_eps), w(p + "attn_norm.weight"))
+        q, k, v = self.build_qkv(ctx, w, p, cur, n)
+        q, k = self.build_qk_norm(ctx, w, p, q, k)
+        ff = w("rope_freqs.weight") if w.has("rope_freqs.weight") else None   # Llama 3.1 long-context factors
+        q = ctx.rope_ext(q, inp.positions, ff, hp.n_rot, self.rope_mode, hp.n_ctx_train,
+                         hp.rope_base, hp.rope_scale)
+        k = ctx.rope_ext(k, inp.positions, ff, hp.n_rot, self.rope_mode, hp.n_ctx_train,
+                         hp.rope_base, hp.rope_scale)
+        kq_scale = 1.0 / math.sqrt(hp.head_dim)
+        if self.prescale_q:                      # Q scaled before attention, as some families' graphs do
+            q, kq_scale = ctx.scale(q, kq_scale), 1.0
+        cur = build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, kq_scale)
+        if il == hp.n_layer - 1 and inp.n_outputs < n:
+            cur = ctx.get_rows(cur, inp.out_ids)
+            x = ctx.get_rows(x, inp.out_ids)
+        cur = ctx.mul_mat(w(p + "attn_output.weight"), cur)
+        ffn_inp = ctx.add(cur, x)
+        cur = ctx.mul(ctx.rms_norm(ffn_inp, hp.rms_eps), w(p + "ffn_norm.weight"))
+        return ctx.add(self.build_ffn(ctx, w, p, cur), ffn_inp)
+
+    def build_qkv(self, ctx: Any, w: Weights, p: str, cur: Any, n: int) -> tuple[Any, Any, Any]:
+        """cur F32 [n_embd, n] -> q F32 [head_dim, n_head, n], k F32 [head_dim, n_head_kv, n], v F32
+        [n_embd_gqa, n] (v may be a strided view)."""
+        hp = self.hp
         q = ctx.mul_mat(w(p + "attn_q.weight"), cur)
         k = ctx.mul_mat(w(p + "attn_k.weight"), cur)
         v = ctx.mul_mat(w(p + "attn_v.weight"), cur)
@@ -211,33 +235,21 @@ class Architecture:
             q = ctx.add(q, w(p + "attn_q.bias"))
             k = ctx.add(k, w(p + "attn_k.bias"))
             v = ctx.add(v, w(p + "attn_v.bias"))
-        q = ctx.reshape(q, [hp.head_dim, hp.n_head, n])
-        k = ctx.reshape(k, [hp.head_dim, hp.n_head_kv, n])
-        q, k = self.build_qk_norm(ctx, w, p, q, k)
-        ff = w("rope_freqs.weight") if w.has("rope_freqs.weight") else None   # Llama 3.1 long-context factors
-        q = ctx.rope_ext(q, inp.positions, ff, hp.n_rot, self.rope_mode, hp.n_ctx_train,
-                         hp.rope_base, hp.rope_scale)
-        k = ctx.rope_ext(k, inp.positions, ff, hp.n_rot, self.rope_mode, hp.n_ctx_train,
-                         hp.rope_base, hp.rope_scale)
-        cur = build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache)
-        if il == hp.n_layer - 1 and inp.n_outputs < n:
-            cur = ctx.get_rows(cur, inp.out_ids)
-            x = ctx.get_rows(x, inp.out_ids)
-        cur = ctx.mul_mat(w(p + "attn_output.weight"), cur)
-        ffn_inp = ctx.add(cur, x)
-        cur = ctx.mul(ctx.rms_norm(ffn_inp, hp.rms_eps), w(p + "ffn_norm.weight"))
+        return ctx.reshape(q, [hp.head_dim, hp.n_head, n]), ctx.reshape(k, [hp.head_dim, hp.n_head_kv, n]), v
+
+    def build_ffn(self, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
+        """The normed input F32 [n_embd, n] -> F32 [n_embd, n]: SwiGLU with separate gate and up."""
         gate = ctx.mul_mat(w(p + "ffn_gate.weight"), cur)
         up = ctx.mul_mat(w(p + "ffn_up.weight"), cur)
-        cur = ctx.mul_mat(w(p + "ffn_down.weight"), ctx.swiglu_split(gate, up))
-        return ctx.add(cur, ffn_inp)
+        return ctx.mul_mat(w(p + "ffn_down.weight"), ctx.swiglu_split(gate, up))
 
 
 def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: Any,
-               k_cache: Any, v_cache: Any) -> Any:
+               k_cache: Any, v_cache: Any, scale: float) -> Any:
     """Writes k/v into the cache rows of this step and attends over the first n_kv rows.
 
     q F32 [head_dim, n_head, n_tokens], k F32 [head_dim, n_head_kv, n_tokens],
-    v F32 [n_embd_gqa, n_tokens]; k_cache F16 [n_embd_gqa, n_ctx];
+    v F32 [n_embd_gqa, n_tokens] (rows may be strided); k_cache F16 [n_embd_gqa, n_ctx];
     v_cache F16 [n_embd_gqa, n_ctx] (stored transposed: [n_ctx, n_embd_gqa] when not flash_attn).
     Returns F32 [head_dim*n_head, n_tokens].
     """
@@ -248,13 +260,14 @@ def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, 
     if inp.flash_attn:
         gf.expand(ctx.set_rows(v_cache, v, inp.v_idxs))
     else:
+        if v.nb[1] != g * v.element_size:
+            v = ctx.cont(v)                      # a view into a fused QKV: rows made contiguous, as llama.cpp
         flat = ctx.reshape(v_cache, [1, g * n_ctx])
         gf.expand(ctx.set_rows(flat, ctx.reshape(v, [1, g * n]), inp.v_idxs))
 
     kv = ctx.view(k_cache, [d, hp.n_head_kv, n_kv], [d * es, g * es], 0)   # F16 [d, n_head_kv, n_kv]
     qp = ctx.permute(q, 0, 2, 1, 3)                                        # [d, n, n_head]
     kp = ctx.permute(kv, 0, 2, 1, 3)                                       # [d, n_kv, n_head_kv]
-    scale = 1.0 / math.sqrt(d)
     if inp.flash_attn:
         vv = ctx.view(v_cache, [d, hp.n_head_kv, n_kv], [d * es, g * es], 0)
         vp = ctx.permute(vv, 0, 2, 1, 3)                                   # [d, n_kv, n_head_kv]

@@ -1,0 +1,53 @@
+"""phi3 family (llama.cpp's src/models/phi3.cpp): fused Q/K/V in attn_qkv, fused gate and up in ffn_up
+(SwiGLU over its two halves), NeoX RoPE, Q scaled by 1/sqrt(head_dim) before attention. llama.cpp disables
+Phi's sliding window, and so does this. The long/short RoPE factors of 128k-context models are refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import UnsupportedModelError
+from .common import ROPE_NEOX, Architecture, Weights
+
+
+class Phi3Arch(Architecture):
+    rope_mode = ROPE_NEOX
+    prescale_q = True
+
+    def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
+        hp = self.hp
+        p = f"blk.{il}."
+        n_q = hp.n_head * hp.head_dim
+        return {
+            p + "attn_norm.weight": (hp.n_embd,),
+            p + "attn_qkv.weight": (hp.n_embd, n_q + 2 * hp.n_embd_gqa),
+            p + "attn_output.weight": (n_q, hp.n_embd),
+            p + "ffn_norm.weight": (hp.n_embd,),
+            p + "ffn_up.weight": (hp.n_embd, 2 * hp.n_ff),
+            p + "ffn_down.weight": (hp.n_ff, hp.n_embd),
+        }
+
+    def validate(self, table: Any) -> None:
+        for name in table:
+            if name.startswith(("rope_factors_long", "rope_factors_short")) or ".rope_factors_" in name:
+                raise UnsupportedModelError(f"phi3 LongRoPE factors ('{name}') are not supported yet")
+        super().validate(table)
+
+    def build_qkv(self, ctx: Any, w: Weights, p: str, cur: Any, n: int) -> tuple[Any, Any, Any]:
+        hp = self.hp
+        qkv = ctx.mul_mat(w(p + "attn_qkv.weight"), cur)          # F32 [n_q + 2 n_embd_gqa, n]
+        es, d = qkv.element_size, hp.head_dim
+        n_q = hp.n_head * d
+        row = qkv.nb[1]
+        q = ctx.view(qkv, [d, hp.n_head, n], [d * es, row], 0)
+        k = ctx.view(qkv, [d, hp.n_head_kv, n], [d * es, row], n_q * es)
+        v = ctx.view(qkv, [hp.n_embd_gqa, n], [row], (n_q + hp.n_embd_gqa) * es)
+        return q, k, v
+
+    def build_ffn(self, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
+        hp = self.hp
+        up = ctx.mul_mat(w(p + "ffn_up.weight"), cur)              # F32 [2 n_ff, n]: gate, then up
+        n = up.ne[1]
+        gate = ctx.view(up, [hp.n_ff, n], [up.nb[1]], 0)
+        upv = ctx.view(up, [hp.n_ff, n], [up.nb[1]], hp.n_ff * up.element_size)
+        return ctx.mul_mat(w(p + "ffn_down.weight"), ctx.swiglu_split(gate, upv))
