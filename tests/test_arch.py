@@ -30,7 +30,9 @@ def vocab_fields(smollm2_path):
 
 
 def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=None, head_dim=None, seed=0,
-          extra=None):
+          extra=None, wtype="f32"):
+    """A random-weight GGUF laid out as llama.cpp's converter writes `arch`; `wtype` (f32, f16, q8_0) is the
+    type of the matmul weights, as a quantized model has them (norms and the embedding stay F32)."""
     rng = np.random.default_rng(seed)
     hd = head_dim or N_EMBD // N_HEAD
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
@@ -52,8 +54,17 @@ def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=No
     for key, value, vtype, sub in fields:
         w.add_key_value(key, value, vtype, sub_type=sub)
 
+    def put(name, a):
+        if a.ndim == 2 and name != "token_embd.weight" and wtype == "f16":
+            w.add_tensor(name, a.astype(np.float16))
+        elif a.ndim == 2 and name != "token_embd.weight" and wtype == "q8_0":
+            q = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(name, gguf.quants.quantize(a, q), raw_dtype=q)
+        else:
+            w.add_tensor(name, a)
+
     def t(name, *shape, scale=0.08):  # numpy shape: rows first
-        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+        put(name, (rng.standard_normal(shape) * scale).astype(np.float32))
 
     t("token_embd.weight", n_vocab, N_EMBD, scale=1.0)
     w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(N_EMBD)).astype(np.float32))
@@ -71,7 +82,7 @@ def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=No
             qkv = np.concatenate([rng.standard_normal((N_HEAD * hd, N_EMBD)) * 0.3,
                                   rng.standard_normal((N_HEAD_KV * hd, N_EMBD)) * 0.3,
                                   rng.standard_normal((N_HEAD_KV * hd, N_EMBD)) * 0.08])
-            w.add_tensor(p + "attn_qkv.weight", qkv.astype(np.float32))
+            put(p + "attn_qkv.weight", qkv.astype(np.float32))
             t(p + "ffn_up.weight", 2 * N_FF, N_EMBD)
         else:
             t(p + "attn_q.weight", N_HEAD * hd, N_EMBD, scale=0.3)
@@ -102,6 +113,9 @@ VARIANTS = {
     "qwen3-qknorm-headdim32": dict(arch="qwen3", head_dim=32),
     "qwen3-qknorm-output": dict(arch="qwen3", tied=False),
     "phi3-fused": dict(arch="phi3", tied=False),
+    "qwen3-q8_0": dict(arch="qwen3", tied=False, wtype="q8_0"),
+    "phi3-f16": dict(arch="phi3", wtype="f16"),
+    "llama-q8_0": dict(arch="llama", tied=False, wtype="q8_0"),
 }
 
 
@@ -145,7 +159,8 @@ def test_unsupported_rope_scaling(tmp_path):
         Model(tmp_path / "yarn2.gguf")
 
 
-@pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias", "qwen3-qknorm-headdim32", "phi3-fused"])
+@pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias", "qwen3-qknorm-headdim32", "phi3-fused", "qwen3-q8_0",
+                                     "phi3-f16"])
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
     """F32 weights included: the streamed lm head's row chunks hold a multiple of 16 rows, so ggml-cpu's F32
     sgemm (multiple-of-4 row counts only) serves every chunk of a prompt as it serves the whole head."""
