@@ -1,9 +1,9 @@
 """Architecture features on small synthetic GGUFs, against llama.cpp.
 
-Random F32 weights with SmolLM2's vocabulary: well-conditioned models on which
-llama.cpp and superggml must agree to 0.05 in every logit, covering what the
-two real models do not: separate output weights, Llama 3.1 rope_freqs,
-linear RoPE scaling, head_dim != n_embd / n_head, flash attention.
+Random weights (F32, F16 or Q8_0 matmul weights) with SmolLM2's vocabulary, laid out as llama.cpp's
+converter writes each family: llama.cpp must load every file, and its logits must equal superggml's bit
+for bit. They cover what the real models do not: separate output weights, Llama 3.1 rope_freqs, linear
+RoPE scaling, head_dim != n_embd / n_head, flash attention, qwen3's Q/K norms, phi3's fused tensors.
 """
 
 from __future__ import annotations
