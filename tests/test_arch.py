@@ -179,3 +179,15 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
     assert st["kv_pages_loaded"] > 0
     assert np.array_equal(paged, ref)
     assert np.array_equal(streamed, ref)
+
+
+@pytest.mark.parametrize("variant", ["qwen3-q8_0", "phi3-fused"])
+def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
+    path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
+    prompts = ["Once upon a time", "def fibonacci(n):"]
+    ref = llama_ref.run({"kind": "generate", "model": path, "prompts": prompts, "max_tokens": 48})
+    with Model(path, ctx_size=256, n_threads=2) as m:
+        for i, prompt in enumerate(prompts):
+            out = m.create_completion(prompt, max_tokens=48, temperature=0.0, repeat_penalty=1.0)
+            assert out["choices"][0]["text"] == str(ref[f"text{i}"])
+            assert out["usage"]["completion_tokens"] == 48 and len(out["choices"][0]["text"]) > 48
