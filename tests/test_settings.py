@@ -47,6 +47,14 @@ def test_env_vars_give_the_flags_defaults_and_flags_win(monkeypatch):
     assert s.paging.device_budget == 64 << 20 and s.context.ctx_size == 12
 
 
+@pytest.mark.parametrize("name, value", [("CTX_SIZE", "lots"), ("DIRECT_IO", "sometimes"), ("KV_TYPE", "q4")])
+def test_a_bad_env_value_is_a_usage_error(monkeypatch, capsys, name, value):
+    monkeypatch.setenv("SUPERGGML_" + name, value)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "-p", "x"])
+    assert e.value.code == 2 and f"SUPERGGML_{name}={value!r}" in capsys.readouterr().err
+
+
 def test_a_new_option_needs_only_its_field(monkeypatch, capsys):
     """What adding `toy_option` to ContextSettings in settings.py gives, with no other edit."""
     toy = dataclasses.make_dataclass(

@@ -290,22 +290,22 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         md = f.metadata
         names = [cli_flag(f.name)] + [x for x in md["flags"] if x != cli_flag(f.name)]
         names.sort(key=lambda x: (x.startswith("--"), x))        # short flags first
-        raw = env.get(env_name(f.name))
-        default = md["parse"](raw) if raw is not None else f.default
+        parse = _one_of(md["choices"], md["parse"]) if md["choices"] else md["parse"]
+        raw = env.get(env_name(f.name), md["cli_default"])
+        try:
+            default = parse(raw) if raw is not None else f.default
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            parser.error(f"{env_name(f.name)}={raw!r}: {e}")
         shown = "" if f.default in (None, (), False) else f" (default {md['cli_default'] or f.default})"
         help = f"{md['help']}{shown} [{env_name(f.name)}]"
         kw: dict[str, Any] = dict(dest=f.name, default=default, help=help)
         if isinstance(f.default, bool):
             grp.add_argument(*names, action=argparse.BooleanOptionalAction, **kw)
             continue
-        parse = md["parse"]
         if md["choices"]:
             kw["metavar"] = "{" + ",".join(md["choices"]) + "}"
-            parse = _one_of(md["choices"], parse)
         else:
-            kw["metavar"] = md["metavar"] or {int: "N", float: "F"}.get(parse, "VALUE")
-        if raw is None and md["cli_default"] is not None:
-            kw["default"] = parse(md["cli_default"])
+            kw["metavar"] = md["metavar"] or {int: "N", float: "F"}.get(md["parse"], "VALUE")
         grp.add_argument(*names, type=parse, **kw)
 
 
