@@ -174,11 +174,10 @@ class Executor:
         if n_frames > 64 * hp.n_layer:
             raise ValueError(f"kv_device_layers must be in 1..{64 * hp.n_layer} (n_layer per sequence "
                              f"kept on the device), not {kvs.kv_device_layers}")
-        depth = s.paging.stream_slots - 1
         return PagedKV(_core.KVCache(self.k_cache, self.v_cache, page_size=kvs.kv_page_size, n_frames=n_frames,
                                      host_budget=kvs.host_budget, spill_dir=kvs.kv_spill_dir or "",
                                      v_trans=not s.context.flash_attn, backend=self.backend, n_workers=1,
-                                     n_stream=s.paging.stream_slots), hp.n_layer, depth)
+                                     n_stream=s.paging.stream_slots), hp.n_layer, s.paging.ahead)
 
     def load_groups(self) -> list[list[str]]:
         """The weights in the order a forward pass uses them: block 0 (with the global tensors every block
@@ -242,7 +241,7 @@ class Executor:
                              f"block {big} needs {slot} bytes")
         core = _core.LayerPager(store, layers, n_slots=n_slots, slot_size=slot, n_workers=N_IO_WORKERS,
                                 backend=self.backend, direct_io=self.direct_io, staged=p.staged_io)
-        pager = WeightPager(core, hp.n_layer, len(self.head_chunks), p.stream_slots - 1)
+        pager = WeightPager(core, hp.n_layer, len(self.head_chunks), p.ahead)
         if p.n_gpu_layers is not None:
             self.n_pinned = min(self.n_pinned, p.n_gpu_layers)
         for i in range(self.n_pinned):
@@ -282,8 +281,7 @@ class Executor:
                              "devices": [b.device_name for b in self.backends],
                              "blocks_per_device": [self.layer_backend.count(i) for i in range(len(self.backends))]}
         d.update(self.kv.stats())
-        if isinstance(self.pager, WeightPager):
-            d.update(self.pager.stats())
+        d.update(self.pager.stats())
         if self.scheduler is not None:
             d.update(self.scheduler.stats())
         return d
@@ -385,7 +383,7 @@ class Executor:
     def _one_graph(self) -> bool:
         """Everything resident on one device, loaded, untimed: nothing to do between blocks."""
         return (len(self.backends) == 1 and self.loader is None and not self.record_timings
-                and isinstance(self.pager, NullPager) and isinstance(self.kv, NullKV))
+                and not self.paged and not self.settings.kv.paged_kv)
 
     def _before_pass(self, n: int) -> None:
         if self.scheduler is not None:
@@ -479,7 +477,7 @@ class _Plan:
             return out
 
         n_last = min(n, max(n_out, 1))           # rows the last block keeps
-        paged = isinstance(ex.pager, WeightPager)
+        paged = ex.paged
         graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_embed(ctx, w, inp), act), "embed")
         for il in range(hp.n_layer):
             graph(lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(

@@ -46,6 +46,9 @@ class NullPager:
     def last_load(self, key: Key | None) -> tuple[float, float] | None:
         return None
 
+    def stats(self) -> dict[str, Any]:
+        return {}
+
 
 class WeightPager:
     """A _core.LayerPager over the pass's keys in order (blocks, then head chunks), prefetching `depth`

@@ -153,9 +153,14 @@ class PagingSettings:
         return self.dynamic_layers or self.device_budget is not None or self.n_gpu_layers is not None
 
     @property
+    def ahead(self) -> int:
+        """Layers loaded ahead of the one computing: prefetch_depth with async_prefetch, else none."""
+        return self.prefetch_depth if self.async_prefetch else 0
+
+    @property
     def stream_slots(self) -> int:
         """Slots (or KV frames) a streaming layer cycles through: the one computing, plus the prefetched ones."""
-        return self.prefetch_depth + 1 if self.async_prefetch else 1
+        return self.ahead + 1
 
 
 @dataclass(frozen=True)
