@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import llama_ref
-from superggml import Model, UnsupportedModelError
+from superggml import Model, UnsupportedModelError, _core
 
 N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYER = 64, 4, 2, 96, 2
 
@@ -30,71 +30,93 @@ def vocab_fields(smollm2_path):
 
 
 def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=None, head_dim=None, seed=0,
-          extra=None, wtype="f32"):
-    """A random-weight GGUF laid out as llama.cpp's converter writes `arch`; `wtype` (f32, f16, q8_0) is the
-    type of the matmul weights, as a quantized model has them (norms and the embedding stay F32)."""
+          extra=None, wtype="f32", n_embd=N_EMBD, n_ff=N_FF, n_layer=N_LAYER, keys=None, rope=None):
+    """A random-weight GGUF laid out as llama.cpp's converter writes `arch`; `wtype` (f32, f16, q8_0, q4_k) is
+    the type of the matmul weights, as a quantized model has them (norms and the embedding stay F32).
+
+    scaling: a linear RoPE factor; rope: ("yarn", factor, original context) or ("longrope", original
+    context) (LongRoPE's long and short factor tensors and attn_factor, as phi3's converter writes them);
+    keys: more "{arch}.<key>" values (sliding window, soft caps...) as (value, GGUFValueType)."""
     rng = np.random.default_rng(seed)
-    hd = head_dim or N_EMBD // N_HEAD
+    hd = head_dim or n_embd // N_HEAD
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(N_LAYER)
+    w.add_block_count(n_layer)
     w.add_context_length(512)
-    w.add_embedding_length(N_EMBD)
-    w.add_feed_forward_length(N_FF)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
     w.add_head_count(N_HEAD)
     w.add_head_count_kv(N_HEAD_KV)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    if head_dim:
+    if head_dim or arch.startswith("gemma"):
         w.add_key_length(hd)
         w.add_value_length(hd)
     if scaling:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(scaling)
+    if rope and rope[0] == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope[1])
+        w.add_rope_scaling_orig_ctx_len(rope[2])
+    if rope and rope[0] == "longrope":
+        w.add_rope_scaling_orig_ctx_len(rope[1])
+        w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(512 / rope[1]) / np.log(rope[1]))))
+    for key, (value, vtype) in (keys or {}).items():
+        w.add_key_value(f"{arch}.{key}", value, vtype)
     for key, value, vtype, sub in fields:
         w.add_key_value(key, value, vtype, sub_type=sub)
 
     def put(name, a):
+        quant = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_k": gguf.GGMLQuantizationType.Q4_K}.get(wtype)
         if a.ndim == 2 and name != "token_embd.weight" and wtype == "f16":
             w.add_tensor(name, a.astype(np.float16))
-        elif a.ndim == 2 and name != "token_embd.weight" and wtype == "q8_0":
-            q = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(name, gguf.quants.quantize(a, q), raw_dtype=q)
+        elif a.ndim == 2 and name != "token_embd.weight" and quant is not None:   # ggml's own quantizer
+            w.add_tensor(name, _core.quantize(getattr(_core.GGMLType, quant.name), a), raw_dtype=quant)
         else:
             w.add_tensor(name, a)
 
     def t(name, *shape, scale=0.08):  # numpy shape: rows first
         put(name, (rng.standard_normal(shape) * scale).astype(np.float32))
 
-    t("token_embd.weight", n_vocab, N_EMBD, scale=1.0)
-    w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(N_EMBD)).astype(np.float32))
+    def norm(name, n=n_embd, spread=0.1):
+        w.add_tensor(name, (1 + spread * rng.standard_normal(n)).astype(np.float32))
+
+    t("token_embd.weight", n_vocab, n_embd, scale=1.0 if not arch.startswith("gemma") else 0.125)
+    norm("output_norm.weight")
     if not tied:
-        t("output.weight", n_vocab, N_EMBD, scale=0.2)
+        t("output.weight", n_vocab, n_embd, scale=0.2)
     if rope_freqs:
         w.add_tensor("rope_freqs.weight", np.linspace(1, 8, hd // 2).astype(np.float32))
+    if rope and rope[0] == "longrope":
+        w.add_tensor("rope_factors_long.weight", np.linspace(1, 12, hd // 2).astype(np.float32))
+        w.add_tensor("rope_factors_short.weight", np.linspace(1, 1.5, hd // 2).astype(np.float32))
     for name, value in (extra or {}).items():
         w.add_tensor(name, value)
-    for il in range(N_LAYER):
+    for il in range(n_layer):
         p = f"blk.{il}."
         for n in ("attn_norm", "ffn_norm"):
-            w.add_tensor(p + n + ".weight", (1 + 0.1 * rng.standard_normal(N_EMBD)).astype(np.float32))
+            norm(p + n + ".weight")
         if arch == "phi3":       # fused, as llama.cpp's converter writes Phi-3: Q|K|V rows, gate|up rows
-            qkv = np.concatenate([rng.standard_normal((N_HEAD * hd, N_EMBD)) * 0.3,
-                                  rng.standard_normal((N_HEAD_KV * hd, N_EMBD)) * 0.3,
-                                  rng.standard_normal((N_HEAD_KV * hd, N_EMBD)) * 0.08])
+            qkv = np.concatenate([rng.standard_normal((N_HEAD * hd, n_embd)) * 0.3,
+                                  rng.standard_normal((N_HEAD_KV * hd, n_embd)) * 0.3,
+                                  rng.standard_normal((N_HEAD_KV * hd, n_embd)) * 0.08])
             put(p + "attn_qkv.weight", qkv.astype(np.float32))
-            t(p + "ffn_up.weight", 2 * N_FF, N_EMBD)
+            t(p + "ffn_up.weight", 2 * n_ff, n_embd)
         else:
-            t(p + "attn_q.weight", N_HEAD * hd, N_EMBD, scale=0.3)
-            t(p + "attn_k.weight", N_HEAD_KV * hd, N_EMBD, scale=0.3)
-            t(p + "attn_v.weight", N_HEAD_KV * hd, N_EMBD)
-            t(p + "ffn_gate.weight", N_FF, N_EMBD)
-            t(p + "ffn_up.weight", N_FF, N_EMBD)
-        t(p + "attn_output.weight", N_EMBD, N_HEAD * hd)
-        t(p + "ffn_down.weight", N_EMBD, N_FF)
-        if arch == "qwen3":
+            t(p + "attn_q.weight", N_HEAD * hd, n_embd, scale=0.3)
+            t(p + "attn_k.weight", N_HEAD_KV * hd, n_embd, scale=0.3)
+            t(p + "attn_v.weight", N_HEAD_KV * hd, n_embd)
+            t(p + "ffn_gate.weight", n_ff, n_embd)
+            t(p + "ffn_up.weight", n_ff, n_embd)
+        t(p + "attn_output.weight", n_embd, N_HEAD * hd)
+        t(p + "ffn_down.weight", n_embd, n_ff)
+        if arch in ("qwen3", "gemma3"):
             for n in ("attn_q_norm", "attn_k_norm"):
-                w.add_tensor(p + n + ".weight", (1 + 0.2 * rng.standard_normal(hd)).astype(np.float32))
+                norm(p + n + ".weight", hd, 0.2)
+        if arch.startswith("gemma"):
+            norm(p + "post_attention_norm.weight")
+            norm(p + "post_ffw_norm.weight")
         if arch == "qwen2":
             for n, rows in (("q", N_HEAD * hd), ("k", N_HEAD_KV * hd), ("v", N_HEAD_KV * hd)):
                 t(p + f"attn_{n}.bias", rows, scale=0.5)
@@ -105,6 +127,8 @@ def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=No
     return str(path)
 
 
+U32, F32V = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
+SWA16 = {"attention.sliding_window": (16, U32)}
 VARIANTS = {
     "llama-tied": dict(arch="llama"),
     "llama-output-ropefreqs-linear": dict(arch="llama", tied=False, rope_freqs=True, scaling=4.0),
@@ -116,6 +140,20 @@ VARIANTS = {
     "qwen3-q8_0": dict(arch="qwen3", tied=False, wtype="q8_0"),
     "phi3-f16": dict(arch="phi3", wtype="f16"),
     "llama-q8_0": dict(arch="llama", tied=False, wtype="q8_0"),
+    # a window of 16 tokens, shorter than the prompts; soft caps low enough to bite
+    "gemma2-swa16-softcaps": dict(arch="gemma2", keys={**SWA16, "attn_logit_softcapping": (5.0, F32V),
+                                                         "final_logit_softcapping": (8.0, F32V)}),
+    "gemma2-default-caps-f16": dict(arch="gemma2", wtype="f16"),
+    "gemma3-swa16-linear8": dict(arch="gemma3", n_layer=6, scaling=8.0, keys=SWA16),
+    "gemma3-q4_k-output-softcap": dict(arch="gemma3", tied=False, wtype="q4_k", n_embd=256, n_ff=256,
+                                       keys={**SWA16, "attention.sliding_window_pattern": (2, U32),
+                                             "final_logit_softcapping": (10.0, F32V),
+                                             "rope.freq_base_swa": (500.0, F32V)}),
+    "gemma3-global-only": dict(arch="gemma3"),
+    "qwen3-yarn4": dict(arch="qwen3", rope=("yarn", 4.0, 64)),
+    "llama-yarn2-q8_0": dict(arch="llama", wtype="q8_0", rope=("yarn", 2.0, 128)),
+    "phi3-longrope-long": dict(arch="phi3", rope=("longrope", 64)),
+    "phi3-longrope-short": dict(arch="phi3", rope=("longrope", 4096)),
 }
 
 
@@ -132,35 +170,28 @@ def test_synthetic_model_matches_llama_cpp(tmp_path, vocab_fields, variant, flas
     assert np.array_equal(ours, ref)     # the same ggml, the same graph: the same bits
 
 
-def test_phi3_longrope_factors_are_refused(tmp_path, vocab_fields):
-    hd = N_EMBD // N_HEAD
-    path = synth(tmp_path / "phi3-longrope.gguf", vocab_fields, arch="phi3",
-                 extra={"rope_factors_long.weight": np.ones(hd // 2, np.float32),
-                        "rope_factors_short.weight": np.ones(hd // 2, np.float32)})
-    with pytest.raises(UnsupportedModelError, match="rope_factors_long"):
-        Model(path)
-
-
 def test_unsupported_rope_scaling(tmp_path):
-    w = gguf.GGUFWriter(str(tmp_path / "yarn2.gguf"), "llama")
+    """A scaling type llama.cpp does not know (it asserts on one) is an error naming the key."""
+    w = gguf.GGUFWriter(str(tmp_path / "dynamic.gguf"), "llama")
     w.add_block_count(1)
     w.add_embedding_length(8)
     w.add_head_count(2)
     w.add_feed_forward_length(8)
     w.add_context_length(64)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_string("llama.rope.scaling.type", "dynamic")
     w.add_tensor("x", np.zeros(4, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(UnsupportedModelError, match="yarn"):
-        Model(tmp_path / "yarn2.gguf")
+    with pytest.raises(UnsupportedModelError, match="'dynamic' .'llama.rope.scaling.type'"):
+        Model(tmp_path / "dynamic.gguf")
 
 
 @pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias", "qwen3-qknorm-headdim32", "phi3-fused", "qwen3-q8_0",
-                                     "phi3-f16"])
+                                     "phi3-f16", "gemma2-swa16-softcaps", "gemma3-q4_k-output-softcap",
+                                     "gemma3-swa16-linear8", "qwen3-yarn4", "phi3-longrope-long"])
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
     """F32 weights included: the streamed lm head's row chunks hold a multiple of 16 rows, so ggml-cpu's F32
     sgemm (multiple-of-4 row counts only) serves every chunk of a prompt as it serves the whole head."""
@@ -181,7 +212,8 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
     assert np.array_equal(streamed, ref)
 
 
-@pytest.mark.parametrize("variant", ["qwen3-q8_0", "phi3-fused"])
+@pytest.mark.parametrize("variant", ["qwen3-q8_0", "phi3-fused", "gemma2-swa16-softcaps", "gemma3-swa16-linear8",
+                                     "gemma3-q4_k-output-softcap", "llama-yarn2-q8_0", "phi3-longrope-long"])
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
     prompts = ["Once upon a time", "def fibonacci(n):"]
@@ -191,3 +223,26 @@ def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, va
             out = m.create_completion(prompt, max_tokens=48, temperature=0.0, repeat_penalty=1.0)
             assert out["choices"][0]["text"] == str(ref[f"text{i}"])
             assert out["usage"]["completion_tokens"] == 48 and len(out["choices"][0]["text"]) > 48
+
+
+def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
+    path = synth(tmp_path / "gemma3-vision.gguf", vocab_fields, arch="gemma3",
+                 extra={"v.patch_embd.weight": np.zeros((4, 4), np.float32)})
+    with pytest.raises(UnsupportedModelError, match="vision tower .'v.patch_embd.weight'"):
+        Model(path)
+
+
+@pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias", "qwen3-q8_0", "phi3-longrope-long",
+                                     "gemma2-swa16-softcaps", "gemma3-q4_k-output-softcap"])
+def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
+    import json
+
+    from superggml import cli
+
+    path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
+    assert cli.main(["analyze", "-m", path, "--json", "--no-measure", "--device-budget", "1MiB"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    arch = VARIANTS[variant]["arch"]
+    lay = d["layout"]
+    assert lay["arch"] == arch and lay["n_layer"] == VARIANTS[variant].get("n_layer", N_LAYER)
+    assert all(b > 0 for b in lay["block_bytes"]) and d["plans"][0]["n_slots"] >= 1

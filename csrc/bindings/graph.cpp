@@ -177,6 +177,20 @@ void init_graph(py::module_ & m) {
     m.def("blck_size", [](ggml_type t) { return ggml_blck_size(t); });
     m.def("row_size", [](ggml_type t, int64_t ne) { return ggml_row_size(t, ne); });
     m.def("graph_overhead", [](size_t n) { return ggml_graph_overhead_custom(n, false); });
+    m.def("quantize", [](ggml_type t, py::array_t<float, py::array::c_style | py::array::forcecast> rows) {
+        if (rows.ndim() != 2) throw Error("quantize: need a 2-d F32 array [rows, row_length]");
+        const int64_t nrows = rows.shape(0), n = rows.shape(1);
+        if (ggml_get_type_traits(t)->is_quantized == false && t != GGML_TYPE_F16 && t != GGML_TYPE_BF16)
+            throw Error(std::string("quantize: ") + ggml_type_name(t) + " is not a quantized type");
+        if (n % ggml_blck_size(t)) throw Error("quantize: row length is not a multiple of the block size");
+        py::array_t<uint8_t> out({(py::ssize_t) nrows, (py::ssize_t) ggml_row_size(t, n)});
+        {
+            py::gil_scoped_release nogil;
+            ggml_quantize_chunk(t, rows.data(), out.mutable_data(), 0, nrows, n, nullptr);
+        }
+        return out;
+    }, py::arg("type"), py::arg("rows"),
+       "F32 rows [n_rows, n] -> their bytes in `type` (uint8 [n_rows, row_size]), as ggml quantizes them.");
 
 }
 

@@ -51,11 +51,17 @@ void init_ops(py::module_ & m) {
     ctx.def("scale", [](const ctx_ptr & c, const T & a, float s) { c->check_room(); return wrap(c, ggml_scale(c->ctx(), a.t, s)); });
     ctx.def("rms_norm", [](const ctx_ptr & c, const T & a, float eps) { c->check_room(); return wrap(c, ggml_rms_norm(c->ctx(), a.t, eps)); });
     ctx.def("silu", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_silu(c->ctx(), a.t)); });
+    ctx.def("tanh", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_tanh(c->ctx(), a.t)); });
     ctx.def("swiglu_split", [](const ctx_ptr & c, const T & gate, const T & up) {
         need(ggml_are_same_shape(gate.t, up.t), "swiglu_split", "gate and up differ in shape");
         c->check_room();
         return wrap(c, ggml_swiglu_split(c->ctx(), gate.t, up.t));
     }, "silu(gate) * up");
+    ctx.def("geglu_split", [](const ctx_ptr & c, const T & gate, const T & up) {
+        need(ggml_are_same_shape(gate.t, up.t), "geglu_split", "gate and up differ in shape");
+        c->check_room();
+        return wrap(c, ggml_geglu_split(c->ctx(), gate.t, up.t));
+    }, "gelu(gate) * up (ggml's tanh approximation)");
     ctx.def("cont", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_cont(c->ctx(), a.t)); });
     ctx.def("cast", [](const ctx_ptr & c, const T & a, ggml_type t) { c->check_room(); return wrap(c, ggml_cast(c->ctx(), a.t, t)); });
     ctx.def("transpose", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_transpose(c->ctx(), a.t)); });

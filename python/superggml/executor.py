@@ -98,6 +98,7 @@ class Executor:
         self.arch = arch
         self.hp = arch.hp
         self.settings = settings
+        arch.set_context(settings.context.ctx_size)
         self.direct_io = direct_io
         ctx, dev = settings.context, settings.devices
         names = list(dev.devices) or [DEFAULT_DEVICE]
@@ -334,8 +335,13 @@ class Executor:
         n_kv = min(c.ctx_size, -(-(p0 + n) // KV_PAD) * KV_PAD)
         plan = self._plan(n, n_kv, len(out_rows))
         pos = np.arange(p0, p0 + n, dtype=np.int32)
-        mask = np.where(np.arange(n_kv)[None, :] <= pos[:, None], 0.0, -np.inf)
-        mask = mask.astype(np.float16 if c.flash_attn else np.float32)
+        kv_pos = np.arange(n_kv)[None, :]
+        mtype = np.float16 if c.flash_attn else np.float32
+        mask = np.where(kv_pos <= pos[:, None], 0.0, -np.inf).astype(mtype)
+        # sliding-window layers: keys more than n_swa - 1 positions back are masked too (llama.cpp's is_masked_swa)
+        swa = self.arch.n_swa
+        mask_swa = (np.where((kv_pos <= pos[:, None]) & (pos[:, None] - kv_pos < swa), 0.0, -np.inf).astype(mtype)
+                    if swa else None)
         if c.flash_attn:
             v_idxs = pos.astype(np.int64)
         else:
@@ -345,6 +351,8 @@ class Executor:
             _core.tensor_set(inp.tokens, np.asarray(tokens, dtype=np.int32))
             _core.tensor_set(inp.positions, pos)
             _core.tensor_set(inp.mask, mask)
+            if mask_swa is not None:
+                _core.tensor_set(inp.mask_swa, mask_swa)
             _core.tensor_set(inp.k_idxs, pos.astype(np.int64))
             _core.tensor_set(inp.v_idxs, v_idxs)
             _core.tensor_set(inp.out_ids, np.asarray(out_rows or [0], dtype=np.int32))
@@ -454,6 +462,7 @@ class _Plan:
                 "tokens": ictx.new_tensor(I32, [n]),
                 "positions": ictx.new_tensor(I32, [n]),
                 "mask": ictx.new_tensor(F16 if p.flash_attn else F32, [n_kv, n]),
+                **({"mask_swa": ictx.new_tensor(F16 if p.flash_attn else F32, [n_kv, n])} if arch.n_swa else {}),
                 "k_idxs": ictx.new_tensor(I64, [n]),
                 "v_idxs": ictx.new_tensor(I64, [n] if p.flash_attn else [n * hp.n_embd_gqa]),
                 "out_ids": ictx.new_tensor(I32, [max(n_out, 1)]),
@@ -538,5 +547,8 @@ class _Plan:
 
             graph(chunk, "head", rows_in=n_out, rows_out=n_out, key=HeadChunk(c))
             row0 += rows
+        if ex.arch.final_softcap:        # what follows the head's matmul, over all of its rows
+            graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(ex.arch.build_logits(ctx, lb), lb), "head",
+                  rows_in=n_out, rows_out=n_out)
         self.logits = lb
 

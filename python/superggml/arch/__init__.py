@@ -12,6 +12,8 @@ from ..errors import UnsupportedModelError
 from .common import Architecture, HParams
 from .llama import LlamaArch
 from .qwen2 import Qwen2Arch
+from .gemma2 import Gemma2Arch
+from .gemma3 import Gemma3Arch
 from .phi3 import Phi3Arch
 from .qwen3 import Qwen3Arch
 
@@ -20,6 +22,8 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen2": Qwen2Arch,
     "qwen3": Qwen3Arch,
     "phi3": Phi3Arch,
+    "gemma2": Gemma2Arch,
+    "gemma3": Gemma3Arch,
 }
 
 
@@ -30,7 +34,7 @@ def get_architecture(meta: Mapping[str, Any]) -> Architecture:
     if cls is None:
         raise UnsupportedModelError(
             f"unsupported model architecture {name!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
-    return cls(HParams.from_metadata(meta, name))
+    return cls(HParams.from_metadata(meta, name), meta)
 
 
 __all__ = ["ARCHITECTURES", "Architecture", "HParams", "get_architecture"]

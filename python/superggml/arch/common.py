@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import math
+import ctypes
+import ctypes.util
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
+
+import numpy as np
 
 from .. import _core
 from ..errors import GGUFError, UnsupportedModelError
@@ -13,6 +16,24 @@ F32 = _core.GGMLType.F32
 F16 = _core.GGMLType.F16
 ROPE_NORM = 0
 ROPE_NEOX = 2
+
+
+ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0     # llama.cpp's defaults; it reads no GGUF keys for them here
+
+_libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+_libm.logf.restype, _libm.logf.argtypes = ctypes.c_float, [ctypes.c_float]
+
+
+def f32(x: float) -> np.float32:
+    """x as a C float: hyperparameters derived in float arithmetic, as llama.cpp derives them, so graphs get
+    the same bits."""
+    return np.float32(x)
+
+
+def inv_sqrt(x: float) -> float:
+    """1.0f / sqrtf(x)"""
+    return float(f32(1.0) / np.sqrt(f32(x)))
 
 
 @dataclass(frozen=True)
@@ -28,8 +49,12 @@ class HParams:
     n_ctx_train: int
     rms_eps: float
     rope_base: float
-    rope_scale: float
+    rope_scale: float           # freq_scale: 1 / rope.scaling.factor
     n_rot: int
+    rope_scaling: str = "linear"          # none, linear, yarn, longrope (llama.cpp's default when the key is absent)
+    n_ctx_orig: int = 0                   # rope.scaling.original_context_length, else n_ctx_train
+    rope_ext_factor: float = 0.0          # YaRN: 1
+    rope_attn_factor: float = 1.0         # YaRN's magnitude correction times rope.scaling.attn_factor
 
     @property
     def n_embd_gqa(self) -> int:
@@ -49,12 +74,8 @@ class HParams:
             n_head_kv = int(get("attention.head_count_kv", n_head))
             head_dim = int(get("attention.key_length", n_embd // max(n_head, 1)))
             n_vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
-            scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-            if scaling not in ("none", "linear"):
-                raise UnsupportedModelError(f"RoPE scaling type {scaling!r} is not supported (none, linear)")
-            # as llama.cpp: rope.scaling.factor, else the older rope.scale_linear
-            scale_linear = float(meta.get(f"{arch}.rope.scaling.factor")
-                                 or meta.get(f"{arch}.rope.scale_linear") or 1.0)
+            n_ctx_train = int(get("context_length"))
+            rope = _rope_scaling(meta, arch, n_ctx_train)
             hp = cls(
                 arch=arch,
                 n_layer=int(get("block_count")),
@@ -64,11 +85,11 @@ class HParams:
                 head_dim=head_dim,
                 n_ff=int(get("feed_forward_length")),
                 n_vocab=int(n_vocab),
-                n_ctx_train=int(get("context_length")),
+                n_ctx_train=n_ctx_train,
                 rms_eps=float(get("attention.layer_norm_rms_epsilon")),
                 rope_base=float(get("rope.freq_base", 10000.0)),
-                rope_scale=1.0 / scale_linear,
                 n_rot=int(get("rope.dimension_count", head_dim)),
+                **rope,
             )
         except (TypeError, ValueError) as e:
             if isinstance(e, GGUFError):
@@ -79,6 +100,31 @@ class HParams:
         if hp.n_head % hp.n_head_kv or hp.n_rot > hp.head_dim or hp.n_rot % 2:
             raise GGUFError(f"GGUF hyperparameters are inconsistent: {hp}")
         return hp
+
+
+def _rope_scaling(meta: Mapping[str, Any], arch: str, n_ctx_train: int) -> dict[str, Any]:
+    """RoPE scaling as llama.cpp's context derives it (llama_context's constructor): freq_scale, YaRN's
+    ext_factor and attn_factor, the original context."""
+    kind = meta.get(f"{arch}.rope.scaling.type", "linear")
+    if kind not in ROPE_SCALINGS:
+        raise UnsupportedModelError(f"RoPE scaling type {kind!r} ('{arch}.rope.scaling.type') is not supported "
+                                    f"({', '.join(ROPE_SCALINGS)})")
+    # rope.scaling.factor, else the older rope.scale_linear
+    factor = f32(meta.get(f"{arch}.rope.scaling.factor") or meta.get(f"{arch}.rope.scale_linear") or 0.0)
+    if factor < 0:
+        raise GGUFError(f"'{arch}.rope.scaling.factor' is negative: {factor}")
+    scale = f32(1.0) if factor == 0 or kind == "none" else f32(1.0) / factor
+    ext = f32(1.0 if kind == "yarn" else 0.0)
+    attn = f32(1.0)
+    if ext != 0:
+        fac = f32(1.0) / scale
+        log = f32(_libm.logf(fac))
+        attn = f32(1.0) if fac <= 1 else f32(0.1) * f32(1.0) * log + f32(1.0)
+        attn *= f32(1.0) / (f32(1.0) + f32(0.1) * log)   # cancels the factor ggml-cpu's rope applies
+    attn *= f32(meta.get(f"{arch}.rope.scaling.attn_factor", 1.0))
+    n_orig = int(meta.get(f"{arch}.rope.scaling.original_context_length") or n_ctx_train)
+    return dict(rope_scaling=kind, rope_scale=float(scale), rope_ext_factor=float(ext),
+                rope_attn_factor=float(attn), n_ctx_orig=n_orig)
 
 
 class Weights(Protocol):
@@ -92,11 +138,12 @@ class Weights(Protocol):
 class StepInputs:
     """Tensors shared by every layer graph of one micro-batch (all already filled).
 
-    tokens  I32 [n_tokens]              positions I32 [n_tokens]
-    mask    F32 [n_kv, n_tokens]        causal mask, 0 or -inf (F16 with flash_attn)
-    k_idxs  I64 [n_tokens]              KV rows written this step
-    v_idxs  I64 [n_tokens*n_embd_gqa]   (transposed V) or [n_tokens]
-    out_ids I32 [n_outputs]             rows whose logits are wanted
+    tokens   I32 [n_tokens]              positions I32 [n_tokens]
+    mask     F32 [n_kv, n_tokens]        causal mask, 0 or -inf (F16 with flash_attn)
+    mask_swa same as mask                the causal mask of sliding-window layers (None without them)
+    k_idxs   I64 [n_tokens]              KV rows written this step
+    v_idxs   I64 [n_tokens*n_embd_gqa]   (transposed V) or [n_tokens]
+    out_ids  I32 [n_outputs]             rows whose logits are wanted
     """
 
     n_tokens: int
@@ -109,17 +156,57 @@ class StepInputs:
     v_idxs: Any
     out_ids: Any
     flash_attn: bool
+    mask_swa: Any = None
 
 
 class Architecture:
-    """One model family: names its tensors and builds the block graph."""
+    """One model family: names its tensors and builds the block graph.
+
+    The block is llama's (pre-norm attention and a gated FFN, each added to the residual); families change
+    it through the class attributes and hooks below, the way llama.cpp's src/models/*.cpp differ."""
 
     rope_mode = ROPE_NORM
     has_qkv_bias = False
-    prescale_q = False       # multiply Q by 1/sqrt(head_dim) before attention instead of scaling KQ
+    rope_factors = True      # reads rope_freqs / rope_factors_long|short (llama and phi3 do; qwen, gemma do not)
+    post_norms = False       # RMS norms of the attention and FFN outputs before they join the residual (gemma)
+    ffn_glu = "swiglu"       # swiglu or geglu
 
-    def __init__(self, hp: HParams):
+    def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None):
         self.hp = hp
+        self.q_scale: float | None = None   # Q scaled by this before attention (then KQ is not scaled)
+        self.attn_softcap = 0.0             # KQ -> c * tanh(KQ / c) before the softmax
+        self.final_softcap = 0.0            # the same on the logits
+        self.n_swa = 0                      # sliding window (tokens) of the layers is_swa marks
+        self.swa_layers: tuple[bool, ...] = (False,) * hp.n_layer
+        self.rope_base_swa, self.rope_scale_swa = hp.rope_base, hp.rope_scale
+        self.n_ctx_seq = hp.n_ctx_train     # the context the model runs with (set_context)
+        self.load_hparams(meta or {})
+
+    def load_hparams(self, meta: Mapping[str, Any]) -> None:
+        """Family keys beyond HParams (llama.cpp's load_arch_hparams)."""
+
+    def key(self, meta: Mapping[str, Any], name: str, default: Any) -> Any:
+        return meta.get(f"{self.hp.arch}.{name}", default)
+
+    def set_swa_pattern(self, meta: Mapping[str, Any], n_pattern: int) -> None:
+        """As llama.cpp's load_swa_pattern: attention.sliding_window_pattern is a per-layer array, or a period
+        whose last layer is global (the others slide); n_pattern when absent."""
+        v = self.key(meta, "attention.sliding_window_pattern", n_pattern)
+        n = self.hp.n_layer
+        if isinstance(v, (list, tuple)):
+            if len(v) != n:
+                raise GGUFError(f"attention.sliding_window_pattern has {len(v)} entries for {n} layers")
+            self.swa_layers = tuple(bool(x) for x in v)
+        else:
+            k = int(v)
+            self.swa_layers = tuple(k == 0 or il % k < k - 1 for il in range(n))
+
+    def is_swa(self, il: int) -> bool:
+        return self.n_swa > 0 and self.swa_layers[il]
+
+    def set_context(self, n_ctx: int) -> None:
+        """The context size the model runs with, padded as llama.cpp pads it (it picks LongRoPE's factors)."""
+        self.n_ctx_seq = -(-n_ctx // 256) * 256
 
     # -- tensors ---------------------------------------------------------
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
@@ -140,6 +227,9 @@ class Architecture:
             shapes[p + "attn_q.bias"] = (hp.n_head * hp.head_dim,)
             shapes[p + "attn_k.bias"] = (hp.n_embd_gqa,)
             shapes[p + "attn_v.bias"] = (hp.n_embd_gqa,)
+        if self.post_norms:
+            shapes[p + "post_attention_norm.weight"] = (hp.n_embd,)
+            shapes[p + "post_ffw_norm.weight"] = (hp.n_embd,)
         return shapes
 
     def block_tensors(self, il: int) -> list[str]:
@@ -149,7 +239,7 @@ class Architecture:
         """Weights used only as the left side of mul_mat (candidates for re-laid kernels)."""
         names = [n for il in range(self.hp.n_layer)
                  for n, shape in self.block_tensor_shapes(il).items() if len(shape) == 2]
-        if has("output.weight"):
+        if has("output.weight") and self.output_tensor(has) == "output.weight":
             names.append("output.weight")
         return names
 
@@ -163,8 +253,10 @@ class Architecture:
             "output_norm.weight": (hp.n_embd,),
             self.output_tensor(has): (hp.n_embd, hp.n_vocab),
         }
-        if has("rope_freqs.weight"):
-            shapes["rope_freqs.weight"] = (hp.n_rot // 2,)
+        if self.rope_factors:
+            for name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
+                if has(name):
+                    shapes[name] = (hp.n_rot // 2,)
         return shapes
 
     def validate(self, table: Mapping[str, tuple[int, ...]]) -> None:
@@ -190,12 +282,38 @@ class Architecture:
 
     def build_output(self, ctx: Any, w: Weights, inp: StepInputs, x: Any) -> Any:
         """x F32 [n_embd, n_outputs] (the last block kept only those rows) -> logits F32 [n_vocab, n_outputs]"""
-        return ctx.mul_mat(w(self.output_tensor(w.has)), self.build_output_norm(ctx, w, x))
+        return self.build_logits(ctx, ctx.mul_mat(w(self.output_tensor(w.has)), self.build_output_norm(ctx, w, x)))
+
+    def build_logits(self, ctx: Any, logits: Any) -> Any:
+        """What follows the lm head's matmul: the final soft cap where the family has one."""
+        c = self.final_softcap
+        if not c:
+            return logits
+        return ctx.scale(ctx.tanh(ctx.scale(logits, float(f32(1.0) / f32(c)))), c)
 
     def build_qk_norm(self, ctx: Any, w: Weights, p: str, q: Any, k: Any) -> tuple[Any, Any]:
         """Before RoPE: q F32 [head_dim, n_head, n_tokens], k F32 [head_dim, n_head_kv, n_tokens]. Most
         families leave them as they are."""
         return q, k
+
+    def rope_factors_of(self, w: Weights) -> Any:
+        """llama.cpp's get_rope_factors: Llama 3.1's rope_freqs, else LongRoPE's long factors when the context
+        exceeds the original one, its short ones otherwise; None without them."""
+        if not self.rope_factors:
+            return None
+        names = ("rope_freqs.weight",
+                 "rope_factors_long.weight" if self.n_ctx_seq > self.hp.n_ctx_orig else "rope_factors_short.weight")
+        return next((w(n) for n in names if w.has(n)), None)
+
+    def rope(self, ctx: Any, w: Weights, inp: StepInputs, il: int, x: Any) -> Any:
+        """RoPE of x F32 [head_dim, heads, n_tokens] at the step's positions, with layer il's base and scale."""
+        hp = self.hp
+        base, scale = (self.rope_base_swa, self.rope_scale_swa) if self.is_swa(il) else (hp.rope_base, hp.rope_scale)
+        return ctx.rope_ext(x, inp.positions, self.rope_factors_of(w), hp.n_rot, self.rope_mode, hp.n_ctx_orig,
+                            base, scale, hp.rope_ext_factor, hp.rope_attn_factor, YARN_BETA_FAST, YARN_BETA_SLOW)
+
+    def norm(self, ctx: Any, w: Weights, x: Any, name: str) -> Any:
+        return ctx.mul(ctx.rms_norm(x, self.hp.rms_eps), w(name))
 
     def build_block(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int,
                     x: Any, k_cache: Any, v_cache: Any) -> Any:
@@ -204,25 +322,26 @@ class Architecture:
         hp = self.hp
         p = f"blk.{il}."
         n = inp.n_tokens
-        cur = ctx.mul(ctx.rms_norm(x, hp.rms_eps), w(p + "attn_norm.weight"))
+        cur = self.norm(ctx, w, x, p + "attn_norm.weight")
         q, k, v = self.build_qkv(ctx, w, p, cur, n)
         q, k = self.build_qk_norm(ctx, w, p, q, k)
-        ff = w("rope_freqs.weight") if w.has("rope_freqs.weight") else None   # Llama 3.1 long-context factors
-        q = ctx.rope_ext(q, inp.positions, ff, hp.n_rot, self.rope_mode, hp.n_ctx_train,
-                         hp.rope_base, hp.rope_scale)
-        k = ctx.rope_ext(k, inp.positions, ff, hp.n_rot, self.rope_mode, hp.n_ctx_train,
-                         hp.rope_base, hp.rope_scale)
-        kq_scale = 1.0 / math.sqrt(hp.head_dim)
-        if self.prescale_q:                      # Q scaled before attention, as some families' graphs do
-            q, kq_scale = ctx.scale(q, kq_scale), 1.0
-        cur = build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, kq_scale)
+        q, k = self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, k)
+        kq_scale = inv_sqrt(hp.head_dim)
+        if self.q_scale is not None:             # Q scaled before attention, as some families' graphs do
+            q, kq_scale = ctx.scale(q, self.q_scale), 1.0
+        mask = inp.mask_swa if self.is_swa(il) else inp.mask
+        cur = build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, kq_scale, mask, self.attn_softcap)
         if il == hp.n_layer - 1 and inp.n_outputs < n:
             cur = ctx.get_rows(cur, inp.out_ids)
             x = ctx.get_rows(x, inp.out_ids)
         cur = ctx.mul_mat(w(p + "attn_output.weight"), cur)
+        if self.post_norms:
+            cur = self.norm(ctx, w, cur, p + "post_attention_norm.weight")
         ffn_inp = ctx.add(cur, x)
-        cur = ctx.mul(ctx.rms_norm(ffn_inp, hp.rms_eps), w(p + "ffn_norm.weight"))
-        return ctx.add(self.build_ffn(ctx, w, p, cur), ffn_inp)
+        cur = self.build_ffn(ctx, w, p, self.norm(ctx, w, ffn_inp, p + "ffn_norm.weight"))
+        if self.post_norms:
+            cur = self.norm(ctx, w, cur, p + "post_ffw_norm.weight")
+        return ctx.add(cur, ffn_inp)
 
     def build_qkv(self, ctx: Any, w: Weights, p: str, cur: Any, n: int) -> tuple[Any, Any, Any]:
         """cur F32 [n_embd, n] -> q F32 [head_dim, n_head, n], k F32 [head_dim, n_head_kv, n], v F32
@@ -238,15 +357,19 @@ class Architecture:
         return ctx.reshape(q, [hp.head_dim, hp.n_head, n]), ctx.reshape(k, [hp.head_dim, hp.n_head_kv, n]), v
 
     def build_ffn(self, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
-        """The normed input F32 [n_embd, n] -> F32 [n_embd, n]: SwiGLU with separate gate and up."""
+        """The normed input F32 [n_embd, n] -> F32 [n_embd, n]: a gated FFN with separate gate and up."""
         gate = ctx.mul_mat(w(p + "ffn_gate.weight"), cur)
         up = ctx.mul_mat(w(p + "ffn_up.weight"), cur)
-        return ctx.mul_mat(w(p + "ffn_down.weight"), ctx.swiglu_split(gate, up))
+        return ctx.mul_mat(w(p + "ffn_down.weight"), self.glu(ctx, gate, up))
+
+    def glu(self, ctx: Any, gate: Any, up: Any) -> Any:
+        return ctx.geglu_split(gate, up) if self.ffn_glu == "geglu" else ctx.swiglu_split(gate, up)
 
 
 def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: Any,
-               k_cache: Any, v_cache: Any, scale: float) -> Any:
-    """Writes k/v into the cache rows of this step and attends over the first n_kv rows.
+               k_cache: Any, v_cache: Any, scale: float, mask: Any, softcap: float = 0.0) -> Any:
+    """Writes k/v into the cache rows of this step and attends over the first n_kv rows, as `mask` lets
+    (F32 [n_kv, n_tokens], F16 with flash attention); softcap: KQ -> softcap * tanh(KQ / softcap).
 
     q F32 [head_dim, n_head, n_tokens], k F32 [head_dim, n_head_kv, n_tokens],
     v F32 [n_embd_gqa, n_tokens] (rows may be strided); k_cache F16 [n_embd_gqa, n_ctx];
@@ -273,13 +396,15 @@ def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, 
         vp = ctx.permute(vv, 0, 2, 1, 3)                                   # [d, n_kv, n_head_kv]
         if k_cache.type == F32:   # flash attention reads F16 K/V: an F32 cache is cast, as llama.cpp does
             kp, vp = ctx.cast(kp, F16), ctx.cast(vp, F16)
-        cur = ctx.flash_attn_ext(qp, kp, vp, inp.mask, scale)             # [d, n_head, n]
+        cur = ctx.flash_attn_ext(qp, kp, vp, mask, scale, softcap=softcap)  # [d, n_head, n]
         return ctx.reshape(cur, [d * hp.n_head, n])
     vt = ctx.view(v_cache, [n_kv, hp.n_head_kv, d], [n_ctx * d * es, n_ctx * es], 0)  # [n_kv, n_head_kv, d]
     vp = ctx.permute(vt, 0, 2, 1, 3)                                       # [n_kv, d, n_head_kv]
     kq = ctx.mul_mat(kp, qp)                                               # [n_kv, n, n_head]
     ctx.mul_mat_set_prec_f32(kq)
-    kq = ctx.soft_max_ext(kq, inp.mask, scale)
+    if softcap:
+        kq = ctx.scale(ctx.tanh(ctx.scale(kq, float(f32(1.0) / f32(softcap)))), softcap)
+    kq = ctx.soft_max_ext(kq, mask, scale)
     kqv = ctx.mul_mat(vp, kq)                                              # [d, n, n_head]
     cur = ctx.cont(ctx.permute(kqv, 0, 2, 1, 3))                           # [d, n_head, n]
     return ctx.reshape(cur, [d * hp.n_head, n])

@@ -1,18 +1,21 @@
 """phi3 family (llama.cpp's src/models/phi3.cpp): fused Q/K/V in attn_qkv, fused gate and up in ffn_up
-(SwiGLU over its two halves), NeoX RoPE, Q scaled by 1/sqrt(head_dim) before attention. llama.cpp disables
-Phi's sliding window, and so does this. The long/short RoPE factors of 128k-context models are refused."""
+(SwiGLU over its two halves), NeoX RoPE, Q scaled by 1/sqrt(head_dim) before attention. The 128k-context
+models' LongRoPE factors (rope_factors_long/short) apply as llama.cpp applies them: the long ones when the
+context exceeds rope.scaling.original_context_length. llama.cpp disables Phi's sliding window (its GGUFs
+do not say which layers slide), and so does this."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UnsupportedModelError
-from .common import ROPE_NEOX, Architecture, Weights
+from .common import ROPE_NEOX, Architecture, Weights, inv_sqrt
 
 
 class Phi3Arch(Architecture):
     rope_mode = ROPE_NEOX
-    prescale_q = True
+
+    def load_hparams(self, meta: Any) -> None:
+        self.q_scale = inv_sqrt(self.hp.head_dim)
 
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
         hp = self.hp
@@ -26,12 +29,6 @@ class Phi3Arch(Architecture):
             p + "ffn_up.weight": (hp.n_embd, 2 * hp.n_ff),
             p + "ffn_down.weight": (hp.n_ff, hp.n_embd),
         }
-
-    def validate(self, table: Any) -> None:
-        for name in table:
-            if name.startswith(("rope_factors_long", "rope_factors_short")) or ".rope_factors_" in name:
-                raise UnsupportedModelError(f"phi3 LongRoPE factors ('{name}') are not supported yet")
-        super().validate(table)
 
     def build_qkv(self, ctx: Any, w: Weights, p: str, cur: Any, n: int) -> tuple[Any, Any, Any]:
         hp = self.hp

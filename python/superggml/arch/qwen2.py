@@ -7,4 +7,5 @@ from .common import ROPE_NEOX, Architecture
 
 class Qwen2Arch(Architecture):
     rope_mode = ROPE_NEOX
+    rope_factors = False
     has_qkv_bias = True

@@ -10,6 +10,7 @@ from .common import ROPE_NEOX, Architecture, Weights
 
 class Qwen3Arch(Architecture):
     rope_mode = ROPE_NEOX
+    rope_factors = False
 
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
         shapes = super().block_tensor_shapes(il)
