@@ -386,6 +386,24 @@ void kv_cache::seq_truncate(int seq, int64_t n) {
     }
 }
 
+void kv_cache::seq_forget(int seq, int layer, int64_t n_first) {
+    if (layer < 0 || layer >= p_.n_layer) throw Error("kv layer out of range");
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end() || n_first <= 0) return;
+    auto & pages = it->second[layer];
+    const int64_t n = std::min<int64_t>(n_first / p_.page_size, (int64_t) pages.size());
+    const int fi = find_frame(seq, layer);
+    if (fi >= 0) settle(frames_[fi]);   // a pending fill may read these pages' host bytes
+    for (int64_t i = 0; i < n; ++i) {
+        page & pg = pages[i];
+        if (pg.forgotten) continue;
+        free_page(pg);
+        pg.forgotten = true;
+        st_.pages_forgotten++;
+        if (fi >= 0 && i < (int64_t) frames_[fi].dirty.size()) frames_[fi].dirty[i] = 0;
+    }
+}
+
 int64_t kv_cache::layer_tokens(int seq, int layer) const {
     auto it = layer_tokens_.find(seq);
     if (it == layer_tokens_.end() || (int) it->second.size() <= layer) return 0;
@@ -408,13 +426,15 @@ kv_stats kv_cache::stats() const {
         for (int l = 0; l < (int) layers.size(); ++l) {
             const auto & pages = layers[l];
             int fi = find_frame(seq, l);
+            int64_t forgotten = 0;
             for (int64_t i = 0; i < (int64_t) pages.size(); ++i) {
+                if (pages[i].forgotten) { forgotten++; continue; }
                 if (pages[i].host) s.pages_host++;
                 if (pages[i].disk >= 0) s.pages_disk++;
                 if (fi >= 0) s.pages_device++;
+                s.token_slots += (uint64_t) p_.page_size;
             }
-            s.token_slots += pages.size() * (uint64_t) p_.page_size;
-            s.tokens += (uint64_t) layer_tokens(seq, l);
+            s.tokens += (uint64_t) std::max<int64_t>(0, layer_tokens(seq, l) - forgotten * p_.page_size);
         }
     }
     return s;

@@ -74,7 +74,8 @@ struct kv_stats {
     uint64_t pages_evicted = 0;      // host pages moved to disk
     uint64_t pages_spilled = 0;      // pages written to the spill file
     uint64_t frame_hits = 0, frame_misses = 0;
-    uint64_t tokens = 0, token_slots = 0;   // cached tokens, and page slots allocated for them
+    uint64_t pages_forgotten = 0;    // pages freed by seq_forget (sliding-window layers)
+    uint64_t tokens = 0, token_slots = 0;   // cached tokens, and the slots of the pages held for them
     size_t host_bytes = 0, disk_bytes = 0, frame_bytes = 0;
     int n_frames = 0;
     int n_resident_layers = 0;       // layers with a frame of their own
@@ -101,6 +102,10 @@ public:
     bool prefetch(int seq, int layer, int64_t n_valid);
     // Forgets tokens >= n of `seq` (n = 0: the whole sequence), freeing their pages.
     void seq_truncate(int seq, int64_t n);
+    // Frees the pages of (seq, layer) that lie wholly below token n_first: the keys a sliding-window layer's
+    // later queries never see. Their host and disk bytes go; a frame filled later leaves their rows as they
+    // are (finite; the window's mask hides them). Truncating back into them is the caller's concern.
+    void seq_forget(int seq, int layer, int64_t n_first);
 
     kv_stats stats() const;
     size_t page_bytes() const { return page_bytes_; }
@@ -111,6 +116,7 @@ private:
         uint8_t * host = nullptr;
         int64_t disk = -1;           // offset in the spill file
         bool host_newer = false;     // host bytes changed since the disk copy
+        bool forgotten = false;      // freed by seq_forget: holds nothing
         int pins = 0;                // fills reading the host bytes
         uint64_t last_use = 0;
     };

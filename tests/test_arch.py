@@ -246,3 +246,44 @@ def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
     lay = d["layout"]
     assert lay["arch"] == arch and lay["n_layer"] == VARIANTS[variant].get("n_layer", N_LAYER)
     assert all(b > 0 for b in lay["block_bytes"]) and d["plans"][0]["n_slots"] >= 1
+
+
+def test_sliding_window_pages_are_freed_and_logits_stay_identical(tmp_path, vocab_fields):
+    """With paged_kv, the pages of gemma2's sliding-window layers that left the window are freed (llama.cpp's
+    SWA cache drops those cells too): fewer pages held, the same logits; going back before the window needs a
+    re-evaluation (truncate keeps nothing) unless swa_full keeps them."""
+    path = synth(tmp_path / "gemma2.gguf", vocab_fields, **VARIANTS["gemma2-swa16-softcaps"])
+    prompt = [int(x) for x in np.random.default_rng(3).integers(0, 49152, 80)]
+
+    def run(**kw):
+        with Model(path, ctx_size=256, n_threads=2, **kw) as m:
+            out = [m.eval(prompt, logits_all=True).copy()] + [m.eval([t]).copy() for t in range(5, 25)]
+            st = m.stats()
+            return np.concatenate(out), st, m.truncate(95), m.truncate(10)
+
+    ref, *_ = run()
+    paged = dict(paged_kv=True, kv_page_size=16, kv_device_layers=1)
+    freed, st, kept95, kept10 = run(**paged)
+    full, st_full, kept95_full, kept10_full = run(**paged, swa_full=True)
+    assert np.array_equal(freed, ref) and np.array_equal(full, ref)
+    # layer 0 slides: after 100 tokens it holds only the pages its window still reaches
+    assert st_full["kv_pages_forgotten"] == 0 and st["kv_pages_forgotten"] == (100 - 15) // 16
+    assert st["kv_token_slots"] < st_full["kv_token_slots"]
+    assert st["kv_host_bytes"] < st_full["kv_host_bytes"]
+    # the last pass (position 99) freed the pages below 80: 95 needs keys from 80 on, 10 needs freed ones
+    assert (kept95, kept10) == (95, 0)
+    assert (kept95_full, kept10_full) == (95, 10)
+
+
+def test_prompt_reuse_past_a_freed_window_re_evaluates(tmp_path, vocab_fields):
+    path = synth(tmp_path / "gemma2.gguf", vocab_fields, **VARIANTS["gemma2-swa16-softcaps"])
+    long = " ".join(["alpha beta gamma delta"] * 12)
+    prompts = (long, " ".join(["alpha beta gamma delta"] * 6) + " omega")     # a shared prefix ending long ago
+    with Model(path, ctx_size=256, n_threads=2) as m:
+        ref = [m.create_completion(p, max_tokens=8, temperature=0.0)["choices"][0]["text"] for p in prompts]
+    with Model(path, ctx_size=256, n_threads=2, paged_kv=True, kv_page_size=16) as m:
+        kept, truncate = [], m._exec.truncate
+        m._exec.truncate = lambda n: kept.append((n, truncate(n))) or kept[-1][1]
+        out = [m.create_completion(p, max_tokens=8, temperature=0.0)["choices"][0]["text"] for p in prompts]
+    assert out == ref
+    assert kept[-1][0] > 20 and kept[-1][1] == 0     # the shared prefix was there, but not its window's keys

@@ -22,7 +22,7 @@ py::dict to_dict(const kv_stats & s) {
     d["kv_pages_device"] = s.pages_device; d["kv_pages_host"] = s.pages_host; d["kv_pages_disk"] = s.pages_disk;
     d["kv_pages_loaded"] = s.pages_loaded; d["kv_pages_prefetched"] = s.pages_prefetched;
     d["kv_pages_written_back"] = s.pages_written_back; d["kv_pages_evicted"] = s.pages_evicted;
-    d["kv_pages_spilled"] = s.pages_spilled;
+    d["kv_pages_spilled"] = s.pages_spilled; d["kv_pages_forgotten"] = s.pages_forgotten;
     d["kv_frame_hits"] = s.frame_hits; d["kv_frame_misses"] = s.frame_misses;
     d["kv_tokens"] = s.tokens; d["kv_token_slots"] = s.token_slots;
     d["kv_page_waste"] = s.token_slots ? 1.0 - (double) s.tokens / (double) s.token_slots : 0.0;
@@ -82,6 +82,9 @@ void init_kv_cache(py::module_ & m) {
         .def("seq_truncate", [](kv_handle & h, int seq, int64_t n) { h.kv->seq_truncate(seq, n); },
              py::arg("seq"), py::arg("n"), py::call_guard<py::gil_scoped_release>(),
              "Forgets tokens >= n of the sequence (0: all), freeing their pages.")
+        .def("seq_forget", [](kv_handle & h, int seq, int layer, int64_t n_first) { h.kv->seq_forget(seq, layer, n_first); },
+             py::arg("seq"), py::arg("layer"), py::arg("n_first"), py::call_guard<py::gil_scoped_release>(),
+             "Frees the pages of (seq, layer) wholly below token n_first (outside a sliding window).")
         .def_property_readonly("page_bytes", [](const kv_handle & h) { return h.kv->page_bytes(); })
         .def_property_readonly("page_size", [](const kv_handle & h) { return h.kv->params().page_size; })
         .def("stats", [](const kv_handle & h) { return to_dict(h.kv->stats()); });

@@ -178,7 +178,9 @@ class Executor:
         return PagedKV(_core.KVCache(self.k_cache, self.v_cache, page_size=kvs.kv_page_size, n_frames=n_frames,
                                      host_budget=kvs.host_budget, spill_dir=kvs.kv_spill_dir or "",
                                      v_trans=not s.context.flash_attn, backend=self.backend, n_workers=1,
-                                     n_stream=s.paging.stream_slots), hp.n_layer, s.paging.ahead)
+                                     n_stream=s.paging.stream_slots), hp.n_layer, s.paging.ahead,
+                       n_swa=0 if kvs.swa_full else self.arch.n_swa,
+                       swa_layers=[il for il in range(hp.n_layer) if self.arch.is_swa(il)])
 
     def load_groups(self) -> list[list[str]]:
         """The weights in the order a forward pass uses them: block 0 (with the global tensors every block
@@ -288,14 +290,18 @@ class Executor:
         return d
 
     # -- sequences -----------------------------------------------------------
-    def truncate(self, n: int) -> None:
+    def truncate(self, n: int) -> int:
         """Keeps the first n tokens of the current sequence and frees the K/V after them; the sequence has
-        no last logits after it."""
+        no last logits after it. Returns the tokens kept: none when sliding-window layers have already freed
+        keys that position n needs (paged_kv without swa_full), as llama.cpp then re-evaluates the prompt."""
         if not 0 <= n <= self.seq.n_past:
             raise ValueError(f"truncate: n must be in [0, {self.seq.n_past}], not {n}")
+        if not self.kv.can_truncate(self.seq.id, n):
+            n = 0
         self.kv.truncate(self.seq.id, n)
         del self.seq.tokens[n:]
         self.seq.scores = None
+        return n
 
     def use_sequence(self, seq: int) -> None:
         """Makes `seq` the sequence later evals extend (paged_kv keeps several; without it only 0)."""
@@ -372,6 +378,7 @@ class Executor:
         if rec is not None:
             rec.clear()
         seq, p0, dev = self.seq.id, self.seq.n_past, 0
+        self.kv.begin(seq, p0)
         for i, step in enumerate(plan.steps):
             t0 = time.time()
             self._loaded(step.group)
@@ -436,6 +443,8 @@ class Executor:
                     outs.append(r)
         except BaseException:
             del seq.tokens[start:]     # all or nothing: rows written past it are overwritten later
+            if not self.kv.can_truncate(seq.id, start):   # a sliding window moved past what `start` needs
+                self.truncate(0)
             raise
         seq.scores = np.concatenate(outs, axis=0)
         return seq.scores

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Union
+from typing import Any, Iterator, Sequence, Union
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,13 @@ class WeightPager:
 
 
 class NullKV:
-    """K/V in contiguous per-layer tensors: nothing moves."""
+    """K/V in contiguous per-layer tensors: nothing moves, nothing is freed."""
+
+    def begin(self, seq: int, p0: int) -> None:
+        pass
+
+    def can_truncate(self, seq: int, n: int) -> bool:
+        return True
 
     def use(self, page: KVPage | None, n_valid: int, n_end: int) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
@@ -116,12 +122,30 @@ class NullKV:
 
 class PagedKV:
     """A _core.KVCache: a layer's K/V page frame is bound while the layer runs, the next `depth` layers of the
-    sequence are filled ahead."""
+    sequence are filled ahead. Sliding-window layers (`swa_layers`, a window of `n_swa` tokens) free the
+    pages no later query of theirs sees, as a pass begins."""
 
-    def __init__(self, kv: Any, n_layer: int, depth: int):
+    def __init__(self, kv: Any, n_layer: int, depth: int, *, n_swa: int = 0, swa_layers: Sequence[int] = ()):
         self.core = kv
         self.n_layer = n_layer
         self.depth = depth
+        self.n_swa = n_swa
+        self.swa_layers = list(swa_layers) if n_swa > 0 else []
+        self._floor: dict[int, int] = {}     # seq -> first token the sliding-window layers still hold
+
+    def begin(self, seq: int, p0: int) -> None:
+        """A pass of `seq` starts at position p0: its first query sees keys from p0 - n_swa + 1 on."""
+        first = p0 - self.n_swa + 1
+        if not self.swa_layers or first <= 0:
+            return
+        for il in self.swa_layers:
+            self.core.seq_forget(seq, il, first)
+        page = self.core.page_size
+        self._floor[seq] = max(self._floor.get(seq, 0), first // page * page)
+
+    def can_truncate(self, seq: int, n: int) -> bool:
+        """Whether the keys a query at position n needs are still held."""
+        return self._floor.get(seq, 0) <= max(0, n - self.n_swa + 1)
 
     @contextlib.contextmanager
     def use(self, page: KVPage | None, n_valid: int, n_end: int) -> Iterator[None]:
@@ -139,6 +163,8 @@ class PagedKV:
 
     def truncate(self, seq: int, n: int) -> None:
         self.core.seq_truncate(seq, n)
+        if n == 0:
+            self._floor.pop(seq, None)
 
     def stats(self) -> dict[str, Any]:
         return dict(self.core.stats())

@@ -302,10 +302,11 @@ class Model:
         self._check_open()
         self._exec.drop_sequence(seq)
 
-    def truncate(self, n: int) -> None:
-        """Keeps the first `n` tokens of the current sequence's context, freeing the K/V after them."""
+    def truncate(self, n: int) -> int:
+        """Keeps the first `n` tokens of the current sequence's context, freeing the K/V after them; returns
+        the tokens kept (none when sliding-window layers already freed keys position `n` needs: see swa_full)."""
         self._check_open()
-        self._exec.truncate(n)
+        return self._exec.truncate(n)
 
     def reset(self) -> None:
         """Forgets the cached context."""
@@ -335,7 +336,7 @@ class Model:
             if a != b:
                 break
             keep += 1
-        self._exec.truncate(keep)
+        keep = self._exec.truncate(keep)
         return self.eval(tokens[keep:], logits_all=False)[-1]
 
     def generate(self, tokens: Sequence[int], *, temp: float = 0.8, top_k: int = 40, top_p: float = 0.95,

@@ -173,6 +173,9 @@ class KVSettings:
     host_budget: int | str | None = option(None, "bytes of host memory for KV pages with paged_kv (default: no "
                                            "limit)", parse=str, metavar="SIZE")
     kv_spill_dir: str | None = option(None, "directory for KV pages beyond host_budget", parse=str, metavar="DIR")
+    swa_full: bool = option(False, "with paged_kv, keep the K/V of sliding-window layers for the whole context "
+                                   "(default: pages that left every window are freed, and going back before the "
+                                   "window re-evaluates the prompt), as llama.cpp's --swa-full")
 
     def __post_init__(self) -> None:
         _check(KV_PAGE_MIN <= self.kv_page_size <= KV_PAGE_MAX,
