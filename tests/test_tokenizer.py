@@ -6,8 +6,13 @@ superggml[reference]``); the self-contained tests always run.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import itertools
 import json
+import os
+import random
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -458,13 +463,11 @@ def spm_case(smollm2_meta, smollm2_fields, tmp_path_factory):
     return Tokenizer.from_metadata(meta), path
 
 
-def test_spm_matches_llama_cpp(spm_case):
-    tok, path = spm_case
-    assert tok.model == "llama" and tok.add_bos and tok.add_space_prefix
-    ref = run_reference([{"path": path, "corpus": CORPUS, "flags": ALL_FLAGS,
-                          "detokenize": True, "vocab": 1}])[0]
-    bad = encode_mismatches(tok, ref, CORPUS)
-    for s in CORPUS:
+def spm_mismatches(tok: Tokenizer, ref: dict, corpus=CORPUS) -> list:
+    """Everything in which ``tok`` differs from llama.cpp's results ``ref`` (a reference job with
+    all flags, detokenize and vocab=1): ids, detokenized bytes, pieces, attributes, EOG tokens."""
+    bad: list = encode_mismatches(tok, ref, corpus)
+    for s in corpus:
         want = ref["detokenize"][s]
         for remove_special, unparse_special in ((False, True), (True, False), (False, False)):
             got = tok.detokenize(want["ids"], remove_special=remove_special,
@@ -475,8 +478,24 @@ def test_spm_matches_llama_cpp(spm_case):
         if pieces != [tok.token_to_piece(tid), tok.token_to_piece(tid, special=False),
                       tok.token_to_piece(tid, lstrip=1)]:
             bad.append(("piece", tid))
-    assert [tok.token_attr(t) for t in range(tok.n_vocab)] == ref["attrs"]
-    assert sorted(tok.eog_ids) == ref["eog"]
+    if [tok.token_attr(t) for t in range(tok.n_vocab)] != ref["attrs"]:
+        bad.append("attrs")
+    if sorted(tok.eog_ids) != ref["eog"]:
+        bad.append(("eog", sorted(tok.eog_ids), ref["eog"]))
+    for name, tid in ref["special"].items():
+        if name != "eot" and getattr(tok, f"{name}_id") != tid:
+            bad.append((name, getattr(tok, f"{name}_id"), tid))
+    if (tok.add_bos, tok.add_eos) != (ref["add_bos"], ref["add_eos"]):
+        bad.append(("add_bos/add_eos", tok.add_bos, tok.add_eos))
+    return bad
+
+
+def test_spm_matches_llama_cpp(spm_case):
+    tok, path = spm_case
+    assert tok.model == "llama" and tok.add_bos and tok.add_space_prefix
+    ref = run_reference([{"path": path, "corpus": CORPUS, "flags": ALL_FLAGS,
+                          "detokenize": True, "vocab": 1}])[0]
+    bad = spm_mismatches(tok, ref)
     assert not bad, f"{len(bad)} differ, first: {bad[:3]}"
 
 
@@ -511,6 +530,298 @@ def test_spm_tiny_vocab():
     assert tok.token_to_piece(1, special=False) == b""
     assert tok.is_eog(2) and not tok.is_eog(1)
     assert tok.encode("") == [1] and tok.encode("", add_special=False) == []
+
+
+# ------------------------------------------- SentencePiece models trained with sentencepiece
+
+DATA = Path(__file__).parent / "data"
+
+
+def _proto_fields(buf: bytes):
+    """(field number, value) of a protobuf message: ints for varints, bytes for length-delimited
+    and fixed-size fields."""
+    pos = 0
+
+    def varint() -> int:
+        nonlocal pos
+        value = shift = 0
+        while True:
+            b = buf[pos]
+            pos += 1
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return value
+
+    while pos < len(buf):
+        key = varint()
+        wire = key & 7
+        if wire == 0:
+            value = varint()
+        elif wire == 2:
+            size = varint()
+            value, pos = buf[pos:pos + size], pos + size
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            value, pos = buf[pos:pos + size], pos + size
+        else:
+            raise ValueError(f"protobuf wire type {wire}")
+        yield key >> 3, value
+
+
+def read_spm_model(path) -> tuple[list[tuple[str, float, int]], bool]:
+    """The (piece, score, type) list of a sentencepiece ModelProto and its normalizer's
+    add_dummy_prefix, read without the sentencepiece package."""
+    pieces = []
+    add_dummy_prefix = True
+    for field, value in _proto_fields(Path(path).read_bytes()):
+        if field == 1:  # SentencePiece
+            piece, score, ptype = "", 0.0, 1
+            for f, v in _proto_fields(value):
+                if f == 1:
+                    piece = v.decode("utf-8")
+                elif f == 2:
+                    score = struct.unpack("<f", v)[0]
+                elif f == 3:
+                    ptype = v
+            pieces.append((piece, score, ptype))
+        elif field == 3:  # NormalizerSpec
+            for f, v in _proto_fields(value):
+                if f == 3:
+                    add_dummy_prefix = bool(v)
+    return pieces, add_dummy_prefix
+
+
+def test_read_spm_model_matches_sentencepiece():
+    spm = pytest.importorskip("sentencepiece")
+    for name in ("spm-bpe", "spm-unigram"):
+        pieces, add_dummy_prefix = read_spm_model(DATA / f"{name}.model")
+        sp = spm.SentencePieceProcessor(model_file=str(DATA / f"{name}.model"))
+        assert len(pieces) == sp.vocab_size()
+        for tid, (piece, score, ptype) in enumerate(pieces):
+            assert piece == sp.IdToPiece(tid) and score == sp.GetScore(tid)
+            assert (ptype == 2, ptype == 3, ptype == 5, ptype == 6) == (
+                sp.IsUnknown(tid), sp.IsControl(tid), sp.IsUnused(tid), sp.IsByte(tid))
+        assert add_dummy_prefix == (name == "spm-bpe")
+
+
+def looks_special(text: str) -> bool:
+    """convert_hf_to_gguf's does_token_look_special."""
+    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+            or (text.startswith("<|") and text.endswith("|>"))
+            or (text.startswith("<unused") and text.endswith(">")))
+
+
+def spm_vocab(model: str, n_vocab: int | None = None, added: dict | None = None):
+    """tokens, scores and token types the way convert_hf_to_gguf's _create_vocab_sentencepiece
+    makes them from ``tests/data/<model>.model``: ``n_vocab`` (the model config's vocab_size)
+    pads with UNUSED "[PADi]" tokens; ``added`` is tokenizer_config.json's added_tokens_decoder
+    as {id: (content, special)}."""
+    pieces, _ = read_spm_model(DATA / f"{model}.model")
+    n = n_vocab or len(pieces)
+    tokens = [f"[PAD{i}]" for i in range(n)]
+    scores = [-10000.0] * n
+    types = [5] * n
+    for tid, (piece, score, ptype) in enumerate(pieces):
+        tokens[tid], scores[tid] = piece, score
+        # sentencepiece's USER_DEFINED pieces stay NORMAL: the converter does not ask for them
+        types[tid] = ptype if ptype in (2, 3, 5, 6) else 1
+    for tid, (content, special) in (added or {}).items():
+        if special or looks_special(content):
+            types[tid] = 3
+        else:
+            content = content.replace("\u2581", " ")
+            types[tid] = 4
+        tokens[tid], scores[tid] = content, -1000.0
+    return tokens, scores, types
+
+
+def _gemma_added(model: str) -> dict:
+    """Gemma's added_tokens_decoder: the control and user-defined pieces of the model, the
+    control ones marked special."""
+    pieces, _ = read_spm_model(DATA / f"{model}.model")
+    return {tid: (piece, ptype == 3) for tid, (piece, _, ptype) in enumerate(pieces)
+            if ptype in (3, 4)}
+
+
+_PHI3_ADDED = ["<|endoftext|>", "<|assistant|>", "<|placeholder1|>", "<|placeholder2|>",
+               "<|system|>", "<|end|>", "<|user|>"]
+_GEMMA3_ADDED = ["<start_of_turn>", "<end_of_turn>", "\n", "\n\n", "\u2581\u2581\u2581",
+                 "<image_soft_token>"]
+
+# name -> (model file, architecture, general.name, config vocab_size, added tokens, extra keys);
+# ids of BOS/EOS/UNK/PAD and add_bos/add_eos as the models' GGUFs carry them
+SPM_VARIANTS = {
+    # Llama 2 / Mistral: BPE model, the default "▁" prefix, [INST] as control tokens
+    "llama": ("spm-bpe", "llama", "Llama SPM test", None, {},
+              {"bos": 1, "eos": 2, "unknown": 0, "add_bos_token": True, "add_eos_token": False}),
+    # Phi-3: the Llama tokenizer plus <|...|> tokens and padding; </s> user-defined, RSTRIP by name
+    "phi3": ("spm-bpe", "phi3", "Phi3", 5016,
+             {0: ("<unk>", True), 1: ("<s>", True), 2: ("</s>", False),
+              **{5000 + i: (t, True) for i, t in enumerate(_PHI3_ADDED)}},
+             {"bos": 1, "eos": 5000, "unknown": 0, "padding": 5000, "add_bos_token": True,
+              "add_eos_token": False}),
+    # Gemma 2: unigram model, no space prefix, <pad> <eos> <bos> <unk> first
+    "gemma2": ("spm-unigram", "gemma2", "gemma-2 test", None, _gemma_added("spm-unigram"),
+               {"bos": 2, "eos": 1, "unknown": 3, "padding": 0, "add_bos_token": True,
+                "add_eos_token": False, "add_space_prefix": False}),
+    # Gemma 3: BPE model, no space prefix, turn markers and whitespace runs as added tokens
+    "gemma3": ("spm-bpe", "gemma3", "gemma-3 test", 5008,
+               {5000 + i: (t, t.startswith("<")) for i, t in enumerate(_GEMMA3_ADDED)},
+               {"bos": 1, "eos": 2, "unknown": 0, "padding": 5007, "add_bos_token": True,
+                "add_eos_token": False, "add_space_prefix": False}),
+    # a unigram model (scores with ties) with the default "▁" prefix
+    "llama-unigram": ("spm-unigram", "llama", "unigram test", None, {},
+                      {"bos": 2, "eos": 1, "unknown": 3, "add_bos_token": True,
+                       "add_eos_token": False, "add_space_prefix": True}),
+}
+
+
+def write_vocab_gguf(path: Path, meta: dict) -> str:
+    """A tensor-less GGUF with ``meta`` (tokenizer and general keys) and the few hyperparameters
+    llama.cpp reads before the vocabulary: enough for vocab_only=True."""
+    import gguf
+
+    T = gguf.GGUFValueType
+    arrays = {"tokenizer.ggml.tokens": T.STRING, "tokenizer.ggml.scores": T.FLOAT32,
+              "tokenizer.ggml.token_type": T.INT32}
+    fields = []
+    for key, value in meta.items():
+        if key in arrays:
+            fields.append((key, value, T.ARRAY, arrays[key]))
+        else:
+            vtype = (T.STRING if isinstance(value, str) else T.BOOL if isinstance(value, bool)
+                     else T.UINT32)
+            fields.append((key, value, vtype, None))
+    arch = meta["general.architecture"]
+    for key in ("context_length", "embedding_length", "block_count", "feed_forward_length",
+                "attention.head_count"):
+        fields.append((f"{arch}.{key}", 64, T.UINT32, None))
+    fields.append((f"{arch}.attention.layer_norm_rms_epsilon", 1e-6, T.FLOAT32, None))
+    return write_gguf(path, fields, {})
+
+
+def spm_variant_meta(name: str) -> dict:
+    """The GGUF metadata of SPM_VARIANTS[name], with the keys convert_hf_to_gguf writes."""
+    model, arch, general_name, n_vocab, added, keys = SPM_VARIANTS[name]
+    tokens, scores, types = spm_vocab(model, n_vocab, added)
+    meta = {
+        "general.architecture": arch,
+        "general.name": general_name,
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types,
+    }
+    for key, value in keys.items():
+        meta[f"tokenizer.ggml.{key}" if isinstance(value, bool)
+             else f"tokenizer.ggml.{key}_token_id"] = value
+    return meta
+
+
+@pytest.fixture(scope="session")
+def spm_variants(tmp_path_factory):
+    """name -> (Tokenizer, llama.cpp's results, GGUF path) for every SPM_VARIANTS entry."""
+    folder = tmp_path_factory.mktemp("spm-models")
+    metas = {name: spm_variant_meta(name) for name in SPM_VARIANTS}
+    paths = {name: write_vocab_gguf(folder / f"{name}.gguf", meta) for name, meta in metas.items()}
+    refs = run_reference_parallel([{"path": path, "corpus": CORPUS, "flags": ALL_FLAGS,
+                                    "detokenize": True, "vocab": 1} for path in paths.values()])
+    return {name: (Tokenizer.from_metadata(metas[name]), ref, paths[name])
+            for name, ref in zip(SPM_VARIANTS, refs)}
+
+
+@pytest.mark.parametrize("name", list(SPM_VARIANTS))
+def test_spm_models_match_llama_cpp(name, spm_variants):
+    tok, ref, _ = spm_variants[name]
+    assert ref["n_vocab"] == tok.n_vocab and len(ref["tokenize"]) == len(CORPUS) >= 200
+    assert tok.add_space_prefix == (name not in ("gemma2", "gemma3"))
+
+    # the corpus reaches byte fallback, control tokens (parse_special) and user-defined ones
+    def strings_with(ids: set, flags: str) -> int:
+        return sum(bool(ids & {*r[flags][1:]}) for r in ref["tokenize"].values())
+
+    byte_ids = {t for t in range(tok.n_vocab) if tok.token_attr(t) & TokenAttr.BYTE}
+    control = {t for t in tok.special_ids if tok.token_attr(t) & TokenAttr.CONTROL}
+    user = {t for t in tok.special_ids if tok.token_attr(t) & TokenAttr.USER_DEFINED} - control
+    assert strings_with(byte_ids, "10") >= 40
+    assert strings_with(control, "11") >= 3 and strings_with(control, "10") == 0
+    if user:
+        assert strings_with(user, "10") >= 3
+    bad = spm_mismatches(tok, ref)
+    assert not bad, f"{len(bad)} differ, first: {bad[:3]}"
+    # word by word (see tokenizer._SPM_INNER_SPACE) as over the whole text
+    assert tok._spm_by_word
+    whole = copy.copy(tok)
+    whole._spm_by_word = False
+    assert not encode_mismatches(whole, ref, CORPUS[::4], [(True, True)])
+
+
+def test_spm_invalid_utf8_matches_llama_cpp(spm_variants):
+    """SentencePiece tokenizes the bytes: a byte that is not UTF-8 starts a symbol as long as
+    its lead bits say (taking the bytes after it, a space's too), and falls back to bytes."""
+    raw = [b"ab\xffcd", b"\xe4\xb8", b"x\xc3(y", b"\xf0\x9f\x98", b"\xed\xa0\x80z",
+           b"ab\xff cd", b"\xf0 x y", b"\xc3 \xa9", b"\xe2\x96 \x81", b"the \xe4 quick",
+           b"\xf0\xe4\xb8\xad\xe6\x96\x87", b"\x80\x80 a", b"<s>\xff</s>", b"\xff<bos>x"]
+    names = ["llama", "gemma2"]
+    jobs = [{"path": spm_variants[name][2], "corpus": [r.hex() for r in raw],
+             "hex": True, "flags": [(False, False), (True, True)]} for name in names]
+    bad = []
+    for name, ref in zip(names, run_reference(jobs)):
+        tok = spm_variants[name][0]
+        for r in raw:
+            for add_special, parse_special in ((False, False), (True, True)):
+                got = tok.encode(r, add_special=add_special, parse_special=parse_special)
+                if got != ref["tokenize"][r.hex()][f"{int(add_special)}{int(parse_special)}"]:
+                    bad.append((name, r, add_special, parse_special))
+    assert not bad, bad
+
+
+def tie_vocab_meta(seed: int) -> dict:
+    """Every string of 1-4 symbols over a, b, ▁ (some left out), scored in {-3, ..., 0}: many
+    pairs of equal score compete, which llama.cpp settles leftmost first."""
+    rng = random.Random(seed)
+    normal = ["".join(p) for n in range(1, 5) for p in itertools.product("ab\u2581", repeat=n)
+              if n == 1 or rng.random() < 0.5]
+    return {"general.architecture": "llama",
+            "tokenizer.ggml.model": "llama",
+            "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)),
+                                      *normal],
+            "tokenizer.ggml.scores": [0.0] * 259 + [float(rng.randint(-3, 0)) for _ in normal],
+            "tokenizer.ggml.token_type": [2, 3, 3, *[6] * 256, *[1] * len(normal)]}
+
+
+def test_spm_equal_scores_match_llama_cpp(tmp_path):
+    rng = random.Random(7)
+    corpus = sorted({"".join(rng.choice("ab ") for _ in range(rng.randint(1, 12)))
+                     for _ in range(300)})
+    jobs, toks = [], []
+    for seed in range(3):
+        meta = tie_vocab_meta(seed)
+        jobs.append({"path": write_vocab_gguf(tmp_path / f"tie{seed}.gguf", meta),
+                     "corpus": corpus, "flags": [(False, False)]})
+        toks.append(Tokenizer.from_metadata(meta))
+    bad = []
+    for tok, ref in zip(toks, run_reference(jobs)):
+        assert not tok._spm_by_word  # tokens like "a▁b": the text is tokenized whole
+        bad += encode_mismatches(tok, ref, corpus, [(False, False)])
+    assert not bad, f"{len(bad)} of {3 * len(corpus)} differ, first: {bad[:3]}"
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3"])
+def test_llama_cpp_spm_vocab(name):
+    """llama.cpp's own SentencePiece test vocabularies (Llama 2's and Phi-3's), from a llama.cpp
+    source tree's models/ folder given as SUPERGGML_LLAMA_CPP_MODELS (not shipped here)."""
+    folder = os.environ.get("SUPERGGML_LLAMA_CPP_MODELS")
+    if not folder:
+        pytest.skip("SUPERGGML_LLAMA_CPP_MODELS (llama.cpp's models/ folder) is not set")
+    path = str(Path(folder) / f"ggml-vocab-{name}.gguf")
+    tok = Tokenizer.from_metadata(read_tokenizer_meta(path))
+    ref = run_reference([{"path": path, "corpus": CORPUS, "flags": ALL_FLAGS,
+                          "detokenize": True, "vocab": 1}])[0]
+    bad = spm_mismatches(tok, ref)
+    assert not bad, f"{len(bad)} differ, first: {bad[:3]}"
 
 
 # ------------------------------------------------------------------------- errors and edges

@@ -9,8 +9,11 @@ The behaviour follows llama.cpp's ``src/llama-vocab.cpp`` and ``src/unicode.cpp`
   matching, llama.cpp's own Unicode category table); the merges are done by HuggingFace
   ``tokenizers``' BPE model.
 * ``tokenizer.ggml.model == "llama"``: SentencePiece-style vocabulary (llm_tokenizer_spm): the
-  pieces are merged by score, built as a ``tokenizers`` BPE model whose merges are derived from
-  the scores, with byte fallback to ``<0xXX>`` tokens and the "▁" space prefix.
+  UTF-8 characters of the text are merged pairwise into tokens, highest token score first and
+  leftmost first among equal scores, characters left over falling back to their ``<0xXX>`` byte
+  tokens; spaces become "▁", with a "▁" prefix unless ``tokenizer.ggml.add_space_prefix`` is
+  false (Gemma). This greedy merge cannot be a ``tokenizers`` BPE model: BPE ranks pairs, and
+  pairs of equal score (common: Llama's whitespace pieces all score -1e9) would need equal ranks.
 
 Special tokens (token types CONTROL, USER_DEFINED, UNKNOWN) are split out of the text before
 tokenizing like llama.cpp's ``tokenizer_st_partition``: USER_DEFINED tokens always, CONTROL and
@@ -20,6 +23,7 @@ UNKNOWN ones only with ``parse_special=True``.
 from __future__ import annotations
 
 import bisect
+import heapq
 import re
 from typing import Any, Mapping, Sequence
 
@@ -607,6 +611,35 @@ def _byte_encode(word: str) -> str:
     return word.encode("utf-8", "surrogatepass").decode("latin-1").translate(_LATIN1_TO_BYTE_LEVEL)
 
 
+# A SentencePiece vocabulary without a token that continues past a "▁" following another
+# character (Llama's, Gemma's: pieces are whole words with their leading spaces, or runs of spaces)
+# never merges across such a "▁": the text can be tokenized word by word there, with a cache.
+_SPM_INNER_SPACE = re.compile("[^\u2581]\u2581")
+_SPM_WORDS = re.compile("\u2581*[^\u2581]+|\u2581+")
+_SPM_CACHE_SIZE = 1 << 16  # words
+_SPM_CACHE_WORD = 100  # characters: longer words are not cached
+
+# unicode_len_utf8: the length of a UTF-8 sequence from the high four bits of its first byte
+_UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)
+
+
+def _utf8(text: str) -> bytes:
+    """A token's or a text's bytes; bytes that are not UTF-8 come back from surrogateescape."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
+def _is_utf8(text: str) -> bool:
+    """False when ``text`` has surrogates (bytes that were not UTF-8, escaped)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _decode_utf8_like_llama(data: bytes) -> str:
     """unicode_cpts_from_utf8: invalid sequences become U+FFFD, one byte at a time."""
     try:
@@ -730,6 +763,9 @@ class Tokenizer:
         self._special: list[tuple[str, int]] = []
         self._regexes: list[_SplitRegex] = []
         self._hf: _HFTokenizer | None = None
+        self._bytes_to_id: dict[bytes, int] = {}  # SentencePiece: token bytes -> id
+        self._spm_by_word = False  # see _SPM_INNER_SPACE
+        self._spm_cache: dict[str, list[int]] = {}
         self._phantom: dict[int, str] = {}  # stand-in id -> symbol that is not a token
 
     # ------------------------------------------------------------------ construction
@@ -823,7 +859,8 @@ class Tokenizer:
         if model == "gpt2":
             self._hf = self._build_bpe(meta)
         else:
-            self._hf = self._build_spm()
+            self._bytes_to_id = {_utf8(text): tid for tid, text in enumerate(tokens)}
+            self._spm_by_word = not any(map(_SPM_INNER_SPACE.search, tokens))
         return self
 
     def _load_special_ids(self, meta: Mapping[str, Any], ids: dict[str, int | None]) -> None:
@@ -949,32 +986,9 @@ class Tokenizer:
             vocab[sym] = len(vocab)
             self._phantom[vocab[sym]] = sym
 
-    def _build_spm(self) -> _HFTokenizer:
-        """llm_tokenizer_spm as a BPE model: two adjacent symbols merge when their concatenation
-        is a token, highest token score first. Symbols start as single characters, which need
-        not be tokens themselves: such characters get stand-in ids past the vocabulary, and
-        any left unmerged are replaced by their bytes afterwards (see _resolve_phantoms)."""
-        vocab = dict(self._token_to_id)
-        known = self._token_to_id
-        scored: list[tuple[float, int, int, str, str]] = []
-        for tid, text in enumerate(self._tokens):
-            for k in range(1, len(text)):
-                left, right = text[:k], text[k:]
-                if (left in known or k == 1) and (right in known or k == len(text) - 1):
-                    scored.append((-self._scores[tid], tid, k, left, right))
-        scored.sort()
-        for *_, left, right in scored:
-            self._add_phantom(vocab, left)
-            self._add_phantom(vocab, right)
-        unk = self._tokens[self.unk_id] if self.unk_id is not None else None
-        bpe = _hf_models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in scored],
-                             unk_token=unk, byte_fallback=True)
-        return _HFTokenizer(bpe)
-
     def _resolve_phantoms(self, ids: list[int]) -> list[int]:
-        """Replace stand-in ids (symbols that are not tokens) the way llama.cpp does: SPM
-        emits the byte tokens of the text (llama_vocab::byte_to_token), BPE the tokens whose
-        text is one of its bytes, skipping bytes without one."""
+        """Replace stand-in ids (symbols that are not tokens) the way llama.cpp's BPE does: by
+        the tokens whose text is one of the symbol's bytes, skipping bytes without one."""
         if not ids or max(ids) < self.n_vocab:
             return ids
         t2i = self._token_to_id
@@ -984,16 +998,92 @@ class Tokenizer:
                 out.append(tid)
                 continue
             for b in self._phantom[tid].encode("utf-8", "surrogatepass"):
-                if self.model == "llama":
-                    byte_tid = t2i.get(f"<0x{b:02X}>")
-                    if byte_tid is None:
-                        byte_tid = t2i.get(chr(b))
-                    if byte_tid is None:
-                        raise GGUFError(f"vocabulary without a token for byte 0x{b:02X}")
-                    out.append(byte_tid)
-                elif b < 0x80 and chr(b) in t2i:
+                if b < 0x80 and chr(b) in t2i:
                     out.append(t2i[chr(b)])
         return out
+
+    def _spm_encode(self, text: str, out: list[int]) -> None:
+        """SentencePiece tokens of ``text`` (spaces already "▁"), word by word when the
+        vocabulary allows it (_SPM_INNER_SPACE) and the text is valid UTF-8: a byte that is not
+        (a surrogate escape here) starts a symbol as long as its lead bits say, which may
+        reach into the next word."""
+        if not self._spm_by_word or (not text.isascii() and not _is_utf8(text)):
+            self._spm_tokenize(_utf8(text), out)
+            return
+        cache = self._spm_cache
+        for word in _SPM_WORDS.findall(text):
+            ids = cache.get(word)
+            if ids is None:
+                ids = []
+                self._spm_tokenize(word.encode("utf-8"), ids)
+                if len(word) <= _SPM_CACHE_WORD:
+                    if len(cache) >= _SPM_CACHE_SIZE:
+                        cache.clear()
+                    cache[word] = ids
+            out.extend(ids)
+
+    def _spm_tokenize(self, text: bytes, out: list[int]) -> None:
+        """llm_tokenizer_spm_session::tokenize: ``text`` (spaces already "▁") split into UTF-8
+        characters, adjacent symbols merged while their concatenation is a token (highest
+        score first, then leftmost), symbols that are not tokens emitted as byte tokens."""
+        b2i, scores = self._bytes_to_id, self._scores
+        n = len(text)
+        if not n:
+            return
+        starts: list[int] = []
+        offs = 0
+        while offs < n:
+            starts.append(offs)
+            offs += _UTF8_LEN[text[offs] >> 4]
+        count = len(starts)
+        size = [end - start for start, end in zip(starts, [*starts[1:], n])]
+        prev = list(range(-1, count - 1))
+        nxt = [*range(1, count), -1]
+        heap: list[tuple[float, int, int, int]] = []
+        push, pop = heapq.heappush, heapq.heappop
+
+        def try_add(left: int, right: int) -> None:
+            if left < 0 or right < 0:
+                return
+            length = size[left] + size[right]
+            tid = b2i.get(text[starts[left]:starts[left] + length])
+            if tid is not None:
+                push(heap, (-scores[tid], left, right, length))
+
+        for i in range(1, count):
+            try_add(i - 1, i)
+        while heap:
+            _, left, right, length = pop(heap)
+            # one of the two merged since the pair was queued
+            if size[left] == 0 or size[right] == 0 or size[left] + size[right] != length:
+                continue
+            size[left] = length
+            size[right] = 0
+            nxt[left] = after = nxt[right]
+            if after >= 0:
+                prev[after] = left
+            try_add(prev[left], left)
+            try_add(left, after)
+
+        i = 0
+        while i != -1:
+            piece = text[starts[i]:starts[i] + size[i]]
+            tid = b2i.get(piece)
+            if tid is not None:
+                out.append(tid)
+            else:
+                out.extend(map(self._spm_byte_token, piece))
+            i = nxt[i]
+
+    def _spm_byte_token(self, byte: int) -> int:
+        """llama_vocab::byte_to_token for SentencePiece: <0xXX>, else the one-byte token."""
+        b2i = self._bytes_to_id
+        tid = b2i.get(b"<0x%02X>" % byte)
+        if tid is None:
+            tid = b2i.get(bytes([byte]))
+            if tid is None:
+                raise GGUFError(f"vocabulary without a token for byte 0x{byte:02X}")
+        return tid
 
     # ------------------------------------------------------------------ vocabulary queries
 
@@ -1035,11 +1125,16 @@ class Tokenizer:
 
         ``add_special`` adds BOS/EOS when the vocabulary asks for them; ``parse_special`` turns
         the text of CONTROL tokens (e.g. ``<|im_start|>``) into those tokens (USER_DEFINED
-        tokens are always recognised). ``bytes`` are decoded like llama.cpp does, invalid UTF-8
-        becoming U+FFFD.
+        tokens are always recognised). ``bytes`` are decoded like llama.cpp does: for a
+        byte-level BPE vocabulary invalid UTF-8 becomes U+FFFD, a SentencePiece one tokenizes the
+        bytes as they are (a byte that is not UTF-8 ends in byte tokens).
         """
         if isinstance(text, (bytes, bytearray, memoryview)):
-            text = _decode_utf8_like_llama(bytes(text))
+            if self.model == "llama":
+                # SentencePiece works on the bytes themselves: keep invalid ones as they are
+                text = bytes(text).decode("utf-8", "surrogateescape")
+            else:
+                text = _decode_utf8_like_llama(bytes(text))
         fragments = self._partition(text, parse_special) if text else []
         out: list[int] = []
         if add_special and self.add_bos:
@@ -1056,7 +1151,7 @@ class Tokenizer:
                 piece = text[frag[0]:frag[1]]
                 if self.add_space_prefix and is_prev_special:
                     piece = " " + piece
-                out.extend(self._hf_encode([piece.replace(" ", "\u2581")]))
+                self._spm_encode(piece.replace(" ", "\u2581"), out)
                 is_prev_special = False
         else:
             for frag in fragments:

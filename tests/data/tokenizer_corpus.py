@@ -221,6 +221,15 @@ _SPECIAL = [
     "<pad> <mask> [CLS] [SEP]",
     "<0x0A> <0xFF> byte-token lookalikes",
     "▁ lower one eighth block ▁▁",
+    # SentencePiece families: Gemma, Phi-3, Mistral markup
+    "<start_of_turn>user\nWrite a haiku about rain.<end_of_turn>\n<start_of_turn>model\n",
+    "<bos><start_of_turn>user\nhi<end_of_turn><eos>",
+    "<pad><mask>[@BOS@] <unused0><unused1>",
+    "<|user|>\nHow are you?<|end|>\n<|assistant|>\nFine, thanks.<|end|>",
+    "<|system|>   spaces after a special <|end|>  \n  next",
+    "[INST] What is 2+2? [/INST] 4</s>[INST] and 3+3? [/INST]",
+    "<table><h1>Title</h1></table>",
+    "<start_of_turn>",
 ]
 
 _MISC = [
@@ -260,6 +269,14 @@ _MISC = [
     "tab\tseparated\tvalues\n1\t2\t3\n",
     "comma,separated,values\n\"a, b\",c,d\n",
     "<b>bold</b> <i>italic</i> &lt;escaped&gt;",
+    "𠀀𠀁 𪚥 龘 rare CJK and 𓀀𓂀 hieroglyphs",
+    "words   with   three   spaces and  two  spaces",
+    "\t\ttwo tabs\t\t\tthree tabs\t\t",
+    "\n\nparagraph one\n\n\nparagraph two\n",
+    "The Moon landing in 1969 was watched by 600000000 people.",
+    "Der schnelle braune Fuchs springt über den faulen Hund.",
+    "Быстрая коричневая лиса прыгает через ленивую собаку.",
+    "敏捷的棕色狐狸跳过了懒惰的狗。",
 ]
 
 
@@ -271,6 +288,8 @@ def _generated() -> list[str]:
     for ws in (" ", "  ", "\t", "\n", " \n", "\n ", "\r\n"):
         out.append(f"a{ws}b{ws}")
         out.append(f"{ws}1{ws}")
+    for n in (3, 4, 5, 6, 7, 8, 9, 12, 16):  # whitespace runs between words
+        out.append("the" + " " * n + "dog" + " " * (n // 2))
     return out
 
 
