@@ -40,6 +40,16 @@ class Layout:
     file_bytes: int
     slot_bytes: int                        # a pool slot (CPU buffers): the largest block, padded
     head_chunk_bytes: tuple[int, ...]      # the lm head's row chunks of a slot each
+    n_swa: int = 0                         # sliding window (tokens) of the layers that slide
+    n_swa_layers: int = 0                  # layers that slide
+
+    def kv_bytes(self, n_tokens: int, *, swa_freed: bool = False) -> int:
+        """F16 K/V bytes of n_tokens; swa_freed: with the pages of sliding-window layers beyond the window
+        freed (paged_kv; a window's worth per sliding layer, page rounding aside)."""
+        per_layer = self.kv_bytes_per_token // self.n_layer
+        if not swa_freed or not self.n_swa:
+            return n_tokens * self.kv_bytes_per_token
+        return per_layer * ((self.n_layer - self.n_swa_layers) * n_tokens + self.n_swa_layers * min(n_tokens, self.n_swa))
 
 
 def model_layout(path: str | os.PathLike[str]) -> Layout:
@@ -59,7 +69,8 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
         chunks = tuple(store.file_range(c)[1] for c in store.add_row_chunks(head_name, slot - SLOT_ALIGN_ROOM))
         del store
         return Layout(os.fspath(path), hp.arch, hp.n_layer, tuple(blocks), tuple(other), sizes[head_name],
-                      2 * hp.n_layer * hp.n_embd_gqa * 2, os.path.getsize(path), slot, chunks)
+                      2 * hp.n_layer * hp.n_embd_gqa * 2, os.path.getsize(path), slot, chunks, arch.n_swa,
+                      sum(arch.is_swa(il) for il in range(hp.n_layer)))
     finally:
         f.close()
 
@@ -187,7 +198,10 @@ def format_analysis(a: Analysis) -> str:
            "other tensors: " + ", ".join(f"{n} {s / mib:.1f} MiB" for n, s in lay.other[:4]) +
            (f" (+{len(lay.other) - 4} smaller)" if len(lay.other) > 4 else ""),
            f"KV cache (F16): {lay.kv_bytes_per_token / 1024:.1f} KiB per token "
-           f"({lay.kv_bytes_per_token * 4096 / mib:.0f} MiB at 4096 tokens)",
+           f"({lay.kv_bytes(4096) / mib:.0f} MiB at 4096 tokens)",
+           *([f"sliding window: {lay.n_swa_layers} of {lay.n_layer} layers over {lay.n_swa} tokens; with paged_kv "
+              f"their K/V beyond it is freed: {lay.kv_bytes(8192, swa_freed=True) / mib:.0f} MiB at 8192 tokens "
+              f"instead of {lay.kv_bytes(8192) / mib:.0f}"] if lay.n_swa_layers else []),
            (f"measured: compute {a.t_compute_s * 1e3:.1f} ms/token, read {a.bandwidth_buffered / 1e9:.2f} GB/s "
             f"buffered, {a.bandwidth_direct / 1e9:.2f} GB/s O_DIRECT; reads here: "
             f"{'O_DIRECT' if a.direct_io else 'buffered'}" if a.t_compute_s == a.t_compute_s else

@@ -1,0 +1,176 @@
+"""Small GGUFs of every supported family with random weights, laid out as llama.cpp's converter writes them
+(the gguf package's tensor names and keys), with a real vocabulary taken from another GGUF. The tests compare
+superggml with llama.cpp on them; bench/ makes larger ones.
+
+    python tests/synth_gguf.py VARIANT OUT.gguf [--vocab-from SOME.gguf]     (VARIANT: see VARIANTS)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import gguf
+import numpy as np
+
+from superggml import _core
+
+N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYER = 64, 4, 2, 96, 2
+
+
+def vocab_fields(path):
+    """The tokenizer.* keys of a GGUF, as (key, value, type, element type) for GGUFWriter.add_key_value."""
+    fields = []
+    for key, f in gguf.GGUFReader(path).fields.items():
+        if key.startswith("tokenizer.") and key != "tokenizer.chat_template":
+            vtype = f.types[0]
+            sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            fields.append((key, f.contents(), vtype, sub))
+    return fields
+
+
+def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=None, head_dim=None, seed=0,
+          extra=None, wtype="f32", n_embd=N_EMBD, n_ff=N_FF, n_layer=N_LAYER, n_head=N_HEAD,
+          n_head_kv=N_HEAD_KV, keys=None, rope=None, n_ctx_train=512):
+    """A random-weight GGUF laid out as llama.cpp's converter writes `arch`; `wtype` (f32, f16, q8_0, q4_k) is
+    the type of the matmul weights, as a quantized model has them (norms and the embedding stay F32).
+
+    scaling: a linear RoPE factor; rope: ("yarn", factor, original context) or ("longrope", original
+    context) (LongRoPE's long and short factor tensors and attn_factor, as phi3's converter writes them);
+    keys: more "{arch}.<key>" values (sliding window, soft caps...) as (value, GGUFValueType)."""
+    rng = np.random.default_rng(seed)
+    hd = head_dim or n_embd // n_head
+    n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    if head_dim or arch.startswith("gemma"):
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if scaling:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(scaling)
+    if rope and rope[0] == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope[1])
+        w.add_rope_scaling_orig_ctx_len(rope[2])
+    if rope and rope[0] == "longrope":
+        w.add_rope_scaling_orig_ctx_len(rope[1])
+        w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(n_ctx_train / rope[1]) / np.log(rope[1]))))
+    for key, (value, vtype) in (keys or {}).items():
+        w.add_key_value(f"{arch}.{key}", value, vtype)
+    for key, value, vtype, sub in fields:
+        w.add_key_value(key, value, vtype, sub_type=sub)
+
+    def put(name, a):
+        quant = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_k": gguf.GGMLQuantizationType.Q4_K}.get(wtype)
+        if a.ndim == 2 and name != "token_embd.weight" and wtype == "f16":
+            w.add_tensor(name, a.astype(np.float16))
+        elif a.ndim == 2 and name != "token_embd.weight" and quant is not None:   # ggml's own quantizer
+            w.add_tensor(name, _core.quantize(getattr(_core.GGMLType, quant.name), a), raw_dtype=quant)
+        else:
+            w.add_tensor(name, a)
+
+    def t(name, *shape, scale=0.08):  # numpy shape: rows first
+        put(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def norm(name, n=n_embd, spread=0.1):
+        w.add_tensor(name, (1 + spread * rng.standard_normal(n)).astype(np.float32))
+
+    t("token_embd.weight", n_vocab, n_embd, scale=1.0 if not arch.startswith("gemma") else 0.125)
+    norm("output_norm.weight")
+    if not tied:
+        t("output.weight", n_vocab, n_embd, scale=0.2)
+    if rope_freqs:
+        w.add_tensor("rope_freqs.weight", np.linspace(1, 8, hd // 2).astype(np.float32))
+    if rope and rope[0] == "longrope":
+        w.add_tensor("rope_factors_long.weight", np.linspace(1, 12, hd // 2).astype(np.float32))
+        w.add_tensor("rope_factors_short.weight", np.linspace(1, 1.5, hd // 2).astype(np.float32))
+    for name, value in (extra or {}).items():
+        w.add_tensor(name, value)
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        for n in ("attn_norm", "ffn_norm"):
+            norm(p + n + ".weight")
+        if arch == "phi3":       # fused, as llama.cpp's converter writes Phi-3: Q|K|V rows, gate|up rows
+            qkv = np.concatenate([rng.standard_normal((n_head * hd, n_embd)) * 0.3,
+                                  rng.standard_normal((n_head_kv * hd, n_embd)) * 0.3,
+                                  rng.standard_normal((n_head_kv * hd, n_embd)) * 0.08])
+            put(p + "attn_qkv.weight", qkv.astype(np.float32))
+            t(p + "ffn_up.weight", 2 * n_ff, n_embd)
+        else:
+            t(p + "attn_q.weight", n_head * hd, n_embd, scale=0.3)
+            t(p + "attn_k.weight", n_head_kv * hd, n_embd, scale=0.3)
+            t(p + "attn_v.weight", n_head_kv * hd, n_embd)
+            t(p + "ffn_gate.weight", n_ff, n_embd)
+            t(p + "ffn_up.weight", n_ff, n_embd)
+        t(p + "attn_output.weight", n_embd, n_head * hd)
+        t(p + "ffn_down.weight", n_embd, n_ff)
+        if arch in ("qwen3", "gemma3"):
+            for n in ("attn_q_norm", "attn_k_norm"):
+                norm(p + n + ".weight", hd, 0.2)
+        if arch.startswith("gemma"):
+            norm(p + "post_attention_norm.weight")
+            norm(p + "post_ffw_norm.weight")
+        if arch == "qwen2":
+            for n, rows in (("q", n_head * hd), ("k", n_head_kv * hd), ("v", n_head_kv * hd)):
+                t(p + f"attn_{n}.bias", rows, scale=0.5)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+U32, F32V = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
+SWA16 = {"attention.sliding_window": (16, U32)}
+VARIANTS = {
+    "llama-tied": dict(arch="llama"),
+    "llama-output-ropefreqs-linear": dict(arch="llama", tied=False, rope_freqs=True, scaling=4.0),
+    "llama-headdim32": dict(arch="llama", head_dim=32),
+    "qwen2-bias": dict(arch="qwen2", tied=False),
+    "qwen3-qknorm-headdim32": dict(arch="qwen3", head_dim=32),
+    "qwen3-qknorm-output": dict(arch="qwen3", tied=False),
+    "phi3-fused": dict(arch="phi3", tied=False),
+    "qwen3-q8_0": dict(arch="qwen3", tied=False, wtype="q8_0"),
+    "phi3-f16": dict(arch="phi3", wtype="f16"),
+    "llama-q8_0": dict(arch="llama", tied=False, wtype="q8_0"),
+    # a window of 16 tokens, shorter than the prompts; soft caps low enough to bite
+    "gemma2-swa16-softcaps": dict(arch="gemma2", keys={**SWA16, "attn_logit_softcapping": (5.0, F32V),
+                                                         "final_logit_softcapping": (8.0, F32V)}),
+    "gemma2-default-caps-f16": dict(arch="gemma2", wtype="f16"),
+    "gemma3-swa16-linear8": dict(arch="gemma3", n_layer=6, scaling=8.0, keys=SWA16),
+    "gemma3-q4_k-output-softcap": dict(arch="gemma3", tied=False, wtype="q4_k", n_embd=256, n_ff=256,
+                                       keys={**SWA16, "attention.sliding_window_pattern": (2, U32),
+                                             "final_logit_softcapping": (10.0, F32V),
+                                             "rope.freq_base_swa": (500.0, F32V)}),
+    "gemma3-global-only": dict(arch="gemma3"),
+    "qwen3-yarn4": dict(arch="qwen3", rope=("yarn", 4.0, 64)),
+    "llama-yarn2-q8_0": dict(arch="llama", wtype="q8_0", rope=("yarn", 2.0, 128)),
+    "phi3-longrope-long": dict(arch="phi3", rope=("longrope", 64)),
+    "phi3-longrope-short": dict(arch="phi3", rope=("longrope", 4096)),
+}
+
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("variant", choices=sorted(VARIANTS))
+    ap.add_argument("out")
+    ap.add_argument("--vocab-from", help="GGUF whose vocabulary to use (default: the bundled SmolLM2)")
+    a = ap.parse_args(argv)
+    if a.vocab_from is None:
+        from superggml import models
+        a.vocab_from = str(models.smollm2_path())
+    print(synth(a.out, vocab_fields(a.vocab_from), **VARIANTS[a.variant]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
