@@ -188,3 +188,10 @@ def test_streamed_family_serves_with_metrics(tmp_path, vocab_fields, variant):
     snapshots = [x for x in lines if "tokens_per_sec" in x]
     layers = [x for x in lines if x.get("event") == "layer"]
     assert len(snapshots) >= 20 and {x["layer"] for x in layers} >= set(range(N_LAYER + 1))
+
+
+def test_value_length_unlike_key_length_is_refused(tmp_path, vocab_fields):
+    path = synth(tmp_path / "v.gguf", vocab_fields, arch="qwen3",
+                 keys={"attention.value_length": (8, gguf.GGUFValueType.UINT32)})
+    with pytest.raises(UnsupportedModelError, match="value_length"):
+        Model(path)

@@ -73,6 +73,10 @@ class HParams:
             n_head = int(get("attention.head_count"))
             n_head_kv = int(get("attention.head_count_kv", n_head))
             head_dim = int(get("attention.key_length", n_embd // max(n_head, 1)))
+            v_dim = int(get("attention.value_length", n_embd // max(n_head, 1)))
+            if v_dim != head_dim:          # llama.cpp's n_embd_head_v: value_length, else n_embd / n_head
+                raise UnsupportedModelError(f"'{arch}.attention.value_length' ({v_dim}) differs from the key length "
+                                            f"({head_dim}): not supported")
             n_vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
             n_ctx_train = int(get("context_length"))
             rope = _rope_scaling(meta, arch, n_ctx_train)
