@@ -173,6 +173,7 @@ class Architecture:
     has_qkv_bias = False
     rope_factors = True      # reads rope_freqs / rope_factors_long|short (llama and phi3 do; qwen, gemma do not)
     post_norms = False       # RMS norms of the attention and FFN outputs before they join the residual (gemma)
+    qk_norm = False          # an RMS norm of every Q and K head before RoPE (qwen3, gemma3)
     ffn_glu = "swiglu"       # swiglu or geglu
 
     def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None):
@@ -234,6 +235,9 @@ class Architecture:
         if self.post_norms:
             shapes[p + "post_attention_norm.weight"] = (hp.n_embd,)
             shapes[p + "post_ffw_norm.weight"] = (hp.n_embd,)
+        if self.qk_norm:
+            shapes[p + "attn_q_norm.weight"] = (hp.head_dim,)
+            shapes[p + "attn_k_norm.weight"] = (hp.head_dim,)
         return shapes
 
     def block_tensors(self, il: int) -> list[str]:
@@ -296,9 +300,11 @@ class Architecture:
         return ctx.scale(ctx.tanh(ctx.scale(logits, float(f32(1.0) / f32(c)))), c)
 
     def build_qk_norm(self, ctx: Any, w: Weights, p: str, q: Any, k: Any) -> tuple[Any, Any]:
-        """Before RoPE: q F32 [head_dim, n_head, n_tokens], k F32 [head_dim, n_head_kv, n_tokens]. Most
-        families leave them as they are."""
-        return q, k
+        """Before RoPE: q F32 [head_dim, n_head, n_tokens], k F32 [head_dim, n_head_kv, n_tokens], each head
+        RMS-normed where the family has qk_norm."""
+        if not self.qk_norm:
+            return q, k
+        return self.norm(ctx, w, q, p + "attn_q_norm.weight"), self.norm(ctx, w, k, p + "attn_k_norm.weight")
 
     def rope_factors_of(self, w: Weights) -> Any:
         """llama.cpp's get_rope_factors: Llama 3.1's rope_freqs, else LongRoPE's long factors when the context

@@ -12,7 +12,6 @@ from typing import Any, Mapping
 
 from ..errors import UnsupportedModelError
 from .gemma2 import Gemma2Arch
-from .qwen3 import Qwen3Arch
 
 VISION_PREFIXES = ("v.", "mm.", "vision_tower.", "multi_modal_projector.")
 
@@ -20,7 +19,7 @@ VISION_PREFIXES = ("v.", "mm.", "vision_tower.", "multi_modal_projector.")
 class Gemma3Arch(Gemma2Arch):
     swa_period = 6
     big_layers = 62
-    build_qk_norm = Qwen3Arch.build_qk_norm
+    qk_norm = True
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         self.n_swa = int(self.key(meta, "attention.sliding_window", 0))
@@ -33,13 +32,6 @@ class Gemma3Arch(Gemma2Arch):
 
     def output_tensor(self, has: Any) -> str:
         return "output.weight" if has("output.weight") else "token_embd.weight"
-
-    def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
-        shapes = super().block_tensor_shapes(il)
-        p = f"blk.{il}."
-        shapes[p + "attn_q_norm.weight"] = (self.hp.head_dim,)
-        shapes[p + "attn_k_norm.weight"] = (self.hp.head_dim,)
-        return shapes
 
     def validate(self, table: Mapping[str, tuple[int, ...]]) -> None:
         vision = next((n for n in table if n.startswith(VISION_PREFIXES)), None)
