@@ -2,7 +2,10 @@
 // sequences grow, get truncated and dropped in random order through 3 frames,
 // a host budget of a few pages and a spill file, with worker fills ahead of
 // use; every acquire must show exactly the rows written before (checked
-// against a shadow copy, K rows and transposed V).
+// against a shadow copy, K rows and transposed V). Layers 1 and 3 slide over
+// a window of W tokens: each pass frees their pages below it (seq_forget), and
+// only the rows still held are checked; truncating before them drops the
+// sequence, as the executor does.
 #include "kv-cache.h"
 
 #include "ggml.h"
@@ -45,11 +48,15 @@ int main() {
         kv_cache kv(p, k, v, &workers);
         std::mt19937 rnd(3);
         std::map<std::pair<int, int>, std::vector<float>> shadow;   // (seq, layer) -> n x [k g, v g]
-        std::vector<int64_t> n_past(n_seq, 0);
+        std::vector<int64_t> n_past(n_seq, 0), floor(n_seq, 0);
+        const int64_t W = 20;
+        auto slides = [](int l) { return l % 2 == 1; };
         for (int step = 0; step < 3000; ++step) {
             const int seq = (int) (rnd() % n_seq);
             if (rnd() % 12 == 0) {
-                const int64_t n = (int64_t) (rnd() % (n_past[seq] + 1));
+                int64_t n = (int64_t) (rnd() % (n_past[seq] + 1));
+                if (floor[seq] > std::max<int64_t>(0, n - W + 1)) n = 0;   // the window's keys are gone
+                if (n == 0) floor[seq] = 0;
                 kv.seq_truncate(seq, n);
                 n_past[seq] = n;
                 for (int l = 0; l < n_layer; ++l) {
@@ -60,13 +67,17 @@ int main() {
             }
             const int64_t p0 = n_past[seq], n = 1 + (int64_t) (rnd() % 23);
             if (p0 + n > n_ctx) continue;
+            if (p0 - W + 1 > 0) {
+                for (int l = 0; l < n_layer; ++l) if (slides(l)) kv.seq_forget(seq, l, p0 - W + 1);
+                floor[seq] = std::max(floor[seq], (p0 - W + 1) / P * P);
+            }
             for (int l = 0; l < n_layer; ++l) {
                 kv.acquire(seq, l, p0);
                 if (rnd() % 2 && l + 1 < n_layer) kv.prefetch(seq, l + 1, p0);
                 auto * kd = static_cast<float *>(k[l]->data);
                 auto * vd = static_cast<float *>(v[l]->data);
                 auto & s = shadow[{seq, l}];
-                for (int64_t t = 0; t < p0; ++t) {
+                for (int64_t t = slides(l) ? floor[seq] : 0; t < p0; ++t) {
                     for (int64_t c = 0; c < g; ++c) {
                         if (kd[t * g + c] != s[(t * 2) * g + c] || vd[c * n_ctx + t] != s[(t * 2 + 1) * g + c]) bad++;
                     }
@@ -87,10 +98,11 @@ int main() {
             steps++;
         }
         kv_stats st = kv.stats();
-        std::printf("kv: steps %d, loaded %llu, prefetched %llu, spilled %llu, evicted %llu, bad %d\n", steps,
-                    (unsigned long long) st.pages_loaded, (unsigned long long) st.pages_prefetched,
-                    (unsigned long long) st.pages_spilled, (unsigned long long) st.pages_evicted, bad);
-        if (st.pages_prefetched == 0 || st.pages_spilled == 0) bad++;
+        std::printf("kv: steps %d, loaded %llu, prefetched %llu, spilled %llu, evicted %llu, forgotten %llu, bad %d\n",
+                    steps, (unsigned long long) st.pages_loaded, (unsigned long long) st.pages_prefetched,
+                    (unsigned long long) st.pages_spilled, (unsigned long long) st.pages_evicted,
+                    (unsigned long long) st.pages_forgotten, bad);
+        if (st.pages_prefetched == 0 || st.pages_spilled == 0 || st.pages_forgotten == 0) bad++;
     }
     const bool left = rmdir(dir) != 0;   // the spill file must be gone
     if (left) std::printf("kv: the spill file was left behind\n");
