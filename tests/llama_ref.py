@@ -8,6 +8,7 @@ to the other's symbols. So the reference runs in a subprocess:
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
@@ -66,6 +67,20 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
             r = llm.create_completion(prompt, max_tokens=req["max_tokens"], temperature=0.0, top_k=1,
                                       repeat_penalty=1.0)
             out[f"text{i}"] = np.array(r["choices"][0]["text"])
+            # the greedy ids, and their text through llama.cpp's own llama_detokenize: llama-cpp-python's
+            # detokenize drops pieces longer than its 32-byte buffer (random weights pick such tokens)
+            llm.reset()
+            ids = []
+            for t in llm.generate(llm.tokenize(prompt.encode()), top_k=1, temp=0.0, repeat_penalty=1.0):
+                if llama_cpp.llama_vocab_is_eog(llm._model.vocab, t) or len(ids) == req["max_tokens"]:
+                    break
+                ids.append(t)
+            buf = ctypes.create_string_buffer(1 << 16)
+            arr = (llama_cpp.llama_token * len(ids))(*ids)
+            n = llama_cpp.llama_detokenize(llm._model.vocab, arr, len(ids), buf, len(buf), False, False)
+            out[f"ids{i}"] = np.array(ids, dtype=np.int64)
+            out[f"piece_text{i}"] = np.array(buf.raw[:n].decode("utf-8", errors="ignore"))
+            llm.reset()
         return out
     if kind == "bench":
         llm = llama_cpp.Llama(**kw)

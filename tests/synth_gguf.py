@@ -31,13 +31,16 @@ def vocab_fields(path):
 
 def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=None, head_dim=None, seed=0,
           extra=None, wtype="f32", n_embd=N_EMBD, n_ff=N_FF, n_layer=N_LAYER, n_head=N_HEAD,
-          n_head_kv=N_HEAD_KV, keys=None, rope=None, n_ctx_train=512):
+          n_head_kv=N_HEAD_KV, keys=None, rope=None, n_ctx_train=512, n_expert=0, n_expert_used=0,
+          n_ff_exp=None, n_ff_shexp=None):
     """A random-weight GGUF laid out as llama.cpp's converter writes `arch`; `wtype` (f32, f16, q8_0, q4_k) is
     the type of the matmul weights, as a quantized model has them (norms and the embedding stay F32).
 
     scaling: a linear RoPE factor; rope: ("yarn", factor, original context) or ("longrope", original
     context) (LongRoPE's long and short factor tensors and attn_factor, as phi3's converter writes them);
-    keys: more "{arch}.<key>" values (sliding window, soft caps...) as (value, GGUFValueType)."""
+    keys: more "{arch}.<key>" values (sliding window, soft caps...) as (value, GGUFValueType).
+    n_expert > 0: a mixture of experts (3-D ffn_{gate,up,down}_exps of n_ff_exp, a router; a shared expert of
+    n_ff_shexp for qwen2moe), laid out as llama.cpp's converter writes qwen2moe, qwen3moe, olmoe and Mixtral."""
     rng = np.random.default_rng(seed)
     hd = head_dim or n_embd // n_head
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
@@ -53,6 +56,13 @@ def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=No
     if head_dim or arch.startswith("gemma"):
         w.add_key_length(hd)
         w.add_value_length(hd)
+    if n_expert:
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
+        if n_ff_exp:
+            w.add_expert_feed_forward_length(n_ff_exp)
+        if n_ff_shexp:
+            w.add_expert_shared_feed_forward_length(n_ff_shexp)
     if scaling:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(scaling)
@@ -70,10 +80,12 @@ def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=No
 
     def put(name, a):
         quant = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_k": gguf.GGMLQuantizationType.Q4_K}.get(wtype)
-        if a.ndim == 2 and name != "token_embd.weight" and wtype == "f16":
+        matrix = a.ndim >= 2 and name != "token_embd.weight" and "ffn_gate_inp" not in name   # the router stays F32
+        if matrix and wtype == "f16":
             w.add_tensor(name, a.astype(np.float16))
-        elif a.ndim == 2 and name != "token_embd.weight" and quant is not None:   # ggml's own quantizer
-            w.add_tensor(name, _core.quantize(getattr(_core.GGMLType, quant.name), a), raw_dtype=quant)
+        elif matrix and quant is not None:   # ggml's own quantizer, row by row
+            q = _core.quantize(getattr(_core.GGMLType, quant.name), a.reshape(-1, a.shape[-1]))
+            w.add_tensor(name, q.reshape(*a.shape[:-1], q.shape[-1]), raw_dtype=quant)
         else:
             w.add_tensor(name, a)
 
@@ -98,7 +110,21 @@ def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=No
         p = f"blk.{il}."
         for n in ("attn_norm", "ffn_norm"):
             norm(p + n + ".weight")
-        if arch == "phi3":       # fused, as llama.cpp's converter writes Phi-3: Q|K|V rows, gate|up rows
+        if n_expert:
+            t(p + "attn_q.weight", n_head * hd, n_embd, scale=0.3)
+            t(p + "attn_k.weight", n_head_kv * hd, n_embd, scale=0.3)
+            t(p + "attn_v.weight", n_head_kv * hd, n_embd)
+            fe = n_ff_exp or n_ff
+            t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=0.5)
+            t(p + "ffn_gate_exps.weight", n_expert, fe, n_embd)
+            t(p + "ffn_up_exps.weight", n_expert, fe, n_embd)
+            t(p + "ffn_down_exps.weight", n_expert, n_embd, fe)
+            if n_ff_shexp:
+                t(p + "ffn_gate_inp_shexp.weight", n_embd, scale=0.3)
+                t(p + "ffn_gate_shexp.weight", n_ff_shexp, n_embd)
+                t(p + "ffn_up_shexp.weight", n_ff_shexp, n_embd)
+                t(p + "ffn_down_shexp.weight", n_embd, n_ff_shexp)
+        elif arch == "phi3":       # fused, as llama.cpp's converter writes Phi-3: Q|K|V rows, gate|up rows
             qkv = np.concatenate([rng.standard_normal((n_head * hd, n_embd)) * 0.3,
                                   rng.standard_normal((n_head_kv * hd, n_embd)) * 0.3,
                                   rng.standard_normal((n_head_kv * hd, n_embd)) * 0.08])
@@ -111,14 +137,18 @@ def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=No
             t(p + "ffn_gate.weight", n_ff, n_embd)
             t(p + "ffn_up.weight", n_ff, n_embd)
         t(p + "attn_output.weight", n_embd, n_head * hd)
-        t(p + "ffn_down.weight", n_embd, n_ff)
-        if arch in ("qwen3", "gemma3"):
+        if not n_expert:
+            t(p + "ffn_down.weight", n_embd, n_ff)
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             for n in ("attn_q_norm", "attn_k_norm"):
                 norm(p + n + ".weight", hd, 0.2)
+        if arch == "olmoe":        # norms of the whole Q and K projections
+            norm(p + "attn_q_norm.weight", n_head * hd, 0.2)
+            norm(p + "attn_k_norm.weight", n_head_kv * hd, 0.2)
         if arch.startswith("gemma"):
             norm(p + "post_attention_norm.weight")
             norm(p + "post_ffw_norm.weight")
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen2moe"):
             for n, rows in (("q", n_head * hd), ("k", n_head_kv * hd), ("v", n_head_kv * hd)):
                 t(p + f"attn_{n}.bias", rows, scale=0.5)
     w.write_header_to_file()
@@ -155,6 +185,12 @@ VARIANTS = {
     "llama-yarn2-q8_0": dict(arch="llama", wtype="q8_0", rope=("yarn", 2.0, 128)),
     "phi3-longrope-long": dict(arch="phi3", rope=("longrope", 64)),
     "phi3-longrope-short": dict(arch="phi3", rope=("longrope", 4096)),
+    # mixtures of experts: 8 experts, 2 (or 1) per token
+    "qwen3moe-8x2": dict(arch="qwen3moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=48),
+    "qwen3moe-8x2-q8_0": dict(arch="qwen3moe", n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="q8_0"),
+    "qwen2moe-shared": dict(arch="qwen2moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64),
+    "olmoe-8x2-f16": dict(arch="olmoe", tied=False, n_expert=8, n_expert_used=2, wtype="f16", n_head_kv=N_HEAD),
+    "mixtral-8x1": dict(arch="llama", tied=False, n_expert=8, n_expert_used=1),
 }
 
 

@@ -58,7 +58,8 @@ def test_unsupported_rope_scaling(tmp_path):
 
 @pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias", "qwen3-qknorm-headdim32", "phi3-fused", "qwen3-q8_0",
                                      "phi3-f16", "gemma2-swa16-softcaps", "gemma3-q4_k-output-softcap",
-                                     "gemma3-swa16-linear8", "qwen3-yarn4", "phi3-longrope-long"])
+                                     "gemma3-swa16-linear8", "qwen3-yarn4", "phi3-longrope-long", "qwen3moe-8x2-q8_0",
+                                     "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1"])
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
     """F32 weights included: the streamed lm head's row chunks hold a multiple of 16 rows, so ggml-cpu's F32
     sgemm (multiple-of-4 row counts only) serves every chunk of a prompt as it serves the whole head."""
@@ -80,16 +81,25 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
 
 
 @pytest.mark.parametrize("variant", ["qwen3-q8_0", "phi3-fused", "gemma2-swa16-softcaps", "gemma3-swa16-linear8",
-                                     "gemma3-q4_k-output-softcap", "llama-yarn2-q8_0", "phi3-longrope-long"])
+                                     "gemma3-q4_k-output-softcap", "llama-yarn2-q8_0", "phi3-longrope-long",
+                                     "qwen3moe-8x2-q8_0", "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1"])
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
     prompts = ["Once upon a time", "def fibonacci(n):"]
     ref = llama_ref.run({"kind": "generate", "model": path, "prompts": prompts, "max_tokens": 48})
     with Model(path, ctx_size=256, n_threads=2) as m:
         for i, prompt in enumerate(prompts):
+            n_prompt = len(m.tokenize(prompt))
             out = m.create_completion(prompt, max_tokens=48, temperature=0.0, repeat_penalty=1.0)
-            assert out["choices"][0]["text"] == str(ref[f"text{i}"])
             assert out["usage"]["completion_tokens"] == 48 and len(out["choices"][0]["text"]) > 48
+            ref_ids = [int(x) for x in ref[f"ids{i}"]]
+            ids = m.tokens[n_prompt:]              # the last one sampled is not evaluated
+            assert len(ref_ids) == 48 and len(ids) >= 47 and ids == ref_ids[:len(ids)]
+            # their text as llama.cpp's llama_detokenize gives it; llama-cpp-python's own text drops any piece
+            # longer than its 32-byte buffer, and equals it where there is none
+            assert out["choices"][0]["text"] == str(ref[f"piece_text{i}"])
+            if all(len(m.tokenizer.token_to_piece(t)) <= 32 for t in ref_ids):
+                assert out["choices"][0]["text"] == str(ref[f"text{i}"])
 
 
 def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):

@@ -52,6 +52,42 @@ void init_ops(py::module_ & m) {
     ctx.def("rms_norm", [](const ctx_ptr & c, const T & a, float eps) { c->check_room(); return wrap(c, ggml_rms_norm(c->ctx(), a.t, eps)); });
     ctx.def("silu", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_silu(c->ctx(), a.t)); });
     ctx.def("tanh", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_tanh(c->ctx(), a.t)); });
+    ctx.def("sigmoid", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sigmoid(c->ctx(), a.t)); });
+    ctx.def("sum_rows", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sum_rows(c->ctx(), a.t)); },
+            "[n, ...] -> [1, ...]");
+    ctx.def("clamp", [](const ctx_ptr & c, const T & a, float lo, float hi) {
+        c->check_room();
+        return wrap(c, ggml_clamp(c->ctx(), a.t, lo, hi));
+    });
+    ctx.def("argsort_top_k", [](const ctx_ptr & c, const T & a, int k) {
+        need(a.t->type == GGML_TYPE_F32 && k >= 1 && k <= a.t->ne[0], "argsort_top_k", "need F32 rows of at least k");
+        c->check_room();
+        return wrap(c, ggml_argsort_top_k(c->ctx(), a.t, k));
+    }, "I32 indices of the k largest of each row, largest first (a view of a descending argsort)");
+    ctx.def("mul_mat_id", [](const ctx_ptr & c, const T & as, const T & b, const T & ids) {
+        need(ids.t->type == GGML_TYPE_I32, "mul_mat_id", "ids must be I32");
+        need(as.t->ne[0] == b.t->ne[0] && ids.t->ne[1] == b.t->ne[2] && b.t->ne[1] <= ids.t->ne[0] &&
+             (b.t->ne[1] == 1 || b.t->ne[1] == ids.t->ne[0]), "mul_mat_id",
+             "shapes do not match: as [K, M, n_as], b [K, 1 or n_used, n_tokens], ids I32 [n_used, n_tokens]");
+        c->check_room();
+        return wrap(c, ggml_mul_mat_id(c->ctx(), as.t, b.t, ids.t));
+    }, "as [K, M, n_as] (one matrix per expert) x b [K, n_b, n_tokens] with ids I32 [n_used, n_tokens] -> F32 "
+       "[M, n_used, n_tokens]");
+    ctx.def("add_id", [](const ctx_ptr & c, const T & a, const T & b, const T & ids) {
+        need(ids.t->type == GGML_TYPE_I32 && a.t->ne[0] == b.t->ne[0], "add_id", "a [n, n_used, n_tokens], b [n, n_as], ids I32");
+        c->check_room();
+        return wrap(c, ggml_add_id(c->ctx(), a.t, b.t, ids.t));
+    }, "a + b[:, ids] (per-expert biases)");
+    ctx.def("swiglu_oai", [](const ctx_ptr & c, const T & gate, const T & up, float alpha, float limit) {
+        need(ggml_are_same_shape(gate.t, up.t), "swiglu_oai", "gate and up differ in shape");
+        c->check_room();
+        return wrap(c, ggml_swiglu_oai(c->ctx(), gate.t, up.t, alpha, limit));
+    }, "gpt-oss's clamped SwiGLU");
+    ctx.def("div", [](const ctx_ptr & c, const T & a, const T & b) {
+        need(ggml_can_repeat(b.t, a.t), "div", "b does not broadcast to a");
+        c->check_room();
+        return wrap(c, ggml_div(c->ctx(), a.t, b.t));
+    });
     ctx.def("swiglu_split", [](const ctx_ptr & c, const T & gate, const T & up) {
         need(ggml_are_same_shape(gate.t, up.t), "swiglu_split", "gate and up differ in shape");
         c->check_room();
@@ -143,22 +179,30 @@ void init_ops(py::module_ & m) {
        py::arg("attn_factor") = 1.0f, py::arg("beta_fast") = 32.0f, py::arg("beta_slow") = 1.0f,
        "RoPE of a [head_dim, n_head, n_tokens] at I32 positions; freq_factors (F32 [n_dims/2]) or None.");
 
-    ctx.def("soft_max_ext", [](const ctx_ptr & c, const T & a, std::optional<T> mask, float scale, float max_bias) {
+    ctx.def("soft_max_ext", [](const ctx_ptr & c, const T & a, std::optional<T> mask, float scale, float max_bias,
+                               std::optional<T> sinks) {
+        need(!sinks || (sinks->t->type == GGML_TYPE_F32 && sinks->t->ne[0] == a.t->ne[2]), "soft_max_ext",
+             "sinks must be F32 [n_head]");
         c->check_room();
-        return wrap(c, ggml_soft_max_ext(c->ctx(), a.t, mask ? mask->t : nullptr, scale, max_bias));
-    }, py::arg("a"), py::arg("mask"), py::arg("scale"), py::arg("max_bias") = 0.0f);
+        ggml_tensor * r = ggml_soft_max_ext(c->ctx(), a.t, mask ? mask->t : nullptr, scale, max_bias);
+        if (sinks) ggml_soft_max_add_sinks(r, sinks->t);
+        return wrap(c, r);
+    }, py::arg("a"), py::arg("mask"), py::arg("scale"), py::arg("max_bias") = 0.0f, py::arg("sinks") = py::none(),
+       "softmax(a * scale + mask) over rows; sinks (F32 [n_head]): a per-head logit that joins each row's sum");
 
     ctx.def("flash_attn_ext", [](const ctx_ptr & c, const T & q, const T & k, const T & v, std::optional<T> mask,
-                                 float scale, float max_bias, float softcap) {
+                                 float scale, float max_bias, float softcap, std::optional<T> sinks) {
         need(q.t->ne[0] == k.t->ne[0] && k.t->ne[1] == v.t->ne[1] && q.t->ne[2] % k.t->ne[2] == 0,
              "flash_attn_ext", "q/k/v shapes do not match");
         need(!mask || mask->t->type == GGML_TYPE_F16, "flash_attn_ext", "mask must be F16");
+        need(!sinks || sinks->t->type == GGML_TYPE_F32, "flash_attn_ext", "sinks must be F32 [n_head]");
         c->check_room();
         ggml_tensor * r = ggml_flash_attn_ext(c->ctx(), q.t, k.t, v.t, mask ? mask->t : nullptr, scale, max_bias, softcap);
+        if (sinks) ggml_flash_attn_ext_add_sinks(r, sinks->t);
         ggml_prec_set_acc(r, GGML_PREC_F32);   // as llama.cpp sets it
         return wrap(c, r);
     }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"),
-       py::arg("max_bias") = 0.0f, py::arg("softcap") = 0.0f,
+       py::arg("max_bias") = 0.0f, py::arg("softcap") = 0.0f, py::arg("sinks") = py::none(),
        "q [d, n_tokens, n_head], k/v [d, n_kv, n_head_kv], mask F16 [n_kv, n_tokens] -> [d, n_head, n_tokens]");
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import gc
 import inspect
@@ -368,7 +369,9 @@ class Model:
         limit = self.n_ctx - len(prompt_tokens)
         if max_tokens is not None and max_tokens > 0:
             limit = min(limit, max_tokens)
-        pending = b""
+        # bytes to text as llama-cpp-python gives them (the whole completion decoded with errors="ignore"): a
+        # character split across tokens waits for its rest, bytes that never form one are dropped
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="ignore")
         text = ""
         sent = 0
         n = 0
@@ -379,14 +382,7 @@ class Model:
                 finish = "stop"
                 break
             n += 1
-            pending += self.tokenizer.token_to_piece(tok, special=False)
-            try:
-                text += pending.decode("utf-8")
-                pending = b""
-            except UnicodeDecodeError:
-                if len(pending) > 8:
-                    text += pending.decode("utf-8", errors="replace")
-                    pending = b""
+            text += utf8.decode(self.tokenizer.token_to_piece(tok, special=False))
             hit = min((i for i in (text.find(s, max(0, sent - len(s))) for s in stop) if i >= 0), default=-1)
             if hit >= 0:
                 text = text[:hit]
@@ -398,8 +394,7 @@ class Model:
                 sent = safe
             if n >= limit:
                 break
-        if pending:
-            text += pending.decode("utf-8", errors="replace")
+        text += utf8.decode(b"", final=True)
         yield text[sent:], finish, n
 
     def create_completion(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16,

@@ -14,8 +14,11 @@ from .llama import LlamaArch
 from .qwen2 import Qwen2Arch
 from .gemma2 import Gemma2Arch
 from .gemma3 import Gemma3Arch
+from .olmoe import OlmoeArch
 from .phi3 import Phi3Arch
+from .qwen2moe import Qwen2MoeArch
 from .qwen3 import Qwen3Arch
+from .qwen3moe import Qwen3MoeArch
 
 ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama": LlamaArch,
@@ -24,6 +27,9 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "phi3": Phi3Arch,
     "gemma2": Gemma2Arch,
     "gemma3": Gemma3Arch,
+    "qwen2moe": Qwen2MoeArch,
+    "qwen3moe": Qwen3MoeArch,
+    "olmoe": OlmoeArch,
 }
 
 

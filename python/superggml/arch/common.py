@@ -55,6 +55,8 @@ class HParams:
     n_ctx_orig: int = 0                   # rope.scaling.original_context_length, else n_ctx_train
     rope_ext_factor: float = 0.0          # YaRN: 1
     rope_attn_factor: float = 1.0         # YaRN's magnitude correction times rope.scaling.attn_factor
+    n_expert: int = 0                     # mixture of experts: experts per layer (0: a dense FFN)
+    n_expert_used: int = 0                # experts each token is routed to
 
     @property
     def n_embd_gqa(self) -> int:
@@ -93,6 +95,8 @@ class HParams:
                 rms_eps=float(get("attention.layer_norm_rms_epsilon")),
                 rope_base=float(get("rope.freq_base", 10000.0)),
                 n_rot=int(get("rope.dimension_count", head_dim)),
+                n_expert=int(get("expert_count", 0)),
+                n_expert_used=int(get("expert_used_count", 0)),
                 **rope,
             )
         except (TypeError, ValueError) as e:
@@ -103,6 +107,8 @@ class HParams:
             raise GGUFError(f"GGUF hyperparameters are not positive: {hp}")
         if hp.n_head % hp.n_head_kv or hp.n_rot > hp.head_dim or hp.n_rot % 2:
             raise GGUFError(f"GGUF hyperparameters are inconsistent: {hp}")
+        if hp.n_expert and not 0 < hp.n_expert_used <= hp.n_expert:
+            raise GGUFError(f"expert_used_count ({hp.n_expert_used}) must be in 1..expert_count ({hp.n_expert})")
         return hp
 
 
@@ -185,7 +191,12 @@ class Architecture:
         self.swa_layers: tuple[bool, ...] = (False,) * hp.n_layer
         self.rope_base_swa, self.rope_scale_swa = hp.rope_base, hp.rope_scale
         self.n_ctx_seq = hp.n_ctx_train     # the context the model runs with (set_context)
-        self.load_hparams(meta or {})
+        meta = meta or {}
+        # mixture of experts (hp.n_expert > 0): the experts' FFN size, a shared expert's (0: none)
+        self.n_ff_exp = hp.n_ff
+        self.n_ff_shexp = 0
+        self.moe_norm_w = True              # the chosen experts' weights renormalised to sum to 1
+        self.load_hparams(meta)
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         """Family keys beyond HParams (llama.cpp's load_arch_hparams)."""
@@ -224,10 +235,15 @@ class Architecture:
             p + "attn_v.weight": (hp.n_embd, hp.n_embd_gqa),
             p + "attn_output.weight": (hp.n_head * hp.head_dim, hp.n_embd),
             p + "ffn_norm.weight": (hp.n_embd,),
-            p + "ffn_gate.weight": (hp.n_embd, hp.n_ff),
-            p + "ffn_up.weight": (hp.n_embd, hp.n_ff),
-            p + "ffn_down.weight": (hp.n_ff, hp.n_embd),
         }
+        if hp.n_expert:
+            shapes.update(moe_tensor_shapes(self, il))
+        else:
+            shapes.update({
+                p + "ffn_gate.weight": (hp.n_embd, hp.n_ff),
+                p + "ffn_up.weight": (hp.n_embd, hp.n_ff),
+                p + "ffn_down.weight": (hp.n_ff, hp.n_embd),
+            })
         if self.has_qkv_bias:
             shapes[p + "attn_q.bias"] = (hp.n_head * hp.head_dim,)
             shapes[p + "attn_k.bias"] = (hp.n_embd_gqa,)
@@ -367,7 +383,10 @@ class Architecture:
         return ctx.reshape(q, [hp.head_dim, hp.n_head, n]), ctx.reshape(k, [hp.head_dim, hp.n_head_kv, n]), v
 
     def build_ffn(self, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
-        """The normed input F32 [n_embd, n] -> F32 [n_embd, n]: a gated FFN with separate gate and up."""
+        """The normed input F32 [n_embd, n] -> F32 [n_embd, n]: a gated FFN with separate gate and up, or the
+        mixture of experts (arch/moe.py)."""
+        if self.hp.n_expert:
+            return build_moe_ffn(self, ctx, w, p, cur)
         gate = ctx.mul_mat(w(p + "ffn_gate.weight"), cur)
         up = ctx.mul_mat(w(p + "ffn_up.weight"), cur)
         return ctx.mul_mat(w(p + "ffn_down.weight"), self.glu(ctx, gate, up))
@@ -418,3 +437,6 @@ def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, 
     kqv = ctx.mul_mat(vp, kq)                                              # [d, n, n_head]
     cur = ctx.cont(ctx.permute(kqv, 0, 2, 1, 3))                           # [d, n_head, n]
     return ctx.reshape(cur, [d * hp.n_head, n])
+
+
+from .moe import build_moe_ffn, moe_tensor_shapes  # noqa: E402  (moe.py builds on Architecture)

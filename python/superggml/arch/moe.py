@@ -1,0 +1,79 @@
+"""The mixture-of-experts FFN, as llama.cpp's llm_graph_context::build_moe_ffn builds it for softmax-gated
+families (qwen2moe, qwen3moe, olmoe, Mixtral-style llama): a router picks n_expert_used of n_expert experts
+per token, their SwiGLU FFNs run through ggml_mul_mat_id over 3-D expert tensors, and the outputs are summed
+with the router's weights (renormalised where the family does). qwen2moe adds a shared expert behind a
+sigmoid gate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .common import Architecture, Weights
+
+WEIGHTS_SUM_MIN = 6.103515625e-5      # llama.cpp clamps the sum of the chosen weights to the smallest F16 normal
+
+
+def qwen_expert_ff(arch: Architecture, meta: Any) -> int:
+    """Qwen MoE experts' FFN size: expert_feed_forward_length, else n_ff / n_expert_used (llama.cpp's rule)."""
+    return int(arch.key(meta, "expert_feed_forward_length", 0)) or arch.hp.n_ff // max(arch.hp.n_expert_used, 1)
+
+
+def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]:
+    """The FFN tensors of block il: router [n_embd, n_expert]; experts [n_embd, n_ff_exp, n_expert] (gate, up)
+    and [n_ff_exp, n_embd, n_expert] (down); and the shared expert where the family has one."""
+    hp, p = arch.hp, f"blk.{il}."
+    n_ff = arch.n_ff_exp
+    shapes = {
+        p + "ffn_gate_inp.weight": (hp.n_embd, hp.n_expert),
+        p + "ffn_gate_exps.weight": (hp.n_embd, n_ff, hp.n_expert),
+        p + "ffn_up_exps.weight": (hp.n_embd, n_ff, hp.n_expert),
+        p + "ffn_down_exps.weight": (n_ff, hp.n_embd, hp.n_expert),
+    }
+    if arch.n_ff_shexp:
+        shapes.update({
+            p + "ffn_gate_inp_shexp.weight": (hp.n_embd,),
+            p + "ffn_gate_shexp.weight": (hp.n_embd, arch.n_ff_shexp),
+            p + "ffn_up_shexp.weight": (hp.n_embd, arch.n_ff_shexp),
+            p + "ffn_down_shexp.weight": (arch.n_ff_shexp, hp.n_embd),
+        })
+    return shapes
+
+
+def build_router(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> tuple[Any, Any]:
+    """cur F32 [n_embd, n] -> (selected experts I32 [k, n], their weights F32 [1, k, n])."""
+    hp = arch.hp
+    n, k = cur.ne[1], hp.n_expert_used
+    logits = ctx.mul_mat(w(p + "ffn_gate_inp.weight"), cur)             # F32 [n_expert, n]
+    probs = ctx.soft_max_ext(logits, None, 1.0)
+    selected = ctx.argsort_top_k(probs, k)                               # I32 [k, n] (a view)
+    weights = ctx.get_rows(ctx.reshape(probs, [1, hp.n_expert, n]), selected)   # F32 [1, k, n]
+    if arch.moe_norm_w:
+        weights = ctx.reshape(weights, [k, n])
+        total = ctx.clamp(ctx.sum_rows(weights), WEIGHTS_SUM_MIN, float("inf"))  # [1, n]
+        weights = ctx.reshape(ctx.div(weights, total), [1, k, n])
+    return selected, weights
+
+
+def build_moe_ffn(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
+    """The normed input F32 [n_embd, n] -> F32 [n_embd, n]."""
+    hp = arch.hp
+    n_embd, n, k = cur.ne[0], cur.ne[1], hp.n_expert_used
+    selected, weights = build_router(arch, ctx, w, p, cur)
+    x = ctx.reshape(cur, [n_embd, 1, n])
+    up = ctx.mul_mat_id(w(p + "ffn_up_exps.weight"), x, selected)        # F32 [n_ff_exp, k, n]
+    gate = ctx.mul_mat_id(w(p + "ffn_gate_exps.weight"), x, selected)
+    experts = ctx.mul_mat_id(w(p + "ffn_down_exps.weight"), ctx.swiglu_split(gate, up), selected)  # [n_embd, k, n]
+    experts = ctx.mul(experts, weights)
+    out = None
+    for i in range(k):                         # the chosen experts' outputs, summed in order
+        view = ctx.view(experts, [n_embd, n], [experts.nb[2]], i * experts.nb[1])
+        out = view if out is None else ctx.add(out, view)
+    if k == 1:
+        out = ctx.cont(out)
+    if arch.n_ff_shexp:
+        g = ctx.mul_mat(w(p + "ffn_gate_inp_shexp.weight"), cur)         # F32 [1, n]
+        gate_s = ctx.div(ctx.silu(g), g)                                 # sigmoid, as llama.cpp writes it
+        shared = ctx.mul_mat(w(p + "ffn_down_shexp.weight"), ctx.swiglu_split(
+            ctx.mul_mat(w(p + "ffn_gate_shexp.weight"), cur), ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)))
+        out = ctx.add(out, ctx.mul(shared, gate_s))
+    return out
