@@ -14,6 +14,7 @@ struct pool_stats;
 struct pager_stats;
 struct kv_stats;
 struct loader_stats;
+struct expert_cache_stats;
 
 // A ggml tensor seen from Python; `owner` keeps its context (or store) alive.
 struct tensor_ref {
@@ -28,6 +29,7 @@ pybind11::dict to_dict(const pool_stats & s);
 pybind11::dict to_dict(const pager_stats & s);   // the pager's own counts (LayerPager.stats() adds I/O ones)
 pybind11::dict to_dict(const kv_stats & s);
 pybind11::dict to_dict(const loader_stats & s);
+pybind11::dict to_dict(const expert_cache_stats & s);
 
 void init_errors(pybind11::module_ & m);
 void init_gguf_file(pybind11::module_ & m);
@@ -38,6 +40,7 @@ void init_buffer_pool(pybind11::module_ & m);
 void init_prefetch(pybind11::module_ & m);
 void init_pager(pybind11::module_ & m);
 void init_telemetry(pybind11::module_ & m);
+void init_expert_cache(pybind11::module_ & m);
 void init_kv_cache(pybind11::module_ & m);
 void init_io(pybind11::module_ & m);
 void init_weight_loader(pybind11::module_ & m);

@@ -23,6 +23,7 @@ void init_weight_store(py::module_ & m) {
         .def("get", [](const std::shared_ptr<weight_store> & s, const std::string & name) {
             return tensor_ref{s->get(name), s};
         }, py::arg("name"), "The paged tensor `name` (GGUFError if the file has none).")
+        .def_property_readonly("path", [](const weight_store & s) { return s.file().path(); })
         .def("has", &weight_store::has)
         .def("names", [](const weight_store & s) {
             std::vector<std::string> v;

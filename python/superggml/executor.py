@@ -16,7 +16,8 @@ import numpy as np
 from . import _core
 from .arch import Architecture
 from .arch.common import StepInputs
-from .layers import Block, HeadChunk, Key, KVPage, NullKV, NullPager, PagedKV, WeightPager
+from .arch import moe
+from .layers import Block, ExpertPager, HeadChunk, Key, KVPage, NullKV, NullPager, PagedKV, WeightPager
 from .scheduler import LayerScheduler, MemoryFn, device_memory_fn
 from .settings import Settings
 
@@ -66,6 +67,8 @@ class Step:
     layer: int | None = None        # the block whose K/V the graph reads and writes
     dev: int = 0
     group: int | None = None
+    experts: int | None = None      # the block whose routed experts come from the expert cache first
+    expert_ids: Any = None          # I32 [k, rows]: the routed experts as cache slots (filled before it runs)
 
 
 class _WeightView:
@@ -114,6 +117,11 @@ class Executor:
         self.scheduler: LayerScheduler | None = None
         self.repacked_bytes = 0
         self.paged = settings.paging.paged(self.hp.n_layer)
+        self.experts: ExpertPager | None = None        # experts paged one by one (expert_cache)
+        if settings.paging.expert_cache is not None and not self.hp.n_expert:
+            raise ValueError("expert_cache applies to mixture-of-experts models; this model is dense")
+        if settings.paging.expert_cache is not None and len(names) > 1:
+            raise ValueError("expert_cache runs on one device for now, not a multi-device split")
         if preload_repack is not None and not self.paged:
             self.repacked_bytes = self.start_loading(preload_repack)   # reads overlap everything below
         try:
@@ -156,6 +164,8 @@ class Executor:
         self._plans: dict[tuple[int, int, int], _Plan] = {}
         self.head_chunks: list[str] = []
         self._decode_threads: int | None = None       # compute threads for single-token steps while streaming
+        if s.paging.expert_cache is not None:
+            self._make_experts(store)
         if self.paged:
             self.pager = self._make_pager(store)
             if s.paging.dynamic_layers:
@@ -182,14 +192,44 @@ class Executor:
                        n_swa=0 if kvs.swa_full else self.arch.n_swa,
                        swa_layers=[il for il in range(hp.n_layer) if self.arch.is_swa(il)])
 
+    def _make_experts(self, store: Any) -> None:
+        """The expert cache, and the tensors that carry a MoE block's state from its attention-and-router graph
+        to its experts graph: ffn_inp and the FFN input F32 [n_embd, n_batch], the routed experts I32
+        [k, n_batch] and their weights F32 [1, k, n_batch]."""
+        hp, c = self.hp, self.settings.context
+        k = hp.n_expert_used
+        self.experts = ExpertPager(store, store.path, self.arch, self.settings.paging.expert_cache,
+                                   self.backend)
+        need = min(hp.n_expert, k * c.n_batch)
+        if self.experts.core.n_slots < need:
+            raise ValueError(f"expert_cache of {self.settings.paging.expert_cache} bytes holds "
+                             f"{self.experts.core.n_slots} experts of {self.experts.expert_bytes} bytes; a batch of "
+                             f"{c.n_batch} tokens may route to {need}: give it at least "
+                             f"{need * self.experts.expert_bytes} bytes (or a smaller n_batch)")
+        cx = _core.Context(max_tensors=4)
+        self.moe_inp = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
+        self.moe_cur = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
+        self.moe_sel = cx.new_tensor(I32, [k, c.n_batch])
+        self.moe_w = cx.new_tensor(F32, [1, k, c.n_batch])
+        self._moe_keep = [cx, self.backend.alloc_tensors(cx)]
+
+    def block_tensors(self, il: int) -> list[str]:
+        """Block il's tensors that load with it (its experts go through the expert cache instead, if any)."""
+        names = self.arch.block_tensors(il)
+        if self.settings.paging.expert_cache is None:
+            return names
+        experts = set(self.arch.expert_tensors(il))
+        return [n for n in names if n not in experts]
+
     def load_groups(self) -> list[list[str]]:
         """The weights in the order a forward pass uses them: block 0 (with the global tensors every block
         reads), block 1, ..., then the output head. The token embedding is left out (a pass reads only its
         prompt's rows, straight from the mapping) unless the head is tied to it."""
         hp, has = self.hp, self._store.has
         out = self.arch.output_tensor(has)
-        groups = [self.arch.block_tensors(il) for il in range(hp.n_layer)]
-        listed = {n for g in groups for n in g} | {out, "output_norm.weight", "token_embd.weight"}
+        groups = [self.block_tensors(il) for il in range(hp.n_layer)]
+        listed = ({n for il in range(hp.n_layer) for n in self.arch.block_tensors(il)} |
+                  {out, "output_norm.weight", "token_embd.weight"})
         groups[0] = [n for n in self._store.names() if n not in listed] + groups[0]
         groups.append(["output_norm.weight", out])
         return groups
@@ -219,8 +259,8 @@ class Executor:
     def _make_pager(self, store: Any) -> WeightPager:
         """Blocks go through a pool of slots within the budget; the first ones that fit stay pinned."""
         p, hp = self.settings.paging, self.hp
-        layers = [self.arch.block_tensors(il) for il in range(hp.n_layer)]
-        names = {n for layer in layers for n in layer}
+        layers = [self.block_tensors(il) for il in range(hp.n_layer)]
+        names = {n for il in range(hp.n_layer) for n in self.arch.block_tensors(il)}
         store.bind_mmap([n for n in store.names() if n not in names])
         sizes = [store.slot_bytes(layer, self.backend, self.direct_io) for layer in layers]
         slot = max(sizes)
@@ -285,6 +325,8 @@ class Executor:
                              "blocks_per_device": [self.layer_backend.count(i) for i in range(len(self.backends))]}
         d.update(self.kv.stats())
         d.update(self.pager.stats())
+        if self.experts is not None:
+            d.update(self.experts.stats())
         if self.scheduler is not None:
             d.update(self.scheduler.stats())
         return d
@@ -386,9 +428,17 @@ class Executor:
                 _core.tensor_copy(self.acts[dev], self.acts[step.dev])
                 dev = step.dev
             page = KVPage(seq, step.layer) if step.layer is not None else None
+            if step.experts is not None:               # the router's choice, as cache slots
+                rows = step.expert_ids.ne[1]
+                sel = _core.tensor_get(self.moe_sel).reshape(-1)[:rows * self.hp.n_expert_used]
+                _core.tensor_set(step.expert_ids, self.experts.map(step.experts, sel))
             with self.pager.use(step.key), self.kv.use(page, p0, p0 + n):
                 tc = time.time()
-                self.backends[dev].compute(step.graph)
+                try:
+                    self.backends[dev].compute(step.graph)
+                finally:
+                    if step.experts is not None:
+                        self.experts.release()
             if rec is not None:
                 rec.append(self._timing(i, step, t0, tc))
         if self.loader is not None and self.loader.done():
@@ -398,7 +448,7 @@ class Executor:
     def _one_graph(self) -> bool:
         """Everything resident on one device, loaded, untimed: nothing to do between blocks."""
         return (len(self.backends) == 1 and self.loader is None and not self.record_timings
-                and not self.paged and not self.settings.kv.paged_kv)
+                and not self.paged and not self.settings.kv.paged_kv and self.experts is None)
 
     def _before_pass(self, n: int) -> None:
         if self.scheduler is not None:
@@ -482,7 +532,8 @@ class _Plan:
             self.all_inputs.append(StepInputs(n_tokens=n, n_kv=n_kv, n_outputs=n_out, flash_attn=p.flash_attn, **t))
 
         def graph(build: Any, kind: str, rows_in: int = n, rows_out: int = n, key: Key | None = None,
-                  layer: int | None = None, dev: int = 0, group: int | None = None) -> Any:
+                  layer: int | None = None, dev: int = 0, group: int | None = None, experts: int | None = None,
+                  expert_ids: Any = None) -> Any:
             ctx = _core.Context(max_tensors=GRAPH_NODES, graph_size=GRAPH_NODES)
             gf = ctx.new_graph()
             a = ex.acts[dev]
@@ -491,17 +542,20 @@ class _Plan:
             out = build(ctx, gf, act, act_out, self.all_inputs[dev])
             gf.expand(out)
             self.keep.append(ctx)
-            self.steps.append(Step(gf, kind, key, layer, dev, group))
+            self.steps.append(Step(gf, kind, key, layer, dev, group, experts, expert_ids))
             return out
 
         n_last = min(n, max(n_out, 1))           # rows the last block keeps
         paged = ex.paged
         graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_embed(ctx, w, inp), act), "embed")
         for il in range(hp.n_layer):
+            rows = n_last if il == hp.n_layer - 1 else n
+            if ex.experts is not None:
+                self._build_moe_block(ex, graph, il, rows, Block(il) if paged else None)
+                continue
             graph(lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(
                 arch.build_block(ctx, gf, w, inp, il, act, ex.k_cache[il], ex.v_cache[il]), act_out), "block",
-                rows_out=n_last if il == hp.n_layer - 1 else n, key=Block(il) if paged else None, layer=il,
-                dev=ex.layer_backend[il], group=il)
+                rows_out=rows, key=Block(il) if paged else None, layer=il, dev=ex.layer_backend[il], group=il)
         if n_out and paged:
             self._build_chunked_head(ex, graph, n_out)
         elif n_out:
@@ -534,6 +588,42 @@ class _Plan:
             self.keep.append(ctx)
             self._whole = gf
         return self._whole
+
+    def _build_moe_block(self, ex: Executor, graph: Any, il: int, rows: int, key: Key | None) -> None:
+        """A block whose experts come from the expert cache, in two graphs: attention and router (its state
+        kept in the executor's moe_* tensors), then the routed experts, with their ids remapped to cache
+        slots in between (Step.experts)."""
+        hp, arch, w = ex.hp, ex.arch, ex.weights
+        k, p = hp.n_expert_used, f"blk.{il}."
+        ictx = _core.Context(max_tensors=1)
+        ids = ictx.new_tensor(I32, [k, rows])
+        ids.name = f"inp_expert_slots_l{il}"
+        self.keep += [ictx, ex.backend.alloc_tensors(ictx)]
+
+        def rows_of(ctx: Any, t: Any) -> Any:            # the first `rows` columns of a persistent [*, n_batch]
+            return ctx.view(t, [t.ne[0], rows], [t.nb[1]], 0)
+
+        def weights_of(ctx: Any) -> Any:                   # F32 [1, k, rows]
+            t = ex.moe_w
+            return ctx.view(t, [1, k, rows], [t.nb[1], t.nb[2]], 0)
+
+        def attn_router(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs) -> Any:
+            ffn_inp, cur = arch.build_attn_part(ctx, gf, w, inp, il, act, ex.k_cache[il], ex.v_cache[il])
+            sel, weights = moe.build_router(arch, ctx, w, p, cur)
+            outs = [ctx.cpy(src, dst) for src, dst in ((ffn_inp, rows_of(ctx, ex.moe_inp)), (cur, rows_of(ctx, ex.moe_cur)),
+                                                       (sel, rows_of(ctx, ex.moe_sel)), (weights, weights_of(ctx)))]
+            for o in outs[:-1]:
+                gf.expand(o)
+            return outs[-1]
+
+        def experts(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs) -> Any:
+            cur = rows_of(ctx, ex.moe_cur)
+            out = moe.build_experts(arch, ctx, cur, ids, weights_of(ctx), *ex.experts.views[il])
+            out = moe.build_shared_expert(arch, ctx, w, p, cur, out)
+            return ctx.cpy(arch.build_ffn_out(ctx, w, p, out, rows_of(ctx, ex.moe_inp)), act_out)
+
+        graph(attn_router, "block", rows_out=rows, key=key, layer=il, group=il)
+        graph(experts, "experts", rows_in=rows, rows_out=rows, key=key, group=il, experts=il, expert_ids=ids)
 
     def _build_chunked_head(self, ex: Executor, graph: Any, n_out: int) -> None:
         """Output norm into head_in (F32 [n_embd, n_out]), then one graph per streamed row chunk

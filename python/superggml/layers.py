@@ -168,3 +168,63 @@ class PagedKV:
 
     def stats(self) -> dict[str, Any]:
         return dict(self.core.stats())
+
+
+class ExpertPager:
+    """A _core.ExpertCache: the experts of a mixture-of-experts model, paged one by one.
+
+    Every slot holds one expert of one layer: its gate, up and down matrices at the offsets that layer's
+    types give (a slot is as large as the largest layer's triple). Per layer, three tensors view the cache
+    buffer as [K, M, n_slots] expert tensors (nb[2] = slot size), so the FFN graph runs ggml_mul_mat_id on
+    them with the router's ids remapped to slots (map)."""
+
+    def __init__(self, store: Any, path: str, arch: Any, budget: int, backend: Any, *, n_workers: int = 2):
+        from . import _core
+
+        hp = arch.hp
+        self.n_layer = hp.n_layer
+        self.parts: list[list[tuple[int, int, int, int]]] = []   # per layer: (file offset, stride, size, slot off)
+        slot = 0
+        for il in range(hp.n_layer):
+            parts, off = [], 0
+            for name in arch.expert_tensors(il):
+                file_off, nbytes = store.file_range(name)
+                stride = nbytes // hp.n_expert
+                parts.append((file_off, stride, stride, off))
+                off += -(-stride // 64) * 64          # each matrix 64-byte aligned inside the slot
+            self.parts.append(parts)
+            slot = max(slot, off)
+        self.expert_bytes = slot
+        n_slots = budget // slot
+        need = hp.n_expert_used * 1
+        if n_slots < need:
+            raise ValueError(f"expert_cache of {budget} bytes holds {n_slots} experts; a token is routed to "
+                             f"{hp.n_expert_used} of {slot} bytes each: give it at least {need * slot} bytes")
+        self.core = _core.ExpertCache(path, n_slots=n_slots, slot_size=slot, backend=backend, n_workers=n_workers)
+        for il, parts in enumerate(self.parts):
+            self.core.set_layer(il, hp.n_expert, parts)
+        self.ctx = _core.Context(max_tensors=3 * hp.n_layer)
+        self.views: list[list[Any]] = []
+        for il in range(hp.n_layer):
+            vs = []
+            for name, (_, _, _, off) in zip(arch.expert_tensors(il), self.parts[il]):
+                t = store.get(name)
+                v = self.ctx.new_tensor(t.type, [t.ne[0], t.ne[1], n_slots])
+                v.name = name + ".cache"
+                self.core.bind_view(v, off)
+                vs.append(v)
+            self.views.append(vs)
+        self._pinned: list[int] = []
+
+    def map(self, layer: int, ids: Any) -> Any:
+        """The slots of the experts `ids` (I32 [k, n]) of `layer`, loaded and pinned until release()."""
+        slots, pinned = self.core.map(layer, ids)
+        self._pinned += pinned
+        return slots
+
+    def release(self) -> None:
+        pinned, self._pinned = self._pinned, []
+        self.core.release(pinned)
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.core.stats())

@@ -134,9 +134,14 @@ class PagingSettings:
         cli_default="auto")
     staged_io: bool = option(False, "load host slots through staging buffers and async copies, as device slots "
                              "are (the GPU code path on the CPU; slower, for testing)")
+    expert_cache: int | str | None = option(
+        None, "bytes of device memory for the experts of a mixture-of-experts model, paged one by one through a "
+        "cache (default: experts resident with their blocks)", parse=str, metavar="SIZE")
 
     def __post_init__(self) -> None:
         _set(self, "device_budget", parse_size(self.device_budget))
+        _set(self, "expert_cache", parse_size(self.expert_cache))
+        _check(self.expert_cache is None or self.expert_cache > 0, "expert_cache must be a positive size")
         if self.n_gpu_layers is not None and self.n_gpu_layers < 0:
             _set(self, "n_gpu_layers", None)           # llama.cpp's -1: all that fit
         _check(self.prefetch_depth >= 1, f"prefetch_depth must be >= 1, not {self.prefetch_depth}")

@@ -345,6 +345,14 @@ class Architecture:
                     x: Any, k_cache: Any, v_cache: Any) -> Any:
         """One transformer block: x F32 [n_embd, n_tokens] -> same shape, except that the last
         block keeps only the rows whose logits are wanted ([n_embd, n_outputs], as llama.cpp)."""
+        p = f"blk.{il}."
+        ffn_inp, cur = self.build_attn_part(ctx, gf, w, inp, il, x, k_cache, v_cache)
+        return self.build_ffn_out(ctx, w, p, self.build_ffn(ctx, w, p, cur), ffn_inp)
+
+    def build_attn_part(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int,
+                        x: Any, k_cache: Any, v_cache: Any) -> tuple[Any, Any]:
+        """The block up to its FFN: (ffn_inp, the residual after attention, F32 [n_embd, rows]; the FFN's
+        normed input, same shape). rows: n_tokens, or n_outputs in the last block."""
         hp = self.hp
         p = f"blk.{il}."
         n = inp.n_tokens
@@ -364,10 +372,19 @@ class Architecture:
         if self.post_norms:
             cur = self.norm(ctx, w, cur, p + "post_attention_norm.weight")
         ffn_inp = ctx.add(cur, x)
-        cur = self.build_ffn(ctx, w, p, self.norm(ctx, w, ffn_inp, p + "ffn_norm.weight"))
+        return ffn_inp, self.norm(ctx, w, ffn_inp, p + "ffn_norm.weight")
+
+    def build_ffn_out(self, ctx: Any, w: Weights, p: str, ffn_out: Any, ffn_inp: Any) -> Any:
+        """The FFN's output joins the residual (after its post norm, where the family has one)."""
         if self.post_norms:
-            cur = self.norm(ctx, w, cur, p + "post_ffw_norm.weight")
-        return ctx.add(cur, ffn_inp)
+            ffn_out = self.norm(ctx, w, ffn_out, p + "post_ffw_norm.weight")
+        return ctx.add(ffn_out, ffn_inp)
+
+    def expert_tensors(self, il: int) -> list[str]:
+        """Block il's 3-D expert tensors (gate, up, down), which an expert cache pages one expert at a time."""
+        if not self.hp.n_expert:
+            return []
+        return [f"blk.{il}.ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
 
     def build_qkv(self, ctx: Any, w: Weights, p: str, cur: Any, n: int) -> tuple[Any, Any, Any]:
         """cur F32 [n_embd, n] -> q F32 [head_dim, n_head, n], k F32 [head_dim, n_head_kv, n], v F32

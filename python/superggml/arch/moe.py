@@ -55,25 +55,37 @@ def build_router(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> 
 
 
 def build_moe_ffn(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
-    """The normed input F32 [n_embd, n] -> F32 [n_embd, n]."""
-    hp = arch.hp
-    n_embd, n, k = cur.ne[0], cur.ne[1], hp.n_expert_used
+    """The normed input F32 [n_embd, n] -> F32 [n_embd, n], every expert resident."""
     selected, weights = build_router(arch, ctx, w, p, cur)
+    out = build_experts(arch, ctx, cur, selected, weights, *(w(n) for n in (p + "ffn_gate_exps.weight",
+                        p + "ffn_up_exps.weight", p + "ffn_down_exps.weight")))
+    return build_shared_expert(arch, ctx, w, p, cur, out)
+
+
+def build_experts(arch: Architecture, ctx: Any, cur: Any, ids: Any, weights: Any, gate_exps: Any, up_exps: Any,
+                  down_exps: Any) -> Any:
+    """The routed experts' SwiGLU FFNs, weighted and summed: cur F32 [n_embd, n], ids I32 [k, n] (indices into
+    the expert tensors' third dimension: experts, or expert cache slots), weights F32 [1, k, n] ->
+    F32 [n_embd, n]."""
+    n_embd, n, k = cur.ne[0], cur.ne[1], arch.hp.n_expert_used
     x = ctx.reshape(cur, [n_embd, 1, n])
-    up = ctx.mul_mat_id(w(p + "ffn_up_exps.weight"), x, selected)        # F32 [n_ff_exp, k, n]
-    gate = ctx.mul_mat_id(w(p + "ffn_gate_exps.weight"), x, selected)
-    experts = ctx.mul_mat_id(w(p + "ffn_down_exps.weight"), ctx.swiglu_split(gate, up), selected)  # [n_embd, k, n]
+    up = ctx.mul_mat_id(up_exps, x, ids)                                  # F32 [n_ff_exp, k, n]
+    gate = ctx.mul_mat_id(gate_exps, x, ids)
+    experts = ctx.mul_mat_id(down_exps, ctx.swiglu_split(gate, up), ids)  # F32 [n_embd, k, n]
     experts = ctx.mul(experts, weights)
     out = None
     for i in range(k):                         # the chosen experts' outputs, summed in order
         view = ctx.view(experts, [n_embd, n], [experts.nb[2]], i * experts.nb[1])
         out = view if out is None else ctx.add(out, view)
-    if k == 1:
-        out = ctx.cont(out)
-    if arch.n_ff_shexp:
-        g = ctx.mul_mat(w(p + "ffn_gate_inp_shexp.weight"), cur)         # F32 [1, n]
-        gate_s = ctx.div(ctx.silu(g), g)                                 # sigmoid, as llama.cpp writes it
-        shared = ctx.mul_mat(w(p + "ffn_down_shexp.weight"), ctx.swiglu_split(
-            ctx.mul_mat(w(p + "ffn_gate_shexp.weight"), cur), ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)))
-        out = ctx.add(out, ctx.mul(shared, gate_s))
-    return out
+    return ctx.cont(out) if k == 1 else out
+
+
+def build_shared_expert(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any, out: Any) -> Any:
+    """qwen2moe's shared expert behind its sigmoid gate, added to the routed experts' output `out`."""
+    if not arch.n_ff_shexp:
+        return out
+    g = ctx.mul_mat(w(p + "ffn_gate_inp_shexp.weight"), cur)             # F32 [1, n]
+    gate_s = ctx.div(ctx.silu(g), g)                                     # sigmoid, as llama.cpp writes it
+    shared = ctx.mul_mat(w(p + "ffn_down_shexp.weight"), ctx.swiglu_split(
+        ctx.mul_mat(w(p + "ffn_gate_shexp.weight"), cur), ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)))
+    return ctx.add(out, ctx.mul(shared, gate_s))

@@ -1,0 +1,66 @@
+#include "bindings.h"
+
+#include "expert-cache.h"
+#include "graph.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+
+namespace superggml {
+
+py::dict to_dict(const expert_cache_stats & s) {
+    py::dict d;
+    d["expert_hits"] = s.hits; d["expert_misses"] = s.misses; d["expert_prefetches"] = s.prefetches;
+    d["expert_prefetch_hits"] = s.prefetch_hits; d["expert_evictions"] = s.evictions;
+    d["expert_bytes_loaded"] = s.bytes_loaded; d["expert_slots"] = s.n_slots; d["expert_slots_used"] = s.slots_used;
+    d["expert_slot_size"] = s.slot_size;
+    return d;
+}
+
+void init_expert_cache(py::module_ & m) {
+    py::class_<expert_cache, std::shared_ptr<expert_cache>>(m, "ExpertCache",
+        "Mixture-of-experts experts paged one by one through slots of one buffer (see csrc/expert-cache.h).")
+        .def(py::init([](const std::string & path, int n_slots, size_t slot_size, compute_backend * backend,
+                         int n_workers, double freq_weight) {
+            expert_cache_params p;
+            p.n_slots = n_slots;
+            p.slot_size = slot_size;
+            p.buft = backend ? backend->buffer_type() : nullptr;
+            p.freq_weight = freq_weight;
+            auto io = std::make_shared<prefetcher>(path, n_workers, false,
+                                                   backend ? backend->device() : nullptr, false);
+            return std::make_shared<expert_cache>(p, io);
+        }), py::arg("path"), py::arg("n_slots"), py::arg("slot_size"), py::arg("backend") = nullptr,
+            py::arg("n_workers") = 2, py::arg("freq_weight") = 0.5)
+        .def("set_layer", [](expert_cache & c, int layer, int n_expert,
+                             const std::vector<std::tuple<uint64_t, size_t, size_t, size_t>> & parts) {
+            std::vector<expert_cache::part> ps;
+            for (auto & [off, stride, size, slot_off] : parts) ps.push_back({off, stride, size, slot_off});
+            c.set_layer(layer, n_expert, ps);
+        }, py::arg("layer"), py::arg("n_expert"), py::arg("parts"),
+           "parts: (file_offset, stride, size, slot_offset) per matrix of an expert")
+        .def("map", [](expert_cache & c, int layer, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+            py::array_t<int32_t> out(ids.request().shape);
+            std::vector<int> pinned;
+            {
+                py::gil_scoped_release nogil;
+                pinned = c.map(layer, ids.data(), (size_t) ids.size(), out.mutable_data());
+            }
+            return py::make_tuple(out, pinned);
+        }, py::arg("layer"), py::arg("ids"),
+           "(slots of ids, same shape; the pinned slots for release): each distinct expert loaded and waited for")
+        .def("release", &expert_cache::release, py::arg("slots"))
+        .def("prefetch", &expert_cache::prefetch, py::arg("layer"), py::arg("experts"),
+             "Starts loading the experts not held; returns how many it started.")
+        .def("holds", &expert_cache::holds, py::arg("layer"), py::arg("expert"))
+        .def("bind_view", [](const expert_cache & c, tensor_ref & t, size_t offset) { c.bind_view(t.t, offset); },
+             py::arg("tensor"), py::arg("offset"),
+             "Points a [K, M, n_slots] tensor at `offset` inside slot 0 with nb[2] = slot_size.")
+        .def_property_readonly("slot_size", &expert_cache::slot_size)
+        .def_property_readonly("n_slots", &expert_cache::n_slots)
+        .def("stats", [](const expert_cache & c) { return to_dict(c.stats()); });
+}
+
+}  // namespace superggml

@@ -1,0 +1,184 @@
+#include "expert-cache.h"
+
+#include "tensor-bind.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+namespace superggml {
+
+expert_cache::expert_cache(const expert_cache_params & params, std::shared_ptr<prefetcher> io)
+    : p_(params), io_(std::move(io)) {
+    if (p_.n_slots < 1 || p_.slot_size == 0) throw Error("expert cache needs at least one slot of nonzero size");
+    if (!io_) throw Error("expert cache needs a prefetcher");
+    if (!p_.buft) p_.buft = ggml_backend_cpu_buffer_type();
+    const size_t align = ggml_backend_buft_get_alignment(p_.buft);
+    slot_size_ = (p_.slot_size + align - 1) / align * align;
+    const size_t total = slot_size_ * (size_t) p_.n_slots;
+    buf_ = ggml_backend_buft_alloc_buffer(p_.buft, total);
+    if (!buf_) {
+        throw Error("cannot allocate an expert cache of " + std::to_string(total) + " bytes on " +
+                    ggml_backend_buft_name(p_.buft));
+    }
+    ggml_backend_buffer_clear(buf_, 0);   // slots never loaded are read by no graph, but keep them finite
+    slots_.resize(p_.n_slots);
+}
+
+expert_cache::~expert_cache() {
+    for (auto & s : slots_) {
+        if (s.load.valid()) { try { s.load.get(); } catch (...) {} }
+    }
+    if (buf_) ggml_backend_buffer_free(buf_);
+}
+
+int expert_cache::take_slot() {
+    int best = -1;
+    double best_score = 0;
+    for (int i = 0; i < (int) slots_.size(); ++i) {
+        const slot & s = slots_[i];
+        if (s.pins) continue;
+        if (s.key < 0) return i;
+        const double score = (double) s.last_use + p_.freq_weight * (double) s.uses;
+        if (best < 0 || score < best_score) { best = i; best_score = score; }
+    }
+    if (best >= 0) {
+        slot & s = slots_[best];
+        if (s.load.valid()) { try { s.load.get(); } catch (...) {} }   // a read into it may still run
+        where_.erase(s.key);
+        s = slot{};
+        st_.evictions++;
+    }
+    return best;
+}
+
+void expert_cache::set_layer(int layer, int n_expert, const std::vector<part> & parts) {
+    if (layer < 0 || n_expert < 1 || n_expert > 65535) throw Error("expert cache: bad layer or expert count");
+    for (const auto & q : parts) {
+        if (q.slot_offset + q.size > slot_size_) throw Error("expert cache: an expert part does not fit the slot");
+    }
+    if ((int) layers_.size() <= layer) layers_.resize(layer + 1);
+    layers_[layer] = {n_expert, parts};
+}
+
+const expert_cache::layer_info & expert_cache::layer_of(int layer, int expert) const {
+    if (layer < 0 || layer >= (int) layers_.size() || layers_[layer].n_expert == 0) {
+        throw Error("expert cache: layer " + std::to_string(layer) + " was not set");
+    }
+    const auto & L = layers_[layer];
+    if (expert < 0 || expert >= L.n_expert) {
+        throw Error("expert cache: expert " + std::to_string(expert) + " out of range for layer " + std::to_string(layer));
+    }
+    return L;
+}
+
+void expert_cache::start_load(int i, int layer, int expert) {
+    const auto & L = layer_of(layer, expert);
+    load_job job;
+    job.key = key(layer, expert);
+    job.dst = buf_;
+    size_t n = 0;
+    for (const auto & q : L.parts) {
+        job.ranges.push_back({q.file_offset + (uint64_t) expert * q.stride, q.size, (size_t) i * slot_size_ + q.slot_offset});
+        n += q.size;
+    }
+    slot & s = slots_[i];
+    s.key = job.key;
+    s.load = io_->submit(std::move(job)).done;
+    where_[s.key] = i;
+    st_.bytes_loaded += n;
+}
+
+std::vector<int> expert_cache::map(int layer, const int32_t * ids, size_t n, int32_t * out) {
+    std::vector<int> pinned;
+    std::unordered_map<int, int> slot_of;   // expert -> slot, this call
+    auto unpin = [&] { for (int i : pinned) slots_[i].pins--; };
+    try {
+        for (size_t j = 0; j < n; ++j) {
+            const int e = ids[j];
+            if (slot_of.count(e)) continue;
+            layer_of(layer, e);
+            auto it = where_.find(key(layer, e));
+            const bool hit = it != where_.end();
+            const int i = hit ? it->second : take_slot();
+            if (i < 0) {
+                throw Error("the expert cache has " + std::to_string(slots_.size()) + " slots, fewer than the " +
+                            "experts one pass routes to: give it more memory (expert_cache)");
+            }
+            if (!hit) start_load(i, layer, e);
+            slot & s = slots_[i];
+            if (hit) { st_.hits++; if (s.prefetched) st_.prefetch_hits++; } else { st_.misses++; }
+            s.prefetched = false;
+            s.pins++;
+            s.uses++;
+            s.last_use = ++clock_;
+            pinned.push_back(i);
+            slot_of[e] = i;
+        }
+        for (int i : pinned) wait(i);
+    } catch (...) {
+        unpin();
+        throw;
+    }
+    for (size_t j = 0; j < n; ++j) out[j] = slot_of[ids[j]];
+    return pinned;
+}
+
+void expert_cache::wait(int i) {
+    slot & s = slots_.at(i);
+    if (!s.load.valid()) return;
+    try {
+        s.load.get();
+    } catch (...) {
+        where_.erase(s.key);
+        const int pins = s.pins;
+        s = slot{};
+        s.pins = pins;       // the caller still releases it
+        throw;
+    }
+    s.load = {};
+}
+
+void expert_cache::release(const std::vector<int> & slots) {
+    for (int i : slots) {
+        slot & s = slots_.at(i);
+        if (s.pins <= 0) throw Error("release of an expert cache slot that is not pinned");
+        s.pins--;
+    }
+}
+
+int expert_cache::prefetch(int layer, const std::vector<int> & experts) {
+    int started = 0;
+    for (int e : experts) {
+        layer_of(layer, e);
+        if (where_.count(key(layer, e))) continue;
+        const int i = take_slot();
+        if (i < 0) break;
+        start_load(i, layer, e);
+        slots_[i].prefetched = true;
+        slots_[i].last_use = ++clock_;
+        st_.prefetches++;
+        started++;
+    }
+    return started;
+}
+
+void expert_cache::bind_view(ggml_tensor * t, size_t offset) const {
+    if (t->ne[2] != (int64_t) slots_.size() || t->ne[3] != 1) throw Error("expert view: ne[2] must be n_slots");
+    if (offset + ggml_row_size(t->type, t->ne[0]) * (size_t) t->ne[1] > slot_size_) {
+        throw Error("expert view: the matrix does not fit the slot at that offset");
+    }
+    t->nb[2] = slot_size_;
+    t->nb[3] = slot_size_ * (size_t) t->ne[2];
+    tensor_bind(t, buf_, static_cast<char *>(ggml_backend_buffer_get_base(buf_)) + offset);
+}
+
+expert_cache_stats expert_cache::stats() const {
+    expert_cache_stats s = st_;
+    s.n_slots = (int) slots_.size();
+    s.slot_size = slot_size_;
+    for (const auto & x : slots_) if (x.key >= 0) s.slots_used++;
+    return s;
+}
+
+}  // namespace superggml

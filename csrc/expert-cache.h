@@ -1,0 +1,106 @@
+// expert-cache: the experts of a mixture-of-experts model, paged one by one.
+//
+// One backend buffer of n_slots * slot_size bytes; a slot holds one expert
+// of one layer (its gate, up and down matrices at fixed offsets inside the
+// slot), so a 3-D tensor view with nb[2] = slot_size over the buffer is an
+// expert tensor whose "experts" are the slots (bind_view): ggml_mul_mat_id
+// reads it with ids remapped to slots. map(layer, ids) finds each expert's
+// slot (a hit) or takes one (a free slot, else the unpinned one with the
+// lowest score: last use plus a frequency term) and reads the expert's parts
+// into it on the prefetcher's workers, then waits for them; the slots stay
+// pinned until release(). A failed read empties its slot and is rethrown.
+// prefetch() starts loads without pinning. Driven by one thread; the reads
+// run on the workers.
+#pragma once
+
+#include "error.h"
+#include "prefetch.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+struct ggml_tensor;
+struct ggml_backend_buffer;
+struct ggml_backend_buffer_type;
+
+namespace superggml {
+
+struct expert_cache_params {
+    int n_slots = 1;
+    size_t slot_size = 0;                       // bytes per slot (rounded up to the buffer alignment)
+    ggml_backend_buffer_type * buft = nullptr;  // nullptr: CPU
+    double freq_weight = 0.5;                   // score = last use + freq_weight * uses (in use ticks)
+};
+
+struct expert_cache_stats {
+    uint64_t hits = 0, misses = 0;        // acquires that found the expert / had to load it
+    uint64_t prefetches = 0;              // loads started by prefetch()
+    uint64_t prefetch_hits = 0;           // acquires served by a prefetched load
+    uint64_t evictions = 0;
+    uint64_t bytes_loaded = 0;
+    int n_slots = 0, slots_used = 0;
+    size_t slot_size = 0;
+};
+
+class expert_cache {
+public:
+    // Allocates the slots. Throws Error naming the bytes if that fails.
+    expert_cache(const expert_cache_params & params, std::shared_ptr<prefetcher> io);
+    ~expert_cache();   // waits for loads in flight
+    expert_cache(const expert_cache &) = delete;
+    expert_cache & operator=(const expert_cache &) = delete;
+
+    // Where layer `layer`'s experts are in the file: expert e of part j is `size` bytes at
+    // file_offset + e * stride, stored at slot_offset inside a slot. Call once per layer before map().
+    struct part { uint64_t file_offset; size_t stride; size_t size; size_t slot_offset; };
+    void set_layer(int layer, int n_expert, const std::vector<part> & parts);
+
+    // The slots of layer's experts ids[0..n) (each in [0, n_expert)), loaded and pinned: out[i] is the slot of
+    // ids[i]. Every distinct expert is acquired first (its load started if absent), then all loads are waited
+    // for. Returns the pinned slots, one per distinct expert, for release(). Throws Error for an id out of
+    // range or when the distinct experts outnumber the slots that can be pinned; rethrows a failed read.
+    std::vector<int> map(int layer, const int32_t * ids, size_t n, int32_t * out);
+    void release(const std::vector<int> & slots);
+    // Starts loading layer's experts that are not held; returns how many were started (no slot free: fewer).
+    int prefetch(int layer, const std::vector<int> & experts);
+    bool holds(int layer, int expert) const { return where_.count(key(layer, expert)) != 0; }
+
+    // Points `t` (ne[2] == n_slots) into the buffer at `offset` inside slot 0, with nb[2] = slot_size.
+    void bind_view(ggml_tensor * t, size_t offset) const;
+
+    expert_cache_stats stats() const;
+    size_t slot_size() const { return slot_size_; }
+    int n_slots() const { return (int) slots_.size(); }
+
+private:
+    struct slot {
+        int key = -1;
+        int pins = 0;
+        bool prefetched = false;          // loaded by prefetch() and not used since
+        uint64_t last_use = 0, uses = 0;
+        std::shared_future<void> load;
+    };
+    struct layer_info { int n_expert = 0; std::vector<part> parts; };
+    static int key(int layer, int expert) { return layer * 65536 + expert; }
+    int take_slot();                      // a free or evictable slot (its old key dropped), -1 if none
+    void start_load(int i, int layer, int expert);
+    void wait(int i);                     // its bytes are there (rethrows a failed read, emptying the slot)
+    const layer_info & layer_of(int layer, int expert) const;
+
+    expert_cache_params p_;
+    std::shared_ptr<prefetcher> io_;
+    ggml_backend_buffer * buf_ = nullptr;
+    size_t slot_size_ = 0;
+    std::vector<slot> slots_;
+    std::unordered_map<int, int> where_;  // key -> slot
+    std::vector<layer_info> layers_;
+    uint64_t clock_ = 0;
+    expert_cache_stats st_;
+};
+
+}  // namespace superggml
