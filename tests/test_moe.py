@@ -61,3 +61,17 @@ def test_expert_cache_errors(tmp_path, vocab_fields):
         Model(dense, expert_cache="1MiB")
     with pytest.raises(ValueError, match="expert_cache must be a positive size"):
         Model(path, expert_cache=0)
+
+
+def test_router_lookahead_prefetches_the_next_blocks_experts(tmp_path, vocab_fields):
+    """The next block's router applied to this block's FFN input predicts its experts; they load while this
+    block computes. Results are unchanged, the loads a step waits for fall, and the guesses are measured."""
+    path = synth(tmp_path / "moe.gguf", vocab_fields, **{**VARIANTS["qwen3moe-8x2-q8_0"], "n_layer": 4})
+    prompt = [int(x) for x in np.random.default_rng(6).integers(0, 49152, 40)]
+    ref, _ = run(path, prompt)
+    off, st_off = run(path, prompt, expert_cache=expert_bytes(path) // 2, expert_lookahead=False)
+    on, st_on = run(path, prompt, expert_cache=expert_bytes(path) // 2)
+    assert np.array_equal(off, ref) and np.array_equal(on, ref)
+    assert st_off["expert_prefetches"] == 0 and st_off["expert_lookahead_recall"] == 0.0
+    assert st_on["expert_prefetch_hits"] > 0 and st_on["expert_misses"] < st_off["expert_misses"]
+    assert 0 < st_on["expert_lookahead_precision"] <= 1 and 0 < st_on["expert_lookahead_recall"] <= 1

@@ -206,7 +206,11 @@ class Executor:
                              f"{self.experts.core.n_slots} experts of {self.experts.expert_bytes} bytes; a batch of "
                              f"{c.n_batch} tokens may route to {need}: give it at least "
                              f"{need * self.experts.expert_bytes} bytes (or a smaller n_batch)")
-        cx = _core.Context(max_tensors=4)
+        cx = _core.Context(max_tensors=5)
+        # the next block's router's guess, I32 [k, n_batch]: only when the blocks are resident (the next
+        # router's weights are there)
+        self.moe_guess = cx.new_tensor(I32, [k, c.n_batch]) if self.settings.paging.expert_lookahead and \
+            not self.paged else None
         self.moe_inp = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
         self.moe_cur = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
         self.moe_sel = cx.new_tensor(I32, [k, c.n_batch])
@@ -429,9 +433,12 @@ class Executor:
                 dev = step.dev
             page = KVPage(seq, step.layer) if step.layer is not None else None
             if step.experts is not None:               # the router's choice, as cache slots
+                k, il = self.hp.n_expert_used, step.experts
                 rows = step.expert_ids.ne[1]
-                sel = _core.tensor_get(self.moe_sel).reshape(-1)[:rows * self.hp.n_expert_used]
-                _core.tensor_set(step.expert_ids, self.experts.map(step.experts, sel))
+                sel = _core.tensor_get(self.moe_sel).reshape(-1)[:rows * k]
+                _core.tensor_set(step.expert_ids, self.experts.map(il, sel))
+                if self.moe_guess is not None and il + 1 < self.hp.n_layer:   # loads while this block computes
+                    self.experts.lookahead(il + 1, _core.tensor_get(self.moe_guess).reshape(-1)[:rows * k])
             with self.pager.use(step.key), self.kv.use(page, p0, p0 + n):
                 tc = time.time()
                 try:
@@ -610,8 +617,11 @@ class _Plan:
         def attn_router(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs) -> Any:
             ffn_inp, cur = arch.build_attn_part(ctx, gf, w, inp, il, act, ex.k_cache[il], ex.v_cache[il])
             sel, weights = moe.build_router(arch, ctx, w, p, cur)
-            outs = [ctx.cpy(src, dst) for src, dst in ((ffn_inp, rows_of(ctx, ex.moe_inp)), (cur, rows_of(ctx, ex.moe_cur)),
-                                                       (sel, rows_of(ctx, ex.moe_sel)), (weights, weights_of(ctx)))]
+            pairs = [(ffn_inp, rows_of(ctx, ex.moe_inp)), (cur, rows_of(ctx, ex.moe_cur)),
+                     (sel, rows_of(ctx, ex.moe_sel)), (weights, weights_of(ctx))]
+            if ex.moe_guess is not None and il + 1 < hp.n_layer:
+                pairs.insert(0, (moe.build_router_lookahead(arch, ctx, w, il, cur), rows_of(ctx, ex.moe_guess)))
+            outs = [ctx.cpy(src, dst) for src, dst in pairs]
             for o in outs[:-1]:
                 gf.expand(o)
             return outs[-1]

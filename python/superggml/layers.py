@@ -170,6 +170,10 @@ class PagedKV:
         return dict(self.core.stats())
 
 
+LOOKAHEAD_TRIAL = 256          # guessed experts before the lookahead is judged
+LOOKAHEAD_MIN_PRECISION = 0.5
+
+
 class ExpertPager:
     """A _core.ExpertCache: the experts of a mixture-of-experts model, paged one by one.
 
@@ -215,16 +219,38 @@ class ExpertPager:
                 vs.append(v)
             self.views.append(vs)
         self._pinned: list[int] = []
+        self._guess: dict[int, set[int]] = {}     # layer -> experts the lookahead predicted for it
+        self.guessed = self.guessed_right = self.routed = 0
 
     def map(self, layer: int, ids: Any) -> Any:
         """The slots of the experts `ids` (I32 [k, n]) of `layer`, loaded and pinned until release()."""
+        guess = self._guess.pop(layer, None)
+        if guess is not None:                   # how good the lookahead was for this layer
+            routed = {int(e) for e in ids}
+            self.guessed += len(guess)
+            self.routed += len(routed)
+            self.guessed_right += len(guess & routed)
         slots, pinned = self.core.map(layer, ids)
         self._pinned += pinned
         return slots
+
+    def lookahead(self, layer: int, ids: Any) -> None:
+        """Starts loading the experts `ids` that the next router is predicted to pick for `layer`; once enough
+        guesses are in and too few were right (LOOKAHEAD_MIN_PRECISION), it stops: wrong guesses evict."""
+        if self.guessed >= LOOKAHEAD_TRIAL and self.guessed_right < LOOKAHEAD_MIN_PRECISION * self.guessed:
+            return
+        guess = sorted({int(e) for e in ids})
+        self._guess[layer] = set(guess)
+        self.core.prefetch(layer, guess)
 
     def release(self) -> None:
         pinned, self._pinned = self._pinned, []
         self.core.release(pinned)
 
     def stats(self) -> dict[str, Any]:
-        return dict(self.core.stats())
+        """The cache's counters, and the lookahead's precision (predicted experts that were routed to) and
+        recall (routed experts that were predicted), over the layers it predicted."""
+        d = dict(self.core.stats())
+        d["expert_lookahead_precision"] = self.guessed_right / self.guessed if self.guessed else 0.0
+        d["expert_lookahead_recall"] = self.guessed_right / self.routed if self.routed else 0.0
+        return d

@@ -54,6 +54,13 @@ def build_router(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> 
     return selected, weights
 
 
+def build_router_lookahead(arch: Architecture, ctx: Any, w: Weights, il: int, cur: Any) -> Any:
+    """Block il+1's router applied to block il's FFN input: the experts it would pick, I32 [k, n] (a guess of
+    what block il+1 will route to, made a whole block early)."""
+    logits = ctx.mul_mat(w(f"blk.{il + 1}.ffn_gate_inp.weight"), cur)
+    return ctx.argsort_top_k(ctx.soft_max_ext(logits, None, 1.0), arch.hp.n_expert_used)
+
+
 def build_moe_ffn(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
     """The normed input F32 [n_embd, n] -> F32 [n_embd, n], every expert resident."""
     selected, weights = build_router(arch, ctx, w, p, cur)
