@@ -42,6 +42,10 @@ def iso_now(t: float | None = None) -> str:
     return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
 
 
+EXPERT_FIELDS = ("expert_hits", "expert_misses", "expert_bytes_loaded", "expert_slots", "expert_slots_used",
+                 "expert_lookahead_precision", "expert_lookahead_recall")
+
+
 class MetricsWriter:
     """Writes dict lines from a background thread; emit() only appends to a queue."""
 
@@ -191,5 +195,7 @@ class Metrics:
             "prefetch_completed": int(st.get("loads", 0)) - int(st.get("pending", 0)) - int(st.get("failed", 0)),
             "prefetch_failed": int(st.get("failed", 0)),
         }
+        if "expert_slots" in st:        # a mixture of experts with its experts paged (expert_cache)
+            line.update({k: st[k] for k in EXPERT_FIELDS})
         return line
 
