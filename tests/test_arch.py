@@ -110,7 +110,8 @@ def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
 
 
 @pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias", "qwen3-q8_0", "phi3-longrope-long",
-                                     "gemma2-swa16-softcaps", "gemma3-q4_k-output-softcap"])
+                                     "gemma2-swa16-softcaps", "gemma3-q4_k-output-softcap", "qwen3moe-8x2-q8_0",
+                                     "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1"])
 def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
     import json
 
@@ -127,6 +128,10 @@ def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
     assert cli.main(["analyze", "-m", path, "--no-measure", "--device-budget", "1MiB"]) == 0
     out = capsys.readouterr().out
     assert f": {arch}, " in out and ("sliding window: 1 of 2 layers over 16 tokens" in out) == (lay["n_swa"] > 0)
+    moe = VARIANTS[variant].get("n_expert", 0)
+    assert lay["n_expert"] == moe and ("mixture of experts: 8 experts per block" in out) == bool(moe)
+    if moe:
+        assert 0 < lay["dense_bytes"] < sum(lay["block_bytes"]) and lay["expert_bytes"] > 0
 
 
 def test_sliding_window_pages_are_freed_and_logits_stay_identical(tmp_path, vocab_fields):

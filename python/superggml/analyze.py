@@ -42,6 +42,14 @@ class Layout:
     head_chunk_bytes: tuple[int, ...]      # the lm head's row chunks of a slot each
     n_swa: int = 0                         # sliding window (tokens) of the layers that slide
     n_swa_layers: int = 0                  # layers that slide
+    n_expert: int = 0                      # mixture of experts: experts per layer (0: dense)
+    n_expert_used: int = 0                 # experts a token is routed to
+    expert_bytes: int = 0                  # one expert's gate, up and down matrices (the largest layer's)
+    dense_bytes: int = 0                   # the blocks without their experts
+
+    def expert_stream_bytes(self, hit_rate: float) -> int:
+        """Expert bytes read per decoded token when `hit_rate` of the routed experts are in the cache."""
+        return int(self.n_layer * self.n_expert_used * self.expert_bytes * (1.0 - hit_rate))
 
     def kv_bytes(self, n_tokens: int, *, swa_freed: bool = False) -> int:
         """F16 K/V bytes of n_tokens; swa_freed: with the pages of sliding-window layers beyond the window
@@ -68,9 +76,11 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
         slot = max(store.slot_bytes(arch.block_tensors(il)) for il in range(hp.n_layer))
         chunks = tuple(store.file_range(c)[1] for c in store.add_row_chunks(head_name, slot - SLOT_ALIGN_ROOM))
         del store
+        experts = [sum(sizes[n] for n in arch.expert_tensors(il)) for il in range(hp.n_layer)]
         return Layout(os.fspath(path), hp.arch, hp.n_layer, tuple(blocks), tuple(other), sizes[head_name],
                       2 * hp.n_layer * hp.n_embd_gqa * 2, os.path.getsize(path), slot, chunks, arch.n_swa,
-                      sum(arch.is_swa(il) for il in range(hp.n_layer)))
+                      sum(arch.is_swa(il) for il in range(hp.n_layer)), hp.n_expert, hp.n_expert_used,
+                      max(experts) // max(hp.n_expert, 1), sum(blocks) - sum(experts))
     finally:
         f.close()
 
@@ -206,6 +216,11 @@ def format_analysis(a: Analysis) -> str:
             f"buffered, {a.bandwidth_direct / 1e9:.2f} GB/s O_DIRECT; reads here: "
             f"{'O_DIRECT' if a.direct_io else 'buffered'}" if a.t_compute_s == a.t_compute_s else
             "not measured (--no-measure): no predicted times"),
+           *([f"mixture of experts: {lay.n_expert} experts per block, {lay.n_expert_used} per token, "
+              f"{lay.expert_bytes / mib:.2f} MiB each; blocks without them {lay.dense_bytes / mib:.0f} MiB. With "
+              f"expert_cache, experts read per token: " + ", ".join(
+                  f"{lay.expert_stream_bytes(h) / 1e6:.1f} MB at a {h:.0%} hit rate" for h in (0.0, 0.5, 0.9))]
+             if lay.n_expert else []),
            f"{'budget MiB':>10} {'slots':>6} {'pinned blocks':>13} {'streamed MB/token':>17} {'predicted ms/token':>18}"]
     for p in a.plans:
         pred = f"{p.predicted_s * 1e3:>18.1f}" if p.predicted_s == p.predicted_s else f"{'-':>18}"
