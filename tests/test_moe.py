@@ -96,3 +96,21 @@ def test_metrics_report_the_expert_cache(tmp_path, vocab_fields):
     snaps = [x for x in lines if "tokens_per_sec" in x]
     assert snaps and snaps[-1]["expert_slots"] == 8 and snaps[-1]["expert_misses"] > 0
     assert any(x.get("kind") == "experts" for x in lines)
+
+
+def test_device_budget_plans_the_dense_part_first_then_the_expert_cache(tmp_path, vocab_fields):
+    """No expert_cache given: a MoE model under a device_budget pins its blocks without their experts and gives
+    the rest of the budget to the expert cache."""
+    path = synth(tmp_path / "moe.gguf", vocab_fields, **{**VARIANTS["qwen3moe-8x2-q8_0"], "n_layer": 4})
+    prompt = [int(x) for x in np.random.default_rng(7).integers(0, 49152, 40)]
+    ref, _ = run(path, prompt)
+    with Model(path, ctx_size=128, n_batch=8, expert_cache=expert_bytes(path)) as m:
+        slot = m.stats()["expert_slot_size"]
+    with Model(path, ctx_size=128, n_batch=8, device_budget="64MiB", async_prefetch=True) as m:
+        dense = m.stats()["n_slots"] * m.stats()["slot_size"]
+    got, st = run(path, prompt, device_budget=dense + 8 * slot, async_prefetch=True)
+    assert np.array_equal(got, ref)
+    assert st["layers_pinned"] == st["n_slots"] and st["expert_slots"] == 8 and st["expert_misses"] > 0
+    assert st["expert_prefetches"] > 0          # every block pinned: the router lookahead runs
+    with pytest.raises(ValueError, match="cannot hold a block without its experts"):
+        Model(path, ctx_size=128, n_batch=8, device_budget=8 * slot)

@@ -118,10 +118,15 @@ class Executor:
         self.repacked_bytes = 0
         self.paged = settings.paging.paged(self.hp.n_layer)
         self.experts: ExpertPager | None = None        # experts paged one by one (expert_cache)
-        if settings.paging.expert_cache is not None and not self.hp.n_expert:
+        pg = settings.paging
+        if pg.expert_cache is not None and not self.hp.n_expert:
             raise ValueError("expert_cache applies to mixture-of-experts models; this model is dense")
-        if settings.paging.expert_cache is not None and len(names) > 1:
-            raise ValueError("expert_cache runs on one device for now, not a multi-device split")
+        # a MoE model under a device_budget pages its experts too: its dense part is planned first, the rest of
+        # the budget is the expert cache (_make_pager splits it)
+        self.expert_budget: int | None = pg.expert_cache
+        self.experts_paged = pg.expert_cache is not None or (self.hp.n_expert > 0 and pg.device_budget is not None)
+        if self.experts_paged and len(names) > 1:
+            raise ValueError("paged experts run on one device for now, not a multi-device split")
         if preload_repack is not None and not self.paged:
             self.repacked_bytes = self.start_loading(preload_repack)   # reads overlap everything below
         try:
@@ -164,8 +169,6 @@ class Executor:
         self._plans: dict[tuple[int, int, int], _Plan] = {}
         self.head_chunks: list[str] = []
         self._decode_threads: int | None = None       # compute threads for single-token steps while streaming
-        if s.paging.expert_cache is not None:
-            self._make_experts(store)
         if self.paged:
             self.pager = self._make_pager(store)
             if s.paging.dynamic_layers:
@@ -173,6 +176,8 @@ class Executor:
                     self.pager.core, planned=list(range(self.n_pinned)), n_keys=self.pager.n_keys,
                     stream_slots=self.pager.core.n_slots - self.n_pinned, mem_pressure=s.paging.mem_pressure,
                     memory=memory or device_memory_fn(self.backend.device_type, self.backend.device_name))
+        if self.experts_paged:
+            self._make_experts(store)
 
     def _make_kv(self) -> PagedKV:
         hp, s = self.hp, self.settings
@@ -198,29 +203,42 @@ class Executor:
         [k, n_batch] and their weights F32 [1, k, n_batch]."""
         hp, c = self.hp, self.settings.context
         k = hp.n_expert_used
-        self.experts = ExpertPager(store, store.path, self.arch, self.settings.paging.expert_cache,
-                                   self.backend)
+        self.experts = ExpertPager(store, store.path, self.arch, self.expert_budget, self.backend)
         need = min(hp.n_expert, k * c.n_batch)
         if self.experts.core.n_slots < need:
-            raise ValueError(f"expert_cache of {self.settings.paging.expert_cache} bytes holds "
+            raise ValueError(f"expert_cache of {self.expert_budget} bytes holds "
                              f"{self.experts.core.n_slots} experts of {self.experts.expert_bytes} bytes; a batch of "
                              f"{c.n_batch} tokens may route to {need}: give it at least "
                              f"{need * self.experts.expert_bytes} bytes (or a smaller n_batch)")
         cx = _core.Context(max_tensors=5)
-        # the next block's router's guess, I32 [k, n_batch]: only when the blocks are resident (the next
-        # router's weights are there)
-        self.moe_guess = cx.new_tensor(I32, [k, c.n_batch]) if self.settings.paging.expert_lookahead and \
-            not self.paged else None
+        # the next block's router's guess, I32 [k, n_batch]: only when every block is resident or pinned (the
+        # next router's weights are there)
+        ahead = self.settings.paging.expert_lookahead and (not self.paged or self.n_pinned >= hp.n_layer)
+        self.moe_guess = cx.new_tensor(I32, [k, c.n_batch]) if ahead else None
         self.moe_inp = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
         self.moe_cur = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
         self.moe_sel = cx.new_tensor(I32, [k, c.n_batch])
         self.moe_w = cx.new_tensor(F32, [1, k, c.n_batch])
         self._moe_keep = [cx, self.backend.alloc_tensors(cx)]
 
+    def _split_budget(self, store: Any, budget: int, dense: int, slot: int) -> int:
+        """A MoE model's device_budget: its dense part (`dense` bytes in slots of `slot`) first, every block
+        pinned if the expert cache can still hold what one batch routes to; otherwise the dense part streams
+        and the cache gets that minimum. Sets expert_budget; returns the dense part's budget."""
+        hp = self.hp
+        need = min(hp.n_expert, hp.n_expert_used * self.settings.context.n_batch) * \
+            ExpertPager.slot_bytes(store, self.arch)
+        dense_budget = dense if budget - need >= dense else budget - need
+        if dense_budget < slot:
+            raise ValueError(f"device_budget of {budget} bytes cannot hold a block without its experts ({slot} "
+                             f"bytes) and the {need} bytes of experts one batch may route to")
+        self.expert_budget = budget - dense_budget
+        return dense_budget
+
     def block_tensors(self, il: int) -> list[str]:
         """Block il's tensors that load with it (its experts go through the expert cache instead, if any)."""
         names = self.arch.block_tensors(il)
-        if self.settings.paging.expert_cache is None:
+        if not self.experts_paged:
             return names
         experts = set(self.arch.expert_tensors(il))
         return [n for n in names if n not in experts]
@@ -277,6 +295,8 @@ class Executor:
         if p.device_budget is not None:
             budget = p.device_budget
             self._check_available(budget, "device_budget")
+            if self.experts_paged and p.expert_cache is None:
+                budget = self._split_budget(store, budget, slot * n_keys, slot)
         elif p.n_gpu_layers is not None:
             budget = (p.n_gpu_layers + p.stream_slots) * slot
         else:

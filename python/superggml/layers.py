@@ -187,18 +187,8 @@ class ExpertPager:
 
         hp = arch.hp
         self.n_layer = hp.n_layer
-        self.parts: list[list[tuple[int, int, int, int]]] = []   # per layer: (file offset, stride, size, slot off)
-        slot = 0
-        for il in range(hp.n_layer):
-            parts, off = [], 0
-            for name in arch.expert_tensors(il):
-                file_off, nbytes = store.file_range(name)
-                stride = nbytes // hp.n_expert
-                parts.append((file_off, stride, stride, off))
-                off += -(-stride // 64) * 64          # each matrix 64-byte aligned inside the slot
-            self.parts.append(parts)
-            slot = max(slot, off)
-        self.expert_bytes = slot
+        self.parts = self.layout(store, arch)
+        self.expert_bytes = slot = max(off + size for parts in self.parts for _, _, size, off in parts)
         n_slots = budget // slot
         need = hp.n_expert_used * 1
         if n_slots < need:
@@ -221,6 +211,25 @@ class ExpertPager:
         self._pinned: list[int] = []
         self._guess: dict[int, set[int]] = {}     # layer -> experts the lookahead predicted for it
         self.guessed = self.guessed_right = self.routed = 0
+
+    @staticmethod
+    def layout(store: Any, arch: Any) -> list[list[tuple[int, int, int, int]]]:
+        """Per layer, its expert matrices: (file offset of expert 0, stride, bytes, offset inside a slot)."""
+        out = []
+        for il in range(arch.hp.n_layer):
+            parts, off = [], 0
+            for name in arch.expert_tensors(il):
+                file_off, nbytes = store.file_range(name)
+                stride = nbytes // arch.hp.n_expert
+                parts.append((file_off, stride, stride, off))
+                off += -(-stride // 64) * 64          # each matrix 64-byte aligned inside the slot
+            out.append(parts)
+        return out
+
+    @staticmethod
+    def slot_bytes(store: Any, arch: Any) -> int:
+        """Bytes of one slot: the largest layer's expert, its matrices aligned."""
+        return max(off + size for parts in ExpertPager.layout(store, arch) for _, _, size, off in parts)
 
     def map(self, layer: int, ids: Any) -> Any:
         """The slots of the experts `ids` (I32 [k, n]) of `layer`, loaded and pinned until release()."""
