@@ -79,8 +79,12 @@ def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=No
         w.add_key_value(key, value, vtype, sub_type=sub)
 
     def put(name, a):
-        quant = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_k": gguf.GGMLQuantizationType.Q4_K}.get(wtype)
-        matrix = a.ndim >= 2 and name != "token_embd.weight" and "ffn_gate_inp" not in name   # the router stays F32
+        quant = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_k": gguf.GGMLQuantizationType.Q4_K,
+                 "mxfp4": gguf.GGMLQuantizationType.MXFP4}.get(wtype)
+        if wtype == "mxfp4" and "_exps" not in name:     # gpt-oss ships its experts in MXFP4, the rest in Q8_0
+            quant = gguf.GGMLQuantizationType.Q8_0
+        matrix = (a.ndim >= 2 and name != "token_embd.weight" and "ffn_gate_inp" not in name   # the router,
+                  and not name.endswith(".bias"))                                            # biases stay F32
         if matrix and wtype == "f16":
             w.add_tensor(name, a.astype(np.float16))
         elif matrix and quant is not None:   # ggml's own quantizer, row by row
@@ -108,7 +112,7 @@ def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=No
         w.add_tensor(name, value)
     for il in range(n_layer):
         p = f"blk.{il}."
-        for n in ("attn_norm", "ffn_norm"):
+        for n in ("attn_norm", "post_attention_norm" if arch == "gpt-oss" else "ffn_norm"):
             norm(p + n + ".weight")
         if n_expert:
             t(p + "attn_q.weight", n_head * hd, n_embd, scale=0.3)
@@ -119,6 +123,15 @@ def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=No
             t(p + "ffn_gate_exps.weight", n_expert, fe, n_embd)
             t(p + "ffn_up_exps.weight", n_expert, fe, n_embd)
             t(p + "ffn_down_exps.weight", n_expert, n_embd, fe)
+            if arch == "gpt-oss":     # biases everywhere, attention sinks
+                t(p + "ffn_gate_inp.bias", n_expert, scale=0.5)
+                t(p + "ffn_gate_exps.bias", n_expert, fe, scale=0.3)
+                t(p + "ffn_up_exps.bias", n_expert, fe, scale=0.3)
+                t(p + "ffn_down_exps.bias", n_expert, n_embd, scale=0.3)
+                for n, rows in (("q", n_head * hd), ("k", n_head_kv * hd), ("v", n_head_kv * hd)):
+                    t(p + f"attn_{n}.bias", rows, scale=0.5)
+                t(p + "attn_output.bias", n_embd, scale=0.3)
+                t(p + "attn_sinks.weight", n_head, scale=1.0)
             if n_ff_shexp:
                 t(p + "ffn_gate_inp_shexp.weight", n_embd, scale=0.3)
                 t(p + "ffn_gate_shexp.weight", n_ff_shexp, n_embd)
@@ -191,6 +204,12 @@ VARIANTS = {
     "qwen2moe-shared": dict(arch="qwen2moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64),
     "olmoe-8x2-f16": dict(arch="olmoe", tied=False, n_expert=8, n_expert_used=2, wtype="f16", n_head_kv=N_HEAD),
     "mixtral-8x1": dict(arch="llama", tied=False, n_expert=8, n_expert_used=1),
+    "gpt-oss-8x2-swa16-yarn": dict(arch="gpt-oss", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=64,
+                                   keys=SWA16, rope=("yarn", 4.0, 128)),
+    "gpt-oss-8x2-q8_0": dict(arch="gpt-oss", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="q8_0",
+                             keys=SWA16),
+    "gpt-oss-8x2-mxfp4": dict(arch="gpt-oss", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="mxfp4",
+                              keys=SWA16),
 }
 
 

@@ -59,7 +59,7 @@ def test_unsupported_rope_scaling(tmp_path):
 @pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias", "qwen3-qknorm-headdim32", "phi3-fused", "qwen3-q8_0",
                                      "phi3-f16", "gemma2-swa16-softcaps", "gemma3-q4_k-output-softcap",
                                      "gemma3-swa16-linear8", "qwen3-yarn4", "phi3-longrope-long", "qwen3moe-8x2-q8_0",
-                                     "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1"])
+                                     "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1", "gpt-oss-8x2-q8_0"])
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
     """F32 weights included: the streamed lm head's row chunks hold a multiple of 16 rows, so ggml-cpu's F32
     sgemm (multiple-of-4 row counts only) serves every chunk of a prompt as it serves the whole head."""
@@ -82,7 +82,8 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
 
 @pytest.mark.parametrize("variant", ["qwen3-q8_0", "phi3-fused", "gemma2-swa16-softcaps", "gemma3-swa16-linear8",
                                      "gemma3-q4_k-output-softcap", "llama-yarn2-q8_0", "phi3-longrope-long",
-                                     "qwen3moe-8x2-q8_0", "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1"])
+                                     "qwen3moe-8x2-q8_0", "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1",
+                                     "gpt-oss-8x2-swa16-yarn"])
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
     prompts = ["Once upon a time", "def fibonacci(n):"]
@@ -111,7 +112,7 @@ def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
 
 @pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias", "qwen3-q8_0", "phi3-longrope-long",
                                      "gemma2-swa16-softcaps", "gemma3-q4_k-output-softcap", "qwen3moe-8x2-q8_0",
-                                     "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1"])
+                                     "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1", "gpt-oss-8x2-q8_0"])
 def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
     import json
 
@@ -124,7 +125,7 @@ def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
     lay = d["layout"]
     assert lay["arch"] == arch and lay["n_layer"] == VARIANTS[variant].get("n_layer", N_LAYER)
     assert all(b > 0 for b in lay["block_bytes"]) and d["plans"][0]["n_slots"] >= 1
-    assert lay["n_swa"] == (16 if "swa16" in variant or arch == "gemma3" else 0)
+    assert lay["n_swa"] == (16 if "swa16" in variant or arch in ("gemma3", "gpt-oss") else 0)
     assert cli.main(["analyze", "-m", path, "--no-measure", "--device-budget", "1MiB"]) == 0
     out = capsys.readouterr().out
     assert f": {arch}, " in out and ("sliding window: 1 of 2 layers over 16 tokens" in out) == (lay["n_swa"] > 0)

@@ -36,7 +36,9 @@ void init_graph(py::module_ & m) {
         .value("F32", GGML_TYPE_F32).value("F16", GGML_TYPE_F16).value("BF16", GGML_TYPE_BF16)
         .value("I32", GGML_TYPE_I32).value("I64", GGML_TYPE_I64)
         .value("Q4_0", GGML_TYPE_Q4_0).value("Q4_1", GGML_TYPE_Q4_1).value("Q8_0", GGML_TYPE_Q8_0)
-        .value("Q4_K", GGML_TYPE_Q4_K).value("Q6_K", GGML_TYPE_Q6_K);
+        .value("Q5_0", GGML_TYPE_Q5_0).value("Q5_1", GGML_TYPE_Q5_1).value("Q2_K", GGML_TYPE_Q2_K)
+        .value("Q3_K", GGML_TYPE_Q3_K).value("Q4_K", GGML_TYPE_Q4_K).value("Q5_K", GGML_TYPE_Q5_K)
+        .value("Q6_K", GGML_TYPE_Q6_K).value("IQ4_NL", GGML_TYPE_IQ4_NL).value("MXFP4", GGML_TYPE_MXFP4);
 
     py::class_<tensor_ref>(m, "Tensor", "A ggml tensor (a node or leaf of a graph, or a paged weight).")
         .def_property_readonly("shape", [](const tensor_ref & r) { return shape_of(r.t); },

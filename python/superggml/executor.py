@@ -648,7 +648,8 @@ class _Plan:
 
         def experts(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs) -> Any:
             cur = rows_of(ctx, ex.moe_cur)
-            out = moe.build_experts(arch, ctx, cur, ids, weights_of(ctx), *ex.experts.views[il])
+            out = moe.build_experts(arch, ctx, w, p, cur, ids, rows_of(ctx, ex.moe_sel), weights_of(ctx),
+                                    *ex.experts.views[il])
             out = moe.build_shared_expert(arch, ctx, w, p, cur, out)
             return ctx.cpy(arch.build_ffn_out(ctx, w, p, out, rows_of(ctx, ex.moe_inp)), act_out)
 

@@ -14,6 +14,7 @@ from .llama import LlamaArch
 from .qwen2 import Qwen2Arch
 from .gemma2 import Gemma2Arch
 from .gemma3 import Gemma3Arch
+from .gpt_oss import GptOssArch
 from .olmoe import OlmoeArch
 from .phi3 import Phi3Arch
 from .qwen2moe import Qwen2MoeArch
@@ -30,6 +31,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen2moe": Qwen2MoeArch,
     "qwen3moe": Qwen3MoeArch,
     "olmoe": OlmoeArch,
+    "gpt-oss": GptOssArch,
 }
 
 

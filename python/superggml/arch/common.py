@@ -180,6 +180,9 @@ class Architecture:
     rope_factors = True      # reads rope_freqs / rope_factors_long|short (llama and phi3 do; qwen, gemma do not)
     post_norms = False       # RMS norms of the attention and FFN outputs before they join the residual (gemma)
     qk_norm = False          # an RMS norm of every Q and K head before RoPE (qwen3, gemma3)
+    attn_sinks = False       # a learned per-head logit in every attention row's softmax (gpt-oss)
+    out_bias = False         # attn_output.bias (gpt-oss)
+    ffn_norm = "ffn_norm"    # the FFN's pre-norm tensor (gpt-oss calls it post_attention_norm)
     ffn_glu = "swiglu"       # swiglu or geglu
 
     def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None):
@@ -196,6 +199,9 @@ class Architecture:
         self.n_ff_exp = hp.n_ff
         self.n_ff_shexp = 0
         self.moe_norm_w = True              # the chosen experts' weights renormalised to sum to 1
+        self.moe_gating = "softmax"         # or softmax_weight (gpt-oss)
+        self.moe_act = "swiglu"             # or swiglu_oai (gpt-oss)
+        self.moe_biases = False             # router and expert biases (gpt-oss)
         self.load_hparams(meta)
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
@@ -234,8 +240,12 @@ class Architecture:
             p + "attn_k.weight": (hp.n_embd, hp.n_embd_gqa),
             p + "attn_v.weight": (hp.n_embd, hp.n_embd_gqa),
             p + "attn_output.weight": (hp.n_head * hp.head_dim, hp.n_embd),
-            p + "ffn_norm.weight": (hp.n_embd,),
+            p + self.ffn_norm + ".weight": (hp.n_embd,),
         }
+        if self.attn_sinks:
+            shapes[p + "attn_sinks.weight"] = (hp.n_head,)
+        if self.out_bias:
+            shapes[p + "attn_output.bias"] = (hp.n_embd,)
         if hp.n_expert:
             shapes.update(moe_tensor_shapes(self, il))
         else:
@@ -364,15 +374,18 @@ class Architecture:
         if self.q_scale is not None:             # Q scaled before attention, as some families' graphs do
             q, kq_scale = ctx.scale(q, self.q_scale), 1.0
         mask = inp.mask_swa if self.is_swa(il) else inp.mask
-        cur = build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, kq_scale, mask, self.attn_softcap)
+        sinks = w(p + "attn_sinks.weight") if self.attn_sinks else None
+        cur = build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, kq_scale, mask, self.attn_softcap, sinks)
         if il == hp.n_layer - 1 and inp.n_outputs < n:
             cur = ctx.get_rows(cur, inp.out_ids)
             x = ctx.get_rows(x, inp.out_ids)
         cur = ctx.mul_mat(w(p + "attn_output.weight"), cur)
+        if self.out_bias:
+            cur = ctx.add(cur, w(p + "attn_output.bias"))
         if self.post_norms:
             cur = self.norm(ctx, w, cur, p + "post_attention_norm.weight")
         ffn_inp = ctx.add(cur, x)
-        return ffn_inp, self.norm(ctx, w, ffn_inp, p + "ffn_norm.weight")
+        return ffn_inp, self.norm(ctx, w, ffn_inp, p + self.ffn_norm + ".weight")
 
     def build_ffn_out(self, ctx: Any, w: Weights, p: str, ffn_out: Any, ffn_inp: Any) -> Any:
         """The FFN's output joins the residual (after its post norm, where the family has one)."""
@@ -413,7 +426,7 @@ class Architecture:
 
 
 def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: Any,
-               k_cache: Any, v_cache: Any, scale: float, mask: Any, softcap: float = 0.0) -> Any:
+               k_cache: Any, v_cache: Any, scale: float, mask: Any, softcap: float = 0.0, sinks: Any = None) -> Any:
     """Writes k/v into the cache rows of this step and attends over the first n_kv rows, as `mask` lets
     (F32 [n_kv, n_tokens], F16 with flash attention); softcap: KQ -> softcap * tanh(KQ / softcap).
 
@@ -442,7 +455,7 @@ def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, 
         vp = ctx.permute(vv, 0, 2, 1, 3)                                   # [d, n_kv, n_head_kv]
         if k_cache.type == F32:   # flash attention reads F16 K/V: an F32 cache is cast, as llama.cpp does
             kp, vp = ctx.cast(kp, F16), ctx.cast(vp, F16)
-        cur = ctx.flash_attn_ext(qp, kp, vp, mask, scale, softcap=softcap)  # [d, n_head, n]
+        cur = ctx.flash_attn_ext(qp, kp, vp, mask, scale, softcap=softcap, sinks=sinks)  # [d, n_head, n]
         return ctx.reshape(cur, [d * hp.n_head, n])
     vt = ctx.view(v_cache, [n_kv, hp.n_head_kv, d], [n_ctx * d * es, n_ctx * es], 0)  # [n_kv, n_head_kv, d]
     vp = ctx.permute(vt, 0, 2, 1, 3)                                       # [n_kv, d, n_head_kv]
@@ -450,7 +463,7 @@ def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, 
     ctx.mul_mat_set_prec_f32(kq)
     if softcap:
         kq = ctx.scale(ctx.tanh(ctx.scale(kq, float(f32(1.0) / f32(softcap)))), softcap)
-    kq = ctx.soft_max_ext(kq, mask, scale)
+    kq = ctx.soft_max_ext(kq, mask, scale, sinks=sinks)
     kqv = ctx.mul_mat(vp, kq)                                              # [d, n, n_head]
     cur = ctx.cont(ctx.permute(kqv, 0, 2, 1, 3))                           # [d, n_head, n]
     return ctx.reshape(cur, [d * hp.n_head, n])

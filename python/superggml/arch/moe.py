@@ -29,6 +29,13 @@ def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]
         p + "ffn_up_exps.weight": (hp.n_embd, n_ff, hp.n_expert),
         p + "ffn_down_exps.weight": (n_ff, hp.n_embd, hp.n_expert),
     }
+    if arch.moe_biases:
+        shapes.update({
+            p + "ffn_gate_inp.bias": (hp.n_expert,),
+            p + "ffn_gate_exps.bias": (n_ff, hp.n_expert),
+            p + "ffn_up_exps.bias": (n_ff, hp.n_expert),
+            p + "ffn_down_exps.bias": (hp.n_embd, hp.n_expert),
+        })
     if arch.n_ff_shexp:
         shapes.update({
             p + "ffn_gate_inp_shexp.weight": (hp.n_embd,),
@@ -44,9 +51,15 @@ def build_router(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> 
     hp = arch.hp
     n, k = cur.ne[1], hp.n_expert_used
     logits = ctx.mul_mat(w(p + "ffn_gate_inp.weight"), cur)             # F32 [n_expert, n]
-    probs = ctx.soft_max_ext(logits, None, 1.0)
+    if arch.moe_biases:
+        logits = ctx.add(logits, w(p + "ffn_gate_inp.bias"))
+    # softmax gating: weights from the softmax over every expert; softmax_weight (gpt-oss): the chosen
+    # experts' logits, softmaxed among themselves
+    probs = logits if arch.moe_gating == "softmax_weight" else ctx.soft_max_ext(logits, None, 1.0)
     selected = ctx.argsort_top_k(probs, k)                               # I32 [k, n] (a view)
     weights = ctx.get_rows(ctx.reshape(probs, [1, hp.n_expert, n]), selected)   # F32 [1, k, n]
+    if arch.moe_gating == "softmax_weight":
+        weights = ctx.reshape(ctx.soft_max_ext(ctx.reshape(weights, [k, n]), None, 1.0), [1, k, n])
     if arch.moe_norm_w:
         weights = ctx.reshape(weights, [k, n])
         total = ctx.clamp(ctx.sum_rows(weights), WEIGHTS_SUM_MIN, float("inf"))  # [1, n]
@@ -64,21 +77,32 @@ def build_router_lookahead(arch: Architecture, ctx: Any, w: Weights, il: int, cu
 def build_moe_ffn(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
     """The normed input F32 [n_embd, n] -> F32 [n_embd, n], every expert resident."""
     selected, weights = build_router(arch, ctx, w, p, cur)
-    out = build_experts(arch, ctx, cur, selected, weights, *(w(n) for n in (p + "ffn_gate_exps.weight",
-                        p + "ffn_up_exps.weight", p + "ffn_down_exps.weight")))
+    out = build_experts(arch, ctx, w, p, cur, selected, selected, weights, *(w(n) for n in (
+        p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight", p + "ffn_down_exps.weight")))
     return build_shared_expert(arch, ctx, w, p, cur, out)
 
 
-def build_experts(arch: Architecture, ctx: Any, cur: Any, ids: Any, weights: Any, gate_exps: Any, up_exps: Any,
-                  down_exps: Any) -> Any:
-    """The routed experts' SwiGLU FFNs, weighted and summed: cur F32 [n_embd, n], ids I32 [k, n] (indices into
-    the expert tensors' third dimension: experts, or expert cache slots), weights F32 [1, k, n] ->
-    F32 [n_embd, n]."""
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0     # gpt-oss's clamped SwiGLU, as llama.cpp fixes them
+
+
+def build_experts(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any, ids: Any, experts_ids: Any,
+                  weights: Any, gate_exps: Any, up_exps: Any, down_exps: Any) -> Any:
+    """The routed experts' gated FFNs, weighted and summed: cur F32 [n_embd, n], ids I32 [k, n] (indices into
+    the expert tensors' third dimension: experts, or expert cache slots), experts_ids I32 [k, n] (the experts
+    themselves, for their biases), weights F32 [1, k, n] -> F32 [n_embd, n]."""
     n_embd, n, k = cur.ne[0], cur.ne[1], arch.hp.n_expert_used
     x = ctx.reshape(cur, [n_embd, 1, n])
     up = ctx.mul_mat_id(up_exps, x, ids)                                  # F32 [n_ff_exp, k, n]
+    if arch.moe_biases:
+        up = ctx.add_id(up, w(p + "ffn_up_exps.bias"), experts_ids)
     gate = ctx.mul_mat_id(gate_exps, x, ids)
-    experts = ctx.mul_mat_id(down_exps, ctx.swiglu_split(gate, up), ids)  # F32 [n_embd, k, n]
+    if arch.moe_biases:
+        gate = ctx.add_id(gate, w(p + "ffn_gate_exps.bias"), experts_ids)
+    act = (ctx.swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT) if arch.moe_act == "swiglu_oai"
+           else ctx.swiglu_split(gate, up))
+    experts = ctx.mul_mat_id(down_exps, act, ids)                         # F32 [n_embd, k, n]
+    if arch.moe_biases:
+        experts = ctx.add_id(experts, w(p + "ffn_down_exps.bias"), experts_ids)
     experts = ctx.mul(experts, weights)
     out = None
     for i in range(k):                         # the chosen experts' outputs, summed in order
