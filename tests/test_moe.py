@@ -115,3 +115,50 @@ def test_device_budget_plans_the_dense_part_first_then_the_expert_cache(tmp_path
     assert st["expert_prefetches"] > 0          # every block pinned: the router lookahead runs
     with pytest.raises(ValueError, match="cannot hold a block without its experts"):
         Model(path, ctx_size=128, n_batch=8, device_budget=8 * slot)
+
+
+LIMITED_MOE = r"""
+import resource, sys
+import numpy as np
+from superggml import Model
+path, budget, out = sys.argv[1], sys.argv[2], sys.argv[3]
+kw = dict(ctx_size=256, n_threads=2, n_batch=32)
+if budget != "none":
+    kw.update(device_budget=budget, async_prefetch=True, direct_io=False)
+toks = [(i * 97) % 20000 + 100 for i in range(16)]
+with Model(path, **kw) as m:
+    logits = [m.eval(toks)[-1].copy()]
+    for _ in range(16):
+        logits.append(m.eval([int(np.argmax(logits[-1]))])[-1].copy())
+    misses = m.stats().get("expert_misses", 0)
+np.save(out, np.stack(logits))
+print("maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "misses", misses)
+"""
+
+
+def test_peak_rss_in_a_cgroup_stays_under_budget_plus_128_mib(tmp_path, vocab_fields):
+    """A 334 MiB MoE GGUF (204 MiB of experts) decodes with a 64 MiB device budget inside a memory cgroup of
+    64 + 128 MiB: its peak RSS stays under that and its logits equal an unlimited resident run's."""
+    import subprocess
+    import sys
+
+    import memcg
+
+    path = synth(tmp_path / "moe-big.gguf", vocab_fields, arch="qwen3moe", tied=False, n_layer=8, n_embd=512,
+                 n_ff=512, n_ff_exp=512, n_expert=32, n_expert_used=4, wtype="q8_0", n_head=8, n_head_kv=4)
+    ref = subprocess.run([sys.executable, "-c", LIMITED_MOE, path, "none", str(tmp_path / "ref.npy")],
+                         capture_output=True, text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    limit = (64 + 128) << 20
+    memcg.drop_page_cache(path)
+    try:
+        r = memcg.run_limited([sys.executable, "-c", LIMITED_MOE, path, "64MiB", str(tmp_path / "lim.npy")], limit,
+                              timeout=600)
+    except (OSError, PermissionError) as e:
+        pytest.skip(f"cannot make a child memory cgroup here: {e}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    words = r.stdout.split()
+    maxrss, misses = int(words[words.index("maxrss") + 1]), int(words[words.index("misses") + 1])
+    print(f"\npeak RSS {maxrss / 2**20:.0f} MiB in a {limit >> 20} MiB cgroup, {misses} expert misses")
+    assert maxrss < limit and misses > 0
+    assert np.array_equal(np.load(tmp_path / "lim.npy"), np.load(tmp_path / "ref.npy"))
