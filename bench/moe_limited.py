@@ -1,0 +1,356 @@
+"""A mixture of experts larger than its memory: superggml's expert cache against llama.cpp's mmap, side by side
+under the same real RAM limit (a child memory cgroup of a quarter of the file's size).
+
+    python bench/moe_limited.py [--tokens 16] [--overhead 160MiB] [--json PATH]
+    python bench/moe_limited.py --small          # a ~340 MB model, superggml only: a quick functional run
+                                                 # (limit: a quarter of the file + the overhead)
+
+The model is a synthetic qwen3moe laid out as tests/synth_gguf.py writes it (same tensor names and keys, SmolLM2's
+vocabulary, random Q8_0 experts and attention, F32 norms, router and embedding, an untied Q8_0 output), by default
+16 layers x 64 experts of n_ff_exp 768, 8 per token, n_embd 1024: 2.4 GiB of experts, 2.7 GiB in all. It is
+written tensor by tensor (never held in memory) and cached under /work/tmp (or --cache-dir).
+
+Every run is its own child process in a memory cgroup of a quarter of the file's size, with the file's pages
+dropped from the page cache first. The same 16-token prompt, then `tokens` tokens decoded one by one,
+teacher-forced from a token stream that repeats the previous token with probability 0, 0.5 or 0.9 (its temporal
+locality; as bench/moe.py). Timed: the decode only.
+- llama.cpp (llama-cpp-python): mmap, no repack (what runs at that limit), 2 threads; at locality 0 (and at the
+  localities of --llama-localities).
+- superggml: device_budget = limit - overhead, async_prefetch, direct_io (O_DIRECT reads of the experts); the
+  dense part is planned first and the rest of the budget is the expert cache. Its hit rate, the expert bytes it
+  read per token against the routed-experts floor (n_layer * n_expert_used * bytes per expert: every routed
+  expert read once per token, what paging experts without a cache costs), the router lookahead's
+  precision/recall.
+Both save the logits of the prompt's last token and of the last decoded token: their argmax and largest
+difference are reported (a check that both ran the same model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.join(HERE, "..", "tests")
+
+FULL = dict(n_layer=16, n_embd=1024, n_head=16, n_head_kv=4, head_dim=64, n_expert=64, n_expert_used=8,
+            n_ff_exp=768)
+SMALL = dict(n_layer=8, n_embd=512, n_head=8, n_head_kv=4, head_dim=64, n_expert=32, n_expert_used=4,
+             n_ff_exp=512)
+PROMPT = 16
+MiB = 1 << 20
+
+
+# ------------------------------------------------------------------------------------------------ the model
+
+def tensor_specs(p: dict, n_vocab: int) -> list[tuple]:
+    """(name, numpy shape, kind, scale) in tests/synth_gguf.py's order for arch qwen3moe, untied, wtype q8_0:
+    kind "q8" (a matrix quantized to Q8_0), "f32" (random F32), "norm" (1 + scale * N(0, 1))."""
+    e, hd, fe, ne = p["n_embd"], p["head_dim"], p["n_ff_exp"], p["n_expert"]
+    out = [("token_embd.weight", (n_vocab, e), "f32", 1.0), ("output_norm.weight", (e,), "norm", 0.1),
+           ("output.weight", (n_vocab, e), "q8", 0.2)]
+    for il in range(p["n_layer"]):
+        b = f"blk.{il}."
+        out += [(b + "attn_norm.weight", (e,), "norm", 0.1), (b + "ffn_norm.weight", (e,), "norm", 0.1),
+                (b + "attn_q.weight", (p["n_head"] * hd, e), "q8", 0.3),
+                (b + "attn_k.weight", (p["n_head_kv"] * hd, e), "q8", 0.3),
+                (b + "attn_v.weight", (p["n_head_kv"] * hd, e), "q8", 0.08),
+                (b + "ffn_gate_inp.weight", (ne, e), "f32", 0.5),
+                (b + "ffn_gate_exps.weight", (ne, fe, e), "q8", 0.08),
+                (b + "ffn_up_exps.weight", (ne, fe, e), "q8", 0.08),
+                (b + "ffn_down_exps.weight", (ne, e, fe), "q8", 0.08),
+                (b + "attn_output.weight", (e, p["n_head"] * hd), "q8", 0.08),
+                (b + "attn_q_norm.weight", (hd,), "norm", 0.2), (b + "attn_k_norm.weight", (hd,), "norm", 0.2)]
+    return out
+
+
+def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
+    """Streams the GGUF: every tensor's info first, then header, keys and tensor infos, then each tensor's data,
+    generated (and quantized in chunks of rows) only when it is written."""
+    import gguf
+
+    from superggml import _core
+
+    n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
+    w = gguf.GGUFWriter(path, "qwen3moe")
+    w.add_block_count(p["n_layer"])
+    w.add_context_length(512)
+    w.add_embedding_length(p["n_embd"])
+    w.add_feed_forward_length(p["n_ff_exp"])
+    w.add_head_count(p["n_head"])
+    w.add_head_count_kv(p["n_head_kv"])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_key_length(p["head_dim"])
+    w.add_value_length(p["head_dim"])
+    w.add_expert_count(p["n_expert"])
+    w.add_expert_used_count(p["n_expert_used"])
+    w.add_expert_feed_forward_length(p["n_ff_exp"])
+    for key, value, vtype, sub in fields:
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    specs = tensor_specs(p, n_vocab)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    for name, shape, kind, _ in specs:
+        if kind == "q8":
+            row = shape[-1] // 32 * 34
+            bshape = (*shape[:-1], row)
+            w.add_tensor_info(name, bshape, np.dtype(np.uint8), int(np.prod(bshape)), raw_dtype=q8)
+        else:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for name, shape, kind, scale in specs:
+        if kind == "norm":
+            a = (1 + scale * rng.standard_normal(shape)).astype(np.float32)
+        elif kind == "f32":
+            a = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+        else:
+            rows, k = int(np.prod(shape[:-1])), shape[-1]
+            a = np.empty((rows, k // 32 * 34), np.uint8)
+            step = max(1, (16 * MiB) // (4 * k))
+            for r in range(0, rows, step):
+                n = min(step, rows - r)
+                a[r:r + n] = _core.quantize(_core.GGMLType.Q8_0,
+                                            rng.standard_normal((n, k), dtype=np.float32) * np.float32(scale))
+        w.write_tensor_data(a)
+        del a
+    w.close()
+
+
+def model_path(p: dict, cache_dir: str) -> str:
+    """The cached GGUF for these parameters, written first if it is not there."""
+    sys.path.insert(0, TESTS)
+    import synth_gguf
+
+    from superggml import models
+
+    vocab = str(models.smollm2_path())
+    tag = hashlib.sha1(json.dumps([p, os.path.basename(vocab), 1], sort_keys=True).encode()).hexdigest()[:10]
+    path = os.path.join(cache_dir, f"moe_limited-{p['n_layer']}x{p['n_expert']}-{tag}.gguf")
+    if not os.path.exists(path):
+        os.makedirs(cache_dir, exist_ok=True)
+        t = time.perf_counter()
+        print(f"writing {path} ...", flush=True)
+        write_model(path + ".part", p, synth_gguf.vocab_fields(vocab))
+        os.replace(path + ".part", path)
+        print(f"  {os.path.getsize(path) / 2**30:.2f} GiB in {time.perf_counter() - t:.0f} s", flush=True)
+    return path
+
+
+def stream(n: int, locality: float, seed: int) -> list[int]:
+    """As bench/moe.py: each token repeats the previous one with probability `locality`."""
+    rng = np.random.default_rng(seed)
+    out = [int(rng.integers(100, 40000))]
+    for _ in range(n - 1):
+        out.append(out[-1] if rng.random() < locality else int(rng.integers(100, 40000)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the children
+
+SUPERGGML = r"""
+import json, resource, sys, time
+import numpy as np
+from superggml import Model
+req = json.loads(open(sys.argv[1]).read())
+toks = req["tokens"]
+kw = dict(ctx_size=256, n_batch=req["prompt"], device_budget=req["budget"], async_prefetch=True,
+          direct_io=req["direct_io"])
+if req["threads"]:
+    kw["n_threads"] = req["threads"]
+t = time.perf_counter()
+with Model(req["model"], **kw) as m:
+    t_load = time.perf_counter() - t
+    first = m.eval(toks[:req["prompt"]])[-1].copy()
+    s0 = m.stats()
+    t = time.perf_counter()
+    for tok in toks[req["prompt"]:]:
+        last = m.eval([tok])[-1]
+    dt = time.perf_counter() - t
+    s1 = m.stats()
+    last = last.copy()
+np.save(req["out"], np.stack([first, last]))
+d = {k: s1[k] - s0[k] for k in ("expert_hits", "expert_misses", "expert_bytes_loaded")}
+print(json.dumps(dict(decode_s=dt, load_s=t_load, maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      precision=s1.get("expert_lookahead_precision"), recall=s1.get("expert_lookahead_recall"),
+                      expert_slots=s1.get("expert_slots"), expert_slot_size=s1.get("expert_slot_size"),
+                      layers_pinned=s1.get("layers_pinned"), n_slots=s1.get("n_slots"), slot_size=s1.get("slot_size"),
+                      **d)))
+"""
+
+LLAMA = r"""
+import json, resource, sys, time
+import numpy as np
+import llama_cpp
+req = json.loads(open(sys.argv[1]).read())
+default = llama_cpp.llama_model_default_params
+def no_repack():                      # llama.cpp's --no-repack: the weights stay in the mapping
+    p = default()
+    p.use_extra_bufts = False
+    return p
+llama_cpp.llama_model_default_params = no_repack
+toks = req["tokens"]
+n = req["prompt"]
+t = time.perf_counter()
+llm = llama_cpp.Llama(model_path=req["model"], verbose=False, n_threads=req["threads"],
+                      n_threads_batch=req["threads"], n_ctx=256, n_batch=n, n_ubatch=n, use_mmap=True)
+# llm.scores stays zero without logits_all (llama-cpp-python 0.3.x): the last token's logits from the context
+logits = lambda: np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float32)
+t_load = time.perf_counter() - t
+llm.eval(toks[:n])
+first = logits()
+t = time.perf_counter()
+for tok in toks[n:]:
+    llm.eval([tok])
+dt = time.perf_counter() - t
+last = logits()
+np.save(req["out"], np.stack([first, last]))
+print(json.dumps(dict(decode_s=dt, load_s=t_load, maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
+"""
+
+
+def run_child(code: str, req: dict, path: str, limit: int, timeout: float, workdir: str) -> dict:
+    """One run in a child memory cgroup, the file's pages dropped first. Returns its JSON line, or
+    {"error": ...} (-9: OOM-killed)."""
+    sys.path.insert(0, TESTS)
+    import memcg
+
+    name = f"{req['who']}-{req['locality']}"
+    req = dict(req, model=path, out=os.path.join(workdir, name + ".npy"))
+    with open(os.path.join(workdir, name + ".json"), "w") as f:
+        json.dump(req, f)
+    memcg.drop_page_cache(path)
+    try:
+        r = memcg.run_limited([sys.executable, "-c", code, f.name], limit, timeout=timeout)
+    except Exception as e:    # subprocess.TimeoutExpired, no cgroup
+        return {"error": f"{type(e).__name__}: {e}"}
+    if r.returncode != 0:
+        return {"error": f"exit {r.returncode}" + (" (OOM-killed)" if r.returncode == -9 else "") +
+                f": {r.stderr[-1500:]}"}
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["logits"] = np.load(req["out"])
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--small", action="store_true", help="a ~340 MB model, superggml only (a functional run)")
+    ap.add_argument("--tokens", type=int, default=16, help="decoded tokens per run")
+    ap.add_argument("--limit", help="the cgroup limit (default: a quarter of the file's size)")
+    ap.add_argument("--overhead", default="160MiB", help="device_budget = limit - overhead")
+    ap.add_argument("--direct-io", choices=("on", "off", "auto"), default="on")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="superggml's n_threads (default: its own choice; llama.cpp always gets 2)")
+    ap.add_argument("--localities", default="0,0.5,0.9")
+    ap.add_argument("--llama-localities", help="localities llama.cpp runs at ('' for none; default 0, none with "
+                                                 "--small)")
+    ap.add_argument("--cache-dir", default="/work/tmp")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+
+    import tempfile
+
+    import gguf
+
+    from superggml.settings import parse_size
+
+    p = SMALL if a.small else FULL
+    path = model_path(p, a.cache_dir)
+    size = os.path.getsize(path)
+    if a.small and not a.limit:     # a quarter of a small file leaves no room for the process: budget a quarter
+        limit = size // 4 + parse_size(a.overhead)
+    else:
+        limit = parse_size(a.limit) if a.limit else size // 4
+    budget = limit - parse_size(a.overhead)
+    expert_total = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if "_exps" in t.name)
+    per_expert = expert_total // (p["n_layer"] * p["n_expert"])
+    floor = p["n_layer"] * p["n_expert_used"] * per_expert
+    localities = [float(x) for x in a.localities.split(",") if x]
+    llama_loc = a.llama_localities if a.llama_localities is not None else ("" if a.small else "0")
+    llama_at = [float(x) for x in llama_loc.split(",") if x]
+    direct = {"on": True, "off": False, "auto": None}[a.direct_io]
+    print(f"qwen3moe synthetic {os.path.basename(path)}: {size / 2**30:.2f} GiB, {p['n_layer']} layers x "
+          f"{p['n_expert']} experts of {per_expert / MiB:.2f} MiB ({expert_total / 2**30:.2f} GiB), "
+          f"{p['n_expert_used']} per token; cgroup limit {limit / MiB:.0f} MiB, superggml device_budget "
+          f"{budget / MiB:.0f} MiB; prompt {PROMPT}, {a.tokens} decoded tokens", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for loc in localities:
+            toks = stream(PROMPT + a.tokens, loc, seed=int(loc * 10))
+            base = dict(tokens=toks, prompt=PROMPT, locality=loc)
+            runs = []
+            if loc in llama_at:
+                runs.append(("llama.cpp", LLAMA, dict(base, who="llama", threads=2)))
+            runs.append(("superggml", SUPERGGML, dict(base, who="superggml", budget=budget, direct_io=direct,
+                                                       threads=a.threads)))
+            got = {}
+            for who, code, req in runs:
+                r = run_child(code, req, path, limit, a.timeout, work)
+                got[who] = r
+                row = dict(who=who, locality=loc, limit=limit, model_bytes=size, tokens=a.tokens,
+                           repeats=sum(x == y for x, y in zip(toks[PROMPT:], toks[PROMPT - 1:])))
+                if "error" in r:
+                    row["error"] = r["error"]
+                else:
+                    row.update(tok_s=a.tokens / r["decode_s"], decode_s=r["decode_s"], load_s=r["load_s"],
+                               maxrss=r["maxrss"], argmax=[int(x) for x in r["logits"].argmax(-1)],
+                               finite=bool(np.isfinite(r["logits"]).all()))
+                    if who == "superggml":
+                        hits, misses = r["expert_hits"], r["expert_misses"]
+                        read = r["expert_bytes_loaded"] / a.tokens
+                        row.update(budget=budget, direct_io=a.direct_io, hit_rate=hits / max(hits + misses, 1),
+                                   bytes_per_token=read, floor_bytes_per_token=floor, read_vs_floor=read / floor,
+                                   precision=r["precision"], recall=r["recall"], expert_slots=r["expert_slots"],
+                                   expert_cache_bytes=r["expert_slots"] * r["expert_slot_size"],
+                                   layers_pinned=r["layers_pinned"], dense_bytes=r["n_slots"] * r["slot_size"])
+                rows.append(row)
+                print("  " + json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
+                                         if k not in ("error",)} | ({"error": row["error"][:300]}
+                                                                   if "error" in row else {})), flush=True)
+            if len(got) == 2 and not any("error" in r for r in got.values()):
+                lg, sg = got["llama.cpp"]["logits"], got["superggml"]["logits"]
+                rows[-1]["vs_llama"] = dict(speedup=rows[-1]["tok_s"] / rows[-2]["tok_s"],
+                                            argmax_equal=[bool(x) for x in lg.argmax(-1) == sg.argmax(-1)],
+                                            max_abs_diff=float(np.abs(lg - sg).max()))
+    print()
+    print(f"{'who':>9} {'locality':>8} {'tok/s':>7} {'hit rate':>8} {'MiB/token':>9} {'vs floor':>8} "
+          f"{'prec/recall':>11} {'peak RSS':>8} {'vs llama.cpp':>12}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['who']:>9} {r['locality']:8.1f}   {r['error'][:80]}")
+            continue
+        sg = r["who"] == "superggml"
+        pr = f"{r['precision']:.2f}/{r['recall']:.2f}" if sg else "-"
+        vs = f"{r['vs_llama']['speedup']:.2f}x" if "vs_llama" in r else "-"
+        print(f"{r['who']:>9} {r['locality']:8.1f} {r['tok_s']:7.2f} "
+              + (f"{r['hit_rate']:8.1%} {r['bytes_per_token'] / MiB:9.1f} {r['read_vs_floor']:8.2f} "
+                 if sg else f"{'-':>8} {'-':>9} {'-':>8} ")
+              + f"{pr:>11} {r['maxrss'] / MiB:7.0f}M {vs:>12}")
+    print(f"floor: {floor / MiB:.1f} MiB of experts per token ({p['n_layer']} x {p['n_expert_used']} x "
+          f"{per_expert / MiB:.2f} MiB)")
+    for r in rows:
+        if "vs_llama" in r:
+            v = r["vs_llama"]
+            print(f"locality {r['locality']}: superggml {v['speedup']:.2f}x llama.cpp's decode tok/s; argmax of the "
+                  f"prompt's and the last token's logits equal: {v['argmax_equal']}, largest logit difference "
+                  f"{v['max_abs_diff']:.3g}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(model=path, params=p, model_bytes=size, limit=limit, budget=budget, rows=rows), f,
+                      indent=1)
+    return 0 if rows and not any("error" in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
