@@ -36,6 +36,7 @@ def own_memory_cgroup() -> tuple[Path, str] | None:
 def drop_page_cache(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
+        os.fsync(fd)          # dirty pages (a file just written) are not dropped, and stay charged elsewhere
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
