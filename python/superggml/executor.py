@@ -69,6 +69,8 @@ class Step:
     group: int | None = None
     experts: int | None = None      # the block whose routed experts come from the expert cache first
     expert_ids: Any = None          # I32 [k, rows]: the routed experts as cache slots (filled before it runs)
+    expert_row0: int = 0            # the first of the pass's rows it computes (a pass splits into row chunks)
+    expert_ahead: int = 0           # rows whose lookahead guess it starts loading once mapped (0: none)
 
 
 class _WeightView:
@@ -204,13 +206,9 @@ class Executor:
         hp, c = self.hp, self.settings.context
         k = hp.n_expert_used
         self.experts = ExpertPager(store, store.path, self.arch, self.expert_budget, self.backend)
-        need = min(hp.n_expert, k * c.n_batch)
-        if self.experts.core.n_slots < need:
-            raise ValueError(f"expert_cache of {self.expert_budget} bytes holds "
-                             f"{self.experts.core.n_slots} experts of {self.experts.expert_bytes} bytes; a batch of "
-                             f"{c.n_batch} tokens may route to {need}: give it at least "
-                             f"{need * self.experts.expert_bytes} bytes (or a smaller n_batch)")
-        cx = _core.Context(max_tensors=5)
+        # a pass's experts graphs run over chunks of rows whose routed experts the cache can pin at once
+        self.expert_rows = max(1, min(c.n_batch, self.experts.core.n_slots // k))
+        cx = _core.Context(max_tensors=6)
         # the next block's router's guess, I32 [k, n_batch]: only when every block is resident or pinned (the
         # next router's weights are there)
         ahead = self.settings.paging.expert_lookahead and (not self.paged or self.n_pinned >= hp.n_layer)
@@ -219,19 +217,28 @@ class Executor:
         self.moe_cur = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
         self.moe_sel = cx.new_tensor(I32, [k, c.n_batch])
         self.moe_w = cx.new_tensor(F32, [1, k, c.n_batch])
+        self.moe_shared = cx.new_tensor(F32, [hp.n_embd, c.n_batch]) if self.arch.n_ff_shexp else None
         self._moe_keep = [cx, self.backend.alloc_tensors(cx)]
 
     def _split_budget(self, store: Any, budget: int, dense: int, slot: int) -> int:
         """A MoE model's device_budget: its dense part (`dense` bytes in slots of `slot`) first, every block
         pinned if the expert cache can still hold what one batch routes to; otherwise the dense part streams
-        and the cache gets that minimum. Sets expert_budget; returns the dense part's budget."""
-        hp = self.hp
-        need = min(hp.n_expert, hp.n_expert_used * self.settings.context.n_batch) * \
-            ExpertPager.slot_bytes(store, self.arch)
-        dense_budget = dense if budget - need >= dense else budget - need
-        if dense_budget < slot:
-            raise ValueError(f"device_budget of {budget} bytes cannot hold a block without its experts ({slot} "
-                             f"bytes) and the {need} bytes of experts one batch may route to")
+        through the fewest slots and the cache gets the rest, which must hold what one token routes to (a
+        batch then runs its experts in chunks of rows). Sets expert_budget; returns the dense part's budget."""
+        hp, p = self.hp, self.settings.paging
+        es = ExpertPager.slot_bytes(store, self.arch)
+        batch = min(hp.n_expert, hp.n_expert_used * self.settings.context.n_batch) * es
+        stream = min(p.stream_slots, dense // slot) * slot      # the fewest slots the dense part streams through
+        if budget - batch >= dense:
+            dense_budget = dense
+        elif budget - batch >= stream:
+            dense_budget = budget - batch
+        else:
+            dense_budget = stream
+        if budget - dense_budget < hp.n_expert_used * es:
+            raise ValueError(f"device_budget of {budget} bytes cannot hold {stream // slot} blocks without their "
+                             f"experts ({slot} bytes each) and the {hp.n_expert_used} experts a token is routed to "
+                             f"({es} bytes each): give it at least {stream + hp.n_expert_used * es} bytes")
         self.expert_budget = budget - dense_budget
         return dense_budget
 
@@ -452,13 +459,13 @@ class Executor:
                 _core.tensor_copy(self.acts[dev], self.acts[step.dev])
                 dev = step.dev
             page = KVPage(seq, step.layer) if step.layer is not None else None
-            if step.experts is not None:               # the router's choice, as cache slots
-                k, il = self.hp.n_expert_used, step.experts
+            if step.experts is not None:               # the router's choice for its rows, as cache slots
+                k, il, r0 = self.hp.n_expert_used, step.experts, step.expert_row0
                 rows = step.expert_ids.ne[1]
-                sel = _core.tensor_get(self.moe_sel).reshape(-1)[:rows * k]
+                sel = _core.tensor_get(self.moe_sel).reshape(-1)[r0 * k:(r0 + rows) * k]
                 _core.tensor_set(step.expert_ids, self.experts.map(il, sel))
-                if self.moe_guess is not None and il + 1 < self.hp.n_layer:   # loads while this block computes
-                    self.experts.lookahead(il + 1, _core.tensor_get(self.moe_guess).reshape(-1)[:rows * k])
+                if step.expert_ahead:                  # the next block's first chunk loads while this computes
+                    self.experts.lookahead(il + 1, _core.tensor_get(self.moe_guess).reshape(-1)[:step.expert_ahead * k])
             with self.pager.use(step.key), self.kv.use(page, p0, p0 + n):
                 tc = time.time()
                 try:
@@ -560,7 +567,7 @@ class _Plan:
 
         def graph(build: Any, kind: str, rows_in: int = n, rows_out: int = n, key: Key | None = None,
                   layer: int | None = None, dev: int = 0, group: int | None = None, experts: int | None = None,
-                  expert_ids: Any = None) -> Any:
+                  expert_ids: Any = None, expert_row0: int = 0, expert_ahead: int = 0) -> Any:
             ctx = _core.Context(max_tensors=GRAPH_NODES, graph_size=GRAPH_NODES)
             gf = ctx.new_graph()
             a = ex.acts[dev]
@@ -569,7 +576,7 @@ class _Plan:
             out = build(ctx, gf, act, act_out, self.all_inputs[dev])
             gf.expand(out)
             self.keep.append(ctx)
-            self.steps.append(Step(gf, kind, key, layer, dev, group, experts, expert_ids))
+            self.steps.append(Step(gf, kind, key, layer, dev, group, experts, expert_ids, expert_row0, expert_ahead))
             return out
 
         n_last = min(n, max(n_out, 1))           # rows the last block keeps
@@ -617,22 +624,19 @@ class _Plan:
         return self._whole
 
     def _build_moe_block(self, ex: Executor, graph: Any, il: int, rows: int, key: Key | None) -> None:
-        """A block whose experts come from the expert cache, in two graphs: attention and router (its state
+        """A block whose experts come from the expert cache: attention and router in one graph (its state
         kept in the executor's moe_* tensors), then the routed experts, with their ids remapped to cache
-        slots in between (Step.experts)."""
+        slots in between (Step.experts), in graphs over chunks of ex.expert_rows rows (the experts one chunk
+        routes to fit the cache at once; each row's result does not depend on the others in its chunk)."""
         hp, arch, w = ex.hp, ex.arch, ex.weights
         k, p = hp.n_expert_used, f"blk.{il}."
-        ictx = _core.Context(max_tensors=1)
-        ids = ictx.new_tensor(I32, [k, rows])
-        ids.name = f"inp_expert_slots_l{il}"
-        self.keep += [ictx, ex.backend.alloc_tensors(ictx)]
 
-        def rows_of(ctx: Any, t: Any) -> Any:            # the first `rows` columns of a persistent [*, n_batch]
-            return ctx.view(t, [t.ne[0], rows], [t.nb[1]], 0)
+        def rows_of(ctx: Any, t: Any, r0: int = 0, n: int = rows) -> Any:   # columns [r0, r0+n) of a [*, n_batch]
+            return ctx.view(t, [t.ne[0], n], [t.nb[1]], r0 * t.nb[1])
 
-        def weights_of(ctx: Any) -> Any:                   # F32 [1, k, rows]
+        def weights_of(ctx: Any, r0: int = 0, n: int = rows) -> Any:          # F32 [1, k, n]
             t = ex.moe_w
-            return ctx.view(t, [1, k, rows], [t.nb[1], t.nb[2]], 0)
+            return ctx.view(t, [1, k, n], [t.nb[1], t.nb[2]], r0 * t.nb[2])
 
         def attn_router(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs) -> Any:
             ffn_inp, cur = arch.build_attn_part(ctx, gf, w, inp, il, act, ex.k_cache[il], ex.v_cache[il])
@@ -641,20 +645,37 @@ class _Plan:
                      (sel, rows_of(ctx, ex.moe_sel)), (weights, weights_of(ctx))]
             if ex.moe_guess is not None and il + 1 < hp.n_layer:
                 pairs.insert(0, (moe.build_router_lookahead(arch, ctx, w, il, cur), rows_of(ctx, ex.moe_guess)))
+            shared = moe.build_shared_expert_only(arch, ctx, w, p, cur)     # over every row: a matmul's result
+            if shared is not None:                                          # may depend on how many it has
+                pairs.insert(0, (shared, rows_of(ctx, ex.moe_shared)))
             outs = [ctx.cpy(src, dst) for src, dst in pairs]
             for o in outs[:-1]:
                 gf.expand(o)
             return outs[-1]
 
-        def experts(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs) -> Any:
-            cur = rows_of(ctx, ex.moe_cur)
-            out = moe.build_experts(arch, ctx, w, p, cur, ids, rows_of(ctx, ex.moe_sel), weights_of(ctx),
-                                    *ex.experts.views[il])
-            out = moe.build_shared_expert(arch, ctx, w, p, cur, out)
-            return ctx.cpy(arch.build_ffn_out(ctx, w, p, out, rows_of(ctx, ex.moe_inp)), act_out)
-
         graph(attn_router, "block", rows_out=rows, key=key, layer=il, group=il)
-        graph(experts, "experts", rows_in=rows, rows_out=rows, key=key, group=il, experts=il, expert_ids=ids)
+        step = ex.expert_rows
+        for r0 in range(0, rows, step):
+            n = min(step, rows - r0)
+            ictx = _core.Context(max_tensors=1)
+            ids = ictx.new_tensor(I32, [k, n])
+            ids.name = f"inp_expert_slots_l{il}_r{r0}"
+            self.keep += [ictx, ex.backend.alloc_tensors(ictx)]
+
+            def experts(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs, r0: int = r0, n: int = n,
+                        ids: Any = ids) -> Any:
+                cur = rows_of(ctx, ex.moe_cur, r0, n)
+                out = moe.build_experts(arch, ctx, w, p, cur, ids, rows_of(ctx, ex.moe_sel, r0, n),
+                                        weights_of(ctx, r0, n), *ex.experts.views[il])
+                if ex.moe_shared is not None:
+                    out = ctx.add(out, rows_of(ctx, ex.moe_shared, r0, n))
+                return ctx.cpy(arch.build_ffn_out(ctx, w, p, out, rows_of(ctx, ex.moe_inp, r0, n)),
+                               rows_of(ctx, act, r0, n))
+
+            last = r0 + n >= rows
+            ahead = min(step, rows) if last and ex.moe_guess is not None and il + 1 < hp.n_layer else 0
+            graph(experts, "experts", rows_in=rows, rows_out=rows, key=key, group=il, experts=il, expert_ids=ids,
+                  expert_row0=r0, expert_ahead=ahead)
 
     def _build_chunked_head(self, ex: Executor, graph: Any, n_out: int) -> None:
         """Output norm into head_in (F32 [n_embd, n_out]), then one graph per streamed row chunk

@@ -113,10 +113,16 @@ def build_experts(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any, id
 
 def build_shared_expert(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any, out: Any) -> Any:
     """qwen2moe's shared expert behind its sigmoid gate, added to the routed experts' output `out`."""
+    shared = build_shared_expert_only(arch, ctx, w, p, cur)
+    return out if shared is None else ctx.add(out, shared)
+
+
+def build_shared_expert_only(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
+    """The shared expert's gated output F32 [n_embd, n] (None without one)."""
     if not arch.n_ff_shexp:
-        return out
+        return None
     g = ctx.mul_mat(w(p + "ffn_gate_inp_shexp.weight"), cur)             # F32 [1, n]
     gate_s = ctx.div(ctx.silu(g), g)                                     # sigmoid, as llama.cpp writes it
     shared = ctx.mul_mat(w(p + "ffn_down_shexp.weight"), ctx.swiglu_split(
         ctx.mul_mat(w(p + "ffn_gate_shexp.weight"), cur), ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)))
-    return ctx.add(out, ctx.mul(shared, gate_s))
+    return ctx.mul(shared, gate_s)
