@@ -6,6 +6,8 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include <algorithm>
+
 namespace superggml {
 
 expert_cache::expert_cache(const expert_cache_params & params, std::shared_ptr<prefetcher> io)
@@ -13,13 +15,18 @@ expert_cache::expert_cache(const expert_cache_params & params, std::shared_ptr<p
     if (p_.n_slots < 1 || p_.slot_size == 0) throw Error("expert cache needs at least one slot of nonzero size");
     if (!io_) throw Error("expert cache needs a prefetcher");
     if (!p_.buft) p_.buft = ggml_backend_cpu_buffer_type();
-    const size_t align = ggml_backend_buft_get_alignment(p_.buft);
+    p_.direct = p_.direct && ggml_backend_buft_is_host(p_.buft);
+    const size_t align = p_.direct ? DIRECT_ALIGN : ggml_backend_buft_get_alignment(p_.buft);
     slot_size_ = (p_.slot_size + align - 1) / align * align;
-    const size_t total = slot_size_ * (size_t) p_.n_slots;
+    const size_t total = slot_size_ * (size_t) p_.n_slots + (p_.direct ? DIRECT_ALIGN : 0);
     buf_ = ggml_backend_buft_alloc_buffer(p_.buft, total);
     if (!buf_) {
         throw Error("cannot allocate an expert cache of " + std::to_string(total) + " bytes on " +
                     ggml_backend_buft_name(p_.buft));
+    }
+    if (p_.direct) {
+        const auto base = (uintptr_t) ggml_backend_buffer_get_base(buf_);
+        pad_ = (DIRECT_ALIGN - base % DIRECT_ALIGN) % DIRECT_ALIGN;
     }
     ggml_backend_buffer_clear(buf_, 0);   // slots never loaded are read by no graph, but keep them finite
     slots_.resize(p_.n_slots);
@@ -57,8 +64,28 @@ void expert_cache::set_layer(int layer, int n_expert, const std::vector<part> & 
     for (const auto & q : parts) {
         if (q.slot_offset + q.size > slot_size_) throw Error("expert cache: an expert part does not fit the slot");
     }
+    // O_DIRECT reads each part from its file offset rounded down to whole blocks: the lead before it lands
+    // in front of it in the slot, so the part's region [slot_offset - lead, + rounded size) must be aligned,
+    // inside the slot and apart from the other parts', for every expert (a stride of whole blocks)
+    bool direct = p_.direct;
+    std::vector<std::pair<size_t, size_t>> regions;
+    for (const auto & q : parts) {
+        const size_t lead = q.file_offset % DIRECT_ALIGN;
+        const size_t span = (lead + q.size + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
+        if (q.stride % DIRECT_ALIGN || q.slot_offset % DIRECT_ALIGN != lead || q.slot_offset - lead + span > slot_size_) {
+            direct = false;
+            break;
+        }
+        regions.push_back({q.slot_offset - lead, q.slot_offset - lead + span});
+    }
+    std::sort(regions.begin(), regions.end());
+    for (size_t i = 1; direct && i < regions.size(); ++i) direct = regions[i].first >= regions[i - 1].second;
     if ((int) layers_.size() <= layer) layers_.resize(layer + 1);
-    layers_[layer] = {n_expert, parts};
+    layers_[layer] = {n_expert, parts, direct};
+}
+
+bool expert_cache::layer_direct(int layer) const {
+    return layer >= 0 && layer < (int) layers_.size() && layers_[layer].direct && io_->direct();
 }
 
 const expert_cache::layer_info & expert_cache::layer_of(int layer, int expert) const {
@@ -78,10 +105,20 @@ void expert_cache::start_load(int i, int layer, int expert) {
     job.key = key(layer, expert);
     job.dst = buf_;
     size_t n = 0;
+    job.direct = L.direct;
     for (const auto & q : L.parts) {
-        job.ranges.push_back({q.file_offset + (uint64_t) expert * q.stride, q.size, (size_t) i * slot_size_ + q.slot_offset});
+        const uint64_t off = q.file_offset + (uint64_t) expert * q.stride;
+        const size_t dst = pad_ + (size_t) i * slot_size_ + q.slot_offset;
+        if (L.direct) {   // widened to whole blocks; past the end of the file only `need` bytes must arrive
+            const size_t lead = off % DIRECT_ALIGN;
+            const size_t span = (lead + q.size + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
+            job.ranges.push_back({off - lead, span, dst - lead, lead + q.size});
+        } else {
+            job.ranges.push_back({off, q.size, dst});
+        }
         n += q.size;
     }
+    if (L.direct && io_->direct()) st_.direct_loads++;
     slot & s = slots_[i];
     s.key = job.key;
     s.load = io_->submit(std::move(job)).done;
@@ -170,7 +207,7 @@ void expert_cache::bind_view(ggml_tensor * t, size_t offset) const {
     }
     t->nb[2] = slot_size_;
     t->nb[3] = slot_size_ * (size_t) t->ne[2];
-    tensor_bind(t, buf_, static_cast<char *>(ggml_backend_buffer_get_base(buf_)) + offset);
+    tensor_bind(t, buf_, static_cast<char *>(ggml_backend_buffer_get_base(buf_)) + pad_ + offset);
 }
 
 expert_cache_stats expert_cache::stats() const {

@@ -11,6 +11,11 @@
 // pinned until release(). A failed read empties its slot and is rethrown.
 // prefetch() starts loads without pinning. Driven by one thread; the reads
 // run on the workers.
+// With `direct` (host slots), a layer whose parts keep the file's alignment
+// (a stride of whole DIRECT_ALIGN blocks, and a slot offset congruent to the
+// file offset modulo DIRECT_ALIGN, with room for the widened read: see
+// direct_layout) is read with O_DIRECT, bypassing the page cache; other
+// layers, and files O_DIRECT cannot open, read buffered.
 #pragma once
 
 #include "error.h"
@@ -35,6 +40,7 @@ struct expert_cache_params {
     size_t slot_size = 0;                       // bytes per slot (rounded up to the buffer alignment)
     ggml_backend_buffer_type * buft = nullptr;  // nullptr: CPU
     double freq_weight = 0.5;                   // score = last use + freq_weight * uses (in use ticks)
+    bool direct = false;                        // O_DIRECT reads where a layer's layout allows (host slots)
 };
 
 struct expert_cache_stats {
@@ -42,7 +48,8 @@ struct expert_cache_stats {
     uint64_t prefetches = 0;              // loads started by prefetch()
     uint64_t prefetch_hits = 0;           // acquires served by a prefetched load
     uint64_t evictions = 0;
-    uint64_t bytes_loaded = 0;
+    uint64_t bytes_loaded = 0;            // expert bytes (without the widening of direct reads)
+    uint64_t direct_loads = 0;            // loads read with O_DIRECT (where the file system allowed it)
     int n_slots = 0, slots_used = 0;
     size_t slot_size = 0;
 };
@@ -58,7 +65,10 @@ public:
     // Where layer `layer`'s experts are in the file: expert e of part j is `size` bytes at
     // file_offset + e * stride, stored at slot_offset inside a slot. Call once per layer before map().
     struct part { uint64_t file_offset; size_t stride; size_t size; size_t slot_offset; };
+    // Throws Error if a part does not fit the slot.
     void set_layer(int layer, int n_expert, const std::vector<part> & parts);
+    // Whether layer's loads read with O_DIRECT (direct, host slots, and its parts' layout allows it).
+    bool layer_direct(int layer) const;
 
     // The slots of layer's experts ids[0..n) (each in [0, n_expert)), loaded and pinned: out[i] is the slot of
     // ids[i]. Every distinct expert is acquired first (its load started if absent), then all loads are waited
@@ -85,7 +95,7 @@ private:
         uint64_t last_use = 0, uses = 0;
         std::shared_future<void> load;
     };
-    struct layer_info { int n_expert = 0; std::vector<part> parts; };
+    struct layer_info { int n_expert = 0; std::vector<part> parts; bool direct = false; };
     static int key(int layer, int expert) { return layer * 65536 + expert; }
     int take_slot();                      // a free or evictable slot (its old key dropped), -1 if none
     void start_load(int i, int layer, int expert);
@@ -95,6 +105,7 @@ private:
     expert_cache_params p_;
     std::shared_ptr<prefetcher> io_;
     ggml_backend_buffer * buf_ = nullptr;
+    size_t pad_ = 0;                      // bytes from the buffer's base to slot 0 (DIRECT_ALIGN-aligned if direct)
     size_t slot_size_ = 0;
     std::vector<slot> slots_;
     std::unordered_map<int, int> where_;  // key -> slot

@@ -183,3 +183,17 @@ def test_peak_rss_in_a_cgroup_stays_under_budget_plus_128_mib(tmp_path, vocab_fi
           f"{misses} expert misses")
     assert anon < limit and misses > 0
     assert np.array_equal(np.load(tmp_path / "lim.npy"), np.load(tmp_path / "ref.npy"))
+
+
+@pytest.mark.parametrize("variant", ["qwen3moe-8x2", "olmoe-8x2-f16"])
+def test_expert_cache_reads_with_o_direct(tmp_path, vocab_fields, variant):
+    """direct_io: the experts of layers whose strides are whole O_DIRECT blocks (F32 [256, 64]: 64 KiB) read
+    with O_DIRECT into slots laid out in the file's alignment; still bit-identical."""
+    path = synth(tmp_path / "moe.gguf", vocab_fields, **{**VARIANTS[variant], "n_layer": 4, "n_embd": 256, "n_ff": 64,
+                                                           "n_ff_exp": 64})
+    prompt = [int(x) for x in np.random.default_rng(9).integers(0, 49152, 20)]
+    ref, _ = run(path, prompt)
+    got, st = run(path, prompt, expert_cache=expert_bytes(path) // 4, direct_io=True)
+    assert np.array_equal(got, ref)
+    assert st["expert_misses"] > 0 and st["expert_direct_loads"] == st["expert_misses"] + st["expert_prefetches"]
+    assert st["expert_slot_size"] % 4096 == 0

@@ -15,7 +15,7 @@ py::dict to_dict(const expert_cache_stats & s) {
     d["expert_hits"] = s.hits; d["expert_misses"] = s.misses; d["expert_prefetches"] = s.prefetches;
     d["expert_prefetch_hits"] = s.prefetch_hits; d["expert_evictions"] = s.evictions;
     d["expert_bytes_loaded"] = s.bytes_loaded; d["expert_slots"] = s.n_slots; d["expert_slots_used"] = s.slots_used;
-    d["expert_slot_size"] = s.slot_size;
+    d["expert_slot_size"] = s.slot_size; d["expert_direct_loads"] = s.direct_loads;
     return d;
 }
 
@@ -23,17 +23,18 @@ void init_expert_cache(py::module_ & m) {
     py::class_<expert_cache, std::shared_ptr<expert_cache>>(m, "ExpertCache",
         "Mixture-of-experts experts paged one by one through slots of one buffer (see csrc/expert-cache.h).")
         .def(py::init([](const std::string & path, int n_slots, size_t slot_size, compute_backend * backend,
-                         int n_workers, double freq_weight) {
+                         int n_workers, double freq_weight, bool direct_io) {
             expert_cache_params p;
             p.n_slots = n_slots;
             p.slot_size = slot_size;
             p.buft = backend ? backend->buffer_type() : nullptr;
             p.freq_weight = freq_weight;
-            auto io = std::make_shared<prefetcher>(path, n_workers, false,
+            p.direct = direct_io;
+            auto io = std::make_shared<prefetcher>(path, n_workers, direct_io,
                                                    backend ? backend->device() : nullptr, false);
             return std::make_shared<expert_cache>(p, io);
         }), py::arg("path"), py::arg("n_slots"), py::arg("slot_size"), py::arg("backend") = nullptr,
-            py::arg("n_workers") = 2, py::arg("freq_weight") = 0.5)
+            py::arg("n_workers") = 2, py::arg("freq_weight") = 0.5, py::arg("direct_io") = false)
         .def("set_layer", [](expert_cache & c, int layer, int n_expert,
                              const std::vector<std::tuple<uint64_t, size_t, size_t, size_t>> & parts) {
             std::vector<expert_cache::part> ps;
@@ -54,6 +55,8 @@ void init_expert_cache(py::module_ & m) {
         .def("release", &expert_cache::release, py::arg("slots"))
         .def("prefetch", &expert_cache::prefetch, py::arg("layer"), py::arg("experts"),
              "Starts loading the experts not held; returns how many it started.")
+        .def("layer_direct", &expert_cache::layer_direct, py::arg("layer"),
+             "Whether the layer's experts are read with O_DIRECT.")
         .def("holds", &expert_cache::holds, py::arg("layer"), py::arg("expert"))
         .def("bind_view", [](const expert_cache & c, tensor_ref & t, size_t offset) { c.bind_view(t.t, offset); },
              py::arg("tensor"), py::arg("offset"),

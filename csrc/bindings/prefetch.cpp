@@ -24,6 +24,7 @@ py::dict to_dict(const prefetch_stats & s) {
 }
 
 void init_prefetch(py::module_ & m) {
+    m.attr("DIRECT_ALIGN") = DIRECT_ALIGN;   // bytes O_DIRECT reads align to
     py::class_<future_ref>(m, "LoadFuture", "The completion of one load job.")
         .def("result", [](future_ref & r, std::optional<double> timeout) {
             bool ready = true;

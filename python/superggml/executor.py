@@ -205,7 +205,8 @@ class Executor:
         [k, n_batch] and their weights F32 [1, k, n_batch]."""
         hp, c = self.hp, self.settings.context
         k = hp.n_expert_used
-        self.experts = ExpertPager(store, store.path, self.arch, self.expert_budget, self.backend)
+        self.experts = ExpertPager(store, store.path, self.arch, self.expert_budget, self.backend,
+                                    direct_io=self.direct_io)
         # a pass's experts graphs run over chunks of rows whose routed experts the cache can pin at once
         self.expert_rows = max(1, min(c.n_batch, self.experts.core.n_slots // k))
         cx = _core.Context(max_tensors=6)
@@ -226,7 +227,7 @@ class Executor:
         through the fewest slots and the cache gets the rest, which must hold what one token routes to (a
         batch then runs its experts in chunks of rows). Sets expert_budget; returns the dense part's budget."""
         hp, p = self.hp, self.settings.paging
-        es = ExpertPager.slot_bytes(store, self.arch)
+        es = ExpertPager.slot_bytes(store, self.arch, direct=self.direct_io)
         batch = min(hp.n_expert, hp.n_expert_used * self.settings.context.n_batch) * es
         stream = min(p.stream_slots, dense // slot) * slot      # the fewest slots the dense part streams through
         if budget - batch >= dense:

@@ -182,19 +182,21 @@ class ExpertPager:
     buffer as [K, M, n_slots] expert tensors (nb[2] = slot size), so the FFN graph runs ggml_mul_mat_id on
     them with the router's ids remapped to slots (map)."""
 
-    def __init__(self, store: Any, path: str, arch: Any, budget: int, backend: Any, *, n_workers: int = 2):
+    def __init__(self, store: Any, path: str, arch: Any, budget: int, backend: Any, *, n_workers: int = 2,
+                 direct_io: bool = False):
         from . import _core
 
         hp = arch.hp
         self.n_layer = hp.n_layer
-        self.parts = self.layout(store, arch)
-        self.expert_bytes = slot = max(off + size for parts in self.parts for _, _, size, off in parts)
+        self.parts = self.layout(store, arch, direct=direct_io)
+        self.expert_bytes = slot = self.slot_bytes(store, arch, direct=direct_io)
         n_slots = budget // slot
         need = hp.n_expert_used * 1
         if n_slots < need:
             raise ValueError(f"expert_cache of {budget} bytes holds {n_slots} experts; a token is routed to "
                              f"{hp.n_expert_used} of {slot} bytes each: give it at least {need * slot} bytes")
-        self.core = _core.ExpertCache(path, n_slots=n_slots, slot_size=slot, backend=backend, n_workers=n_workers)
+        self.core = _core.ExpertCache(path, n_slots=n_slots, slot_size=slot, backend=backend, n_workers=n_workers,
+                                      direct_io=direct_io)
         for il, parts in enumerate(self.parts):
             self.core.set_layer(il, hp.n_expert, parts)
         self.ctx = _core.Context(max_tensors=3 * hp.n_layer)
@@ -213,23 +215,39 @@ class ExpertPager:
         self.guessed = self.guessed_right = self.routed = 0
 
     @staticmethod
-    def layout(store: Any, arch: Any) -> list[list[tuple[int, int, int, int]]]:
-        """Per layer, its expert matrices: (file offset of expert 0, stride, bytes, offset inside a slot)."""
+    def layout(store: Any, arch: Any, *, direct: bool = False) -> list[list[tuple[int, int, int, int]]]:
+        """Per layer, its expert matrices: (file offset of expert 0, stride, bytes, offset inside a slot).
+        Packed 64-byte aligned; with `direct`, where every stride is whole O_DIRECT blocks, each matrix gets a
+        region of whole blocks and sits in it at its file offset's place inside a block, so O_DIRECT reads the
+        blocks around it straight into the slot (csrc/expert-cache.h)."""
+        from . import _core
+
+        blk = _core.DIRECT_ALIGN
         out = []
         for il in range(arch.hp.n_layer):
+            ranges = [store.file_range(name) for name in arch.expert_tensors(il)]
+            strides = [nbytes // arch.hp.n_expert for _, nbytes in ranges]
+            aligned = direct and all(s % blk == 0 for s in strides)
             parts, off = [], 0
-            for name in arch.expert_tensors(il):
-                file_off, nbytes = store.file_range(name)
-                stride = nbytes // arch.hp.n_expert
-                parts.append((file_off, stride, stride, off))
-                off += -(-stride // 64) * 64          # each matrix 64-byte aligned inside the slot
+            for (file_off, _), stride in zip(ranges, strides):
+                if aligned:
+                    lead = file_off % blk
+                    off = -(-off // blk) * blk
+                    parts.append((file_off, stride, stride, off + lead))
+                    off += -(-(lead + stride) // blk) * blk
+                else:
+                    parts.append((file_off, stride, stride, off))
+                    off += -(-stride // 64) * 64          # each matrix 64-byte aligned inside the slot
             out.append(parts)
         return out
 
     @staticmethod
-    def slot_bytes(store: Any, arch: Any) -> int:
-        """Bytes of one slot: the largest layer's expert, its matrices aligned."""
-        return max(off + size for parts in ExpertPager.layout(store, arch) for _, _, size, off in parts)
+    def slot_bytes(store: Any, arch: Any, *, direct: bool = False) -> int:
+        """Bytes of one slot: the largest layer's expert, its matrices aligned (to whole blocks if direct)."""
+        from . import _core
+
+        size = max(off + size for parts in ExpertPager.layout(store, arch, direct=direct) for _, _, size, off in parts)
+        return -(-size // _core.DIRECT_ALIGN) * _core.DIRECT_ALIGN if direct else size
 
     def map(self, layer: int, ids: Any) -> Any:
         """The slots of the experts `ids` (I32 [k, n]) of `layer`, loaded and pinned until release()."""
