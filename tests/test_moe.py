@@ -197,3 +197,24 @@ def test_expert_cache_reads_with_o_direct(tmp_path, vocab_fields, variant):
     assert np.array_equal(got, ref)
     assert st["expert_misses"] > 0 and st["expert_direct_loads"] == st["expert_misses"] + st["expert_prefetches"]
     assert st["expert_slot_size"] % 4096 == 0
+
+
+def test_analyze_predicts_a_moe_budget_as_the_executor_splits_it(tmp_path, vocab_fields):
+    """analyze's MoE plan: the expert cache and pinned blocks the executor gives a device_budget, and the bytes
+    per token at a hit rate (uniform routing's by default: the cache's share of the experts)."""
+    from superggml.analyze import analyze, format_analysis, model_layout, plan_moe_budget
+
+    path = synth(tmp_path / "moe.gguf", vocab_fields, **{**VARIANTS["qwen3moe-8x2-q8_0"], "n_layer": 4})
+    lay = model_layout(path)
+    es = lay.expert_bytes
+    for budget in (lay.file_bytes, 8 * es + 3 * lay.dense_slot_bytes):
+        with Model(path, ctx_size=128, n_batch=8, device_budget=budget, async_prefetch=True) as m:
+            st = m.stats()
+        plan = plan_moe_budget(lay, budget, n_batch=8)
+        assert plan.pinned_blocks == min(st["layers_pinned"], lay.n_layer)
+        assert plan.expert_cache_bytes // es == st["expert_slots"]
+        assert plan.expert_hit_rate == pytest.approx(min(1.0, st["expert_slots"] / (4 * 8)))
+    half, full = (plan_moe_budget(lay, lay.file_bytes, hit_rate=h) for h in (0.5, 1.0))
+    assert half.streamed_bytes - full.streamed_bytes == lay.expert_stream_bytes(0.5) == 4 * 2 * es // 2
+    text = format_analysis(analyze(path, [lay.file_bytes // 2], n_threads=1, measure=False, hit_rate=0.9))
+    assert "expert cache MiB" in text and " 90%" in text

@@ -46,6 +46,8 @@ class Layout:
     n_expert_used: int = 0                 # experts a token is routed to
     expert_bytes: int = 0                  # one expert's gate, up and down matrices (the largest layer's)
     dense_bytes: int = 0                   # the blocks without their experts
+    dense_slot_bytes: int = 0              # a slot for the largest block without its experts
+    dense_head_chunk_bytes: tuple[int, ...] = ()   # the lm head's row chunks of such a slot each
 
     def expert_stream_bytes(self, hit_rate: float) -> int:
         """Expert bytes read per decoded token when `hit_rate` of the routed experts are in the cache."""
@@ -77,10 +79,19 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
         chunks = tuple(store.file_range(c)[1] for c in store.add_row_chunks(head_name, slot - SLOT_ALIGN_ROOM))
         del store
         experts = [sum(sizes[n] for n in arch.expert_tensors(il)) for il in range(hp.n_layer)]
+        dense_slot, dense_chunks = 0, ()
+        if hp.n_expert:          # the executor's slots for the blocks without their experts, and its head chunks
+            exp = {n for il in range(hp.n_layer) for n in arch.expert_tensors(il)}
+            store = _core.WeightStore(f)
+            dense_slot = max(store.slot_bytes([n for n in arch.block_tensors(il) if n not in exp])
+                             for il in range(hp.n_layer))
+            dense_chunks = tuple(store.file_range(c)[1]
+                                 for c in store.add_row_chunks(head_name, dense_slot - SLOT_ALIGN_ROOM))
+            del store
         return Layout(os.fspath(path), hp.arch, hp.n_layer, tuple(blocks), tuple(other), sizes[head_name],
                       2 * hp.n_layer * hp.n_embd_gqa * 2, os.path.getsize(path), slot, chunks, arch.n_swa,
                       sum(arch.is_swa(il) for il in range(hp.n_layer)), hp.n_expert, hp.n_expert_used,
-                      max(experts) // max(hp.n_expert, 1), sum(blocks) - sum(experts))
+                      max(experts) // max(hp.n_expert, 1), sum(blocks) - sum(experts), dense_slot, dense_chunks)
     finally:
         f.close()
 
@@ -150,6 +161,8 @@ class BudgetPlan:
     pinned_blocks: int
     streamed_bytes: int          # per token
     predicted_s: float           # per token
+    expert_cache_bytes: int = 0  # mixture of experts: the budget's expert cache
+    expert_hit_rate: float = 0.0  # the hit rate the streamed bytes assume
 
 
 @dataclass(frozen=True)
@@ -168,6 +181,31 @@ class Analysis:
         return d
 
 
+def plan_moe_budget(lay: Layout, budget: int, *, hit_rate: float | None = None, n_batch: int = 512,
+                    async_prefetch: bool = True) -> BudgetPlan:
+    """A MoE model's budget as the executor splits it (Executor._split_budget): the blocks without their
+    experts first (pinned if the cache can still hold the experts one batch routes to, else streamed), the
+    rest the expert cache. Expert bytes read per token at `hit_rate`; None: the cache's share of all the
+    experts, the hit rate of uniform routing (a router with temporal locality does better). Streamed dense
+    bytes per token as plan_budget counts them. No predicted time (predicted_s is NaN)."""
+    keys = [lay.dense_slot_bytes] * lay.n_layer + list(lay.dense_head_chunk_bytes)
+    slot, es = lay.dense_slot_bytes, lay.expert_bytes
+    stream_slots = PagingSettings(async_prefetch=async_prefetch).stream_slots
+    dense = slot * len(keys)
+    batch = min(lay.n_expert, lay.n_expert_used * n_batch) * es
+    stream = min(stream_slots, len(keys)) * slot
+    dense_budget = dense if budget - batch >= dense else max(budget - batch, stream)
+    cache = budget - dense_budget
+    if cache < lay.n_expert_used * es:
+        raise ValueError(f"budget of {budget} bytes cannot hold {stream // slot} blocks without their experts "
+                         f"and the {lay.n_expert_used} experts a token is routed to")
+    n_slots, pinned = plan_slots(dense_budget, slot, len(keys), stream_slots)
+    held = min(1.0, (cache // es) / (lay.n_layer * lay.n_expert))
+    h = held if hit_rate is None else hit_rate
+    streamed = sum(keys[pinned:]) + lay.expert_stream_bytes(h)
+    return BudgetPlan(budget, n_slots, min(pinned, lay.n_layer), int(streamed), float("nan"), cache, h)
+
+
 def plan_budget(lay: Layout, budget: int, *, async_prefetch: bool = True, prefetch_depth: int = 2) -> tuple[int, int, int]:
     """(n_slots, pinned keys, bytes streamed per token) as the executor plans a budget: slots sized for the
     largest block, the lm head in row chunks of a slot, the first keys pinned, the rest streamed."""
@@ -180,7 +218,9 @@ def plan_budget(lay: Layout, budget: int, *, async_prefetch: bool = True, prefet
 
 
 def analyze(path: str, budgets: Sequence[int], *, n_threads: int, direct_io: bool | None = None,
-            async_prefetch: bool = True, progress: bool = False, measure: bool = True) -> Analysis:
+            async_prefetch: bool = True, progress: bool = False, measure: bool = True,
+            hit_rate: float | None = None) -> Analysis:
+    """`hit_rate`: the expert cache's, for a MoE model's budgets (None: uniform routing's, plan_moe_budget)."""
     lay = model_layout(path)
     w_buf = read_bandwidth(path, direct=False, progress=progress) if measure else float("nan")
     w_dir = read_bandwidth(path, direct=True, progress=progress) if measure else float("nan")
@@ -189,12 +229,17 @@ def analyze(path: str, budgets: Sequence[int], *, n_threads: int, direct_io: boo
         direct_io = lay.file_bytes > int(_core.host_memory()["available"])
     plans = []
     for b in budgets:
-        n_slots, pinned, streamed = plan_budget(lay, b, async_prefetch=async_prefetch)
+        moe = plan_moe_budget(lay, b, hit_rate=hit_rate, async_prefetch=async_prefetch) if lay.n_expert else None
+        if moe is not None:
+            n_slots, pinned, streamed = moe.n_slots, moe.pinned_blocks, moe.streamed_bytes
+        else:
+            n_slots, pinned, streamed = plan_budget(lay, b, async_prefetch=async_prefetch)
         if direct_io:      # the disk works while the CPU computes
             pred = max(tc, streamed / w_dir) if async_prefetch else tc + streamed / w_dir
         else:              # a memory copy on the same cores and memory bus as the computation: they add up
             pred = tc + streamed / w_buf
-        plans.append(BudgetPlan(b, n_slots, min(pinned, lay.n_layer), streamed, pred))
+        plans.append(BudgetPlan(b, n_slots, min(pinned, lay.n_layer), streamed, pred,
+                                *((moe.expert_cache_bytes, moe.expert_hit_rate) if moe else ())))
     return Analysis(lay, tc, w_buf, w_dir, direct_io, tuple(plans))
 
 
@@ -221,9 +266,14 @@ def format_analysis(a: Analysis) -> str:
               f"expert_cache, experts read per token: " + ", ".join(
                   f"{lay.expert_stream_bytes(h) / 1e6:.1f} MB at a {h:.0%} hit rate" for h in (0.0, 0.5, 0.9))]
              if lay.n_expert else []),
-           f"{'budget MiB':>10} {'slots':>6} {'pinned blocks':>13} {'streamed MB/token':>17} {'predicted ms/token':>18}"]
+           f"{'budget MiB':>10} {'slots':>6} {'pinned blocks':>13} {'streamed MB/token':>17} {'predicted ms/token':>18}"
+           + (f" {'expert cache MiB':>16} {'hit rate':>8}" if lay.n_expert else "")]
     for p in a.plans:
         pred = f"{p.predicted_s * 1e3:>18.1f}" if p.predicted_s == p.predicted_s else f"{'-':>18}"
         out.append(f"{p.budget / mib:>10.0f} {p.n_slots:>6} {p.pinned_blocks:>13} {p.streamed_bytes / 1e6:>17.1f} "
-                   + pred)
+                   + pred + (f" {p.expert_cache_bytes / mib:>16.0f} {p.expert_hit_rate:>8.0%}" if lay.n_expert else ""))
+    if lay.n_expert:
+        out.append("MoE budgets: blocks without their experts first, the rest the expert cache; streamed bytes "
+                   "include the experts missed at that hit rate (default: the cache's share of the experts, "
+                   "uniform routing; --hit-rate sets it)")
     return "\n".join(out)

@@ -122,9 +122,11 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
         lay = model_layout(path)
         n_keys = lay.n_layer + len(lay.head_chunk_bytes)
         budgets = [int(max(1, int(n_keys * f)) * lay.slot_bytes) for f in (1.0, 0.5, 0.25)] + [lay.slot_bytes]
+        if lay.n_expert:            # a MoE block is mostly experts: shares of the file, the expert cache the rest
+            budgets = [int(lay.file_bytes * f) for f in (1.0, 0.5, 0.25, 0.1)]
     direct = {"on": True, "off": False}.get(a.direct_io)
     res = analyze(path, budgets, n_threads=a.threads or default_threads(), direct_io=direct, progress=not a.json,
-                  measure=not a.no_measure)
+                  measure=not a.no_measure, hit_rate=a.hit_rate)
     print(json.dumps(res.to_json(), indent=1) if a.json else format_analysis(res))
     return 0
 
@@ -216,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--direct-io", choices=["auto", "on", "off"], default="auto", help="read mode to predict for")
     an.add_argument("-t", "--threads", type=int, default=None)
     an.add_argument("--no-measure", action="store_true", help="sizes and plans only; no bandwidth or compute runs")
+    an.add_argument("--hit-rate", type=float, default=None, metavar="H",
+                    help="MoE: the expert cache's hit rate to predict for (default: uniform routing's)")
     an.add_argument("--json", action="store_true")
     an.set_defaults(func=_cmd_analyze)
 
