@@ -163,7 +163,7 @@ from superggml import Model
 req = json.loads(open(sys.argv[1]).read())
 toks = req["tokens"]
 kw = dict(ctx_size=256, n_batch=req["prompt"], device_budget=req["budget"], async_prefetch=True,
-          direct_io=req["direct_io"])
+          direct_io=req["direct_io"], expert_lookahead=req["lookahead"])
 if req["threads"]:
     kw["n_threads"] = req["threads"]
 t = time.perf_counter()
@@ -252,6 +252,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0,
                     help="superggml's n_threads (default: its own choice; llama.cpp always gets 2)")
     ap.add_argument("--localities", default="0,0.5,0.9")
+    ap.add_argument("--lookahead-off", action="store_true",
+                    help="superggml also without the router lookahead (sg-nolook): what the lookahead pays")
     ap.add_argument("--llama-localities", help="localities llama.cpp runs at ('' for none; default 0, none with "
                                                  "--small)")
     ap.add_argument("--cache-dir", default="/work/tmp")
@@ -293,7 +295,10 @@ def main() -> int:
             if loc in llama_at:
                 runs.append(("llama.cpp", LLAMA, dict(base, who="llama", threads=2)))
             runs.append(("superggml", SUPERGGML, dict(base, who="superggml", budget=budget, direct_io=direct,
-                                                       threads=a.threads)))
+                                                       threads=a.threads, lookahead=True)))
+            if a.lookahead_off:
+                runs.append(("sg-nolook", SUPERGGML, dict(base, who="sg-nolook", budget=budget, direct_io=direct,
+                                                           threads=a.threads, lookahead=False)))
             got = {}
             for who, code, req in runs:
                 r = run_child(code, req, path, limit, a.timeout, work)
@@ -306,7 +311,7 @@ def main() -> int:
                     row.update(tok_s=a.tokens / r["decode_s"], decode_s=r["decode_s"], load_s=r["load_s"],
                                maxrss=r["maxrss"], argmax=[int(x) for x in r["logits"].argmax(-1)],
                                finite=bool(np.isfinite(r["logits"]).all()))
-                    if who == "superggml":
+                    if who != "llama.cpp":
                         hits, misses = r["expert_hits"], r["expert_misses"]
                         read = r["expert_bytes_loaded"] / a.tokens
                         row.update(budget=budget, direct_io=a.direct_io, hit_rate=hits / max(hits + misses, 1),
@@ -318,11 +323,15 @@ def main() -> int:
                 print("  " + json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
                                          if k not in ("error",)} | ({"error": row["error"][:300]}
                                                                    if "error" in row else {})), flush=True)
-            if len(got) == 2 and not any("error" in r for r in got.values()):
-                lg, sg = got["llama.cpp"]["logits"], got["superggml"]["logits"]
-                rows[-1]["vs_llama"] = dict(speedup=rows[-1]["tok_s"] / rows[-2]["tok_s"],
-                                            argmax_equal=[bool(x) for x in lg.argmax(-1) == sg.argmax(-1)],
-                                            max_abs_diff=float(np.abs(lg - sg).max()))
+            if "error" not in got.get("llama.cpp", {"error": 1}):
+                lg, ours = got["llama.cpp"]["logits"], rows[-len(runs):]
+                for row in ours[1:]:
+                    if "error" in row:
+                        continue
+                    sg = got[row["who"]]["logits"]
+                    row["vs_llama"] = dict(speedup=row["tok_s"] / ours[0]["tok_s"],
+                                           argmax_equal=[bool(x) for x in lg.argmax(-1) == sg.argmax(-1)],
+                                           max_abs_diff=float(np.abs(lg - sg).max()))
     print()
     print(f"{'who':>9} {'locality':>8} {'tok/s':>7} {'hit rate':>8} {'MiB/token':>9} {'vs floor':>8} "
           f"{'prec/recall':>11} {'peak RSS':>8} {'vs llama.cpp':>12}")
@@ -330,7 +339,7 @@ def main() -> int:
         if "error" in r:
             print(f"{r['who']:>9} {r['locality']:8.1f}   {r['error'][:80]}")
             continue
-        sg = r["who"] == "superggml"
+        sg = r["who"] != "llama.cpp"
         pr = f"{r['precision']:.2f}/{r['recall']:.2f}" if sg else "-"
         vs = f"{r['vs_llama']['speedup']:.2f}x" if "vs_llama" in r else "-"
         print(f"{r['who']:>9} {r['locality']:8.1f} {r['tok_s']:7.2f} "
@@ -342,7 +351,7 @@ def main() -> int:
     for r in rows:
         if "vs_llama" in r:
             v = r["vs_llama"]
-            print(f"locality {r['locality']}: superggml {v['speedup']:.2f}x llama.cpp's decode tok/s; argmax of the "
+            print(f"locality {r['locality']}: {r['who']} {v['speedup']:.2f}x llama.cpp's decode tok/s; argmax of the "
                   f"prompt's and the last token's logits equal: {v['argmax_equal']}, largest logit difference "
                   f"{v['max_abs_diff']:.3g}")
     if a.json:
