@@ -20,7 +20,8 @@ locality; as bench/moe.py). Timed: the decode only.
   dense part is planned first and the rest of the budget is the expert cache. Its hit rate, the expert bytes it
   read per token against the routed-experts floor (n_layer * n_expert_used * bytes per expert: every routed
   expert read once per token, what paging experts without a cache costs), the router lookahead's
-  precision/recall.
+  precision/recall and whether its timed trial kept it (expert_lookahead auto, the default; --lookahead
+  auto,on,off adds runs with it forced on and off).
 Both save the logits of the prompt's last token and of the last decoded token: their argmax and largest
 difference are reported (a check that both ran the same model).
 """
@@ -181,6 +182,8 @@ np.save(req["out"], np.stack([first, last]))
 d = {k: s1[k] - s0[k] for k in ("expert_hits", "expert_misses", "expert_bytes_loaded")}
 print(json.dumps(dict(decode_s=dt, load_s=t_load, maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                       precision=s1.get("expert_lookahead_precision"), recall=s1.get("expert_lookahead_recall"),
+                      lookahead=s1.get("expert_lookahead"), trial_ms_on=s1.get("expert_lookahead_trial_ms_on"),
+                      trial_ms_off=s1.get("expert_lookahead_trial_ms_off"),
                       expert_slots=s1.get("expert_slots"), expert_slot_size=s1.get("expert_slot_size"),
                       layers_pinned=s1.get("layers_pinned"), n_slots=s1.get("n_slots"), slot_size=s1.get("slot_size"),
                       **d)))
@@ -252,8 +255,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0,
                     help="superggml's n_threads (default: its own choice; llama.cpp always gets 2)")
     ap.add_argument("--localities", default="0,0.5,0.9")
-    ap.add_argument("--lookahead-off", action="store_true",
-                    help="superggml also without the router lookahead (sg-nolook): what the lookahead pays")
+    ap.add_argument("--lookahead", default="auto",
+                    help="superggml runs by expert_lookahead: auto (the default: a timed trial of the first 72 "
+                         "decoded tokens picks on or off; 'superggml'), on, off ('sg-look-on/off'), comma-separated")
     ap.add_argument("--llama-localities", help="localities llama.cpp runs at ('' for none; default 0, none with "
                                                  "--small)")
     ap.add_argument("--cache-dir", default="/work/tmp")
@@ -294,11 +298,10 @@ def main() -> int:
             runs = []
             if loc in llama_at:
                 runs.append(("llama.cpp", LLAMA, dict(base, who="llama", threads=2)))
-            runs.append(("superggml", SUPERGGML, dict(base, who="superggml", budget=budget, direct_io=direct,
-                                                       threads=a.threads, lookahead=True)))
-            if a.lookahead_off:
-                runs.append(("sg-nolook", SUPERGGML, dict(base, who="sg-nolook", budget=budget, direct_io=direct,
-                                                           threads=a.threads, lookahead=False)))
+            for mode in a.lookahead.split(","):
+                who = "superggml" if mode == "auto" else f"sg-look-{mode}"
+                runs.append((who, SUPERGGML, dict(base, who=who, budget=budget, direct_io=direct, threads=a.threads,
+                                                  lookahead={"auto": None, "on": True, "off": False}[mode])))
             got = {}
             for who, code, req in runs:
                 r = run_child(code, req, path, limit, a.timeout, work)
@@ -316,7 +319,9 @@ def main() -> int:
                         read = r["expert_bytes_loaded"] / a.tokens
                         row.update(budget=budget, direct_io=a.direct_io, hit_rate=hits / max(hits + misses, 1),
                                    bytes_per_token=read, floor_bytes_per_token=floor, read_vs_floor=read / floor,
-                                   precision=r["precision"], recall=r["recall"], expert_slots=r["expert_slots"],
+                                   precision=r["precision"], recall=r["recall"], lookahead=r["lookahead"],
+                                   trial_ms_on=r["trial_ms_on"], trial_ms_off=r["trial_ms_off"],
+                                   expert_slots=r["expert_slots"],
                                    expert_cache_bytes=r["expert_slots"] * r["expert_slot_size"],
                                    layers_pinned=r["layers_pinned"], dense_bytes=r["n_slots"] * r["slot_size"])
                 rows.append(row)
@@ -333,19 +338,19 @@ def main() -> int:
                                            argmax_equal=[bool(x) for x in lg.argmax(-1) == sg.argmax(-1)],
                                            max_abs_diff=float(np.abs(lg - sg).max()))
     print()
-    print(f"{'who':>9} {'locality':>8} {'tok/s':>7} {'hit rate':>8} {'MiB/token':>9} {'vs floor':>8} "
-          f"{'prec/recall':>11} {'peak RSS':>8} {'vs llama.cpp':>12}")
+    print(f"{'who':>11} {'locality':>8} {'tok/s':>7} {'hit rate':>8} {'MiB/token':>9} {'vs floor':>8} "
+          f"{'lookahead prec/recall':>21} {'peak RSS':>8} {'vs llama.cpp':>12}")
     for r in rows:
         if "error" in r:
-            print(f"{r['who']:>9} {r['locality']:8.1f}   {r['error'][:80]}")
+            print(f"{r['who']:>11} {r['locality']:8.1f}   {r['error'][:80]}")
             continue
         sg = r["who"] != "llama.cpp"
-        pr = f"{r['precision']:.2f}/{r['recall']:.2f}" if sg else "-"
+        pr = f"{r['lookahead']} {r['precision']:.2f}/{r['recall']:.2f}" if sg else "-"
         vs = f"{r['vs_llama']['speedup']:.2f}x" if "vs_llama" in r else "-"
-        print(f"{r['who']:>9} {r['locality']:8.1f} {r['tok_s']:7.2f} "
+        print(f"{r['who']:>11} {r['locality']:8.1f} {r['tok_s']:7.2f} "
               + (f"{r['hit_rate']:8.1%} {r['bytes_per_token'] / MiB:9.1f} {r['read_vs_floor']:8.2f} "
                  if sg else f"{'-':>8} {'-':>9} {'-':>8} ")
-              + f"{pr:>11} {r['maxrss'] / MiB:7.0f}M {vs:>12}")
+              + f"{pr:>21} {r['maxrss'] / MiB:7.0f}M {vs:>12}")
     print(f"floor: {floor / MiB:.1f} MiB of experts per token ({p['n_layer']} x {p['n_expert_used']} x "
           f"{per_expert / MiB:.2f} MiB)")
     for r in rows:

@@ -82,7 +82,7 @@ def test_router_lookahead_prefetches_the_next_blocks_experts(tmp_path, vocab_fie
     prompt = [int(x) for x in np.random.default_rng(6).integers(0, 49152, 40)]
     ref, _ = run(path, prompt)
     off, st_off = run(path, prompt, expert_cache=expert_bytes(path) // 2, expert_lookahead=False)
-    on, st_on = run(path, prompt, expert_cache=expert_bytes(path) // 2)
+    on, st_on = run(path, prompt, expert_cache=expert_bytes(path) // 2, expert_lookahead=True)
     assert np.array_equal(off, ref) and np.array_equal(on, ref)
     assert st_off["expert_prefetches"] == 0 and st_off["expert_lookahead_recall"] == 0.0
     assert st_on["expert_prefetch_hits"] > 0 and st_on["expert_misses"] < st_off["expert_misses"]
@@ -218,3 +218,28 @@ def test_analyze_predicts_a_moe_budget_as_the_executor_splits_it(tmp_path, vocab
     assert half.streamed_bytes - full.streamed_bytes == lay.expert_stream_bytes(0.5) == 4 * 2 * es // 2
     text = format_analysis(analyze(path, [lay.file_bytes // 2], n_threads=1, measure=False, hit_rate=0.9))
     assert "expert cache MiB" in text and " 90%" in text
+
+
+def test_lookahead_auto_times_both_and_keeps_the_faster(tmp_path, vocab_fields, monkeypatch):
+    """expert_lookahead "auto" (the default): the first decoded tokens run in phases with the lookahead on and off,
+    timed; then the faster stays. The logits never change."""
+    from superggml import layers
+
+    monkeypatch.setattr(layers, "LOOKAHEAD_WARMUP", 2)
+    monkeypatch.setattr(layers, "LOOKAHEAD_PHASE", 3)
+    path = synth(tmp_path / "moe.gguf", vocab_fields, **{**VARIANTS["qwen3moe-8x2-q8_0"], "n_layer": 4})
+    toks = [int(x) for x in np.random.default_rng(10).integers(0, 49152, 24)]
+    outs, states = [], []
+    for kw in ({}, dict(expert_cache=expert_bytes(path) // 2)):
+        with Model(path, ctx_size=64, n_threads=2, n_batch=8, **kw) as m:
+            out = [m.eval(toks[:4]).copy()]
+            for t in toks[4:]:
+                out.append(m.eval([t]).copy())
+                states.append(m.stats().get("expert_lookahead"))
+            outs.append(np.concatenate(out))
+            st = m.stats()
+    assert np.array_equal(outs[0], outs[1])
+    assert states[20:33] == ["trial"] * 13 and states[33] in ("on", "off")   # 2 + 4 x 3 decoded tokens
+    assert states[-1] == states[33]
+    assert st["expert_lookahead_trial_ms_on"] > 0 and st["expert_lookahead_trial_ms_off"] > 0
+    assert (states[-1] == "on") == (st["expert_lookahead_trial_ms_on"] < st["expert_lookahead_trial_ms_off"])

@@ -206,13 +206,13 @@ class Executor:
         hp, c = self.hp, self.settings.context
         k = hp.n_expert_used
         self.experts = ExpertPager(store, store.path, self.arch, self.expert_budget, self.backend,
-                                    direct_io=self.direct_io)
+                                    direct_io=self.direct_io, lookahead=self.settings.paging.expert_lookahead)
         # a pass's experts graphs run over chunks of rows whose routed experts the cache can pin at once
         self.expert_rows = max(1, min(c.n_batch, self.experts.core.n_slots // k))
         cx = _core.Context(max_tensors=6)
         # the next block's router's guess, I32 [k, n_batch]: only when every block is resident or pinned (the
         # next router's weights are there)
-        ahead = self.settings.paging.expert_lookahead and (not self.paged or self.n_pinned >= hp.n_layer)
+        ahead = self.settings.paging.expert_lookahead is not False and (not self.paged or self.n_pinned >= hp.n_layer)
         self.moe_guess = cx.new_tensor(I32, [k, c.n_batch]) if ahead else None
         self.moe_inp = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
         self.moe_cur = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
@@ -452,6 +452,7 @@ class Executor:
         if rec is not None:
             rec.clear()
         seq, p0, dev = self.seq.id, self.seq.n_past, 0
+        t_pass = time.time()
         self.kv.begin(seq, p0)
         for i, step in enumerate(plan.steps):
             t0 = time.time()
@@ -478,6 +479,8 @@ class Executor:
                 rec.append(self._timing(i, step, t0, tc))
         if self.loader is not None and self.loader.done():
             self.loader = None
+        if self.experts is not None:
+            self.experts.pass_done(n, time.time() - t_pass)
         return plan.logits
 
     def _one_graph(self) -> bool:

@@ -170,8 +170,14 @@ class PagedKV:
         return dict(self.core.stats())
 
 
-LOOKAHEAD_TRIAL = 256          # guessed experts before the lookahead is judged
+LOOKAHEAD_TRIAL = 256          # guessed experts before the lookahead's precision is judged
 LOOKAHEAD_MIN_PRECISION = 0.5
+# expert_lookahead "auto": decoded tokens timed with the lookahead on and off, in phases on, off, off, on (after a
+# warm-up), the faster kept. Its guesses cost reads and evictions: bench/moe_limited.py measured it slower at
+# localities 0, 0.5 and 0.9 where the disk is the bottleneck (a 2.7 GiB qwen3moe in a 685 MiB cgroup, 70% precision)
+LOOKAHEAD_WARMUP = 8
+LOOKAHEAD_PHASE = 16
+LOOKAHEAD_PHASES = (True, False, False, True)
 
 
 class ExpertPager:
@@ -183,7 +189,9 @@ class ExpertPager:
     them with the router's ids remapped to slots (map)."""
 
     def __init__(self, store: Any, path: str, arch: Any, budget: int, backend: Any, *, n_workers: int = 2,
-                 direct_io: bool = False):
+                 direct_io: bool = False, lookahead: bool | None = True):
+        """`lookahead`: load the next router's guesses (lookahead()) always (True), never (False), or as a
+        timed trial of the first decoded tokens finds faster (None)."""
         from . import _core
 
         hp = arch.hp
@@ -213,6 +221,10 @@ class ExpertPager:
         self._pinned: list[int] = []
         self._guess: dict[int, set[int]] = {}     # layer -> experts the lookahead predicted for it
         self.guessed = self.guessed_right = self.routed = 0
+        self.lookahead_mode = lookahead
+        self.lookahead_on = lookahead is not False
+        self._trial_tokens = 0
+        self._trial = {True: [0.0, 0], False: [0.0, 0]}      # lookahead on/off -> [seconds, decoded tokens]
 
     @staticmethod
     def layout(store: Any, arch: Any, *, direct: bool = False) -> list[list[tuple[int, int, int, int]]]:
@@ -264,11 +276,37 @@ class ExpertPager:
     def lookahead(self, layer: int, ids: Any) -> None:
         """Starts loading the experts `ids` that the next router is predicted to pick for `layer`; once enough
         guesses are in and too few were right (LOOKAHEAD_MIN_PRECISION), it stops: wrong guesses evict."""
+        if not self.lookahead_on:
+            return
         if self.guessed >= LOOKAHEAD_TRIAL and self.guessed_right < LOOKAHEAD_MIN_PRECISION * self.guessed:
             return
         guess = sorted({int(e) for e in ids})
         self._guess[layer] = set(guess)
         self.core.prefetch(layer, guess)
+
+    @property
+    def lookahead_state(self) -> str:
+        if self.lookahead_mode is None and self._trial_tokens < LOOKAHEAD_WARMUP + len(LOOKAHEAD_PHASES) * LOOKAHEAD_PHASE:
+            return "trial"
+        return "on" if self.lookahead_on else "off"
+
+    def pass_done(self, n_tokens: int, seconds: float) -> None:
+        """A forward pass of n_tokens took `seconds`: with lookahead None, decoded tokens (passes of one) time
+        the trial, which switches the lookahead by phase and then keeps whichever was faster."""
+        if self.lookahead_mode is not None or n_tokens != 1 or self.lookahead_state != "trial":
+            return
+        i = self._trial_tokens - LOOKAHEAD_WARMUP
+        if i >= 0:
+            t = self._trial[self.lookahead_on]
+            t[0] += seconds
+            t[1] += 1
+        self._trial_tokens += 1
+        j = (i + 1) // LOOKAHEAD_PHASE
+        if j < len(LOOKAHEAD_PHASES):
+            self.lookahead_on = LOOKAHEAD_PHASES[max(j, 0)]
+        else:
+            (on_s, on_n), (off_s, off_n) = self._trial[True], self._trial[False]
+            self.lookahead_on = on_s / on_n < off_s / off_n
 
     def release(self) -> None:
         pinned, self._pinned = self._pinned, []
@@ -280,4 +318,8 @@ class ExpertPager:
         d = dict(self.core.stats())
         d["expert_lookahead_precision"] = self.guessed_right / self.guessed if self.guessed else 0.0
         d["expert_lookahead_recall"] = self.guessed_right / self.routed if self.routed else 0.0
+        d["expert_lookahead"] = self.lookahead_state
+        for on in (True, False):
+            s, n = self._trial[on]
+            d[f"expert_lookahead_trial_ms_{'on' if on else 'off'}"] = 1e3 * s / n if n else 0.0
         return d

@@ -43,7 +43,7 @@ def iso_now(t: float | None = None) -> str:
 
 
 EXPERT_FIELDS = ("expert_hits", "expert_misses", "expert_bytes_loaded", "expert_slots", "expert_slots_used",
-                 "expert_lookahead_precision", "expert_lookahead_recall")
+                 "expert_lookahead_precision", "expert_lookahead_recall", "expert_lookahead")
 
 
 class MetricsWriter:

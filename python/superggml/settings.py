@@ -137,8 +137,10 @@ class PagingSettings:
     expert_cache: int | str | None = option(
         None, "bytes of device memory for the experts of a mixture-of-experts model, paged one by one through a "
         "cache (default: experts resident with their blocks)", parse=str, metavar="SIZE")
-    expert_lookahead: bool = option(True, "with expert_cache, apply the next block's router to the current "
-                                    "hidden state and load the experts it picks while this block computes")
+    expert_lookahead: bool | None = option(
+        None, "with expert_cache, apply the next block's router to the current hidden state and load the experts "
+        "it picks while this block computes: on, off, or auto (time the first decoded tokens both ways, keep the "
+        "faster)", parse=_parse_tristate, choices=("auto", "on", "off"), cli_default="auto")
 
     def __post_init__(self) -> None:
         _set(self, "device_budget", parse_size(self.device_budget))
