@@ -178,6 +178,7 @@ LOOKAHEAD_MIN_PRECISION = 0.5
 LOOKAHEAD_WARMUP = 8
 LOOKAHEAD_PHASE = 16
 LOOKAHEAD_PHASES = (True, False, False, True)
+LOOKAHEAD_MARGIN = 0.05        # kept only when faster by this much: its wrong guesses cost reads others may need
 
 
 class ExpertPager:
@@ -306,7 +307,7 @@ class ExpertPager:
             self.lookahead_on = LOOKAHEAD_PHASES[max(j, 0)]
         else:
             (on_s, on_n), (off_s, off_n) = self._trial[True], self._trial[False]
-            self.lookahead_on = on_s / on_n < off_s / off_n
+            self.lookahead_on = on_s / on_n < (1.0 - LOOKAHEAD_MARGIN) * off_s / off_n
 
     def release(self) -> None:
         pinned, self._pinned = self._pinned, []
