@@ -308,10 +308,10 @@ void kv_cache::start_fill(frame & f, int seq, int layer, int64_t n_valid, bool a
     f.pinned.clear();
 }
 
-void kv_cache::bind(const frame & f, int layer) {
+void kv_cache::bind(const frame & f, ggml_tensor * k, ggml_tensor * v) {
     auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(f.buf));
-    tensor_bind(k_[layer], f.buf, base);
-    tensor_bind(v_[layer], f.buf, base + v_off_);
+    tensor_bind(k, f.buf, base);
+    tensor_bind(v, f.buf, base + v_off_);
 }
 
 bool kv_cache::prefetch(int seq, int layer, int64_t n_valid) {
@@ -322,8 +322,13 @@ bool kv_cache::prefetch(int seq, int layer, int64_t n_valid) {
     return true;
 }
 
-void kv_cache::acquire(int seq, int layer, int64_t n_valid) {
+void kv_cache::acquire(int seq, int layer, int64_t n_valid, ggml_tensor * k, ggml_tensor * v) {
     if (layer < 0 || layer >= p_.n_layer) throw Error("kv layer out of range");
+    if (!k != !v) throw Error("acquire: give both K and V tensors, or neither");
+    if (k && (k->type != k_[layer]->type || v->type != v_[layer]->type || !ggml_are_same_shape(k, k_[layer]) ||
+              !ggml_are_same_shape(v, v_[layer]))) {
+        throw Error("acquire: the K/V tensors differ from the layer's in shape or type");
+    }
     int i = find_frame(seq, layer);
     if (i >= 0) {
         st_.frame_hits++;
@@ -343,7 +348,7 @@ void kv_cache::acquire(int seq, int layer, int64_t n_valid) {
     f.in_use++;
     f.valid = n_valid;
     f.last_use = ++clock_;
-    bind(f, layer);
+    bind(f, k ? k : k_[layer], v ? v : v_[layer]);
 }
 
 void kv_cache::release(int seq, int layer, int64_t n_end) {

@@ -94,8 +94,10 @@ public:
     kv_cache(const kv_cache &) = delete;
     kv_cache & operator=(const kv_cache &) = delete;
 
-    // Binds layer's K/V to a frame holding rows [0, n_valid) of (seq, layer).
-    void acquire(int seq, int layer, int64_t n_valid);
+    // Binds layer's K/V to a frame holding rows [0, n_valid) of (seq, layer). With k and v given (tensors of
+    // the layer's K/V shape and type: another sequence's lane of the same pass), binds those instead. Throws
+    // Error when every frame that may hold the layer is in use.
+    void acquire(int seq, int layer, int64_t n_valid, ggml_tensor * k = nullptr, ggml_tensor * v = nullptr);
     // The step wrote rows [.., n_end) of (seq, layer): their pages are dirty.
     void release(int seq, int layer, int64_t n_end);
     // Starts filling a frame for (seq, layer) on a worker; false if no frame is free.
@@ -136,7 +138,7 @@ private:
     void settle(frame & f);          // waits for a pending fill; rethrows its error
     void write_back(frame & f);
     void start_fill(frame & f, int seq, int layer, int64_t n_valid, bool async);
-    void bind(const frame & f, int layer);
+    void bind(const frame & f, ggml_tensor * k, ggml_tensor * v);
     void store_page(frame & f, int64_t idx, page & pg);   // frame -> host (or disk)
     bool make_host_room(size_t bytes);
     void spill(page & pg);           // host -> disk, then frees the host bytes

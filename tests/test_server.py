@@ -171,11 +171,11 @@ def test_disconnect_mid_stream_frees_the_sequence(server, model):
     assert r.status_code == 200                          # still serving
 
 
-def test_without_paged_kv_requests_take_turns(smollm2_path, reference):
+def test_without_paged_kv_requests_share_passes(smollm2_path, reference):
+    """No paged KV cache: each request's sequence has K/V storage of its own; they still run together."""
     with Model(smollm2_path, ctx_size=512, n_threads=2) as m:
         s = Server(m, parallel=4)
         try:
-            assert s.app.state.engine.parallel == 1
             def req(_: int) -> str:
                 r = httpx.post(s.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 24, "temperature": 0},
                                timeout=120)
@@ -183,8 +183,66 @@ def test_without_paged_kv_requests_take_turns(smollm2_path, reference):
                 return r.json()["choices"][0]["text"]
             with ThreadPoolExecutor(4) as ex:
                 assert list(ex.map(req, range(4))) == [reference[0]] * 4
+            assert m.stats()["sequences_per_pass"] > 1
         finally:
             s.close()
+
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away, there lived a",
+           "1, 2, 3, 4,"]
+
+
+@pytest.fixture(scope="module")
+def alone(smollm2_path):
+    with Model(smollm2_path, ctx_size=512, n_threads=2) as m:
+        return [m.create_completion(p, max_tokens=32, temperature=0)["choices"][0]["text"] for p in PROMPTS]
+
+
+def test_prompt_lists_and_n(server, alone):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPTS, "max_tokens": 32, "temperature": 0},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"]
+    assert [c["index"] for c in ch] == [0, 1, 2, 3] and [c["text"] for c in ch] == alone
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 8, "n": 3,
+                                                         "temperature": 1.0, "seed": 3}, timeout=120)
+    assert r.status_code == 200 and len(r.json()["choices"]) == 3
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 8, "n": 9}, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"          # more than --parallel 4
+
+
+def stream_text(url: str, prompt: str, max_tokens: int, stop_after: int | None = None) -> tuple[str, bool]:
+    text, done, n = "", False, 0
+    with httpx.stream("POST", url + "/v1/completions", timeout=300,
+                      json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                text += json.loads(line[6:])["choices"][0]["text"]
+                n += 1
+                if stop_after is not None and n >= stop_after:
+                    break                               # the client goes away
+    return text, done
+
+
+def test_a_client_leaving_mid_batch_leaves_the_others_unchanged(server, model, alone):
+    """Four streams share every pass; one disconnects after 3 chunks: its sequence is freed, the other three
+    complete with their texts alone."""
+    with ThreadPoolExecutor(4) as ex:
+        futs = [ex.submit(stream_text, server.url, p, 32, 3 if i == 2 else None) for i, p in enumerate(PROMPTS)]
+        res = [f.result() for f in futs]
+    for i, (text, done) in enumerate(res):
+        if i != 2:
+            assert done and text == alone[i]
+    engine = server.app.state.engine
+    for _ in range(100):
+        if not engine.active:
+            break
+        time.sleep(0.05)
+    st = model.stats()
+    assert not engine.active and st["kv_token_slots"] == 0 and st["sequences_per_pass"] > 1
 
 
 def test_overload_gets_503(model):

@@ -1,6 +1,7 @@
 #include "bindings.h"
 
 #include "graph.h"
+#include "tensor-bind.h"
 
 #include <ggml.h>
 #include <ggml-backend.h>
@@ -131,6 +132,14 @@ void init_graph(py::module_ & m) {
     }, py::arg("tensor"), py::arg("data"), py::arg("offset") = 0,
        "Copies the bytes of a contiguous buffer into the tensor's storage at byte `offset`.");
 
+    m.def("tensor_alias", [](tensor_ref & dst, tensor_ref & src) {
+        if (!src.t->buffer || !src.t->data) throw Error("tensor_alias: the source holds no memory");
+        if (dst.t->type != src.t->type || !ggml_are_same_shape(dst.t, src.t)) {
+            throw Error("tensor_alias: the tensors differ in shape or type");
+        }
+        tensor_bind(dst.t, src.t->buffer, src.t->data);
+    }, py::arg("dst"), py::arg("src"), "Points dst at src's memory (same shape and type): graphs built on dst read "
+       "and write src's bytes from their next compute on.");
     m.def("tensor_copy", [](tensor_ref & src, tensor_ref & dst) {
         need_storage(src.t, "tensor_copy");
         need_storage(dst.t, "tensor_copy");

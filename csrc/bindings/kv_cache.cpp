@@ -71,9 +71,12 @@ void init_kv_cache(py::module_ & m) {
         }), py::arg("k"), py::arg("v"), py::arg("page_size") = 256, py::arg("n_frames") = 0,
             py::arg("host_budget") = py::none(), py::arg("spill_dir") = "", py::arg("v_trans") = true,
             py::arg("backend") = nullptr, py::arg("n_workers") = 1, py::arg("n_stream") = 1)
-        .def("acquire", [](kv_handle & h, int seq, int layer, int64_t n_valid) { h.kv->acquire(seq, layer, n_valid); },
-             py::arg("seq"), py::arg("layer"), py::arg("n_valid"), py::call_guard<py::gil_scoped_release>(),
-             "Binds the layer's K/V to a frame holding rows [0, n_valid) of (seq, layer).")
+        .def("acquire", [](kv_handle & h, int seq, int layer, int64_t n_valid, tensor_ref * k, tensor_ref * v) {
+                 py::gil_scoped_release nogil;
+                 h.kv->acquire(seq, layer, n_valid, k ? k->t : nullptr, v ? v->t : nullptr);
+             }, py::arg("seq"), py::arg("layer"), py::arg("n_valid"), py::arg("k") = nullptr, py::arg("v") = nullptr,
+             "Binds the layer's K/V (or the tensors k, v of its shape: a lane of a pass over several sequences) to "
+             "a frame holding rows [0, n_valid) of (seq, layer).")
         .def("release", [](kv_handle & h, int seq, int layer, int64_t n_end) { h.kv->release(seq, layer, n_end); },
              py::arg("seq"), py::arg("layer"), py::arg("n_end"), "Rows up to n_end were written: their pages are dirty.")
         .def("prefetch", [](kv_handle & h, int seq, int layer, int64_t n_valid) { return h.kv->prefetch(seq, layer, n_valid); },

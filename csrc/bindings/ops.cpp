@@ -145,6 +145,13 @@ void init_ops(py::module_ & m) {
         return wrap(c, ggml_permute(c->ctx(), a.t, a0, a1, a2, a3));
     });
 
+    ctx.def("concat", [](const ctx_ptr & c, const T & a, const T & b, int dim) {
+        need(dim >= 0 && dim < 4, "concat", "dim must be 0..3");
+        need(a.t->type == b.t->type, "concat", "a and b must have one type");
+        for (int i = 0; i < 4; ++i) need(i == dim || a.t->ne[i] == b.t->ne[i], "concat", "shapes differ off dim");
+        c->check_room();
+        return wrap(c, ggml_concat(c->ctx(), a.t, b.t, dim));
+    }, py::arg("a"), py::arg("b"), py::arg("dim"), "a and b joined along dim (the other dims equal).");
     ctx.def("get_rows", [](const ctx_ptr & c, const T & a, const T & idx) {
         need(idx.t->type == GGML_TYPE_I32, "get_rows", "indices must be I32");
         c->check_room();

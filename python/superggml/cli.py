@@ -29,10 +29,53 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_arguments(p)
 
 
+def _generate_many(m: Any, a: argparse.Namespace) -> int:
+    """--prompts-file: every line a prompt, run together (up to --parallel at once); a JSON line
+    {index, prompt, text, finish_reason} per prompt as it ends, a progress bar on stderr."""
+    import json
+
+    from tqdm import tqdm
+
+    f = sys.stdin if a.prompts_file == "-" else open(a.prompts_file, encoding="utf-8")   # noqa: SIM115
+    try:
+        prompts = [line.rstrip("\n") for line in f if line.strip()]
+    finally:
+        if f is not sys.stdin:
+            f.close()
+    if not prompts:
+        raise SuperggmlError(f"{a.prompts_file}: no prompts (one per line)")
+    texts = [m.apply_chat_template([{"role": "user", "content": p}]) if a.chat else p for p in prompts]
+    tokens = [m.tokenize(t, add_bos=True, special=True) for t in texts]
+    sampling = dict(temp=a.temp, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p, repeat_penalty=a.repeat_penalty,
+                    frequency_penalty=0.0, presence_penalty=0.0, seed=a.seed)
+    out: dict[int, list[str]] = {}
+    t0 = time.perf_counter()
+    n_tok = 0
+    with tqdm(total=len(prompts), unit="prompt", file=sys.stderr, disable=None) as bar:
+        for i, piece, finish, k in m._batch_stream(tokens, 1, a.n_predict if a.n_predict >= 0 else None,
+                                                    a.stop or [], sampling, parallel=a.parallel):
+            out.setdefault(i, []).append(piece)
+            if finish:
+                n_tok += k
+                sys.stdout.write(json.dumps({"index": i, "prompt": prompts[i], "text": "".join(out.pop(i)),
+                                             "finish_reason": finish}, ensure_ascii=False) + "\n")
+                sys.stdout.flush()
+                bar.update(1)
+                bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.1f}")
+    if a.verbose:
+        print(f"[superggml] {len(prompts)} prompts, {n_tok} tokens, {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+        print(f"[superggml] stats: {_format_stats(m.stats())}", file=sys.stderr)
+    return 0
+
+
 def _cmd_generate(a: argparse.Namespace) -> int:
     from .model import Model
 
+    if (a.prompt is None) == (a.prompts_file is None):
+        raise SuperggmlError("generate needs a prompt (-p) or a prompts file (--prompts-file), not both")
     with Model(_model_path(a.model), **options_from_args(a)) as m:
+        if a.prompts_file is not None:
+            return _generate_many(m, a)
         kw = dict(max_tokens=a.n_predict if a.n_predict >= 0 else None, temperature=a.temp, top_k=a.top_k,
                   top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed,
                   stop=a.stop or None, stream=True)
@@ -70,7 +113,8 @@ def _cmd_serve(a: argparse.Namespace) -> int:
             from .analyze import model_layout
             kw["kv_device_layers"] = model_layout(_model_path(a.model)).n_layer * a.parallel   # all on the device
     with Model(_model_path(a.model), **kw) as m:
-        serve(m, host=a.host, port=a.port, parallel=a.parallel, max_queue=a.max_queue, log_level=a.log_level)
+        serve(m, host=a.host, port=a.port, parallel=a.parallel, max_queue=a.max_queue, batch_tokens=a.batch_tokens,
+              log_level=a.log_level)
     return 0
 
 
@@ -181,7 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="complete a prompt")
     _add_model_args(g)
-    g.add_argument("-p", "--prompt", required=True, help="prompt text")
+    g.add_argument("-p", "--prompt", help="prompt text")
+    g.add_argument("--prompts-file", metavar="F", help="a prompt per line ('-': stdin), run together in shared "
+                   "forward passes; writes a JSON line {index, prompt, text, finish_reason} per prompt")
+    g.add_argument("--parallel", type=int, default=16, help="with --prompts-file: prompts generating at once "
+                   "(default 16)")
     g.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (-1: until EOS)")
     g.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
     g.add_argument("--top-k", type=int, default=40)
@@ -197,7 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default=_env_default("HOST", "127.0.0.1"), help="address (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=int(_env_default("PORT", "8080") or 8080), help="default 8080")
     sv.add_argument("--parallel", type=int, default=int(_env_default("PARALLEL", "4") or 4),
-                    help="requests generating at once, each a sequence of the paged KV cache (default 4)")
+                    help="sequences generating at once, each a sequence of the paged KV cache, batched in "
+                         "shared forward passes (default 4)")
+    sv.add_argument("--batch-tokens", type=int, default=int(_env_default("BATCH_TOKENS", "512") or 512),
+                    help="tokens per engine step: the next token of every running request, then prompt chunks "
+                         "of new ones (default 512)")
     sv.add_argument("--max-queue", type=int, default=int(_env_default("MAX_QUEUE", "64") or 64),
                     help="requests waiting beyond those; more get 503 (default 64)")
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

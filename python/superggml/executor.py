@@ -27,8 +27,10 @@ I32 = _core.GGMLType.I32
 I64 = _core.GGMLType.I64
 
 KV_PAD = 256          # n_kv is padded to this so graph shapes change rarely
-GRAPH_NODES = 1024    # room for one block graph
-PLAN_CACHE = 4        # micro-batch shapes whose graphs are kept
+GRAPH_NODES = 1024    # room for one block graph (and LANE_NODES more per sequence of a pass over several)
+LANE_NODES = 64
+PLAN_CACHE = 8        # micro-batch shapes whose graphs are kept
+MAX_LANES = 64        # sequences one pass holds at most
 SLOT_ALIGN_ROOM = 256 # bytes kept free in a slot for alignment padding
 DIRECT_ROOM = 3 * 4096  # and with direct_io, for widening a chunk to O_DIRECT alignment
 N_IO_WORKERS = 1      # threads reading streamed blocks
@@ -162,13 +164,31 @@ class Executor:
         self._pctxs = ctxs
         for buf in self._pbufs:
             buf.clear(0)
+        # lanes: the K/V tensors a pass over several sequences binds, one set per sequence in it (lane 0: k_cache).
+        # With the paged KV cache they are bound to its frames; without it each sequence has K/V storage of its
+        # own (sequence 0: the memory k_cache was allocated in), aliased into the lanes before a pass
+        self._lane_k: list[list[Any]] = [self.k_cache]
+        self._lane_v: list[list[Any]] = [self.v_cache]
+        self._lane_keep: list[Any] = []
+        self._store: dict[int, tuple[list[Any], list[Any], list[Any]]] = {}
+        self._bound: list[int | None] = [0]            # the sequence each lane's tensors point at (contiguous)
+        if not kvs.paged_kv:
+            sctx = _core.Context(max_tensors=2 * hp.n_layer)
+            ks, vs = [], []
+            for il in range(hp.n_layer):
+                for src, out in ((self.k_cache[il], ks), (self.v_cache[il], vs)):
+                    t = sctx.new_tensor(kv_type, [hp.n_embd_gqa, c.ctx_size])
+                    _core.tensor_alias(t, src)
+                    out.append(t)
+            self._store[0] = (ks, vs, [sctx])
         self.seq = SequenceState(0)
         self._seqs: dict[int, SequenceState] = {0: self.seq}
+        self.n_passes = self.pass_sequences = self.pass_tokens = 0   # forward passes and what they held
         self.record_timings = False                   # fill self.timings on every forward pass (metrics)
         self.timings: list[dict[str, Any]] = []
         if kvs.paged_kv:
             self.kv = self._make_kv()
-        self._plans: dict[tuple[int, int, int], _Plan] = {}
+        self._plans: dict[tuple[Any, ...], _Plan] = {}
         self.head_chunks: list[str] = []
         self._decode_threads: int | None = None       # compute threads for single-token steps while streaming
         if self.paged:
@@ -355,6 +375,8 @@ class Executor:
                              "n_threads": self.backend.n_threads, "weights_loading": self.loader is not None,
                              "devices": [b.device_name for b in self.backends],
                              "blocks_per_device": [self.layer_backend.count(i) for i in range(len(self.backends))]}
+        d.update(passes=self.n_passes, sequences_per_pass=self.pass_sequences / max(self.n_passes, 1),
+                 tokens_per_pass=self.pass_tokens / max(self.n_passes, 1))
         d.update(self.kv.stats())
         d.update(self.pager.stats())
         if self.experts is not None:
@@ -362,6 +384,74 @@ class Executor:
         if self.scheduler is not None:
             d.update(self.scheduler.stats())
         return d
+
+    # -- lanes ----------------------------------------------------------------
+    def lane_kv(self, il: int, n_lanes: int) -> tuple[Any, Any]:
+        """Layer il's K and V for a graph: its tensors, or (n_lanes > 0) lists of the first n_lanes lanes'."""
+        if not n_lanes:
+            return self.k_cache[il], self.v_cache[il]
+        self._ensure_lanes(n_lanes)
+        return [self._lane_k[j][il] for j in range(n_lanes)], [self._lane_v[j][il] for j in range(n_lanes)]
+
+    def _ensure_lanes(self, n: int) -> None:
+        hp, c = self.hp, self.settings.context
+        while len(self._lane_k) < n:
+            j = len(self._lane_k)
+            cx = _core.Context(max_tensors=2 * hp.n_layer)        # no memory: bound before each pass
+            ks, vs = [], []
+            for il in range(hp.n_layer):
+                for src, out, kind in ((self.k_cache[il], ks, "k"), (self.v_cache[il], vs, "v")):
+                    t = cx.new_tensor(src.type, [hp.n_embd_gqa, c.ctx_size])
+                    t.name = f"cache_{kind}_l{il}_s{j}"
+                    out.append(t)
+            self._lane_k.append(ks)
+            self._lane_v.append(vs)
+            self._lane_keep.append(cx)
+            self._bound.append(None)
+
+    @property
+    def max_lanes(self) -> int:
+        """Sequences one pass may hold: each needs a K/V frame per layer at once, so with fewer frames than
+        layers (each layer owns one) only one."""
+        if not self.settings.kv.paged_kv:
+            return MAX_LANES
+        n_frames = self.kv.core.stats()["kv_frames"]
+        return min(MAX_LANES, n_frames) if n_frames >= self.hp.n_layer else 1
+
+    def _storage(self, seq: int) -> tuple[list[Any], list[Any]]:
+        """Without the paged KV cache: the K/V of `seq`, F16 [n_embd_gqa, n_ctx] per layer on its device
+        (allocated on first use, zeroed)."""
+        st = self._store.get(seq)
+        if st is None:
+            hp, c = self.hp, self.settings.context
+            ctxs = [_core.Context(max_tensors=2 * hp.n_layer) for _ in self.backends]
+            ks, vs = [], []
+            for il in range(hp.n_layer):
+                cx = ctxs[self.layer_backend[il]]
+                for src, out in ((self.k_cache[il], ks), (self.v_cache[il], vs)):
+                    out.append(cx.new_tensor(src.type, [hp.n_embd_gqa, c.ctx_size]))
+            keep: list[Any] = list(ctxs)
+            for b, i in zip(self.backends, range(len(self.backends))):
+                if i in self.layer_backend:
+                    buf = b.alloc_tensors(ctxs[i])
+                    buf.clear(0)
+                    keep.append(buf)
+            st = self._store[seq] = (ks, vs, keep)
+        return st[0], st[1]
+
+    def _bind_lanes(self, seqs: Sequence[int]) -> None:
+        """Without the paged KV cache: lane j's tensors point at sequence seqs[j]'s K/V."""
+        if self.settings.kv.paged_kv:
+            return
+        self._ensure_lanes(len(seqs))
+        for j, seq in enumerate(seqs):
+            if self._bound[j] == seq:
+                continue
+            ks, vs = self._storage(seq)
+            for il in range(self.hp.n_layer):
+                _core.tensor_alias(self._lane_k[j][il], ks[il])
+                _core.tensor_alias(self._lane_v[j][il], vs[il])
+            self._bound[j] = seq
 
     # -- sequences -----------------------------------------------------------
     def truncate(self, n: int) -> int:
@@ -381,15 +471,16 @@ class Executor:
         """Makes `seq` the sequence later evals extend (paged_kv keeps several; without it only 0)."""
         if seq < 0:
             raise ValueError("sequence ids are >= 0")
-        if seq != 0 and not self.settings.kv.paged_kv:
-            raise ValueError("several sequences need paged_kv")
         if not self.seq.tokens:
             self._seqs.pop(self.seq.id)          # nothing cached: forgotten, as a dropped sequence is
         self.seq = self._seqs.setdefault(seq, SequenceState(seq))
 
     def drop_sequence(self, seq: int) -> None:
-        """Frees every page of `seq` (the current sequence is emptied, the others forgotten)."""
+        """Frees every page of `seq` (the current sequence is emptied, the others forgotten); without the paged
+        KV cache, its K/V storage (but sequence 0's)."""
         self.kv.truncate(seq, 0)
+        if seq != 0 and self._store.pop(seq, None) is not None:
+            self._bound = [None if b == seq else b for b in self._bound]
         if seq == self.seq.id:
             self.seq.tokens.clear()
             self.seq.scores = None
@@ -397,23 +488,21 @@ class Executor:
             self._seqs.pop(seq, None)
 
     # -- one micro-batch ---------------------------------------------------
-    def _plan(self, n: int, n_kv: int, n_out: int) -> "_Plan":
+    def _plan(self, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None = None) -> "_Plan":
         """The graphs for micro-batches of this shape, built once and reused."""
-        key = (n, n_kv, n_out)
+        key = (n, n_kv, n_out, lanes)
         plan = self._plans.pop(key, None)
         if plan is None:
-            plan = _Plan.build(self, n, n_kv, n_out)
+            plan = _Plan.build(self, n, n_kv, n_out, lanes)
         self._plans[key] = plan            # most recently used last
         while len(self._plans) > PLAN_CACHE:
             self._plans.pop(next(iter(self._plans)))
         return plan
 
-    def _ubatch(self, tokens: Sequence[int], out_rows: Sequence[int]) -> np.ndarray | None:
+    def _kv_rows(self, p0: int, n: int, n_kv: int) -> tuple[np.ndarray, ...]:
+        """A sequence's rows of a pass at positions p0..p0+n over its first n_kv K/V rows: positions, the
+        causal mask (and the sliding-window one, or None), the K rows and V indices written."""
         hp, c = self.hp, self.settings.context
-        n = len(tokens)
-        p0 = self.seq.n_past
-        n_kv = min(c.ctx_size, -(-(p0 + n) // KV_PAD) * KV_PAD)
-        plan = self._plan(n, n_kv, len(out_rows))
         pos = np.arange(p0, p0 + n, dtype=np.int32)
         kv_pos = np.arange(n_kv)[None, :]
         mtype = np.float16 if c.flash_attn else np.float32
@@ -427,23 +516,55 @@ class Executor:
         else:
             chan = np.arange(hp.n_embd_gqa, dtype=np.int64)
             v_idxs = (chan[None, :] * c.ctx_size + pos[:, None]).reshape(-1)
+        return pos, mask, mask_swa, pos.astype(np.int64), v_idxs
+
+    @staticmethod
+    def _set_kv_rows(inp: StepInputs, rows: tuple[np.ndarray, ...]) -> None:
+        _, mask, mask_swa, k_idxs, v_idxs = rows
+        _core.tensor_set(inp.mask, mask)
+        if mask_swa is not None:
+            _core.tensor_set(inp.mask_swa, mask_swa)
+        _core.tensor_set(inp.k_idxs, k_idxs)
+        _core.tensor_set(inp.v_idxs, v_idxs)
+
+    def _ubatch(self, tokens: Sequence[int], out_rows: Sequence[int]) -> np.ndarray | None:
+        return self._pass([(self.seq, tokens)], out_rows)
+
+    def _pass(self, items: Sequence[tuple[SequenceState, Sequence[int]]], out_rows: Sequence[int]) -> np.ndarray | None:
+        """One forward pass over the tokens of one or more sequences (each in its own lane, its rows after the
+        previous one's); returns the logits of out_rows (rows of the whole pass), or None."""
+        c = self.settings.context
+        rows, shapes = [], []
+        for seq, toks in items:
+            p0, n = seq.n_past, len(toks)
+            n_kv = min(c.ctx_size, -(-(p0 + n) // KV_PAD) * KV_PAD)
+            rows.append(self._kv_rows(p0, n, n_kv))
+            shapes.append((n, n_kv))
+        n = sum(x for x, _ in shapes)
+        lanes = tuple(shapes) if len(items) > 1 else None
+        plan = self._plan(n, 0 if lanes else shapes[0][1], len(out_rows), lanes)
+        tokens = np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items])
+        pos = np.concatenate([r[0] for r in rows])
         for inp in plan.all_inputs:
-            _core.tensor_set(inp.tokens, np.asarray(tokens, dtype=np.int32))
+            _core.tensor_set(inp.tokens, tokens)
             _core.tensor_set(inp.positions, pos)
-            _core.tensor_set(inp.mask, mask)
-            if mask_swa is not None:
-                _core.tensor_set(inp.mask_swa, mask_swa)
-            _core.tensor_set(inp.k_idxs, pos.astype(np.int64))
-            _core.tensor_set(inp.v_idxs, v_idxs)
             _core.tensor_set(inp.out_ids, np.asarray(out_rows or [0], dtype=np.int32))
-        logits = self._compute(plan, n)
-        self.seq.tokens.extend(int(t) for t in tokens)
+            for lane, r in zip(inp.lanes or [inp], rows):
+                self._set_kv_rows(lane, r)
+        self._bind_lanes([seq.id for seq, _ in items])
+        self.n_passes += 1
+        self.pass_sequences += len(items)
+        self.pass_tokens += n
+        logits = self._compute(plan, n, [(seq.id, seq.n_past, len(t)) for seq, t in items])
+        for seq, toks in items:
+            seq.tokens.extend(int(t) for t in toks)
         if not out_rows:
             return None
-        return _core.tensor_get(logits).reshape(len(out_rows), hp.n_vocab)
+        return _core.tensor_get(logits).reshape(len(out_rows), self.hp.n_vocab)
 
-    def _compute(self, plan: "_Plan", n: int) -> Any:
-        """Runs the micro-batch's graphs in order; returns the tensor that holds its logits (if any)."""
+    def _compute(self, plan: "_Plan", n: int, lanes: Sequence[tuple[int, int, int]]) -> Any:
+        """Runs the micro-batch's graphs in order; returns the tensor that holds its logits (if any). lanes:
+        (sequence, n_past, tokens) of each sequence in the pass."""
         if self._one_graph():
             self.backend.compute(plan.whole(self))     # one graph per micro-batch, as llama.cpp runs it
             return plan.whole_logits
@@ -451,16 +572,20 @@ class Executor:
         rec = self.timings if self.record_timings else None
         if rec is not None:
             rec.clear()
-        seq, p0, dev = self.seq.id, self.seq.n_past, 0
+        dev = 0
         t_pass = time.time()
-        self.kv.begin(seq, p0)
+        for seq, p0, _ in lanes:
+            self.kv.begin(seq, p0)
+        multi = [(seq, p0, p0 + m, self._lane_k[j][0] if j else None, j) for j, (seq, p0, m) in enumerate(lanes)] \
+            if len(lanes) > 1 else None
+        seq, p0, _ = lanes[0]
         for i, step in enumerate(plan.steps):
             t0 = time.time()
             self._loaded(step.group)
             if step.dev != dev:                        # a pipeline by blocks: the activations move along
                 _core.tensor_copy(self.acts[dev], self.acts[step.dev])
                 dev = step.dev
-            page = KVPage(seq, step.layer) if step.layer is not None else None
+            page = KVPage(seq, step.layer) if step.layer is not None and multi is None else None
             if step.experts is not None:               # the router's choice for its rows, as cache slots
                 k, il, r0 = self.hp.n_expert_used, step.experts, step.expert_row0
                 rows = step.expert_ids.ne[1]
@@ -468,7 +593,11 @@ class Executor:
                 _core.tensor_set(step.expert_ids, self.experts.map(il, sel))
                 if step.expert_ahead:                  # the next block's first chunk loads while this computes
                     self.experts.lookahead(il + 1, _core.tensor_get(self.moe_guess).reshape(-1)[:step.expert_ahead * k])
-            with self.pager.use(step.key), self.kv.use(page, p0, p0 + n):
+            kv = self.kv.use(page, p0, p0 + n) if multi is None or step.layer is None else \
+                self.kv.use_lanes(step.layer, [(sq, a, b, self._lane_k[j][step.layer] if j else None,
+                                                self._lane_v[j][step.layer] if j else None)
+                                               for sq, a, b, _, j in multi])
+            with self.pager.use(step.key), kv:
                 tc = time.time()
                 try:
                     self.backends[dev].compute(step.graph)
@@ -537,6 +666,73 @@ class Executor:
         seq.scores = np.concatenate(outs, axis=0)
         return seq.scores
 
+    def eval_batch(self, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False) -> list[np.ndarray]:
+        """Feeds tokens to several sequences (distinct ids; each at its positions n_past..) in shared forward
+        passes: as llama.cpp's llama_batch, each pass holds up to n_batch tokens from up to max_lanes
+        sequences, each attending over its own K/V. Returns per item its logits F32 [n_out, n_vocab] (every
+        position if logits_all, else the last), also kept as that sequence's scores. The current sequence
+        stays current. A sequence's logits are those of eval() on it alone, up to the rounding of matrix
+        products over more rows."""
+        seqs = [int(s) for s, _ in batch]
+        if len(set(seqs)) != len(seqs):
+            raise ValueError("eval_batch: each sequence may appear once")
+        n_ctx = self.settings.context.ctx_size
+        states = []
+        for sid, toks in batch:
+            if sid < 0:
+                raise ValueError("sequence ids are >= 0")
+            if not len(toks):
+                raise ValueError("eval needs at least one token")
+            st = self._seqs.get(sid) or SequenceState(sid)
+            if st.n_past + len(toks) > n_ctx:
+                raise ValueError(f"context overflow in sequence {sid}: {st.n_past} cached + {len(toks)} new tokens "
+                                 f"> ctx_size {n_ctx}")
+            bad = [t for t in toks if not 0 <= int(t) < self.hp.n_vocab]
+            if bad:
+                raise ValueError(f"token id {bad[0]} out of range [0, {self.hp.n_vocab})")
+            states.append(st)
+        for st in states:
+            self._seqs.setdefault(st.id, st)
+        if len(batch) == 1 and states[0] is self.seq:
+            return [self.eval(batch[0][1], logits_all=logits_all)]
+        starts = [st.n_past for st in states]
+        done = [0] * len(batch)
+        outs: list[list[np.ndarray]] = [[] for _ in batch]
+        b, lanes = self.settings.context.n_batch, self.max_lanes
+        try:
+            while any(d < len(t) for d, (_, t) in zip(done, batch)):
+                items, owners, out_rows, row, room = [], [], [], 0, b
+                for i, (_, toks) in enumerate(batch):
+                    if done[i] >= len(toks) or room == 0 or len(items) == lanes:
+                        continue
+                    chunk = toks[done[i]:done[i] + room]
+                    last = done[i] + len(chunk) == len(toks)
+                    want = list(range(len(chunk))) if logits_all else ([len(chunk) - 1] if last else [])
+                    out_rows += [row + r for r in want]
+                    items.append((states[i], chunk))
+                    owners.append((i, len(want)))
+                    row += len(chunk)
+                    room -= len(chunk)
+                    done[i] += len(chunk)
+                logits = self._pass(items, out_rows)
+                at = 0
+                for i, k in owners:
+                    if k:
+                        outs[i].append(logits[at:at + k].copy())
+                        at += k
+        except BaseException:
+            for st, start in zip(states, starts):
+                del st.tokens[start:]
+                if not self.kv.can_truncate(st.id, start):
+                    self.kv.truncate(st.id, 0)
+                    st.tokens.clear()
+            raise
+        result = []
+        for st, o in zip(states, outs):
+            st.scores = np.concatenate(o, axis=0)
+            result.append(st.scores)
+        return result
+
 
 class _Plan:
     """Step inputs plus the embedding, block and output graphs for one micro-batch shape."""
@@ -548,31 +744,59 @@ class _Plan:
         self.whole_logits: Any = None
         self.logits: Any = None
         self.all_inputs: list[StepInputs] = []   # one set per device, filled alike
+        self.lanes: tuple[tuple[int, int], ...] | None = None
 
     @classmethod
-    def build(cls, ex: Executor, n: int, n_kv: int, n_out: int) -> "_Plan":
+    def build(cls, ex: Executor, n: int, n_kv: int, n_out: int,
+              lanes: tuple[tuple[int, int], ...] | None = None) -> "_Plan":
+        """`lanes`: a pass over several sequences, (tokens, n_kv) of each in row order; each attends over its
+        own K/V (lane j's tensors, Executor.lane_kv)."""
         hp, p, arch, w = ex.hp, ex.settings.context, ex.arch, ex.weights
         self = cls()
+        self.lanes = lanes
+        mtype = F16 if p.flash_attn else F32
+
+        def kv_inputs(ictx: Any, n: int, n_kv: int, tag: str) -> dict[str, Any]:
+            t = {
+                "mask": ictx.new_tensor(mtype, [n_kv, n]),
+                **({"mask_swa": ictx.new_tensor(mtype, [n_kv, n])} if arch.n_swa else {}),
+                "k_idxs": ictx.new_tensor(I64, [n]),
+                "v_idxs": ictx.new_tensor(I64, [n] if p.flash_attn else [n * hp.n_embd_gqa]),
+            }
+            for name, x in t.items():
+                x.name = "inp_" + name + tag
+            return t
+
         for b in ex.backends:
-            ictx = _core.Context(max_tensors=8)
+            ictx = _core.Context(max_tensors=4 + 4 * (len(lanes) if lanes else 1))
             t = {
                 "tokens": ictx.new_tensor(I32, [n]),
                 "positions": ictx.new_tensor(I32, [n]),
-                "mask": ictx.new_tensor(F16 if p.flash_attn else F32, [n_kv, n]),
-                **({"mask_swa": ictx.new_tensor(F16 if p.flash_attn else F32, [n_kv, n])} if arch.n_swa else {}),
-                "k_idxs": ictx.new_tensor(I64, [n]),
-                "v_idxs": ictx.new_tensor(I64, [n] if p.flash_attn else [n * hp.n_embd_gqa]),
                 "out_ids": ictx.new_tensor(I32, [max(n_out, 1)]),
             }
             for name, x in t.items():
                 x.name = "inp_" + name
+            if lanes is None:
+                inp = StepInputs(n_tokens=n, n_kv=n_kv, n_outputs=n_out, flash_attn=p.flash_attn, **t,
+                                 **kv_inputs(ictx, n, n_kv, ""))
+            else:
+                lane_inputs, r0 = [], 0
+                for j, (nj, kvj) in enumerate(lanes):
+                    lane_inputs.append(StepInputs(n_tokens=nj, n_kv=kvj, n_outputs=0, tokens=None, positions=None,
+                                                  out_ids=None, flash_attn=p.flash_attn, row0=r0,
+                                                  **kv_inputs(ictx, nj, kvj, f"_s{j}")))
+                    r0 += nj
+                inp = StepInputs(n_tokens=n, n_kv=n_kv, n_outputs=n_out, flash_attn=p.flash_attn, mask=None,
+                                 k_idxs=None, v_idxs=None, lanes=lane_inputs, **t)
             self.keep += [ictx, b.alloc_tensors(ictx)]
-            self.all_inputs.append(StepInputs(n_tokens=n, n_kv=n_kv, n_outputs=n_out, flash_attn=p.flash_attn, **t))
+            self.all_inputs.append(inp)
+        n_lanes = len(lanes) if lanes else 0
 
         def graph(build: Any, kind: str, rows_in: int = n, rows_out: int = n, key: Key | None = None,
                   layer: int | None = None, dev: int = 0, group: int | None = None, experts: int | None = None,
                   expert_ids: Any = None, expert_row0: int = 0, expert_ahead: int = 0) -> Any:
-            ctx = _core.Context(max_tensors=GRAPH_NODES, graph_size=GRAPH_NODES)
+            nodes = GRAPH_NODES + LANE_NODES * n_lanes
+            ctx = _core.Context(max_tensors=nodes, graph_size=nodes)
             gf = ctx.new_graph()
             a = ex.acts[dev]
             act = ctx.view(a, [hp.n_embd, rows_in], [a.nb[1]], 0)
@@ -592,7 +816,7 @@ class _Plan:
                 self._build_moe_block(ex, graph, il, rows, Block(il) if paged else None)
                 continue
             graph(lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(
-                arch.build_block(ctx, gf, w, inp, il, act, ex.k_cache[il], ex.v_cache[il]), act_out), "block",
+                arch.build_block(ctx, gf, w, inp, il, act, *ex.lane_kv(il, n_lanes)), act_out), "block",
                 rows_out=rows, key=Block(il) if paged else None, layer=il, dev=ex.layer_backend[il], group=il)
         if n_out and paged:
             self._build_chunked_head(ex, graph, n_out)
@@ -616,8 +840,9 @@ class _Plan:
             ctx = _core.Context(max_tensors=size, graph_size=size)
             gf = ctx.new_graph()
             x = arch.build_embed(ctx, w, inp)
+            n_lanes = len(self.lanes) if self.lanes else 0
             for il in range(hp.n_layer):
-                x = arch.build_block(ctx, gf, w, inp, il, x, ex.k_cache[il], ex.v_cache[il])
+                x = arch.build_block(ctx, gf, w, inp, il, x, *ex.lane_kv(il, n_lanes))
             if inp.n_outputs:
                 x = arch.build_output(ctx, w, inp, x)
                 x.set_output()
@@ -643,7 +868,8 @@ class _Plan:
             return ctx.view(t, [1, k, n], [t.nb[1], t.nb[2]], r0 * t.nb[2])
 
         def attn_router(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs) -> Any:
-            ffn_inp, cur = arch.build_attn_part(ctx, gf, w, inp, il, act, ex.k_cache[il], ex.v_cache[il])
+            ffn_inp, cur = arch.build_attn_part(ctx, gf, w, inp, il, act,
+                                                *ex.lane_kv(il, len(self.lanes) if self.lanes else 0))
             sel, weights = moe.build_router(arch, ctx, w, p, cur)
             pairs = [(ffn_inp, rows_of(ctx, ex.moe_inp)), (cur, rows_of(ctx, ex.moe_cur)),
                      (sel, rows_of(ctx, ex.moe_sel)), (weights, weights_of(ctx))]

@@ -113,6 +113,9 @@ class NullKV:
     def use(self, page: KVPage | None, n_valid: int, n_end: int) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
+    def use_lanes(self, layer: int, lanes: Sequence[tuple[int, int, int, Any, Any]]) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
     def truncate(self, seq: int, n: int) -> None:
         pass
 
@@ -160,6 +163,23 @@ class PagedKV:
             yield
         finally:
             self.core.release(page.seq, page.layer, n_end)
+
+    @contextlib.contextmanager
+    def use_lanes(self, layer: int, lanes: Sequence[tuple[int, int, int, Any, Any]]) -> Iterator[None]:
+        """A pass over several sequences: per lane (seq, n_valid, n_end, k, v), the layer's frame of that
+        sequence bound to the lane's tensors k, v (None: the layer's own, lane 0), as use() binds one."""
+        held = []
+        try:
+            for seq, n_valid, n_end, k, v in lanes:
+                self.core.acquire(seq, layer, n_valid, k, v)
+                held.append((seq, n_end))
+            for seq, n_valid, _, _, _ in lanes:
+                for j in range(1, min(self.depth, self.n_layer - 1 - layer) + 1):
+                    self.core.prefetch(seq, layer + j, n_valid)
+            yield
+        finally:
+            for seq, n_end in held:
+                self.core.release(seq, layer, n_end)
 
     def truncate(self, seq: int, n: int) -> None:
         self.core.seq_truncate(seq, n)

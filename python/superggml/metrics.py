@@ -195,6 +195,9 @@ class Metrics:
             "prefetch_completed": int(st.get("loads", 0)) - int(st.get("pending", 0)) - int(st.get("failed", 0)),
             "prefetch_failed": int(st.get("failed", 0)),
         }
+        line.update(sequences_per_pass=round(float(st.get("sequences_per_pass", 0.0)), 3),
+                    tokens_per_pass=round(float(st.get("tokens_per_pass", 0.0)), 3),
+                    bytes_streamed_per_token=round(int(st.get("bytes_loaded", 0)) / max(self.generated_tokens, 1)))
         if "expert_slots" in st:        # a mixture of experts with its experts paged (expert_cache)
             line.update({k: st[k] for k in EXPERT_FIELDS})
         return line

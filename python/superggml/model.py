@@ -42,6 +42,68 @@ def _want_direct_io(path: str) -> bool:
     return os.path.getsize(path) > int(_core.host_memory()["available"])
 
 
+class _Choice:
+    """One completion's text as its tokens arrive: bytes to text as llama-cpp-python gives them (the whole
+    completion decoded with errors="ignore": a character split across tokens waits for its rest, bytes that
+    never form one are dropped), stop strings held back until they cannot match, a token limit."""
+
+    def __init__(self, tokenizer: Tokenizer, limit: int, stop: Sequence[str]):
+        self.tokenizer = tokenizer
+        self.limit = limit
+        self.stop = list(stop)
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+        self.text = ""
+        self.sent = 0
+        self.n = 0
+        self.finish: str | None = None
+        self.holdback = max((len(x) for x in self.stop), default=0)
+
+    def push(self, tok: int) -> str:
+        """Takes the next token; returns the text that can be sent now. Sets finish once done."""
+        if self.tokenizer.is_eog(tok):
+            self.finish = "stop"
+            return self.flush()
+        self.n += 1
+        self.text += self.utf8.decode(self.tokenizer.token_to_piece(tok, special=False))
+        hit = min((i for i in (self.text.find(x, max(0, self.sent - len(x))) for x in self.stop) if i >= 0),
+                  default=-1)
+        if hit >= 0:
+            self.text = self.text[:hit]
+            self.finish = "stop"
+            return self.flush()
+        if self.n >= self.limit:
+            self.finish = "length"
+            return self.flush()
+        safe = len(self.text) - self.holdback
+        if safe > self.sent:
+            out, self.sent = self.text[self.sent:safe], safe
+            return out
+        return ""
+
+    def flush(self) -> str:
+        """The text not sent yet (the completion is over)."""
+        self.text += self.utf8.decode(b"", final=True)
+        out, self.sent = self.text[self.sent:], len(self.text)
+        self.finish = self.finish or "length"
+        return out
+
+
+class _Gen:
+    """One completion that Model._step advances together with others: its sequence, the tokens still to feed
+    (the prompt, then each sampled token), its sampler and its text."""
+
+    def __init__(self, seq: int, prompt: Sequence[int], choice: _Choice, sampler: Sampler):
+        self.seq = seq
+        self.pending = list(prompt)
+        self.n_prompt = len(self.pending)
+        self.choice = choice
+        self.sampler = sampler
+
+    @property
+    def finish(self) -> str | None:
+        return self.choice.finish
+
+
 class Model:
     """A GGUF language model run layer by layer over ggml.
 
@@ -293,8 +355,9 @@ class Model:
         return self._exec.seq.id
 
     def use_sequence(self, seq: int) -> None:
-        """Makes `seq` the sequence eval/generate extend. With paged_kv several sequences keep their own
-        cached context (a server interleaves requests this way); without it only sequence 0 exists."""
+        """Makes `seq` the sequence eval/generate extend. Several sequences keep their own cached context (a
+        server interleaves requests this way): pages of the paged KV cache, or without it K/V storage of
+        ctx_size tokens each."""
         self._check_open()
         self._exec.use_sequence(seq)
 
@@ -361,81 +424,184 @@ class Model:
             logits = self.eval([tok])[-1]
 
     # -- completions ---------------------------------------------------------
-    def _completion_stream(self, prompt_tokens: list[int], max_tokens: int | None, stop: Sequence[str],
-                           sampling: Mapping[str, Any]) -> Iterator[tuple[str, str | None, int]]:
-        """Yields (text piece, finish_reason or None, completion token count)."""
+    def _limit(self, prompt_tokens: Sequence[int], max_tokens: int | None) -> int:
+        if not prompt_tokens:
+            raise ValueError("the prompt is empty")
         if len(prompt_tokens) >= self.n_ctx:
             raise ValueError(f"prompt has {len(prompt_tokens)} tokens; ctx_size is {self.n_ctx}")
         limit = self.n_ctx - len(prompt_tokens)
         if max_tokens is not None and max_tokens > 0:
             limit = min(limit, max_tokens)
-        # bytes to text as llama-cpp-python gives them (the whole completion decoded with errors="ignore"): a
-        # character split across tokens waits for its rest, bytes that never form one are dropped
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="ignore")
-        text = ""
-        sent = 0
-        n = 0
-        finish = "length"
-        holdback = max((len(s) for s in stop), default=0)
-        for tok in self.generate(prompt_tokens, **sampling):
-            if self.tokenizer.is_eog(tok):
-                finish = "stop"
-                break
-            n += 1
-            text += utf8.decode(self.tokenizer.token_to_piece(tok, special=False))
-            hit = min((i for i in (text.find(s, max(0, sent - len(s))) for s in stop) if i >= 0), default=-1)
-            if hit >= 0:
-                text = text[:hit]
-                finish = "stop"
-                break
-            safe = len(text) - holdback
-            if safe > sent:
-                yield text[sent:safe], None, n
-                sent = safe
-            if n >= limit:
-                break
-        text += utf8.decode(b"", final=True)
-        yield text[sent:], finish, n
+        return limit
 
-    def create_completion(self, prompt: str | Sequence[int], *, max_tokens: int | None = 16,
-                          temperature: float = 0.8, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
-                          repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
-                          presence_penalty: float = 0.0, stop: str | Sequence[str] | None = None,
-                          seed: int | None = None, stream: bool = False, echo: bool = False,
-                          add_bos: bool = True) -> Any:
-        """OpenAI-style text completion (dict, or an iterator of chunks with stream=True)."""
+    def _completion_stream(self, prompt_tokens: list[int], max_tokens: int | None, stop: Sequence[str],
+                           sampling: Mapping[str, Any]) -> Iterator[tuple[str, str | None, int]]:
+        """Yields (text piece, finish_reason or None, completion token count)."""
+        choice = _Choice(self.tokenizer, self._limit(prompt_tokens, max_tokens), stop)
+        for tok in self.generate(prompt_tokens, **sampling):
+            piece = choice.push(tok)
+            if choice.finish:
+                break
+            if piece:
+                yield piece, None, choice.n
+        else:
+            piece = choice.flush()
+        yield piece, choice.finish, choice.n
+
+    def _new_gen(self, seq: int, prompt: Sequence[int], max_tokens: int | None, stop: Sequence[str],
+                 sampling: Mapping[str, Any], seed_offset: int = 0) -> _Gen:
+        """A completion of `prompt` on sequence `seq` (emptied first), for _step."""
+        limit = self._limit(prompt, max_tokens)
+        seed = self.seed if sampling.get("seed") is None else sampling["seed"]
+        params = SamplingParams(temperature=sampling["temp"], top_k=sampling["top_k"], top_p=sampling["top_p"],
+                                min_p=sampling["min_p"], repeat_penalty=sampling["repeat_penalty"],
+                                frequency_penalty=sampling["frequency_penalty"],
+                                presence_penalty=sampling["presence_penalty"])
+        self._exec.drop_sequence(seq)
+        return _Gen(seq, prompt, _Choice(self.tokenizer, limit, stop),
+                    Sampler(params, seed=seed + seed_offset if seed is not None and seed >= 0 else seed))
+
+    def _step(self, gens: Sequence[_Gen], budget: int | None = None) -> list[tuple[_Gen, str]]:
+        """Advances running completions in shared forward passes: the next token of each one decoding, then
+        prompt chunks of those prefilling, up to `budget` tokens (None: all). Returns (completion, text to
+        send) for each that sampled a token; a finished one has its finish set (its sequence is the caller's
+        to drop)."""
+        ex = self._exec
+        room = budget if budget is not None else sum(len(g.pending) for g in gens)
+        items, fed = [], []
+        for g in sorted((g for g in gens if g.pending and not g.finish), key=lambda g: len(g.pending) > 1):
+            if room <= 0:
+                break
+            take = g.pending[:room]
+            items.append((g.seq, take))
+            fed.append((g, len(take)))
+            room -= len(take)
+        if not items:
+            return []
+        logits = ex.eval_batch(items)
+        m = self._metrics
+        if m is not None:
+            m.on_layer_timings(ex.timings)
+            prefill = sum(k for g, k in fed if g.choice.n == 0 and k > 1)
+            if prefill:
+                m.on_prompt(prefill)
+        out = []
+        for (g, k), lg in zip(fed, logits):
+            del g.pending[:k]
+            if g.pending:                      # a prompt chunk: more to come
+                continue
+            history = ex._seqs[g.seq].tokens
+            tok = g.sampler.sample(lg[-1], history)
+            piece = g.choice.push(tok)
+            if not g.finish:
+                if m is not None and m.prompt_tokens:
+                    m.on_token()
+                if len(history) >= self.n_ctx:
+                    piece += g.choice.flush()
+                else:
+                    g.pending = [tok]
+            out.append((g, piece))
+        return out
+
+    def _batch_stream(self, prompts: Sequence[list[int]], n: int, max_tokens: int | None, stop: Sequence[str],
+                      sampling: Mapping[str, Any], parallel: int = 64) -> Iterator[tuple[int, str, str | None, int]]:
+        """Completions of several prompts (n of each; choice index = prompt * n + j, sampled with seed + j) run
+        together, up to `parallel` at once (the next starts as one ends): each pass holds the next token of
+        every running choice, and each stops on its own. Each choice is a sequence of its own, dropped when it
+        ends; the current sequence is left as it is. Yields (index, text piece, finish_reason or None,
+        completion token count)."""
+        ex = self._exec
+        for p in prompts:
+            self._limit(p, max_tokens)
+        total = len(prompts) * n
+        width = max(1, min(parallel, total))
+        taken = set(ex._seqs)
+        free = [i for i in range(1, len(taken) + width + 2) if i not in taken][:width]
+        gens: dict[_Gen, int] = {}
+        nxt = 0
+        try:
+            while gens or nxt < total:
+                while free and nxt < total:
+                    pi, j = divmod(nxt, n)
+                    gens[self._new_gen(free.pop(), prompts[pi], max_tokens, stop, sampling, j)] = nxt
+                    nxt += 1
+                for g, piece in self._step(list(gens)):
+                    if piece or g.finish:
+                        yield gens[g], piece, g.finish, g.choice.n
+                    if g.finish:
+                        ex.drop_sequence(g.seq)
+                        free.append(g.seq)
+                        del gens[g]
+        finally:
+            for g in gens:
+                ex.drop_sequence(g.seq)
+
+    def create_completion(self, prompt: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *,
+                          max_tokens: int | None = 16, temperature: float = 0.8, top_p: float = 0.95,
+                          top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                          frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                          stop: str | Sequence[str] | None = None, seed: int | None = None, stream: bool = False,
+                          echo: bool = False, add_bos: bool = True, n: int = 1) -> Any:
+        """OpenAI-style text completion (dict, or an iterator of chunks with stream=True).
+
+        `prompt` may be a list of prompts (strings or token lists): one choice per prompt, `index` its
+        position, run together in shared forward passes (each choice stops on its own). `n` samples that many
+        completions of each prompt the same way (choice index = prompt * n + j; sample j uses seed + j)."""
         self._check_open()
-        prompt_tokens = (self.tokenize(prompt, add_bos=add_bos, special=True) if isinstance(prompt, str)
-                         else [int(t) for t in prompt])
+        if n < 1:
+            raise ValueError(f"n must be >= 1, not {n}")
+        many = not isinstance(prompt, str) and len(prompt) > 0 and not isinstance(prompt[0], (int, np.integer))
+        prompts = list(prompt) if many else [prompt]
+        if not prompts:
+            raise ValueError("the prompt is empty")
+        tokens = [self.tokenize(p, add_bos=add_bos, special=True) if isinstance(p, str) else [int(t) for t in p]
+                  for p in prompts]
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         sampling = dict(temp=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
                         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, seed=seed)
         cid = f"cmpl-{uuid.uuid4()}"
         created = int(time.time())
         model_name = os.path.basename(self.path)
-        prefix = prompt if (echo and isinstance(prompt, str)) else ""
-        gen = self._completion_stream(prompt_tokens, max_tokens, stops, sampling)
+        prefixes = [p if (echo and isinstance(p, str)) else "" for p in prompts]
+        if len(prompts) == 1 and n == 1:
+            gen: Iterator[tuple[int, str, str | None, int]] = (
+                (0, piece, fin, k) for piece, fin, k in self._completion_stream(tokens[0], max_tokens, stops, sampling))
+        else:
+            gen = self._batch_stream(tokens, n, max_tokens, stops, sampling)
 
-        def chunk(text: str, finish: str | None) -> dict[str, Any]:
+        def chunk(index: int, text: str, finish: str | None) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
-                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"text": text, "index": index, "logprobs": None, "finish_reason": finish}]}
 
         if stream:
             def it() -> Iterator[dict[str, Any]]:
-                if prefix:
-                    yield chunk(prefix, None)
-                for piece, finish, _ in gen:
+                for i in range(len(prompts) * n):
+                    if prefixes[i // n]:
+                        yield chunk(i, prefixes[i // n], None)
+                for i, piece, finish, _ in gen:
                     if piece or finish:
-                        yield chunk(piece, finish)
+                        yield chunk(i, piece, finish)
             return it()
-        parts, finish, n = [prefix], "length", 0
-        for piece, fin, n in gen:
-            parts.append(piece)
-            finish = fin or finish
-        out = chunk("".join(parts), finish)
-        out["usage"] = {"prompt_tokens": len(prompt_tokens), "completion_tokens": n,
-                        "total_tokens": len(prompt_tokens) + n}
+        parts = {i: [prefixes[i // n]] for i in range(len(prompts) * n)}
+        finish = {i: "length" for i in parts}
+        used = dict.fromkeys(parts, 0)
+        for i, piece, fin, k in gen:
+            parts[i].append(piece)
+            finish[i] = fin or finish[i]
+            used[i] = k
+        out = {"id": cid, "object": "text_completion", "created": created, "model": model_name,
+               "choices": [{"text": "".join(parts[i]), "index": i, "logprobs": None, "finish_reason": finish[i]}
+                           for i in sorted(parts)]}
+        n_prompt = sum(len(t) for t in tokens)
+        n_done = sum(used.values())
+        out["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": n_done, "total_tokens": n_prompt + n_done}
         return out
+
+    def eval_batch(self, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False) -> list[np.ndarray]:
+        """Appends tokens to several sequences (distinct ids) in shared forward passes, as llama.cpp's
+        llama_batch; returns each one's logits (the last, or all with logits_all)."""
+        self._check_open()
+        return self._exec.eval_batch([(int(s), [int(t) for t in toks]) for s, toks in batch], logits_all=logits_all)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)

@@ -4,11 +4,15 @@ Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST
 /v1/chat/completions (both with "stream": true as server-sent events ending
 in "data: [DONE]"), GET /metrics (the current metrics snapshot).
 
-One engine thread owns the model. Requests wait in a bounded queue (503
-when it is full); up to `parallel` of them are in flight at once, each on
-its own sequence of the paged KV cache, and the engine advances them a token
-at a time in turn. A client that disconnects has its generation cancelled
-and its pages freed. Errors use OpenAI's JSON shape with the right status.
+One engine thread owns the model and batches continuously: each step is one
+eval (shared forward passes) over the next token of every running request
+plus prompt chunks of new ones, up to `batch_tokens` tokens. Up to
+`parallel` sequences run at once, each with its own K/V (pages of the paged
+KV cache, or storage of its own); /v1/completions takes prompt lists and n.
+Requests wait in a bounded queue (503 when it is full). A client that
+disconnects has its generation cancelled and its sequences freed; the
+others in the pass go on. Errors use OpenAI's JSON shape with the right
+status.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import json
 import queue
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -46,13 +51,13 @@ class _Body(BaseModel):
     stop: Optional[Union[str, list[str]]] = None
     seed: Optional[int] = None
     stream: bool = False
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=128)
     user: Optional[str] = None
     stream_options: Optional[dict[str, Any]] = None
 
 
 class CompletionBody(_Body):
-    prompt: Union[str, list[int]]
+    prompt: Union[str, list[int], list[str], list[list[int]]]
     max_tokens: Optional[int] = Field(default=16, ge=0)
     echo: bool = False
 
@@ -81,37 +86,100 @@ def _error(status: int, message: str, type_: str = "invalid_request_error", code
                         status_code=status)
 
 
-# -- the engine: one thread, requests advanced a token at a time in turn ---------
+# -- the engine: one thread, every running request advanced in each forward pass ------
+class _Reply:
+    """The chunks (stream) or the one response of a request's choices, in OpenAI's shapes."""
+
+    def __init__(self, chat: bool, stream: bool, mid: str, n_choices: int, n_prompt: int, echo: str = ""):
+        self.chat, self.stream, self.mid = chat, stream, mid
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4()}"
+        self.created = int(time.time())
+        self.texts = [echo] * n_choices
+        self.finish: list[str | None] = [None] * n_choices
+        self.used = [0] * n_choices
+        self.first = [True] * n_choices
+        self.n_prompt = n_prompt
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.mid}
+
+    def chunk(self, index: int, piece: str, finish: str | None, used: int) -> dict[str, Any] | None:
+        """The stream chunk for a piece of choice `index` (None: nothing to send yet, or not streaming)."""
+        self.texts[index] += piece
+        self.finish[index] = finish
+        self.used[index] = used
+        if not self.stream or not (piece or finish):
+            return None
+        if not self.chat:
+            return {**self._head("text_completion"),
+                    "choices": [{"text": piece, "index": index, "logprobs": None, "finish_reason": finish}]}
+        delta: dict[str, Any] = {"role": "assistant"} if self.first[index] else {}
+        self.first[index] = False
+        if piece:
+            delta["content"] = piece
+        return {**self._head("chat.completion.chunk"),
+                "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
+
+    def final(self) -> dict[str, Any]:
+        n = sum(self.used)
+        usage = {"prompt_tokens": self.n_prompt, "completion_tokens": n, "total_tokens": self.n_prompt + n}
+        if not self.chat:
+            return {**self._head("text_completion"), "usage": usage,
+                    "choices": [{"text": t, "index": i, "logprobs": None, "finish_reason": f}
+                                for i, (t, f) in enumerate(zip(self.texts, self.finish))]}
+        return {**self._head("chat.completion"), "usage": usage,
+                "choices": [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": f}
+                            for i, (t, f) in enumerate(zip(self.texts, self.finish))]}
+
+
 @dataclass
 class _Job:
-    make: Any                         # () -> iterator of chunks (runs on the engine thread)
+    prompts: list[list[int]]          # token lists, one per prompt
+    n: int                            # choices per prompt
+    max_tokens: int | None
+    stop: list[str]
+    sampling: dict[str, Any]
+    reply: _Reply
     out: "asyncio.Queue[Any]"
     loop: asyncio.AbstractEventLoop
-    seq: int = -1
+    seqs: list[int] = field(default_factory=list)
+    gens: dict[Any, int] = field(default_factory=dict)     # running completion -> choice index
     cancelled: bool = False
-    it: Iterator[Any] | None = None
     t_submit: float = field(default_factory=time.perf_counter)
+
+    @property
+    def n_choices(self) -> int:
+        return len(self.prompts) * self.n
 
 
 _END = object()
 
 
 class Engine:
-    def __init__(self, model: Model, *, parallel: int = 4, max_queue: int = 64):
+    """Continuous batching: one thread owns the model; every step is one eval over the next token of each
+    running choice plus prompt chunks of new ones, up to batch_tokens tokens. Up to `parallel` sequences run
+    at once (a request with several choices takes one each); the rest wait in a bounded queue."""
+
+    def __init__(self, model: Model, *, parallel: int = 4, max_queue: int = 64, batch_tokens: int = 512):
         self.model = model
-        multi = model.settings.kv.paged_kv
-        self.parallel = max(1, parallel if multi else 1)   # sequences need the paged KV cache
+        self.parallel = max(1, parallel)
+        self.batch_tokens = max(1, batch_tokens)
         self.waiting: "queue.Queue[_Job]" = queue.Queue(maxsize=max_queue)
         self.active: list[_Job] = []
-        self._free_seqs = list(range(self.parallel))   # sequence ids (0 alone without the paged KV cache)
+        self._pending: _Job | None = None     # taken from the queue, waiting for sequences to free
+        self._free_seqs = list(range(self.parallel))
         self._stop = False
         self._wake = threading.Event()
         self.lock = threading.Lock()          # the model, for requests outside the engine (metrics)
         self.served = 0
+        self.steps = 0
         self.thread = threading.Thread(target=self._run, name="superggml-engine", daemon=True)
         self.thread.start()
 
     def submit(self, job: _Job) -> None:
+        if job.n_choices > self.parallel:
+            raise ApiError(400, f"the request asks for {job.n_choices} completions; this server runs at most "
+                           f"{self.parallel} at once (--parallel)", param="n")
         try:
             self.waiting.put_nowait(job)
         except queue.Full:
@@ -127,57 +195,89 @@ class Engine:
     def _send(self, job: _Job, item: Any) -> None:
         job.loop.call_soon_threadsafe(job.out.put_nowait, item)
 
-    def _finish(self, job: _Job) -> None:
-        self.active.remove(job)
+    def _finish(self, job: _Job, item: Any = _END) -> None:
+        """Ends a job: sends `item` (the end, or an error), frees its sequences."""
+        if job in self.active:
+            self.active.remove(job)
+        self._send(job, item)
         with self.lock:
-            try:
-                self.model.drop_sequence(job.seq)
-            except Exception:  # noqa: BLE001 - freeing pages must not take the engine down
-                pass
-        self._free_seqs.append(job.seq)
+            for seq in job.seqs:
+                try:
+                    self.model.drop_sequence(seq)
+                except Exception:  # noqa: BLE001 - freeing pages must not take the engine down
+                    pass
+        self._free_seqs += job.seqs
+        job.seqs = []
+        job.gens = {}
         self.served += 1
+
+    def _admit(self) -> None:
+        while True:
+            if self._pending is None:
+                try:
+                    self._pending = self.waiting.get_nowait()
+                except queue.Empty:
+                    return
+            job = self._pending
+            if job.cancelled:
+                self._pending = None
+                continue
+            if job.n_choices > len(self._free_seqs):
+                return
+            self._pending = None
+            job.seqs = [self._free_seqs.pop() for _ in range(job.n_choices)]
+            self.active.append(job)
+            try:
+                with self.lock:
+                    for i, seq in enumerate(job.seqs):
+                        g = self.model._new_gen(seq, job.prompts[i // job.n], job.max_tokens, job.stop,
+                                                job.sampling, i % job.n)
+                        job.gens[g] = i
+            except Exception as e:  # noqa: BLE001 - reaches the client as an error
+                self._finish(job, e)
 
     def _run(self) -> None:
         while not self._stop:
-            while len(self.active) < self.parallel:
-                try:
-                    job = self.waiting.get_nowait()
-                except queue.Empty:
-                    break
-                if job.cancelled:
-                    continue
-                job.seq = self._free_seqs.pop()
-                self.active.append(job)
+            self._admit()
+            for job in [j for j in self.active if j.cancelled]:
+                self._finish(job)
             if not self.active:
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
-            for job in list(self.active):
-                if job.cancelled:
-                    self._finish(job)
-                    continue
+            owner = {g: job for job in self.active for g in job.gens}
+            try:
                 with self.lock:
-                    try:
-                        self.model.use_sequence(job.seq)
-                        if job.it is None:
-                            job.it = iter(job.make())
-                        item = next(job.it)
-                    except StopIteration:
-                        item = _END
-                    except Exception as e:  # noqa: BLE001 - reaches the client as an error
-                        item = e
-                self._send(job, item)
-                if item is _END or isinstance(item, Exception):
+                    done = self.model._step(list(owner), self.batch_tokens)
+            except Exception as e:  # noqa: BLE001 - a failed pass fails the requests in it
+                for job in list(self.active):
+                    self._finish(job, e)
+                continue
+            self.steps += 1
+            for g, piece in done:
+                job = owner[g]
+                c = job.reply.chunk(job.gens[g], piece, g.finish, g.choice.n)
+                if c is not None:
+                    self._send(job, c)
+                if g.finish:
+                    del job.gens[g]
+                    with self.lock:
+                        self.model.drop_sequence(g.seq)
+            for job in {owner[g] for g, _ in done}:
+                if not job.gens and job in self.active:
+                    if not job.reply.stream:
+                        self._send(job, job.reply.final())
                     self._finish(job)
 
 
 # -- the app ----------------------------------------------------------------------
-def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, max_queue: int = 64) -> FastAPI:
+def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, max_queue: int = 64,
+               batch_tokens: int = 512) -> FastAPI:
     """The FastAPI app serving `model` (closed with the app)."""
     import os
 
     mid = model_id or os.path.basename(model.path)
-    engine = Engine(model, parallel=parallel, max_queue=max_queue)
+    engine = Engine(model, parallel=parallel, max_queue=max_queue, batch_tokens=batch_tokens)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
@@ -238,7 +338,7 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
         with engine.lock:
             snap = Metrics(model, None).snapshot()
         snap.update(requests_active=len(engine.active), requests_waiting=engine.waiting.qsize(),
-                    requests_served=engine.served)
+                    requests_served=engine.served, engine_steps=engine.steps)
         return snap
 
     def check(body: _Body, n_prompt: int) -> None:
@@ -252,25 +352,17 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
             raise ApiError(400, "the prompt is empty", param="prompt")
 
     def sampling(body: _Body) -> dict[str, Any]:
-        return dict(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                    min_p=body.min_p, repeat_penalty=body.repeat_penalty,
-                    frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
-                    stop=body.stop, seed=body.seed)
+        return dict(temp=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
+                    repeat_penalty=body.repeat_penalty, frequency_penalty=body.frequency_penalty,
+                    presence_penalty=body.presence_penalty, seed=body.seed)
 
-    def chunks(create: Any, stream: bool, fix: Any = None) -> Any:
-        """A job body (run on the engine thread): the response chunks, or the one response, named `mid`."""
-        def make() -> Iterator[dict[str, Any]]:
-            res = create()
-            for c in (res if stream else [res]):
-                c["model"] = mid
-                yield fix(c) if fix else c
-        return make
-
-    async def run(request: Request, make: Any, stream: bool) -> Any:
+    async def run(body: _Body, prompts: list[list[int]], chat: bool, echo: str = "") -> Any:
         loop = asyncio.get_running_loop()
-        job = _Job(make=make, out=asyncio.Queue(), loop=loop)
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        reply = _Reply(chat, body.stream, mid, len(prompts) * body.n, sum(len(p) for p in prompts), echo)
+        job = _Job(prompts, body.n, body.max_tokens, stop, sampling(body), reply, asyncio.Queue(), loop)
         engine.submit(job)
-        if not stream:
+        if not body.stream:
             try:
                 while True:
                     item = await job.out.get()
@@ -297,29 +389,31 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
                         return
                     yield f"data: {json.dumps(item, separators=(',', ':'))}\n\n"
             finally:
-                job.cancelled = True          # done, failed or the client went away: free the sequence
+                job.cancelled = True          # done, failed or the client went away: free the sequences
+                engine._wake.set()
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request) -> Any:
-        if isinstance(body.prompt, str):
-            tokens = model.tokenize(body.prompt, add_bos=True, special=True)
-        else:
-            if any(not 0 <= t < model.n_vocab for t in body.prompt):
-                raise ApiError(400, f"prompt token ids must be in [0, {model.n_vocab})", param="prompt")
-            tokens = list(body.prompt)
-        check(body, len(tokens))
-        kw = sampling(body)
-
-        echo = body.prompt if body.echo and isinstance(body.prompt, str) and not body.stream else ""
-
-        def fix(c: dict[str, Any]) -> dict[str, Any]:
-            c["choices"][0]["text"] = echo + c["choices"][0]["text"]
-            return c
-        return await run(request, chunks(lambda: model.create_completion(tokens, stream=body.stream, **kw),
-                                         body.stream, fix), body.stream)
+        p = body.prompt
+        many = isinstance(p, list) and len(p) > 0 and not isinstance(p[0], int)
+        prompts: list[Any] = list(p) if many else [p]
+        if not prompts:
+            raise ApiError(400, "the prompt is empty", param="prompt")
+        token_lists = []
+        for x in prompts:
+            if isinstance(x, str):
+                token_lists.append(model.tokenize(x, add_bos=True, special=True))
+            else:
+                if any(not 0 <= t < model.n_vocab for t in x):
+                    raise ApiError(400, f"prompt token ids must be in [0, {model.n_vocab})", param="prompt")
+                token_lists.append(list(x))
+            check(body, len(token_lists[-1]))
+        echo = prompts[0] if body.echo and len(prompts) == 1 and body.n == 1 and isinstance(prompts[0], str) \
+            and not body.stream else ""
+        return await run(body, token_lists, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request) -> Any:
@@ -333,17 +427,14 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
             raise ApiError(400, f"the chat template rejected the messages: {e}", param="messages") from None
         tokens = model.tokenize(prompt, add_bos=True, special=True)
         check(body, len(tokens))
-        kw = sampling(body)
-
-        return await run(request, chunks(lambda: model.create_chat_completion(msgs, stream=body.stream, **kw),
-                                         body.stream), body.stream)
+        return await run(body, [tokens], chat=True)
 
     return app
 
 
 def serve(model: Model, *, host: str = "127.0.0.1", port: int = 8080, parallel: int = 4, max_queue: int = 64,
-          log_level: str = "info") -> None:
+          batch_tokens: int = 512, log_level: str = "info") -> None:
     import uvicorn
 
-    app = create_app(model, parallel=parallel, max_queue=max_queue)
+    app = create_app(model, parallel=parallel, max_queue=max_queue, batch_tokens=batch_tokens)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

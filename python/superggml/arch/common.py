@@ -154,6 +154,10 @@ class StepInputs:
     k_idxs   I64 [n_tokens]              KV rows written this step
     v_idxs   I64 [n_tokens*n_embd_gqa]   (transposed V) or [n_tokens]
     out_ids  I32 [n_outputs]             rows whose logits are wanted
+
+    A pass over several sequences has `lanes`: per sequence, in row order, its own StepInputs (its rows
+    [row0, row0 + n_tokens), its n_kv, masks and K/V indices; no tokens, positions or out_ids), and attends
+    over its own K/V (the k_cache/v_cache given to the block are then lists, one per lane).
     """
 
     n_tokens: int
@@ -167,6 +171,8 @@ class StepInputs:
     out_ids: Any
     flash_attn: bool
     mask_swa: Any = None
+    lanes: "list[StepInputs] | None" = None
+    row0: int = 0
 
 
 class Architecture:
@@ -373,9 +379,20 @@ class Architecture:
         kq_scale = inv_sqrt(hp.head_dim)
         if self.q_scale is not None:             # Q scaled before attention, as some families' graphs do
             q, kq_scale = ctx.scale(q, self.q_scale), 1.0
-        mask = inp.mask_swa if self.is_swa(il) else inp.mask
         sinks = w(p + "attn_sinks.weight") if self.attn_sinks else None
-        cur = build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, kq_scale, mask, self.attn_softcap, sinks)
+        if inp.lanes is None:
+            mask = inp.mask_swa if self.is_swa(il) else inp.mask
+            cur = build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, kq_scale, mask, self.attn_softcap, sinks)
+        else:                                    # each sequence attends over its own K/V
+            cur = None
+            for lane, kc, vc in zip(inp.lanes, k_cache, v_cache):
+                r0, nl = lane.row0, lane.n_tokens
+                ql = ctx.view(q, [q.ne[0], q.ne[1], nl], [q.nb[1], q.nb[2]], r0 * q.nb[2])
+                kl = ctx.view(k, [k.ne[0], k.ne[1], nl], [k.nb[1], k.nb[2]], r0 * k.nb[2])
+                vl = ctx.view(v, [v.ne[0], nl], [v.nb[1]], r0 * v.nb[1])
+                mask = lane.mask_swa if self.is_swa(il) else lane.mask
+                out = build_attn(ctx, gf, hp, lane, ql, kl, vl, kc, vc, kq_scale, mask, self.attn_softcap, sinks)
+                cur = out if cur is None else ctx.concat(cur, out, 1)
         if il == hp.n_layer - 1 and inp.n_outputs < n:
             cur = ctx.get_rows(cur, inp.out_ids)
             x = ctx.get_rows(x, inp.out_ids)

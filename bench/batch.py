@@ -1,0 +1,163 @@
+"""Many sequences per forward pass: aggregate generated tokens/s of 1, 2, 4, 8 and 16 sequences, Qwen2.5-1.5B.
+
+    python bench/batch.py [--tokens 32] [--counts 1,2,4,8,16] [--json PATH]
+
+While weights stream, a pass costs about one read of the streamed bytes whatever the number of tokens in it,
+so S sequences decoding together should come close to S times the tokens of one. Three tables, in one run,
+each in a child process of its own:
+- streamed: device_budget 128 MiB (async prefetch), no memory limit;
+- resident: every weight in memory;
+- streamed in a memory cgroup of 256 MiB (page cache dropped first; O_DIRECT reads), budget 128 MiB.
+For each count S: S different prompts (12-20 tokens) prefilled together, then `tokens` greedy tokens each,
+every step one eval_batch of S tokens. Timed: the decode steps. Reports aggregate tokens/s, the ratio to one
+sequence, sequences and tokens per pass, bytes streamed per generated token, and whether every sequence's text
+equals its text decoded alone (the S = 1 runs of the same prompts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+PROMPTS = [
+    "def quicksort(xs):\n    ",
+    "The three laws of thermodynamics are",
+    "import numpy as np\n\ndef moving_average(x, w):",
+    "Write a haiku about the sea:",
+    "class LinkedList:\n    def __init__(self):",
+    "The capital of Australia is",
+    "SELECT name, COUNT(*) FROM orders",
+    "// A function that reverses a string in C\n",
+    "Photosynthesis is the process by which",
+    "fn main() {\n    let v = vec![1, 2, 3];",
+    "The best way to learn a new language is",
+    "#include <stdio.h>\nint main(void) {",
+    "Once upon a time there was a robot who",
+    "def is_prime(n: int) -> bool:",
+    "In 1969, the Apollo 11 mission",
+    "const express = require('express');\nconst app =",
+]
+
+CHILD = r"""
+import json, sys, time
+from superggml import Model
+req = json.loads(sys.argv[1])
+kw = dict(ctx_size=req["ctx"], n_threads=2, n_batch=256)
+if req["budget"]:
+    kw.update(device_budget=req["budget"], async_prefetch=True)
+if req.get("direct") is not None:
+    kw["direct_io"] = req["direct"]
+rows = []
+with Model(req["model"], **kw) as m:
+    toks = [m.tokenize(p) for p in req["prompts"]]
+    for s in req["counts"]:
+        ids = [100 + i for i in range(s)]
+        st0 = m.stats()
+        outs = m.eval_batch(list(zip(ids, toks[:s])))
+        nxt = [int(o[-1].argmax()) for o in outs]
+        texts = [[t] for t in nxt]
+        st1 = m.stats()
+        t = time.perf_counter()
+        for _ in range(req["tokens"] - 1):
+            outs = m.eval_batch([(i, [x]) for i, x in zip(ids, nxt)])
+            nxt = [int(o[-1].argmax()) for o in outs]
+            for tx, x in zip(texts, nxt):
+                tx.append(x)
+        dt = time.perf_counter() - t
+        st2 = m.stats()
+        passes = st2["passes"] - st1["passes"]
+        gen = s * (req["tokens"] - 1)
+        rows.append(dict(sequences=s, decode_s=dt, tok_s=gen / dt, passes=passes,
+                         sequences_per_pass=(st2["passes"] * st2["sequences_per_pass"]
+                                             - st1["passes"] * st1["sequences_per_pass"]) / max(passes, 1),
+                         bytes_per_token=(st2.get("bytes_loaded", 0) - st1.get("bytes_loaded", 0)) / gen,
+                         tokens=texts))
+        for i in ids:
+            m.drop_sequence(i)
+    alone = []
+    for tk in (toks if req.get("alone") else []):       # every prompt on its own, with eval
+        m.reset()
+        x = int(m.eval(tk)[-1].argmax())
+        tx = [x]
+        for _ in range(req["tokens"] - 1):
+            x = int(m.eval([x])[-1].argmax())
+            tx.append(x)
+        alone.append(tx)
+print(json.dumps(dict(rows=rows, alone=alone)))
+"""
+
+
+def run(req: dict, limit: int | None, timeout: float) -> list[dict] | str:
+    import memcg
+
+    args = [sys.executable, "-c", CHILD, json.dumps(req)]
+    if limit:
+        memcg.drop_page_cache(req["model"])
+        r = memcg.run_limited(args, limit, timeout=timeout)
+    else:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        return f"exit {r.returncode}" + (" (OOM-killed)" if r.returncode == -9 else "") + f": {r.stderr[-800:]}"
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=32, help="tokens generated per sequence")
+    ap.add_argument("--counts", default="1,2,4,8,16")
+    ap.add_argument("--budget", default="128MiB")
+    ap.add_argument("--limit", default="256MiB", help="the cgroup of the third table ('' skips it)")
+    ap.add_argument("--model", help="GGUF (default: Qwen2.5-Coder-1.5B Q4_K_M)")
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+
+    from superggml import models
+    from superggml.settings import parse_size
+
+    path = a.model or str(models.qwen_path())
+    counts = [int(x) for x in a.counts.split(",")]
+    base = dict(model=path, prompts=PROMPTS[:max(counts)], counts=counts, tokens=a.tokens, ctx=64 + a.tokens)
+    tables = [("resident", dict(base, budget=None, alone=True), None),
+              ("streamed, device_budget " + a.budget, dict(base, budget=a.budget), None)]
+    if a.limit:
+        tables.append((f"streamed, device_budget {a.budget}, cgroup {a.limit}", dict(base, budget=a.budget,
+                                                                                     direct=True),
+                       int(parse_size(a.limit))))
+    print(f"{os.path.basename(path)}: {a.tokens} greedy tokens per sequence, 2 threads", flush=True)
+    results = {}
+    ok = True
+    alone: list[list[int]] = []
+    for name, req, limit in tables:
+        got = run(req, limit, a.timeout)
+        results[name] = got
+        print(f"\n{name}")
+        if isinstance(got, str):
+            print("  " + got)
+            ok = False
+            continue
+        rows = got["rows"]
+        alone = got["alone"] or alone
+        one = rows[0]["tok_s"] if rows[0]["sequences"] == 1 else None
+        print(f"{'sequences':>9} {'tok/s':>8} {'vs 1':>6} {'seq/pass':>8} {'MB/token':>9} {'texts = alone':>13}")
+        for r in rows:
+            same = sum(t == alone[i] for i, t in enumerate(r["tokens"]) if i < len(alone))
+            r["texts_equal_alone"] = same
+            r["vs_one"] = r["tok_s"] / one if one else None
+            eq = f"{same}/{len(r['tokens'])}"
+            print(f"{r['sequences']:>9} {r['tok_s']:>8.2f} {r['tok_s'] / one if one else float('nan'):>5.2f}x "
+                  f"{r['sequences_per_pass']:>8.2f} {r['bytes_per_token'] / 1e6:>9.1f} {eq:>13}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(model=path, tokens=a.tokens, results=results), f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

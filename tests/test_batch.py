@@ -1,0 +1,133 @@
+"""Many sequences per forward pass: eval_batch, prompt lists and n in create_completion, the CLI's prompts file.
+Every sequence's logits and greedy text are checked against the same sequence run alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from superggml import Model
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village at the edge of a great forest, there lived an old woodcutter who",
+    "1, 2, 3, 4,",
+    "Q: What is the boiling point of water at sea level?\nA:",
+]
+
+CONFIGS = {
+    "contiguous": {},
+    "paged16": dict(paged_kv=True, kv_page_size=16, kv_device_layers=30 * 8),
+    "paged256-budget": dict(paged_kv=True, kv_page_size=256, kv_device_layers=30 * 8, device_budget="24MiB",
+                            async_prefetch=True),
+}
+
+
+def solo_logits(m, toks_list, steps):
+    """Per prompt: the prompt's last logits, then those after each of the `steps` greedy tokens fed alone."""
+    out = []
+    for toks in toks_list:
+        m.reset()
+        rows = [m.eval(toks)[-1].copy()]
+        for _ in range(steps):
+            rows.append(m.eval([int(rows[-1].argmax())])[-1].copy())
+        out.append(np.stack(rows))
+    m.reset()
+    return out
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_eval_batch_matches_each_sequence_alone(smollm2_path, config):
+    with Model(smollm2_path, ctx_size=512, n_threads=2, n_batch=64, **CONFIGS[config]) as m:
+        toks = [m.tokenize(p) for p in PROMPTS]
+        ref = solo_logits(m, toks, 6)
+        # prompts of different lengths in shared passes (n_batch 64 splits the longest), then 6 decode steps
+        got = [[r[-1].copy()] for r in m.eval_batch([(10 + i, t) for i, t in enumerate(toks)])]
+        for _ in range(6):
+            nxt = [(10 + i, [int(g[-1].argmax())]) for i, g in enumerate(got)]
+            for g, r in zip(got, m.eval_batch(nxt)):
+                g.append(r[-1].copy())
+        st = m.stats()
+        assert st["sequences_per_pass"] > 1.5 and st["n_tokens"] == 0          # the current sequence untouched
+        worst = 0.0
+        for g, r in zip(got, ref):
+            g = np.stack(g)
+            worst = max(worst, float(np.abs(g - r).max()))
+            assert (g.argmax(-1) == r.argmax(-1)).all()
+        assert worst <= 0.01, worst
+        print(f"{config}: max |dlogit| batch vs alone {worst:.2e}")
+
+
+def test_completion_of_a_prompt_list_equals_each_alone(smollm2_path):
+    """Greedy, 5 prompts of 5..23 tokens; EOS and the token limit end them at different steps."""
+    with Model(smollm2_path, ctx_size=512, n_threads=2, paged_kv=True, kv_page_size=16,
+               kv_device_layers=30 * 8) as m:
+        alone = [m.create_completion(p, max_tokens=40, temperature=0)["choices"][0] for p in PROMPTS]
+        res = m.create_completion(PROMPTS, max_tokens=40, temperature=0)
+        assert [c["index"] for c in res["choices"]] == list(range(len(PROMPTS)))
+        assert [c["text"] for c in res["choices"]] == [c["text"] for c in alone]
+        assert [c["finish_reason"] for c in res["choices"]] == [c["finish_reason"] for c in alone]
+        assert res["usage"]["completion_tokens"] > 0 and m.stats()["n_sequences"] == 1
+        # streamed: chunks tagged with their index add up to the same texts
+        parts = [""] * len(PROMPTS)
+        finish = [None] * len(PROMPTS)
+        for c in m.create_completion(PROMPTS, max_tokens=40, temperature=0, stream=True):
+            ch = c["choices"][0]
+            parts[ch["index"]] += ch["text"]
+            finish[ch["index"]] = ch["finish_reason"] or finish[ch["index"]]
+        assert parts == [c["text"] for c in alone] and all(finish)
+        # token lists too
+        toks = [m.tokenize(p) for p in PROMPTS[:2]]
+        assert [c["text"] for c in m.create_completion(toks, max_tokens=40, temperature=0)["choices"]] == \
+            [c["text"] for c in alone[:2]]
+
+
+def test_n_samples_one_prompt_several_ways(smollm2_path):
+    with Model(smollm2_path, ctx_size=256, n_threads=2) as m:
+        res = m.create_completion(PROMPTS[0], n=3, max_tokens=12, temperature=1.0, seed=7)
+        texts = [c["text"] for c in res["choices"]]
+        assert [c["index"] for c in res["choices"]] == [0, 1, 2] and len(set(texts)) > 1
+        # sample j is the one seed + j gives alone
+        for j in range(3):
+            assert m.create_completion(PROMPTS[0], max_tokens=12, temperature=1.0, seed=7 + j)["choices"][0]["text"] \
+                == texts[j]
+        greedy = m.create_completion(PROMPTS[:2], n=2, max_tokens=8, temperature=0)["choices"]
+        assert greedy[0]["text"] == greedy[1]["text"] and greedy[2]["text"] == greedy[3]["text"]
+        with pytest.raises(ValueError, match="n must be >= 1"):
+            m.create_completion(PROMPTS[0], n=0)
+
+
+def test_eval_batch_errors_leave_sequences_as_they_were(smollm2_path):
+    with Model(smollm2_path, ctx_size=64, n_threads=2) as m:
+        m.eval_batch([(1, [1, 2, 3]), (2, [4, 5])])
+        with pytest.raises(ValueError, match="each sequence may appear once"):
+            m.eval_batch([(1, [1]), (1, [2])])
+        with pytest.raises(ValueError, match="context overflow in sequence 2"):
+            m.eval_batch([(1, [1]), (2, [7] * 63)])
+        with pytest.raises(ValueError, match="out of range"):
+            m.eval_batch([(1, [1]), (2, [10**9])])
+        m.use_sequence(1)
+        assert m.tokens == [1, 2, 3]
+        m.use_sequence(2)
+        assert m.tokens == [4, 5]
+
+
+def test_prompts_file_writes_a_json_line_per_prompt(smollm2_path, tmp_path):
+    f = tmp_path / "prompts.txt"
+    f.write_text("\n".join(PROMPTS[:3]) + "\n")
+    r = subprocess.run([sys.executable, "-m", "superggml.cli", "generate", "-m", smollm2_path, "--prompts-file",
+                        str(f), "-n", "12", "--temp", "0", "-t", "2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = sorted((json.loads(x) for x in r.stdout.splitlines()), key=lambda d: d["index"])
+    assert [d["prompt"] for d in lines] == PROMPTS[:3]
+    with Model(smollm2_path, n_threads=2) as m:
+        assert [d["text"] for d in lines] == [m.create_completion(p, max_tokens=12, temperature=0)["choices"][0]["text"]
+                                              for p in PROMPTS[:3]]
+    r = subprocess.run([sys.executable, "-m", "superggml.cli", "generate", "-m", smollm2_path, "--prompts-file", "-",
+                        "-n", "4"], input="", capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "no prompts" in r.stderr
