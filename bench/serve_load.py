@@ -1,15 +1,20 @@
-"""Load test of `superggml serve` on loopback: N concurrent streaming clients (server in its own process).
+"""Load test of `superggml serve` on loopback: N concurrent streaming clients against one client alone.
 
-    python bench/serve_load.py [--clients 32] [--tokens 24] [--parallel 4] [--threads 2]
+    python bench/serve_load.py [--clients 16] [--tokens 16] [--device-budget 128MiB] [--model PATH]
 
-Every response must be complete ([DONE]) and equal to the first one (greedy); prints requests/s and
-p50/p99 latency of whole responses.
+The server runs in its own process (default: Qwen2.5-Coder-1.5B with --device-budget 128MiB, async prefetch,
+--parallel = clients), batching continuously: every engine step is one forward pass over the next token of
+each running request. First each client's prompt (all different) runs alone, one request after another: its
+solo text, and the tokens/s of one client. Then all the clients at once: every response must be complete
+([DONE]) and equal its solo text; prints aggregate tokens/s, the ratio to one client, and p50/p99 latency of
+whole responses.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -20,56 +25,84 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 
-from superggml import models
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from batch import PROMPTS  # noqa: E402
+
+from superggml import models  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--tokens", type=int, default=24)
-    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--device-budget", default="128MiB", help="'' for all resident")
+    ap.add_argument("--model", help="GGUF (default: Qwen2.5-Coder-1.5B Q4_K_M)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json")
     a = ap.parse_args()
+    path = a.model or str(models.qwen_path())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    srv = subprocess.Popen([sys.executable, "-m", "superggml.cli", "serve", "-m", str(models.smollm2_path()),
-                            "--port", str(port), "-c", "512", "-t", str(a.threads), "--parallel", str(a.parallel),
-                            "--log-level", "warning"])
+    cmd = [sys.executable, "-m", "superggml.cli", "serve", "-m", path, "--port", str(port), "-c", "256",
+           "-t", str(a.threads), "--parallel", str(a.clients), "--log-level", "warning"]
+    if a.device_budget:
+        cmd += ["--device-budget", a.device_budget, "--async-prefetch"]
+    srv = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(a.clients)]
     try:
-        for _ in range(300):
+        for _ in range(600):
             try:
                 if httpx.get(url + "/health", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
 
-        def one(_: int) -> tuple[str, float]:
+        def one(i: int) -> tuple[str, float, int]:
             t0 = time.perf_counter()
-            text, done = "", False
-            with httpx.stream("POST", url + "/v1/completions", timeout=600,
-                              json={"prompt": "The capital of France is", "max_tokens": a.tokens, "temperature": 0,
+            text, done, n = "", False, 0
+            with httpx.stream("POST", url + "/v1/completions", timeout=3600,
+                              json={"prompt": prompts[i], "max_tokens": a.tokens, "temperature": 0,
                                     "stream": True}) as r:
                 for line in r.iter_lines():
                     if line == "data: [DONE]":
                         done = True
                     elif line.startswith("data: "):
-                        text += json.loads(line[6:])["choices"][0]["text"]
+                        ch = json.loads(line[6:])["choices"][0]
+                        text += ch["text"]
+                        n += 1 if ch["text"] else 0
             assert done and r.status_code == 200
-            return text, time.perf_counter() - t0
+            return text, time.perf_counter() - t0, n
 
         one(0)                                             # warm-up
+        t0 = time.perf_counter()
+        solo = [one(i) for i in range(a.clients)]
+        solo_wall = time.perf_counter() - t0
         t0 = time.perf_counter()
         with ThreadPoolExecutor(a.clients) as ex:
             res = list(ex.map(one, range(a.clients)))
         wall = time.perf_counter() - t0
+        metrics1 = httpx.get(url + "/metrics").json()
         lat = [x[1] for x in res]
-        same = len({x[0] for x in res}) == 1
-        print(f"{a.clients} streaming clients x {a.tokens} tokens, parallel {a.parallel}: "
-              f"{a.clients / wall:.2f} requests/s ({a.clients * a.tokens / wall:.0f} tokens/s), "
-              f"p50 {statistics.median(lat):.2f} s, p99 {np.percentile(lat, 99):.2f} s, all equal: {same}")
-        return 0 if same else 1
+        equal = sum(r[0] == s[0] for r, s in zip(res, solo))
+        one_tok_s = sum(x[2] for x in solo) / solo_wall          # tokens: chunks with text, one per token
+        all_tok_s = sum(x[2] for x in res) / wall
+        print(f"{os.path.basename(path)}, device_budget {a.device_budget or 'none (resident)'}, {a.tokens} tokens "
+              f"per request, {a.threads} threads")
+        print(f"1 client, requests one after another: {one_tok_s:.2f} tokens/s, p50 "
+              f"{statistics.median(x[1] for x in solo):.2f} s per request")
+        print(f"{a.clients} concurrent streaming clients: {all_tok_s:.2f} tokens/s ({all_tok_s / one_tok_s:.2f}x), "
+              f"p50 {statistics.median(lat):.2f} s, p99 {np.percentile(lat, 99):.2f} s; complete and equal to their "
+              f"solo text: {equal}/{a.clients}; sequences per pass {metrics1.get('sequences_per_pass')}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(dict(model=path, budget=a.device_budget, tokens=a.tokens, clients=a.clients,
+                               one_tok_s=one_tok_s, all_tok_s=all_tok_s, p50=statistics.median(lat),
+                               p99=float(np.percentile(lat, 99)), equal=equal), f, indent=1)
+        return 0 if equal == a.clients else 1
     finally:
         srv.terminate()
         srv.wait(timeout=30)

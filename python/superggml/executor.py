@@ -424,6 +424,8 @@ class Executor:
         st = self._store.get(seq)
         if st is None:
             hp, c = self.hp, self.settings.context
+            self._check_available(self.kv_bytes, f"the K/V of sequence {seq} (ctx_size {c.ctx_size} tokens; paged_kv "
+                                                 f"holds only the pages a sequence uses)")
             ctxs = [_core.Context(max_tensors=2 * hp.n_layer) for _ in self.backends]
             ks, vs = [], []
             for il in range(hp.n_layer):

@@ -132,7 +132,7 @@ class _Reply:
                             for i, (t, f) in enumerate(zip(self.texts, self.finish))]}
 
 
-@dataclass
+@dataclass(eq=False)
 class _Job:
     prompts: list[list[int]]          # token lists, one per prompt
     n: int                            # choices per prompt
