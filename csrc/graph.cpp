@@ -67,6 +67,12 @@ ggml_backend_device * compute_backend::device() const { return ggml_backend_get_
 ggml_backend_buffer_type * compute_backend::buffer_type() const { return ggml_backend_get_default_buffer_type(backend_); }
 std::string compute_backend::name() const { return ggml_backend_name(backend_); }
 
+void compute_backend::set_use_ref(bool on) {
+    if (!ggml_backend_is_cpu(backend_)) return;
+    ggml_backend_cpu_set_use_ref(backend_, on);
+    use_ref_ = on;
+}
+
 void compute_backend::set_n_threads(int n) {
     if (n < 1) throw Error("n_threads must be >= 1");
     n_threads_ = n;

@@ -81,6 +81,10 @@ public:
 
     void set_n_threads(int n);
     int n_threads() const { return n_threads_; }
+    // CPU: ggml-cpu's reference paths (ggml_backend_cpu_set_use_ref): no tiled matmuls, no fusion, so a
+    // row's result does not depend on the other rows of the op. Ignored on other devices.
+    void set_use_ref(bool on);
+    bool use_ref() const { return use_ref_; }
 
     // Allocates the graph's intermediates and runs it (blocking). Throws
     // Error if a leaf tensor has no storage or the backend fails.
@@ -94,6 +98,7 @@ private:
     ggml_gallocr * galloc_ = nullptr;
     ggml_threadpool * threadpool_ = nullptr;   // CPU: kept across graphs (no thread start per graph)
     int n_threads_;
+    bool use_ref_ = false;
 };
 
 }  // namespace superggml

@@ -134,11 +134,16 @@ def test_prompts_file_writes_a_json_line_per_prompt(smollm2_path, tmp_path):
 
 
 @pytest.mark.parametrize("budget", [None, "128MiB"])
-def test_qwen_batch_matches_each_sequence_alone(qwen_path, budget):
-    """Qwen2.5-1.5B (Q4_K_M, its weights re-laid by ggml-cpu when resident): 4 prompts decoded together,
-    greedy, against each alone; resident and streamed through a 128 MiB budget."""
+@pytest.mark.parametrize("invariant", [True, False])
+def test_qwen_batch_matches_each_sequence_alone(qwen_path, budget, invariant):
+    """Qwen2.5-1.5B (Q4_K/Q6_K): 4 prompts decoded together, greedy, against each alone; resident and streamed
+    through a 128 MiB budget. ggml-cpu computes K-quant matmuls of 8 rows or more with tiled kernels (and
+    re-laid weights in tiles of 4 rows), which round differently from its row-by-row ones: llama.cpp's own
+    logits move by 0.45 between a prompt evaluated in one batch and token by token. batch_invariant takes the
+    row-by-row paths everywhere: then a sequence's logits in a batch equal its logits alone, bit for bit.
+    Without it the greedy tokens still agree."""
     kw = dict(device_budget=budget, async_prefetch=True) if budget else {}
-    with Model(qwen_path, ctx_size=256, n_threads=2, **kw) as m:
+    with Model(qwen_path, ctx_size=256, n_threads=2, batch_invariant=invariant, **kw) as m:
         toks = [m.tokenize(p) for p in PROMPTS[:4]]
         ref = solo_logits(m, toks, 8)
         got = [[r[-1].copy()] for r in m.eval_batch([(10 + i, t) for i, t in enumerate(toks)])]
@@ -148,5 +153,6 @@ def test_qwen_batch_matches_each_sequence_alone(qwen_path, budget):
         worst = max(float(np.abs(np.stack(g) - r).max()) for g, r in zip(got, ref))
         for g, r in zip(got, ref):
             assert (np.stack(g).argmax(-1) == r.argmax(-1)).all()
-        assert worst <= 0.01, worst
-        print(f"qwen {budget or 'resident'}: max |dlogit| batch vs alone {worst:.2e}")
+        if invariant:
+            assert worst <= 0.01, worst
+        print(f"qwen {budget or 'resident'}, batch_invariant={invariant}: max |dlogit| batch vs alone {worst:.3g}")

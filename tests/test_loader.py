@@ -151,8 +151,14 @@ def test_truncate_keeps_a_prefix_and_regenerates_identically(smollm2_path):
         assert np.array_equal(m.eval(toks[12:], logits_all=True), full[12:])
         with pytest.raises(ValueError, match="truncate"):
             m.truncate(21)
-        with pytest.raises(ValueError, match="several sequences need paged_kv"):
-            m.use_sequence(1)
+        m.use_sequence(1)                  # without paged_kv, a sequence of its own K/V storage
+        assert m.n_tokens == 0
+        assert np.array_equal(m.eval(toks, logits_all=True), full)
+        m.use_sequence(0)                  # its K/V untouched by sequence 1's
+        assert m.tokens == toks
+        m.truncate(12)
+        assert np.array_equal(m.eval(toks[12:], logits_all=True), full[12:])
+        m.drop_sequence(1)
         m.reset()
         assert m.n_tokens == 0 and m.stats()["n_sequences"] == 1
 

@@ -113,6 +113,10 @@ void init_graph(py::module_ & m) {
             }
         }, "cpu, gpu, igpu or accel: the kind of memory the weights land in")
         .def_property("n_threads", &compute_backend::n_threads, &compute_backend::set_n_threads)
+        .def_property("use_ref", [](const compute_backend & b) { return b.use_ref(); },
+                      [](compute_backend & b, bool on) { b.set_use_ref(on); },
+                      "CPU: ggml-cpu's reference matmul path (no tiled K-quant kernels from 8 rows on, no fused "
+                      "ops): a row's result does not depend on how many rows the op has. Other devices: ignored.")
         .def_property_readonly("compute_buffer_size", &compute_backend::compute_buffer_size)
         .def("compute", [](compute_backend & b, const graph_ref & g) {
             py::gil_scoped_release nogil;

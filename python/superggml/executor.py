@@ -110,6 +110,8 @@ class Executor:
         ctx, dev = settings.context, settings.devices
         names = list(dev.devices) or [DEFAULT_DEVICE]
         self.backends = [_core.Backend(d, ctx.threads) for d in names]
+        for b in self.backends:
+            b.use_ref = ctx.batch_invariant
         self.backend = self.backends[0]
         split = dev.layer_split(self.hp.n_layer)
         self.layer_backend = [i for i, k in enumerate(split) for _ in range(k)]

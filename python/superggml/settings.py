@@ -98,6 +98,10 @@ class ContextSettings:
     flash_attn: bool = option(False, "use ggml's flash attention")
     kv_type: str = option("f16", "K/V cache type", choices=("f16", "f32"))
     repack: bool = option(True, "re-lay matmul weights for ggml-cpu's faster kernels at load, as llama.cpp")
+    batch_invariant: bool = option(
+        False, "a sequence's logits do not depend on the other tokens of its forward pass (other sequences, "
+        "prompt chunking): ggml-cpu's reference matmul paths and no repack; as llama.cpp, the fast kernels round "
+        "differently from 8 rows on")
     logits_all: bool = option(False, "return the logits of every token of an eval, not only the last")
     verbose: bool = option(False, "print what was loaded and the speed to stderr", flags=("-v",))
 
@@ -107,6 +111,8 @@ class ContextSettings:
         _check(self.n_threads is None or self.n_threads >= 1, f"n_threads must be >= 1, not {self.n_threads}")
         _check(self.kv_type in ("f16", "f32"), f"kv_type must be 'f16' or 'f32', not {self.kv_type!r}")
         _set(self, "n_batch", min(self.n_batch, self.ctx_size))
+        if self.batch_invariant:
+            _set(self, "repack", False)           # the re-laid weights' GEMM kernels work in tiles of rows
 
     @property
     def threads(self) -> int:
