@@ -16,6 +16,7 @@ import numpy as np
 from . import _core
 from .arch import Architecture
 from .arch.common import StepInputs
+from .errors import SuperggmlError
 from .arch import moe
 from .layers import Block, ExpertPager, HeadChunk, Key, KVPage, NullKV, NullPager, PagedKV, WeightPager
 from .scheduler import LayerScheduler, MemoryFn, device_memory_fn
@@ -27,9 +28,10 @@ I32 = _core.GGMLType.I32
 I64 = _core.GGMLType.I64
 
 KV_PAD = 256          # n_kv is padded to this so graph shapes change rarely
-GRAPH_NODES = 1024    # room for one block graph (and LANE_NODES more per sequence of a pass over several)
-LANE_NODES = 64
-PLAN_CACHE = 8        # micro-batch shapes whose graphs are kept
+GRAPH_NODES = 192     # room for one block graph to start with (and LANE_NODES more per sequence of a pass over
+LANE_NODES = 48       # several); doubled while it does not fit, up to GRAPH_NODES_MAX
+GRAPH_NODES_MAX = 1 << 16
+PLAN_CACHE = 6        # micro-batch shapes whose graphs are kept
 MAX_LANES = 64        # sequences one pass holds at most
 SLOT_ALIGN_ROOM = 256 # bytes kept free in a slot for alignment padding
 DIRECT_ROOM = 3 * 4096  # and with direct_io, for widening a chunk to O_DIRECT alignment
@@ -800,13 +802,20 @@ class _Plan:
                   layer: int | None = None, dev: int = 0, group: int | None = None, experts: int | None = None,
                   expert_ids: Any = None, expert_row0: int = 0, expert_ahead: int = 0) -> Any:
             nodes = GRAPH_NODES + LANE_NODES * n_lanes
-            ctx = _core.Context(max_tensors=nodes, graph_size=nodes)
-            gf = ctx.new_graph()
-            a = ex.acts[dev]
-            act = ctx.view(a, [hp.n_embd, rows_in], [a.nb[1]], 0)
-            act_out = act if rows_out == rows_in else ctx.view(a, [hp.n_embd, rows_out], [a.nb[1]], 0)
-            out = build(ctx, gf, act, act_out, self.all_inputs[dev])
-            gf.expand(out)
+            while True:     # a context as small as the graph allows (they are kept with the plan): grown on overflow
+                ctx = _core.Context(max_tensors=nodes, graph_size=nodes)
+                gf = ctx.new_graph()
+                a = ex.acts[dev]
+                act = ctx.view(a, [hp.n_embd, rows_in], [a.nb[1]], 0)
+                act_out = act if rows_out == rows_in else ctx.view(a, [hp.n_embd, rows_out], [a.nb[1]], 0)
+                try:
+                    out = build(ctx, gf, act, act_out, self.all_inputs[dev])
+                    gf.expand(out)
+                    break
+                except SuperggmlError as e:
+                    if "is full" not in str(e) or nodes >= GRAPH_NODES_MAX:
+                        raise
+                    nodes *= 2
             self.keep.append(ctx)
             self.steps.append(Step(gf, kind, key, layer, dev, group, experts, expert_ids, expert_row0, expert_ahead))
             return out
