@@ -113,6 +113,7 @@ def main() -> int:
     ap.add_argument("--counts", default="1,2,4,8,16")
     ap.add_argument("--budget", default="128MiB")
     ap.add_argument("--limit", default="256MiB", help="the cgroup of the third table ('' skips it)")
+    ap.add_argument("--limited-only", action="store_true", help="only the table in the cgroup")
     ap.add_argument("--model", help="GGUF (default: Qwen2.5-Coder-1.5B Q4_K_M)")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--json")
@@ -126,6 +127,8 @@ def main() -> int:
     base = dict(model=path, prompts=PROMPTS[:max(counts)], counts=counts, tokens=a.tokens, ctx=64 + a.tokens)
     tables = [("resident", dict(base, budget=None, alone=True), None),
               ("streamed, device_budget " + a.budget, dict(base, budget=a.budget), None)]
+    if a.limited_only:
+        tables = []
     if a.limit:
         tables.append((f"streamed, device_budget {a.budget}, cgroup {a.limit}", dict(base, budget=a.budget,
                                                                                      direct=True),
@@ -134,6 +137,9 @@ def main() -> int:
     results = {}
     ok = True
     alone: list[list[int]] = []
+    if a.limited_only:        # the solo texts, resident (not timed)
+        got = run(dict(base, budget=None, alone=True, counts=[1]), None, a.timeout)
+        alone = got["alone"] if isinstance(got, dict) else []
     for name, req, limit in tables:
         got = run(req, limit, a.timeout)
         results[name] = got
