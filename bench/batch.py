@@ -51,6 +51,8 @@ req = json.loads(sys.argv[1])
 kw = dict(ctx_size=req["ctx"], n_threads=2, n_batch=256)
 if req["budget"]:
     kw.update(device_budget=req["budget"], async_prefetch=True)
+if req.get("invariant"):
+    kw["batch_invariant"] = True
 if req.get("direct") is not None:
     kw["direct_io"] = req["direct"]
 rows = []
@@ -114,6 +116,8 @@ def main() -> int:
     ap.add_argument("--budget", default="128MiB")
     ap.add_argument("--limit", default="256MiB", help="the cgroup of the third table ('' skips it)")
     ap.add_argument("--limited-only", action="store_true", help="only the table in the cgroup")
+    ap.add_argument("--batch-invariant", action="store_true",
+                    help="batch_invariant=True: every sequence's logits as alone (ggml-cpu's reference kernels)")
     ap.add_argument("--model", help="GGUF (default: Qwen2.5-Coder-1.5B Q4_K_M)")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--json")
@@ -124,7 +128,8 @@ def main() -> int:
 
     path = a.model or str(models.qwen_path())
     counts = [int(x) for x in a.counts.split(",")]
-    base = dict(model=path, prompts=PROMPTS[:max(counts)], counts=counts, tokens=a.tokens, ctx=64 + a.tokens)
+    base = dict(model=path, prompts=PROMPTS[:max(counts)], counts=counts, tokens=a.tokens, ctx=64 + a.tokens,
+                invariant=a.batch_invariant)
     tables = [("resident", dict(base, budget=None, alone=True), None),
               ("streamed, device_budget " + a.budget, dict(base, budget=a.budget), None)]
     if a.limited_only:

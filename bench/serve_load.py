@@ -3,7 +3,7 @@
     python bench/serve_load.py [--clients 16] [--tokens 16] [--device-budget 128MiB] [--model PATH]
 
 The server runs in its own process (default: Qwen2.5-Coder-1.5B with --device-budget 128MiB, async prefetch,
---parallel = clients), batching continuously: every engine step is one forward pass over the next token of
+--parallel = clients, --batch-invariant), batching continuously: every engine step is one forward pass over the next token of
 each running request. First each client's prompt (all different) runs alone, one request after another: its
 solo text, and the tokens/s of one client. Then all the clients at once: every response must be complete
 ([DONE]) and equal its solo text; prints aggregate tokens/s, the ratio to one client, and p50/p99 latency of
@@ -40,6 +40,8 @@ def main() -> int:
     ap.add_argument("--device-budget", default="128MiB", help="'' for all resident")
     ap.add_argument("--model", help="GGUF (default: Qwen2.5-Coder-1.5B Q4_K_M)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-batch-invariant", action="store_true",
+                    help="serve without --batch-invariant (faster kernels from 8 rows on, texts may differ from solo)")
     ap.add_argument("--json")
     a = ap.parse_args()
     path = a.model or str(models.qwen_path())
@@ -50,6 +52,8 @@ def main() -> int:
            "-t", str(a.threads), "--parallel", str(a.clients), "--log-level", "warning"]
     if a.device_budget:
         cmd += ["--device-budget", a.device_budget, "--async-prefetch"]
+    if not a.no_batch_invariant:
+        cmd += ["--batch-invariant"]
     srv = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(a.clients)]

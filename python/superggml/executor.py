@@ -582,8 +582,7 @@ class Executor:
         t_pass = time.time()
         for seq, p0, _ in lanes:
             self.kv.begin(seq, p0)
-        multi = [(seq, p0, p0 + m, self._lane_k[j][0] if j else None, j) for j, (seq, p0, m) in enumerate(lanes)] \
-            if len(lanes) > 1 else None
+        multi = [(j, seq, p0, p0 + m) for j, (seq, p0, m) in enumerate(lanes)] if len(lanes) > 1 else None
         seq, p0, _ = lanes[0]
         for i, step in enumerate(plan.steps):
             t0 = time.time()
@@ -602,7 +601,7 @@ class Executor:
             kv = self.kv.use(page, p0, p0 + n) if multi is None or step.layer is None else \
                 self.kv.use_lanes(step.layer, [(sq, a, b, self._lane_k[j][step.layer] if j else None,
                                                 self._lane_v[j][step.layer] if j else None)
-                                               for sq, a, b, _, j in multi])
+                                               for j, sq, a, b in multi])
             with self.pager.use(step.key), kv:
                 tc = time.time()
                 try:
