@@ -7,6 +7,7 @@ a device buffer; each block's K/V rows are written into that layer's cache.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -18,7 +19,7 @@ from .arch import Architecture
 from .arch.common import StepInputs
 from .errors import SuperggmlError
 from .arch import moe
-from .layers import Block, ExpertPager, HeadChunk, Key, KVPage, NullKV, NullPager, PagedKV, WeightPager
+from .layers import Block, ExpertPager, HeadChunk, Key, NullKV, NullPager, PagedKV, WeightPager
 from .scheduler import LayerScheduler, MemoryFn, device_memory_fn
 from .settings import Settings
 
@@ -178,12 +179,9 @@ class Executor:
         self._bound: list[int | None] = [0]            # the sequence each lane's tensors point at (contiguous)
         if not kvs.paged_kv:
             sctx = _core.Context(max_tensors=2 * hp.n_layer)
-            ks, vs = [], []
-            for il in range(hp.n_layer):
-                for src, out in ((self.k_cache[il], ks), (self.v_cache[il], vs)):
-                    t = sctx.new_tensor(kv_type, [hp.n_embd_gqa, c.ctx_size])
-                    _core.tensor_alias(t, src)
-                    out.append(t)
+            ks, vs = self._kv_tensors(lambda il: sctx)
+            for t, src in zip(ks + vs, self.k_cache + self.v_cache):
+                _core.tensor_alias(t, src)
             self._store[0] = (ks, vs, [sctx])
         self.seq = SequenceState(0)
         self._seqs: dict[int, SequenceState] = {0: self.seq}
@@ -397,17 +395,21 @@ class Executor:
         self._ensure_lanes(n_lanes)
         return [self._lane_k[j][il] for j in range(n_lanes)], [self._lane_v[j][il] for j in range(n_lanes)]
 
+    def _kv_tensors(self, ctx_of: Any) -> tuple[list[Any], list[Any]]:
+        """A K and a V tensor per layer, of the cache's type and shape, made in ctx_of(layer)."""
+        ks, vs = [], []
+        for il in range(self.hp.n_layer):
+            for src, out in ((self.k_cache[il], ks), (self.v_cache[il], vs)):
+                out.append(ctx_of(il).new_tensor(src.type, src.ne[:2]))
+        return ks, vs
+
     def _ensure_lanes(self, n: int) -> None:
-        hp, c = self.hp, self.settings.context
         while len(self._lane_k) < n:
             j = len(self._lane_k)
-            cx = _core.Context(max_tensors=2 * hp.n_layer)        # no memory: bound before each pass
-            ks, vs = [], []
-            for il in range(hp.n_layer):
-                for src, out, kind in ((self.k_cache[il], ks, "k"), (self.v_cache[il], vs, "v")):
-                    t = cx.new_tensor(src.type, [hp.n_embd_gqa, c.ctx_size])
-                    t.name = f"cache_{kind}_l{il}_s{j}"
-                    out.append(t)
+            cx = _core.Context(max_tensors=2 * self.hp.n_layer)   # no memory: bound before each pass
+            ks, vs = self._kv_tensors(lambda il: cx)
+            for il, (k, v) in enumerate(zip(ks, vs)):
+                k.name, v.name = f"cache_k_l{il}_s{j}", f"cache_v_l{il}_s{j}"
             self._lane_k.append(ks)
             self._lane_v.append(vs)
             self._lane_keep.append(cx)
@@ -419,7 +421,7 @@ class Executor:
         layers (each layer owns one) only one."""
         if not self.settings.kv.paged_kv:
             return MAX_LANES
-        n_frames = self.kv.core.stats()["kv_frames"]
+        n_frames = self.kv.n_frames
         return min(MAX_LANES, n_frames) if n_frames >= self.hp.n_layer else 1
 
     def _storage(self, seq: int) -> tuple[list[Any], list[Any]]:
@@ -431,13 +433,9 @@ class Executor:
             self._check_available(self.kv_bytes, f"the K/V of sequence {seq} (ctx_size {c.ctx_size} tokens; paged_kv "
                                                  f"holds only the pages a sequence uses)")
             ctxs = [_core.Context(max_tensors=2 * hp.n_layer) for _ in self.backends]
-            ks, vs = [], []
-            for il in range(hp.n_layer):
-                cx = ctxs[self.layer_backend[il]]
-                for src, out in ((self.k_cache[il], ks), (self.v_cache[il], vs)):
-                    out.append(cx.new_tensor(src.type, [hp.n_embd_gqa, c.ctx_size]))
+            ks, vs = self._kv_tensors(lambda il: ctxs[self.layer_backend[il]])
             keep: list[Any] = list(ctxs)
-            for b, i in zip(self.backends, range(len(self.backends))):
+            for i, b in enumerate(self.backends):
                 if i in self.layer_backend:
                     buf = b.alloc_tensors(ctxs[i])
                     buf.clear(0)
@@ -582,15 +580,12 @@ class Executor:
         t_pass = time.time()
         for seq, p0, _ in lanes:
             self.kv.begin(seq, p0)
-        multi = [(j, seq, p0, p0 + m) for j, (seq, p0, m) in enumerate(lanes)] if len(lanes) > 1 else None
-        seq, p0, _ = lanes[0]
         for i, step in enumerate(plan.steps):
             t0 = time.time()
             self._loaded(step.group)
             if step.dev != dev:                        # a pipeline by blocks: the activations move along
                 _core.tensor_copy(self.acts[dev], self.acts[step.dev])
                 dev = step.dev
-            page = KVPage(seq, step.layer) if step.layer is not None and multi is None else None
             if step.experts is not None:               # the router's choice for its rows, as cache slots
                 k, il, r0 = self.hp.n_expert_used, step.experts, step.expert_row0
                 rows = step.expert_ids.ne[1]
@@ -598,10 +593,10 @@ class Executor:
                 _core.tensor_set(step.expert_ids, self.experts.map(il, sel))
                 if step.expert_ahead:                  # the next block's first chunk loads while this computes
                     self.experts.lookahead(il + 1, _core.tensor_get(self.moe_guess).reshape(-1)[:step.expert_ahead * k])
-            kv = self.kv.use(page, p0, p0 + n) if multi is None or step.layer is None else \
-                self.kv.use_lanes(step.layer, [(sq, a, b, self._lane_k[j][step.layer] if j else None,
-                                                self._lane_v[j][step.layer] if j else None)
-                                               for j, sq, a, b in multi])
+            layer = step.layer
+            kv = contextlib.nullcontext() if layer is None else self.kv.use(layer, [
+                (seq, p0, p0 + m, self._lane_k[j][layer] if j else None, self._lane_v[j][layer] if j else None)
+                for j, (seq, p0, m) in enumerate(lanes)])
             with self.pager.use(step.key), kv:
                 tc = time.time()
                 try:
@@ -639,19 +634,23 @@ class Executor:
             r.update(load_start=last[0], load_end=last[1], load_ms=(last[1] - last[0]) * 1e3)
         return r
 
+    def _check_feed(self, seq: SequenceState, tokens: Sequence[int], where: str) -> None:
+        """ValueError unless `tokens` may extend `seq`: at least one, in the vocabulary, within ctx_size."""
+        n, n_ctx = len(tokens), self.settings.context.ctx_size
+        if n == 0:
+            raise ValueError("eval needs at least one token")
+        if seq.n_past + n > n_ctx:
+            raise ValueError(f"context overflow{where}: {seq.n_past} cached + {n} new tokens > ctx_size {n_ctx}")
+        bad = [t for t in tokens if not 0 <= int(t) < self.hp.n_vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} out of range [0, {self.hp.n_vocab})")
+
     # -- public --------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, logits_all: bool = False) -> np.ndarray:
         """Feeds tokens to the current sequence at positions n_past..; returns F32 logits [n_out, n_vocab]
         (every position if logits_all, else the last one), also kept as the sequence's scores."""
         n, seq = len(tokens), self.seq
-        if n == 0:
-            raise ValueError("eval needs at least one token")
-        n_ctx = self.settings.context.ctx_size
-        if seq.n_past + n > n_ctx:
-            raise ValueError(f"context overflow: {seq.n_past} cached + {n} new tokens > ctx_size {n_ctx}")
-        bad = [t for t in tokens if not 0 <= int(t) < self.hp.n_vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} out of range [0, {self.hp.n_vocab})")
+        self._check_feed(seq, tokens, "")
         outs = []
         b = self.settings.context.n_batch
         start = seq.n_past
@@ -681,20 +680,12 @@ class Executor:
         seqs = [int(s) for s, _ in batch]
         if len(set(seqs)) != len(seqs):
             raise ValueError("eval_batch: each sequence may appear once")
-        n_ctx = self.settings.context.ctx_size
         states = []
         for sid, toks in batch:
             if sid < 0:
                 raise ValueError("sequence ids are >= 0")
-            if not len(toks):
-                raise ValueError("eval needs at least one token")
             st = self._seqs.get(sid) or SequenceState(sid)
-            if st.n_past + len(toks) > n_ctx:
-                raise ValueError(f"context overflow in sequence {sid}: {st.n_past} cached + {len(toks)} new tokens "
-                                 f"> ctx_size {n_ctx}")
-            bad = [t for t in toks if not 0 <= int(t) < self.hp.n_vocab]
-            if bad:
-                raise ValueError(f"token id {bad[0]} out of range [0, {self.hp.n_vocab})")
+            self._check_feed(st, toks, f" in sequence {sid}")
             states.append(st)
         for st in states:
             self._seqs.setdefault(st.id, st)

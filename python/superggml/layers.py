@@ -2,9 +2,10 @@
 
 A forward pass is a list of steps (graphs). A step that needs paged weights
 names them with a key: ``Block(b)`` (transformer block b) or ``HeadChunk(c)``
-(row chunk c of the lm head). Its K/V lives at ``KVPage(seq, layer)``. The
-executor wraps each step in ``weights.use(key)`` and ``kv.use(page, ...)``:
-with everything resident both are null pagers that do nothing.
+(row chunk c of the lm head). A step of a block reads and writes the K/V of
+that layer for each sequence of the pass. The executor wraps each step in
+``weights.use(key)`` and ``kv.use(layer, lanes)``: with everything resident
+both are null pagers that do nothing.
 """
 
 from __future__ import annotations
@@ -25,13 +26,6 @@ class Block:
 class HeadChunk:
     """Row chunk c of the lm head (streamed in slot-sized chunks)."""
     c: int
-
-
-@dataclass(frozen=True)
-class KVPage:
-    """The K/V of one layer of one sequence."""
-    seq: int
-    layer: int
 
 
 Key = Union[Block, HeadChunk]
@@ -110,10 +104,7 @@ class NullKV:
     def can_truncate(self, seq: int, n: int) -> bool:
         return True
 
-    def use(self, page: KVPage | None, n_valid: int, n_end: int) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-    def use_lanes(self, layer: int, lanes: Sequence[tuple[int, int, int, Any, Any]]) -> contextlib.AbstractContextManager[None]:
+    def use(self, layer: int, lanes: Sequence[tuple[int, int, int, Any, Any]]) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
     def truncate(self, seq: int, n: int) -> None:
@@ -130,6 +121,7 @@ class PagedKV:
 
     def __init__(self, kv: Any, n_layer: int, depth: int, *, n_swa: int = 0, swa_layers: Sequence[int] = ()):
         self.core = kv
+        self.n_frames = int(kv.stats()["kv_frames"])
         self.n_layer = n_layer
         self.depth = depth
         self.n_swa = n_swa
@@ -151,23 +143,10 @@ class PagedKV:
         return self._floor.get(seq, 0) <= max(0, n - self.n_swa + 1)
 
     @contextlib.contextmanager
-    def use(self, page: KVPage | None, n_valid: int, n_end: int) -> Iterator[None]:
-        """Rows [0, n_valid) of the page are valid before the step, [0, n_end) after it."""
-        if page is None:
-            yield
-            return
-        self.core.acquire(page.seq, page.layer, n_valid)
-        try:
-            for j in range(1, min(self.depth, self.n_layer - 1 - page.layer) + 1):
-                self.core.prefetch(page.seq, page.layer + j, n_valid)
-            yield
-        finally:
-            self.core.release(page.seq, page.layer, n_end)
-
-    @contextlib.contextmanager
-    def use_lanes(self, layer: int, lanes: Sequence[tuple[int, int, int, Any, Any]]) -> Iterator[None]:
-        """A pass over several sequences: per lane (seq, n_valid, n_end, k, v), the layer's frame of that
-        sequence bound to the lane's tensors k, v (None: the layer's own, lane 0), as use() binds one."""
+    def use(self, layer: int, lanes: Sequence[tuple[int, int, int, Any, Any]]) -> Iterator[None]:
+        """While a step of `layer` runs: per sequence of the pass (seq, n_valid, n_end, k, v), the frame of
+        (seq, layer) bound to the lane's tensors k, v (None: the layer's own, the first lane), rows [0, n_valid)
+        valid before the step and [0, n_end) after it; the sequence's next `depth` layers filled ahead."""
         held = []
         try:
             for seq, n_valid, n_end, k, v in lanes:
@@ -218,7 +197,7 @@ class ExpertPager:
         hp = arch.hp
         self.n_layer = hp.n_layer
         self.parts = self.layout(store, arch, direct=direct_io)
-        self.expert_bytes = slot = self.slot_bytes(store, arch, direct=direct_io)
+        self.expert_bytes = slot = self._slot_size(self.parts, direct_io)
         n_slots = budget // slot
         need = hp.n_expert_used * 1
         if n_slots < need:
@@ -277,9 +256,13 @@ class ExpertPager:
     @staticmethod
     def slot_bytes(store: Any, arch: Any, *, direct: bool = False) -> int:
         """Bytes of one slot: the largest layer's expert, its matrices aligned (to whole blocks if direct)."""
+        return ExpertPager._slot_size(ExpertPager.layout(store, arch, direct=direct), direct)
+
+    @staticmethod
+    def _slot_size(layout: list[list[tuple[int, int, int, int]]], direct: bool) -> int:
         from . import _core
 
-        size = max(off + size for parts in ExpertPager.layout(store, arch, direct=direct) for _, _, size, off in parts)
+        size = max(off + size for parts in layout for _, _, size, off in parts)
         return -(-size // _core.DIRECT_ALIGN) * _core.DIRECT_ALIGN if direct else size
 
     def map(self, layer: int, ids: Any) -> Any:

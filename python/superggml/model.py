@@ -409,11 +409,9 @@ class Model:
                  seed: int | None = None, reset: bool = True) -> Iterator[int]:
         """Yields sampled tokens after `tokens`, forever (stop by leaving the loop)."""
         self._check_open()
-        sampler = Sampler(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                                         frequency_penalty=frequency_penalty,
-                                         presence_penalty=presence_penalty),
-                          seed=self.seed if seed is None else seed)
+        sampler = self._sampler(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                                repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, seed=seed)
         seq = self._exec.seq
         logits = self._prefill(tokens) if reset or not seq.tokens else self.eval(tokens)[-1]
         while True:
@@ -453,13 +451,19 @@ class Model:
         """A completion of `prompt` on sequence `seq` (emptied first), for _step."""
         limit = self._limit(prompt, max_tokens)
         seed = self.seed if sampling.get("seed") is None else sampling["seed"]
-        params = SamplingParams(temperature=sampling["temp"], top_k=sampling["top_k"], top_p=sampling["top_p"],
-                                min_p=sampling["min_p"], repeat_penalty=sampling["repeat_penalty"],
-                                frequency_penalty=sampling["frequency_penalty"],
-                                presence_penalty=sampling["presence_penalty"])
+        if seed is not None and seed >= 0:
+            seed += seed_offset
         self._exec.drop_sequence(seq)
-        return _Gen(seq, prompt, _Choice(self.tokenizer, limit, stop),
-                    Sampler(params, seed=seed + seed_offset if seed is not None and seed >= 0 else seed))
+        return _Gen(seq, prompt, _Choice(self.tokenizer, limit, stop), self._sampler(**{**sampling, "seed": seed}))
+
+    def _sampler(self, *, temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
+                 frequency_penalty: float, presence_penalty: float, seed: int | None,
+                 repeat_last_n: int = 64) -> Sampler:
+        """A sampler with these settings (generate's keywords); seed None: the model's."""
+        return Sampler(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                                      repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                      frequency_penalty=frequency_penalty, presence_penalty=presence_penalty),
+                       seed=self.seed if seed is None else seed)
 
     def _step(self, gens: Sequence[_Gen], budget: int | None = None) -> list[tuple[_Gen, str]]:
         """Advances running completions in shared forward passes: the next token of each one decoding, then
