@@ -7,7 +7,7 @@ so S sequences decoding together should come close to S times the tokens of one.
 each in a child process of its own:
 - streamed: device_budget 128 MiB (async prefetch), no memory limit;
 - resident: every weight in memory;
-- streamed in a memory cgroup of 256 MiB (page cache dropped first; O_DIRECT reads), budget 128 MiB.
+- streamed in a memory cgroup of 256 MiB (page cache dropped first; O_DIRECT reads), budget 64 MiB.
 For each count S: S different prompts (12-20 tokens) prefilled together, then `tokens` greedy tokens each,
 every step one eval_batch of S tokens. Timed: the decode steps. Reports aggregate tokens/s, the ratio to one
 sequence, sequences and tokens per pass, bytes streamed per generated token, and whether every sequence's text
@@ -46,7 +46,7 @@ PROMPTS = [
 
 CHILD = r"""
 import json, sys, time
-from superggml import Model
+from superggml import Model, _core
 req = json.loads(sys.argv[1])
 kw = dict(ctx_size=req["ctx"], n_threads=2, n_batch=256)
 if req["budget"]:
@@ -79,6 +79,7 @@ with Model(req["model"], **kw) as m:
                          sequences_per_pass=(st2["passes"] * st2["sequences_per_pass"]
                                              - st1["passes"] * st1["sequences_per_pass"]) / max(passes, 1),
                          bytes_per_token=(st2.get("bytes_loaded", 0) - st1.get("bytes_loaded", 0)) / gen,
+                         rss=_core.host_memory()["process_rss"], peak_rss=_core.host_memory()["process_peak"],
                          tokens=texts))
         for i in ids:
             m.drop_sequence(i)
@@ -115,6 +116,8 @@ def main() -> int:
     ap.add_argument("--counts", default="1,2,4,8,16")
     ap.add_argument("--budget", default="128MiB")
     ap.add_argument("--limit", default="256MiB", help="the cgroup of the third table ('' skips it)")
+    ap.add_argument("--limit-budget", default="64MiB",
+                    help="device_budget in the cgroup (the tokenizer, K/V, logits and graphs need the rest)")
     ap.add_argument("--limited-only", action="store_true", help="only the table in the cgroup")
     ap.add_argument("--batch-invariant", action="store_true",
                     help="batch_invariant=True: every sequence's logits as alone (ggml-cpu's reference kernels)")
@@ -135,7 +138,7 @@ def main() -> int:
     if a.limited_only:
         tables = []
     if a.limit:
-        tables.append((f"streamed, device_budget {a.budget}, cgroup {a.limit}", dict(base, budget=a.budget,
+        tables.append((f"streamed, device_budget {a.limit_budget}, cgroup {a.limit}", dict(base, budget=a.limit_budget,
                                                                                      direct=True),
                        int(parse_size(a.limit))))
     print(f"{os.path.basename(path)}: {a.tokens} greedy tokens per sequence, 2 threads", flush=True)
@@ -156,14 +159,16 @@ def main() -> int:
         rows = got["rows"]
         alone = got["alone"] or alone
         one = rows[0]["tok_s"] if rows[0]["sequences"] == 1 else None
-        print(f"{'sequences':>9} {'tok/s':>8} {'vs 1':>6} {'seq/pass':>8} {'MB/token':>9} {'texts = alone':>13}")
+        print(f"{'sequences':>9} {'tok/s':>8} {'vs 1':>6} {'seq/pass':>8} {'MB/token':>9} {'peak RSS MiB':>12} "
+              f"{'texts = alone':>13}")
         for r in rows:
             same = sum(t == alone[i] for i, t in enumerate(r["tokens"]) if i < len(alone))
             r["texts_equal_alone"] = same
             r["vs_one"] = r["tok_s"] / one if one else None
             eq = f"{same}/{len(r['tokens'])}"
             print(f"{r['sequences']:>9} {r['tok_s']:>8.2f} {r['tok_s'] / one if one else float('nan'):>5.2f}x "
-                  f"{r['sequences_per_pass']:>8.2f} {r['bytes_per_token'] / 1e6:>9.1f} {eq:>13}")
+                  f"{r['sequences_per_pass']:>8.2f} {r['bytes_per_token'] / 1e6:>9.1f} {r['peak_rss'] / 2**20:>12.0f} "
+                  f"{eq:>13}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(model=path, tokens=a.tokens, results=results), f, indent=1)

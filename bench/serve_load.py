@@ -1,6 +1,6 @@
 """Load test of `superggml serve` on loopback: N concurrent streaming clients against one client alone.
 
-    python bench/serve_load.py [--clients 16] [--tokens 16] [--device-budget 128MiB] [--model PATH]
+    python bench/serve_load.py [--clients 16] [--tokens 16] [--device-budget 128MiB] [--limit 512MiB] [--model PATH]
 
 The server runs in its own process (default: Qwen2.5-Coder-1.5B with --device-budget 128MiB, async prefetch,
 --parallel = clients, --batch-invariant), batching continuously: every engine step is one forward pass over the next token of
@@ -13,6 +13,7 @@ whole responses.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -21,12 +22,14 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 from batch import PROMPTS  # noqa: E402
 
@@ -42,8 +45,22 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-batch-invariant", action="store_true",
                     help="serve without --batch-invariant (faster kernels from 8 rows on, texts may differ from solo)")
+    ap.add_argument("--limit", default="", help="run the server in a memory cgroup of this size, the model's pages "
+                    "dropped from the page cache first and read with O_DIRECT (a disk-bound pass)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    with contextlib.ExitStack() as stack:
+        enter = None
+        if a.limit:
+            import memcg
+            from superggml.settings import parse_size
+
+            memcg.drop_page_cache(a.model or str(models.qwen_path()))
+            enter = stack.enter_context(memcg.limited(int(parse_size(a.limit))))
+        return serve_load(a, enter)
+
+
+def serve_load(a: argparse.Namespace, enter: Any) -> int:
     path = a.model or str(models.qwen_path())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,7 +71,9 @@ def main() -> int:
         cmd += ["--device-budget", a.device_budget, "--async-prefetch"]
     if not a.no_batch_invariant:
         cmd += ["--batch-invariant"]
-    srv = subprocess.Popen(cmd)
+    if a.limit:
+        cmd += ["--direct-io", "on"]
+    srv = subprocess.Popen(cmd, preexec_fn=enter)
     url = f"http://127.0.0.1:{port}"
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(a.clients)]
     try:
@@ -95,7 +114,7 @@ def main() -> int:
         one_tok_s = sum(x[2] for x in solo) / solo_wall          # tokens: chunks with text, one per token
         all_tok_s = sum(x[2] for x in res) / wall
         print(f"{os.path.basename(path)}, device_budget {a.device_budget or 'none (resident)'}, {a.tokens} tokens "
-              f"per request, {a.threads} threads")
+              f"per request, {a.threads} threads" + (f", cgroup {a.limit} (O_DIRECT)" if a.limit else ""))
         print(f"1 client, requests one after another: {one_tok_s:.2f} tokens/s, p50 "
               f"{statistics.median(x[1] for x in solo):.2f} s per request")
         print(f"{a.clients} concurrent streaming clients: {all_tok_s:.2f} tokens/s ({all_tok_s / one_tok_s:.2f}x), "
@@ -103,7 +122,7 @@ def main() -> int:
               f"solo text: {equal}/{a.clients}; sequences per pass {metrics1.get('sequences_per_pass')}")
         if a.json:
             with open(a.json, "w") as f:
-                json.dump(dict(model=path, budget=a.device_budget, tokens=a.tokens, clients=a.clients,
+                json.dump(dict(model=path, budget=a.device_budget, limit=a.limit, tokens=a.tokens, clients=a.clients,
                                one_tok_s=one_tok_s, all_tok_s=all_tok_s, p50=statistics.median(lat),
                                p99=float(np.percentile(lat, 99)), equal=equal), f, indent=1)
         return 0 if equal == a.clients else 1

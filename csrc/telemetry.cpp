@@ -7,6 +7,10 @@
 #include <sstream>
 #include <unordered_map>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace superggml {
 
 static uint64_t read_u64(const std::string & path) {
@@ -119,6 +123,14 @@ std::vector<device_memory> device_memory_info() {
         out.push_back(m);
     }
     return out;
+}
+
+bool host_memory_trim() {
+#if defined(__GLIBC__)
+    return malloc_trim(0) != 0;
+#else
+    return false;
+#endif
 }
 
 }  // namespace superggml

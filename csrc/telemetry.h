@@ -32,6 +32,12 @@ struct device_memory {
 };
 
 host_memory host_memory_info();
+
+// Gives freed heap memory back to the system (glibc's malloc_trim). glibc
+// raises its mmap threshold as large blocks are freed, so buffers of a few
+// MiB end up on the heap and stay in the RSS after they are freed. Returns
+// whether anything was released; a no-op (false) off glibc.
+bool host_memory_trim();
 std::vector<device_memory> device_memory_info();
 
 }  // namespace superggml

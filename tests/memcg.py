@@ -7,9 +7,11 @@ first so file-backed memory is charged to the limited process, not left over.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -42,9 +44,11 @@ def drop_page_cache(path: str) -> None:
         os.close(fd)
 
 
-def run_limited(argv: list[str], limit_bytes: int, timeout: float) -> subprocess.CompletedProcess:
-    """Runs argv in a new child memory cgroup limited to limit_bytes. Raises PermissionError or
-    FileNotFoundError when no child cgroup can be made here."""
+@contextlib.contextmanager
+def limited(limit_bytes: int) -> Iterator[Callable[[], None]]:
+    """A new child memory cgroup limited to limit_bytes, removed on exit; yields a preexec_fn that puts the
+    calling process in it (for subprocess). Raises PermissionError or FileNotFoundError when no child cgroup
+    can be made here."""
     found = own_memory_cgroup()
     if found is None:
         raise FileNotFoundError("no memory cgroup found for this process")
@@ -63,6 +67,12 @@ def run_limited(argv: list[str], limit_bytes: int, timeout: float) -> subprocess
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
 
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=enter)
+        yield enter
     finally:
         child.rmdir()
+
+
+def run_limited(argv: list[str], limit_bytes: int, timeout: float) -> subprocess.CompletedProcess:
+    """Runs argv in a new child memory cgroup limited to limit_bytes (see limited())."""
+    with limited(limit_bytes) as enter:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=enter)

@@ -312,3 +312,20 @@ def test_echo(server):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "temperature": 0,
                                                          "echo": True})
     assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith(PROMPT)
+
+
+def test_echo_prompt_list_and_stream(server):
+    """echo puts each prompt before its choices' text, in a prompt list and when streaming (first chunks)."""
+    prompts = [PROMPT, "The capital of France is"]
+    body = {"prompt": prompts, "max_tokens": 3, "temperature": 0, "echo": True, "n": 2}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200
+    whole = {c["index"]: c["text"] for c in r.json()["choices"]}
+    assert sorted(whole) == [0, 1, 2, 3] and all(whole[i].startswith(prompts[i // 2]) for i in whole)
+    texts = dict.fromkeys(whole, "")
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                ch = json.loads(line[6:])["choices"][0]
+                texts[ch["index"]] += ch["text"]
+    assert texts == whole

@@ -21,6 +21,10 @@ void init_telemetry(py::module_ & m) {
         d["pressure"] = h.pressure();
         return d;
     }, "Host memory as this process sees it: /proc/meminfo clipped by its memory cgroup (bytes).");
+    m.def("host_memory_trim", [] {
+        py::gil_scoped_release nogil;
+        return host_memory_trim();
+    }, "Returns freed heap memory to the system (glibc malloc_trim); whether any was released.");
     m.def("devices", [] {
         py::list l;
         for (const auto & dm : device_memory_info()) {

@@ -191,6 +191,7 @@ class Executor:
         if kvs.paged_kv:
             self.kv = self._make_kv()
         self._plans: dict[tuple[Any, ...], _Plan] = {}
+        self._head_out: tuple[int, list[Any]] | None = None   # rows, [context, buffer] of the streamed head's output
         self.head_chunks: list[str] = []
         self._decode_threads: int | None = None       # compute threads for single-token steps while streaming
         if self.paged:
@@ -485,6 +486,7 @@ class Executor:
         self.kv.truncate(seq, 0)
         if seq != 0 and self._store.pop(seq, None) is not None:
             self._bound = [None if b == seq else b for b in self._bound]
+            _core.host_memory_trim()       # K/V of a short context sits on the heap: give it back
         if seq == self.seq.id:
             self.seq.tokens.clear()
             self.seq.scores = None
@@ -499,9 +501,26 @@ class Executor:
         if plan is None:
             plan = _Plan.build(self, n, n_kv, n_out, lanes)
         self._plans[key] = plan            # most recently used last
-        while len(self._plans) > PLAN_CACHE:
-            self._plans.pop(next(iter(self._plans)))
+        if len(self._plans) > PLAN_CACHE:
+            while len(self._plans) > PLAN_CACHE:
+                self._plans.pop(next(iter(self._plans)))
+            _core.host_memory_trim()       # the graphs' contexts are a few MiB: give the heap back
         return plan
+
+    def head_out(self, n_out: int) -> list[Any]:
+        """The streamed head's input and output buffers, shared by every plan: [context, buffer, head_in
+        (F32 [n_embd, rows]), logits (F32 [n_vocab, rows])] for at least n_out rows. Grown (to a power of two
+        up to 16 rows, a multiple of 16 above) when a plan needs more rows; the cached plans then go."""
+        if self._head_out is None or self._head_out[0] < n_out:
+            rows = 1 << (n_out - 1).bit_length() if n_out <= 16 else -(-n_out // 16) * 16
+            self._plans.clear()
+            self._head_out = None
+            _core.host_memory_trim()
+            hctx = _core.Context(max_tensors=2)
+            head_in = hctx.new_tensor(F32, [self.hp.n_embd, rows])
+            lb = hctx.new_tensor(F32, [self.hp.n_vocab, rows])
+            self._head_out = (rows, [hctx, self.backend.alloc_tensors(hctx), head_in, lb])
+        return self._head_out[1]
 
     def _kv_rows(self, p0: int, n: int, n_kv: int) -> tuple[np.ndarray, ...]:
         """A sequence's rows of a pass at positions p0..p0+n over its first n_kv K/V rows: positions, the
@@ -714,7 +733,7 @@ class Executor:
                 at = 0
                 for i, k in owners:
                     if k:
-                        outs[i].append(logits[at:at + k].copy())
+                        outs[i].append(logits[at:at + k])   # views of the pass's array: no copy per sequence
                         at += k
         except BaseException:
             for st, start in zip(states, starts):
@@ -725,7 +744,7 @@ class Executor:
             raise
         result = []
         for st, o in zip(states, outs):
-            st.scores = np.concatenate(o, axis=0)
+            st.scores = o[0] if len(o) == 1 else np.concatenate(o, axis=0)
             result.append(st.scores)
         return result
 
@@ -914,10 +933,11 @@ class _Plan:
         """Output norm into head_in (F32 [n_embd, n_out]), then one graph per streamed row chunk
         of the lm head, each writing its rows of the logits (F32 [n_vocab, n_out])."""
         hp, w = ex.hp, ex.weights
-        hctx = _core.Context(max_tensors=2)
-        head_in = hctx.new_tensor(F32, [hp.n_embd, n_out])
-        lb = hctx.new_tensor(F32, [hp.n_vocab, n_out])
-        self.keep += [hctx, ex.backend.alloc_tensors(hctx)]
+        shared = ex.head_out(n_out)
+        vctx = _core.Context(max_tensors=2)
+        head_in = vctx.view(shared[2], [hp.n_embd, n_out], [shared[2].nb[1]], 0)
+        lb = vctx.view(shared[3], [hp.n_vocab, n_out], [shared[3].nb[1]], 0)
+        self.keep += [shared, vctx]
         graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(ex.arch.build_output_norm(ctx, w, act), head_in),
               "head", rows_in=n_out, rows_out=n_out)
         row0 = 0

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import codecs
-import ctypes
 import gc
 import inspect
 import os
 import sys
-import time
-import uuid
-from typing import IO, Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -20,6 +17,7 @@ from .chat import CHATML, ChatTemplate
 from .errors import GGUFError
 from .executor import Executor
 from .metrics import Metrics, MetricsWriter
+from .reply import Reply
 from .sampling import Sampler, SamplingParams
 from .scheduler import LayerScheduler
 from .settings import Settings, options_doc, parse_size, signature
@@ -31,10 +29,14 @@ __all__ = ["Model", "parse_size"]
 def _return_free_memory() -> None:
     """Collect garbage and hand freed heap back to the OS (glibc), so peak RSS stays low."""
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    _core.host_memory_trim()
+
+
+def sampling_options(*, temperature: float, top_p: float, top_k: int, min_p: float, repeat_penalty: float,
+                     frequency_penalty: float, presence_penalty: float, seed: int | None) -> dict[str, Any]:
+    """OpenAI's sampling parameters as Model's samplers take them."""
+    return dict(temp=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
+                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, seed=seed)
 
 
 def _want_direct_io(path: str) -> bool:
@@ -561,45 +563,33 @@ class Model:
         tokens = [self.tokenize(p, add_bos=add_bos, special=True) if isinstance(p, str) else [int(t) for t in p]
                   for p in prompts]
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        sampling = dict(temp=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
-                        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, seed=seed)
-        cid = f"cmpl-{uuid.uuid4()}"
-        created = int(time.time())
-        model_name = os.path.basename(self.path)
-        prefixes = [p if (echo and isinstance(p, str)) else "" for p in prompts]
-        if len(prompts) == 1 and n == 1:
+        sampling = sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                                    repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                    presence_penalty=presence_penalty, seed=seed)
+        echo_texts = [p if (echo and isinstance(p, str)) else "" for p in prompts for _ in range(n)]
+        return self._complete(tokens, n, max_tokens, stops, sampling, stream=stream, chat=False, echo=echo_texts)
+
+    def _complete(self, tokens: list[list[int]], n: int, max_tokens: int | None, stops: list[str],
+                  sampling: dict[str, Any], *, stream: bool, chat: bool, echo: list[str] | None = None) -> Any:
+        """Runs the choices (n per prompt) and gives them in OpenAI's shapes (Reply)."""
+        reply = Reply(chat=chat, stream=stream, model=os.path.basename(self.path), n_choices=len(tokens) * n,
+                      n_prompt=sum(len(t) for t in tokens), echo=echo)
+        if len(tokens) == 1 and n == 1:
             gen: Iterator[tuple[int, str, str | None, int]] = (
                 (0, piece, fin, k) for piece, fin, k in self._completion_stream(tokens[0], max_tokens, stops, sampling))
         else:
             gen = self._batch_stream(tokens, n, max_tokens, stops, sampling)
-
-        def chunk(index: int, text: str, finish: str | None) -> dict[str, Any]:
-            return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
-                    "choices": [{"text": text, "index": index, "logprobs": None, "finish_reason": finish}]}
-
         if stream:
             def it() -> Iterator[dict[str, Any]]:
-                for i in range(len(prompts) * n):
-                    if prefixes[i // n]:
-                        yield chunk(i, prefixes[i // n], None)
-                for i, piece, finish, _ in gen:
-                    if piece or finish:
-                        yield chunk(i, piece, finish)
+                yield from reply.opening()
+                for i, piece, finish, k in gen:
+                    c = reply.chunk(i, piece, finish, k)
+                    if c is not None:
+                        yield c
             return it()
-        parts = {i: [prefixes[i // n]] for i in range(len(prompts) * n)}
-        finish = {i: "length" for i in parts}
-        used = dict.fromkeys(parts, 0)
-        for i, piece, fin, k in gen:
-            parts[i].append(piece)
-            finish[i] = fin or finish[i]
-            used[i] = k
-        out = {"id": cid, "object": "text_completion", "created": created, "model": model_name,
-               "choices": [{"text": "".join(parts[i]), "index": i, "logprobs": None, "finish_reason": finish[i]}
-                           for i in sorted(parts)]}
-        n_prompt = sum(len(t) for t in tokens)
-        n_done = sum(used.values())
-        out["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": n_done, "total_tokens": n_prompt + n_done}
-        return out
+        for i, piece, finish, k in gen:
+            reply.chunk(i, piece, finish, k)
+        return reply.final()
 
     def eval_batch(self, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False) -> list[np.ndarray]:
         """Appends tokens to several sequences (distinct ids) in shared forward passes, as llama.cpp's
@@ -616,31 +606,13 @@ class Model:
                                presence_penalty: float = 0.0, stop: str | Sequence[str] | None = None,
                                seed: int | None = None, stream: bool = False) -> Any:
         """OpenAI-style chat completion using the GGUF's chat template."""
-        prompt = self.apply_chat_template(messages)
-        tokens = self.tokenize(prompt, add_bos=True, special=True)
-        res = self.create_completion(tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                     top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
-                                     frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                                     stop=stop, seed=seed, stream=stream)
-        cid = f"chatcmpl-{uuid.uuid4()}"
-        if stream:
-            def it() -> Iterator[dict[str, Any]]:
-                first = True
-                for c in res:
-                    ch = c["choices"][0]
-                    delta: dict[str, Any] = {"role": "assistant"} if first else {}
-                    first = False
-                    if ch["text"]:
-                        delta["content"] = ch["text"]
-                    yield {"id": cid, "object": "chat.completion.chunk", "created": c["created"],
-                           "model": c["model"], "choices": [{"index": 0, "delta": delta,
-                                                             "finish_reason": ch["finish_reason"]}]}
-            return it()
-        ch = res["choices"][0]
-        return {"id": cid, "object": "chat.completion", "created": res["created"], "model": res["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": ch["text"]},
-                             "finish_reason": ch["finish_reason"]}],
-                "usage": res["usage"]}
+        self._check_open()
+        tokens = self.tokenize(self.apply_chat_template(messages), add_bos=True, special=True)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        sampling = sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                                    repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                    presence_penalty=presence_penalty, seed=seed)
+        return self._complete([tokens], 1, max_tokens, stops, sampling, stream=stream, chat=True)
 
 
 Model.__init__.__signature__ = signature(  # type: ignore[attr-defined]

@@ -23,7 +23,6 @@ import json
 import queue
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
@@ -33,7 +32,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .model import Model
+from .model import Model, sampling_options
+from .reply import Reply
 
 
 # -- request bodies (unknown fields are refused, as types are) -------------------
@@ -87,51 +87,6 @@ def _error(status: int, message: str, type_: str = "invalid_request_error", code
 
 
 # -- the engine: one thread, every running request advanced in each forward pass ------
-class _Reply:
-    """The chunks (stream) or the one response of a request's choices, in OpenAI's shapes."""
-
-    def __init__(self, chat: bool, stream: bool, mid: str, n_choices: int, n_prompt: int, echo: str = ""):
-        self.chat, self.stream, self.mid = chat, stream, mid
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4()}"
-        self.created = int(time.time())
-        self.texts = [echo] * n_choices
-        self.finish: list[str | None] = [None] * n_choices
-        self.used = [0] * n_choices
-        self.first = [True] * n_choices
-        self.n_prompt = n_prompt
-
-    def _head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.mid}
-
-    def chunk(self, index: int, piece: str, finish: str | None, used: int) -> dict[str, Any] | None:
-        """The stream chunk for a piece of choice `index` (None: nothing to send yet, or not streaming)."""
-        self.texts[index] += piece
-        self.finish[index] = finish
-        self.used[index] = used
-        if not self.stream or not (piece or finish):
-            return None
-        if not self.chat:
-            return {**self._head("text_completion"),
-                    "choices": [{"text": piece, "index": index, "logprobs": None, "finish_reason": finish}]}
-        delta: dict[str, Any] = {"role": "assistant"} if self.first[index] else {}
-        self.first[index] = False
-        if piece:
-            delta["content"] = piece
-        return {**self._head("chat.completion.chunk"),
-                "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
-
-    def final(self) -> dict[str, Any]:
-        n = sum(self.used)
-        usage = {"prompt_tokens": self.n_prompt, "completion_tokens": n, "total_tokens": self.n_prompt + n}
-        if not self.chat:
-            return {**self._head("text_completion"), "usage": usage,
-                    "choices": [{"text": t, "index": i, "logprobs": None, "finish_reason": f}
-                                for i, (t, f) in enumerate(zip(self.texts, self.finish))]}
-        return {**self._head("chat.completion"), "usage": usage,
-                "choices": [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": f}
-                            for i, (t, f) in enumerate(zip(self.texts, self.finish))]}
-
-
 @dataclass(eq=False)
 class _Job:
     prompts: list[list[int]]          # token lists, one per prompt
@@ -139,7 +94,7 @@ class _Job:
     max_tokens: int | None
     stop: list[str]
     sampling: dict[str, Any]
-    reply: _Reply
+    reply: Reply
     out: "asyncio.Queue[Any]"
     loop: asyncio.AbstractEventLoop
     seqs: list[int] = field(default_factory=list)
@@ -352,14 +307,15 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
             raise ApiError(400, "the prompt is empty", param="prompt")
 
     def sampling(body: _Body) -> dict[str, Any]:
-        return dict(temp=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
-                    repeat_penalty=body.repeat_penalty, frequency_penalty=body.frequency_penalty,
-                    presence_penalty=body.presence_penalty, seed=body.seed)
+        return sampling_options(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
+                                repeat_penalty=body.repeat_penalty, frequency_penalty=body.frequency_penalty,
+                                presence_penalty=body.presence_penalty, seed=body.seed)
 
-    async def run(body: _Body, prompts: list[list[int]], chat: bool, echo: str = "") -> Any:
+    async def run(body: _Body, prompts: list[list[int]], chat: bool, echo: list[str] | None = None) -> Any:
         loop = asyncio.get_running_loop()
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        reply = _Reply(chat, body.stream, mid, len(prompts) * body.n, sum(len(p) for p in prompts), echo)
+        reply = Reply(chat=chat, stream=body.stream, model=mid, n_choices=len(prompts) * body.n,
+                      n_prompt=sum(len(p) for p in prompts), echo=echo)
         job = _Job(prompts, body.n, body.max_tokens, stop, sampling(body), reply, asyncio.Queue(), loop)
         engine.submit(job)
         if not body.stream:
@@ -378,6 +334,8 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
 
         async def events() -> Any:
             try:
+                for c in reply.opening():
+                    yield f"data: {json.dumps(c, separators=(',', ':'))}\n\n"
                 while True:
                     item = await job.out.get()
                     if item is _END:
@@ -411,8 +369,7 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
                     raise ApiError(400, f"prompt token ids must be in [0, {model.n_vocab})", param="prompt")
                 token_lists.append(list(x))
             check(body, len(token_lists[-1]))
-        echo = prompts[0] if body.echo and len(prompts) == 1 and body.n == 1 and isinstance(prompts[0], str) \
-            and not body.stream else ""
+        echo = [x if body.echo and isinstance(x, str) else "" for x in prompts for _ in range(body.n)]
         return await run(body, token_lists, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions")
