@@ -81,6 +81,7 @@ with Model(req["model"], **kw) as m:
                          bytes_per_token=(st2.get("bytes_loaded", 0) - st1.get("bytes_loaded", 0)) / gen,
                          rss=_core.host_memory()["process_rss"], peak_rss=_core.host_memory()["process_peak"],
                          tokens=texts))
+        print(json.dumps(dict(row=rows[-1])), flush=True)          # a row survives an OOM kill of a later one
         for i in ids:
             m.drop_sequence(i)
     alone = []
@@ -92,11 +93,11 @@ with Model(req["model"], **kw) as m:
             x = int(m.eval([x])[-1].argmax())
             tx.append(x)
         alone.append(tx)
-print(json.dumps(dict(rows=rows, alone=alone)))
+print(json.dumps(dict(alone=alone)))
 """
 
 
-def run(req: dict, limit: int | None, timeout: float) -> list[dict] | str:
+def run(req: dict, limit: int | None, timeout: float) -> dict:
     import memcg
 
     args = [sys.executable, "-c", CHILD, json.dumps(req)]
@@ -105,9 +106,12 @@ def run(req: dict, limit: int | None, timeout: float) -> list[dict] | str:
         r = memcg.run_limited(args, limit, timeout=timeout)
     else:
         r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    rows = [x["row"] for x in lines if "row" in x]
     if r.returncode != 0:
-        return f"exit {r.returncode}" + (" (OOM-killed)" if r.returncode == -9 else "") + f": {r.stderr[-800:]}"
-    return json.loads(r.stdout.strip().splitlines()[-1])
+        error = f"exit {r.returncode}" + (" (OOM-killed)" if r.returncode == -9 else "") + f": {r.stderr[-800:]}"
+        return dict(rows=rows, alone=[], error=error)
+    return dict(rows=rows, alone=lines[-1]["alone"])
 
 
 def main() -> int:
@@ -147,18 +151,14 @@ def main() -> int:
     alone: list[list[int]] = []
     if a.limited_only:        # the solo texts, resident (not timed)
         got = run(dict(base, budget=None, alone=True, counts=[1]), None, a.timeout)
-        alone = got["alone"] if isinstance(got, dict) else []
+        alone = got["alone"]
     for name, req, limit in tables:
         got = run(req, limit, a.timeout)
         results[name] = got
         print(f"\n{name}")
-        if isinstance(got, str):
-            print("  " + got)
-            ok = False
-            continue
         rows = got["rows"]
         alone = got["alone"] or alone
-        one = rows[0]["tok_s"] if rows[0]["sequences"] == 1 else None
+        one = rows[0]["tok_s"] if rows and rows[0]["sequences"] == 1 else None
         print(f"{'sequences':>9} {'tok/s':>8} {'vs 1':>6} {'seq/pass':>8} {'MB/token':>9} {'peak RSS MiB':>12} "
               f"{'texts = alone':>13}")
         for r in rows:
@@ -169,6 +169,9 @@ def main() -> int:
             print(f"{r['sequences']:>9} {r['tok_s']:>8.2f} {r['tok_s'] / one if one else float('nan'):>5.2f}x "
                   f"{r['sequences_per_pass']:>8.2f} {r['bytes_per_token'] / 1e6:>9.1f} {r['peak_rss'] / 2**20:>12.0f} "
                   f"{eq:>13}")
+        if "error" in got:
+            print(f"  then {got['error']}")
+            ok = False
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(model=path, tokens=a.tokens, results=results), f, indent=1)

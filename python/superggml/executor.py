@@ -557,12 +557,14 @@ class Executor:
         """One forward pass over the tokens of one or more sequences (each in its own lane, its rows after the
         previous one's); returns the logits of out_rows (rows of the whole pass), or None."""
         c = self.settings.context
-        rows, shapes = [], []
-        for seq, toks in items:
-            p0, n = seq.n_past, len(toks)
+        rows, shapes, starts, ahead = [], [], [], {}
+        for seq, toks in items:               # a sequence may have several lanes, one after another
+            p0, n = seq.n_past + ahead.get(seq.id, 0), len(toks)
+            ahead[seq.id] = ahead.get(seq.id, 0) + n
             n_kv = min(c.ctx_size, -(-(p0 + n) // KV_PAD) * KV_PAD)
             rows.append(self._kv_rows(p0, n, n_kv))
             shapes.append((n, n_kv))
+            starts.append(p0)
         n = sum(x for x, _ in shapes)
         lanes = tuple(shapes) if len(items) > 1 else None
         plan = self._plan(n, 0 if lanes else shapes[0][1], len(out_rows), lanes)
@@ -578,7 +580,7 @@ class Executor:
         self.n_passes += 1
         self.pass_sequences += len(items)
         self.pass_tokens += n
-        logits = self._compute(plan, n, [(seq.id, seq.n_past, len(t)) for seq, t in items])
+        logits = self._compute(plan, n, [(seq.id, p0, len(t)) for (seq, t), p0 in zip(items, starts)])
         for seq, toks in items:
             seq.tokens.extend(int(t) for t in toks)
         if not out_rows:
@@ -597,7 +599,10 @@ class Executor:
             rec.clear()
         dev = 0
         t_pass = time.time()
+        first: dict[int, int] = {}            # a sequence's first position in the pass
         for seq, p0, _ in lanes:
+            first[seq] = min(first.get(seq, p0), p0)
+        for seq, p0 in first.items():
             self.kv.begin(seq, p0)
         for i, step in enumerate(plan.steps):
             t0 = time.time()
@@ -614,7 +619,7 @@ class Executor:
                     self.experts.lookahead(il + 1, _core.tensor_get(self.moe_guess).reshape(-1)[:step.expert_ahead * k])
             layer = step.layer
             kv = contextlib.nullcontext() if layer is None else self.kv.use(layer, [
-                (seq, p0, p0 + m, self._lane_k[j][layer] if j else None, self._lane_v[j][layer] if j else None)
+                (seq, first[seq], p0 + m, self._lane_k[j][layer] if j else None, self._lane_v[j][layer] if j else None)
                 for j, (seq, p0, m) in enumerate(lanes)])
             with self.pager.use(step.key), kv:
                 tc = time.time()
@@ -687,6 +692,27 @@ class Executor:
                 self.truncate(0)
             raise
         seq.scores = np.concatenate(outs, axis=0)
+        return seq.scores
+
+    def eval_rows(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feeds tokens to the current sequence in passes where each token is a lane of its own over the
+        sequence's K/V, as if fed alone: row i of the logits F32 [n, n_vocab] (kept as the scores) is what
+        eval() of the tokens one by one gives at token i (bit for bit when the matrix products round alike over
+        more rows: batch_invariant, or weights without row-tiled kernels). Checks a speculative draft."""
+        seq = self.seq
+        self._check_feed(seq, tokens, "")
+        start, outs = seq.n_past, []
+        step = min(MAX_LANES, self.settings.context.n_batch)
+        try:
+            for i in range(0, len(tokens), step):
+                chunk = tokens[i:i + step]
+                outs.append(self._pass([(seq, [t]) for t in chunk], list(range(len(chunk)))))
+        except BaseException:
+            del seq.tokens[start:]
+            if not self.kv.can_truncate(seq.id, start):
+                self.truncate(0)
+            raise
+        seq.scores = outs[0] if len(outs) == 1 else np.concatenate(outs, axis=0)
         return seq.scores
 
     def eval_batch(self, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False) -> list[np.ndarray]:

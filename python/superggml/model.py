@@ -7,6 +7,7 @@ import gc
 import inspect
 import os
 import sys
+import time
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -20,6 +21,7 @@ from .metrics import Metrics, MetricsWriter
 from .reply import Reply
 from .sampling import Sampler, SamplingParams
 from .scheduler import LayerScheduler
+from .speculative import DraftLength, LookupDrafter, ModelDrafter, Speculator, accept
 from .settings import Settings, options_doc, parse_size, signature
 from .tokenizer import Tokenizer
 
@@ -212,6 +214,15 @@ class Model:
                   file=sys.stderr)
         self._metrics: Metrics | None = None
         self._closed = False
+        self._spec: Speculator | None = None
+        if s.speculative.enabled:
+            try:
+                self._spec = self._speculator()
+            except BaseException:
+                self._closed = True
+                self._exec.close()
+                self._file.close()
+                raise
         ms = s.metrics
         if ms.enabled:
             self._metrics = Metrics(self, MetricsWriter(ms.metrics_file, pretty=ms.metrics_pretty),
@@ -231,10 +242,30 @@ class Model:
             self._closed = True
             if getattr(self, "_metrics", None) is not None:
                 self._metrics.writer.close()
+            if getattr(self, "_spec", None) is not None:
+                self._spec.close()
             self._exec.close()
             del self._exec
             del self._store
             self._file.close()
+
+    def _speculator(self) -> Speculator:
+        """The drafter the speculative settings ask for: a draft model (resident, or streamed within its own
+        draft_budget; the model's context, threads and batch settings) or prompt lookup."""
+        sp, c = self.settings.speculative, self.settings.context
+        length = DraftLength(sp.draft_min, sp.draft_max, sp.draft_k)
+        if not sp.draft_model:
+            return Speculator(LookupDrafter(sp.lookup_ngram), length)
+        kw: dict[str, Any] = dict(ctx_size=c.ctx_size, n_batch=c.n_batch, n_threads=c.n_threads, seed=c.seed,
+                                  flash_attn=c.flash_attn, repack=c.repack, batch_invariant=c.batch_invariant)
+        if sp.draft_budget is not None:
+            kw.update(device_budget=sp.draft_budget, async_prefetch=True)
+        draft = Model(sp.draft_model, **kw)
+        try:
+            return Speculator(ModelDrafter(draft, self, p_min=sp.draft_p_min), length)
+        except BaseException:
+            draft.close()
+            raise
 
     def __enter__(self) -> "Model":
         return self
@@ -305,7 +336,10 @@ class Model:
         n_slots, slot_size, layers_pinned, direct_io, staged_io), with dynamic_layers the scheduler's
         (layers_demoted, layers_promoted) and with paged_kv the KV cache's (kv_*)."""
         self._check_open()
-        return self._exec.stats()
+        st = self._exec.stats()
+        if self._spec is not None:
+            st.update(self._spec.stats())
+        return st
 
     def layer_events(self) -> list[dict[str, Any]]:
         """The scheduler's moves so far: {"event": "layer_demote"|"layer_promote", "layer", "t",
@@ -416,12 +450,63 @@ class Model:
                                 presence_penalty=presence_penalty, seed=seed)
         seq = self._exec.seq
         logits = self._prefill(tokens) if reset or not seq.tokens else self.eval(tokens)[-1]
+        if self._spec is not None:
+            yield from self._speculate(logits, sampler)
+            return
         while True:
             tok = sampler.sample(logits, seq.tokens)
             yield tok
             if self.n_tokens >= self.n_ctx:
                 return
             logits = self.eval([tok])[-1]
+
+    def _speculate(self, logits: np.ndarray, sampler: Sampler) -> Iterator[int]:
+        """generate() with a drafter: each step drafts k tokens after the last one chosen, feeds that token and
+        the draft in one pass (eval_rows: each row as if fed alone), keeps the drafted tokens the sampler
+        accepts (speculative.accept) and one of the model's own, and truncates the rest from the K/V."""
+        tok = sampler.sample(logits, self._exec.seq.tokens)
+        yield tok
+        while self.n_tokens + 1 < self.n_ctx:
+            toks = self._spec_tokens(tok, sampler)
+            for t in toks:
+                if self._metrics is not None:
+                    self._metrics.on_token()
+                yield t
+            tok = toks[-1]
+
+    def _spec_tokens(self, tok: int, sampler: Sampler) -> list[int]:
+        """One speculative step of the current sequence after `tok` (chosen, not yet fed): the accepted drafted
+        tokens and the model's next one (last, not fed)."""
+        spec, ex = self._spec, self._exec
+        assert spec is not None
+        seq = ex.seq
+        base = self.n_tokens
+        context = seq.tokens + [tok]
+        draft = spec.timed_draft(context, spec.length.choose(self.n_ctx - base - 2))
+        t = time.perf_counter()
+        rows = ex.eval_rows([tok] + draft) if draft else ex.eval([tok])
+        spec.length.on_pass(len(draft) + 1, time.perf_counter() - t)
+        if self._metrics is not None:
+            self._metrics.on_layer_timings(ex.timings)
+        out: list[int] = []
+        nxt = None
+        for i, d in enumerate(draft):
+            nxt = accept(sampler, sampler.distribution(rows[i], context + out), d)
+            if nxt is not None:
+                break
+            out.append(d)
+        if nxt is None:
+            nxt = sampler.sample(rows[len(draft)], context + out)
+        if draft:
+            kept = ex.truncate(base + 1 + len(out))
+            if kept < base + 1 + len(out):            # sliding-window keys already freed: feed them again
+                ex.eval((context + out)[kept:])
+            spec.length.on_check(len(draft), len(out))
+            spec.drafted += len(draft)
+            spec.accepted += len(out)
+        spec.steps += 1
+        spec.generated += len(out) + 1
+        return out + [nxt]
 
     # -- completions ---------------------------------------------------------
     def _limit(self, prompt_tokens: Sequence[int], max_tokens: int | None) -> int:
@@ -473,6 +558,9 @@ class Model:
         send) for each that sampled a token; a finished one has its finish set (its sequence is the caller's
         to drop)."""
         ex = self._exec
+        live = [g for g in gens if g.pending and not g.finish]
+        if self._spec is not None and len(live) == 1 and len(live[0].pending) == 1 and live[0].choice.n:
+            return [self._speculative_step(live[0])]       # one sequence decoding: draft for it
         room = budget if budget is not None else sum(len(g.pending) for g in gens)
         items, fed = [], []
         for g in sorted((g for g in gens if g.pending and not g.finish), key=lambda g: len(g.pending) > 1):
@@ -508,6 +596,26 @@ class Model:
                     g.pending = [tok]
             out.append((g, piece))
         return out
+
+    def _speculative_step(self, g: _Gen) -> tuple[_Gen, str]:
+        """_step for one decoding completion with a drafter: its sequence becomes the current one, then one
+        step of _speculate's (the pending token and a draft in one pass, the accepted tokens kept)."""
+        ex = self._exec
+        ex.use_sequence(g.seq)
+        toks = self._spec_tokens(g.pending[0], g.sampler)
+        piece = ""
+        for tok in toks:
+            piece += g.choice.push(tok)
+            if g.finish:
+                break
+            if self._metrics is not None:
+                self._metrics.on_token()
+        if not g.finish:
+            if self.n_tokens + 1 >= self.n_ctx:
+                piece += g.choice.flush()
+            else:
+                g.pending = [toks[-1]]
+        return g, piece
 
     def _batch_stream(self, prompts: Sequence[list[int]], n: int, max_tokens: int | None, stop: Sequence[str],
                       sampling: Mapping[str, Any], parallel: int = 64) -> Iterator[tuple[int, str, str | None, int]]:

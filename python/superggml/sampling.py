@@ -57,11 +57,13 @@ class Sampler:
         out[ids] = sel
         return out
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+    def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution `sample` draws from: (token ids, their probabilities F64), the rest of the vocabulary
+        having none. Greedy: the argmax with probability 1."""
         p = self.params
         logits = self.apply_penalties(np.asarray(logits, dtype=np.float32), history)
         if p.greedy:
-            return int(np.argmax(logits))
+            return np.array([int(np.argmax(logits))]), np.ones(1)
         ids = np.argsort(-logits, kind="stable")
         if p.top_k > 0:
             ids = ids[: p.top_k]
@@ -77,4 +79,11 @@ class Sampler:
         x = x / p.temperature
         probs = np.exp(x - x.max())
         probs /= probs.sum()
-        return int(ids[self.rng.choice(len(ids), p=probs)])
+        return ids, probs
+
+    def draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
+        """One token from a distribution (ids, probs)."""
+        return int(ids[0]) if self.params.greedy else int(ids[self.rng.choice(len(ids), p=probs)])
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        return self.draw(*self.distribution(logits, history))

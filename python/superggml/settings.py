@@ -250,8 +250,44 @@ class DeviceSettings:
         return tuple(out)
 
 
+@dataclass(frozen=True)
+class SpeculativeSettings:
+    """Speculative decoding: a drafter proposes tokens, the model checks them in one forward pass (greedy
+    output unchanged, sampling keeps the model's distribution)."""
+    draft_model: str | None = option(
+        None, "GGUF of a draft model whose vocabulary matches this one's (llama.cpp's rule)",
+        flags=("-md", "--model-draft"), parse=str, metavar="PATH")
+    draft_max: int = option(16, "most tokens drafted per step", metavar="N")
+    draft_min: int = option(1, "fewest tokens drafted per step; when fewer pay off a step is plain", metavar="N")
+    draft_budget: int | str | None = option(
+        None, "device_budget of the draft model (default: resident)", parse=str, metavar="SIZE")
+    draft_p_min: float = option(0.0, "stop a draft where the draft model's top probability is below this",
+                                metavar="F")
+    lookup_ngram: int = option(0, "draft by prompt lookup: the continuation of the latest earlier match of the "
+                               "context's last N (down to 1) tokens; 0: off", metavar="N")
+    draft_k: int | None = option(None, "draft exactly this many tokens per step (default: adaptive, from the "
+                                 "measured cost of a pass and of a draft token and the acceptance rate)", parse=int,
+                                 metavar="N")
+
+    def __post_init__(self) -> None:
+        _check(self.draft_max >= 1, f"draft_max must be >= 1, not {self.draft_max}")
+        _check(0 <= self.draft_min <= self.draft_max, f"draft_min must be in 0..draft_max, not {self.draft_min}")
+        _check(self.lookup_ngram >= 0, f"lookup_ngram must be >= 0, not {self.lookup_ngram}")
+        _check(0.0 <= self.draft_p_min < 1.0, f"draft_p_min must be in [0, 1), not {self.draft_p_min}")
+        _check(self.draft_k is None or self.draft_k >= 0, f"draft_k must be >= 0, not {self.draft_k}")
+        _check(not (self.draft_model and self.lookup_ngram), "give draft_model or lookup_ngram, not both")
+        if self.draft_model is not None:
+            _set(self, "draft_model", os.fspath(self.draft_model))
+        _set(self, "draft_budget", parse_size(self.draft_budget))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.draft_model or self.lookup_ngram)
+
+
 GROUPS: dict[str, type] = {"context": ContextSettings, "paging": PagingSettings, "kv": KVSettings,
-                           "metrics": MetricsSettings, "devices": DeviceSettings}
+                           "metrics": MetricsSettings, "devices": DeviceSettings,
+                           "speculative": SpeculativeSettings}
 
 
 @dataclass(frozen=True)
@@ -262,6 +298,7 @@ class Settings:
     kv: KVSettings = field(default_factory=KVSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     devices: DeviceSettings = field(default_factory=DeviceSettings)
+    speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)
 
     def __post_init__(self) -> None:
         p = self.paging

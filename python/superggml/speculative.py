@@ -1,0 +1,260 @@
+"""Speculative decoding: a drafter proposes the next tokens, the model checks them all in one forward pass.
+
+While weights stream, a pass costs about one read of the streamed bytes whatever the number of tokens in it, so
+a pass that checks k drafted tokens costs about what one token costs; each accepted token is a pass saved.
+
+- Drafters: a draft model with the same vocabulary (llama.cpp's compatibility rule), or prompt lookup (the
+  continuation of the latest earlier match of the context's last n-gram). Both draft deterministically (the
+  draft model greedily), so the draft distribution q is one point.
+- Verification (Model): the draft is fed to the model with Executor.eval_rows, each token a lane of its own,
+  so row i's logits are those of feeding the tokens one by one. Greedy keeps the longest prefix that matches
+  the model's choices plus the model's own next token: the output is that of plain decoding. Sampling accepts
+  a drafted token d with probability min(1, p(d) / q(d)) and otherwise draws from the residual max(0, p - q),
+  normalised (speculative sampling): each token is distributed as the model's sampler would draw it.
+- DraftLength picks k per step from the measured cost of a pass (fitted as a + b * rows), of a drafted token,
+  and the acceptance rate: long drafts when a pass is expensive (streamed weights), short or none when not.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from .sampling import Sampler
+
+if TYPE_CHECKING:
+    from .model import Model
+
+VOCAB_MAX_SIZE_DIFFERENCE = 128     # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
+VOCAB_CHECK_START_TOKEN_ID = 5      # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
+CATCH_UP_ROWS = 16                  # a draft model's new tokens fed row by row in one pass up to this many
+
+
+class Drafter:
+    """Proposes up to k tokens to follow a context."""
+
+    name = "none"
+
+    def draft(self, context: Sequence[int], k: int) -> list[int]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class LookupDrafter(Drafter):
+    """Prompt lookup: for n = N down to 1, the latest earlier occurrence of the context's last n tokens whose
+    continuation is longest (up to k); drafts that continuation. No model, no state."""
+
+    name = "lookup"
+
+    def __init__(self, n: int):
+        if n < 1:
+            raise ValueError(f"lookup_ngram must be >= 1, not {n}")
+        self.n = n
+
+    def draft(self, context: Sequence[int], k: int) -> list[int]:
+        arr = np.asarray(context, dtype=np.int64)
+        size = len(arr)
+        for m in range(min(self.n, size - 1), 0, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(arr[:size - 1], m)    # starts 0 .. size - 1 - m
+            hits = np.flatnonzero((windows == arr[size - m:]).all(axis=1))
+            if len(hits):
+                room = np.minimum(k, size - (hits + m))
+                best = hits[len(hits) - 1 - int(np.argmax(room[::-1]))]               # longest, then latest
+                return arr[best + m:best + m + k].tolist()
+        return []
+
+
+class ModelDrafter(Drafter):
+    """A draft model (superggml.Model) decoding greedily on its own sequence, brought to the context each step
+    (its cached prefix reused, the rest fed in one eval). Stops a draft at an end-of-generation token or where
+    its top probability falls below p_min."""
+
+    name = "model"
+
+    def __init__(self, draft: "Model", target: "Model", *, p_min: float = 0.0):
+        check_compatible(target, draft)
+        self.model = draft
+        self.p_min = p_min
+
+    def draft(self, context: Sequence[int], k: int) -> list[int]:
+        m = self.model
+        if len(context) + k > m.n_ctx:
+            k = m.n_ctx - len(context)
+        if k <= 0:
+            return []
+        logits = self._catch_up(context)
+        out: list[int] = []
+        while True:
+            tok = int(np.argmax(logits))
+            if self.p_min > 0.0:
+                x = logits.astype(np.float64)
+                if 1.0 / np.exp(x - x[tok]).sum() < self.p_min:
+                    break
+            out.append(tok)
+            if len(out) == k or m.tokenizer.is_eog(tok):
+                break
+            logits = m.eval([tok])[-1]
+        return out
+
+    def _catch_up(self, context: Sequence[int]) -> np.ndarray:
+        """Brings the draft's sequence to `context` (its cached prefix kept) and returns the last logits. A few
+        new tokens (the last step's) go in one eval_rows pass, each row as if fed alone, as the model checked
+        them; a prompt in one eval, but its last token alone, as the model fed it: a self-draft agrees exactly."""
+        ex = self.model._exec
+        keep = 0
+        for a, b in zip(ex.seq.tokens, context[:-1]):
+            if a != b:
+                break
+            keep += 1
+        keep = ex.truncate(keep)
+        new = list(context[keep:])
+        if len(new) <= CATCH_UP_ROWS:
+            return ex.eval_rows(new)[-1]
+        ex.eval(new[:-1])
+        return ex.eval(new[-1:])[-1]
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def check_compatible(target: "Model", draft: "Model") -> None:
+    """llama.cpp's rule for a draft model: the same vocabulary type, BOS/EOS and add-BOS, sizes within 128 and
+    the same token text from id 5 on; ValueError naming the first difference."""
+    a, b = target.tokenizer, draft.tokenizer
+    if a.model != b.model:
+        raise ValueError(f"the draft model's vocabulary is {b.model!r}, the model's {a.model!r}")
+    for what in ("bos_id", "eos_id", "add_bos"):
+        if getattr(a, what) != getattr(b, what):
+            raise ValueError(f"the draft model's {what} is {getattr(b, what)}, the model's {getattr(a, what)}")
+    if abs(a.n_vocab - b.n_vocab) > VOCAB_MAX_SIZE_DIFFERENCE:
+        raise ValueError(f"the draft model has {b.n_vocab} tokens, the model {a.n_vocab}: more than "
+                         f"{VOCAB_MAX_SIZE_DIFFERENCE} apart")
+    for i in range(VOCAB_CHECK_START_TOKEN_ID, min(a.n_vocab, b.n_vocab)):
+        if a.token_to_piece(i, special=True) != b.token_to_piece(i, special=True):
+            raise ValueError(f"token {i} differs between the model ({a.token_to_piece(i, special=True)!r}) and the "
+                             f"draft model ({b.token_to_piece(i, special=True)!r})")
+
+
+def accept(sampler: Sampler, p: tuple[np.ndarray, np.ndarray], d: int,
+           q: tuple[np.ndarray, np.ndarray] | None = None) -> int | None:
+    """Speculative sampling of one drafted token d against the model's distribution p (ids, probs as
+    Sampler.distribution gives): None when d is accepted, else the token drawn from the residual max(0, p - q)
+    normalised. q: the draft's distribution (None: d with certainty). Greedy samplers accept exactly their
+    argmax."""
+    ids, probs = p
+    if sampler.params.greedy:
+        return None if int(ids[0]) == d else int(ids[0])
+    pd = float(probs[ids == d].sum())
+    if q is None:
+        qd, q_at = 1.0, (ids == d).astype(np.float64)
+    else:
+        qd = float(q[1][q[0] == d].sum())
+        lookup = dict(zip(q[0].tolist(), q[1].tolist()))
+        q_at = np.array([lookup.get(int(i), 0.0) for i in ids])
+    if qd > 0.0 and sampler.rng.random() < min(1.0, pd / qd):
+        return None
+    residual = np.maximum(probs - q_at, 0.0)
+    total = residual.sum()
+    if total <= 0.0:                      # p == q: nothing left (only when d could not be rejected)
+        return int(ids[np.argmax(probs)])
+    return int(ids[sampler.rng.choice(len(ids), p=residual / total)])
+
+
+class DraftLength:
+    """Chooses k, the tokens to draft this step, for the most tokens per second: with acceptance rate a per
+    drafted token (each is checked only when the ones before it were accepted), a step yields
+    (1 - a^(k+1)) / (1 - a) tokens and costs pass(k + 1) + k * draft_s, pass(rows) = fixed + per_row * rows
+    fitted to the passes measured. k = 0 (a plain step) when no draft pays; then every PROBE-th step drafts
+    k_min anyway, to keep measuring the acceptance."""
+
+    PROBE = 16
+    PRIOR_ACCEPT = (3.0, 4.0)    # accepted, checked: a prior of 0.75 worth a few tokens
+
+    def __init__(self, k_min: int, k_max: int, fixed: int | None = None):
+        self.k_min, self.k_max, self.fixed = k_min, k_max, fixed
+        self.passes: collections.deque[tuple[int, float]] = collections.deque(maxlen=64)
+        self.accepted, self.checked = self.PRIOR_ACCEPT
+        self.draft_s: float | None = None
+        self.plain_steps = 0
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.checked
+
+    def on_draft(self, n: int, seconds: float) -> None:
+        if n:
+            s = seconds / n
+            self.draft_s = s if self.draft_s is None else 0.8 * self.draft_s + 0.2 * s
+
+    def on_pass(self, rows: int, seconds: float) -> None:
+        self.passes.append((rows, seconds))
+
+    def on_check(self, drafted: int, accepted: int) -> None:
+        decay = 0.98 ** drafted           # recent steps weigh more
+        self.accepted = self.accepted * decay + accepted
+        self.checked = self.checked * decay + accepted + (1 if accepted < drafted else 0)
+
+    def pass_cost(self) -> tuple[float, float]:
+        """(fixed, per_row) seconds of a pass, from the passes measured."""
+        if not self.passes:
+            return 1.0, 0.0
+        rows = np.array([r for r, _ in self.passes], dtype=np.float64)
+        secs = np.array([s for _, s in self.passes], dtype=np.float64)
+        if rows.min() == rows.max():
+            return float(np.median(secs)), 0.0
+        per_row, fixed = np.polyfit(rows, secs, 1)
+        per_row = max(float(per_row), 0.0)
+        return max(float(np.median(secs - per_row * rows)), 1e-6), per_row
+
+    def choose(self, room: int) -> int:
+        """k for the next step, at most room."""
+        hi = min(self.k_max, room)
+        if self.fixed is not None:
+            return max(0, min(self.fixed, room))
+        if hi < max(self.k_min, 1):
+            return 0
+        fixed, per_row = self.pass_cost()
+        draft_s = self.draft_s if self.draft_s is not None else 0.0
+        a = min(self.rate, 0.999)
+        best_k, best = 0, 1.0 / (fixed + per_row)
+        for k in range(max(self.k_min, 1), hi + 1):
+            speed = (1.0 - a ** (k + 1)) / (1.0 - a) / (fixed + per_row * (k + 1) + k * draft_s)
+            if speed > best:
+                best_k, best = k, speed
+        if best_k == 0:
+            self.plain_steps += 1
+            if self.plain_steps % self.PROBE == 0:
+                return max(self.k_min, 1)
+        return best_k
+
+
+class Speculator:
+    """A drafter, the draft length and the counts Model.stats() reports."""
+
+    def __init__(self, drafter: Drafter, length: DraftLength):
+        self.drafter = drafter
+        self.length = length
+        self.steps = self.drafted = self.accepted = self.generated = 0
+
+    def timed_draft(self, context: Sequence[int], k: int) -> list[int]:
+        t = time.perf_counter()
+        out = self.drafter.draft(context, k)[:k] if k else []
+        self.length.on_draft(len(out), time.perf_counter() - t)
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        fixed, per_row = self.length.pass_cost()
+        return {"draft": self.drafter.name, "draft_steps": self.steps, "draft_tokens": self.drafted,
+                "draft_accepted": self.accepted,
+                "draft_acceptance": self.accepted / self.drafted if self.drafted else None,
+                "draft_tokens_per_pass": self.generated / self.steps if self.steps else None,
+                "draft_k_mean": self.drafted / self.steps if self.steps else None,
+                "draft_pass_s": fixed, "draft_pass_row_s": per_row, "draft_token_s": self.length.draft_s}
+
+    def close(self) -> None:
+        self.drafter.close()
