@@ -17,7 +17,6 @@ a pass that checks k drafted tokens costs about what one token costs; each accep
 
 from __future__ import annotations
 
-import collections
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -169,18 +168,23 @@ class DraftLength:
     """Chooses k, the tokens to draft this step, for the most tokens per second: with acceptance rate a per
     drafted token (each is checked only when the ones before it were accepted), a step yields
     (1 - a^(k+1)) / (1 - a) tokens and costs pass(k + 1) + k * draft_s, pass(rows) = fixed + per_row * rows
-    fitted to the passes measured. k = 0 (a plain step) when no draft pays; then every PROBE-th step drafts
-    k_min anyway, to keep measuring the acceptance."""
+    (each measured row count's moving average, a line fitted to them for the others). The first step is plain and the
+    second checks a free guess (the last token again), to measure a pass of one row and of two before any
+    drafting is paid for. k = 0 (a plain step) when no draft pays (on 2 cores every row of a resident
+    model's pass costs about a whole pass); then a probe drafts k_min now and then, every PROBE steps at
+    first, twice as rarely after each probe that did not pay."""
 
     PROBE = 16
+    PROBE_MAX = 512
     PRIOR_ACCEPT = (3.0, 4.0)    # accepted, checked: a prior of 0.75 worth a few tokens
 
     def __init__(self, k_min: int, k_max: int, fixed: int | None = None):
         self.k_min, self.k_max, self.fixed = k_min, k_max, fixed
-        self.passes: collections.deque[tuple[int, float]] = collections.deque(maxlen=64)
+        self.passes: dict[int, float] = {}      # rows -> seconds of such a pass (moving average)
         self.accepted, self.checked = self.PRIOR_ACCEPT
         self.draft_s: float | None = None
         self.plain_steps = 0
+        self.probe_every = self.PROBE
 
     @property
     def rate(self) -> float:
@@ -192,7 +196,8 @@ class DraftLength:
             self.draft_s = s if self.draft_s is None else 0.8 * self.draft_s + 0.2 * s
 
     def on_pass(self, rows: int, seconds: float) -> None:
-        self.passes.append((rows, seconds))
+        old = self.passes.get(rows)
+        self.passes[rows] = seconds if old is None else 0.8 * old + 0.2 * seconds
 
     def on_check(self, drafted: int, accepted: int) -> None:
         decay = 0.98 ** drafted           # recent steps weigh more
@@ -203,13 +208,23 @@ class DraftLength:
         """(fixed, per_row) seconds of a pass, from the passes measured."""
         if not self.passes:
             return 1.0, 0.0
-        rows = np.array([r for r, _ in self.passes], dtype=np.float64)
-        secs = np.array([s for _, s in self.passes], dtype=np.float64)
-        if rows.min() == rows.max():
-            return float(np.median(secs)), 0.0
-        per_row, fixed = np.polyfit(rows, secs, 1)
+        rows = np.array(list(self.passes), dtype=np.float64)
+        secs = np.array(list(self.passes.values()), dtype=np.float64)
+        if len(rows) == 1:
+            return float(secs[0]), 0.0
+        per_row, _ = np.polyfit(rows, secs, 1)
         per_row = max(float(per_row), 0.0)
-        return max(float(np.median(secs - per_row * rows)), 1e-6), per_row
+        return max(float(np.median(secs - per_row * rows)), 0.0), per_row
+
+    @property
+    def probing(self) -> bool:
+        """No pass of several rows measured yet: the next draft may be any guess (its cost is the point)."""
+        return self.fixed is None and all(r == 1 for r in self.passes)
+
+    def costs(self, up_to: int) -> list[float]:
+        """Seconds of a pass of 0..up_to rows: each measured row count's average, the fitted line elsewhere."""
+        fixed, per_row = self.pass_cost()
+        return [self.passes.get(r, fixed + per_row * r) for r in range(up_to + 1)]
 
     def choose(self, room: int) -> int:
         """k for the next step, at most room."""
@@ -218,19 +233,32 @@ class DraftLength:
             return max(0, min(self.fixed, room))
         if hi < max(self.k_min, 1):
             return 0
-        fixed, per_row = self.pass_cost()
+        seen = set(self.passes)
+        if not seen:
+            return 0                                       # a plain pass first: its cost
+        if seen == {1}:
+            return 1                                       # then two rows (Speculator.probing: a free guess)
         draft_s = self.draft_s if self.draft_s is not None else 0.0
         a = min(self.rate, 0.999)
-        best_k, best = 0, 1.0 / (fixed + per_row)
+        cost = self.costs(hi + 1)
+        plain = 1.0 / max(cost[1], 1e-9)
+        best_k, best, ideal = 0, plain, plain
         for k in range(max(self.k_min, 1), hi + 1):
-            speed = (1.0 - a ** (k + 1)) / (1.0 - a) / (fixed + per_row * (k + 1) + k * draft_s)
+            speed = (1.0 - a ** (k + 1)) / (1.0 - a) / max(cost[k + 1] + k * draft_s, 1e-9)
+            ideal = max(ideal, (k + 1) / max(cost[k + 1], 1e-9))
             if speed > best:
                 best_k, best = k, speed
-        if best_k == 0:
-            self.plain_steps += 1
-            if self.plain_steps % self.PROBE == 0:
-                return max(self.k_min, 1)
-        return best_k
+        if best_k:
+            self.plain_steps, self.probe_every = 0, self.PROBE
+            return best_k
+        if ideal < 1.05 * plain:       # rows cost as much as passes: not even free, always right drafts would pay
+            return 0
+        self.plain_steps += 1
+        if self.plain_steps >= self.probe_every:
+            self.plain_steps = 0
+            self.probe_every = min(2 * self.probe_every, self.PROBE_MAX)
+            return max(self.k_min, 1)
+        return 0
 
 
 class Speculator:
@@ -242,6 +270,8 @@ class Speculator:
         self.steps = self.drafted = self.accepted = self.generated = 0
 
     def timed_draft(self, context: Sequence[int], k: int) -> list[int]:
+        if k and self.length.probing:            # the cost of a pass of two rows, before the drafter's
+            return [int(context[-1])]            # (a draft model's prompt) is paid: the last token again
         t = time.perf_counter()
         out = self.drafter.draft(context, k)[:k] if k else []
         self.length.on_draft(len(out), time.perf_counter() - t)

@@ -1,0 +1,128 @@
+"""Speculative decoding against plain decoding, Qwen2.5-Coder-1.5B, streamed and resident, in one run.
+
+    python bench/speculative.py [--tokens 96] [--budget 256MiB] [--limit ''] [--json PATH]
+
+Each row runs in a child process of its own (a fresh model; the file in the page cache unless --limit, which
+runs it in a memory cgroup of that size with the page cache dropped and O_DIRECT reads):
+- code completion (a function to write), plain vs the Qwen2.5-Coder-0.5B draft model (resident);
+- a rewrite-this-code prompt, plain vs prompt lookup (lookup_ngram 4);
+each with the target streamed at device_budget --budget and resident. Greedy; batch_invariant on, so every
+speculative text must equal the plain one (checked). Timed: generation after the prompt. Reports tokens/s,
+the ratio to plain, acceptance, mean k, tokens per pass and bytes streamed per generated token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+CODE = ("<|im_start|>user\nWrite a Python function that parses a CSV file of (name, age, city) rows and returns "
+        "the average age per city, with a docstring and type hints.<|im_end|>\n<|im_start|>assistant\n")
+REWRITE = ("<|im_start|>user\nRename the variable `data` to `records` in this code and change nothing else:\n\n"
+           "```python\nimport json\n\n\ndef load(path):\n    with open(path) as f:\n        data = json.load(f)\n"
+           "    out = []\n    for item in data:\n        if item.get(\"active\"):\n            out.append(item[\"name\"])\n"
+           "    print(len(data), \"items\")\n    return sorted(out)\n\n\ndef save(path, data):\n    with open(path, \"w\") as f:\n"
+           "        json.dump(data, f, indent=2)\n```<|im_end|>\n<|im_start|>assistant\n")
+
+CHILD = r"""
+import json, sys, time
+from superggml import Model
+req = json.loads(sys.argv[1])
+kw = dict(ctx_size=1024, n_threads=2, batch_invariant=True, **req["spec"])
+if req["budget"]:
+    kw.update(device_budget=req["budget"], async_prefetch=True)
+if req.get("direct"):
+    kw["direct_io"] = True
+with Model(req["model"], **kw) as m:
+    toks = m.tokenize(req["prompt"], special=True)
+    gen = m.generate(toks, temp=0)
+    out = [next(gen)]                  # the prompt's pass, not timed
+    st0 = m.stats()
+    t = time.perf_counter()
+    for _ in range(req["tokens"] - 1):
+        out.append(next(gen))
+    dt = time.perf_counter() - t
+    st = m.stats()
+    n = len(out) - 1
+    print(json.dumps(dict(tok_s=n / dt, tokens=out, bytes_per_token=(st.get("bytes_loaded", 0)
+                     - st0.get("bytes_loaded", 0)) / n, acceptance=st.get("draft_acceptance"),
+                     k=st.get("draft_k_mean"), per_pass=st.get("draft_tokens_per_pass"))))
+"""
+
+
+def run(req: dict, limit: int | None, timeout: float) -> dict:
+    args = [sys.executable, "-c", CHILD, json.dumps(req)]
+    if limit:
+        import memcg
+
+        memcg.drop_page_cache(req["model"])
+        r = memcg.run_limited(args, limit, timeout=timeout)
+    else:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        return dict(error=f"exit {r.returncode}: {r.stderr[-600:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--budget", default="256MiB")
+    ap.add_argument("--limit", default="", help="memory cgroup for every row (O_DIRECT reads), e.g. 1GiB")
+    ap.add_argument("--draft-max", type=int, default=16)
+    ap.add_argument("--lookup-ngram", type=int, default=4)
+    ap.add_argument("--resident", action=argparse.BooleanOptionalAction, default=True, help="the resident rows")
+    ap.add_argument("--streamed", action=argparse.BooleanOptionalAction, default=True, help="the streamed rows")
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+
+    from superggml import models
+    from superggml.settings import parse_size
+
+    path, draft = str(models.qwen_path()), str(models.qwen05_path())
+    limit = int(parse_size(a.limit)) if a.limit else None
+    tasks = [("code completion", CODE, "0.5B draft", dict(draft_model=draft, draft_max=a.draft_max)),
+             ("rewrite", REWRITE, f"lookup {a.lookup_ngram}", dict(lookup_ngram=a.lookup_ngram,
+                                                                   draft_max=a.draft_max))]
+    modes = [(f"streamed {a.budget}" + (f", cgroup {a.limit}" if a.limit else ""), a.budget)] if a.streamed else []
+    if a.resident:
+        modes.append(("resident", None))
+    print(f"{os.path.basename(path)}: {a.tokens} greedy tokens, 2 threads, batch_invariant", flush=True)
+    print(f"{'mode':<28} {'task':<16} {'drafter':<11} {'tok/s':>7} {'vs plain':>8} {'accept':>7} {'k':>5} "
+          f"{'tok/pass':>8} {'MB/token':>9} {'= plain':>7}")
+    results, ok = [], True
+    for mode, budget in modes:
+        for task, prompt, name, spec in tasks:
+            base = dict(model=path, prompt=prompt, tokens=a.tokens, budget=budget, direct=bool(limit))
+            plain = run(dict(base, spec={}), limit, a.timeout)
+            fast = run(dict(base, spec=spec), limit, a.timeout)
+            if "error" in plain or "error" in fast:
+                print(f"{mode:<28} {task:<16} {name:<11} {plain.get('error') or fast.get('error')}")
+                ok = False
+                continue
+            same = plain["tokens"] == fast["tokens"]
+            ok &= same
+            for label, r in (("plain", plain), (name, fast)):
+                ratio = r["tok_s"] / plain["tok_s"]
+                print(f"{mode:<28} {task:<16} {label:<11} {r['tok_s']:>7.2f} {ratio:>7.2f}x "
+                      f"{'' if r['acceptance'] is None else format(r['acceptance'], '.2f'):>7} "
+                      f"{'' if r['k'] is None else format(r['k'], '.1f'):>5} "
+                      f"{'' if r['per_pass'] is None else format(r['per_pass'], '.2f'):>8} "
+                      f"{r['bytes_per_token'] / 1e6:>9.1f} {'yes' if same or label == 'plain' else 'NO':>7}",
+                      flush=True)
+            results.append(dict(mode=mode, task=task, drafter=name, plain=plain, speculative=fast, equal=same))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(model=path, draft=draft, tokens=a.tokens, results=results), f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
