@@ -172,3 +172,25 @@ def test_a_draft_model_of_another_vocabulary_is_refused(tmp_path, smollm2_path, 
         Model(smollm2_path, ctx_size=64, draft_model=str(models.qwen05_path()))
     with pytest.raises(ValueError, match="not both"):
         Model(smollm2_path, ctx_size=64, draft_model=smollm2_path, lookup_ngram=2)
+
+
+def test_metrics_report_drafted_accepted_and_tokens_per_pass(tmp_path, smollm2_path):
+    import json
+
+    import jsonschema
+
+    from superggml.metrics import schema
+
+    path = tmp_path / "m.jsonl"
+    with Model(smollm2_path, ctx_size=256, n_threads=2, lookup_ngram=3, draft_k=4, metrics_file=str(path)) as m:
+        m.create_completion(REWRITE, max_tokens=24, temperature=0)
+        st = m.stats()
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    v = jsonschema.Draft202012Validator(schema())
+    for line in lines:
+        v.validate(line)
+    snaps = [x for x in lines if "event" not in x]
+    assert len(snaps) == 23 and snaps[-1]["generated_tokens"] == 23     # as plain: the last token is never fed
+    last = snaps[-1]
+    assert last["draft_tokens"] == st["draft_tokens"] > 0 and last["draft_accepted"] == st["draft_accepted"]
+    assert last["draft_tokens_per_pass"] == round(st["draft_tokens_per_pass"], 3) >= 1.0

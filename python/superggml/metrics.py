@@ -200,5 +200,9 @@ class Metrics:
                     bytes_streamed_per_token=round(int(st.get("bytes_loaded", 0)) / max(self.generated_tokens, 1)))
         if "expert_slots" in st:        # a mixture of experts with its experts paged (expert_cache)
             line.update({k: st[k] for k in EXPERT_FIELDS})
+        if "draft_steps" in st:         # speculative decoding
+            line.update(draft_tokens=int(st["draft_tokens"]), draft_accepted=int(st["draft_accepted"]),
+                        draft_tokens_per_pass=round(float(st["draft_tokens_per_pass"] or 0.0), 3),
+                        draft_k_mean=round(float(st["draft_k_mean"] or 0.0), 3))
         return line
 
