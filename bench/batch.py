@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -100,12 +99,7 @@ print(json.dumps(dict(alone=alone)))
 def run(req: dict, limit: int | None, timeout: float) -> dict:
     import memcg
 
-    args = [sys.executable, "-c", CHILD, json.dumps(req)]
-    if limit:
-        memcg.drop_page_cache(req["model"])
-        r = memcg.run_limited(args, limit, timeout=timeout)
-    else:
-        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    r = memcg.run_maybe_limited([sys.executable, "-c", CHILD, json.dumps(req)], req["model"], limit, timeout)
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     rows = [x["row"] for x in lines if "row" in x]
     if r.returncode != 0:

@@ -1,6 +1,6 @@
 """Speculative decoding against plain decoding, Qwen2.5-Coder-1.5B, streamed and resident, in one run.
 
-    python bench/speculative.py [--tokens 96] [--budget 256MiB] [--limit ''] [--json PATH]
+    python bench/speculative.py [--tokens 96] [--budget 256MiB] [--limit ''] [--repeat 3] [--json PATH]
 
 Each row runs in a child process of its own (a fresh model; the file in the page cache unless --limit, which
 runs it in a memory cgroup of that size with the page cache dropped and O_DIRECT reads):
@@ -8,7 +8,8 @@ runs it in a memory cgroup of that size with the page cache dropped and O_DIRECT
 - a rewrite-this-code prompt, plain vs prompt lookup (lookup_ngram 4);
 each with the target streamed at device_budget --budget and resident. Greedy; batch_invariant on, so every
 speculative text must equal the plain one (checked). Timed: generation after the prompt. Reports tokens/s,
-the ratio to plain, acceptance, mean k, tokens per pass and bytes streamed per generated token.
+the ratio to plain, acceptance, mean k, tokens per pass and bytes streamed per generated token; each the
+median of --repeat runs, plain and speculative alternating.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -57,17 +57,20 @@ with Model(req["model"], **kw) as m:
 
 
 def run(req: dict, limit: int | None, timeout: float) -> dict:
-    args = [sys.executable, "-c", CHILD, json.dumps(req)]
-    if limit:
-        import memcg
+    import memcg
 
-        memcg.drop_page_cache(req["model"])
-        r = memcg.run_limited(args, limit, timeout=timeout)
-    else:
-        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    r = memcg.run_maybe_limited([sys.executable, "-c", CHILD, json.dumps(req)], req["model"], limit, timeout)
     if r.returncode != 0:
         return dict(error=f"exit {r.returncode}: {r.stderr[-600:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run of median tokens/s (an error if any run failed)."""
+    bad = [r for r in runs if "error" in r]
+    if bad:
+        return bad[0]
+    return sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
 
 
 def main() -> int:
@@ -80,6 +83,7 @@ def main() -> int:
     ap.add_argument("--resident", action=argparse.BooleanOptionalAction, default=True, help="the resident rows")
     ap.add_argument("--streamed", action=argparse.BooleanOptionalAction, default=True, help="the streamed rows")
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each row, plain and speculative alternating")
     ap.add_argument("--json")
     a = ap.parse_args()
 
@@ -101,8 +105,11 @@ def main() -> int:
     for mode, budget in modes:
         for task, prompt, name, spec in tasks:
             base = dict(model=path, prompt=prompt, tokens=a.tokens, budget=budget, direct=bool(limit))
-            plain = run(dict(base, spec={}), limit, a.timeout)
-            fast = run(dict(base, spec=spec), limit, a.timeout)
+            plains, fasts = [], []
+            for _ in range(a.repeat):       # alternating, each figure the median of its runs
+                plains.append(run(dict(base, spec={}), limit, a.timeout))
+                fasts.append(run(dict(base, spec=spec), limit, a.timeout))
+            plain, fast = median_run(plains), median_run(fasts)
             if "error" in plain or "error" in fast:
                 print(f"{mode:<28} {task:<16} {name:<11} {plain.get('error') or fast.get('error')}")
                 ok = False

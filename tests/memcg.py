@@ -76,3 +76,13 @@ def run_limited(argv: list[str], limit_bytes: int, timeout: float) -> subprocess
     """Runs argv in a new child memory cgroup limited to limit_bytes (see limited())."""
     with limited(limit_bytes) as enter:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=enter)
+
+
+def run_maybe_limited(argv: list[str], model: str, limit_bytes: int | None,
+                      timeout: float) -> subprocess.CompletedProcess:
+    """Runs argv (output captured): in a new cgroup of limit_bytes with `model`'s pages dropped from the page
+    cache first, or plainly when limit_bytes is None."""
+    if limit_bytes:
+        drop_page_cache(model)
+        return run_limited(argv, limit_bytes, timeout)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
