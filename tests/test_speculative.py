@@ -20,6 +20,8 @@ REWRITE = ("Rewrite this function with type hints:\n\ndef add(a, b):\n    total 
 
 CONFIGS = {
     "resident": {},
+    "paged256": dict(paged_kv=True, kv_page_size=256),
+    "streamed": dict(device_budget="24MiB", async_prefetch=True),
     "streamed-paged16": dict(device_budget="24MiB", async_prefetch=True, paged_kv=True, kv_page_size=16),
 }
 
