@@ -196,3 +196,22 @@ def test_metrics_report_drafted_accepted_and_tokens_per_pass(tmp_path, smollm2_p
     last = snaps[-1]
     assert last["draft_tokens"] == st["draft_tokens"] > 0 and last["draft_accepted"] == st["draft_accepted"]
     assert last["draft_tokens_per_pass"] == round(st["draft_tokens_per_pass"], 3) >= 1.0
+
+
+def test_server_speculates_for_a_lone_request_and_answers_as_plain(smollm2_path):
+    import httpx
+    from test_server import Server
+
+    kw = dict(ctx_size=256, n_threads=2, paged_kv=True, kv_page_size=16, kv_device_layers=4 * 30)
+    with Model(smollm2_path, **kw) as m:
+        plain = greedy(m, REWRITE, 32)
+    with Model(smollm2_path, lookup_ngram=3, draft_k=4, **kw) as m:
+        s = Server(m, parallel=4)
+        try:
+            r = httpx.post(s.url + "/v1/completions", json={"prompt": REWRITE, "max_tokens": 32, "temperature": 0},
+                           timeout=120)
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain
+            st = m.stats()
+            assert st["draft_steps"] > 0 and st["draft_tokens"] > 0
+        finally:
+            s.close()
