@@ -2,14 +2,15 @@
 
     python bench/speculative.py [--tokens 96] [--budget 256MiB] [--limit ''] [--repeat 3] [--json PATH]
 
-Each row runs in a child process of its own (a fresh model; the file in the page cache unless --limit, which
-runs it in a memory cgroup of that size with the page cache dropped and O_DIRECT reads):
+Each (target, task) runs in a child process of its own, which alternates plain and speculative runs --repeat
+times on the same model (a fresh speculator each time): the file in the page cache unless --limit, which runs it
+in a memory cgroup of that size with the page cache dropped and O_DIRECT reads:
 - code completion (a function to write), plain vs the Qwen2.5-Coder-0.5B draft model (resident);
 - a rewrite-this-code prompt, plain vs prompt lookup (lookup_ngram 4);
 each with the target streamed at device_budget --budget and resident. Greedy; batch_invariant on, so every
 speculative text must equal the plain one (checked). Timed: generation after the prompt. Reports tokens/s,
 the ratio to plain, acceptance, mean k, tokens per pass and bytes streamed per generated token; each the
-median of --repeat runs, plain and speculative alternating.
+median of --repeat runs.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ REWRITE = ("<|im_start|>user\nRename the variable `data` to `records` in this co
 CHILD = r"""
 import json, sys, time
 from superggml import Model
+from superggml.speculative import DraftLength, Speculator
 req = json.loads(sys.argv[1])
 kw = dict(ctx_size=1024, n_threads=2, batch_invariant=True, **req["spec"])
 if req["budget"]:
@@ -40,19 +42,32 @@ if req["budget"]:
 if req.get("direct"):
     kw["direct_io"] = True
 with Model(req["model"], **kw) as m:
+    drafter, length = m._spec.drafter, m._spec.length
     toks = m.tokenize(req["prompt"], special=True)
-    gen = m.generate(toks, temp=0)
-    out = [next(gen)]                  # the prompt's pass, not timed
-    st0 = m.stats()
-    t = time.perf_counter()
-    for _ in range(req["tokens"] - 1):
-        out.append(next(gen))
-    dt = time.perf_counter() - t
-    st = m.stats()
-    n = len(out) - 1
-    print(json.dumps(dict(tok_s=n / dt, tokens=out, bytes_per_token=(st.get("bytes_loaded", 0)
-                     - st0.get("bytes_loaded", 0)) / n, acceptance=st.get("draft_acceptance"),
-                     k=st.get("draft_k_mean"), per_pass=st.get("draft_tokens_per_pass"))))
+
+    def one(speculate):
+        # the same process for both: a fresh speculator (nothing learnt) or none
+        m._spec = Speculator(drafter, DraftLength(length.k_min, length.k_max, length.fixed)) if speculate else None
+        gen = m.generate(toks, temp=0)
+        out = [next(gen)]                  # the prompt's pass, not timed
+        st0 = m.stats()
+        t = time.perf_counter()
+        for _ in range(req["tokens"] - 1):
+            out.append(next(gen))
+        dt = time.perf_counter() - t
+        gen.close()
+        st = m.stats()
+        n = len(out) - 1
+        return dict(tok_s=n / dt, tokens=out, bytes_per_token=(st.get("bytes_loaded", 0)
+                    - st0.get("bytes_loaded", 0)) / n, acceptance=st.get("draft_acceptance"),
+                    k=st.get("draft_k_mean"), per_pass=st.get("draft_tokens_per_pass"))
+
+    runs = {"plain": [], "speculative": []}
+    for _ in range(req["repeat"]):       # alternating
+        runs["plain"].append(one(False))
+        runs["speculative"].append(one(True))
+    m._spec = Speculator(drafter, length)
+    print(json.dumps(runs))
 """
 
 
@@ -105,11 +120,11 @@ def main() -> int:
     for mode, budget in modes:
         for task, prompt, name, spec in tasks:
             base = dict(model=path, prompt=prompt, tokens=a.tokens, budget=budget, direct=bool(limit))
-            plains, fasts = [], []
-            for _ in range(a.repeat):       # alternating, each figure the median of its runs
-                plains.append(run(dict(base, spec={}), limit, a.timeout))
-                fasts.append(run(dict(base, spec=spec), limit, a.timeout))
-            plain, fast = median_run(plains), median_run(fasts)
+            got = run(dict(base, spec=spec, repeat=a.repeat), limit, a.timeout)
+            if "error" in got:
+                plain = fast = got
+            else:
+                plain, fast = median_run(got["plain"]), median_run(got["speculative"])
             if "error" in plain or "error" in fast:
                 print(f"{mode:<28} {task:<16} {name:<11} {plain.get('error') or fast.get('error')}")
                 ok = False
