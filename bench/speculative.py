@@ -48,6 +48,7 @@ with Model(req["model"], **kw) as m:
     def one(speculate):
         # the same process for both: a fresh speculator (nothing learnt) or none
         m._spec = Speculator(drafter, DraftLength(length.k_min, length.k_max, length.fixed)) if speculate else None
+        m.reset()                          # the whole prompt in one pass each time, as in a fresh process
         gen = m.generate(toks, temp=0)
         out = [next(gen)]                  # the prompt's pass, not timed
         st0 = m.stats()
