@@ -14,6 +14,15 @@ from superggml.metrics import MetricsWriter, schema
 from superggml.plot import read_metrics
 
 
+def valid_lines(path) -> list[dict]:
+    """A metrics file's lines, each validated against the shipped schema."""
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    validator = jsonschema.Draft202012Validator(schema())
+    for line in lines:
+        validator.validate(line)
+    return lines
+
+
 class FakeMemory:
     def __init__(self, m: Model):
         self.high = False
@@ -35,10 +44,7 @@ def test_metrics_lines_validate_and_agree_with_the_counters(smollm2_path, tmp_pa
             mem.high = 4 <= i < 7                          # pressure for a few tokens: moves to log
             m.eval([t + i])
         final = m.stats()
-    lines = [json.loads(x) for x in path.read_text().splitlines()]
-    validator = jsonschema.Draft202012Validator(schema())
-    for line in lines:
-        validator.validate(line)
+    lines = valid_lines(path)
     snaps = [x for x in lines if "event" not in x]
     layers = [x for x in lines if x.get("event") == "layer"]
     moves = [x for x in lines if x.get("event") in ("layer_demote", "layer_promote")]
@@ -97,10 +103,7 @@ def test_cli_metrics_file(smollm2_path, tmp_path):
     path = tmp_path / "cli.jsonl"
     assert cli.main(["generate", "-m", smollm2_path, "-p", "Hello", "-n", "5", "--temp", "0", "-c", "128",
                      "--metrics-file", str(path)]) == 0
-    lines = [json.loads(x) for x in path.read_text().splitlines()]
-    v = jsonschema.Draft202012Validator(schema())
-    for line in lines:
-        v.validate(line)
+    lines = valid_lines(path)
     assert max(x["generated_tokens"] for x in lines if "event" not in x) >= 4
 
 

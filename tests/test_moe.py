@@ -90,21 +90,14 @@ def test_router_lookahead_prefetches_the_next_blocks_experts(tmp_path, vocab_fie
 
 
 def test_metrics_report_the_expert_cache(tmp_path, vocab_fields):
-    import json
-
-    import jsonschema
-
-    from superggml.metrics import schema
+    from test_metrics import valid_lines
 
     path = synth(tmp_path / "moe.gguf", vocab_fields, **{**VARIANTS["qwen3moe-8x2-q8_0"], "n_layer": 4})
     out = tmp_path / "m.jsonl"
     with Model(path, ctx_size=128, n_threads=2, n_batch=8, expert_cache=expert_bytes(path) // 4,
                metrics_file=str(out)) as m:
         m.create_completion("Once upon a time", max_tokens=6, temperature=0)
-    lines = [json.loads(x) for x in out.read_text().splitlines()]
-    v = jsonschema.Draft202012Validator(schema())
-    for x in lines:
-        v.validate(x)
+    lines = valid_lines(out)
     snaps = [x for x in lines if "tokens_per_sec" in x]
     assert snaps and snaps[-1]["expert_slots"] == 8 and snaps[-1]["expert_misses"] > 0
     assert any(x.get("kind") == "experts" for x in lines)

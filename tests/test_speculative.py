@@ -177,20 +177,13 @@ def test_a_draft_model_of_another_vocabulary_is_refused(tmp_path, smollm2_path, 
 
 
 def test_metrics_report_drafted_accepted_and_tokens_per_pass(tmp_path, smollm2_path):
-    import json
-
-    import jsonschema
-
-    from superggml.metrics import schema
+    from test_metrics import valid_lines
 
     path = tmp_path / "m.jsonl"
     with Model(smollm2_path, ctx_size=256, n_threads=2, lookup_ngram=3, draft_k=4, metrics_file=str(path)) as m:
         m.create_completion(REWRITE, max_tokens=24, temperature=0)
         st = m.stats()
-    lines = [json.loads(x) for x in path.read_text().splitlines()]
-    v = jsonschema.Draft202012Validator(schema())
-    for line in lines:
-        v.validate(line)
+    lines = valid_lines(path)
     snaps = [x for x in lines if "event" not in x]
     assert len(snaps) == 23 and snaps[-1]["generated_tokens"] == 23     # as plain: the last token is never fed
     last = snaps[-1]

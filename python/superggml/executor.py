@@ -669,6 +669,25 @@ class Executor:
         if bad:
             raise ValueError(f"token id {bad[0]} out of range [0, {self.hp.n_vocab})")
 
+    def _rollback(self, seq: SequenceState, start: int) -> None:
+        """After a failed eval: `seq` forgets its tokens from `start` on (all or nothing: rows written past it
+        are overwritten later), or all of them when a sliding window already moved past what `start` needs."""
+        del seq.tokens[start:]
+        if not self.kv.can_truncate(seq.id, start):
+            self.kv.truncate(seq.id, 0)
+            seq.tokens.clear()
+            seq.scores = None
+
+    def keep_prefix(self, tokens: Sequence[int]) -> int:
+        """Truncates the current sequence to its longest cached prefix of tokens[:-1] (the last token is always
+        fed again, for its logits); returns the tokens kept (see truncate)."""
+        keep = 0
+        for a, b in zip(self.seq.tokens, tokens[:-1]):
+            if a != b:
+                break
+            keep += 1
+        return self.truncate(keep)
+
     # -- public --------------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, logits_all: bool = False) -> np.ndarray:
         """Feeds tokens to the current sequence at positions n_past..; returns F32 logits [n_out, n_vocab]
@@ -687,9 +706,7 @@ class Executor:
                 if r is not None:
                     outs.append(r)
         except BaseException:
-            del seq.tokens[start:]     # all or nothing: rows written past it are overwritten later
-            if not self.kv.can_truncate(seq.id, start):   # a sliding window moved past what `start` needs
-                self.truncate(0)
+            self._rollback(seq, start)
             raise
         seq.scores = np.concatenate(outs, axis=0)
         return seq.scores
@@ -708,9 +725,7 @@ class Executor:
                 chunk = tokens[i:i + step]
                 outs.append(self._pass([(seq, [t]) for t in chunk], list(range(len(chunk)))))
         except BaseException:
-            del seq.tokens[start:]
-            if not self.kv.can_truncate(seq.id, start):
-                self.truncate(0)
+            self._rollback(seq, start)
             raise
         seq.scores = outs[0] if len(outs) == 1 else np.concatenate(outs, axis=0)
         return seq.scores
@@ -763,10 +778,7 @@ class Executor:
                         at += k
         except BaseException:
             for st, start in zip(states, starts):
-                del st.tokens[start:]
-                if not self.kv.can_truncate(st.id, start):
-                    self.kv.truncate(st.id, 0)
-                    st.tokens.clear()
+                self._rollback(st, start)
             raise
         result = []
         for st, o in zip(states, outs):

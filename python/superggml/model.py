@@ -41,6 +41,11 @@ def sampling_options(*, temperature: float, top_p: float, top_k: int, min_p: flo
                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, seed=seed)
 
 
+def stop_list(stop: str | Sequence[str] | None) -> list[str]:
+    """OpenAI's `stop` (a string, a list of them, or none) as a list."""
+    return [stop] if isinstance(stop, str) else list(stop or [])
+
+
 def _want_direct_io(path: str) -> bool:
     """O_DIRECT pays off when the file cannot stay in the page cache: larger than what is available."""
     return os.path.getsize(path) > int(_core.host_memory()["available"])
@@ -199,6 +204,7 @@ class Model:
             if self.tokenizer.n_vocab != self.hparams.n_vocab:
                 raise GGUFError(f"vocabulary has {self.tokenizer.n_vocab} tokens but the model "
                                 f"{self.hparams.n_vocab}")
+            self._spec: Speculator | None = self._speculator() if s.speculative.enabled else None
         except BaseException:
             if "_exec" in self.__dict__:
                 self._exec.close()
@@ -214,15 +220,6 @@ class Model:
                   file=sys.stderr)
         self._metrics: Metrics | None = None
         self._closed = False
-        self._spec: Speculator | None = None
-        if s.speculative.enabled:
-            try:
-                self._spec = self._speculator()
-            except BaseException:
-                self._closed = True
-                self._exec.close()
-                self._file.close()
-                raise
         ms = s.metrics
         if ms.enabled:
             self._metrics = Metrics(self, MetricsWriter(ms.metrics_file, pretty=ms.metrics_pretty),
@@ -431,12 +428,7 @@ class Model:
         tokens = list(tokens)
         if not tokens:
             raise ValueError("the prompt is empty")
-        keep = 0
-        for a, b in zip(self._exec.seq.tokens, tokens[:-1]):
-            if a != b:
-                break
-            keep += 1
-        keep = self._exec.truncate(keep)
+        keep = self._exec.keep_prefix(tokens)
         return self.eval(tokens[keep:], logits_all=False)[-1]
 
     def generate(self, tokens: Sequence[int], *, temp: float = 0.8, top_k: int = 40, top_p: float = 0.95,
@@ -501,11 +493,7 @@ class Model:
             kept = ex.truncate(base + 1 + len(out))
             if kept < base + 1 + len(out):            # sliding-window keys already freed: feed them again
                 ex.eval((context + out)[kept:])
-            spec.length.on_check(len(draft), len(out))
-            spec.drafted += len(draft)
-            spec.accepted += len(out)
-        spec.steps += 1
-        spec.generated += len(out) + 1
+        spec.on_step(len(draft), len(out))
         return out + [nxt]
 
     # -- completions ---------------------------------------------------------
@@ -563,7 +551,7 @@ class Model:
             return [self._speculative_step(live[0])]       # one sequence decoding: draft for it
         room = budget if budget is not None else sum(len(g.pending) for g in gens)
         items, fed = [], []
-        for g in sorted((g for g in gens if g.pending and not g.finish), key=lambda g: len(g.pending) > 1):
+        for g in sorted(live, key=lambda g: len(g.pending) > 1):
             if room <= 0:
                 break
             take = g.pending[:room]
@@ -670,7 +658,7 @@ class Model:
             raise ValueError("the prompt is empty")
         tokens = [self.tokenize(p, add_bos=add_bos, special=True) if isinstance(p, str) else [int(t) for t in p]
                   for p in prompts]
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        stops = stop_list(stop)
         sampling = sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                     repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                     presence_penalty=presence_penalty, seed=seed)
@@ -716,7 +704,7 @@ class Model:
         """OpenAI-style chat completion using the GGUF's chat template."""
         self._check_open()
         tokens = self.tokenize(self.apply_chat_template(messages), add_bos=True, special=True)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        stops = stop_list(stop)
         sampling = sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                     repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                     presence_penalty=presence_penalty, seed=seed)

@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .model import Model, sampling_options
+from .model import Model, sampling_options, stop_list
 from .reply import Reply
 
 
@@ -313,7 +313,7 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
 
     async def run(body: _Body, prompts: list[list[int]], chat: bool, echo: list[str] | None = None) -> Any:
         loop = asyncio.get_running_loop()
-        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        stop = stop_list(body.stop)
         reply = Reply(chat=chat, stream=body.stream, model=mid, n_choices=len(prompts) * body.n,
                       n_prompt=sum(len(p) for p in prompts), echo=echo)
         job = _Job(prompts, body.n, body.max_tokens, stop, sampling(body), reply, asyncio.Queue(), loop)
@@ -332,10 +332,13 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
                 job.cancelled = True
                 raise
 
+        def sse(obj: Any) -> str:
+            return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
         async def events() -> Any:
             try:
                 for c in reply.opening():
-                    yield f"data: {json.dumps(c, separators=(',', ':'))}\n\n"
+                    yield sse(c)
                 while True:
                     item = await job.out.get()
                     if item is _END:
@@ -345,7 +348,7 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
                         err = {"error": {"message": str(item), "type": "server_error", "param": None, "code": None}}
                         yield f"data: {json.dumps(err)}\n\n"
                         return
-                    yield f"data: {json.dumps(item, separators=(',', ':'))}\n\n"
+                    yield sse(item)
             finally:
                 job.cancelled = True          # done, failed or the client went away: free the sequences
                 engine._wake.set()

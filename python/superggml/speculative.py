@@ -17,6 +17,7 @@ a pass that checks k drafted tokens costs about what one token costs; each accep
 
 from __future__ import annotations
 
+import abc
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -32,14 +33,15 @@ VOCAB_CHECK_START_TOKEN_ID = 5      # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_I
 CATCH_UP_ROWS = 16                  # a draft model's new tokens fed row by row in one pass up to this many
 
 
-class Drafter:
+class Drafter(abc.ABC):
     """Proposes up to k tokens to follow a context."""
 
     name = "none"
     catch_up_s = 0.0      # of the last draft: the time spent bringing the drafter to the context
 
+    @abc.abstractmethod
     def draft(self, context: Sequence[int], k: int) -> list[int]:
-        raise NotImplementedError
+        """Up to k tokens (fewer, or none, when it has no guess)."""
 
     def close(self) -> None:
         pass
@@ -108,13 +110,7 @@ class ModelDrafter(Drafter):
         new tokens (the last step's) go in one eval_rows pass, each row as if fed alone, as the model checked
         them; a prompt in one eval, but its last token alone, as the model fed it: a self-draft agrees exactly."""
         ex = self.model._exec
-        keep = 0
-        for a, b in zip(ex.seq.tokens, context[:-1]):
-            if a != b:
-                break
-            keep += 1
-        keep = ex.truncate(keep)
-        new = list(context[keep:])
+        new = list(context[ex.keep_prefix(context):])
         if len(new) <= CATCH_UP_ROWS:
             return ex.eval_rows(new)[-1]
         ex.eval(new[:-1])
@@ -281,6 +277,15 @@ class Speculator:
         # step it is the last step's few
         self.length.on_draft(len(out), time.perf_counter() - t - self.drafter.catch_up_s)
         return out
+
+    def on_step(self, drafted: int, accepted: int) -> None:
+        """A step checked `drafted` tokens and kept `accepted` of them, plus one of the model's own."""
+        if drafted:
+            self.length.on_check(drafted, accepted)
+            self.drafted += drafted
+            self.accepted += accepted
+        self.steps += 1
+        self.generated += accepted + 1
 
     def stats(self) -> dict[str, Any]:
         fixed, per_row = self.length.pass_cost()
