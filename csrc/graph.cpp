@@ -1,4 +1,5 @@
 #include "graph.h"
+#include "rpc.h"
 
 #include "ggml.h"
 #include "ggml-alloc.h"
@@ -65,7 +66,10 @@ compute_backend::~compute_backend() {
 
 ggml_backend_device * compute_backend::device() const { return ggml_backend_get_device(backend_); }
 ggml_backend_buffer_type * compute_backend::buffer_type() const { return ggml_backend_get_default_buffer_type(backend_); }
-std::string compute_backend::name() const { return ggml_backend_name(backend_); }
+std::string compute_backend::name() const {
+    std::string ep = rpc_device_endpoint(device());     // RPC: "RPC0[server]", not the relay's port
+    return ep.empty() ? ggml_backend_name(backend_) : ggml_backend_dev_name(device()) + ("[" + ep + "]");
+}
 
 void compute_backend::set_use_ref(bool on) {
     if (!ggml_backend_is_cpu(backend_)) return;

@@ -1,5 +1,7 @@
 #include "telemetry.h"
 
+#include "rpc.h"
+
 #include "ggml-backend.h"
 
 #include <algorithm>
@@ -109,7 +111,8 @@ std::vector<device_memory> device_memory_info() {
         ggml_backend_dev_t d = ggml_backend_dev_get(i);
         device_memory m;
         m.name = ggml_backend_dev_name(d);
-        m.description = ggml_backend_dev_description(d);
+        m.description = rpc_device_endpoint(d);     // an RPC device: its server, not the relay ggml talks to
+        if (m.description.empty()) m.description = ggml_backend_dev_description(d);
         switch (ggml_backend_dev_type(d)) {
             case GGML_BACKEND_DEVICE_TYPE_GPU: m.type = "gpu"; break;
             case GGML_BACKEND_DEVICE_TYPE_IGPU: m.type = "igpu"; break;

@@ -44,5 +44,6 @@ void init_expert_cache(pybind11::module_ & m);
 void init_kv_cache(pybind11::module_ & m);
 void init_io(pybind11::module_ & m);
 void init_weight_loader(pybind11::module_ & m);
+void init_rpc(pybind11::module_ & m);
 
 }  // namespace superggml

@@ -2,6 +2,7 @@
 
 #include "buffer-pool.h"
 #include "error.h"
+#include "rpc.h"
 #include "task-pool.h"   // Cancelled
 
 #include <cerrno>
@@ -24,6 +25,8 @@ void init_errors(py::module_ & m) {
             raise_from("PoolExhausted", e.what());
         } catch (const Cancelled & e) {
             raise_from("LoadCancelled", e.what());
+        } catch (const DeviceError & e) {
+            raise_from("DeviceError", e.what());
         } catch (const GGUFError & e) {
             raise_from("GGUFError", e.what());
         } catch (const FileError & e) {

@@ -1,6 +1,7 @@
 #include "bindings.h"
 
 #include "graph.h"
+#include "rpc.h"
 #include "tensor-bind.h"
 
 #include <ggml.h>
@@ -25,6 +26,12 @@ static void need_storage(const ggml_tensor * t, const char * op) {
     if (!t->data || !(t->buffer || (t->view_src && t->view_src->buffer))) {
         throw Error(std::string(op) + ": '" + t->name + "' has no storage");
     }
+}
+
+// DeviceError if the RPC server holding the tensor's storage failed (its relay then answers with zeros).
+static void check_device(const ggml_tensor * t) {
+    const ggml_backend_buffer * b = t->buffer ? t->buffer : (t->view_src ? t->view_src->buffer : nullptr);
+    if (b) rpc_check(ggml_backend_buft_get_device(ggml_backend_buffer_get_type(const_cast<ggml_backend_buffer *>(b))));
 }
 
 static std::vector<int64_t> shape_of(const ggml_tensor * t) {
@@ -119,8 +126,11 @@ void init_graph(py::module_ & m) {
                       "ops): a row's result does not depend on how many rows the op has. Other devices: ignored.")
         .def_property_readonly("compute_buffer_size", &compute_backend::compute_buffer_size)
         .def("compute", [](compute_backend & b, const graph_ref & g) {
-            py::gil_scoped_release nogil;
-            b.compute(g.g);
+            {
+                py::gil_scoped_release nogil;
+                b.compute(g.g);
+            }
+            rpc_check(b.device());
         }, "Allocates intermediates and runs the graph; the GIL is released.")
         .def("alloc_tensors", [](compute_backend & b, const std::shared_ptr<graph_context> & c) {
             return alloc_tensors(*c, b.buffer_type());
@@ -131,8 +141,11 @@ void init_graph(py::module_ & m) {
         size_t n = (size_t) info.size * (size_t) info.itemsize;
         need_storage(r.t, "tensor_set");
         if (offset + n > ggml_nbytes(r.t)) throw Error("tensor_set: data larger than the tensor");
-        py::gil_scoped_release nogil;
-        ggml_backend_tensor_set(r.t, info.ptr, offset, n);
+        {
+            py::gil_scoped_release nogil;
+            ggml_backend_tensor_set(r.t, info.ptr, offset, n);
+        }
+        check_device(r.t);
     }, py::arg("tensor"), py::arg("data"), py::arg("offset") = 0,
        "Copies the bytes of a contiguous buffer into the tensor's storage at byte `offset`.");
 
@@ -148,8 +161,12 @@ void init_graph(py::module_ & m) {
         need_storage(src.t, "tensor_copy");
         need_storage(dst.t, "tensor_copy");
         if (src.t->type != dst.t->type || !ggml_are_same_shape(src.t, dst.t) || !ggml_is_contiguous(src.t) || !ggml_is_contiguous(dst.t)) throw Error("tensor_copy: the tensors must be contiguous, of one type and shape");
-        py::gil_scoped_release nogil;
-        ggml_backend_tensor_copy(src.t, dst.t);
+        {
+            py::gil_scoped_release nogil;
+            ggml_backend_tensor_copy(src.t, dst.t);
+        }
+        check_device(src.t);
+        check_device(dst.t);
     }, py::arg("src"), py::arg("dst"), "Copies src into dst across backends (same type and shape).");
 
     m.def("tensor_get", [](tensor_ref & r) {
@@ -164,6 +181,7 @@ void init_graph(py::module_ & m) {
                 py::gil_scoped_release nogil;
                 ggml_backend_tensor_get(r.t, a.mutable_data(), 0, ggml_nbytes(r.t));
             }
+            check_device(r.t);
             return py::object(a);
         };
         switch (r.t->type) {
@@ -173,6 +191,7 @@ void init_graph(py::module_ & m) {
             default: {
                 std::string s(ggml_nbytes(r.t), '\0');
                 ggml_backend_tensor_get(r.t, s.data(), 0, s.size());
+                check_device(r.t);
                 return py::object(py::bytes(s));
             }
         }

@@ -15,4 +15,5 @@ PYBIND11_MODULE(_core, m) {
     superggml::init_io(m);
     superggml::init_weight_loader(m);
     superggml::init_expert_cache(m);
+    superggml::init_rpc(m);
 }

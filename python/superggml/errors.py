@@ -19,3 +19,9 @@ class PoolExhausted(SuperggmlError):
 
 class LoadCancelled(SuperggmlError):
     """A queued load was cancelled before it ran."""
+
+
+class DeviceError(SuperggmlError, ConnectionError):
+    """A device cannot be reached or failed mid-run (an RPC server: unreachable, busy, of another protocol
+    version, killed or silent past its timeout). The message names the endpoint; a model whose device failed
+    cannot continue: close it."""
