@@ -67,6 +67,21 @@ std::vector<std::string> weight_store::add_row_chunks(const std::string & name, 
     return names;
 }
 
+std::string weight_store::add_copy(const std::string & name, const std::string & tag) {
+    const entry & base = at(name);
+    std::string n = name + "@" + tag;
+    if (entries_.count(n)) return n;
+    if (!views_) {
+        ggml_init_params p = { 1024 * ggml_tensor_overhead(), nullptr, true };
+        views_ = ggml_init(p);
+    }
+    if (ggml_used_mem(views_) + ggml_tensor_overhead() > ggml_get_mem_size(views_)) throw Error("too many copies");
+    ggml_tensor * v = ggml_new_tensor(views_, base.t->type, GGML_MAX_DIMS, base.t->ne);
+    ggml_set_name(v, n.c_str());
+    entries_[n] = {v, base.offset, base.nbytes};
+    return n;
+}
+
 void weight_store::bind_mmap(const std::vector<std::string> & names) {
     if (!mmap_buf_) {
         mmap_buf_ = ggml_backend_cpu_buffer_from_ptr(const_cast<uint8_t *>(file_->map()), file_->file_size());

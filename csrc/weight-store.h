@@ -80,6 +80,11 @@ public:
     // of a multiple of 16 compute the bits the whole tensor would.
     std::vector<std::string> add_row_chunks(const std::string & name, size_t max_bytes);
 
+    // A second paged tensor "<name>@<tag>" over the same file bytes, bound on its own: the copy of a weight
+    // that another device's graphs read (a tied lm head, a tensor every block reads). Returns its name;
+    // the same one if it exists. Throws GGUFError for an unknown name.
+    std::string add_copy(const std::string & name, const std::string & tag);
+
 private:
     struct entry {
         ggml_tensor * t = nullptr;

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from superggml import Model, cli
-from superggml.settings import DeviceSettings
+from superggml.settings import DeviceSettings, layer_split
 
 PROMPT = list(range(300, 340))
 
@@ -30,7 +30,7 @@ def test_two_backends_give_the_logits_of_one(model_path, split):
         st = m.stats()
         assert st["devices"] == ["CPU", "CPU"]
         n = m.hparams.n_layer
-        want = DeviceSettings(("CPU", "CPU"), tuple(split or ())).layer_split(n)
+        want = layer_split(n, 2, tuple(split or ()))
         assert st["blocks_per_device"] == list(want) and sum(want) == n
         if split is None:
             assert want == (n - n // 2, n // 2)
@@ -38,13 +38,15 @@ def test_two_backends_give_the_logits_of_one(model_path, split):
 
 
 def test_layer_split_rounding_and_errors(smollm2_path):
-    assert DeviceSettings(("A", "B"), (3, 1)).layer_split(30) == (22, 8)
-    assert DeviceSettings(("A", "B", "C"), (1, 1, 1)).layer_split(30) == (10, 10, 10)
-    assert DeviceSettings(("A", "B")).layer_split(31) == (16, 15)
+    assert layer_split(30, 2, (3, 1)) == (22, 8)
+    assert layer_split(30, 3, (1, 1, 1)) == (10, 10, 10)
+    assert layer_split(31, 2) == (16, 15)
     with pytest.raises(ValueError, match="tensor_split needs 2"):
         DeviceSettings(("A", "B"), (1,))
-    with pytest.raises(ValueError, match="does not combine with paging"):
-        Model(smollm2_path, devices=["CPU", "CPU"], device_budget="64MiB")
+    with pytest.raises(ValueError, match="device_budget per device"):
+        Model(smollm2_path, devices=["CPU", "CPU"], dynamic_layers=True)
+    with pytest.raises(ValueError, match="device_budget gives 3 sizes for 2 devices"):
+        Model(smollm2_path, devices=["CPU", "CPU"], device_budget="64MiB,64MiB,1GiB")
     with pytest.raises(Exception, match="(?i)device"):
         Model(smollm2_path, devices=["CPU", "NoSuchDevice"])
 

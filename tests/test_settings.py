@@ -93,7 +93,9 @@ def test_aliases_unknown_names_and_normalisation():
     ({"kv_device_layers": 0}, "kv_device_layers must be >= 1"),
     ({"metrics_interval": 0}, "metrics_interval must be >= 1"),
     ({"devices": ["CPU", "CPU"], "tensor_split": [1]}, "tensor_split needs 2"),
-    ({"devices": ["CPU", "CPU"], "paged_kv": True}, "multi-device split does not combine"),
+    ({"devices": ["CPU", "CPU"], "dynamic_layers": True}, "device_budget per device"),
+    ({"devices": ["CPU", "CPU"], "device_budget": "1GiB,2GiB,3GiB"}, "3 sizes for 2 devices"),
+    ({"rpc": ["localhost:1"], "rpc_timeout": 0}, "rpc_timeout must be > 0"),
 ])
 def test_each_check_names_its_option(options, match, smollm2_path):
     with pytest.raises(ValueError, match=match):

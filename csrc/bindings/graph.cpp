@@ -119,6 +119,9 @@ void init_graph(py::module_ & m) {
                 default: return "cpu";
             }
         }, "cpu, gpu, igpu or accel: the kind of memory the weights land in")
+        .def_property_readonly("is_host", [](const compute_backend & b) {
+            return ggml_backend_buft_is_host(b.buffer_type());
+        }, "Whether the device's buffers are host memory (the CPU) or its own (a GPU, an RPC server).")
         .def_property("n_threads", &compute_backend::n_threads, &compute_backend::set_n_threads)
         .def_property("use_ref", [](const compute_backend & b) { return b.use_ref(); },
                       [](compute_backend & b, bool on) { b.set_use_ref(on); },
@@ -161,6 +164,9 @@ void init_graph(py::module_ & m) {
         need_storage(src.t, "tensor_copy");
         need_storage(dst.t, "tensor_copy");
         if (src.t->type != dst.t->type || !ggml_are_same_shape(src.t, dst.t) || !ggml_is_contiguous(src.t) || !ggml_is_contiguous(dst.t)) throw Error("tensor_copy: the tensors must be contiguous, of one type and shape");
+        for (ggml_tensor * t : {src.t, dst.t}) {
+            if (!t->buffer && t->view_src) ggml_backend_view_init(t);   // a view: ggml's copy reads its buffer
+        }
         {
             py::gil_scoped_release nogil;
             ggml_backend_tensor_copy(src.t, dst.t);

@@ -32,6 +32,8 @@ void init_weight_store(py::module_ & m) {
         }, "Every tensor name of the file, in file order.")
         .def("add_row_chunks", &weight_store::add_row_chunks, py::arg("name"), py::arg("max_bytes"),
              "Row ranges of a 2-D tensor as new paged tensors of at most max_bytes; returns their names.")
+        .def("add_copy", &weight_store::add_copy, py::arg("name"), py::arg("tag"),
+             "A second paged tensor '<name>@<tag>' over the same bytes (a weight another device reads too).")
         .def("file_range", &weight_store::file_range)
         .def("slot_bytes", [](const weight_store & s, const std::vector<std::string> & names, compute_backend * b,
                               bool direct_io) {

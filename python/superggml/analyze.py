@@ -134,9 +134,10 @@ def read_bandwidth(path: str, *, direct: bool, nbytes: int = 512 << 20, chunk: i
     return done / (time.perf_counter() - t0)
 
 
-def measure_compute(path: str, *, n_threads: int, tokens: int = 4) -> float:
-    """Seconds of computation per decoded token (graph compute only, from the per-layer timings)."""
-    with _calibration_model(path, n_threads) as m:
+def measure_compute(path: str, *, n_threads: int, tokens: int = 4, **model_kw: Any) -> float:
+    """Seconds of computation per decoded token (graph compute only, from the per-layer timings); model_kw:
+    where it runs (devices, rpc)."""
+    with _calibration_model(path, n_threads, **model_kw) as m:
         m.record_timings = True
         m.eval(m.tokenize("def f(x):"))
         per_token = []
@@ -146,12 +147,12 @@ def measure_compute(path: str, *, n_threads: int, tokens: int = 4) -> float:
     return statistics.median(per_token[1:] if len(per_token) > 1 else per_token)
 
 
-def _calibration_model(path: str, n_threads: int) -> Any:
+def _calibration_model(path: str, n_threads: int, **model_kw: Any) -> Any:
     from .model import Model
 
     lay = model_layout(path)
     return Model(path, ctx_size=128, n_threads=n_threads, repack=False, device_budget=2 * lay.slot_bytes,
-                 direct_io=False)
+                 direct_io=False, **model_kw)
 
 
 @dataclass(frozen=True)
@@ -219,12 +220,13 @@ def plan_budget(lay: Layout, budget: int, *, async_prefetch: bool = True, prefet
 
 def analyze(path: str, budgets: Sequence[int], *, n_threads: int, direct_io: bool | None = None,
             async_prefetch: bool = True, progress: bool = False, measure: bool = True,
-            hit_rate: float | None = None) -> Analysis:
-    """`hit_rate`: the expert cache's, for a MoE model's budgets (None: uniform routing's, plan_moe_budget)."""
+            hit_rate: float | None = None, **model_kw: Any) -> Analysis:
+    """`hit_rate`: the expert cache's, for a MoE model's budgets (None: uniform routing's, plan_moe_budget).
+    model_kw: where the compute is measured (devices, rpc: a server's device computes the blocks)."""
     lay = model_layout(path)
     w_buf = read_bandwidth(path, direct=False, progress=progress) if measure else float("nan")
     w_dir = read_bandwidth(path, direct=True, progress=progress) if measure else float("nan")
-    tc = measure_compute(path, n_threads=n_threads) if measure else float("nan")
+    tc = measure_compute(path, n_threads=n_threads, **model_kw) if measure else float("nan")
     if direct_io is None:
         direct_io = lay.file_bytes > int(_core.host_memory()["available"])
     plans = []

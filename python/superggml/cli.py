@@ -169,8 +169,12 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
         if lay.n_expert:            # a MoE block is mostly experts: shares of the file, the expert cache the rest
             budgets = [int(lay.file_bytes * f) for f in (1.0, 0.5, 0.25, 0.1)]
     direct = {"on": True, "off": False}.get(a.direct_io)
+    where: dict[str, Any] = {}
+    if a.rpc:           # the blocks compute on the servers' devices (all of them on the first, with --devices)
+        where = dict(rpc=a.rpc.split(","), devices=a.devices.split(",") if a.devices else None)
+        _print_rpc_devices(a.rpc.split(","))
     res = analyze(path, budgets, n_threads=a.threads or default_threads(), direct_io=direct, progress=not a.json,
-                  measure=not a.no_measure, hit_rate=a.hit_rate)
+                  measure=not a.no_measure, hit_rate=a.hit_rate, **where)
     print(json.dumps(res.to_json(), indent=1) if a.json else format_analysis(res))
     return 0
 
@@ -181,6 +185,8 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 
     from .plan import allocate, format_allocation, visible_devices
 
+    if a.rpc:
+        _print_rpc_devices(a.rpc.split(","), quiet=a.json)
     devs = visible_devices()
     select = [int(x) for x in a.devices.split(",")] if a.devices else None
     sizes: list[int] = []
@@ -205,6 +211,38 @@ def _cmd_plan(a: argparse.Namespace) -> int:
         print()
         print(format_allocation(alloc, sizes))
     return 0
+
+
+def _print_rpc_devices(endpoints: Sequence[str], *, quiet: bool = False) -> None:
+    """Adds the servers' devices (DeviceError names one that cannot be used) and lists them on stderr."""
+    from . import _core
+
+    for ep in endpoints:
+        for d in _core.rpc_add_server(ep.strip()):
+            if not quiet:
+                print(f"rpc: {d['name']}[{d['endpoint']}] (device {d['index']} of that server)", file=sys.stderr)
+
+
+def _cmd_rpc_server(a: argparse.Namespace) -> int:
+    from . import _core
+    from .settings import parse_size
+
+    host = a.host.strip("[]")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"superggml: warning: serving on {a.host}: ggml's RPC protocol has no authentication or encryption; "
+              f"anyone who reaches this port can run code paths of this process and read what it holds. Use it "
+              f"only on a trusted network.", file=sys.stderr)
+    endpoint = f"[{host}]:{a.port}" if ":" in host else f"{host}:{a.port}"
+    mem = int(parse_size(a.mem) or 0) if a.mem else 0
+    if a.cache:
+        os.makedirs(a.cache, exist_ok=True)
+    _core.rpc_server_start(endpoint, a.cache or "", a.threads or default_threads(), mem)
+    sys.stdout.flush()
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
 
 
 def _format_stats(st: dict[str, Any]) -> str:
@@ -272,6 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--no-measure", action="store_true", help="sizes and plans only; no bandwidth or compute runs")
     an.add_argument("--hit-rate", type=float, default=None, metavar="H",
                     help="MoE: the expert cache's hit rate to predict for (default: uniform routing's)")
+    an.add_argument("--rpc", default=None, metavar="HOST:PORT,...",
+                    help="ggml RPC servers: the compute is measured on their devices (see --devices)")
+    an.add_argument("--devices", default=None, metavar="DEV,DEV", help="with --rpc: the devices the blocks "
+                    "split over (default: this machine and the servers, by free memory)")
     an.add_argument("--json", action="store_true")
     an.set_defaults(func=_cmd_analyze)
 
@@ -281,8 +323,20 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--min-budget-mib", type=int, default=1024, help="skip devices with less (default 1024)")
     pn.add_argument("--device-order", choices=["free_desc", "total_desc", "index"], default="free_desc")
     pn.add_argument("--devices", default=None, help="comma-separated device indices to use (default: all)")
+    pn.add_argument("--rpc", default=None, metavar="HOST:PORT,...", help="ggml RPC servers whose devices to add")
     pn.add_argument("--json", action="store_true")
     pn.set_defaults(func=_cmd_plan)
+
+    rs = sub.add_parser("rpc-server", help="serve this machine's CPU to other processes' --rpc (ggml RPC)")
+    rs.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; the protocol has "
+                    "no authentication: anything else only on a trusted network)")
+    rs.add_argument("-p", "--port", type=int, default=50052, help="default 50052")
+    rs.add_argument("-t", "--threads", type=int, default=None, help="compute threads (default: the cores)")
+    rs.add_argument("-m", "--mem", default=None, metavar="SIZE",
+                    help="the memory the device advertises, e.g. 4GiB (default: the host's)")
+    rs.add_argument("-c", "--cache", default=None, metavar="DIR",
+                    help="ggml's cache of large tensors by hash: a client sends a hash instead of bytes it has")
+    rs.set_defaults(func=_cmd_rpc_server)
 
     pl = sub.add_parser("plot", help="draw a timeline PNG from a metrics file")
     pl.add_argument("metrics", help="a JSON-lines file written with --metrics-file")

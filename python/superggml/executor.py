@@ -19,9 +19,9 @@ from .arch import Architecture
 from .arch.common import StepInputs
 from .errors import SuperggmlError
 from .arch import moe
-from .layers import Block, ExpertPager, HeadChunk, Key, NullKV, NullPager, PagedKV, WeightPager
+from .layers import Block, ExpertPager, HeadChunk, Key, NullKV, NullPager, PagedKV, SplitKV, WeightPager, merge_stats
 from .scheduler import LayerScheduler, MemoryFn, device_memory_fn
-from .settings import Settings
+from .settings import DeviceSettings, Settings, layer_split
 
 F32 = _core.GGMLType.F32
 F16 = _core.GGMLType.F16
@@ -38,6 +38,7 @@ SLOT_ALIGN_ROOM = 256 # bytes kept free in a slot for alignment padding
 DIRECT_ROOM = 3 * 4096  # and with direct_io, for widening a chunk to O_DIRECT alignment
 N_IO_WORKERS = 1      # threads reading streamed blocks
 DEFAULT_DEVICE = ""   # ggml's first device
+RPC_CONNECT_TIMEOUT = 5.0   # seconds to reach an RPC server and get its HELLO
 
 
 def plan_slots(budget: int, slot: int, n_keys: int, n_stream: int) -> tuple[int, int]:
@@ -48,6 +49,30 @@ def plan_slots(budget: int, slot: int, n_keys: int, n_stream: int) -> tuple[int,
     if n_slots >= n_keys:
         return n_slots, n_keys
     return n_slots, max(0, n_slots - min(n_slots, n_stream))
+
+
+def resolve_devices(d: DeviceSettings) -> tuple[list[str], tuple[float, ...]]:
+    """The ggml devices the blocks split over, and their shares. RPC servers are probed and their devices
+    added first (DeviceError names a server that cannot be used); `devices` may name them as ggml does
+    ("RPC0") or as superggml shows them ("RPC0[host:port]"). With servers and no devices: this machine's CPU
+    and the servers' devices, by free memory, as llama.cpp splits."""
+    rpc: list[dict[str, Any]] = []
+    for ep in d.rpc:
+        rpc += _core.rpc_add_server(ep, connect_timeout=min(RPC_CONNECT_TIMEOUT, d.rpc_timeout),
+                                    timeout=d.rpc_timeout)
+    if d.devices:
+        return [n.split("[", 1)[0] for n in d.devices], d.tensor_split
+    if not rpc:
+        return [DEFAULT_DEVICE], ()
+    names = ["CPU"] + [r["name"] for r in rpc]
+    if d.tensor_split:
+        if len(d.tensor_split) != len(names):
+            raise ValueError(f"tensor_split needs {len(names)} shares (CPU and {len(rpc)} RPC devices), not "
+                             f"{list(d.tensor_split)}")
+        return names, d.tensor_split
+    free = {x["name"]: int(x["memory_free"]) for x in _core.devices()}
+    free["CPU"] = int(_core.host_memory()["available"])
+    return names, tuple(float(max(1, free.get(n, 0))) for n in names)
 
 
 @dataclass
@@ -68,6 +93,7 @@ class Step:
     group of the background load."""
     graph: Any
     kind: str                       # "embed", "block" or "head"
+    rows_in: int = 0                # activation rows it reads (what moves when the device changes before it)
     key: Key | None = None
     layer: int | None = None        # the block whose K/V the graph reads and writes
     dev: int = 0
@@ -79,13 +105,18 @@ class Step:
 
 
 class _WeightView:
-    """name -> paged tensor, as the architecture sees it."""
+    """name -> paged tensor, as the architecture sees it from the device whose graph is being built
+    (`device`): a device that is not host memory reads its own copies of the weights other devices read too
+    (`copies`: device -> name -> the copy's name)."""
 
     def __init__(self, store: Any):
         self._store = store
         self._cache: dict[str, Any] = {}
+        self.copies: dict[int, dict[str, str]] = {}
+        self.device = 0
 
     def __call__(self, name: str) -> Any:
+        name = self.copies.get(self.device, {}).get(name, name)
         t = self._cache.get(name)
         if t is None:
             t = self._cache[name] = self._store.get(name)
@@ -110,21 +141,29 @@ class Executor:
         self.settings = settings
         arch.set_context(settings.context.ctx_size)
         self.direct_io = direct_io
-        ctx, dev = settings.context, settings.devices
-        names = list(dev.devices) or [DEFAULT_DEVICE]
+        ctx = settings.context
+        names, shares = resolve_devices(settings.devices)
         self.backends = [_core.Backend(d, ctx.threads) for d in names]
+        self.n_split = len(self.backends)              # the devices the blocks are split over
+        self.layer_backend = [i for i, k in enumerate(layer_split(self.hp.n_layer, self.n_split, shares))
+                              for _ in range(k)]
+        hosts = [i for i, b in enumerate(self.backends) if b.is_host]
+        if not hosts:      # the embedding rows come from the file mapping: its graph runs on the CPU
+            self.backends.append(_core.Backend(DEFAULT_DEVICE, ctx.threads))
+            hosts = [self.n_split]
         for b in self.backends:
             b.use_ref = ctx.batch_invariant
+        self.embed_dev = hosts[0]
+        self.head_dev = self.layer_backend[-1]
         self.backend = self.backends[0]
-        split = dev.layer_split(self.hp.n_layer)
-        self.layer_backend = [i for i, k in enumerate(split) for _ in range(k)]
         self.weights = _WeightView(store)
-        self._store = store
+        self.store = store                             # the weights (a _core.WeightStore)
         self.loader: Any = None                        # background load of resident weights (start_loading)
-        self.pager: WeightPager | NullPager = NullPager()
-        self.kv: PagedKV | NullKV = NullKV()
+        self.pagers: list[WeightPager | NullPager] = [NullPager() for _ in self.backends]   # per device
+        self.kv: PagedKV | SplitKV | NullKV = NullKV()
         self.scheduler: LayerScheduler | None = None
         self.repacked_bytes = 0
+        self.remote_bytes = 0                          # weights copied to devices that are not host memory
         self.paged = settings.paging.paged(self.hp.n_layer)
         self.experts: ExpertPager | None = None        # experts paged one by one (expert_cache)
         pg = settings.paging
@@ -134,8 +173,15 @@ class Executor:
         # the budget is the expert cache (_make_pager splits it)
         self.expert_budget: int | None = pg.expert_cache
         self.experts_paged = pg.expert_cache is not None or (self.hp.n_expert > 0 and pg.device_budget is not None)
-        if self.experts_paged and len(names) > 1:
-            raise ValueError("paged experts run on one device for now, not a multi-device split")
+        if self.experts_paged and len(self.backends) > 1:
+            raise ValueError("paged experts run on one host device for now, not a multi-device split")
+        if len(self.backends) > 1 and (pg.dynamic_layers or pg.n_gpu_layers is not None):
+            raise ValueError("a multi-device split pages with a device_budget per device, not dynamic_layers or "
+                             "n_gpu_layers")
+        if isinstance(pg.device_budget, tuple) and len(pg.device_budget) != self.n_split:
+            raise ValueError(f"device_budget gives {len(pg.device_budget)} sizes for {self.n_split} devices "
+                             f"({', '.join(b.name for b in self.backends[:self.n_split])})")
+        self._plan_copies(store)
         if preload_repack is not None and not self.paged:
             self.repacked_bytes = self.start_loading(preload_repack)   # reads overlap everything below
         try:
@@ -175,14 +221,14 @@ class Executor:
         self._lane_k: list[list[Any]] = [self.k_cache]
         self._lane_v: list[list[Any]] = [self.v_cache]
         self._lane_keep: list[Any] = []
-        self._store: dict[int, tuple[list[Any], list[Any], list[Any]]] = {}
+        self._kv_store: dict[int, tuple[list[Any], list[Any], list[Any]]] = {}
         self._bound: list[int | None] = [0]            # the sequence each lane's tensors point at (contiguous)
         if not kvs.paged_kv:
             sctx = _core.Context(max_tensors=2 * hp.n_layer)
             ks, vs = self._kv_tensors(lambda il: sctx)
             for t, src in zip(ks + vs, self.k_cache + self.v_cache):
                 _core.tensor_alias(t, src)
-            self._store[0] = (ks, vs, [sctx])
+            self._kv_store[0] = (ks, vs, [sctx])
         self.seq = SequenceState(0)
         self._seqs: dict[int, SequenceState] = {0: self.seq}
         self.n_passes = self.pass_sequences = self.pass_tokens = 0   # forward passes and what they held
@@ -195,7 +241,7 @@ class Executor:
         self.head_chunks: list[str] = []
         self._decode_threads: int | None = None       # compute threads for single-token steps while streaming
         if self.paged:
-            self.pager = self._make_pager(store)
+            self._make_pagers(store)
             if s.paging.dynamic_layers:
                 self.scheduler = LayerScheduler(
                     self.pager.core, planned=list(range(self.n_pinned)), n_keys=self.pager.n_keys,
@@ -204,7 +250,7 @@ class Executor:
         if self.experts_paged:
             self._make_experts(store)
 
-    def _make_kv(self) -> PagedKV:
+    def _make_kv(self) -> PagedKV | SplitKV:
         hp, s = self.hp, self.settings
         kvs = s.kv
         if kvs.host_budget is not None and kvs.host_budget > int(_core.host_memory()["available"]):
@@ -215,12 +261,20 @@ class Executor:
         if n_frames > 64 * hp.n_layer:
             raise ValueError(f"kv_device_layers must be in 1..{64 * hp.n_layer} (n_layer per sequence "
                              f"kept on the device), not {kvs.kv_device_layers}")
-        return PagedKV(_core.KVCache(self.k_cache, self.v_cache, page_size=kvs.kv_page_size, n_frames=n_frames,
-                                     host_budget=kvs.host_budget, spill_dir=kvs.kv_spill_dir or "",
-                                     v_trans=not s.context.flash_attn, backend=self.backend, n_workers=1,
-                                     n_stream=s.paging.stream_slots), hp.n_layer, s.paging.ahead,
-                       n_swa=0 if kvs.swa_full else self.arch.n_swa,
-                       swa_layers=[il for il in range(hp.n_layer) if self.arch.is_swa(il)])
+        parts = []
+        for d in range(self.n_split):       # each device pages the K/V of its own blocks
+            ls = [il for il in range(hp.n_layer) if self.layer_backend[il] == d]
+            if not ls:
+                continue
+            frames = n_frames if len(ls) == hp.n_layer or kvs.kv_device_layers is not None else len(ls)
+            host = kvs.host_budget if kvs.host_budget is None else kvs.host_budget * len(ls) // hp.n_layer
+            core = _core.KVCache([self.k_cache[il] for il in ls], [self.v_cache[il] for il in ls],
+                                 page_size=kvs.kv_page_size, n_frames=frames, host_budget=host,
+                                 spill_dir=kvs.kv_spill_dir or "", v_trans=not s.context.flash_attn,
+                                 backend=self.backends[d], n_workers=1, n_stream=s.paging.stream_slots)
+            parts.append((PagedKV(core, len(ls), s.paging.ahead, n_swa=0 if kvs.swa_full else self.arch.n_swa,
+                                  swa_layers=[j for j, il in enumerate(ls) if self.arch.is_swa(il)]), ls[0]))
+        return parts[0][0] if len(parts) == 1 else SplitKV(parts)
 
     def _make_experts(self, store: Any) -> None:
         """The expert cache, and the tensors that carry a MoE block's state from its attention-and-router graph
@@ -278,24 +332,54 @@ class Executor:
         """The weights in the order a forward pass uses them: block 0 (with the global tensors every block
         reads), block 1, ..., then the output head. The token embedding is left out (a pass reads only its
         prompt's rows, straight from the mapping) unless the head is tied to it."""
-        hp, has = self.hp, self._store.has
+        hp, has = self.hp, self.store.has
         out = self.arch.output_tensor(has)
         groups = [self.block_tensors(il) for il in range(hp.n_layer)]
         listed = ({n for il in range(hp.n_layer) for n in self.arch.block_tensors(il)} |
                   {out, "output_norm.weight", "token_embd.weight"})
-        groups[0] = [n for n in self._store.names() if n not in listed] + groups[0]
+        groups[0] = [n for n in self.store.names() if n not in listed] + groups[0]
         groups.append(["output_norm.weight", out])
         return groups
+
+    def _plan_copies(self, store: Any) -> None:
+        """What each device that is not host memory holds of the weights outside the blocks: a copy of each
+        one its blocks read (rope factors and the like) and, on the head's device, of the output norm and
+        (resident) the lm head, so a tied head does not take the embedding away from the CPU that reads its
+        rows. Fills weights.copies and _remote: device -> the names it loads (its blocks too, if resident)."""
+        hp, has = self.hp, store.has
+        out = self.arch.output_tensor(has)
+        blocks = {n for il in range(hp.n_layer) for n in self.arch.block_tensors(il)}
+        shared = [n for n in store.names() if n not in blocks | {out, "output_norm.weight", "token_embd.weight"}]
+        self._remote: dict[int, list[str]] = {}
+        for d in range(self.n_split):
+            if self.backends[d].is_host:
+                continue
+            head = ["output_norm.weight"] + ([] if self.paged else [out]) if d == self.head_dev else []
+            copies = {n: store.add_copy(n, f"dev{d}") for n in shared + head}
+            self.weights.copies[d] = copies
+            own = [] if self.paged else [n for il in range(hp.n_layer) if self.layer_backend[il] == d
+                                         for n in self.block_tensors(il)]
+            self._remote[d] = own + list(copies.values())
+
+    def _load_remote(self) -> None:
+        """Copies each non-host device's weights (_plan_copies) into a buffer of its own."""
+        for d, names in self._remote.items():
+            if names:
+                self.remote_bytes += int(self.store.load_resident(names, self.backends[d]))
 
     def start_loading(self, repack: bool) -> int:
         """Resident weights: binds them to the file mapping, places the re-laid ones (ggml-cpu repack) and
         starts worker threads that load them group by group (load_groups), so the first pass computes
-        block i while block i+1 loads. Returns the bytes of the re-laid buffers."""
+        block i while block i+1 loads. The weights of devices that are not host memory are copied there
+        first. Returns the bytes of the re-laid buffers."""
         if self.paged:
             raise RuntimeError("a paged model streams its blocks: nothing to load ahead")
-        self.loader = _core.WeightLoader(self._store, self.load_groups(),
-                                         self.arch.matmul_weights(self._store.has) if repack else [],
-                                         self.backend, n_workers=max(1, min(2, self.settings.context.threads)))
+        remote = {n for names in self._remote.values() for n in names}
+        groups = [[n for n in g if n not in remote] for g in self.load_groups()]
+        repacked = [n for n in self.arch.matmul_weights(self.store.has) if n not in remote] if repack else []
+        self.loader = _core.WeightLoader(self.store, groups, repacked, self.backends[self.embed_dev],
+                                         n_workers=max(1, min(2, self.settings.context.threads)))
+        self._load_remote()
         return int(self.loader.repacked_bytes)
 
     def close(self) -> None:
@@ -309,53 +393,74 @@ class Executor:
         if group is not None and self.loader is not None:
             self.loader.wait(group)
 
-    def _make_pager(self, store: Any) -> WeightPager:
-        """Blocks go through a pool of slots within the budget; the first ones that fit stay pinned."""
+    @property
+    def pager(self) -> WeightPager | NullPager:
+        """The first device's pager (the only one of a model on one device)."""
+        return self.pagers[0]
+
+    def _make_pagers(self, store: Any) -> None:
+        """Each device's blocks (the head's device: the lm head's row chunks too) go through a pool of slots
+        of its own, within its budget; the first ones that fit stay pinned."""
         p, hp = self.settings.paging, self.hp
-        layers = [self.block_tensors(il) for il in range(hp.n_layer)]
         names = {n for il in range(hp.n_layer) for n in self.arch.block_tensors(il)}
         store.bind_mmap([n for n in store.names() if n not in names])
-        sizes = [store.slot_bytes(layer, self.backend, self.direct_io) for layer in layers]
+        self._load_remote()
+        self.n_pinned = 0
+        for d in range(self.n_split):
+            blocks = [il for il in range(hp.n_layer) if self.layer_backend[il] == d]
+            if blocks:
+                self.pagers[d] = self._make_pager(store, d, blocks)
+        c = self.settings.context
+        if (c.n_threads is None and p.async_prefetch and self.n_split == 1 and self.n_pinned < self.pager.n_keys
+                and self.backend.device_type == "cpu"):
+            # blocks stream while others compute: when decoding, the prefetch worker needs a core of its own
+            # (2 cores, Qwen2.5-1.5B at a 25% budget: 14.0 tok/s with 1 compute thread, 8.8 with 2); prefill
+            # is compute-bound and keeps them all
+            self._decode_threads = max(1, c.threads - N_IO_WORKERS)
+
+    def _make_pager(self, store: Any, d: int, blocks: list[int]) -> WeightPager:
+        p, b = self.settings.paging, self.backends[d]
+        layers = [self.block_tensors(il) for il in blocks]
+        keys: list[Key] = [Block(il) for il in blocks]
+        sizes = [store.slot_bytes(layer, b, self.direct_io) for layer in layers]
         slot = max(sizes)
-        # the lm head (the largest tensor of small models) streams in row chunks of a slot each
-        # (less the room a chunk's size may take when padded to the buffer alignment)
-        room = SLOT_ALIGN_ROOM + (DIRECT_ROOM if self.direct_io else 0)
-        self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - room)
-        layers += [[c] for c in self.head_chunks]
+        if d == self.head_dev:
+            # the lm head (the largest tensor of small models) streams in row chunks of a slot each
+            # (less the room a chunk's size may take when padded to the buffer alignment)
+            room = SLOT_ALIGN_ROOM + (DIRECT_ROOM if self.direct_io else 0)
+            self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - room)
+            layers += [[c] for c in self.head_chunks]
+            keys += [HeadChunk(c) for c in range(len(self.head_chunks))]
         n_keys = len(layers)
-        if p.device_budget is not None:
-            budget = p.device_budget
-            self._check_available(budget, "device_budget")
+        budget = p.device_budget[d] if isinstance(p.device_budget, tuple) else p.device_budget
+        what = "device_budget" + (f" of {b.name}" if self.n_split > 1 else "")
+        if budget is not None:
+            self._check_available(budget, what, d)
             if self.experts_paged and p.expert_cache is None:
                 budget = self._split_budget(store, budget, slot * n_keys, slot)
         elif p.n_gpu_layers is not None:
             budget = (p.n_gpu_layers + p.stream_slots) * slot
         else:
-            budget = n_keys * slot         # dynamic layers alone: start with everything pinned
-        n_slots, self.n_pinned = plan_slots(budget, slot, n_keys, p.stream_slots)
+            budget = n_keys * slot         # dynamic layers alone, or a device without a budget: all pinned
+        n_slots, n_pinned = plan_slots(budget, slot, n_keys, p.stream_slots)
         if n_slots < 1:
-            big = sizes.index(slot)
-            raise ValueError(f"device_budget of {budget} bytes is smaller than one layer: "
-                             f"block {big} needs {slot} bytes")
+            big = blocks[sizes.index(slot)] if slot in sizes else blocks[0]
+            raise ValueError(f"{what} of {budget} bytes is smaller than one layer: block {big} needs {slot} bytes")
         core = _core.LayerPager(store, layers, n_slots=n_slots, slot_size=slot, n_workers=N_IO_WORKERS,
-                                backend=self.backend, direct_io=self.direct_io, staged=p.staged_io)
-        pager = WeightPager(core, hp.n_layer, len(self.head_chunks), p.ahead)
+                                backend=b, direct_io=self.direct_io, staged=p.staged_io)
+        pager = WeightPager(core, keys, p.ahead)
         if p.n_gpu_layers is not None:
-            self.n_pinned = min(self.n_pinned, p.n_gpu_layers)
-        for i in range(self.n_pinned):
-            pager.pin(pager.key(i))
-        c = self.settings.context
-        if c.n_threads is None and p.async_prefetch and self.n_pinned < n_keys and self.backend.device_type == "cpu":
-            # blocks stream while others compute: when decoding, the prefetch worker needs a core of its own
-            # (2 cores, Qwen2.5-1.5B at a 25% budget: 14.0 tok/s with 1 compute thread, 8.8 with 2); prefill
-            # is compute-bound and keeps them all
-            self._decode_threads = max(1, c.threads - N_IO_WORKERS)
+            n_pinned = min(n_pinned, p.n_gpu_layers)
+        for i in range(n_pinned):
+            pager.pin(keys[i])
+        self.n_pinned += n_pinned
         return pager
 
-    def _check_available(self, nbytes: int, what: str) -> None:
+    def _check_available(self, nbytes: int, what: str, dev: int = 0) -> None:
         """Refuses a budget larger than the memory the device has free now (host: as this process sees
         it, cgroup limit included), before anything is loaded."""
-        used, total = device_memory_fn(self.backend.device_type, self.backend.device_name)()
+        b = self.backends[dev]
+        used, total = device_memory_fn(b.device_type, b.device_name)()
         if total <= 0:
             return
         free = total - used
@@ -363,7 +468,7 @@ class Executor:
             h = _core.host_memory()
             where = (f"the host (total {total} bytes" + (f", cgroup limit {h['cgroup_limit']} bytes"
                                                          if h["cgroup_limit"] else "") + ")"
-                     if self.backend.device_type == "cpu" else f"{self.backend.device_name} (total {total} bytes)")
+                     if b.device_type == "cpu" else f"{b.name} (total {total} bytes)")
             raise ValueError(f"{what} of {nbytes} bytes is more than the {free} bytes available on {where}")
 
     @property
@@ -375,13 +480,17 @@ class Executor:
     def stats(self) -> dict[str, Any]:
         """Counters of the sequences, the paged K/V, the layer pager and the scheduler, one dict."""
         d: dict[str, Any] = {"sequence": self.seq.id, "n_sequences": len(self._seqs), "n_tokens": self.seq.n_past,
-                             "n_threads": self.backend.n_threads, "weights_loading": self.loader is not None,
-                             "devices": [b.device_name for b in self.backends],
-                             "blocks_per_device": [self.layer_backend.count(i) for i in range(len(self.backends))]}
+                             "n_threads": self.backends[self.embed_dev].n_threads,
+                             "weights_loading": self.loader is not None,
+                             "devices": [b.name for b in self.backends[:self.n_split]],
+                             "blocks_per_device": [self.layer_backend.count(i) for i in range(self.n_split)]}
         d.update(passes=self.n_passes, sequences_per_pass=self.pass_sequences / max(self.n_passes, 1),
                  tokens_per_pass=self.pass_tokens / max(self.n_passes, 1))
         d.update(self.kv.stats())
-        d.update(self.pager.stats())
+        paged = [p.stats() for p in self.pagers if isinstance(p, WeightPager)]
+        d.update(merge_stats(paged))
+        if len(paged) > 1:
+            d["pager_per_device"] = paged
         if self.experts is not None:
             d.update(self.experts.stats())
         if self.scheduler is not None:
@@ -422,13 +531,15 @@ class Executor:
         layers (each layer owns one) only one."""
         if not self.settings.kv.paged_kv:
             return MAX_LANES
-        n_frames = self.kv.n_frames
-        return min(MAX_LANES, n_frames) if n_frames >= self.hp.n_layer else 1
+        parts = self.kv.parts if isinstance(self.kv, SplitKV) else [self.kv]
+        if any(p.n_frames < p.n_layer for p in parts):
+            return 1
+        return min(MAX_LANES, min(p.n_frames for p in parts))
 
     def _storage(self, seq: int) -> tuple[list[Any], list[Any]]:
         """Without the paged KV cache: the K/V of `seq`, F16 [n_embd_gqa, n_ctx] per layer on its device
         (allocated on first use, zeroed)."""
-        st = self._store.get(seq)
+        st = self._kv_store.get(seq)
         if st is None:
             hp, c = self.hp, self.settings.context
             self._check_available(self.kv_bytes, f"the K/V of sequence {seq} (ctx_size {c.ctx_size} tokens; paged_kv "
@@ -441,7 +552,7 @@ class Executor:
                     buf = b.alloc_tensors(ctxs[i])
                     buf.clear(0)
                     keep.append(buf)
-            st = self._store[seq] = (ks, vs, keep)
+            st = self._kv_store[seq] = (ks, vs, keep)
         return st[0], st[1]
 
     def _bind_lanes(self, seqs: Sequence[int]) -> None:
@@ -484,7 +595,7 @@ class Executor:
         """Frees every page of `seq` (the current sequence is emptied, the others forgotten); without the paged
         KV cache, its K/V storage (but sequence 0's)."""
         self.kv.truncate(seq, 0)
-        if seq != 0 and self._store.pop(seq, None) is not None:
+        if seq != 0 and self._kv_store.pop(seq, None) is not None:
             self._bound = [None if b == seq else b for b in self._bound]
             _core.host_memory_trim()       # K/V of a short context sits on the heap: give it back
         if seq == self.seq.id:
@@ -519,7 +630,7 @@ class Executor:
             hctx = _core.Context(max_tensors=2)
             head_in = hctx.new_tensor(F32, [self.hp.n_embd, rows])
             lb = hctx.new_tensor(F32, [self.hp.n_vocab, rows])
-            self._head_out = (rows, [hctx, self.backend.alloc_tensors(hctx), head_in, lb])
+            self._head_out = (rows, [hctx, self.backends[self.head_dev].alloc_tensors(hctx), head_in, lb])
         return self._head_out[1]
 
     def _kv_rows(self, p0: int, n: int, n_kv: int) -> tuple[np.ndarray, ...]:
@@ -597,7 +708,7 @@ class Executor:
         rec = self.timings if self.record_timings else None
         if rec is not None:
             rec.clear()
-        dev = 0
+        dev = plan.steps[0].dev
         t_pass = time.time()
         first: dict[int, int] = {}            # a sequence's first position in the pass
         for seq, p0, _ in lanes:
@@ -608,7 +719,7 @@ class Executor:
             t0 = time.time()
             self._loaded(step.group)
             if step.dev != dev:                        # a pipeline by blocks: the activations move along
-                _core.tensor_copy(self.acts[dev], self.acts[step.dev])
+                _core.tensor_copy(*plan.move(self, dev, step.dev, step.rows_in))
                 dev = step.dev
             if step.experts is not None:               # the router's choice for its rows, as cache slots
                 k, il, r0 = self.hp.n_expert_used, step.experts, step.expert_row0
@@ -621,7 +732,7 @@ class Executor:
             kv = contextlib.nullcontext() if layer is None else self.kv.use(layer, [
                 (seq, first[seq], p0 + m, self._lane_k[j][layer] if j else None, self._lane_v[j][layer] if j else None)
                 for j, (seq, p0, m) in enumerate(lanes)])
-            with self.pager.use(step.key), kv:
+            with self.pagers[dev].use(step.key), kv:
                 tc = time.time()
                 try:
                     self.backends[dev].compute(step.graph)
@@ -653,7 +764,7 @@ class Executor:
         t1 = time.time()
         r = dict(layer=i, kind=step.kind, t_start=t0, t_end=t1, wait_ms=(tc - t0) * 1e3, load_ms=0.0,
                  compute_ms=(t1 - tc) * 1e3)
-        last = self.pager.last_load(step.key)
+        last = self.pagers[step.dev].last_load(step.key)
         if last is not None:
             r.update(load_start=last[0], load_end=last[1], load_ms=(last[1] - last[0]) * 1e3)
         return r
@@ -798,6 +909,18 @@ class _Plan:
         self.logits: Any = None
         self.all_inputs: list[StepInputs] = []   # one set per device, filled alike
         self.lanes: tuple[tuple[int, int], ...] | None = None
+        self._moves: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}
+
+    def move(self, ex: Executor, a: int, b: int, rows: int) -> tuple[Any, Any]:
+        """The first `rows` activation rows of device a and of device b (F32 [n_embd, rows] views): what
+        moves from a to b when the pass changes device."""
+        v = self._moves.get((a, b, rows))
+        if v is None:
+            cx = _core.Context(max_tensors=2)
+            src, dst = ex.acts[a], ex.acts[b]
+            v = self._moves[(a, b, rows)] = (cx.view(src, [ex.hp.n_embd, rows], [src.nb[1]], 0),
+                                             cx.view(dst, [ex.hp.n_embd, rows], [dst.nb[1]], 0), cx)
+        return v[0], v[1]
 
     @classmethod
     def build(cls, ex: Executor, n: int, n_kv: int, n_out: int,
@@ -853,6 +976,7 @@ class _Plan:
                 ctx = _core.Context(max_tensors=nodes, graph_size=nodes)
                 gf = ctx.new_graph()
                 a = ex.acts[dev]
+                w.device = dev                  # the weights as this device holds them
                 act = ctx.view(a, [hp.n_embd, rows_in], [a.nb[1]], 0)
                 act_out = act if rows_out == rows_in else ctx.view(a, [hp.n_embd, rows_out], [a.nb[1]], 0)
                 try:
@@ -864,12 +988,14 @@ class _Plan:
                         raise
                     nodes *= 2
             self.keep.append(ctx)
-            self.steps.append(Step(gf, kind, key, layer, dev, group, experts, expert_ids, expert_row0, expert_ahead))
+            self.steps.append(Step(gf, kind, rows_in, key, layer, dev, group, experts, expert_ids, expert_row0,
+                                   expert_ahead))
             return out
 
         n_last = min(n, max(n_out, 1))           # rows the last block keeps
         paged = ex.paged
-        graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_embed(ctx, w, inp), act), "embed")
+        graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_embed(ctx, w, inp), act), "embed",
+              dev=ex.embed_dev)
         for il in range(hp.n_layer):
             rows = n_last if il == hp.n_layer - 1 else n
             if ex.experts is not None:
@@ -896,6 +1022,7 @@ class _Plan:
         weights on one device (the paged paths need to act between blocks); whole_logits holds the logits."""
         if self._whole is None:
             hp, arch, w, inp = ex.hp, ex.arch, ex.weights, self.all_inputs[0]
+            w.device = 0
             size = 2 * sum(s.graph.n_nodes for s in self.steps) + 512
             ctx = _core.Context(max_tensors=size, graph_size=size)
             gf = ctx.new_graph()
@@ -976,8 +1103,9 @@ class _Plan:
         head_in = vctx.view(shared[2], [hp.n_embd, n_out], [shared[2].nb[1]], 0)
         lb = vctx.view(shared[3], [hp.n_vocab, n_out], [shared[3].nb[1]], 0)
         self.keep += [shared, vctx]
+        dev = ex.head_dev
         graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(ex.arch.build_output_norm(ctx, w, act), head_in),
-              "head", rows_in=n_out, rows_out=n_out)
+              "head", rows_in=n_out, rows_out=n_out, dev=dev)
         row0 = 0
         for c, name in enumerate(ex.head_chunks):
             rows = w(name).ne[1]
@@ -987,10 +1115,10 @@ class _Plan:
                 dst = ctx.view(lb, [rows, n_out], [lb.nb[1]], r0 * lb.element_size)
                 return ctx.cpy(ctx.mul_mat(w(name), head_in), dst)
 
-            graph(chunk, "head", rows_in=n_out, rows_out=n_out, key=HeadChunk(c))
+            graph(chunk, "head", rows_in=n_out, rows_out=n_out, key=HeadChunk(c), dev=dev)
             row0 += rows
         if ex.arch.final_softcap:        # what follows the head's matmul, over all of its rows
             graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(ex.arch.build_logits(ctx, lb), lb), "head",
-                  rows_in=n_out, rows_out=n_out)
+                  rows_in=n_out, rows_out=n_out, dev=dev)
         self.logits = lb
 

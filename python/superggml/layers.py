@@ -45,22 +45,24 @@ class NullPager:
 
 
 class WeightPager:
-    """A _core.LayerPager over the pass's keys in order (blocks, then head chunks), prefetching `depth`
-    keys ahead of the one in use (wrapping into the next pass)."""
+    """A _core.LayerPager over `keys`, the ones one device holds in pass order (its blocks, then the head
+    chunks if the head is on it), prefetching `depth` keys ahead of the one in use (wrapping into the next
+    pass)."""
 
-    def __init__(self, pager: Any, n_blocks: int, n_head_chunks: int, depth: int):
+    def __init__(self, pager: Any, keys: Sequence[Key], depth: int):
         self.core = pager
-        self.n_blocks = n_blocks
-        self.n_keys = n_blocks + n_head_chunks
+        self.keys = list(keys)
+        self.n_keys = len(self.keys)
+        self._index = {k: i for i, k in enumerate(self.keys)}
         self.depth = depth
         self._released: dict[int, float] = {}     # core key -> when it was last released
 
     def index(self, key: Key) -> int:
-        """The LayerPager's key: blocks first, then head chunks."""
-        return key.b if isinstance(key, Block) else self.n_blocks + key.c
+        """The LayerPager's key."""
+        return self._index[key]
 
     def key(self, index: int) -> Key:
-        return Block(index) if index < self.n_blocks else HeadChunk(index - self.n_blocks)
+        return self.keys[index]
 
     @contextlib.contextmanager
     def use(self, key: Key | None) -> Iterator[None]:
@@ -167,6 +169,56 @@ class PagedKV:
 
     def stats(self) -> dict[str, Any]:
         return dict(self.core.stats())
+
+
+class SplitKV:
+    """Paged K/V over a multi-device split: each device's PagedKV pages the layers of its blocks (`parts`:
+    (PagedKV, its first layer), in layer order)."""
+
+    def __init__(self, parts: Sequence[tuple[PagedKV, int]]):
+        self.parts = [p for p, _ in parts]
+        self._first = [f for _, f in parts]
+
+    def _part(self, layer: int) -> tuple[PagedKV, int]:
+        for p, f in zip(reversed(self.parts), reversed(self._first)):
+            if layer >= f:
+                return p, layer - f
+        raise IndexError(layer)
+
+    def begin(self, seq: int, p0: int) -> None:
+        for p in self.parts:
+            p.begin(seq, p0)
+
+    def can_truncate(self, seq: int, n: int) -> bool:
+        return all(p.can_truncate(seq, n) for p in self.parts)
+
+    def use(self, layer: int, lanes: Sequence[tuple[int, int, int, Any, Any]]) -> contextlib.AbstractContextManager[None]:
+        p, local = self._part(layer)
+        return p.use(local, lanes)
+
+    def truncate(self, seq: int, n: int) -> None:
+        for p in self.parts:
+            p.truncate(seq, n)
+
+    def stats(self) -> dict[str, Any]:
+        per = [p.stats() for p in self.parts]
+        return {**merge_stats(per), "kv_per_device": per}
+
+
+def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One dict of several devices' counters: numbers added, flags or-ed, the rest from the first."""
+    if len(parts) <= 1:
+        return dict(parts[0]) if parts else {}
+    out: dict[str, Any] = {}
+    for k, v in parts[0].items():
+        vals = [p.get(k) for p in parts]
+        if isinstance(v, bool):
+            out[k] = any(vals)
+        elif isinstance(v, (int, float)):
+            out[k] = sum(x for x in vals if isinstance(x, (int, float)))
+        else:
+            out[k] = v
+    return out
 
 
 LOOKAHEAD_TRIAL = 256          # guessed experts before the lookahead's precision is judged

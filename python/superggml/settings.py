@@ -45,6 +45,16 @@ def parse_size(v: int | str | None) -> int | None:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def parse_budget(v: Any) -> int | tuple[int, ...] | None:
+    """A device budget: one size, or one per device ("512MiB,2GiB" or a sequence) as a tuple."""
+    if isinstance(v, str) and "," in v:
+        v = [x for x in v.split(",") if x.strip()]
+    if isinstance(v, (list, tuple)):
+        sizes = tuple(int(parse_size(x) or 0) for x in v)
+        return sizes[0] if len(sizes) == 1 else sizes
+    return parse_size(v)
+
+
 def default_threads() -> int:
     """Compute threads when none are asked for: the cores this process may run on."""
     try:
@@ -124,8 +134,9 @@ class ContextSettings:
 class PagingSettings:
     """Which blocks stay resident and how the others stream."""
     device_budget: int | str | None = option(
-        None, "bytes the transformer blocks may occupy (e.g. 512MiB); blocks beyond it stream from the file "
-        "through a pool of slots (default: all resident)", parse=str, metavar="SIZE")
+        None, "bytes the transformer blocks may occupy (e.g. 512MiB), or one size per device of a split (e.g. "
+        "512MiB,2GiB); blocks beyond it stream from the file through a pool of slots (default: all resident)",
+        parse=str, metavar="SIZE")
     n_gpu_layers: int | None = option(
         None, "blocks kept resident on the device, the rest stream (default, or -1: all that fit)",
         flags=("-ngl",), parse=int)
@@ -149,7 +160,7 @@ class PagingSettings:
         "faster)", parse=_parse_tristate, choices=("auto", "on", "off"), cli_default="auto")
 
     def __post_init__(self) -> None:
-        _set(self, "device_budget", parse_size(self.device_budget))
+        _set(self, "device_budget", parse_budget(self.device_budget))
         _set(self, "expert_cache", parse_size(self.expert_cache))
         _check(self.expert_cache is None or self.expert_cache > 0, "expert_cache must be a positive size")
         if self.n_gpu_layers is not None and self.n_gpu_layers < 0:
@@ -226,28 +237,40 @@ class DeviceSettings:
     devices: tuple[str, ...] = option((), "split the blocks over these ggml devices (see `superggml plan`), e.g. "
                                       "CUDA0,CUDA1; the same name twice gives two backends", parse=_parse_list(str),
                                       metavar="DEV,DEV")
-    tensor_split: tuple[float, ...] = option((), "the devices' shares of the blocks, e.g. 3,1 (default: even)",
-                                             parse=_parse_list(float), metavar="F,F")
+    tensor_split: tuple[float, ...] = option((), "the devices' shares of the blocks, e.g. 3,1 (default: even; with "
+                                             "rpc and no devices: by free memory)", parse=_parse_list(float),
+                                             metavar="F,F")
+    rpc: tuple[str, ...] = option((), "ggml RPC servers (superggml rpc-server, llama.cpp's rpc-server) whose devices "
+                                  "to add, e.g. 192.168.1.2:50052,192.168.1.3:50052; without devices the blocks split "
+                                  "over this machine and them by free memory", parse=_parse_list(str),
+                                  metavar="HOST:PORT,...")
+    rpc_timeout: float = option(60.0, "seconds an RPC server may take to answer one command before it counts as "
+                                "failed (DeviceError)", metavar="S")
 
     def __post_init__(self) -> None:
         _set(self, "devices", tuple(str(d) for d in self.devices or ()))
         _set(self, "tensor_split", tuple(float(x) for x in self.tensor_split or ()))
+        _set(self, "rpc", tuple(str(r).strip() for r in self.rpc or ()))
         ts = self.tensor_split
-        _check(not ts or (len(ts) == len(self.devices) and min(ts) >= 0 and sum(ts) > 0),
-               f"tensor_split needs {len(self.devices)} non-negative shares, not {list(ts)}")
+        _check(not ts or (min(ts) >= 0 and sum(ts) > 0), f"tensor_split needs non-negative shares, not {list(ts)}")
+        _check(not ts or not self.devices or len(ts) == len(self.devices),
+               f"tensor_split needs {len(self.devices)} shares, not {list(ts)}")
+        _check(not ts or self.devices or self.rpc, "tensor_split needs devices (or rpc servers) to split over")
+        _check(self.rpc_timeout > 0, f"rpc_timeout must be > 0, not {self.rpc_timeout}")
 
-    def layer_split(self, n_layer: int) -> tuple[int, ...]:
-        """Blocks per device from the shares (cumulative rounding, as llama.cpp); even without them."""
-        n_dev = max(1, len(self.devices))
-        if not self.tensor_split:
-            return tuple(n_layer // n_dev + (1 if i < n_layer % n_dev else 0) for i in range(n_dev))
-        total, acc, out, prev = sum(self.tensor_split), 0.0, [], 0
-        for x in self.tensor_split:
-            acc += x
-            cut = round(n_layer * acc / total)
-            out.append(cut - prev)
-            prev = cut
-        return tuple(out)
+
+def layer_split(n_layer: int, n_dev: int, shares: tuple[float, ...] = ()) -> tuple[int, ...]:
+    """Blocks per device from the shares (cumulative rounding, as llama.cpp); even without them."""
+    n_dev = max(1, n_dev)
+    if not shares:
+        return tuple(n_layer // n_dev + (1 if i < n_layer % n_dev else 0) for i in range(n_dev))
+    total, acc, out, prev = sum(shares), 0.0, [], 0
+    for x in shares:
+        acc += x
+        cut = round(n_layer * acc / total)
+        out.append(cut - prev)
+        prev = cut
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -301,9 +324,14 @@ class Settings:
     speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)
 
     def __post_init__(self) -> None:
-        p = self.paging
-        _check(len(self.devices.devices) < 2 or not (self.kv.paged_kv or p.options_set),
-               "a multi-device split does not combine with paging options yet")
+        p, d = self.paging, self.devices
+        if len(d.devices) > 1 or d.rpc:          # rpc adds devices: counted again once they are known
+            _check(not (p.dynamic_layers or p.n_gpu_layers is not None or p.expert_cache is not None),
+                   "a multi-device split pages with a device_budget per device, not dynamic_layers, n_gpu_layers "
+                   "or expert_cache")
+        _check(not isinstance(p.device_budget, tuple) or not d.devices or len(p.device_budget) == len(d.devices),
+               f"device_budget gives {len(p.device_budget) if isinstance(p.device_budget, tuple) else 1} sizes for "
+               f"{len(d.devices)} devices")
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "Settings":

@@ -1,0 +1,7 @@
+"""python -m superggml: the command line (superggml --help)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
