@@ -411,7 +411,11 @@ std::vector<rpc_device_info> rpc_add_server(const std::string & endpoint, const 
         s->params = params;
     }
     probe(endpoint, host, port, params);
-    if (s) return s->devices;
+    if (s) {
+        std::lock_guard<std::mutex> lk(s->mu);
+        if (s->dead_open == 0) s->error.clear();     // serving again
+        return s->devices;
+    }
 
     s = std::make_shared<endpoint_state>();
     s->endpoint = endpoint;
@@ -448,6 +452,14 @@ std::vector<rpc_device_info> rpc_add_server(const std::string & endpoint, const 
 std::string rpc_device_endpoint(ggml_backend_device * dev) {
     auto s = state_of(dev);
     return s ? s->endpoint : std::string();
+}
+
+bool rpc_device_usable(ggml_backend_device * dev) {
+    if (!dev || ggml_backend_dev_backend_reg(dev) != ggml_backend_rpc_reg()) return true;
+    auto s = state_of(dev);
+    if (!s) return false;
+    std::lock_guard<std::mutex> lk(s->mu);
+    return s->error.empty();
 }
 
 void rpc_check(ggml_backend_device * dev) {
@@ -490,6 +502,11 @@ void served_props(ggml_backend_dev_t dev, ggml_backend_dev_props * props) {
     ggml_backend_dev_get_props(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU), props);
     props->memory_free = props->memory_total = g_served_mem;
 }
+ggml_backend_t served_init(ggml_backend_dev_t dev, const char * params) {
+    ggml_backend_t b = ggml_backend_dev_init(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU), params);
+    if (b) b->device = dev;      // the server asks the backend's device for the memory it reports
+    return b;
+}
 }  // namespace
 
 void rpc_server_start(const std::string & endpoint, const std::string & cache_dir, int n_threads, uint64_t mem) {
@@ -520,6 +537,7 @@ void rpc_server_start(const std::string & endpoint, const std::string & cache_di
         g_served = *cpu;
         g_served.iface.get_memory = served_memory;
         g_served.iface.get_props = served_props;
+        g_served.iface.init_backend = served_init;
         dev = &g_served;
     }
     std::string ep = endpoint, cache = cache_dir;

@@ -73,6 +73,11 @@ std::vector<rpc_device_info> rpc_add_server(const std::string & endpoint, const 
 // The server behind a ggml device ("" for devices that are not RPC).
 std::string rpc_device_endpoint(ggml_backend_device * dev);
 
+// Whether `dev` may be listed and queried: not an RPC device, or one whose server has not failed since it
+// was last added (ggml keeps the devices of every server a process added; a failed one is only reached
+// again through rpc_add_server).
+bool rpc_device_usable(ggml_backend_device * dev);
+
 // Throws DeviceError if the server behind `dev` (or, with nullptr, any server
 // this process uses) has failed on a connection still open. No-op otherwise.
 void rpc_check(ggml_backend_device * dev = nullptr);

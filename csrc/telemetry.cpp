@@ -109,6 +109,7 @@ std::vector<device_memory> device_memory_info() {
     std::vector<device_memory> out;
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        if (!rpc_device_usable(d)) continue;        // a server that failed: not reached again unless re-added
         device_memory m;
         m.name = ggml_backend_dev_name(d);
         m.description = rpc_device_endpoint(d);     // an RPC device: its server, not the relay ggml talks to

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .errors import GGUFError, SuperggmlError, UnsupportedModelError
+from .errors import DeviceError, GGUFError, SuperggmlError, UnsupportedModelError
 from .model import Model
 from .sampling import SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["GGUFError", "Model", "SamplingParams", "SuperggmlError", "UnsupportedModelError", "__version__"]
+__all__ = ["DeviceError", "GGUFError", "Model", "SamplingParams", "SuperggmlError", "UnsupportedModelError", "__version__"]

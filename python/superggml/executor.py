@@ -53,15 +53,30 @@ def plan_slots(budget: int, slot: int, n_keys: int, n_stream: int) -> tuple[int,
 
 def resolve_devices(d: DeviceSettings) -> tuple[list[str], tuple[float, ...]]:
     """The ggml devices the blocks split over, and their shares. RPC servers are probed and their devices
-    added first (DeviceError names a server that cannot be used); `devices` may name them as ggml does
-    ("RPC0") or as superggml shows them ("RPC0[host:port]"). With servers and no devices: this machine's CPU
-    and the servers' devices, by free memory, as llama.cpp splits."""
-    rpc: list[dict[str, Any]] = []
-    for ep in d.rpc:
-        rpc += _core.rpc_add_server(ep, connect_timeout=min(RPC_CONNECT_TIMEOUT, d.rpc_timeout),
-                                    timeout=d.rpc_timeout)
+    added first (DeviceError names a server that cannot be used). `devices` may name them as ggml does
+    ("RPC0": numbered in the order servers were added to this process) or by server: "RPC[host:port]" (its
+    device, if it has one) or "RPC0[host:port]" (as superggml shows them); a server named there is added if
+    `rpc` does not list it. With servers and no devices: this machine's CPU and the servers' devices, by free
+    memory, as llama.cpp splits."""
+    def add(ep: str) -> list[dict[str, Any]]:
+        return list(_core.rpc_add_server(ep, connect_timeout=min(RPC_CONNECT_TIMEOUT, d.rpc_timeout),
+                                         timeout=d.rpc_timeout))
+
+    rpc: list[dict[str, Any]] = [x for ep in d.rpc for x in add(ep)]
     if d.devices:
-        return [n.split("[", 1)[0] for n in d.devices], d.tensor_split
+        names = []
+        for n in d.devices:
+            if "[" not in n or not n.endswith("]"):
+                names.append(n)
+                continue
+            name, ep = n[:-1].split("[", 1)
+            on = add(ep) if ep not in d.rpc else [x for x in rpc if x["endpoint"] == ep]
+            pick = [x for x in on if x["name"] == name] or (on if len(on) == 1 else [])
+            if not pick:
+                raise ValueError(f"device {n!r}: the server at {ep} has devices "
+                                 f"{', '.join(x['name'] for x in on)}; name one of them")
+            names.append(pick[0]["name"])
+        return names, d.tensor_split
     if not rpc:
         return [DEFAULT_DEVICE], ()
     names = ["CPU"] + [r["name"] for r in rpc]

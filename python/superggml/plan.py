@@ -111,7 +111,8 @@ def visible_devices(*, nvml: bool = True) -> list[Device]:
     from . import _core
     from .telemetry import nvml_devices
 
-    out = [Device(index=i, name=d["name"], free=int(d["memory_free"]), total=int(d["memory_total"]), type=d["type"])
+    out = [Device(index=i, name=d["name"] + (f"[{d['description']}]" if d["name"].startswith("RPC") else ""),
+                  free=int(d["memory_free"]), total=int(d["memory_total"]), type=d["type"])
            for i, d in enumerate(_core.devices())]
     if nvml:
         have = {d.name for d in out}
