@@ -1,0 +1,188 @@
+// rpc_stress: the RPC guard relay under concurrency and failure, without Python (run under ThreadSanitizer
+// and AddressSanitizer in CI). Two ggml RPC servers run in this process; threads write and read tensors on
+// their devices while others poll rpc_stats() and rpc_check(). A fake server that answers the handshake and
+// then drops the connection puts a relay in stand-in mode: ggml's client must neither abort nor hang, and
+// rpc_check() must throw DeviceError.
+#include "rpc.h"
+
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-rpc.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace superggml;
+
+#define CHECK(x) do { if (!(x)) { fprintf(stderr, "FAILED: %s (line %d)\n", #x, __LINE__); std::exit(1); } } while (0)
+
+static int listen_any(int & port) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    CHECK(::bind(fd, (sockaddr *) &a, sizeof a) == 0 && ::listen(fd, 8) == 0);
+    CHECK(::getsockname(fd, (sockaddr *) &a, &len) == 0);
+    port = ntohs(a.sin_port);
+    return fd;
+}
+
+static int free_port() {
+    int port = 0;
+    ::close(listen_any(port));
+    return port;
+}
+
+static bool read_n(int fd, void * p, size_t n) {
+    char * c = (char *) p;
+    while (n) {
+        ssize_t k = ::recv(fd, c, n, 0);
+        if (k <= 0) return false;
+        c += k;
+        n -= (size_t) k;
+    }
+    return true;
+}
+
+// Answers HELLO (protocol 7.0) and DEVICE_COUNT (1), and drops the connection at any other command.
+static void fake_server(int lfd, std::atomic<bool> & stop) {
+    while (!stop) {
+        int c = ::accept(lfd, nullptr, nullptr);
+        if (c < 0) return;
+        for (;;) {
+            uint8_t cmd;
+            uint64_t size;
+            if (!read_n(c, &cmd, 1) || !read_n(c, &size, 8)) break;
+            std::vector<uint8_t> in(size);
+            if (size && !read_n(c, in.data(), size)) break;
+            if (cmd == 14) {                      // HELLO
+                uint8_t out[8 + 28] = {};
+                uint64_t n = 28;
+                std::memcpy(out, &n, 8);
+                out[8] = RPC_PROTO_MAJOR_VERSION;
+                ::send(c, out, sizeof out, MSG_NOSIGNAL);
+            } else if (cmd == 15) {               // DEVICE_COUNT
+                uint8_t out[8 + 4] = {};
+                uint64_t n = 4;
+                std::memcpy(out, &n, 8);
+                out[8] = 1;
+                ::send(c, out, sizeof out, MSG_NOSIGNAL);
+            } else {
+                break;
+            }
+        }
+        ::close(c);
+    }
+}
+
+static ggml_backend_dev_t device_of(const std::string & name) {
+    ggml_backend_dev_t d = ggml_backend_dev_by_name(name.c_str());
+    CHECK(d != nullptr);
+    return d;
+}
+
+int main() {
+    std::vector<std::string> eps;
+    for (int i = 0; i < 2; ++i) {
+        eps.push_back("127.0.0.1:" + std::to_string(free_port()));
+        rpc_server_start(eps.back(), "", 1, 0);
+    }
+    std::vector<std::string> names;
+    for (const auto & ep : eps) {
+        for (int tries = 0;; ++tries) {
+            try {
+                rpc_probe(ep, {});
+                break;
+            } catch (const DeviceError &) {
+                CHECK(tries < 100);
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            }
+        }
+        auto devs = rpc_add_server(ep, {});
+        CHECK(devs.size() == 1 && devs[0].endpoint == ep);
+        names.push_back(devs[0].name);
+    }
+
+    std::atomic<bool> done{false};
+    std::atomic<int> rounds{0};
+    std::thread poller([&] {
+        while (!done) {
+            for (const auto & s : rpc_stats()) CHECK(!s.failed);
+            rpc_check(nullptr);
+        }
+    });
+    std::vector<std::thread> workers;
+    for (int w = 0; w < 4; ++w) {
+        workers.emplace_back([&, w] {
+            ggml_backend_dev_t dev = device_of(names[w % names.size()]);
+            ggml_init_params p = {ggml_tensor_overhead() * 2, nullptr, true};
+            for (int r = 0; r < 20; ++r) {
+                ggml_context * ctx = ggml_init(p);
+                ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1 << 16);
+                ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx,
+                    ggml_backend_dev_buffer_type(dev));
+                CHECK(buf != nullptr);
+                std::vector<int32_t> in(1 << 16), out(1 << 16);
+                for (size_t i = 0; i < in.size(); ++i) in[i] = (int32_t) (i * 7 + w * 1000 + r);
+                ggml_backend_tensor_set(t, in.data(), 0, ggml_nbytes(t));
+                ggml_backend_tensor_get(t, out.data(), 0, ggml_nbytes(t));
+                CHECK(in == out);
+                rpc_check(dev);
+                ggml_backend_buffer_free(buf);
+                ggml_free(ctx);
+                ++rounds;
+            }
+        });
+    }
+    for (auto & t : workers) t.join();
+    done = true;
+    poller.join();
+    CHECK(rounds == 80);
+    uint64_t moved = 0;
+    for (const auto & s : rpc_stats()) moved += s.bytes_sent + s.bytes_received;
+    CHECK(moved >= 80u * 2 * (1 << 18));
+
+    // A server that fails after the handshake: stand-in answers, then DeviceError; no abort, no hang.
+    int port = 0;
+    int lfd = listen_any(port);
+    std::atomic<bool> stop{false};
+    std::thread fake(fake_server, lfd, std::ref(stop));
+    std::string ep = "127.0.0.1:" + std::to_string(port);
+    rpc_params rp;
+    rp.timeout = 2;
+    auto devs = rpc_add_server(ep, rp);
+    CHECK(devs.size() == 1);
+    ggml_backend_dev_t dev = device_of(devs[0].name);
+    ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);       // its commands now fail upstream
+    CHECK(be != nullptr);
+    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), 1 << 20);
+    CHECK(buf == nullptr);                                            // the stand-in refuses allocations
+    bool threw = false;
+    try {
+        rpc_check(dev);
+    } catch (const DeviceError & e) {
+        threw = std::string(e.what()).find(ep) != std::string::npos;
+    }
+    CHECK(threw);
+    ggml_backend_free(be);
+    stop = true;
+    ::shutdown(lfd, SHUT_RDWR);
+    ::close(lfd);
+    fake.join();
+    printf("rpc_stress: %d rounds on %zu servers, %llu bytes relayed; failed server: DeviceError\n", rounds.load(),
+           names.size(), (unsigned long long) moved);
+    return 0;
+}
