@@ -6,8 +6,9 @@ server, two servers). From the bytes per token it projects 1 Gbit/s and 10 Gbit/
     python bench/rpc.py --model smollm2 --tokens 64
 
 The servers are `superggml rpc-server` processes on this machine (each with --server-threads), so the client
-and the servers share its cores: a CPU figure, not a GPU one. Transfer time is estimated from the bytes the
-guard relay counted and the loopback throughput measured first (16 writes of a 32 MiB tensor, the size of a
+and the servers share its cores: a CPU figure, not a GPU one. "waiting for weights" is measured: the share of the
+decode time the pass spent waiting for a streamed block's copy to the device before computing it. Transfer
+time is estimated from the bytes the guard relay counted and the loopback throughput measured first (16 writes of a 32 MiB tensor, the size of a
 streamed block, through the same relay); the link projection replaces that time with bytes / link speed, the rest (compute and the
 commands' latency) kept: time per token = rest + bytes / link, no overlap assumed (a lower bound on speed).
 """
@@ -84,15 +85,17 @@ def run(path: str, tokens: int, threads: int, **kw: Any) -> dict[str, Any]:
         t = int(np.argmax(m.scores[-1]))
         m.eval([t])                                  # warm: the decode plan is built
         t = int(np.argmax(m.scores[-1]))
-        b0, w0 = moved(), sum(v["wait_seconds"] for v in _core.rpc_stats().values())
+        m.record_timings = True                      # per step: the wait for its weights, its compute
+        b0, waited = moved(), 0.0
         t0 = time.time()
         for _ in range(tokens):
             m.eval([t])
+            waited += sum(x["wait_ms"] for x in m.timings) / 1e3
             t = int(np.argmax(m.scores[-1]))
         dt = time.time() - t0
-        b1, w1 = moved(), sum(v["wait_seconds"] for v in _core.rpc_stats().values())
+        b1 = moved()
         st = m.stats()
-    return dict(tok_s=tokens / dt, s_per_tok=dt / tokens, bytes_tok=(b1 - b0) / tokens, wait_tok=(w1 - w0) / tokens,
+    return dict(tok_s=tokens / dt, s_per_tok=dt / tokens, bytes_tok=(b1 - b0) / tokens, wait_share=waited / dt,
                 load_s=load, devices=st["devices"], blocks=st["blocks_per_device"])
 
 
@@ -123,16 +126,17 @@ def main() -> int:
             (f"RPC + RPC split, streamed ({a.budget_blocks} blocks each)",
              dict(devices=[r1, r2], device_budget=f"{budget},{budget}")),
         ]
-        head = (f"| run | tok/s | MB moved/token | transfer share | load s | " +
+        head = (f"| run | tok/s | MB moved/token | waiting for weights | transfer (bytes / loopback) | load s | " +
                 " | ".join(f"tok/s at {k}" for k in LINKS) + " |")
         print(head)
-        print("|" + "---|" * (5 + len(LINKS)))
+        print("|" + "---|" * (6 + len(LINKS)))
         for name, kw in runs:
             r = run(path, a.tokens, a.threads, **kw)
             xfer = r["bytes_tok"] / bw
             rest = max(0.0, r["s_per_tok"] - xfer)
             proj = [1.0 / (rest + r["bytes_tok"] / v) if r["bytes_tok"] else r["tok_s"] for v in LINKS.values()]
-            print(f"| {name} | {r['tok_s']:.2f} | {r['bytes_tok'] / 1e6:.1f} | {min(1.0, xfer / r['s_per_tok']):.0%} | "
+            print(f"| {name} | {r['tok_s']:.2f} | {r['bytes_tok'] / 1e6:.1f} | {r['wait_share']:.0%} | "
+                  f"{min(1.0, xfer / r['s_per_tok']):.0%} | "
                   f"{r['load_s']:.1f} | " + " | ".join(f"{p:.2f}" for p in proj) + " |", flush=True)
     finally:
         for p, _ in procs:
