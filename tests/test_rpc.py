@@ -18,8 +18,8 @@ import pytest
 
 from superggml import DeviceError, Model, _core, cli
 from superggml.analyze import model_layout
+from test_multi_device import PROMPT, _run as run   # the prompt's logits, then six greedy tokens'
 
-PROMPT = list(range(300, 340))
 BASE = dict(ctx_size=128, n_batch=16, n_threads=1, repack=False)
 
 
@@ -76,16 +76,6 @@ def lone_server() -> Iterator[Server]:
         s.close()
 
 
-def run(m: Model) -> np.ndarray:
-    """The prompt's logits, then six greedy tokens' (F32 [n, n_vocab])."""
-    out = [m.eval(PROMPT, logits_all=True).copy()]
-    t = int(np.argmax(out[0][-1]))
-    for _ in range(6):
-        out.append(m.eval([t]).copy())
-        t = int(np.argmax(out[-1][-1]))
-    return np.concatenate(out)
-
-
 @pytest.fixture(scope="module")
 def reference(smollm2_path: str) -> tuple[np.ndarray, str]:
     with Model(smollm2_path, **BASE) as m:
@@ -125,6 +115,9 @@ def test_rpc_equals_cpu(servers, reference, smollm2_path, config):
     assert np.array_equal(out, ref), float(np.abs(out - ref).max())
     assert any(d.startswith("RPC") and "[127.0.0.1:" in d for d in st["devices"])
     sent = sum(v["bytes_sent"] - before.get(k, {}).get("bytes_sent", 0) for k, v in _core.rpc_stats().items())
+    assert st["rpc_bytes_sent"] > 0 and st["rpc_bytes_received"] > 0
+    if config == "resident":
+        assert st["remote_bytes"] >= sum(model_layout(smollm2_path).block_bytes)   # the blocks, copied over
     if "budget" in config or "split" in config and "device_budget" in kw:
         assert st["loads"] > 0                               # blocks streamed onto the servers' slots
     if config == "budget_2_blocks":

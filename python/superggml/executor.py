@@ -499,6 +499,12 @@ class Executor:
                              "weights_loading": self.loader is not None,
                              "devices": [b.name for b in self.backends[:self.n_split]],
                              "blocks_per_device": [self.layer_backend.count(i) for i in range(self.n_split)]}
+        eps = {b.name.split("[", 1)[1][:-1] for b in self.backends if b.name.startswith("RPC") and "[" in b.name}
+        if eps:              # what went over the wire to this model's servers (all users of them in this process)
+            rs = _core.rpc_stats()
+            d.update(rpc_bytes_sent=sum(int(rs[e]["bytes_sent"]) for e in eps if e in rs),
+                     rpc_bytes_received=sum(int(rs[e]["bytes_received"]) for e in eps if e in rs),
+                     remote_bytes=self.remote_bytes)
         d.update(passes=self.n_passes, sequences_per_pass=self.pass_sequences / max(self.n_passes, 1),
                  tokens_per_pass=self.pass_tokens / max(self.n_passes, 1))
         d.update(self.kv.stats())
