@@ -250,3 +250,12 @@ def test_rpc_server_port_in_use():
         r = subprocess.run([sys.executable, "-m", "superggml", "rpc-server", "-p", str(port)], capture_output=True,
                            text=True, timeout=60, env=dict(os.environ))
     assert r.returncode == 1 and "cannot listen" in r.stderr
+
+
+def test_cli_bench_and_analyze_with_rpc(servers, smollm2_path, capsys):
+    ep = servers[0].endpoint
+    assert cli.main(["bench", "-m", smollm2_path, "-p", "8", "-n", "4", "-r", "1", "-c", "64", "--rpc", ep,
+                     "--devices", f"RPC[{ep}]", "--json"]) == 0
+    assert cli.main(["analyze", "-m", smollm2_path, "--no-measure", "--rpc", ep]) == 0
+    out = capsys.readouterr()
+    assert '"decode_tok_s"' in out.out and ep in out.err

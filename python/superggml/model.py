@@ -154,7 +154,16 @@ class Model:
     name twice gives two backend instances) splits the blocks over several
     devices in contiguous ranges, ``tensor_split`` giving their shares (as
     llama.cpp's; default even): each runs its blocks and their K/V, and the
-    activations are copied where the device changes.
+    activations are copied where the device changes. ``device_budget`` may
+    give one size per device, each device paging its own blocks (and, with
+    ``paged_kv``, its own K/V frames).
+
+    ``rpc`` (``["host:port", ...]``) adds ggml RPC servers' devices
+    (``superggml rpc-server``, llama.cpp's ``rpc-server``): without ``devices``
+    the blocks split over this machine's CPU and them by free memory;
+    ``devices=["RPC[host:port]"]`` names a server's device. A server that
+    cannot be reached, or fails or stops answering for ``rpc_timeout``
+    seconds, raises ``superggml.DeviceError`` naming it.
 
     ``metrics`` (or a ``metrics_file``, a path or a text stream) writes
     JSON-lines metrics (docs/design.md's schema, ``superggml.metrics.schema()``):
