@@ -1,5 +1,7 @@
 #include "rpc.h"
 
+#include "telemetry.h"
+
 #include "ggml.h"
 #include "ggml-backend.h"
 #include "ggml-backend-impl.h"   // ggml_backend_device: the served CPU device with the memory it advertises
@@ -497,10 +499,18 @@ std::vector<rpc_endpoint_stats> rpc_stats() {
 namespace {
 uint64_t g_served_mem = 0;
 ggml_backend_device g_served{};
-void served_memory(ggml_backend_dev_t, size_t * free, size_t * total) { *free = *total = g_served_mem; }
+void served_memory(ggml_backend_dev_t, size_t * free, size_t * total) {
+    if (g_served_mem) {
+        *free = *total = g_served_mem;
+        return;
+    }
+    host_memory h = host_memory_info();     // what is available to this process (cgroup included)
+    *free = h.available;
+    *total = h.total;
+}
 void served_props(ggml_backend_dev_t dev, ggml_backend_dev_props * props) {
     ggml_backend_dev_get_props(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU), props);
-    props->memory_free = props->memory_total = g_served_mem;
+    served_memory(dev, &props->memory_free, &props->memory_total);
 }
 ggml_backend_t served_init(ggml_backend_dev_t dev, const char * params) {
     ggml_backend_t b = ggml_backend_dev_init(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU), params);
@@ -531,15 +541,14 @@ void rpc_server_start(const std::string & endpoint, const std::string & cache_di
     }
     ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
     if (!cpu) throw Error("RPC server: this build has no CPU device");
-    ggml_backend_dev_t dev = cpu;
-    if (mem > 0) {     // the CPU device, advertising `mem`
-        g_served_mem = mem;
-        g_served = *cpu;
-        g_served.iface.get_memory = served_memory;
-        g_served.iface.get_props = served_props;
-        g_served.iface.init_backend = served_init;
-        dev = &g_served;
-    }
+    // the CPU device, advertising `mem`, or else the memory available to this process (ggml's CPU device
+    // reports all of the host's as free, which would leave a client's memory-pressure reading at 0)
+    g_served_mem = mem;
+    g_served = *cpu;
+    g_served.iface.get_memory = served_memory;
+    g_served.iface.get_props = served_props;
+    g_served.iface.init_backend = served_init;
+    ggml_backend_dev_t dev = &g_served;
     std::string ep = endpoint, cache = cache_dir;
     std::thread([ep, cache, n_threads, dev]() mutable {
         ggml_backend_rpc_start_server(ep.c_str(), cache.empty() ? nullptr : cache.c_str(), (size_t) n_threads, 1, &dev);

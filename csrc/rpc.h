@@ -87,7 +87,7 @@ std::vector<rpc_endpoint_stats> rpc_stats();
 // Serves this process's CPU to ggml RPC clients on `endpoint` ("host:port"),
 // on a detached thread, one client at a time, until the process exits.
 // `mem` > 0: the memory the device advertises (free and total); 0: the
-// host's. `cache_dir` ("" for none): ggml's cache of large tensors by hash.
+// memory available to this process and the host's total (cgroup-aware). `cache_dir` ("" for none): ggml's cache of large tensors by hash.
 // Throws Error if the endpoint cannot be parsed or its port bound.
 void rpc_server_start(const std::string & endpoint, const std::string & cache_dir, int n_threads, uint64_t mem);
 

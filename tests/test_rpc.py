@@ -97,11 +97,12 @@ def _configs(servers: list[Server], slot: int) -> dict[str, dict[str, Any]]:
         "rpc_rpc_split": dict(devices=[a, b], tensor_split=[2, 1], device_budget=f"{2 * slot},{3 * slot}",
                               paged_kv=True, kv_page_size=32),
         "rpc_default_split": dict(rpc=[servers[0].endpoint]),
+        "dynamic_layers": dict(devices=[a], dynamic_layers=True, mem_pressure=0.01),   # always "under pressure"
     }
 
 
 @pytest.mark.parametrize("config", ["resident", "budget_2_blocks", "paged_kv", "cpu_rpc_split", "rpc_rpc_split",
-                                    "rpc_default_split"])
+                                    "rpc_default_split", "dynamic_layers"])
 def test_rpc_equals_cpu(servers, reference, smollm2_path, config):
     slot = model_layout(smollm2_path).slot_bytes
     kw = _configs(servers, slot)[config]
@@ -123,6 +124,10 @@ def test_rpc_equals_cpu(servers, reference, smollm2_path, config):
     if config == "budget_2_blocks":
         assert st["n_slots"] == 2 and st["staged_io"]        # a device pool: loads go through staging buffers
         assert sent > 2 * model_layout(smollm2_path).file_bytes // 2   # the blocks went over the wire, again
+    if config == "dynamic_layers":     # the server's memory reading (what it has available) demotes blocks
+        dev = [d for d in _core.devices() if d["description"] == servers[0].endpoint][0]
+        if 1 - dev["memory_free"] / dev["memory_total"] > 0.01:
+            assert st["layers_demoted"] > 0 and st["loads"] > 0
     if config == "rpc_default_split":                        # CPU and the server, by free memory
         assert len(st["devices"]) == 2 and min(st["blocks_per_device"]) > 0
 

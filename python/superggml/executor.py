@@ -188,11 +188,12 @@ class Executor:
         # the budget is the expert cache (_make_pager splits it)
         self.expert_budget: int | None = pg.expert_cache
         self.experts_paged = pg.expert_cache is not None or (self.hp.n_expert > 0 and pg.device_budget is not None)
-        if self.experts_paged and len(self.backends) > 1:
-            raise ValueError("paged experts run on one host device for now, not a multi-device split")
-        if len(self.backends) > 1 and (pg.dynamic_layers or pg.n_gpu_layers is not None):
-            raise ValueError("a multi-device split pages with a device_budget per device, not dynamic_layers or "
-                             "n_gpu_layers")
+        if self.experts_paged and (self.n_split > 1 or not self.backend.is_host):
+            raise ValueError("paged experts run on one host device for now, not a multi-device split or an RPC "
+                             "device")
+        if self.n_split > 1 and (pg.dynamic_layers or pg.n_gpu_layers is not None or pg.expert_cache is not None):
+            raise ValueError("a multi-device split pages with a device_budget per device, not dynamic_layers, "
+                             "n_gpu_layers or expert_cache")
         if isinstance(pg.device_budget, tuple) and len(pg.device_budget) != self.n_split:
             raise ValueError(f"device_budget gives {len(pg.device_budget)} sizes for {self.n_split} devices "
                              f"({', '.join(b.name for b in self.backends[:self.n_split])})")

@@ -325,7 +325,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         p, d = self.paging, self.devices
-        if len(d.devices) > 1 or d.rpc:          # rpc adds devices: counted again once they are known
+        if len(d.devices) > 1:                   # rpc without devices splits too: checked once devices are known
             _check(not (p.dynamic_layers or p.n_gpu_layers is not None or p.expert_cache is not None),
                    "a multi-device split pages with a device_budget per device, not dynamic_layers, n_gpu_layers "
                    "or expert_cache")
