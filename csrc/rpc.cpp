@@ -222,6 +222,50 @@ int connect_to(const std::string & host, int port, double timeout, std::string &
     return -1;
 }
 
+// A pipe for splice(): request payloads move from ggml's socket to the server's in the kernel.
+struct relay_pipe {
+    int r = -1, w = -1;
+    size_t size = 0, held = 0;      // capacity; bytes in it not yet sent
+    bool ok = false;                // splice works (else the relay copies through a buffer)
+    relay_pipe() {
+        int fds[2];
+        if (::pipe2(fds, O_CLOEXEC) != 0) return;
+        r = fds[0];
+        w = fds[1];
+        ::fcntl(w, F_SETPIPE_SZ, 1 << 20);
+        int sz = ::fcntl(w, F_GETPIPE_SZ);
+        size = sz > 0 ? (size_t) sz : 65536;
+        ok = true;
+    }
+    ~relay_pipe() {
+        if (r >= 0) ::close(r);
+        if (w >= 0) ::close(w);
+    }
+    // Sends the n bytes just spliced in to `fd` (non-blocking), each wait within `timeout`; false on failure.
+    bool to(int fd, size_t n, double timeout) {
+        held += n;
+        double deadline = now() + timeout;
+        while (held) {
+            ssize_t k = ::splice(r, nullptr, fd, nullptr, held, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+            if (k > 0) { held -= (size_t) k; deadline = now() + timeout; continue; }
+            if (k < 0 && (errno == EAGAIN || errno == EINTR)) {
+                if (!wait_fd(fd, POLLOUT, deadline)) return false;
+                continue;
+            }
+            return false;
+        }
+        return true;
+    }
+    void drain(std::vector<uint8_t> & buf) {     // after a failure: what the pipe holds is dropped
+        while (held) {
+            ssize_t k = ::read(r, buf.data(), std::min(held, buf.size()));
+            if (k <= 0) break;
+            held -= (size_t) k;
+        }
+        held = 0;
+    }
+};
+
 // One server behind its relay.
 struct endpoint_state {
     std::string endpoint, host, local;   // local: the relay's "127.0.0.1:port", what ggml connects to
@@ -276,6 +320,7 @@ void endpoint_state::relay(int client_fd) {
     const double T = params.timeout;
     std::vector<uint8_t> buf(1 << 20), answer;
     uint8_t head[HEAD];
+    relay_pipe pipe;
     for (;;) {
         uint8_t cmd;
         uint64_t size;
@@ -286,19 +331,27 @@ void endpoint_state::relay(int client_fd) {
             std::memcpy(hdr + 1, &size, 8);
             if (!send_all(up.fd, hdr, 9, T)) fail(reason(cmd_name(cmd), T));
         }
-        size_t head_n = 0;
-        for (uint64_t left = size; left;) {
-            size_t n = (size_t) std::min<uint64_t>(left, buf.size());
-            if (!recv_blocking(client.fd, buf.data(), n)) goto done;
-            if (cmd == HELLO) std::memset(buf.data(), 0, n);            // plain TCP: no transport upgrade
-            if (head_n < HEAD) {
-                size_t k = std::min(n, HEAD - head_n);
-                std::memcpy(head + head_n, buf.data(), k);
-                head_n += k;
+        // the payload's first bytes through this process (kept: a stand-in answer may need them), the rest
+        // spliced from ggml's socket to the server's through a pipe, without a copy into this process
+        size_t head_n = (size_t) std::min<uint64_t>(size, HEAD);
+        if (!recv_blocking(client.fd, head, head_n)) goto done;
+        if (cmd == HELLO) std::memset(head, 0, head_n);                   // plain TCP: no transport upgrade
+        if (!dead && !send_all(up.fd, head, head_n, T)) fail(reason(cmd_name(cmd), T));
+        if (!dead) sent += head_n;
+        for (uint64_t left = size - head_n; left;) {
+            ssize_t k = pipe.ok ? ::splice(client.fd, nullptr, pipe.w, nullptr, std::min<uint64_t>(left, pipe.size),
+                                           SPLICE_F_MOVE)
+                                : ::recv(client.fd, buf.data(), std::min<uint64_t>(left, buf.size()), 0);
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) goto done;
+            left -= (uint64_t) k;
+            if (!pipe.ok) {
+                if (!dead && !send_all(up.fd, buf.data(), (size_t) k, T)) fail(reason(cmd_name(cmd), T));
+            } else if (!dead && !pipe.to(up.fd, (size_t) k, T)) {
+                fail(reason(cmd_name(cmd), T));
             }
-            if (!dead && !send_all(up.fd, buf.data(), n, T)) fail(reason(cmd_name(cmd), T));
-            if (!dead) sent += n;
-            left -= n;
+            if (dead && pipe.ok) pipe.drain(buf);
+            if (!dead) sent += (uint64_t) k;
         }
         ++commands;
         if (!has_response(cmd)) continue;
