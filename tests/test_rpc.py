@@ -264,3 +264,31 @@ def test_cli_bench_and_analyze_with_rpc(servers, smollm2_path, capsys):
     assert cli.main(["analyze", "-m", smollm2_path, "--no-measure", "--rpc", ep]) == 0
     out = capsys.readouterr()
     assert '"decode_tok_s"' in out.out and ep in out.err
+
+
+def test_openai_server_on_rpc(servers, smollm2_path):
+    """`serve` with the blocks and the paged K/V on a server: 4 concurrent requests in shared passes, each
+    answered as the CPU answers it alone."""
+    import httpx
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_server import Server as HTTPServer
+
+    prompts = [f"List {k} fruits:" for k in range(2, 6)]
+    kw = dict(ctx_size=256, n_threads=1, repack=False)
+    with Model(smollm2_path, **kw) as m:
+        want = [m.create_completion(p, max_tokens=12, temperature=0)["choices"][0]["text"] for p in prompts]
+    with Model(smollm2_path, **kw, devices=[on(servers[0])], paged_kv=True, kv_page_size=16,
+               kv_device_layers=4 * 30) as m:
+        http = HTTPServer(m, parallel=4, max_queue=16)
+        try:
+            def ask(p: str) -> str:
+                r = httpx.post(http.url + "/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0},
+                               timeout=120)
+                assert r.status_code == 200
+                return str(r.json()["choices"][0]["text"])
+            with ThreadPoolExecutor(4) as ex:
+                got = list(ex.map(ask, prompts))
+        finally:
+            http.close()
+    assert got == want
