@@ -52,7 +52,7 @@ def _generate_many(m: Any, a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     n_tok = 0
     with tqdm(total=len(prompts), unit="prompt", file=sys.stderr, disable=None) as bar:
-        for i, piece, finish, k in m._batch_stream(tokens, 1, a.n_predict if a.n_predict >= 0 else None,
+        for i, piece, finish, k, _ in m._batch_stream(tokens, 1, a.n_predict if a.n_predict >= 0 else None,
                                                     a.stop or [], sampling, parallel=a.parallel):
             out.setdefault(i, []).append(piece)
             if finish:

@@ -41,6 +41,15 @@ def sampling_options(*, temperature: float, top_p: float, top_k: int, min_p: flo
                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, seed=seed)
 
 
+MAX_LOGPROBS = 20     # alternatives per token a request may ask for (OpenAI's top_logprobs limit)
+
+
+def check_logprobs(k: int | None, name: str) -> None:
+    """ValueError unless k is None or in 0..MAX_LOGPROBS."""
+    if k is not None and not (isinstance(k, int) and 0 <= k <= MAX_LOGPROBS):
+        raise ValueError(f"{name} must be in 0..{MAX_LOGPROBS}, not {k!r}")
+
+
 def stop_list(stop: str | Sequence[str] | None) -> list[str]:
     """OpenAI's `stop` (a string, a list of them, or none) as a list."""
     return [stop] if isinstance(stop, str) else list(stop or [])
@@ -51,13 +60,25 @@ def _want_direct_io(path: str) -> bool:
     return os.path.getsize(path) > int(_core.host_memory()["available"])
 
 
+LogprobEntry = tuple[int, "float | None", "list[tuple[int, float]]"]   # token, its logprob, top alternatives
+
+
+def logprob_entry(tok: int, logp: np.ndarray, k: int) -> LogprobEntry:
+    """A token's logprob and the k most likely tokens' (ids, logprobs) from a log-probability vector."""
+    top = np.argpartition(-logp, k)[:k] if 0 < k < len(logp) else np.arange(len(logp) if k else 0)
+    top = top[np.argsort(-logp[top], kind="stable")]
+    return int(tok), float(logp[tok]), [(int(i), float(logp[i])) for i in top]
+
+
 class _Choice:
     """One completion's text as its tokens arrive: bytes to text as llama-cpp-python gives them (the whole
     completion decoded with errors="ignore": a character split across tokens waits for its rest, bytes that
     never form one are dropped), stop strings held back until they cannot match, a token limit."""
 
-    def __init__(self, tokenizer: Tokenizer, limit: int, stop: Sequence[str]):
+    def __init__(self, tokenizer: Tokenizer, limit: int, stop: Sequence[str], logprobs: int | None = None):
         self.tokenizer = tokenizer
+        self.logprobs = logprobs          # top alternatives per token to report (None: no logprobs)
+        self.lp: list[LogprobEntry] = []  # the kept tokens' (token, logprob, top alternatives), not yet taken
         self.limit = limit
         self.stop = list(stop)
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="ignore")
@@ -67,18 +88,23 @@ class _Choice:
         self.finish: str | None = None
         self.holdback = max((len(x) for x in self.stop), default=0)
 
-    def push(self, tok: int) -> str:
-        """Takes the next token; returns the text that can be sent now. Sets finish once done."""
+    def push(self, tok: int, logp: np.ndarray | None = None) -> str:
+        """Takes the next token (and, with logprobs, the log-probabilities it was drawn with); returns the text
+        that can be sent now. Sets finish once done."""
         if self.tokenizer.is_eog(tok):
             self.finish = "stop"
             return self.flush()
         self.n += 1
+        if self.logprobs is not None and logp is not None:
+            self.lp.append(logprob_entry(tok, logp, self.logprobs))
         self.text += self.utf8.decode(self.tokenizer.token_to_piece(tok, special=False))
         hit = min((i for i in (self.text.find(x, max(0, self.sent - len(x))) for x in self.stop) if i >= 0),
                   default=-1)
         if hit >= 0:
             self.text = self.text[:hit]
             self.finish = "stop"
+            if self.lp:
+                self.lp.pop()             # the token that completed the stop string is not in the text
             return self.flush()
         if self.n >= self.limit:
             self.finish = "length"
@@ -88,6 +114,13 @@ class _Choice:
             out, self.sent = self.text[self.sent:safe], safe
             return out
         return ""
+
+    def take(self) -> list[LogprobEntry] | None:
+        """The logprob entries since the last take (None without logprobs)."""
+        if self.logprobs is None:
+            return None
+        out, self.lp = self.lp, []
+        return out
 
     def flush(self) -> str:
         """The text not sent yet (the completion is over)."""
@@ -449,14 +482,23 @@ class Model:
         sampler = self._sampler(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                                 repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, seed=seed)
+        for tok, _ in self._generate(tokens, sampler, reset=reset):
+            yield tok
+
+    def _generate(self, tokens: Sequence[int], sampler: Sampler, *, reset: bool = True,
+                  logprobs: bool = False) -> Iterator[tuple[int, np.ndarray | None]]:
+        """generate(): (token, the log-probabilities it was drawn with if `logprobs`, else None). With logprobs
+        it decodes plainly (no drafts: each token's own distribution is reported)."""
         seq = self._exec.seq
         logits = self._prefill(tokens) if reset or not seq.tokens else self.eval(tokens)[-1]
-        if self._spec is not None:
-            yield from self._speculate(logits, sampler)
+        if self._spec is not None and not logprobs:
+            for tok in self._speculate(logits, sampler):
+                yield tok, None
             return
         while True:
+            logp = sampler.logprobs(logits, seq.tokens) if logprobs else None
             tok = sampler.sample(logits, seq.tokens)
-            yield tok
+            yield tok, logp
             if self.n_tokens >= self.n_ctx:
                 return
             logits = self.eval([tok])[-1]
@@ -517,28 +559,47 @@ class Model:
         return limit
 
     def _completion_stream(self, prompt_tokens: list[int], max_tokens: int | None, stop: Sequence[str],
-                           sampling: Mapping[str, Any]) -> Iterator[tuple[str, str | None, int]]:
-        """Yields (text piece, finish_reason or None, completion token count)."""
-        choice = _Choice(self.tokenizer, self._limit(prompt_tokens, max_tokens), stop)
-        for tok in self.generate(prompt_tokens, **sampling):
-            piece = choice.push(tok)
+                           sampling: Mapping[str, Any], logprobs: int | None = None
+                           ) -> Iterator[tuple[str, str | None, int, list[LogprobEntry] | None]]:
+        """Yields (text piece, finish_reason or None, completion token count, logprob entries of its tokens)."""
+        self._check_open()
+        choice = _Choice(self.tokenizer, self._limit(prompt_tokens, max_tokens), stop, logprobs)
+        for tok, logp in self._generate(prompt_tokens, self._sampler(**sampling), logprobs=logprobs is not None):
+            piece = choice.push(tok, logp)
             if choice.finish:
                 break
             if piece:
-                yield piece, None, choice.n
+                yield piece, None, choice.n, choice.take()
         else:
             piece = choice.flush()
-        yield piece, choice.finish, choice.n
+        yield piece, choice.finish, choice.n, choice.take()
+
+    def _prompt_logprobs(self, prompt: Sequence[int], k: int) -> list[LogprobEntry]:
+        """The prompt's tokens with their logprobs under the model (raw logits: no penalties, temperature 1;
+        the first token has none), from one pass on a scratch sequence (echo with logprobs)."""
+        ex = self._exec
+        sid = max(ex._seqs, default=0) + 1
+        try:
+            rows = ex.eval_batch([(sid, list(prompt))], logits_all=True)[0]
+        finally:
+            ex.drop_sequence(sid)
+        out: list[LogprobEntry] = [(int(prompt[0]), None, [])]
+        for i in range(1, len(prompt)):
+            x = rows[i - 1].astype(np.float64)
+            m = float(x.max())
+            out.append(logprob_entry(int(prompt[i]), x - m - np.log(np.exp(x - m).sum()), k))
+        return out
 
     def _new_gen(self, seq: int, prompt: Sequence[int], max_tokens: int | None, stop: Sequence[str],
-                 sampling: Mapping[str, Any], seed_offset: int = 0) -> _Gen:
+                 sampling: Mapping[str, Any], seed_offset: int = 0, logprobs: int | None = None) -> _Gen:
         """A completion of `prompt` on sequence `seq` (emptied first), for _step."""
         limit = self._limit(prompt, max_tokens)
         seed = self.seed if sampling.get("seed") is None else sampling["seed"]
         if seed is not None and seed >= 0:
             seed += seed_offset
         self._exec.drop_sequence(seq)
-        return _Gen(seq, prompt, _Choice(self.tokenizer, limit, stop), self._sampler(**{**sampling, "seed": seed}))
+        return _Gen(seq, prompt, _Choice(self.tokenizer, limit, stop, logprobs),
+                    self._sampler(**{**sampling, "seed": seed}))
 
     def _sampler(self, *, temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
                  frequency_penalty: float, presence_penalty: float, seed: int | None,
@@ -556,7 +617,8 @@ class Model:
         to drop)."""
         ex = self._exec
         live = [g for g in gens if g.pending and not g.finish]
-        if self._spec is not None and len(live) == 1 and len(live[0].pending) == 1 and live[0].choice.n:
+        if (self._spec is not None and len(live) == 1 and len(live[0].pending) == 1 and live[0].choice.n
+                and live[0].choice.logprobs is None):
             return [self._speculative_step(live[0])]       # one sequence decoding: draft for it
         room = budget if budget is not None else sum(len(g.pending) for g in gens)
         items, fed = [], []
@@ -582,8 +644,9 @@ class Model:
             if g.pending:                      # a prompt chunk: more to come
                 continue
             history = ex._seqs[g.seq].tokens
+            logp = g.sampler.logprobs(lg[-1], history) if g.choice.logprobs is not None else None
             tok = g.sampler.sample(lg[-1], history)
-            piece = g.choice.push(tok)
+            piece = g.choice.push(tok, logp)
             if not g.finish:
                 if m is not None and m.prompt_tokens:
                     m.on_token()
@@ -615,12 +678,13 @@ class Model:
         return g, piece
 
     def _batch_stream(self, prompts: Sequence[list[int]], n: int, max_tokens: int | None, stop: Sequence[str],
-                      sampling: Mapping[str, Any], parallel: int = 64) -> Iterator[tuple[int, str, str | None, int]]:
+                      sampling: Mapping[str, Any], parallel: int = 64, logprobs: int | None = None
+                      ) -> Iterator[tuple[int, str, str | None, int, list[LogprobEntry] | None]]:
         """Completions of several prompts (n of each; choice index = prompt * n + j, sampled with seed + j) run
         together, up to `parallel` at once (the next starts as one ends): each pass holds the next token of
         every running choice, and each stops on its own. Each choice is a sequence of its own, dropped when it
         ends; the current sequence is left as it is. Yields (index, text piece, finish_reason or None,
-        completion token count)."""
+        completion token count, logprob entries of its tokens)."""
         ex = self._exec
         for p in prompts:
             self._limit(p, max_tokens)
@@ -634,11 +698,11 @@ class Model:
             while gens or nxt < total:
                 while free and nxt < total:
                     pi, j = divmod(nxt, n)
-                    gens[self._new_gen(free.pop(), prompts[pi], max_tokens, stop, sampling, j)] = nxt
+                    gens[self._new_gen(free.pop(), prompts[pi], max_tokens, stop, sampling, j, logprobs)] = nxt
                     nxt += 1
                 for g, piece in self._step(list(gens)):
                     if piece or g.finish:
-                        yield gens[g], piece, g.finish, g.choice.n
+                        yield gens[g], piece, g.finish, g.choice.n, g.choice.take()
                     if g.finish:
                         ex.drop_sequence(g.seq)
                         free.append(g.seq)
@@ -652,15 +716,19 @@ class Model:
                           top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
                           frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                           stop: str | Sequence[str] | None = None, seed: int | None = None, stream: bool = False,
-                          echo: bool = False, add_bos: bool = True, n: int = 1) -> Any:
+                          echo: bool = False, add_bos: bool = True, n: int = 1, logprobs: int | None = None) -> Any:
         """OpenAI-style text completion (dict, or an iterator of chunks with stream=True).
 
         `prompt` may be a list of prompts (strings or token lists): one choice per prompt, `index` its
         position, run together in shared forward passes (each choice stops on its own). `n` samples that many
-        completions of each prompt the same way (choice index = prompt * n + j; sample j uses seed + j)."""
+        completions of each prompt the same way (choice index = prompt * n + j; sample j uses seed + j).
+        `logprobs` (0-20): each generated token's logprob and the `logprobs` likeliest alternatives', of the
+        logits after the penalties and the temperature, before top-k/top-p/min-p (OpenAI's); with `echo`, the
+        prompt's tokens' too (of the raw logits)."""
         self._check_open()
         if n < 1:
             raise ValueError(f"n must be >= 1, not {n}")
+        check_logprobs(logprobs, "logprobs")
         many = not isinstance(prompt, str) and len(prompt) > 0 and not isinstance(prompt[0], (int, np.integer))
         prompts = list(prompt) if many else [prompt]
         if not prompts:
@@ -672,28 +740,39 @@ class Model:
                                     repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                     presence_penalty=presence_penalty, seed=seed)
         echo_texts = [p if (echo and isinstance(p, str)) else "" for p in prompts for _ in range(n)]
-        return self._complete(tokens, n, max_tokens, stops, sampling, stream=stream, chat=False, echo=echo_texts)
+        prompt_lp = None
+        if echo and logprobs is not None:
+            per_prompt = [self._prompt_logprobs(t, logprobs) for t in tokens]
+            prompt_lp = [per_prompt[i] for i in range(len(tokens)) for _ in range(n)]
+        return self._complete(tokens, n, max_tokens, stops, sampling, stream=stream, chat=False, echo=echo_texts,
+                              logprobs=logprobs, prompt_logprobs=prompt_lp)
+
+    def token_bytes(self, tok: int) -> bytes:
+        """A token's bytes as logprobs report it (special tokens as their text)."""
+        return bytes(self.tokenizer.token_to_piece(int(tok), special=True))
 
     def _complete(self, tokens: list[list[int]], n: int, max_tokens: int | None, stops: list[str],
-                  sampling: dict[str, Any], *, stream: bool, chat: bool, echo: list[str] | None = None) -> Any:
+                  sampling: dict[str, Any], *, stream: bool, chat: bool, echo: list[str] | None = None,
+                  logprobs: int | None = None, prompt_logprobs: list[list[LogprobEntry]] | None = None) -> Any:
         """Runs the choices (n per prompt) and gives them in OpenAI's shapes (Reply)."""
         reply = Reply(chat=chat, stream=stream, model=os.path.basename(self.path), n_choices=len(tokens) * n,
-                      n_prompt=sum(len(t) for t in tokens), echo=echo)
+                      n_prompt=sum(len(t) for t in tokens), echo=echo,
+                      token_bytes=self.token_bytes if logprobs is not None else None, prompt_logprobs=prompt_logprobs)
         if len(tokens) == 1 and n == 1:
-            gen: Iterator[tuple[int, str, str | None, int]] = (
-                (0, piece, fin, k) for piece, fin, k in self._completion_stream(tokens[0], max_tokens, stops, sampling))
+            gen: Iterator[tuple[int, str, str | None, int, list[LogprobEntry] | None]] = (
+                (0, *x) for x in self._completion_stream(tokens[0], max_tokens, stops, sampling, logprobs))
         else:
-            gen = self._batch_stream(tokens, n, max_tokens, stops, sampling)
+            gen = self._batch_stream(tokens, n, max_tokens, stops, sampling, logprobs=logprobs)
         if stream:
             def it() -> Iterator[dict[str, Any]]:
                 yield from reply.opening()
-                for i, piece, finish, k in gen:
-                    c = reply.chunk(i, piece, finish, k)
+                for i, piece, finish, k, lp in gen:
+                    c = reply.chunk(i, piece, finish, k, lp)
                     if c is not None:
                         yield c
             return it()
-        for i, piece, finish, k in gen:
-            reply.chunk(i, piece, finish, k)
+        for i, piece, finish, k, lp in gen:
+            reply.chunk(i, piece, finish, k, lp)
         return reply.final()
 
     def eval_batch(self, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False) -> list[np.ndarray]:
@@ -709,15 +788,21 @@ class Model:
                                temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
                                min_p: float = 0.05, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
                                presence_penalty: float = 0.0, stop: str | Sequence[str] | None = None,
-                               seed: int | None = None, stream: bool = False) -> Any:
-        """OpenAI-style chat completion using the GGUF's chat template."""
+                               seed: int | None = None, stream: bool = False, logprobs: bool = False,
+                               top_logprobs: int | None = None) -> Any:
+        """OpenAI-style chat completion using the GGUF's chat template. `logprobs`: each token's logprob (as
+        create_completion's), with the `top_logprobs` (0-20) likeliest alternatives'."""
         self._check_open()
+        check_logprobs(top_logprobs, "top_logprobs")
+        if top_logprobs is not None and not logprobs:
+            raise ValueError("top_logprobs needs logprobs=True")
         tokens = self.tokenize(self.apply_chat_template(messages), add_bos=True, special=True)
         stops = stop_list(stop)
         sampling = sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                     repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                     presence_penalty=presence_penalty, seed=seed)
-        return self._complete([tokens], 1, max_tokens, stops, sampling, stream=stream, chat=True)
+        return self._complete([tokens], 1, max_tokens, stops, sampling, stream=stream, chat=True,
+                              logprobs=(top_logprobs or 0) if logprobs else None)
 
 
 Model.__init__.__signature__ = signature(  # type: ignore[attr-defined]

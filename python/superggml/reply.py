@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
+
+Entry = tuple[int, "float | None", "list[tuple[int, float]]"]   # token, its logprob (None: a prompt's first), top
 
 
 class Reply:
@@ -17,7 +19,10 @@ class Reply:
     echo: text each choice starts with (completions' echo: its prompt), or none."""
 
     def __init__(self, *, chat: bool, stream: bool, model: str, n_choices: int, n_prompt: int,
-                 echo: Sequence[str] | None = None):
+                 echo: Sequence[str] | None = None, token_bytes: Callable[[int], bytes] | None = None,
+                 prompt_logprobs: Sequence[Sequence[Entry]] | None = None):
+        """token_bytes (a token's bytes): report logprobs (the entries chunk() is given; prompt_logprobs: each
+        choice's echoed prompt's, completions only)."""
         self.chat, self.stream, self.model = chat, stream, model
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4()}"
         self.created = int(time.time())
@@ -29,34 +34,75 @@ class Reply:
         self.used = [0] * n_choices
         self.first = [True] * n_choices
         self.n_prompt = n_prompt
+        self.token_bytes = token_bytes
+        self.prompt_lp = [list(x) for x in prompt_logprobs] if prompt_logprobs else [[] for _ in range(n_choices)]
+        self.lps: list[list[Entry]] = [[] for _ in range(n_choices)]     # each choice's generated tokens'
+        self.offset = [len(e) for e in self.echo]                           # text offset of its next token
+
+    # -- logprobs, in OpenAI's shapes ------------------------------------------
+    def _text(self, tok: int) -> str:
+        assert self.token_bytes is not None
+        return self.token_bytes(tok).decode("utf-8", errors="replace")
+
+    def _completion_lp(self, entries: Sequence[Entry], offset: int) -> dict[str, Any]:
+        tokens, offsets, lps, tops = [], [], [], []
+        for tok, lp, top in entries:
+            t = self._text(tok)
+            tokens.append(t)
+            offsets.append(offset)
+            offset += len(t)
+            lps.append(lp)
+            tops.append(None if lp is None else {**{self._text(i): x for i, x in top}, t: lp})
+        return {"tokens": tokens, "text_offset": offsets, "token_logprobs": lps, "top_logprobs": tops}
+
+    def _chat_lp(self, entries: Sequence[Entry]) -> dict[str, Any]:
+        def one(tok: int, lp: float | None) -> dict[str, Any]:
+            assert self.token_bytes is not None
+            b = self.token_bytes(tok)
+            return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
+        return {"content": [{**one(tok, lp), "top_logprobs": [one(i, x) for i, x in top]} for tok, lp, top in entries],
+                "refusal": None}
+
+    def _lp(self, index: int, entries: Sequence[Entry] | None, offset: int) -> dict[str, Any] | None:
+        if self.token_bytes is None or entries is None:
+            return None
+        return self._chat_lp(entries) if self.chat else self._completion_lp(entries, offset)
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def _chunk(self, index: int, piece: str, finish: str | None) -> dict[str, Any]:
+    def _chunk(self, index: int, piece: str, finish: str | None, lp: dict[str, Any] | None = None) -> dict[str, Any]:
         if not self.chat:
             return {**self._head("text_completion"),
-                    "choices": [{"text": piece, "index": index, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"text": piece, "index": index, "logprobs": lp, "finish_reason": finish}]}
         delta: dict[str, Any] = {"role": "assistant"} if self.first[index] else {}
         self.first[index] = False
         if piece:
             delta["content"] = piece
         return {**self._head("chat.completion.chunk"),
-                "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
+                "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
 
     def opening(self) -> list[dict[str, Any]]:
         """The stream's first chunks: each choice's echoed text (none without echo)."""
-        return [self._chunk(i, e, None) for i, e in enumerate(self.echo) if e] if self.stream else []
+        return [self._chunk(i, e, None, self._lp(i, self.prompt_lp[i] or None, 0))
+                for i, e in enumerate(self.echo) if e] if self.stream else []
 
-    def chunk(self, index: int, piece: str, finish: str | None, used: int) -> dict[str, Any] | None:
-        """Records a piece of choice `index` (its text so far, finish reason, tokens generated); returns its
-        stream chunk (None: nothing to send yet, or not streaming)."""
+    def chunk(self, index: int, piece: str, finish: str | None, used: int,
+              logprobs: Sequence[Entry] | None = None) -> dict[str, Any] | None:
+        """Records a piece of choice `index` (its text so far, finish reason, tokens generated, the logprob
+        entries of the tokens since its last piece); returns its stream chunk (None: nothing to send yet, or
+        not streaming)."""
         self.texts[index] += piece
         self.finish[index] = finish
         self.used[index] = used
-        if not self.stream or not (piece or finish):
+        entries = list(logprobs or [])
+        self.lps[index] += entries
+        offset = self.offset[index]
+        if self.token_bytes is not None:
+            self.offset[index] += sum(len(self._text(t)) for t, _, _ in entries)
+        if not self.stream or not (piece or finish or entries):
             return None
-        return self._chunk(index, piece, finish)
+        return self._chunk(index, piece, finish, self._lp(index, entries, offset))
 
     def final(self) -> dict[str, Any]:
         """The whole response (not streaming): every choice and the usage."""
@@ -65,8 +111,11 @@ class Reply:
         finish = [f or "length" for f in self.finish]
         if not self.chat:
             return {**self._head("text_completion"), "usage": usage,
-                    "choices": [{"text": t, "index": i, "logprobs": None, "finish_reason": f}
+                    "choices": [{"text": t, "index": i, "finish_reason": f,
+                                 "logprobs": self._lp(i, self.prompt_lp[i] + self.lps[i], 0 if self.prompt_lp[i]
+                                                      else len(self.echo[i]))}
                                 for i, (t, f) in enumerate(zip(self.texts, finish))]}
         return {**self._head("chat.completion"), "usage": usage,
-                "choices": [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": f}
+                "choices": [{"index": i, "message": {"role": "assistant", "content": t},
+                             "logprobs": self._lp(i, self.lps[i], 0), "finish_reason": f}
                             for i, (t, f) in enumerate(zip(self.texts, finish))]}

@@ -81,6 +81,15 @@ class Sampler:
         probs /= probs.sum()
         return ids, probs
 
+    def logprobs(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
+        """Log-probabilities (F64, every token) as OpenAI reports them: of the logits after the penalties and
+        the temperature (1 when greedy), before top-k, top-p and min-p cut the distribution."""
+        x = self.apply_penalties(np.asarray(logits, dtype=np.float32), history).astype(np.float64)
+        if self.params.temperature > 0:
+            x = x / self.params.temperature
+        m = float(x.max())
+        return x - m - np.log(np.exp(x - m).sum())
+
     def draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
         """One token from a distribution (ids, probs)."""
         return int(ids[0]) if self.params.greedy else int(ids[self.rng.choice(len(ids), p=probs)])

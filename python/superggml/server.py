@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .model import Model, sampling_options, stop_list
+from .model import MAX_LOGPROBS, Model, sampling_options, stop_list
 from .reply import Reply
 
 
@@ -60,6 +60,7 @@ class CompletionBody(_Body):
     prompt: Union[str, list[int], list[str], list[list[int]]]
     max_tokens: Optional[int] = Field(default=16, ge=0)
     echo: bool = False
+    logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
 class ChatMessage(BaseModel):
@@ -71,6 +72,8 @@ class ChatMessage(BaseModel):
 
 class ChatBody(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
 class ApiError(Exception):
@@ -101,6 +104,8 @@ class _Job:
     gens: dict[Any, int] = field(default_factory=dict)     # running completion -> choice index
     cancelled: bool = False
     t_submit: float = field(default_factory=time.perf_counter)
+    logprobs: int | None = None                            # alternatives per token to report (None: no logprobs)
+    echo_logprobs: bool = False                            # the echoed prompts' logprobs too
 
     @property
     def n_choices(self) -> int:
@@ -184,10 +189,15 @@ class Engine:
             self.active.append(job)
             try:
                 with self.lock:
+                    if job.echo_logprobs:        # one pass over each prompt, on a scratch sequence
+                        lp = [self.model._prompt_logprobs(p, job.logprobs or 0) for p in job.prompts]
+                        job.reply.prompt_lp = [lp[i // job.n] for i in range(job.n_choices)]
                     for i, seq in enumerate(job.seqs):
                         g = self.model._new_gen(seq, job.prompts[i // job.n], job.max_tokens, job.stop,
-                                                job.sampling, i % job.n)
+                                                job.sampling, i % job.n, job.logprobs)
                         job.gens[g] = i
+                for c in job.reply.opening():    # the echoed prompts (with their logprobs): the first chunks
+                    self._send(job, c)
             except Exception as e:  # noqa: BLE001 - reaches the client as an error
                 self._finish(job, e)
 
@@ -211,7 +221,7 @@ class Engine:
             self.steps += 1
             for g, piece in done:
                 job = owner[g]
-                c = job.reply.chunk(job.gens[g], piece, g.finish, g.choice.n)
+                c = job.reply.chunk(job.gens[g], piece, g.finish, g.choice.n, g.choice.take())
                 if c is not None:
                     self._send(job, c)
                 if g.finish:
@@ -311,12 +321,15 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
                                 repeat_penalty=body.repeat_penalty, frequency_penalty=body.frequency_penalty,
                                 presence_penalty=body.presence_penalty, seed=body.seed)
 
-    async def run(body: _Body, prompts: list[list[int]], chat: bool, echo: list[str] | None = None) -> Any:
+    async def run(body: _Body, prompts: list[list[int]], chat: bool, echo: list[str] | None = None,
+                  logprobs: int | None = None, echo_logprobs: bool = False) -> Any:
         loop = asyncio.get_running_loop()
         stop = stop_list(body.stop)
         reply = Reply(chat=chat, stream=body.stream, model=mid, n_choices=len(prompts) * body.n,
-                      n_prompt=sum(len(p) for p in prompts), echo=echo)
-        job = _Job(prompts, body.n, body.max_tokens, stop, sampling(body), reply, asyncio.Queue(), loop)
+                      n_prompt=sum(len(p) for p in prompts), echo=echo,
+                      token_bytes=model.token_bytes if logprobs is not None else None)
+        job = _Job(prompts, body.n, body.max_tokens, stop, sampling(body), reply, asyncio.Queue(), loop,
+                   logprobs=logprobs, echo_logprobs=echo_logprobs)
         engine.submit(job)
         if not body.stream:
             try:
@@ -337,8 +350,6 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
 
         async def events() -> Any:
             try:
-                for c in reply.opening():
-                    yield sse(c)
                 while True:
                     item = await job.out.get()
                     if item is _END:
@@ -373,7 +384,8 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
                 token_lists.append(list(x))
             check(body, len(token_lists[-1]))
         echo = [x if body.echo and isinstance(x, str) else "" for x in prompts for _ in range(body.n)]
-        return await run(body, token_lists, chat=False, echo=echo)
+        return await run(body, token_lists, chat=False, echo=echo, logprobs=body.logprobs,
+                         echo_logprobs=body.echo and body.logprobs is not None)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request) -> Any:
@@ -387,7 +399,9 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
             raise ApiError(400, f"the chat template rejected the messages: {e}", param="messages") from None
         tokens = model.tokenize(prompt, add_bos=True, special=True)
         check(body, len(tokens))
-        return await run(body, [tokens], chat=True)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return await run(body, [tokens], chat=True, logprobs=(body.top_logprobs or 0) if body.logprobs else None)
 
     return app
 
