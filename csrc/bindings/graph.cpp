@@ -119,6 +119,8 @@ void init_graph(py::module_ & m) {
                 default: return "cpu";
             }
         }, "cpu, gpu, igpu or accel: the kind of memory the weights land in")
+        .def_property_readonly("endpoint", [](const compute_backend & b) { return rpc_device_endpoint(b.device()); },
+            "The RPC server the device is on (\"host:port\"); \"\" for a device of this machine.")
         .def_property_readonly("is_host", [](const compute_backend & b) {
             return ggml_backend_buft_is_host(b.buffer_type());
         }, "Whether the device's buffers are host memory (the CPU) or its own (a GPU, an RPC server).")

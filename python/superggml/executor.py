@@ -279,7 +279,7 @@ class Executor:
                              f"kept on the device), not {kvs.kv_device_layers}")
         parts = []
         for d in range(self.n_split):       # each device pages the K/V of its own blocks
-            ls = [il for il in range(hp.n_layer) if self.layer_backend[il] == d]
+            ls = self._layers_on(d)
             if not ls:
                 continue
             frames = n_frames if len(ls) == hp.n_layer or kvs.kv_device_layers is not None else len(ls)
@@ -357,6 +357,10 @@ class Executor:
         groups.append(["output_norm.weight", out])
         return groups
 
+    def _layers_on(self, d: int) -> list[int]:
+        """The blocks device d runs, in order."""
+        return [il for il, dev in enumerate(self.layer_backend) if dev == d]
+
     def _plan_copies(self, store: Any) -> None:
         """What each device that is not host memory holds of the weights outside the blocks: a copy of each
         one its blocks read (rope factors and the like) and, on the head's device, of the output norm and
@@ -373,8 +377,7 @@ class Executor:
             head = ["output_norm.weight"] + ([] if self.paged else [out]) if d == self.head_dev else []
             copies = {n: store.add_copy(n, f"dev{d}") for n in shared + head}
             self.weights.copies[d] = copies
-            own = [] if self.paged else [n for il in range(hp.n_layer) if self.layer_backend[il] == d
-                                         for n in self.block_tensors(il)]
+            own = [] if self.paged else [n for il in self._layers_on(d) for n in self.block_tensors(il)]
             self._remote[d] = own + list(copies.values())
 
     def _load_remote(self) -> None:
@@ -423,7 +426,7 @@ class Executor:
         self._load_remote()
         self.n_pinned = 0
         for d in range(self.n_split):
-            blocks = [il for il in range(hp.n_layer) if self.layer_backend[il] == d]
+            blocks = self._layers_on(d)
             if blocks:
                 self.pagers[d] = self._make_pager(store, d, blocks)
         c = self.settings.context
@@ -500,7 +503,7 @@ class Executor:
                              "weights_loading": self.loader is not None,
                              "devices": [b.name for b in self.backends[:self.n_split]],
                              "blocks_per_device": [self.layer_backend.count(i) for i in range(self.n_split)]}
-        eps = {b.name.split("[", 1)[1][:-1] for b in self.backends if b.name.startswith("RPC") and "[" in b.name}
+        eps = {b.endpoint for b in self.backends if b.endpoint}
         if eps:              # what went over the wire to this model's servers (all users of them in this process)
             rs = _core.rpc_stats()
             d.update(rpc_bytes_sent=sum(int(rs[e]["bytes_sent"]) for e in eps if e in rs),

@@ -19,7 +19,7 @@ from .errors import GGUFError
 from .executor import Executor
 from .metrics import Metrics, MetricsWriter
 from .reply import Reply
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingParams, log_softmax
 from .scheduler import LayerScheduler
 from .speculative import DraftLength, LookupDrafter, ModelDrafter, Speculator, accept
 from .settings import Settings, options_doc, parse_size, signature
@@ -585,9 +585,7 @@ class Model:
             ex.drop_sequence(sid)
         out: list[LogprobEntry] = [(int(prompt[0]), None, [])]
         for i in range(1, len(prompt)):
-            x = rows[i - 1].astype(np.float64)
-            m = float(x.max())
-            out.append(logprob_entry(int(prompt[i]), x - m - np.log(np.exp(x - m).sum()), k))
+            out.append(logprob_entry(int(prompt[i]), log_softmax(rows[i - 1]), k))
         return out
 
     def _new_gen(self, seq: int, prompt: Sequence[int], max_tokens: int | None, stop: Sequence[str],

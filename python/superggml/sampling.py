@@ -8,6 +8,13 @@ from typing import Sequence
 import numpy as np
 
 
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """log(softmax(x)) in F64, stably."""
+    x = np.asarray(x, dtype=np.float64)
+    m = float(x.max())
+    return x - m - np.log(np.exp(x - m).sum())
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.8
@@ -85,10 +92,7 @@ class Sampler:
         """Log-probabilities (F64, every token) as OpenAI reports them: of the logits after the penalties and
         the temperature (1 when greedy), before top-k, top-p and min-p cut the distribution."""
         x = self.apply_penalties(np.asarray(logits, dtype=np.float32), history).astype(np.float64)
-        if self.params.temperature > 0:
-            x = x / self.params.temperature
-        m = float(x.max())
-        return x - m - np.log(np.exp(x - m).sum())
+        return log_softmax(x / self.params.temperature if self.params.temperature > 0 else x)
 
     def draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
         """One token from a distribution (ids, probs)."""
