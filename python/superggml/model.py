@@ -16,6 +16,7 @@ from . import _core
 from .arch import get_architecture
 from .chat import CHATML, ChatTemplate
 from .errors import GGUFError
+from .grammar import Grammar, GrammarVocab, Matcher, grammar_from
 from .executor import Executor
 from .metrics import Metrics, MetricsWriter
 from .reply import Reply
@@ -134,16 +135,34 @@ class _Gen:
     """One completion that Model._step advances together with others: its sequence, the tokens still to feed
     (the prompt, then each sampled token), its sampler and its text."""
 
-    def __init__(self, seq: int, prompt: Sequence[int], choice: _Choice, sampler: Sampler):
+    def __init__(self, seq: int, prompt: Sequence[int], choice: _Choice, sampler: Sampler,
+                 matcher: Matcher | None = None):
         self.seq = seq
         self.pending = list(prompt)
         self.n_prompt = len(self.pending)
         self.choice = choice
         self.sampler = sampler
+        self.matcher = matcher       # its constraint's state (None: free text)
+
+    def pick(self, logits: np.ndarray, history: Sequence[int]) -> tuple[int, np.ndarray | None]:
+        """The next token from its last logits (and its logprobs if the choice reports them)."""
+        return _pick(self.sampler, self.matcher, logits, history, self.choice.logprobs is not None)
+
 
     @property
     def finish(self) -> str | None:
         return self.choice.finish
+
+
+def _pick(sampler: Sampler, matcher: Matcher | None, logits: np.ndarray, history: Sequence[int],
+          logprobs: bool) -> tuple[int, np.ndarray | None]:
+    """Draws a token from `logits` within the constraint (which then moves past it); with `logprobs` also gives
+    the log-probabilities it reports (the model's own: before the constraint's mask)."""
+    logp = sampler.logprobs(logits, history) if logprobs else None
+    tok = sampler.sample(logits if matcher is None else matcher.mask(logits), history)
+    if matcher is not None:
+        matcher.consume(tok)
+    return tok, logp
 
 
 class Model:
@@ -262,6 +281,7 @@ class Model:
                   file=sys.stderr)
         self._metrics: Metrics | None = None
         self._closed = False
+        self._grammar_vocab: GrammarVocab | None = None
         ms = s.metrics
         if ms.enabled:
             self._metrics = Metrics(self, MetricsWriter(ms.metrics_file, pretty=ms.metrics_pretty),
@@ -476,28 +496,30 @@ class Model:
     def generate(self, tokens: Sequence[int], *, temp: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                 seed: int | None = None, reset: bool = True) -> Iterator[int]:
-        """Yields sampled tokens after `tokens`, forever (stop by leaving the loop)."""
+                 seed: int | None = None, reset: bool = True, grammar: Grammar | None = None) -> Iterator[int]:
+        """Yields sampled tokens after `tokens`, forever (stop by leaving the loop); with `grammar` (see
+        `Model.grammar`) only tokens it allows, an end-of-generation token once it is complete."""
         self._check_open()
         sampler = self._sampler(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                                 repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, seed=seed)
-        for tok, _ in self._generate(tokens, sampler, reset=reset):
+        matcher = self._matcher(grammar)
+        for tok, _ in self._generate(tokens, sampler, reset=reset, matcher=matcher):
             yield tok
 
     def _generate(self, tokens: Sequence[int], sampler: Sampler, *, reset: bool = True,
-                  logprobs: bool = False) -> Iterator[tuple[int, np.ndarray | None]]:
+                  logprobs: bool = False, matcher: Matcher | None = None
+                  ) -> Iterator[tuple[int, np.ndarray | None]]:
         """generate(): (token, the log-probabilities it was drawn with if `logprobs`, else None). With logprobs
-        it decodes plainly (no drafts: each token's own distribution is reported)."""
+        or a constraint it decodes plainly (no drafts: each token's own distribution is reported or masked)."""
         seq = self._exec.seq
         logits = self._prefill(tokens) if reset or not seq.tokens else self.eval(tokens)[-1]
-        if self._spec is not None and not logprobs:
+        if self._spec is not None and not logprobs and matcher is None:
             for tok in self._speculate(logits, sampler):
                 yield tok, None
             return
         while True:
-            logp = sampler.logprobs(logits, seq.tokens) if logprobs else None
-            tok = sampler.sample(logits, seq.tokens)
+            tok, logp = _pick(sampler, matcher, logits, seq.tokens, logprobs)
             yield tok, logp
             if self.n_tokens >= self.n_ctx:
                 return
@@ -559,12 +581,14 @@ class Model:
         return limit
 
     def _completion_stream(self, prompt_tokens: list[int], max_tokens: int | None, stop: Sequence[str],
-                           sampling: Mapping[str, Any], logprobs: int | None = None
+                           sampling: Mapping[str, Any], logprobs: int | None = None,
+                           grammar: Grammar | None = None
                            ) -> Iterator[tuple[str, str | None, int, list[LogprobEntry] | None]]:
         """Yields (text piece, finish_reason or None, completion token count, logprob entries of its tokens)."""
         self._check_open()
         choice = _Choice(self.tokenizer, self._limit(prompt_tokens, max_tokens), stop, logprobs)
-        for tok, logp in self._generate(prompt_tokens, self._sampler(**sampling), logprobs=logprobs is not None):
+        for tok, logp in self._generate(prompt_tokens, self._sampler(**sampling), logprobs=logprobs is not None,
+                                        matcher=self._matcher(grammar)):
             piece = choice.push(tok, logp)
             if choice.finish:
                 break
@@ -589,15 +613,37 @@ class Model:
         return out
 
     def _new_gen(self, seq: int, prompt: Sequence[int], max_tokens: int | None, stop: Sequence[str],
-                 sampling: Mapping[str, Any], seed_offset: int = 0, logprobs: int | None = None) -> _Gen:
+                 sampling: Mapping[str, Any], seed_offset: int = 0, logprobs: int | None = None,
+                 grammar: Grammar | None = None) -> _Gen:
         """A completion of `prompt` on sequence `seq` (emptied first), for _step."""
         limit = self._limit(prompt, max_tokens)
         seed = self.seed if sampling.get("seed") is None else sampling["seed"]
         if seed is not None and seed >= 0:
             seed += seed_offset
+        matcher = self._matcher(grammar)
         self._exec.drop_sequence(seq)
         return _Gen(seq, prompt, _Choice(self.tokenizer, limit, stop, logprobs),
-                    self._sampler(**{**sampling, "seed": seed}))
+                    self._sampler(**{**sampling, "seed": seed}), matcher)
+
+    # -- constraints -----------------------------------------------------------
+    def grammar(self, *, grammar: str | Grammar | None = None, json_schema: Mapping[str, Any] | str | None = None,
+                regex: str | None = None, response_format: Mapping[str, Any] | None = None) -> Grammar | None:
+        """The constraint of these options (at most one; see superggml.grammar.grammar_from), checked against
+        this model's vocabulary: GrammarError (a ValueError) if it does not compile or no text satisfies it."""
+        g = grammar_from(grammar=grammar, json_schema=json_schema, regex=regex, response_format=response_format)
+        if g is not None:
+            g.check(self.grammar_vocab)
+        return g
+
+    @property
+    def grammar_vocab(self) -> GrammarVocab:
+        """The vocabulary as the constraint engine (llguidance) reads it; built on first use."""
+        if self._grammar_vocab is None:
+            self._grammar_vocab = GrammarVocab(self.tokenizer)
+        return self._grammar_vocab
+
+    def _matcher(self, grammar: Grammar | None) -> Matcher | None:
+        return None if grammar is None else grammar.matcher(self.grammar_vocab)
 
     def _sampler(self, *, temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
                  frequency_penalty: float, presence_penalty: float, seed: int | None,
@@ -616,7 +662,7 @@ class Model:
         ex = self._exec
         live = [g for g in gens if g.pending and not g.finish]
         if (self._spec is not None and len(live) == 1 and len(live[0].pending) == 1 and live[0].choice.n
-                and live[0].choice.logprobs is None):
+                and live[0].choice.logprobs is None and live[0].matcher is None):
             return [self._speculative_step(live[0])]       # one sequence decoding: draft for it
         room = budget if budget is not None else sum(len(g.pending) for g in gens)
         items, fed = [], []
@@ -642,8 +688,7 @@ class Model:
             if g.pending:                      # a prompt chunk: more to come
                 continue
             history = ex._seqs[g.seq].tokens
-            logp = g.sampler.logprobs(lg[-1], history) if g.choice.logprobs is not None else None
-            tok = g.sampler.sample(lg[-1], history)
+            tok, logp = g.pick(lg[-1], history)
             piece = g.choice.push(tok, logp)
             if not g.finish:
                 if m is not None and m.prompt_tokens:
@@ -676,7 +721,8 @@ class Model:
         return g, piece
 
     def _batch_stream(self, prompts: Sequence[list[int]], n: int, max_tokens: int | None, stop: Sequence[str],
-                      sampling: Mapping[str, Any], parallel: int = 64, logprobs: int | None = None
+                      sampling: Mapping[str, Any], parallel: int = 64, logprobs: int | None = None,
+                      grammar: Grammar | None = None
                       ) -> Iterator[tuple[int, str, str | None, int, list[LogprobEntry] | None]]:
         """Completions of several prompts (n of each; choice index = prompt * n + j, sampled with seed + j) run
         together, up to `parallel` at once (the next starts as one ends): each pass holds the next token of
@@ -696,7 +742,8 @@ class Model:
             while gens or nxt < total:
                 while free and nxt < total:
                     pi, j = divmod(nxt, n)
-                    gens[self._new_gen(free.pop(), prompts[pi], max_tokens, stop, sampling, j, logprobs)] = nxt
+                    gens[self._new_gen(free.pop(), prompts[pi], max_tokens, stop, sampling, j, logprobs,
+                                       grammar)] = nxt
                     nxt += 1
                 for g, piece in self._step(list(gens)):
                     if piece or g.finish:
@@ -714,7 +761,9 @@ class Model:
                           top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
                           frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                           stop: str | Sequence[str] | None = None, seed: int | None = None, stream: bool = False,
-                          echo: bool = False, add_bos: bool = True, n: int = 1, logprobs: int | None = None) -> Any:
+                          echo: bool = False, add_bos: bool = True, n: int = 1, logprobs: int | None = None,
+                          grammar: str | Grammar | None = None, json_schema: Mapping[str, Any] | str | None = None,
+                          regex: str | None = None, response_format: Mapping[str, Any] | None = None) -> Any:
         """OpenAI-style text completion (dict, or an iterator of chunks with stream=True).
 
         `prompt` may be a list of prompts (strings or token lists): one choice per prompt, `index` its
@@ -722,11 +771,19 @@ class Model:
         completions of each prompt the same way (choice index = prompt * n + j; sample j uses seed + j).
         `logprobs` (0-20): each generated token's logprob and the `logprobs` likeliest alternatives', of the
         logits after the penalties and the temperature, before top-k/top-p/min-p (OpenAI's); with `echo`, the
-        prompt's tokens' too (of the raw logits)."""
+        prompt's tokens' too (of the raw logits).
+
+        One constraint may shape the text: `grammar` (llama.cpp's GBNF or a Lark grammar), `json_schema`,
+        `regex`, or OpenAI's `response_format` ({"type": "json_object"} or {"type": "json_schema", "json_schema":
+        {"schema": ...}}). Each token is drawn among those it allows (a mask on the logits; logprobs stay the
+        model's own), and the completion ends once it is complete. GrammarError (a ValueError) if it does not
+        compile or nothing satisfies it."""
         self._check_open()
         if n < 1:
             raise ValueError(f"n must be >= 1, not {n}")
         check_logprobs(logprobs, "logprobs")
+        constraint = self.grammar(grammar=grammar, json_schema=json_schema, regex=regex,
+                                  response_format=response_format)
         many = not isinstance(prompt, str) and len(prompt) > 0 and not isinstance(prompt[0], (int, np.integer))
         prompts = list(prompt) if many else [prompt]
         if not prompts:
@@ -743,7 +800,7 @@ class Model:
             per_prompt = [self._prompt_logprobs(t, logprobs) for t in tokens]
             prompt_lp = [per_prompt[i] for i in range(len(tokens)) for _ in range(n)]
         return self._complete(tokens, n, max_tokens, stops, sampling, stream=stream, chat=False, echo=echo_texts,
-                              logprobs=logprobs, prompt_logprobs=prompt_lp)
+                              logprobs=logprobs, prompt_logprobs=prompt_lp, grammar=constraint)
 
     def token_bytes(self, tok: int) -> bytes:
         """A token's bytes as logprobs report it (special tokens as their text)."""
@@ -751,16 +808,17 @@ class Model:
 
     def _complete(self, tokens: list[list[int]], n: int, max_tokens: int | None, stops: list[str],
                   sampling: dict[str, Any], *, stream: bool, chat: bool, echo: list[str] | None = None,
-                  logprobs: int | None = None, prompt_logprobs: list[list[LogprobEntry]] | None = None) -> Any:
+                  logprobs: int | None = None, prompt_logprobs: list[list[LogprobEntry]] | None = None,
+                  grammar: Grammar | None = None) -> Any:
         """Runs the choices (n per prompt) and gives them in OpenAI's shapes (Reply)."""
         reply = Reply(chat=chat, stream=stream, model=os.path.basename(self.path), n_choices=len(tokens) * n,
                       n_prompt=sum(len(t) for t in tokens), echo=echo,
                       token_bytes=self.token_bytes if logprobs is not None else None, prompt_logprobs=prompt_logprobs)
         if len(tokens) == 1 and n == 1:
             gen: Iterator[tuple[int, str, str | None, int, list[LogprobEntry] | None]] = (
-                (0, *x) for x in self._completion_stream(tokens[0], max_tokens, stops, sampling, logprobs))
+                (0, *x) for x in self._completion_stream(tokens[0], max_tokens, stops, sampling, logprobs, grammar))
         else:
-            gen = self._batch_stream(tokens, n, max_tokens, stops, sampling, logprobs=logprobs)
+            gen = self._batch_stream(tokens, n, max_tokens, stops, sampling, logprobs=logprobs, grammar=grammar)
         if stream:
             def it() -> Iterator[dict[str, Any]]:
                 yield from reply.opening()
@@ -787,20 +845,25 @@ class Model:
                                min_p: float = 0.05, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
                                presence_penalty: float = 0.0, stop: str | Sequence[str] | None = None,
                                seed: int | None = None, stream: bool = False, logprobs: bool = False,
-                               top_logprobs: int | None = None) -> Any:
+                               top_logprobs: int | None = None, response_format: Mapping[str, Any] | None = None,
+                               grammar: str | Grammar | None = None,
+                               json_schema: Mapping[str, Any] | str | None = None, regex: str | None = None) -> Any:
         """OpenAI-style chat completion using the GGUF's chat template. `logprobs`: each token's logprob (as
-        create_completion's), with the `top_logprobs` (0-20) likeliest alternatives'."""
+        create_completion's), with the `top_logprobs` (0-20) likeliest alternatives'. `response_format`,
+        `grammar`, `json_schema`, `regex`: the reply's constraint, as create_completion's."""
         self._check_open()
         check_logprobs(top_logprobs, "top_logprobs")
         if top_logprobs is not None and not logprobs:
             raise ValueError("top_logprobs needs logprobs=True")
+        constraint = self.grammar(grammar=grammar, json_schema=json_schema, regex=regex,
+                                  response_format=response_format)
         tokens = self.tokenize(self.apply_chat_template(messages), add_bos=True, special=True)
         stops = stop_list(stop)
         sampling = sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                     repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                     presence_penalty=presence_penalty, seed=seed)
         return self._complete([tokens], 1, max_tokens, stops, sampling, stream=stream, chat=True,
-                              logprobs=(top_logprobs or 0) if logprobs else None)
+                              logprobs=(top_logprobs or 0) if logprobs else None, grammar=constraint)
 
 
 Model.__init__.__signature__ = signature(  # type: ignore[attr-defined]

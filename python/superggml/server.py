@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .grammar import Grammar, GrammarError
 from .model import MAX_LOGPROBS, Model, sampling_options, stop_list
 from .reply import Reply
 
@@ -54,6 +55,12 @@ class _Body(BaseModel):
     n: int = Field(default=1, ge=1, le=128)
     user: Optional[str] = None
     stream_options: Optional[dict[str, Any]] = None
+    # the one constraint on the text: OpenAI's response_format, or llama-server's grammar (GBNF; Lark too) and
+    # json_schema, or a regex
+    response_format: Optional[dict[str, Any]] = None
+    grammar: Optional[str] = None
+    json_schema: Optional[dict[str, Any]] = None
+    regex: Optional[str] = None
 
 
 class CompletionBody(_Body):
@@ -106,6 +113,7 @@ class _Job:
     t_submit: float = field(default_factory=time.perf_counter)
     logprobs: int | None = None                            # alternatives per token to report (None: no logprobs)
     echo_logprobs: bool = False                            # the echoed prompts' logprobs too
+    grammar: Grammar | None = None                         # the constraint on each choice's text
 
     @property
     def n_choices(self) -> int:
@@ -194,7 +202,7 @@ class Engine:
                         job.reply.prompt_lp = [lp[i // job.n] for i in range(job.n_choices)]
                     for i, seq in enumerate(job.seqs):
                         g = self.model._new_gen(seq, job.prompts[i // job.n], job.max_tokens, job.stop,
-                                                job.sampling, i % job.n, job.logprobs)
+                                                job.sampling, i % job.n, job.logprobs, job.grammar)
                         job.gens[g] = i
                 for c in job.reply.opening():    # the echoed prompts (with their logprobs): the first chunks
                     self._send(job, c)
@@ -321,15 +329,27 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
                                 repeat_penalty=body.repeat_penalty, frequency_penalty=body.frequency_penalty,
                                 presence_penalty=body.presence_penalty, seed=body.seed)
 
+    async def constraint(body: _Body) -> Grammar | None:
+        """The request's constraint, compiled and checked off the event loop (400 if it is bad)."""
+        given = {k: getattr(body, k) for k in ("grammar", "json_schema", "regex", "response_format")}
+        if all(v is None for v in given.values()):
+            return None
+        try:
+            return await asyncio.to_thread(lambda: model.grammar(**given))
+        except GrammarError as e:
+            raise ApiError(400, str(e), param=next((k for k, v in given.items() if v is not None), None),
+                           code="invalid_constraint") from None
+
     async def run(body: _Body, prompts: list[list[int]], chat: bool, echo: list[str] | None = None,
                   logprobs: int | None = None, echo_logprobs: bool = False) -> Any:
         loop = asyncio.get_running_loop()
+        grammar = await constraint(body)
         stop = stop_list(body.stop)
         reply = Reply(chat=chat, stream=body.stream, model=mid, n_choices=len(prompts) * body.n,
                       n_prompt=sum(len(p) for p in prompts), echo=echo,
                       token_bytes=model.token_bytes if logprobs is not None else None)
         job = _Job(prompts, body.n, body.max_tokens, stop, sampling(body), reply, asyncio.Queue(), loop,
-                   logprobs=logprobs, echo_logprobs=echo_logprobs)
+                   logprobs=logprobs, echo_logprobs=echo_logprobs, grammar=grammar)
         engine.submit(job)
         if not body.stream:
             try:
