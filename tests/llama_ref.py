@@ -60,6 +60,10 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
                 llm.eval(toks)
             out[f"logits{i}"] = np.array(llm.scores[: len(toks)], dtype=np.float32)
         return out
+    if kind == "embed":       # llama.cpp's embeddings: the final norm's output, pooled (mean 1, last 3)
+        llm = llama_cpp.Llama(embedding=True, pooling_type={"mean": 1, "last": 3}[req["pooling"]], **kw)
+        return {f"emb{i}": np.asarray(llm.embed(t, normalize=True), dtype=np.float64)
+                for i, t in enumerate(req["texts"])}
     if kind == "generate":
         llm = llama_cpp.Llama(**kw)
         out = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any, Mapping, Sequence
 
 import jinja2
@@ -25,12 +26,20 @@ def _raise(message: str) -> None:
     raise ChatTemplateError(message)
 
 
+def _tojson(value: Any, indent: int | None = None, separators: Any = None, sort_keys: bool = False,
+            ensure_ascii: bool = False) -> str:
+    """tojson as chat templates are written for (Hugging Face's and llama.cpp's): keys in their order, no HTML
+    escaping (Jinja's own sorts keys and writes '<' as \\u003c)."""
+    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+
+
 class ChatTemplate:
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = ""):
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+        env.filters["tojson"] = _tojson
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateError as e:

@@ -630,12 +630,14 @@ class Executor:
             self._seqs.pop(seq, None)
 
     # -- one micro-batch ---------------------------------------------------
-    def _plan(self, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None = None) -> "_Plan":
-        """The graphs for micro-batches of this shape, built once and reused."""
-        key = (n, n_kv, n_out, lanes)
+    def _plan(self, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None = None,
+              embed: bool = False) -> "_Plan":
+        """The graphs for micro-batches of this shape, built once and reused (embed: ending at the output norm,
+        not the logits)."""
+        key = (n, n_kv, n_out, lanes, embed)
         plan = self._plans.pop(key, None)
         if plan is None:
-            plan = _Plan.build(self, n, n_kv, n_out, lanes)
+            plan = _Plan.build(self, n, n_kv, n_out, lanes, embed)
         self._plans[key] = plan            # most recently used last
         if len(self._plans) > PLAN_CACHE:
             while len(self._plans) > PLAN_CACHE:
@@ -689,9 +691,11 @@ class Executor:
     def _ubatch(self, tokens: Sequence[int], out_rows: Sequence[int]) -> np.ndarray | None:
         return self._pass([(self.seq, tokens)], out_rows)
 
-    def _pass(self, items: Sequence[tuple[SequenceState, Sequence[int]]], out_rows: Sequence[int]) -> np.ndarray | None:
+    def _pass(self, items: Sequence[tuple[SequenceState, Sequence[int]]], out_rows: Sequence[int],
+              embed: bool = False) -> np.ndarray | None:
         """One forward pass over the tokens of one or more sequences (each in its own lane, its rows after the
-        previous one's); returns the logits of out_rows (rows of the whole pass), or None."""
+        previous one's); returns the logits of out_rows (rows of the whole pass), or None. embed: the output
+        norm's rows (F32 [n_out, n_embd]) instead of the logits."""
         c = self.settings.context
         rows, shapes, starts, ahead = [], [], [], {}
         for seq, toks in items:               # a sequence may have several lanes, one after another
@@ -703,7 +707,7 @@ class Executor:
             starts.append(p0)
         n = sum(x for x, _ in shapes)
         lanes = tuple(shapes) if len(items) > 1 else None
-        plan = self._plan(n, 0 if lanes else shapes[0][1], len(out_rows), lanes)
+        plan = self._plan(n, 0 if lanes else shapes[0][1], len(out_rows), lanes, embed)
         tokens = np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items])
         pos = np.concatenate([r[0] for r in rows])
         for inp in plan.all_inputs:
@@ -721,7 +725,7 @@ class Executor:
             seq.tokens.extend(int(t) for t in toks)
         if not out_rows:
             return None
-        return _core.tensor_get(logits).reshape(len(out_rows), self.hp.n_vocab)
+        return _core.tensor_get(logits).reshape(len(out_rows), self.hp.n_embd if embed else self.hp.n_vocab)
 
     def _compute(self, plan: "_Plan", n: int, lanes: Sequence[tuple[int, int, int]]) -> Any:
         """Runs the micro-batch's graphs in order; returns the tensor that holds its logits (if any). lanes:
@@ -866,13 +870,15 @@ class Executor:
         seq.scores = outs[0] if len(outs) == 1 else np.concatenate(outs, axis=0)
         return seq.scores
 
-    def eval_batch(self, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False) -> list[np.ndarray]:
+    def eval_batch(self, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False,
+                   embed: bool = False) -> list[np.ndarray]:
         """Feeds tokens to several sequences (distinct ids; each at its positions n_past..) in shared forward
         passes: as llama.cpp's llama_batch, each pass holds up to n_batch tokens from up to max_lanes
         sequences, each attending over its own K/V. Returns per item its logits F32 [n_out, n_vocab] (every
         position if logits_all, else the last), also kept as that sequence's scores. The current sequence
         stays current. A sequence's logits are those of eval() on it alone, up to the rounding of matrix
-        products over more rows."""
+        products over more rows. embed: the output norm's rows F32 [n_out, n_embd] (the hidden states the lm
+        head reads; embeddings) instead of logits."""
         seqs = [int(s) for s, _ in batch]
         if len(set(seqs)) != len(seqs):
             raise ValueError("eval_batch: each sequence may appear once")
@@ -885,7 +891,7 @@ class Executor:
             states.append(st)
         for st in states:
             self._seqs.setdefault(st.id, st)
-        if len(batch) == 1 and states[0] is self.seq:
+        if len(batch) == 1 and states[0] is self.seq and not embed:
             return [self.eval(batch[0][1], logits_all=logits_all)]
         starts = [st.n_past for st in states]
         done = [0] * len(batch)
@@ -906,7 +912,7 @@ class Executor:
                     row += len(chunk)
                     room -= len(chunk)
                     done[i] += len(chunk)
-                logits = self._pass(items, out_rows)
+                logits = self._pass(items, out_rows, embed)
                 at = 0
                 for i, k in owners:
                     if k:
@@ -934,6 +940,7 @@ class _Plan:
         self.logits: Any = None
         self.all_inputs: list[StepInputs] = []   # one set per device, filled alike
         self.lanes: tuple[tuple[int, int], ...] | None = None
+        self.embed = False               # ends at the output norm (embeddings), not the logits
         self._moves: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}
 
     def move(self, ex: Executor, a: int, b: int, rows: int) -> tuple[Any, Any]:
@@ -949,12 +956,13 @@ class _Plan:
 
     @classmethod
     def build(cls, ex: Executor, n: int, n_kv: int, n_out: int,
-              lanes: tuple[tuple[int, int], ...] | None = None) -> "_Plan":
+              lanes: tuple[tuple[int, int], ...] | None = None, embed: bool = False) -> "_Plan":
         """`lanes`: a pass over several sequences, (tokens, n_kv) of each in row order; each attends over its
         own K/V (lane j's tensors, Executor.lane_kv)."""
         hp, p, arch, w = ex.hp, ex.settings.context, ex.arch, ex.weights
         self = cls()
         self.lanes = lanes
+        self.embed = embed
         mtype = F16 if p.flash_attn else F32
 
         def kv_inputs(ictx: Any, n: int, n_kv: int, tag: str) -> dict[str, Any]:
@@ -1029,11 +1037,11 @@ class _Plan:
             graph(lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(
                 arch.build_block(ctx, gf, w, inp, il, act, *ex.lane_kv(il, n_lanes)), act_out), "block",
                 rows_out=rows, key=Block(il) if paged else None, layer=il, dev=ex.layer_backend[il], group=il)
-        if n_out and paged:
+        if n_out and paged and not embed:
             self._build_chunked_head(ex, graph, n_out)
         elif n_out:
             def head(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs) -> Any:
-                out = arch.build_output(ctx, w, inp, act)
+                out = arch.build_output_norm(ctx, w, act) if embed else arch.build_output(ctx, w, inp, act)
                 out.set_output()
                 return out
             self.logits = graph(head, "head", rows_in=n_out, rows_out=n_out, dev=ex.layer_backend[-1],
@@ -1056,7 +1064,7 @@ class _Plan:
             for il in range(hp.n_layer):
                 x = arch.build_block(ctx, gf, w, inp, il, x, *ex.lane_kv(il, n_lanes))
             if inp.n_outputs:
-                x = arch.build_output(ctx, w, inp, x)
+                x = arch.build_output_norm(ctx, w, x) if self.embed else arch.build_output(ctx, w, inp, x)
                 x.set_output()
                 self.whole_logits = x
             gf.expand(x)

@@ -16,7 +16,7 @@ from . import _core
 from .arch import get_architecture
 from .chat import CHATML, ChatTemplate
 from .errors import GGUFError
-from .grammar import Grammar, GrammarVocab, Matcher, grammar_from
+from .grammar import Grammar, GrammarError, GrammarVocab, Matcher, grammar_from
 from .executor import Executor
 from .metrics import Metrics, MetricsWriter
 from .reply import Reply
@@ -25,6 +25,7 @@ from .scheduler import LayerScheduler
 from .speculative import DraftLength, LookupDrafter, ModelDrafter, Speculator, accept
 from .settings import Settings, options_doc, parse_size, signature
 from .tokenizer import Tokenizer
+from .tools import ToolFormat, ToolRequest, parse_tools, resolve_tool_choice, tool_format
 
 __all__ = ["Model", "parse_size"]
 
@@ -76,8 +77,10 @@ class _Choice:
     completion decoded with errors="ignore": a character split across tokens waits for its rest, bytes that
     never form one are dropped), stop strings held back until they cannot match, a token limit."""
 
-    def __init__(self, tokenizer: Tokenizer, limit: int, stop: Sequence[str], logprobs: int | None = None):
+    def __init__(self, tokenizer: Tokenizer, limit: int, stop: Sequence[str], logprobs: int | None = None,
+                 keep: frozenset[int] = frozenset()):
         self.tokenizer = tokenizer
+        self.keep = keep                  # control tokens written into the text (a tool-call format's markers)
         self.logprobs = logprobs          # top alternatives per token to report (None: no logprobs)
         self.lp: list[LogprobEntry] = []  # the kept tokens' (token, logprob, top alternatives), not yet taken
         self.limit = limit
@@ -98,7 +101,7 @@ class _Choice:
         self.n += 1
         if self.logprobs is not None and logp is not None:
             self.lp.append(logprob_entry(tok, logp, self.logprobs))
-        self.text += self.utf8.decode(self.tokenizer.token_to_piece(tok, special=False))
+        self.text += self.utf8.decode(self.tokenizer.token_to_piece(tok, special=tok in self.keep))
         hit = min((i for i in (self.text.find(x, max(0, self.sent - len(x))) for x in self.stop) if i >= 0),
                   default=-1)
         if hit >= 0:
@@ -282,6 +285,8 @@ class Model:
         self._metrics: Metrics | None = None
         self._closed = False
         self._grammar_vocab: GrammarVocab | None = None
+        self._tool_format: ToolFormat | None = None
+        self.last_embed_tokens = 0      # tokens the last embed() read
         ms = s.metrics
         if ms.enabled:
             self._metrics = Metrics(self, MetricsWriter(ms.metrics_file, pretty=ms.metrics_pretty),
@@ -582,11 +587,11 @@ class Model:
 
     def _completion_stream(self, prompt_tokens: list[int], max_tokens: int | None, stop: Sequence[str],
                            sampling: Mapping[str, Any], logprobs: int | None = None,
-                           grammar: Grammar | None = None
+                           grammar: Grammar | None = None, keep: frozenset[int] = frozenset()
                            ) -> Iterator[tuple[str, str | None, int, list[LogprobEntry] | None]]:
         """Yields (text piece, finish_reason or None, completion token count, logprob entries of its tokens)."""
         self._check_open()
-        choice = _Choice(self.tokenizer, self._limit(prompt_tokens, max_tokens), stop, logprobs)
+        choice = _Choice(self.tokenizer, self._limit(prompt_tokens, max_tokens), stop, logprobs, keep)
         for tok, logp in self._generate(prompt_tokens, self._sampler(**sampling), logprobs=logprobs is not None,
                                         matcher=self._matcher(grammar)):
             piece = choice.push(tok, logp)
@@ -614,7 +619,7 @@ class Model:
 
     def _new_gen(self, seq: int, prompt: Sequence[int], max_tokens: int | None, stop: Sequence[str],
                  sampling: Mapping[str, Any], seed_offset: int = 0, logprobs: int | None = None,
-                 grammar: Grammar | None = None) -> _Gen:
+                 grammar: Grammar | None = None, keep: frozenset[int] = frozenset()) -> _Gen:
         """A completion of `prompt` on sequence `seq` (emptied first), for _step."""
         limit = self._limit(prompt, max_tokens)
         seed = self.seed if sampling.get("seed") is None else sampling["seed"]
@@ -622,7 +627,7 @@ class Model:
             seed += seed_offset
         matcher = self._matcher(grammar)
         self._exec.drop_sequence(seq)
-        return _Gen(seq, prompt, _Choice(self.tokenizer, limit, stop, logprobs),
+        return _Gen(seq, prompt, _Choice(self.tokenizer, limit, stop, logprobs, keep),
                     self._sampler(**{**sampling, "seed": seed}), matcher)
 
     # -- constraints -----------------------------------------------------------
@@ -722,7 +727,7 @@ class Model:
 
     def _batch_stream(self, prompts: Sequence[list[int]], n: int, max_tokens: int | None, stop: Sequence[str],
                       sampling: Mapping[str, Any], parallel: int = 64, logprobs: int | None = None,
-                      grammar: Grammar | None = None
+                      grammar: Grammar | None = None, keep: frozenset[int] = frozenset()
                       ) -> Iterator[tuple[int, str, str | None, int, list[LogprobEntry] | None]]:
         """Completions of several prompts (n of each; choice index = prompt * n + j, sampled with seed + j) run
         together, up to `parallel` at once (the next starts as one ends): each pass holds the next token of
@@ -743,7 +748,7 @@ class Model:
                 while free and nxt < total:
                     pi, j = divmod(nxt, n)
                     gens[self._new_gen(free.pop(), prompts[pi], max_tokens, stop, sampling, j, logprobs,
-                                       grammar)] = nxt
+                                       grammar, keep)] = nxt
                     nxt += 1
                 for g, piece in self._step(list(gens)):
                     if piece or g.finish:
@@ -809,16 +814,20 @@ class Model:
     def _complete(self, tokens: list[list[int]], n: int, max_tokens: int | None, stops: list[str],
                   sampling: dict[str, Any], *, stream: bool, chat: bool, echo: list[str] | None = None,
                   logprobs: int | None = None, prompt_logprobs: list[list[LogprobEntry]] | None = None,
-                  grammar: Grammar | None = None) -> Any:
+                  grammar: Grammar | None = None, tools: ToolRequest | None = None) -> Any:
         """Runs the choices (n per prompt) and gives them in OpenAI's shapes (Reply)."""
         reply = Reply(chat=chat, stream=stream, model=os.path.basename(self.path), n_choices=len(tokens) * n,
                       n_prompt=sum(len(t) for t in tokens), echo=echo,
-                      token_bytes=self.token_bytes if logprobs is not None else None, prompt_logprobs=prompt_logprobs)
+                      token_bytes=self.token_bytes if logprobs is not None else None, prompt_logprobs=prompt_logprobs,
+                      tools=tools)
+        keep = self.marker_ids(tools)
         if len(tokens) == 1 and n == 1:
             gen: Iterator[tuple[int, str, str | None, int, list[LogprobEntry] | None]] = (
-                (0, *x) for x in self._completion_stream(tokens[0], max_tokens, stops, sampling, logprobs, grammar))
+                (0, *x) for x in self._completion_stream(tokens[0], max_tokens, stops, sampling, logprobs, grammar,
+                                                         keep))
         else:
-            gen = self._batch_stream(tokens, n, max_tokens, stops, sampling, logprobs=logprobs, grammar=grammar)
+            gen = self._batch_stream(tokens, n, max_tokens, stops, sampling, logprobs=logprobs, grammar=grammar,
+                                     keep=keep)
         if stream:
             def it() -> Iterator[dict[str, Any]]:
                 yield from reply.opening()
@@ -831,14 +840,113 @@ class Model:
             reply.chunk(i, piece, finish, k, lp)
         return reply.final()
 
+    # -- embeddings ------------------------------------------------------------
+    def embed(self, input: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *, pooling: str = "mean",
+              normalize: bool = True, add_bos: bool = True, batch_size: int = 16) -> Any:
+        """Embeddings of a text (a list of floats) or of several (a list of them; token lists work too): the
+        final norm's output (the hidden state the lm head reads) pooled over the text's tokens, "mean" or
+        "last", L2-normalized with `normalize`. Up to `batch_size` texts share each forward pass, each on a
+        scratch sequence of its own (the current sequence's cache is left alone)."""
+        self._check_open()
+        if pooling not in ("mean", "last"):
+            raise ValueError(f"pooling must be mean or last, not {pooling!r}")
+        many = not isinstance(input, str) and len(input) > 0 and not isinstance(input[0], (int, np.integer))
+        items = list(input) if many else [input]
+        if not items:
+            raise ValueError("the input is empty")
+        toks = [self.tokenize(x, add_bos=add_bos, special=False) if isinstance(x, str) else [int(t) for t in x]
+                for x in items]
+        for i, t in enumerate(toks):
+            if not t:
+                raise ValueError(f"input {i} has no tokens")
+            if len(t) > self.n_ctx:
+                raise ValueError(f"input {i} has {len(t)} tokens; ctx_size is {self.n_ctx}")
+            if any(not 0 <= x < self.n_vocab for x in t):
+                raise ValueError(f"input {i}: token ids must be in [0, {self.n_vocab})")
+        ex = self._exec
+        out: list[list[float]] = []
+        self.last_embed_tokens = sum(len(t) for t in toks)
+        for b0 in range(0, len(toks), max(1, batch_size)):
+            chunk = toks[b0:b0 + batch_size]
+            base = max(ex._seqs, default=0) + 4096        # scratch ids clear of any a caller uses
+            ids = [base + i for i in range(len(chunk))]
+            try:
+                rows = ex.eval_batch(list(zip(ids, chunk)), logits_all=pooling == "mean", embed=True)
+            finally:
+                for sid in ids:
+                    ex.drop_sequence(sid)
+            for r in rows:
+                v = r.astype(np.float64).mean(axis=0) if pooling == "mean" else r[-1].astype(np.float64)
+                if normalize:
+                    v = v / max(float(np.linalg.norm(v)), 1e-12)
+                out.append(v.astype(np.float32).tolist())
+        return out if many else out[0]
+
+    def create_embedding(self, input: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *,
+                         pooling: str = "mean", normalize: bool = True) -> dict[str, Any]:
+        """OpenAI's embeddings response for `input` (embed's; one item per text)."""
+        vecs = self.embed(input, pooling=pooling, normalize=normalize)
+        many = not isinstance(input, str) and len(input) > 0 and not isinstance(input[0], (int, np.integer))
+        vecs = vecs if many else [vecs]
+        n = self.last_embed_tokens
+        return {"object": "list", "model": os.path.basename(self.path),
+                "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)],
+                "usage": {"prompt_tokens": n, "total_tokens": n}}
+
     def eval_batch(self, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False) -> list[np.ndarray]:
         """Appends tokens to several sequences (distinct ids) in shared forward passes, as llama.cpp's
         llama_batch; returns each one's logits (the last, or all with logits_all)."""
         self._check_open()
         return self._exec.eval_batch([(int(s), [int(t) for t in toks]) for s, toks in batch], logits_all=logits_all)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+                            tools: ToolRequest | Sequence[Mapping[str, Any]] | None = None) -> str:
+        """The conversation as the GGUF's template writes it; with `tools` (OpenAI's list, or a ToolRequest) the
+        tools offered, in the template's own way (see superggml.tools). Earlier tool calls and results in the
+        messages are written as the template expects them."""
+        req = tools if isinstance(tools, ToolRequest) or tools is None else self.tool_request(tools)
+        offered = req.tools if req is not None and req.active else []
+        fmt = self.tool_format
+        extra = {"tools": fmt.template_tools(offered)} if offered else {}
+        return self.chat_template.render(fmt.messages(messages, offered), add_generation_prompt=add_generation_prompt,
+                                         **extra)
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How this model's chat template offers tools and writes calls (superggml.tools: hermes, llama3,
+        mistral or generic)."""
+        if self._tool_format is None:
+            self._tool_format = tool_format(self.chat_template.source, self.tokenizer)
+        return self._tool_format
+
+    def tool_request(self, tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any = None,
+                     parallel_tool_calls: bool = True) -> ToolRequest | None:
+        """OpenAI's tools and tool_choice, checked (ToolError for malformed tools or an unknown function,
+        GrammarError for a parameters schema that does not compile); None without tools."""
+        if tools is None and tool_choice in (None, "none", "auto"):
+            return None
+        offered = parse_tools(tools or [])
+        req = ToolRequest(self.tool_format, offered, resolve_tool_choice(tool_choice, offered), parallel_tool_calls)
+        if req.grammar is not None:
+            req.grammar.check(self.grammar_vocab)
+        return req
+
+    def marker_ids(self, tools: ToolRequest | None) -> frozenset[int]:
+        """The control tokens a tool-call format writes calls with (kept in the text to be parsed)."""
+        if tools is None or not tools.active:
+            return frozenset()
+        ids = (self.tokenizer.token_id(m) for m in tools.format.markers)
+        return frozenset(i for i in ids if i is not None)
+
+    def chat_constraint(self, tools: ToolRequest | None, **constraint: Any) -> Grammar | None:
+        """The one constraint of a chat request: its tool_choice's (required, a named function; with a template
+        that does not take tools, auto's too) or its response_format/grammar/json_schema/regex."""
+        g = self.grammar(**constraint)
+        if tools is not None and tools.active and tools.grammar is not None:
+            if g is not None and (tools.choice == "required" or not isinstance(tools.choice, str)):
+                raise GrammarError("give one constraint: tool_choice required or a function, or a response_format")
+            return g or tools.grammar
+        return g
 
     def create_chat_completion(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int | None = None,
                                temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
@@ -847,23 +955,31 @@ class Model:
                                seed: int | None = None, stream: bool = False, logprobs: bool = False,
                                top_logprobs: int | None = None, response_format: Mapping[str, Any] | None = None,
                                grammar: str | Grammar | None = None,
-                               json_schema: Mapping[str, Any] | str | None = None, regex: str | None = None) -> Any:
+                               json_schema: Mapping[str, Any] | str | None = None, regex: str | None = None,
+                               tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
+                               parallel_tool_calls: bool = True) -> Any:
         """OpenAI-style chat completion using the GGUF's chat template. `logprobs`: each token's logprob (as
         create_completion's), with the `top_logprobs` (0-20) likeliest alternatives'. `response_format`,
-        `grammar`, `json_schema`, `regex`: the reply's constraint, as create_completion's."""
+        `grammar`, `json_schema`, `regex`: the reply's constraint, as create_completion's.
+
+        `tools` (OpenAI's function list) go to the template; calls the model writes come back as the message's
+        `tool_calls` with finish_reason "tool_calls". `tool_choice`: "auto" (default with tools), "none",
+        "required" or {"type": "function", "function": {"name": ...}}; the last two constrain the reply to a
+        valid call (of any tool, several with `parallel_tool_calls`; or of the named one)."""
         self._check_open()
         check_logprobs(top_logprobs, "top_logprobs")
         if top_logprobs is not None and not logprobs:
             raise ValueError("top_logprobs needs logprobs=True")
-        constraint = self.grammar(grammar=grammar, json_schema=json_schema, regex=regex,
-                                  response_format=response_format)
-        tokens = self.tokenize(self.apply_chat_template(messages), add_bos=True, special=True)
+        req = self.tool_request(tools, tool_choice, parallel_tool_calls)
+        constraint = self.chat_constraint(req, grammar=grammar, json_schema=json_schema, regex=regex,
+                                          response_format=response_format)
+        tokens = self.tokenize(self.apply_chat_template(messages, tools=req), add_bos=True, special=True)
         stops = stop_list(stop)
         sampling = sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                     repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                     presence_penalty=presence_penalty, seed=seed)
         return self._complete([tokens], 1, max_tokens, stops, sampling, stream=stream, chat=True,
-                              logprobs=(top_logprobs or 0) if logprobs else None, grammar=constraint)
+                              logprobs=(top_logprobs or 0) if logprobs else None, grammar=constraint, tools=req)
 
 
 Model.__init__.__signature__ = signature(  # type: ignore[attr-defined]

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from .tools import ToolCall, ToolRequest
 
 Entry = tuple[int, "float | None", "list[tuple[int, float]]"]   # token, its logprob (None: a prompt's first), top
 
@@ -20,9 +23,10 @@ class Reply:
 
     def __init__(self, *, chat: bool, stream: bool, model: str, n_choices: int, n_prompt: int,
                  echo: Sequence[str] | None = None, token_bytes: Callable[[int], bytes] | None = None,
-                 prompt_logprobs: Sequence[Sequence[Entry]] | None = None):
+                 prompt_logprobs: Sequence[Sequence[Entry]] | None = None, tools: "ToolRequest | None" = None):
         """token_bytes (a token's bytes): report logprobs (the entries chunk() is given; prompt_logprobs: each
-        choice's echoed prompt's, completions only)."""
+        choice's echoed prompt's, completions only). tools (chat): the calls in each reply are parsed out and
+        given as tool_calls (content is sent while it cannot be the start of a call)."""
         self.chat, self.stream, self.model = chat, stream, model
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4()}"
         self.created = int(time.time())
@@ -38,6 +42,9 @@ class Reply:
         self.prompt_lp = [list(x) for x in prompt_logprobs] if prompt_logprobs else [[] for _ in range(n_choices)]
         self.lps: list[list[Entry]] = [[] for _ in range(n_choices)]     # each choice's generated tokens'
         self.offset = [len(e) for e in self.echo]                           # text offset of its next token
+        self.streams = [tools.stream() for _ in range(n_choices)] if tools is not None and tools.active else None
+        self.calls: list[list[ToolCall]] = [[] for _ in range(n_choices)]
+        self.content: list[str | None] = [None] * n_choices                  # a reply with calls: its content
 
     # -- logprobs, in OpenAI's shapes ------------------------------------------
     def _text(self, tok: int) -> str:
@@ -71,7 +78,8 @@ class Reply:
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def _chunk(self, index: int, piece: str, finish: str | None, lp: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _chunk(self, index: int, piece: str, finish: str | None, lp: dict[str, Any] | None = None,
+               calls: Sequence["ToolCall"] = ()) -> dict[str, Any]:
         if not self.chat:
             return {**self._head("text_completion"),
                     "choices": [{"text": piece, "index": index, "logprobs": lp, "finish_reason": finish}]}
@@ -79,6 +87,8 @@ class Reply:
         self.first[index] = False
         if piece:
             delta["content"] = piece
+        if calls:
+            delta["tool_calls"] = [c.openai(i) for i, c in enumerate(calls)]
         return {**self._head("chat.completion.chunk"),
                 "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
 
@@ -92,6 +102,15 @@ class Reply:
         """Records a piece of choice `index` (its text so far, finish reason, tokens generated, the logprob
         entries of the tokens since its last piece); returns its stream chunk (None: nothing to send yet, or
         not streaming)."""
+        if self.streams is not None:
+            st = self.streams[index]
+            piece = st.feed(piece)
+            if finish:
+                rest, calls, whole = st.end()
+                piece += rest
+                if calls:
+                    finish = "tool_calls"
+                    self.calls[index], self.content[index] = calls, whole
         self.texts[index] += piece
         self.finish[index] = finish
         self.used[index] = used
@@ -102,7 +121,7 @@ class Reply:
             self.offset[index] += sum(len(self._text(t)) for t, _, _ in entries)
         if not self.stream or not (piece or finish or entries):
             return None
-        return self._chunk(index, piece, finish, self._lp(index, entries, offset))
+        return self._chunk(index, piece, finish, self._lp(index, entries, offset), self.calls[index] if finish else ())
 
     def final(self) -> dict[str, Any]:
         """The whole response (not streaming): every choice and the usage."""
@@ -116,6 +135,12 @@ class Reply:
                                                       else len(self.echo[i]))}
                                 for i, (t, f) in enumerate(zip(self.texts, finish))]}
         return {**self._head("chat.completion"), "usage": usage,
-                "choices": [{"index": i, "message": {"role": "assistant", "content": t},
+                "choices": [{"index": i, "message": self._message(i, t),
                              "logprobs": self._lp(i, self.lps[i], 0), "finish_reason": f}
                             for i, (t, f) in enumerate(zip(self.texts, finish))]}
+
+    def _message(self, i: int, text: str) -> dict[str, Any]:
+        if not self.calls[i]:
+            return {"role": "assistant", "content": text}
+        return {"role": "assistant", "content": self.content[i],
+                "tool_calls": [c.openai() for c in self.calls[i]]}

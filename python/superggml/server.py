@@ -2,7 +2,8 @@
 
 Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST
 /v1/chat/completions (both with "stream": true as server-sent events ending
-in "data: [DONE]"), GET /metrics (the current metrics snapshot).
+in "data: [DONE]"; logprobs, structured output, tools), POST /v1/embeddings,
+GET /metrics (the current metrics snapshot).
 
 One engine thread owns the model and batches continuously: each step is one
 eval (shared forward passes) over the next token of every running request
@@ -18,6 +19,7 @@ status.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import queue
@@ -26,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -34,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .grammar import Grammar, GrammarError
 from .model import MAX_LOGPROBS, Model, sampling_options, stop_list
+from .tools import ToolError, ToolRequest
 from .reply import Reply
 
 
@@ -75,12 +79,26 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Optional[Union[str, list[dict[str, Any]]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None     # an assistant's earlier calls
+    tool_call_id: Optional[str] = None                     # a tool message: the call it answers
 
 
 class ChatBody(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: bool = True
+
+
+class EmbeddingBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    input: Union[str, list[str], list[int], list[list[int]]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = Field(default=None, ge=1)
+    user: Optional[str] = None
 
 
 class ApiError(Exception):
@@ -114,6 +132,7 @@ class _Job:
     logprobs: int | None = None                            # alternatives per token to report (None: no logprobs)
     echo_logprobs: bool = False                            # the echoed prompts' logprobs too
     grammar: Grammar | None = None                         # the constraint on each choice's text
+    keep: frozenset[int] = frozenset()                     # control tokens kept in the text (tool-call markers)
 
     @property
     def n_choices(self) -> int:
@@ -202,7 +221,7 @@ class Engine:
                         job.reply.prompt_lp = [lp[i // job.n] for i in range(job.n_choices)]
                     for i, seq in enumerate(job.seqs):
                         g = self.model._new_gen(seq, job.prompts[i // job.n], job.max_tokens, job.stop,
-                                                job.sampling, i % job.n, job.logprobs, job.grammar)
+                                                job.sampling, i % job.n, job.logprobs, job.grammar, job.keep)
                         job.gens[g] = i
                 for c in job.reply.opening():    # the echoed prompts (with their logprobs): the first chunks
                     self._send(job, c)
@@ -329,27 +348,28 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
                                 repeat_penalty=body.repeat_penalty, frequency_penalty=body.frequency_penalty,
                                 presence_penalty=body.presence_penalty, seed=body.seed)
 
-    async def constraint(body: _Body) -> Grammar | None:
-        """The request's constraint, compiled and checked off the event loop (400 if it is bad)."""
+    async def constraint(body: _Body, tools: ToolRequest | None = None) -> Grammar | None:
+        """The request's constraint (its tool_choice's, or the one it gives), compiled and checked off the event
+        loop (400 if it is bad)."""
         given = {k: getattr(body, k) for k in ("grammar", "json_schema", "regex", "response_format")}
-        if all(v is None for v in given.values()):
+        if all(v is None for v in given.values()) and tools is None:
             return None
         try:
-            return await asyncio.to_thread(lambda: model.grammar(**given))
+            return await asyncio.to_thread(lambda: model.chat_constraint(tools, **given))
         except GrammarError as e:
-            raise ApiError(400, str(e), param=next((k for k, v in given.items() if v is not None), None),
-                           code="invalid_constraint") from None
+            param = next((k for k, v in given.items() if v is not None), "tools")
+            raise ApiError(400, str(e), param=param, code="invalid_constraint") from None
 
     async def run(body: _Body, prompts: list[list[int]], chat: bool, echo: list[str] | None = None,
-                  logprobs: int | None = None, echo_logprobs: bool = False) -> Any:
+                  logprobs: int | None = None, echo_logprobs: bool = False, tools: ToolRequest | None = None) -> Any:
         loop = asyncio.get_running_loop()
-        grammar = await constraint(body)
+        grammar = await constraint(body, tools)
         stop = stop_list(body.stop)
         reply = Reply(chat=chat, stream=body.stream, model=mid, n_choices=len(prompts) * body.n,
                       n_prompt=sum(len(p) for p in prompts), echo=echo,
-                      token_bytes=model.token_bytes if logprobs is not None else None)
+                      token_bytes=model.token_bytes if logprobs is not None else None, tools=tools)
         job = _Job(prompts, body.n, body.max_tokens, stop, sampling(body), reply, asyncio.Queue(), loop,
-                   logprobs=logprobs, echo_logprobs=echo_logprobs, grammar=grammar)
+                   logprobs=logprobs, echo_logprobs=echo_logprobs, grammar=grammar, keep=model.marker_ids(tools))
         engine.submit(job)
         if not body.stream:
             try:
@@ -407,6 +427,30 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
         return await run(body, token_lists, chat=False, echo=echo, logprobs=body.logprobs,
                          echo_logprobs=body.echo and body.logprobs is not None)
 
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingBody) -> Any:
+        if body.model is not None and body.model != mid:
+            raise ApiError(404, f"the model {body.model!r} does not exist; this server has {mid!r}",
+                           code="model_not_found", param="model")
+        if body.dimensions is not None and body.dimensions != model.hparams.n_embd:
+            raise ApiError(400, f"this model's embeddings have {model.hparams.n_embd} dimensions, not "
+                           f"{body.dimensions}", param="dimensions")
+        if isinstance(body.input, list) and not body.input:
+            raise ApiError(400, "the input is empty", param="input")
+
+        def embed() -> dict[str, Any]:
+            with engine.lock:         # between the engine's passes, on scratch sequences of its own
+                return model.create_embedding(body.input)
+        try:
+            out = await asyncio.to_thread(embed)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="input") from None
+        out["model"] = mid
+        if body.encoding_format == "base64":
+            for d in out["data"]:
+                d["embedding"] = base64.b64encode(np.asarray(d["embedding"], dtype="<f4").tobytes()).decode()
+        return out
+
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request) -> Any:
         msgs = [m.model_dump(exclude_none=True) for m in body.messages]
@@ -414,14 +458,22 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
             if isinstance(m.get("content"), list):
                 m["content"] = "".join(p.get("text", "") for p in m["content"] if p.get("type") == "text")
         try:
-            prompt = model.apply_chat_template(msgs)
+            tools = await asyncio.to_thread(model.tool_request, body.tools, body.tool_choice, body.parallel_tool_calls)
+        except ToolError as e:
+            raise ApiError(400, str(e), param="tool_choice" if "tool_choice" in str(e) else "tools",
+                           code="invalid_tools") from None
+        except GrammarError as e:
+            raise ApiError(400, f"a tool's parameters: {e}", param="tools", code="invalid_tools") from None
+        try:
+            prompt = model.apply_chat_template(msgs, tools=tools)
         except Exception as e:  # noqa: BLE001 - a template that rejects these messages is the client's input
             raise ApiError(400, f"the chat template rejected the messages: {e}", param="messages") from None
         tokens = model.tokenize(prompt, add_bos=True, special=True)
         check(body, len(tokens))
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        return await run(body, [tokens], chat=True, logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+        return await run(body, [tokens], chat=True, logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+                         tools=tools)
 
     return app
 
