@@ -178,3 +178,24 @@ def test_bad_constraints_in_python(model):
         model.create_completion("x", regex="[^\\s\\S]")
     with pytest.raises(ValueError, match="invalid JSON schema: type must be"):
         model.create_chat_completion([{"role": "user", "content": "x"}], json_schema={"type": 5})
+
+
+def test_cli_generate_constraints(smollm2_path, tmp_path):
+    """generate --regex / --json-schema / --grammar-file, and a bad constraint's error."""
+    import subprocess
+    import sys
+
+    def gen(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "superggml", "generate", "-m", smollm2_path, "-n", "40",
+                               "--temp", "0.8", "--seed", "2", *args], capture_output=True, text=True, timeout=300)
+
+    r = gen("-p", "Call me at ", "--regex", r"\(\d{3}\) \d{3}-\d{4}")
+    assert r.returncode == 0 and re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", r.stdout.strip()), r.stderr
+    r = gen("-p", "JSON:", "-j", json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                             "required": ["ok"], "additionalProperties": False}))
+    assert r.returncode == 0 and json.loads(r.stdout) in ({"ok": True}, {"ok": False}), r.stdout
+    (tmp_path / "yn.gbnf").write_text('root ::= "yes" | "no"\n')
+    r = gen("-p", "Is water wet?", "--grammar-file", str(tmp_path / "yn.gbnf"))
+    assert r.returncode == 0 and r.stdout.strip() in ("yes", "no")
+    r = gen("-p", "x", "--regex", "[a")
+    assert r.returncode == 1 and "invalid regex" in r.stderr and "Traceback" not in r.stderr

@@ -45,6 +45,7 @@ def _generate_many(m: Any, a: argparse.Namespace) -> int:
     if not prompts:
         raise SuperggmlError(f"{a.prompts_file}: no prompts (one per line)")
     texts = [m.apply_chat_template([{"role": "user", "content": p}]) if a.chat else p for p in prompts]
+    grammar = m.grammar(**_constraint(a))
     tokens = [m.tokenize(t, add_bos=True, special=True) for t in texts]
     sampling = dict(temp=a.temp, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p, repeat_penalty=a.repeat_penalty,
                     frequency_penalty=0.0, presence_penalty=0.0, seed=a.seed)
@@ -53,7 +54,7 @@ def _generate_many(m: Any, a: argparse.Namespace) -> int:
     n_tok = 0
     with tqdm(total=len(prompts), unit="prompt", file=sys.stderr, disable=None) as bar:
         for i, piece, finish, k, _ in m._batch_stream(tokens, 1, a.n_predict if a.n_predict >= 0 else None,
-                                                    a.stop or [], sampling, parallel=a.parallel):
+                                                    a.stop or [], sampling, parallel=a.parallel, grammar=grammar):
             out.setdefault(i, []).append(piece)
             if finish:
                 n_tok += k
@@ -68,6 +69,14 @@ def _generate_many(m: Any, a: argparse.Namespace) -> int:
     return 0
 
 
+def _constraint(a: argparse.Namespace) -> dict[str, Any]:
+    """generate's --grammar/--grammar-file/--json-schema/--regex as Model's constraint keywords."""
+    if a.grammar_file:
+        with open(a.grammar_file, encoding="utf-8") as f:
+            return {"grammar": f.read()}
+    return {"grammar": a.grammar, "json_schema": a.json_schema, "regex": a.regex}
+
+
 def _cmd_generate(a: argparse.Namespace) -> int:
     from .model import Model
 
@@ -78,7 +87,7 @@ def _cmd_generate(a: argparse.Namespace) -> int:
             return _generate_many(m, a)
         kw = dict(max_tokens=a.n_predict if a.n_predict >= 0 else None, temperature=a.temp, top_k=a.top_k,
                   top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed,
-                  stop=a.stop or None, stream=True)
+                  stop=a.stop or None, stream=True, **_constraint(a))
         t0 = time.perf_counter()
         n = 0
         if a.chat:
@@ -276,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--repeat-penalty", type=float, default=1.0)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    c = g.add_mutually_exclusive_group()
+    c.add_argument("--grammar", metavar="TEXT", help="constrain the text: a GBNF (root ::= ...) or Lark grammar")
+    c.add_argument("--grammar-file", metavar="F", help="--grammar from a file")
+    c.add_argument("-j", "--json-schema", metavar="JSON", help="constrain the text: JSON valid against this schema")
+    c.add_argument("--regex", metavar="RE", help="constrain the text: a match of this regex")
     g.set_defaults(func=_cmd_generate)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP API (completions, chat, streaming)")
