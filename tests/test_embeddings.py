@@ -13,7 +13,7 @@ import pytest
 
 import llama_ref
 from superggml import Model
-from test_server import Server
+from test_server import openai_client
 
 TEXTS = ["The cat sat on the mat.", "A dog is running in the park.", "Quantum physics is hard to learn.",
          "def add(a, b):\n    return a + b"]
@@ -28,12 +28,7 @@ def model(request: Any, smollm2_path: str, qwen_path: str) -> Iterator[Model]:
 
 @pytest.fixture(scope="module")
 def client(model: Model) -> Iterator[openai.OpenAI]:
-    s = Server(model, parallel=2, max_queue=8, model_id="m")
-    try:
-        with openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=600) as c:
-            yield c
-    finally:
-        s.close()
+    yield from openai_client(model, parallel=2, max_queue=8, model_id="m")
 
 
 def test_shapes_norms_and_batch_equal_one_at_a_time(client, model):

@@ -17,7 +17,7 @@ import pytest
 
 from superggml import Model
 from superggml.grammar import Grammar, GrammarError
-from test_server import Server
+from test_server import openai_client
 
 PERSON = {
     "type": "object",
@@ -50,12 +50,7 @@ def model(request: Any, smollm2_path: str, qwen_path: str) -> Iterator[Model]:
 
 @pytest.fixture(scope="module")
 def client(model: Model) -> Iterator[openai.OpenAI]:
-    s = Server(model, parallel=8, max_queue=16, model_id="m")
-    try:
-        with openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=600) as c:
-            yield c
-    finally:
-        s.close()
+    yield from openai_client(model, parallel=8, max_queue=16, model_id="m")
 
 
 def test_json_schema_20_samples_valid(client):

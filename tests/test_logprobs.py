@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from superggml import Model
-from test_server import Server
+from test_server import openai_client
 
 PROMPT = "The capital of France is"
 
@@ -44,13 +44,7 @@ def model(request: Any, smollm2_path: str, qwen_path: str) -> Iterator[Model]:
 
 @pytest.fixture(scope="module")
 def client(model: Model) -> Iterator[openai.OpenAI]:
-    s = Server(model, parallel=2, max_queue=8)
-    try:
-        with openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0) as c:
-            c.server = s   # type: ignore[attr-defined]
-            yield c
-    finally:
-        s.close()
+    yield from openai_client(model, parallel=2, max_queue=8)
 
 
 def test_completion_logprobs_equal_eval(client, model):

@@ -8,6 +8,7 @@ import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
 
 import httpx
 import numpy as np
@@ -44,6 +45,18 @@ class Server:
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+
+def openai_client(model: Model, **kw) -> Iterator[openai.OpenAI]:
+    """The official client against `model` served with create_app(**kw) (a fixture's body: yields, then stops
+    the server); `client.server` is the Server."""
+    s = Server(model, **kw)
+    try:
+        with openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=600) as c:
+            c.server = s   # type: ignore[attr-defined]
+            yield c
+    finally:
+        s.close()
 
 
 @pytest.fixture(scope="module")

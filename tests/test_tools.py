@@ -14,7 +14,7 @@ import pytest
 
 from superggml import Model
 from superggml.tools import Generic, Hermes, Llama3, Mistral, ToolRequest, parse_tools, tool_format
-from test_server import Server
+from test_server import openai_client
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
                                             "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
@@ -39,13 +39,9 @@ def valid_call(call: Any) -> dict[str, Any]:
 
 def serve(path: str) -> Iterator[openai.OpenAI]:
     with Model(path, ctx_size=2048, n_threads=2, paged_kv=True, kv_page_size=16, seed=3) as m:
-        s = Server(m, parallel=4, max_queue=8, model_id="m")
-        try:
-            with openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=600) as c:
-                c.model = m   # type: ignore[attr-defined]
-                yield c
-        finally:
-            s.close()
+        for c in openai_client(m, parallel=4, max_queue=8, model_id="m"):
+            c.model = m   # type: ignore[attr-defined]
+            yield c
 
 
 @pytest.fixture(scope="module")

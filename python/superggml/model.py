@@ -57,6 +57,11 @@ def stop_list(stop: str | Sequence[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop or [])
 
 
+def _is_list_of_inputs(x: Any) -> bool:
+    """A list of prompts or texts (strings or token lists), not one (a string or a token list)."""
+    return not isinstance(x, str) and len(x) > 0 and not isinstance(x[0], (int, np.integer))
+
+
 def _want_direct_io(path: str) -> bool:
     """O_DIRECT pays off when the file cannot stay in the page cache: larger than what is available."""
     return os.path.getsize(path) > int(_core.host_memory()["available"])
@@ -789,7 +794,7 @@ class Model:
         check_logprobs(logprobs, "logprobs")
         constraint = self.grammar(grammar=grammar, json_schema=json_schema, regex=regex,
                                   response_format=response_format)
-        many = not isinstance(prompt, str) and len(prompt) > 0 and not isinstance(prompt[0], (int, np.integer))
+        many = _is_list_of_inputs(prompt)
         prompts = list(prompt) if many else [prompt]
         if not prompts:
             raise ValueError("the prompt is empty")
@@ -850,7 +855,7 @@ class Model:
         self._check_open()
         if pooling not in ("mean", "last"):
             raise ValueError(f"pooling must be mean or last, not {pooling!r}")
-        many = not isinstance(input, str) and len(input) > 0 and not isinstance(input[0], (int, np.integer))
+        many = _is_list_of_inputs(input)
         items = list(input) if many else [input]
         if not items:
             raise ValueError("the input is empty")
@@ -886,7 +891,7 @@ class Model:
                          pooling: str = "mean", normalize: bool = True) -> dict[str, Any]:
         """OpenAI's embeddings response for `input` (embed's; one item per text)."""
         vecs = self.embed(input, pooling=pooling, normalize=normalize)
-        many = not isinstance(input, str) and len(input) > 0 and not isinstance(input[0], (int, np.integer))
+        many = _is_list_of_inputs(input)
         vecs = vecs if many else [vecs]
         n = self.last_embed_tokens
         return {"object": "list", "model": os.path.basename(self.path),
