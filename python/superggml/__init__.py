@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from .errors import DeviceError, GGUFError, SuperggmlError, UnsupportedModelError
+from .grammar import Grammar, GrammarError
 from .model import Model
 from .sampling import SamplingParams
+from .tools import ToolError
 
 __version__ = "0.1.0"
 
-__all__ = ["DeviceError", "GGUFError", "Model", "SamplingParams", "SuperggmlError", "UnsupportedModelError", "__version__"]
+__all__ = ["DeviceError", "GGUFError", "Grammar", "GrammarError", "Model", "SamplingParams", "SuperggmlError",
+           "ToolError", "UnsupportedModelError", "__version__"]
