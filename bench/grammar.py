@@ -53,24 +53,17 @@ class MaskClock:
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self._mask, self._consume = Matcher.mask, Matcher.consume
-        clock = self
+        Matcher.mask = self._timed(Matcher.mask)          # type: ignore[method-assign]
+        Matcher.consume = self._timed(Matcher.consume)    # type: ignore[method-assign]
 
-        def mask(m, logits):  # type: ignore[no-untyped-def]
+    def _timed(self, fn):  # type: ignore[no-untyped-def]
+        def run(*args):  # type: ignore[no-untyped-def]
             t = time.perf_counter()
             try:
-                return clock._mask(m, logits)
+                return fn(*args)
             finally:
-                clock.seconds += time.perf_counter() - t
-
-        def consume(m, tok):  # type: ignore[no-untyped-def]
-            t = time.perf_counter()
-            try:
-                return clock._consume(m, tok)
-            finally:
-                clock.seconds += time.perf_counter() - t
-
-        Matcher.mask, Matcher.consume = mask, consume   # type: ignore[method-assign]
+                self.seconds += time.perf_counter() - t
+        return run
 
 
 def decode(m: Model, toks: list[int], n: int, grammar: Grammar | None, clock: MaskClock) -> tuple[int, float, float]:

@@ -5,7 +5,7 @@ llama.cpp's own embeddings (embedding=True with mean and last pooling) as the re
 from __future__ import annotations
 
 import base64
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 import openai
@@ -19,10 +19,9 @@ TEXTS = ["The cat sat on the mat.", "A dog is running in the park.", "Quantum ph
          "def add(a, b):\n    return a + b"]
 
 
-@pytest.fixture(scope="module", params=["smollm2", "qwen"])
-def model(request: Any, smollm2_path: str, qwen_path: str) -> Iterator[Model]:
-    path = smollm2_path if request.param == "smollm2" else qwen_path
-    with Model(path, ctx_size=512, n_threads=2, paged_kv=True, kv_page_size=16) as m:
+@pytest.fixture(scope="module")
+def model(model_path: str) -> Iterator[Model]:
+    with Model(model_path, ctx_size=512, n_threads=2, paged_kv=True, kv_page_size=16) as m:
         yield m
 
 

@@ -41,10 +41,9 @@ PERSON = {
 DATE = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 
 
-@pytest.fixture(scope="module", params=["smollm2", "qwen"])
-def model(request: Any, smollm2_path: str, qwen_path: str) -> Iterator[Model]:
-    path = smollm2_path if request.param == "smollm2" else qwen_path
-    with Model(path, ctx_size=512, n_threads=2, paged_kv=True, kv_page_size=16, seed=7) as m:
+@pytest.fixture(scope="module")
+def model(model_path: str) -> Iterator[Model]:
+    with Model(model_path, ctx_size=512, n_threads=2, paged_kv=True, kv_page_size=16, seed=7) as m:
         yield m
 
 

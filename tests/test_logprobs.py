@@ -4,7 +4,7 @@ penalties), the top alternatives are the likeliest tokens, and echo reports the 
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
 
 import httpx
 import numpy as np
@@ -35,10 +35,9 @@ def greedy(m: Model, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
     return ids, np.stack(rows)
 
 
-@pytest.fixture(scope="module", params=["smollm2", "qwen"])
-def model(request: Any, smollm2_path: str, qwen_path: str) -> Iterator[Model]:
-    path = smollm2_path if request.param == "smollm2" else qwen_path
-    with Model(path, ctx_size=256, n_threads=2, paged_kv=True, kv_page_size=16) as m:
+@pytest.fixture(scope="module")
+def model(model_path: str) -> Iterator[Model]:
+    with Model(model_path, ctx_size=256, n_threads=2, paged_kv=True, kv_page_size=16) as m:
         yield m
 
 

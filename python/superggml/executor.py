@@ -616,6 +616,18 @@ class Executor:
             self._seqs.pop(self.seq.id)          # nothing cached: forgotten, as a dropped sequence is
         self.seq = self._seqs.setdefault(seq, SequenceState(seq))
 
+    def eval_scratch(self, prompts: Sequence[Sequence[int]], *, logits_all: bool = False,
+                     embed: bool = False) -> list[np.ndarray]:
+        """eval_batch over sequences of their own (ids above every live one), dropped afterwards: a pass that
+        leaves every sequence's cache as it was (echo's prompt logprobs, embeddings)."""
+        base = max(self._seqs, default=0) + 1
+        ids = list(range(base, base + len(prompts)))
+        try:
+            return self.eval_batch(list(zip(ids, prompts)), logits_all=logits_all, embed=embed)
+        finally:
+            for sid in ids:
+                self.drop_sequence(sid)
+
     def drop_sequence(self, seq: int) -> None:
         """Frees every page of `seq` (the current sequence is emptied, the others forgotten); without the paged
         KV cache, its K/V storage (but sequence 0's)."""

@@ -43,6 +43,7 @@ def sampling_options(*, temperature: float, top_p: float, top_k: int, min_p: flo
                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, seed=seed)
 
 
+EMBED_BATCH = 16      # texts per forward pass in embed()
 MAX_LOGPROBS = 20     # alternatives per token a request may ask for (OpenAI's top_logprobs limit)
 
 
@@ -291,7 +292,6 @@ class Model:
         self._closed = False
         self._grammar_vocab: GrammarVocab | None = None
         self._tool_format: ToolFormat | None = None
-        self.last_embed_tokens = 0      # tokens the last embed() read
         ms = s.metrics
         if ms.enabled:
             self._metrics = Metrics(self, MetricsWriter(ms.metrics_file, pretty=ms.metrics_pretty),
@@ -611,12 +611,7 @@ class Model:
     def _prompt_logprobs(self, prompt: Sequence[int], k: int) -> list[LogprobEntry]:
         """The prompt's tokens with their logprobs under the model (raw logits: no penalties, temperature 1;
         the first token has none), from one pass on a scratch sequence (echo with logprobs)."""
-        ex = self._exec
-        sid = max(ex._seqs, default=0) + 1
-        try:
-            rows = ex.eval_batch([(sid, list(prompt))], logits_all=True)[0]
-        finally:
-            ex.drop_sequence(sid)
+        rows = self._exec.eval_scratch([list(prompt)], logits_all=True)[0]
         out: list[LogprobEntry] = [(int(prompt[0]), None, [])]
         for i in range(1, len(prompt)):
             out.append(logprob_entry(int(prompt[i]), log_softmax(rows[i - 1]), k))
@@ -794,12 +789,8 @@ class Model:
         check_logprobs(logprobs, "logprobs")
         constraint = self.grammar(grammar=grammar, json_schema=json_schema, regex=regex,
                                   response_format=response_format)
-        many = _is_list_of_inputs(prompt)
+        many, tokens = self._input_tokens(prompt, "prompt", add_bos=add_bos, special=True)
         prompts = list(prompt) if many else [prompt]
-        if not prompts:
-            raise ValueError("the prompt is empty")
-        tokens = [self.tokenize(p, add_bos=add_bos, special=True) if isinstance(p, str) else [int(t) for t in p]
-                  for p in prompts]
         stops = stop_list(stop)
         sampling = sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                     repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
@@ -847,20 +838,29 @@ class Model:
 
     # -- embeddings ------------------------------------------------------------
     def embed(self, input: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *, pooling: str = "mean",
-              normalize: bool = True, add_bos: bool = True, batch_size: int = 16) -> Any:
+              normalize: bool = True, add_bos: bool = True, batch_size: int = EMBED_BATCH) -> Any:
         """Embeddings of a text (a list of floats) or of several (a list of them; token lists work too): the
         final norm's output (the hidden state the lm head reads) pooled over the text's tokens, "mean" or
         "last", L2-normalized with `normalize`. Up to `batch_size` texts share each forward pass, each on a
         scratch sequence of its own (the current sequence's cache is left alone)."""
         self._check_open()
+        many, toks = self._input_tokens(input, "input", add_bos=add_bos, special=False)
+        out = self._embed(toks, pooling, normalize, batch_size)
+        return out if many else out[0]
+
+    def _input_tokens(self, x: Any, what: str, *, add_bos: bool, special: bool) -> tuple[bool, list[list[int]]]:
+        """(whether `x` is a list of inputs, each input's tokens): strings tokenized, token lists as given."""
+        many = _is_list_of_inputs(x)
+        items = list(x) if many else [x]
+        if not items:
+            raise ValueError(f"the {what} is empty")
+        return many, [self.tokenize(i, add_bos=add_bos, special=special) if isinstance(i, str)
+                      else [int(t) for t in i] for i in items]
+
+    def _embed(self, toks: list[list[int]], pooling: str, normalize: bool, batch_size: int) -> list[list[float]]:
+        """embed() of token lists: one vector each."""
         if pooling not in ("mean", "last"):
             raise ValueError(f"pooling must be mean or last, not {pooling!r}")
-        many = _is_list_of_inputs(input)
-        items = list(input) if many else [input]
-        if not items:
-            raise ValueError("the input is empty")
-        toks = [self.tokenize(x, add_bos=add_bos, special=False) if isinstance(x, str) else [int(t) for t in x]
-                for x in items]
         for i, t in enumerate(toks):
             if not t:
                 raise ValueError(f"input {i} has no tokens")
@@ -868,32 +868,23 @@ class Model:
                 raise ValueError(f"input {i} has {len(t)} tokens; ctx_size is {self.n_ctx}")
             if any(not 0 <= x < self.n_vocab for x in t):
                 raise ValueError(f"input {i}: token ids must be in [0, {self.n_vocab})")
-        ex = self._exec
         out: list[list[float]] = []
-        self.last_embed_tokens = sum(len(t) for t in toks)
         for b0 in range(0, len(toks), max(1, batch_size)):
-            chunk = toks[b0:b0 + batch_size]
-            base = max(ex._seqs, default=0) + 4096        # scratch ids clear of any a caller uses
-            ids = [base + i for i in range(len(chunk))]
-            try:
-                rows = ex.eval_batch(list(zip(ids, chunk)), logits_all=pooling == "mean", embed=True)
-            finally:
-                for sid in ids:
-                    ex.drop_sequence(sid)
+            rows = self._exec.eval_scratch(toks[b0:b0 + batch_size], logits_all=pooling == "mean", embed=True)
             for r in rows:
                 v = r.astype(np.float64).mean(axis=0) if pooling == "mean" else r[-1].astype(np.float64)
                 if normalize:
                     v = v / max(float(np.linalg.norm(v)), 1e-12)
                 out.append(v.astype(np.float32).tolist())
-        return out if many else out[0]
+        return out
 
     def create_embedding(self, input: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *,
                          pooling: str = "mean", normalize: bool = True) -> dict[str, Any]:
         """OpenAI's embeddings response for `input` (embed's; one item per text)."""
-        vecs = self.embed(input, pooling=pooling, normalize=normalize)
-        many = _is_list_of_inputs(input)
-        vecs = vecs if many else [vecs]
-        n = self.last_embed_tokens
+        self._check_open()
+        _, toks = self._input_tokens(input, "input", add_bos=True, special=False)
+        vecs = self._embed(toks, pooling, normalize, EMBED_BATCH)
+        n = sum(len(t) for t in toks)
         return {"object": "list", "model": os.path.basename(self.path),
                 "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)],
                 "usage": {"prompt_tokens": n, "total_tokens": n}}

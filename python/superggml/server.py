@@ -460,8 +460,7 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
         try:
             tools = await asyncio.to_thread(model.tool_request, body.tools, body.tool_choice, body.parallel_tool_calls)
         except ToolError as e:
-            raise ApiError(400, str(e), param="tool_choice" if "tool_choice" in str(e) else "tools",
-                           code="invalid_tools") from None
+            raise ApiError(400, str(e), param=e.param, code="invalid_tools") from None
         except GrammarError as e:
             raise ApiError(400, f"a tool's parameters: {e}", param="tools", code="invalid_tools") from None
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from abc import ABC, abstractmethod
 import secrets
 import string
 from dataclasses import dataclass, field
@@ -25,7 +26,11 @@ from .tokenizer import Tokenizer
 
 
 class ToolError(SuperggmlError, ValueError):
-    """Malformed `tools`, or a `tool_choice` that names no given tool."""
+    """Malformed `tools`, or a `tool_choice` that names no given tool; `param` is the request field at fault."""
+
+    def __init__(self, message: str, param: str = "tools"):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -79,9 +84,9 @@ def resolve_tool_choice(choice: Any, tools: Sequence[Tool]) -> "str | Tool":
         return "auto" if tools else "none"
     if isinstance(choice, str):
         if choice not in ("none", "auto", "required"):
-            raise ToolError(f"tool_choice must be none, auto, required or a function, not {choice!r}")
+            raise ToolError(f"tool_choice must be none, auto, required or a function, not {choice!r}", "tool_choice")
         if choice == "required" and not tools:
-            raise ToolError("tool_choice required needs tools")
+            raise ToolError("tool_choice required needs tools", "tool_choice")
         return choice
     if isinstance(choice, Mapping) and choice.get("type") == "function" and isinstance(choice.get("function"),
                                                                                         Mapping):
@@ -90,9 +95,9 @@ def resolve_tool_choice(choice: Any, tools: Sequence[Tool]) -> "str | Tool":
             if t.name == name:
                 return t
         raise ToolError(f"tool_choice names the function {name!r}, which is not among the tools "
-                        f"({', '.join(t.name for t in tools) or 'none given'})")
+                        f"({', '.join(t.name for t in tools) or 'none given'})", "tool_choice")
     raise ToolError("tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": "
-                    "{\"name\": ...}}")
+                    "{\"name\": ...}}", "tool_choice")
 
 
 def _call_schema(tools: Sequence[Tool], args_key: str = "arguments") -> dict[str, Any]:
@@ -139,10 +144,10 @@ def _unfence(text: str) -> str:
     return m.group(1) if m else text
 
 
-class ToolFormat:
+class ToolFormat(ABC):
     """How one template family asks for tools and writes calls (see the module's doc)."""
 
-    name = "generic"
+    name: str
     markers: tuple[str, ...] = ()      # special tokens the calls are written with (kept in the text)
 
     def __init__(self, tokenizer: Tokenizer):
@@ -181,9 +186,9 @@ class ToolFormat:
         tid = self.tokenizer.token_id(text)
         return f"<[{tid}]>" if tid is not None and tid in set(self.tokenizer.special_ids) else json.dumps(text)
 
+    @abstractmethod
     def grammar(self, tools: Sequence[Tool], parallel: bool) -> Grammar:
         """Output that is one call (or several, with `parallel`) of `tools`."""
-        raise NotImplementedError
 
     def auto_grammar(self, tools: Sequence[Tool], parallel: bool) -> Grammar | None:
         """The constraint with tool_choice auto (None: free text)."""
@@ -302,6 +307,8 @@ class Mistral(ToolFormat):
 
 class Generic(ToolFormat):
     """A template that does not take tools: they are described in a system message, and the reply is JSON."""
+
+    name = "generic"
 
     PROMPT = ("You can call these tools:\n\n{tools}\n\nRespond in JSON: either {{\"tool_call\": {{\"name\": ..., "
               "\"arguments\": {{...}}}}}} to call a tool{many}, or {{\"response\": \"...\"}} to answer the user.")
