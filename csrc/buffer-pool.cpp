@@ -67,7 +67,9 @@ bool buffer_pool::shrink(int & evicted) {
     evicted = s.key;
     if (evicted >= 0) stats_.evictions++;
     ggml_backend_buffer_free(s.buf);
+    const uint64_t gen = s.gen + 1;
     s = slot{};
+    s.gen = gen;
 #ifdef __GLIBC__
     if (is_host_) malloc_trim(0);   // hand the freed pages back to the system now
 #endif
@@ -111,6 +113,7 @@ buffer_pool::acquired buffer_pool::acquire(int key) {
     s.key = key;
     s.in_use = 1;
     s.last_use = clock_;
+    s.gen++;
     return {best, false, evicted};
 }
 
@@ -118,7 +121,7 @@ void buffer_pool::release(int i) {
     std::lock_guard<std::mutex> lk(mu_);
     slot & s = slots_.at(i);
     if (s.in_use <= 0) throw Error("release of slot " + std::to_string(i) + " that is not in use");
-    s.in_use--;
+    if (--s.in_use == 0) s.gen++;
 }
 
 void buffer_pool::set_pinned(int i, bool pinned) {
@@ -132,6 +135,7 @@ bool buffer_pool::drop(int key) {
         if (s.key == key && s.in_use == 0) {
             s.key = -1;
             s.pinned = false;
+            s.gen++;
             return true;
         }
     }
@@ -167,6 +171,30 @@ ggml_backend_buffer * buffer_pool::buffer(int i) const {
 uint8_t * buffer_pool::base(int i) const {
     ggml_backend_buffer * b = buffer(i);
     return is_host_ && b ? static_cast<uint8_t *>(ggml_backend_buffer_get_base(b)) : nullptr;
+}
+
+buffer_pool::view_t buffer_pool::view(int i) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    const slot & s = slots_.at(i);
+    if (s.in_use <= 0) throw Error("slot " + std::to_string(i) + " is not held: acquire it before viewing it");
+    if (!s.buf) throw Error("slot " + std::to_string(i) + " has no memory (the pool was shrunk)");
+    return {i, s.gen, slot_size_};
+}
+
+bool buffer_pool::view_valid(const view_t & v) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (v.slot < 0 || v.slot >= (int) slots_.size()) return false;
+    const slot & s = slots_[v.slot];
+    return s.buf && s.in_use > 0 && s.gen == v.gen;
+}
+
+uint8_t * buffer_pool::view_data(const view_t & v) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    const slot * s = v.slot >= 0 && v.slot < (int) slots_.size() ? &slots_[v.slot] : nullptr;
+    if (!s || !s->buf || s->in_use <= 0 || s->gen != v.gen) {
+        throw SlotReleased("slot " + std::to_string(v.slot) + " was released since this view was made");
+    }
+    return static_cast<uint8_t *>(ggml_backend_buffer_get_base(s->buf));
 }
 
 pool_stats buffer_pool::stats() const {

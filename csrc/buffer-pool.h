@@ -29,6 +29,12 @@ struct PoolExhausted : Error {
     using Error::Error;
 };
 
+// A view's hold on its slot is over: the slot was released (its last hold),
+// given to another key, dropped or shrunk since the view was made.
+struct SlotReleased : Error {
+    using Error::Error;
+};
+
 struct pool_params {
     size_t slot_size = 0;                     // bytes per slot (rounded up to the buffer alignment)
     int n_slots = 1;
@@ -81,6 +87,23 @@ public:
     ggml_backend_buffer * buffer(int slot) const;   // nullptr for a shrunk slot
     uint8_t * base(int slot) const;  // host address of the slot; nullptr if not host memory
 
+    // A host view of a held slot: its address and size, valid while the
+    // hold it was made under lasts. Each slot has a generation that moves on
+    // when its last hold is released and when it is dropped, handed to
+    // another key or shrunk; a view remembers the generation it saw.
+    struct view_t {
+        int slot = -1;
+        uint64_t gen = 0;
+        size_t size = 0;
+    };
+    // Throws Error if the slot is not in use or has no memory.
+    view_t view(int slot) const;
+    bool view_valid(const view_t & v) const;
+    // The view's bytes (the buffer's base address: a device address for
+    // device slots); throws SlotReleased (never returns freed or reused
+    // memory) once the view is no longer valid.
+    uint8_t * view_data(const view_t & v) const;
+
     pool_stats stats() const;
 
 private:
@@ -90,6 +113,7 @@ private:
         int in_use = 0;
         bool pinned = false;
         uint64_t last_use = 0;
+        uint64_t gen = 0;   // moves on when the slot's holds end or its bytes change owner
     };
     ggml_backend_buffer * alloc_slot(int i);
     int victim() const;   // an empty slot, else the LRU one neither in use nor pinned; -1 if none (mu_ held)

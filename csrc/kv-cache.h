@@ -112,6 +112,9 @@ public:
     kv_stats stats() const;
     size_t page_bytes() const { return page_bytes_; }
     const kv_params & params() const { return p_; }
+    // Layer l's K and V tensors (bound to a frame between acquire and release).
+    ggml_tensor * k(int l) const { return k_.at(l); }
+    ggml_tensor * v(int l) const { return v_.at(l); }
 
 private:
     struct page {

@@ -65,6 +65,9 @@ public:
     bool staged() const { return io_->staged() || !pool_->is_host(); }
     size_t layer_bytes(int l) const { return layers_.at(l).bytes; }
     const buffer_pool & pool() const { return *pool_; }
+    const weight_store & store() const { return *store_; }
+    // Layer l's tensors (bound to its slot between acquire and release).
+    const std::vector<ggml_tensor *> & tensors(int l) const { return layers_.at(l).tensors; }
 
     // False (and nothing done) if no slot can be had right now.
     bool prefetch(int l, int priority = 0);

@@ -5,6 +5,8 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include <cstring>
+
 namespace superggml {
 
 weight_store::weight_store(std::shared_ptr<gguf_file> file) : file_(std::move(file)) {
@@ -168,6 +170,8 @@ std::vector<std::string> weight_store::place_repacked(const std::vector<std::str
     std::vector<std::string> placed;
     if (!get_extra) return placed;
     for (ggml_backend_buffer_type_t * b = get_extra(dev); b && *b; ++b) {
+        // ggml's AMX matmul faults on weights bound this way (seen on a Sapphire Rapids CPU): not used
+        if (std::strcmp(ggml_backend_buft_name(*b), "AMX") == 0) continue;
         std::vector<std::string> ok;
         for (const auto & n : names) {
             if (home(n) != weight_home::repacked && repack_supported(dev, *b, get(n))) ok.push_back(n);

@@ -2,6 +2,7 @@
 
 #include "buffer-pool.h"
 #include "graph.h"
+#include "lease.h"
 
 #include <ggml-backend.h>
 #include <pybind11/numpy.h>
@@ -16,7 +17,39 @@ py::dict to_dict(const pool_stats & s) {
     return d;
 }
 
+static std::shared_ptr<slot_lease> slot_acquire(const std::shared_ptr<buffer_pool> & pool, int key, bool writable) {
+    const auto a = pool->acquire(key);
+    auto l = std::make_shared<slot_lease>();
+    l->index = a.slot;
+    l->key = key;
+    l->hit = a.hit;
+    l->evicted = a.evicted;
+    l->owner = pool;
+    l->buffer = pool->buffer(a.slot);
+    l->host = pool->is_host();
+    l->base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(l->buffer));
+    l->size = pool->slot_size();
+    l->writable = writable;
+    l->what = "slot " + std::to_string(a.slot) + " (key " + std::to_string(key) + ")";
+    const buffer_pool::view_t v = pool->view(a.slot);
+    buffer_pool * p = pool.get();
+    l->alive = [p, v] { return p->view_valid(v); };
+    l->on_release = [p, slot = a.slot] { p->release(slot); };
+    return l;
+}
+
 void init_buffer_pool(py::module_ & m) {
+    py::class_<slot_lease, lease, std::shared_ptr<slot_lease>> slot(m, "Slot", py::buffer_protocol(),
+        "A held pool slot (BufferPool.acquire): the slot's bytes without a copy (buffer protocol, __dlpack__, "
+        "tensor()), valid until release().");
+    lease_buffer_procs(slot);
+    slot.def_property_readonly("index", [](const slot_lease & l) { return l.index; })
+        .def_property_readonly("key", [](const slot_lease & l) { return l.key; })
+        .def_property_readonly("hit", [](const slot_lease & l) { return l.hit; },
+                               "the slot already held the key's bytes (loaded or loading)")
+        .def_property_readonly("evicted", [](const slot_lease & l) { return l.evicted; },
+                               "the key whose bytes were dropped to make room, or -1");
+
     py::class_<buffer_pool, std::shared_ptr<buffer_pool>>(m, "BufferPool",
         "Fixed-size slots on one backend buffer type; LRU eviction, pinning, a hard byte budget.")
         .def(py::init([](size_t slot_size, int n_slots, compute_backend * backend) {
@@ -33,6 +66,10 @@ void init_buffer_pool(py::module_ & m) {
             auto a = p.acquire(key);
             return py::make_tuple(a.slot, a.hit, a.evicted);
         }, py::arg("key"), "(slot, hit, evicted key or -1); PoolExhausted if every slot is in use or pinned")
+        .def("acquire_slot", &slot_acquire, py::arg("key"), py::arg("writable") = true,
+             "Holds the slot of `key` (a hit) or takes one (LRU eviction): a Slot; PoolExhausted if every slot "
+             "is in use or pinned.")
+        .def_property_readonly("is_host", &buffer_pool::is_host)
         .def("release", &buffer_pool::release)
         .def("set_pinned", &buffer_pool::set_pinned)
         .def("drop", &buffer_pool::drop)

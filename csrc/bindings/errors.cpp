@@ -23,6 +23,8 @@ void init_errors(py::module_ & m) {
             if (p) std::rethrow_exception(p);
         } catch (const PoolExhausted & e) {
             raise_from("PoolExhausted", e.what());
+        } catch (const SlotReleased & e) {
+            raise_from("SlotReleased", e.what());
         } catch (const Cancelled & e) {
             raise_from("LoadCancelled", e.what());
         } catch (const DeviceError & e) {

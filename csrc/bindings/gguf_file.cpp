@@ -1,9 +1,11 @@
 #include "bindings.h"
 
+#include "convert.h"
 #include "gguf-file.h"
 
 #include <ggml.h>
 #include <gguf.h>
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 namespace py = pybind11;
@@ -70,6 +72,40 @@ static py::object value(const gguf_context * g, int64_t k) {
 }
 
 void init_gguf_file(py::module_ & m) {
+    m.def("rows_bytes", &rows_bytes, py::arg("type"), py::arg("n_rows"), py::arg("row_len"),
+          "Bytes of n_rows rows of row_len elements of a ggml type (SuperggmlError if row_len is not a multiple "
+          "of its block size).");
+    m.def("convert_rows", [](int src_type, py::buffer src, int64_t n_rows, int64_t row_len, int dst_type,
+                             py::object out, int n_threads) -> py::object {
+        const size_t need = rows_bytes(src_type, n_rows, row_len);
+        py::buffer_info in = src.request();
+        if (!PyBuffer_IsContiguous(in.view(), 'C')) throw Error("convert_rows: the source is not contiguous");
+        if ((size_t) in.size * (size_t) in.itemsize < need) {
+            throw Error("convert_rows: the source holds " + std::to_string(in.size * in.itemsize) + " bytes, " +
+                        std::to_string(n_rows) + " rows need " + std::to_string(need));
+        }
+        if (dst_type != GGML_TYPE_F32 && dst_type != GGML_TYPE_F16) throw Error("convert_rows: the output is F32 or F16");
+        const size_t out_bytes = (size_t) n_rows * (size_t) row_len * (dst_type == GGML_TYPE_F32 ? 4 : 2);
+        py::object result = out;
+        if (out.is_none()) {
+            if (dst_type == GGML_TYPE_F32) result = py::array_t<float>({(py::ssize_t) n_rows, (py::ssize_t) row_len});
+            else result = py::array(py::dtype("float16"), {(py::ssize_t) n_rows, (py::ssize_t) row_len});
+        }
+        py::buffer_info o = py::reinterpret_borrow<py::buffer>(result).request(true);
+        if (!PyBuffer_IsContiguous(o.view(), 'C')) throw Error("convert_rows: the output is not contiguous");
+        if ((size_t) o.size * (size_t) o.itemsize < out_bytes) {
+            throw Error("convert_rows: the output holds " + std::to_string(o.size * o.itemsize) + " bytes, " +
+                        std::to_string(out_bytes) + " are needed");
+        }
+        {
+            py::gil_scoped_release nogil;
+            convert_rows(src_type, in.ptr, n_rows, row_len, dst_type, o.ptr, n_threads);
+        }
+        return result;
+    }, py::arg("src_type"), py::arg("src"), py::arg("n_rows"), py::arg("row_len"), py::arg("dst_type"),
+       py::arg("out") = py::none(), py::arg("n_threads") = 1,
+       "Converts rows of a ggml type (bytes in any buffer: a Slot, numpy, bytes) to F32 or F16 with ggml's type "
+       "traits, into `out` (a writable contiguous buffer) or a new numpy array [n_rows, row_len]; GIL released.");
     py::class_<gguf_file, std::shared_ptr<gguf_file>>(m, "GGUFFile",
         "A GGUF file: header parsed, tensor ranges validated, data mapped read-only.")
         .def(py::init<const std::string &>(), py::arg("path"), py::call_guard<py::gil_scoped_release>())

@@ -2,6 +2,9 @@
 
 #include "graph.h"
 #include "kv-cache.h"
+#include "lease.h"
+
+#include <ggml-backend.h>
 
 #include <ggml.h>
 #include <pybind11/stl.h>
@@ -32,7 +35,53 @@ py::dict to_dict(const kv_stats & s) {
     return d;
 }
 
+static std::shared_ptr<kv_lease> frame_acquire(const std::shared_ptr<kv_handle> & h, int seq, int layer, int64_t n_valid) {
+    {
+        py::gil_scoped_release nogil;
+        h->kv->acquire(seq, layer, n_valid);
+    }
+    kv_cache * kv = h->kv.get();
+    ggml_tensor * k = kv->k(layer), * v = kv->v(layer);
+    auto r = std::make_shared<kv_lease>();
+    r->seq = seq;
+    r->layer = layer;
+    r->n_valid = *r->n_end = n_valid;
+    r->owner = h;
+    r->buffer = k->buffer;
+    r->host = ggml_backend_buffer_is_host(k->buffer);
+    r->base = static_cast<uint8_t *>(k->data);
+    r->v_offset = (size_t) (static_cast<uint8_t *>(v->data) - r->base);
+    r->size = r->v_offset + ggml_nbytes(v);
+    r->what = "KV frame of (seq " + std::to_string(seq) + ", layer " + std::to_string(layer) + ")";
+    r->on_release = [kv, seq, layer, end = r->n_end] { kv->release(seq, layer, *end); };
+    return r;
+}
+
 void init_kv_cache(py::module_ & m) {
+    py::class_<kv_lease, lease, std::shared_ptr<kv_lease>> frame(m, "KVFrame", py::buffer_protocol(),
+        "A (sequence, layer)'s K and V held in a frame by KVCache.acquire_frame: K at byte 0, V at v_offset, "
+        "viewable without a copy until release(); rows written up to written() become dirty pages.");
+    lease_buffer_procs(frame);
+    frame.def_property_readonly("seq", [](const kv_lease & r) { return r.seq; })
+        .def_property_readonly("layer", [](const kv_lease & r) { return r.layer; })
+        .def_property_readonly("n_valid", [](const kv_lease & r) { return r.n_valid; },
+                               "rows [0, n_valid) held the cached tokens at acquire")
+        .def_property_readonly("n_end", [](const kv_lease & r) { return *r.n_end; })
+        .def_property_readonly("v_offset", [](const kv_lease & r) { return r.v_offset; })
+        .def("written", [](kv_lease & r, int64_t n_end) {
+            r.check();
+            if (n_end < 0) throw Error("written: n_end must be >= 0");
+            *r.n_end = n_end;
+        }, py::arg("n_end"), "Rows up to n_end were written: release() marks their pages dirty.")
+        .def("k", [](const kv_lease & r) {
+            r.check();
+            return tensor_ref{static_cast<kv_handle *>(r.owner.get())->kv->k(r.layer), r.owner};
+        }, "The layer's K tensor, bound to the frame (for ggml graphs).")
+        .def("v", [](const kv_lease & r) {
+            r.check();
+            return tensor_ref{static_cast<kv_handle *>(r.owner.get())->kv->v(r.layer), r.owner};
+        }, "The layer's V tensor, bound to the frame.");
+
     m.attr("KV_PAGE_MIN") = KV_PAGE_MIN;
     m.attr("KV_PAGE_MAX") = KV_PAGE_MAX;
     py::class_<kv_handle, std::shared_ptr<kv_handle>>(m, "KVCache",
@@ -77,6 +126,8 @@ void init_kv_cache(py::module_ & m) {
              }, py::arg("seq"), py::arg("layer"), py::arg("n_valid"), py::arg("k") = nullptr, py::arg("v") = nullptr,
              "Binds the layer's K/V (or the tensors k, v of its shape: a lane of a pass over several sequences) to "
              "a frame holding rows [0, n_valid) of (seq, layer).")
+        .def("acquire_frame", &frame_acquire, py::arg("seq"), py::arg("layer"), py::arg("n_valid"),
+             "acquire() (GIL released) as a KVFrame lease whose release() releases (seq, layer).")
         .def("release", [](kv_handle & h, int seq, int layer, int64_t n_end) { h.kv->release(seq, layer, n_end); },
              py::arg("seq"), py::arg("layer"), py::arg("n_end"), "Rows up to n_end were written: their pages are dirty.")
         .def("prefetch", [](kv_handle & h, int seq, int layer, int64_t n_valid) { return h.kv->prefetch(seq, layer, n_valid); },

@@ -2,8 +2,14 @@
 
 #include "graph.h"
 #include "layer-pager.h"
+#include "lease.h"
+
+#include <ggml.h>
+#include <ggml-backend.h>
 
 #include <pybind11/stl.h>
+
+#include <algorithm>
 
 namespace py = pybind11;
 
@@ -16,7 +22,58 @@ py::dict to_dict(const pager_stats & s) {
     return d;
 }
 
+static std::shared_ptr<layer_lease> layer_acquire(const std::shared_ptr<layer_pager> & p, int l) {
+    {
+        py::gil_scoped_release nogil;
+        p->acquire(l);
+    }
+    const buffer_pool & pool = p->pool();
+    const int slot = pool.slot_of(l);
+    auto r = std::make_shared<layer_lease>();
+    r->layer = l;
+    r->owner = p;
+    r->buffer = pool.buffer(slot);
+    r->host = pool.is_host();
+    r->base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(r->buffer));
+    r->size = pool.slot_size();
+    r->writable = false;
+    r->what = "layer " + std::to_string(l);
+    const buffer_pool::view_t v = pool.view(slot);
+    r->alive = [&pool, v] { return pool.view_valid(v); };
+    layer_pager * pp = p.get();
+    r->on_release = [pp, l] { pp->release(l); };
+    return r;
+}
+
 void init_pager(py::module_ & m) {
+    py::class_<layer_lease, lease, std::shared_ptr<layer_lease>> layer(m, "Layer", py::buffer_protocol(),
+        "A layer held by LayerPager.acquire_layer: its tensors bound to one slot, viewable without a copy "
+        "(read-only) until release().");
+    lease_buffer_procs(layer);
+    layer.def_property_readonly("index", [](const layer_lease & r) { return r.layer; })
+        .def("names", [](const layer_lease & r) {
+            std::vector<std::string> v;
+            for (const ggml_tensor * t : static_cast<const layer_pager *>(r.owner.get())->tensors(r.layer)) v.push_back(t->name);
+            return v;
+        }, "The layer's tensor names, in the order given to the pager.")
+        .def("offset", [](const layer_lease & r, const std::string & name) {
+            r.check();
+            const ggml_tensor * t = static_cast<const layer_pager *>(r.owner.get())->store().get(name);
+            const auto * d = static_cast<const uint8_t *>(t->data);
+            if (!d || d < r.base || d + ggml_nbytes(t) > r.base + r.size) {
+                throw Error("tensor '" + name + "' is not in " + r.what);
+            }
+            return (size_t) (d - r.base);
+        }, py::arg("name"), "Byte offset of a tensor of the layer in the slot.")
+        .def("get", [](const layer_lease & r, const std::string & name) {
+            r.check();
+            const auto & p = std::static_pointer_cast<layer_pager>(r.owner);
+            ggml_tensor * t = p->store().get(name);
+            const auto & ts = p->tensors(r.layer);
+            if (std::find(ts.begin(), ts.end(), t) == ts.end()) throw Error("tensor '" + name + "' is not in " + r.what);
+            return tensor_ref{t, r.owner};
+        }, py::arg("name"), "The layer's paged tensor `name`, bound to the slot (for ggml graphs).");
+
     py::class_<layer_pager, std::shared_ptr<layer_pager>>(m, "LayerPager",
         "Streams groups of paged tensors (layers) through a buffer pool with worker-thread prefetch.")
         .def(py::init([](std::shared_ptr<weight_store> store, const std::vector<std::vector<std::string>> & layers,
@@ -43,6 +100,8 @@ void init_pager(py::module_ & m) {
         .def("prefetch", &layer_pager::prefetch, py::arg("layer"), py::arg("priority") = 0)
         .def("acquire", &layer_pager::acquire, py::arg("layer"), py::call_guard<py::gil_scoped_release>(),
              "Waits for the layer's bytes (GIL released) and binds its tensors to the slot.")
+        .def("acquire_layer", &layer_acquire, py::arg("layer"),
+             "acquire() (GIL released) as a Layer lease whose release() releases the layer.")
         .def("release", &layer_pager::release)
         .def("pin", &layer_pager::pin, py::call_guard<py::gil_scoped_release>())
         .def("unpin", &layer_pager::unpin, py::arg("layer"))

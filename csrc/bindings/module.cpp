@@ -1,8 +1,10 @@
 #include "bindings.h"
+#include "lease.h"
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "superggml core: GGUF files, paged tensors and ggml graphs (private; use superggml)";
     superggml::init_errors(m);
+    superggml::init_lease(m);
     superggml::init_gguf_file(m);
     superggml::init_graph(m);
     superggml::init_ops(m);

@@ -1,6 +1,7 @@
 #include "bindings.h"
 
 #include "buffer-pool.h"
+#include "lease.h"
 #include "prefetch.h"
 
 #include <chrono>
@@ -72,6 +73,30 @@ void init_prefetch(py::module_ & m) {
            py::arg("direct") = false,
            "Queues reads of (file_offset, size, slot_offset) ranges into the slot; returns a LoadFuture. "
            "direct: O_DIRECT where the range and slot address are 4096-aligned and the file allows it.")
+        .def("submit_slot", [](const std::shared_ptr<prefetcher> & p, slot_lease & slot,
+                               const std::vector<std::tuple<uint64_t, size_t, size_t>> & ranges, int priority,
+                               std::optional<bool> direct) {
+            slot.check();
+            if (!slot.writable) throw Error(slot.what + " was acquired read-only: nothing can be loaded into it");
+            load_job j;
+            j.key = slot.key;
+            j.priority = priority;
+            j.direct = direct.value_or(p->direct());
+            j.dst = slot.buffer;
+            for (auto & [off, size, dst] : ranges) {
+                if (dst + size > slot.size) {
+                    throw Error("range of " + std::to_string(size) + " bytes at slot offset " + std::to_string(dst) +
+                                " does not fit in " + slot.what + " (" + std::to_string(slot.size) + " bytes)");
+                }
+                j.ranges.push_back({off, size, dst});
+            }
+            auto t = p->submit(std::move(j));
+            slot.loads.push_back(t.done);
+            return future_ref{t.done, p, t.id};
+        }, py::arg("slot"), py::arg("ranges"), py::arg("priority") = 0, py::arg("direct") = py::none(),
+           "Queues reads of (file_offset, size, slot_offset) ranges into a held Slot (its key names the job); "
+           "the slot's release() waits for them. direct (default: when the prefetcher has O_DIRECT): O_DIRECT for "
+           "ranges whose offset, size and address are 4096-aligned, buffered reads for the rest.")
         .def("cancel", &prefetcher::cancel, py::arg("key"), "Cancels every queued job for key; returns whether any.")
         .def_property_readonly("n_workers", &prefetcher::n_workers)
         .def("stats", [](const prefetcher & p) { return to_dict(p.stats()); });

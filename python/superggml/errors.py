@@ -17,6 +17,11 @@ class PoolExhausted(SuperggmlError):
     """Every buffer-pool slot is in use or pinned."""
 
 
+class SlotReleased(SuperggmlError):
+    """A view of a pool slot, pager layer or KV frame was used after its hold ended (released, evicted, dropped
+    or shrunk): its memory may hold other bytes now, so superggml refuses to hand it out."""
+
+
 class LoadCancelled(SuperggmlError):
     """A queued load was cancelled before it ran."""
 

@@ -108,6 +108,61 @@ static int stress(const char * path, const std::vector<uint8_t> & data, size_t c
     return bad.load() == 0 && ok.load() > 1000 ? 0 : 1;
 }
 
+// Views of slots: valid while held; after release, eviction or shrink view_data throws SlotReleased
+// (under ASan: never touching freed memory), while other threads churn the pool.
+static int views() {
+    pool_params pp;
+    pp.slot_size = 4096;
+    pp.n_slots = 3;
+    buffer_pool pool(pp);
+    int bad = 0;
+    auto expect_released = [&](const buffer_pool::view_t & v) {
+        try {
+            pool.view_data(v)[0] = 1;
+            bad++;
+        } catch (const SlotReleased &) {
+        }
+    };
+    auto a = pool.acquire(1);
+    auto v = pool.view(a.slot);
+    pool.view_data(v)[0] = 42;
+    pool.release(a.slot);
+    expect_released(v);                       // released
+    a = pool.acquire(1);                      // a hit: a new hold, a new view
+    auto v2 = pool.view(a.slot);
+    bad += pool.view_data(v2)[0] != 42;
+    pool.release(a.slot);
+    int evicted = -1;
+    while (pool.shrink(evicted)) {}           // every slot's memory freed
+    expect_released(v2);
+    pool.grow();
+    std::atomic<bool> stop{false};
+    std::thread churn([&] {
+        while (!stop) {
+            try {
+                auto c = pool.acquire(7);
+                pool.release(c.slot);
+            } catch (const PoolExhausted &) {
+            }
+        }
+    });
+    for (int i = 0; i < 20000; ++i) {
+        try {
+            auto b = pool.acquire(100 + i % 5);
+            auto w = pool.view(b.slot);
+            pool.view_data(w)[i % 4096] = (uint8_t) i;
+            pool.release(b.slot);
+            expect_released(w);
+        } catch (const PoolExhausted &) {
+        }
+    }
+    stop = true;
+    churn.join();
+    if (bad) fprintf(stderr, "views: %d stale views were served\n", bad);
+    else printf("views: stale views refused\n");
+    return bad ? 1 : 0;
+}
+
 int main() {
     const size_t chunk = 16 << 10, n_keys = 256;
     char path[] = "/tmp/superggml-stress-XXXXXX";
@@ -117,7 +172,7 @@ int main() {
     for (auto & b : data) b = (uint8_t) gen();
     if (write(fd, data.data(), data.size()) != (ssize_t) data.size()) return 2;
     close(fd);
-    int rc = 0;
+    int rc = views();
     for (int mode = 0; mode < 3; ++mode) rc |= stress(path, data, chunk, n_keys, mode);
     unlink(path);
     return rc;

@@ -1,0 +1,128 @@
+"""GGUF tensor access for other stacks: list a file's tensors, read one (or a row range) into memory or a
+pool slot, and dequantize it to float32/float16 with ggml's own type traits."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from . import _core
+from .paging import Prefetcher, ggml_type
+
+__all__ = ["GGUFReader", "TensorInfo", "dequantize", "open"]
+
+_OUT = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    type: str               # ggml type name: "q4_K", "f32", ...
+    shape: tuple[int, ...]  # ggml order: shape[0] is the row length
+    offset: int             # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def n_rows(self) -> int:
+        n = 1
+        for d in self.shape[1:]:
+            n *= d
+        return n
+
+    @property
+    def row_bytes(self) -> int:
+        return self.nbytes // max(1, self.n_rows)
+
+
+def dequantize(data: Any, type: Union[str, int], shape: tuple[int, ...], *, dtype: Any = np.float32,
+               out: Any = None, n_threads: int = 1) -> np.ndarray:
+    """Rows of ggml `type` (bytes in any buffer: numpy, bytes, a Slot) as float32 or float16, converted by
+    ggml's type traits: shape is (row_length, n_rows) in ggml order; the result is row-major [n_rows, row_length]
+    (written into `out`, a writable buffer of that many elements, when given)."""
+    dt = np.dtype(dtype)
+    if dt not in _OUT:
+        raise ValueError("dequantize: dtype must be float32 or float16")
+    row_len = int(shape[0])
+    n_rows = 1
+    for d in shape[1:]:
+        n_rows *= int(d)
+    res = _core.convert_rows(int(ggml_type(type)), data, n_rows, row_len, int(ggml_type(_OUT[dt])), out, n_threads)
+    if out is None:
+        return np.asarray(res)
+    return np.frombuffer(out, dtype=dt, count=n_rows * row_len).reshape(n_rows, row_len)
+
+
+class GGUFReader:
+    """A GGUF file opened read-only: header parsed and every tensor's byte range checked against the file."""
+
+    def __init__(self, path: Union[str, os.PathLike[str]]) -> None:
+        self.path = os.fspath(path)
+        self._file: Optional[_core.GGUFFile] = _core.GGUFFile(self.path)
+        self.tensors: dict[str, TensorInfo] = {
+            n: TensorInfo(n, t, tuple(int(x) for x in s), int(o), int(b)) for n, t, s, o, b in self._file.tensors()}
+        self.data_offset = int(self._file.data_offset)
+
+    def metadata(self) -> dict[str, Any]:
+        return dict(self._core().metadata())
+
+    def _core(self) -> "_core.GGUFFile":
+        if self._file is None:
+            raise ValueError("the GGUF file is closed")
+        return self._file
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise KeyError(f"the GGUF file has no tensor {name!r}") from None
+
+    def _range(self, name: str, rows: Optional[tuple[int, int]]) -> tuple[TensorInfo, int, int, int]:
+        ti = self.info(name)
+        r0, r1 = (0, ti.n_rows) if rows is None else rows
+        if not 0 <= r0 <= r1 <= ti.n_rows:
+            raise ValueError(f"rows {rows} outside {name!r}'s {ti.n_rows} rows")
+        return ti, ti.offset + r0 * ti.row_bytes, (r1 - r0) * ti.row_bytes, r1 - r0
+
+    def read(self, name: str, *, rows: Optional[tuple[int, int]] = None) -> np.ndarray:
+        """The raw bytes of tensor `name` (rows [r0, r1) of it) as uint8 [n_rows, row_bytes]."""
+        ti, off, size, n = self._range(name, rows)
+        buf = np.empty(size, dtype=np.uint8)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            got = os.preadv(fd, [memoryview(buf)], off)
+        finally:
+            os.close(fd)
+        if got != size:
+            raise OSError(f"short read of {name!r} at offset {off}: the file was truncated")
+        return buf.reshape(n, ti.row_bytes)
+
+    def read_into(self, name: str, slot: "_core.Slot", prefetcher: Prefetcher, *, rows: Optional[tuple[int, int]] = None,
+                  slot_offset: int = 0, priority: int = 0) -> "_core.LoadFuture":
+        """Queues a read of tensor `name` (rows [r0, r1) of it) into a held pool slot at `slot_offset`."""
+        _, off, size, _ = self._range(name, rows)
+        return prefetcher.submit(slot, [(off, size, slot_offset)], priority=priority)
+
+    def dequantize(self, name: str, *, rows: Optional[tuple[int, int]] = None, dtype: Any = np.float32) -> np.ndarray:
+        """Tensor `name` (rows [r0, r1)) as float32/float16, row-major [n_rows, row_length]."""
+        ti = self.info(name)
+        raw = self.read(name, rows=rows)
+        return dequantize(raw, ti.type, (ti.shape[0], raw.shape[0]), dtype=dtype)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> "GGUFReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open(path: Union[str, os.PathLike[str]]) -> GGUFReader:  # noqa: A001 - gguf.open, as the issue names it
+    """Opens a GGUF file (GGUFError if it is malformed, OSError if it cannot be read)."""
+    return GGUFReader(path)

@@ -1,0 +1,297 @@
+"""superggml's paging primitives, for Python inference stacks that stream their own weights.
+
+- `BufferPool`: a fixed set of equal-size slots on one device (LRU eviction, pins, a hard byte budget).
+  `acquire(key)` gives a `Slot`: a hold on the slot whose bytes are seen without a copy
+  (`numpy.asarray(slot)`, `memoryview(slot)`, `torch.from_dlpack(slot)`, `slot.array(dtype, shape)`)
+  and bound to ggml tensors (`slot.tensor(type, shape)`).
+- `Prefetcher`: worker threads reading byte ranges of a file into slots (pread, or O_DIRECT into the slot).
+- `LayerPager`: groups of a GGUF file's tensors ("layers") streamed through a pool with prefetch.
+- `KVCache`: a paged K/V cache (device frames, a host budget, a spill file).
+- `memory()`: memory telemetry (cgroup-aware host memory, ggml devices, NVML GPUs).
+
+A hold's views are counted: `release()` raises BufferError while a view of it is alive, and no view can be made
+after it (`SlotReleased`), so a view never reads memory that was freed or given to other bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from . import _core
+from .errors import LoadCancelled, PoolExhausted, SlotReleased
+from .telemetry import MemorySnapshot, snapshot
+
+__all__ = ["BufferPool", "KVCache", "KVFrame", "Layer", "LayerPager", "LoadCancelled", "LoadFuture",
+           "PoolExhausted", "Prefetcher", "Slot", "SlotReleased", "DIRECT_ALIGN", "memory", "ggml_type"]
+
+Slot = _core.Slot
+Layer = _core.Layer
+KVFrame = _core.KVFrame
+LoadFuture = _core.LoadFuture
+DIRECT_ALIGN: int = _core.DIRECT_ALIGN
+
+_NUMPY = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int64}
+
+
+def ggml_type(t: Union[str, int, "_core.GGMLType"]) -> "_core.GGMLType":
+    """A ggml type from its name ("Q4_K", "f16") or number."""
+    if isinstance(t, _core.GGMLType):
+        return t
+    if isinstance(t, str):
+        try:
+            return getattr(_core.GGMLType, t.upper())
+        except AttributeError:
+            raise ValueError(f"unknown ggml type {t!r}") from None
+    return _core.GGMLType(int(t))
+
+
+def _backend(device: str) -> Optional["_core.Backend"]:
+    return None if device.upper() == "CPU" else _core.Backend(device)
+
+
+def view(lease: Any, dtype: Any, shape: Sequence[int], offset: int = 0) -> np.ndarray:
+    """A zero-copy numpy view of `lease`'s bytes (a Slot, Layer or KVFrame) at byte `offset`, as `dtype`
+    and `shape` (row-major). The view counts as one: release() raises BufferError until it is gone."""
+    dt = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+    return np.frombuffer(lease, dtype=dt, count=count, offset=offset).reshape(tuple(shape))
+
+
+class BufferPool:
+    """`n_slots` slots of `slot_size` bytes (rounded up to the device's alignment) on `device` ("CPU" or a ggml
+    device name); allocated at once, so the pool's bytes are its budget."""
+
+    def __init__(self, slot_size: int, n_slots: int, device: str = "CPU") -> None:
+        self.device = device
+        self._backend = _backend(device)
+        self._pool: Optional[_core.BufferPool] = _core.BufferPool(slot_size, n_slots, self._backend)
+
+    @property
+    def core(self) -> "_core.BufferPool":
+        if self._pool is None:
+            raise ValueError("the pool is closed")
+        return self._pool
+
+    def acquire(self, key: int, *, writable: bool = True) -> "_core.Slot":
+        """Holds the slot of `key` (slot.hit: it already holds key's bytes) or takes one, evicting the least
+        recently used slot neither held nor pinned. PoolExhausted if every slot is held or pinned."""
+        return self.core.acquire_slot(key, writable)
+
+    def pin(self, slot: "_core.Slot", pinned: bool = True) -> None:
+        """A pinned slot is never evicted (it keeps its key's bytes after release)."""
+        self.core.set_pinned(slot.index, pinned)
+
+    def drop(self, key: int) -> bool:
+        """Forgets `key`'s bytes if its slot is not held; returns whether it did."""
+        return self.core.drop(key)
+
+    def slot_of(self, key: int) -> int:
+        return self.core.slot_of(key)
+
+    @property
+    def n_slots(self) -> int:
+        return self.core.n_slots
+
+    @property
+    def slot_size(self) -> int:
+        return self.core.slot_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.core.bytes
+
+    @property
+    def is_host(self) -> bool:
+        return self.core.is_host
+
+    def stats(self) -> dict[str, int]:
+        return dict(self.core.stats())
+
+    def close(self) -> None:
+        """Drops the pool; slots still held keep its memory until they are released."""
+        self._pool = None
+
+    def __enter__(self) -> "BufferPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Prefetcher:
+    """`n_workers` threads reading byte ranges of the file at `path` into slots, highest priority first.
+    direct_io: True or None (default) opens the file with O_DIRECT too, where the file system allows it
+    (aligned ranges then go disk to slot without the page cache); False reads through the page cache."""
+
+    def __init__(self, path: str, n_workers: int = 1, direct_io: Optional[bool] = None) -> None:
+        self.path = str(path)
+        self._io: Optional[_core.Prefetcher] = _core.Prefetcher(self.path, n_workers, direct_io is not False)
+
+    @property
+    def core(self) -> "_core.Prefetcher":
+        if self._io is None:
+            raise ValueError("the prefetcher is closed")
+        return self._io
+
+    @property
+    def direct_io(self) -> bool:
+        return self.core.direct
+
+    def submit(self, slot: "_core.Slot", ranges: Sequence[tuple[int, int, int]], *, priority: int = 0,
+               direct: Optional[bool] = None) -> "_core.LoadFuture":
+        """Queues reads of (file_offset, size, slot_offset) ranges into a held slot; returns a LoadFuture
+        (result(timeout), done(), cancel()). The slot's release() waits for the reads."""
+        return self.core.submit_slot(slot, [tuple(r) for r in ranges], priority, direct)
+
+    def cancel(self, key: int) -> bool:
+        """Cancels every queued load into the slot of `key` (their futures raise LoadCancelled)."""
+        return self.core.cancel(key)
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.core.stats())
+
+    def close(self) -> None:
+        """Cancels queued loads and stops the workers once loads in flight finish."""
+        self._io = None
+
+    def __enter__(self) -> "Prefetcher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LayerPager:
+    """Groups of a GGUF file's tensors (`layers`: lists of tensor names) streamed through `n_slots` slots
+    (each the size of the largest layer unless `slot_size` is given) by `n_workers` prefetch threads.
+    prefetch(l) starts loading layer l; acquire(l) waits for it and returns a `Layer` whose tensors are
+    bound to its slot (views: layer.array(name)); release it to let its slot go to another layer."""
+
+    def __init__(self, path: str, layers: Sequence[Sequence[str]], *, n_slots: int = 2, slot_size: int = 0,
+                 n_workers: int = 1, direct_io: bool = False, device: str = "CPU") -> None:
+        self.path = str(path)
+        self.store = _core.WeightStore(_core.GGUFFile(self.path))
+        self._backend = _backend(device)
+        self._pager: Optional[_core.LayerPager] = _core.LayerPager(
+            self.store, [list(x) for x in layers], n_slots, slot_size, n_workers, self._backend, direct_io)
+
+    @property
+    def core(self) -> "_core.LayerPager":
+        if self._pager is None:
+            raise ValueError("the pager is closed")
+        return self._pager
+
+    @property
+    def n_layers(self) -> int:
+        return self.core.n_layers
+
+    def prefetch(self, layer: int, *, priority: int = 0) -> bool:
+        """Starts loading `layer` in the background; False if no slot is free now."""
+        return self.core.prefetch(layer, priority)
+
+    def acquire(self, layer: int) -> "_core.Layer":
+        """Waits for the layer's bytes (GIL released) and binds its tensors to its slot."""
+        return self.core.acquire_layer(layer)
+
+    def pin(self, layer: int) -> None:
+        self.core.pin(layer)
+
+    def unpin(self, layer: int) -> None:
+        self.core.unpin(layer)
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.core.stats())
+
+    def close(self) -> None:
+        self._pager = None
+
+    def __enter__(self) -> "LayerPager":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def layer_array(layer: "_core.Layer", name: str) -> np.ndarray:
+    """A zero-copy read-only numpy view of tensor `name` of an acquired layer: F32/F16/I32 as numbers in
+    row-major shape, other (quantized) types as their raw bytes [rows, row_bytes]."""
+    t = layer.get(name)
+    off = layer.offset(name)
+    shape = list(reversed(t.ne))
+    while len(shape) > 1 and shape[0] == 1:
+        shape.pop(0)
+    if t.type_name.upper() in _NUMPY:
+        return view(layer, _NUMPY[t.type_name.upper()], shape, off)
+    row_bytes = _core.row_size(t.type, t.ne[0])
+    return view(layer, np.uint8, [t.nbytes // row_bytes, row_bytes], off)
+
+
+class KVCache:
+    """A paged K/V cache for `n_layers` layers of `n_embd_kv` channels and up to `n_ctx` tokens per sequence:
+    pages of `page_size` tokens live in device frames (`n_frames`, 0: one per layer), host memory
+    (`host_budget` bytes, None: no limit) and a spill file in `spill_dir`. acquire(seq, layer, n_valid)
+    returns a KVFrame holding rows [0, n_valid) of K ([n_ctx, n_embd_kv]) and V (the same, or transposed
+    with v_trans); frame.written(n_end) then release() marks the new rows' pages dirty."""
+
+    def __init__(self, n_layers: int, n_embd_kv: int, n_ctx: int, *, type: str = "F16", page_size: int = 256,
+                 n_frames: int = 0, n_stream: int = 1, host_budget: Optional[int] = None, spill_dir: str = "",
+                 v_trans: bool = False, device: str = "CPU", n_workers: int = 1) -> None:
+        if type.upper() not in ("F16", "F32"):
+            raise ValueError("KVCache type must be F16 or F32")
+        self.type = type.upper()
+        self.n_ctx, self.n_embd_kv, self.v_trans = n_ctx, n_embd_kv, v_trans
+        self._ctx = _core.Context(2 * n_layers + 2)
+        t = ggml_type(self.type)
+        k = [self._ctx.new_tensor(t, [n_embd_kv, n_ctx]) for _ in range(n_layers)]
+        v = [self._ctx.new_tensor(t, [n_ctx, n_embd_kv] if v_trans else [n_embd_kv, n_ctx]) for _ in range(n_layers)]
+        self._backend = _backend(device)
+        self._kv: Optional[_core.KVCache] = _core.KVCache(k, v, page_size, n_frames, host_budget, spill_dir,
+                                                          v_trans, self._backend, n_workers, 1 if n_stream < 1 else n_stream)
+
+    @property
+    def core(self) -> "_core.KVCache":
+        if self._kv is None:
+            raise ValueError("the KV cache is closed")
+        return self._kv
+
+    def acquire(self, seq: int, layer: int, n_valid: int) -> "_core.KVFrame":
+        return self.core.acquire_frame(seq, layer, n_valid)
+
+    def prefetch(self, seq: int, layer: int, n_valid: int) -> bool:
+        return self.core.prefetch(seq, layer, n_valid)
+
+    def seq_truncate(self, seq: int, n: int) -> None:
+        self.core.seq_truncate(seq, n)
+
+    def k_array(self, frame: "_core.KVFrame") -> np.ndarray:
+        """Zero-copy view of the frame's K: [n_ctx, n_embd_kv]."""
+        return view(frame, _NUMPY[self.type], [self.n_ctx, self.n_embd_kv], 0)
+
+    def v_array(self, frame: "_core.KVFrame") -> np.ndarray:
+        """Zero-copy view of the frame's V: [n_ctx, n_embd_kv], or [n_embd_kv, n_ctx] with v_trans."""
+        shape = [self.n_embd_kv, self.n_ctx] if self.v_trans else [self.n_ctx, self.n_embd_kv]
+        return view(frame, _NUMPY[self.type], shape, frame.v_offset)
+
+    @property
+    def page_bytes(self) -> int:
+        return self.core.page_bytes
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.core.stats())
+
+    def close(self) -> None:
+        self._kv = None
+
+    def __enter__(self) -> "KVCache":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def memory(*, nvml: bool = True) -> MemorySnapshot:
+    """Host memory (clipped by the cgroup limit), the process's RSS and peak, and each device's free memory."""
+    return snapshot(nvml=nvml)

@@ -1,0 +1,162 @@
+"""superggml.paging and superggml.gguf: the public paging primitives, their zero-copy views and their guards."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import gguf as hf_gguf
+import numpy as np
+import pytest
+
+import superggml.gguf as G
+from superggml import _core
+from superggml import paging as P
+from superggml.errors import PoolExhausted, SlotReleased, SuperggmlError
+
+SLOT = 1 << 20
+
+
+def test_numpy_view_writes_reach_a_bound_tensor():
+    with P.BufferPool(SLOT, 2) as pool:
+        slot = pool.acquire(1)
+        t = slot.tensor(_core.GGMLType.F32, [16, 4], 64)
+        a = P.view(slot, np.float32, [4, 16], 64)
+        a[:] = np.arange(64, dtype=np.float32).reshape(4, 16)
+        np.testing.assert_array_equal(_core.tensor_get(t), a)
+        del a
+        slot.release()
+        assert not t.bound   # a released slot's tensors are unbound: a graph on them fails
+
+
+def test_views_allocate_no_slot_sized_memory():
+    pool = P.BufferPool(64 << 20, 1)
+    slot = pool.acquire(0)
+    tracemalloc.start()
+    views = [np.asarray(slot) for _ in range(8)] + [memoryview(slot), np.from_dlpack(slot)]
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 1 << 20                       # eight 64 MiB views: no copy of the slot
+    assert all(np.shares_memory(views[0], v) for v in views[1:8])
+    assert slot.n_views == 10
+    del views
+    assert slot.n_views == 0
+    slot.release()
+
+
+def test_use_after_release_raises():
+    pool = P.BufferPool(4096, 1)
+    slot = pool.acquire(5)
+    a = np.asarray(slot)
+    with pytest.raises(BufferError, match="view"):
+        slot.release()
+    del a
+    slot.release()
+    slot.release()   # a second release does nothing
+    for make in (np.asarray, memoryview, np.from_dlpack, lambda s: s.tensor(_core.GGMLType.F32, [4])):
+        with pytest.raises(SlotReleased):
+            make(slot)
+    other = pool.acquire(6)            # the slot's memory now holds key 6
+    assert other.index == slot.index and not slot.valid
+    other.release()
+
+
+def test_read_only_slots_and_dlpack():
+    pool = P.BufferPool(4096, 1)
+    with pool.acquire(1, writable=False) as slot:
+        a = np.asarray(slot)
+        assert not a.flags.writeable
+        d = np.from_dlpack(slot)       # DLPack 1.0 carries the read-only flag
+        assert not d.flags.writeable and np.shares_memory(a, d)
+        with pytest.raises(ValueError):
+            a[0] = 1
+        del a, d
+    with pool.acquire(2) as slot:
+        w = np.from_dlpack(slot)
+        w[:3] = 7
+        assert bytes(memoryview(slot)[:3]) == b"\x07\x07\x07"
+        del w
+
+
+def test_exhausted_pool_and_pins():
+    pool = P.BufferPool(4096, 2)
+    a, b = pool.acquire(1), pool.acquire(2)
+    with pytest.raises(PoolExhausted):
+        pool.acquire(3)
+    pool.pin(a)
+    a.release()
+    b.release()
+    c = pool.acquire(3)
+    assert c.index == b.index and c.evicted == 2
+    c.release()
+
+
+def test_prefetch_into_slot_and_dequantize(model_path):
+    f = G.open(model_path)
+    ti = f.info("blk.0.ffn_down.weight")
+    ref = next(t for t in hf_gguf.GGUFReader(model_path).tensors if t.name == ti.name)
+    want = hf_gguf.quants.dequantize(ref.data, ref.tensor_type)
+    np.testing.assert_array_equal(f.dequantize(ti.name), want)
+    np.testing.assert_array_equal(f.dequantize(ti.name, rows=(10, 20)), want[10:20])
+    np.testing.assert_array_equal(f.dequantize(ti.name, dtype=np.float16), want.astype(np.float16))
+    with P.BufferPool(ti.nbytes, 1) as pool, P.Prefetcher(model_path, 2) as io:
+        slot = pool.acquire(0)
+        f.read_into(ti.name, slot, io).result(timeout=30)
+        np.testing.assert_array_equal(G.dequantize(slot, ti.type, ti.shape), want)
+        out = np.empty(ti.shape[::-1], np.float32)
+        G.dequantize(slot, ti.type, ti.shape, out=out, n_threads=2)
+        np.testing.assert_array_equal(out, want)
+        slot.release()
+    with pytest.raises(SuperggmlError, match="block size"):
+        G.dequantize(b"\0" * 64, "q4_K", (100, 1))
+    with pytest.raises(SuperggmlError, match="holds"):
+        G.dequantize(b"\0" * 10, "q4_1", (32, 1))
+    with pytest.raises(KeyError):
+        f.info("nope")
+
+
+def test_layer_pager_views_match_the_file(model_path):
+    f = G.open(model_path)
+    layers = [[f"blk.{i}.attn_norm.weight", f"blk.{i}.attn_k.weight"] for i in range(4)]
+    with P.LayerPager(model_path, layers, n_slots=2) as pager:
+        for i in range(4):
+            pager.prefetch((i + 1) % 4)
+            layer = pager.acquire(i)
+            assert layer.names() == layers[i]
+            norm = P.layer_array(layer, layers[i][0])
+            np.testing.assert_array_equal(norm, f.dequantize(layers[i][0])[0])
+            k = P.layer_array(layer, layers[i][1])
+            np.testing.assert_array_equal(k, f.read(layers[i][1]))
+            assert not k.flags.writeable
+            with pytest.raises(BufferError):
+                layer.release()
+            del norm, k
+            layer.release()
+            with pytest.raises(SlotReleased):
+                layer.offset(layers[i][0])
+        assert pager.stats()["loads"] >= 4
+
+
+def test_kv_frames_round_trip_through_host_pages(tmp_path):
+    kv = P.KVCache(4, 32, 64, page_size=16, n_frames=1, host_budget=2 * 4 * 16 * 32 * 2, spill_dir=str(tmp_path))
+    rng = np.random.default_rng(0)
+    want = {}
+    for layer in range(4):
+        with kv.acquire(0, layer, 0) as frame:
+            k, v = kv.k_array(frame), kv.v_array(frame)
+            want[layer] = rng.standard_normal((2, 40, 32)).astype(np.float16)
+            k[:40], v[:40] = want[layer]
+            del k, v
+            frame.written(40)
+    for layer in range(4):
+        with kv.acquire(0, layer, 40) as frame:
+            k, v = kv.k_array(frame), kv.v_array(frame)
+            np.testing.assert_array_equal(k[:40], want[layer][0])
+            np.testing.assert_array_equal(v[:40], want[layer][1])
+            del k, v
+    st = kv.stats()
+    assert st["kv_pages_loaded"] > 0 and st["kv_pages_spilled"] > 0
+
+
+def test_memory_telemetry():
+    m = P.memory(nvml=False)
+    assert m.process_rss > 0 and m.host_total > 0
