@@ -46,7 +46,7 @@ void init_graph(py::module_ & m) {
         .value("Q4_0", GGML_TYPE_Q4_0).value("Q4_1", GGML_TYPE_Q4_1).value("Q8_0", GGML_TYPE_Q8_0)
         .value("Q5_0", GGML_TYPE_Q5_0).value("Q5_1", GGML_TYPE_Q5_1).value("Q2_K", GGML_TYPE_Q2_K)
         .value("Q3_K", GGML_TYPE_Q3_K).value("Q4_K", GGML_TYPE_Q4_K).value("Q5_K", GGML_TYPE_Q5_K)
-        .value("Q6_K", GGML_TYPE_Q6_K).value("IQ4_NL", GGML_TYPE_IQ4_NL).value("MXFP4", GGML_TYPE_MXFP4);
+        .value("Q6_K", GGML_TYPE_Q6_K).value("Q8_1", GGML_TYPE_Q8_1).value("Q8_K", GGML_TYPE_Q8_K).value("IQ4_NL", GGML_TYPE_IQ4_NL).value("MXFP4", GGML_TYPE_MXFP4);
 
     py::class_<tensor_ref>(m, "Tensor", "A ggml tensor (a node or leaf of a graph, or a paged weight).")
         .def_property_readonly("shape", [](const tensor_ref & r) { return shape_of(r.t); },
@@ -215,6 +215,23 @@ void init_graph(py::module_ & m) {
         return d;
     }, "The instruction sets the loaded ggml-cpu was built for (as llama.cpp's system info).");
 
+    m.def("vec_dot_type", [](ggml_type t) { return ggml_get_type_traits_cpu(t)->vec_dot_type; }, py::arg("type"),
+          "The type ggml-cpu converts a matmul's activations to for weights of `type` (Q8_1 for Q4_1, ...).");
+    m.def("to_vec_dot", [](ggml_type w, py::array_t<float, py::array::c_style | py::array::forcecast> rows) {
+        if (rows.ndim() != 2) throw Error("to_vec_dot: need a 2-d F32 array [rows, row_length]");
+        const auto * tr = ggml_get_type_traits_cpu(w);
+        const ggml_type vt = tr->vec_dot_type;
+        const int64_t n = rows.shape(1);
+        if (n % ggml_blck_size(vt)) throw Error("to_vec_dot: row length is not a multiple of the block size");
+        const auto * vtr = ggml_get_type_traits_cpu(vt);
+        if (!vtr->from_float) throw Error(std::string("to_vec_dot: ggml-cpu cannot convert to ") + ggml_type_name(vt));
+        py::array_t<uint8_t> out({(py::ssize_t) rows.shape(0), (py::ssize_t) ggml_row_size(vt, n)});
+        for (py::ssize_t r = 0; r < rows.shape(0); ++r) {
+            vtr->from_float(rows.data(r, 0), out.mutable_data(r, 0), n);
+        }
+        return py::make_tuple(vt, out);
+    }, py::arg("type"), py::arg("rows"),
+       "F32 activation rows as ggml-cpu converts them for a matmul with `type` weights: (vec_dot_type, bytes).");
     m.def("type_size", [](ggml_type t) { return ggml_type_size(t); });
     m.def("blck_size", [](ggml_type t) { return ggml_blck_size(t); });
     m.def("row_size", [](ggml_type t, int64_t ne) { return ggml_row_size(t, ne); });

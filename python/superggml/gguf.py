@@ -12,7 +12,7 @@ import numpy as np
 from . import _core
 from .paging import Prefetcher, ggml_type
 
-__all__ = ["GGUFReader", "TensorInfo", "dequantize", "open"]
+__all__ = ["GGUFReader", "TensorInfo", "dequantize", "open", "round_activations", "vec_dot_type"]
 
 _OUT = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
 
@@ -53,6 +53,28 @@ def dequantize(data: Any, type: Union[str, int], shape: tuple[int, ...], *, dtyp
     if out is None:
         return np.asarray(res)
     return np.frombuffer(out, dtype=dt, count=n_rows * row_len).reshape(n_rows, row_len)
+
+
+def vec_dot_type(type: Union[str, int]) -> str:
+    """The type ggml-cpu converts a matmul's activations to when the weights are of `type` (Q8_1 for Q4_1,
+    Q8_K for the K-quants, F16 for F16): a stack that quantizes its activations the same way computes the
+    numbers ggml computes."""
+    return str(_core.vec_dot_type(ggml_type(type)).name)
+
+
+def round_activations(x: Any, type: Union[str, int]) -> np.ndarray:
+    """float32 rows `x` [n, k] as ggml-cpu sees them in a matmul with weights of `type`: converted to its
+    vec_dot_type and back (unchanged for F32)."""
+    vt = vec_dot_type(type)
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    if vt == "F32":
+        return a
+    _, q = _core.to_vec_dot(ggml_type(type), a.reshape(-1, a.shape[-1]))
+    if vt == "Q8_1":   # ggml has no to_float for Q8_1: blocks of (F16 d, F16 s, 32 x int8), value = d * q
+        blocks = q.reshape(-1, 36)
+        d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+        return (d * blocks[:, 4:].view(np.int8).astype(np.float32)).reshape(a.shape)
+    return dequantize(q, vt, (a.shape[-1], q.shape[0])).reshape(a.shape)
 
 
 class GGUFReader:
