@@ -14,6 +14,12 @@ PY=${PYTHON:-python3}
 if [ "${SUPERGGML_NATIVE:-1}" = "0" ]; then
     export CMAKE_ARGS="-DGGML_NATIVE=OFF ${CMAKE_ARGS:-}"
 fi
+# ggml-cpu's AMX matmul segfaults on some AMX CPUs (seen in llama.cpp itself, on a Sapphire Rapids VM):
+# there, both ggml builds (ours and the reference's) leave AMX out and use ggml-cpu's other kernels.
+if [ "$(uname -m)" = "x86_64" ] && grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+    noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    export CMAKE_ARGS="${CMAKE_ARGS:-} -DCMAKE_C_FLAGS='$noamx' -DCMAKE_CXX_FLAGS='$noamx'"
+fi
 extras="[server,plot]"
 [ "${1:-}" = "--test" ] && extras="[server,plot,test,reference]"
 "$PY" -m pip install --progress-bar off ".${extras}"
