@@ -27,6 +27,10 @@ def rms_norm(x: F32, w: F32, eps: float) -> F32:
     return (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w).astype(np.float32)
 
 
+def f16(x: F32) -> F32:
+    return x.astype(np.float16).astype(np.float32)
+
+
 def rope(x: F32, pos: npt.NDArray[np.int64], base: float) -> F32:
     """ggml's rope mode 0 (llama): rotates the adjacent pairs (x[2i], x[2i+1]) of each head; x [n, heads, d]."""
     d = x.shape[-1]
@@ -40,7 +44,7 @@ def rope(x: F32, pos: npt.NDArray[np.int64], base: float) -> F32:
 
 
 class NumpyLlama:
-    def __init__(self, path: str, *, n_slots: int = 2, head_rows: int = 4096) -> None:
+    def __init__(self, path: str, *, n_slots: int = 2, head_rows: int = 4096, kv_type: str = "f16") -> None:
         self.file = gguf.open(path)
         meta = self.file.metadata()
         arch = str(meta["general.architecture"])
@@ -56,20 +60,31 @@ class NumpyLlama:
         self.head_pool = paging.BufferPool(head_rows * self.head.row_bytes, 2)
         self.io = paging.Prefetcher(path, 1)
         self.types: dict[str, str] = {}
+        self.kv_f16 = kv_type == "f16"
 
     def weights(self, layer: Any) -> dict[str, F32]:
+        """The layer's tensors as float32, dequantized from its slot's bytes (a zero-copy view); a matrix's
+        per-block minimums (Q4_1) are kept apart, under "<name>.mins", for mm."""
         out = {}
         for name in layer.names():
             info = self.file.info(name)
             view = paging.layer_array(layer, name)      # the slot's bytes, no copy
-            out[name.split(".")[2]] = gguf.dequantize(view, info.type, info.shape)
-            self.types[name.split(".")[2]] = info.type
+            key = name.split(".")[2]
+            w = gguf.dequantize(view, info.type, info.shape)
+            if len(info.shape) == 2:
+                mins = gguf.block_mins(view, info.type, info.shape)
+                w -= np.repeat(mins, 32, axis=1)
+                out[key + ".mins"] = mins
+            out[key] = w
+            self.types[key] = info.type
             del view
         return out
 
     def mm(self, x: F32, w: dict[str, F32], name: str) -> F32:
-        """x @ W.T with x rounded as ggml-cpu rounds a matmul's activations for W's type."""
-        return (gguf.round_activations(x, self.types[name]) @ w[name].T).astype(np.float32)
+        """x @ W.T as ggml-cpu computes it: x rounded to the activation type of W's dot products, and the
+        Q4_1 block minimums times the block sums that type stores."""
+        a = gguf.quantize_activations(x, self.types[name])
+        return (a.values @ w[name].T + a.sums @ w[name + ".mins"].T).astype(np.float32)
 
     def block(self, x: F32, w: dict[str, F32], pos: npt.NDArray[np.int64]) -> F32:
         n, d = x.shape
@@ -78,14 +93,17 @@ class NumpyLlama:
         q = rope((self.mm(h, w, "attn_q")).reshape(n, self.n_head, hd), pos, self.base)
         k = rope((self.mm(h, w, "attn_k")).reshape(n, self.n_kv, hd), pos, self.base)
         v = (self.mm(h, w, "attn_v")).reshape(n, self.n_kv, hd)
-        k = k.astype(np.float16).astype(np.float32)   # the K/V cache is F16, as in ggml
-        v = v.astype(np.float16).astype(np.float32)
+        if self.kv_f16:                               # an F16 K/V cache, as ggml's
+            k, v = f16(k), f16(v)
+            q = f16(q)                                # ggml rounds Q to F16 for its product with the F16 K
         rep = self.n_head // self.n_kv
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-        s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd)
+        s = np.einsum("qhd,khd->hqk", q, k) * np.float32(1 / np.sqrt(np.float32(hd)))
         s = s + np.triu(np.full((n, n), -np.inf, dtype=np.float32), 1)
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
+        if self.kv_f16:
+            p = f16(p)                                # and the probabilities for theirs with the F16 V
         a = np.einsum("hqk,khd->qhd", p, v).reshape(n, d)
         x = x + self.mm(a, w, "attn_output")
         h = rms_norm(x, w["ffn_norm"][0], self.eps)

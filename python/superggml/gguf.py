@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
 from . import _core
 from .paging import Prefetcher, ggml_type
 
-__all__ = ["GGUFReader", "TensorInfo", "dequantize", "open", "round_activations", "vec_dot_type"]
+__all__ = ["Activations", "GGUFReader", "TensorInfo", "block_mins", "dequantize", "open", "quantize_activations",
+           "round_activations", "vec_dot_type"]
 
 _OUT = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
 
@@ -62,19 +63,60 @@ def vec_dot_type(type: Union[str, int]) -> str:
     return str(_core.vec_dot_type(ggml_type(type)).name)
 
 
+class Activations(NamedTuple):
+    """Activation rows as ggml-cpu feeds them to a matmul with quantized weights (quantize_activations)."""
+
+    values: np.ndarray   # F32 [n, k]: the rows converted to the weights' vec_dot_type and back
+    sums: np.ndarray     # F32 [n, k // 32]: each 32-block's sum as the dot product uses it with a block minimum
+
+
+def quantize_activations(x: Any, type: Union[str, int]) -> Activations:
+    """float32 rows `x` [n, k] as ggml-cpu sees them in a matmul with weights of `type`: converted to its
+    vec_dot_type and back (unchanged for F32), with the per-32-block sums its dot products pair with a block
+    minimum. ggml-cpu's x . w is then `values . (w - mins) + sums . mins` (mins: block_mins of w, repeated
+    over each block on the left): Q8_1, the activations of Q4_1/Q5_1, stores each block's sum rounded to F16."""
+    vt = vec_dot_type(type)
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    k = a.shape[-1]
+    if vt == "F32":
+        values = a
+    else:
+        _, q = _core.to_vec_dot(ggml_type(type), a.reshape(-1, k))
+        if vt == "Q8_1":   # ggml has no to_float for Q8_1: blocks of (F16 d, F16 s = d * sum(q), 32 x int8)
+            blocks = q.reshape(-1, 36)
+            d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+            s = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+            values = (d * blocks[:, 4:].view(np.int8).astype(np.float32)).reshape(a.shape)
+            return Activations(values, s.reshape(*a.shape[:-1], k // 32))
+        values = dequantize(q, vt, (k, q.shape[0])).reshape(a.shape)
+    if k % 32:
+        return Activations(values, np.zeros((*a.shape[:-1], 0), dtype=np.float32))
+    sums = values.reshape(*a.shape[:-1], k // 32, 32).sum(-1, dtype=np.float64).astype(np.float32)
+    return Activations(values, sums)
+
+
 def round_activations(x: Any, type: Union[str, int]) -> np.ndarray:
     """float32 rows `x` [n, k] as ggml-cpu sees them in a matmul with weights of `type`: converted to its
     vec_dot_type and back (unchanged for F32)."""
-    vt = vec_dot_type(type)
-    a = np.ascontiguousarray(x, dtype=np.float32)
-    if vt == "F32":
-        return a
-    _, q = _core.to_vec_dot(ggml_type(type), a.reshape(-1, a.shape[-1]))
-    if vt == "Q8_1":   # ggml has no to_float for Q8_1: blocks of (F16 d, F16 s, 32 x int8), value = d * q
-        blocks = q.reshape(-1, 36)
-        d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
-        return (d * blocks[:, 4:].view(np.int8).astype(np.float32)).reshape(a.shape)
-    return dequantize(q, vt, (a.shape[-1], q.shape[0])).reshape(a.shape)
+    return quantize_activations(x, type).values
+
+
+_MIN_AT = {"Q4_1": 20, "Q5_1": 24}   # block bytes of the types whose blocks hold (F16 d, F16 m, ...)
+
+
+def block_mins(data: Any, type: Union[str, int], shape: tuple[int, ...]) -> np.ndarray:
+    """The per-32-block minimums `m` of Q4_1/Q5_1 rows (each value is d * q + m) as F32 [n_rows, row_length // 32];
+    zeros for the other types (theirs, if any, enter ggml's dot products exactly: no correction needed)."""
+    name = ggml_type(type).name.upper()
+    row_len = int(shape[0])
+    n_rows = 1
+    for dim in shape[1:]:
+        n_rows *= int(dim)
+    if name not in _MIN_AT:
+        return np.zeros((n_rows, row_len // 32), dtype=np.float32)
+    raw = np.frombuffer(data, dtype=np.uint8, count=n_rows * (row_len // 32) * _MIN_AT[name])
+    blocks = raw.reshape(n_rows, row_len // 32, _MIN_AT[name])
+    return blocks[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float32)
 
 
 class GGUFReader:
