@@ -213,6 +213,34 @@ VARIANTS = {
 }
 
 
+def dequantized_copy(src, dst):
+    """`src` with every tensor dequantized to F32 by ggml's type traits (the same numbers, no quantization left),
+    its metadata kept but general.file_type (ALL_F32); written tensor by tensor, never held whole."""
+    from superggml import gguf as sg
+
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = f.types[0]
+        if key == "general.file_type":
+            w.add_key_value(key, 0, vtype)
+            continue
+        w.add_key_value(key, f.contents(), vtype, f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    with sg.open(src) as f:
+        infos = list(f.tensors.values())
+        for ti in infos:
+            n = 4 * ti.shape[0] * ti.n_rows
+            w.add_tensor_info(ti.name, tuple(reversed(ti.shape)), np.dtype(np.float32), n, raw_dtype=gguf.GGMLQuantizationType.F32)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for ti in infos:
+            w.write_tensor_data(f.dequantize(ti.name).reshape(tuple(reversed(ti.shape))))
+    w.close()
+    return dst
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -188,6 +188,22 @@ class LayerPager:
     def n_layers(self) -> int:
         return self.core.n_layers
 
+    @property
+    def n_slots(self) -> int:
+        return self.core.n_slots
+
+    @property
+    def slot_size(self) -> int:
+        """Bytes of each slot: the most the pager holds in memory is n_slots * slot_size."""
+        return self.core.slot_size
+
+    def layer_bytes(self, layer: int) -> int:
+        return self.core.layer_bytes(layer)
+
+    def resident(self, layer: int) -> bool:
+        """Whether a slot holds the layer's bytes now."""
+        return self.core.resident(layer)
+
     def prefetch(self, layer: int, *, priority: int = 0) -> bool:
         """Starts loading `layer` in the background; False if no slot is free now."""
         return self.core.prefetch(layer, priority)
