@@ -70,4 +70,4 @@ def test_numpy_example_on_the_quantized_file(smollm2_path, tmp_path):
     clear = top2[:, 1] - top2[:, 0] > 2 * diff
     assert clear.any()
     assert (logits.argmax(1) == ref.argmax(1))[clear].all()
-    assert min(np.corrcoef(a, b)[0, 1] for a, b in zip(logits, ref)) > 0.999
+    assert min(np.corrcoef(a, b)[0, 1] for a, b in zip(logits, ref)) > 0.99
