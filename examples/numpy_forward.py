@@ -54,7 +54,7 @@ class Matrix:
     """A weight matrix as ggml-cpu multiplies by it: float32 rows without their block minimums, the minimums
     (Q4_1, Q5_1; zeros otherwise) and the type that decides how activations are rounded."""
 
-    def __init__(self, data: npt.ArrayLike, type: str, shape: tuple[int, ...]) -> None:
+    def __init__(self, data: npt.ArrayLike | paging.Slot, type: str, shape: tuple[int, ...]) -> None:
         self.type = type
         self.w = gguf.dequantize(data, type, shape)             # [rows, row_length]
         self.mins = gguf.block_mins(data, type, shape)          # [rows, row_length / 32]
@@ -85,6 +85,9 @@ class NumpyLlama:
         self.head_pool = paging.BufferPool(head_rows * self.head.row_bytes, 2)
         self.io = paging.Prefetcher(path, 1)
 
+    def matrix(self, data: npt.ArrayLike | paging.Slot, type: str, shape: tuple[int, ...]) -> Matrix:
+        return Matrix(data, type, shape)
+
     def weights(self, layer: paging.Layer) -> dict[str, F32 | Matrix]:
         """The layer's tensors, dequantized from its slot's bytes (zero-copy views of the slot)."""
         out: dict[str, F32 | Matrix] = {}
@@ -92,7 +95,7 @@ class NumpyLlama:
             info = self.file.info(name)
             view = paging.layer_array(layer, name)
             key = name.split(".")[2]
-            out[key] = Matrix(view, info.type, info.shape) if len(info.shape) == 2 else \
+            out[key] = self.matrix(view, info.type, info.shape) if len(info.shape) == 2 else \
                 gguf.dequantize(view, info.type, info.shape)[0]
             del view                                   # the layer cannot be released while views of it live
         return out
@@ -160,7 +163,7 @@ class NumpyLlama:
             slot, fut = loads[c]
             fut.result()
             with slot:
-                out[:, r0:r1] = Matrix(slot, h.type, (h.shape[0], r1 - r0)).apply(x)
+                out[:, r0:r1] = self.matrix(slot, h.type, (h.shape[0], r1 - r0)).apply(x)
         return out
 
     def _load_head(self, c: int) -> tuple[paging.Slot, paging.LoadFuture]:
@@ -175,16 +178,18 @@ class NumpyLlama:
         self.file.close()
 
 
-def peak_rss() -> int:
-    """The process's peak RSS in bytes (Linux's VmHWM: unlike ru_maxrss, not inherited from a forking parent)."""
+def rss(peak: bool = False) -> int:
+    """The process's RSS (or peak RSS: Linux's VmHWM, which unlike ru_maxrss is not inherited from a forking
+    parent) in bytes."""
+    key = "VmHWM:" if peak else "VmRSS:"
     try:
         with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
     except (OSError, StopIteration):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def main() -> None:
+def main(model: type[NumpyLlama] = NumpyLlama) -> None:
     from superggml.models import smollm2_path
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -203,7 +208,8 @@ def main() -> None:
         from superggml.tokenizer import Tokenizer
         with gguf.open(path) as f:
             tokens = Tokenizer.from_metadata(f.metadata()).encode(args.prompt)
-    m = NumpyLlama(path, n_slots=args.slots, kv_type=args.kv_type)
+    start = rss()                                      # Python, NumPy (and torch) imported
+    m = model(path, n_slots=args.slots, kv_type=args.kv_type)
     logits = m.logits(tokens)
     layer_bytes = m.pager.slot_size
     m.close()
@@ -212,7 +218,8 @@ def main() -> None:
     print("tokens:", ",".join(map(str, tokens)))
     print("next token:", int(np.argmax(logits[-1])))
     print(f"weights in memory: {args.slots} slots of {layer_bytes / 2**20:.1f} MiB")
-    print(f"peak RSS: {peak_rss() / 2**20:.0f} MiB")
+    print(f"RSS at start: {start / 2**20:.0f} MiB")
+    print(f"peak RSS: {rss(peak=True) / 2**20:.0f} MiB")
     if args.check:
         import superggml
         with superggml.Model(path, kv_type=args.kv_type) as model:
