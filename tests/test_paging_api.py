@@ -43,6 +43,26 @@ def test_views_allocate_no_slot_sized_memory():
     slot.release()
 
 
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_views_leave_rss_alone():
+    """Views of a 64 MiB slot whose pages are all resident: RSS does not grow by a slot (no copy is made)."""
+    with P.BufferPool(64 << 20, 1) as pool:
+        slot = pool.acquire(0)
+        np.asarray(slot)[:] = 1                     # every page of the slot resident
+        before = _rss()
+        views = [np.asarray(slot), memoryview(slot), np.from_dlpack(slot), P.view(slot, np.float32, [16 << 20])]
+        views += [np.asarray(slot) for _ in range(8)]
+        grew = _rss() - before
+        assert int(views[3][-1].view(np.uint32)) == 0x01010101
+        del views
+        slot.release()
+    assert grew < 4 << 20, f"RSS grew by {grew >> 20} MiB for views of a 64 MiB slot"
+
+
 def test_use_after_release_raises():
     pool = P.BufferPool(4096, 1)
     slot = pool.acquire(5)
