@@ -43,30 +43,20 @@ def dropped(path: str) -> None:
     assert left < 0.01, f"{left:.0%} of {path} stays in the page cache (another process maps it?)"
 
 
-def address(slot: paging.Slot) -> int:
-    a = np.frombuffer(slot, np.uint8)
-    try:
-        return a.ctypes.data
-    finally:
-        del a
-
-
 def read_through_prefetcher(path: str, pool: paging.BufferPool, pf: paging.Prefetcher, keys) -> None:
-    """The whole file, CHUNK at a time, N_SLOTS loads in flight. CPU slots are only 64-byte aligned, and
-    O_DIRECT needs the destination 4096-aligned too (else the read silently goes buffered): each range
-    starts at the slot's first aligned byte (slots are CHUNK + A). The file's last size % A bytes are read
-    buffered (an unaligned range)."""
+    """The whole file, CHUNK at a time, N_SLOTS loads in flight, into page-aligned slots (O_DIRECT needs the
+    file offset, the size and the destination aligned). The file's last size % A bytes are read buffered
+    (an unaligned range)."""
     size = os.path.getsize(path)
     off, inflight = 0, []
     while off < size or inflight:
         while off < size and len(inflight) < pool.n_slots:
             slot = pool.acquire(next(keys))
-            pad = -address(slot) % A
             n = min(CHUNK, size - off)
             head = n // A * A
-            ranges = [(off, head, pad)] if head else []
+            ranges = [(off, head, 0)] if head else []
             if n > head:
-                ranges.append((off + head, n - head, pad + head))
+                ranges.append((off + head, n - head, head))
             inflight.append((slot, pf.submit(slot, ranges)))
             off += n
         slot, fut = inflight.pop(0)
@@ -86,7 +76,7 @@ def test_prefetcher_vs_dd(benchmark):
         dd_s.append(timeit.timeit(lambda: subprocess.run(cmd, check=True, capture_output=True), number=1))
         dropped(path)
 
-    pool = paging.BufferPool(CHUNK + A, N_SLOTS)
+    pool = paging.BufferPool(CHUNK, N_SLOTS)
     with paging.Prefetcher(path, n_workers=N_WORKERS, direct_io=True) as pf:
         assert pf.direct_io, "O_DIRECT could not be opened on this file system"
         benchmark.pedantic(read_through_prefetcher, args=(path, pool, pf, itertools.count()),

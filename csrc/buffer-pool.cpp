@@ -3,6 +3,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include <cstdlib>
 #include <string>
 
 #ifdef __GLIBC__
@@ -15,15 +16,19 @@ buffer_pool::buffer_pool(const pool_params & p) {
     if (p.n_slots < 1) throw Error("buffer pool needs at least one slot");
     if (p.slot_size == 0) throw Error("buffer pool slot size must be > 0");
     ggml_backend_buffer_type * buft = p.buft ? p.buft : ggml_backend_cpu_buffer_type();
-    const size_t align = ggml_backend_buft_get_alignment(buft);
-    slot_size_ = (p.slot_size + align - 1) / align * align;
     is_host_ = ggml_backend_buft_is_host(buft);
+    size_t align = ggml_backend_buft_get_alignment(buft);
+    if (is_host_ && p.align > align) {
+        if (p.align & (p.align - 1)) throw Error("buffer pool alignment must be a power of two");
+        align_ = align = p.align;
+    }
+    slot_size_ = (p.slot_size + align - 1) / align * align;
     buft_ = buft;
     slots_.resize(p.n_slots);
     for (auto & s : slots_) {
-        s.buf = alloc_slot((int) (&s - slots_.data()));
+        s.buf = alloc_slot(s);
         if (!s.buf) {
-            for (auto & t : slots_) if (t.buf) ggml_backend_buffer_free(t.buf);
+            for (auto & t : slots_) free_slot(t);
             slots_.clear();
             throw Error("cannot allocate buffer pool slot " + std::to_string(&s - slots_.data()) + " of " +
                         std::to_string(slot_size_) + " bytes on " + ggml_backend_buft_name(buft));
@@ -32,13 +37,33 @@ buffer_pool::buffer_pool(const pool_params & p) {
 }
 
 buffer_pool::~buffer_pool() {
-    for (auto & s : slots_) if (s.buf) ggml_backend_buffer_free(s.buf);
+    for (auto & s : slots_) free_slot(s);
 }
 
-ggml_backend_buffer * buffer_pool::alloc_slot(int) {
-    ggml_backend_buffer * b = ggml_backend_buft_alloc_buffer(buft_, slot_size_);
+ggml_backend_buffer * buffer_pool::alloc_slot(slot & s) {
+    ggml_backend_buffer * b = nullptr;
+    if (align_) {
+        if (posix_memalign(&s.mem, align_, slot_size_) != 0) {
+            s.mem = nullptr;
+            return nullptr;
+        }
+        b = ggml_backend_cpu_buffer_from_ptr(s.mem, slot_size_);
+        if (!b) {
+            free(s.mem);
+            s.mem = nullptr;
+        }
+    } else {
+        b = ggml_backend_buft_alloc_buffer(buft_, slot_size_);
+    }
     if (b) ggml_backend_buffer_set_usage(b, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     return b;
+}
+
+void buffer_pool::free_slot(slot & s) {
+    if (s.buf) ggml_backend_buffer_free(s.buf);
+    free(s.mem);   // a buffer from ggml_backend_cpu_buffer_from_ptr does not own its memory
+    s.buf = nullptr;
+    s.mem = nullptr;
 }
 
 int buffer_pool::n_slots() const {
@@ -66,7 +91,7 @@ bool buffer_pool::shrink(int & evicted) {
     slot & s = slots_[best];
     evicted = s.key;
     if (evicted >= 0) stats_.evictions++;
-    ggml_backend_buffer_free(s.buf);
+    free_slot(s);
     const uint64_t gen = s.gen + 1;
     s = slot{};
     s.gen = gen;
@@ -81,7 +106,7 @@ int buffer_pool::grow() {
     int i = 0;
     while (i < (int) slots_.size() && slots_[i].buf) ++i;
     if (i == (int) slots_.size()) slots_.emplace_back();
-    slots_[i].buf = alloc_slot(i);
+    slots_[i].buf = alloc_slot(slots_[i]);
     if (!slots_[i].buf) {
         throw Error("cannot allocate buffer pool slot " + std::to_string(i) + " of " +
                     std::to_string(slot_size_) + " bytes on " + ggml_backend_buft_name(buft_));

@@ -39,6 +39,10 @@ struct pool_params {
     size_t slot_size = 0;                     // bytes per slot (rounded up to the buffer alignment)
     int n_slots = 1;
     ggml_backend_buffer_type * buft = nullptr; // nullptr: CPU
+    // Host slots start at a multiple of this (and their size is one): 4096
+    // lets O_DIRECT read into them. 0: the buffer type's own alignment.
+    // Ignored for device buffer types.
+    size_t align = 0;
 };
 
 struct pool_stats {
@@ -109,19 +113,22 @@ public:
 private:
     struct slot {
         ggml_backend_buffer * buf = nullptr;
+        void * mem = nullptr;   // the memory of an aligned host slot (buf wraps it), else nullptr
         int key = -1;
         int in_use = 0;
         bool pinned = false;
         uint64_t last_use = 0;
         uint64_t gen = 0;   // moves on when the slot's holds end or its bytes change owner
     };
-    ggml_backend_buffer * alloc_slot(int i);
+    ggml_backend_buffer * alloc_slot(slot & s);
+    static void free_slot(slot & s);
     int victim() const;   // an empty slot, else the LRU one neither in use nor pinned; -1 if none (mu_ held)
 
     mutable std::mutex mu_;
     ggml_backend_buffer_type * buft_ = nullptr;
     std::vector<slot> slots_;   // a shrunk slot has buf == nullptr
     size_t slot_size_ = 0;
+    size_t align_ = 0;          // > the buffer type's alignment: host slots allocated here, aligned
     bool is_host_ = true;
     uint64_t clock_ = 0;
     pool_stats stats_;

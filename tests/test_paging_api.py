@@ -63,6 +63,17 @@ def test_views_leave_rss_alone():
     assert grew < 4 << 20, f"RSS grew by {grew >> 20} MiB for views of a 64 MiB slot"
 
 
+def test_host_slots_are_page_aligned():
+    """O_DIRECT reads need the destination on a page: every host slot starts on one and spans whole pages."""
+    with P.BufferPool(10_000, 3) as pool:
+        assert pool.slot_size % P.DIRECT_ALIGN == 0
+        for key in range(3):
+            with pool.acquire(key) as slot:
+                a = np.asarray(slot)
+                assert a.ctypes.data % P.DIRECT_ALIGN == 0 and a.nbytes == pool.slot_size
+                del a
+
+
 def test_use_after_release_raises():
     pool = P.BufferPool(4096, 1)
     slot = pool.acquire(5)

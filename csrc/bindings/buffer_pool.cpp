@@ -52,13 +52,16 @@ void init_buffer_pool(py::module_ & m) {
 
     py::class_<buffer_pool, std::shared_ptr<buffer_pool>>(m, "BufferPool",
         "Fixed-size slots on one backend buffer type; LRU eviction, pinning, a hard byte budget.")
-        .def(py::init([](size_t slot_size, int n_slots, compute_backend * backend) {
+        .def(py::init([](size_t slot_size, int n_slots, compute_backend * backend, size_t align) {
             pool_params p;
             p.slot_size = slot_size;
             p.n_slots = n_slots;
             p.buft = backend ? backend->buffer_type() : nullptr;
+            p.align = align;
             return std::make_shared<buffer_pool>(p);
-        }), py::arg("slot_size"), py::arg("n_slots"), py::arg("backend") = nullptr)
+        }), py::arg("slot_size"), py::arg("n_slots"), py::arg("backend") = nullptr, py::arg("align") = 0,
+           "n_slots slots of slot_size bytes; host slots start at a multiple of `align` (4096: O_DIRECT reads "
+           "go straight into them; 0: the buffer type's alignment).")
         .def_property_readonly("n_slots", &buffer_pool::n_slots)
         .def_property_readonly("slot_size", &buffer_pool::slot_size)
         .def_property_readonly("bytes", &buffer_pool::bytes)

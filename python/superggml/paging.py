@@ -16,7 +16,7 @@ after it (`SlotReleased`), so a view never reads memory that was freed or given 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 
 import numpy as np
 
@@ -42,7 +42,7 @@ def ggml_type(t: Union[str, int, "_core.GGMLType"]) -> "_core.GGMLType":
         return t
     if isinstance(t, str):
         try:
-            return getattr(_core.GGMLType, t.upper())
+            return cast("_core.GGMLType", getattr(_core.GGMLType, t.upper()))
         except AttributeError:
             raise ValueError(f"unknown ggml type {t!r}") from None
     return _core.GGMLType(int(t))
@@ -61,13 +61,15 @@ def view(lease: Any, dtype: Any, shape: Sequence[int], offset: int = 0) -> np.nd
 
 
 class BufferPool:
-    """`n_slots` slots of `slot_size` bytes (rounded up to the device's alignment) on `device` ("CPU" or a ggml
-    device name); allocated at once, so the pool's bytes are its budget."""
+    """`n_slots` slots of `slot_size` bytes on `device` ("CPU" or a ggml device name), allocated at once, so the
+    pool's bytes are its budget. Host slots start on a page (DIRECT_ALIGN) and their size is rounded up to one,
+    so a Prefetcher's O_DIRECT reads land in them; device slots use the device's alignment."""
 
     def __init__(self, slot_size: int, n_slots: int, device: str = "CPU") -> None:
         self.device = device
         self._backend = _backend(device)
-        self._pool: Optional[_core.BufferPool] = _core.BufferPool(slot_size, n_slots, self._backend)
+        # host slots page-aligned: a Prefetcher's O_DIRECT reads land in them without a bounce
+        self._pool: Optional[_core.BufferPool] = _core.BufferPool(slot_size, n_slots, self._backend, DIRECT_ALIGN)
 
     @property
     def core(self) -> "_core.BufferPool":

@@ -109,13 +109,16 @@ static int stress(const char * path, const std::vector<uint8_t> & data, size_t c
 }
 
 // Views of slots: valid while held; after release, eviction or shrink view_data throws SlotReleased
-// (under ASan: never touching freed memory), while other threads churn the pool.
-static int views() {
+// (under ASan: never touching freed memory), while other threads churn the pool. align: the pool's
+// (4096: slots allocated by the pool itself, page-aligned, freed with their buffers).
+static int views(size_t align) {
     pool_params pp;
-    pp.slot_size = 4096;
+    pp.slot_size = 4000;
     pp.n_slots = 3;
+    pp.align = align;
     buffer_pool pool(pp);
     int bad = 0;
+    if (align && (pool.slot_size() % align || (uintptr_t) pool.base(0) % align)) bad++;
     auto expect_released = [&](const buffer_pool::view_t & v) {
         try {
             pool.view_data(v)[0] = 1;
@@ -150,7 +153,8 @@ static int views() {
         try {
             auto b = pool.acquire(100 + i % 5);
             auto w = pool.view(b.slot);
-            pool.view_data(w)[i % 4096] = (uint8_t) i;
+            pool.view_data(w)[i % 4000] = (uint8_t) i;
+            if (align && (uintptr_t) pool.view_data(w) % align) bad++;
             pool.release(b.slot);
             expect_released(w);
         } catch (const PoolExhausted &) {
@@ -158,8 +162,8 @@ static int views() {
     }
     stop = true;
     churn.join();
-    if (bad) fprintf(stderr, "views: %d stale views were served\n", bad);
-    else printf("views: stale views refused\n");
+    if (bad) fprintf(stderr, "views (align %zu): %d stale or misaligned views were served\n", align, bad);
+    else printf("views (align %zu): stale views refused\n", align);
     return bad ? 1 : 0;
 }
 
@@ -172,7 +176,7 @@ int main() {
     for (auto & b : data) b = (uint8_t) gen();
     if (write(fd, data.data(), data.size()) != (ssize_t) data.size()) return 2;
     close(fd);
-    int rc = views();
+    int rc = views(0) | views(4096);
     for (int mode = 0; mode < 3; ++mode) rc |= stress(path, data, chunk, n_keys, mode);
     unlink(path);
     return rc;
