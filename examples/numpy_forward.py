@@ -31,7 +31,7 @@ BLOCK = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "
 
 
 def rms_norm(x: F32, w: F32, eps: float) -> F32:
-    return (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w).astype(np.float32)
+    return np.asarray(x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w, dtype=np.float32)
 
 
 def f16(x: F32) -> F32:
@@ -189,7 +189,7 @@ def rss(peak: bool = False) -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def main(model: type[NumpyLlama] = NumpyLlama) -> None:
+def main(engine: type[NumpyLlama] = NumpyLlama) -> None:
     from superggml.models import smollm2_path
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -209,7 +209,7 @@ def main(model: type[NumpyLlama] = NumpyLlama) -> None:
         with gguf.open(path) as f:
             tokens = Tokenizer.from_metadata(f.metadata()).encode(args.prompt)
     start = rss()                                      # Python, NumPy (and torch) imported
-    m = model(path, n_slots=args.slots, kv_type=args.kv_type)
+    m = engine(path, n_slots=args.slots, kv_type=args.kv_type)
     logits = m.logits(tokens)
     layer_bytes = m.pager.slot_size
     m.close()

@@ -19,6 +19,7 @@ import sys
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch.utils.dlpack import from_dlpack   # torch.from_dlpack
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from numpy_forward import F32, Matrix, NumpyLlama, main  # noqa: E402
@@ -48,7 +49,7 @@ class TorchMatrix(Matrix):
 
     def __init__(self, data: npt.ArrayLike | paging.Slot, type: str, shape: tuple[int, ...]) -> None:
         if isinstance(data, paging.Slot):
-            raw = torch.from_dlpack(data)                  # uint8 [slot bytes]: the slot itself
+            raw = from_dlpack(data)                  # uint8 [slot bytes]: the slot itself
             super().__init__(raw.numpy(), type, shape)
             del raw                                        # the slot can be released once this view is gone
         else:
@@ -69,7 +70,7 @@ class TorchLlama(NumpyLlama):
 
     def weights(self, layer: paging.Layer) -> dict[str, F32 | Matrix]:
         """The layer's tensors, dequantized from a torch view of its slot."""
-        raw = torch.from_dlpack(layer)                     # uint8 [slot bytes], no copy
+        raw = from_dlpack(layer)                     # uint8 [slot bytes], no copy
         out: dict[str, F32 | Matrix] = {}
         for name in layer.names():
             info = self.file.info(name)

@@ -83,3 +83,14 @@ def test_example_on_the_quantized_file(example, smollm2_path, tmp_path):
     assert clear.any()
     assert (logits.argmax(1) == ref.argmax(1))[clear].all()
     assert min(np.corrcoef(a, b)[0, 1] for a, b in zip(logits, ref)) > 0.99
+
+
+def test_examples_pass_mypy_strict():
+    """Both examples type-check under --strict against superggml's stubs (python/superggml/_core.pyi); without
+    torch installed, torch is Any (pyproject's [tool.mypy])."""
+    pytest.importorskip("mypy")
+    root = EXAMPLES.parent
+    r = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--config-file",
+                        str(root / "pyproject.toml"), str(EXAMPLES / "numpy_forward.py"),
+                        str(EXAMPLES / "torch_forward.py")], capture_output=True, text=True, cwd=root, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr

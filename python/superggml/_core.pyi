@@ -1,13 +1,12 @@
-"""superggml core: GGUF files, paged tensors and ggml graphs (private; use superggml)
+"""superggml core: GGUF files, paged tensors and ggml graphs (private; use superggml)"""
 
-Type stubs of the pybind11 module (csrc/bindings/*.cpp). The paging API (leases, pools, prefetch, the layer
-pager, the KV cache, GGUF files, ggml graphs) is typed; the internals (weight loader, expert cache, RPC,
-I/O fault hooks) resolve through the module-level __getattr__ at the end. Checked against the built module by
-tests/test_typing.py (mypy.stubtest).
-"""
+# Type stubs of the pybind11 module (csrc/bindings/*.cpp), docstrings as bound. The paging API (leases, pools,
+# prefetch, the layer pager, the KV cache, GGUF files, ggml graphs) is typed; the internals (weight loader, expert
+# cache, RPC, I/O fault hooks) resolve to Any through the module-level __getattr__ at the end. tests/test_typing.py
+# checks the stub against the built module (mypy.stubtest, allowlist: tests/stubtest-allowlist.txt).
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, TypeVar, overload
+from typing import Any, ClassVar, TypeVar, overload, type_check_only
 
 import numpy as np
 import numpy.typing as npt
@@ -22,8 +21,14 @@ _TypeLike: TypeAlias = GGMLType | int
 # A GGUF header value: a scalar or an array of scalars (a list).
 _MetaValue: TypeAlias = int | float | bool | str | list[int] | list[float] | list[bool] | list[str] | None
 
-DIRECT_ALIGN: int
-"""Bytes O_DIRECT reads align to."""
+# pybind11's metaclass and base class of every bound class (pybind11_builtins.pybind11_type and pybind11_object).
+@type_check_only
+class _pybind11_type(type): ...
+
+@type_check_only
+class _pybind11_object(metaclass=_pybind11_type): ...
+
+DIRECT_ALIGN: int  # bytes O_DIRECT reads align to
 KV_PAGE_MIN: int
 KV_PAGE_MAX: int
 GGML_VERSION: str
@@ -32,9 +37,9 @@ GGML_COMMIT: str
 # ---------------------------------------------------------------------------------------------------------------
 # ggml types, tensors and graphs
 
-class GGMLType:
-    """A ggml tensor type (a pybind11 enum: GGMLType(n) and int(t) convert, t.name is "Q4_K", ...)."""
-
+# A pybind11 enum (not an enum.Enum): GGMLType(n) and int(t) convert, t.name is "Q4_K", GGMLType.__members__ maps
+# names to members.
+class GGMLType(_pybind11_object):
     F32: ClassVar[GGMLType]
     F16: ClassVar[GGMLType]
     BF16: ClassVar[GGMLType]
@@ -68,7 +73,7 @@ class GGMLType:
     @property
     def value(self) -> int: ...
 
-class Tensor:
+class Tensor(_pybind11_object):
     """A ggml tensor (a node or leaf of a graph, or a paged weight)."""
 
     @property
@@ -97,7 +102,7 @@ class Tensor:
     def set_input(self) -> None: ...
     def set_output(self) -> None: ...
 
-class Graph:
+class Graph(_pybind11_object):
     """A ggml compute graph."""
 
     def expand(self, t: Tensor, /) -> None:
@@ -105,7 +110,7 @@ class Graph:
     @property
     def n_nodes(self) -> int: ...
 
-class Context:
+class Context(_pybind11_object):
     """A no-alloc ggml context: tensors and ops are made here, storage comes later."""
 
     def __init__(self, max_tensors: int = 1024, graph_size: int = 0) -> None: ...
@@ -166,14 +171,14 @@ class Context:
                        softcap: float = 0.0, sinks: Tensor | None = None) -> Tensor:
         """q [d, n_tokens, n_head], k/v [d, n_kv, n_head_kv], mask F16 [n_kv, n_tokens] -> [d, n_head, n_tokens]"""
 
-class Buffer:
+class Buffer(_pybind11_object):
     """A backend buffer (owned)."""
 
     @property
     def size(self) -> int: ...
     def clear(self, value: int = 0) -> None: ...
 
-class Backend:
+class Backend(_pybind11_object):
     """A ggml device plus the allocator of graph intermediates."""
 
     def __init__(self, device: str = "", n_threads: int = 4) -> None: ...
@@ -254,7 +259,7 @@ def convert_rows(src_type: _TypeLike, src: _BufferLike, n_rows: int, row_len: in
 def convert_rows(src_type: _TypeLike, src: _BufferLike, n_rows: int, row_len: int, dst_type: _TypeLike,
                  out: _BufferT, n_threads: int = 1) -> _BufferT: ...
 
-class GGUFFile:
+class GGUFFile(_pybind11_object):
     """A GGUF file: header parsed, tensor ranges validated, data mapped read-only."""
 
     def __init__(self, path: str) -> None: ...
@@ -276,9 +281,7 @@ class GGUFFile:
         """Frees the parsed key/value header (metadata() then raises)."""
     def close(self) -> None: ...
 
-class WeightHome:
-    """Where a paged weight's bytes are (a pybind11 enum)."""
-
+class WeightHome(_pybind11_object):  # a pybind11 enum, as GGMLType
     UNBOUND: ClassVar[WeightHome]
     MMAP: ClassVar[WeightHome]
     RESIDENT: ClassVar[WeightHome]
@@ -297,7 +300,7 @@ class WeightHome:
     @property
     def value(self) -> int: ...
 
-class WeightStore:
+class WeightStore(_pybind11_object):
     """The weights of a GGUF file as paged tensors, bound to the mmap or to resident buffers."""
 
     def __init__(self, file: GGUFFile) -> None: ...
@@ -327,7 +330,7 @@ class WeightStore:
 # ---------------------------------------------------------------------------------------------------------------
 # Leases: holds on memory lent to Python (pool slots, pager layers, KV frames)
 
-class Lease:
+class Lease(_pybind11_object):
     """A hold on memory lent by superggml (base of Slot, Layer and KVFrame). Host memory is viewed without a copy
     through the buffer protocol and __dlpack__; release() raises BufferError while views exist, and views cannot be
     made after it (SlotReleased)."""
@@ -356,8 +359,8 @@ class Lease:
         for graphs built by the caller; unbound when the lease is released."""
     def wait(self) -> None:
         """Waits for the loads into the memory (GIL released); raises the first one's error."""
-    # The buffer protocol (C level: bf_getbuffer, counted views), declared so the lease is a Buffer for
-    # memoryview(), numpy.frombuffer() and bytes().
+    # The buffer protocol is C level (bf_getbuffer, counted views): declared so that a lease is a Buffer for
+    # memoryview(), bytes() and numpy.frombuffer() (whose stubs take any Buffer when checking for Python 3.12+).
     def __buffer__(self, flags: int, /) -> memoryview: ...
     @overload
     def __array__(self, dtype: None = None, copy: bool | None = None) -> npt.NDArray[np.uint8]: ...
@@ -424,10 +427,12 @@ class KVFrame(Lease):
 # ---------------------------------------------------------------------------------------------------------------
 # Buffer pool, prefetch, layer pager, KV cache
 
-class BufferPool:
+class BufferPool(_pybind11_object):
     """Fixed-size slots on one backend buffer type; LRU eviction, pinning, a hard byte budget."""
 
-    def __init__(self, slot_size: int, n_slots: int, backend: Backend | None = None) -> None: ...
+    def __init__(self, slot_size: int, n_slots: int, backend: Backend | None = None, align: int = 0) -> None:
+        """n_slots slots of slot_size bytes; host slots start at a multiple of `align` (4096: O_DIRECT reads go
+        straight into them; 0: the buffer type's alignment)."""
     @property
     def n_slots(self) -> int: ...
     @property
@@ -453,10 +458,9 @@ class BufferPool:
     def in_use(self, slot: int, /) -> int: ...
     def read(self, slot: int, offset: int, size: int) -> npt.NDArray[np.uint8]:
         """Copy of a slot's bytes (host slots)."""
-    def stats(self) -> dict[str, int]:
-        """hits, misses, evictions"""
+    def stats(self) -> dict[str, int]: ...  # hits, misses, evictions
 
-class LoadFuture:
+class LoadFuture(_pybind11_object):
     """The completion of one load job."""
 
     def result(self, timeout: float | None = None) -> None:
@@ -465,7 +469,7 @@ class LoadFuture:
     def cancel(self) -> bool:
         """Cancels the job if it has not started (result() then raises LoadCancelled); returns whether it did."""
 
-class Prefetcher:
+class Prefetcher(_pybind11_object):
     """Worker threads reading file byte ranges into pool slots (pread)."""
 
     def __init__(self, path: str, n_workers: int = 1, direct: bool = False, staged: bool = False) -> None: ...
@@ -485,10 +489,9 @@ class Prefetcher:
         whose offset, size and address are 4096-aligned, buffered reads for the rest."""
     def cancel(self, key: int) -> bool:
         """Cancels every queued job for key; returns whether any."""
-    def stats(self) -> dict[str, int | float]:
-        """completed, failed, cancelled, bytes, read_seconds (float), pending"""
+    def stats(self) -> dict[str, int | float]: ...  # completed, failed, cancelled, bytes, read_seconds (float), pending
 
-class LayerPager:
+class LayerPager(_pybind11_object):
     """Streams groups of paged tensors (layers) through a buffer pool with worker-thread prefetch."""
 
     def __init__(self, store: WeightStore, layers: Sequence[Sequence[str]], n_slots: int, slot_size: int = 0,
@@ -523,10 +526,10 @@ class LayerPager:
     def resident(self, layer: int, /) -> bool: ...
     def last_load(self, layer: int) -> tuple[float, float] | None:
         """(start, end) wall-clock seconds of the layer's last finished load, or None"""
-    def stats(self) -> dict[str, int | float]:
-        """loads, hits, evictions, bytes_loaded, wait_seconds, read_seconds, pending, failed, completed"""
+    # loads, hits, evictions, bytes_loaded, wait_seconds (float), read_seconds (float), pending, failed, completed
+    def stats(self) -> dict[str, int | float]: ...
 
-class KVCache:
+class KVCache(_pybind11_object):
     """Paged K/V cache: pages of page_size tokens in device frames, host memory (a budget) and a spill file."""
 
     def __init__(self, k: Sequence[Tensor], v: Sequence[Tensor], page_size: int = 256, n_frames: int = 0,
@@ -549,8 +552,7 @@ class KVCache:
     def page_bytes(self) -> int: ...
     @property
     def page_size(self) -> int: ...
-    def stats(self) -> dict[str, int | float]:
-        """kv_pages_device, kv_frame_hits, kv_page_waste (float), kv_host_bytes, ..."""
+    def stats(self) -> dict[str, int | float]: ...  # kv_* counts and bytes; kv_page_waste is a float
 
 # ---------------------------------------------------------------------------------------------------------------
 # Memory telemetry

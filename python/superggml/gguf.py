@@ -10,7 +10,7 @@ from typing import Any, NamedTuple, Optional, Union
 import numpy as np
 
 from . import _core
-from .paging import Prefetcher, ggml_type
+from .paging import LoadFuture, Prefetcher, Slot, ggml_type
 
 __all__ = ["Activations", "GGUFReader", "TensorInfo", "block_mins", "dequantize", "open", "quantize_activations",
            "round_activations", "vec_dot_type"]
@@ -156,15 +156,15 @@ class GGUFReader:
         buf = np.empty(size, dtype=np.uint8)
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            got = os.preadv(fd, [memoryview(buf)], off)
+            got = os.preadv(fd, [buf.data], off)
         finally:
             os.close(fd)
         if got != size:
             raise OSError(f"short read of {name!r} at offset {off}: the file was truncated")
         return buf.reshape(n, ti.row_bytes)
 
-    def read_into(self, name: str, slot: "_core.Slot", prefetcher: Prefetcher, *, rows: Optional[tuple[int, int]] = None,
-                  slot_offset: int = 0, priority: int = 0) -> "_core.LoadFuture":
+    def read_into(self, name: str, slot: Slot, prefetcher: Prefetcher, *, rows: Optional[tuple[int, int]] = None,
+                  slot_offset: int = 0, priority: int = 0) -> LoadFuture:
         """Queues a read of tensor `name` (rows [r0, r1) of it) into a held pool slot at `slot_offset`."""
         _, off, size, _ = self._range(name, rows)
         return prefetcher.submit(slot, [(off, size, slot_offset)], priority=priority)
