@@ -96,6 +96,7 @@ def test_prefetcher_vs_dd(benchmark):
           f"\n  ratio {ratio:.2f}  (rounds: prefetcher {[round(t, 3) for t in benchmark.stats.stats.data]} s, "
           f"dd {[round(t, 3) for t in dd_s]} s; {left:.4%} of the file cached after the prefetcher)")
     assert stats["failed"] == 0 and stats["bytes"] == ROUNDS * size
+    assert stats["direct_bytes"] == ROUNDS * (size // A * A), "some aligned reads went through the page cache"
     assert left < 0.001, "the prefetcher's reads went through the page cache, not O_DIRECT"
     assert ratio >= 0.9
 

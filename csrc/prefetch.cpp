@@ -91,6 +91,7 @@ prefetch_stats prefetcher::stats() const {
     s.failed = t.failed;
     s.cancelled = t.cancelled;
     s.bytes = bytes_.load();
+    s.direct_bytes = direct_bytes_.load();
     s.read_seconds = t.busy_seconds;
     s.pending = t.pending;
     return s;
@@ -135,6 +136,7 @@ void prefetcher::load(const load_job & job) {
                                  r.size % DIRECT_ALIGN == 0;
             if (job.direct && fd_direct_.valid() && aligned &&
                 read_direct(fd_direct_.get(), dst, r.size, need, r.file_offset)) {
+                direct_bytes_ += r.size;
                 continue;
             }
             read_exact(fd_.get(), dst, need, r.file_offset);

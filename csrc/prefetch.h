@@ -58,6 +58,7 @@ struct load_job {
 struct prefetch_stats {
     uint64_t completed = 0, failed = 0, cancelled = 0;
     uint64_t bytes = 0;
+    uint64_t direct_bytes = 0;        // of them, read with O_DIRECT (disk to slot, no page cache)
     double read_seconds = 0;          // summed over workers
     size_t pending = 0;
 };
@@ -99,6 +100,7 @@ private:
     ggml_backend_device * device_ = nullptr;
     bool staged_ = false;
     std::atomic<uint64_t> bytes_{0};
+    std::atomic<uint64_t> direct_bytes_{0};
     std::vector<std::unique_ptr<stager>> stagers_;   // per worker, made on its first staged job
     std::unique_ptr<task_pool> pool_;                // declared last: its workers stop first
 };

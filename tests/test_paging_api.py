@@ -74,6 +74,26 @@ def test_host_slots_are_page_aligned():
                 del a
 
 
+def test_aligned_reads_go_direct(smollm2_path):
+    """Page-aligned ranges into a (page-aligned) slot are read with O_DIRECT where the file system allows it:
+    stats' direct_bytes counts them; an unaligned range, or direct=False, goes through the page cache."""
+    with P.BufferPool(1 << 20, 2) as pool, P.Prefetcher(smollm2_path, 1) as io:
+        if not io.direct_io:
+            pytest.skip("O_DIRECT is not available on this file system")
+        with open(smollm2_path, "rb") as f:
+            raw = f.read(3 << 16)
+        with pool.acquire(0) as slot:
+            io.submit(slot, [(4096, 1 << 16, 0), (100, 1000, 1 << 17)]).result(timeout=30)
+            io.submit(slot, [(8192, 4096, 1 << 18)], direct=False).result(timeout=30)
+            got = np.asarray(slot)
+            assert bytes(got[:1 << 16]) == raw[4096:4096 + (1 << 16)]
+            assert bytes(got[1 << 17:(1 << 17) + 1000]) == raw[100:1100]
+            assert bytes(got[1 << 18:(1 << 18) + 4096]) == raw[8192:12288]
+            del got
+        st = io.stats()
+        assert st["direct_bytes"] == 1 << 16 and st["bytes"] == (1 << 16) + 1000 + 4096
+
+
 def test_use_after_release_raises():
     pool = P.BufferPool(4096, 1)
     slot = pool.acquire(5)

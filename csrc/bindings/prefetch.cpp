@@ -20,7 +20,7 @@ struct future_ref {
 py::dict to_dict(const prefetch_stats & s) {
     py::dict d;
     d["completed"] = s.completed; d["failed"] = s.failed; d["cancelled"] = s.cancelled;
-    d["bytes"] = s.bytes; d["read_seconds"] = s.read_seconds; d["pending"] = s.pending;
+    d["bytes"] = s.bytes; d["direct_bytes"] = s.direct_bytes; d["read_seconds"] = s.read_seconds; d["pending"] = s.pending;
     return d;
 }
 

@@ -480,7 +480,7 @@ class Prefetcher(_pybind11_object):
         whose offset, size and address are 4096-aligned, buffered reads for the rest."""
     def cancel(self, key: int) -> bool:
         """Cancels every queued job for key; returns whether any."""
-    def stats(self) -> dict[str, int | float]: ...  # completed, failed, cancelled, bytes, read_seconds (float), pending
+    def stats(self) -> dict[str, int | float]: ...  # completed, failed, cancelled, bytes, direct_bytes, read_seconds (float), pending
 
 class LayerPager(_pybind11_object):
     """Streams groups of paged tensors (layers) through a buffer pool with worker-thread prefetch."""
