@@ -211,3 +211,29 @@ def test_kv_frames_round_trip_through_host_pages(tmp_path):
 def test_memory_telemetry():
     m = P.memory(nvml=False)
     assert m.process_rss > 0 and m.host_total > 0
+
+
+def test_device_slots_give_tensors_not_views(smollm2_path):
+    """A pool on a device that is not host memory (an RPC server on loopback): its slots have no host view,
+    but tensors bound to them work in ggml, and a Prefetcher fills them (through its staging buffers)."""
+    from test_rpc import Server
+
+    srv = Server()
+    try:
+        with P.BufferPool(1 << 16, 2, device=f"RPC[{srv.endpoint}]") as pool, P.Prefetcher(smollm2_path, 1) as io:
+            assert not pool.is_host
+            slot = pool.acquire(0)
+            assert not slot.is_host
+            for make in (np.asarray, memoryview, np.from_dlpack):
+                with pytest.raises((BufferError, SuperggmlError), match="device memory"):
+                    make(slot)
+            io.submit(slot, [(4096, 1 << 16, 0)]).result(timeout=60)
+            t = slot.tensor(_core.GGMLType.F32, [1 << 14])
+            with open(smollm2_path, "rb") as f:
+                f.seek(4096)
+                want = np.frombuffer(f.read(1 << 16), np.float32)
+            np.testing.assert_array_equal(_core.tensor_get(t), want)
+            slot.release()
+            assert not t.bound
+    finally:
+        srv.close()

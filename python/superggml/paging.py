@@ -49,7 +49,15 @@ def ggml_type(t: Union[str, int, "_core.GGMLType"]) -> "_core.GGMLType":
 
 
 def _backend(device: str) -> Optional["_core.Backend"]:
-    return None if device.upper() == "CPU" else _core.Backend(device)
+    """None for the CPU (host memory), else a backend of the ggml device: a name ggml lists ("CUDA0"), or an
+    RPC server's device as superggml names them ("RPC[host:port]", the server added on first use)."""
+    if device.upper() == "CPU":
+        return None
+    if "[" in device:
+        from .executor import resolve_devices
+        from .settings import DeviceSettings
+        device = resolve_devices(DeviceSettings(devices=(device,)))[0][0]
+    return _core.Backend(device)
 
 
 def view(lease: Any, dtype: Any, shape: Sequence[int], offset: int = 0) -> np.ndarray:
@@ -61,7 +69,8 @@ def view(lease: Any, dtype: Any, shape: Sequence[int], offset: int = 0) -> np.nd
 
 
 class BufferPool:
-    """`n_slots` slots of `slot_size` bytes on `device` ("CPU" or a ggml device name), allocated at once, so the
+    """`n_slots` slots of `slot_size` bytes on `device` ("CPU", a ggml device name or "RPC[host:port]"), allocated
+    at once, so the
     pool's bytes are its budget. Host slots start on a page (DIRECT_ALIGN) and their size is rounded up to one,
     so a Prefetcher's O_DIRECT reads land in them; device slots use the device's alignment."""
 
