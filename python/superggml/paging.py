@@ -70,9 +70,9 @@ def view(lease: Any, dtype: Any, shape: Sequence[int], offset: int = 0) -> np.nd
 
 class BufferPool:
     """`n_slots` slots of `slot_size` bytes on `device` ("CPU", a ggml device name or "RPC[host:port]"), allocated
-    at once, so the
-    pool's bytes are its budget. Host slots start on a page (DIRECT_ALIGN) and their size is rounded up to one,
-    so a Prefetcher's O_DIRECT reads land in them; device slots use the device's alignment."""
+    at once, so the pool's bytes are its budget. Host slots start on a page (DIRECT_ALIGN) and their size is
+    rounded up to one, so a Prefetcher's O_DIRECT reads land in them; device slots use the device's alignment
+    and give tensors, not host views."""
 
     def __init__(self, slot_size: int, n_slots: int, device: str = "CPU") -> None:
         self.device = device
