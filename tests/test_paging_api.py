@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tracemalloc
 
 import gguf as hf_gguf
@@ -213,27 +215,45 @@ def test_memory_telemetry():
     assert m.process_rss > 0 and m.host_total > 0
 
 
+DEVICE_SLOTS = """
+import sys
+import numpy as np
+from superggml import _core, paging as P
+from superggml.errors import SuperggmlError
+
+endpoint, path = sys.argv[1:]
+with P.BufferPool(1 << 16, 2, device=f"RPC[{endpoint}]") as pool, P.Prefetcher(path, 1) as io:
+    assert not pool.is_host
+    slot = pool.acquire(0)
+    assert not slot.is_host
+    for make in (np.asarray, memoryview, np.from_dlpack):
+        try:
+            make(slot)
+            raise AssertionError(f"{make} made a host view of a device slot")
+        except (BufferError, SuperggmlError) as e:
+            assert "device memory" in str(e), e
+    io.submit(slot, [(4096, 1 << 16, 0)]).result(timeout=60)
+    t = slot.tensor(_core.GGMLType.F32, [1 << 14])
+    with open(path, "rb") as f:
+        f.seek(4096)
+        want = np.frombuffer(f.read(1 << 16), np.float32)
+    np.testing.assert_array_equal(_core.tensor_get(t), want)
+    slot.release()
+    assert not t.bound
+print("ok")
+"""
+
+
 def test_device_slots_give_tensors_not_views(smollm2_path):
     """A pool on a device that is not host memory (an RPC server on loopback): its slots have no host view,
-    but tensors bound to them work in ggml, and a Prefetcher fills them (through its staging buffers)."""
+    but tensors bound to them work in ggml, and a Prefetcher fills them (through its staging buffers). In a
+    child process: a server added to this one would stay registered (and dead) for the tests after it."""
     from test_rpc import Server
 
     srv = Server()
     try:
-        with P.BufferPool(1 << 16, 2, device=f"RPC[{srv.endpoint}]") as pool, P.Prefetcher(smollm2_path, 1) as io:
-            assert not pool.is_host
-            slot = pool.acquire(0)
-            assert not slot.is_host
-            for make in (np.asarray, memoryview, np.from_dlpack):
-                with pytest.raises((BufferError, SuperggmlError), match="device memory"):
-                    make(slot)
-            io.submit(slot, [(4096, 1 << 16, 0)]).result(timeout=60)
-            t = slot.tensor(_core.GGMLType.F32, [1 << 14])
-            with open(smollm2_path, "rb") as f:
-                f.seek(4096)
-                want = np.frombuffer(f.read(1 << 16), np.float32)
-            np.testing.assert_array_equal(_core.tensor_get(t), want)
-            slot.release()
-            assert not t.bound
+        r = subprocess.run([sys.executable, "-c", DEVICE_SLOTS, srv.endpoint, smollm2_path], capture_output=True,
+                           text=True, timeout=300)
     finally:
         srv.close()
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

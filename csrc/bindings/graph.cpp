@@ -31,7 +31,12 @@ static void need_storage(const ggml_tensor * t, const char * op) {
 // DeviceError if the RPC server holding the tensor's storage failed (its relay then answers with zeros).
 static void check_device(const ggml_tensor * t) {
     const ggml_backend_buffer * b = t->buffer ? t->buffer : (t->view_src ? t->view_src->buffer : nullptr);
-    if (b) rpc_check(ggml_backend_buft_get_device(ggml_backend_buffer_get_type(const_cast<ggml_backend_buffer *>(b))));
+    if (!b) return;
+    // a buffer over host memory from a pointer (the file mapping, an aligned pool slot) has no device: nothing
+    // to check (rpc_check(nullptr) would check every RPC server)
+    if (auto * dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(const_cast<ggml_backend_buffer *>(b)))) {
+        rpc_check(dev);
+    }
 }
 
 static std::vector<int64_t> shape_of(const ggml_tensor * t) {
