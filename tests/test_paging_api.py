@@ -257,3 +257,37 @@ def test_device_slots_give_tensors_not_views(smollm2_path):
     finally:
         srv.close()
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", ["blk.0.attn_v.weight", "token_embd.weight"])   # Q4_1, Q8_0
+def test_activation_rounding_gives_ggmls_matmul(smollm2_path, name):
+    """values . (w - mins) + sums . mins, from quantize_activations and block_mins, is ggml-cpu's own
+    mul_mat of the quantized weights to float rounding; the float product of the same weights is not."""
+    with G.open(smollm2_path) as f:
+        ti = f.info(name)
+        rows = min(ti.n_rows, 512)
+        raw = f.read(name, rows=(0, rows))
+    x = (np.random.default_rng(0).standard_normal((6, ti.shape[0])) * 3).astype(np.float32)
+    be = _core.Backend("CPU", 2)
+    ctx = _core.Context(4, 4)
+    w_t = ctx.new_tensor(P.ggml_type(ti.type), [ti.shape[0], rows])
+    x_t = ctx.new_tensor(_core.GGMLType.F32, [ti.shape[0], 6])
+    keep = be.alloc_tensors(ctx)
+    _core.tensor_set(w_t, raw)
+    _core.tensor_set(x_t, x)
+    g = _core.Context(4, 4)
+    gf = g.new_graph()
+    y = g.mul_mat(w_t, x_t)
+    y.set_output()
+    gf.expand(y)
+    be.compute(gf)
+    want = _core.tensor_get(y)
+    w = G.dequantize(raw, ti.type, (ti.shape[0], rows))
+    mins = G.block_mins(raw, ti.type, (ti.shape[0], rows))
+    a = G.quantize_activations(x, ti.type)
+    got = a.values @ (w - np.repeat(mins, 32, axis=1)).T + a.sums @ mins.T
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() < 1e-5 * scale
+    if ti.type == "q4_1":
+        assert np.abs(x @ w.T - want).max() > 1e-3 * scale   # what the rounding accounts for
+    del keep
