@@ -8,6 +8,7 @@ a device buffer; each block's K/V rows are written into that layer's cache.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -17,6 +18,7 @@ import numpy as np
 from . import _core
 from .arch import Architecture
 from .arch.common import StepInputs
+from .budget import MemoryPlan, off_error, plan_memory, too_small
 from .errors import SuperggmlError
 from .arch import moe
 from .layers import Block, ExpertPager, HeadChunk, Key, NullKV, NullPager, PagedKV, SplitKV, WeightPager, merge_stats
@@ -147,10 +149,12 @@ class Executor:
     or paged (KVCache). It owns the sequences: what each one's K/V holds."""
 
     def __init__(self, arch: Architecture, store: Any, settings: Settings, *, direct_io: bool = False,
-                 memory: MemoryFn | None = None, preload_repack: bool | None = None):
+                 memory: MemoryFn | None = None, preload_repack: bool | None = None, reserve: int = 0):
         """`direct_io` is the paging's read mode, resolved (settings.paging.direct_io may say "auto").
         `preload_repack` (True/False: with or without ggml-cpu's re-laid weights) starts the background
-        load of resident weights (start_loading) as early as possible; None leaves binding to the caller."""
+        load of resident weights (start_loading) as early as possible; None leaves binding to the caller.
+        `reserve`: bytes of the device's memory an automatic budget leaves to something else (a draft model).
+        `self.settings` are the settings with device_budget and async_prefetch resolved (memory_plan)."""
         self.arch = arch
         self.hp = arch.hp
         self.settings = settings
@@ -171,6 +175,8 @@ class Executor:
         self.embed_dev = hosts[0]
         self.head_dev = self.layer_backend[-1]
         self.backend = self.backends[0]
+        self.memory_plan = self._plan_memory(store, reserve)
+        settings = self.settings = self._resolved(settings)
         self.weights = _WeightView(store)
         self.store = store                             # the weights (a _core.WeightStore)
         self.loader: Any = None                        # background load of resident weights (start_loading)
@@ -187,7 +193,7 @@ class Executor:
         # a MoE model under a device_budget pages its experts too: its dense part is planned first, the rest of
         # the budget is the expert cache (_make_pager splits it)
         self.expert_budget: int | None = pg.expert_cache
-        self.experts_paged = pg.expert_cache is not None or (self.hp.n_expert > 0 and pg.device_budget is not None)
+        self.experts_paged = pg.expert_cache is not None or (self.hp.n_expert > 0 and pg.budget_bytes is not None)
         if self.experts_paged and (self.n_split > 1 or not self.backend.is_host):
             raise ValueError("paged experts run on one host device for now, not a multi-device split or an RPC "
                              "device")
@@ -199,12 +205,44 @@ class Executor:
                              f"({', '.join(b.name for b in self.backends[:self.n_split])})")
         self._plan_copies(store)
         if preload_repack is not None and not self.paged:
-            self.repacked_bytes = self.start_loading(preload_repack)   # reads overlap everything below
+            try:
+                self.repacked_bytes = self.start_loading(preload_repack)   # reads overlap everything below
+            except SuperggmlError as e:
+                if self.memory_plan is None or "cannot allocate" not in str(e):
+                    raise
+                raise off_error(self.memory_plan, str(e)) from e
         try:
             self._setup(store, memory)
         except BaseException:
             self.close()       # the loader's threads must stop before the caller unmaps the file
             raise
+
+    def _plan_memory(self, store: Any, reserve: int) -> MemoryPlan | None:
+        """device_budget 'auto' or 'off' resolved against the memory the device has free (budget.plan); None
+        for a multi-device split (each device takes a size of its own; auto keeps their blocks resident)."""
+        p = self.settings.paging
+        if self.n_split > 1 or isinstance(p.device_budget, tuple):
+            return None
+        b = self.backend
+        used, total = device_memory_fn(b.device_type, b.device_name)()
+        weights = sum(int(store.file_range(n)[1]) for n in store.names())
+        c = self.settings.context
+        return plan_memory(self.hp, weights, dict(device_budget=p.device_budget, ctx_size=c.ctx_size,
+                                                  n_batch=c.n_batch, kv_type=c.kv_type, flash_attn=c.flash_attn),
+                           max(0, total - used), reserve=reserve)
+
+    def _resolved(self, s: Settings) -> Settings:
+        """The settings with the plan's budget (auto: a size when the blocks must stream) and async_prefetch
+        (auto: on when blocks stream)."""
+        p, plan = s.paging, self.memory_plan
+        if plan is not None and plan.mode == "auto" and plan.budget is not None:
+            left = plan.budget - (p.expert_cache or 0)
+            if left <= 0:
+                raise too_small(plan, 1 + (p.expert_cache or 0), "the weights' pool and expert_cache")
+            p = dataclasses.replace(p, device_budget=left)
+        if p.async_prefetch is None:
+            p = dataclasses.replace(p, async_prefetch=p.paged(self.hp.n_layer))
+        return dataclasses.replace(s, paging=p)
 
     def _setup(self, store: Any, memory: MemoryFn | None) -> None:
         hp, s = self.hp, self.settings
@@ -451,10 +489,16 @@ class Executor:
             layers += [[c] for c in self.head_chunks]
             keys += [HeadChunk(c) for c in range(len(self.head_chunks))]
         n_keys = len(layers)
-        budget = p.device_budget[d] if isinstance(p.device_budget, tuple) else p.device_budget
+        bb = p.budget_bytes
+        budget = bb[d] if isinstance(bb, tuple) else bb
         what = "device_budget" + (f" of {b.name}" if self.n_split > 1 else "")
+        plan = self.memory_plan
         if budget is not None:
-            self._check_available(budget, what, d)
+            if plan is not None and plan.mode == "auto":     # within what is available by construction
+                if budget < p.stream_slots * slot:
+                    raise too_small(plan, p.stream_slots * slot, f"{p.stream_slots} blocks of {slot} bytes streaming")
+            else:
+                self._check_available(budget, what, d)
             if self.experts_paged and p.expert_cache is None:
                 budget = self._split_budget(store, budget, slot * n_keys, slot)
         elif p.n_gpu_layers is not None:
@@ -512,6 +556,8 @@ class Executor:
         d.update(passes=self.n_passes, sequences_per_pass=self.pass_sequences / max(self.n_passes, 1),
                  tokens_per_pass=self.pass_tokens / max(self.n_passes, 1))
         d.update(self.kv.stats())
+        if self.memory_plan is not None:
+            d["budget"] = self.memory_plan.as_dict()
         paged = [p.stats() for p in self.pagers if isinstance(p, WeightPager)]
         d.update(merge_stats(paged))
         if len(paged) > 1:

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _core
 from .arch import get_architecture
+from .budget import MemoryPlan, model_bytes
 from .chat import CHATML, ChatTemplate
 from .errors import GGUFError
 from .grammar import Grammar, GrammarError, GrammarVocab, Matcher, grammar_from
@@ -263,7 +264,9 @@ class Model:
                                   # resident weights load in the background, block by block, while the KV
                                   # cache and the tokenizer are built and the first pass computes; streamed
                                   # ones go through the pager
-                                  preload_repack=c.repack)
+                                  preload_repack=c.repack, reserve=self._draft_bytes())
+            self.settings = s = self._exec.settings          # device_budget and async_prefetch resolved
+            self.memory_plan: MemoryPlan | None = self._exec.memory_plan
             self.repacked_bytes = self._exec.repacked_bytes
             self.tokenizer = Tokenizer.from_metadata(self.metadata)
             for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
@@ -282,6 +285,12 @@ class Model:
             self.__dict__.pop("_store", None)
             self._file.close()
             raise
+        plan = self.memory_plan
+        if plan is not None and (c.verbose or (plan.mode == "auto" and not plan.resident)):
+            st = self._exec.stats()
+            pinned = (f", {min(st['layers_pinned'], self.hparams.n_layer)} of {self.hparams.n_layer} blocks pinned"
+                      if "layers_pinned" in st else "")
+            print(plan.line(pinned), file=sys.stderr)
         if c.verbose:
             hp = self.hparams
             print(f"superggml: {self.path}: {hp.arch}, {hp.n_layer} blocks, n_embd {hp.n_embd}, "
@@ -318,6 +327,15 @@ class Model:
             del self._store
             self._file.close()
 
+    def _draft_bytes(self) -> int:
+        """The memory the draft model will hold (its weights, or its draft_budget, and the rest), which the
+        automatic budget leaves it."""
+        sp, c = self.settings.speculative, self.settings.context
+        if not sp.draft_model:
+            return 0
+        return model_bytes(sp.draft_model, dict(ctx_size=c.ctx_size, n_batch=c.n_batch, kv_type=c.kv_type,
+                                                flash_attn=c.flash_attn, device_budget=sp.draft_budget))
+
     def _speculator(self) -> Speculator:
         """The drafter the speculative settings ask for: a draft model (resident, or streamed within its own
         draft_budget; the model's context, threads and batch settings) or prompt lookup."""
@@ -327,8 +345,8 @@ class Model:
             return Speculator(LookupDrafter(sp.lookup_ngram), length)
         kw: dict[str, Any] = dict(ctx_size=c.ctx_size, n_batch=c.n_batch, n_threads=c.n_threads, seed=c.seed,
                                   flash_attn=c.flash_attn, repack=c.repack, batch_invariant=c.batch_invariant)
-        if sp.draft_budget is not None:
-            kw.update(device_budget=sp.draft_budget, async_prefetch=True)
+        # resident (the target's automatic budget left its memory), or streamed within its own draft_budget
+        kw.update(device_budget="off" if sp.draft_budget is None else sp.draft_budget, async_prefetch=True)
         draft = Model(sp.draft_model, **kw)
         try:
             return Speculator(ModelDrafter(draft, self, p_min=sp.draft_p_min), length)

@@ -45,14 +45,22 @@ def parse_size(v: int | str | None) -> int | None:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def parse_budget(v: Any) -> int | tuple[int, ...] | None:
-    """A device budget: one size, or one per device ("512MiB,2GiB" or a sequence) as a tuple."""
+BUDGET_MODES = ("auto", "off")
+
+
+def parse_budget(v: Any) -> int | str | tuple[int, ...]:
+    """A device budget: "auto" (also None), "off", one size, or one per device ("512MiB,2GiB" or a sequence) as
+    a tuple."""
+    if v is None:
+        return "auto"
+    if isinstance(v, str) and v.strip().lower() in BUDGET_MODES:
+        return v.strip().lower()
     if isinstance(v, str) and "," in v:
         v = [x for x in v.split(",") if x.strip()]
     if isinstance(v, (list, tuple)):
         sizes = tuple(int(parse_size(x) or 0) for x in v)
         return sizes[0] if len(sizes) == 1 else sizes
-    return parse_size(v)
+    return int(parse_size(v) or 0)
 
 
 def default_threads() -> int:
@@ -79,13 +87,15 @@ def _parse_list(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
 
 
 def option(default: Any, help: str, *, flags: tuple[str, ...] = (), parse: Callable[[str], Any] | None = None,
-           metavar: str | None = None, choices: tuple[str, ...] | None = None, cli_default: str | None = None) -> Any:
+           metavar: str | None = None, choices: tuple[str, ...] | None = None, cli_default: str | None = None,
+           switch: bool = False) -> Any:
     """A settings field. `parse` turns a command line or environment string into the value (default: the type
-    of `default`; booleans become --x/--no-x); `flags` add short or differently named flags."""
+    of `default`; booleans become --x/--no-x, and so does a `switch`: a boolean whose default None means auto);
+    `flags` add short or differently named flags."""
     if parse is None:
-        parse = _parse_bool if isinstance(default, bool) else type(default)
+        parse = _parse_bool if isinstance(default, bool) else _parse_tristate if switch else type(default)
     return field(default=default, metadata=dict(help=help, flags=flags, parse=parse, metavar=metavar,
-                                                choices=choices, cli_default=cli_default))
+                                                choices=choices, cli_default=cli_default, switch=switch))
 
 
 def _check(ok: bool, message: str) -> None:
@@ -133,14 +143,16 @@ class ContextSettings:
 @dataclass(frozen=True)
 class PagingSettings:
     """Which blocks stay resident and how the others stream."""
-    device_budget: int | str | None = option(
-        None, "bytes the transformer blocks may occupy (e.g. 512MiB), or one size per device of a split (e.g. "
-        "512MiB,2GiB); blocks beyond it stream from the file through a pool of slots (default: all resident)",
-        parse=str, metavar="SIZE")
+    device_budget: int | str | tuple[int, ...] = option(
+        "auto", "bytes the transformer blocks may occupy (e.g. 512MiB), or one size per device of a split (e.g. "
+        "512MiB,2GiB); blocks beyond it stream from the file through a pool of slots. auto: from the memory this "
+        "process can use, less the K/V cache, compute buffers and a headroom: all resident when the model fits, "
+        "else the largest pool that fits; off: all resident", parse=str, metavar="SIZE|auto|off")
     n_gpu_layers: int | None = option(
         None, "blocks kept resident on the device, the rest stream (default, or -1: all that fit)",
         flags=("-ngl",), parse=int)
-    async_prefetch: bool = option(False, "load the next blocks in a worker thread while the current one computes")
+    async_prefetch: bool | None = option(None, "load the next blocks in a worker thread while the current one "
+                                         "computes (default: on when blocks stream)", switch=True)
     prefetch_depth: int = option(2, "blocks loaded ahead with async_prefetch")
     dynamic_layers: bool = option(False, "demote resident blocks to streamed when memory pressure rises above "
                                   "mem_pressure, promote them again when it falls")
@@ -168,15 +180,20 @@ class PagingSettings:
         _check(self.prefetch_depth >= 1, f"prefetch_depth must be >= 1, not {self.prefetch_depth}")
         _check(0.0 < self.mem_pressure <= 1.0, f"mem_pressure must be in (0, 1], not {self.mem_pressure}")
 
+    @property
+    def budget_bytes(self) -> int | tuple[int, ...] | None:
+        """The budget as sizes; None for auto (not resolved yet: budget.plan) and off."""
+        return None if isinstance(self.device_budget, str) else self.device_budget
+
     def paged(self, n_layer: int) -> bool:
         """Blocks of a model with n_layer blocks may stream (or move between resident and streamed)."""
-        return self.dynamic_layers or self.device_budget is not None or (
+        return self.dynamic_layers or self.budget_bytes is not None or (
             self.n_gpu_layers is not None and self.n_gpu_layers < n_layer)
 
     @property
     def options_set(self) -> bool:
         """Any paging option given."""
-        return self.dynamic_layers or self.device_budget is not None or self.n_gpu_layers is not None
+        return self.dynamic_layers or self.budget_bytes is not None or self.n_gpu_layers is not None
 
     @property
     def ahead(self) -> int:
@@ -387,7 +404,7 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         shown = "" if f.default in (None, (), False) else f" (default {md['cli_default'] or f.default})"
         help = f"{md['help']}{shown} [{env_name(f.name)}]"
         kw: dict[str, Any] = dict(dest=f.name, default=default, help=help)
-        if isinstance(f.default, bool):
+        if isinstance(f.default, bool) or md["switch"]:
             grp.add_argument(*names, action=argparse.BooleanOptionalAction, **kw)
             continue
         if md["choices"]:

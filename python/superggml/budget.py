@@ -1,0 +1,141 @@
+"""The automatic device budget: how much of a model stays resident, from the memory the process can use.
+
+``device_budget="auto"`` (the default) resolves here, once, when a model loads:
+
+    budget = available - K/V cache - compute buffers - tokenizer - reserve - headroom
+
+``available`` is what the process may still take on its device (the host: /proc/meminfo clipped by the memory
+cgroup, clean page cache counted as free; another device: its free memory), ``reserve`` what the caller keeps
+for something else (a draft model). When every weight fits in the budget the model is resident, exactly as
+with ``device_budget="off"``; otherwise the blocks stream through a pool of that many bytes, the first ones
+pinned, with worker-thread prefetch. The plan is plain data: ``Model.stats()["budget"]`` carries it and one
+line on stderr says it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from . import _core
+from .arch import get_architecture
+from .arch.common import HParams
+
+MiB = 1 << 20
+HEADROOM_MIN = 64 * MiB        # never planned: the allocator's slack, thread stacks, the interpreter's growth
+HEADROOM_SHARE = 0.05          # and this share of what is available
+TOKENIZER_BYTES_PER_TOKEN = 512  # the tokenizer's tables, per vocabulary entry (Qwen2.5's 151,936: ~74 MiB)
+KV_TYPES = {"f32": _core.GGMLType.F32, "f16": _core.GGMLType.F16}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What a model may hold on its device, and why. Sizes in bytes."""
+    mode: str                 # "auto": chosen here; "explicit": the caller's size; "off": all resident
+    budget: int | None        # the blocks' pool (None: every weight resident)
+    available: int            # memory the process could still take when the model loaded
+    weights: int              # every tensor of the file
+    kv: int                   # the K/V cache at ctx_size
+    compute: int              # compute buffers, at most (n_batch rows, a full context)
+    tokenizer: int
+    reserve: int              # kept for something else (a draft model)
+    headroom: int
+
+    @property
+    def resident(self) -> bool:
+        return self.budget is None
+
+    @property
+    def needed(self) -> int:
+        """Memory a resident model needs: its weights and everything beside them."""
+        return self.weights + self.beside
+
+    @property
+    def beside(self) -> int:
+        """Memory the model needs besides its weights."""
+        return self.kv + self.compute + self.tokenizer + self.reserve + self.headroom
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "resident": self.resident}
+
+    def line(self, streamed: str = "") -> str:
+        """One line for stderr."""
+        what = "all weights resident" if self.resident else f"blocks stream, {gib(self.budget or 0)} pool"
+        extra = f" ({self.reserve / 2**30:.1f} GiB kept for the draft model)" if self.reserve else ""
+        return (f"superggml: device budget {self.mode}: {what}{streamed}; {gib(self.available)} available, "
+                f"weights {gib(self.weights)}, K/V {gib(self.kv)}, compute {gib(self.compute)}, headroom "
+                f"{gib(self.headroom + self.tokenizer)}{extra}")
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / MiB:.0f} MiB"
+
+
+def kv_bytes(hp: HParams, ctx_size: int, kv_type: str) -> int:
+    """The K/V cache of every layer at ctx_size tokens."""
+    return 2 * hp.n_layer * ctx_size * int(_core.row_size(KV_TYPES[kv_type], hp.n_embd_gqa))
+
+
+def compute_bytes(hp: HParams, n_batch: int, ctx_size: int, flash_attn: bool) -> int:
+    """An upper bound of one block's compute buffer for a pass of n_batch rows over a full context (F32
+    activations, the FFN's three intermediates, the attention scores unless flash attention tiles them), and
+    the logits of one row."""
+    n_ff = hp.n_ff * max(1, hp.n_expert_used)
+    scores = 0 if flash_attn else hp.n_head * ctx_size
+    return 4 * n_batch * (6 * hp.n_embd + 3 * n_ff + scores) + 4 * hp.n_vocab
+
+
+def plan_memory(hp: HParams, weights: int, options: Mapping[str, Any], available: int, *,
+         reserve: int = 0) -> MemoryPlan:
+    """The plan for a model whose tensors take `weights` bytes. `options` are the context options (ctx_size,
+    n_batch, kv_type, flash_attn) and device_budget ("auto", "off", or bytes); `available` the memory the
+    device has free for it. ValueError when auto finds no room for even the smallest pool."""
+    requested = options["device_budget"]
+    kv = kv_bytes(hp, options["ctx_size"], options["kv_type"])
+    compute = compute_bytes(hp, options["n_batch"], options["ctx_size"], options["flash_attn"])
+    tokenizer = TOKENIZER_BYTES_PER_TOKEN * hp.n_vocab
+    headroom = HEADROOM_MIN + int(HEADROOM_SHARE * available)
+    mode = requested if requested in ("auto", "off") else "explicit"
+    p = MemoryPlan(mode=mode, budget=None, available=available, weights=weights, kv=kv, compute=compute,
+                   tokenizer=tokenizer, reserve=reserve, headroom=headroom)
+    if mode == "off" or (mode == "auto" and p.needed <= available):
+        return p
+    if mode == "explicit":
+        return MemoryPlan(**{**asdict(p), "budget": int(requested)})
+    return MemoryPlan(**{**asdict(p), "budget": max(0, available - p.beside)})
+
+
+def model_bytes(path: str, options: Mapping[str, Any]) -> int:
+    """What a model at `path` holds while it runs with these options (ctx_size, n_batch, kv_type, flash_attn,
+    device_budget: a size or None for resident): its weights or its budget, its K/V cache, compute buffers and
+    tokenizer. For a draft model, whose memory its target leaves it."""
+    f = _core.GGUFFile(path)
+    try:
+        hp = get_architecture(f.metadata()).hp
+        weights = sum(int(nb) for _, _, _, _, nb in f.tensors())
+    finally:
+        f.close()
+    budget = options.get("device_budget")
+    held = weights if budget is None else min(weights, int(budget))
+    return (held + kv_bytes(hp, options["ctx_size"], options["kv_type"]) +
+            compute_bytes(hp, options["n_batch"], options["ctx_size"], options["flash_attn"]) +
+            TOKENIZER_BYTES_PER_TOKEN * hp.n_vocab)
+
+
+def too_small(p: MemoryPlan, smallest: int, what: str) -> ValueError:
+    """The error when the plan leaves less than `smallest` bytes for the weights' pool."""
+    return ValueError(
+        f"not enough memory for this model: {gib(p.available)} available, and it needs {gib(p.beside)} besides "
+        f"its weights (K/V cache {gib(p.kv)} at this ctx_size, compute {gib(p.compute)}, tokenizer and headroom "
+        f"{gib(p.tokenizer + p.headroom)}" + (f", draft model {gib(p.reserve)}" if p.reserve else "") +
+        f") plus at least {gib(smallest)} for {what}: lower ctx_size (-c), n_batch (-b), free memory or raise the "
+        f"memory limit")
+
+
+def off_error(p: MemoryPlan, cause: str) -> ValueError:
+    """The error when resident weights (device_budget='off') cannot be allocated."""
+    return ValueError(
+        f"{cause}: device_budget='off' keeps every weight resident, which needs {gib(p.needed)} "
+        f"(weights {gib(p.weights)}, K/V cache {gib(p.kv)}, the rest {gib(p.needed - p.weights - p.kv)}), but "
+        f"{gib(p.available)} is available; use device_budget='auto' (--device-budget auto) to stream the blocks "
+        f"that do not fit, or a size such as --device-budget {max(1, int(p.available * 0.7 / 2**30))}GiB")
