@@ -61,7 +61,8 @@ class TorchMatrix(Matrix):
         return torch.from_numpy(a.values) @ self.wt.T + torch.from_numpy(a.sums) @ self.mt.T
 
     def apply(self, x: F32) -> F32:
-        return self.apply_t(torch.from_numpy(x)).numpy()
+        out: F32 = self.apply_t(torch.from_numpy(x)).numpy()    # torch is Any where it is not installed
+        return out
 
 
 class TorchLlama(NumpyLlama):
