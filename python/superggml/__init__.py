@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import DeviceError, GGUFError, SuperggmlError, UnsupportedModelError
+from .errors import DeviceError, GGUFError, MissingExtra, SuperggmlError, UnsupportedModelError
 from .grammar import Grammar, GrammarError
 from .model import Model
 from .sampling import SamplingParams
@@ -10,5 +10,5 @@ from .tools import ToolError
 
 __version__ = "0.1.0"
 
-__all__ = ["DeviceError", "GGUFError", "Grammar", "GrammarError", "Model", "SamplingParams", "SuperggmlError",
-           "ToolError", "UnsupportedModelError", "__version__"]
+__all__ = ["DeviceError", "GGUFError", "Grammar", "GrammarError", "MissingExtra", "Model", "SamplingParams",
+           "SuperggmlError", "ToolError", "UnsupportedModelError", "__version__"]

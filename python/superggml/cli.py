@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from .errors import SuperggmlError
+from .errors import MissingExtra, SuperggmlError
 from .settings import add_arguments, default_threads, options_from_args
 
 
@@ -365,6 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         return a.func(a)
+    except MissingExtra as e:
+        print(f"superggml: {e}", file=sys.stderr)
+        return 2
     except (SuperggmlError, OSError, ValueError) as e:
         print(f"superggml: error: {e}", file=sys.stderr)
         return 1

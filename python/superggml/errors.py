@@ -30,3 +30,26 @@ class DeviceError(SuperggmlError, ConnectionError):
     """A device cannot be reached or failed mid-run (an RPC server: unreachable, busy, of another protocol
     version, killed or silent past its timeout). The message names the endpoint; a model whose device failed
     cannot continue: close it."""
+
+
+class MissingExtra(SuperggmlError, ImportError):
+    """An optional dependency of a feature is not installed; the message names the extra that installs it."""
+
+
+EXTRAS = {"server": ("fastapi", "uvicorn", "pydantic"), "plot": ("matplotlib",)}
+
+
+def require_extra(extra: str, what: str) -> None:
+    """Imports the optional modules of `extra` (pyproject's optional-dependencies), or raises MissingExtra
+    saying which are missing and how to install them, for `what` (the feature that needs them)."""
+    import importlib
+
+    missing = []
+    for name in EXTRAS[extra]:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise MissingExtra(f"{what} needs {', '.join(missing)}, which is not installed: "
+                           f"pip install 'superggml[{extra}]'")

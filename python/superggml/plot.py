@@ -13,6 +13,8 @@ import os
 from datetime import datetime
 from typing import Any
 
+from .errors import require_extra
+
 
 def _ts(s: str) -> float:
     return datetime.strptime(s.replace("Z", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
@@ -36,6 +38,7 @@ def plot_metrics(path: str | os.PathLike[str], out: str | os.PathLike[str], *, t
                  title: str | None = None) -> str:
     """Renders the timeline PNG of a metrics file to `out`; returns its path. Raises ValueError
     when the file has no metrics lines."""
+    require_extra("plot", "superggml plot")
     import matplotlib
 
     matplotlib.use("Agg")

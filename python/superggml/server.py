@@ -29,11 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
 import numpy as np
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
-from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .errors import require_extra
+
+require_extra("server", "superggml's server")
+from fastapi import FastAPI, Request  # noqa: E402
+from fastapi.exceptions import RequestValidationError  # noqa: E402
+from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
+from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
+from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 
 from .grammar import Grammar, GrammarError
 from .model import MAX_LOGPROBS, Model, sampling_options, stop_list
