@@ -32,10 +32,14 @@ kv_cache::kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::
     // as many or more (several sequences): every (sequence, layer) competes for all of them, LRU
     n_resident_ = p_.n_frames >= p_.n_layer ? 0 : p_.n_frames - std::max(1, std::min(p_.n_stream, p_.n_frames));
     const size_t align = ggml_backend_buft_get_alignment(p_.buft);
-    k_bytes_ = (size_t) (p_.n_embd_gqa * p_.n_ctx) * p_.elem_size;
+    if (p_.v_row == 0) p_.v_row = p_.k_row;
+    if (p_.k_row == 0 || (p_.v_trans && p_.v_row % (size_t) p_.n_embd_gqa)) {
+        throw Error("kv cache needs the bytes of a token's K and V (a transposed V of whole elements)");
+    }
+    k_bytes_ = (size_t) p_.n_ctx * p_.k_row;
     v_off_ = (k_bytes_ + align - 1) / align * align;
-    frame_size_ = v_off_ + k_bytes_;
-    page_bytes_ = 2 * (size_t) p_.page_size * (size_t) p_.n_embd_gqa * p_.elem_size;
+    frame_size_ = v_off_ + (size_t) p_.n_ctx * p_.v_row;
+    page_bytes_ = (size_t) p_.page_size * (p_.k_row + p_.v_row);
     if (!p_.spill_dir.empty()) {
         std::string tmpl = p_.spill_dir + "/superggml-kv-XXXXXX";
         std::vector<char> path(tmpl.begin(), tmpl.end());
@@ -86,8 +90,8 @@ void kv_cache::copy_page(frame & f, int64_t idx, uint8_t * pb, bool to_frame) co
     const int64_t P = p_.page_size, g = p_.n_embd_gqa, p0 = idx * P;
     const int64_t rows = std::min(P, p_.n_ctx - p0);
     if (rows <= 0) return;
-    const size_t es = p_.elem_size;
-    const size_t kblock = (size_t) (P * g) * es;
+    const size_t kr = p_.k_row, vr = p_.v_row, es = vr / (size_t) g;   // es: a transposed V's element
+    const size_t kblock = (size_t) P * kr;
     const bool host = ggml_backend_buffer_is_host(f.buf);
     auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(f.buf));
     // one byte view of the frame for device copies
@@ -103,13 +107,13 @@ void kv_cache::copy_page(frame & f, int64_t idx, uint8_t * pb, bool to_frame) co
         if (to_frame) ggml_backend_tensor_set(t, page_ptr, 0, n); else ggml_backend_tensor_get(t, page_ptr, 0, n);
     };
     try {
-        xfer((size_t) (p0 * g) * es, pb, (size_t) (rows * g) * es);
+        xfer((size_t) p0 * kr, pb, (size_t) rows * kr);
         if (p_.v_trans) {
             for (int64_t c = 0; c < g; ++c) {
                 xfer(v_off_ + (size_t) (c * p_.n_ctx + p0) * es, pb + kblock + (size_t) (c * P) * es, (size_t) rows * es);
             }
         } else {
-            xfer(v_off_ + (size_t) (p0 * g) * es, pb + kblock, (size_t) (rows * g) * es);
+            xfer(v_off_ + (size_t) p0 * vr, pb + kblock, (size_t) rows * vr);
         }
     } catch (...) {
         if (ctx) ggml_free(ctx);

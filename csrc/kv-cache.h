@@ -55,8 +55,10 @@ struct kv_params {
     int n_layer = 0;
     int64_t n_embd_gqa = 0;         // K (and V) channels per token
     int64_t n_ctx = 0;              // tokens a frame holds
-    size_t elem_size = 2;           // bytes per element (F16: 2, F32: 4)
-    bool v_trans = true;            // V stored transposed, as the non-flash attention graph reads it
+    size_t k_row = 0;               // bytes of one token's K (ggml_row_size of the K type, n_embd_gqa)
+    size_t v_row = 0;               // and of its V; 0: as k_row
+    bool v_trans = true;            // V stored transposed, as the non-flash attention graph reads it (a V type
+                                    // of whole elements only: F32, F16, BF16)
     int page_size = 256;            // tokens per page, KV_PAGE_MIN..KV_PAGE_MAX
     int n_frames = 0;               // frames on the device (0: n_layer; more: for several sequences)
     int n_stream = 1;               // of those, frames the other layers stream through when n_frames < n_layer;

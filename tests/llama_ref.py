@@ -41,6 +41,18 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
               flash_attn=req.get("flash_attn", False))
     if req.get("kv_type") == "f32":
         kw.update(type_k=0, type_v=0)
+    if kind == "kv_types":      # per config (type_k, type_v, flash_attn): the prompt's logits, then greedy steps
+        out = {}
+        for i, (tk, tv, fa) in enumerate(req["configs"]):
+            llm = llama_cpp.Llama(logits_all=True, **{**kw, "type_k": tk, "type_v": tv, "flash_attn": fa})
+            llm.eval(req["prompt"])
+            rows = [np.array(llm.scores[: llm.n_tokens], dtype=np.float32)]
+            for _ in range(req["n_decode"]):
+                llm.eval([int(np.argmax(rows[-1][-1]))])
+                rows.append(np.array(llm.scores[llm.n_tokens - 1: llm.n_tokens], dtype=np.float32))
+            out[f"logits{i}"] = np.concatenate(rows)
+            llm.close()
+        return out
     if kind == "tokenize":
         llm = llama_cpp.Llama(vocab_only=True, **kw)
         out = {}

@@ -95,7 +95,8 @@ void init_kv_cache(py::module_ & m) {
             p.n_layer = (int) k.size();
             p.n_embd_gqa = k[0].t->ne[0];
             p.n_ctx = k[0].t->ne[1];
-            p.elem_size = ggml_element_size(k[0].t);
+            p.k_row = ggml_row_size(k[0].t->type, p.n_embd_gqa);
+            p.v_row = ggml_row_size(v[0].t->type, p.n_embd_gqa);
             p.v_trans = v_trans;
             p.page_size = page_size;
             p.n_frames = n_frames;
@@ -106,8 +107,11 @@ void init_kv_cache(py::module_ & m) {
             std::vector<ggml_tensor *> kt, vt;
             for (size_t i = 0; i < k.size(); ++i) {
                 if (ggml_nelements(k[i].t) != p.n_embd_gqa * p.n_ctx || ggml_nelements(v[i].t) != p.n_embd_gqa * p.n_ctx ||
-                    ggml_element_size(v[i].t) != p.elem_size) {
-                    throw Error("KVCache: every K and V tensor must be [n_embd_gqa, n_ctx] of one type");
+                    k[i].t->type != k[0].t->type || v[i].t->type != v[0].t->type) {
+                    throw Error("KVCache: every K tensor must be [n_embd_gqa, n_ctx] of one type, and every V");
+                }
+                if (v_trans && ggml_is_quantized(v[i].t->type)) {
+                    throw Error("KVCache: a transposed V cache needs a type of whole elements, not a quantized one");
                 }
                 kt.push_back(k[i].t);
                 vt.push_back(v[i].t);

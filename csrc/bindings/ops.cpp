@@ -36,6 +36,19 @@ void init_ops(py::module_ & m) {
         return wrap(c, ggml_mul_mat(c->ctx(), a.t, b.t));
     }, "a [K, M, ...] x b [K, N, ...] -> F32 [M, N, ...]");
     ctx.def("mul_mat_set_prec_f32", [](const ctx_ptr &, T & a) { ggml_prec_set_acc(a.t, GGML_PREC_F32); });
+    ctx.def("mul_mat_hadamard", [](const ctx_ptr & c, const T & a, const T & rot) {
+        const int64_t n = rot.t->ne[0];
+        need(rot.t->type == GGML_TYPE_F32 && rot.t->ne[1] == n && n > 0 && (n & (n - 1)) == 0 &&
+             ggml_nelements(a.t) % n == 0, "mul_mat_hadamard", "rot must be F32 [n, n], n a power of 2 dividing a");
+        c->check_room();
+        ggml_context * x = c->ctx();
+        ggml_tensor * r = ggml_is_contiguous(a.t) ? ggml_reshape_2d(x, a.t, n, ggml_nelements(a.t) / n)
+                                                  : ggml_cont_2d(x, a.t, n, ggml_nelements(a.t) / n);
+        r = ggml_mul_mat(x, rot.t, r);
+        ggml_mul_mat_set_hint(r, GGML_HINT_SRC0_IS_HADAMARD);
+        return wrap(c, ggml_reshape_4d(x, r, a.t->ne[0], a.t->ne[1], a.t->ne[2], a.t->ne[3]));
+    }, "a rotated by rot, a Walsh-Hadamard matrix F32 [n, n], in rows of n values (the backend may use a fast "
+       "transform), as llama.cpp rotates Q, K and V for a quantized K/V cache");
 
     auto binary = [&](const char * name, ggml_tensor * (*f)(ggml_context *, ggml_tensor *, ggml_tensor *)) {
         ctx.def(name, [f, name](const ctx_ptr & c, const T & a, const T & b) {

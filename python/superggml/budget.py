@@ -25,7 +25,6 @@ MiB = 1 << 20
 HEADROOM_MIN = 64 * MiB        # never planned: the allocator's slack, thread stacks, the interpreter's growth
 HEADROOM_SHARE = 0.05          # and this share of what is available
 TOKENIZER_BYTES_PER_TOKEN = 512  # the tokenizer's tables, per vocabulary entry (Qwen2.5's 151,936: ~74 MiB)
-KV_TYPES = {"f32": _core.GGMLType.F32, "f16": _core.GGMLType.F16}
 
 
 @dataclass(frozen=True)
@@ -71,9 +70,19 @@ def gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / MiB:.0f} MiB"
 
 
-def kv_bytes(hp: HParams, ctx_size: int, kv_type: str) -> int:
+def kv_type(name: str) -> Any:
+    """A cache type of settings.KV_CACHE_TYPES as a GGMLType."""
+    return getattr(_core.GGMLType, name.upper())
+
+
+def kv_bytes_per_token(hp: HParams, type_k: str, type_v: str) -> int:
+    """One token's K and V over every layer."""
+    return hp.n_layer * sum(int(_core.row_size(kv_type(t), hp.n_embd_gqa)) for t in (type_k, type_v))
+
+
+def kv_bytes(hp: HParams, ctx_size: int, type_k: str, type_v: str) -> int:
     """The K/V cache of every layer at ctx_size tokens."""
-    return 2 * hp.n_layer * ctx_size * int(_core.row_size(KV_TYPES[kv_type], hp.n_embd_gqa))
+    return ctx_size * kv_bytes_per_token(hp, type_k, type_v)
 
 
 def compute_bytes(hp: HParams, n_batch: int, ctx_size: int, flash_attn: bool) -> int:
@@ -88,10 +97,10 @@ def compute_bytes(hp: HParams, n_batch: int, ctx_size: int, flash_attn: bool) ->
 def plan_memory(hp: HParams, weights: int, options: Mapping[str, Any], available: int, *,
          reserve: int = 0) -> MemoryPlan:
     """The plan for a model whose tensors take `weights` bytes. `options` are the context options (ctx_size,
-    n_batch, kv_type, flash_attn) and device_budget ("auto", "off", or bytes); `available` the memory the
+    n_batch, cache_type_k, cache_type_v, flash_attn) and device_budget ("auto", "off", or bytes); `available` the memory the
     device has free for it. ValueError when auto finds no room for even the smallest pool."""
     requested = options["device_budget"]
-    kv = kv_bytes(hp, options["ctx_size"], options["kv_type"])
+    kv = kv_bytes(hp, options["ctx_size"], options["cache_type_k"], options["cache_type_v"])
     compute = compute_bytes(hp, options["n_batch"], options["ctx_size"], options["flash_attn"])
     tokenizer = TOKENIZER_BYTES_PER_TOKEN * hp.n_vocab
     headroom = HEADROOM_MIN + int(HEADROOM_SHARE * available)
@@ -106,7 +115,7 @@ def plan_memory(hp: HParams, weights: int, options: Mapping[str, Any], available
 
 
 def model_bytes(path: str, options: Mapping[str, Any]) -> int:
-    """What a model at `path` holds while it runs with these options (ctx_size, n_batch, kv_type, flash_attn,
+    """What a model at `path` holds while it runs with these options (ctx_size, n_batch, cache types, flash_attn,
     device_budget: a size or None for resident): its weights or its budget, its K/V cache, compute buffers and
     tokenizer. For a draft model, whose memory its target leaves it."""
     f = _core.GGUFFile(path)
@@ -117,7 +126,7 @@ def model_bytes(path: str, options: Mapping[str, Any]) -> int:
         f.close()
     budget = options.get("device_budget")
     held = weights if budget is None else min(weights, int(budget))
-    return (held + kv_bytes(hp, options["ctx_size"], options["kv_type"]) +
+    return (held + kv_bytes(hp, options["ctx_size"], options["cache_type_k"], options["cache_type_v"]) +
             compute_bytes(hp, options["n_batch"], options["ctx_size"], options["flash_attn"]) +
             TOKENIZER_BYTES_PER_TOKEN * hp.n_vocab)
 

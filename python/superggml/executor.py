@@ -18,12 +18,12 @@ import numpy as np
 from . import _core
 from .arch import Architecture
 from .arch.common import StepInputs
-from .budget import MemoryPlan, off_error, plan_memory, too_small
+from .budget import MemoryPlan, kv_bytes, kv_type, off_error, plan_memory, too_small
 from .errors import SuperggmlError
 from .arch import moe
 from .layers import Block, ExpertPager, HeadChunk, Key, NullKV, NullPager, PagedKV, SplitKV, WeightPager, merge_stats
 from .scheduler import LayerScheduler, MemoryFn, device_memory_fn
-from .settings import DeviceSettings, Settings, layer_split
+from .settings import KV_QUANTIZED, DeviceSettings, Settings, layer_split
 
 F32 = _core.GGMLType.F32
 F16 = _core.GGMLType.F16
@@ -41,6 +41,25 @@ DIRECT_ROOM = 3 * 4096  # and with direct_io, for widening a chunk to O_DIRECT a
 N_IO_WORKERS = 1      # threads reading streamed blocks
 DEFAULT_DEVICE = ""   # ggml's first device
 RPC_CONNECT_TIMEOUT = 5.0   # seconds to reach an RPC server and get its HELLO
+
+
+def attn_rot_size(head_dim: int, cache_type: str, *, largest: bool) -> int:
+    """The Walsh-Hadamard rotation llama.cpp applies for a quantized cache type (0: none): heads of a multiple of
+    64; for K the largest power of 2 dividing the head, for V 64."""
+    if cache_type not in KV_QUANTIZED or head_dim % 64:
+        return 0
+    n = 64
+    while largest and head_dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def hadamard(n: int) -> np.ndarray:
+    """The orthonormal Walsh-Hadamard matrix F32 [n, n] as llama.cpp builds it (Sylvester's, times 1/sqrtf(n))."""
+    i = np.arange(n)
+    parity = np.vectorize(lambda x: bin(x).count("1") & 1)(i[:, None] & i[None, :])
+    val = np.float32(1.0 / float(np.sqrt(np.float32(n))))
+    return np.where(parity == 1, -val, val).astype(np.float32)
 
 
 def plan_slots(budget: int, slot: int, n_keys: int, n_stream: int) -> tuple[int, int]:
@@ -228,7 +247,8 @@ class Executor:
         weights = sum(int(store.file_range(n)[1]) for n in store.names())
         c = self.settings.context
         return plan_memory(self.hp, weights, dict(device_budget=p.device_budget, ctx_size=c.ctx_size,
-                                                  n_batch=c.n_batch, kv_type=c.kv_type, flash_attn=c.flash_attn),
+                                                  n_batch=c.n_batch, cache_type_k=c.cache_type_k,
+                                                  cache_type_v=c.cache_type_v, flash_attn=c.flash_attn),
                            max(0, total - used), reserve=reserve)
 
     def _resolved(self, s: Settings) -> Settings:
@@ -255,20 +275,31 @@ class Executor:
             a = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
             a.name = f"act_d{i}"
             self.acts.append(a)
-        kv_type = {"f16": F16, "f32": F32}[c.kv_type]
+        type_k, type_v = kv_type(c.cache_type_k), kv_type(c.cache_type_v)
+        for name, t in (("cache_type_k", type_k), ("cache_type_v", type_v)):
+            if hp.head_dim % _core.blck_size(t):
+                raise ValueError(f"{name}={getattr(c, name)} stores blocks of {_core.blck_size(t)} values, which "
+                                 f"this model's heads of {hp.head_dim} do not divide into")
         kctx = _core.Context(max_tensors=2 * hp.n_layer) if kvs.paged_kv else None
         self.k_cache, self.v_cache = [], []
         for il in range(hp.n_layer):
             cx = kctx or ctxs[self.layer_backend[il]]
-            k = cx.new_tensor(kv_type, [hp.n_embd_gqa, c.ctx_size])
-            v = cx.new_tensor(kv_type, [hp.n_embd_gqa, c.ctx_size])
+            k = cx.new_tensor(type_k, [hp.n_embd_gqa, c.ctx_size])
+            v = cx.new_tensor(type_v, [hp.n_embd_gqa, c.ctx_size])
             k.name, v.name = f"cache_k_l{il}", f"cache_v_l{il}"
             self.k_cache.append(k)
             self.v_cache.append(v)
+        # a quantized cache holds Q, K and V rotated by Walsh-Hadamard matrices, as llama.cpp's does
+        n_rot = {"k": attn_rot_size(hp.head_dim, c.cache_type_k, largest=True),
+                 "v": attn_rot_size(hp.head_dim, c.cache_type_v, largest=False)}
+        self.rot = [{x: cx.new_tensor(F32, [n, n]) for x, n in n_rot.items() if n} for cx in ctxs]
         self._pbufs = [b.alloc_tensors(cx) for b, cx in zip(self.backends, ctxs)]
         self._pctxs = ctxs
         for buf in self._pbufs:
             buf.clear(0)
+        for rot in self.rot:
+            for t in rot.values():
+                _core.tensor_set(t, hadamard(t.ne[0]), 0)
         # lanes: the K/V tensors a pass over several sequences binds, one set per sequence in it (lane 0: k_cache).
         # With the paged KV cache they are bound to its frames; without it each sequence has K/V storage of its
         # own (sequence 0: the memory k_cache was allocated in), aliased into the lanes before a pass
@@ -537,8 +568,8 @@ class Executor:
     @property
     def kv_bytes(self) -> int:
         """Bytes of a contiguous K/V cache for the whole context (what paged_kv pages)."""
-        return 2 * self.hp.n_layer * self.hp.n_embd_gqa * self.settings.context.ctx_size * \
-            self.k_cache[0].element_size
+        c = self.settings.context
+        return kv_bytes(self.hp, c.ctx_size, c.cache_type_k, c.cache_type_v)
 
     def stats(self) -> dict[str, Any]:
         """Counters of the sequences, the paged K/V, the layer pager and the scheduler, one dict."""
@@ -1034,7 +1065,7 @@ class _Plan:
                 x.name = "inp_" + name + tag
             return t
 
-        for b in ex.backends:
+        for di, b in enumerate(ex.backends):
             ictx = _core.Context(max_tensors=4 + 4 * (len(lanes) if lanes else 1))
             t = {
                 "tokens": ictx.new_tensor(I32, [n]),
@@ -1043,14 +1074,15 @@ class _Plan:
             }
             for name, x in t.items():
                 x.name = "inp_" + name
+            rot = {"k_rot": ex.rot[di].get("k"), "v_rot": ex.rot[di].get("v")}
             if lanes is None:
-                inp = StepInputs(n_tokens=n, n_kv=n_kv, n_outputs=n_out, flash_attn=p.flash_attn, **t,
+                inp = StepInputs(n_tokens=n, n_kv=n_kv, n_outputs=n_out, flash_attn=p.flash_attn, **t, **rot,
                                  **kv_inputs(ictx, n, n_kv, ""))
             else:
                 lane_inputs, r0 = [], 0
                 for j, (nj, kvj) in enumerate(lanes):
                     lane_inputs.append(StepInputs(n_tokens=nj, n_kv=kvj, n_outputs=0, tokens=None, positions=None,
-                                                  out_ids=None, flash_attn=p.flash_attn, row0=r0,
+                                                  out_ids=None, flash_attn=p.flash_attn, row0=r0, **rot,
                                                   **kv_inputs(ictx, nj, kvj, f"_s{j}")))
                     r0 += nj
                 inp = StepInputs(n_tokens=n, n_kv=n_kv, n_outputs=n_out, flash_attn=p.flash_attn, mask=None,

@@ -333,8 +333,9 @@ class Model:
         sp, c = self.settings.speculative, self.settings.context
         if not sp.draft_model:
             return 0
-        return model_bytes(sp.draft_model, dict(ctx_size=c.ctx_size, n_batch=c.n_batch, kv_type=c.kv_type,
-                                                flash_attn=c.flash_attn, device_budget=sp.draft_budget))
+        return model_bytes(sp.draft_model, dict(ctx_size=c.ctx_size, n_batch=c.n_batch, cache_type_k=c.cache_type_k,
+                                                cache_type_v=c.cache_type_v, flash_attn=c.flash_attn,
+                                                device_budget=sp.draft_budget))
 
     def _speculator(self) -> Speculator:
         """The drafter the speculative settings ask for: a draft model (resident, or streamed within its own

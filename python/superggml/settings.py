@@ -29,6 +29,9 @@ KV_PAGE_MIN, KV_PAGE_MAX = _core.KV_PAGE_MIN, _core.KV_PAGE_MAX   # tokens per K
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
           "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
 
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")   # llama.cpp's -ctk/-ctv
+KV_QUANTIZED = KV_CACHE_TYPES[3:]
+
 ENV_PREFIX = "SUPERGGML_"
 ALIASES = {"n_ctx": "ctx_size"}      # llama_cpp.Llama's names
 
@@ -116,7 +119,11 @@ class ContextSettings:
                                    flags=("-t", "--threads"), parse=int)
     seed: int | None = option(None, "sampling seed (default: random)", parse=int)
     flash_attn: bool = option(False, "use ggml's flash attention")
-    kv_type: str = option("f16", "K/V cache type", choices=("f16", "f32"))
+    cache_type_k: str = option("f16", "K cache type", flags=("-ctk",), choices=KV_CACHE_TYPES)
+    cache_type_v: str = option("f16", "V cache type (a quantized one needs flash_attn, as llama.cpp)",
+                               flags=("-ctv",), choices=KV_CACHE_TYPES)
+    kv_type: str | None = option(None, "K and V cache type at once (sets cache_type_k and cache_type_v)",
+                                 parse=str, choices=KV_CACHE_TYPES)
     repack: bool = option(True, "re-lay matmul weights for ggml-cpu's faster kernels at load, as llama.cpp")
     batch_invariant: bool = option(
         False, "a sequence's logits do not depend on the other tokens of its forward pass (other sequences, "
@@ -129,7 +136,16 @@ class ContextSettings:
         _check(self.ctx_size >= 1, f"ctx_size must be >= 1, not {self.ctx_size}")
         _check(self.n_batch >= 1, f"n_batch must be >= 1, not {self.n_batch}")
         _check(self.n_threads is None or self.n_threads >= 1, f"n_threads must be >= 1, not {self.n_threads}")
-        _check(self.kv_type in ("f16", "f32"), f"kv_type must be 'f16' or 'f32', not {self.kv_type!r}")
+        for name in ("cache_type_k", "cache_type_v", "kv_type"):
+            t = getattr(self, name)
+            _check(t is None or t in KV_CACHE_TYPES, f"{name} must be one of {', '.join(KV_CACHE_TYPES)}, not {t!r}")
+        if self.kv_type is not None:
+            _check(self.cache_type_k in ("f16", self.kv_type) and self.cache_type_v in ("f16", self.kv_type),
+                   "kv_type sets both cache types: give it or cache_type_k/cache_type_v, not both")
+            _set(self, "cache_type_k", self.kv_type)
+            _set(self, "cache_type_v", self.kv_type)
+        _check(self.flash_attn or self.cache_type_v not in KV_QUANTIZED,
+               f"a quantized V cache (cache_type_v={self.cache_type_v}) requires flash_attn (-fa), as llama.cpp")
         _set(self, "n_batch", min(self.n_batch, self.ctx_size))
         if self.batch_invariant:
             _set(self, "repack", False)           # the re-laid weights' GEMM kernels work in tiles of rows

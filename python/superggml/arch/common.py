@@ -31,6 +31,11 @@ def f32(x: float) -> np.float32:
     return np.float32(x)
 
 
+def row_size(t: Any, n: int) -> int:
+    """Bytes of n values of ggml type t (a whole number of blocks for a quantized type)."""
+    return int(_core.row_size(t, n))
+
+
 def inv_sqrt(x: float) -> float:
     """1.0f / sqrtf(x)"""
     return float(f32(1.0) / np.sqrt(f32(x)))
@@ -173,6 +178,8 @@ class StepInputs:
     mask_swa: Any = None
     lanes: "list[StepInputs] | None" = None
     row0: int = 0
+    k_rot: Any = None        # F32 [n, n] Walsh-Hadamard matrices Q and K (k_rot), V and the output (v_rot) are
+    v_rot: Any = None        # rotated by for a quantized K (V) cache, as llama.cpp does; None otherwise
 
 
 class Architecture:
@@ -454,7 +461,21 @@ def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, 
     """
     n, n_kv, d, g = inp.n_tokens, inp.n_kv, hp.head_dim, hp.n_embd_gqa
     n_ctx = k_cache.shape[1]
-    es = k_cache.element_size
+    if inp.k_rot is not None:
+        q, k = ctx.mul_mat_hadamard(q, inp.k_rot), ctx.mul_mat_hadamard(k, inp.k_rot)
+    if inp.v_rot is not None:
+        cur = attend(ctx, gf, hp, inp, q, k, ctx.mul_mat_hadamard(v, inp.v_rot), k_cache, v_cache, scale, mask,
+                     softcap, sinks)
+        return ctx.mul_mat_hadamard(cur, inp.v_rot)
+    return attend(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, scale, mask, softcap, sinks)
+
+
+def attend(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: Any,
+           k_cache: Any, v_cache: Any, scale: float, mask: Any, softcap: float, sinks: Any) -> Any:
+    """build_attn without the rotations."""
+    n, n_kv, d, g = inp.n_tokens, inp.n_kv, hp.head_dim, hp.n_embd_gqa
+    n_ctx = k_cache.shape[1]
+    es = v_cache.element_size                     # a transposed V is of whole elements (F32, F16, BF16)
     gf.expand(ctx.set_rows(k_cache, ctx.reshape(k, [g, n]), inp.k_idxs))
     if inp.flash_attn:
         gf.expand(ctx.set_rows(v_cache, v, inp.v_idxs))
@@ -464,14 +485,16 @@ def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, 
         flat = ctx.reshape(v_cache, [1, g * n_ctx])
         gf.expand(ctx.set_rows(flat, ctx.reshape(v, [1, g * n]), inp.v_idxs))
 
-    kv = ctx.view(k_cache, [d, hp.n_head_kv, n_kv], [d * es, g * es], 0)   # F16 [d, n_head_kv, n_kv]
+    kv = ctx.view(k_cache, [d, hp.n_head_kv, n_kv], [row_size(k_cache.type, d), row_size(k_cache.type, g)], 0)
     qp = ctx.permute(q, 0, 2, 1, 3)                                        # [d, n, n_head]
     kp = ctx.permute(kv, 0, 2, 1, 3)                                       # [d, n_kv, n_head_kv]
     if inp.flash_attn:
-        vv = ctx.view(v_cache, [d, hp.n_head_kv, n_kv], [d * es, g * es], 0)
+        vv = ctx.view(v_cache, [d, hp.n_head_kv, n_kv], [row_size(v_cache.type, d), row_size(v_cache.type, g)], 0)
         vp = ctx.permute(vv, 0, 2, 1, 3)                                   # [d, n_kv, n_head_kv]
         if k_cache.type == F32:   # flash attention reads F16 K/V: an F32 cache is cast, as llama.cpp does
-            kp, vp = ctx.cast(kp, F16), ctx.cast(vp, F16)
+            kp = ctx.cast(kp, F16)
+        if v_cache.type == F32:
+            vp = ctx.cast(vp, F16)
         cur = ctx.flash_attn_ext(qp, kp, vp, mask, scale, softcap=softcap, sinks=sinks)  # [d, n_head, n]
         return ctx.reshape(cur, [d * hp.n_head, n])
     vt = ctx.view(v_cache, [n_kv, hp.n_head_kv, d], [n_ctx * d * es, n_ctx * es], 0)  # [n_kv, n_head_kv, d]
