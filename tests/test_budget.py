@@ -20,7 +20,7 @@ from synth_gguf import dequantized_copy
 
 MiB = 1 << 20
 GiB = 1 << 30
-OPTS = dict(ctx_size=4096, n_batch=512, kv_type="f16", flash_attn=False)
+OPTS = dict(ctx_size=4096, n_batch=512, cache_type_k="f16", cache_type_v="f16", flash_attn=False)
 
 
 @pytest.fixture(scope="module")

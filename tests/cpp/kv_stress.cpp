@@ -40,7 +40,7 @@ int main() {
         p.n_layer = n_layer;
         p.n_embd_gqa = g;
         p.n_ctx = n_ctx;
-        p.elem_size = 4;
+        p.k_row = (size_t) g * 4;
         p.page_size = (int) P;
         p.n_frames = 3;
         p.host_budget = 5 * 2 * P * g * 4;
