@@ -120,7 +120,7 @@ def test_auto_too_little_memory_is_a_clear_error(smollm2_path, monkeypatch):
 
     real = _core.host_memory
     monkeypatch.setattr(_core, "host_memory", lambda: {**real(), "available": 64 * MiB})
-    with pytest.raises(ValueError, match=r"not enough memory for this model: .* lower ctx_size"):
+    with pytest.raises(ValueError, match=r"not enough memory for this model: .* which leaves .* lower ctx_size"):
         Model(smollm2_path)
 
 

@@ -137,8 +137,9 @@ def too_small(p: MemoryPlan, smallest: int, what: str) -> ValueError:
         f"not enough memory for this model: {gib(p.available)} available, and it needs {gib(p.beside)} besides "
         f"its weights (K/V cache {gib(p.kv)} at this ctx_size, compute {gib(p.compute)}, tokenizer and headroom "
         f"{gib(p.tokenizer + p.headroom)}" + (f", draft model {gib(p.reserve)}" if p.reserve else "") +
-        f") plus at least {gib(smallest)} for {what}: lower ctx_size (-c), n_batch (-b), free memory or raise the "
-        f"memory limit")
+        f"), which leaves " + (f"less than the {gib(smallest)} of {what}" if smallest else f"nothing for {what}") +
+        ": lower ctx_size (-c) or n_batch (-b), quantize the K/V cache (-ctk, -ctv), free memory or raise the memory "
+        "limit")
 
 
 def off_error(p: MemoryPlan, cause: str) -> ValueError:

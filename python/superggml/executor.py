@@ -258,7 +258,7 @@ class Executor:
         if plan is not None and plan.mode == "auto" and plan.budget is not None:
             left = plan.budget - (p.expert_cache or 0)
             if left <= 0:
-                raise too_small(plan, 1 + (p.expert_cache or 0), "the weights' pool and expert_cache")
+                raise too_small(plan, 0, "the weights' pool" + (" and expert_cache" if p.expert_cache else ""))
             p = dataclasses.replace(p, device_budget=left)
         if p.async_prefetch is None:
             p = dataclasses.replace(p, async_prefetch=p.paged(self.hp.n_layer))

@@ -333,8 +333,8 @@ class Model:
         sp, c = self.settings.speculative, self.settings.context
         if not sp.draft_model:
             return 0
-        return model_bytes(sp.draft_model, dict(ctx_size=c.ctx_size, n_batch=c.n_batch, cache_type_k=c.cache_type_k,
-                                                cache_type_v=c.cache_type_v, flash_attn=c.flash_attn,
+        return model_bytes(sp.draft_model, dict(ctx_size=c.ctx_size, n_batch=c.n_batch, cache_type_k="f16",
+                                                cache_type_v="f16", flash_attn=c.flash_attn,
                                                 device_budget=sp.draft_budget))
 
     def _speculator(self) -> Speculator:
