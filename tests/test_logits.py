@@ -88,9 +88,14 @@ def test_evaluation_is_deterministic_and_batching_is_consistent(smollm2_path):
     with Model(smollm2_path, ctx_size=128, n_threads=2, n_batch=16) as m2:
         chunked = m2.eval(prompt, logits_all=True)
     assert np.array_equal(batch, again)
-    # batched kernels (llamafile sgemm) sum in another order than the token-by-token ones
+    # batched kernels (llamafile sgemm) sum in another order than the token-by-token ones (how much depends on the
+    # CPU's kernels): the argmax agrees wherever the top two are further apart than twice the row's difference
+    top2 = np.sort(batch, 1)[:, -2:]
     for other in (one, chunked):
-        assert (other.argmax(1) == batch.argmax(1)).mean() >= 0.95
+        clear = top2[:, 1] - top2[:, 0] > 2 * np.abs(other - batch).max(1)
+        assert clear.mean() >= 0.25
+        assert (other.argmax(1) == batch.argmax(1))[clear].all()
+        assert (other.argmax(1) == batch.argmax(1)).mean() >= 0.9
         assert np.abs(other - batch).max() < 2.5
 
 
