@@ -257,6 +257,7 @@ class Model:
             self.tensor_info = {name: (typ, tuple(shape), off, nb)
                                 for name, typ, shape, off, nb in self._file.tensors()}
             self.arch.validate({n: v[1] for n, v in self.tensor_info.items()})
+            self._file.drop_header()     # read into metadata: the C++ copy of the vocabulary (~17 MiB) goes
             self._store = _core.WeightStore(self._file)
             direct = s.paging.direct_io
             self._exec = Executor(self.arch, self._store, s,
@@ -272,7 +273,6 @@ class Model:
             for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
                         "tokenizer.ggml.token_type"):   # held by the tokenizer now; tens of MB as lists
                 self.metadata.pop(key, None)
-            self._file.drop_header()
             _return_free_memory()   # the vocabulary's transient objects
             if self.tokenizer.n_vocab != self.hparams.n_vocab:
                 raise GGUFError(f"vocabulary has {self.tokenizer.n_vocab} tokens but the model "

@@ -25,7 +25,8 @@ from __future__ import annotations
 import bisect
 import heapq
 import re
-from typing import Any, Mapping, Sequence
+from array import array
+from typing import Any, Iterator, Mapping, Sequence
 
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import models as _hf_models
@@ -717,6 +718,32 @@ def _as_text(value: Any) -> str:
     return str(value)
 
 
+class _TokenTexts(Sequence[str]):
+    """The vocabulary's token texts in one UTF-8 buffer and an offset table: a list of 151,936 str objects
+    (Qwen2.5) costs 18 MiB, this 3."""
+
+    def __init__(self, texts: Sequence[str]):
+        data = [t.encode("utf-8", "surrogatepass") for t in texts]
+        self._offsets = array("q", [0])
+        total = 0
+        for b in data:
+            total += len(b)
+            self._offsets.append(total)
+        self._data = b"".join(data)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        o = self._offsets
+        return self._data[o[i]:o[i + 1]].decode("utf-8", "surrogatepass")
+
+    def __iter__(self) -> Iterator[str]:
+        return (self[i] for i in range(len(self)))
+
+
 class Tokenizer:
     """A GGUF vocabulary with llama.cpp's tokenization (``llama_tokenize``/``llama_detokenize``).
 
@@ -755,11 +782,11 @@ class Tokenizer:
     """Token ids that end generation, as llama.cpp's ``llama_vocab_is_eog``."""
 
     def __init__(self) -> None:  # use from_metadata()
-        self._tokens: list[str] = []
-        self._token_to_id: dict[str, int] = {}
-        self._attrs: list[int] = []
-        self._scores: list[float] = []
-        self._pieces: list[bytes | None] = []
+        self._tokens: Sequence[str] = []
+        self._token_to_id: dict[str, int] = {}   # none kept for BPE: the tokenizers model has the vocabulary
+        self._attrs = array("i")
+        self._scores = array("f")
+        self._pieces: dict[int, bytes] = {}
         self._special: list[tuple[str, int]] = []
         self._regexes: list[_SplitRegex] = []
         self._hf: _HFTokenizer | None = None
@@ -842,25 +869,26 @@ class Tokenizer:
         scores = _meta_list(meta, "tokenizer.ggml.scores")
         if scores is not None and len(scores) < n:
             raise GGUFError("tokenizer.ggml.scores is shorter than the vocabulary")
-        self._scores = [float(s) for s in scores[:n]] if scores is not None else [0.0] * n
+        self._scores = array("f", [float(s) for s in scores[:n]] if scores is not None else [0.0] * n)
         types = _meta_list(meta, "tokenizer.ggml.token_type")
         if types is not None and len(types) < n:
             raise GGUFError("tokenizer.ggml.token_type is shorter than the vocabulary")
         if types is None:
-            self._attrs = [TokenAttr.NORMAL] * n
+            self._attrs = array("i", [TokenAttr.NORMAL]) * n
         else:
-            self._attrs = [_TYPE_TO_ATTR.get(int(t), TokenAttr.UNDEFINED) for t in types[:n]]
+            self._attrs = array("i", [_TYPE_TO_ATTR.get(int(t), TokenAttr.UNDEFINED) for t in types[:n]])
 
         self._load_special_ids(meta, ids)
         self._detect_special_tokens()
         self._apply_model_attrs(meta)
-        self._pieces = [None] * n
 
         if model == "gpt2":
             self._hf = self._build_bpe(meta)
+            self._token_to_id = {}
         else:
             self._bytes_to_id = {_utf8(text): tid for tid, text in enumerate(tokens)}
             self._spm_by_word = not any(map(_SPM_INNER_SPACE.search, tokens))
+        self._tokens = _TokenTexts(tokens)
         return self
 
     def _load_special_ids(self, meta: Mapping[str, Any], ids: dict[str, int | None]) -> None:
@@ -968,7 +996,7 @@ class Tokenizer:
         raw_merges = _meta_list(meta, "tokenizer.ggml.merges")
         if raw_merges is None:
             raise GGUFError("tokenizer.ggml.merges is missing")
-        vocab = dict(self._token_to_id)
+        vocab = self._token_to_id       # not kept after (see token_id)
         # "left right" split at the first space after the first character; llama.cpp keeps the first rank
         # of a pair (dict.fromkeys: first occurrence, in order)
         merges = list(dict.fromkeys((m[:p], m[p + 1:]) for m in _texts(raw_merges)
@@ -991,15 +1019,15 @@ class Tokenizer:
         the tokens whose text is one of the symbol's bytes, skipping bytes without one."""
         if not ids or max(ids) < self.n_vocab:
             return ids
-        t2i = self._token_to_id
         out: list[int] = []
         for tid in ids:
             if tid < self.n_vocab:
                 out.append(tid)
                 continue
             for b in self._phantom[tid].encode("utf-8", "surrogatepass"):
-                if b < 0x80 and chr(b) in t2i:
-                    out.append(t2i[chr(b)])
+                byte = self.token_id(chr(b)) if b < 0x80 else None
+                if byte is not None:
+                    out.append(byte)
         return out
 
     def _spm_encode(self, text: str, out: list[int]) -> None:
@@ -1097,6 +1125,9 @@ class Tokenizer:
 
     def token_id(self, text: str) -> int | None:
         """The id of the token whose text is exactly ``text``, or None."""
+        if self._hf is not None:
+            tid = self._hf.token_to_id(text)
+            return tid if tid is not None and tid < self.n_vocab else None
         return self._token_to_id.get(text)
 
     def is_eog(self, id: int) -> bool:
@@ -1251,7 +1282,7 @@ class Tokenizer:
 
     def _piece(self, id: int) -> bytes:
         """llama.cpp's cached piece (token_to_piece with special=true, no lstrip)."""
-        piece = self._pieces[id]
+        piece = self._pieces.get(id)
         if piece is None:
             attr = self._attrs[id]
             text = self._tokens[id]
