@@ -90,6 +90,42 @@ def test_analyze_command(smollm2_path, capsys):
     assert "KV cache (F16): 22.5 KiB per token" in out and "blocks: min" in out
 
 
+def test_analyze_samples_blocks_by_shape(smollm2_path, capsys):
+    """By default analyze times one or two blocks of each shape (SmolLM2's 30 blocks have one), reading only
+    those; its compute time is the full measurement's, within what a busy 2-core machine allows."""
+    from superggml.analyze import analyze, model_layout
+
+    lay = model_layout(smollm2_path)
+    assert lay.block_shapes == (tuple(range(30)),)
+    a = analyze(smollm2_path, [lay.slot_bytes], n_threads=2, progress=True)
+    assert a.method == "sampled" and a.sampled_blocks == (0, 15)
+    assert "analyze: timing 1-2 blocks of each of 1 block shape" in capsys.readouterr().err
+    full = analyze(smollm2_path, [lay.slot_bytes], n_threads=2, full=True)
+    assert full.method == "full" and full.sampled_blocks == ()
+    assert 0.33 < a.t_compute_s / full.t_compute_s < 3
+    assert a.bandwidth_buffered > 0 and a.bandwidth_direct > 0
+
+
+def test_time_blocks_reads_those_blocks_and_changes_no_result(smollm2_path):
+    from superggml import Model
+
+    kw = dict(ctx_size=64, n_threads=2, device_budget=3 << 20, async_prefetch=False)
+    with Model(smollm2_path, **kw) as m, Model(smollm2_path, **kw) as ref:
+        toks = m.tokenize("def f(x):")
+        m.eval(toks)
+        ref.eval(toks)
+        before = m.stats()["bytes_loaded"]
+        t = m.time_blocks([3, 7], repeats=2)
+        assert set(t) == {3, 7, "head"} and all(v > 0 for v in t.values())
+        loaded = m.stats()["bytes_loaded"] - before
+        head = m.tensor_info["token_embd.weight"][3]       # SmolLM2's head is its tied embedding
+        assert loaded <= 2 * m.stats()["slot_size"] + head
+        assert m.n_tokens == len(toks)
+        assert (m.eval([42])[-1] == ref.eval([42])[-1]).all()
+        with pytest.raises(ValueError, match="blocks are in"):
+            m.time_blocks([30])
+
+
 def test_analyze_plan_matches_the_executor(smollm2_path):
     from superggml import Model
     from superggml.analyze import model_layout, plan_budget

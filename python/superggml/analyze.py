@@ -2,15 +2,20 @@
 
 Sizes come from the GGUF tensor table. The prediction follows docs/design.md's
 performance model with figures measured here and now: the read bandwidth W
-of the file (buffered pread, and O_DIRECT), and the compute time of one
-decode step (a few tokens run through a 2-slot pool, so the model need not
-fit). Per budget: the blocks that stay pinned, the bytes B streamed per
-token, and the predicted time per token. With O_DIRECT reads and prefetch
-that is max(T_compute, B / W) (the performance model: the disk works while
-the CPU computes). With buffered reads from the page cache it is
-T_compute + B / W: on a CPU that copy runs on the same cores and memory bus
-as the computation, so the two add up (bench/paging.py measures this), W
-being timed with the pages cached, the steady state when the file fits.
+of the file (buffered pread, and O_DIRECT) and the compute time of one
+decode step. By default both are sampled, so analyze takes seconds on any
+model: a few slot-sized reads spread over the file with several in flight,
+as the pager's workers read, and the computation of one or two blocks of
+each distinct block shape (and the lm head), scaled by the blocks of that
+shape. `full=True` (`--full`) streams the whole model through a 2-slot
+pool instead, several times. Per budget: the blocks that stay pinned, the
+bytes B streamed per token, and the predicted time per token. With O_DIRECT
+reads and prefetch that is max(T_compute, B / W) (the performance model:
+the disk works while the CPU computes). With buffered reads from the page
+cache it is T_compute + B / W: on a CPU that copy runs on the same cores
+and memory bus as the computation, so the two add up (bench/paging.py
+measures this), W being timed with the pages cached, the steady state when
+the file fits.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ from __future__ import annotations
 import mmap
 import os
 import statistics
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from . import _core
 from .arch import get_architecture
+from .budget import kv_bytes_per_token
 from .executor import SLOT_ALIGN_ROOM, plan_slots
 from .settings import PagingSettings
 
@@ -48,6 +56,7 @@ class Layout:
     dense_bytes: int = 0                   # the blocks without their experts
     dense_slot_bytes: int = 0              # a slot for the largest block without its experts
     dense_head_chunk_bytes: tuple[int, ...] = ()   # the lm head's row chunks of such a slot each
+    block_shapes: tuple[tuple[int, ...], ...] = ()  # the blocks of each distinct shape (tensor names, types, sizes)
 
     def expert_stream_bytes(self, hit_rate: float) -> int:
         """Expert bytes read per decoded token when `hit_rate` of the routed experts are in the cache."""
@@ -88,10 +97,17 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
             dense_chunks = tuple(store.file_range(c)[1]
                                  for c in store.add_row_chunks(head_name, dense_slot - SLOT_ALIGN_ROOM))
             del store
+        info = {name: (str(t), tuple(shape)) for name, t, shape, _o, _n in f.tensors()}
+        shapes: dict[Any, list[int]] = {}
+        for il in range(hp.n_layer):
+            pre = f"blk.{il}."
+            key = (arch.is_swa(il), tuple(sorted((n.removeprefix(pre), *info[n]) for n in arch.block_tensors(il))))
+            shapes.setdefault(key, []).append(il)
         return Layout(os.fspath(path), hp.arch, hp.n_layer, tuple(blocks), tuple(other), sizes[head_name],
-                      2 * hp.n_layer * hp.n_embd_gqa * 2, os.path.getsize(path), slot, chunks, arch.n_swa,
+                      kv_bytes_per_token(hp, "f16", "f16"), os.path.getsize(path), slot, chunks, arch.n_swa,
                       sum(arch.is_swa(il) for il in range(hp.n_layer)), hp.n_expert, hp.n_expert_used,
-                      max(experts) // max(hp.n_expert, 1), sum(blocks) - sum(experts), dense_slot, dense_chunks)
+                      max(experts) // max(hp.n_expert, 1), sum(blocks) - sum(experts), dense_slot, dense_chunks,
+                      tuple(tuple(v) for v in shapes.values()))
     finally:
         f.close()
 
@@ -134,6 +150,54 @@ def read_bandwidth(path: str, *, direct: bool, nbytes: int = 512 << 20, chunk: i
     return done / (time.perf_counter() - t0)
 
 
+def sample_bandwidth(path: str, *, direct: bool, nbytes: int = 512 << 20, chunk: int = 32 << 20,
+                     in_flight: int = 4) -> float:
+    """Bytes/s of slot-sized reads spread over the file with `in_flight` of them at a time, as the pager's
+    workers read (O_DIRECT if `direct`; buffered reads timed on a second pass, the pages cached)."""
+    size = os.path.getsize(path)
+    chunk = min(chunk, max(4096, size // 4096 * 4096))
+    n_chunks = max(1, min(nbytes, size) // chunk)
+    span = max(size // chunk, 1)
+    offsets = [(i * span // n_chunks) * chunk for i in range(n_chunks)]
+    try:
+        fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+    except OSError:
+        return float("nan")
+    bufs = [mmap.mmap(-1, chunk) for _ in range(in_flight)]      # page-aligned, as O_DIRECT needs
+
+    def read(i: int) -> int:
+        return os.preadv(fd, [bufs[i % in_flight]], offsets[i])
+
+    try:
+        with ThreadPoolExecutor(in_flight) as pool:
+            if not direct:
+                list(pool.map(read, range(n_chunks)))
+            t0 = time.perf_counter()
+            done = sum(pool.map(read, range(n_chunks)))
+            dt = time.perf_counter() - t0
+    except OSError:
+        return float("nan")
+    finally:
+        os.close(fd)
+    return done / dt
+
+
+def sample_compute(path: str, lay: Layout, *, n_threads: int, per_shape: int = 2, **model_kw: Any) -> tuple[float, list[int]]:
+    """(seconds of computation per decoded token, the blocks timed): `per_shape` blocks of each distinct block
+    shape (the first and one past the middle of its run) timed alone (Model.time_blocks), scaled by the number
+    of blocks of that shape, plus the lm head. Reads those blocks' weights only."""
+    sample = []
+    for group in lay.block_shapes:
+        picks = [group[0], group[len(group) // 2]] if len(group) > 1 else [group[0]]
+        sample.append((group, list(dict.fromkeys(picks))[:per_shape]))
+    blocks = [il for _, picks in sample for il in picks]
+    with _calibration_model(path, n_threads, **model_kw) as m:
+        m.eval(m.tokenize("def f(x):"))
+        t = m.time_blocks(blocks)
+    total = t["head"] + sum(statistics.median(t[il] for il in picks) * len(group) for group, picks in sample)
+    return total, blocks
+
+
 def measure_compute(path: str, *, n_threads: int, tokens: int = 4, **model_kw: Any) -> float:
     """Seconds of computation per decoded token (graph compute only, from the per-layer timings); model_kw:
     where it runs (devices, rpc)."""
@@ -152,7 +216,7 @@ def _calibration_model(path: str, n_threads: int, **model_kw: Any) -> Any:
 
     lay = model_layout(path)
     return Model(path, ctx_size=128, n_threads=n_threads, repack=False, device_budget=2 * lay.slot_bytes,
-                 direct_io=False, **model_kw)
+                 direct_io=False, async_prefetch=False, **model_kw)
 
 
 @dataclass(frozen=True)
@@ -174,6 +238,9 @@ class Analysis:
     bandwidth_direct: float
     direct_io: bool
     plans: tuple[BudgetPlan, ...] = field(default_factory=tuple)
+    method: str = "sampled"            # "sampled" or "full" (the whole model streamed)
+    sampled_blocks: tuple[int, ...] = ()
+    seconds: float = 0.0               # the measurement's wall time
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -220,13 +287,34 @@ def plan_budget(lay: Layout, budget: int, *, async_prefetch: bool = True, prefet
 
 def analyze(path: str, budgets: Sequence[int], *, n_threads: int, direct_io: bool | None = None,
             async_prefetch: bool = True, progress: bool = False, measure: bool = True,
-            hit_rate: float | None = None, **model_kw: Any) -> Analysis:
+            hit_rate: float | None = None, full: bool = False, **model_kw: Any) -> Analysis:
     """`hit_rate`: the expert cache's, for a MoE model's budgets (None: uniform routing's, plan_moe_budget).
-    model_kw: where the compute is measured (devices, rpc: a server's device computes the blocks)."""
+    `full`: time the whole model streamed (minutes on a big one) instead of sampled blocks and reads; progress:
+    a line per stage on stderr. model_kw: where the compute is measured (devices, rpc: a server's device
+    computes the blocks)."""
+    t0 = time.perf_counter()
     lay = model_layout(path)
-    w_buf = read_bandwidth(path, direct=False, progress=progress) if measure else float("nan")
-    w_dir = read_bandwidth(path, direct=True, progress=progress) if measure else float("nan")
-    tc = measure_compute(path, n_threads=n_threads, **model_kw) if measure else float("nan")
+    nan = float("nan")
+    w_buf = w_dir = tc = nan
+    sampled: list[int] = []
+
+    def say(what: str) -> None:
+        if progress:
+            print(f"analyze: {what} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+
+    if measure and full:
+        w_buf = read_bandwidth(path, direct=False, progress=progress)
+        w_dir = read_bandwidth(path, direct=True, progress=progress)
+        say(f"streaming all {lay.n_layer} blocks through a 2-slot pool, 5 tokens")
+        tc = measure_compute(path, n_threads=n_threads, **model_kw)
+    elif measure:
+        say("sampling the read rate, buffered and O_DIRECT, 4 reads in flight")
+        w_buf = sample_bandwidth(path, direct=False)
+        w_dir = sample_bandwidth(path, direct=True)
+        n_shapes = len(lay.block_shapes)
+        say(f"timing 1-2 blocks of each of {n_shapes} block shape{'s' if n_shapes > 1 else ''} and the lm head")
+        tc, sampled = sample_compute(path, lay, n_threads=n_threads, **model_kw)
+    say("done")
     if direct_io is None:
         direct_io = lay.file_bytes > int(_core.host_memory()["available"])
     plans = []
@@ -242,7 +330,8 @@ def analyze(path: str, budgets: Sequence[int], *, n_threads: int, direct_io: boo
             pred = tc + streamed / w_buf
         plans.append(BudgetPlan(b, n_slots, min(pinned, lay.n_layer), streamed, pred,
                                 *((moe.expert_cache_bytes, moe.expert_hit_rate) if moe else ())))
-    return Analysis(lay, tc, w_buf, w_dir, direct_io, tuple(plans))
+    return Analysis(lay, tc, w_buf, w_dir, direct_io, tuple(plans), "full" if full else "sampled", tuple(sampled),
+                    time.perf_counter() - t0)
 
 
 def format_analysis(a: Analysis) -> str:
@@ -259,8 +348,9 @@ def format_analysis(a: Analysis) -> str:
            *([f"sliding window: {lay.n_swa_layers} of {lay.n_layer} layers over {lay.n_swa} tokens; with paged_kv "
               f"their K/V beyond it is freed: {lay.kv_bytes(8192, swa_freed=True) / mib:.0f} MiB at 8192 tokens "
               f"instead of {lay.kv_bytes(8192) / mib:.0f}"] if lay.n_swa_layers else []),
-           (f"measured: compute {a.t_compute_s * 1e3:.1f} ms/token, read {a.bandwidth_buffered / 1e9:.2f} GB/s "
-            f"buffered, {a.bandwidth_direct / 1e9:.2f} GB/s O_DIRECT; reads here: "
+           (f"measured ({a.method}{', blocks ' + ','.join(map(str, a.sampled_blocks)) if a.sampled_blocks else ''}; "
+            f"{a.seconds:.1f} s): compute {a.t_compute_s * 1e3:.1f} ms/token, read {a.bandwidth_buffered / 1e9:.2f} "
+            f"GB/s buffered, {a.bandwidth_direct / 1e9:.2f} GB/s O_DIRECT; reads here: "
             f"{'O_DIRECT' if a.direct_io else 'buffered'}" if a.t_compute_s == a.t_compute_s else
             "not measured (--no-measure): no predicted times"),
            *([f"mixture of experts: {lay.n_expert} experts per block, {lay.n_expert_used} per token, "

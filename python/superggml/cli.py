@@ -183,7 +183,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
         where = dict(rpc=a.rpc.split(","), devices=a.devices.split(",") if a.devices else None)
         _print_rpc_devices(a.rpc.split(","))
     res = analyze(path, budgets, n_threads=a.threads or default_threads(), direct_io=direct, progress=not a.json,
-                  measure=not a.no_measure, hit_rate=a.hit_rate, **where)
+                  measure=not a.no_measure, hit_rate=a.hit_rate, full=a.full, **where)
     print(json.dumps(res.to_json(), indent=1) if a.json else format_analysis(res))
     return 0
 
@@ -322,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--direct-io", choices=["auto", "on", "off"], default="auto", help="read mode to predict for")
     an.add_argument("-t", "--threads", type=int, default=None)
     an.add_argument("--no-measure", action="store_true", help="sizes and plans only; no bandwidth or compute runs")
+    an.add_argument("--full", action="store_true", help="time the whole model streamed, not sampled blocks and "
+                    "reads (minutes on a big model)")
     an.add_argument("--hit-rate", type=float, default=None, metavar="H",
                     help="MoE: the expert cache's hit rate to predict for (default: uniform routing's)")
     an.add_argument("--rpc", default=None, metavar="HOST:PORT,...",

@@ -835,28 +835,7 @@ class Executor:
             self.kv.begin(seq, p0)
         for i, step in enumerate(plan.steps):
             t0 = time.time()
-            self._loaded(step.group)
-            if step.dev != dev:                        # a pipeline by blocks: the activations move along
-                _core.tensor_copy(*plan.move(self, dev, step.dev, step.rows_in))
-                dev = step.dev
-            if step.experts is not None:               # the router's choice for its rows, as cache slots
-                k, il, r0 = self.hp.n_expert_used, step.experts, step.expert_row0
-                rows = step.expert_ids.ne[1]
-                sel = _core.tensor_get(self.moe_sel).reshape(-1)[r0 * k:(r0 + rows) * k]
-                _core.tensor_set(step.expert_ids, self.experts.map(il, sel))
-                if step.expert_ahead:                  # the next block's first chunk loads while this computes
-                    self.experts.lookahead(il + 1, _core.tensor_get(self.moe_guess).reshape(-1)[:step.expert_ahead * k])
-            layer = step.layer
-            kv = contextlib.nullcontext() if layer is None else self.kv.use(layer, [
-                (seq, first[seq], p0 + m, self._lane_k[j][layer] if j else None, self._lane_v[j][layer] if j else None)
-                for j, (seq, p0, m) in enumerate(lanes)])
-            with self.pagers[dev].use(step.key), kv:
-                tc = time.time()
-                try:
-                    self.backends[dev].compute(step.graph)
-                finally:
-                    if step.experts is not None:
-                        self.experts.release()
+            dev, tc = self._run_step(plan, step, dev, lanes, first)
             if rec is not None:
                 rec.append(self._timing(i, step, t0, tc))
         if self.loader is not None and self.loader.done():
@@ -864,6 +843,83 @@ class Executor:
         if self.experts is not None:
             self.experts.pass_done(n, time.time() - t_pass)
         return plan.logits
+
+    def _run_step(self, plan: "_Plan", step: Step, dev: int, lanes: Sequence[tuple[int, int, int]],
+                  first: dict[int, int]) -> tuple[int, float]:
+        """Runs one graph of a pass once its weights, experts and K/V are in; returns the device the activations
+        are on after it and when its computation started."""
+        self._loaded(step.group)
+        if step.dev != dev:                        # a pipeline by blocks: the activations move along
+            _core.tensor_copy(*plan.move(self, dev, step.dev, step.rows_in))
+            dev = step.dev
+        if step.experts is not None:               # the router's choice for its rows, as cache slots
+            k, il, r0 = self.hp.n_expert_used, step.experts, step.expert_row0
+            rows = step.expert_ids.ne[1]
+            sel = _core.tensor_get(self.moe_sel).reshape(-1)[r0 * k:(r0 + rows) * k]
+            _core.tensor_set(step.expert_ids, self.experts.map(il, sel))
+            if step.expert_ahead:                  # the next block's first chunk loads while this computes
+                self.experts.lookahead(il + 1, _core.tensor_get(self.moe_guess).reshape(-1)[:step.expert_ahead * k])
+        layer = step.layer
+        kv = contextlib.nullcontext() if layer is None else self.kv.use(layer, [
+            (seq, first[seq], p0 + m, self._lane_k[j][layer] if j else None, self._lane_v[j][layer] if j else None)
+            for j, (seq, p0, m) in enumerate(lanes)])
+        with self.pagers[dev].use(step.key), kv:
+            tc = time.time()
+            try:
+                self.backends[dev].compute(step.graph)
+            finally:
+                if step.experts is not None:
+                    self.experts.release()
+        return dev, tc
+
+    def time_blocks(self, blocks: Sequence[int], *, repeats: int = 3) -> dict[int | str, float]:
+        """Seconds of computation of each of `blocks`, and of the lm head ("head"), for one token decoded after
+        the current sequence: the median of `repeats` runs after one that brings the weights in. Only their
+        weights are read (nothing is prefetched meanwhile). The sequence keeps its tokens; the K/V row after
+        them is written (the next eval writes it again). What analyze scales by the blocks of each shape."""
+        seq, c = self.seq, self.settings.context
+        p0 = seq.n_past
+        if p0 >= c.ctx_size:
+            raise ValueError("time_blocks needs a free position in the context")
+        if any(not 0 <= il < self.hp.n_layer for il in blocks):
+            raise ValueError(f"blocks are in 0..{self.hp.n_layer - 1}")
+        n_kv = min(c.ctx_size, -(-(p0 + 1) // KV_PAD) * KV_PAD)
+        rows = self._kv_rows(p0, 1, n_kv)
+        plan = self._plan(1, n_kv, 1)
+        for inp in plan.all_inputs:
+            _core.tensor_set(inp.tokens, np.zeros(1, dtype=np.int32))
+            _core.tensor_set(inp.positions, rows[0])
+            _core.tensor_set(inp.out_ids, np.zeros(1, dtype=np.int32))
+            self._set_kv_rows(inp, rows)
+        self._bind_lanes([seq.id])
+        lanes, first = [(seq.id, p0, 1)], {seq.id: p0}
+        self.kv.begin(seq.id, p0)
+        depths = [getattr(pg, "depth", 0) for pg in self.pagers]
+        for pg in self.pagers:
+            if isinstance(pg, WeightPager):
+                pg.depth = 0
+        out: dict[int | str, float] = {}
+        try:
+            dev = plan.steps[0].dev
+            dev, _ = self._run_step(plan, plan.steps[0], dev, lanes, first)     # the embedding: acts hold a row
+            groups: list[tuple[int | str, list[Step]]] = [
+                (il, [st for st in plan.steps if st.group == il and st.kind != "head"]) for il in blocks]
+            groups.append(("head", [st for st in plan.steps if st.kind == "head"]))
+            for name, steps in groups:
+                times = []
+                for r in range(repeats + 1):
+                    t = 0.0
+                    for st in steps:
+                        dev, tc = self._run_step(plan, st, dev, lanes, first)
+                        t += time.time() - tc
+                    if r:
+                        times.append(t)
+                out[name] = float(np.median(times))
+        finally:
+            for pg, d in zip(self.pagers, depths):
+                if isinstance(pg, WeightPager):
+                    pg.depth = d
+        return out
 
     def _one_graph(self) -> bool:
         """Everything resident on one device, loaded, untimed: nothing to do between blocks."""

@@ -417,6 +417,12 @@ class Model:
         return self._exec.backend.device_type, self._exec.backend.device_name
 
     # -- paging ------------------------------------------------------------
+    def time_blocks(self, blocks: Sequence[int], *, repeats: int = 3) -> dict[int | str, float]:
+        """Seconds of computation of each of `blocks` and of the lm head ("head") for one decoded token, only
+        their weights read (Executor.time_blocks; what `superggml analyze` samples)."""
+        self._check_open()
+        return self._exec.time_blocks(blocks, repeats=repeats)
+
     def stats(self) -> dict[str, Any]:
         """One dict of counters: the current sequence (sequence, n_sequences, n_tokens), the threads and
         devices (n_threads, devices, blocks_per_device), the background load (weights_loading); with paged
