@@ -193,13 +193,14 @@ LLAMA = r"""
 import json, resource, sys, time
 import numpy as np
 import llama_cpp
+import llama_cpp.llama_cpp as lib     # what llama_cpp.Llama calls
 req = json.loads(open(sys.argv[1]).read())
-default = llama_cpp.llama_model_default_params
+default = lib.llama_model_default_params
 def no_repack():                      # llama.cpp's --no-repack: the weights stay in the mapping
     p = default()
     p.use_extra_bufts = False
     return p
-llama_cpp.llama_model_default_params = no_repack
+lib.llama_model_default_params = no_repack
 toks = req["tokens"]
 n = req["prompt"]
 t = time.perf_counter()

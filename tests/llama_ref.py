@@ -24,14 +24,16 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
     import llama_cpp
 
     if req.get("repack") is False:  # llama.cpp's --no-repack: weights stay in the mapping
-        default = llama_cpp.llama_model_default_params
+        import llama_cpp.llama_cpp as lib   # the module llama_cpp.Llama calls
+
+        default = lib.llama_model_default_params
 
         def no_repack():
             p = default()
             p.use_extra_bufts = False
             return p
 
-        llama_cpp.llama_model_default_params = no_repack
+        lib.llama_model_default_params = no_repack
     kind = req["kind"]
     if kind == "sysinfo":
         return {"sysinfo": np.array(llama_cpp.llama_print_system_info().decode())}

@@ -119,7 +119,8 @@ def test_time_blocks_reads_those_blocks_and_changes_no_result(smollm2_path):
         assert set(t) == {3, 7, "head"} and all(v > 0 for v in t.values())
         loaded = m.stats()["bytes_loaded"] - before
         head = m.tensor_info["token_embd.weight"][3]       # SmolLM2's head is its tied embedding
-        assert loaded <= 2 * m.stats()["slot_size"] + head
+        # the two blocks once (not the 30); the head's 14 chunks go through the 1-slot pool on each of the 3 runs
+        assert loaded <= 2 * m.stats()["slot_size"] + 3 * head
         assert m.n_tokens == len(toks)
         assert (m.eval([42])[-1] == ref.eval([42])[-1]).all()
         with pytest.raises(ValueError, match="blocks are in"):

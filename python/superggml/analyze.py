@@ -192,7 +192,6 @@ def sample_compute(path: str, lay: Layout, *, n_threads: int, per_shape: int = 2
         sample.append((group, list(dict.fromkeys(picks))[:per_shape]))
     blocks = [il for _, picks in sample for il in picks]
     with _calibration_model(path, n_threads, **model_kw) as m:
-        m.eval(m.tokenize("def f(x):"))
         t = m.time_blocks(blocks)
     total = t["head"] + sum(statistics.median(t[il] for il in picks) * len(group) for group, picks in sample)
     return total, blocks
@@ -216,7 +215,7 @@ def _calibration_model(path: str, n_threads: int, **model_kw: Any) -> Any:
 
     lay = model_layout(path)
     return Model(path, ctx_size=128, n_threads=n_threads, repack=False, device_budget=2 * lay.slot_bytes,
-                 direct_io=False, async_prefetch=False, **model_kw)
+                 direct_io=False, **model_kw)
 
 
 @dataclass(frozen=True)

@@ -892,6 +892,7 @@ class Executor:
             _core.tensor_set(inp.out_ids, np.zeros(1, dtype=np.int32))
             self._set_kv_rows(inp, rows)
         self._bind_lanes([seq.id])
+        self._before_pass(1)                      # the threads a decoded token computes with
         lanes, first = [(seq.id, p0, 1)], {seq.id: p0}
         self.kv.begin(seq.id, p0)
         depths = [getattr(pg, "depth", 0) for pg in self.pagers]
