@@ -231,7 +231,7 @@ def bench_model(name: str, p: dict, a: argparse.Namespace) -> list[dict]:
     path = model_path(p, a.cache_dir)
     size = os.path.getsize(path)
     limit = int(parse_size(a.limit or p["limit"]))
-    budgets = [int(parse_size(b)) for b in (a.budgets or p["budgets"]).split(",") if b]
+    budgets = [int(parse_size(b)) for b in (p["budgets"] if a.budgets is None else a.budgets).split(",") if b]
     rng = np.random.default_rng(1)
     toks = [int(x) for x in rng.integers(100, 40000, PROMPT + a.tokens)]
     print(f"{name}: {p['arch']} {os.path.basename(path)} {size / GiB:.2f} GiB; cgroup limit {limit / GiB:.2f} GiB; "
@@ -282,7 +282,7 @@ def main() -> int:
     ap.add_argument("--model", choices=("dense", "moe", "both"), default="both")
     ap.add_argument("--tokens", type=int, default=4, help="decoded tokens per run")
     ap.add_argument("--limit", help="the cgroup limit (default: 20 GiB dense, 4 GiB MoE)")
-    ap.add_argument("--budgets", help="hand-picked device budgets, comma-separated (default per model)")
+    ap.add_argument("--budgets", help="hand-picked device budgets, comma-separated (default per model; '' for none)")
     ap.add_argument("--ctx", type=int, default=4096, help="llama.cpp's n_ctx (superggml's default ctx_size)")
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--write-only", action="store_true", help="write the model(s) and stop")
