@@ -69,6 +69,17 @@ def test_a_new_option_needs_only_its_field(monkeypatch, capsys):
     assert Settings.from_options({"toy_option": 3}).as_options()["toy_option"] == 3
 
 
+def test_strings_are_read_as_the_command_line_reads_them():
+    s = Settings.from_options(dict(direct_io="on", flash_attn="off", n_threads="3", devices="CPU,CPU",
+                                   cache_type_k="q8_0", device_budget="auto"))
+    assert (s.paging.direct_io, s.context.flash_attn, s.context.n_threads) == (True, False, 3)
+    assert (s.devices.devices, s.context.cache_type_k, s.paging.device_budget) == (("CPU", "CPU"), "q8_0", "auto")
+    for bad, match in [(dict(direct_io="maybe"), "direct_io='maybe'"), (dict(flash_attn="yes please"), "boolean"),
+                       (dict(n_threads="x"), "n_threads"), (dict(cache_type_v="q9"), "cache_type_v must be one of")]:
+        with pytest.raises(ValueError, match=match):
+            Settings.from_options(bad)
+
+
 def test_aliases_unknown_names_and_normalisation():
     s = Settings.from_options({"n_ctx": 64, "n_batch": 512, "n_gpu_layers": -1, "host_budget": "1KiB"})
     assert (s.context.ctx_size, s.context.n_batch, s.paging.n_gpu_layers, s.kv.host_budget) == (64, 64, None, 1024)

@@ -75,7 +75,12 @@ def default_threads() -> int:
 
 
 def _parse_bool(s: str) -> bool:
-    return s.strip().lower() not in ("0", "", "false", "no", "off")
+    v = s.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {s!r} (on/off, true/false, yes/no, 1/0)")
 
 
 def _parse_tristate(s: str) -> bool | None:
@@ -376,11 +381,18 @@ class Settings:
                     raise TypeError(f"{alias} and {name} are the same option: give one")
                 opts[name] = opts.pop(alias)
         groups: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
-        owner = {f.name: g for g, f in fields()}
+        owner = {f.name: (g, f) for g, f in fields()}
         for name, value in opts.items():
             if name not in owner:
                 raise TypeError(f"Model() got an unexpected keyword argument {name!r}")
-            groups[owner[name]][name] = value
+            g, f = owner[name]
+            md = f.metadata
+            if isinstance(value, str) and md["parse"] is not str:     # as on the command line: "on", "4"
+                try:
+                    value = (_one_of(md["choices"], md["parse"]) if md["choices"] else md["parse"])(value)
+                except (ValueError, argparse.ArgumentTypeError) as e:
+                    raise ValueError(f"{name}={value!r}: {e}") from None
+            groups[g][name] = value
         return cls(**{g: GROUPS[g](**kw) for g, kw in groups.items()})
 
     def as_options(self) -> dict[str, Any]:
