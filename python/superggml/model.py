@@ -23,7 +23,7 @@ from .metrics import Metrics, MetricsWriter
 from .reply import Reply
 from .sampling import Sampler, SamplingParams, log_softmax
 from .scheduler import LayerScheduler
-from .speculative import DraftLength, LookupDrafter, ModelDrafter, Speculator, accept
+from .speculative import DRAFT_BATCH, DraftLength, LookupDrafter, ModelDrafter, Speculator, accept
 from .settings import Settings, options_doc, parse_size, signature
 from .tokenizer import Tokenizer
 from .tools import ToolFormat, ToolRequest, parse_tools, resolve_tool_choice, tool_format
@@ -333,19 +333,20 @@ class Model:
         sp, c = self.settings.speculative, self.settings.context
         if not sp.draft_model:
             return 0
-        return model_bytes(sp.draft_model, dict(ctx_size=c.ctx_size, n_batch=c.n_batch, cache_type_k="f16",
+        return model_bytes(sp.draft_model, dict(ctx_size=c.ctx_size, n_batch=min(c.n_batch, DRAFT_BATCH),
+                                                cache_type_k="f16",
                                                 cache_type_v="f16", flash_attn=c.flash_attn,
                                                 device_budget=sp.draft_budget))
 
     def _speculator(self) -> Speculator:
         """The drafter the speculative settings ask for: a draft model (resident, or streamed within its own
-        draft_budget; the model's context, threads and batch settings) or prompt lookup."""
+        draft_budget; the model's context and threads, at most DRAFT_BATCH rows a pass) or prompt lookup."""
         sp, c = self.settings.speculative, self.settings.context
         length = DraftLength(sp.draft_min, sp.draft_max, sp.draft_k)
         if not sp.draft_model:
             return Speculator(LookupDrafter(sp.lookup_ngram), length)
-        kw: dict[str, Any] = dict(ctx_size=c.ctx_size, n_batch=c.n_batch, n_threads=c.n_threads, seed=c.seed,
-                                  flash_attn=c.flash_attn, repack=c.repack, batch_invariant=c.batch_invariant)
+        kw: dict[str, Any] = dict(ctx_size=c.ctx_size, n_batch=min(c.n_batch, DRAFT_BATCH), n_threads=c.n_threads,
+                                  seed=c.seed, flash_attn=c.flash_attn, repack=c.repack, batch_invariant=c.batch_invariant)
         # resident (the target's automatic budget left its memory), or streamed within its own draft_budget
         kw.update(device_budget="off" if sp.draft_budget is None else sp.draft_budget, async_prefetch=True)
         draft = Model(sp.draft_model, **kw)
