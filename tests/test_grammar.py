@@ -52,17 +52,18 @@ def client(model: Model) -> Iterator[openai.OpenAI]:
     yield from openai_client(model, parallel=8, max_queue=16, model_id="m")
 
 
-def test_json_schema_20_samples_valid(client):
-    """Nested objects, enums, arrays, a pattern: 20 samples at temperature 0.8 (5 requests of n=4, each choice
-    its own constraint state in the shared passes), every one valid against the schema."""
+def test_json_schema_samples_valid(client, model_path):
+    """Nested objects, enums, arrays, a pattern: 20 samples at temperature 0.8 (8 on the slower Qwen; requests
+    of n=4, each choice its own constraint state in the shared passes), every one valid against the schema."""
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     msgs = [{"role": "user", "content": "Invent a user of a web site and describe them as JSON."}]
     outs = []
-    for i in range(5):
+    n_requests = 2 if "qwen" in model_path else 5
+    for i in range(n_requests):
         r = client.chat.completions.create(model="m", messages=msgs, max_tokens=160, temperature=0.8, n=4,
                                            seed=100 + i, response_format=fmt)
         outs += [(c.message.content, c.finish_reason) for c in r.choices]
-    assert len(outs) == 20
+    assert len(outs) == 4 * n_requests
     for text, finish in outs:
         assert finish == "stop", text
         jsonschema.validate(json.loads(text), PERSON)

@@ -17,7 +17,7 @@ from prompts import PROMPTS
 from superggml import Model, models
 
 N_POS = 64
-N_GEN = 128
+N_GEN = 64
 MODELS = {"smollm2": models.smollm2_path, "qwen": models.qwen_path, "qwen05": models.qwen05_path}
 GEN_PROMPTS = ["def fibonacci(n):\n", "The three laws of thermodynamics are"]
 

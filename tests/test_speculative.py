@@ -153,7 +153,7 @@ def test_speculative_sampling_keeps_the_model_distribution(tmp_path, smollm2_pat
             ids2, p2 = s.distribution(m.eval([t1])[-1], prompt + [t1])
             for t2, pr2 in zip(ids2.tolist(), p2):
                 expected[(t1, t2)] = pr1 * pr2
-    n = 1500
+    n = 800
     counts = dict.fromkeys(expected, 0)
     with Model(str(target), draft_model=str(draft), draft_k=2, **kw) as m:
         for i in range(n):
