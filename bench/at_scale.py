@@ -1,7 +1,7 @@
 """Models far bigger than memory, run with no options: a ~39 GB dense model (Llama-70B's shape) in a 20 GiB memory
 cgroup and a ~16 GB mixture of experts (Qwen3-30B-A3B's shape) in a 4 GiB one, against llama.cpp's mmap.
 
-    python bench/at_scale.py [--model dense|moe|both] [--tokens 4] [--budgets 14GiB,16GiB,18GiB] [--keep]
+    python bench/at_scale.py [--model dense|moe|both] [--tokens 4] [--budgets 14GiB,16GiB,18GiB] [--repeat 1] [--keep]
 
 Each model is a synthetic GGUF laid out as llama.cpp's converter writes the architecture (llama; qwen3moe with its
 Q/K norms and 3-D expert tensors), SmolLM2's vocabulary, Q4_0 matrices (F32 norms and router). It is written tensor
@@ -155,18 +155,20 @@ t = time.perf_counter()
 with Model(req["model"], **kw) as m:
     t_load = time.perf_counter() - t
     first = m.eval(toks[:req["prompt"]])[-1].copy()
+    s0 = m.stats()
     t = time.perf_counter()
     for tok in toks[req["prompt"]:]:
         last = m.eval([tok])[-1]
     dt = time.perf_counter() - t
     last = last.copy()
     s = m.stats()
+    decode = {k: s[k] - s0[k] for k in ("bytes_loaded", "wait_seconds", "read_seconds") if k in s}
 np.save(req["out"], np.stack([first, last]))
 print(json.dumps(dict(decode_s=dt, load_s=t_load, ctx_size=m.settings.context.ctx_size,
                       maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                       budget=s.get("budget"), layers_pinned=s.get("layers_pinned"), n_slots=s.get("n_slots"),
                       slot_size=s.get("slot_size"), expert_hits=s.get("expert_hits"),
-                      expert_misses=s.get("expert_misses"))))
+                      expert_misses=s.get("expert_misses"), decode=decode)))
 """
 
 LLAMA = r"""
@@ -240,9 +242,11 @@ def bench_model(name: str, p: dict, a: argparse.Namespace) -> list[dict]:
     runs += [(f"superggml {b / GiB:g} GiB", SUPERGGML, dict(budget=b)) for b in budgets]
     if not a.no_llama:
         runs.append(("llama.cpp mmap", LLAMA, dict(ctx=a.ctx)))
+    # the superggml runs repeated in turn (--repeat), so that the disk's swings fall on every budget alike
+    order = [r for _ in range(a.repeat) for r in runs if r[1] is SUPERGGML] + [r for r in runs if r[1] is LLAMA]
     rows = []
     with tempfile.TemporaryDirectory() as work:
-        for who, code, extra in runs:
+        for who, code, extra in order:
             req = dict(extra, who=who.replace(" ", "_"), tokens=toks, prompt=PROMPT)
             r = run_child(code, req, path, limit, a.timeout, work)
             row = dict(model=name, who=who, limit=limit, model_bytes=size, tokens=a.tokens)
@@ -253,7 +257,7 @@ def bench_model(name: str, p: dict, a: argparse.Namespace) -> list[dict]:
                            maxrss=r["maxrss"], argmax=[int(x) for x in r["logits"].argmax(-1)],
                            finite=bool(np.isfinite(r["logits"]).all()),
                            **{k: r[k] for k in ("budget", "layers_pinned", "n_slots", "slot_size", "expert_hits",
-                                                "expert_misses", "ctx_size", "stderr") if k in r})
+                                                "expert_misses", "ctx_size", "stderr", "decode") if k in r})
             rows.append(row)
             print("  " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})[:2000],
                   flush=True)
@@ -263,17 +267,22 @@ def bench_model(name: str, p: dict, a: argparse.Namespace) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    out = [f"{'model':<6} {'run':<22} {'s/token':>8} {'vs llama.cpp':>12} {'max RSS GiB':>11}  argmax"]
+    """One line per run name: the median s/token of its repeats (each repeat's in brackets when several)."""
+    out = [f"{'model':<6} {'run':<22} {'s/token':>8} {'vs llama.cpp':>12} {'max RSS GiB':>11}  argmax  repeats"]
     for name in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == name]
-        ref = next((r.get("s_per_token") for r in mine if r["who"].startswith("llama")), None)
-        for r in mine:
-            if "error" in r:
-                out.append(f"{name:<6} {r['who']:<22} {r['error'][:80]}")
+        ref = next((r.get("s_per_token") for r in mine if r["who"].startswith("llama") and "error" not in r), None)
+        for who in dict.fromkeys(r["who"] for r in mine):
+            same = [r for r in mine if r["who"] == who]
+            ok = [r for r in same if "error" not in r]
+            if not ok:
+                out.append(f"{name:<6} {who:<22} {same[0]['error'][:80]}")
                 continue
-            x = f"{ref / r['s_per_token']:.2f}x" if ref else "-"
-            out.append(f"{name:<6} {r['who']:<22} {r['s_per_token']:>8.2f} {x:>12} {r['maxrss'] / GiB:>11.2f}  "
-                       f"{r['argmax']}")
+            s = float(np.median([r["s_per_token"] for r in ok]))
+            x = f"{ref / s:.2f}x" if ref else "-"
+            each = "  [" + ", ".join(f"{r['s_per_token']:.2f}" for r in ok) + "]" if len(same) > 1 else ""
+            out.append(f"{name:<6} {who:<22} {s:>8.2f} {x:>12} {max(r['maxrss'] for r in ok) / GiB:>11.2f}  "
+                       f"{ok[0]['argmax']}{each}")
     return "\n".join(out)
 
 
@@ -281,6 +290,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=("dense", "moe", "both"), default="both")
     ap.add_argument("--tokens", type=int, default=4, help="decoded tokens per run")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each superggml setting, in turn (median reported)")
     ap.add_argument("--limit", help="the cgroup limit (default: 20 GiB dense, 4 GiB MoE)")
     ap.add_argument("--budgets", help="hand-picked device budgets, comma-separated (default per model; '' for none)")
     ap.add_argument("--ctx", type=int, default=4096, help="llama.cpp's n_ctx (superggml's default ctx_size)")

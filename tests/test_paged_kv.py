@@ -38,8 +38,12 @@ def contiguous(model_path):
         return _run(m), m.hparams.n_layer
 
 
-@pytest.mark.parametrize("page_size", [16, 256, 8192])
-@pytest.mark.parametrize("tier", ["device", "host", "disk"])
+# SmolLM2: every tier with every page size; Qwen (GQA 6:1, head 128): each tier and each page size once
+CASES = [("smollm2", tier, size) for tier in ("device", "host", "disk") for size in (16, 256, 8192)]
+CASES += [("qwen", "device", 16), ("qwen", "host", 256), ("qwen", "disk", 8192)]
+
+
+@pytest.mark.parametrize("model_path, tier, page_size", CASES, indirect=["model_path"])
 def test_paged_kv_is_bit_identical(model_path, contiguous, page_size, tier, tmp_path):
     ref, n_layer = contiguous
     kw: dict = dict(paged_kv=True, kv_page_size=page_size)
