@@ -60,7 +60,14 @@ class MemoryPlan:
     def line(self, streamed: str = "") -> str:
         """One line for stderr."""
         what = "all weights resident" if self.resident else f"blocks stream, {gib(self.budget or 0)} pool"
-        extra = f" ({self.reserve / 2**30:.1f} GiB kept for the draft model)" if self.reserve else ""
+        extra = ""
+        if self.reserve:
+            extra = f" ({self.reserve / 2**30:.1f} GiB kept for the draft model"
+            if self.mode == "auto" and not self.resident:
+                without = max(0, self.weights - max(0, self.available - (self.beside - self.reserve)))
+                extra += (f", so {gib(self.weights - (self.budget or 0))} of weights stream instead of "
+                          f"{gib(without)}")
+            extra += ")"
         return (f"superggml: device budget {self.mode}: {what}{streamed}; {gib(self.available)} available, "
                 f"weights {gib(self.weights)}, K/V {gib(self.kv)}, compute {gib(self.compute)}, headroom "
                 f"{gib(self.headroom + self.tokenizer)}{extra}")
