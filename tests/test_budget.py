@@ -46,9 +46,9 @@ def test_plan_streams_what_does_not_fit(hp):
     # a draft model's memory comes out of the target's
     q = budget.plan_memory(hp, 4 * GiB, dict(OPTS, device_budget="auto"), avail, reserve=100 * MiB)
     assert q.budget == p.budget - 100 * MiB
-    streamed = (4 * GiB - q.budget) / MiB, (4 * GiB - p.budget) / MiB     # the line says what the draft costs
-    assert f"0.1 GiB kept for the draft model, so {budget.gib(4 * GiB - q.budget)} of weights stream instead of " \
-           f"{budget.gib(4 * GiB - p.budget)})" in q.line() and streamed[0] == streamed[1] + 100
+    # and its line says what the draft costs: the weights that stream with it and without it
+    assert (f"0.1 GiB kept for the draft model, so {budget.gib(4 * GiB - q.budget)} of weights stream instead of "
+            f"{budget.gib(4 * GiB - p.budget)})") in q.line()
     # a smaller context leaves more to the weights
     r = budget.plan_memory(hp, 4 * GiB, dict(OPTS, device_budget="auto", ctx_size=512), avail)
     assert r.budget > p.budget

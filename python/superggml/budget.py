@@ -64,9 +64,9 @@ class MemoryPlan:
         if self.reserve:
             extra = f" ({self.reserve / 2**30:.1f} GiB kept for the draft model"
             if self.mode == "auto" and not self.resident:
-                without = max(0, self.weights - max(0, self.available - (self.beside - self.reserve)))
-                extra += (f", so {gib(self.weights - (self.budget or 0))} of weights stream instead of "
-                          f"{gib(without)}")
+                streamed = self.weights - (self.budget or 0)
+                extra += (f", so {gib(streamed)} of weights stream instead of "
+                          f"{gib(max(0, streamed - self.reserve))}")    # the reserve would join the pool
             extra += ")"
         return (f"superggml: device budget {self.mode}: {what}{streamed}; {gib(self.available)} available, "
                 f"weights {gib(self.weights)}, K/V {gib(self.kv)}, compute {gib(self.compute)}, headroom "

@@ -330,23 +330,26 @@ class Model:
     def _draft_bytes(self) -> int:
         """The memory the draft model will hold (its weights, or its draft_budget, and the rest), which the
         automatic budget leaves it."""
-        sp, c = self.settings.speculative, self.settings.context
+        sp = self.settings.speculative
         if not sp.draft_model:
             return 0
-        return model_bytes(sp.draft_model, dict(ctx_size=c.ctx_size, n_batch=min(c.n_batch, DRAFT_BATCH),
-                                                cache_type_k="f16",
-                                                cache_type_v="f16", flash_attn=c.flash_attn,
+        return model_bytes(sp.draft_model, dict(self._draft_options(), cache_type_k="f16", cache_type_v="f16",
                                                 device_budget=sp.draft_budget))
+
+    def _draft_options(self) -> dict[str, Any]:
+        """The draft model's options: the model's context and threads, at most DRAFT_BATCH rows a pass."""
+        c = self.settings.context
+        return dict(ctx_size=c.ctx_size, n_batch=min(c.n_batch, DRAFT_BATCH), n_threads=c.n_threads, seed=c.seed,
+                    flash_attn=c.flash_attn, repack=c.repack, batch_invariant=c.batch_invariant)
 
     def _speculator(self) -> Speculator:
         """The drafter the speculative settings ask for: a draft model (resident, or streamed within its own
-        draft_budget; the model's context and threads, at most DRAFT_BATCH rows a pass) or prompt lookup."""
-        sp, c = self.settings.speculative, self.settings.context
+        draft_budget; _draft_options) or prompt lookup."""
+        sp = self.settings.speculative
         length = DraftLength(sp.draft_min, sp.draft_max, sp.draft_k)
         if not sp.draft_model:
             return Speculator(LookupDrafter(sp.lookup_ngram), length)
-        kw: dict[str, Any] = dict(ctx_size=c.ctx_size, n_batch=min(c.n_batch, DRAFT_BATCH), n_threads=c.n_threads,
-                                  seed=c.seed, flash_attn=c.flash_attn, repack=c.repack, batch_invariant=c.batch_invariant)
+        kw = self._draft_options()
         # resident (the target's automatic budget left its memory), or streamed within its own draft_budget
         kw.update(device_budget="off" if sp.draft_budget is None else sp.draft_budget, async_prefetch=True)
         draft = Model(sp.draft_model, **kw)

@@ -386,10 +386,9 @@ class Settings:
             if name not in owner:
                 raise TypeError(f"Model() got an unexpected keyword argument {name!r}")
             g, f = owner[name]
-            md = f.metadata
-            if isinstance(value, str) and md["parse"] is not str:     # as on the command line: "on", "4"
+            if isinstance(value, str) and f.metadata["parse"] is not str:     # as on the command line: "on", "4"
                 try:
-                    value = (_one_of(md["choices"], md["parse"]) if md["choices"] else md["parse"])(value)
+                    value = _parser(f)(value)
                 except (ValueError, argparse.ArgumentTypeError) as e:
                     raise ValueError(f"{name}={value!r}: {e}") from None
             groups[g][name] = value
@@ -423,7 +422,7 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         md = f.metadata
         names = [cli_flag(f.name)] + [x for x in md["flags"] if x != cli_flag(f.name)]
         names.sort(key=lambda x: (x.startswith("--"), x))        # short flags first
-        parse = _one_of(md["choices"], md["parse"]) if md["choices"] else md["parse"]
+        parse = _parser(f)
         raw = env.get(env_name(f.name), md["cli_default"])
         try:
             default = parse(raw) if raw is not None else f.default
@@ -440,6 +439,12 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         else:
             kw["metavar"] = md["metavar"] or {int: "N", float: "F"}.get(md["parse"], "VALUE")
         grp.add_argument(*names, type=parse, **kw)
+
+
+def _parser(f: dataclasses.Field) -> Callable[[str], Any]:
+    """How a field reads a command line or environment string: its parse, within its choices if it has some."""
+    md = f.metadata
+    return _one_of(md["choices"], md["parse"]) if md["choices"] else md["parse"]
 
 
 def _one_of(choices: tuple[str, ...], parse: Callable[[str], Any]) -> Callable[[str], Any]:
