@@ -72,7 +72,7 @@ def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
     """Streams the GGUF: the header, keys and tensor infos, then each tensor's data, made when it is written."""
     import gguf
 
-    from superggml import _core
+    from superggml import native
 
     q4 = gguf.GGMLQuantizationType.Q4_0
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
@@ -115,7 +115,7 @@ def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(2 / np.sqrt(k))
         else:
             if k not in pools:
-                pools[k] = _core.quantize(_core.GGMLType.Q4_0, rng.standard_normal((POOL_ROWS, k), dtype=np.float32)
+                pools[k] = native.quantize(native.GGMLType.Q4_0, rng.standard_normal((POOL_ROWS, k), dtype=np.float32)
                                           * np.float32(1 / np.sqrt(k)))
             rows = int(np.prod(shape[:-1]))
             a = pools[k][rng.integers(0, POOL_ROWS, rows)]

@@ -45,7 +45,7 @@ PROMPTS = [
 
 CHILD = r"""
 import json, sys, time
-from superggml import Model, _core
+from superggml import Model, native
 req = json.loads(sys.argv[1])
 kw = dict(ctx_size=req["ctx"], n_threads=2, n_batch=256)
 if req["budget"]:
@@ -78,7 +78,7 @@ with Model(req["model"], **kw) as m:
                          sequences_per_pass=(st2["passes"] * st2["sequences_per_pass"]
                                              - st1["passes"] * st1["sequences_per_pass"]) / max(passes, 1),
                          bytes_per_token=(st2.get("bytes_loaded", 0) - st1.get("bytes_loaded", 0)) / gen,
-                         rss=_core.host_memory()["process_rss"], peak_rss=_core.host_memory()["process_peak"],
+                         rss=native.host_memory()["process_rss"], peak_rss=native.host_memory()["process_peak"],
                          tokens=texts))
         print(json.dumps(dict(row=rows[-1])), flush=True)          # a row survives an OOM kill of a later one
         for i in ids:

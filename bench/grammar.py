@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 from superggml import Model, models  # noqa: E402
-from superggml.grammar import Grammar, Matcher  # noqa: E402
+from superggml.generation.grammar import Grammar, Matcher  # noqa: E402
 
 SCHEMA = {
     "type": "object",

@@ -76,7 +76,7 @@ def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
     generated (and quantized in chunks of rows) only when it is written."""
     import gguf
 
-    from superggml import _core
+    from superggml import native
 
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
     w = gguf.GGUFWriter(path, "qwen3moe")
@@ -119,7 +119,7 @@ def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
             step = max(1, (16 * MiB) // (4 * k))
             for r in range(0, rows, step):
                 n = min(step, rows - r)
-                a[r:r + n] = _core.quantize(_core.GGMLType.Q8_0,
+                a[r:r + n] = native.quantize(native.GGMLType.Q8_0,
                                             rng.standard_normal((n, k), dtype=np.float32) * np.float32(scale))
         w.write_tensor_data(a)
         del a

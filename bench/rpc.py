@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from superggml import Model, _core, models
+from superggml import Model, native, models
 from superggml.analyze import model_layout
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
@@ -46,7 +46,7 @@ def start_server(threads: int) -> tuple[subprocess.Popen[bytes], str]:
     ep = f"127.0.0.1:{port}"
     for _ in range(300):
         try:
-            _core.rpc_probe(ep, connect_timeout=1.0)
+            native.rpc_probe(ep, connect_timeout=1.0)
             return p, ep
         except Exception:
             time.sleep(0.1)
@@ -54,24 +54,24 @@ def start_server(threads: int) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def moved() -> int:
-    return sum(int(v["bytes_sent"]) + int(v["bytes_received"]) for v in _core.rpc_stats().values())
+    return sum(int(v["bytes_sent"]) + int(v["bytes_received"]) for v in native.rpc_stats().values())
 
 
 def loopback_throughput(ep: str, chunk: int = 32 << 20, n: int = 16) -> float:
     """Bytes/s of n slot-sized tensor writes through the relay to the server (as streamed blocks go), one
     read back checked."""
-    dev = [d for d in _core.rpc_add_server(ep) if d["endpoint"] == ep][0]["name"]
-    b = _core.Backend(dev, 1)
-    cx = _core.Context(max_tensors=1)
-    t = cx.new_tensor(_core.GGMLType.I32, [chunk // 4])
+    dev = [d for d in native.rpc_add_server(ep) if d["endpoint"] == ep][0]["name"]
+    b = native.Backend(dev, 1)
+    cx = native.Context(max_tensors=1)
+    t = cx.new_tensor(native.GGMLType.I32, [chunk // 4])
     buf = b.alloc_tensors(cx)
     data = np.arange(chunk // 4, dtype=np.int32)
-    _core.tensor_set(t, data)                       # warm
+    native.tensor_set(t, data)                       # warm
     t0 = time.time()
     for i in range(n):
-        _core.tensor_set(t, data)
+        native.tensor_set(t, data)
     dt = time.time() - t0
-    assert np.array_equal(_core.tensor_get(t), data)
+    assert np.array_equal(native.tensor_get(t), data)
     del buf
     return n * chunk / dt
 

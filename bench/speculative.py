@@ -34,7 +34,7 @@ REWRITE = ("<|im_start|>user\nRename the variable `data` to `records` in this co
 CHILD = r"""
 import json, sys, time
 from superggml import Model
-from superggml.speculative import DraftLength, Speculator
+from superggml.generation.speculative import DraftLength, Speculator
 req = json.loads(sys.argv[1])
 kw = dict(ctx_size=1024, n_threads=2, batch_invariant=True, **req["spec"])
 if req["budget"]:
@@ -42,12 +42,12 @@ if req["budget"]:
 if req.get("direct"):
     kw["direct_io"] = True
 with Model(req["model"], **kw) as m:
-    drafter, length = m._spec.drafter, m._spec.length
+    drafter, length = m.speculator.drafter, m.speculator.length
     toks = m.tokenize(req["prompt"], special=True)
 
     def one(speculate):
         # the same process for both: a fresh speculator (nothing learnt) or none
-        m._spec = Speculator(drafter, DraftLength(length.k_min, length.k_max, length.fixed)) if speculate else None
+        m.speculator = Speculator(drafter, DraftLength(length.k_min, length.k_max, length.fixed)) if speculate else None
         m.reset()                          # the whole prompt in one pass each time, as in a fresh process
         gen = m.generate(toks, temp=0)
         out = [next(gen)]                  # the prompt's pass, not timed
@@ -67,7 +67,7 @@ with Model(req["model"], **kw) as m:
     for _ in range(req["repeat"]):       # alternating
         runs["plain"].append(one(False))
         runs["speculative"].append(one(True))
-    m._spec = Speculator(drafter, length)
+    m.speculator = Speculator(drafter, length)
     print(json.dumps(runs))
 """
 

@@ -58,7 +58,7 @@ def main() -> int:
                     out.append(m.eval([int(np.argmax(out[-1]))])[-1].copy())
                 t2 = time.perf_counter()
                 st = m.stats()
-                page_bytes = m._exec.kv.core.page_bytes
+                page_bytes = m.runtime.memory.parts[0].core.page_bytes
                 n_swa_layers = sum(m.arch.is_swa(il) for il in range(m.hparams.n_layer))
             held = st["kv_token_slots"] // a.page_size * page_bytes
             row = dict(swa_full=swa_full, kv_held_bytes=held, kv_host_bytes=st["kv_host_bytes"],

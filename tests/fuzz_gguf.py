@@ -134,19 +134,19 @@ def mutate(seed: bytes, fs: list[tuple[int, int]], rng: random.Random) -> bytes:
 
 def try_load(path: str) -> str:
     """'ok' or the exception's class name; anything else (a crash) ends the process."""
-    from superggml import _core
+    from superggml import native
 
     try:
-        f = _core.GGUFFile(path)
+        f = native.GGUFFile(path)
         try:
             f.metadata()
             infos = f.tensors()
-            store = _core.WeightStore(f)
+            store = native.WeightStore(f)
             store.bind_mmap()
             for name, *_ in infos:
                 t = store.get(name)
                 if t.nbytes <= 1 << 20:
-                    _core.tensor_get(t) if t.type_name in ("f32", "f16") else None
+                    native.tensor_get(t) if t.type_name in ("f32", "f16") else None
             del store
         finally:
             f.close()

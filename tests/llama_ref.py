@@ -90,12 +90,12 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
             llm.reset()
             ids = []
             for t in llm.generate(llm.tokenize(prompt.encode()), top_k=1, temp=0.0, repeat_penalty=1.0):
-                if llama_cpp.llama_vocab_is_eog(llm._model.vocab, t) or len(ids) == req["max_tokens"]:
+                if llama_cpp.llama_vocab_is_eog(llama_cpp.llama_model_get_vocab(llm.model), t) or len(ids) == req["max_tokens"]:
                     break
                 ids.append(t)
             buf = ctypes.create_string_buffer(1 << 16)
             arr = (llama_cpp.llama_token * len(ids))(*ids)
-            n = llama_cpp.llama_detokenize(llm._model.vocab, arr, len(ids), buf, len(buf), False, False)
+            n = llama_cpp.llama_detokenize(llama_cpp.llama_model_get_vocab(llm.model), arr, len(ids), buf, len(buf), False, False)
             out[f"ids{i}"] = np.array(ids, dtype=np.int64)
             out[f"piece_text{i}"] = np.array(buf.raw[:n].decode("utf-8", errors="ignore"))
             llm.reset()

@@ -13,7 +13,7 @@ import sys
 import gguf
 import numpy as np
 
-from superggml import _core
+from superggml import native
 
 N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYER = 64, 4, 2, 96, 2
 
@@ -88,7 +88,7 @@ def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=No
         if matrix and wtype == "f16":
             w.add_tensor(name, a.astype(np.float16))
         elif matrix and quant is not None:   # ggml's own quantizer, row by row
-            q = _core.quantize(getattr(_core.GGMLType, quant.name), a.reshape(-1, a.shape[-1]))
+            q = native.quantize(getattr(native.GGMLType, quant.name), a.reshape(-1, a.shape[-1]))
             w.add_tensor(name, q.reshape(*a.shape[:-1], q.shape[-1]), raw_dtype=quant)
         else:
             w.add_tensor(name, a)

@@ -1,4 +1,4 @@
-"""The automatic device budget (superggml.budget): the arithmetic, the options, and a model bigger than its memory
+"""The automatic device budget (superggml.runtime.planner): the arithmetic, the options, and a model bigger than its memory
 limit that generates with no options."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import memcg
-from superggml import Model, budget
+from superggml import Model
+from superggml.runtime import planner as budget
 from superggml.arch import get_architecture
 from superggml.settings import Settings
 from synth_gguf import dequantized_copy
@@ -89,7 +90,7 @@ def test_model_resolves_auto(smollm2_path):
 def test_auto_streams_when_memory_is_short(smollm2_path, monkeypatch, capfd):
     """With less memory available than the model needs, auto streams through the largest pool that fits, says
     so on stderr, and gives the resident model's tokens."""
-    from superggml import _core
+    from superggml import native
 
     with Model(smollm2_path, ctx_size=256, device_budget="off") as m:
         want = m.eval(m.tokenize("The capital of France is"))
@@ -97,14 +98,14 @@ def test_auto_streams_when_memory_is_short(smollm2_path, monkeypatch, capfd):
     # what leaves the weights 40 MiB less than they need (the headroom grows with what is available)
     avail = int((p.weights - 40 * MiB + p.kv + p.compute + p.tokenizer + budget.HEADROOM_MIN) /
                 (1 - budget.HEADROOM_SHARE))
-    real = _core.host_memory
+    real = native.host_memory
 
     def short() -> dict:
         h = dict(real())
         h["available"] = avail
         return h
 
-    monkeypatch.setattr(_core, "host_memory", short)
+    monkeypatch.setattr(native, "host_memory", short)
     with Model(smollm2_path, ctx_size=256) as m:
         plan = m.memory_plan
         assert plan.mode == "auto" and not plan.resident
@@ -119,10 +120,10 @@ def test_auto_streams_when_memory_is_short(smollm2_path, monkeypatch, capfd):
 
 
 def test_auto_too_little_memory_is_a_clear_error(smollm2_path, monkeypatch):
-    from superggml import _core
+    from superggml import native
 
-    real = _core.host_memory
-    monkeypatch.setattr(_core, "host_memory", lambda: {**real(), "available": 64 * MiB})
+    real = native.host_memory
+    monkeypatch.setattr(native, "host_memory", lambda: {**real(), "available": 64 * MiB})
     with pytest.raises(ValueError, match=r"not enough memory for this model: .* which leaves .* lower ctx_size"):
         Model(smollm2_path)
 

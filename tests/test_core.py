@@ -5,18 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from superggml import SuperggmlError, _core
+from superggml import SuperggmlError, native
 from superggml.arch import get_architecture
-from superggml.executor import Executor
+from superggml.runtime.executor import Executor
 from superggml.settings import Settings
 
-F32 = _core.GGMLType.F32
+F32 = native.GGMLType.F32
 
 
 def _logits(path, bind):
-    f = _core.GGUFFile(path)
+    f = native.GGUFFile(path)
     arch = get_architecture(f.metadata())
-    store = _core.WeightStore(f)
+    store = native.WeightStore(f)
     bind(store, arch)
     ex = Executor(arch, store, Settings.from_options(dict(n_ctx=64, n_threads=2)))
     return ex.eval(list(range(300, 332)), logits_all=True), store
@@ -24,24 +24,24 @@ def _logits(path, bind):
 
 def test_weights_copied_to_a_resident_buffer_give_bit_identical_logits(smollm2_path):
     mapped, s1 = _logits(smollm2_path, lambda s, a: s.bind_mmap())
-    names = [t[0] for t in _core.GGUFFile(smollm2_path).tensors()]
+    names = [t[0] for t in native.GGUFFile(smollm2_path).tensors()]
 
     def resident(s, a):
         s.bind_mmap()
-        s.load_resident(names[::2], _core.Backend("", 1))  # half resident, half mapped
+        s.load_resident(names[::2], native.Backend("", 1))  # half resident, half mapped
 
     copied, s2 = _logits(smollm2_path, resident)
-    assert s2.home(names[0]) == _core.WeightHome.RESIDENT and s2.home(names[1]) == _core.WeightHome.MMAP
-    assert s2.bytes(_core.WeightHome.RESIDENT) > 0
+    assert s2.home(names[0]) == native.WeightHome.RESIDENT and s2.home(names[1]) == native.WeightHome.MMAP
+    assert s2.bytes(native.WeightHome.RESIDENT) > 0
     assert np.array_equal(mapped, copied)
 
 
 def test_unbound_weight_is_an_error_not_a_crash(smollm2_path):
-    f = _core.GGUFFile(smollm2_path)
+    f = native.GGUFFile(smollm2_path)
     arch = get_architecture(f.metadata())
-    store = _core.WeightStore(f)
+    store = native.WeightStore(f)
     store.bind_mmap([n for n, *_ in f.tensors() if n != "blk.3.ffn_up.weight"])
-    assert store.home("blk.3.ffn_up.weight") == _core.WeightHome.UNBOUND
+    assert store.home("blk.3.ffn_up.weight") == native.WeightHome.UNBOUND
     ex = Executor(arch, store, Settings.from_options(dict(n_ctx=32, n_threads=1)))
     with pytest.raises(SuperggmlError, match="blk.3.ffn_up.weight' has no storage"):
         ex.eval([1, 2])
@@ -50,23 +50,23 @@ def test_unbound_weight_is_an_error_not_a_crash(smollm2_path):
 
 
 def test_graph_ops_compute_and_check_shapes():
-    be = _core.Backend("", 2)
-    pctx = _core.Context(8)
+    be = native.Backend("", 2)
+    pctx = native.Context(8)
     a = pctx.new_tensor(F32, [4, 3])
     b = pctx.new_tensor(F32, [4, 2])
     buf = be.alloc_tensors(pctx)
     assert buf.size >= 4 * 5 * 4
     av = np.arange(12, dtype=np.float32).reshape(3, 4)
     bv = np.ones((2, 4), dtype=np.float32)
-    _core.tensor_set(a, av)
-    _core.tensor_set(b, bv)
-    ctx = _core.Context(16, 16)
+    native.tensor_set(a, av)
+    native.tensor_set(b, bv)
+    ctx = native.Context(16, 16)
     g = ctx.new_graph()
     out = ctx.mul_mat(a, b)          # [3, 2]
     out.set_output()                 # only outputs keep their storage after compute
     g.expand(out)
     be.compute(g)
-    assert np.array_equal(_core.tensor_get(out), bv @ av.T)
+    assert np.array_equal(native.tensor_get(out), bv @ av.T)
     with pytest.raises(SuperggmlError, match="mul_mat"):
         ctx.mul_mat(a, ctx.new_tensor(F32, [5, 2]))
     with pytest.raises(SuperggmlError, match="reshape"):
@@ -74,11 +74,11 @@ def test_graph_ops_compute_and_check_shapes():
     with pytest.raises(SuperggmlError, match="view"):
         ctx.view(a, [4, 4], [16], 0)
     with pytest.raises(SuperggmlError, match="larger than the tensor"):
-        _core.tensor_set(a, np.zeros(13, np.float32))
+        native.tensor_set(a, np.zeros(13, np.float32))
 
 
 def test_full_context_raises():
-    ctx = _core.Context(2)
+    ctx = native.Context(2)
     ctx.new_tensor(F32, [1])
     ctx.new_tensor(F32, [1])
     with pytest.raises(SuperggmlError, match="full"):
@@ -88,7 +88,7 @@ def test_full_context_raises():
 
 
 def test_devices_lists_the_cpu():
-    devs = _core.devices()
+    devs = native.devices()
     assert any(d["type"] == "cpu" and d["memory_total"] > 0 for d in devs)
 
 

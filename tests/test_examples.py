@@ -86,7 +86,7 @@ def test_example_on_the_quantized_file(example, smollm2_path, tmp_path):
 
 
 def test_examples_pass_mypy_strict():
-    """Both examples type-check under --strict against superggml's stubs (python/superggml/_core.pyi); without
+    """Both examples type-check under --strict against superggml's stubs (python/superggml/native.pyi); without
     torch installed, torch is Any (pyproject's [tool.mypy])."""
     pytest.importorskip("mypy")
     root = EXAMPLES.parent

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from superggml import Model, _core
+from superggml import Model, native
 
 PROMPT = [1, 300, 301, 302, 303, 304]
 
@@ -18,7 +18,7 @@ PROMPT = [1, 300, 301, 302, 303, 304]
 @pytest.fixture(autouse=True)
 def _no_faults_after():
     yield
-    _core.clear_io_faults()
+    native.clear_io_faults()
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +42,9 @@ STREAMED = {
 @pytest.mark.parametrize("kind", ["short_read", "eintr"])
 def test_transient_faults_are_retried(smollm2_path, reference, mode, kind):
     with Model(smollm2_path, ctx_size=128, n_threads=2, **STREAMED[mode]) as m:
-        _core.inject_io_fault(kind, skip=3, count=25)
+        native.inject_io_fault(kind, skip=3, count=25)
         out = [m.eval(PROMPT).copy()] + [m.eval([t]).copy() for t in (7, 8, 9)]
-        assert _core.io_fault_hits() > 0
+        assert native.io_fault_hits() > 0
     for a, b in zip(out, reference):
         assert np.array_equal(a, b)
 
@@ -53,11 +53,11 @@ def test_transient_faults_are_retried(smollm2_path, reference, mode, kind):
 def test_eio_reaches_the_caller_and_the_model_carries_on(smollm2_path, reference, mode):
     with Model(smollm2_path, ctx_size=128, n_threads=2, **STREAMED[mode]) as m:
         assert np.array_equal(m.eval(PROMPT), reference[0])
-        _core.inject_io_fault("eio", skip=2, count=-1)
+        native.inject_io_fault("eio", skip=2, count=-1)
         with pytest.raises(OSError, match="Input/output error"):
             m.eval([7])
         assert m.n_tokens == len(PROMPT)                   # the failed step left no trace
-        _core.clear_io_faults()
+        native.clear_io_faults()
         for t, ref in zip((7, 8, 9), reference[1:]):
             assert np.array_equal(m.eval([t]), ref)
 
@@ -67,10 +67,10 @@ def test_kv_spill_write_faults(smollm2_path, reference, tmp_path, kind):
     with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False, paged_kv=True, kv_page_size=16,
                kv_device_layers=2, host_budget=0, kv_spill_dir=tmp_path) as m:
         assert np.array_equal(m.eval(PROMPT), reference[0])
-        _core.inject_io_fault(kind, count=-1)
+        native.inject_io_fault(kind, count=-1)
         with pytest.raises(OSError, match="cannot write the KV spill file"):
             m.eval([7])
-        _core.clear_io_faults()
+        native.clear_io_faults()
         for t, ref in zip((7, 8, 9), reference[1:]):
             assert np.array_equal(m.eval([t]), ref)
 
@@ -80,10 +80,10 @@ def test_kv_spill_read_fault(smollm2_path, reference, tmp_path):
                kv_device_layers=2, host_budget=0, kv_spill_dir=tmp_path, async_prefetch=True) as m:
         assert np.array_equal(m.eval(PROMPT), reference[0])
         assert np.array_equal(m.eval([7]), reference[1])
-        _core.inject_io_fault("eio", count=-1)
+        native.inject_io_fault("eio", count=-1)
         with pytest.raises(OSError, match="cannot (read|write) the KV spill file"):
             m.eval([8])
-        _core.clear_io_faults()
+        native.clear_io_faults()
         assert np.array_equal(m.eval([8]), reference[2])
         assert np.array_equal(m.eval([9]), reference[3])
 
@@ -102,29 +102,29 @@ def test_file_replaced_mid_run_keeps_reading_the_open_file(smollm2_path, referen
 
 
 def test_unknown_fault_kind():
-    with pytest.raises(_core.SuperggmlError if hasattr(_core, "SuperggmlError") else Exception, match="unknown I/O fault"):
-        _core.inject_io_fault("gremlins")
+    with pytest.raises(native.SuperggmlError if hasattr(native, "SuperggmlError") else Exception, match="unknown I/O fault"):
+        native.inject_io_fault("gremlins")
 
 
 # resident weights: the background load (csrc/weight-loader) populates the mapping through the same hook
 @pytest.mark.parametrize("kind", ["short_read", "eintr"])
 def test_background_load_retries_transient_faults(smollm2_path, reference, kind):
-    _core.inject_io_fault(kind, count=25)
+    native.inject_io_fault(kind, count=25)
     with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False) as m:
         out = [m.eval(PROMPT).copy()] + [m.eval([t]).copy() for t in (7, 8, 9)]
-        assert _core.io_fault_hits() > 0
+        assert native.io_fault_hits() > 0
     for a, b in zip(out, reference):
         assert np.array_equal(a, b)
 
 
 def test_background_load_eio_reaches_the_first_pass_and_the_model_carries_on(smollm2_path, reference):
-    _core.inject_io_fault("eio", count=-1)
+    native.inject_io_fault("eio", count=-1)
     with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False) as m:
         with pytest.raises(OSError, match="Input/output error") as err:
             m.eval(PROMPT)
         assert err.value.errno == errno.EIO
         assert m.n_tokens == 0
-        _core.clear_io_faults()
+        native.clear_io_faults()
         assert np.array_equal(m.eval(PROMPT), reference[0])
         for t, ref in zip((7, 8, 9), reference[1:]):
             assert np.array_equal(m.eval([t]), ref)

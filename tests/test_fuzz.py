@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from superggml import _core
+from superggml import native
 from superggml.errors import GGUFError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,5 +36,5 @@ REGRESSIONS = os.path.join(HERE, "fuzz_regressions")
 def test_fuzz_regression_inputs(name):
     """Inputs the fuzzer found that once escaped as something other than a clean GGUFError."""
     with pytest.raises(GGUFError):
-        f = _core.GGUFFile(os.path.join(REGRESSIONS, name))
+        f = native.GGUFFile(os.path.join(REGRESSIONS, name))
         f.close()

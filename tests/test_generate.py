@@ -11,7 +11,7 @@ import pytest
 
 import llama_ref
 from superggml import Model, SamplingParams
-from superggml.sampling import Sampler
+from superggml.generation.sampling import Sampler
 
 GEN_PROMPTS = [
     "The capital of France is",

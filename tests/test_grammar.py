@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from superggml import Model
-from superggml.grammar import Grammar, GrammarError
+from superggml.generation.grammar import Grammar, GrammarError
 from test_server import openai_client
 
 PERSON = {

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import llama_ref
-from superggml import Model, _core, models
+from superggml import Model, native, models
 from superggml.settings import KV_CACHE_TYPES, KV_QUANTIZED, Settings
 
 N_DECODE = 3
@@ -16,7 +16,7 @@ TEXT = "The quick brown fox jumps over the lazy dog, and then it runs into the f
 
 
 def gtype(name: str) -> int:
-    return int(getattr(_core.GGMLType, name.upper()))
+    return int(getattr(native.GGMLType, name.upper()))
 
 
 def configs(model: str) -> list[tuple[str, str, bool]]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import superggml
-from superggml import GGUFError, Model, UnsupportedModelError, _core
+from superggml import GGUFError, Model, UnsupportedModelError, native
 
 
 def _write_gguf(path, arch: str, *, tensors: dict[str, np.ndarray] | None = None, kv: dict | None = None) -> str:
@@ -106,7 +106,7 @@ def test_errors_are_one_family():
 
 
 def test_gguf_file_reads_real_model(smollm2_path):
-    f = _core.GGUFFile(smollm2_path)
+    f = native.GGUFFile(smollm2_path)
     meta = f.metadata()
     assert meta["general.architecture"] == "llama"
     assert meta["llama.block_count"] == 30

@@ -216,7 +216,7 @@ def test_analyze_predicts_a_moe_budget_as_the_executor_splits_it(tmp_path, vocab
 def test_lookahead_auto_times_both_and_keeps_the_faster(tmp_path, vocab_fields, monkeypatch):
     """expert_lookahead "auto" (the default): the first decoded tokens run in phases with the lookahead on and off,
     timed; then the faster stays. The logits never change."""
-    from superggml import layers
+    from superggml.runtime import pagers as layers
 
     monkeypatch.setattr(layers, "LOOKAHEAD_WARMUP", 2)
     monkeypatch.setattr(layers, "LOOKAHEAD_PHASE", 3)

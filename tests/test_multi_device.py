@@ -11,7 +11,7 @@ from superggml.settings import DeviceSettings, layer_split
 PROMPT = list(range(300, 340))
 
 
-def _run(m: Model) -> np.ndarray:
+def run_prompt(m: Model) -> np.ndarray:
     out = [m.eval(PROMPT, logits_all=True).copy()]
     t = int(np.argmax(out[0][-1]))
     for _ in range(6):
@@ -23,10 +23,10 @@ def _run(m: Model) -> np.ndarray:
 @pytest.mark.parametrize("split", [None, [1, 3], [1, 0]])
 def test_two_backends_give_the_logits_of_one(model_path, split):
     with Model(model_path, ctx_size=128, n_batch=16, n_threads=2, repack=False) as m:
-        ref = _run(m)
+        ref = run_prompt(m)
     with Model(model_path, ctx_size=128, n_batch=16, n_threads=2, repack=False, devices=["CPU", "CPU"],
                tensor_split=split) as m:
-        out = _run(m)
+        out = run_prompt(m)
         st = m.stats()
         assert st["devices"] == ["CPU", "CPU"]
         n = m.hparams.n_layer

@@ -262,13 +262,13 @@ def test_8k_context_with_a_quarter_of_the_kv_in_host_memory(model_8k, contiguous
 def test_kv_cache_random_traffic_matches_a_shadow(tmp_path):
     """Sequences grow, get truncated and dropped in random order through 3 frames, a host budget of a few
     pages and a spill file; every acquire must show exactly the rows written before (K rows and transposed V)."""
-    from superggml import _core
+    from superggml import native
 
     n_layer, g, n_ctx, P = 4, 8, 96, 16
-    ctx = _core.Context(max_tensors=2 * n_layer)
-    k = [ctx.new_tensor(_core.GGMLType.F32, [g, n_ctx]) for _ in range(n_layer)]
-    v = [ctx.new_tensor(_core.GGMLType.F32, [g, n_ctx]) for _ in range(n_layer)]
-    kv = _core.KVCache(k, v, page_size=P, n_frames=3, host_budget=5 * 2 * P * g * 4, spill_dir=str(tmp_path))
+    ctx = native.Context(max_tensors=2 * n_layer)
+    k = [ctx.new_tensor(native.GGMLType.F32, [g, n_ctx]) for _ in range(n_layer)]
+    v = [ctx.new_tensor(native.GGMLType.F32, [g, n_ctx]) for _ in range(n_layer)]
+    kv = native.KVCache(k, v, page_size=P, n_frames=3, host_budget=5 * 2 * P * g * 4, spill_dir=str(tmp_path))
     rng = np.random.default_rng(0)
     shadow: dict[tuple[int, int], np.ndarray] = {}        # (seq, layer) -> [n, 2, g]
     n_past = {s: 0 for s in range(3)}
@@ -290,15 +290,15 @@ def test_kv_cache_random_traffic_matches_a_shadow(tmp_path):
             kv.acquire(seq, layer, p0)
             if rng.random() < 0.5 and layer + 1 < n_layer:
                 kv.prefetch(seq, layer + 1, p0)
-            kt = _core.tensor_get(k[layer]).reshape(n_ctx, g)
-            vt = _core.tensor_get(v[layer]).reshape(g, n_ctx)   # transposed: [channel, position]
+            kt = native.tensor_get(k[layer]).reshape(n_ctx, g)
+            vt = native.tensor_get(v[layer]).reshape(g, n_ctx)   # transposed: [channel, position]
             old = shadow.get((seq, layer), np.zeros((0, 2, g), np.float32))[:p0]
             assert np.array_equal(kt[:p0], old[:, 0]), (step, seq, layer)
             assert np.array_equal(vt[:, :p0].T, old[:, 1]), (step, seq, layer)
             new = rng.standard_normal((n, 2, g)).astype(np.float32)
-            _core.tensor_set(k[layer], np.ascontiguousarray(new[:, 0]), p0 * g * 4)
+            native.tensor_set(k[layer], np.ascontiguousarray(new[:, 0]), p0 * g * 4)
             for c in range(g):
-                _core.tensor_set(v[layer], np.ascontiguousarray(new[:, 1, c]), (c * n_ctx + p0) * 4)
+                native.tensor_set(v[layer], np.ascontiguousarray(new[:, 1, c]), (c * n_ctx + p0) * 4)
             kv.release(seq, layer, p0 + n)
             shadow[seq, layer] = np.concatenate([old, new])
         n_past[seq] = p0 + n

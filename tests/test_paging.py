@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from superggml import Model, _core
+from superggml import Model, native
 from superggml.errors import LoadCancelled, PoolExhausted
 from superggml.settings import parse_size
 
@@ -28,7 +28,7 @@ def _logits(m: Model) -> np.ndarray:
 @pytest.fixture(scope="module")
 def resident(model_path):
     with Model(model_path, ctx_size=128, n_threads=2, repack=False) as m:
-        return _logits(m), m._store.slot_bytes(m.arch.block_tensors(0)), m.hparams.n_layer
+        return _logits(m), m.store.slot_bytes(m.arch.block_tensors(0)), m.hparams.n_layer
 
 
 @pytest.mark.parametrize("slots", [1, 2, 4, "half"])
@@ -81,8 +81,8 @@ def test_pool_and_prefetcher_stream_any_file(tmp_path):
     data = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)
     path = tmp_path / "blob.bin"
     data.tofile(path)
-    pool = _core.BufferPool(slot_size=64 << 10, n_slots=3)
-    io = _core.Prefetcher(str(path), n_workers=2)
+    pool = native.BufferPool(slot_size=64 << 10, n_slots=3)
+    io = native.Prefetcher(str(path), n_workers=2)
     slot, hit, evicted = pool.acquire(5)
     assert (hit, evicted) == (False, -1)
     io.submit(5, pool, slot, [(1000, 4000, 0), (200_000, 5000, 4096)]).result(timeout=10)
@@ -109,8 +109,8 @@ def test_prefetcher_stress(tmp_path):
     chunk = 16 << 10
     n_keys = size // chunk
     digests = [hashlib.sha256(data[k * chunk:(k + 1) * chunk].tobytes()).hexdigest() for k in range(n_keys)]
-    pool = _core.BufferPool(slot_size=chunk, n_slots=6)
-    io = _core.Prefetcher(str(path), n_workers=3)
+    pool = native.BufferPool(slot_size=chunk, n_slots=6)
+    io = native.Prefetcher(str(path), n_workers=3)
     errors: list[BaseException] = []
     counts = {"ok": 0, "cancelled": 0, "exhausted": 0}
     lock = threading.Lock()
@@ -237,8 +237,8 @@ def test_prefetcher_direct_reads_aligned_ranges(tmp_path):
     data = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8)
     path = tmp_path / "blob.bin"
     data.tofile(path)
-    pool = _core.BufferPool(slot_size=256 << 10, n_slots=1)
-    io = _core.Prefetcher(str(path), direct=True)
+    pool = native.BufferPool(slot_size=256 << 10, n_slots=1)
+    io = native.Prefetcher(str(path), direct=True)
     slot, _, _ = pool.acquire(0)
     # the slot's base is only 64-byte aligned in general; reads that are not 4096-aligned go buffered
     io.submit(0, pool, slot, [(8192, 65536, 0), (4096 * 7 + 5, 1000, 70000)], direct=True).result(timeout=10)
@@ -252,8 +252,8 @@ def test_prefetcher_staged_reads_in_chunks(tmp_path):
     data = np.random.default_rng(2).integers(0, 256, 20 << 20, dtype=np.uint8)
     path = tmp_path / "blob.bin"
     data.tofile(path)
-    pool = _core.BufferPool(slot_size=20 << 20, n_slots=1)
-    io = _core.Prefetcher(str(path), n_workers=2, staged=True)
+    pool = native.BufferPool(slot_size=20 << 20, n_slots=1)
+    io = native.Prefetcher(str(path), n_workers=2, staged=True)
     slot, _, _ = pool.acquire(0)
     io.submit(0, pool, slot, [(3, (17 << 20) + 5, 0), (1 << 20, 999, 18 << 20)]).result(timeout=30)
     assert np.array_equal(pool.read(slot, 0, (17 << 20) + 5), data[3:(17 << 20) + 8])
@@ -263,7 +263,7 @@ def test_prefetcher_staged_reads_in_chunks(tmp_path):
 
 
 def test_pool_shrinks_and_grows():
-    pool = _core.BufferPool(slot_size=1 << 20, n_slots=3)
+    pool = native.BufferPool(slot_size=1 << 20, n_slots=3)
     a = pool.acquire(1)[0]
     pool.set_pinned(a, True)
     pool.release(a)
@@ -276,7 +276,7 @@ def test_pool_shrinks_and_grows():
     assert pool.slot_of(2) == -1 and pool.slot_of(1) == a
     with pytest.raises(PoolExhausted):
         pool.acquire(3)                          # only the pinned slot is left
-    with pytest.raises(_core.SuperggmlError if hasattr(_core, "SuperggmlError") else Exception, match="no memory"):
+    with pytest.raises(native.SuperggmlError if hasattr(native, "SuperggmlError") else Exception, match="no memory"):
         pool.read(b, 0, 16)
     s = pool.grow()
     assert pool.n_slots == 2
@@ -284,9 +284,9 @@ def test_pool_shrinks_and_grows():
 
 
 def test_budget_beyond_available_memory_is_refused_before_loading(smollm2_path):
-    from superggml import _core
+    from superggml import native
 
-    avail = int(_core.host_memory()["available"])
+    avail = int(native.host_memory()["available"])
     with pytest.raises(ValueError, match=r"device_budget of \d+ bytes is more than the \d+ bytes available on the host"):
         Model(smollm2_path, device_budget=avail + (1 << 30))
     with pytest.raises(ValueError, match=r"host_budget of \d+ bytes is more than the \d+ bytes of host memory"):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import superggml.gguf as G
-from superggml import _core
+from superggml import native
 from superggml import paging as P
 from superggml.errors import PoolExhausted, SlotReleased, SuperggmlError
 
@@ -21,10 +21,10 @@ SLOT = 1 << 20
 def test_numpy_view_writes_reach_a_bound_tensor():
     with P.BufferPool(SLOT, 2) as pool:
         slot = pool.acquire(1)
-        t = slot.tensor(_core.GGMLType.F32, [16, 4], 64)
+        t = slot.tensor(native.GGMLType.F32, [16, 4], 64)
         a = P.view(slot, np.float32, [4, 16], 64)
         a[:] = np.arange(64, dtype=np.float32).reshape(4, 16)
-        np.testing.assert_array_equal(_core.tensor_get(t), a)
+        np.testing.assert_array_equal(native.tensor_get(t), a)
         del a
         slot.release()
         assert not t.bound   # a released slot's tensors are unbound: a graph on them fails
@@ -105,7 +105,7 @@ def test_use_after_release_raises():
     del a
     slot.release()
     slot.release()   # a second release does nothing
-    for make in (np.asarray, memoryview, np.from_dlpack, lambda s: s.tensor(_core.GGMLType.F32, [4])):
+    for make in (np.asarray, memoryview, np.from_dlpack, lambda s: s.tensor(native.GGMLType.F32, [4])):
         with pytest.raises(SlotReleased):
             make(slot)
     other = pool.acquire(6)            # the slot's memory now holds key 6
@@ -218,7 +218,7 @@ def test_memory_telemetry():
 DEVICE_SLOTS = """
 import sys
 import numpy as np
-from superggml import _core, paging as P
+from superggml import native, paging as P
 from superggml.errors import SuperggmlError
 
 endpoint, path = sys.argv[1:]
@@ -233,11 +233,11 @@ with P.BufferPool(1 << 16, 2, device=f"RPC[{endpoint}]") as pool, P.Prefetcher(p
         except (BufferError, SuperggmlError) as e:
             assert "device memory" in str(e), e
     io.submit(slot, [(4096, 1 << 16, 0)]).result(timeout=60)
-    t = slot.tensor(_core.GGMLType.F32, [1 << 14])
+    t = slot.tensor(native.GGMLType.F32, [1 << 14])
     with open(path, "rb") as f:
         f.seek(4096)
         want = np.frombuffer(f.read(1 << 16), np.float32)
-    np.testing.assert_array_equal(_core.tensor_get(t), want)
+    np.testing.assert_array_equal(native.tensor_get(t), want)
     slot.release()
     assert not t.bound
 print("ok")
@@ -268,20 +268,20 @@ def test_activation_rounding_gives_ggmls_matmul(smollm2_path, name):
         rows = min(ti.n_rows, 512)
         raw = f.read(name, rows=(0, rows))
     x = (np.random.default_rng(0).standard_normal((6, ti.shape[0])) * 3).astype(np.float32)
-    be = _core.Backend("CPU", 2)
-    ctx = _core.Context(4, 4)
+    be = native.Backend("CPU", 2)
+    ctx = native.Context(4, 4)
     w_t = ctx.new_tensor(P.ggml_type(ti.type), [ti.shape[0], rows])
-    x_t = ctx.new_tensor(_core.GGMLType.F32, [ti.shape[0], 6])
+    x_t = ctx.new_tensor(native.GGMLType.F32, [ti.shape[0], 6])
     keep = be.alloc_tensors(ctx)
-    _core.tensor_set(w_t, raw)
-    _core.tensor_set(x_t, x)
-    g = _core.Context(4, 4)
+    native.tensor_set(w_t, raw)
+    native.tensor_set(x_t, x)
+    g = native.Context(4, 4)
     gf = g.new_graph()
     y = g.mul_mat(w_t, x_t)
     y.set_output()
     gf.expand(y)
     be.compute(gf)
-    want = _core.tensor_get(y)
+    want = native.tensor_get(y)
     w = G.dequantize(raw, ti.type, (ti.shape[0], rows))
     mins = G.block_mins(raw, ti.type, (ti.shape[0], rows))
     a = G.quantize_activations(x, ti.type)

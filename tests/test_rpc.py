@@ -16,9 +16,9 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from superggml import DeviceError, Model, _core, cli
+from superggml import DeviceError, Model, native, cli
 from superggml.analyze import model_layout
-from test_multi_device import PROMPT, _run as run   # the prompt's logits, then six greedy tokens'
+from test_multi_device import PROMPT, run_prompt as run   # the prompt's logits, then six greedy tokens'
 
 BASE = dict(ctx_size=128, n_batch=16, n_threads=1, repack=False)
 
@@ -40,7 +40,7 @@ class Server:
         deadline = time.time() + 30
         while True:
             try:
-                _core.rpc_probe(self.endpoint, connect_timeout=2.0)
+                native.rpc_probe(self.endpoint, connect_timeout=2.0)
                 break
             except DeviceError:
                 if time.time() > deadline or self.proc.poll() is not None:
@@ -106,7 +106,7 @@ def _configs(servers: list[Server], slot: int) -> dict[str, dict[str, Any]]:
 def test_rpc_equals_cpu(servers, reference, smollm2_path, config):
     slot = model_layout(smollm2_path).slot_bytes
     kw = _configs(servers, slot)[config]
-    before = _core.rpc_stats()
+    before = native.rpc_stats()
     with Model(smollm2_path, **BASE, **kw) as m:
         out = run(m)
         text = m.create_completion("The capital of France is", max_tokens=12, temperature=0)["choices"][0]["text"]
@@ -115,7 +115,7 @@ def test_rpc_equals_cpu(servers, reference, smollm2_path, config):
     assert text == ref_text
     assert np.array_equal(out, ref), float(np.abs(out - ref).max())
     assert any(d.startswith("RPC") and "[127.0.0.1:" in d for d in st["devices"])
-    sent = sum(v["bytes_sent"] - before.get(k, {}).get("bytes_sent", 0) for k, v in _core.rpc_stats().items())
+    sent = sum(v["bytes_sent"] - before.get(k, {}).get("bytes_sent", 0) for k, v in native.rpc_stats().items())
     assert st["rpc_bytes_sent"] > 0 and st["rpc_bytes_received"] > 0
     if config == "resident":
         assert st["remote_bytes"] >= sum(model_layout(smollm2_path).block_bytes)   # the blocks, copied over
@@ -125,7 +125,7 @@ def test_rpc_equals_cpu(servers, reference, smollm2_path, config):
         assert st["n_slots"] == 2 and st["staged_io"]        # a device pool: loads go through staging buffers
         assert sent > 2 * model_layout(smollm2_path).file_bytes // 2   # the blocks went over the wire, again
     if config == "dynamic_layers":     # the server's memory reading (what it has available) demotes blocks
-        dev = [d for d in _core.devices() if d["description"] == servers[0].endpoint][0]
+        dev = [d for d in native.devices() if d["description"] == servers[0].endpoint][0]
         if 1 - dev["memory_free"] / dev["memory_total"] > 0.01:
             assert st["layers_demoted"] > 0 and st["loads"] > 0
     if config == "rpc_default_split":                        # CPU and the server, by free memory
@@ -137,11 +137,11 @@ def test_rpc_batched_sequences_equal_alone(servers, smollm2_path):
     kw = dict(BASE, devices=[on(servers[0])], paged_kv=True, kv_page_size=16)
     prompts = [[300, 301, 302], [400, 401, 402, 403, 404], [500]]
     with Model(smollm2_path, **kw) as m:
-        batch = m._exec.eval_batch([(i + 1, p) for i, p in enumerate(prompts)])
+        batch = m.runtime.eval_batch([(i + 1, p) for i, p in enumerate(prompts)])
         alone = []
         for i, p in enumerate(prompts):
-            m._exec.use_sequence(10 + i)
-            alone.append(m._exec.eval(p).copy())
+            m.runtime.use_sequence(10 + i)
+            alone.append(m.runtime.eval(p).copy())
     for x, y in zip(batch, alone):
         assert np.array_equal(x, y)
 
@@ -237,7 +237,7 @@ def test_rpc_server_warns_off_loopback():
         deadline = time.time() + 20
         while time.time() < deadline:
             try:
-                _core.rpc_probe(f"127.0.0.1:{port}", connect_timeout=1.0)
+                native.rpc_probe(f"127.0.0.1:{port}", connect_timeout=1.0)
                 break
             except DeviceError:
                 time.sleep(0.1)

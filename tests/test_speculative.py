@@ -11,8 +11,8 @@ import pytest
 import synth_gguf
 
 from superggml import Model, models
-from superggml.sampling import Sampler, SamplingParams
-from superggml.speculative import DraftLength, LookupDrafter, accept
+from superggml.generation.sampling import Sampler, SamplingParams
+from superggml.generation.speculative import DraftLength, LookupDrafter, accept
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 REWRITE = ("Rewrite this function with type hints:\n\ndef add(a, b):\n    total = a + b\n    return total\n\n"
@@ -46,7 +46,7 @@ def test_eval_rows_equal_feeding_one_by_one(smollm2_path, config):
         m.truncate(len(p))
         solo = np.stack([m.eval([t])[-1].copy() for t in toks])
         m.truncate(len(p))
-        rows = m._exec.eval_rows(toks)
+        rows = m.runtime.eval_rows(toks)
         assert np.array_equal(rows, solo)
         assert m.n_tokens == len(p) + len(toks)
 

@@ -38,9 +38,9 @@ META_KEYS = ("general.architecture", "general.name")
 
 def read_tokenizer_meta(path: str) -> dict:
     """The tokenizer.* keys (and general.architecture/name) of a GGUF, read by superggml's core."""
-    from superggml import _core
+    from superggml import native
 
-    f = _core.GGUFFile(path)
+    f = native.GGUFFile(path)
     try:
         meta = f.metadata()
     finally:
@@ -60,7 +60,7 @@ def qwen_meta(qwen_path):
 
 
 # llama.cpp runs in a child process: llama_cpp's bundled libggml clashes with the libggml that
-# superggml._core has already loaded into this one.
+# superggml.native has already loaded into this one.
 _REFERENCE_SCRIPT = r"""
 import ctypes, json, sys
 import llama_cpp
@@ -752,9 +752,9 @@ def test_spm_models_match_llama_cpp(name, spm_variants):
     bad = spm_mismatches(tok, ref)
     assert not bad, f"{len(bad)} differ, first: {bad[:3]}"
     # word by word (see tokenizer._SPM_INNER_SPACE) as over the whole text
-    assert tok._spm_by_word
+    assert tok.spm_by_word
     whole = copy.copy(tok)
-    whole._spm_by_word = False
+    whole.spm_by_word = False
     assert not encode_mismatches(whole, ref, CORPUS[::4], [(True, True)])
 
 
@@ -804,7 +804,7 @@ def test_spm_equal_scores_match_llama_cpp(tmp_path):
         toks.append(Tokenizer.from_metadata(meta))
     bad = []
     for tok, ref in zip(toks, run_reference(jobs)):
-        assert not tok._spm_by_word  # tokens like "a▁b": the text is tokenized whole
+        assert not tok.spm_by_word  # tokens like "a▁b": the text is tokenized whole
         bad += encode_mismatches(tok, ref, corpus, [(False, False)])
     assert not bad, f"{len(bad)} of {3 * len(corpus)} differ, first: {bad[:3]}"
 

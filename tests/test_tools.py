@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from superggml import Model
-from superggml.tools import Generic, Hermes, Llama3, Mistral, ToolRequest, parse_tools, tool_format
+from superggml.api.tools import Generic, Hermes, Llama3, Mistral, ToolRequest, parse_tools, tool_format
 from test_server import openai_client
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"},

@@ -1,4 +1,4 @@
-"""Types of the public paging API: python/superggml/_core.pyi against the built module (mypy.stubtest), and
+"""Types of the public paging API: python/superggml/native.pyi against the built module (mypy.stubtest), and
 superggml.paging, superggml.gguf and a stack using them under mypy --strict (pyproject.toml's [tool.mypy])."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import CapsuleType, assert_type
 
-from superggml import _core, gguf, paging
+from superggml import native, gguf, paging
 
 
 def stream(path: str, layers: list[list[str]]) -> float:
@@ -56,7 +56,7 @@ def stream(path: str, layers: list[list[str]]) -> float:
         assert_type(slot.__dlpack__(), CapsuleType)
         assert_type(slot.__dlpack_device__(), tuple[int, int])
         t = slot.tensor(paging.ggml_type("f32"), [16])
-        assert_type(t, _core.Tensor)
+        assert_type(t, native.Tensor)
         assert_type(t.ne, list[int])
         total += float(f32.sum())
         del arr, mv, f32, from_dlpack
@@ -90,8 +90,8 @@ def stream(path: str, layers: list[list[str]]) -> float:
                 view = paging.layer_array(layer, name)
                 total += float(view.astype(np.float32).sum())
                 tensor = layer.get(name)
-                assert_type(tensor.type, _core.GGMLType)
-                assert_type(_core.row_size(tensor.type, tensor.ne[0]), int)
+                assert_type(tensor.type, native.GGMLType)
+                assert_type(native.row_size(tensor.type, tensor.ne[0]), int)
                 assert_type(layer.offset(name), int)
                 del view
 
@@ -104,11 +104,11 @@ def stream(path: str, layers: list[list[str]]) -> float:
         frame.release()
 
     assert_type(paging.memory(nvml=False).host_available, int)
-    kind, rows = _core.to_vec_dot(_core.GGMLType.Q4_K, np.zeros((1, 256), np.float32))
-    assert_type(kind, _core.GGMLType)
+    kind, rows = native.to_vec_dot(native.GGMLType.Q4_K, np.zeros((1, 256), np.float32))
+    assert_type(kind, native.GGMLType)
     assert_type(rows, npt.NDArray[np.uint8])
-    last: Optional[tuple[float, float]] = _core.LayerPager(
-        _core.WeightStore(_core.GGUFFile(path)), layers, 2).last_load(0)
+    last: Optional[tuple[float, float]] = native.LayerPager(
+        native.WeightStore(native.GGUFFile(path)), layers, 2).last_load(0)
     return total + (last[1] if last else 0.0)
 '''
 
@@ -128,14 +128,13 @@ def _mypy_strict(cache: Path, *files: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_stub_matches_the_built_module():
-    # The allowlist's entries must all be used: a run that did not find the stub (stubtest passes a private module
-    # without one silently) fails on them.
-    r = _run("mypy.stubtest", "superggml._core", "--mypy-config-file", str(CONFIG), "--allowlist", str(ALLOWLIST))
+    # The allowlist's entries must all be used: a run that did not check the stub fails on them.
+    r = _run("mypy.stubtest", "superggml.native", "--mypy-config-file", str(CONFIG), "--allowlist", str(ALLOWLIST))
     assert r.returncode == 0 and "Success" in r.stdout, r.stdout + r.stderr
 
 
 def test_paging_and_gguf_pass_mypy_strict(mypy_cache):
-    r = _mypy_strict(mypy_cache, "python/superggml/_core.pyi", "python/superggml/paging.py", "python/superggml/gguf.py")
+    r = _mypy_strict(mypy_cache, "python/superggml/native.pyi", "python/superggml/paging.py", "python/superggml/gguf.py")
     assert r.returncode == 0, r.stdout + r.stderr
 
 

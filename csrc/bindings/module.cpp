@@ -1,7 +1,7 @@
 #include "bindings.h"
 #include "lease.h"
 
-PYBIND11_MODULE(_core, m) {
+PYBIND11_MODULE(native, m) {
     m.doc() = "superggml core: GGUF files, paged tensors and ggml graphs (private; use superggml)";
     superggml::init_errors(m);
     superggml::init_lease(m);

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from .errors import DeviceError, GGUFError, MissingExtra, SuperggmlError, UnsupportedModelError
-from .grammar import Grammar, GrammarError
+from .generation.grammar import Grammar, GrammarError
 from .model import Model
-from .sampling import SamplingParams
-from .tools import ToolError
+from .generation.sampling import SamplingParams
+from .api.tools import ToolError
 
 __version__ = "0.1.0"
 

@@ -29,10 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from . import _core
+from . import native
 from .arch import get_architecture
-from .budget import kv_bytes_per_token
-from .executor import SLOT_ALIGN_ROOM, plan_slots
+from .runtime.planner import SLOT_ALIGN_ROOM, kv_bytes_per_token, plan_slots, split_moe_budget
 from .settings import PagingSettings
 
 
@@ -73,7 +72,7 @@ class Layout:
 
 def model_layout(path: str | os.PathLike[str]) -> Layout:
     """Per-layer sizes from the GGUF's tensor table (no weights are read)."""
-    f = _core.GGUFFile(os.fspath(path))
+    f = native.GGUFFile(os.fspath(path))
     try:
         meta = f.metadata()
         arch = get_architecture(meta)
@@ -83,7 +82,7 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
         in_blocks = {n for il in range(hp.n_layer) for n in arch.block_tensors(il)}
         other = sorted(((n, b) for n, b in sizes.items() if n not in in_blocks), key=lambda x: -x[1])
         head_name = arch.output_tensor(lambda n: n in sizes)
-        store = _core.WeightStore(f)
+        store = native.WeightStore(f)
         slot = max(store.slot_bytes(arch.block_tensors(il)) for il in range(hp.n_layer))
         chunks = tuple(store.file_range(c)[1] for c in store.add_row_chunks(head_name, slot - SLOT_ALIGN_ROOM))
         del store
@@ -91,7 +90,7 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
         dense_slot, dense_chunks = 0, ()
         if hp.n_expert:          # the executor's slots for the blocks without their experts, and its head chunks
             exp = {n for il in range(hp.n_layer) for n in arch.expert_tensors(il)}
-            store = _core.WeightStore(f)
+            store = native.WeightStore(f)
             dense_slot = max(store.slot_bytes([n for n in arch.block_tensors(il) if n not in exp])
                              for il in range(hp.n_layer))
             dense_chunks = tuple(store.file_range(c)[1]
@@ -250,7 +249,7 @@ class Analysis:
 
 def plan_moe_budget(lay: Layout, budget: int, *, hit_rate: float | None = None, n_batch: int = 512,
                     async_prefetch: bool = True) -> BudgetPlan:
-    """A MoE model's budget as the executor splits it (Executor._split_budget): the blocks without their
+    """A MoE model's budget as the executor splits it (planner.split_moe_budget): the blocks without their
     experts first (pinned if the cache can still hold the experts one batch routes to, else streamed), the
     rest the expert cache. Expert bytes read per token at `hit_rate`; None: the cache's share of all the
     experts, the hit rate of uniform routing (a router with temporal locality does better). Streamed dense
@@ -258,14 +257,9 @@ def plan_moe_budget(lay: Layout, budget: int, *, hit_rate: float | None = None, 
     keys = [lay.dense_slot_bytes] * lay.n_layer + list(lay.dense_head_chunk_bytes)
     slot, es = lay.dense_slot_bytes, lay.expert_bytes
     stream_slots = PagingSettings(async_prefetch=async_prefetch).stream_slots
-    dense = slot * len(keys)
-    batch = min(lay.n_expert, lay.n_expert_used * n_batch) * es
-    stream = min(stream_slots, len(keys)) * slot
-    dense_budget = dense if budget - batch >= dense else max(budget - batch, stream)
-    cache = budget - dense_budget
-    if cache < lay.n_expert_used * es:
-        raise ValueError(f"budget of {budget} bytes cannot hold {stream // slot} blocks without their experts "
-                         f"and the {lay.n_expert_used} experts a token is routed to")
+    dense_budget, cache = split_moe_budget(budget, dense=slot * len(keys), slot=slot, n_stream=stream_slots,
+                                           n_expert=lay.n_expert, n_expert_used=lay.n_expert_used,
+                                           expert_bytes=es, n_batch=n_batch)
     n_slots, pinned = plan_slots(dense_budget, slot, len(keys), stream_slots)
     held = min(1.0, (cache // es) / (lay.n_layer * lay.n_expert))
     h = held if hit_rate is None else hit_rate
@@ -315,7 +309,7 @@ def analyze(path: str, budgets: Sequence[int], *, n_threads: int, direct_io: boo
         tc, sampled = sample_compute(path, lay, n_threads=n_threads, **model_kw)
     say("done")
     if direct_io is None:
-        direct_io = lay.file_bytes > int(_core.host_memory()["available"])
+        direct_io = lay.file_bytes > int(native.host_memory()["available"])
     plans = []
     for b in budgets:
         moe = plan_moe_budget(lay, b, hit_rate=hit_rate, async_prefetch=async_prefetch) if lay.n_expert else None

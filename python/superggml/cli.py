@@ -36,6 +36,8 @@ def _generate_many(m: Any, a: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    from .generation.batch import BatchScheduler, Request
+
     f = sys.stdin if a.prompts_file == "-" else open(a.prompts_file, encoding="utf-8")   # noqa: SIM115
     try:
         prompts = [line.rstrip("\n") for line in f if line.strip()]
@@ -53,8 +55,8 @@ def _generate_many(m: Any, a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     n_tok = 0
     with tqdm(total=len(prompts), unit="prompt", file=sys.stderr, disable=None) as bar:
-        for i, piece, finish, k, _ in m._batch_stream(tokens, 1, a.n_predict if a.n_predict >= 0 else None,
-                                                    a.stop or [], sampling, parallel=a.parallel, grammar=grammar):
+        req = Request(tokens, 1, a.n_predict if a.n_predict >= 0 else None, a.stop or [], sampling, grammar=grammar)
+        for i, piece, finish, k, _ in BatchScheduler(m, parallel=a.parallel).stream(req):
             out.setdefault(i, []).append(piece)
             if finish:
                 n_tok += k
@@ -224,16 +226,16 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 
 def _print_rpc_devices(endpoints: Sequence[str], *, quiet: bool = False) -> None:
     """Adds the servers' devices (DeviceError names one that cannot be used) and lists them on stderr."""
-    from . import _core
+    from . import native
 
     for ep in endpoints:
-        for d in _core.rpc_add_server(ep.strip()):
+        for d in native.rpc_add_server(ep.strip()):
             if not quiet:
                 print(f"rpc: {d['name']}[{d['endpoint']}] (device {d['index']} of that server)", file=sys.stderr)
 
 
 def _cmd_rpc_server(a: argparse.Namespace) -> int:
-    from . import _core
+    from . import native
     from .settings import parse_size
 
     host = a.host.strip("[]")
@@ -245,7 +247,7 @@ def _cmd_rpc_server(a: argparse.Namespace) -> int:
     mem = int(parse_size(a.mem) or 0) if a.mem else 0
     if a.cache:
         os.makedirs(a.cache, exist_ok=True)
-    _core.rpc_server_start(endpoint, a.cache or "", a.threads or default_threads(), mem)
+    native.rpc_server_start(endpoint, a.cache or "", a.threads or default_threads(), mem)
     sys.stdout.flush()
     try:
         while True:

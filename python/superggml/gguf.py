@@ -9,7 +9,7 @@ from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
-from . import _core
+from . import native
 from .paging import LoadFuture, Prefetcher, Slot, ggml_type
 
 __all__ = ["Activations", "GGUFReader", "TensorInfo", "block_mins", "dequantize", "open", "quantize_activations",
@@ -50,7 +50,7 @@ def dequantize(data: Any, type: Union[str, int], shape: tuple[int, ...], *, dtyp
     n_rows = 1
     for d in shape[1:]:
         n_rows *= int(d)
-    res = _core.convert_rows(int(ggml_type(type)), data, n_rows, row_len, int(ggml_type(_OUT[dt])), out, n_threads)
+    res = native.convert_rows(int(ggml_type(type)), data, n_rows, row_len, int(ggml_type(_OUT[dt])), out, n_threads)
     if out is None:
         return np.asarray(res)
     return np.frombuffer(out, dtype=dt, count=n_rows * row_len).reshape(n_rows, row_len)
@@ -60,7 +60,7 @@ def vec_dot_type(type: Union[str, int]) -> str:
     """The type ggml-cpu converts a matmul's activations to when the weights are of `type` (Q8_1 for Q4_1,
     Q8_K for the K-quants, F16 for F16): a stack that quantizes its activations the same way computes the
     numbers ggml computes."""
-    return str(_core.vec_dot_type(ggml_type(type)).name)
+    return str(native.vec_dot_type(ggml_type(type)).name)
 
 
 class Activations(NamedTuple):
@@ -81,7 +81,7 @@ def quantize_activations(x: Any, type: Union[str, int]) -> Activations:
     if vt == "F32":
         values = a
     else:
-        _, q = _core.to_vec_dot(ggml_type(type), a.reshape(-1, k))
+        _, q = native.to_vec_dot(ggml_type(type), a.reshape(-1, k))
         if vt == "Q8_1":   # ggml has no to_float for Q8_1: blocks of (F16 d, F16 s = d * sum(q), 32 x int8)
             blocks = q.reshape(-1, 36)
             d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
@@ -124,15 +124,15 @@ class GGUFReader:
 
     def __init__(self, path: Union[str, os.PathLike[str]]) -> None:
         self.path = os.fspath(path)
-        self._file: Optional[_core.GGUFFile] = _core.GGUFFile(self.path)
+        self._file: Optional[native.GGUFFile] = native.GGUFFile(self.path)
         self.tensors: dict[str, TensorInfo] = {
             n: TensorInfo(n, t, tuple(int(x) for x in s), int(o), int(b)) for n, t, s, o, b in self._file.tensors()}
         self.data_offset = int(self._file.data_offset)
 
     def metadata(self) -> dict[str, Any]:
-        return dict(self._core().metadata())
+        return dict(self.native().metadata())
 
-    def _core(self) -> "_core.GGUFFile":
+    def native(self) -> "native.GGUFFile":
         if self._file is None:
             raise ValueError("the GGUF file is closed")
         return self._file

@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 from importlib import resources
 from typing import IO, Any
 
-from . import _core
-from .scheduler import device_memory_fn
+from . import native
+from .telemetry import device_memory_fn
 
 SCHEMA_FILE = "metrics.schema.json"
 
@@ -163,7 +163,7 @@ class Metrics:
         n_layer = m.hparams.n_layer
         pinned = int(st.get("layers_pinned", n_layer))
         gpu = m.device[0] != "cpu"
-        h = _core.host_memory()
+        h = native.host_memory()
         dev_used, dev_total = device_memory_fn(*m.device)()
         elapsed = (self._t_last or 0.0) - (self._t0 or 0.0)
         avg = self.generated_tokens / elapsed if elapsed > 0 else tokens_per_sec
@@ -198,7 +198,7 @@ class Metrics:
         line.update(sequences_per_pass=round(float(st.get("sequences_per_pass", 0.0)), 3),
                     tokens_per_pass=round(float(st.get("tokens_per_pass", 0.0)), 3),
                     bytes_streamed_per_token=round(int(st.get("bytes_loaded", 0)) / max(self.generated_tokens, 1)))
-        if "budget" in st:              # the memory plan (superggml.budget)
+        if "budget" in st:              # the memory plan (superggml.runtime.planner)
             b = st["budget"]
             line.update(device_budget_mode=b["mode"],
                         device_budget_mb=None if b["budget"] is None else round(b["budget"] / 2**20, 1))

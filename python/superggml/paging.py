@@ -20,44 +20,44 @@ from typing import Any, Optional, Union, cast
 
 import numpy as np
 
-from . import _core
+from . import native
 from .errors import LoadCancelled, PoolExhausted, SlotReleased
 from .telemetry import MemorySnapshot, snapshot
 
 __all__ = ["BufferPool", "KVCache", "KVFrame", "Layer", "LayerPager", "LoadCancelled", "LoadFuture",
            "PoolExhausted", "Prefetcher", "Slot", "SlotReleased", "DIRECT_ALIGN", "memory", "ggml_type"]
 
-Slot = _core.Slot
-Layer = _core.Layer
-KVFrame = _core.KVFrame
-LoadFuture = _core.LoadFuture
-DIRECT_ALIGN: int = _core.DIRECT_ALIGN
+Slot = native.Slot
+Layer = native.Layer
+KVFrame = native.KVFrame
+LoadFuture = native.LoadFuture
+DIRECT_ALIGN: int = native.DIRECT_ALIGN
 
 _NUMPY = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int64}
 
 
-def ggml_type(t: Union[str, int, "_core.GGMLType"]) -> "_core.GGMLType":
+def ggml_type(t: Union[str, int, "native.GGMLType"]) -> "native.GGMLType":
     """A ggml type from its name ("Q4_K", "f16") or number."""
-    if isinstance(t, _core.GGMLType):
+    if isinstance(t, native.GGMLType):
         return t
     if isinstance(t, str):
         try:
-            return cast("_core.GGMLType", getattr(_core.GGMLType, t.upper()))
+            return cast("native.GGMLType", getattr(native.GGMLType, t.upper()))
         except AttributeError:
             raise ValueError(f"unknown ggml type {t!r}") from None
-    return _core.GGMLType(int(t))
+    return native.GGMLType(int(t))
 
 
-def _backend(device: str) -> Optional["_core.Backend"]:
+def _backend(device: str) -> Optional["native.Backend"]:
     """None for the CPU (host memory), else a backend of the ggml device: a name ggml lists ("CUDA0"), or an
     RPC server's device as superggml names them ("RPC[host:port]", the server added on first use)."""
     if device.upper() == "CPU":
         return None
     if "[" in device:
-        from .executor import resolve_devices
+        from .devices import resolve_devices
         from .settings import DeviceSettings
         device = resolve_devices(DeviceSettings(devices=(device,)))[0][0]
-    return _core.Backend(device)
+    return native.Backend(device)
 
 
 def view(lease: Any, dtype: Any, shape: Sequence[int], offset: int = 0) -> np.ndarray:
@@ -78,20 +78,20 @@ class BufferPool:
         self.device = device
         self._backend = _backend(device)
         # host slots page-aligned: a Prefetcher's O_DIRECT reads land in them without a bounce
-        self._pool: Optional[_core.BufferPool] = _core.BufferPool(slot_size, n_slots, self._backend, DIRECT_ALIGN)
+        self._pool: Optional[native.BufferPool] = native.BufferPool(slot_size, n_slots, self._backend, DIRECT_ALIGN)
 
     @property
-    def core(self) -> "_core.BufferPool":
+    def core(self) -> "native.BufferPool":
         if self._pool is None:
             raise ValueError("the pool is closed")
         return self._pool
 
-    def acquire(self, key: int, *, writable: bool = True) -> "_core.Slot":
+    def acquire(self, key: int, *, writable: bool = True) -> "native.Slot":
         """Holds the slot of `key` (slot.hit: it already holds key's bytes) or takes one, evicting the least
         recently used slot neither held nor pinned. PoolExhausted if every slot is held or pinned."""
         return self.core.acquire_slot(key, writable)
 
-    def pin(self, slot: "_core.Slot", pinned: bool = True) -> None:
+    def pin(self, slot: "native.Slot", pinned: bool = True) -> None:
         """A pinned slot is never evicted (it keeps its key's bytes after release)."""
         self.core.set_pinned(slot.index, pinned)
 
@@ -139,10 +139,10 @@ class Prefetcher:
 
     def __init__(self, path: str, n_workers: int = 1, direct_io: Optional[bool] = None) -> None:
         self.path = str(path)
-        self._io: Optional[_core.Prefetcher] = _core.Prefetcher(self.path, n_workers, direct_io is not False)
+        self._io: Optional[native.Prefetcher] = native.Prefetcher(self.path, n_workers, direct_io is not False)
 
     @property
-    def core(self) -> "_core.Prefetcher":
+    def core(self) -> "native.Prefetcher":
         if self._io is None:
             raise ValueError("the prefetcher is closed")
         return self._io
@@ -151,8 +151,8 @@ class Prefetcher:
     def direct_io(self) -> bool:
         return self.core.direct
 
-    def submit(self, slot: "_core.Slot", ranges: Sequence[tuple[int, int, int]], *, priority: int = 0,
-               direct: Optional[bool] = None) -> "_core.LoadFuture":
+    def submit(self, slot: "native.Slot", ranges: Sequence[tuple[int, int, int]], *, priority: int = 0,
+               direct: Optional[bool] = None) -> "native.LoadFuture":
         """Queues reads of (file_offset, size, slot_offset) ranges into a held slot; returns a LoadFuture
         (result(timeout), done(), cancel()). The slot's release() waits for the reads."""
         return self.core.submit_slot(slot, [tuple(r) for r in ranges], priority, direct)
@@ -184,13 +184,13 @@ class LayerPager:
     def __init__(self, path: str, layers: Sequence[Sequence[str]], *, n_slots: int = 2, slot_size: int = 0,
                  n_workers: int = 1, direct_io: bool = False, device: str = "CPU") -> None:
         self.path = str(path)
-        self.store = _core.WeightStore(_core.GGUFFile(self.path))
+        self.store = native.WeightStore(native.GGUFFile(self.path))
         self._backend = _backend(device)
-        self._pager: Optional[_core.LayerPager] = _core.LayerPager(
+        self._pager: Optional[native.LayerPager] = native.LayerPager(
             self.store, [list(x) for x in layers], n_slots, slot_size, n_workers, self._backend, direct_io)
 
     @property
-    def core(self) -> "_core.LayerPager":
+    def core(self) -> "native.LayerPager":
         if self._pager is None:
             raise ValueError("the pager is closed")
         return self._pager
@@ -219,7 +219,7 @@ class LayerPager:
         """Starts loading `layer` in the background; False if no slot is free now."""
         return self.core.prefetch(layer, priority)
 
-    def acquire(self, layer: int) -> "_core.Layer":
+    def acquire(self, layer: int) -> "native.Layer":
         """Waits for the layer's bytes (GIL released) and binds its tensors to its slot."""
         return self.core.acquire_layer(layer)
 
@@ -242,7 +242,7 @@ class LayerPager:
         self.close()
 
 
-def layer_array(layer: "_core.Layer", name: str) -> np.ndarray:
+def layer_array(layer: "native.Layer", name: str) -> np.ndarray:
     """A zero-copy read-only numpy view of tensor `name` of an acquired layer: F32/F16/I32 as numbers in
     row-major shape, other (quantized) types as their raw bytes [rows, row_bytes]."""
     t = layer.get(name)
@@ -252,7 +252,7 @@ def layer_array(layer: "_core.Layer", name: str) -> np.ndarray:
         shape.pop(0)
     if t.type_name.upper() in _NUMPY:
         return view(layer, _NUMPY[t.type_name.upper()], shape, off)
-    row_bytes = _core.row_size(t.type, t.ne[0])
+    row_bytes = native.row_size(t.type, t.ne[0])
     return view(layer, np.uint8, [t.nbytes // row_bytes, row_bytes], off)
 
 
@@ -270,21 +270,21 @@ class KVCache:
             raise ValueError("KVCache type must be F16 or F32")
         self.type = type.upper()
         self.n_ctx, self.n_embd_kv, self.v_trans = n_ctx, n_embd_kv, v_trans
-        self._ctx = _core.Context(2 * n_layers + 2)
+        self._ctx = native.Context(2 * n_layers + 2)
         t = ggml_type(self.type)
         k = [self._ctx.new_tensor(t, [n_embd_kv, n_ctx]) for _ in range(n_layers)]
         v = [self._ctx.new_tensor(t, [n_ctx, n_embd_kv] if v_trans else [n_embd_kv, n_ctx]) for _ in range(n_layers)]
         self._backend = _backend(device)
-        self._kv: Optional[_core.KVCache] = _core.KVCache(k, v, page_size, n_frames, host_budget, spill_dir,
+        self._kv: Optional[native.KVCache] = native.KVCache(k, v, page_size, n_frames, host_budget, spill_dir,
                                                           v_trans, self._backend, n_workers, 1 if n_stream < 1 else n_stream)
 
     @property
-    def core(self) -> "_core.KVCache":
+    def core(self) -> "native.KVCache":
         if self._kv is None:
             raise ValueError("the KV cache is closed")
         return self._kv
 
-    def acquire(self, seq: int, layer: int, n_valid: int) -> "_core.KVFrame":
+    def acquire(self, seq: int, layer: int, n_valid: int) -> "native.KVFrame":
         return self.core.acquire_frame(seq, layer, n_valid)
 
     def prefetch(self, seq: int, layer: int, n_valid: int) -> bool:
@@ -293,11 +293,11 @@ class KVCache:
     def seq_truncate(self, seq: int, n: int) -> None:
         self.core.seq_truncate(seq, n)
 
-    def k_array(self, frame: "_core.KVFrame") -> np.ndarray:
+    def k_array(self, frame: "native.KVFrame") -> np.ndarray:
         """Zero-copy view of the frame's K: [n_ctx, n_embd_kv]."""
         return view(frame, _NUMPY[self.type], [self.n_ctx, self.n_embd_kv], 0)
 
-    def v_array(self, frame: "_core.KVFrame") -> np.ndarray:
+    def v_array(self, frame: "native.KVFrame") -> np.ndarray:
         """Zero-copy view of the frame's V: [n_ctx, n_embd_kv], or [n_embd_kv, n_ctx] with v_trans."""
         shape = [self.n_embd_kv, self.n_ctx] if self.v_trans else [self.n_ctx, self.n_embd_kv]
         return view(frame, _NUMPY[self.type], shape, frame.v_offset)

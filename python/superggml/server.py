@@ -39,10 +39,13 @@ from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
 from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 
-from .grammar import Grammar, GrammarError
-from .model import MAX_LOGPROBS, Model, sampling_options, stop_list
-from .tools import ToolError, ToolRequest
-from .reply import Reply
+from .api.choices import MAX_LOGPROBS, sampling_options, stop_list
+from .api.reply import Reply
+from .api.tools import ToolError, ToolRequest
+from .generation.batch import BatchScheduler, Completion
+from .generation.batch import Request as BatchRequest
+from .generation.grammar import Grammar, GrammarError
+from .model import Model
 
 
 # -- request bodies (unknown fields are refused, as types are) -------------------
@@ -120,150 +123,135 @@ def _error(status: int, message: str, type_: str = "invalid_request_error", code
 
 # -- the engine: one thread, every running request advanced in each forward pass ------
 @dataclass(eq=False)
-class _Job:
-    prompts: list[list[int]]          # token lists, one per prompt
-    n: int                            # choices per prompt
-    max_tokens: int | None
-    stop: list[str]
-    sampling: dict[str, Any]
+class Job:
+    request: BatchRequest
     reply: Reply
     out: "asyncio.Queue[Any]"
     loop: asyncio.AbstractEventLoop
-    seqs: list[int] = field(default_factory=list)
-    gens: dict[Any, int] = field(default_factory=dict)     # running completion -> choice index
+    echo_logprobs: bool = False                            # the echoed prompts' logprobs too
+    running: list[Completion] = field(default_factory=list)
     cancelled: bool = False
     t_submit: float = field(default_factory=time.perf_counter)
-    logprobs: int | None = None                            # alternatives per token to report (None: no logprobs)
-    echo_logprobs: bool = False                            # the echoed prompts' logprobs too
-    grammar: Grammar | None = None                         # the constraint on each choice's text
-    keep: frozenset[int] = frozenset()                     # control tokens kept in the text (tool-call markers)
-
-    @property
-    def n_choices(self) -> int:
-        return len(self.prompts) * self.n
 
 
-_END = object()
+END = object()
 
 
 class Engine:
-    """Continuous batching: one thread owns the model; every step is one eval over the next token of each
-    running choice plus prompt chunks of new ones, up to batch_tokens tokens. Up to `parallel` sequences run
-    at once (a request with several choices takes one each); the rest wait in a bounded queue."""
+    """One thread owns the model and runs the batch scheduler (generation/batch.py): every step is one shared
+    forward pass over the next token of each running choice plus prompt chunks of new ones, up to batch_tokens
+    tokens. Up to `parallel` choices run at once (a request with several takes one each); the rest wait in a
+    bounded queue."""
 
     def __init__(self, model: Model, *, parallel: int = 4, max_queue: int = 64, batch_tokens: int = 512):
         self.model = model
-        self.parallel = max(1, parallel)
-        self.batch_tokens = max(1, batch_tokens)
-        self.waiting: "queue.Queue[_Job]" = queue.Queue(maxsize=max_queue)
-        self.active: list[_Job] = []
-        self._pending: _Job | None = None     # taken from the queue, waiting for sequences to free
-        self._free_seqs = list(range(self.parallel))
-        self._stop = False
-        self._wake = threading.Event()
+        self.scheduler = BatchScheduler(model, parallel=parallel, batch_tokens=max(1, batch_tokens))
+        self.parallel = self.scheduler.parallel
+        self.waiting: "queue.Queue[Job]" = queue.Queue(maxsize=max_queue)
+        self.active: list[Job] = []
+        self.pending: Job | None = None     # taken from the queue, waiting for sequences to free
+        self.stopping = False
+        self.wake = threading.Event()
         self.lock = threading.Lock()          # the model, for requests outside the engine (metrics)
         self.served = 0
         self.steps = 0
-        self.thread = threading.Thread(target=self._run, name="superggml-engine", daemon=True)
+        self.thread = threading.Thread(target=self.run, name="superggml-engine", daemon=True)
         self.thread.start()
 
-    def submit(self, job: _Job) -> None:
-        if job.n_choices > self.parallel:
-            raise ApiError(400, f"the request asks for {job.n_choices} completions; this server runs at most "
-                           f"{self.parallel} at once (--parallel)", param="n")
+    def submit(self, job: Job) -> None:
+        if job.request.n_choices > self.parallel:
+            raise ApiError(400, f"the request asks for {job.request.n_choices} completions; this server runs at "
+                           f"most {self.parallel} at once (--parallel)", param="n")
         try:
             self.waiting.put_nowait(job)
         except queue.Full:
             raise ApiError(503, "the server is overloaded: too many requests are waiting; retry later",
                            "server_error", "overloaded") from None
-        self._wake.set()
+        self.wake.set()
 
     def stop(self) -> None:
-        self._stop = True
-        self._wake.set()
+        self.stopping = True
+        self.wake.set()
         self.thread.join(timeout=30)
 
-    def _send(self, job: _Job, item: Any) -> None:
+    def send(self, job: Job, item: Any) -> None:
         job.loop.call_soon_threadsafe(job.out.put_nowait, item)
 
-    def _finish(self, job: _Job, item: Any = _END) -> None:
+    def finish(self, job: Job, item: Any = END) -> None:
         """Ends a job: sends `item` (the end, or an error), frees its sequences."""
         if job in self.active:
             self.active.remove(job)
-        self._send(job, item)
+        self.send(job, item)
         with self.lock:
-            for seq in job.seqs:
-                try:
-                    self.model.drop_sequence(seq)
-                except Exception:  # noqa: BLE001 - freeing pages must not take the engine down
-                    pass
-        self._free_seqs += job.seqs
-        job.seqs = []
-        job.gens = {}
+            try:
+                self.scheduler.finish(job.running)
+            except Exception:  # noqa: BLE001 - freeing pages must not take the engine down
+                pass
+        job.running = []
         self.served += 1
 
-    def _admit(self) -> None:
+    def admit(self) -> None:
         while True:
-            if self._pending is None:
+            if self.pending is None:
                 try:
-                    self._pending = self.waiting.get_nowait()
+                    self.pending = self.waiting.get_nowait()
                 except queue.Empty:
                     return
-            job = self._pending
+            job = self.pending
             if job.cancelled:
-                self._pending = None
+                self.pending = None
                 continue
-            if job.n_choices > len(self._free_seqs):
+            req = job.request
+            if req.n_choices > self.scheduler.free:
                 return
-            self._pending = None
-            job.seqs = [self._free_seqs.pop() for _ in range(job.n_choices)]
+            self.pending = None
             self.active.append(job)
             try:
                 with self.lock:
                     if job.echo_logprobs:        # one pass over each prompt, on a scratch sequence
-                        lp = [self.model._prompt_logprobs(p, job.logprobs or 0) for p in job.prompts]
-                        job.reply.prompt_lp = [lp[i // job.n] for i in range(job.n_choices)]
-                    for i, seq in enumerate(job.seqs):
-                        g = self.model._new_gen(seq, job.prompts[i // job.n], job.max_tokens, job.stop,
-                                                job.sampling, i % job.n, job.logprobs, job.grammar, job.keep)
-                        job.gens[g] = i
+                        lp = [self.model.prompt_logprobs(p, req.logprobs or 0) for p in req.prompts]
+                        job.reply.prompt_lp = [lp[i // req.n] for i in range(req.n_choices)]
+                    job.running = self.scheduler.add(req)
                 for c in job.reply.opening():    # the echoed prompts (with their logprobs): the first chunks
-                    self._send(job, c)
+                    self.send(job, c)
             except Exception as e:  # noqa: BLE001 - reaches the client as an error
-                self._finish(job, e)
+                self.finish(job, e)
 
-    def _run(self) -> None:
-        while not self._stop:
-            self._admit()
+    def run(self) -> None:
+        while not self.stopping:
+            self.admit()
             for job in [j for j in self.active if j.cancelled]:
-                self._finish(job)
+                self.finish(job)
             if not self.active:
-                self._wake.wait(0.5)
-                self._wake.clear()
+                self.wake.wait(0.5)
+                self.wake.clear()
                 continue
-            owner = {g: job for job in self.active for g in job.gens}
+            owner = {id(job.request): job for job in self.active}
             try:
                 with self.lock:
-                    done = self.model._step(list(owner), self.batch_tokens)
+                    done = self.scheduler.step()
             except Exception as e:  # noqa: BLE001 - a failed pass fails the requests in it
                 for job in list(self.active):
-                    self._finish(job, e)
+                    self.finish(job, e)
                 continue
             self.steps += 1
-            for g, piece in done:
-                job = owner[g]
-                c = job.reply.chunk(job.gens[g], piece, g.finish, g.choice.n, g.choice.take())
-                if c is not None:
-                    self._send(job, c)
-                if g.finish:
-                    del job.gens[g]
-                    with self.lock:
-                        self.model.drop_sequence(g.seq)
-            for job in {owner[g] for g, _ in done}:
-                if not job.gens and job in self.active:
+            for c, piece in done:
+                job = owner[id(c.request)]
+                chunk = job.reply.chunk(*self.chunk_args(c, piece))
+                if chunk is not None:
+                    self.send(job, chunk)
+                if c.finish:
+                    job.running.remove(c)
+            for job in {id(owner[id(c.request)]): owner[id(c.request)] for c, _ in done}.values():
+                if not job.running and job in self.active:
                     if not job.reply.stream:
-                        self._send(job, job.reply.final())
-                    self._finish(job)
+                        self.send(job, job.reply.final())
+                    self.finish(job)
+
+    @staticmethod
+    def chunk_args(c: Completion, piece: str) -> tuple[Any, ...]:
+        i, finish, n, lp = c.take()
+        return i, piece, finish, n, lp
 
 
 # -- the app ----------------------------------------------------------------------
@@ -372,8 +360,9 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
         reply = Reply(chat=chat, stream=body.stream, model=mid, n_choices=len(prompts) * body.n,
                       n_prompt=sum(len(p) for p in prompts), echo=echo,
                       token_bytes=model.token_bytes if logprobs is not None else None, tools=tools)
-        job = _Job(prompts, body.n, body.max_tokens, stop, sampling(body), reply, asyncio.Queue(), loop,
-                   logprobs=logprobs, echo_logprobs=echo_logprobs, grammar=grammar, keep=model.marker_ids(tools))
+        req = BatchRequest(prompts, body.n, body.max_tokens, stop, sampling(body), logprobs, grammar,
+                      model.marker_ids(tools))
+        job = Job(req, reply, asyncio.Queue(), loop, echo_logprobs=echo_logprobs)
         engine.submit(job)
         if not body.stream:
             try:
@@ -381,7 +370,7 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
                     item = await job.out.get()
                     if isinstance(item, Exception):
                         raise item
-                    if item is _END:
+                    if item is END:
                         raise ApiError(500, "generation ended without a result", "server_error")
                     job.cancelled = True      # the single result came: nothing more to do
                     return item
@@ -396,7 +385,7 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
             try:
                 while True:
                     item = await job.out.get()
-                    if item is _END:
+                    if item is END:
                         yield "data: [DONE]\n\n"
                         return
                     if isinstance(item, Exception):
@@ -406,7 +395,7 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
                     yield sse(item)
             finally:
                 job.cancelled = True          # done, failed or the client went away: free the sequences
-                engine._wake.set()
+                engine.wake.set()
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -21,10 +21,10 @@ import re
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterator, Mapping
 
-from . import _core
+from . import native
 
 
-KV_PAGE_MIN, KV_PAGE_MAX = _core.KV_PAGE_MIN, _core.KV_PAGE_MAX   # tokens per KV page (kv-cache.h)
+KV_PAGE_MIN, KV_PAGE_MAX = native.KV_PAGE_MIN, native.KV_PAGE_MAX   # tokens per KV page (kv-cache.h)
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
           "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
-from . import _core
+from . import native
+
+MemoryFn = Callable[[], "tuple[int, int]"]   # () -> (used bytes, total bytes)
 
 
 @dataclass(frozen=True)
@@ -58,11 +61,31 @@ def nvml_devices() -> list[DeviceMemory]:
 
 
 def snapshot(*, nvml: bool = True) -> MemorySnapshot:
-    h = _core.host_memory()
+    h = native.host_memory()
     devs = [DeviceMemory(name=d["name"], type=d["type"], free=int(d["memory_free"]), total=int(d["memory_total"]))
-            for d in _core.devices()]
+            for d in native.devices()]
     if nvml:
         devs += nvml_devices()
     return MemorySnapshot(host_total=int(h["total"]), host_available=int(h["available"]),
                           cgroup_limit=int(h["cgroup_limit"]), process_rss=int(h["process_rss"]),
                           process_peak=int(h["process_peak"]), devices=devs)
+
+
+def host_memory() -> tuple[int, int]:
+    """(used, total) bytes of host memory as this process sees it (cgroup-aware)."""
+    h = native.host_memory()
+    return int(h["total"]) - int(h["available"]), int(h["total"])
+
+
+def device_memory_fn(device_type: str, device_name: str) -> MemoryFn:
+    """The memory reading that governs a backend: the host for CPU devices, else the device's own."""
+    if device_type == "cpu":
+        return host_memory
+
+    def read() -> tuple[int, int]:
+        for d in native.devices():
+            if d["name"] == device_name:
+                total = int(d["memory_total"])
+                return total - int(d["memory_free"]), total
+        return 0, 0
+    return read

@@ -791,7 +791,7 @@ class Tokenizer:
         self._regexes: list[_SplitRegex] = []
         self._hf: _HFTokenizer | None = None
         self._bytes_to_id: dict[bytes, int] = {}  # SentencePiece: token bytes -> id
-        self._spm_by_word = False  # see _SPM_INNER_SPACE
+        self.spm_by_word = False  # see _SPM_INNER_SPACE
         self._spm_cache: dict[str, list[int]] = {}
         self._phantom: dict[int, str] = {}  # stand-in id -> symbol that is not a token
 
@@ -887,7 +887,7 @@ class Tokenizer:
             self._token_to_id, self._tokens, self._scores = {}, [], array("f")
         else:
             self._bytes_to_id = {_utf8(text): tid for tid, text in enumerate(tokens)}
-            self._spm_by_word = not any(map(_SPM_INNER_SPACE.search, tokens))
+            self.spm_by_word = not any(map(_SPM_INNER_SPACE.search, tokens))
             self._tokens = _TokenTexts(tokens)
         return self
 
@@ -1035,7 +1035,7 @@ class Tokenizer:
         vocabulary allows it (_SPM_INNER_SPACE) and the text is valid UTF-8: a byte that is not
         (a surrogate escape here) starts a symbol as long as its lead bits say, which may
         reach into the next word."""
-        if not self._spm_by_word or (not text.isascii() and not _is_utf8(text)):
+        if not self.spm_by_word or (not text.isascii() and not _is_utf8(text)):
             self._spm_tokenize(_utf8(text), out)
             return
         cache = self._spm_cache

@@ -9,11 +9,12 @@ from typing import Any, Mapping, Protocol
 
 import numpy as np
 
-from .. import _core
+from .. import native
 from ..errors import GGUFError, UnsupportedModelError
+from .moe import build_moe_ffn, moe_tensor_shapes
 
-F32 = _core.GGMLType.F32
-F16 = _core.GGMLType.F16
+F32 = native.GGMLType.F32
+F16 = native.GGMLType.F16
 ROPE_NORM = 0
 ROPE_NEOX = 2
 
@@ -33,7 +34,7 @@ def f32(x: float) -> np.float32:
 
 def row_size(t: Any, n: int) -> int:
     """Bytes of n values of ggml type t (a whole number of blocks for a quantized type)."""
-    return int(_core.row_size(t, n))
+    return int(native.row_size(t, n))
 
 
 def inv_sqrt(x: float) -> float:
@@ -508,5 +509,3 @@ def attend(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: A
     cur = ctx.cont(ctx.permute(kqv, 0, 2, 1, 3))                           # [d, n_head, n]
     return ctx.reshape(cur, [d * hp.n_head, n])
 
-
-from .moe import build_moe_ffn, moe_tensor_shapes  # noqa: E402  (moe.py builds on Architecture)

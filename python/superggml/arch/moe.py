@@ -1,14 +1,19 @@
-"""The mixture-of-experts FFN, as llama.cpp's llm_graph_context::build_moe_ffn builds it for softmax-gated
-families (qwen2moe, qwen3moe, olmoe, Mixtral-style llama): a router picks n_expert_used of n_expert experts
-per token, their SwiGLU FFNs run through ggml_mul_mat_id over 3-D expert tensors, and the outputs are summed
-with the router's weights (renormalised where the family does). qwen2moe adds a shared expert behind a
-sigmoid gate."""
+"""The mixture-of-experts FFN, as llama.cpp's llm_graph_context::build_moe_ffn builds it for the MoE families
+(qwen2moe, qwen3moe, olmoe, Mixtral-style llama, gpt-oss): a router picks n_expert_used of n_expert experts per
+token, their FFNs run through ggml_mul_mat_id over 3-D expert tensors, and the outputs are summed with the
+router's weights (renormalised where the family does; gating and activation per the family's moe_* attributes).
+A shared expert (qwen2moe) sits behind a sigmoid gate. With the experts paged (the expert cache), a block is
+built in parts: build_paged_block.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from .common import Architecture, Weights
+from .. import native
+
+Architecture = Any    # arch.common.Architecture, which imports this module (annotations only)
+Weights = Callable[[str], Any]   # name -> tensor
 
 WEIGHTS_SUM_MIN = 6.103515625e-5      # llama.cpp clamps the sum of the chosen weights to the smallest F16 normal
 
@@ -126,3 +131,57 @@ def build_shared_expert_only(arch: Architecture, ctx: Any, w: Weights, p: str, c
     shared = ctx.mul_mat(w(p + "ffn_down_shexp.weight"), ctx.swiglu_split(
         ctx.mul_mat(w(p + "ffn_gate_shexp.weight"), cur), ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)))
     return ctx.mul(shared, gate_s)
+
+
+def build_paged_block(plan: Any, arch: Architecture, w: Weights, il: int, rows: int, key: Any, kv: tuple[Any, Any],
+                      placement: Any) -> None:
+    """A block whose experts come from the expert cache, as steps of `plan` (runtime.graph.Plan): attention and
+    router in one graph (its state kept in placement.moe, a MoEScratch), then the routed experts, with their ids
+    remapped to cache slots in between (Step.experts), in graphs over chunks of placement.expert_rows rows (the
+    experts one chunk routes to fit the cache at once; each row's result does not depend on the others in its
+    chunk)."""
+    hp, sc = arch.hp, placement.moe
+    k, p = hp.n_expert_used, f"blk.{il}."
+
+    def rows_of(ctx: Any, t: Any, r0: int = 0, n: int = rows) -> Any:   # columns [r0, r0+n) of a [*, n_batch]
+        return ctx.view(t, [t.ne[0], n], [t.nb[1]], r0 * t.nb[1])
+
+    def weights_of(ctx: Any, r0: int = 0, n: int = rows) -> Any:          # F32 [1, k, n]
+        return ctx.view(sc.w, [1, k, n], [sc.w.nb[1], sc.w.nb[2]], r0 * sc.w.nb[2])
+
+    def attn_router(ctx: Any, gf: Any, act: Any, act_out: Any, inp: Any) -> Any:
+        ffn_inp, cur = arch.build_attn_part(ctx, gf, w, inp, il, act, *kv)
+        sel, weights = build_router(arch, ctx, w, p, cur)
+        pairs = [(ffn_inp, rows_of(ctx, sc.inp)), (cur, rows_of(ctx, sc.cur)), (sel, rows_of(ctx, sc.sel)),
+                 (weights, weights_of(ctx))]
+        if sc.guess is not None and il + 1 < hp.n_layer:
+            pairs.insert(0, (build_router_lookahead(arch, ctx, w, il, cur), rows_of(ctx, sc.guess)))
+        shared = build_shared_expert_only(arch, ctx, w, p, cur)     # over every row: a matmul's result
+        if shared is not None:                                      # may depend on how many it has
+            pairs.insert(0, (shared, rows_of(ctx, sc.shared)))
+        outs = [ctx.cpy(src, dst) for src, dst in pairs]
+        for o in outs[:-1]:
+            gf.expand(o)
+        return outs[-1]
+
+    plan.graph(attn_router, "block", rows_out=rows, key=key, layer=il, group=il)
+    step = placement.expert_rows
+    for r0 in range(0, rows, step):
+        n = min(step, rows - r0)
+        ictx = native.Context(max_tensors=1)
+        ids = ictx.new_tensor(native.GGMLType.I32, [k, n])
+        ids.name = f"inp_expert_slots_l{il}_r{r0}"
+        plan.keep += [ictx, placement.backends[0].alloc_tensors(ictx)]
+
+        def experts(ctx: Any, gf: Any, act: Any, act_out: Any, inp: Any, r0: int = r0, n: int = n,
+                    ids: Any = ids) -> Any:
+            out = build_experts(arch, ctx, w, p, rows_of(ctx, sc.cur, r0, n), ids, rows_of(ctx, sc.sel, r0, n),
+                                weights_of(ctx, r0, n), *placement.experts.views[il])
+            if sc.shared is not None:
+                out = ctx.add(out, rows_of(ctx, sc.shared, r0, n))
+            return ctx.cpy(arch.build_ffn_out(ctx, w, p, out, rows_of(ctx, sc.inp, r0, n)), rows_of(ctx, act, r0, n))
+
+        last = r0 + n >= rows
+        ahead = min(step, rows) if last and sc.guess is not None and il + 1 < hp.n_layer else 0
+        plan.graph(experts, "experts", rows_in=rows, rows_out=rows, key=key, group=il, experts=il, expert_ids=ids,
+                   expert_row0=r0, expert_ahead=ahead)

@@ -19,35 +19,12 @@ Every move is counted and recorded as an event.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
-from . import _core
-from .errors import SuperggmlError
-
-MemoryFn = Callable[[], "tuple[int, int]"]   # () -> (used bytes, total bytes)
-
+from ..errors import SuperggmlError
+from ..telemetry import MemoryFn, host_memory
 
 HYSTERESIS = 0.05     # promote only below mem_pressure - HYSTERESIS
-
-
-def host_memory() -> tuple[int, int]:
-    """(used, total) bytes of host memory as this process sees it (cgroup-aware)."""
-    h = _core.host_memory()
-    return int(h["total"]) - int(h["available"]), int(h["total"])
-
-
-def device_memory_fn(device_type: str, device_name: str) -> MemoryFn:
-    """The memory reading that governs a backend: the host for CPU devices, else the device's own."""
-    if device_type == "cpu":
-        return host_memory
-
-    def read() -> tuple[int, int]:
-        for d in _core.devices():
-            if d["name"] == device_name:
-                total = int(d["memory_total"])
-                return total - int(d["memory_free"]), total
-        return 0, 0
-    return read
 
 
 class LayerScheduler:

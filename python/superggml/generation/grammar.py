@@ -17,8 +17,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .errors import SuperggmlError
-from .tokenizer import TokenAttr, Tokenizer
+from ..errors import SuperggmlError
+from ..tokenizer import TokenAttr, Tokenizer
 
 # JSON as models write it ({"a": 1, "b": [2, 3]}): one space after ':' and ',', no other whitespace (free
 # whitespace lets a sampling model pad forever); unknown keywords and formats are ignored, as OpenAI does.

@@ -6,7 +6,7 @@ a pass that checks k drafted tokens costs about what one token costs; each accep
 - Drafters: a draft model with the same vocabulary (llama.cpp's compatibility rule), or prompt lookup (the
   continuation of the latest earlier match of the context's last n-gram). Both draft deterministically (the
   draft model greedily), so the draft distribution q is one point.
-- Verification (Model): the draft is fed to the model with Executor.eval_rows, each token a lane of its own,
+- Verification (Speculator.step): the draft is fed to the model with Executor.eval_rows, each token a lane of its own,
   so row i's logits are those of feeding the tokens one by one. Greedy keeps the longest prefix that matches
   the model's choices plus the model's own next token: the output is that of plain decoding. Sampling accepts
   a drafted token d with probability min(1, p(d) / q(d)) and otherwise draws from the residual max(0, p - q),
@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import abc
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from .sampling import Sampler
 
-if TYPE_CHECKING:
-    from .model import Model
+Model = Any     # superggml.Model, which holds a Speculator (annotations only)
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128     # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_CHECK_START_TOKEN_ID = 5      # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
@@ -79,7 +78,7 @@ class ModelDrafter(Drafter):
 
     name = "model"
 
-    def __init__(self, draft: "Model", target: "Model", *, p_min: float = 0.0):
+    def __init__(self, draft: Model, target: Model, *, p_min: float = 0.0):
         check_compatible(target, draft)
         self.model = draft
         self.p_min = p_min
@@ -110,7 +109,7 @@ class ModelDrafter(Drafter):
         """Brings the draft's sequence to `context` (its cached prefix kept) and returns the last logits. A few
         new tokens (the last step's) go in one eval_rows pass, each row as if fed alone, as the model checked
         them; a prompt in one eval, but its last token alone, as the model fed it: a self-draft agrees exactly."""
-        ex = self.model._exec
+        ex = self.model.runtime
         new = list(context[ex.keep_prefix(context):])
         if len(new) <= CATCH_UP_ROWS:
             return ex.eval_rows(new)[-1]
@@ -121,7 +120,7 @@ class ModelDrafter(Drafter):
         self.model.close()
 
 
-def check_compatible(target: "Model", draft: "Model") -> None:
+def check_compatible(target: Model, draft: Model) -> None:
     """llama.cpp's rule for a draft model: the same vocabulary type, BOS/EOS and add-BOS, sizes within 128 and
     the same token text from id 5 on; ValueError naming the first difference."""
     a, b = target.tokenizer, draft.tokenizer
@@ -237,7 +236,7 @@ class DraftLength:
         if not seen:
             return 0                                       # a plain pass first: its cost
         if seen == {1}:
-            return 1                                       # then two rows (Speculator.probing: a free guess)
+            return 1                                       # then two rows (DraftLength.probing: a free guess)
         draft_s = self.draft_s if self.draft_s is not None else 0.0
         a = min(self.rate, 0.999)
         cost = self.costs(hi + 1)
@@ -299,3 +298,34 @@ class Speculator:
 
     def close(self) -> None:
         self.drafter.close()
+
+    def step(self, model: Model, tok: int, sampler: Sampler) -> list[int]:
+        """One speculative step of the model's current sequence after `tok` (chosen, not yet fed): it drafts k
+        tokens, feeds `tok` and the draft in one pass (eval_rows: each row as if fed alone), keeps the drafted
+        tokens the sampler accepts (accept) and one of the model's own, and truncates the rest from the K/V.
+        Returns the accepted drafted tokens and the model's next one (last, not fed)."""
+        ex = model.runtime
+        seq = ex.seq
+        base = seq.n_past
+        context = seq.tokens + [tok]
+        draft = self.timed_draft(context, self.length.choose(model.n_ctx - base - 2))
+        t = time.perf_counter()
+        rows = ex.eval_rows([tok] + draft) if draft else ex.eval([tok])
+        self.length.on_pass(len(draft) + 1, time.perf_counter() - t)
+        if model.metrics is not None:
+            model.metrics.on_layer_timings(ex.timings)
+        out: list[int] = []
+        nxt = None
+        for i, d in enumerate(draft):
+            nxt = accept(sampler, sampler.distribution(rows[i], context + out), d)
+            if nxt is not None:
+                break
+            out.append(d)
+        if nxt is None:
+            nxt = sampler.sample(rows[len(draft)], context + out)
+        if draft:
+            kept = ex.truncate(base + 1 + len(out))
+            if kept < base + 1 + len(out):            # sliding-window keys already freed: feed them again
+                ex.eval((context + out)[kept:])
+        self.on_step(len(draft), len(out))
+        return out + [nxt]

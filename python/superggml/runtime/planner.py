@@ -1,4 +1,4 @@
-"""The automatic device budget: how much of a model stays resident, from the memory the process can use.
+"""The planner: how much of a model stays resident, from the memory the process can use.
 
 ``device_budget="auto"`` (the default) resolves here, once, when a model loads:
 
@@ -17,14 +17,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from . import _core
-from .arch import get_architecture
-from .arch.common import HParams
+from .. import native
+from ..arch import get_architecture
+from ..arch.common import HParams
+from ..telemetry import device_memory_fn
 
 MiB = 1 << 20
 HEADROOM_MIN = 64 * MiB        # never planned: the allocator's slack, thread stacks, the interpreter's growth
 HEADROOM_SHARE = 0.05          # and this share of what is available
 TOKENIZER_BYTES_PER_TOKEN = 256  # the tokenizer's tables, per vocabulary entry (Qwen2.5's 151,936: 31 MiB measured)
+SLOT_ALIGN_ROOM = 256 # bytes kept free in a slot for alignment padding
 
 
 @dataclass(frozen=True)
@@ -79,12 +81,12 @@ def gib(n: int) -> str:
 
 def kv_type(name: str) -> Any:
     """A cache type of settings.KV_CACHE_TYPES as a GGMLType."""
-    return getattr(_core.GGMLType, name.upper())
+    return getattr(native.GGMLType, name.upper())
 
 
 def kv_bytes_per_token(hp: HParams, type_k: str, type_v: str) -> int:
     """One token's K and V over every layer."""
-    return hp.n_layer * sum(int(_core.row_size(kv_type(t), hp.n_embd_gqa)) for t in (type_k, type_v))
+    return hp.n_layer * sum(int(native.row_size(kv_type(t), hp.n_embd_gqa)) for t in (type_k, type_v))
 
 
 def kv_bytes(hp: HParams, ctx_size: int, type_k: str, type_v: str) -> int:
@@ -125,7 +127,7 @@ def model_bytes(path: str, options: Mapping[str, Any]) -> int:
     """What a model at `path` holds while it runs with these options (ctx_size, n_batch, cache types, flash_attn,
     device_budget: a size or None for resident): its weights or its budget, its K/V cache, compute buffers and
     tokenizer. For a draft model, whose memory its target leaves it."""
-    f = _core.GGUFFile(path)
+    f = native.GGUFFile(path)
     try:
         hp = get_architecture(f.metadata()).hp
         weights = sum(int(nb) for _, _, _, _, nb in f.tensors())
@@ -156,3 +158,45 @@ def off_error(p: MemoryPlan, cause: str) -> ValueError:
         f"(weights {gib(p.weights)}, K/V cache {gib(p.kv)}, the rest {gib(p.needed - p.weights - p.kv)}), but "
         f"{gib(p.available)} is available; use device_budget='auto' (--device-budget auto) to stream the blocks "
         f"that do not fit, or a size such as --device-budget {max(1, int(p.available * 0.7 / 2**30))}GiB")
+
+
+def plan_slots(budget: int, slot: int, n_keys: int, n_stream: int) -> tuple[int, int]:
+    """(pool slots, pinned keys) for a budget: as many slots as fit (at most one per key); if not every key
+    has one, the last n_stream slots stream and the first keys keep the others. 0 slots: the budget is
+    smaller than one layer."""
+    n_slots = min(budget // slot, n_keys)
+    if n_slots >= n_keys:
+        return n_slots, n_keys
+    return n_slots, max(0, n_slots - min(n_slots, n_stream))
+
+
+def split_moe_budget(budget: int, *, dense: int, slot: int, n_stream: int, n_expert: int, n_expert_used: int,
+                     expert_bytes: int, n_batch: int) -> tuple[int, int]:
+    """(dense budget, expert cache) of a MoE model's budget: its dense part (`dense` bytes in slots of `slot`)
+    first, every block pinned if the expert cache can still hold what one batch routes to; otherwise the dense
+    part streams through the fewest slots and the cache gets the rest, which must hold what one token routes to
+    (a batch then runs its experts in chunks of rows)."""
+    batch = min(n_expert, n_expert_used * n_batch) * expert_bytes
+    stream = min(n_stream, dense // slot) * slot      # the fewest slots the dense part streams through
+    dense_budget = dense if budget - batch >= dense else max(budget - batch, stream)
+    if budget - dense_budget < n_expert_used * expert_bytes:
+        raise ValueError(f"device_budget of {budget} bytes cannot hold {stream // slot} blocks without their "
+                         f"experts ({slot} bytes each) and the {n_expert_used} experts a token is routed to "
+                         f"({expert_bytes} bytes each): give it at least {stream + n_expert_used * expert_bytes} "
+                         f"bytes")
+    return dense_budget, budget - dense_budget
+
+
+def check_available(backend: Any, nbytes: int, what: str) -> None:
+    """Refuses `nbytes` for `what` when it is more than the device has free now (host: as this process sees
+    it, cgroup limit included)."""
+    used, total = device_memory_fn(backend.device_type, backend.device_name)()
+    if total <= 0:
+        return
+    free = total - used
+    if nbytes > free:
+        h = native.host_memory()
+        where = (f"the host (total {total} bytes" + (f", cgroup limit {h['cgroup_limit']} bytes"
+                                                     if h["cgroup_limit"] else "") + ")"
+                 if backend.device_type == "cpu" else f"{backend.name} (total {total} bytes)")
+        raise ValueError(f"{what} of {nbytes} bytes is more than the {free} bytes available on {where}")

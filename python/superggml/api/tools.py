@@ -1,6 +1,6 @@
 """Tool calls (OpenAI's `tools` / `tool_choice`): the tools go to the GGUF's chat template, the model's calls are
 parsed from its output in the format its template teaches, and `required` or a named function constrains the
-output to a valid call (a grammar over the tools' parameter schemas; superggml.grammar).
+output to a valid call (a grammar over the tools' parameter schemas; superggml.generation.grammar).
 
 Formats, told apart by the template's source as llama.cpp does:
 - hermes: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block per call (Qwen2.5, Hermes);
@@ -20,9 +20,9 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .errors import SuperggmlError
-from .grammar import JSON_OPTIONS, Grammar
-from .tokenizer import Tokenizer
+from ..errors import SuperggmlError
+from ..generation.grammar import JSON_OPTIONS, Grammar
+from ..tokenizer import Tokenizer
 
 
 class ToolError(SuperggmlError, ValueError):
@@ -108,7 +108,7 @@ def _call_schema(tools: Sequence[Tool], args_key: str = "arguments") -> dict[str
 
 
 def _json_term(schema: Mapping[str, Any]) -> str:
-    """A Lark %json terminal for `schema`, written as superggml.grammar writes JSON."""
+    """A Lark %json terminal for `schema`, written as superggml.generation.grammar writes JSON."""
     return "%json" + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
 
 

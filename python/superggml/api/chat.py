@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import SuperggmlError
+from ..errors import SuperggmlError
 
 # Used when a GGUF has no template: ChatML, what most small instruct models expect.
 CHATML = (

@@ -1,11 +1,10 @@
-"""Layer keys, and the two pagers a forward pass drives: weights (blocks and head chunks) and K/V.
+"""The weight pagers a forward pass drives: blocks and head chunks (WeightPager), and experts (ExpertPager).
 
 A forward pass is a list of steps (graphs). A step that needs paged weights
 names them with a key: ``Block(b)`` (transformer block b) or ``HeadChunk(c)``
-(row chunk c of the lm head). A step of a block reads and writes the K/V of
-that layer for each sequence of the pass. The executor wraps each step in
-``weights.use(key)`` and ``kv.use(layer, lanes)``: with everything resident
-both are null pagers that do nothing.
+(row chunk c of the lm head). The executor wraps each step in
+``pager.use(key)``; with every block resident the pager is a NullPager that
+does nothing. The K/V a step reads is the sequence memory's (memory.py).
 """
 
 from __future__ import annotations
@@ -14,6 +13,8 @@ import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence, Union
+
+from .. import native
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class NullPager:
 
 
 class WeightPager:
-    """A _core.LayerPager over `keys`, the ones one device holds in pass order (its blocks, then the head
+    """A native.LayerPager over `keys`, the ones one device holds in pass order (its blocks, then the head
     chunks if the head is on it), prefetching `depth` keys ahead of the one in use (wrapping into the next
     pass)."""
 
@@ -97,114 +98,6 @@ class WeightPager:
                 "staged_io": p.staged, "layers_pinned": sum(p.pinned(k) for k in range(p.n_layers))}
 
 
-class NullKV:
-    """K/V in contiguous per-layer tensors: nothing moves, nothing is freed."""
-
-    def begin(self, seq: int, p0: int) -> None:
-        pass
-
-    def can_truncate(self, seq: int, n: int) -> bool:
-        return True
-
-    def use(self, layer: int, lanes: Sequence[tuple[int, int, int, Any, Any]]) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-    def truncate(self, seq: int, n: int) -> None:
-        pass
-
-    def stats(self) -> dict[str, Any]:
-        return {}
-
-
-class PagedKV:
-    """A _core.KVCache: a layer's K/V page frame is bound while the layer runs, the next `depth` layers of the
-    sequence are filled ahead. Sliding-window layers (`swa_layers`, a window of `n_swa` tokens) free the
-    pages no later query of theirs sees, as a pass begins."""
-
-    def __init__(self, kv: Any, n_layer: int, depth: int, *, n_swa: int = 0, swa_layers: Sequence[int] = ()):
-        self.core = kv
-        self.n_frames = int(kv.stats()["kv_frames"])
-        self.n_layer = n_layer
-        self.depth = depth
-        self.n_swa = n_swa
-        self.swa_layers = list(swa_layers) if n_swa > 0 else []
-        self._floor: dict[int, int] = {}     # seq -> first token the sliding-window layers still hold
-
-    def begin(self, seq: int, p0: int) -> None:
-        """A pass of `seq` starts at position p0: its first query sees keys from p0 - n_swa + 1 on."""
-        first = p0 - self.n_swa + 1
-        if not self.swa_layers or first <= 0:
-            return
-        for il in self.swa_layers:
-            self.core.seq_forget(seq, il, first)
-        page = self.core.page_size
-        self._floor[seq] = max(self._floor.get(seq, 0), first // page * page)
-
-    def can_truncate(self, seq: int, n: int) -> bool:
-        """Whether the keys a query at position n needs are still held."""
-        return self._floor.get(seq, 0) <= max(0, n - self.n_swa + 1)
-
-    @contextlib.contextmanager
-    def use(self, layer: int, lanes: Sequence[tuple[int, int, int, Any, Any]]) -> Iterator[None]:
-        """While a step of `layer` runs: per sequence of the pass (seq, n_valid, n_end, k, v), the frame of
-        (seq, layer) bound to the lane's tensors k, v (None: the layer's own, the first lane), rows [0, n_valid)
-        valid before the step and [0, n_end) after it; the sequence's next `depth` layers filled ahead."""
-        held = []
-        try:
-            for seq, n_valid, n_end, k, v in lanes:
-                self.core.acquire(seq, layer, n_valid, k, v)
-                held.append((seq, n_end))
-            for seq, n_valid, _, _, _ in lanes:
-                for j in range(1, min(self.depth, self.n_layer - 1 - layer) + 1):
-                    self.core.prefetch(seq, layer + j, n_valid)
-            yield
-        finally:
-            for seq, n_end in held:
-                self.core.release(seq, layer, n_end)
-
-    def truncate(self, seq: int, n: int) -> None:
-        self.core.seq_truncate(seq, n)
-        if n == 0:
-            self._floor.pop(seq, None)
-
-    def stats(self) -> dict[str, Any]:
-        return dict(self.core.stats())
-
-
-class SplitKV:
-    """Paged K/V over a multi-device split: each device's PagedKV pages the layers of its blocks (`parts`:
-    (PagedKV, its first layer), in layer order)."""
-
-    def __init__(self, parts: Sequence[tuple[PagedKV, int]]):
-        self.parts = [p for p, _ in parts]
-        self._first = [f for _, f in parts]
-
-    def _part(self, layer: int) -> tuple[PagedKV, int]:
-        for p, f in zip(reversed(self.parts), reversed(self._first)):
-            if layer >= f:
-                return p, layer - f
-        raise IndexError(layer)
-
-    def begin(self, seq: int, p0: int) -> None:
-        for p in self.parts:
-            p.begin(seq, p0)
-
-    def can_truncate(self, seq: int, n: int) -> bool:
-        return all(p.can_truncate(seq, n) for p in self.parts)
-
-    def use(self, layer: int, lanes: Sequence[tuple[int, int, int, Any, Any]]) -> contextlib.AbstractContextManager[None]:
-        p, local = self._part(layer)
-        return p.use(local, lanes)
-
-    def truncate(self, seq: int, n: int) -> None:
-        for p in self.parts:
-            p.truncate(seq, n)
-
-    def stats(self) -> dict[str, Any]:
-        per = [p.stats() for p in self.parts]
-        return {**merge_stats(per), "kv_per_device": per}
-
-
 def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One dict of several devices' counters: numbers added, flags or-ed, the rest from the first."""
     if len(parts) <= 1:
@@ -233,7 +126,7 @@ LOOKAHEAD_MARGIN = 0.05        # kept only when faster by this much: its wrong g
 
 
 class ExpertPager:
-    """A _core.ExpertCache: the experts of a mixture-of-experts model, paged one by one.
+    """A native.ExpertCache: the experts of a mixture-of-experts model, paged one by one.
 
     Every slot holds one expert of one layer: its gate, up and down matrices at the offsets that layer's
     types give (a slot is as large as the largest layer's triple). Per layer, three tensors view the cache
@@ -244,22 +137,20 @@ class ExpertPager:
                  direct_io: bool = False, lookahead: bool | None = True):
         """`lookahead`: load the next router's guesses (lookahead()) always (True), never (False), or as a
         timed trial of the first decoded tokens finds faster (None)."""
-        from . import _core
-
         hp = arch.hp
         self.n_layer = hp.n_layer
         self.parts = self.layout(store, arch, direct=direct_io)
-        self.expert_bytes = slot = self._slot_size(self.parts, direct_io)
+        self.expert_bytes = slot = expert_slot_size(self.parts, direct_io)
         n_slots = budget // slot
         need = hp.n_expert_used * 1
         if n_slots < need:
             raise ValueError(f"expert_cache of {budget} bytes holds {n_slots} experts; a token is routed to "
                              f"{hp.n_expert_used} of {slot} bytes each: give it at least {need * slot} bytes")
-        self.core = _core.ExpertCache(path, n_slots=n_slots, slot_size=slot, backend=backend, n_workers=n_workers,
+        self.core = native.ExpertCache(path, n_slots=n_slots, slot_size=slot, backend=backend, n_workers=n_workers,
                                       direct_io=direct_io)
         for il, parts in enumerate(self.parts):
             self.core.set_layer(il, hp.n_expert, parts)
-        self.ctx = _core.Context(max_tensors=3 * hp.n_layer)
+        self.ctx = native.Context(max_tensors=3 * hp.n_layer)
         self.views: list[list[Any]] = []
         for il in range(hp.n_layer):
             vs = []
@@ -284,9 +175,7 @@ class ExpertPager:
         Packed 64-byte aligned; with `direct`, where every stride is whole O_DIRECT blocks, each matrix gets a
         region of whole blocks and sits in it at its file offset's place inside a block, so O_DIRECT reads the
         blocks around it straight into the slot (csrc/expert-cache.h)."""
-        from . import _core
-
-        blk = _core.DIRECT_ALIGN
+        blk = native.DIRECT_ALIGN
         out = []
         for il in range(arch.hp.n_layer):
             ranges = [store.file_range(name) for name in arch.expert_tensors(il)]
@@ -308,14 +197,7 @@ class ExpertPager:
     @staticmethod
     def slot_bytes(store: Any, arch: Any, *, direct: bool = False) -> int:
         """Bytes of one slot: the largest layer's expert, its matrices aligned (to whole blocks if direct)."""
-        return ExpertPager._slot_size(ExpertPager.layout(store, arch, direct=direct), direct)
-
-    @staticmethod
-    def _slot_size(layout: list[list[tuple[int, int, int, int]]], direct: bool) -> int:
-        from . import _core
-
-        size = max(off + size for parts in layout for _, _, size, off in parts)
-        return -(-size // _core.DIRECT_ALIGN) * _core.DIRECT_ALIGN if direct else size
+        return expert_slot_size(ExpertPager.layout(store, arch, direct=direct), direct)
 
     def map(self, layer: int, ids: Any) -> Any:
         """The slots of the experts `ids` (I32 [k, n]) of `layer`, loaded and pinned until release()."""
@@ -379,3 +261,9 @@ class ExpertPager:
             s, n = self._trial[on]
             d[f"expert_lookahead_trial_ms_{'on' if on else 'off'}"] = 1e3 * s / n if n else 0.0
         return d
+
+
+def expert_slot_size(layout: list[list[tuple[int, int, int, int]]], direct: bool) -> int:
+    """Bytes of a slot holding one expert of each layer's `layout` (rounded to whole O_DIRECT blocks if direct)."""
+    size = max(off + size for parts in layout for _, _, size, off in parts)
+    return -(-size // native.DIRECT_ALIGN) * native.DIRECT_ALIGN if direct else size

@@ -1,0 +1,1 @@
+"""Generation: decoding, the batch scheduler, speculative decoding, sampling and constraints."""

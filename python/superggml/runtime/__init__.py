@@ -1,0 +1,1 @@
+"""The runtime: forward passes over paged weights and sequence memory."""

@@ -1,0 +1,498 @@
+"""The executor: forward passes, step by step, over the weights' placement, the sequence memory and the plans.
+
+A forward pass of n tokens runs the steps of a plan (runtime/graph.py) in order: an embedding graph, one
+graph per transformer block, an output graph. Before each step its weights are in (the placement's pager), its
+layer's memory is bound (the sequence memory's `use`) and, with paged experts, the routed ones are mapped to
+cache slots. Activations persist between graphs in a device buffer per device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import native
+from ..arch import Architecture
+from ..devices import DEFAULT_DEVICE, resolve_devices
+from ..errors import SuperggmlError
+from ..settings import Settings, layer_split
+from ..telemetry import MemoryFn
+from .graph import LaneRows, Plan, Step, lane_rows, padded_kv
+from .memory import MAX_LANES, ContiguousKV, SequenceMemory, attn_rot_size, hadamard, paged_kv
+from .pagers import WeightPager
+from .planner import MemoryPlan, kv_bytes, off_error
+from .sequences import SequenceState, Sequences
+from .weights import WeightPlacement
+
+F32 = native.GGMLType.F32
+PLAN_CACHE = 6        # micro-batch shapes whose graphs are kept
+Item = tuple[SequenceState, Sequence[int]]
+
+
+class Executor:
+    """Runs an architecture layer by layer on one or more backends (a pipeline by blocks), its weights
+    resident or paged (placement), its sequences' memory contiguous or paged (memory, sequences)."""
+
+    def __init__(self, arch: Architecture, store: Any, settings: Settings, *, direct_io: bool = False,
+                 memory: MemoryFn | None = None, preload_repack: bool | None = None, reserve: int = 0):
+        """`direct_io` is the paging's read mode, resolved (settings.paging.direct_io may say "auto").
+        `preload_repack` (True/False: with or without ggml-cpu's re-laid weights) starts the background
+        load of resident weights as early as possible; None leaves it to the caller (placement.start_loading).
+        `reserve`: bytes of the device's memory an automatic budget leaves to something else (a draft model).
+        `memory`: the reading the dynamic_layers scheduler follows (default: the device's).
+        `self.settings` are the settings with device_budget and async_prefetch resolved (memory_plan)."""
+        self.arch, self.hp = arch, arch.hp
+        arch.set_context(settings.context.ctx_size)
+        ctx = settings.context
+        names, shares = resolve_devices(settings.devices)
+        self.backends = [native.Backend(d, ctx.threads) for d in names]
+        self.n_split = len(self.backends)              # the devices the blocks are split over
+        self.layer_device = [i for i, k in enumerate(layer_split(self.hp.n_layer, self.n_split, shares))
+                             for _ in range(k)]
+        hosts = [i for i, b in enumerate(self.backends) if b.is_host]
+        if not hosts:      # the embedding rows come from the file mapping: its graph runs on the CPU
+            self.backends.append(native.Backend(DEFAULT_DEVICE, ctx.threads))
+            hosts = [self.n_split]
+        for b in self.backends:
+            b.use_ref = ctx.batch_invariant
+        self.embed_dev = hosts[0]
+        self.backend = self.backends[0]
+        self.store = store                             # the weights (a native.WeightStore)
+        self.check_split(settings)
+        self.placement = WeightPlacement(arch, store, settings, self.backends, self.layer_device,
+                                         direct_io=direct_io, reserve=reserve)
+        self.settings = settings = self.placement.settings
+        self.memory_plan: MemoryPlan | None = self.placement.memory_plan
+        self.weights = self.placement.view
+        if preload_repack is not None and not self.placement.paged:
+            try:
+                self.placement.start_loading(preload_repack, self.embed_dev)   # reads overlap everything below
+            except SuperggmlError as e:
+                if self.memory_plan is None or "cannot allocate" not in str(e):
+                    raise
+                raise off_error(self.memory_plan, str(e)) from e
+        try:
+            self.setup(memory)
+        except BaseException:
+            self.close()       # the loader's threads must stop before the caller unmaps the file
+            raise
+
+    def check_split(self, s: Settings) -> None:
+        pg = s.paging
+        if self.n_split > 1 and (pg.dynamic_layers or pg.n_gpu_layers is not None or pg.expert_cache is not None):
+            raise ValueError("a multi-device split pages with a device_budget per device, not dynamic_layers, "
+                             "n_gpu_layers or expert_cache")
+        if isinstance(pg.device_budget, tuple) and len(pg.device_budget) != self.n_split:
+            raise ValueError(f"device_budget gives {len(pg.device_budget)} sizes for {self.n_split} devices "
+                             f"({', '.join(b.name for b in self.backends[:self.n_split])})")
+
+    def setup(self, memory: MemoryFn | None) -> None:
+        """Activations F32 [n_embd, n_batch] and the quantized cache's rotations per device, the sequence memory,
+        the pagers and the expert cache."""
+        hp, s = self.hp, self.settings
+        c = s.context
+        ctxs = [native.Context(max_tensors=4) for _ in self.backends]
+        self.acts = []
+        for i, cx in enumerate(ctxs):
+            a = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
+            a.name = f"act_d{i}"
+            self.acts.append(a)
+        # a quantized cache holds Q, K and V rotated by Walsh-Hadamard matrices, as llama.cpp's does
+        n_rot = {"k": attn_rot_size(hp.head_dim, c.cache_type_k, largest=True),
+                 "v": attn_rot_size(hp.head_dim, c.cache_type_v, largest=False)}
+        self.rot = [{x: cx.new_tensor(F32, [n, n]) for x, n in n_rot.items() if n} for cx in ctxs]
+        self.keep: list[Any] = ctxs + [b.alloc_tensors(cx) for b, cx in zip(self.backends, ctxs)]
+        for buf in self.keep[len(ctxs):]:
+            buf.clear(0)
+        for rot in self.rot:
+            for t in rot.values():
+                native.tensor_set(t, hadamard(t.ne[0]), 0)
+        self.memory: SequenceMemory = (
+            paged_kv(s, self.arch, self.backends, self.layer_device, self.n_split) if s.kv.paged_kv else
+            ContiguousKV(s, hp, self.backends, self.layer_device, self.kv_bytes))
+        self.sequences = Sequences(self.memory, c.ctx_size, hp.n_vocab)
+        self.n_passes = self.pass_sequences = self.pass_tokens = 0   # forward passes and what they held
+        self.record_timings = False                   # fill self.timings on every forward pass (metrics)
+        self.timings: list[dict[str, Any]] = []
+        self.plans: dict[tuple[Any, ...], Plan] = {}
+        self.head_buffers: tuple[int, list[Any]] | None = None   # rows, the streamed head's [ctx, buffer, in, out]
+        if self.placement.paged:
+            self.placement.make_pagers(memory)
+        if self.placement.experts_paged:
+            self.placement.make_experts()
+
+    def close(self) -> None:
+        """Stops the background load (before the file's mapping goes away) and drops the plans (they refer
+        to this executor)."""
+        self.placement.close()
+        self.__dict__.get("plans", {}).clear()
+
+    # -- what the model reads -------------------------------------------------
+    @property
+    def seq(self) -> SequenceState:
+        """The current sequence."""
+        return self.sequences.current
+
+    @property
+    def scheduler(self) -> Any:
+        return self.placement.scheduler
+
+    @property
+    def repacked_bytes(self) -> int:
+        return self.placement.repacked_bytes
+
+    @property
+    def max_lanes(self) -> int:
+        """Sequences one pass may hold."""
+        return min(MAX_LANES, self.memory.max_lanes)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of a contiguous K/V cache for the whole context (what paged_kv pages)."""
+        c = self.settings.context
+        return kv_bytes(self.hp, c.ctx_size, c.cache_type_k, c.cache_type_v)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the sequences, the memory, the pagers and the scheduler, one dict."""
+        n = max(self.n_passes, 1)
+        d: dict[str, Any] = {"sequence": self.seq.id, "n_sequences": len(self.sequences),
+                             "n_tokens": self.seq.n_past, "n_threads": self.backends[self.embed_dev].n_threads,
+                             "weights_loading": self.placement.loader is not None,
+                             "devices": [b.name for b in self.backends[:self.n_split]],
+                             "blocks_per_device": [self.layer_device.count(i) for i in range(self.n_split)],
+                             "passes": self.n_passes, "sequences_per_pass": self.pass_sequences / n,
+                             "tokens_per_pass": self.pass_tokens / n}
+        eps = {b.endpoint for b in self.backends if b.endpoint}
+        if eps:              # what went over the wire to this model's servers (all users of them in this process)
+            rs = native.rpc_stats()
+            d.update(rpc_bytes_sent=sum(int(rs[e]["bytes_sent"]) for e in eps if e in rs),
+                     rpc_bytes_received=sum(int(rs[e]["bytes_received"]) for e in eps if e in rs),
+                     remote_bytes=self.placement.remote_bytes)
+        d.update(self.memory.stats())
+        if self.memory_plan is not None:
+            d["budget"] = self.memory_plan.as_dict()
+        d.update(self.placement.stats())
+        return d
+
+    # -- sequences --------------------------------------------------------------
+    def truncate(self, n: int) -> int:
+        return self.sequences.truncate(n)
+
+    def use_sequence(self, seq: int) -> None:
+        self.sequences.use(seq)
+
+    def drop_sequence(self, seq: int) -> None:
+        self.sequences.drop(seq)
+
+    def keep_prefix(self, tokens: Sequence[int]) -> int:
+        return self.sequences.keep_prefix(tokens)
+
+    # -- plans ------------------------------------------------------------------
+    def plan(self, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None = None,
+             embed: bool = False) -> Plan:
+        """The graphs for micro-batches of this shape, built once and reused (embed: ending at the output norm,
+        not the logits)."""
+        key = (n, n_kv, n_out, lanes, embed)
+        plan = self.plans.pop(key, None)
+        if plan is None:
+            plan = Plan(self, n, n_kv, n_out, lanes, embed)
+        self.plans[key] = plan            # most recently used last
+        if len(self.plans) > PLAN_CACHE:
+            while len(self.plans) > PLAN_CACHE:
+                self.plans.pop(next(iter(self.plans)))
+            native.host_memory_trim()       # the graphs' contexts are a few MiB: give the heap back
+        return plan
+
+    def head_out(self, n_out: int) -> list[Any]:
+        """The streamed head's input and output buffers, shared by every plan: [context, buffer, head_in
+        (F32 [n_embd, rows]), logits (F32 [n_vocab, rows])] for at least n_out rows. Grown (to a power of two
+        up to 16 rows, a multiple of 16 above) when a plan needs more rows; the cached plans then go."""
+        if self.head_buffers is None or self.head_buffers[0] < n_out:
+            rows = 1 << (n_out - 1).bit_length() if n_out <= 16 else -(-n_out // 16) * 16
+            self.plans.clear()
+            self.head_buffers = None
+            native.host_memory_trim()
+            hctx = native.Context(max_tensors=2)
+            head_in = hctx.new_tensor(F32, [self.hp.n_embd, rows])
+            lb = hctx.new_tensor(F32, [self.hp.n_vocab, rows])
+            self.head_buffers = (rows, [hctx, self.backends[self.placement.head_dev].alloc_tensors(hctx), head_in,
+                                        lb])
+        return self.head_buffers[1]
+
+    def lane_rows(self, p0: int, n: int, n_kv: int) -> LaneRows:
+        c = self.settings.context
+        return lane_rows(p0, n, n_kv, n_swa=self.arch.n_swa, flash_attn=c.flash_attn,
+                         n_embd_gqa=self.hp.n_embd_gqa, ctx_size=c.ctx_size)
+
+    # -- one pass -----------------------------------------------------------------
+    def run_pass(self, items: Sequence[Item], out_rows: Sequence[int], embed: bool = False) -> np.ndarray | None:
+        """One forward pass over the tokens of one or more sequences (each in its own lane, its rows after the
+        previous one's); returns the logits of out_rows (rows of the whole pass), or None. embed: the output
+        norm's rows (F32 [n_out, n_embd]) instead of the logits."""
+        c = self.settings.context
+        rows, shapes, starts, ahead = [], [], [], {}
+        for seq, toks in items:               # a sequence may have several lanes, one after another
+            p0, n = seq.n_past + ahead.get(seq.id, 0), len(toks)
+            ahead[seq.id] = ahead.get(seq.id, 0) + n
+            n_kv = padded_kv(p0, n, c.ctx_size)
+            rows.append(self.lane_rows(p0, n, n_kv))
+            shapes.append((n, n_kv))
+            starts.append(p0)
+        n = sum(x for x, _ in shapes)
+        lanes = tuple(shapes) if len(items) > 1 else None
+        plan = self.plan(n, 0 if lanes else shapes[0][1], len(out_rows), lanes, embed)
+        plan.fill(np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items]), rows, out_rows)
+        self.memory.bind([seq.id for seq, _ in items])
+        self.n_passes += 1
+        self.pass_sequences += len(items)
+        self.pass_tokens += n
+        logits = self.compute(plan, n, [(seq.id, p0, len(t)) for (seq, t), p0 in zip(items, starts)])
+        for seq, toks in items:
+            seq.tokens.extend(int(t) for t in toks)
+        if not out_rows:
+            return None
+        return native.tensor_get(logits).reshape(len(out_rows), self.hp.n_embd if embed else self.hp.n_vocab)
+
+    def one_graph(self) -> bool:
+        """Everything resident on one device, loaded, untimed: nothing to do between blocks."""
+        return (len(self.backends) == 1 and self.placement.loader is None and not self.record_timings
+                and not self.placement.paged and not self.settings.kv.paged_kv and self.placement.experts is None)
+
+    def compute(self, plan: Plan, n: int, lanes: Sequence[tuple[int, int, int]]) -> Any:
+        """Runs the micro-batch's graphs in order; returns the tensor that holds its logits (if any). lanes:
+        (sequence, n_past, tokens) of each sequence in the pass."""
+        if self.one_graph():
+            self.backend.compute(plan.whole())     # one graph per micro-batch, as llama.cpp runs it
+            return plan.whole_logits
+        self.before_pass(n)
+        rec = self.timings if self.record_timings else None
+        if rec is not None:
+            rec.clear()
+        dev = plan.steps[0].dev
+        t_pass = time.time()
+        first: dict[int, int] = {}            # a sequence's first position in the pass
+        for seq, p0, _ in lanes:
+            first[seq] = min(first.get(seq, p0), p0)
+        for seq, p0 in first.items():
+            self.memory.begin(seq, p0)
+        for i, step in enumerate(plan.steps):
+            t0 = time.time()
+            dev, tc = self.run_step(plan, step, dev, lanes, first)
+            if rec is not None:
+                rec.append(self.timing(i, step, t0, tc))
+        self.placement.pass_done()
+        if self.placement.experts is not None:
+            self.placement.experts.pass_done(n, time.time() - t_pass)
+        return plan.logits
+
+    def run_step(self, plan: Plan, step: Step, dev: int, lanes: Sequence[tuple[int, int, int]],
+                 first: dict[int, int]) -> tuple[int, float]:
+        """Runs one graph of a pass once its weights, experts and K/V are in; returns the device the activations
+        are on after it and when its computation started."""
+        pl = self.placement
+        pl.loaded(step.group)
+        if step.dev != dev:                        # a pipeline by blocks: the activations move along
+            native.tensor_copy(*plan.move(dev, step.dev, step.rows_in))
+            dev = step.dev
+        if step.experts is not None:               # the router's choice for its rows, as cache slots
+            assert pl.experts is not None and pl.moe is not None
+            k, il, r0 = self.hp.n_expert_used, step.experts, step.expert_row0
+            rows = step.expert_ids.ne[1]
+            sel = native.tensor_get(pl.moe.sel).reshape(-1)[r0 * k:(r0 + rows) * k]
+            native.tensor_set(step.expert_ids, pl.experts.map(il, sel))
+            if step.expert_ahead:                  # the next block's first chunk loads while this computes
+                pl.experts.lookahead(il + 1, native.tensor_get(pl.moe.guess).reshape(-1)[:step.expert_ahead * k])
+        mem = (contextlib.nullcontext() if step.layer is None else
+               self.memory.use(step.layer, [(seq, first[seq], p0 + m) for seq, p0, m in lanes]))
+        with pl.pagers[dev].use(step.key), mem:
+            tc = time.time()
+            try:
+                self.backends[dev].compute(step.graph)
+            finally:
+                if step.experts is not None:
+                    assert pl.experts is not None
+                    pl.experts.release()
+        return dev, tc
+
+    def before_pass(self, n: int) -> None:
+        pl = self.placement
+        if pl.scheduler is not None:
+            pl.scheduler.step()
+        if pl.decode_threads is not None:
+            want = pl.decode_threads if n == 1 else self.settings.context.threads
+            if self.backend.n_threads != want:
+                self.backend.n_threads = want
+
+    def timing(self, i: int, step: Step, t0: float, tc: float) -> dict[str, Any]:
+        t1 = time.time()
+        r = dict(layer=i, kind=step.kind, t_start=t0, t_end=t1, wait_ms=(tc - t0) * 1e3, load_ms=0.0,
+                 compute_ms=(t1 - tc) * 1e3)
+        last = self.placement.pagers[step.dev].last_load(step.key)
+        if last is not None:
+            r.update(load_start=last[0], load_end=last[1], load_ms=(last[1] - last[0]) * 1e3)
+        return r
+
+    def time_blocks(self, blocks: Sequence[int], *, repeats: int = 3) -> dict[int | str, float]:
+        """time_blocks() over this executor."""
+        return time_blocks(self, blocks, repeats=repeats)
+
+    # -- feeding tokens ---------------------------------------------------------
+    def eval(self, tokens: Sequence[int], *, logits_all: bool = False) -> np.ndarray:
+        """Feeds tokens to the current sequence at positions n_past..; returns F32 logits [n_out, n_vocab]
+        (every position if logits_all, else the last one), also kept as the sequence's scores."""
+        n, seq = len(tokens), self.seq
+        self.sequences.check_feed(seq, tokens)
+        outs = []
+        b = self.settings.context.n_batch
+        start = seq.n_past
+        try:
+            for i in range(0, n, b):
+                chunk = tokens[i:i + b]
+                last = i + len(chunk) == n
+                rows = list(range(len(chunk))) if logits_all else ([len(chunk) - 1] if last else [])
+                r = self.run_pass([(seq, chunk)], rows)
+                if r is not None:
+                    outs.append(r)
+        except BaseException:
+            self.sequences.rollback(seq, start)
+            raise
+        seq.scores = np.concatenate(outs, axis=0)
+        return seq.scores
+
+    def eval_rows(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feeds tokens to the current sequence in passes where each token is a lane of its own over the
+        sequence's K/V, as if fed alone: row i of the logits F32 [n, n_vocab] (kept as the scores) is what
+        eval() of the tokens one by one gives at token i (bit for bit when the matrix products round alike over
+        more rows: batch_invariant, or weights without row-tiled kernels). Checks a speculative draft."""
+        seq = self.seq
+        self.sequences.check_feed(seq, tokens)
+        start, outs = seq.n_past, []
+        step = min(MAX_LANES, self.settings.context.n_batch)
+        try:
+            for i in range(0, len(tokens), step):
+                chunk = tokens[i:i + step]
+                outs.append(self.run_pass([(seq, [t]) for t in chunk], list(range(len(chunk)))))
+        except BaseException:
+            self.sequences.rollback(seq, start)
+            raise
+        seq.scores = outs[0] if len(outs) == 1 else np.concatenate(outs, axis=0)
+        return seq.scores
+
+    def eval_scratch(self, prompts: Sequence[Sequence[int]], *, logits_all: bool = False,
+                     embed: bool = False) -> list[np.ndarray]:
+        """eval_batch over sequences of their own, dropped afterwards: a pass that leaves every sequence's cache
+        as it was (echo's prompt logprobs, embeddings)."""
+        ids = self.sequences.reserve(len(prompts))
+        try:
+            return self.eval_batch(list(zip(ids, prompts)), logits_all=logits_all, embed=embed)
+        finally:
+            self.sequences.release(ids)
+
+    def eval_batch(self, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False,
+                   embed: bool = False) -> list[np.ndarray]:
+        """Feeds tokens to several sequences (distinct ids; each at its positions n_past..) in shared forward
+        passes: as llama.cpp's llama_batch, each pass holds up to n_batch tokens from up to max_lanes
+        sequences, each attending over its own K/V. Returns per item its logits F32 [n_out, n_vocab] (every
+        position if logits_all, else the last), also kept as that sequence's scores. The current sequence
+        stays current. A sequence's logits are those of eval() on it alone, up to the rounding of matrix
+        products over more rows. embed: the output norm's rows F32 [n_out, n_embd] (the hidden states the lm
+        head reads; embeddings) instead of logits."""
+        seqs = [int(s) for s, _ in batch]
+        if len(set(seqs)) != len(seqs):
+            raise ValueError("eval_batch: each sequence may appear once")
+        if any(s < 0 for s in seqs):
+            raise ValueError("sequence ids are >= 0")
+        states = [self.sequences.table.get(s) or SequenceState(s) for s in seqs]
+        for st, (_, toks) in zip(states, batch):
+            self.sequences.check_feed(st, toks)
+        for st in states:
+            self.sequences.table.setdefault(st.id, st)
+        if len(batch) == 1 and states[0] is self.seq and not embed:
+            return [self.eval(batch[0][1], logits_all=logits_all)]
+        starts = [st.n_past for st in states]
+        outs: list[list[np.ndarray]] = [[] for _ in batch]
+        try:
+            for items, owners, out_rows in micro_batches(states, [t for _, t in batch], logits_all,
+                                                           self.settings.context.n_batch, self.max_lanes):
+                logits = self.run_pass(items, out_rows, embed)
+                at = 0
+                for i, k in owners:
+                    if k:
+                        outs[i].append(logits[at:at + k])   # views of the pass's array: no copy per sequence
+                        at += k
+        except BaseException:
+            for st, start in zip(states, starts):
+                self.sequences.rollback(st, start)
+            raise
+        for st, o in zip(states, outs):
+            st.scores = o[0] if len(o) == 1 else np.concatenate(o, axis=0)
+        return [st.scores for st in states]
+
+
+def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dict[int | str, float]:
+    """Seconds of computation of each of `blocks`, and of the lm head ("head"), for one token decoded after
+    the current sequence: the median of `repeats` runs after one that brings the weights in. Only their
+    weights are read (nothing is prefetched meanwhile). The sequence keeps its tokens; the K/V row after
+    them is written (the next eval writes it again). What analyze scales by the blocks of each shape."""
+    seq, c = ex.seq, ex.settings.context
+    p0 = seq.n_past
+    if p0 >= c.ctx_size:
+        raise ValueError("time_blocks needs a free position in the context")
+    if any(not 0 <= il < ex.hp.n_layer for il in blocks):
+        raise ValueError(f"blocks are in 0..{ex.hp.n_layer - 1}")
+    n_kv = padded_kv(p0, 1, c.ctx_size)
+    plan = ex.plan(1, n_kv, 1)
+    plan.fill(np.zeros(1, dtype=np.int32), [ex.lane_rows(p0, 1, n_kv)], [0])
+    ex.memory.bind([seq.id])
+    ex.before_pass(1)                      # the threads a decoded token computes with
+    lanes, first = [(seq.id, p0, 1)], {seq.id: p0}
+    ex.memory.begin(seq.id, p0)
+    pagers = [pg for pg in ex.placement.pagers if isinstance(pg, WeightPager)]
+    depths = [pg.depth for pg in pagers]
+    for pg in pagers:
+        pg.depth = 0
+    out: dict[int | str, float] = {}
+    try:
+        dev, _ = ex.run_step(plan, plan.steps[0], plan.steps[0].dev, lanes, first)   # the embedding
+        groups: list[tuple[int | str, list[Step]]] = [
+            (il, [st for st in plan.steps if st.group == il and st.kind != "head"]) for il in blocks]
+        groups.append(("head", [st for st in plan.steps if st.kind == "head"]))
+        for name, steps in groups:
+            times = []
+            for r in range(repeats + 1):
+                t = 0.0
+                for st in steps:
+                    dev, tc = ex.run_step(plan, st, dev, lanes, first)
+                    t += time.time() - tc
+                if r:
+                    times.append(t)
+            out[name] = float(np.median(times))
+    finally:
+        for pg, d in zip(pagers, depths):
+            pg.depth = d
+    return out
+
+
+def micro_batches(states: Sequence[SequenceState], toks: Sequence[Sequence[int]], logits_all: bool, b: int,
+                  lanes: int) -> Any:
+    """The passes of eval_batch: (items, owners (index, rows wanted), rows wanted), each up to b tokens
+    from up to `lanes` sequences, every sequence's chunks in order."""
+    done = [0] * len(toks)
+    while any(d < len(t) for d, t in zip(done, toks)):
+        items, owners, out_rows, row, room = [], [], [], 0, b
+        for i, t in enumerate(toks):
+            if done[i] >= len(t) or room == 0 or len(items) == lanes:
+                continue
+            chunk = t[done[i]:done[i] + room]
+            last = done[i] + len(chunk) == len(t)
+            want = list(range(len(chunk))) if logits_all else ([len(chunk) - 1] if last else [])
+            out_rows += [row + r for r in want]
+            items.append((states[i], chunk))
+            owners.append((i, len(want)))
+            row += len(chunk)
+            room -= len(chunk)
+            done[i] += len(chunk)
+        yield items, owners, out_rows

@@ -1,0 +1,269 @@
+"""Plans: the graphs of one micro-batch shape, and the inputs they read, which fill themselves from a pass's rows.
+
+A plan is a list of steps: an embedding graph, one graph per transformer block (a MoE block whose experts are
+paged: an attention-and-router graph, then experts graphs over chunks of rows), and the head (a streamed head:
+the output norm, then one graph per row chunk of the lm head). Activations persist between graphs in a device
+buffer per device (`acts`). With everything resident on one device, `whole` builds the micro-batch as one graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import native
+from ..arch import moe
+from ..arch.common import StepInputs
+from ..errors import SuperggmlError
+from .pagers import Block, HeadChunk, Key
+
+F16 = native.GGMLType.F16
+F32 = native.GGMLType.F32
+I32 = native.GGMLType.I32
+I64 = native.GGMLType.I64
+
+KV_PAD = 256          # n_kv is padded to this so graph shapes change rarely
+GRAPH_NODES = 192     # room for one block graph to start with (and LANE_NODES more per sequence of a pass over
+LANE_NODES = 48       # several); doubled while it does not fit, up to GRAPH_NODES_MAX
+GRAPH_NODES_MAX = 1 << 16
+
+
+@dataclass
+class Step:
+    """One graph of a forward pass and what it needs: paged weights (key), a K/V page (layer), a device, a
+    group of the background load."""
+    graph: Any
+    kind: str                       # "embed", "block", "experts" or "head"
+    rows_in: int = 0                # activation rows it reads (what moves when the device changes before it)
+    key: Key | None = None
+    layer: int | None = None        # the block whose K/V the graph reads and writes
+    dev: int = 0
+    group: int | None = None
+    experts: int | None = None      # the block whose routed experts come from the expert cache first
+    expert_ids: Any = None          # I32 [k, rows]: the routed experts as cache slots (filled before it runs)
+    expert_row0: int = 0            # the first of the pass's rows it computes (a pass splits into row chunks)
+    expert_ahead: int = 0           # rows whose lookahead guess it starts loading once mapped (0: none)
+
+
+@dataclass(frozen=True)
+class LaneRows:
+    """One sequence's rows of a pass at positions p0..p0+n over its first n_kv K/V rows."""
+    positions: np.ndarray
+    mask: np.ndarray
+    mask_swa: np.ndarray | None
+    k_idxs: np.ndarray
+    v_idxs: np.ndarray
+
+
+def lane_rows(p0: int, n: int, n_kv: int, *, n_swa: int, flash_attn: bool, n_embd_gqa: int,
+              ctx_size: int) -> LaneRows:
+    """The causal mask (and the sliding-window one: keys more than n_swa - 1 positions back are masked too,
+    llama.cpp's is_masked_swa), and the K rows and V indices a sequence's rows write."""
+    pos = np.arange(p0, p0 + n, dtype=np.int32)
+    kv_pos = np.arange(n_kv)[None, :]
+    mtype = np.float16 if flash_attn else np.float32
+    mask = np.where(kv_pos <= pos[:, None], 0.0, -np.inf).astype(mtype)
+    mask_swa = (np.where((kv_pos <= pos[:, None]) & (pos[:, None] - kv_pos < n_swa), 0.0, -np.inf).astype(mtype)
+                if n_swa else None)
+    if flash_attn:
+        v_idxs = pos.astype(np.int64)
+    else:
+        chan = np.arange(n_embd_gqa, dtype=np.int64)
+        v_idxs = (chan[None, :] * ctx_size + pos[:, None]).reshape(-1)
+    return LaneRows(pos, mask, mask_swa, pos.astype(np.int64), v_idxs)
+
+
+def padded_kv(p0: int, n: int, ctx_size: int) -> int:
+    """The K/V rows a pass ending at p0 + n attends over: padded to KV_PAD, within the context."""
+    return min(ctx_size, -(-(p0 + n) // KV_PAD) * KV_PAD)
+
+
+class Plan:
+    """Step inputs plus the embedding, block and output graphs for one micro-batch shape."""
+
+    def __init__(self, ex: Any, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None,
+                 embed: bool):
+        """`ex`: the executor (its arch, weights, memory, acts, rot, backends). `lanes`: a pass over several
+        sequences, (tokens, n_kv) of each in row order, each attending over its own K/V (its lane's
+        tensors). `embed`: ending at the output norm (embeddings), not the logits."""
+        self.ex = ex
+        self.n, self.n_kv, self.n_out, self.lanes, self.embed = n, n_kv, n_out, lanes, embed
+        self.n_lanes = len(lanes) if lanes else 0
+        self.keep: list[Any] = []       # contexts and buffers the graphs point into
+        self.steps: list[Step] = []
+        self.whole_graph: Any = None
+        self.whole_logits: Any = None
+        self.logits: Any = None
+        self.moves: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}
+        self.all_inputs = [self.new_inputs(di, b) for di, b in enumerate(ex.backends)]   # one set per device
+        self.build()
+
+    # -- inputs ---------------------------------------------------------------
+    def new_inputs(self, di: int, backend: Any) -> StepInputs:
+        c, hp, n = self.ex.settings.context, self.ex.hp, self.n
+        mtype = F16 if c.flash_attn else F32
+        ictx = native.Context(max_tensors=4 + 4 * max(self.n_lanes, 1))
+
+        def named(tag: str, **t: Any) -> dict[str, Any]:
+            for name, x in t.items():
+                x.name = "inp_" + name + tag
+            return t
+
+        def kv(n: int, n_kv: int, tag: str) -> dict[str, Any]:
+            return named(tag, mask=ictx.new_tensor(mtype, [n_kv, n]),
+                         **({"mask_swa": ictx.new_tensor(mtype, [n_kv, n])} if self.ex.arch.n_swa else {}),
+                         k_idxs=ictx.new_tensor(I64, [n]),
+                         v_idxs=ictx.new_tensor(I64, [n] if c.flash_attn else [n * hp.n_embd_gqa]))
+
+        t = named("", tokens=ictx.new_tensor(I32, [n]), positions=ictx.new_tensor(I32, [n]),
+                  out_ids=ictx.new_tensor(I32, [max(self.n_out, 1)]))
+        rot = {"k_rot": self.ex.rot[di].get("k"), "v_rot": self.ex.rot[di].get("v")}
+        if self.lanes is None:
+            inp = StepInputs(n_tokens=n, n_kv=self.n_kv, n_outputs=self.n_out, flash_attn=c.flash_attn, **t, **rot,
+                             **kv(n, self.n_kv, ""))
+        else:
+            lane_inputs, r0 = [], 0
+            for j, (nj, kvj) in enumerate(self.lanes):
+                lane_inputs.append(StepInputs(n_tokens=nj, n_kv=kvj, n_outputs=0, tokens=None, positions=None,
+                                              out_ids=None, flash_attn=c.flash_attn, row0=r0, **rot,
+                                              **kv(nj, kvj, f"_s{j}")))
+                r0 += nj
+            inp = StepInputs(n_tokens=n, n_kv=self.n_kv, n_outputs=self.n_out, flash_attn=c.flash_attn, mask=None,
+                             k_idxs=None, v_idxs=None, lanes=lane_inputs, **t)
+        self.keep += [ictx, backend.alloc_tensors(ictx)]
+        return inp
+
+    def fill(self, tokens: np.ndarray, rows: Sequence[LaneRows], out_rows: Sequence[int]) -> None:
+        """Sets every device's inputs: the pass's tokens, each lane's rows, the rows whose output is wanted."""
+        pos = np.concatenate([r.positions for r in rows])
+        out = np.asarray(out_rows or [0], dtype=np.int32)
+        for inp in self.all_inputs:
+            native.tensor_set(inp.tokens, tokens)
+            native.tensor_set(inp.positions, pos)
+            native.tensor_set(inp.out_ids, out)
+            for lane, r in zip(inp.lanes or [inp], rows):
+                native.tensor_set(lane.mask, r.mask)
+                if r.mask_swa is not None:
+                    native.tensor_set(lane.mask_swa, r.mask_swa)
+                native.tensor_set(lane.k_idxs, r.k_idxs)
+                native.tensor_set(lane.v_idxs, r.v_idxs)
+
+    # -- graphs ---------------------------------------------------------------
+    def move(self, a: int, b: int, rows: int) -> tuple[Any, Any]:
+        """The first `rows` activation rows of device a and of device b (F32 [n_embd, rows] views): what
+        moves from a to b when the pass changes device."""
+        v = self.moves.get((a, b, rows))
+        if v is None:
+            cx = native.Context(max_tensors=2)
+            src, dst, n_embd = self.ex.acts[a], self.ex.acts[b], self.ex.hp.n_embd
+            v = self.moves[(a, b, rows)] = (cx.view(src, [n_embd, rows], [src.nb[1]], 0),
+                                            cx.view(dst, [n_embd, rows], [dst.nb[1]], 0), cx)
+        return v[0], v[1]
+
+    def graph(self, build: Any, kind: str, rows_in: int | None = None, rows_out: int | None = None,
+              dev: int = 0, **step: Any) -> Any:
+        """A step's graph: build(ctx, gf, act, act_out, inp) over the device's activations (rows_in read,
+        rows_out written) gives its output; in a context as small as the graph allows, grown on overflow."""
+        ex, n = self.ex, self.n
+        rows_in = n if rows_in is None else rows_in
+        rows_out = n if rows_out is None else rows_out
+        nodes = GRAPH_NODES + LANE_NODES * self.n_lanes
+        while True:
+            ctx = native.Context(max_tensors=nodes, graph_size=nodes)
+            gf = ctx.new_graph()
+            a = ex.acts[dev]
+            ex.weights.device = dev                  # the weights as this device holds them
+            act = ctx.view(a, [ex.hp.n_embd, rows_in], [a.nb[1]], 0)
+            act_out = act if rows_out == rows_in else ctx.view(a, [ex.hp.n_embd, rows_out], [a.nb[1]], 0)
+            try:
+                out = build(ctx, gf, act, act_out, self.all_inputs[dev])
+                gf.expand(out)
+                break
+            except SuperggmlError as e:
+                if "is full" not in str(e) or nodes >= GRAPH_NODES_MAX:
+                    raise
+                nodes *= 2
+        self.keep.append(ctx)
+        self.steps.append(Step(gf, kind, rows_in, dev=dev, **step))
+        return out
+
+    def build(self) -> None:
+        ex, hp, arch, w = self.ex, self.ex.hp, self.ex.arch, self.ex.weights
+        n_last = min(self.n, max(self.n_out, 1))           # rows the last block keeps
+        paged, placement = ex.placement.paged, ex.placement
+        self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_embed(ctx, w, inp), act), "embed",
+                   dev=ex.embed_dev)
+        for il in range(hp.n_layer):
+            rows = n_last if il == hp.n_layer - 1 else self.n
+            key = Block(il) if paged else None
+            kv = ex.memory.layer_tensors(il, self.n_lanes)
+            if placement.experts is not None:
+                moe.build_paged_block(self, arch, w, il, rows, key, kv, placement)
+                continue
+            self.graph(lambda ctx, gf, act, act_out, inp, il=il, kv=kv: ctx.cpy(
+                arch.build_block(ctx, gf, w, inp, il, act, *kv), act_out), "block",
+                rows_out=rows, key=key, layer=il, dev=ex.layer_device[il], group=il)
+        if self.n_out and paged and not self.embed:
+            self.build_chunked_head()
+        elif self.n_out:
+            def head(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs) -> Any:
+                out = arch.build_output_norm(ctx, w, act) if self.embed else arch.build_output(ctx, w, inp, act)
+                out.set_output()
+                return out
+            self.logits = self.graph(head, "head", rows_in=self.n_out, rows_out=self.n_out, dev=ex.layer_device[-1],
+                                     group=hp.n_layer)
+
+    def whole(self) -> Any:
+        """The micro-batch as one graph, built on first use, as llama.cpp builds it: each block's output is
+        the next block's input (no copy through the activation buffer), one allocation and one thread-pool
+        launch per step. The same operations as the per-block graphs: the same results. Only for resident
+        weights on one device (the paged paths need to act between blocks); whole_logits holds the logits."""
+        if self.whole_graph is None:
+            ex = self.ex
+            hp, arch, w, inp = ex.hp, ex.arch, ex.weights, self.all_inputs[0]
+            w.device = 0
+            size = 2 * sum(s.graph.n_nodes for s in self.steps) + 512
+            ctx = native.Context(max_tensors=size, graph_size=size)
+            gf = ctx.new_graph()
+            x = arch.build_embed(ctx, w, inp)
+            for il in range(hp.n_layer):
+                x = arch.build_block(ctx, gf, w, inp, il, x, *ex.memory.layer_tensors(il, self.n_lanes))
+            if inp.n_outputs:
+                x = arch.build_output_norm(ctx, w, x) if self.embed else arch.build_output(ctx, w, inp, x)
+                x.set_output()
+                self.whole_logits = x
+            gf.expand(x)
+            self.keep.append(ctx)
+            self.whole_graph = gf
+        return self.whole_graph
+
+    def build_chunked_head(self) -> None:
+        """Output norm into head_in (F32 [n_embd, n_out]), then one graph per streamed row chunk
+        of the lm head, each writing its rows of the logits (F32 [n_vocab, n_out])."""
+        ex, n_out = self.ex, self.n_out
+        hp, w = ex.hp, ex.weights
+        shared = ex.head_out(n_out)
+        vctx = native.Context(max_tensors=2)
+        head_in = vctx.view(shared[2], [hp.n_embd, n_out], [shared[2].nb[1]], 0)
+        lb = vctx.view(shared[3], [hp.n_vocab, n_out], [shared[3].nb[1]], 0)
+        self.keep += [shared, vctx]
+        dev = ex.placement.head_dev
+        self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(ex.arch.build_output_norm(ctx, w, act), head_in),
+                   "head", rows_in=n_out, rows_out=n_out, dev=dev)
+        row0 = 0
+        for c, name in enumerate(ex.placement.head_chunks):
+            rows = w(name).ne[1]
+
+            def chunk(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs, name: str = name,
+                      r0: int = row0, rows: int = rows) -> Any:
+                dst = ctx.view(lb, [rows, n_out], [lb.nb[1]], r0 * lb.element_size)
+                return ctx.cpy(ctx.mul_mat(w(name), head_in), dst)
+
+            self.graph(chunk, "head", rows_in=n_out, rows_out=n_out, key=HeadChunk(c), dev=dev)
+            row0 += rows
+        if ex.arch.final_softcap:        # what follows the head's matmul, over all of its rows
+            self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(ex.arch.build_logits(ctx, lb), lb), "head",
+                       rows_in=n_out, rows_out=n_out, dev=dev)
+        self.logits = lb

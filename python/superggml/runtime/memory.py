@@ -1,0 +1,317 @@
+"""Sequence memory: what each sequence keeps between forward passes, behind one interface (llama.cpp's
+llama_memory_i).
+
+A pass holds up to `max_lanes` sequences, each in a lane. Graphs read and write a layer's memory through the
+lane's tensors (`layer_tensors`); before a pass `bind` points the lanes at the sequences' storage, `begin` tells
+each sequence where its rows start, and every block's step runs inside `use(layer, lanes)`. Two kinds exist:
+
+- ContiguousKV: K/V F16 (or the cache type) [n_embd_gqa, ctx_size] per layer and per sequence, allocated when
+  the sequence first runs; `use` does nothing.
+- PagedKV: pages of `kv_page_size` tokens in a native.KVCache per device; a layer's frame is bound to the lane's
+  tensors while the layer runs, host and spill tiers behind it.
+
+A third kind adds itself by implementing SequenceMemory: a latent K/V (multi-head latent attention) is a
+ContiguousKV or PagedKV with one [kv_lora_rank + n_rot, ctx] tensor per layer instead of K and V; a recurrent state
+(gated delta-net) keeps a fixed [state, 1] tensor per layer and sequence, whose `truncate` restores a checkpoint
+instead of forgetting rows, and a hybrid memory routes each layer to one of two memories.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from .. import native
+from ..settings import KV_QUANTIZED, Settings
+from .pagers import merge_stats
+from .planner import check_available, kv_type
+
+MAX_LANES = 64        # sequences one pass holds at most
+Lane = tuple[int, int, int]       # (sequence, rows valid before the step, rows valid after it)
+
+
+def attn_rot_size(head_dim: int, cache_type: str, *, largest: bool) -> int:
+    """The Walsh-Hadamard rotation llama.cpp applies for a quantized cache type (0: none): heads of a multiple of
+    64; for K the largest power of 2 dividing the head, for V 64."""
+    if cache_type not in KV_QUANTIZED or head_dim % 64:
+        return 0
+    n = 64
+    while largest and head_dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def hadamard(n: int) -> np.ndarray:
+    """The orthonormal Walsh-Hadamard matrix F32 [n, n] as llama.cpp builds it (Sylvester's, times 1/sqrtf(n))."""
+    i = np.arange(n)
+    parity = np.vectorize(lambda x: bin(x).count("1") & 1)(i[:, None] & i[None, :])
+    val = np.float32(1.0 / float(np.sqrt(np.float32(n))))
+    return np.where(parity == 1, -val, val).astype(np.float32)
+
+
+class SequenceMemory(abc.ABC):
+    """The memory of every sequence, for the executor."""
+
+    max_lanes: int = MAX_LANES
+
+    @abc.abstractmethod
+    def layer_tensors(self, il: int, n_lanes: int) -> tuple[Any, Any]:
+        """Layer il's memory tensors for a graph: the first lane's, or (n_lanes > 0) lists of n_lanes lanes'."""
+
+    @abc.abstractmethod
+    def bind(self, seqs: Sequence[int]) -> None:
+        """Before a pass: lane j's tensors reach sequence seqs[j]'s memory."""
+
+    def begin(self, seq: int, p0: int) -> None:
+        """A pass of `seq` starts at position p0."""
+
+    def use(self, layer: int, lanes: Sequence[Lane]) -> contextlib.AbstractContextManager[None]:
+        """While a step of `layer` runs over `lanes` (the pass's, in lane order)."""
+        return contextlib.nullcontext()
+
+    def can_truncate(self, seq: int, n: int) -> bool:
+        """Whether `seq` can go back to its first n tokens."""
+        return True
+
+    @abc.abstractmethod
+    def truncate(self, seq: int, n: int) -> None:
+        """`seq` keeps its first n tokens (n = 0: it is emptied)."""
+
+    def drop(self, seq: int) -> None:
+        """`seq` is gone: its memory is freed."""
+        self.truncate(seq, 0)
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+class KVLanes:
+    """The K/V tensors graphs read, one set per lane: per layer K [n_embd_gqa, ctx] and V of the cache's
+    types, holding no memory of their own (a memory points them at a sequence's storage or a page frame)."""
+
+    def __init__(self, settings: Settings, hp: Any, n_lanes: int = 1):
+        c = settings.context
+        self.n_layer = hp.n_layer
+        self.types = (kv_type(c.cache_type_k), kv_type(c.cache_type_v))
+        for name, t in zip(("cache_type_k", "cache_type_v"), self.types):
+            if hp.head_dim % native.blck_size(t):
+                raise ValueError(f"{name}={getattr(c, name)} stores blocks of {native.blck_size(t)} values, which "
+                                 f"this model's heads of {hp.head_dim} do not divide into")
+        self.shape = [hp.n_embd_gqa, c.ctx_size]
+        self.k: list[list[Any]] = []
+        self.v: list[list[Any]] = []
+        self.keep: list[Any] = []
+        self.ensure(n_lanes)
+
+    def new(self, ctx_of: Callable[[int], Any]) -> tuple[list[Any], list[Any]]:
+        """A K and a V tensor per layer, made in ctx_of(layer)."""
+        ks = [ctx_of(il).new_tensor(self.types[0], self.shape) for il in range(self.n_layer)]
+        vs = [ctx_of(il).new_tensor(self.types[1], self.shape) for il in range(self.n_layer)]
+        return ks, vs
+
+    def ensure(self, n: int) -> None:
+        while len(self.k) < n:
+            j = len(self.k)
+            cx = native.Context(max_tensors=2 * self.n_layer)
+            ks, vs = self.new(lambda il: cx)
+            for il, (k, v) in enumerate(zip(ks, vs)):
+                k.name, v.name = (f"cache_k_l{il}", f"cache_v_l{il}") if j == 0 else (f"cache_k_l{il}_s{j}",
+                                                                                        f"cache_v_l{il}_s{j}")
+            self.k.append(ks)
+            self.v.append(vs)
+            self.keep.append(cx)
+
+    def layer(self, il: int, n_lanes: int) -> tuple[Any, Any]:
+        if not n_lanes:
+            return self.k[0][il], self.v[0][il]
+        self.ensure(n_lanes)
+        return [self.k[j][il] for j in range(n_lanes)], [self.v[j][il] for j in range(n_lanes)]
+
+
+class ContiguousKV(SequenceMemory):
+    """K/V storage of ctx_size tokens per sequence and layer, on its layer's device (`layer_device`), allocated
+    zeroed on first use (sequence 0's at once); lanes are aliased to it before a pass."""
+
+    def __init__(self, settings: Settings, hp: Any, backends: Sequence[Any], layer_device: Sequence[int],
+                 kv_bytes: int):
+        self.lanes = KVLanes(settings, hp)
+        self.backends = backends
+        self.layer_device = list(layer_device)
+        self.kv_bytes = kv_bytes
+        self.ctx_size = settings.context.ctx_size
+        self.store: dict[int, tuple[list[Any], list[Any], list[Any]]] = {}
+        self.bound: list[int | None] = []           # the sequence each lane points at
+        self.storage(0, check=False)
+
+    def storage(self, seq: int, check: bool = True) -> tuple[list[Any], list[Any]]:
+        st = self.store.get(seq)
+        if st is None:
+            if check:
+                check_available(self.backends[0], self.kv_bytes, f"the K/V of sequence {seq} (ctx_size "
+                                f"{self.ctx_size} tokens; paged_kv holds only the pages a sequence uses)")
+            ctxs = [native.Context(max_tensors=2 * self.lanes.n_layer) for _ in self.backends]
+            ks, vs = self.lanes.new(lambda il: ctxs[self.layer_device[il]])
+            keep: list[Any] = list(ctxs)
+            for i, b in enumerate(self.backends):
+                if i in self.layer_device:
+                    buf = b.alloc_tensors(ctxs[i])
+                    buf.clear(0)
+                    keep.append(buf)
+            st = self.store[seq] = (ks, vs, keep)
+        return st[0], st[1]
+
+    def layer_tensors(self, il: int, n_lanes: int) -> tuple[Any, Any]:
+        return self.lanes.layer(il, n_lanes)
+
+    def bind(self, seqs: Sequence[int]) -> None:
+        self.lanes.ensure(len(seqs))
+        self.bound += [None] * (len(seqs) - len(self.bound))
+        for j, seq in enumerate(seqs):
+            if self.bound[j] == seq:
+                continue
+            ks, vs = self.storage(seq)
+            for il in range(self.lanes.n_layer):
+                native.tensor_alias(self.lanes.k[j][il], ks[il])
+                native.tensor_alias(self.lanes.v[j][il], vs[il])
+            self.bound[j] = seq
+
+    def truncate(self, seq: int, n: int) -> None:
+        pass                      # rows past n are written again before any query reads them
+
+    def drop(self, seq: int) -> None:
+        if seq != 0 and self.store.pop(seq, None) is not None:
+            self.bound = [None if b == seq else b for b in self.bound]
+            native.host_memory_trim()       # K/V of a short context sits on the heap: give it back
+
+
+class KVPages:
+    """One device's native.KVCache: a layer's K/V page frame is bound while the layer runs, the next `depth`
+    layers of the sequence are filled ahead. Sliding-window layers (`swa_layers`, a window of `n_swa` tokens)
+    free the pages no later query of theirs sees, as a pass begins."""
+
+    def __init__(self, kv: Any, n_layer: int, depth: int, *, n_swa: int = 0, swa_layers: Sequence[int] = ()):
+        self.core = kv
+        self.n_frames = int(kv.stats()["kv_frames"])
+        self.n_layer = n_layer
+        self.depth = depth
+        self.n_swa = n_swa
+        self.swa_layers = list(swa_layers) if n_swa > 0 else []
+        self.floor: dict[int, int] = {}     # seq -> first token the sliding-window layers still hold
+
+    def begin(self, seq: int, p0: int) -> None:
+        """A pass of `seq` starts at position p0: its first query sees keys from p0 - n_swa + 1 on."""
+        first = p0 - self.n_swa + 1
+        if not self.swa_layers or first <= 0:
+            return
+        for il in self.swa_layers:
+            self.core.seq_forget(seq, il, first)
+        page = self.core.page_size
+        self.floor[seq] = max(self.floor.get(seq, 0), first // page * page)
+
+    def can_truncate(self, seq: int, n: int) -> bool:
+        """Whether the keys a query at position n needs are still held."""
+        return self.floor.get(seq, 0) <= max(0, n - self.n_swa + 1)
+
+    @contextlib.contextmanager
+    def use(self, layer: int, lanes: Sequence[tuple[int, int, int, Any, Any]]) -> Iterator[None]:
+        """While a step of `layer` runs: per sequence of the pass (seq, n_valid, n_end, k, v), the frame of
+        (seq, layer) bound to the lane's tensors k, v (None: the layer's own, the first lane), rows [0, n_valid)
+        valid before the step and [0, n_end) after it; the sequence's next `depth` layers filled ahead."""
+        held = []
+        try:
+            for seq, n_valid, n_end, k, v in lanes:
+                self.core.acquire(seq, layer, n_valid, k, v)
+                held.append((seq, n_end))
+            for seq, n_valid, _, _, _ in lanes:
+                for j in range(1, min(self.depth, self.n_layer - 1 - layer) + 1):
+                    self.core.prefetch(seq, layer + j, n_valid)
+            yield
+        finally:
+            for seq, n_end in held:
+                self.core.release(seq, layer, n_end)
+
+    def truncate(self, seq: int, n: int) -> None:
+        self.core.seq_truncate(seq, n)
+        if n == 0:
+            self.floor.pop(seq, None)
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.core.stats())
+
+
+class PagedKV(SequenceMemory):
+    """Paged K/V: each device's KVPages pages the layers of its blocks (`parts`: (KVPages, its first layer), in
+    layer order); lanes are bound to frames as each layer runs."""
+
+    def __init__(self, lanes: KVLanes, parts: Sequence[tuple[KVPages, int]]):
+        self.lanes = lanes
+        self.parts = [p for p, _ in parts]
+        self.first = [f for _, f in parts]
+        # each sequence of a pass needs a frame per layer at once: with fewer frames than layers, only one
+        self.max_lanes = 1 if any(p.n_frames < p.n_layer for p in self.parts) else min(
+            MAX_LANES, min(p.n_frames for p in self.parts))
+
+    def part(self, layer: int) -> tuple[KVPages, int]:
+        for p, f in zip(reversed(self.parts), reversed(self.first)):
+            if layer >= f:
+                return p, layer - f
+        raise IndexError(layer)
+
+    def layer_tensors(self, il: int, n_lanes: int) -> tuple[Any, Any]:
+        return self.lanes.layer(il, n_lanes)
+
+    def bind(self, seqs: Sequence[int]) -> None:
+        self.lanes.ensure(len(seqs))
+
+    def begin(self, seq: int, p0: int) -> None:
+        for p in self.parts:
+            p.begin(seq, p0)
+
+    def can_truncate(self, seq: int, n: int) -> bool:
+        return all(p.can_truncate(seq, n) for p in self.parts)
+
+    def use(self, layer: int, lanes: Sequence[Lane]) -> contextlib.AbstractContextManager[None]:
+        p, local = self.part(layer)
+        k, v = self.lanes.k, self.lanes.v
+        return p.use(local, [(seq, n_valid, n_end, k[j][layer] if j else None, v[j][layer] if j else None)
+                             for j, (seq, n_valid, n_end) in enumerate(lanes)])
+
+    def truncate(self, seq: int, n: int) -> None:
+        for p in self.parts:
+            p.truncate(seq, n)
+
+    def stats(self) -> dict[str, Any]:
+        per = [p.stats() for p in self.parts]
+        return {**merge_stats(per), "kv_per_device": per} if len(per) > 1 else per[0]
+
+
+def paged_kv(settings: Settings, arch: Any, backends: Sequence[Any], layer_device: Sequence[int],
+             n_split: int) -> PagedKV:
+    """The paged K/V of settings.kv: each device pages the K/V of its own blocks."""
+    hp, kvs = arch.hp, settings.kv
+    if kvs.host_budget is not None and kvs.host_budget > int(native.host_memory()["available"]):
+        h = native.host_memory()
+        raise ValueError(f"host_budget of {kvs.host_budget} bytes is more than the "
+                         f"{h['available']} bytes of host memory available (total {h['total']} bytes)")
+    n_frames = hp.n_layer if kvs.kv_device_layers is None else kvs.kv_device_layers
+    if n_frames > 64 * hp.n_layer:
+        raise ValueError(f"kv_device_layers must be in 1..{64 * hp.n_layer} (n_layer per sequence "
+                         f"kept on the device), not {kvs.kv_device_layers}")
+    lanes = KVLanes(settings, hp)
+    parts = []
+    for d in range(n_split):
+        ls = [il for il, dev in enumerate(layer_device) if dev == d]
+        if not ls:
+            continue
+        frames = n_frames if len(ls) == hp.n_layer or kvs.kv_device_layers is not None else len(ls)
+        host = kvs.host_budget if kvs.host_budget is None else kvs.host_budget * len(ls) // hp.n_layer
+        core = native.KVCache([lanes.k[0][il] for il in ls], [lanes.v[0][il] for il in ls],
+                              page_size=kvs.kv_page_size, n_frames=frames, host_budget=host,
+                              spill_dir=kvs.kv_spill_dir or "", v_trans=not settings.context.flash_attn,
+                              backend=backends[d], n_workers=1, n_stream=settings.paging.stream_slots)
+        parts.append((KVPages(core, len(ls), settings.paging.ahead, n_swa=0 if kvs.swa_full else arch.n_swa,
+                              swa_layers=[j for j, il in enumerate(ls) if arch.is_swa(il)]), ls[0]))
+    return PagedKV(lanes, parts)

@@ -1,0 +1,321 @@
+"""Weight placement: where each tensor of the file lives while a model runs.
+
+Resident weights are bound to the file mapping and loaded in the background, group by group (the first pass
+computes block i while block i+1 loads); the matmul weights ggml-cpu has re-laid kernels for are copied into that
+layout. Devices that are not host memory get copies of what their blocks read. Paged weights go through one pool
+of slots per device (WeightPager; the first blocks that fit stay pinned), a MoE model's experts through the
+expert cache (ExpertPager), both within the budget the planner gives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from .. import native
+from ..settings import Settings
+from .pagers import Block, ExpertPager, HeadChunk, Key, NullPager, WeightPager, merge_stats
+from .planner import (SLOT_ALIGN_ROOM, MemoryPlan, check_available, plan_memory, plan_slots, split_moe_budget,
+                      too_small)
+from .scheduler import LayerScheduler
+from ..telemetry import MemoryFn, device_memory_fn
+
+F32 = native.GGMLType.F32
+I32 = native.GGMLType.I32
+DIRECT_ROOM = 3 * 4096  # kept free in a slot with direct_io, for widening a chunk to O_DIRECT alignment
+N_IO_WORKERS = 1      # threads reading streamed blocks
+
+
+class WeightView:
+    """name -> tensor, as the architecture sees it from the device whose graph is being built (`device`): a
+    device that is not host memory reads its own copies of the weights other devices read too (`copies`:
+    device -> name -> the copy's name)."""
+
+    def __init__(self, store: Any):
+        self.store = store
+        self.cache: dict[str, Any] = {}
+        self.copies: dict[int, dict[str, str]] = {}
+        self.device = 0
+
+    def __call__(self, name: str) -> Any:
+        name = self.copies.get(self.device, {}).get(name, name)
+        t = self.cache.get(name)
+        if t is None:
+            t = self.cache[name] = self.store.get(name)
+        return t
+
+    def has(self, name: str) -> bool:
+        return bool(self.store.has(name))
+
+
+class MoEScratch:
+    """What carries a MoE block's state from its attention-and-router graph to its experts graphs, F32/I32
+    [*, n_batch]: the FFN's input (inp) and normed input (cur), the routed experts (sel) and their weights (w,
+    [1, k, n_batch]), the shared expert's output, and the next block's router's guess (None: no lookahead)."""
+
+    def __init__(self, arch: Any, n_batch: int, backend: Any, lookahead: bool):
+        hp, k = arch.hp, arch.hp.n_expert_used
+        cx = native.Context(max_tensors=6)
+        self.guess = cx.new_tensor(I32, [k, n_batch]) if lookahead else None
+        self.inp = cx.new_tensor(F32, [hp.n_embd, n_batch])
+        self.cur = cx.new_tensor(F32, [hp.n_embd, n_batch])
+        self.sel = cx.new_tensor(I32, [k, n_batch])
+        self.w = cx.new_tensor(F32, [1, k, n_batch])
+        self.shared = cx.new_tensor(F32, [hp.n_embd, n_batch]) if arch.n_ff_shexp else None
+        self.keep = [cx, backend.alloc_tensors(cx)]
+
+
+class WeightPlacement:
+    """The weights of one model over its devices: resident (start_loading) or paged (pagers, experts)."""
+
+    def __init__(self, arch: Any, store: Any, settings: Settings, backends: Sequence[Any], layer_device: list[int],
+                 *, direct_io: bool, reserve: int):
+        """`backends`: the split's devices first (n_split = the devices blocks run on, layer_device), then
+        the host device for the embedding if none of them is one. Plans the memory (memory_plan) and resolves
+        the settings against it (self.settings)."""
+        self.arch, self.hp, self.store = arch, arch.hp, store
+        self.backends = list(backends)
+        self.layer_device = layer_device
+        self.n_split = max(layer_device) + 1
+        self.head_dev = layer_device[-1]
+        self.direct_io = direct_io
+        self.settings = settings
+        self.view = WeightView(store)
+        self.memory_plan = self.plan_memory(reserve)
+        self.settings = settings = self.resolved(settings)
+        self.paged = settings.paging.paged(self.hp.n_layer)
+        self.loader: Any = None                        # background load of resident weights (start_loading)
+        self.pagers: list[WeightPager | NullPager] = [NullPager() for _ in self.backends]   # per device
+        self.experts: ExpertPager | None = None        # experts paged one by one (expert_cache)
+        self.moe: MoEScratch | None = None
+        self.scheduler: LayerScheduler | None = None
+        self.repacked_bytes = 0
+        self.remote_bytes = 0                          # weights copied to devices that are not host memory
+        self.n_pinned = 0
+        self.head_chunks: list[str] = []
+        self.decode_threads: int | None = None         # compute threads for single-token steps while streaming
+        pg = settings.paging
+        if pg.expert_cache is not None and not self.hp.n_expert:
+            raise ValueError("expert_cache applies to mixture-of-experts models; this model is dense")
+        # a MoE model under a device_budget pages its experts too: its dense part is planned first, the rest of
+        # the budget is the expert cache (make_pager splits it)
+        self.expert_budget: int | None = pg.expert_cache
+        self.experts_paged = pg.expert_cache is not None or (self.hp.n_expert > 0 and pg.budget_bytes is not None)
+        if self.experts_paged and (self.n_split > 1 or not self.backends[0].is_host):
+            raise ValueError("paged experts run on one host device for now, not a multi-device split or an RPC "
+                             "device")
+        self.remote = self.plan_copies()
+
+    def plan_memory(self, reserve: int) -> MemoryPlan | None:
+        """device_budget 'auto' or 'off' resolved against the memory the device has free (planner.plan_memory);
+        None for a multi-device split (each device takes a size of its own; auto keeps their blocks resident)."""
+        p = self.settings.paging
+        if self.n_split > 1 or isinstance(p.device_budget, tuple):
+            return None
+        b = self.backends[0]
+        used, total = device_memory_fn(b.device_type, b.device_name)()
+        weights = sum(int(self.store.file_range(n)[1]) for n in self.store.names())
+        c = self.settings.context
+        return plan_memory(self.hp, weights, dict(device_budget=p.device_budget, ctx_size=c.ctx_size,
+                                                  n_batch=c.n_batch, cache_type_k=c.cache_type_k,
+                                                  cache_type_v=c.cache_type_v, flash_attn=c.flash_attn),
+                           max(0, total - used), reserve=reserve)
+
+    def resolved(self, s: Settings) -> Settings:
+        """The settings with the plan's budget (auto: a size when the blocks must stream) and async_prefetch
+        (auto: on when blocks stream)."""
+        p, plan = s.paging, self.memory_plan
+        if plan is not None and plan.mode == "auto" and plan.budget is not None:
+            left = plan.budget - (p.expert_cache or 0)
+            if left <= 0:
+                raise too_small(plan, 0, "the weights' pool" + (" and expert_cache" if p.expert_cache else ""))
+            p = dataclasses.replace(p, device_budget=left)
+        if p.async_prefetch is None:
+            p = dataclasses.replace(p, async_prefetch=p.paged(self.hp.n_layer))
+        return dataclasses.replace(s, paging=p)
+
+    def layers_on(self, d: int) -> list[int]:
+        """The blocks device d runs, in order."""
+        return [il for il, dev in enumerate(self.layer_device) if dev == d]
+
+    def block_tensors(self, il: int) -> list[str]:
+        """Block il's tensors that load with it (its experts go through the expert cache instead, if any)."""
+        names = self.arch.block_tensors(il)
+        if not self.experts_paged:
+            return names
+        experts = set(self.arch.expert_tensors(il))
+        return [n for n in names if n not in experts]
+
+    def outside_blocks(self) -> list[str]:
+        """The tensors no block lists, but the output norm, the lm head and the token embedding."""
+        blocks = {n for il in range(self.hp.n_layer) for n in self.arch.block_tensors(il)}
+        return [n for n in self.store.names()
+                if n not in blocks | {self.arch.output_tensor(self.store.has), "output_norm.weight",
+                                      "token_embd.weight"}]
+
+    def load_groups(self) -> list[list[str]]:
+        """The weights in the order a forward pass uses them: block 0 (with the global tensors every block
+        reads), block 1, ..., then the output head. The token embedding is left out (a pass reads only its
+        prompt's rows, straight from the mapping) unless the head is tied to it."""
+        groups = [self.block_tensors(il) for il in range(self.hp.n_layer)]
+        groups[0] = self.outside_blocks() + groups[0]
+        groups.append(["output_norm.weight", self.arch.output_tensor(self.store.has)])
+        return groups
+
+    def plan_copies(self) -> dict[int, list[str]]:
+        """What each device that is not host memory holds of the weights outside the blocks: a copy of each
+        one its blocks read (rope factors and the like) and, on the head's device, of the output norm and
+        (resident) the lm head, so a tied head does not take the embedding away from the CPU that reads its
+        rows. Fills view.copies; returns device -> the names it loads (its blocks too, if resident)."""
+        out = self.arch.output_tensor(self.store.has)
+        remote: dict[int, list[str]] = {}
+        for d in range(self.n_split):
+            if self.backends[d].is_host:
+                continue
+            head = ["output_norm.weight"] + ([] if self.paged else [out]) if d == self.head_dev else []
+            copies = {n: self.store.add_copy(n, f"dev{d}") for n in self.outside_blocks() + head}
+            self.view.copies[d] = copies
+            own = [] if self.paged else [n for il in self.layers_on(d) for n in self.block_tensors(il)]
+            remote[d] = own + list(copies.values())
+        return remote
+
+    def load_remote(self) -> None:
+        """Copies each non-host device's weights (plan_copies) into a buffer of its own."""
+        for d, names in self.remote.items():
+            if names:
+                self.remote_bytes += int(self.store.load_resident(names, self.backends[d]))
+
+    def start_loading(self, repack: bool, embed_dev: int) -> int:
+        """Resident weights: binds them to the file mapping, places the re-laid ones (ggml-cpu repack) and
+        starts worker threads that load them group by group (load_groups). The weights of devices that are
+        not host memory are copied there first. Returns the bytes of the re-laid buffers."""
+        if self.paged:
+            raise RuntimeError("a paged model streams its blocks: nothing to load ahead")
+        remote = {n for names in self.remote.values() for n in names}
+        groups = [[n for n in g if n not in remote] for g in self.load_groups()]
+        repacked = [n for n in self.arch.matmul_weights(self.store.has) if n not in remote] if repack else []
+        self.loader = native.WeightLoader(self.store, groups, repacked, self.backends[embed_dev],
+                                          n_workers=max(1, min(2, self.settings.context.threads)))
+        self.load_remote()
+        self.repacked_bytes = int(self.loader.repacked_bytes)
+        return self.repacked_bytes
+
+    def loaded(self, group: int | None) -> None:
+        """Waits for a group of the background load; forgets the loader once everything is in."""
+        if group is not None and self.loader is not None:
+            self.loader.wait(group)
+
+    def pass_done(self) -> None:
+        if self.loader is not None and self.loader.done():
+            self.loader = None
+
+    def close(self) -> None:
+        """Stops the background load (before the file's mapping goes away)."""
+        if self.loader is not None:
+            self.loader.cancel()
+            self.loader = None
+
+    @property
+    def pager(self) -> WeightPager | NullPager:
+        """The first device's pager (the only one of a model on one device)."""
+        return self.pagers[0]
+
+    def make_pagers(self, memory: MemoryFn | None) -> None:
+        """Each device's blocks (the head's device: the lm head's row chunks too) go through a pool of slots
+        of its own, within its budget; the first ones that fit stay pinned. With dynamic_layers, the
+        scheduler that moves them."""
+        p = self.settings.paging
+        names = {n for il in range(self.hp.n_layer) for n in self.arch.block_tensors(il)}
+        self.store.bind_mmap([n for n in self.store.names() if n not in names])
+        self.load_remote()
+        for d in range(self.n_split):
+            blocks = self.layers_on(d)
+            if blocks:
+                self.pagers[d] = self.make_pager(d, blocks)
+        c, b = self.settings.context, self.backends[0]
+        if (c.n_threads is None and p.async_prefetch and self.n_split == 1 and self.n_pinned < self.pager.n_keys
+                and b.device_type == "cpu"):
+            # blocks stream while others compute: when decoding, the prefetch worker needs a core of its own
+            # (2 cores, Qwen2.5-1.5B at a 25% budget: 14.0 tok/s with 1 compute thread, 8.8 with 2); prefill
+            # is compute-bound and keeps them all
+            self.decode_threads = max(1, c.threads - N_IO_WORKERS)
+        if p.dynamic_layers:
+            pager = self.pagers[0]
+            assert isinstance(pager, WeightPager)
+            self.scheduler = LayerScheduler(
+                pager.core, planned=list(range(self.n_pinned)), n_keys=pager.n_keys,
+                stream_slots=pager.core.n_slots - self.n_pinned, mem_pressure=p.mem_pressure,
+                memory=memory or device_memory_fn(b.device_type, b.device_name))
+
+    def device_budget(self, d: int, slot: int, n_keys: int) -> int:
+        """Device d's budget for slots of `slot` bytes (a MoE model's: its dense part; expert_budget the rest)."""
+        p, b, plan = self.settings.paging, self.backends[d], self.memory_plan
+        bb = p.budget_bytes
+        budget = bb[d] if isinstance(bb, tuple) else bb
+        if budget is None:
+            if p.n_gpu_layers is not None:
+                return (p.n_gpu_layers + p.stream_slots) * slot
+            return n_keys * slot         # dynamic layers alone, or a device without a budget: all pinned
+        if plan is not None and plan.mode == "auto":     # within what is available by construction
+            if budget < p.stream_slots * slot:
+                raise too_small(plan, p.stream_slots * slot, f"{p.stream_slots} blocks of {slot} bytes streaming")
+        else:
+            check_available(b, budget, "device_budget" + (f" of {b.name}" if self.n_split > 1 else ""))
+        if self.experts_paged and p.expert_cache is None:
+            budget, self.expert_budget = split_moe_budget(
+                budget, dense=slot * n_keys, slot=slot, n_stream=p.stream_slots, n_expert=self.hp.n_expert,
+                n_expert_used=self.hp.n_expert_used, n_batch=self.settings.context.n_batch,
+                expert_bytes=ExpertPager.slot_bytes(self.store, self.arch, direct=self.direct_io))
+        return budget
+
+    def make_pager(self, d: int, blocks: list[int]) -> WeightPager:
+        p, b, store = self.settings.paging, self.backends[d], self.store
+        layers = [self.block_tensors(il) for il in blocks]
+        keys: list[Key] = [Block(il) for il in blocks]
+        sizes = [store.slot_bytes(layer, b, self.direct_io) for layer in layers]
+        slot = max(sizes)
+        if d == self.head_dev:
+            # the lm head (the largest tensor of small models) streams in row chunks of a slot each
+            # (less the room a chunk's size may take when padded to the buffer alignment)
+            room = SLOT_ALIGN_ROOM + (DIRECT_ROOM if self.direct_io else 0)
+            self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - room)
+            layers += [[c] for c in self.head_chunks]
+            keys += [HeadChunk(c) for c in range(len(self.head_chunks))]
+        budget = self.device_budget(d, slot, len(layers))
+        n_slots, n_pinned = plan_slots(budget, slot, len(layers), p.stream_slots)
+        if n_slots < 1:
+            big = blocks[sizes.index(slot)] if slot in sizes else blocks[0]
+            raise ValueError(f"device_budget{f' of {b.name}' if self.n_split > 1 else ''} of {budget} bytes is "
+                             f"smaller than one layer: block {big} needs {slot} bytes")
+        core = native.LayerPager(store, layers, n_slots=n_slots, slot_size=slot, n_workers=N_IO_WORKERS,
+                                 backend=b, direct_io=self.direct_io, staged=p.staged_io)
+        pager = WeightPager(core, keys, p.ahead)
+        if p.n_gpu_layers is not None:
+            n_pinned = min(n_pinned, p.n_gpu_layers)
+        for i in range(n_pinned):
+            pager.pin(keys[i])
+        self.n_pinned += n_pinned
+        return pager
+
+    def make_experts(self) -> None:
+        """The expert cache and the MoE blocks' scratch (MoEScratch); expert_rows: the rows of a pass whose
+        routed experts the cache can pin at once (a pass's experts graphs run over chunks of them)."""
+        hp, c, p = self.hp, self.settings.context, self.settings.paging
+        assert self.expert_budget is not None
+        self.experts = ExpertPager(self.store, self.store.path, self.arch, self.expert_budget, self.backends[0],
+                                   direct_io=self.direct_io, lookahead=p.expert_lookahead)
+        self.expert_rows = max(1, min(c.n_batch, self.experts.core.n_slots // hp.n_expert_used))
+        # the next block's router's guess: only when every block is resident or pinned (its router is there)
+        ahead = p.expert_lookahead is not False and (not self.paged or self.n_pinned >= hp.n_layer)
+        self.moe = MoEScratch(self.arch, c.n_batch, self.backends[0], ahead)
+
+    def stats(self) -> dict[str, Any]:
+        paged = [p.stats() for p in self.pagers if isinstance(p, WeightPager)]
+        d = merge_stats(paged)
+        if len(paged) > 1:
+            d["pager_per_device"] = paged
+        if self.experts is not None:
+            d.update(self.experts.stats())
+        if self.scheduler is not None:
+            d.update(self.scheduler.stats())
+        return d

@@ -1,0 +1,157 @@
+"""The house rules, read from the source: no import cycles, no reads of another module's private names, no class
+over 400 lines or function over 60 (argument tables aside), public primitives that import no runtime module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "python" / "superggml"
+MAX_CLASS = 400
+MAX_FUNCTION = 60
+TABLES = {("cli.py", "add_arguments"), ("cli.py", "build_parser")}   # argument tables: one line per option
+# Not split yet (issue 31's remaining work): each entry may only shrink, and goes once it fits.
+NOT_YET = {"class tokenizer.py:Tokenizer": 608, "function tokenizer.py:from_metadata": 92,
+           "function server.py:create_app": 213, "function plot.py:plot_metrics": 80}
+PRIMITIVES = ("paging", "gguf")                                      # the public paging API
+RUNTIME = ("runtime", "generation", "api", "model", "arch", "server", "cli")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_modules() -> dict[str, Path]:
+    """Module name -> source; the compiled module by its stub."""
+    return {module_name(p): p for p in sorted([*PKG.rglob("*.py"), *PKG.rglob("*.pyi")])}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that `name` imports (anywhere in it, functions included)."""
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                base = base[:len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            subs = {f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in known}
+            out |= subs
+            if mod in known and len(subs) < len(node.names):
+                out.add(mod)
+    out.discard(name)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = package_modules()
+    known = set(mods)
+    return {m: imports_of(m, p, known) for m, p in mods.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each strongly connected component of more than one module (Tarjan's)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def private_reads(path: Path) -> list[str]:
+    """`x._name` with x not self or cls, and `from m import _name`, in one file."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.ImportFrom):
+            out += [f"{path.relative_to(ROOT)}:{node.lineno}: from {node.module} import {a.name}"
+                    for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert len(graph) > 30          # the walk found the package
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_nothing_reads_another_modules_private_names():
+    files = [p for d in ("python/superggml", "tests", "bench") for p in sorted((ROOT / d).rglob("*.py"))]
+    assert len(files) > 60
+    found = [r for p in files for r in private_reads(p)]
+    assert found == [], "\n".join(found)
+
+
+def test_classes_and_functions_are_short():
+    long = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            n = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+            if isinstance(node, ast.ClassDef) and n > MAX_CLASS:
+                what = f"class {rel}:{node.name}"
+            elif (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and n > MAX_FUNCTION
+                  and (rel, node.name) not in TABLES):
+                what = f"function {rel}:{node.name}"
+            else:
+                continue
+            if n > NOT_YET.get(what, 0):
+                long.append(f"{what}: {n} lines")
+    assert long == [], "\n".join(long)
+
+
+def test_public_primitives_import_no_runtime_module():
+    graph = import_graph()
+
+    def reach(m: str, seen: set[str]) -> set[str]:
+        for w in graph.get(m, ()):
+            if w not in seen:
+                seen.add(w)
+                reach(w, seen)
+        return seen
+
+    for prim in PRIMITIVES:
+        bad = sorted(m for m in reach(f"superggml.{prim}", set())
+                     if m == "superggml" or m.split(".")[1] in RUNTIME)
+        assert bad == [], f"superggml.{prim} imports {bad}"
