@@ -115,6 +115,11 @@ class ApiError(Exception):
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
 
 
+def model_not_found(name: str, served: str) -> ApiError:
+    return ApiError(404, f"the model {name!r} does not exist; this server has {served!r}", code="model_not_found",
+                    param="model")
+
+
 def _error(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
            param: str | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
@@ -312,8 +317,7 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
     @app.get("/v1/models/{name}")
     async def model_info(name: str) -> dict[str, Any]:
         if name != mid:
-            raise ApiError(404, f"the model {name!r} does not exist; this server has {mid!r}",
-                           code="model_not_found", param="model")
+            raise model_not_found(name, mid)
         return {"id": mid, "object": "model", "created": created, "owned_by": "superggml"}
 
     @app.get("/metrics")
@@ -327,8 +331,7 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
 
     def check(body: _Body, n_prompt: int) -> None:
         if body.model is not None and body.model != mid:
-            raise ApiError(404, f"the model {body.model!r} does not exist; this server has {mid!r}",
-                           code="model_not_found", param="model")
+            raise model_not_found(body.model, mid)
         if n_prompt >= model.n_ctx:
             raise ApiError(400, f"the prompt has {n_prompt} tokens; this model's context is {model.n_ctx} tokens",
                            code="context_length_exceeded", param="prompt")
@@ -423,8 +426,7 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingBody) -> Any:
         if body.model is not None and body.model != mid:
-            raise ApiError(404, f"the model {body.model!r} does not exist; this server has {mid!r}",
-                           code="model_not_found", param="model")
+            raise model_not_found(body.model, mid)
         if body.dimensions is not None and body.dimensions != model.hparams.n_embd:
             raise ApiError(400, f"this model's embeddings have {model.hparams.n_embd} dimensions, not "
                            f"{body.dimensions}", param="dimensions")

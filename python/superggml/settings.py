@@ -111,6 +111,17 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def check_split(p: "PagingSettings", n_devices: int, names: str = "") -> None:
+    """ValueError unless the paging options suit blocks split over n_devices devices (named `names`)."""
+    if n_devices > 1:
+        _check(not (p.dynamic_layers or p.n_gpu_layers is not None or p.expert_cache is not None),
+               "a multi-device split pages with a device_budget per device, not dynamic_layers, n_gpu_layers "
+               "or expert_cache")
+    _check(not isinstance(p.device_budget, tuple) or len(p.device_budget) == n_devices,
+           f"device_budget gives {len(p.device_budget) if isinstance(p.device_budget, tuple) else 1} sizes for "
+           f"{n_devices} devices" + (f" ({names})" if names else ""))
+
+
 def _set(obj: Any, name: str, value: Any) -> None:
     object.__setattr__(obj, name, value)     # normalising a frozen dataclass's field in __post_init__
 
@@ -362,14 +373,8 @@ class Settings:
     speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)
 
     def __post_init__(self) -> None:
-        p, d = self.paging, self.devices
-        if len(d.devices) > 1:                   # rpc without devices splits too: checked once devices are known
-            _check(not (p.dynamic_layers or p.n_gpu_layers is not None or p.expert_cache is not None),
-                   "a multi-device split pages with a device_budget per device, not dynamic_layers, n_gpu_layers "
-                   "or expert_cache")
-        _check(not isinstance(p.device_budget, tuple) or not d.devices or len(p.device_budget) == len(d.devices),
-               f"device_budget gives {len(p.device_budget) if isinstance(p.device_budget, tuple) else 1} sizes for "
-               f"{len(d.devices)} devices")
+        if self.devices.devices:                 # rpc without devices splits too: checked once devices are known
+            check_split(self.paging, len(self.devices.devices))
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "Settings":

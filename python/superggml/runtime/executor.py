@@ -18,7 +18,7 @@ from .. import native
 from ..arch import Architecture
 from ..devices import DEFAULT_DEVICE, resolve_devices
 from ..errors import SuperggmlError
-from ..settings import Settings, layer_split
+from ..settings import Settings, check_split, layer_split
 from ..telemetry import MemoryFn
 from .graph import LaneRows, Plan, Step, lane_rows, padded_kv
 from .memory import MAX_LANES, ContiguousKV, SequenceMemory, attn_rot_size, hadamard, paged_kv
@@ -61,7 +61,7 @@ class Executor:
         self.embed_dev = hosts[0]
         self.backend = self.backends[0]
         self.store = store                             # the weights (a native.WeightStore)
-        self.check_split(settings)
+        check_split(settings.paging, self.n_split, ", ".join(b.name for b in self.backends[:self.n_split]))
         self.placement = WeightPlacement(arch, store, settings, self.backends, self.layer_device,
                                          direct_io=direct_io, reserve=reserve)
         self.settings = settings = self.placement.settings
@@ -79,15 +79,6 @@ class Executor:
         except BaseException:
             self.close()       # the loader's threads must stop before the caller unmaps the file
             raise
-
-    def check_split(self, s: Settings) -> None:
-        pg = s.paging
-        if self.n_split > 1 and (pg.dynamic_layers or pg.n_gpu_layers is not None or pg.expert_cache is not None):
-            raise ValueError("a multi-device split pages with a device_budget per device, not dynamic_layers, "
-                             "n_gpu_layers or expert_cache")
-        if isinstance(pg.device_budget, tuple) and len(pg.device_budget) != self.n_split:
-            raise ValueError(f"device_budget gives {len(pg.device_budget)} sizes for {self.n_split} devices "
-                             f"({', '.join(b.name for b in self.backends[:self.n_split])})")
 
     def setup(self, memory: MemoryFn | None) -> None:
         """Activations F32 [n_embd, n_batch] and the quantized cache's rotations per device, the sequence memory,
