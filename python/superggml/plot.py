@@ -56,7 +56,18 @@ def plot_metrics(path: str | os.PathLike[str], out: str | os.PathLike[str], *, t
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(11, 10), gridspec_kw={"height_ratios": [3, 1.3, 1.1]})
     fig.suptitle(title or f"superggml timeline: {os.path.basename(os.fspath(path))}", fontsize=13)
 
-    # Gantt of the last `tokens` forward passes
+    _draw_passes(ax1, layers, tokens, Patch)
+    if snaps:
+        _draw_memory(ax2, ax3, snaps, moves, t0)
+    fig.tight_layout()
+    out = os.fspath(out)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _draw_passes(ax1: Any, layers: list[dict[str, Any]], tokens: int, Patch: Any) -> None:
+    """A Gantt chart of the last `tokens` forward passes: each graph's load, wait and compute."""
     toks = sorted({x["token"] for x in layers})[-tokens:]
     sel = [x for x in layers if x["token"] in toks]
     if sel:
@@ -86,31 +97,27 @@ def plot_metrics(path: str | os.PathLike[str], out: str | os.PathLike[str], *, t
     else:
         ax1.text(0.5, 0.5, "no per-layer timings in this file", ha="center", transform=ax1.transAxes)
 
-    # memory and pressure
-    if snaps:
-        ts = [_ts(x["timestamp"]) - t0 for x in snaps]
-        ax2.plot(ts, [x["ram_used_mb"] for x in snaps], color="#264653", label="host used (MiB)")
-        if any(x["vram_total_mb"] and x["vram_used_mb"] != x["ram_used_mb"] for x in snaps):
-            ax2.plot(ts, [x["vram_used_mb"] for x in snaps], color="#2a9d8f", label="device used (MiB)")
-        ax2.set_ylim(0, 1.15 * max(max(x["ram_used_mb"], x["vram_used_mb"]) for x in snaps))
-        ax2.set_ylabel("MiB")
-        axp = ax2.twinx()
-        axp.plot(ts, [x["cpu_memory_pressure"] for x in snaps], color="#e76f51", ls="--", label="pressure")
-        axp.set_ylim(0, 1)
-        axp.set_ylabel("pressure")
-        for mv in moves:
-            ax2.axvline(_ts(mv["timestamp"]) - t0, color="#e9c46a" if mv["event"] == "layer_promote" else "#d62828",
-                        lw=0.8, alpha=0.7)
-        ax2.legend(loc="upper left", fontsize=8)
-        ax2.set_title("memory (lines: scheduler demotions red, promotions yellow)", fontsize=10)
 
-        ax3.plot(ts, [x["tokens_per_sec"] for x in snaps], color="#8ab17d", marker=".", label="tokens/s")
-        ax3.plot(ts, [x["avg_tokens_per_sec"] for x in snaps], color="#264653", label="average")
-        ax3.set_xlabel("seconds")
-        ax3.set_ylabel("tokens/s")
-        ax3.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    out = os.fspath(out)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+def _draw_memory(ax2: Any, ax3: Any, snaps: list[dict[str, Any]], moves: list[dict[str, Any]], t0: float) -> None:
+    """Memory used and pressure over time, the scheduler's moves, and tokens/s."""
+    ts = [_ts(x["timestamp"]) - t0 for x in snaps]
+    ax2.plot(ts, [x["ram_used_mb"] for x in snaps], color="#264653", label="host used (MiB)")
+    if any(x["vram_total_mb"] and x["vram_used_mb"] != x["ram_used_mb"] for x in snaps):
+        ax2.plot(ts, [x["vram_used_mb"] for x in snaps], color="#2a9d8f", label="device used (MiB)")
+    ax2.set_ylim(0, 1.15 * max(max(x["ram_used_mb"], x["vram_used_mb"]) for x in snaps))
+    ax2.set_ylabel("MiB")
+    axp = ax2.twinx()
+    axp.plot(ts, [x["cpu_memory_pressure"] for x in snaps], color="#e76f51", ls="--", label="pressure")
+    axp.set_ylim(0, 1)
+    axp.set_ylabel("pressure")
+    for mv in moves:
+        ax2.axvline(_ts(mv["timestamp"]) - t0, color="#e9c46a" if mv["event"] == "layer_promote" else "#d62828",
+                    lw=0.8, alpha=0.7)
+    ax2.legend(loc="upper left", fontsize=8)
+    ax2.set_title("memory (lines: scheduler demotions red, promotions yellow)", fontsize=10)
+
+    ax3.plot(ts, [x["tokens_per_sec"] for x in snaps], color="#8ab17d", marker=".", label="tokens/s")
+    ax3.plot(ts, [x["avg_tokens_per_sec"] for x in snaps], color="#264653", label="average")
+    ax3.set_xlabel("seconds")
+    ax3.set_ylabel("tokens/s")
+    ax3.legend(loc="lower right", fontsize=8)
