@@ -169,8 +169,8 @@ def test_prompt_reuse_past_a_freed_window_re_evaluates(tmp_path, vocab_fields):
     with Model(path, ctx_size=256, n_threads=2) as m:
         ref = [m.create_completion(p, max_tokens=8, temperature=0.0)["choices"][0]["text"] for p in prompts]
     with Model(path, ctx_size=256, n_threads=2, paged_kv=True, kv_page_size=16) as m:
-        kept, truncate = [], m.runtime.truncate
-        m.runtime.truncate = lambda n: kept.append((n, truncate(n))) or kept[-1][1]
+        kept, truncate = [], m.runtime.sequences.truncate
+        m.runtime.sequences.truncate = lambda n: kept.append((n, truncate(n))) or kept[-1][1]
         out = [m.create_completion(p, max_tokens=8, temperature=0.0)["choices"][0]["text"] for p in prompts]
     assert out == ref
     assert kept[-1][0] > 20 and kept[-1][1] == 0     # the shared prefix was there, but not its window's keys
