@@ -12,8 +12,7 @@ MAX_CLASS = 400
 MAX_FUNCTION = 60
 TABLES = {("cli.py", "add_arguments"), ("cli.py", "build_parser")}   # argument tables: one line per option
 # Not split yet (issue 31's remaining work): each entry may only shrink, and goes once it fits.
-NOT_YET = {"class tokenizer.py:Tokenizer": 608, "function tokenizer.py:from_metadata": 92,
-           "function server.py:create_app": 213}
+NOT_YET = {"function server.py:create_app": 213}
 PRIMITIVES = ("paging", "gguf")                                      # the public paging API
 RUNTIME = ("runtime", "generation", "api", "model", "arch", "server", "cli")
 

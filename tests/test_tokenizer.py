@@ -751,10 +751,11 @@ def test_spm_models_match_llama_cpp(name, spm_variants):
         assert strings_with(user, "10") >= 3
     bad = spm_mismatches(tok, ref)
     assert not bad, f"{len(bad)} differ, first: {bad[:3]}"
-    # word by word (see tokenizer._SPM_INNER_SPACE) as over the whole text
-    assert tok.spm_by_word
+    # word by word (see tokenizer/spm.py, _INNER_SPACE) as over the whole text
+    assert tok.encoder.by_word
     whole = copy.copy(tok)
-    whole.spm_by_word = False
+    whole.encoder = copy.copy(tok.encoder)
+    whole.encoder.by_word = False
     assert not encode_mismatches(whole, ref, CORPUS[::4], [(True, True)])
 
 
