@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import llama_ref
-from superggml import Model, SamplingParams
+from superggml import ContextLengthError, Model, SamplingParams
 from superggml.generation.sampling import Sampler
 
 GEN_PROMPTS = [
@@ -88,6 +88,27 @@ def test_chat_completion_uses_gguf_template(smol):
     msg = r["choices"][0]["message"]
     assert msg["role"] == "assistant" and "4" in msg["content"]
     json.dumps(r)
+    # OpenAI's content parts: the text ones, joined, are the message
+    parts = [{"type": "text", "text": "What is "}, {"type": "image_url", "image_url": {"url": "x"}},
+             {"type": "text", "text": "2+2?"}]
+    assert smol.chat_tokens([{"role": "user", "content": parts}]) == smol.chat_tokens(
+        [{"role": "user", "content": "What is 2+2?"}])
+
+
+def test_prompt_checks(smol):
+    """One set of checks for prompts and inputs: the range of token ids, empty ones, and the context."""
+    with pytest.raises(ValueError, match=f"prompt token id {smol.n_vocab} out of range"):
+        smol.create_completion([1, smol.n_vocab], max_tokens=1)
+    with pytest.raises(ValueError, match="prompt 1: token id -1 out of range"):
+        smol.create_completion([[1, 2], [-1]], max_tokens=1)
+    with pytest.raises(ValueError, match="input 0: token id"):
+        smol.create_embedding([[smol.n_vocab + 5]])
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        smol.create_completion([], max_tokens=1)
+    with pytest.raises(ContextLengthError, match="ctx_size is 512"):
+        smol.create_completion([1] * 600, max_tokens=1)
+    with pytest.raises(ContextLengthError):
+        smol.create_embedding([[1] * 600])
 
 
 def test_sampler_filters():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import DeviceError, GGUFError, MissingExtra, SuperggmlError, UnsupportedModelError
+from .errors import ContextLengthError, DeviceError, GGUFError, MissingExtra, SuperggmlError, UnsupportedModelError
 from .generation.grammar import Grammar, GrammarError
 from .model import Model
 from .generation.sampling import SamplingParams
@@ -10,5 +10,5 @@ from .api.tools import ToolError
 
 __version__ = "0.1.0"
 
-__all__ = ["DeviceError", "GGUFError", "Grammar", "GrammarError", "MissingExtra", "Model", "SamplingParams",
-           "SuperggmlError", "ToolError", "UnsupportedModelError", "__version__"]
+__all__ = ["ContextLengthError", "DeviceError", "GGUFError", "Grammar", "GrammarError", "MissingExtra", "Model",
+           "SamplingParams", "SuperggmlError", "ToolError", "UnsupportedModelError", "__version__"]

@@ -13,6 +13,10 @@ class GGUFError(SuperggmlError, ValueError):
     """The GGUF file is malformed, truncated or inconsistent."""
 
 
+class ContextLengthError(SuperggmlError, ValueError):
+    """A prompt or input does not fit in the model's context (ctx_size)."""
+
+
 class PoolExhausted(SuperggmlError):
     """Every buffer-pool slot is in use or pinned."""
 

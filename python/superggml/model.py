@@ -17,7 +17,7 @@ from .api.chat import CHATML, ChatTemplate
 from .api.completions import Completions, Constraints, Embeddings
 from .api.tools import ToolFormat
 from .arch import get_architecture
-from .errors import GGUFError
+from .errors import ContextLengthError, GGUFError
 from .generation.decode import generate_step
 from .generation.grammar import Grammar, GrammarVocab
 from .generation.sampling import Sampler, SamplingParams
@@ -419,7 +419,7 @@ class Model(Completions, Embeddings, Constraints):
         if not prompt_tokens:
             raise ValueError("the prompt is empty")
         if len(prompt_tokens) >= self.n_ctx:
-            raise ValueError(f"prompt has {len(prompt_tokens)} tokens; ctx_size is {self.n_ctx}")
+            raise ContextLengthError(f"the prompt has {len(prompt_tokens)} tokens; ctx_size is {self.n_ctx}")
         limit = self.n_ctx - len(prompt_tokens)
         if max_tokens is not None and max_tokens > 0:
             limit = min(limit, max_tokens)

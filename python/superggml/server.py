@@ -22,6 +22,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 import queue
 import threading
 import time
@@ -30,7 +31,7 @@ from typing import Any, Literal, Optional, Union
 
 import numpy as np
 
-from .errors import require_extra
+from .errors import ContextLengthError, require_extra
 
 require_extra("server", "superggml's server")
 from fastapi import FastAPI, Request  # noqa: E402
@@ -39,6 +40,7 @@ from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
 from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 
+from .api.chat import ChatTemplateError
 from .api.choices import MAX_LOGPROBS, sampling_options, stop_list
 from .api.reply import Reply
 from .api.tools import ToolError, ToolRequest
@@ -260,30 +262,15 @@ class Engine:
 
 
 # -- the app ----------------------------------------------------------------------
-def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, max_queue: int = 64,
-               batch_tokens: int = 512) -> FastAPI:
-    """The FastAPI app serving `model` (closed with the app)."""
-    import os
-
-    mid = model_id or os.path.basename(model.path)
-    engine = Engine(model, parallel=parallel, max_queue=max_queue, batch_tokens=batch_tokens)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> Any:
-        yield
-        engine.stop()
-
-    app = FastAPI(title="superggml", version="0.1.0", lifespan=lifespan)
-    app.state.engine = engine
-    app.state.model = model
-    created = int(time.time())
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's JSON shape: ours, a body that does not validate, an unknown route, a crash."""
 
     @app.exception_handler(ApiError)
-    async def _api_error(request: Request, e: ApiError) -> JSONResponse:
+    async def api_error(request: Request, e: ApiError) -> JSONResponse:
         return _error(e.status, e.message, e.type, e.code, e.param)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
         errs = e.errors()
         first = errs[0] if errs else {}
         loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
@@ -293,7 +280,7 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
         return _error(400, msg, param=loc or None, code="invalid_value")
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
+    async def http(request: Request, e: StarletteHTTPException) -> JSONResponse:
         if e.status_code == 404:
             return _error(404, f"unknown route {request.method} {request.url.path}", code="not_found")
         if e.status_code == 405:
@@ -302,156 +289,149 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
         return _error(e.status_code, str(e.detail))
 
     @app.exception_handler(Exception)
-    async def _internal(request: Request, e: Exception) -> JSONResponse:
+    async def internal(request: Request, e: Exception) -> JSONResponse:
         return _error(500, f"internal error: {e}", "server_error")
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": mid, "active": len(engine.active), "waiting": engine.waiting.qsize()}
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": mid, "object": "model", "created": created,
-                                            "owned_by": "superggml"}]}
+class Routes:
+    """What each endpoint does, over one model and the engine that owns it; create_app maps the paths here."""
 
-    @app.get("/v1/models/{name}")
-    async def model_info(name: str) -> dict[str, Any]:
-        if name != mid:
-            raise model_not_found(name, mid)
-        return {"id": mid, "object": "model", "created": created, "owned_by": "superggml"}
+    def __init__(self, model: Model, engine: Engine, model_id: str):
+        self.model, self.engine, self.mid = model, engine, model_id
+        self.created = int(time.time())
 
-    @app.get("/metrics")
-    async def metrics() -> dict[str, Any]:
+    async def health(self) -> dict[str, Any]:
+        return {"status": "ok", "model": self.mid, "active": len(self.engine.active),
+                "waiting": self.engine.waiting.qsize()}
+
+    async def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [self.card()]}
+
+    async def model_info(self, name: str) -> dict[str, Any]:
+        self.check_model(name)
+        return self.card()
+
+    def card(self) -> dict[str, Any]:
+        return {"id": self.mid, "object": "model", "created": self.created, "owned_by": "superggml"}
+
+    async def metrics(self) -> dict[str, Any]:
         from .metrics import Metrics
+        engine = self.engine
         with engine.lock:
-            snap = Metrics(model, None).snapshot()
+            snap = Metrics(self.model, None).snapshot()
         snap.update(requests_active=len(engine.active), requests_waiting=engine.waiting.qsize(),
                     requests_served=engine.served, engine_steps=engine.steps)
         return snap
 
-    def check(body: _Body, n_prompt: int) -> None:
-        if body.model is not None and body.model != mid:
-            raise model_not_found(body.model, mid)
-        if n_prompt >= model.n_ctx:
-            raise ApiError(400, f"the prompt has {n_prompt} tokens; this model's context is {model.n_ctx} tokens",
-                           code="context_length_exceeded", param="prompt")
-        if n_prompt == 0:
-            raise ApiError(400, "the prompt is empty", param="prompt")
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.mid:
+            raise model_not_found(name, self.mid)
 
-    def sampling(body: _Body) -> dict[str, Any]:
-        return sampling_options(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
-                                repeat_penalty=body.repeat_penalty, frequency_penalty=body.frequency_penalty,
-                                presence_penalty=body.presence_penalty, seed=body.seed)
+    def check_prompt(self, tokens: list[int]) -> None:
+        """400 for an empty prompt or one that leaves no room in the context (the model's own checks)."""
+        try:
+            self.model.completion_limit(tokens, None)
+        except ContextLengthError as e:
+            raise ApiError(400, str(e), code="context_length_exceeded", param="prompt") from None
+        except ValueError as e:
+            raise ApiError(400, str(e), param="prompt") from None
 
-    async def constraint(body: _Body, tools: ToolRequest | None = None) -> Grammar | None:
+    async def constraint(self, body: _Body, tools: ToolRequest | None = None) -> Grammar | None:
         """The request's constraint (its tool_choice's, or the one it gives), compiled and checked off the event
         loop (400 if it is bad)."""
         given = {k: getattr(body, k) for k in ("grammar", "json_schema", "regex", "response_format")}
         if all(v is None for v in given.values()) and tools is None:
             return None
         try:
-            return await asyncio.to_thread(lambda: model.chat_constraint(tools, **given))
+            return await asyncio.to_thread(lambda: self.model.chat_constraint(tools, **given))
         except GrammarError as e:
             param = next((k for k, v in given.items() if v is not None), "tools")
             raise ApiError(400, str(e), param=param, code="invalid_constraint") from None
 
-    async def run(body: _Body, prompts: list[list[int]], chat: bool, echo: list[str] | None = None,
+    async def run(self, body: _Body, prompts: list[list[int]], chat: bool, echo: list[str] | None = None,
                   logprobs: int | None = None, echo_logprobs: bool = False, tools: ToolRequest | None = None) -> Any:
-        loop = asyncio.get_running_loop()
-        grammar = await constraint(body, tools)
-        stop = stop_list(body.stop)
-        reply = Reply(chat=chat, stream=body.stream, model=mid, n_choices=len(prompts) * body.n,
+        """Hands the request to the engine; the reply, or its stream of events."""
+        model = self.model
+        grammar = await self.constraint(body, tools)
+        reply = Reply(chat=chat, stream=body.stream, model=self.mid, n_choices=len(prompts) * body.n,
                       n_prompt=sum(len(p) for p in prompts), echo=echo,
                       token_bytes=model.token_bytes if logprobs is not None else None, tools=tools)
-        req = BatchRequest(prompts, body.n, body.max_tokens, stop, sampling(body), logprobs, grammar,
-                      model.marker_ids(tools))
-        job = Job(req, reply, asyncio.Queue(), loop, echo_logprobs=echo_logprobs)
-        engine.submit(job)
-        if not body.stream:
-            try:
-                while True:
-                    item = await job.out.get()
-                    if isinstance(item, Exception):
-                        raise item
-                    if item is END:
-                        raise ApiError(500, "generation ended without a result", "server_error")
-                    job.cancelled = True      # the single result came: nothing more to do
-                    return item
-            except asyncio.CancelledError:
-                job.cancelled = True
-                raise
+        sampling = sampling_options(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                                    min_p=body.min_p, repeat_penalty=body.repeat_penalty,
+                                    frequency_penalty=body.frequency_penalty,
+                                    presence_penalty=body.presence_penalty, seed=body.seed)
+        req = BatchRequest(prompts, body.n, body.max_tokens, stop_list(body.stop), sampling, logprobs, grammar,
+                           model.marker_ids(tools))
+        job = Job(req, reply, asyncio.Queue(), asyncio.get_running_loop(), echo_logprobs=echo_logprobs)
+        self.engine.submit(job)
+        if body.stream:
+            return StreamingResponse(self.events(job), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            item = await job.out.get()
+        finally:
+            job.cancelled = True      # the single result came (or the client left): nothing more to do
+        if isinstance(item, Exception):
+            raise item
+        if item is END:
+            raise ApiError(500, "generation ended without a result", "server_error")
+        return item
 
-        def sse(obj: Any) -> str:
-            return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+    async def events(self, job: Job) -> Any:
+        """The job's chunks as server-sent events, ending in [DONE] (or an error event)."""
+        try:
+            while True:
+                item = await job.out.get()
+                if item is END:
+                    yield "data: [DONE]\n\n"
+                    return
+                if isinstance(item, Exception):
+                    err = {"error": {"message": str(item), "type": "server_error", "param": None, "code": None}}
+                    yield f"data: {json.dumps(err)}\n\n"
+                    return
+                yield f"data: {json.dumps(item, separators=(',', ':'))}\n\n"
+        finally:
+            job.cancelled = True          # done, failed or the client went away: free the sequences
+            self.engine.wake.set()
 
-        async def events() -> Any:
-            try:
-                while True:
-                    item = await job.out.get()
-                    if item is END:
-                        yield "data: [DONE]\n\n"
-                        return
-                    if isinstance(item, Exception):
-                        err = {"error": {"message": str(item), "type": "server_error", "param": None, "code": None}}
-                        yield f"data: {json.dumps(err)}\n\n"
-                        return
-                    yield sse(item)
-            finally:
-                job.cancelled = True          # done, failed or the client went away: free the sequences
-                engine.wake.set()
-
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    @app.post("/v1/completions")
-    async def completions(body: CompletionBody, request: Request) -> Any:
-        p = body.prompt
-        many = isinstance(p, list) and len(p) > 0 and not isinstance(p[0], int)
-        prompts: list[Any] = list(p) if many else [p]
-        if not prompts:
-            raise ApiError(400, "the prompt is empty", param="prompt")
-        token_lists = []
-        for x in prompts:
-            if isinstance(x, str):
-                token_lists.append(model.tokenize(x, add_bos=True, special=True))
-            else:
-                if any(not 0 <= t < model.n_vocab for t in x):
-                    raise ApiError(400, f"prompt token ids must be in [0, {model.n_vocab})", param="prompt")
-                token_lists.append(list(x))
-            check(body, len(token_lists[-1]))
+    async def completions(self, body: CompletionBody) -> Any:
+        self.check_model(body.model)
+        try:
+            many, token_lists = self.model.input_tokens(body.prompt, "prompt", add_bos=True, special=True)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="prompt") from None
+        for tokens in token_lists:
+            self.check_prompt(tokens)
+        prompts = list(body.prompt) if many else [body.prompt]
         echo = [x if body.echo and isinstance(x, str) else "" for x in prompts for _ in range(body.n)]
-        return await run(body, token_lists, chat=False, echo=echo, logprobs=body.logprobs,
-                         echo_logprobs=body.echo and body.logprobs is not None)
+        return await self.run(body, token_lists, chat=False, echo=echo, logprobs=body.logprobs,
+                              echo_logprobs=body.echo and body.logprobs is not None)
 
-    @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingBody) -> Any:
-        if body.model is not None and body.model != mid:
-            raise model_not_found(body.model, mid)
+    async def embeddings(self, body: EmbeddingBody) -> Any:
+        model = self.model
+        self.check_model(body.model)
         if body.dimensions is not None and body.dimensions != model.hparams.n_embd:
             raise ApiError(400, f"this model's embeddings have {model.hparams.n_embd} dimensions, not "
                            f"{body.dimensions}", param="dimensions")
-        if isinstance(body.input, list) and not body.input:
-            raise ApiError(400, "the input is empty", param="input")
 
         def embed() -> dict[str, Any]:
-            with engine.lock:         # between the engine's passes, on scratch sequences of its own
+            with self.engine.lock:         # between the engine's passes, on scratch sequences of its own
                 return model.create_embedding(body.input)
         try:
             out = await asyncio.to_thread(embed)
         except ValueError as e:
             raise ApiError(400, str(e), param="input") from None
-        out["model"] = mid
+        out["model"] = self.mid
         if body.encoding_format == "base64":
             for d in out["data"]:
                 d["embedding"] = base64.b64encode(np.asarray(d["embedding"], dtype="<f4").tobytes()).decode()
         return out
 
-    @app.post("/v1/chat/completions")
-    async def chat(body: ChatBody, request: Request) -> Any:
-        msgs = [m.model_dump(exclude_none=True) for m in body.messages]
-        for m in msgs:   # content parts: keep the text ones
-            if isinstance(m.get("content"), list):
-                m["content"] = "".join(p.get("text", "") for p in m["content"] if p.get("type") == "text")
+    async def chat(self, body: ChatBody) -> Any:
+        model = self.model
+        self.check_model(body.model)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         try:
             tools = await asyncio.to_thread(model.tool_request, body.tools, body.tool_choice, body.parallel_tool_calls)
         except ToolError as e:
@@ -459,16 +439,36 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
         except GrammarError as e:
             raise ApiError(400, f"a tool's parameters: {e}", param="tools", code="invalid_tools") from None
         try:
-            prompt = model.apply_chat_template(msgs, tools=tools)
-        except Exception as e:  # noqa: BLE001 - a template that rejects these messages is the client's input
+            tokens = model.chat_tokens([m.model_dump(exclude_none=True) for m in body.messages], tools)
+        except ChatTemplateError as e:
             raise ApiError(400, f"the chat template rejected the messages: {e}", param="messages") from None
-        tokens = model.tokenize(prompt, add_bos=True, special=True)
-        check(body, len(tokens))
-        if body.top_logprobs is not None and not body.logprobs:
-            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        return await run(body, [tokens], chat=True, logprobs=(body.top_logprobs or 0) if body.logprobs else None,
-                         tools=tools)
+        self.check_prompt(tokens)
+        return await self.run(body, [tokens], chat=True, tools=tools,
+                              logprobs=(body.top_logprobs or 0) if body.logprobs else None)
 
+
+def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, max_queue: int = 64,
+               batch_tokens: int = 512) -> FastAPI:
+    """The FastAPI app serving `model` (closed with the app)."""
+    engine = Engine(model, parallel=parallel, max_queue=max_queue, batch_tokens=batch_tokens)
+    routes = Routes(model, engine, model_id or os.path.basename(model.path))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> Any:
+        yield
+        engine.stop()
+
+    app = FastAPI(title="superggml", version="0.1.0", lifespan=lifespan)
+    app.state.engine = engine
+    app.state.model = model
+    add_error_handlers(app)
+    app.get("/health")(routes.health)
+    app.get("/v1/models")(routes.models)
+    app.get("/v1/models/{name}")(routes.model_info)
+    app.get("/metrics")(routes.metrics)
+    app.post("/v1/completions")(routes.completions)
+    app.post("/v1/embeddings")(routes.embeddings)
+    app.post("/v1/chat/completions")(routes.chat)
     return app
 
 

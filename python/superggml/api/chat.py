@@ -33,6 +33,18 @@ def _tojson(value: Any, indent: int | None = None, separators: Any = None, sort_
     return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
 
 
+def text_content(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The messages with OpenAI's content parts ([{"type": "text", "text": ...}, ...]) joined into their text."""
+    out: list[Mapping[str, Any]] = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if isinstance(content, list):
+            m = {**m, "content": "".join(p.get("text", "") for p in content
+                                         if isinstance(p, Mapping) and p.get("type") == "text")}
+        out.append(m)
+    return out
+
+
 class ChatTemplate:
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = ""):
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,

@@ -8,10 +8,13 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import ContextLengthError
 from ..generation.batch import BatchScheduler, Request
 from ..generation.decode import generate_step
 from ..generation.grammar import Grammar, GrammarError, GrammarVocab, grammar_from
 from ..generation.sampling import log_softmax
+from ..runtime.sequences import check_tokens
+from .chat import text_content
 from .choices import Choice, LogprobEntry, check_logprobs, logprob_entry, sampling_options, stop_list
 from .reply import Reply
 from .tools import ToolFormat, ToolRequest, parse_tools, resolve_tool_choice, tool_format
@@ -94,7 +97,7 @@ class Completions:
         req = self.tool_request(tools, tool_choice, parallel_tool_calls)
         constraint = self.chat_constraint(req, grammar=grammar, json_schema=json_schema, regex=regex,
                                           response_format=response_format)
-        tokens = self.tokenize(self.apply_chat_template(messages, tools=req), add_bos=True, special=True)
+        tokens = self.chat_tokens(messages, req)
         stops = stop_list(stop)
         sampling = sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                     repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
@@ -183,8 +186,14 @@ class Embeddings:
         items = list(x) if many else [x]
         if not items:
             raise ValueError(f"the {what} is empty")
-        return many, [self.tokenize(i, add_bos=add_bos, special=special) if isinstance(i, str)
-                      else [int(t) for t in i] for i in items]
+        out = []
+        for i, item in enumerate(items):
+            if isinstance(item, str):
+                out.append(self.tokenize(item, add_bos=add_bos, special=special))
+            else:
+                check_tokens(item, self.n_vocab, f"{what} {i}: token id" if many else f"{what} token id")
+                out.append([int(t) for t in item])
+        return many, out
 
     def embed_tokens(self, toks: list[list[int]], pooling: str, normalize: bool, batch_size: int) -> list[list[float]]:
         """embed() of token lists: one vector each."""
@@ -194,9 +203,7 @@ class Embeddings:
             if not t:
                 raise ValueError(f"input {i} has no tokens")
             if len(t) > self.n_ctx:
-                raise ValueError(f"input {i} has {len(t)} tokens; ctx_size is {self.n_ctx}")
-            if any(not 0 <= x < self.n_vocab for x in t):
-                raise ValueError(f"input {i}: token ids must be in [0, {self.n_vocab})")
+                raise ContextLengthError(f"input {i} has {len(t)} tokens; ctx_size is {self.n_ctx}")
         out: list[list[float]] = []
         for b0 in range(0, len(toks), max(1, batch_size)):
             rows = self.runtime.eval_scratch(toks[b0:b0 + batch_size], logits_all=pooling == "mean", embed=True)
@@ -248,8 +255,13 @@ class Constraints:
         offered = req.tools if req is not None and req.active else []
         fmt = self.tool_format
         extra = {"tools": fmt.template_tools(offered)} if offered else {}
-        return self.chat_template.render(fmt.messages(messages, offered), add_generation_prompt=add_generation_prompt,
-                                         **extra)
+        return self.chat_template.render(fmt.messages(text_content(messages), offered),
+                                         add_generation_prompt=add_generation_prompt, **extra)
+
+    def chat_tokens(self, messages: Sequence[Mapping[str, Any]], tools: ToolRequest | None = None) -> list[int]:
+        """The prompt of a chat completion: the conversation as the template writes it, tokenized (special tokens
+        parsed). ChatTemplateError if the template rejects the messages."""
+        return self.tokenize(self.apply_chat_template(messages, tools=tools), add_bos=True, special=True)
 
     @property
     def tool_format(self) -> ToolFormat:

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import ContextLengthError
 from .memory import SequenceMemory
 
 
@@ -124,7 +125,7 @@ class Sequences:
         if n == 0:
             raise ValueError("eval needs at least one token")
         if seq.n_past + n > self.ctx_size:
-            raise ValueError(f"context overflow{where}: {seq.n_past} cached + {n} new tokens > ctx_size "
+            raise ContextLengthError(f"context overflow{where}: {seq.n_past} cached + {n} new tokens > ctx_size "
                              f"{self.ctx_size}")
         check_tokens(tokens, self.n_vocab)
 
