@@ -140,7 +140,7 @@ def test_rpc_batched_sequences_equal_alone(servers, smollm2_path):
         batch = m.runtime.eval_batch([(i + 1, p) for i, p in enumerate(prompts)])
         alone = []
         for i, p in enumerate(prompts):
-            m.runtime.use_sequence(10 + i)
+            m.runtime.sequences.use(10 + i)
             alone.append(m.runtime.eval(p).copy())
     for x, y in zip(batch, alone):
         assert np.array_equal(x, y)

@@ -114,6 +114,10 @@ def test_chat_and_chat_stream(client, reference):
     text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
         model="SmolLM2-135M-Instruct.Q4_1.gguf", messages=msgs, max_tokens=24, temperature=0, stream=True))
     assert text == reference[1]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Name a "}, {"type": "text", "text": "color."}]}]
+    r = client.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1.gguf", messages=parts, max_tokens=24,
+                                       temperature=0)
+    assert r.choices[0].message.content == reference[1]
 
 
 def test_health_models_metrics(server):
@@ -137,6 +141,9 @@ def test_health_models_metrics(server):
     ({"prompt": "word " * 600}, 400, "context_length_exceeded"),
     ({"prompt": "hi", "model": "gpt-4"}, 404, "model_not_found"),
     ({"prompt": [999999]}, 400, None),
+    ({"prompt": []}, 400, None),
+    ({"prompt": [[1, 2], []]}, 400, None),
+    ({"prompt": ["hi", [5, -1]]}, 400, None),
 ])
 def test_bad_requests_get_openai_errors(server, body, status, code):
     content = body if isinstance(body, str) else json.dumps(body)

@@ -369,18 +369,18 @@ class Model(Completions, Embeddings, Constraints):
         server interleaves requests this way): pages of the paged KV cache, or without it K/V storage of
         ctx_size tokens each."""
         self.check_open()
-        self.runtime.use_sequence(seq)
+        self.runtime.sequences.use(seq)
 
     def drop_sequence(self, seq: int) -> None:
         """Frees the cached context of `seq` (its KV pages); the current sequence is emptied instead."""
         self.check_open()
-        self.runtime.drop_sequence(seq)
+        self.runtime.sequences.drop(seq)
 
     def truncate(self, n: int) -> int:
         """Keeps the first `n` tokens of the current sequence's context, freeing the K/V after them; returns
         the tokens kept (none when sliding-window layers already freed keys position `n` needs: see swa_full)."""
         self.check_open()
-        return self.runtime.truncate(n)
+        return self.runtime.sequences.truncate(n)
 
     def reset(self) -> None:
         """Forgets the cached context."""

@@ -159,7 +159,7 @@ class BatchScheduler:
         """step() for one decoding completion with a speculator: its sequence becomes the model's current one
         for one speculative step (the pending token and a draft in one pass, the accepted tokens kept)."""
         m = self.model
-        m.runtime.use_sequence(c.seq)
+        m.runtime.sequences.use(c.seq)
         toks = m.speculator.step(m, c.pending[0], c.sampler)
         piece = ""
         for tok in toks:

@@ -26,7 +26,7 @@ def prefill(model: Any, tokens: Sequence[int]) -> np.ndarray:
     tokens = list(tokens)
     if not tokens:
         raise ValueError("the prompt is empty")
-    keep = model.runtime.keep_prefix(tokens)
+    keep = model.runtime.sequences.keep_prefix(tokens)
     return model.eval(tokens[keep:], logits_all=False)[-1]
 
 

@@ -110,7 +110,7 @@ class ModelDrafter(Drafter):
         new tokens (the last step's) go in one eval_rows pass, each row as if fed alone, as the model checked
         them; a prompt in one eval, but its last token alone, as the model fed it: a self-draft agrees exactly."""
         ex = self.model.runtime
-        new = list(context[ex.keep_prefix(context):])
+        new = list(context[ex.sequences.keep_prefix(context):])
         if len(new) <= CATCH_UP_ROWS:
             return ex.eval_rows(new)[-1]
         ex.eval(new[:-1])
@@ -324,7 +324,7 @@ class Speculator:
         if nxt is None:
             nxt = sampler.sample(rows[len(draft)], context + out)
         if draft:
-            kept = ex.truncate(base + 1 + len(out))
+            kept = ex.sequences.truncate(base + 1 + len(out))
             if kept < base + 1 + len(out):            # sliding-window keys already freed: feed them again
                 ex.eval((context + out)[kept:])
         self.on_step(len(draft), len(out))

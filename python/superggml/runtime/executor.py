@@ -169,18 +169,6 @@ class Executor:
         return d
 
     # -- sequences --------------------------------------------------------------
-    def truncate(self, n: int) -> int:
-        return self.sequences.truncate(n)
-
-    def use_sequence(self, seq: int) -> None:
-        self.sequences.use(seq)
-
-    def drop_sequence(self, seq: int) -> None:
-        self.sequences.drop(seq)
-
-    def keep_prefix(self, tokens: Sequence[int]) -> int:
-        return self.sequences.keep_prefix(tokens)
-
     # -- plans ------------------------------------------------------------------
     def plan(self, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None = None,
              embed: bool = False) -> Plan:

@@ -198,22 +198,30 @@ class Plan:
         for il in range(hp.n_layer):
             rows = n_last if il == hp.n_layer - 1 else self.n
             key = Block(il) if paged else None
-            kv = ex.memory.layer_tensors(il, self.n_lanes)
             if placement.experts is not None:
+                kv = ex.memory.layer_tensors(il, self.n_lanes)
                 moe.build_paged_block(self, arch, w, il, rows, key, kv, placement)
                 continue
-            self.graph(lambda ctx, gf, act, act_out, inp, il=il, kv=kv: ctx.cpy(
-                arch.build_block(ctx, gf, w, inp, il, act, *kv), act_out), "block",
-                rows_out=rows, key=key, layer=il, dev=ex.layer_device[il], group=il)
+            self.graph(lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(self.block(ctx, gf, inp, il, act), act_out),
+                       "block", rows_out=rows, key=key, layer=il, dev=ex.layer_device[il], group=il)
         if self.n_out and paged and not self.embed:
             self.build_chunked_head()
         elif self.n_out:
-            def head(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs) -> Any:
-                out = arch.build_output_norm(ctx, w, act) if self.embed else arch.build_output(ctx, w, inp, act)
-                out.set_output()
-                return out
-            self.logits = self.graph(head, "head", rows_in=self.n_out, rows_out=self.n_out, dev=ex.layer_device[-1],
+            self.logits = self.graph(lambda ctx, gf, act, act_out, inp: self.head(ctx, inp, act), "head",
+                                     rows_in=self.n_out, rows_out=self.n_out, dev=ex.layer_device[-1],
                                      group=hp.n_layer)
+
+    def block(self, ctx: Any, gf: Any, inp: StepInputs, il: int, x: Any) -> Any:
+        """Block il's output over x: the family's graph, over the layer's sequence memory."""
+        ex = self.ex
+        return ex.arch.build_block(ctx, gf, ex.weights, inp, il, x, *ex.memory.layer_tensors(il, self.n_lanes))
+
+    def head(self, ctx: Any, inp: StepInputs, x: Any) -> Any:
+        """The output rows x to logits (or, embedding, to the output norm), marked as the graph's output."""
+        arch, w = self.ex.arch, self.ex.weights
+        out = arch.build_output_norm(ctx, w, x) if self.embed else arch.build_output(ctx, w, inp, x)
+        out.set_output()
+        return out
 
     def whole(self) -> Any:
         """The micro-batch as one graph, built on first use, as llama.cpp builds it: each block's output is
@@ -222,18 +230,16 @@ class Plan:
         weights on one device (the paged paths need to act between blocks); whole_logits holds the logits."""
         if self.whole_graph is None:
             ex = self.ex
-            hp, arch, w, inp = ex.hp, ex.arch, ex.weights, self.all_inputs[0]
-            w.device = 0
+            inp = self.all_inputs[0]
+            ex.weights.device = 0
             size = 2 * sum(s.graph.n_nodes for s in self.steps) + 512
             ctx = native.Context(max_tensors=size, graph_size=size)
             gf = ctx.new_graph()
-            x = arch.build_embed(ctx, w, inp)
-            for il in range(hp.n_layer):
-                x = arch.build_block(ctx, gf, w, inp, il, x, *ex.memory.layer_tensors(il, self.n_lanes))
+            x = ex.arch.build_embed(ctx, ex.weights, inp)
+            for il in range(ex.hp.n_layer):
+                x = self.block(ctx, gf, inp, il, x)
             if inp.n_outputs:
-                x = arch.build_output_norm(ctx, w, x) if self.embed else arch.build_output(ctx, w, inp, x)
-                x.set_output()
-                self.whole_logits = x
+                x = self.whole_logits = self.head(ctx, inp, x)
             gf.expand(x)
             self.keep.append(ctx)
             self.whole_graph = gf

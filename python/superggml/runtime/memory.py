@@ -131,7 +131,16 @@ class KVLanes:
         return [self.k[j][il] for j in range(n_lanes)], [self.v[j][il] for j in range(n_lanes)]
 
 
-class ContiguousKV(SequenceMemory):
+class LanedKV(SequenceMemory):
+    """A K/V memory whose graphs read KVLanes."""
+
+    lanes: KVLanes
+
+    def layer_tensors(self, il: int, n_lanes: int) -> tuple[Any, Any]:
+        return self.lanes.layer(il, n_lanes)
+
+
+class ContiguousKV(LanedKV):
     """K/V storage of ctx_size tokens per sequence and layer, on its layer's device (`layer_device`), allocated
     zeroed on first use (sequence 0's at once); lanes are aliased to it before a pass."""
 
@@ -162,9 +171,6 @@ class ContiguousKV(SequenceMemory):
                     keep.append(buf)
             st = self.store[seq] = (ks, vs, keep)
         return st[0], st[1]
-
-    def layer_tensors(self, il: int, n_lanes: int) -> tuple[Any, Any]:
-        return self.lanes.layer(il, n_lanes)
 
     def bind(self, seqs: Sequence[int]) -> None:
         self.lanes.ensure(len(seqs))
@@ -242,7 +248,7 @@ class KVPages:
         return dict(self.core.stats())
 
 
-class PagedKV(SequenceMemory):
+class PagedKV(LanedKV):
     """Paged K/V: each device's KVPages pages the layers of its blocks (`parts`: (KVPages, its first layer), in
     layer order); lanes are bound to frames as each layer runs."""
 
@@ -259,9 +265,6 @@ class PagedKV(SequenceMemory):
             if layer >= f:
                 return p, layer - f
         raise IndexError(layer)
-
-    def layer_tensors(self, il: int, n_lanes: int) -> tuple[Any, Any]:
-        return self.lanes.layer(il, n_lanes)
 
     def bind(self, seqs: Sequence[int]) -> None:
         self.lanes.ensure(len(seqs))
