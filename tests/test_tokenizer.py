@@ -805,7 +805,7 @@ def test_spm_equal_scores_match_llama_cpp(tmp_path):
         toks.append(Tokenizer.from_metadata(meta))
     bad = []
     for tok, ref in zip(toks, run_reference(jobs)):
-        assert not tok.spm_by_word  # tokens like "a▁b": the text is tokenized whole
+        assert not tok.encoder.by_word  # tokens like "a▁b": the text is tokenized whole
         bad += encode_mismatches(tok, ref, corpus, [(False, False)])
     assert not bad, f"{len(bad)} of {3 * len(corpus)} differ, first: {bad[:3]}"
 
