@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa
 
 from .api.chat import ChatTemplateError
 from .api.choices import MAX_LOGPROBS, sampling_options, stop_list
+from .api.completions import echo_texts
 from .api.reply import Reply
 from .api.tools import ToolError, ToolRequest
 from .generation.batch import BatchScheduler, Completion
@@ -397,14 +398,13 @@ class Routes:
     async def completions(self, body: CompletionBody) -> Any:
         self.check_model(body.model)
         try:
-            many, token_lists = self.model.input_tokens(body.prompt, "prompt", add_bos=True, special=True)
+            _, token_lists = self.model.input_tokens(body.prompt, "prompt", add_bos=True, special=True)
         except ValueError as e:
             raise ApiError(400, str(e), param="prompt") from None
         for tokens in token_lists:
             self.check_prompt(tokens)
-        prompts = list(body.prompt) if many else [body.prompt]
-        echo = [x if body.echo and isinstance(x, str) else "" for x in prompts for _ in range(body.n)]
-        return await self.run(body, token_lists, chat=False, echo=echo, logprobs=body.logprobs,
+        return await self.run(body, token_lists, chat=False, echo=echo_texts(body.prompt, body.echo, body.n),
+                              logprobs=body.logprobs,
                               echo_logprobs=body.echo and body.logprobs is not None)
 
     async def embeddings(self, body: EmbeddingBody) -> Any:

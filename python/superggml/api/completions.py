@@ -27,6 +27,13 @@ def is_list_of_inputs(x: Any) -> bool:
     return not isinstance(x, str) and len(x) > 0 and not isinstance(x[0], (int, np.integer))
 
 
+def echo_texts(prompt: Any, echo: bool, n: int) -> list[str]:
+    """The text each choice of a completion echoes (choice index = prompt * n + j): its prompt when echo is on and
+    the prompt is a string, else ""."""
+    prompts = list(prompt) if is_list_of_inputs(prompt) else [prompt]
+    return [p if echo and isinstance(p, str) else "" for p in prompts for _ in range(n)]
+
+
 class Completions:
     """create_completion and create_chat_completion (mixed into Model)."""
 
@@ -58,18 +65,17 @@ class Completions:
         check_logprobs(logprobs, "logprobs")
         constraint = self.grammar(grammar=grammar, json_schema=json_schema, regex=regex,
                                   response_format=response_format)
-        many, tokens = self.input_tokens(prompt, "prompt", add_bos=add_bos, special=True)
-        prompts = list(prompt) if many else [prompt]
+        _, tokens = self.input_tokens(prompt, "prompt", add_bos=add_bos, special=True)
         stops = stop_list(stop)
         sampling = sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                     repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                     presence_penalty=presence_penalty, seed=seed)
-        echo_texts = [p if (echo and isinstance(p, str)) else "" for p in prompts for _ in range(n)]
         prompt_lp = None
         if echo and logprobs is not None:
             per_prompt = [self.prompt_logprobs(t, logprobs) for t in tokens]
             prompt_lp = [per_prompt[i] for i in range(len(tokens)) for _ in range(n)]
-        return self.complete(tokens, n, max_tokens, stops, sampling, stream=stream, chat=False, echo=echo_texts,
+        return self.complete(tokens, n, max_tokens, stops, sampling, stream=stream, chat=False,
+                              echo=echo_texts(prompt, echo, n),
                               logprobs=logprobs, prompt_logprobs=prompt_lp, grammar=constraint)
 
     def create_chat_completion(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int | None = None,

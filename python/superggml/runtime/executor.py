@@ -168,7 +168,6 @@ class Executor:
         d.update(self.placement.stats())
         return d
 
-    # -- sequences --------------------------------------------------------------
     # -- plans ------------------------------------------------------------------
     def plan(self, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None = None,
              embed: bool = False) -> Plan:

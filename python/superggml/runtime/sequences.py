@@ -126,7 +126,7 @@ class Sequences:
             raise ValueError("eval needs at least one token")
         if seq.n_past + n > self.ctx_size:
             raise ContextLengthError(f"context overflow{where}: {seq.n_past} cached + {n} new tokens > ctx_size "
-                             f"{self.ctx_size}")
+                                     f"{self.ctx_size}")
         check_tokens(tokens, self.n_vocab)
 
 
