@@ -217,8 +217,7 @@ class Engine:
             try:
                 with self.lock:
                     if job.echo_logprobs:        # one pass over each prompt, on a scratch sequence
-                        lp = [self.model.prompt_logprobs(p, req.logprobs or 0) for p in req.prompts]
-                        job.reply.prompt_lp = [lp[i // req.n] for i in range(req.n_choices)]
+                        job.reply.prompt_lp = self.model.echo_logprobs(req.prompts, req.logprobs or 0, req.n)
                     job.running = self.scheduler.add(req)
                 for c in job.reply.opening():    # the echoed prompts (with their logprobs): the first chunks
                     self.send(job, c)

@@ -70,10 +70,7 @@ class Completions:
         sampling = sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                     repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                     presence_penalty=presence_penalty, seed=seed)
-        prompt_lp = None
-        if echo and logprobs is not None:
-            per_prompt = [self.prompt_logprobs(t, logprobs) for t in tokens]
-            prompt_lp = [per_prompt[i] for i in range(len(tokens)) for _ in range(n)]
+        prompt_lp = self.echo_logprobs(tokens, logprobs, n) if echo and logprobs is not None else None
         return self.complete(tokens, n, max_tokens, stops, sampling, stream=stream, chat=False,
                               echo=echo_texts(prompt, echo, n),
                               logprobs=logprobs, prompt_logprobs=prompt_lp, grammar=constraint)
@@ -160,6 +157,11 @@ class Completions:
         else:
             piece = choice.flush()
         yield piece, choice.finish, choice.n, choice.take()
+
+    def echo_logprobs(self, prompts: Sequence[Sequence[int]], k: int, n: int) -> list[list[LogprobEntry]]:
+        """prompt_logprobs of each choice's prompt (choice index = prompt * n + j), one pass per prompt."""
+        per_prompt = [self.prompt_logprobs(p, k) for p in prompts]
+        return [lp for lp in per_prompt for _ in range(n)]
 
     def prompt_logprobs(self, prompt: Sequence[int], k: int) -> list[LogprobEntry]:
         """The prompt's tokens with their logprobs under the model (raw logits: no penalties, temperature 1;
