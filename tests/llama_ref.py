@@ -67,11 +67,14 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
         out = {}
         for i, toks in enumerate(req["prompts"]):
             llm.reset()
+            split = req.get("split", 0)     # a prefix in one batch first
+            if split:
+                llm.eval(toks[:split])
             if req.get("one_by_one"):
-                for t in toks:
+                for t in toks[split:]:
                     llm.eval([t])
             else:
-                llm.eval(toks)
+                llm.eval(toks[split:])
             out[f"logits{i}"] = np.array(llm.scores[: len(toks)], dtype=np.float32)
         return out
     if kind == "embed":       # llama.cpp's embeddings: the final norm's output, pooled (mean 1, last 3)

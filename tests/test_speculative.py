@@ -51,9 +51,29 @@ def test_eval_rows_equal_feeding_one_by_one(smollm2_path, config):
         assert m.n_tokens == len(p) + len(toks)
 
 
+def test_a_check_pass_computes_what_llama_cpp_computes_for_a_batch(smollm2_path, qwen_path):
+    """Without batch_invariant a draft is checked with the kernels of any batch, as llama.cpp checks one: its rows
+    are llama.cpp's logits of the same tokens fed after the same prefix in one batch (so they differ from
+    feeding the tokens one by one exactly as much as llama.cpp's do)."""
+    import llama_ref
+
+    for path in (smollm2_path, qwen_path):
+        with Model(path, ctx_size=256, n_threads=2) as m:
+            toks = m.tokenize(PROMPT + "    if n < 2:\n        return n\n")
+            m.eval(toks[:-6])
+            ours = m.runtime.eval_check(toks[-6:]).copy()
+            m.truncate(len(toks) - 6)
+            solo = np.stack([m.eval([t])[-1].copy() for t in toks[-6:]])
+        ref = llama_ref.run(dict(kind="logits", model=str(path), prompts=[toks], split=len(toks) - 6))["logits0"]
+        assert np.array_equal(ours, ref[-6:])
+        ref1 = llama_ref.run(dict(kind="logits", model=str(path), prompts=[toks], split=len(toks) - 6,
+                                   one_by_one=True))["logits0"]
+        assert np.array_equal(solo, ref1[-6:])
+
+
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_self_draft_is_plain_greedy_and_always_accepted(smollm2_path, config):
-    kw = dict(ctx_size=256, n_threads=2, **CONFIGS[config])
+    kw = dict(ctx_size=256, n_threads=2, batch_invariant=True, **CONFIGS[config])
     with Model(smollm2_path, **kw) as m:
         plain = greedy(m, PROMPT, 40)
     with Model(smollm2_path, draft_model=smollm2_path, draft_k=4, **kw) as m:
@@ -67,7 +87,7 @@ def test_self_draft_is_plain_greedy_and_always_accepted(smollm2_path, config):
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_prompt_lookup_is_plain_greedy(smollm2_path, config):
-    kw = dict(ctx_size=256, n_threads=2, **CONFIGS[config])
+    kw = dict(ctx_size=256, n_threads=2, batch_invariant=True, **CONFIGS[config])
     with Model(smollm2_path, **kw) as m:
         plain = greedy(m, REWRITE, 40)
     with Model(smollm2_path, lookup_ngram=3, draft_k=4, **kw) as m:
@@ -98,17 +118,30 @@ def test_lookup_drafter_continues_the_latest_longest_match():
 
 def test_draft_length_goes_long_when_a_pass_is_expensive_and_short_when_not():
     slow = DraftLength(1, 16)
-    for k in (1, 4, 8):
+    assert slow.choose(100) == 0                  # plain passes first, then two rows
+    for k in (0, 1, 4, 8):
+        slow.on_pass(k + 1, 9.0)                  # the first pass of a row count also built its graphs
         slow.on_pass(k + 1, 1.0 + 0.002 * k)
     slow.on_draft(4, 0.04)
     slow.on_check(8, 7)
     assert slow.choose(100) >= 8
     fast = DraftLength(1, 16)
-    for k in (1, 4, 8):
-        fast.on_pass(k + 1, 0.04 + 0.03 * (k + 1))
+    for k in (0, 1, 4, 8):
+        for _ in range(2):
+            fast.on_pass(k + 1, 0.04 + 0.03 * (k + 1))
     fast.on_draft(4, 0.2)
     fast.on_check(8, 2)
     assert fast.choose(100) == 0
+    # what a step spends outside its pass counts: extra rows that cost 90% of a pass pay with a step's sampling
+    # and output on top, and not without
+    mid = DraftLength(1, 16)
+    for k in (0, 1, 2):
+        for _ in range(2):
+            mid.on_pass(k + 1, 0.002 + 0.018 * (k + 1))
+    mid.on_check(8, 5)
+    assert mid.choose(100) == 0
+    mid.on_between(0.05)
+    assert mid.choose(100) > 0
 
 
 @pytest.mark.parametrize("q_kind", ["point", "spread"])
@@ -195,7 +228,8 @@ def test_server_speculates_for_a_lone_request_and_answers_as_plain(smollm2_path)
     import httpx
     from test_server import Server
 
-    kw = dict(ctx_size=256, n_threads=2, paged_kv=True, kv_page_size=16, kv_device_layers=4 * 30)
+    kw = dict(ctx_size=256, n_threads=2, paged_kv=True, kv_page_size=16, kv_device_layers=4 * 30,
+              batch_invariant=True)
     with Model(smollm2_path, **kw) as m:
         plain = greedy(m, REWRITE, 32)
     with Model(smollm2_path, lookup_ngram=3, draft_k=4, **kw) as m:

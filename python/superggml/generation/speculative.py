@@ -6,8 +6,9 @@ a pass that checks k drafted tokens costs about what one token costs; each accep
 - Drafters: a draft model with the same vocabulary (llama.cpp's compatibility rule), or prompt lookup (the
   continuation of the latest earlier match of the context's last n-gram). Both draft deterministically (the
   draft model greedily), so the draft distribution q is one point.
-- Verification (Speculator.step): the draft is fed to the model with Executor.eval_rows, each token a lane of its own,
-  so row i's logits are those of feeding the tokens one by one. Greedy keeps the longest prefix that matches
+- Verification (Speculator.step): the draft is fed to the model in one pass (Executor.eval_check): with the kernels
+  of any batch, as llama.cpp checks a draft; with batch_invariant each token in a lane of its own, so row i's
+  logits are those of feeding the tokens one by one. Greedy keeps the longest prefix that matches
   the model's choices plus the model's own next token: the output is that of plain decoding. Sampling accepts
   a drafted token d with probability min(1, p(d) / q(d)) and otherwise draws from the residual max(0, p - q),
   normalised (speculative sampling): each token is distributed as the model's sampler would draw it.
@@ -107,12 +108,12 @@ class ModelDrafter(Drafter):
 
     def _catch_up(self, context: Sequence[int]) -> np.ndarray:
         """Brings the draft's sequence to `context` (its cached prefix kept) and returns the last logits. A few
-        new tokens (the last step's) go in one eval_rows pass, each row as if fed alone, as the model checked
+        new tokens (the last step's) go in one eval_check pass, as the model checked
         them; a prompt in one eval, but its last token alone, as the model fed it: a self-draft agrees exactly."""
         ex = self.model.runtime
         new = list(context[ex.sequences.keep_prefix(context):])
         if len(new) <= CATCH_UP_ROWS:
-            return ex.eval_rows(new)[-1]
+            return ex.eval_check(new)[-1]
         ex.eval(new[:-1])
         return ex.eval(new[-1:])[-1]
 
@@ -166,12 +167,14 @@ def accept(sampler: Sampler, p: tuple[np.ndarray, np.ndarray], d: int,
 class DraftLength:
     """Chooses k, the tokens to draft this step, for the most tokens per second: with acceptance rate a per
     drafted token (each is checked only when the ones before it were accepted), a step yields
-    (1 - a^(k+1)) / (1 - a) tokens and costs pass(k + 1) + k * draft_s, pass(rows) = fixed + per_row * rows
-    (each measured row count's moving average, a line fitted to them for the others). The first step is plain and the
-    second checks a free guess (the last token again), to measure a pass of one row and of two before any
-    drafting is paid for. k = 0 (a plain step) when no draft pays (on 2 cores every row of a resident
-    model's pass costs about a whole pass); then a probe drafts k_min now and then, every PROBE steps at
-    first, twice as rarely after each probe that did not pay."""
+    (1 - a^(k+1)) / (1 - a) tokens and costs pass(k + 1) + k * draft_s + step_s, pass(rows) = fixed + per_row *
+    rows, step_s the time a step spends outside its pass and draft (sampling, the caller's work on each token)
+    (each measured row count's moving average, a line fitted to them for the others; the first pass of a
+    row count built its graphs, so the second replaces it). The first two steps are plain and the next two
+    check a free guess (the last token again), to measure passes of one row and of two before any drafting is
+    paid for. k = 0 (a plain step) when no draft pays (on 2 cores a resident model's extra rows cost about
+    half a pass each); then a probe drafts k_min now and then, every PROBE steps at first, twice as rarely
+    after each probe that did not pay."""
 
     PROBE = 16
     PROBE_MAX = 512
@@ -180,8 +183,10 @@ class DraftLength:
     def __init__(self, k_min: int, k_max: int, fixed: int | None = None):
         self.k_min, self.k_max, self.fixed = k_min, k_max, fixed
         self.passes: dict[int, float] = {}      # rows -> seconds of such a pass (moving average)
+        self.samples: dict[int, int] = {}       # rows -> passes measured
         self.accepted, self.checked = self.PRIOR_ACCEPT
         self.draft_s: float | None = None
+        self.step_s = 0.0
         self.plain_steps = 0
         self.probe_every = self.PROBE
 
@@ -194,9 +199,17 @@ class DraftLength:
             s = seconds / n
             self.draft_s = s if self.draft_s is None else 0.8 * self.draft_s + 0.2 * s
 
+    def on_between(self, seconds: float) -> None:
+        """A step spent `seconds` outside its pass and its draft."""
+        self.step_s = 0.8 * self.step_s + 0.2 * seconds if self.step_s else seconds
+
     def on_pass(self, rows: int, seconds: float) -> None:
+        """A pass of `rows` took `seconds`. The first of each row count also built its graphs: the second
+        replaces it."""
+        n = self.samples.get(rows, 0)
+        self.samples[rows] = n + 1
         old = self.passes.get(rows)
-        self.passes[rows] = seconds if old is None else 0.8 * old + 0.2 * seconds
+        self.passes[rows] = seconds if n < 2 else 0.8 * old + 0.2 * seconds
 
     def on_check(self, drafted: int, accepted: int) -> None:
         decay = 0.98 ** drafted           # recent steps weigh more
@@ -217,8 +230,9 @@ class DraftLength:
 
     @property
     def probing(self) -> bool:
-        """No pass of several rows measured yet: the next draft may be any guess (its cost is the point)."""
-        return self.fixed is None and all(r == 1 for r in self.passes)
+        """A pass of two rows not yet measured (twice: the first also built its graphs): the next draft may be
+        any guess (its cost is the point)."""
+        return self.fixed is None and self.samples.get(2, 0) < 2
 
     def costs(self, up_to: int) -> list[float]:
         """Seconds of a pass of 0..up_to rows: each measured row count's average, the fitted line elsewhere."""
@@ -232,14 +246,13 @@ class DraftLength:
             return max(0, min(self.fixed, room))
         if hi < max(self.k_min, 1):
             return 0
-        seen = set(self.passes)
-        if not seen:
-            return 0                                       # a plain pass first: its cost
-        if seen == {1}:
-            return 1                                       # then two rows (DraftLength.probing: a free guess)
+        if self.samples.get(1, 0) < 2:
+            return 0                                       # plain passes first: their cost
+        if self.probing:
+            return 1                                       # then two rows (a free guess)
         draft_s = self.draft_s if self.draft_s is not None else 0.0
         a = min(self.rate, 0.999)
-        cost = self.costs(hi + 1)
+        cost = [c + self.step_s for c in self.costs(hi + 1)]
         plain = 1.0 / max(cost[1], 1e-9)
         best_k, best, ideal = 0, plain, plain
         for k in range(max(self.k_min, 1), hi + 1):
@@ -267,10 +280,9 @@ class Speculator:
         self.drafter = drafter
         self.length = length
         self.steps = self.drafted = self.accepted = self.generated = 0
+        self.last_end, self.next_at = 0.0, (-1, -1)       # when the last step ended; the next step it continues
 
     def timed_draft(self, context: Sequence[int], k: int) -> list[int]:
-        if k and self.length.probing:            # the cost of a pass of two rows, before the drafter's
-            return [int(context[-1])]            # (a draft model's prompt) is paid: the last token again
         t = time.perf_counter()
         out = self.drafter.draft(context, k)[:k] if k else []
         # per drafted token, without the catch-up: after a plain stretch that is its tokens, drafting each
@@ -278,10 +290,12 @@ class Speculator:
         self.length.on_draft(len(out), time.perf_counter() - t - self.drafter.catch_up_s)
         return out
 
-    def on_step(self, drafted: int, accepted: int) -> None:
-        """A step checked `drafted` tokens and kept `accepted` of them, plus one of the model's own."""
+    def on_step(self, drafted: int, accepted: int, probe: bool = False) -> None:
+        """A step checked `drafted` tokens and kept `accepted` of them, plus one of the model's own (probe: a
+        guess to time a pass, which says nothing of the drafter)."""
         if drafted:
-            self.length.on_check(drafted, accepted)
+            if not probe:
+                self.length.on_check(drafted, accepted)
             self.drafted += drafted
             self.accepted += accepted
         self.steps += 1
@@ -301,17 +315,22 @@ class Speculator:
 
     def step(self, model: Model, tok: int, sampler: Sampler) -> list[int]:
         """One speculative step of the model's current sequence after `tok` (chosen, not yet fed): it drafts k
-        tokens, feeds `tok` and the draft in one pass (eval_rows: each row as if fed alone), keeps the drafted
+        tokens, feeds `tok` and the draft in one pass (eval_check), keeps the drafted
         tokens the sampler accepts (accept) and one of the model's own, and truncates the rest from the K/V.
         Returns the accepted drafted tokens and the model's next one (last, not fed)."""
+        t0 = time.perf_counter()
         ex = model.runtime
         seq = ex.seq
         base = seq.n_past
         context = seq.tokens + [tok]
-        draft = self.timed_draft(context, self.length.choose(model.n_ctx - base - 2))
+        k = self.length.choose(model.n_ctx - base - 2)
+        # probing: the cost of a pass of two rows before the drafter's (a draft model's prompt) is paid
+        probe = bool(k) and self.length.probing
+        draft = [int(context[-1])] if probe else self.timed_draft(context, k)
         t = time.perf_counter()
-        rows = ex.eval_rows([tok] + draft) if draft else ex.eval([tok])
-        self.length.on_pass(len(draft) + 1, time.perf_counter() - t)
+        rows = ex.eval_check([tok] + draft) if draft else ex.eval([tok])
+        pass_s = time.perf_counter() - t
+        self.length.on_pass(len(draft) + 1, pass_s)
         if model.metrics is not None:
             model.metrics.on_layer_timings(ex.timings)
         out: list[int] = []
@@ -327,5 +346,9 @@ class Speculator:
             kept = ex.sequences.truncate(base + 1 + len(out))
             if kept < base + 1 + len(out):            # sliding-window keys already freed: feed them again
                 ex.eval((context + out)[kept:])
-        self.on_step(len(draft), len(out))
+        self.on_step(len(draft), len(out), probe)
+        end = time.perf_counter()
+        if self.next_at == (seq.id, base):          # the caller's time since the last step counts too
+            self.length.on_between(end - t0 - pass_s - (t - t0) + t0 - self.last_end)
+        self.last_end, self.next_at = end, (seq.id, base + 1 + len(out))
         return out + [nxt]

@@ -359,6 +359,14 @@ class Executor:
         seq.scores = outs[0] if len(outs) == 1 else np.concatenate(outs, axis=0)
         return seq.scores
 
+    def eval_check(self, tokens: Sequence[int]) -> np.ndarray:
+        """Every row's logits F32 [n, n_vocab] of tokens fed to the current sequence, to check a draft: one
+        causal pass, with the kernels of any batch, as llama.cpp checks one; with batch_invariant each row as
+        if fed alone (eval_rows), bit for bit what plain decoding computes."""
+        if self.settings.context.batch_invariant:
+            return self.eval_rows(tokens)
+        return self.eval(tokens, logits_all=True)
+
     def eval_scratch(self, prompts: Sequence[Sequence[int]], *, logits_all: bool = False,
                      embed: bool = False) -> list[np.ndarray]:
         """eval_batch over sequences of their own, dropped afterwards: a pass that leaves every sequence's cache
