@@ -1,16 +1,20 @@
 """Speculative decoding against plain decoding, Qwen2.5-Coder-1.5B, streamed and resident, in one run.
 
-    python bench/speculative.py [--tokens 96] [--budget 256MiB] [--limit ''] [--repeat 3] [--json PATH]
+    python bench/speculative.py [--tokens 96] [--budget 256MiB] [--limit ''] [--repeat 3] [--batch-invariant]
+                                [--no-llama] [--json PATH]
 
 Each (target, task) runs in a child process of its own, which alternates plain and speculative runs --repeat
 times on the same model (a fresh speculator each time): the file in the page cache unless --limit, which runs it
 in a memory cgroup of that size with the page cache dropped and O_DIRECT reads:
 - code completion (a function to write), plain vs the Qwen2.5-Coder-0.5B draft model (resident);
 - a rewrite-this-code prompt, plain vs prompt lookup (lookup_ngram 4);
-each with the target streamed at device_budget --budget and resident. Greedy; batch_invariant on, so every
+each with the target streamed at device_budget --budget and resident. Greedy. By default drafts are checked with
+llama.cpp's kernels, as llama.cpp checks them; --batch-invariant checks them bit-exactly, and then every
 speculative text must equal the plain one (checked). Timed: generation after the prompt. Reports tokens/s,
 the ratio to plain, acceptance, mean k, tokens per pass and bytes streamed per generated token; each the
-median of --repeat runs.
+median of --repeat runs. Beside the resident rewrite row, llama.cpp's own prompt lookup
+(llama-cpp-python's LlamaPromptLookupDecoding, max_ngram_size --lookup-ngram, 2 and 10 tokens drafted)
+against its plain decoding, in a child of its own.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import json, sys, time
 from superggml import Model
 from superggml.generation.speculative import DraftLength, Speculator
 req = json.loads(sys.argv[1])
-kw = dict(ctx_size=1024, n_threads=2, batch_invariant=True, **req["spec"])
+kw = dict(ctx_size=1024, n_threads=2, batch_invariant=req["batch_invariant"], **req["spec"])
 if req["budget"]:
     kw.update(device_budget=req["budget"], async_prefetch=True)
 if req.get("direct"):
@@ -71,6 +75,42 @@ with Model(req["model"], **kw) as m:
     print(json.dumps(runs))
 """
 
+LLAMA_CHILD = r"""
+import json, sys, time
+import llama_cpp
+from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+req = json.loads(sys.argv[1])
+runs = {}
+for k in [0] + req["ks"]:
+    llm = llama_cpp.Llama(req["model"], n_ctx=1024, n_threads=2, n_batch=512, verbose=False,
+                          draft_model=LlamaPromptLookupDecoding(max_ngram_size=req["ngram"], num_pred_tokens=k)
+                          if k else None)
+    toks = llm.tokenize(req["prompt"].encode(), special=True)
+    for _ in range(req["repeat"]):
+        llm.reset()
+        gen = llm.generate(toks, temp=0.0, top_k=1, repeat_penalty=1.0)
+        out = [next(gen)]                  # the prompt's pass, not timed
+        t = time.perf_counter()
+        for _ in range(req["tokens"] - 1):
+            out.append(next(gen))
+        dt = time.perf_counter() - t
+        gen.close()
+        runs.setdefault(str(k), []).append(dict(tok_s=(len(out) - 1) / dt, tokens=out))
+    llm.close()
+print(json.dumps(runs))
+"""
+
+
+def run_llama(req: dict, timeout: float) -> dict:
+    """llama.cpp's plain decoding and its prompt lookup (num_pred_tokens in req["ks"]): runs per k."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", LLAMA_CHILD, json.dumps(req)], capture_output=True, text=True,
+                       timeout=timeout)
+    if r.returncode != 0:
+        return dict(error=f"exit {r.returncode}: {r.stderr[-600:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
 
 def run(req: dict, limit: int | None, timeout: float) -> dict:
     import memcg
@@ -89,6 +129,23 @@ def median_run(runs: list[dict]) -> dict:
     return sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
 
 
+def llama_rows(req: dict, timeout: float) -> dict:
+    """Prints llama.cpp's plain and prompt-lookup rows (the median run of each); returns them."""
+    got = run_llama(req, timeout)
+    label = "llama.cpp (llama-cpp-python)"
+    if "error" in got:
+        print(f"{label:<28} {got['error']}")
+        return dict(llama=got)
+    med = {k: median_run(v) for k, v in got.items()}
+    plain = med["0"]
+    for k, r in med.items():
+        name = "plain" if k == "0" else f"lookup k={k}"
+        same = "" if k == "0" else ("yes" if r["tokens"] == plain["tokens"] else "NO")
+        print(f"{label:<28} {'rewrite':<16} {name:<11} {r['tok_s']:>7.2f} {r['tok_s'] / plain['tok_s']:>7.2f}x "
+              f"{'':>7} {'':>5} {'':>8} {'':>9} {same:>7}", flush=True)
+    return dict(llama={k: dict(tok_s=r["tok_s"]) for k, r in med.items()})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=96)
@@ -100,6 +157,9 @@ def main() -> int:
     ap.add_argument("--streamed", action=argparse.BooleanOptionalAction, default=True, help="the streamed rows")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--repeat", type=int, default=3, help="runs of each row, plain and speculative alternating")
+    ap.add_argument("--batch-invariant", action="store_true", help="check drafts bit-exactly (texts must equal plain)")
+    ap.add_argument("--llama", action=argparse.BooleanOptionalAction, default=True,
+                    help="llama.cpp's own prompt lookup beside the resident rewrite row")
     ap.add_argument("--json")
     a = ap.parse_args()
 
@@ -114,13 +174,15 @@ def main() -> int:
     modes = [(f"streamed {a.budget}" + (f", cgroup {a.limit}" if a.limit else ""), a.budget)] if a.streamed else []
     if a.resident:
         modes.append(("resident", None))
-    print(f"{os.path.basename(path)}: {a.tokens} greedy tokens, 2 threads, batch_invariant", flush=True)
+    kernels = "batch_invariant" if a.batch_invariant else "llama.cpp's kernels"
+    print(f"{os.path.basename(path)}: {a.tokens} greedy tokens, 2 threads, drafts checked with {kernels}", flush=True)
     print(f"{'mode':<28} {'task':<16} {'drafter':<11} {'tok/s':>7} {'vs plain':>8} {'accept':>7} {'k':>5} "
           f"{'tok/pass':>8} {'MB/token':>9} {'= plain':>7}")
     results, ok = [], True
     for mode, budget in modes:
         for task, prompt, name, spec in tasks:
-            base = dict(model=path, prompt=prompt, tokens=a.tokens, budget=budget, direct=bool(limit))
+            base = dict(model=path, prompt=prompt, tokens=a.tokens, budget=budget, direct=bool(limit),
+                        batch_invariant=a.batch_invariant)
             got = run(dict(base, spec=spec, repeat=a.repeat), limit, a.timeout)
             if "error" in got:
                 plain = fast = got
@@ -131,7 +193,7 @@ def main() -> int:
                 ok = False
                 continue
             same = plain["tokens"] == fast["tokens"]
-            ok &= same
+            ok &= same or not a.batch_invariant
             for label, r in (("plain", plain), (name, fast)):
                 ratio = r["tok_s"] / plain["tok_s"]
                 print(f"{mode:<28} {task:<16} {label:<11} {r['tok_s']:>7.2f} {ratio:>7.2f}x "
@@ -141,6 +203,9 @@ def main() -> int:
                       f"{r['bytes_per_token'] / 1e6:>9.1f} {'yes' if same or label == 'plain' else 'NO':>7}",
                       flush=True)
             results.append(dict(mode=mode, task=task, drafter=name, plain=plain, speculative=fast, equal=same))
+            if a.llama and budget is None and task == "rewrite":
+                results.append(llama_rows(dict(model=path, prompt=prompt, tokens=a.tokens, ngram=a.lookup_ngram,
+                                               ks=[2, 10], repeat=a.repeat), a.timeout))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(model=path, draft=draft, tokens=a.tokens, results=results), f, indent=1)
