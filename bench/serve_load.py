@@ -1,13 +1,14 @@
 """Load test of `superggml serve` on loopback: N concurrent streaming clients against one client alone.
 
-    python bench/serve_load.py [--clients 16] [--tokens 16] [--device-budget 128MiB] [--limit 512MiB] [--model PATH]
+    python bench/serve_load.py [--clients 16] [--tokens 16] [--device-budget 128MiB] [--limit 512MiB]
+                               [--model qwen|smollm2|PATH] [--no-batch-invariant]
 
 The server runs in its own process (default: Qwen2.5-Coder-1.5B with --device-budget 128MiB, async prefetch,
 --parallel = clients, --batch-invariant), batching continuously: every engine step is one forward pass over the next token of
 each running request. First each client's prompt (all different) runs alone, one request after another: its
 solo text, and the tokens/s of one client. Then all the clients at once: every response must be complete
 ([DONE]) and equal its solo text; prints aggregate tokens/s, the ratio to one client, and p50/p99 latency of
-whole responses.
+whole responses, and of the time to the first token and between tokens, for one client and for all.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--device-budget", default="128MiB", help="'' for all resident")
-    ap.add_argument("--model", help="GGUF (default: Qwen2.5-Coder-1.5B Q4_K_M)")
+    ap.add_argument("--model", help="qwen (Qwen2.5-Coder-1.5B Q4_K_M, the default), smollm2 or a GGUF's path")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-batch-invariant", action="store_true",
                     help="serve without --batch-invariant (faster kernels from 8 rows on, texts may differ from solo)")
@@ -49,6 +50,8 @@ def main() -> int:
                     "dropped from the page cache first and read with O_DIRECT (a disk-bound pass)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    a.model = {None: str(models.qwen_path()), "qwen": str(models.qwen_path()),
+               "smollm2": str(models.smollm2_path())}.get(a.model, a.model)
     with contextlib.ExitStack() as stack:
         enter = None
         if a.limit:
@@ -84,9 +87,10 @@ def serve_load(a: argparse.Namespace, enter: Any) -> int:
             except httpx.HTTPError:
                 time.sleep(0.1)
 
-        def one(i: int) -> tuple[str, float, int]:
+        def one(i: int) -> tuple[str, float, int, list[float]]:
+            """(text, seconds, tokens, when each token arrived after the request was sent)"""
             t0 = time.perf_counter()
-            text, done, n = "", False, 0
+            text, done, n, at = "", False, 0, []
             with httpx.stream("POST", url + "/v1/completions", timeout=3600,
                               json={"prompt": prompts[i], "max_tokens": a.tokens, "temperature": 0,
                                     "stream": True}) as r:
@@ -96,9 +100,11 @@ def serve_load(a: argparse.Namespace, enter: Any) -> int:
                     elif line.startswith("data: "):
                         ch = json.loads(line[6:])["choices"][0]
                         text += ch["text"]
-                        n += 1 if ch["text"] else 0
+                        if ch["text"]:
+                            n += 1
+                            at.append(time.perf_counter() - t0)
             assert done and r.status_code == 200
-            return text, time.perf_counter() - t0, n
+            return text, time.perf_counter() - t0, n, at
 
         one(0)                                             # warm-up
         t0 = time.perf_counter()
@@ -120,12 +126,21 @@ def serve_load(a: argparse.Namespace, enter: Any) -> int:
         print(f"{a.clients} concurrent streaming clients: {all_tok_s:.2f} tokens/s ({all_tok_s / one_tok_s:.2f}x), "
               f"p50 {statistics.median(lat):.2f} s, p99 {np.percentile(lat, 99):.2f} s; complete and equal to their "
               f"solo text: {equal}/{a.clients}; sequences per pass {metrics1.get('sequences_per_pass')}")
+        lat_ms = {}
+        for label, runs in (("1 client", solo), (f"{a.clients} clients", res)):
+            ttft = [x[3][0] * 1e3 for x in runs if x[3]]
+            itl = [(b - c) * 1e3 for x in runs for b, c in zip(x[3][1:], x[3])]
+            lat_ms[label] = dict(ttft_p50=float(np.percentile(ttft, 50)), ttft_p99=float(np.percentile(ttft, 99)),
+                                 itl_p50=float(np.percentile(itl, 50)), itl_p99=float(np.percentile(itl, 99)))
+            print(f"{label:>11}: time to first token p50 {lat_ms[label]['ttft_p50']:.0f} ms, p99 "
+                  f"{lat_ms[label]['ttft_p99']:.0f} ms; per token p50 {lat_ms[label]['itl_p50']:.0f} ms, p99 "
+                  f"{lat_ms[label]['itl_p99']:.0f} ms")
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(dict(model=path, budget=a.device_budget, limit=a.limit, tokens=a.tokens, clients=a.clients,
                                one_tok_s=one_tok_s, all_tok_s=all_tok_s, p50=statistics.median(lat),
-                               p99=float(np.percentile(lat, 99)), equal=equal), f, indent=1)
-        return 0 if equal == a.clients else 1
+                               p99=float(np.percentile(lat, 99)), equal=equal, latency_ms=lat_ms), f, indent=1)
+        return 0 if equal == a.clients or a.no_batch_invariant else 1
     finally:
         srv.terminate()
         srv.wait(timeout=30)

@@ -63,6 +63,46 @@ def test_eval_batch_matches_each_sequence_alone(smollm2_path, config):
         print(f"{config}: max |dlogit| batch vs alone {worst:.2e}")
 
 
+def test_sequences_on_consecutive_slots_attend_at_once(smollm2_path):
+    """Decode steps of sequences on consecutive K/V slots run one attention (stream_passes); after a drop leaves
+    a hole they run per sequence. Both give each sequence's logits alone, and so does a sequence whose K/V was
+    copied when the pool grew under it."""
+    with Model(smollm2_path, ctx_size=256, n_threads=2) as m:
+        toks = [m.tokenize(p) for p in PROMPTS]
+        ref = solo_logits(m, toks, 4)
+        got = {1: [m.eval_batch([(1, toks[0])])[0][-1].copy()]}          # slot 1 of a pool of 2
+        for i, r in zip(range(2, 6), m.eval_batch([(i, t) for i, t in zip(range(2, 6), toks[1:])])):
+            got[i] = [r[-1].copy()]                                      # the pool grew to 8: slot 1 copied
+
+        def step(seqs):
+            before = m.stats()["stream_passes"]
+            for s, r in zip(seqs, m.eval_batch([(s, [int(got[s][-1].argmax())]) for s in seqs])):
+                got[s].append(r[-1].copy())
+            return m.stats()["stream_passes"] - before
+
+        assert step([1, 2, 3, 4, 5]) == 1 and step([1, 2, 3, 4, 5]) == 1
+        m.drop_sequence(3)
+        assert step([1, 2, 4, 5]) == 0                                   # slots 1, 2, 4, 5: per sequence
+        assert step([4, 5]) == 1
+        for s in (1, 2, 3, 4, 5):
+            r = ref[s - 1][:len(got[s])]
+            assert (np.stack(got[s]).argmax(-1) == r.argmax(-1)).all()
+            assert float(np.abs(np.stack(got[s]) - r).max()) <= 0.01
+
+
+def test_kv_pages_are_held_as_written_and_given_back_when_a_sequence_ends(smollm2_path):
+    with Model(smollm2_path, ctx_size=4096, n_threads=2) as m:
+        res = m.runtime.memory.reservation
+        assert res.resident() == 0 and res.size >= 256 * m.runtime.kv_bytes     # reserved, not held
+        m.create_completion(PROMPTS, max_tokens=8, temperature=0)
+        assert res.resident() == 0                       # the choices' sequences were dropped
+        m.eval_batch([(1, m.tokenize(PROMPTS[2]))])
+        held = res.resident()
+        assert 0 < held < m.runtime.kv_bytes / 2         # 23 tokens, not ctx_size's 94 MB
+        m.drop_sequence(1)
+        assert res.resident() == 0
+
+
 def test_completion_of_a_prompt_list_equals_each_alone(smollm2_path):
     """Greedy, 5 prompts of 5..23 tokens; EOS and the token limit end them at different steps."""
     with Model(smollm2_path, ctx_size=512, n_threads=2, paged_kv=True, kv_page_size=16,

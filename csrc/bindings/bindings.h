@@ -35,6 +35,7 @@ void init_errors(pybind11::module_ & m);
 void init_gguf_file(pybind11::module_ & m);
 void init_weight_store(pybind11::module_ & m);
 void init_graph(pybind11::module_ & m);
+void init_host_reserve(pybind11::module_ & m);
 void init_ops(pybind11::module_ & m);
 void init_buffer_pool(pybind11::module_ & m);
 void init_prefetch(pybind11::module_ & m);

@@ -159,14 +159,19 @@ void init_graph(py::module_ & m) {
     }, py::arg("tensor"), py::arg("data"), py::arg("offset") = 0,
        "Copies the bytes of a contiguous buffer into the tensor's storage at byte `offset`.");
 
-    m.def("tensor_alias", [](tensor_ref & dst, tensor_ref & src) {
+    m.def("tensor_alias", [](tensor_ref & dst, tensor_ref & src, size_t offset) {
         if (!src.t->buffer || !src.t->data) throw Error("tensor_alias: the source holds no memory");
-        if (dst.t->type != src.t->type || !ggml_are_same_shape(dst.t, src.t)) {
-            throw Error("tensor_alias: the tensors differ in shape or type");
+        if (dst.t->type != src.t->type) throw Error("tensor_alias: the tensors differ in type");
+        if (offset != 0 || !ggml_are_same_shape(dst.t, src.t)) {
+            if (!ggml_is_contiguous(dst.t) || !ggml_is_contiguous(src.t) ||
+                offset > ggml_nbytes(src.t) || ggml_nbytes(dst.t) > ggml_nbytes(src.t) - offset) {
+                throw Error("tensor_alias: dst does not fit in src at that offset (or a tensor is not contiguous)");
+            }
         }
-        tensor_bind(dst.t, src.t->buffer, src.t->data);
-    }, py::arg("dst"), py::arg("src"), "Points dst at src's memory (same shape and type): graphs built on dst read "
-       "and write src's bytes from their next compute on.");
+        tensor_bind(dst.t, src.t->buffer, static_cast<char *>(src.t->data) + offset);
+    }, py::arg("dst"), py::arg("src"), py::arg("offset") = 0,
+       "Points dst at src's memory from byte `offset` (same type; dst contiguous and within src): graphs built on "
+       "dst read and write those bytes from their next compute on.");
     m.def("tensor_copy", [](tensor_ref & src, tensor_ref & dst) {
         need_storage(src.t, "tensor_copy");
         need_storage(dst.t, "tensor_copy");

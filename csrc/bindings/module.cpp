@@ -18,4 +18,5 @@ PYBIND11_MODULE(native, m) {
     superggml::init_weight_loader(m);
     superggml::init_expert_cache(m);
     superggml::init_rpc(m);
+    superggml::init_host_reserve(m);
 }

@@ -163,7 +163,9 @@ class StepInputs:
 
     A pass over several sequences has `lanes`: per sequence, in row order, its own StepInputs (its rows
     [row0, row0 + n_tokens), its n_kv, masks and K/V indices; no tokens, positions or out_ids), and attends
-    over its own K/V (the k_cache/v_cache given to the block are then lists, one per lane).
+    over its own K/V (the k_cache/v_cache given to the block are then lists, one per lane). Or, when the
+    sequences have as many rows each and their memory is one tensor, n_streams of them attend at once (see
+    attend): mask [n_kv, n_tokens / n_streams, 1, n_streams], K/V indices into the whole tensor.
     """
 
     n_tokens: int
@@ -181,6 +183,7 @@ class StepInputs:
     row0: int = 0
     k_rot: Any = None        # F32 [n, n] Walsh-Hadamard matrices Q and K (k_rot), V and the output (v_rot) are
     v_rot: Any = None        # rotated by for a quantized K (V) cache, as llama.cpp does; None otherwise
+    n_streams: int = 1       # > 1: the rows are that many sequences' runs of equal length, attending at once
 
 
 class Architecture:
@@ -460,8 +463,6 @@ def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, 
     v_cache F16 [n_embd_gqa, n_ctx] (stored transposed: [n_ctx, n_embd_gqa] when not flash_attn).
     Returns F32 [head_dim*n_head, n_tokens].
     """
-    n, n_kv, d, g = inp.n_tokens, inp.n_kv, hp.head_dim, hp.n_embd_gqa
-    n_ctx = k_cache.shape[1]
     if inp.k_rot is not None:
         q, k = ctx.mul_mat_hadamard(q, inp.k_rot), ctx.mul_mat_hadamard(k, inp.k_rot)
     if inp.v_rot is not None:
@@ -473,9 +474,14 @@ def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, 
 
 def attend(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: Any,
            k_cache: Any, v_cache: Any, scale: float, mask: Any, softcap: float, sinks: Any) -> Any:
-    """build_attn without the rotations."""
+    """build_attn without the rotations. With inp.n_streams = S > 1 the caches hold S sequences one after another
+    ([n_embd_gqa, n_ctx * S]), the rows are S runs of n / S tokens, one per sequence, and the mask is
+    [n_kv, n / S, 1, S]: one attention over the S sequences, each over its own rows of the cache (a 4-D batch,
+    as llama.cpp's K/V streams)."""
+    S = inp.n_streams
     n, n_kv, d, g = inp.n_tokens, inp.n_kv, hp.head_dim, hp.n_embd_gqa
-    n_ctx = k_cache.shape[1]
+    t = n // S
+    n_ctx = k_cache.shape[1] // S
     es = v_cache.element_size                     # a transposed V is of whole elements (F32, F16, BF16)
     gf.expand(ctx.set_rows(k_cache, ctx.reshape(k, [g, n]), inp.k_idxs))
     if inp.flash_attn:
@@ -483,29 +489,33 @@ def attend(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: A
     else:
         if v.nb[1] != g * v.element_size:
             v = ctx.cont(v)                      # a view into a fused QKV: rows made contiguous, as llama.cpp
-        flat = ctx.reshape(v_cache, [1, g * n_ctx])
+        flat = ctx.reshape(v_cache, [1, g * n_ctx * S])
         gf.expand(ctx.set_rows(flat, ctx.reshape(v, [1, g * n]), inp.v_idxs))
 
-    kv = ctx.view(k_cache, [d, hp.n_head_kv, n_kv], [row_size(k_cache.type, d), row_size(k_cache.type, g)], 0)
-    qp = ctx.permute(q, 0, 2, 1, 3)                                        # [d, n, n_head]
-    kp = ctx.permute(kv, 0, 2, 1, 3)                                       # [d, n_kv, n_head_kv]
+    def heads(cache: Any) -> Any:                # [d, n_head_kv, n_kv, S]
+        rs = row_size(cache.type, g)
+        return ctx.view(cache, [d, hp.n_head_kv, n_kv, S], [row_size(cache.type, d), rs, rs * n_ctx], 0)
+
+    if S > 1:
+        q = ctx.reshape(q, [d, hp.n_head, t, S])
+    qp = ctx.permute(q, 0, 2, 1, 3)                                        # [d, t, n_head, S]
+    kp = ctx.permute(heads(k_cache), 0, 2, 1, 3)                           # [d, n_kv, n_head_kv, S]
     if inp.flash_attn:
-        vv = ctx.view(v_cache, [d, hp.n_head_kv, n_kv], [row_size(v_cache.type, d), row_size(v_cache.type, g)], 0)
-        vp = ctx.permute(vv, 0, 2, 1, 3)                                   # [d, n_kv, n_head_kv]
+        vp = ctx.permute(heads(v_cache), 0, 2, 1, 3)                       # [d, n_kv, n_head_kv, S]
         if k_cache.type == F32:   # flash attention reads F16 K/V: an F32 cache is cast, as llama.cpp does
             kp = ctx.cast(kp, F16)
         if v_cache.type == F32:
             vp = ctx.cast(vp, F16)
-        cur = ctx.flash_attn_ext(qp, kp, vp, mask, scale, softcap=softcap, sinks=sinks)  # [d, n_head, n]
+        cur = ctx.flash_attn_ext(qp, kp, vp, mask, scale, softcap=softcap, sinks=sinks)  # [d, n_head, t, S]
         return ctx.reshape(cur, [d * hp.n_head, n])
-    vt = ctx.view(v_cache, [n_kv, hp.n_head_kv, d], [n_ctx * d * es, n_ctx * es], 0)  # [n_kv, n_head_kv, d]
-    vp = ctx.permute(vt, 0, 2, 1, 3)                                       # [n_kv, d, n_head_kv]
-    kq = ctx.mul_mat(kp, qp)                                               # [n_kv, n, n_head]
+    vt = ctx.view(v_cache, [n_kv, hp.n_head_kv, d, S], [n_ctx * d * es, n_ctx * es, n_ctx * g * es], 0)
+    vp = ctx.permute(vt, 0, 2, 1, 3)                                       # [n_kv, d, n_head_kv, S]
+    kq = ctx.mul_mat(kp, qp)                                               # [n_kv, t, n_head, S]
     ctx.mul_mat_set_prec_f32(kq)
     if softcap:
         kq = ctx.scale(ctx.tanh(ctx.scale(kq, float(f32(1.0) / f32(softcap)))), softcap)
     kq = ctx.soft_max_ext(kq, mask, scale, sinks=sinks)
-    kqv = ctx.mul_mat(vp, kq)                                              # [d, n, n_head]
-    cur = ctx.cont(ctx.permute(kqv, 0, 2, 1, 3))                           # [d, n_head, n]
+    kqv = ctx.mul_mat(vp, kq)                                              # [d, t, n_head, S]
+    cur = ctx.cont(ctx.permute(kqv, 0, 2, 1, 3))                           # [d, n_head, t, S]
     return ctx.reshape(cur, [d * hp.n_head, n])
 

@@ -106,6 +106,7 @@ class Executor:
             ContiguousKV(s, hp, self.backends, self.layer_device, self.kv_bytes))
         self.sequences = Sequences(self.memory, c.ctx_size, hp.n_vocab)
         self.n_passes = self.pass_sequences = self.pass_tokens = 0   # forward passes and what they held
+        self.stream_passes = 0                        # passes whose sequences attended at once (streams)
         self.record_timings = False                   # fill self.timings on every forward pass (metrics)
         self.timings: list[dict[str, Any]] = []
         self.plans: dict[tuple[Any, ...], Plan] = {}
@@ -155,7 +156,7 @@ class Executor:
                              "devices": [b.name for b in self.backends[:self.n_split]],
                              "blocks_per_device": [self.layer_device.count(i) for i in range(self.n_split)],
                              "passes": self.n_passes, "sequences_per_pass": self.pass_sequences / n,
-                             "tokens_per_pass": self.pass_tokens / n}
+                             "tokens_per_pass": self.pass_tokens / n, "stream_passes": self.stream_passes}
         eps = {b.endpoint for b in self.backends if b.endpoint}
         if eps:              # what went over the wire to this model's servers (all users of them in this process)
             rs = native.rpc_stats()
@@ -170,13 +171,13 @@ class Executor:
 
     # -- plans ------------------------------------------------------------------
     def plan(self, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None = None,
-             embed: bool = False) -> Plan:
+             embed: bool = False, streams: int = 0) -> Plan:
         """The graphs for micro-batches of this shape, built once and reused (embed: ending at the output norm,
-        not the logits)."""
-        key = (n, n_kv, n_out, lanes, embed)
+        not the logits; streams: see Plan)."""
+        key = (n, n_kv, n_out, lanes, embed, streams)
         plan = self.plans.pop(key, None)
         if plan is None:
-            plan = Plan(self, n, n_kv, n_out, lanes, embed)
+            plan = Plan(self, n, n_kv, n_out, lanes, embed, streams)
         self.plans[key] = plan            # most recently used last
         if len(self.plans) > PLAN_CACHE:
             while len(self.plans) > PLAN_CACHE:
@@ -211,20 +212,27 @@ class Executor:
         previous one's); returns the logits of out_rows (rows of the whole pass), or None. embed: the output
         norm's rows (F32 [n_out, n_embd]) instead of the logits."""
         c = self.settings.context
-        rows, shapes, starts, ahead = [], [], [], {}
+        shapes, starts, ahead = [], [], {}
         for seq, toks in items:               # a sequence may have several lanes, one after another
             p0, n = seq.n_past + ahead.get(seq.id, 0), len(toks)
             ahead[seq.id] = ahead.get(seq.id, 0) + n
-            n_kv = padded_kv(p0, n, c.ctx_size)
-            rows.append(self.lane_rows(p0, n, n_kv))
-            shapes.append((n, n_kv))
+            shapes.append((n, padded_kv(p0, n, c.ctx_size)))
             starts.append(p0)
         n = sum(x for x, _ in shapes)
-        lanes = tuple(shapes) if len(items) > 1 else None
-        plan = self.plan(n, 0 if lanes else shapes[0][1], len(out_rows), lanes, embed)
+        ids = [seq.id for seq, _ in items]
+        # sequences of as many rows each whose memory is one tensor: one attention over all of them
+        streams = len(items) if (len(items) > 1 and len({x for x, _ in shapes}) == 1
+                                 and self.memory.streams(ids)) else 0
+        if streams:
+            n_kv = max(k for _, k in shapes)
+            shapes = [(x, n_kv) for x, _ in shapes]
+        rows = [self.lane_rows(p0, x, k) for p0, (x, k) in zip(starts, shapes)]
+        lanes = tuple(shapes) if len(items) > 1 and not streams else None
+        plan = self.plan(n, 0 if lanes else shapes[0][1], len(out_rows), lanes, embed, streams)
         plan.fill(np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items]), rows, out_rows)
-        self.memory.bind([seq.id for seq, _ in items])
+        self.memory.bind(ids, streams=bool(streams))
         self.n_passes += 1
+        self.stream_passes += bool(streams)
         self.pass_sequences += len(items)
         self.pass_tokens += n
         logits = self.compute(plan, n, [(seq.id, p0, len(t)) for (seq, t), p0 in zip(items, starts)])

@@ -84,12 +84,15 @@ class Plan:
     """Step inputs plus the embedding, block and output graphs for one micro-batch shape."""
 
     def __init__(self, ex: Any, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None,
-                 embed: bool):
+                 embed: bool, streams: int = 0):
         """`ex`: the executor (its arch, weights, memory, acts, rot, backends). `lanes`: a pass over several
         sequences, (tokens, n_kv) of each in row order, each attending over its own K/V (its lane's
-        tensors). `embed`: ending at the output norm (embeddings), not the logits."""
+        tensors). `streams`: a pass over that many sequences of n / streams rows each, whose memory is one
+        tensor per layer, attending at once over n_kv rows of each. `embed`: ending at the output norm
+        (embeddings), not the logits."""
         self.ex = ex
         self.n, self.n_kv, self.n_out, self.lanes, self.embed = n, n_kv, n_out, lanes, embed
+        self.streams = streams
         self.n_lanes = len(lanes) if lanes else 0
         self.keep: list[Any] = []       # contexts and buffers the graphs point into
         self.steps: list[Step] = []
@@ -112,8 +115,9 @@ class Plan:
             return t
 
         def kv(n: int, n_kv: int, tag: str) -> dict[str, Any]:
-            return named(tag, mask=ictx.new_tensor(mtype, [n_kv, n]),
-                         **({"mask_swa": ictx.new_tensor(mtype, [n_kv, n])} if self.ex.arch.n_swa else {}),
+            mshape = [n_kv, n // self.streams, 1, self.streams] if self.streams else [n_kv, n]
+            return named(tag, mask=ictx.new_tensor(mtype, mshape),
+                         **({"mask_swa": ictx.new_tensor(mtype, mshape)} if self.ex.arch.n_swa else {}),
                          k_idxs=ictx.new_tensor(I64, [n]),
                          v_idxs=ictx.new_tensor(I64, [n] if c.flash_attn else [n * hp.n_embd_gqa]))
 
@@ -122,7 +126,7 @@ class Plan:
         rot = {"k_rot": self.ex.rot[di].get("k"), "v_rot": self.ex.rot[di].get("v")}
         if self.lanes is None:
             inp = StepInputs(n_tokens=n, n_kv=self.n_kv, n_outputs=self.n_out, flash_attn=c.flash_attn, **t, **rot,
-                             **kv(n, self.n_kv, ""))
+                             n_streams=max(self.streams, 1), **kv(n, self.n_kv, ""))
         else:
             lane_inputs, r0 = [], 0
             for j, (nj, kvj) in enumerate(self.lanes):
@@ -139,6 +143,8 @@ class Plan:
         """Sets every device's inputs: the pass's tokens, each lane's rows, the rows whose output is wanted."""
         pos = np.concatenate([r.positions for r in rows])
         out = np.asarray(out_rows or [0], dtype=np.int32)
+        if self.streams:
+            rows = [self.stacked(rows)]
         for inp in self.all_inputs:
             native.tensor_set(inp.tokens, tokens)
             native.tensor_set(inp.positions, pos)
@@ -149,6 +155,23 @@ class Plan:
                     native.tensor_set(lane.mask_swa, r.mask_swa)
                 native.tensor_set(lane.k_idxs, r.k_idxs)
                 native.tensor_set(lane.v_idxs, r.v_idxs)
+
+    def stacked(self, rows: Sequence[LaneRows]) -> LaneRows:
+        """The streams' rows as one: masks one after another, K/V indices into the stream j's part of the
+        memory tensor (j * ctx_size rows on)."""
+        c, g = self.ex.settings.context, self.ex.hp.n_embd_gqa
+        v_stride = c.ctx_size if c.flash_attn else g * c.ctx_size
+        return LaneRows(np.concatenate([r.positions for r in rows]),
+                        np.concatenate([r.mask for r in rows]),
+                        None if rows[0].mask_swa is None else np.concatenate([r.mask_swa for r in rows]),
+                        np.concatenate([r.k_idxs + j * c.ctx_size for j, r in enumerate(rows)]),
+                        np.concatenate([r.v_idxs + j * v_stride for j, r in enumerate(rows)]))
+
+    def kv(self, il: int) -> tuple[Any, Any]:
+        """Layer il's memory tensors for this plan's graphs."""
+        if self.streams:
+            return self.ex.memory.layer_tensors(il, self.streams, streams=True)
+        return self.ex.memory.layer_tensors(il, self.n_lanes)
 
     # -- graphs ---------------------------------------------------------------
     def move(self, a: int, b: int, rows: int) -> tuple[Any, Any]:
@@ -199,8 +222,7 @@ class Plan:
             rows = n_last if il == hp.n_layer - 1 else self.n
             key = Block(il) if paged else None
             if placement.experts is not None:
-                kv = ex.memory.layer_tensors(il, self.n_lanes)
-                moe.build_paged_block(self, arch, w, il, rows, key, kv, placement)
+                moe.build_paged_block(self, arch, w, il, rows, key, self.kv(il), placement)
                 continue
             self.graph(lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(self.block(ctx, gf, inp, il, act), act_out),
                        "block", rows_out=rows, key=key, layer=il, dev=ex.layer_device[il], group=il)
@@ -214,7 +236,7 @@ class Plan:
     def block(self, ctx: Any, gf: Any, inp: StepInputs, il: int, x: Any) -> Any:
         """Block il's output over x: the family's graph, over the layer's sequence memory."""
         ex = self.ex
-        return ex.arch.build_block(ctx, gf, ex.weights, inp, il, x, *ex.memory.layer_tensors(il, self.n_lanes))
+        return ex.arch.build_block(ctx, gf, ex.weights, inp, il, x, *self.kv(il))
 
     def head(self, ctx: Any, inp: StepInputs, x: Any) -> Any:
         """The output rows x to logits (or, embedding, to the output norm), marked as the graph's output."""

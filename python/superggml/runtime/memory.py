@@ -5,8 +5,9 @@ A pass holds up to `max_lanes` sequences, each in a lane. Graphs read and write 
 lane's tensors (`layer_tensors`); before a pass `bind` points the lanes at the sequences' storage, `begin` tells
 each sequence where its rows start, and every block's step runs inside `use(layer, lanes)`. Two kinds exist:
 
-- ContiguousKV: K/V F16 (or the cache type) [n_embd_gqa, ctx_size] per layer and per sequence, allocated when
-  the sequence first runs; `use` does nothing.
+- ContiguousKV: K/V F16 (or the cache type) [n_embd_gqa, ctx_size] per layer and per sequence, a slot of a
+  pool per layer taken when the sequence first runs; `use` does nothing. The sequences of a pass on consecutive
+  slots are read as one stream tensor per layer (`streams`).
 - PagedKV: pages of `kv_page_size` tokens in a native.KVCache per device; a layer's frame is bound to the lane's
   tensors while the layer runs, host and spill tiers behind it.
 
@@ -58,12 +59,19 @@ class SequenceMemory(abc.ABC):
     max_lanes: int = MAX_LANES
 
     @abc.abstractmethod
-    def layer_tensors(self, il: int, n_lanes: int) -> tuple[Any, Any]:
-        """Layer il's memory tensors for a graph: the first lane's, or (n_lanes > 0) lists of n_lanes lanes'."""
+    def layer_tensors(self, il: int, n_lanes: int, streams: bool = False) -> tuple[Any, Any]:
+        """Layer il's memory tensors for a graph: the first lane's, or (n_lanes > 0) lists of n_lanes lanes', or
+        (streams) one tensor holding n_lanes sequences' memory one after another."""
 
     @abc.abstractmethod
-    def bind(self, seqs: Sequence[int]) -> None:
-        """Before a pass: lane j's tensors reach sequence seqs[j]'s memory."""
+    def bind(self, seqs: Sequence[int], streams: bool = False) -> None:
+        """Before a pass: lane j's tensors reach sequence seqs[j]'s memory (streams: the stream tensors reach
+        all of them)."""
+
+    def streams(self, seqs: Sequence[int]) -> bool:
+        """Whether a pass over these sequences (in lane order) can read their memory as one tensor per layer,
+        each sequence a stream of it (layer_tensors(il, len(seqs), streams=True))."""
+        return False
 
     def begin(self, seq: int, p0: int) -> None:
         """A pass of `seq` starts at position p0."""
@@ -136,13 +144,22 @@ class LanedKV(SequenceMemory):
 
     lanes: KVLanes
 
-    def layer_tensors(self, il: int, n_lanes: int) -> tuple[Any, Any]:
+    def layer_tensors(self, il: int, n_lanes: int, streams: bool = False) -> tuple[Any, Any]:
         return self.lanes.layer(il, n_lanes)
 
 
 class ContiguousKV(LanedKV):
-    """K/V storage of ctx_size tokens per sequence and layer, on its layer's device (`layer_device`), allocated
-    zeroed on first use (sequence 0's at once); lanes are aliased to it before a pass."""
+    """K/V storage of ctx_size tokens per sequence and layer, in slots of one pool per layer on its layer's device
+    (`layer_device`): K and V [n_embd_gqa, ctx_size * capacity], a sequence's slot the rows [slot * ctx_size,
+    (slot + 1) * ctx_size) (V transposed within it). A sequence takes the lowest free slot when it first runs
+    and frees it when dropped. On the host the pools lie in a reservation of address space for RESERVED_SLOTS
+    slots (native.HostReservation): a page costs memory once written, and a dropped sequence's pages go back
+    to the system. Elsewhere the pool is allocated and zeroed, and doubles when full (its slots copied); a
+    freed slot keeps its rows, which a later sequence's queries give no weight (they are finite). Lanes are
+    aliased to slots before a pass; the sequences of a pass on consecutive slots, in lane order, are read as
+    one stream tensor per layer (`streams`), so one attention covers them all."""
+
+    RESERVED_SLOTS = 256
 
     def __init__(self, settings: Settings, hp: Any, backends: Sequence[Any], layer_device: Sequence[int],
                  kv_bytes: int):
@@ -151,46 +168,123 @@ class ContiguousKV(LanedKV):
         self.layer_device = list(layer_device)
         self.kv_bytes = kv_bytes
         self.ctx_size = settings.context.ctx_size
-        self.store: dict[int, tuple[list[Any], list[Any], list[Any]]] = {}
-        self.bound: list[int | None] = []           # the sequence each lane points at
+        self.capacity = 0
+        self.pool: tuple[list[Any], list[Any], list[Any]] = ([], [], [])    # K and V per layer, what holds them
+        self.reservation: Any = None                # the host pools' address space (None: allocated pools)
+        self.offsets: list[int] = []                # where each pool tensor (K of every layer, then V) lies in it
+        self.slots: dict[int, int] = {}             # sequence -> slot
+        self.stream_views: dict[int, tuple[list[Any], list[Any], Any]] = {}  # lanes -> K, V [g, ctx * lanes]
+        self.bound: list[int | None] = []           # the slot each lane points at
+        self.bound_streams: dict[int, int] = {}     # lanes -> the first slot its stream tensors point at
         self.storage(0, check=False)
 
-    def storage(self, seq: int, check: bool = True) -> tuple[list[Any], list[Any]]:
-        st = self.store.get(seq)
-        if st is None:
+    def grow(self, check: bool) -> None:
+        """Makes room for more slots: a host reservation of RESERVED_SLOTS at first, else twice the slots,
+        the used ones copied over."""
+        n_layer = self.lanes.n_layer
+        host = all(self.backends[d].is_host for d in set(self.layer_device))
+        cap = self.RESERVED_SLOTS if host and not self.capacity else max(1, 2 * self.capacity)
+        ctxs = [native.Context(max_tensors=2 * n_layer) for _ in self.backends]
+        shape = [self.lanes.shape[0], self.ctx_size * cap]
+        ks = [ctxs[self.layer_device[il]].new_tensor(self.lanes.types[0], shape) for il in range(n_layer)]
+        vs = [ctxs[self.layer_device[il]].new_tensor(self.lanes.types[1], shape) for il in range(n_layer)]
+        keep: list[Any] = list(ctxs)
+        reservation = None
+        if host:
+            sizes = [-(-t.nb[1] * t.ne[1] // 4096) * 4096 for t in ks + vs]
+            reservation = native.HostReservation(sum(sizes))
+            offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+            for t, at in zip(ks + vs, offsets):
+                reservation.bind(t, at)
+            keep.append(reservation)
+            self.offsets = offsets
+        else:
             if check:
-                check_available(self.backends[0], self.kv_bytes, f"the K/V of sequence {seq} (ctx_size "
-                                f"{self.ctx_size} tokens; paged_kv holds only the pages a sequence uses)")
-            ctxs = [native.Context(max_tensors=2 * self.lanes.n_layer) for _ in self.backends]
-            ks, vs = self.lanes.new(lambda il: ctxs[self.layer_device[il]])
-            keep: list[Any] = list(ctxs)
+                check_available(self.backends[0], self.kv_bytes * (cap - self.capacity),
+                                f"the K/V of {cap} sequences (ctx_size {self.ctx_size} tokens each; paged_kv holds "
+                                f"only the pages a sequence uses)")
             for i, b in enumerate(self.backends):
                 if i in self.layer_device:
                     buf = b.alloc_tensors(ctxs[i])
                     buf.clear(0)
                     keep.append(buf)
-            st = self.store[seq] = (ks, vs, keep)
-        return st[0], st[1]
+        if self.capacity:
+            for old, new in zip(self.pool[0] + self.pool[1], ks + vs):
+                view = native.Context(max_tensors=1)
+                native.tensor_copy(old, view.view(new, list(old.ne[:2]), [old.nb[1]], 0))
+        self.pool, self.capacity, self.reservation = (ks, vs, keep), cap, reservation
+        self.bound, self.bound_streams = [], {}
+        native.host_memory_trim()
 
-    def bind(self, seqs: Sequence[int]) -> None:
+    def storage(self, seq: int, check: bool = True) -> int:
+        """The slot of `seq`, taken when it first runs."""
+        slot = self.slots.get(seq)
+        if slot is None:
+            used = set(self.slots.values())
+            slot = next(i for i in range(len(used) + 1) if i not in used)
+            if check and self.reservation is not None:      # the pages this sequence may come to hold
+                check_available(self.backends[0], self.kv_bytes, f"the K/V of sequence {seq} (ctx_size "
+                                f"{self.ctx_size} tokens; paged_kv holds only the pages a sequence uses)")
+            if slot >= self.capacity:
+                self.grow(check)
+            self.slots[seq] = slot
+        return slot
+
+    def streams(self, seqs: Sequence[int]) -> bool:
+        """Whether the sequences (distinct, in lane order) can be read as one stream tensor: consecutive slots."""
+        if len(seqs) < 2 or len(set(seqs)) != len(seqs):
+            return False
+        slots = [self.storage(s) for s in seqs]
+        return slots == list(range(slots[0], slots[0] + len(slots)))
+
+    def layer_tensors(self, il: int, n_lanes: int, streams: bool = False) -> tuple[Any, Any]:
+        if not streams:
+            return self.lanes.layer(il, n_lanes)
+        views = self.stream_views.get(n_lanes)
+        if views is None:
+            cx = native.Context(max_tensors=2 * self.lanes.n_layer)
+            shape = [self.lanes.shape[0], self.ctx_size * n_lanes]
+            views = self.stream_views[n_lanes] = ([cx.new_tensor(self.lanes.types[0], shape)
+                                                   for _ in range(self.lanes.n_layer)],
+                                                  [cx.new_tensor(self.lanes.types[1], shape)
+                                                   for _ in range(self.lanes.n_layer)], cx)
+        return views[0][il], views[1][il]
+
+    def bind(self, seqs: Sequence[int], streams: bool = False) -> None:
+        slots = [self.storage(s) for s in seqs]
+        if streams:
+            n = len(seqs)
+            self.layer_tensors(0, n, True)
+            if self.bound_streams.get(n) != slots[0]:
+                ks, vs, _ = self.stream_views[n]
+                for il in range(self.lanes.n_layer):
+                    self.alias(ks[il], self.pool[0][il], slots[0])
+                    self.alias(vs[il], self.pool[1][il], slots[0])
+                self.bound_streams[n] = slots[0]
+            return
         self.lanes.ensure(len(seqs))
         self.bound += [None] * (len(seqs) - len(self.bound))
-        for j, seq in enumerate(seqs):
-            if self.bound[j] == seq:
+        for j, slot in enumerate(slots):
+            if self.bound[j] == slot:
                 continue
-            ks, vs = self.storage(seq)
             for il in range(self.lanes.n_layer):
-                native.tensor_alias(self.lanes.k[j][il], ks[il])
-                native.tensor_alias(self.lanes.v[j][il], vs[il])
-            self.bound[j] = seq
+                self.alias(self.lanes.k[j][il], self.pool[0][il], slot)
+                self.alias(self.lanes.v[j][il], self.pool[1][il], slot)
+            self.bound[j] = slot
+
+    def alias(self, t: Any, pool: Any, slot: int) -> None:
+        """Points t at a layer's pool tensor from slot `slot` on."""
+        native.tensor_alias(t, pool, slot * pool.nb[1] * self.ctx_size)
 
     def truncate(self, seq: int, n: int) -> None:
         pass                      # rows past n are written again before any query reads them
 
     def drop(self, seq: int) -> None:
-        if seq != 0 and self.store.pop(seq, None) is not None:
-            self.bound = [None if b == seq else b for b in self.bound]
-            native.host_memory_trim()       # K/V of a short context sits on the heap: give it back
+        slot = self.slots.pop(seq, None) if seq != 0 else None
+        if slot is not None and self.reservation is not None:      # its pages back to the system
+            for t, at in zip(self.pool[0] + self.pool[1], self.offsets):
+                size = t.nb[1] * self.ctx_size
+                self.reservation.release(at + slot * size, size)
 
 
 class KVPages:
@@ -266,7 +360,7 @@ class PagedKV(LanedKV):
                 return p, layer - f
         raise IndexError(layer)
 
-    def bind(self, seqs: Sequence[int]) -> None:
+    def bind(self, seqs: Sequence[int], streams: bool = False) -> None:
         self.lanes.ensure(len(seqs))
 
     def begin(self, seq: int, p0: int) -> None:
