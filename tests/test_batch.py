@@ -64,15 +64,15 @@ def test_eval_batch_matches_each_sequence_alone(smollm2_path, config):
 
 
 def test_sequences_on_consecutive_slots_attend_at_once(smollm2_path):
-    """Decode steps of sequences on consecutive K/V slots run one attention (stream_passes); after a drop leaves
-    a hole they run per sequence. Both give each sequence's logits alone, and so does a sequence whose K/V was
-    copied when the pool grew under it."""
+    """Decode steps of sequences on consecutive K/V slots run one attention (stream_passes), whatever the order
+    they are given in; after a drop leaves a hole they run per sequence, until a new sequence fills it. Each
+    way every sequence gets its logits alone."""
     with Model(smollm2_path, ctx_size=256, n_threads=2) as m:
         toks = [m.tokenize(p) for p in PROMPTS]
-        ref = solo_logits(m, toks, 4)
-        got = {1: [m.eval_batch([(1, toks[0])])[0][-1].copy()]}          # slot 1 of a pool of 2
+        ref = solo_logits(m, toks, 5)
+        got = {1: [m.eval_batch([(1, toks[0])])[0][-1].copy()]}
         for i, r in zip(range(2, 6), m.eval_batch([(i, t) for i, t in zip(range(2, 6), toks[1:])])):
-            got[i] = [r[-1].copy()]                                      # the pool grew to 8: slot 1 copied
+            got[i] = [r[-1].copy()]
 
         def step(seqs):
             before = m.stats()["stream_passes"]
@@ -84,7 +84,10 @@ def test_sequences_on_consecutive_slots_attend_at_once(smollm2_path):
         m.drop_sequence(3)
         assert step([1, 2, 4, 5]) == 0                                   # slots 1, 2, 4, 5: per sequence
         assert step([4, 5]) == 1
-        for s in (1, 2, 3, 4, 5):
+        got[6] = [m.eval_batch([(6, toks[2])])[0][-1].copy()]           # slot 3 again
+        assert step([6, 1, 2, 4, 5]) == 1                                # rows put in slot order
+        ref.append(ref[2])
+        for s in (1, 2, 3, 4, 5, 6):
             r = ref[s - 1][:len(got[s])]
             assert (np.stack(got[s]).argmax(-1) == r.argmax(-1)).all()
             assert float(np.abs(np.stack(got[s]) - r).max()) <= 0.01

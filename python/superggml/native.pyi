@@ -183,6 +183,20 @@ class Buffer(_pybind11_object):
     def size(self) -> int: ...
     def clear(self, value: int = 0) -> None: ...
 
+class HostReservation(_pybind11_object):
+    """Host address space for tensors whose pages are committed when written (MAP_NORESERVE); release() gives pages
+    back, which then read as zeros."""
+    def __init__(self, size: int) -> None: ...
+    @property
+    def size(self) -> int: ...
+    def bind(self, tensor: Tensor, offset: int) -> None:
+        """Places the tensor at byte `offset` of the range."""
+    def release(self, offset: int, size: int) -> None:
+        """Gives the whole pages in [offset, offset + size) back to the system (they read as zeros after)."""
+    def resident(self) -> int:
+        """Bytes of the range backed by memory now."""
+
+
 class Backend(_pybind11_object):
     """A ggml device plus the allocator of graph intermediates."""
 
@@ -225,9 +239,9 @@ def tensor_get(
 ) -> npt.NDArray[np.float32] | npt.NDArray[np.int32] | npt.NDArray[np.uint16] | bytes:
     """Copies the tensor's contents out: numpy (shape reversed to row-major) for F32/I32/F16(raw), bytes otherwise."""
 
-def tensor_alias(dst: Tensor, src: Tensor) -> None:
-    """Points dst at src's memory (same shape and type): graphs built on dst read and write src's bytes from their
-    next compute on."""
+def tensor_alias(dst: Tensor, src: Tensor, offset: int = 0) -> None:
+    """Points dst at src's memory from byte `offset` (same type; dst contiguous and within src): graphs built on dst
+    read and write those bytes from their next compute on."""
 
 def tensor_copy(src: Tensor, dst: Tensor) -> None:
     """Copies src into dst across backends (same type and shape)."""

@@ -408,14 +408,16 @@ class Executor:
             return [self.eval(batch[0][1], logits_all=logits_all)]
         starts = [st.n_past for st in states]
         outs: list[list[np.ndarray]] = [[] for _ in batch]
+        order = sorted(range(len(batch)), key=lambda i: self.memory.order(seqs[i]))    # rows in memory order
         try:
-            for items, owners, out_rows in micro_batches(states, [t for _, t in batch], logits_all,
-                                                           self.settings.context.n_batch, self.max_lanes):
+            for items, owners, out_rows in micro_batches([states[i] for i in order], [batch[i][1] for i in order],
+                                                           logits_all, self.settings.context.n_batch,
+                                                           self.max_lanes):
                 logits = self.run_pass(items, out_rows, embed)
                 at = 0
                 for i, k in owners:
                     if k:
-                        outs[i].append(logits[at:at + k])   # views of the pass's array: no copy per sequence
+                        outs[order[i]].append(logits[at:at + k])   # views of the pass's array: no copy
                         at += k
         except BaseException:
             for st, start in zip(states, starts):

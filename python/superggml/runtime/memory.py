@@ -73,6 +73,10 @@ class SequenceMemory(abc.ABC):
         each sequence a stream of it (layer_tensors(il, len(seqs), streams=True))."""
         return False
 
+    def order(self, seq: int) -> int:
+        """Where `seq`'s memory lies: a pass puts its sequences in this order (then streams may hold)."""
+        return 0
+
     def begin(self, seq: int, p0: int) -> None:
         """A pass of `seq` starts at position p0."""
 
@@ -229,6 +233,9 @@ class ContiguousKV(LanedKV):
                 self.grow(check)
             self.slots[seq] = slot
         return slot
+
+    def order(self, seq: int) -> int:
+        return self.storage(seq)
 
     def streams(self, seqs: Sequence[int]) -> bool:
         """Whether the sequences (distinct, in lane order) can be read as one stream tensor: consecutive slots."""
