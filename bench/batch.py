@@ -1,6 +1,7 @@
 """Many sequences per forward pass: aggregate generated tokens/s of 1 to 32 sequences, Qwen2.5-1.5B or SmolLM2.
 
-    python bench/batch.py [--model qwen|smollm2|PATH] [--tokens 32] [--counts 1,2,4,8,16,32] [--json PATH]
+    python bench/batch.py [--model qwen|smollm2|PATH] [--tokens 32] [--counts 1,2,4,8,16,32] [--flash-attn]
+                          [--json PATH]
 
 While weights stream, a pass costs about one read of the streamed bytes whatever the number of tokens in it,
 so S sequences decoding together should come close to S times the tokens of one. Four tables, in one run,
@@ -54,6 +55,8 @@ if req["budget"]:
     kw.update(device_budget=req["budget"], async_prefetch=True)
 if req.get("invariant"):
     kw["batch_invariant"] = True
+if req.get("flash_attn"):
+    kw["flash_attn"] = True
 if req.get("direct") is not None:
     kw["direct_io"] = req["direct"]
 rows = []
@@ -121,6 +124,7 @@ for s in req["counts"]:
     cp = L.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = s * req["ctx"], 256, 256
     cp.n_seq_max, cp.n_threads, cp.n_threads_batch = s, 2, 2
+    cp.flash_attn_type = 1 if req.get("flash_attn") else 0    # as ours, not its default (auto: on, on the CPU)
     ctx = L.llama_init_from_model(model, cp)
     batch = L.llama_batch_init(max(256, s), 0, 1)
     toks = [tokenize(p) for p in req["prompts"][:s]]
@@ -191,13 +195,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=32, help="tokens generated per sequence")
     ap.add_argument("--counts", default="1,2,4,8,16,32")
-    ap.add_argument("--budget", default="128MiB")
+    ap.add_argument("--budget", default="128MiB", help="the streamed table's budget ('' skips it)")
     ap.add_argument("--limit", default="256MiB", help="the cgroup of the third table ('' skips it)")
     ap.add_argument("--limit-budget", default="64MiB",
                     help="device_budget in the cgroup (the tokenizer, K/V, logits and graphs need the rest)")
     ap.add_argument("--limited-only", action="store_true", help="only the table in the cgroup")
     ap.add_argument("--batch-invariant", action="store_true",
                     help="batch_invariant=True: every sequence's logits as alone (ggml-cpu's reference kernels)")
+    ap.add_argument("--flash-attn", action="store_true", help="flash attention in both engines (default: off in both)")
     ap.add_argument("--model", default="qwen", help="qwen (Qwen2.5-Coder-1.5B Q4_K_M), smollm2, or a GGUF's path")
     ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp's batched decoding (resident)")
     ap.add_argument("--timeout", type=float, default=3600)
@@ -213,17 +218,18 @@ def main() -> int:
     prompts = [p if i < len(PROMPTS) else f"{p} (take {i // len(PROMPTS) + 1})"
                for i, p in ((i, PROMPTS[i % len(PROMPTS)]) for i in range(max(counts)))]
     base = dict(model=path, prompts=prompts, counts=counts, tokens=a.tokens, ctx=64 + a.tokens,
-                invariant=a.batch_invariant)
+                invariant=a.batch_invariant, flash_attn=a.flash_attn)
     tables = [("resident", dict(base, budget=None, alone=True), None),
               *([] if a.no_llama else [("llama.cpp, resident (batched llama_decode)", dict(base, llama=True), None)]),
-              ("streamed, device_budget " + a.budget, dict(base, budget=a.budget), None)]
+              *([("streamed, device_budget " + a.budget, dict(base, budget=a.budget), None)] if a.budget else [])]
     if a.limited_only:
         tables = []
     if a.limit:
         tables.append((f"streamed, device_budget {a.limit_budget}, cgroup {a.limit}", dict(base, budget=a.limit_budget,
                                                                                      direct=True),
                        int(parse_size(a.limit))))
-    print(f"{os.path.basename(path)}: {a.tokens} greedy tokens per sequence, 2 threads", flush=True)
+    print(f"{os.path.basename(path)}: {a.tokens} greedy tokens per sequence, 2 threads, flash attention "
+          f"{'on' if a.flash_attn else 'off'}", flush=True)
     results = {}
     ok = True
     alone: list[list[int]] = []

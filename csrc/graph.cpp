@@ -34,6 +34,24 @@ ggml_cgraph * graph_context::new_graph() {
     return ggml_new_graph_custom(ctx_, graph_size_, false);
 }
 
+void graph_context::graph_expand(ggml_cgraph * g, ggml_tensor * t) {
+    auto & reached = reached_[g];
+    std::vector<const ggml_tensor *> fresh;
+    std::unordered_set<const ggml_tensor *> here;
+    std::vector<const ggml_tensor *> stack{t};
+    while (!stack.empty()) {
+        const ggml_tensor * x = stack.back();
+        stack.pop_back();
+        if (!x || reached.count(x) || !here.insert(x).second) continue;
+        fresh.push_back(x);
+        for (int j = 0; j < GGML_MAX_SRC; ++j) stack.push_back(x->src[j]);
+    }
+    // nodes and leafs together within the size (each is reached once): what ggml holds, and then some
+    if (reached.size() + fresh.size() > graph_size_) throw Error("graph is full (raise graph_size)");
+    ggml_build_forward_expand(g, t);
+    reached.insert(fresh.begin(), fresh.end());
+}
+
 buffer_handle::~buffer_handle() {
     if (buf) ggml_backend_buffer_free(buf);
 }

@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 struct ggml_context;
@@ -42,10 +44,15 @@ public:
     // Throws Error unless one more tensor (or a graph) fits.
     void check_room(size_t n_tensors = 1) const;
     ggml_cgraph * new_graph();
+    // ggml_build_forward_expand(g, t), g one of this context's graphs, or Error("graph is full") when what it
+    // would add (nodes and leafs not reached before) would not fit: ggml aborts on overflow. Costs the tensors
+    // it adds, not the graph's size.
+    void graph_expand(ggml_cgraph * g, ggml_tensor * t);
 
 private:
     ggml_context * ctx_ = nullptr;
     size_t graph_size_;
+    std::unordered_map<const ggml_cgraph *, std::unordered_set<const ggml_tensor *>> reached_;
 };
 
 // RAII owner of a backend buffer.

@@ -76,22 +76,7 @@ void init_graph(py::module_ & m) {
 
     py::class_<graph_ref>(m, "Graph", "A ggml compute graph.")
         .def("expand", [](graph_ref & g, const tensor_ref & t) {
-            // ggml aborts on overflow: count what would be added (nodes or leafs) first
-            std::unordered_set<const ggml_tensor *> seen;
-            for (int i = 0; i < ggml_graph_n_nodes(g.g); ++i) seen.insert(ggml_graph_node(g.g, i));
-            size_t fresh = 0;
-            std::vector<const ggml_tensor *> stack{t.t};
-            while (!stack.empty()) {
-                const ggml_tensor * x = stack.back();
-                stack.pop_back();
-                if (!x || !seen.insert(x).second) continue;
-                ++fresh;
-                for (int j = 0; j < GGML_MAX_SRC; ++j) stack.push_back(x->src[j]);
-            }
-            if ((size_t) ggml_graph_n_nodes(g.g) + fresh > g.owner->graph_size()) {
-                throw Error("graph is full (raise graph_size)");
-            }
-            ggml_build_forward_expand(g.g, t.t);
+            g.owner->graph_expand(g.g, t.t);
         }, "Adds `t` and everything it depends on; SuperggmlError if the graph has no room.")
         .def_property_readonly("n_nodes", [](const graph_ref & g) { return ggml_graph_n_nodes(g.g); });
 

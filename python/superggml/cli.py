@@ -118,11 +118,10 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     kw = options_from_args(a)
     if kw["seed"] is None:
         kw["seed"] = 0
-    if a.parallel > 1:
-        kw["paged_kv"] = True        # each request in flight is a sequence of the paged KV cache
-        if kw.get("kv_device_layers") is None:
-            from .analyze import model_layout
-            kw["kv_device_layers"] = model_layout(_model_path(a.model)).n_layer * a.parallel   # all on the device
+    if kw.get("paged_kv") and a.parallel > 1 and kw.get("kv_device_layers") is None:
+        from .analyze import model_layout      # each request in flight a sequence of the paged KV cache
+
+        kw["kv_device_layers"] = model_layout(_model_path(a.model)).n_layer * a.parallel   # all on the device
     with Model(_model_path(a.model), **kw) as m:
         serve(m, host=a.host, port=a.port, parallel=a.parallel, max_queue=a.max_queue, batch_tokens=a.batch_tokens,
               log_level=a.log_level)
@@ -299,8 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default=_env_default("HOST", "127.0.0.1"), help="address (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=int(_env_default("PORT", "8080") or 8080), help="default 8080")
     sv.add_argument("--parallel", type=int, default=int(_env_default("PARALLEL", "4") or 4),
-                    help="sequences generating at once, each a sequence of the paged KV cache, batched in "
-                         "shared forward passes (default 4)")
+                    help="sequences generating at once, each a sequence of its own K/V (contiguous: host pages "
+                         "held as written; --paged-kv: pages of the paged cache), batched in shared forward passes "
+                         "(default 4)")
     sv.add_argument("--batch-tokens", type=int, default=int(_env_default("BATCH_TOKENS", "512") or 512),
                     help="tokens per engine step: the next token of every running request, then prompt chunks "
                          "of new ones (default 512)")
