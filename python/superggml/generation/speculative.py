@@ -348,7 +348,7 @@ class Speculator:
                 ex.eval((context + out)[kept:])
         self.on_step(len(draft), len(out), probe)
         end = time.perf_counter()
-        if self.next_at == (seq.id, base):          # the caller's time since the last step counts too
-            self.length.on_between(end - t0 - pass_s - (t - t0) + t0 - self.last_end)
+        if self.next_at == (seq.id, base):          # after the pass, and the caller's time since the last step
+            self.length.on_between(end - t - pass_s + t0 - self.last_end)
         self.last_end, self.next_at = end, (seq.id, base + 1 + len(out))
         return out + [nxt]

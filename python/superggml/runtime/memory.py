@@ -118,10 +118,11 @@ class KVLanes:
         self.keep: list[Any] = []
         self.ensure(n_lanes)
 
-    def new(self, ctx_of: Callable[[int], Any]) -> tuple[list[Any], list[Any]]:
-        """A K and a V tensor per layer, made in ctx_of(layer)."""
-        ks = [ctx_of(il).new_tensor(self.types[0], self.shape) for il in range(self.n_layer)]
-        vs = [ctx_of(il).new_tensor(self.types[1], self.shape) for il in range(self.n_layer)]
+    def new(self, ctx_of: Callable[[int], Any], slots: int = 1) -> tuple[list[Any], list[Any]]:
+        """A K and a V tensor per layer, made in ctx_of(layer), of `slots` sequences one after another."""
+        shape = [self.shape[0], self.shape[1] * slots]
+        ks = [ctx_of(il).new_tensor(self.types[0], shape) for il in range(self.n_layer)]
+        vs = [ctx_of(il).new_tensor(self.types[1], shape) for il in range(self.n_layer)]
         return ks, vs
 
     def ensure(self, n: int) -> None:
@@ -185,13 +186,10 @@ class ContiguousKV(LanedKV):
     def grow(self, check: bool) -> None:
         """Makes room for more slots: a host reservation of RESERVED_SLOTS at first, else twice the slots,
         the used ones copied over."""
-        n_layer = self.lanes.n_layer
         host = all(self.backends[d].is_host for d in set(self.layer_device))
         cap = self.RESERVED_SLOTS if host and not self.capacity else max(1, 2 * self.capacity)
-        ctxs = [native.Context(max_tensors=2 * n_layer) for _ in self.backends]
-        shape = [self.lanes.shape[0], self.ctx_size * cap]
-        ks = [ctxs[self.layer_device[il]].new_tensor(self.lanes.types[0], shape) for il in range(n_layer)]
-        vs = [ctxs[self.layer_device[il]].new_tensor(self.lanes.types[1], shape) for il in range(n_layer)]
+        ctxs = [native.Context(max_tensors=2 * self.lanes.n_layer) for _ in self.backends]
+        ks, vs = self.lanes.new(lambda il: ctxs[self.layer_device[il]], cap)
         keep: list[Any] = list(ctxs)
         reservation = None
         if host:
@@ -244,26 +242,27 @@ class ContiguousKV(LanedKV):
         slots = [self.storage(s) for s in seqs]
         return slots == list(range(slots[0], slots[0] + len(slots)))
 
+    def stream_tensors(self, n: int) -> tuple[list[Any], list[Any], Any]:
+        """The stream tensors of passes over n sequences: per layer K and V [n_embd_gqa, ctx_size * n], holding
+        no memory of their own (bind points them at the first slot), and their context."""
+        views = self.stream_views.get(n)
+        if views is None:
+            cx = native.Context(max_tensors=2 * self.lanes.n_layer)
+            views = self.stream_views[n] = (*self.lanes.new(lambda il: cx, n), cx)
+        return views
+
     def layer_tensors(self, il: int, n_lanes: int, streams: bool = False) -> tuple[Any, Any]:
         if not streams:
             return self.lanes.layer(il, n_lanes)
-        views = self.stream_views.get(n_lanes)
-        if views is None:
-            cx = native.Context(max_tensors=2 * self.lanes.n_layer)
-            shape = [self.lanes.shape[0], self.ctx_size * n_lanes]
-            views = self.stream_views[n_lanes] = ([cx.new_tensor(self.lanes.types[0], shape)
-                                                   for _ in range(self.lanes.n_layer)],
-                                                  [cx.new_tensor(self.lanes.types[1], shape)
-                                                   for _ in range(self.lanes.n_layer)], cx)
-        return views[0][il], views[1][il]
+        ks, vs, _ = self.stream_tensors(n_lanes)
+        return ks[il], vs[il]
 
     def bind(self, seqs: Sequence[int], streams: bool = False) -> None:
         slots = [self.storage(s) for s in seqs]
         if streams:
             n = len(seqs)
-            self.layer_tensors(0, n, True)
             if self.bound_streams.get(n) != slots[0]:
-                ks, vs, _ = self.stream_views[n]
+                ks, vs, _ = self.stream_tensors(n)
                 for il in range(self.lanes.n_layer):
                     self.alias(ks[il], self.pool[0][il], slots[0])
                     self.alias(vs[il], self.pool[1][il], slots[0])
