@@ -68,6 +68,11 @@ void init_ops(py::module_ & m) {
     ctx.def("sigmoid", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sigmoid(c->ctx(), a.t)); });
     ctx.def("sum_rows", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sum_rows(c->ctx(), a.t)); },
             "[n, ...] -> [1, ...]");
+    ctx.def("fill", [](const ctx_ptr & c, const T & a, float v) {
+        need(a.t->type == GGML_TYPE_F32, "fill", "need an F32 tensor");
+        c->check_room();
+        return wrap(c, ggml_fill(c->ctx(), a.t, v));
+    }, "A new tensor of a's shape, every element v.");
     ctx.def("clamp", [](const ctx_ptr & c, const T & a, float lo, float hi) {
         c->check_room();
         return wrap(c, ggml_clamp(c->ctx(), a.t, lo, hi));

@@ -75,8 +75,8 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
     f = native.GGUFFile(os.fspath(path))
     try:
         meta = f.metadata()
-        arch = get_architecture(meta)
         sizes = {name: nb for name, _t, _s, _o, nb in f.tensors()}
+        arch = get_architecture(meta, sizes)
         hp = arch.hp
         blocks = [sum(sizes[n] for n in arch.block_tensors(il)) for il in range(hp.n_layer)]
         in_blocks = {n for il in range(hp.n_layer) for n in arch.block_tensors(il)}

@@ -149,9 +149,9 @@ class Model(Completions, Embeddings, Constraints):
     def load(self, s: Settings) -> None:
         """The architecture, the weights and the runtime, the tokenizer, the speculator."""
         self.metadata: dict[str, Any] = self.file.metadata()
-        self.arch = get_architecture(self.metadata)
-        self.hparams = self.arch.hp
         self.tensor_info = {name: (typ, tuple(shape), off, nb) for name, typ, shape, off, nb in self.file.tensors()}
+        self.arch = get_architecture(self.metadata, self.tensor_info)
+        self.hparams = self.arch.hp
         self.arch.validate({n: v[1] for n, v in self.tensor_info.items()})
         self.file.drop_header()     # read into metadata: the C++ copy of the vocabulary (~17 MiB) goes
         self.store = native.WeightStore(self.file)

@@ -137,6 +137,8 @@ class Context(_pybind11_object):
     def sum_rows(self, a: Tensor, /) -> Tensor:
         """[n, ...] -> [1, ...]"""
     def clamp(self, a: Tensor, lo: float, hi: float, /) -> Tensor: ...
+    def fill(self, a: Tensor, v: float, /) -> Tensor:
+        """A new tensor of a's shape, every element v."""
     def argsort_top_k(self, a: Tensor, k: int, /) -> Tensor:
         """I32 indices of the k largest of each row, largest first (a view of a descending argsort)"""
     def mul_mat_id(self, as_: Tensor, b: Tensor, ids: Tensor, /) -> Tensor:

@@ -6,10 +6,11 @@ bytes live (mmap, resident buffer, pool slot) is not its business.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from ..errors import UnsupportedModelError
 from .common import Architecture, HParams
+from .deepseek2 import Deepseek2Arch
 from .llama import LlamaArch
 from .qwen2 import Qwen2Arch
 from .gemma2 import Gemma2Arch
@@ -32,17 +33,19 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen3moe": Qwen3MoeArch,
     "olmoe": OlmoeArch,
     "gpt-oss": GptOssArch,
+    "deepseek2": Deepseek2Arch,
 }
 
 
-def get_architecture(meta: Mapping[str, Any]) -> Architecture:
-    """The architecture named in the GGUF metadata; UnsupportedModelError if unknown."""
+def get_architecture(meta: Mapping[str, Any], names: Iterable[str] = ()) -> Architecture:
+    """The architecture named in the GGUF metadata (names: its tensors, where the family has optional ones);
+    UnsupportedModelError if unknown."""
     name = meta.get("general.architecture")
     cls = ARCHITECTURES.get(name) if isinstance(name, str) else None
     if cls is None:
         raise UnsupportedModelError(
             f"unsupported model architecture {name!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
-    return cls(HParams.from_metadata(meta, name), meta)
+    return cls(HParams.from_metadata(meta, name), meta, names)
 
 
 __all__ = ["ARCHITECTURES", "Architecture", "HParams", "get_architecture"]

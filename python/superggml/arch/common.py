@@ -26,6 +26,11 @@ _libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
 _libm.logf.restype, _libm.logf.argtypes = ctypes.c_float, [ctypes.c_float]
 
 
+def logf(x: float) -> np.float32:
+    """C's logf: llama.cpp derives its scales with it."""
+    return np.float32(_libm.logf(np.float32(x)))
+
+
 def f32(x: float) -> np.float32:
     """x as a C float: hyperparameters derived in float arithmetic, as llama.cpp derives them, so graphs get
     the same bits."""
@@ -63,10 +68,17 @@ class HParams:
     rope_attn_factor: float = 1.0         # YaRN's magnitude correction times rope.scaling.attn_factor
     n_expert: int = 0                     # mixture of experts: experts per layer (0: a dense FFN)
     n_expert_used: int = 0                # experts each token is routed to
+    head_dim_v: int = 0                   # value_length where it differs from the key's (0: head_dim)
+    latent_kv: bool = False               # the memory holds K only; V is K's first head_dim_v values (MLA)
 
     @property
     def n_embd_gqa(self) -> int:
         return self.head_dim * self.n_head_kv
+
+    @property
+    def n_embd_v_gqa(self) -> int:
+        """V values per token and layer in the memory (0: none, V is read from K)."""
+        return 0 if self.latent_kv else (self.head_dim_v or self.head_dim) * self.n_head_kv
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any], arch: str) -> "HParams":
@@ -81,10 +93,7 @@ class HParams:
             n_head = int(get("attention.head_count"))
             n_head_kv = int(get("attention.head_count_kv", n_head))
             head_dim = int(get("attention.key_length", n_embd // max(n_head, 1)))
-            v_dim = int(get("attention.value_length", n_embd // max(n_head, 1)))
-            if v_dim != head_dim:          # llama.cpp's n_embd_head_v: value_length, else n_embd / n_head
-                raise UnsupportedModelError(f"'{arch}.attention.value_length' ({v_dim}) differs from the key length "
-                                            f"({head_dim}): not supported")
+            v_dim = int(get("attention.value_length", n_embd // max(n_head, 1)))  # llama.cpp's n_embd_head_v
             n_vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
             n_ctx_train = int(get("context_length"))
             rope = _rope_scaling(meta, arch, n_ctx_train)
@@ -103,6 +112,7 @@ class HParams:
                 n_rot=int(get("rope.dimension_count", head_dim)),
                 n_expert=int(get("expert_count", 0)),
                 n_expert_used=int(get("expert_used_count", 0)),
+                head_dim_v=0 if v_dim == head_dim else v_dim,
                 **rope,
             )
         except (TypeError, ValueError) as e:
@@ -134,7 +144,7 @@ def _rope_scaling(meta: Mapping[str, Any], arch: str, n_ctx_train: int) -> dict[
     attn = f32(1.0)
     if ext != 0:
         fac = f32(1.0) / scale
-        log = f32(_libm.logf(fac))
+        log = logf(fac)
         attn = f32(1.0) if fac <= 1 else f32(0.1) * f32(1.0) * log + f32(1.0)
         attn *= f32(1.0) / (f32(1.0) + f32(0.1) * log)   # cancels the factor ggml-cpu's rope applies
     attn *= f32(meta.get(f"{arch}.rope.scaling.attn_factor", 1.0))
@@ -202,8 +212,9 @@ class Architecture:
     ffn_norm = "ffn_norm"    # the FFN's pre-norm tensor (gpt-oss calls it post_attention_norm)
     ffn_glu = "swiglu"       # swiglu or geglu
 
-    def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None):
+    def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None, names: Any = ()):
         self.hp = hp
+        self.names = frozenset(names)       # the GGUF's tensors (empty when unknown): optional ones present
         self.q_scale: float | None = None   # Q scaled by this before attention (then KQ is not scaled)
         self.attn_softcap = 0.0             # KQ -> c * tanh(KQ / c) before the softmax
         self.final_softcap = 0.0            # the same on the logits
@@ -219,7 +230,14 @@ class Architecture:
         self.moe_gating = "softmax"         # or softmax_weight (gpt-oss)
         self.moe_act = "swiglu"             # or swiglu_oai (gpt-oss)
         self.moe_biases = False             # router and expert biases (gpt-oss)
+        self.moe_probs_bias = False         # exp_probs_b: added to the probabilities experts are chosen by
+        self.moe_groups = (0, 0)            # expert groups, groups chosen per token (each scored by its top 2)
+        self.moe_w_scale = 0.0              # the chosen weights scaled by this (0 or 1: not)
+        self.shexp_gate = True              # the shared expert behind a sigmoid gate (qwen2moe)
         self.load_hparams(meta)
+        if self.hp.head_dim_v and not self.hp.latent_kv:
+            raise UnsupportedModelError(f"'{self.hp.arch}.attention.value_length' ({self.hp.head_dim_v}) differs "
+                                        f"from the key length ({self.hp.head_dim}): not supported")
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         """Family keys beyond HParams (llama.cpp's load_arch_hparams)."""
@@ -239,6 +257,10 @@ class Architecture:
         else:
             k = int(v)
             self.swa_layers = tuple(k == 0 or il % k < k - 1 for il in range(n))
+
+    def is_moe(self, il: int) -> bool:
+        """Whether block il's FFN is the mixture of experts."""
+        return self.hp.n_expert > 0
 
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and self.swa_layers[il]
@@ -263,7 +285,7 @@ class Architecture:
             shapes[p + "attn_sinks.weight"] = (hp.n_head,)
         if self.out_bias:
             shapes[p + "attn_output.bias"] = (hp.n_embd,)
-        if hp.n_expert:
+        if self.is_moe(il):
             shapes.update(moe_tensor_shapes(self, il))
         else:
             shapes.update({
@@ -423,7 +445,7 @@ class Architecture:
 
     def expert_tensors(self, il: int) -> list[str]:
         """Block il's 3-D expert tensors (gate, up, down), which an expert cache pages one expert at a time."""
-        if not self.hp.n_expert:
+        if not self.is_moe(il):
             return []
         return [f"blk.{il}.ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
 
@@ -443,7 +465,7 @@ class Architecture:
     def build_ffn(self, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
         """The normed input F32 [n_embd, n] -> F32 [n_embd, n]: a gated FFN with separate gate and up, or the
         mixture of experts (arch/moe.py)."""
-        if self.hp.n_expert:
+        if self.is_moe(int(p.split(".")[1])):
             return build_moe_ffn(self, ctx, w, p, cur)
         gate = ctx.mul_mat(w(p + "ffn_gate.weight"), cur)
         up = ctx.mul_mat(w(p + "ffn_up.weight"), cur)
@@ -519,3 +541,32 @@ def attend(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: A
     cur = ctx.cont(ctx.permute(kqv, 0, 2, 1, 3))                           # [d, n_head, t, S]
     return ctx.reshape(cur, [d * hp.n_head, n])
 
+
+
+def attend_latent(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, k_cache: Any, scale: float,
+                  mask: Any, v_b: Any) -> Any:
+    """Multi-head latent attention over a memory of K only (llama.cpp's build_attn with a K-only cache and
+    v_mla): writes k F32 [g, 1, n] (g = kv_lora_rank + n_rot) into this step's rows of k_cache [g, n_ctx * S];
+    q F32 [g, n_head, n] attends as MQA over the first n_kv rows, V being the first head_dim_v (kv_lora_rank)
+    values of each row; the result is decompressed per head by v_b [kv_lora_rank, v_head, n_head]. Streams as in
+    attend. Returns F32 [v_head * n_head, n]."""
+    S = inp.n_streams
+    n, n_kv, g, dv = inp.n_tokens, inp.n_kv, hp.n_embd_gqa, hp.head_dim_v
+    n_ctx = k_cache.shape[1] // S
+    gf.expand(ctx.set_rows(k_cache, ctx.reshape(k, [g, n]), inp.k_idxs))
+    rs = row_size(k_cache.type, g)
+    kp = ctx.permute(ctx.view(k_cache, [g, 1, n_kv, S], [rs, rs, rs * n_ctx], 0), 0, 2, 1, 3)   # [g, n_kv, 1, S]
+    vp = ctx.permute(ctx.view(k_cache, [dv, 1, n_kv, S], [rs, rs, rs * n_ctx], 0), 0, 2, 1, 3)  # [dv, n_kv, 1, S]
+    if S > 1:
+        q = ctx.reshape(q, [g, hp.n_head, n // S, S])
+    qp = ctx.permute(q, 0, 2, 1, 3)                                        # [g, t, n_head, S]
+    if inp.flash_attn:
+        if k_cache.type == F32:
+            kp, vp = ctx.cast(kp, F16), ctx.cast(vp, F16)
+        cur = ctx.permute(ctx.flash_attn_ext(qp, kp, vp, mask, scale), 0, 2, 1, 3)   # [dv, t, n_head, S]
+    else:
+        kq = ctx.mul_mat(kp, qp)                                           # [n_kv, t, n_head, S]
+        ctx.mul_mat_set_prec_f32(kq)
+        cur = ctx.mul_mat(ctx.cont(ctx.transpose(vp)), ctx.soft_max_ext(kq, mask, scale))   # [dv, t, n_head, S]
+    cur = ctx.cont(ctx.permute(ctx.mul_mat(v_b, cur), 0, 2, 1, 3))        # [v_head, n_head, t, S]
+    return ctx.reshape(cur, [cur.ne[0] * hp.n_head, n])

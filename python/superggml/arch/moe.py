@@ -41,9 +41,12 @@ def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]
             p + "ffn_up_exps.bias": (n_ff, hp.n_expert),
             p + "ffn_down_exps.bias": (hp.n_embd, hp.n_expert),
         })
+    if arch.moe_probs_bias:
+        shapes[p + "exp_probs_b.bias"] = (hp.n_expert,)
+    if arch.n_ff_shexp and arch.shexp_gate:
+        shapes[p + "ffn_gate_inp_shexp.weight"] = (hp.n_embd,)
     if arch.n_ff_shexp:
         shapes.update({
-            p + "ffn_gate_inp_shexp.weight": (hp.n_embd,),
             p + "ffn_gate_shexp.weight": (hp.n_embd, arch.n_ff_shexp),
             p + "ffn_up_shexp.weight": (hp.n_embd, arch.n_ff_shexp),
             p + "ffn_down_shexp.weight": (arch.n_ff_shexp, hp.n_embd),
@@ -51,32 +54,52 @@ def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]
     return shapes
 
 
-def build_router(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> tuple[Any, Any]:
-    """cur F32 [n_embd, n] -> (selected experts I32 [k, n], their weights F32 [1, k, n])."""
+def select_experts(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> tuple[Any, Any]:
+    """cur F32 [n_embd, n] -> (the experts block p's router picks, I32 [k, n] (a view); the probabilities their
+    weights come from, F32 [n_expert, n]), as llama.cpp's build_moe_ffn: softmax or sigmoid gating (or the
+    logits, softmax_weight); the choice made on the probabilities plus exp_probs_b where the family has it, and
+    within the expert groups whose top two score highest."""
     hp = arch.hp
     n, k = cur.ne[1], hp.n_expert_used
     logits = ctx.mul_mat(w(p + "ffn_gate_inp.weight"), cur)             # F32 [n_expert, n]
     if arch.moe_biases:
         logits = ctx.add(logits, w(p + "ffn_gate_inp.bias"))
-    # softmax gating: weights from the softmax over every expert; softmax_weight (gpt-oss): the chosen
-    # experts' logits, softmaxed among themselves
-    probs = logits if arch.moe_gating == "softmax_weight" else ctx.soft_max_ext(logits, None, 1.0)
-    selected = ctx.argsort_top_k(probs, k)                               # I32 [k, n] (a view)
+    probs = {"softmax": lambda: ctx.soft_max_ext(logits, None, 1.0), "sigmoid": lambda: ctx.sigmoid(logits),
+             "softmax_weight": lambda: logits}[arch.moe_gating]()
+    chosen_by = ctx.add(probs, w(p + "exp_probs_b.bias")) if arch.moe_probs_bias else probs
+    n_group, n_group_used = arch.moe_groups
+    if n_group > 1:
+        per = hp.n_expert // n_group
+        groups = ctx.reshape(chosen_by, [per, n_group, n])
+        top2 = ctx.get_rows(ctx.reshape(groups, [1, per, n_group, n]), ctx.argsort_top_k(groups, 2))
+        scores = ctx.reshape(ctx.sum_rows(ctx.reshape(top2, [2, n_group, n])), [n_group, n])
+        kept = ctx.argsort_top_k(scores, n_group_used)                   # I32 [n_group_used, n]
+        masked = ctx.set_rows(ctx.fill(groups, float("-inf")), ctx.get_rows(groups, kept), kept)
+        chosen_by = ctx.reshape(masked, [hp.n_expert, n])
+    return ctx.argsort_top_k(chosen_by, k), probs
+
+
+def build_router(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> tuple[Any, Any]:
+    """cur F32 [n_embd, n] -> (selected experts I32 [k, n], their weights F32 [1, k, n])."""
+    hp = arch.hp
+    n, k = cur.ne[1], hp.n_expert_used
+    selected, probs = select_experts(arch, ctx, w, p, cur)
     weights = ctx.get_rows(ctx.reshape(probs, [1, hp.n_expert, n]), selected)   # F32 [1, k, n]
-    if arch.moe_gating == "softmax_weight":
+    if arch.moe_gating == "softmax_weight":     # gpt-oss: the chosen experts' logits, softmaxed among themselves
         weights = ctx.reshape(ctx.soft_max_ext(ctx.reshape(weights, [k, n]), None, 1.0), [1, k, n])
     if arch.moe_norm_w:
         weights = ctx.reshape(weights, [k, n])
         total = ctx.clamp(ctx.sum_rows(weights), WEIGHTS_SUM_MIN, float("inf"))  # [1, n]
         weights = ctx.reshape(ctx.div(weights, total), [1, k, n])
+    if arch.moe_w_scale not in (0.0, 1.0):
+        weights = ctx.scale(weights, arch.moe_w_scale)
     return selected, weights
 
 
 def build_router_lookahead(arch: Architecture, ctx: Any, w: Weights, il: int, cur: Any) -> Any:
     """Block il+1's router applied to block il's FFN input: the experts it would pick, I32 [k, n] (a guess of
     what block il+1 will route to, made a whole block early)."""
-    logits = ctx.mul_mat(w(f"blk.{il + 1}.ffn_gate_inp.weight"), cur)
-    return ctx.argsort_top_k(ctx.soft_max_ext(logits, None, 1.0), arch.hp.n_expert_used)
+    return select_experts(arch, ctx, w, f"blk.{il + 1}.", cur)[0]
 
 
 def build_moe_ffn(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
@@ -123,13 +146,15 @@ def build_shared_expert(arch: Architecture, ctx: Any, w: Weights, p: str, cur: A
 
 
 def build_shared_expert_only(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
-    """The shared expert's gated output F32 [n_embd, n] (None without one)."""
+    """The shared expert's output F32 [n_embd, n], gated where the family gates it (None without one)."""
     if not arch.n_ff_shexp:
         return None
-    g = ctx.mul_mat(w(p + "ffn_gate_inp_shexp.weight"), cur)             # F32 [1, n]
-    gate_s = ctx.div(ctx.silu(g), g)                                     # sigmoid, as llama.cpp writes it
     shared = ctx.mul_mat(w(p + "ffn_down_shexp.weight"), ctx.swiglu_split(
         ctx.mul_mat(w(p + "ffn_gate_shexp.weight"), cur), ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)))
+    if not arch.shexp_gate:
+        return shared
+    g = ctx.mul_mat(w(p + "ffn_gate_inp_shexp.weight"), cur)             # F32 [1, n]
+    gate_s = ctx.div(ctx.silu(g), g)                                     # sigmoid, as llama.cpp writes it
     return ctx.mul(shared, gate_s)
 
 

@@ -113,16 +113,18 @@ class KVLanes:
                 raise ValueError(f"{name}={getattr(c, name)} stores blocks of {native.blck_size(t)} values, which "
                                  f"this model's heads of {hp.head_dim} do not divide into")
         self.shape = [hp.n_embd_gqa, c.ctx_size]
+        self.v_width = hp.n_embd_v_gqa        # 0: no V tensors (a latent K/V: V is read from K)
         self.k: list[list[Any]] = []
         self.v: list[list[Any]] = []
         self.keep: list[Any] = []
         self.ensure(n_lanes)
 
     def new(self, ctx_of: Callable[[int], Any], slots: int = 1) -> tuple[list[Any], list[Any]]:
-        """A K and a V tensor per layer, made in ctx_of(layer), of `slots` sequences one after another."""
-        shape = [self.shape[0], self.shape[1] * slots]
-        ks = [ctx_of(il).new_tensor(self.types[0], shape) for il in range(self.n_layer)]
-        vs = [ctx_of(il).new_tensor(self.types[1], shape) for il in range(self.n_layer)]
+        """A K and a V tensor per layer (no V for a latent K/V), made in ctx_of(layer), of `slots` sequences one
+        after another."""
+        n = self.shape[1] * slots
+        ks = [ctx_of(il).new_tensor(self.types[0], [self.shape[0], n]) for il in range(self.n_layer)]
+        vs = [ctx_of(il).new_tensor(self.types[1], [self.v_width, n]) for il in range(self.n_layer) if self.v_width]
         return ks, vs
 
     def ensure(self, n: int) -> None:
@@ -130,18 +132,21 @@ class KVLanes:
             j = len(self.k)
             cx = native.Context(max_tensors=2 * self.n_layer)
             ks, vs = self.new(lambda il: cx)
-            for il, (k, v) in enumerate(zip(ks, vs)):
-                k.name, v.name = (f"cache_k_l{il}", f"cache_v_l{il}") if j == 0 else (f"cache_k_l{il}_s{j}",
-                                                                                        f"cache_v_l{il}_s{j}")
+            for kind, ts in (("k", ks), ("v", vs)):
+                for il, t in enumerate(ts):
+                    t.name = f"cache_{kind}_l{il}" + (f"_s{j}" if j else "")
             self.k.append(ks)
             self.v.append(vs)
             self.keep.append(cx)
 
     def layer(self, il: int, n_lanes: int) -> tuple[Any, Any]:
+        """Layer il's K and V of the first lane, or lists of n_lanes lanes' (V None for a latent K/V)."""
+        def v(j: int) -> Any:
+            return self.v[j][il] if self.v_width else None
         if not n_lanes:
-            return self.k[0][il], self.v[0][il]
+            return self.k[0][il], v(0)
         self.ensure(n_lanes)
-        return [self.k[j][il] for j in range(n_lanes)], [self.v[j][il] for j in range(n_lanes)]
+        return [self.k[j][il] for j in range(n_lanes)], [v(j) for j in range(n_lanes)]
 
 
 class LanedKV(SequenceMemory):
@@ -255,7 +260,7 @@ class ContiguousKV(LanedKV):
         if not streams:
             return self.lanes.layer(il, n_lanes)
         ks, vs, _ = self.stream_tensors(n_lanes)
-        return ks[il], vs[il]
+        return ks[il], vs[il] if vs else None
 
     def bind(self, seqs: Sequence[int], streams: bool = False) -> None:
         slots = [self.storage(s) for s in seqs]
@@ -263,9 +268,8 @@ class ContiguousKV(LanedKV):
             n = len(seqs)
             if self.bound_streams.get(n) != slots[0]:
                 ks, vs, _ = self.stream_tensors(n)
-                for il in range(self.lanes.n_layer):
-                    self.alias(ks[il], self.pool[0][il], slots[0])
-                    self.alias(vs[il], self.pool[1][il], slots[0])
+                for t, pool in zip(ks + vs, self.pool[0] + self.pool[1]):
+                    self.alias(t, pool, slots[0])
                 self.bound_streams[n] = slots[0]
             return
         self.lanes.ensure(len(seqs))
@@ -273,9 +277,8 @@ class ContiguousKV(LanedKV):
         for j, slot in enumerate(slots):
             if self.bound[j] == slot:
                 continue
-            for il in range(self.lanes.n_layer):
-                self.alias(self.lanes.k[j][il], self.pool[0][il], slot)
-                self.alias(self.lanes.v[j][il], self.pool[1][il], slot)
+            for t, pool in zip(self.lanes.k[j] + self.lanes.v[j], self.pool[0] + self.pool[1]):
+                self.alias(t, pool, slot)
             self.bound[j] = slot
 
     def alias(self, t: Any, pool: Any, slot: int) -> None:
@@ -395,6 +398,9 @@ def paged_kv(settings: Settings, arch: Any, backends: Sequence[Any], layer_devic
              n_split: int) -> PagedKV:
     """The paged K/V of settings.kv: each device pages the K/V of its own blocks."""
     hp, kvs = arch.hp, settings.kv
+    if hp.latent_kv:
+        raise ValueError(f"paged_kv does not hold the latent K/V of {hp.arch} (multi-head latent attention) yet: "
+                         f"leave it off")
     if kvs.host_budget is not None and kvs.host_budget > int(native.host_memory()["available"]):
         h = native.host_memory()
         raise ValueError(f"host_budget of {kvs.host_budget} bytes is more than the "

@@ -85,8 +85,9 @@ def kv_type(name: str) -> Any:
 
 
 def kv_bytes_per_token(hp: HParams, type_k: str, type_v: str) -> int:
-    """One token's K and V over every layer."""
-    return hp.n_layer * sum(int(native.row_size(kv_type(t), hp.n_embd_gqa)) for t in (type_k, type_v))
+    """One token's K and V over every layer (K only for a latent K/V)."""
+    return hp.n_layer * sum(int(native.row_size(kv_type(t), n)) for t, n in ((type_k, hp.n_embd_gqa),
+                                                                              (type_v, hp.n_embd_v_gqa)) if n)
 
 
 def kv_bytes(hp: HParams, ctx_size: int, type_k: str, type_v: str) -> int:

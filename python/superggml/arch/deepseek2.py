@@ -1,0 +1,162 @@
+"""deepseek2 family (llama.cpp's src/models/deepseek2.cpp): DeepSeek-V2/V2.5/V3/R1, Kimi-K2, GLM-4.7-Flash.
+
+Multi-head latent attention in its absorbed form (attn_k_b, attn_v_b): each token's K/V is one latent row of
+kv_lora_rank values plus a shared RoPE key of n_rot, and attention runs as MQA over it. The memory holds only
+that row (HParams.latent_kv; V is its first kv_lora_rank values); queries are absorbed into the latent space by
+attn_k_b and the output decompressed by attn_v_b. Queries come from a low-rank attn_q_a -> attn_q_a_norm ->
+attn_q_b path, or one attn_q (the "lite" layouts). YaRN with llama.cpp's mscale. The first
+leading_dense_block_count blocks have a dense FFN; the others a mixture of experts with shared experts, softmax
+or sigmoid gating, exp_probs_b, expert groups, and the chosen weights renormalised and scaled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import GGUFError, UnsupportedModelError
+from .common import Architecture, StepInputs, Weights, attend_latent, f32, logf
+
+GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}     # llama_expert_gating_func_type
+
+
+class Deepseek2Arch(Architecture):
+    rope_factors = False
+
+    def load_hparams(self, meta: Mapping[str, Any]) -> None:
+        hp = self.hp
+
+        def need(name: str) -> Any:
+            v = self.key(meta, name, None)
+            if v is None:
+                raise GGUFError(f"GGUF metadata lacks '{hp.arch}.{name}'")
+            return v
+
+        lite = hp.n_layer in (26, 27) or (hp.n_layer == 48 and hp.n_vocab == 128256)   # llama.cpp's rule
+        self.q_lora = 0 if lite else int(need("attention.q_lora_rank"))
+        self.kv_lora = int(need("attention.kv_lora_rank"))
+        self.k_mla = int(self.key(meta, "attention.key_length_mla", 0))
+        self.v_mla = int(self.key(meta, "attention.value_length_mla", 0))
+        if not (self.k_mla and self.v_mla):
+            raise UnsupportedModelError(f"this {hp.arch} GGUF has the legacy attn_kv_b layout (no "
+                                        f"'{hp.arch}.attention.key_length_mla'): convert it again with a current "
+                                        f"llama.cpp for the absorbed MLA layout")
+        self.n_nope = self.k_mla - hp.n_rot
+        if (self.n_nope < 1 or hp.n_head_kv != 1 or hp.head_dim != self.kv_lora + hp.n_rot
+                or (hp.head_dim_v or hp.head_dim) != self.kv_lora):
+            raise GGUFError(f"{hp.arch} MLA hyperparameters are inconsistent: key_length {hp.head_dim}, "
+                            f"value_length {hp.head_dim_v}, kv_lora_rank {self.kv_lora}, rope {hp.n_rot}, "
+                            f"key_length_mla {self.k_mla}, head_count_kv {hp.n_head_kv}")
+        if float(self.key(meta, "attention.temperature_scale", 0.0)):
+            raise UnsupportedModelError(f"'{hp.arch}.attention.temperature_scale' (Mistral-Large) is not supported")
+        self.n_lead = int(self.key(meta, "leading_dense_block_count", 0))
+        ff = need("expert_feed_forward_length")
+        ffs = {int(x) for x in ff} if isinstance(ff, (list, tuple)) else {int(ff)}
+        if len(ffs) != 1:
+            raise UnsupportedModelError(f"'{hp.arch}.expert_feed_forward_length' varies by layer: not supported")
+        self.n_ff_exp = ffs.pop()
+        self.n_ff_shexp = self.n_ff_exp * int(need("expert_shared_count"))
+        self.shexp_gate = False
+        self.moe_norm_w = bool(self.key(meta, "expert_weights_norm", False))
+        self.moe_w_scale = float(f32(self.key(meta, "expert_weights_scale", 0.0)))
+        gating = int(self.key(meta, "expert_gating_func", 0))
+        if gating == 0:         # DeepSeek V2/V2.5 GGUFs lack the key; GLM-4.7-Flash's by its shape
+            gating = 2 if hp.n_layer in (47, 48) and hp.n_vocab == 154880 else 1
+        if gating not in GATING:
+            raise UnsupportedModelError(f"'{hp.arch}.expert_gating_func' {gating} is not supported")
+        self.moe_gating = GATING[gating]
+        self.moe_probs_bias = f"blk.{self.n_lead}.exp_probs_b.bias" in self.names
+        n_group = int(self.key(meta, "expert_group_count", 0))
+        self.moe_groups = (n_group, int(self.key(meta, "expert_group_used_count", 0)))
+        if n_group > 1 and (hp.n_expert % n_group or not 0 < self.moe_groups[1] <= n_group
+                            or hp.n_expert_used > hp.n_expert // n_group * self.moe_groups[1]):
+            raise GGUFError(f"{hp.arch}: {hp.n_expert} experts in {n_group} groups, {self.moe_groups[1]} used, "
+                            f"cannot give {hp.n_expert_used} per token")
+        self.kq_scale = self.attention_scale(meta)
+        self.hp = dataclasses.replace(self.hp, latent_kv=True)
+
+    def attention_scale(self, meta: Mapping[str, Any]) -> float:
+        """KQ's scale, as deepseek2.cpp pre-scales it for YaRN (mscale^2 / sqrt(key_length_mla)); with
+        rope.scaling.yarn_log_multiplier, the attn_factor RoPE gets is llama_context's for that case."""
+        hp = self.hp
+        log_mul = f32(self.key(meta, "rope.scaling.yarn_log_multiplier", 0.0)) / f32(0.1)
+        attn_factor = f32(hp.rope_attn_factor)
+        freq_scale = f32(hp.rope_scale)
+        if hp.rope_ext_factor and log_mul:   # get_mscale(f, m) / get_mscale(f, m) = 1, then the cancelling factor
+            log = logf(f32(1.0) / freq_scale)
+            attn_factor = f32(1.0) * (f32(1.0) / (f32(1.0) + f32(0.1) * log))
+            attn_factor *= f32(self.key(meta, "rope.scaling.attn_factor", 1.0))
+            self.hp = dataclasses.replace(hp, rope_attn_factor=float(attn_factor))
+        log = logf(f32(1.0) / freq_scale)
+        org = attn_factor * (f32(1.0) + f32(0.1) * log)
+        mscale = org * (f32(1.0) + f32(0.1) * log_mul * log)
+        return float(f32(1.0) * mscale * mscale / np.sqrt(f32(self.k_mla)))
+
+    def is_moe(self, il: int) -> bool:
+        return self.hp.n_expert > 0 and il >= self.n_lead
+
+    # -- tensors ---------------------------------------------------------
+    def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
+        hp, p = self.hp, f"blk.{il}."
+        shapes = super().block_tensor_shapes(il)
+        for n in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            del shapes[p + n + ".weight"]
+        if self.q_lora:
+            shapes[p + "attn_q_a.weight"] = (hp.n_embd, self.q_lora)
+            shapes[p + "attn_q_a_norm.weight"] = (self.q_lora,)
+            shapes[p + "attn_q_b.weight"] = (self.q_lora, hp.n_head * self.k_mla)
+        else:
+            shapes[p + "attn_q.weight"] = (hp.n_embd, hp.n_head * self.k_mla)
+        shapes.update({
+            p + "attn_kv_a_mqa.weight": (hp.n_embd, self.kv_lora + hp.n_rot),
+            p + "attn_kv_a_norm.weight": (self.kv_lora,),
+            p + "attn_k_b.weight": (self.n_nope, self.kv_lora, hp.n_head),
+            p + "attn_v_b.weight": (self.kv_lora, self.v_mla, hp.n_head),
+            p + "attn_output.weight": (hp.n_head * self.v_mla, hp.n_embd),
+        })
+        return shapes
+
+    def matmul_weights(self, has: Any) -> list[str]:
+        return [n for n in super().matmul_weights(has) if not n.endswith(("attn_k_b.weight", "attn_v_b.weight"))]
+
+    # -- graphs ------------------------------------------------------------
+    def build_attn_part(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int,
+                        x: Any, k_cache: Any, v_cache: Any) -> tuple[Any, Any]:
+        hp, p, n = self.hp, f"blk.{il}.", inp.n_tokens
+        cur = self.norm(ctx, w, x, p + "attn_norm.weight")
+        if self.q_lora:
+            q = ctx.mul_mat(w(p + "attn_q_b.weight"),
+                            self.norm(ctx, w, ctx.mul_mat(w(p + "attn_q_a.weight"), cur), p + "attn_q_a_norm.weight"))
+        else:
+            q = ctx.mul_mat(w(p + "attn_q.weight"), cur)
+        q = ctx.reshape(q, [self.k_mla, hp.n_head, n])
+        kv_pe = ctx.mul_mat(w(p + "attn_kv_a_mqa.weight"), cur)                 # [kv_lora + n_rot, n]
+        row = kv_pe.nb[1]
+        kv = ctx.view(kv_pe, [self.kv_lora, n], [row], 0)
+        k_pe = ctx.view(kv_pe, [hp.n_rot, 1, n], [row, row], self.kv_lora * kv_pe.element_size)
+        k_pe = self.rope(ctx, w, inp, il, k_pe)
+        kv = self.norm(ctx, w, kv, p + "attn_kv_a_norm.weight")
+        q_nope = ctx.view(q, [self.n_nope, hp.n_head, n], [q.nb[1], q.nb[2]], 0)
+        q_pe = ctx.view(q, [hp.n_rot, hp.n_head, n], [q.nb[1], q.nb[2]], self.n_nope * q.element_size)
+        q_pe = self.rope(ctx, w, inp, il, q_pe)
+        absorbed = ctx.mul_mat(w(p + "attn_k_b.weight"), ctx.permute(q_nope, 0, 2, 1, 3))   # [kv_lora, n, n_head]
+        q = ctx.concat(ctx.permute(absorbed, 0, 2, 1, 3), q_pe, 0)          # [kv_lora + n_rot, n_head, n]
+        k = ctx.concat(ctx.reshape(kv, [self.kv_lora, 1, n]), k_pe, 0)      # [kv_lora + n_rot, 1, n]
+        v_b = w(p + "attn_v_b.weight")
+        if inp.lanes is None:
+            cur = attend_latent(ctx, gf, hp, inp, q, k, k_cache, self.kq_scale, inp.mask, v_b)
+        else:                                    # each sequence attends over its own latent K/V
+            cur = None
+            for lane, kc in zip(inp.lanes, k_cache):
+                r0, nl = lane.row0, lane.n_tokens
+                ql = ctx.view(q, [q.ne[0], q.ne[1], nl], [q.nb[1], q.nb[2]], r0 * q.nb[2])
+                kl = ctx.view(k, [k.ne[0], k.ne[1], nl], [k.nb[1], k.nb[2]], r0 * k.nb[2])
+                out = attend_latent(ctx, gf, hp, lane, ql, kl, kc, self.kq_scale, lane.mask, v_b)
+                cur = out if cur is None else ctx.concat(cur, out, 1)
+        if il == hp.n_layer - 1 and inp.n_outputs < n:
+            cur = ctx.get_rows(cur, inp.out_ids)
+            x = ctx.get_rows(x, inp.out_ids)
+        ffn_inp = ctx.add(ctx.mul_mat(w(p + "attn_output.weight"), cur), x)
+        return ffn_inp, self.norm(ctx, w, ffn_inp, p + "ffn_norm.weight")
