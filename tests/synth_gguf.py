@@ -29,7 +29,15 @@ def vocab_fields(path):
     return fields
 
 
-def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=None, head_dim=None, seed=0,
+def synth(path, fields, arch="llama", **kw):
+    """A random-weight GGUF of `arch` laid out as llama.cpp's converter writes it: deepseek2 (multi-head latent
+    attention) by synth_deepseek2, every other family by _synth (see there for the keyword arguments)."""
+    if arch == "deepseek2":
+        return synth_deepseek2(path, fields, **kw)
+    return _synth(path, fields, arch, **kw)
+
+
+def _synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=None, head_dim=None, seed=0,
           extra=None, wtype="f32", n_embd=N_EMBD, n_ff=N_FF, n_layer=N_LAYER, n_head=N_HEAD,
           n_head_kv=N_HEAD_KV, keys=None, rope=None, n_ctx_train=512, n_expert=0, n_expert_used=0,
           n_ff_exp=None, n_ff_shexp=None):
@@ -171,6 +179,137 @@ def synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=No
     return str(path)
 
 
+def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_lead_dense=1, q_lora_rank=0,
+                    kv_lora_rank=32, qk_rope=16, qk_nope=32, v_head=32, n_expert=8, n_expert_used=2, n_shared=1,
+                    n_ff_exp=32, gating=None, probs_bias=False, n_group=0, n_group_used=0, weights_norm=None,
+                    weights_scale=None, yarn=None, tied=True, wtype="f32", seed=0, n_ctx_train=512):
+    """A random-weight deepseek2 GGUF (DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash: multi-head latent attention in
+    the absorbed layout, attn_k_b and attn_v_b split out of kv_b_proj) laid out as llama.cpp's converter
+    (DeepseekV2Model) writes it: n_lead_dense dense blocks of n_ff, then MoE blocks of n_expert routed experts
+    of n_ff_exp (n_expert_used per token) and n_shared shared ones fused into one of n_ff_exp * n_shared.
+
+    q_lora_rank 0: the "lite" single attn_q, else attn_q_a, its norm and attn_q_b. gating None: no
+    expert_gating_func key (llama.cpp then softmaxes), 1 softmax, 2 sigmoid; probs_bias: the
+    exp_probs_b.bias the routing adds before its top-k; n_group/n_group_used (0: no key): grouped routing;
+    weights_norm/weights_scale (None: no key): the routed weights normalized, scaled; yarn: (factor,
+    original context, mscale_all_dim) written as the converter writes DeepSeek's YaRN.
+    wtype (f32, f16, q8_0) is the type of the matmul weights; norms, the embedding, the router and
+    exp_probs_b stay F32."""
+    rng = np.random.default_rng(seed)
+    n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
+    U, F, B = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.BOOL
+    w = gguf.GGUFWriter(str(path), "deepseek2")
+
+    def key(name, value, vtype):   # by name: the installed gguf package may lack the newer add_* helpers
+        w.add_key_value(f"deepseek2.{name}", value, vtype)
+
+    # TextModel.set_gguf_parameters, then DeepseekV2Model's, in the converter's order
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(1)           # MLA is written as MQA: one latent K/V "head"
+    if yarn:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(yarn[0])
+        w.add_rope_scaling_orig_ctx_len(yarn[1])
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    key("expert_count", n_expert, U)
+    key("expert_used_count", n_expert_used, U)
+    if n_group:
+        key("expert_group_count", n_group, U)
+    if n_group_used:
+        key("expert_group_used_count", n_group_used, U)
+    if gating is not None:
+        key("expert_gating_func", gating, U)
+    key("leading_dense_block_count", n_lead_dense, U)
+    key("vocab_size", n_vocab, U)
+    # the converter writes it only when the checkpoint has one; llama.cpp requires it unless the model has
+    # 26 or 27 blocks (its "lite" guess), so written always: 0 is the single attn_q
+    key("attention.q_lora_rank", q_lora_rank, U)
+    key("attention.kv_lora_rank", kv_lora_rank, U)
+    key("attention.key_length", kv_lora_rank + qk_rope, U)
+    key("attention.value_length", kv_lora_rank, U)
+    key("attention.key_length_mla", qk_nope + qk_rope, U)
+    key("attention.value_length_mla", v_head, U)
+    key("expert_feed_forward_length", n_ff_exp, U)
+    key("expert_shared_count", n_shared, U)
+    if weights_scale is not None:
+        key("expert_weights_scale", float(weights_scale), F)
+    if weights_norm is not None:     # the converter writes it only when true; False here is an explicit false
+        key("expert_weights_norm", bool(weights_norm), B)
+    key("rope.dimension_count", qk_rope, U)
+    if yarn:                         # 0.1 * mscale_all_dim: llama.cpp divides the 0.1 back out
+        key("rope.scaling.yarn_log_multiplier", 0.1 * yarn[2], F)
+    for k, value, vtype, sub in fields:
+        w.add_key_value(k, value, vtype, sub_type=sub)
+
+    quant = {"q8_0": gguf.GGMLQuantizationType.Q8_0}.get(wtype)
+    assert wtype in ("f32", "f16", "q8_0"), wtype
+
+    def put(name, a):   # as synth's put
+        matrix = (a.ndim >= 2 and name != "token_embd.weight" and "ffn_gate_inp" not in name
+                  and not name.endswith(".bias"))
+        block = gguf.GGML_QUANT_SIZES[quant][0] if quant is not None else 1
+        if matrix and wtype == "f16":
+            w.add_tensor(name, a.astype(np.float16))
+        # a row (ggml's ne0) that is not a whole number of blocks (32 for Q8_0: attn_q_b's q_lora_rank 48)
+        # cannot be quantized: that tensor stays F32 (llama.cpp's quantizer would fall back to another type)
+        elif matrix and quant is not None and a.shape[-1] % block == 0:
+            q = native.quantize(getattr(native.GGMLType, quant.name), a.reshape(-1, a.shape[-1]))
+            w.add_tensor(name, q.reshape(*a.shape[:-1], q.shape[-1]), raw_dtype=quant)
+        else:
+            w.add_tensor(name, a)
+
+    def t(name, *shape, scale=0.08):  # numpy shape: ggml's ne reversed
+        put(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def norm(name, n=n_embd, spread=0.1):
+        w.add_tensor(name, (1 + spread * rng.standard_normal(n)).astype(np.float32))
+
+    n_qk = qk_nope + qk_rope
+    t("token_embd.weight", n_vocab, n_embd, scale=1.0)
+    norm("output_norm.weight")
+    if not tied:
+        t("output.weight", n_vocab, n_embd, scale=0.2)
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        norm(p + "attn_norm.weight")
+        if q_lora_rank > 0:
+            t(p + "attn_q_a.weight", q_lora_rank, n_embd, scale=0.3)
+            norm(p + "attn_q_a_norm.weight", q_lora_rank)
+            t(p + "attn_q_b.weight", n_head * n_qk, q_lora_rank, scale=0.3)
+        else:
+            t(p + "attn_q.weight", n_head * n_qk, n_embd, scale=0.3)
+        t(p + "attn_kv_a_mqa.weight", kv_lora_rank + qk_rope, n_embd, scale=0.3)   # latent | shared rope K
+        norm(p + "attn_kv_a_norm.weight", kv_lora_rank)
+        t(p + "attn_k_b.weight", n_head, kv_lora_rank, qk_nope, scale=0.15)   # ggml {qk_nope, kv_lora, n_head}
+        t(p + "attn_v_b.weight", n_head, v_head, kv_lora_rank, scale=0.15)    # ggml {kv_lora, v_head, n_head}
+        t(p + "attn_output.weight", n_embd, n_head * v_head)
+        norm(p + "ffn_norm.weight")
+        if il < n_lead_dense:
+            t(p + "ffn_gate.weight", n_ff, n_embd)
+            t(p + "ffn_up.weight", n_ff, n_embd)
+            t(p + "ffn_down.weight", n_embd, n_ff)
+        else:
+            t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=0.5)
+            if probs_bias:
+                t(p + "exp_probs_b.bias", n_expert, scale=0.1)
+            t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd)
+            t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd)
+            t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp)
+            t(p + "ffn_gate_shexp.weight", n_ff_exp * n_shared, n_embd)
+            t(p + "ffn_up_shexp.weight", n_ff_exp * n_shared, n_embd)
+            t(p + "ffn_down_shexp.weight", n_embd, n_ff_exp * n_shared)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
 U32, F32V = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
 SWA16 = {"attention.sliding_window": (16, U32)}
 VARIANTS = {
@@ -210,6 +349,18 @@ VARIANTS = {
                              keys=SWA16),
     "gpt-oss-8x2-mxfp4": dict(arch="gpt-oss", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="mxfp4",
                               keys=SWA16),
+    # deepseek2: multi-head latent attention (absorbed), one leading dense block, routed + shared experts
+    "deepseek2-lite": dict(arch="deepseek2", tied=False, q_lora_rank=0, n_expert=8, n_expert_used=2, n_shared=2,
+                           weights_scale=1.0),
+    "deepseek2-v3-groups-yarn": dict(arch="deepseek2", q_lora_rank=48, n_expert=16, n_expert_used=4, n_group=4,
+                                     n_group_used=2, gating=2, probs_bias=True, weights_norm=True,
+                                     weights_scale=2.5, yarn=(4.0, 128, 1.0), n_shared=1),
+    "deepseek2-kimi-q8_0": dict(arch="deepseek2", q_lora_rank=48, n_expert=24, n_expert_used=4, n_group=1,
+                                n_group_used=1, gating=2, probs_bias=True, weights_norm=True, weights_scale=2.827,
+                                wtype="q8_0", n_shared=1),
+    "deepseek2-glm47flash": dict(arch="deepseek2", q_lora_rank=48, v_head=48, n_expert=8, n_expert_used=4, gating=2,
+                                 probs_bias=True, weights_norm=True, weights_scale=1.8, n_group=1, n_group_used=1,
+                                 n_shared=1),
 }
 
 

@@ -56,10 +56,12 @@ class Layout:
     dense_slot_bytes: int = 0              # a slot for the largest block without its experts
     dense_head_chunk_bytes: tuple[int, ...] = ()   # the lm head's row chunks of such a slot each
     block_shapes: tuple[tuple[int, ...], ...] = ()  # the blocks of each distinct shape (tensor names, types, sizes)
+    n_moe_layers: int = 0                  # blocks with experts (the others have a dense FFN)
+    notes: tuple[str, ...] = ()            # the family's own layout (Architecture.describe)
 
     def expert_stream_bytes(self, hit_rate: float) -> int:
         """Expert bytes read per decoded token when `hit_rate` of the routed experts are in the cache."""
-        return int(self.n_layer * self.n_expert_used * self.expert_bytes * (1.0 - hit_rate))
+        return int(self.n_moe_layers * self.n_expert_used * self.expert_bytes * (1.0 - hit_rate))
 
     def kv_bytes(self, n_tokens: int, *, swa_freed: bool = False) -> int:
         """F16 K/V bytes of n_tokens; swa_freed: with the pages of sliding-window layers beyond the window
@@ -106,7 +108,8 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
                       kv_bytes_per_token(hp, "f16", "f16"), os.path.getsize(path), slot, chunks, arch.n_swa,
                       sum(arch.is_swa(il) for il in range(hp.n_layer)), hp.n_expert, hp.n_expert_used,
                       max(experts) // max(hp.n_expert, 1), sum(blocks) - sum(experts), dense_slot, dense_chunks,
-                      tuple(tuple(v) for v in shapes.values()))
+                      tuple(tuple(v) for v in shapes.values()),
+                      n_moe_layers=sum(arch.is_moe(il) for il in range(hp.n_layer)), notes=tuple(arch.describe()))
     finally:
         f.close()
 
@@ -261,7 +264,7 @@ def plan_moe_budget(lay: Layout, budget: int, *, hit_rate: float | None = None, 
                                            n_expert=lay.n_expert, n_expert_used=lay.n_expert_used,
                                            expert_bytes=es, n_batch=n_batch)
     n_slots, pinned = plan_slots(dense_budget, slot, len(keys), stream_slots)
-    held = min(1.0, (cache // es) / (lay.n_layer * lay.n_expert))
+    held = min(1.0, (cache // es) / (max(lay.n_moe_layers, 1) * lay.n_expert))
     h = held if hit_rate is None else hit_rate
     streamed = sum(keys[pinned:]) + lay.expert_stream_bytes(h)
     return BudgetPlan(budget, n_slots, min(pinned, lay.n_layer), int(streamed), float("nan"), cache, h)
@@ -338,6 +341,7 @@ def format_analysis(a: Analysis) -> str:
            (f" (+{len(lay.other) - 4} smaller)" if len(lay.other) > 4 else ""),
            f"KV cache (F16): {lay.kv_bytes_per_token / 1024:.1f} KiB per token "
            f"({lay.kv_bytes(4096) / mib:.0f} MiB at 4096 tokens)",
+           *lay.notes,
            *([f"sliding window: {lay.n_swa_layers} of {lay.n_layer} layers over {lay.n_swa} tokens; with paged_kv "
               f"their K/V beyond it is freed: {lay.kv_bytes(8192, swa_freed=True) / mib:.0f} MiB at 8192 tokens "
               f"instead of {lay.kv_bytes(8192) / mib:.0f}"] if lay.n_swa_layers else []),

@@ -258,6 +258,10 @@ class Architecture:
             k = int(v)
             self.swa_layers = tuple(k == 0 or il % k < k - 1 for il in range(n))
 
+    def describe(self) -> list[str]:
+        """Lines on what sets this model's layout apart (analyze prints them)."""
+        return []
+
     def is_moe(self, il: int) -> bool:
         """Whether block il's FFN is the mixture of experts."""
         return self.hp.n_expert > 0

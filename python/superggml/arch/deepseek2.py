@@ -94,6 +94,19 @@ class Deepseek2Arch(Architecture):
         mscale = org * (f32(1.0) + f32(0.1) * log_mul * log)
         return float(f32(1.0) * mscale * mscale / np.sqrt(f32(self.k_mla)))
 
+    def describe(self) -> list[str]:
+        hp = self.hp
+        q = f"queries through a rank-{self.q_lora} projection" if self.q_lora else "queries from one attn_q"
+        lines = [f"multi-head latent attention: {hp.n_head} heads of {self.k_mla} (K) and {self.v_mla} (V) over one "
+                 f"latent row per token and layer, kv_lora_rank {self.kv_lora} + rope {hp.n_rot} values, no V; {q}"]
+        if hp.n_expert:
+            groups = (f", chosen within {self.moe_groups[1]} of {self.moe_groups[0]} expert groups"
+                      if self.moe_groups[0] > 1 else "")
+            lines.append(f"routing: {self.moe_gating} gating{' with exp_probs_b' if self.moe_probs_bias else ''}"
+                         f"{groups}; {self.n_ff_shexp // max(self.n_ff_exp, 1)} shared expert(s); the first "
+                         f"{self.n_lead} block(s) dense")
+        return lines
+
     def is_moe(self, il: int) -> bool:
         return self.hp.n_expert > 0 and il >= self.n_lead
 

@@ -221,7 +221,7 @@ class Plan:
         for il in range(hp.n_layer):
             rows = n_last if il == hp.n_layer - 1 else self.n
             key = Block(il) if paged else None
-            if placement.experts is not None:
+            if placement.experts is not None and arch.is_moe(il):
                 moe.build_paged_block(self, arch, w, il, rows, key, self.kv(il), placement)
                 continue
             self.graph(lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(self.block(ctx, gf, inp, il, act), act_out),

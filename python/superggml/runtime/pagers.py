@@ -149,7 +149,8 @@ class ExpertPager:
         self.core = native.ExpertCache(path, n_slots=n_slots, slot_size=slot, backend=backend, n_workers=n_workers,
                                       direct_io=direct_io)
         for il, parts in enumerate(self.parts):
-            self.core.set_layer(il, hp.n_expert, parts)
+            if parts:                              # a block with a dense FFN has none
+                self.core.set_layer(il, hp.n_expert, parts)
         self.ctx = native.Context(max_tensors=3 * hp.n_layer)
         self.views: list[list[Any]] = []
         for il in range(hp.n_layer):

@@ -1,0 +1,127 @@
+"""Multi-head latent attention (deepseek2: DeepSeek-V2/V3, Kimi-K2, GLM-4.7-Flash) beyond the logits parity that
+test_arch checks for every variant: the latent K/V's size, streamed blocks and the expert cache, batches and
+speculative rollback over the latent memory."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+import synth_gguf
+from superggml import Model
+from synth_gguf import VARIANTS, synth
+
+MLA = [v for v in VARIANTS if VARIANTS[v]["arch"] == "deepseek2"]
+
+
+@pytest.fixture(scope="module")
+def vocab_fields(smollm2_path):
+    return synth_gguf.vocab_fields(smollm2_path)
+
+
+def field(path, key):
+    return gguf.GGUFReader(path).fields[f"deepseek2.{key}"].contents()
+
+
+@pytest.mark.parametrize("variant", MLA)
+def test_latent_cache_holds_one_row_of_kv_lora_rank_plus_rope_per_token_and_layer(tmp_path, vocab_fields, variant):
+    """As llama.cpp's: (kv_lora_rank + n_rot) F16 values per token and layer, no V."""
+    path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
+    row = field(path, "attention.kv_lora_rank") + field(path, "rope.dimension_count")
+    with Model(path, ctx_size=256, n_threads=2) as m:
+        assert m.kv_bytes == 256 * field(path, "block_count") * row * 2
+        m.eval([1, 2, 3])
+
+
+@pytest.mark.parametrize("variant", MLA)
+def test_streamed_blocks_and_expert_cache_are_bit_identical_to_resident(tmp_path, vocab_fields, variant):
+    """4 blocks, the first with a dense FFN: streamed through 2 slots, with a quarter of the experts cached, and
+    both at once under a small device budget."""
+    path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **{**VARIANTS[variant], "n_layer": 4})
+    prompt = [int(x) for x in np.random.default_rng(2).integers(0, 49152, 40)]
+    experts = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if "_exps" in t.name)
+
+    def run(**kw):
+        with Model(path, ctx_size=128, n_threads=2, n_batch=8, repack=False, **kw) as m:
+            out = [m.eval(prompt, logits_all=True).copy()] + [m.eval([t]).copy() for t in (5, 6, 7)]
+            return np.concatenate(out), m.stats()
+
+    ref, _ = run()
+    streamed, st = run(n_gpu_layers=0, async_prefetch=True, prefetch_depth=1)
+    assert st["n_slots"] == 2 and st["loads"] > 0
+    assert np.array_equal(streamed, ref)
+    cached, st = run(expert_cache=experts // 4)
+    assert st["expert_misses"] > 0 and st["expert_evictions"] > 0
+    assert np.array_equal(cached, ref)
+    both, st = run(n_gpu_layers=0, expert_cache=experts // 4, prefetch_depth=1)
+    assert st["loads"] > 0 and st["expert_misses"] > 0
+    assert np.array_equal(both, ref)
+
+
+@pytest.mark.parametrize("variant", ["deepseek2-lite"])
+def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
+    """batch_invariant: prompts of different lengths in shared passes, then decode steps that attend at once
+    (consecutive slots), as each sequence alone: the same greedy tokens, the logits within the 1e-6 that the
+    other families' batches show here too."""
+    path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
+    rng = np.random.default_rng(3)
+    prompts = [[int(x) for x in rng.integers(0, 49152, n)] for n in (9, 17, 5)]
+    with Model(path, ctx_size=128, n_threads=2, n_batch=16, batch_invariant=True) as m:
+        alone = []
+        for p in prompts:
+            m.reset()
+            rows = [m.eval(p)[-1].copy()]
+            for _ in range(4):
+                rows.append(m.eval([int(rows[-1].argmax())])[-1].copy())
+            alone.append(np.stack(rows))
+        m.reset()
+        got = [[r[-1].copy()] for r in m.eval_batch([(10 + i, p) for i, p in enumerate(prompts)])]
+        for _ in range(4):
+            step = [(10 + i, [int(g[-1].argmax())]) for i, g in enumerate(got)]
+            for g, r in zip(got, m.eval_batch(step)):
+                g.append(r[-1].copy())
+        assert m.stats()["stream_passes"] > 0
+    worst = max(float(np.abs(np.stack(g) - a).max()) for g, a in zip(got, alone))
+    print(f"{variant}: max |dlogit| batch vs alone {worst:.2e}")
+    assert worst <= 1e-4
+    assert all((np.stack(g).argmax(-1) == a.argmax(-1)).all() for g, a in zip(got, alone))
+
+
+def test_speculative_rollback_over_the_latent_memory_is_exact(tmp_path, vocab_fields):
+    """Prompt lookup drafts 4 tokens a step; rejected ones are truncated from the latent K/V and written again:
+    the greedy text equals plain decoding."""
+    path = synth(tmp_path / "mla.gguf", vocab_fields, **VARIANTS["deepseek2-v3-groups-yarn"])
+    prompt = "a b c d e f g a b c d e f g a b c d"
+    kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
+
+    def greedy(m):
+        return m.create_completion(prompt, max_tokens=32, temperature=0.0)["choices"][0]["text"]
+
+    with Model(path, **kw) as m:
+        plain = greedy(m)
+    with Model(path, lookup_ngram=2, draft_k=4, **kw) as m:
+        assert greedy(m) == plain
+        st = m.stats()
+        assert st["draft_tokens"] > 0 and st["draft_accepted"] < st["draft_tokens"]    # rollbacks happened
+
+
+def test_paged_kv_of_a_latent_memory_is_refused_with_a_reason(tmp_path, vocab_fields):
+    path = synth(tmp_path / "mla.gguf", vocab_fields, **VARIANTS["deepseek2-lite"])
+    with pytest.raises(ValueError, match="paged_kv does not hold the latent K/V"):
+        Model(path, ctx_size=128, paged_kv=True)
+
+
+def test_analyze_shows_the_latent_layout_the_groups_and_the_cache_per_token(tmp_path, vocab_fields, capsys):
+    import json
+
+    from superggml import cli
+
+    path = synth(tmp_path / "v3.gguf", vocab_fields, **VARIANTS["deepseek2-v3-groups-yarn"])
+    assert cli.main(["analyze", "-m", path, "--json", "--no-measure", "--device-budget", "1MiB"]) == 0
+    lay = json.loads(capsys.readouterr().out)["layout"]
+    assert lay["kv_bytes_per_token"] == 3 * (32 + 16) * 2 and lay["n_moe_layers"] == 2
+    assert cli.main(["analyze", "-m", path, "--no-measure", "--device-budget", "1MiB"]) == 0
+    out = capsys.readouterr().out
+    assert "multi-head latent attention: 4 heads of 48 (K) and 32 (V)" in out and "kv_lora_rank 32 + rope 16" in out
+    assert "sigmoid gating with exp_probs_b, chosen within 2 of 4 expert groups" in out
