@@ -84,13 +84,24 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
     if kind == "generate":
         llm = llama_cpp.Llama(**kw)
         out = {}
+
+        def fresh():    # each run from an empty memory (Llama.reset keeps the cells)
+            llm.reset()
+            llm._ctx.kv_cache_clear()
+
         for i, prompt in enumerate(req["prompts"]):
-            r = llm.create_completion(prompt, max_tokens=req["max_tokens"], temperature=0.0, top_k=1,
-                                      repeat_penalty=1.0)
-            out[f"text{i}"] = np.array(r["choices"][0]["text"])
+            # llama-cpp-python's own text, where it has one: its create_completion skips the max_tokens check
+            # after a token whose text ends like a UTF-8 lead byte, and may run into the end of the context
+            fresh()
+            try:
+                r = llm.create_completion(prompt, max_tokens=req["max_tokens"], temperature=0.0, top_k=1,
+                                          repeat_penalty=1.0)
+                out[f"text{i}"] = np.array(r["choices"][0]["text"])
+            except RuntimeError:
+                pass
             # the greedy ids, and their text through llama.cpp's own llama_detokenize: llama-cpp-python's
             # detokenize drops pieces longer than its 32-byte buffer (random weights pick such tokens)
-            llm.reset()
+            fresh()
             ids = []
             for t in llm.generate(llm.tokenize(prompt.encode()), top_k=1, temp=0.0, repeat_penalty=1.0):
                 if llama_cpp.llama_vocab_is_eog(llama_cpp.llama_model_get_vocab(llm.model), t) or len(ids) == req["max_tokens"]:

@@ -83,7 +83,7 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
 @pytest.mark.parametrize("variant", ["qwen3-q8_0", "phi3-fused", "gemma2-swa16-softcaps", "gemma3-swa16-linear8",
                                      "gemma3-q4_k-output-softcap", "llama-yarn2-q8_0", "phi3-longrope-long",
                                      "qwen3moe-8x2-q8_0", "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1",
-                                     "gpt-oss-8x2-swa16-yarn", "deepseek2-lite", "deepseek2-v3-groups-yarn",
+                                     "gpt-oss-8x2-swa16-yarn", "deepseek2-lite", "deepseek2-kimi-q8_0",
                                      "deepseek2-glm47flash"])
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
@@ -100,7 +100,7 @@ def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, va
             # their text as llama.cpp's llama_detokenize gives it; llama-cpp-python's own text drops any piece
             # longer than its 32-byte buffer, and equals it where there is none
             assert out["choices"][0]["text"] == str(ref[f"piece_text{i}"])
-            if all(len(m.tokenizer.token_to_piece(t)) <= 32 for t in ref_ids):
+            if f"text{i}" in ref and all(len(m.tokenizer.token_to_piece(t)) <= 32 for t in ref_ids):
                 assert out["choices"][0]["text"] == str(ref[f"text{i}"])
 
 

@@ -1,8 +1,8 @@
 """The mixture-of-experts FFN, as llama.cpp's llm_graph_context::build_moe_ffn builds it for the MoE families
-(qwen2moe, qwen3moe, olmoe, Mixtral-style llama, gpt-oss): a router picks n_expert_used of n_expert experts per
-token, their FFNs run through ggml_mul_mat_id over 3-D expert tensors, and the outputs are summed with the
-router's weights (renormalised where the family does; gating and activation per the family's moe_* attributes).
-A shared expert (qwen2moe) sits behind a sigmoid gate. With the experts paged (the expert cache), a block is
+(qwen2moe, qwen3moe, olmoe, Mixtral-style llama, gpt-oss, deepseek2): a router picks n_expert_used of n_expert
+experts per token, their FFNs run through ggml_mul_mat_id over 3-D expert tensors, and the outputs are summed with
+the router's weights (gating, selection bias, expert groups, renormalisation, scale and activation per the
+family's moe_* attributes). A shared expert is added (qwen2moe's behind a sigmoid gate). With the experts paged (the expert cache), a block is
 built in parts: build_paged_block.
 """
 

@@ -11,10 +11,11 @@ each sequence where its rows start, and every block's step runs inside `use(laye
 - PagedKV: pages of `kv_page_size` tokens in a native.KVCache per device; a layer's frame is bound to the lane's
   tensors while the layer runs, host and spill tiers behind it.
 
-A third kind adds itself by implementing SequenceMemory: a latent K/V (multi-head latent attention) is a
-ContiguousKV or PagedKV with one [kv_lora_rank + n_rot, ctx] tensor per layer instead of K and V; a recurrent state
-(gated delta-net) keeps a fixed [state, 1] tensor per layer and sequence, whose `truncate` restores a checkpoint
-instead of forgetting rows, and a hybrid memory routes each layer to one of two memories.
+A latent K/V (multi-head latent attention, hp.latent_kv) is a ContiguousKV of K only: one [kv_lora_rank + n_rot,
+ctx] tensor per layer, V read from it (PagedKV does not page it yet). A third kind adds itself by implementing
+SequenceMemory: a recurrent state (gated delta-net) keeps a fixed [state, 1] tensor per layer and sequence,
+whose `truncate` restores a checkpoint instead of forgetting rows, and a hybrid memory routes each layer to one
+of two memories.
 """
 
 from __future__ import annotations
