@@ -23,8 +23,8 @@ kv_cache::kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::
         throw Error("kv_page_size must be in " + std::to_string(KV_PAGE_MIN) + ".." + std::to_string(KV_PAGE_MAX) +
                     " tokens, not " + std::to_string(p_.page_size));
     }
-    if (p_.n_layer < 1 || (int) k_.size() != p_.n_layer || (int) v_.size() != p_.n_layer) {
-        throw Error("kv cache needs one K and one V tensor per layer");
+    if (p_.n_layer < 1 || (int) k_.size() != p_.n_layer || (int) v_.size() != (p_.has_v ? p_.n_layer : 0)) {
+        throw Error("kv cache needs one K and one V tensor per layer (K only without V)");
     }
     if (!p_.buft) p_.buft = ggml_backend_cpu_buffer_type();
     if (p_.n_frames <= 0) p_.n_frames = p_.n_layer;
@@ -32,8 +32,9 @@ kv_cache::kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::
     // as many or more (several sequences): every (sequence, layer) competes for all of them, LRU
     n_resident_ = p_.n_frames >= p_.n_layer ? 0 : p_.n_frames - std::max(1, std::min(p_.n_stream, p_.n_frames));
     const size_t align = ggml_backend_buft_get_alignment(p_.buft);
-    if (p_.v_row == 0) p_.v_row = p_.k_row;
-    if (p_.k_row == 0 || (p_.v_trans && p_.v_row % (size_t) p_.n_embd_gqa)) {
+    if (!p_.has_v) p_.v_row = 0;
+    else if (p_.v_row == 0) p_.v_row = p_.k_row;
+    if (p_.k_row == 0 || (p_.has_v && p_.v_trans && p_.v_row % (size_t) p_.n_embd_gqa)) {
         throw Error("kv cache needs the bytes of a token's K and V (a transposed V of whole elements)");
     }
     k_bytes_ = (size_t) p_.n_ctx * p_.k_row;
@@ -69,7 +70,8 @@ kv_cache::~kv_cache() {
     for (auto & f : frames_) {
         if (f.fill.valid()) { try { f.fill.get(); } catch (...) {} }
     }
-    for (int l = 0; l < p_.n_layer; ++l) { tensor_unbind(k_[l]); tensor_unbind(v_[l]); }
+    for (auto * t : k_) tensor_unbind(t);
+    for (auto * t : v_) tensor_unbind(t);
     for (auto & f : frames_) if (f.buf) ggml_backend_buffer_free(f.buf);
     for (auto & [seq, layers] : seqs_) for (auto & pages : layers) for (auto & pg : pages) std::free(pg.host);
     if (spill_fd_.valid()) ::unlink(spill_path_.c_str());
@@ -108,7 +110,8 @@ void kv_cache::copy_page(frame & f, int64_t idx, uint8_t * pb, bool to_frame) co
     };
     try {
         xfer((size_t) p0 * kr, pb, (size_t) rows * kr);
-        if (p_.v_trans) {
+        if (!p_.has_v) {
+        } else if (p_.v_trans) {
             for (int64_t c = 0; c < g; ++c) {
                 xfer(v_off_ + (size_t) (c * p_.n_ctx + p0) * es, pb + kblock + (size_t) (c * P) * es, (size_t) rows * es);
             }
@@ -315,7 +318,7 @@ void kv_cache::start_fill(frame & f, int seq, int layer, int64_t n_valid, bool a
 void kv_cache::bind(const frame & f, ggml_tensor * k, ggml_tensor * v) {
     auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(f.buf));
     tensor_bind(k, f.buf, base);
-    tensor_bind(v, f.buf, base + v_off_);
+    if (v) tensor_bind(v, f.buf, base + v_off_);
 }
 
 bool kv_cache::prefetch(int seq, int layer, int64_t n_valid) {
@@ -328,9 +331,9 @@ bool kv_cache::prefetch(int seq, int layer, int64_t n_valid) {
 
 void kv_cache::acquire(int seq, int layer, int64_t n_valid, ggml_tensor * k, ggml_tensor * v) {
     if (layer < 0 || layer >= p_.n_layer) throw Error("kv layer out of range");
-    if (!k != !v) throw Error("acquire: give both K and V tensors, or neither");
-    if (k && (k->type != k_[layer]->type || v->type != v_[layer]->type || !ggml_are_same_shape(k, k_[layer]) ||
-              !ggml_are_same_shape(v, v_[layer]))) {
+    if (p_.has_v ? !k != !v : v != nullptr) throw Error("acquire: give both K and V tensors (K only without V), or neither");
+    if (k && (k->type != k_[layer]->type || !ggml_are_same_shape(k, k_[layer]) ||
+              (v && (v->type != v_[layer]->type || !ggml_are_same_shape(v, v_[layer]))))) {
         throw Error("acquire: the K/V tensors differ from the layer's in shape or type");
     }
     int i = find_frame(seq, layer);
@@ -352,7 +355,7 @@ void kv_cache::acquire(int seq, int layer, int64_t n_valid, ggml_tensor * k, ggm
     f.in_use++;
     f.valid = n_valid;
     f.last_use = ++clock_;
-    bind(f, k ? k : k_[layer], v ? v : v_[layer]);
+    bind(f, k ? k : k_[layer], k ? v : this->v(layer));
 }
 
 void kv_cache::release(int seq, int layer, int64_t n_end) {

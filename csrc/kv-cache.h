@@ -21,6 +21,8 @@
 //
 // Host and disk pages are stored as [K rows: page_size x n_embd_gqa]
 // [V: page_size x n_embd_gqa, or n_embd_gqa x page_size when transposed].
+// A cache of K only (has_v false: a latent K/V, whose V is read from K) has
+// no V tensors, and its frames and pages hold the K rows alone.
 // Failure (spill file unwritable, disk full, budget exhausted with no spill
 // dir) throws before anything is dropped: a frame or host page is released
 // only after its bytes are safe elsewhere. The spill file is unlinked when
@@ -57,6 +59,7 @@ struct kv_params {
     int64_t n_ctx = 0;              // tokens a frame holds
     size_t k_row = 0;               // bytes of one token's K (ggml_row_size of the K type, n_embd_gqa)
     size_t v_row = 0;               // and of its V; 0: as k_row
+    bool has_v = true;              // false: K only (a latent K/V, whose V is read from K): no V tensors
     bool v_trans = true;            // V stored transposed, as the non-flash attention graph reads it (a V type
                                     // of whole elements only: F32, F16, BF16)
     int page_size = 256;            // tokens per page, KV_PAGE_MIN..KV_PAGE_MAX
@@ -116,7 +119,7 @@ public:
     const kv_params & params() const { return p_; }
     // Layer l's K and V tensors (bound to a frame between acquire and release).
     ggml_tensor * k(int l) const { return k_.at(l); }
-    ggml_tensor * v(int l) const { return v_.at(l); }
+    ggml_tensor * v(int l) const { return p_.has_v ? v_.at(l) : nullptr; }   // nullptr: K only
 
 private:
     struct page {

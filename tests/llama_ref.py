@@ -87,7 +87,7 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
 
         def fresh():    # each run from an empty memory (Llama.reset keeps the cells)
             llm.reset()
-            llm._ctx.kv_cache_clear()
+            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
 
         for i, prompt in enumerate(req["prompts"]):
             # llama-cpp-python's own text, where it has one: its create_completion skips the max_tokens check

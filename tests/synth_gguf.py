@@ -31,9 +31,12 @@ def vocab_fields(path):
 
 def synth(path, fields, arch="llama", **kw):
     """A random-weight GGUF of `arch` laid out as llama.cpp's converter writes it: deepseek2 (multi-head latent
-    attention) by synth_deepseek2, every other family by _synth (see there for the keyword arguments)."""
+    attention) by synth_deepseek2, glm4moe by synth_glm4moe, every other family by _synth (see each for the keyword
+    arguments)."""
     if arch == "deepseek2":
         return synth_deepseek2(path, fields, **kw)
+    if arch == "glm4moe":
+        return synth_glm4moe(path, fields, **kw)
     return _synth(path, fields, arch, **kw)
 
 
@@ -179,6 +182,36 @@ def _synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=N
     return str(path)
 
 
+def tensor_writers(w, rng, wtype, n_embd):
+    """put(name, array), t(name, *numpy shape, scale) (random normal) and norm(name, n, spread) (1 + noise) for the
+    writer w; wtype (f32, f16, q8_0) is the type of the matmul weights: norms, the embedding, routers and biases
+    stay F32."""
+    quant = {"q8_0": gguf.GGMLQuantizationType.Q8_0}.get(wtype)
+    assert wtype in ("f32", "f16", "q8_0"), wtype
+
+    def put(name, a):
+        matrix = (a.ndim >= 2 and name != "token_embd.weight" and "ffn_gate_inp" not in name
+                  and not name.endswith(".bias"))
+        block = gguf.GGML_QUANT_SIZES[quant][0] if quant is not None else 1
+        if matrix and wtype == "f16":
+            w.add_tensor(name, a.astype(np.float16))
+        # a row (ggml's ne0) that is not a whole number of blocks (32 for Q8_0: attn_q_b's q_lora_rank 48)
+        # cannot be quantized: that tensor stays F32 (llama.cpp's quantizer would fall back to another type)
+        elif matrix and quant is not None and a.shape[-1] % block == 0:
+            q = native.quantize(getattr(native.GGMLType, quant.name), a.reshape(-1, a.shape[-1]))
+            w.add_tensor(name, q.reshape(*a.shape[:-1], q.shape[-1]), raw_dtype=quant)
+        else:
+            w.add_tensor(name, a)
+
+    def t(name, *shape, scale=0.08):  # numpy shape: ggml's ne reversed
+        put(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def norm(name, n=n_embd, spread=0.1):
+        w.add_tensor(name, (1 + spread * rng.standard_normal(n)).astype(np.float32))
+
+    return put, t, norm
+
+
 def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_lead_dense=1, q_lora_rank=0,
                     kv_lora_rank=32, qk_rope=16, qk_nope=32, v_head=32, n_expert=8, n_expert_used=2, n_shared=1,
                     n_ff_exp=32, gating=None, probs_bias=False, n_group=0, n_group_used=0, weights_norm=None,
@@ -246,29 +279,7 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
     for k, value, vtype, sub in fields:
         w.add_key_value(k, value, vtype, sub_type=sub)
 
-    quant = {"q8_0": gguf.GGMLQuantizationType.Q8_0}.get(wtype)
-    assert wtype in ("f32", "f16", "q8_0"), wtype
-
-    def put(name, a):   # as synth's put
-        matrix = (a.ndim >= 2 and name != "token_embd.weight" and "ffn_gate_inp" not in name
-                  and not name.endswith(".bias"))
-        block = gguf.GGML_QUANT_SIZES[quant][0] if quant is not None else 1
-        if matrix and wtype == "f16":
-            w.add_tensor(name, a.astype(np.float16))
-        # a row (ggml's ne0) that is not a whole number of blocks (32 for Q8_0: attn_q_b's q_lora_rank 48)
-        # cannot be quantized: that tensor stays F32 (llama.cpp's quantizer would fall back to another type)
-        elif matrix and quant is not None and a.shape[-1] % block == 0:
-            q = native.quantize(getattr(native.GGMLType, quant.name), a.reshape(-1, a.shape[-1]))
-            w.add_tensor(name, q.reshape(*a.shape[:-1], q.shape[-1]), raw_dtype=quant)
-        else:
-            w.add_tensor(name, a)
-
-    def t(name, *shape, scale=0.08):  # numpy shape: ggml's ne reversed
-        put(name, (rng.standard_normal(shape) * scale).astype(np.float32))
-
-    def norm(name, n=n_embd, spread=0.1):
-        w.add_tensor(name, (1 + spread * rng.standard_normal(n)).astype(np.float32))
-
+    put, t, norm = tensor_writers(w, rng, wtype, n_embd)
     n_qk = qk_nope + qk_rope
     t("token_embd.weight", n_vocab, n_embd, scale=1.0)
     norm("output_norm.weight")
@@ -303,6 +314,90 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
             t(p + "ffn_gate_shexp.weight", n_ff_exp * n_shared, n_embd)
             t(p + "ffn_up_shexp.weight", n_ff_exp * n_shared, n_embd)
             t(p + "ffn_down_shexp.weight", n_embd, n_ff_exp * n_shared)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_layer=3, n_ff=96, n_lead_dense=1,
+                  n_expert=8, n_expert_used=2, n_shared=1, n_ff_exp=32, qkv_bias=True, qk_norm=False,
+                  weights_norm=True, weights_scale=None, mtp=False, tied=False, wtype="f32", seed=0,
+                  n_ctx_train=512):
+    """A random-weight glm4moe GGUF (GLM-4.5/4.6/4.7) laid out as llama.cpp's converter (Glm4MoeModel) writes it:
+    RoPE over half of each head, Q/K/V biases (qkv_bias), Q/K head norms (qk_norm), post_attention_norm as the
+    FFN's pre-norm, n_lead_dense dense blocks, then experts with sigmoid routing plus exp_probs_b and shared
+    experts; mtp: a next-token-prediction block after them (nextn_predict_layers 1), which a forward pass skips."""
+    rng = np.random.default_rng(seed)
+    n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
+    U, F, B = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.BOOL
+    w = gguf.GGUFWriter(str(path), "glm4moe")
+
+    def key(name, value, vtype):
+        w.add_key_value(f"glm4moe.{name}", value, vtype)
+
+    n_all = n_layer + (1 if mtp else 0)
+    w.add_block_count(n_all)
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    key("expert_count", n_expert, U)
+    key("expert_used_count", n_expert_used, U)
+    key("rope.dimension_count", head_dim // 2, U)       # partial_rotary_factor 0.5
+    key("expert_feed_forward_length", n_ff_exp, U)
+    key("expert_shared_count", n_shared, U)
+    key("leading_dense_block_count", n_lead_dense, U)
+    key("expert_gating_func", 2, U)
+    if weights_scale is not None:
+        key("expert_weights_scale", float(weights_scale), F)
+    key("expert_weights_norm", bool(weights_norm), B)
+    if mtp:
+        key("nextn_predict_layers", 1, U)
+    for k, value, vtype, sub in fields:
+        w.add_key_value(k, value, vtype, sub_type=sub)
+    put, t, norm = tensor_writers(w, rng, wtype, n_embd)
+    t("token_embd.weight", n_vocab, n_embd, scale=1.0)
+    norm("output_norm.weight")
+    if not tied:
+        t("output.weight", n_vocab, n_embd, scale=0.2)
+    for il in range(n_all):
+        p = f"blk.{il}."
+        norm(p + "attn_norm.weight")
+        for n, rows in (("q", n_head * head_dim), ("k", n_head_kv * head_dim), ("v", n_head_kv * head_dim)):
+            t(p + f"attn_{n}.weight", rows, n_embd, scale=0.3 if n != "v" else 0.08)
+            if qkv_bias:
+                t(p + f"attn_{n}.bias", rows, scale=0.5)
+        t(p + "attn_output.weight", n_embd, n_head * head_dim)
+        if qk_norm:
+            norm(p + "attn_q_norm.weight", head_dim, 0.2)
+            norm(p + "attn_k_norm.weight", head_dim, 0.2)
+        norm(p + "post_attention_norm.weight")
+        if il < n_lead_dense:
+            t(p + "ffn_gate.weight", n_ff, n_embd)
+            t(p + "ffn_up.weight", n_ff, n_embd)
+            t(p + "ffn_down.weight", n_embd, n_ff)
+        else:
+            t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=0.5)
+            t(p + "exp_probs_b.bias", n_expert, scale=0.1)
+            t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd)
+            t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd)
+            t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp)
+            if n_shared:
+                t(p + "ffn_gate_shexp.weight", n_ff_exp * n_shared, n_embd)
+                t(p + "ffn_up_shexp.weight", n_ff_exp * n_shared, n_embd)
+                t(p + "ffn_down_shexp.weight", n_embd, n_ff_exp * n_shared)
+        if il >= n_layer:         # the MTP block's own tensors
+            t(p + "nextn.eh_proj.weight", n_embd, 2 * n_embd)
+            norm(p + "nextn.enorm.weight")
+            norm(p + "nextn.hnorm.weight")
+            norm(p + "nextn.shared_head_norm.weight")
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -361,6 +456,10 @@ VARIANTS = {
     "deepseek2-glm47flash": dict(arch="deepseek2", q_lora_rank=48, v_head=48, n_expert=8, n_expert_used=4, gating=2,
                                  probs_bias=True, weights_norm=True, weights_scale=1.8, n_group=1, n_group_used=1,
                                  n_shared=1),
+    # glm4moe: partial NeoX RoPE, one leading dense block, sigmoid routing with exp_probs_b, a shared expert
+    "glm4moe-bias-mtp": dict(arch="glm4moe", qkv_bias=True, weights_scale=2.5, mtp=True),
+    "glm4moe-qknorm-q8_0": dict(arch="glm4moe", qkv_bias=False, qk_norm=True, n_expert=16, n_expert_used=4,
+                                wtype="q8_0"),
 }
 
 

@@ -106,10 +106,27 @@ def test_speculative_rollback_over_the_latent_memory_is_exact(tmp_path, vocab_fi
         assert st["draft_tokens"] > 0 and st["draft_accepted"] < st["draft_tokens"]    # rollbacks happened
 
 
-def test_paged_kv_of_a_latent_memory_is_refused_with_a_reason(tmp_path, vocab_fields):
-    path = synth(tmp_path / "mla.gguf", vocab_fields, **VARIANTS["deepseek2-lite"])
-    with pytest.raises(ValueError, match="paged_kv does not hold the latent K/V"):
-        Model(path, ctx_size=128, paged_kv=True)
+@pytest.mark.parametrize("variant", ["deepseek2-lite", "deepseek2-glm47flash"])
+def test_paged_latent_kv_is_bit_identical_to_contiguous(tmp_path, vocab_fields, variant, tmp_path_factory):
+    """Pages of 16 tokens of K only, one layer's frame on the device, a host budget of a few pages and a spill
+    file; with batches over several sequences too."""
+    path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
+    prompt = [int(x) for x in np.random.default_rng(5).integers(0, 49152, 40)]
+    spill = tmp_path_factory.mktemp("spill")
+
+    def run(**kw):
+        with Model(path, ctx_size=128, n_threads=2, n_batch=16, **kw) as m:
+            out = [m.eval(prompt, logits_all=True).copy()] + [m.eval([t]).copy() for t in (5, 6, 7)]
+            two = m.eval_batch([(1, prompt[:9]), (2, prompt[:23])])
+            return np.concatenate(out + [r[-1:] for r in two]), m.stats()
+
+    ref, st = run()
+    row = field(path, "attention.kv_lora_rank") + field(path, "rope.dimension_count")
+    paged, st = run(paged_kv=True, kv_page_size=16, kv_device_layers=1, host_budget=6 * 16 * row * 2,
+                    kv_spill_dir=str(spill))
+    assert st["kv_pages_loaded"] > 0 and st["kv_pages_spilled"] > 0
+    assert st["kv_frame_bytes"] == 128 * row * 2             # K only
+    assert np.array_equal(paged, ref)
 
 
 def test_analyze_shows_the_latent_layout_the_groups_and_the_cache_per_token(tmp_path, vocab_fields, capsys):

@@ -41,7 +41,7 @@ static std::shared_ptr<kv_lease> frame_acquire(const std::shared_ptr<kv_handle> 
         h->kv->acquire(seq, layer, n_valid);
     }
     kv_cache * kv = h->kv.get();
-    ggml_tensor * k = kv->k(layer), * v = kv->v(layer);
+    ggml_tensor * k = kv->k(layer), * v = kv->v(layer);    // v nullptr: K only
     auto r = std::make_shared<kv_lease>();
     r->seq = seq;
     r->layer = layer;
@@ -50,8 +50,8 @@ static std::shared_ptr<kv_lease> frame_acquire(const std::shared_ptr<kv_handle> 
     r->buffer = k->buffer;
     r->host = ggml_backend_buffer_is_host(k->buffer);
     r->base = static_cast<uint8_t *>(k->data);
-    r->v_offset = (size_t) (static_cast<uint8_t *>(v->data) - r->base);
-    r->size = r->v_offset + ggml_nbytes(v);
+    r->v_offset = v ? (size_t) (static_cast<uint8_t *>(v->data) - r->base) : ggml_nbytes(k);
+    r->size = r->v_offset + (v ? ggml_nbytes(v) : 0);
     r->what = "KV frame of (seq " + std::to_string(seq) + ", layer " + std::to_string(layer) + ")";
     r->on_release = [kv, seq, layer, end = r->n_end] { kv->release(seq, layer, *end); };
     return r;
@@ -77,26 +77,32 @@ void init_kv_cache(py::module_ & m) {
             r.check();
             return tensor_ref{static_cast<kv_handle *>(r.owner.get())->kv->k(r.layer), r.owner};
         }, "The layer's K tensor, bound to the frame (for ggml graphs).")
-        .def("v", [](const kv_lease & r) {
+        .def("v", [](const kv_lease & r) -> std::optional<tensor_ref> {
             r.check();
-            return tensor_ref{static_cast<kv_handle *>(r.owner.get())->kv->v(r.layer), r.owner};
-        }, "The layer's V tensor, bound to the frame.");
+            ggml_tensor * v = static_cast<kv_handle *>(r.owner.get())->kv->v(r.layer);
+            if (!v) return std::nullopt;
+            return tensor_ref{v, r.owner};
+        }, "The layer's V tensor, bound to the frame (None for a cache of K only).");
 
     m.attr("KV_PAGE_MIN") = KV_PAGE_MIN;
     m.attr("KV_PAGE_MAX") = KV_PAGE_MAX;
     py::class_<kv_handle, std::shared_ptr<kv_handle>>(m, "KVCache",
-        "Paged K/V cache: pages of page_size tokens in device frames, host memory (a budget) and a spill file.")
+        "Paged K/V cache: pages of page_size tokens in device frames, host memory (a budget) and a spill file.\n"
+        "v empty: a cache of K only (a latent K/V).")
         .def(py::init([](const std::vector<tensor_ref> & k, const std::vector<tensor_ref> & v, int page_size,
                          int n_frames, std::optional<size_t> host_budget, const std::string & spill_dir,
                          bool v_trans, compute_backend * backend, int n_workers, int n_stream) {
-            if (k.empty() || k.size() != v.size()) throw Error("KVCache needs one K and one V tensor per layer");
+            if (k.empty() || (!v.empty() && k.size() != v.size())) {
+                throw Error("KVCache needs one K and one V tensor per layer (or K only, a latent K/V)");
+            }
             auto h = std::make_shared<kv_handle>();
             kv_params p;
             p.n_layer = (int) k.size();
             p.n_embd_gqa = k[0].t->ne[0];
             p.n_ctx = k[0].t->ne[1];
             p.k_row = ggml_row_size(k[0].t->type, p.n_embd_gqa);
-            p.v_row = ggml_row_size(v[0].t->type, p.n_embd_gqa);
+            p.has_v = !v.empty();
+            p.v_row = p.has_v ? ggml_row_size(v[0].t->type, p.n_embd_gqa) : 0;
             p.v_trans = v_trans;
             p.page_size = page_size;
             p.n_frames = n_frames;
@@ -106,17 +112,19 @@ void init_kv_cache(py::module_ & m) {
             p.buft = backend ? backend->buffer_type() : nullptr;
             std::vector<ggml_tensor *> kt, vt;
             for (size_t i = 0; i < k.size(); ++i) {
-                if (ggml_nelements(k[i].t) != p.n_embd_gqa * p.n_ctx || ggml_nelements(v[i].t) != p.n_embd_gqa * p.n_ctx ||
-                    k[i].t->type != k[0].t->type || v[i].t->type != v[0].t->type) {
+                if (ggml_nelements(k[i].t) != p.n_embd_gqa * p.n_ctx || k[i].t->type != k[0].t->type ||
+                    (p.has_v && (ggml_nelements(v[i].t) != p.n_embd_gqa * p.n_ctx || v[i].t->type != v[0].t->type))) {
                     throw Error("KVCache: every K tensor must be [n_embd_gqa, n_ctx] of one type, and every V");
                 }
-                if (v_trans && ggml_is_quantized(v[i].t->type)) {
+                if (p.has_v && v_trans && ggml_is_quantized(v[i].t->type)) {
                     throw Error("KVCache: a transposed V cache needs a type of whole elements, not a quantized one");
                 }
                 kt.push_back(k[i].t);
-                vt.push_back(v[i].t);
                 h->owners.push_back(k[i].owner);
-                h->owners.push_back(v[i].owner);
+                if (p.has_v) {
+                    vt.push_back(v[i].t);
+                    h->owners.push_back(v[i].owner);
+                }
             }
             if (n_workers > 0) h->workers = std::make_unique<task_pool>(n_workers, "KV fill");
             h->kv = std::make_unique<kv_cache>(p, kt, vt, h->workers.get());

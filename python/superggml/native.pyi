@@ -430,8 +430,8 @@ class KVFrame(Lease):
         """Rows up to n_end were written: release() marks their pages dirty."""
     def k(self) -> Tensor:
         """The layer's K tensor, bound to the frame (for ggml graphs)."""
-    def v(self) -> Tensor:
-        """The layer's V tensor, bound to the frame."""
+    def v(self) -> Tensor | None:
+        """The layer's V tensor, bound to the frame (None for a cache of K only)."""
 
 # ---------------------------------------------------------------------------------------------------------------
 # Buffer pool, prefetch, layer pager, KV cache
@@ -539,7 +539,8 @@ class LayerPager(_pybind11_object):
     def stats(self) -> dict[str, int | float]: ...
 
 class KVCache(_pybind11_object):
-    """Paged K/V cache: pages of page_size tokens in device frames, host memory (a budget) and a spill file."""
+    """Paged K/V cache: pages of page_size tokens in device frames, host memory (a budget) and a spill file.
+    v empty: a cache of K only (a latent K/V)."""
 
     def __init__(self, k: Sequence[Tensor], v: Sequence[Tensor], page_size: int = 256, n_frames: int = 0,
                  host_budget: int | None = None, spill_dir: str = "", v_trans: bool = True,

@@ -5,7 +5,8 @@
 // against a shadow copy, K rows and transposed V). Layers 1 and 3 slide over
 // a window of W tokens: each pass frees their pages below it (seq_forget), and
 // only the rows still held are checked; truncating before them drops the
-// sequence, as the executor does.
+// sequence, as the executor does. Run twice: with V, and with K only (a
+// latent K/V).
 #include "kv-cache.h"
 
 #include "ggml.h"
@@ -21,7 +22,7 @@
 
 using namespace superggml;
 
-int main() {
+static int stress(bool has_v) {
     const int n_layer = 4, n_seq = 3;
     const int64_t g = 8, n_ctx = 96, P = 16;
     ggml_init_params ip = { 2 * n_layer * ggml_tensor_overhead(), nullptr, true };
@@ -45,7 +46,8 @@ int main() {
         p.n_frames = 3;
         p.host_budget = 5 * 2 * P * g * 4;
         p.spill_dir = dir;
-        kv_cache kv(p, k, v, &workers);
+        p.has_v = has_v;
+        kv_cache kv(p, k, has_v ? v : std::vector<ggml_tensor *>{}, &workers);
         std::mt19937 rnd(3);
         std::map<std::pair<int, int>, std::vector<float>> shadow;   // (seq, layer) -> n x [k g, v g]
         std::vector<int64_t> n_past(n_seq, 0), floor(n_seq, 0);
@@ -75,18 +77,18 @@ int main() {
                 kv.acquire(seq, l, p0);
                 if (rnd() % 2 && l + 1 < n_layer) kv.prefetch(seq, l + 1, p0);
                 auto * kd = static_cast<float *>(k[l]->data);
-                auto * vd = static_cast<float *>(v[l]->data);
+                auto * vd = has_v ? static_cast<float *>(v[l]->data) : nullptr;
                 auto & s = shadow[{seq, l}];
                 for (int64_t t = slides(l) ? floor[seq] : 0; t < p0; ++t) {
                     for (int64_t c = 0; c < g; ++c) {
-                        if (kd[t * g + c] != s[(t * 2) * g + c] || vd[c * n_ctx + t] != s[(t * 2 + 1) * g + c]) bad++;
+                        if (kd[t * g + c] != s[(t * 2) * g + c] || (vd && vd[c * n_ctx + t] != s[(t * 2 + 1) * g + c])) bad++;
                     }
                 }
                 for (int64_t t = p0; t < p0 + n; ++t) {
                     for (int64_t c = 0; c < g; ++c) {
                         const float a = (float) (rnd() % 100000), b = (float) (rnd() % 100000);
                         kd[t * g + c] = a;
-                        vd[c * n_ctx + t] = b;
+                        if (vd) vd[c * n_ctx + t] = b;
                         s.resize((size_t) ((t + 1) * 2 * g));
                         s[(t * 2) * g + c] = a;
                         s[(t * 2 + 1) * g + c] = b;
@@ -98,8 +100,8 @@ int main() {
             steps++;
         }
         kv_stats st = kv.stats();
-        std::printf("kv: steps %d, loaded %llu, prefetched %llu, spilled %llu, evicted %llu, forgotten %llu, bad %d\n",
-                    steps, (unsigned long long) st.pages_loaded, (unsigned long long) st.pages_prefetched,
+        std::printf("kv (%s): steps %d, loaded %llu, prefetched %llu, spilled %llu, evicted %llu, forgotten %llu, bad %d\n",
+                    has_v ? "K and V" : "K only", steps, (unsigned long long) st.pages_loaded, (unsigned long long) st.pages_prefetched,
                     (unsigned long long) st.pages_spilled, (unsigned long long) st.pages_evicted,
                     (unsigned long long) st.pages_forgotten, bad);
         if (st.pages_prefetched == 0 || st.pages_spilled == 0 || st.pages_forgotten == 0) bad++;
@@ -108,4 +110,8 @@ int main() {
     if (left) std::printf("kv: the spill file was left behind\n");
     ggml_free(ctx);
     return bad == 0 && !left ? 0 : 1;
+}
+
+int main() {
+    return stress(true) | stress(false);
 }

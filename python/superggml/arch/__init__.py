@@ -15,6 +15,7 @@ from .llama import LlamaArch
 from .qwen2 import Qwen2Arch
 from .gemma2 import Gemma2Arch
 from .gemma3 import Gemma3Arch
+from .glm4moe import Glm4MoeArch
 from .gpt_oss import GptOssArch
 from .olmoe import OlmoeArch
 from .phi3 import Phi3Arch
@@ -34,6 +35,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "olmoe": OlmoeArch,
     "gpt-oss": GptOssArch,
     "deepseek2": Deepseek2Arch,
+    "glm4moe": Glm4MoeArch,
 }
 
 

@@ -99,7 +99,7 @@ class HParams:
             rope = _rope_scaling(meta, arch, n_ctx_train)
             hp = cls(
                 arch=arch,
-                n_layer=int(get("block_count")),
+                n_layer=int(get("block_count")) - int(get("nextn_predict_layers", 0)),   # MTP blocks follow
                 n_embd=n_embd,
                 n_head=n_head,
                 n_head_kv=n_head_kv,
@@ -211,6 +211,7 @@ class Architecture:
     out_bias = False         # attn_output.bias (gpt-oss)
     ffn_norm = "ffn_norm"    # the FFN's pre-norm tensor (gpt-oss calls it post_attention_norm)
     ffn_glu = "swiglu"       # swiglu or geglu
+    out_prec_f32 = False     # the attention output's matmul accumulates in F32 (glm4moe; on the CPU it always does)
 
     def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None, names: Any = ()):
         self.hp = hp
@@ -311,6 +312,14 @@ class Architecture:
 
     def block_tensors(self, il: int) -> list[str]:
         return list(self.block_tensor_shapes(il))
+
+    def is_mtp_tensor(self, name: str) -> bool:
+        """Whether `name` belongs to a next-token-prediction block after the model's own (nextn_predict_layers),
+        which a forward pass does not use."""
+        if not name.startswith("blk."):
+            return False
+        il = name.split(".", 2)[1]
+        return il.isdigit() and int(il) >= self.hp.n_layer
 
     def matmul_weights(self, has: Any) -> list[str]:
         """Weights used only as the left side of mul_mat (candidates for re-laid kernels)."""
@@ -434,6 +443,8 @@ class Architecture:
             cur = ctx.get_rows(cur, inp.out_ids)
             x = ctx.get_rows(x, inp.out_ids)
         cur = ctx.mul_mat(w(p + "attn_output.weight"), cur)
+        if self.out_prec_f32:
+            ctx.mul_mat_set_prec_f32(cur)
         if self.out_bias:
             cur = ctx.add(cur, w(p + "attn_output.bias"))
         if self.post_norms:

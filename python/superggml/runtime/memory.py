@@ -12,7 +12,7 @@ each sequence where its rows start, and every block's step runs inside `use(laye
   tensors while the layer runs, host and spill tiers behind it.
 
 A latent K/V (multi-head latent attention, hp.latent_kv) is a ContiguousKV of K only: one [kv_lora_rank + n_rot,
-ctx] tensor per layer, V read from it (PagedKV does not page it yet). A third kind adds itself by implementing
+ctx] tensor per layer, V read from it (PagedKV pages it the same way, K only). A third kind adds itself by implementing
 SequenceMemory: a recurrent state (gated delta-net) keeps a fixed [state, 1] tensor per layer and sequence,
 whose `truncate` restores a checkpoint instead of forgetting rows, and a hybrid memory routes each layer to one
 of two memories.
@@ -383,7 +383,7 @@ class PagedKV(LanedKV):
     def use(self, layer: int, lanes: Sequence[Lane]) -> contextlib.AbstractContextManager[None]:
         p, local = self.part(layer)
         k, v = self.lanes.k, self.lanes.v
-        return p.use(local, [(seq, n_valid, n_end, k[j][layer] if j else None, v[j][layer] if j else None)
+        return p.use(local, [(seq, n_valid, n_end, k[j][layer] if j else None, v[j][layer] if j and v[j] else None)
                              for j, (seq, n_valid, n_end) in enumerate(lanes)])
 
     def truncate(self, seq: int, n: int) -> None:
@@ -399,9 +399,6 @@ def paged_kv(settings: Settings, arch: Any, backends: Sequence[Any], layer_devic
              n_split: int) -> PagedKV:
     """The paged K/V of settings.kv: each device pages the K/V of its own blocks."""
     hp, kvs = arch.hp, settings.kv
-    if hp.latent_kv:
-        raise ValueError(f"paged_kv does not hold the latent K/V of {hp.arch} (multi-head latent attention) yet: "
-                         f"leave it off")
     if kvs.host_budget is not None and kvs.host_budget > int(native.host_memory()["available"]):
         h = native.host_memory()
         raise ValueError(f"host_budget of {kvs.host_budget} bytes is more than the "
@@ -418,7 +415,7 @@ def paged_kv(settings: Settings, arch: Any, backends: Sequence[Any], layer_devic
             continue
         frames = n_frames if len(ls) == hp.n_layer or kvs.kv_device_layers is not None else len(ls)
         host = kvs.host_budget if kvs.host_budget is None else kvs.host_budget * len(ls) // hp.n_layer
-        core = native.KVCache([lanes.k[0][il] for il in ls], [lanes.v[0][il] for il in ls],
+        core = native.KVCache([lanes.k[0][il] for il in ls], [lanes.v[0][il] for il in ls if lanes.v_width],
                               page_size=kvs.kv_page_size, n_frames=frames, host_budget=host,
                               spill_dir=kvs.kv_spill_dir or "", v_trans=not settings.context.flash_attn,
                               backend=backends[d], n_workers=1, n_stream=settings.paging.stream_slots)
