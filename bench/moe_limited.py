@@ -1,14 +1,18 @@
 """A mixture of experts larger than its memory: superggml's expert cache against llama.cpp's mmap, side by side
 under the same real RAM limit (a child memory cgroup of a quarter of the file's size).
 
-    python bench/moe_limited.py [--tokens 16] [--overhead 160MiB] [--json PATH]
+    python bench/moe_limited.py [--arch qwen3moe|deepseek2] [--tokens 16] [--overhead 160MiB] [--json PATH]
     python bench/moe_limited.py --small          # a ~340 MB model, superggml only: a quick functional run
                                                  # (limit: a quarter of the file + the overhead)
 
-The model is a synthetic qwen3moe laid out as tests/synth_gguf.py writes it (same tensor names and keys, SmolLM2's
-vocabulary, random Q8_0 experts and attention, F32 norms, router and embedding, an untied Q8_0 output), by default
-16 layers x 64 experts of n_ff_exp 768, 8 per token, n_embd 1024: 2.4 GiB of experts, 2.7 GiB in all. It is
-written tensor by tensor (never held in memory) and cached under /work/tmp (or --cache-dir).
+The model is synthetic, laid out as tests/synth_gguf.py writes its family (same tensor names and keys, SmolLM2's
+vocabulary, random quantized experts and attention, F32 norms, router and embedding, an untied quantized output).
+- qwen3moe (the default): 16 layers x 64 experts of n_ff_exp 768, 8 per token, n_embd 1024, Q8_0: 2.4 GiB of
+  experts, 2.7 GiB in all.
+- deepseek2: DeepSeek-V2-Lite's shape (27 layers, the first dense; multi-head latent attention with kv_lora_rank
+  512, 16 heads, no q_lora; 64 experts of n_ff_exp 1408, 6 per token, 2 shared), Q4_0: about 15.5B weights,
+  8.7 GB.
+It is written tensor by tensor (never held in memory) and cached under /work/tmp (or --cache-dir).
 
 Every run is its own child process in a memory cgroup of a quarter of the file's size, with the file's pages
 dropped from the page cache first. The same 16-token prompt, then `tokens` tokens decoded one by one,
@@ -18,7 +22,7 @@ locality; as bench/moe.py). Timed: the decode only.
   localities of --llama-localities).
 - superggml: device_budget = limit - overhead, async_prefetch, direct_io (O_DIRECT reads of the experts); the
   dense part is planned first and the rest of the budget is the expert cache. Its hit rate, the expert bytes it
-  read per token against the routed-experts floor (n_layer * n_expert_used * bytes per expert: every routed
+  read per token against the routed-experts floor (MoE layers * n_expert_used * bytes per expert: every routed
   expert read once per token, what paging experts without a cache costs), the router lookahead's
   precision/recall and whether its timed trial kept it (expert_lookahead auto, the default; --lookahead
   auto,on,off adds runs with it forced on and off).
@@ -34,16 +38,27 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(HERE, "..", "tests")
 
-FULL = dict(n_layer=16, n_embd=1024, n_head=16, n_head_kv=4, head_dim=64, n_expert=64, n_expert_used=8,
-            n_ff_exp=768)
-SMALL = dict(n_layer=8, n_embd=512, n_head=8, n_head_kv=4, head_dim=64, n_expert=32, n_expert_used=4,
-             n_ff_exp=512)
+MODELS = {
+    "qwen3moe": dict(arch="qwen3moe", wtype="q8_0", n_layer=16, n_embd=1024, n_head=16, n_head_kv=4, head_dim=64,
+                     n_expert=64, n_expert_used=8, n_ff_exp=768, n_lead=0),
+    "qwen3moe-small": dict(arch="qwen3moe", wtype="q8_0", n_layer=8, n_embd=512, n_head=8, n_head_kv=4, head_dim=64,
+                           n_expert=32, n_expert_used=4, n_ff_exp=512, n_lead=0),
+    # DeepSeek-V2-Lite: 27 layers (the first dense, n_ff 10944), n_embd 2048, 16 heads, kv_lora_rank 512, rope 64,
+    # nope 128, v 128, no q_lora; 64 experts of 1408, 6 per token, 2 shared
+    "deepseek2": dict(arch="deepseek2", wtype="q4_0", n_layer=27, n_embd=2048, n_head=16, kv_lora=512, qk_rope=64,
+                      qk_nope=128, v_head=128, n_expert=64, n_expert_used=6, n_shared=2, n_ff_exp=1408, n_ff=10944,
+                      n_lead=1),
+    "deepseek2-small": dict(arch="deepseek2", wtype="q4_0", n_layer=8, n_embd=512, n_head=8, kv_lora=128, qk_rope=32,
+                            qk_nope=64, v_head=64, n_expert=32, n_expert_used=4, n_shared=2, n_ff_exp=512, n_ff=1024,
+                            n_lead=1),
+}
 PROMPT = 16
 MiB = 1 << 20
 
@@ -51,24 +66,80 @@ MiB = 1 << 20
 # ------------------------------------------------------------------------------------------------ the model
 
 def tensor_specs(p: dict, n_vocab: int) -> list[tuple]:
-    """(name, numpy shape, kind, scale) in tests/synth_gguf.py's order for arch qwen3moe, untied, wtype q8_0:
-    kind "q8" (a matrix quantized to Q8_0), "f32" (random F32), "norm" (1 + scale * N(0, 1))."""
-    e, hd, fe, ne = p["n_embd"], p["head_dim"], p["n_ff_exp"], p["n_expert"]
+    """(name, numpy shape, kind, scale) in tests/synth_gguf.py's order for p["arch"], untied: kind "q" (a matrix
+    quantized to p["wtype"]), "f32" (random F32), "norm" (1 + scale * N(0, 1))."""
+    e, fe, ne = p["n_embd"], p["n_ff_exp"], p["n_expert"]
     out = [("token_embd.weight", (n_vocab, e), "f32", 1.0), ("output_norm.weight", (e,), "norm", 0.1),
-           ("output.weight", (n_vocab, e), "q8", 0.2)]
+           ("output.weight", (n_vocab, e), "q", 0.2)]
+    experts = [("ffn_gate_exps.weight", (ne, fe, e), "q", 0.08), ("ffn_up_exps.weight", (ne, fe, e), "q", 0.08),
+               ("ffn_down_exps.weight", (ne, e, fe), "q", 0.08)]
     for il in range(p["n_layer"]):
         b = f"blk.{il}."
+        if p["arch"] == "deepseek2":
+            kv, h, qk = p["kv_lora"], p["n_head"], p["qk_nope"] + p["qk_rope"]
+            out += [(b + "attn_norm.weight", (e,), "norm", 0.1), (b + "attn_q.weight", (h * qk, e), "q", 0.3),
+                    (b + "attn_kv_a_mqa.weight", (kv + p["qk_rope"], e), "q", 0.3),
+                    (b + "attn_kv_a_norm.weight", (kv,), "norm", 0.1),
+                    (b + "attn_k_b.weight", (h, kv, p["qk_nope"]), "q", 0.15),
+                    (b + "attn_v_b.weight", (h, p["v_head"], kv), "q", 0.15),
+                    (b + "attn_output.weight", (e, h * p["v_head"]), "q", 0.08),
+                    (b + "ffn_norm.weight", (e,), "norm", 0.1)]
+            if il < p["n_lead"]:
+                out += [(b + f"ffn_{n}.weight", shape, "q", 0.08) for n, shape in
+                        (("gate", (p["n_ff"], e)), ("up", (p["n_ff"], e)), ("down", (e, p["n_ff"])))]
+            else:
+                fs = fe * p["n_shared"]
+                out += [(b + "ffn_gate_inp.weight", (ne, e), "f32", 0.5)] + [(b + n, s, k, c) for n, s, k, c in experts]
+                out += [(b + "ffn_gate_shexp.weight", (fs, e), "q", 0.08), (b + "ffn_up_shexp.weight", (fs, e), "q", 0.08),
+                        (b + "ffn_down_shexp.weight", (e, fs), "q", 0.08)]
+            continue
+        hd = p["head_dim"]
         out += [(b + "attn_norm.weight", (e,), "norm", 0.1), (b + "ffn_norm.weight", (e,), "norm", 0.1),
-                (b + "attn_q.weight", (p["n_head"] * hd, e), "q8", 0.3),
-                (b + "attn_k.weight", (p["n_head_kv"] * hd, e), "q8", 0.3),
-                (b + "attn_v.weight", (p["n_head_kv"] * hd, e), "q8", 0.08),
-                (b + "ffn_gate_inp.weight", (ne, e), "f32", 0.5),
-                (b + "ffn_gate_exps.weight", (ne, fe, e), "q8", 0.08),
-                (b + "ffn_up_exps.weight", (ne, fe, e), "q8", 0.08),
-                (b + "ffn_down_exps.weight", (ne, e, fe), "q8", 0.08),
-                (b + "attn_output.weight", (e, p["n_head"] * hd), "q8", 0.08),
+                (b + "attn_q.weight", (p["n_head"] * hd, e), "q", 0.3),
+                (b + "attn_k.weight", (p["n_head_kv"] * hd, e), "q", 0.3),
+                (b + "attn_v.weight", (p["n_head_kv"] * hd, e), "q", 0.08),
+                (b + "ffn_gate_inp.weight", (ne, e), "f32", 0.5)] + [(b + n, s, k, c) for n, s, k, c in experts]
+        out += [(b + "attn_output.weight", (e, p["n_head"] * hd), "q", 0.08),
                 (b + "attn_q_norm.weight", (hd,), "norm", 0.2), (b + "attn_k_norm.weight", (hd,), "norm", 0.2)]
     return out
+
+
+def write_keys(w: Any, p: dict, n_vocab: int) -> None:
+    """The family's keys, as tests/synth_gguf.py writes them."""
+    import gguf
+
+    U = gguf.GGUFValueType.UINT32
+    w.add_block_count(p["n_layer"])
+    w.add_context_length(512)
+    w.add_embedding_length(p["n_embd"])
+    w.add_head_count(p["n_head"])
+    w.add_rope_freq_base(10000.0)
+    if p["arch"] == "deepseek2":
+        def key(name: str, value: Any) -> None:
+            w.add_key_value(f"deepseek2.{name}", value, U)
+        w.add_feed_forward_length(p["n_ff"])
+        w.add_head_count_kv(1)
+        w.add_layer_norm_rms_eps(1e-6)
+        for name, value in (("expert_count", p["n_expert"]), ("expert_used_count", p["n_expert_used"]),
+                            ("leading_dense_block_count", p["n_lead"]), ("vocab_size", n_vocab),
+                            ("attention.q_lora_rank", 0), ("attention.kv_lora_rank", p["kv_lora"]),
+                            ("attention.key_length", p["kv_lora"] + p["qk_rope"]),
+                            ("attention.value_length", p["kv_lora"]),
+                            ("attention.key_length_mla", p["qk_nope"] + p["qk_rope"]),
+                            ("attention.value_length_mla", p["v_head"]),
+                            ("expert_feed_forward_length", p["n_ff_exp"]), ("expert_shared_count", p["n_shared"]),
+                            ("rope.dimension_count", p["qk_rope"])):
+            key(name, value)
+        w.add_key_value("deepseek2.expert_weights_scale", 1.0, gguf.GGUFValueType.FLOAT32)
+        return
+    w.add_feed_forward_length(p["n_ff_exp"])
+    w.add_head_count_kv(p["n_head_kv"])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_key_length(p["head_dim"])
+    w.add_value_length(p["head_dim"])
+    w.add_expert_count(p["n_expert"])
+    w.add_expert_used_count(p["n_expert_used"])
+    w.add_expert_feed_forward_length(p["n_ff_exp"])
 
 
 def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
@@ -79,29 +150,18 @@ def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
     from superggml import native
 
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
-    w = gguf.GGUFWriter(path, "qwen3moe")
-    w.add_block_count(p["n_layer"])
-    w.add_context_length(512)
-    w.add_embedding_length(p["n_embd"])
-    w.add_feed_forward_length(p["n_ff_exp"])
-    w.add_head_count(p["n_head"])
-    w.add_head_count_kv(p["n_head_kv"])
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    w.add_key_length(p["head_dim"])
-    w.add_value_length(p["head_dim"])
-    w.add_expert_count(p["n_expert"])
-    w.add_expert_used_count(p["n_expert_used"])
-    w.add_expert_feed_forward_length(p["n_ff_exp"])
+    w = gguf.GGUFWriter(path, p["arch"])
+    write_keys(w, p, n_vocab)
     for key, value, vtype, sub in fields:
         w.add_key_value(key, value, vtype, sub_type=sub)
     specs = tensor_specs(p, n_vocab)
-    q8 = gguf.GGMLQuantizationType.Q8_0
+    qtype = getattr(gguf.GGMLQuantizationType, p["wtype"].upper())
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     for name, shape, kind, _ in specs:
-        if kind == "q8":
-            row = shape[-1] // 32 * 34
+        if kind == "q":
+            row = shape[-1] // block * block_bytes
             bshape = (*shape[:-1], row)
-            w.add_tensor_info(name, bshape, np.dtype(np.uint8), int(np.prod(bshape)), raw_dtype=q8)
+            w.add_tensor_info(name, bshape, np.dtype(np.uint8), int(np.prod(bshape)), raw_dtype=qtype)
         else:
             w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
     w.write_header_to_file()
@@ -115,11 +175,11 @@ def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
         else:
             rows, k = int(np.prod(shape[:-1])), shape[-1]
-            a = np.empty((rows, k // 32 * 34), np.uint8)
+            a = np.empty((rows, k // block * block_bytes), np.uint8)
             step = max(1, (16 * MiB) // (4 * k))
             for r in range(0, rows, step):
                 n = min(step, rows - r)
-                a[r:r + n] = native.quantize(native.GGMLType.Q8_0,
+                a[r:r + n] = native.quantize(getattr(native.GGMLType, qtype.name),
                                             rng.standard_normal((n, k), dtype=np.float32) * np.float32(scale))
         w.write_tensor_data(a)
         del a
@@ -135,7 +195,7 @@ def model_path(p: dict, cache_dir: str) -> str:
 
     vocab = str(models.smollm2_path())
     tag = hashlib.sha1(json.dumps([p, os.path.basename(vocab), 1], sort_keys=True).encode()).hexdigest()[:10]
-    path = os.path.join(cache_dir, f"moe_limited-{p['n_layer']}x{p['n_expert']}-{tag}.gguf")
+    path = os.path.join(cache_dir, f"moe_limited-{p['arch']}-{p['n_layer']}x{p['n_expert']}-{tag}.gguf")
     if not os.path.exists(path):
         os.makedirs(cache_dir, exist_ok=True)
         t = time.perf_counter()
@@ -248,7 +308,8 @@ def run_child(code: str, req: dict, path: str, limit: int, timeout: float, workd
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--small", action="store_true", help="a ~340 MB model, superggml only (a functional run)")
+    ap.add_argument("--arch", choices=("qwen3moe", "deepseek2"), default="qwen3moe")
+    ap.add_argument("--small", action="store_true", help="a small model, superggml only (a functional run)")
     ap.add_argument("--tokens", type=int, default=16, help="decoded tokens per run")
     ap.add_argument("--limit", help="the cgroup limit (default: a quarter of the file's size)")
     ap.add_argument("--overhead", default="160MiB", help="device_budget = limit - overhead")
@@ -272,7 +333,7 @@ def main() -> int:
 
     from superggml.settings import parse_size
 
-    p = SMALL if a.small else FULL
+    p = MODELS[a.arch + ("-small" if a.small else "")]
     path = model_path(p, a.cache_dir)
     size = os.path.getsize(path)
     if a.small and not a.limit:     # a quarter of a small file leaves no room for the process: budget a quarter
@@ -281,13 +342,14 @@ def main() -> int:
         limit = parse_size(a.limit) if a.limit else size // 4
     budget = limit - parse_size(a.overhead)
     expert_total = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if "_exps" in t.name)
-    per_expert = expert_total // (p["n_layer"] * p["n_expert"])
-    floor = p["n_layer"] * p["n_expert_used"] * per_expert
+    n_moe = p["n_layer"] - p["n_lead"]
+    per_expert = expert_total // (n_moe * p["n_expert"])
+    floor = n_moe * p["n_expert_used"] * per_expert
     localities = [float(x) for x in a.localities.split(",") if x]
     llama_loc = a.llama_localities if a.llama_localities is not None else ("" if a.small else "0")
     llama_at = [float(x) for x in llama_loc.split(",") if x]
     direct = {"on": True, "off": False, "auto": None}[a.direct_io]
-    print(f"qwen3moe synthetic {os.path.basename(path)}: {size / 2**30:.2f} GiB, {p['n_layer']} layers x "
+    print(f"{p['arch']} synthetic {os.path.basename(path)}: {size / 2**30:.2f} GiB, {n_moe} MoE layers x "
           f"{p['n_expert']} experts of {per_expert / MiB:.2f} MiB ({expert_total / 2**30:.2f} GiB), "
           f"{p['n_expert_used']} per token; cgroup limit {limit / MiB:.0f} MiB, superggml device_budget "
           f"{budget / MiB:.0f} MiB; prompt {PROMPT}, {a.tokens} decoded tokens", flush=True)
@@ -352,7 +414,7 @@ def main() -> int:
               + (f"{r['hit_rate']:8.1%} {r['bytes_per_token'] / MiB:9.1f} {r['read_vs_floor']:8.2f} "
                  if sg else f"{'-':>8} {'-':>9} {'-':>8} ")
               + f"{pr:>21} {r['maxrss'] / MiB:7.0f}M {vs:>12}")
-    print(f"floor: {floor / MiB:.1f} MiB of experts per token ({p['n_layer']} x {p['n_expert_used']} x "
+    print(f"floor: {floor / MiB:.1f} MiB of experts per token ({n_moe} x {p['n_expert_used']} x "
           f"{per_expert / MiB:.2f} MiB)")
     for r in rows:
         if "vs_llama" in r:

@@ -146,13 +146,18 @@ size_t weight_store::load_resident(const std::vector<std::string> & names, ggml_
     return total;
 }
 
-// Would `dev` run mul_mat(w, x) with w stored in `buft`? (llama.cpp's test.)
+// Would `dev` run mul_mat(w, x) (mul_mat_id for a 3-D w: experts) with w stored in `buft`? (llama.cpp's test.)
 static bool repack_supported(ggml_backend_device * dev, ggml_backend_buffer_type * buft, ggml_tensor * w) {
-    if (ggml_n_dims(w) != 2) return false;
-    ggml_init_params p = { 2 * ggml_tensor_overhead(), nullptr, true };
+    if (ggml_n_dims(w) != 2 && ggml_n_dims(w) != 3) return false;
+    ggml_init_params p = { 3 * ggml_tensor_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(p);
-    ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 512);
-    ggml_tensor * op = ggml_mul_mat(ctx, w, x);
+    ggml_tensor * op;
+    if (ggml_n_dims(w) == 2) {
+        op = ggml_mul_mat(ctx, w, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 512));
+    } else {
+        op = ggml_mul_mat_id(ctx, w, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, w->ne[0], 1, 512),
+                             ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 1, 512));
+    }
     ggml_backend_buffer * dummy = ggml_backend_buft_alloc_buffer(buft, 0);
     ggml_backend_buffer * saved = w->buffer;
     w->buffer = dummy;

@@ -184,10 +184,10 @@ def _synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=N
 
 def tensor_writers(w, rng, wtype, n_embd):
     """put(name, array), t(name, *numpy shape, scale) (random normal) and norm(name, n, spread) (1 + noise) for the
-    writer w; wtype (f32, f16, q8_0) is the type of the matmul weights: norms, the embedding, routers and biases
-    stay F32."""
-    quant = {"q8_0": gguf.GGMLQuantizationType.Q8_0}.get(wtype)
-    assert wtype in ("f32", "f16", "q8_0"), wtype
+    writer w; wtype (f32, f16, q8_0, q4_0) is the type of the matmul weights: norms, the embedding, routers and
+    biases stay F32."""
+    quant = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}.get(wtype)
+    assert wtype in ("f32", "f16", "q8_0", "q4_0"), wtype
 
     def put(name, a):
         matrix = (a.ndim >= 2 and name != "token_embd.weight" and "ffn_gate_inp" not in name
@@ -453,6 +453,9 @@ VARIANTS = {
     "deepseek2-kimi-q8_0": dict(arch="deepseek2", q_lora_rank=48, n_expert=24, n_expert_used=4, n_group=1,
                                 n_group_used=1, gating=2, probs_bias=True, weights_norm=True, weights_scale=2.827,
                                 wtype="q8_0", n_shared=1),
+    # Q4_0 experts: llama.cpp re-lays them for ggml-cpu's repacked mul_mat_id, and so does superggml
+    "deepseek2-lite-q4_0": dict(arch="deepseek2", tied=False, q_lora_rank=0, n_expert=8, n_expert_used=2, n_shared=2,
+                                weights_scale=1.0, wtype="q4_0"),
     "deepseek2-glm47flash": dict(arch="deepseek2", q_lora_rank=48, v_head=48, n_expert=8, n_expert_used=4, gating=2,
                                  probs_bias=True, weights_norm=True, weights_scale=1.8, n_group=1, n_group_used=1,
                                  n_shared=1),

@@ -322,9 +322,11 @@ class Architecture:
         return il.isdigit() and int(il) >= self.hp.n_layer
 
     def matmul_weights(self, has: Any) -> list[str]:
-        """Weights used only as the left side of mul_mat (candidates for re-laid kernels)."""
+        """Weights used only as the left side of mul_mat, or of mul_mat_id (the experts): candidates for re-laid
+        kernels."""
         names = [n for il in range(self.hp.n_layer)
                  for n, shape in self.block_tensor_shapes(il).items() if len(shape) == 2]
+        names += [n for il in range(self.hp.n_layer) for n in self.expert_tensors(il)]
         if has("output.weight") and self.output_tensor(has) == "output.weight":
             names.append("output.weight")
         return names

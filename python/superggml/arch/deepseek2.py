@@ -131,9 +131,6 @@ class Deepseek2Arch(Architecture):
         })
         return shapes
 
-    def matmul_weights(self, has: Any) -> list[str]:
-        return [n for n in super().matmul_weights(has) if not n.endswith(("attn_k_b.weight", "attn_v_b.weight"))]
-
     # -- graphs ------------------------------------------------------------
     def build_attn_part(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int,
                         x: Any, k_cache: Any, v_cache: Any) -> tuple[Any, Any]:
