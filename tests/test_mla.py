@@ -142,3 +142,32 @@ def test_analyze_shows_the_latent_layout_the_groups_and_the_cache_per_token(tmp_
     out = capsys.readouterr().out
     assert "multi-head latent attention: 4 heads of 48 (K) and 32 (V)" in out and "kv_lora_rank 32 + rope 16" in out
     assert "sigmoid gating with exp_probs_b, chosen within 2 of 4 expert groups" in out
+
+
+@pytest.mark.parametrize("flash_attn", [True])
+def test_a_q8_0_latent_cache_matches_llama_cpp(tmp_path, vocab_fields, flash_attn):
+    """-ctk q8_0 -ctv q8_0, as llama.cpp takes it for MLA (one type for the one cache, flash attention, no
+    rotations): the prompt's logits and 3 decoded tokens', bit for bit."""
+    import llama_ref
+
+    path = synth(tmp_path / "q8kv.gguf", vocab_fields,
+                 **{**VARIANTS["deepseek2-lite"], "kv_lora_rank": 64, "qk_rope": 32})   # 64 and 96: blocks of 32
+    prompt = [int(x) for x in np.random.default_rng(1).integers(0, 49152, 40)]
+    q8 = 8                                                     # GGML_TYPE_Q8_0
+    ref = llama_ref.run({"kind": "kv_types", "model": path, "prompt": prompt, "n_decode": 3,
+                         "configs": [(q8, q8, flash_attn)]})["logits0"]
+    with Model(path, ctx_size=512, n_threads=2, flash_attn=flash_attn, kv_type="q8_0") as m:
+        assert m.kv_bytes == 512 * 3 * 96 // 32 * 34
+        rows = [m.eval(prompt, logits_all=True).copy()]
+        for _ in range(3):
+            rows.append(m.eval([int(rows[-1][-1].argmax())])[-1:].copy())
+    assert np.array_equal(np.concatenate(rows), ref)
+
+
+def test_latent_cache_types_are_checked_as_llama_cpp_checks_them(tmp_path, vocab_fields):
+    path = synth(tmp_path / "mla.gguf", vocab_fields, **VARIANTS["deepseek2-lite"])
+    with pytest.raises(ValueError, match=r"cache_type_k \(q8_0\) and cache_type_v \(f16\) must be the same"):
+        Model(path, ctx_size=128, cache_type_k="q8_0")
+    path = synth(tmp_path / "mla48.gguf", vocab_fields, **{**VARIANTS["deepseek2-lite"], "kv_lora_rank": 48})
+    with pytest.raises(ValueError, match="latent V of 48 does not divide"):    # K: 48 + 16 would
+        Model(path, ctx_size=128, kv_type="q8_0", flash_attn=True)

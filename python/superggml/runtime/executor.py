@@ -21,7 +21,8 @@ from ..errors import SuperggmlError
 from ..settings import Settings, check_split, layer_split
 from ..telemetry import MemoryFn
 from .graph import LaneRows, Plan, Step, lane_rows, padded_kv
-from .memory import MAX_LANES, ContiguousKV, SequenceMemory, attn_rot_size, hadamard, paged_kv
+from .memory import (MAX_LANES, ContiguousKV, SequenceMemory, attn_rot_size, check_latent_types, hadamard,
+                     paged_kv)
 from .pagers import WeightPager
 from .planner import MemoryPlan, kv_bytes, off_error
 from .sequences import SequenceState, Sequences
@@ -94,11 +95,9 @@ class Executor:
         # a quantized cache holds Q, K and V rotated by Walsh-Hadamard matrices, as llama.cpp's does
         n_rot = {"k": attn_rot_size(hp.head_dim, c.cache_type_k, largest=True),
                  "v": attn_rot_size(hp.head_dim, c.cache_type_v, largest=False)}
-        if hp.latent_kv and n_rot["k"]:
-            raise ValueError(f"cache_type_k={c.cache_type_k}: the latent K/V of {hp.arch} is held in f16, bf16 or "
-                             f"f32 here")
-        if hp.latent_kv:
-            n_rot["v"] = 0                              # no V: it is read from K
+        if hp.latent_kv:                # one cache, V read from K: one type, no rotations (as llama.cpp's)
+            check_latent_types(hp, c.cache_type_k, c.cache_type_v)
+            n_rot = {"k": 0, "v": 0}
         self.rot = [{x: cx.new_tensor(F32, [n, n]) for x, n in n_rot.items() if n} for cx in ctxs]
         self.keep: list[Any] = ctxs + [b.alloc_tensors(cx) for b, cx in zip(self.backends, ctxs)]
         for buf in self.keep[len(ctxs):]:

@@ -54,6 +54,17 @@ def hadamard(n: int) -> np.ndarray:
     return np.where(parity == 1, -val, val).astype(np.float32)
 
 
+def check_latent_types(hp: Any, type_k: str, type_v: str) -> None:
+    """ValueError unless a latent K/V (V read from K) can be held in these cache types: the same one for K and V
+    (llama.cpp's rule), whose blocks divide V's values as well as K's."""
+    if type_k != type_v:
+        raise ValueError(f"the latent K/V of {hp.arch} is one cache: cache_type_k ({type_k}) and cache_type_v "
+                         f"({type_v}) must be the same, as llama.cpp requires (kv_type sets both)")
+    if hp.head_dim_v % native.blck_size(kv_type(type_k)):
+        raise ValueError(f"cache_type_k={type_k} stores blocks of {native.blck_size(kv_type(type_k))} values, which "
+                         f"this model's latent V of {hp.head_dim_v} does not divide into")
+
+
 class SequenceMemory(abc.ABC):
     """The memory of every sequence, for the executor."""
 
