@@ -212,6 +212,40 @@ def tensor_writers(w, rng, wtype, n_embd):
     return put, t, norm
 
 
+def start_tensors(w, fields, rng, wtype, n_embd, tied):
+    """The vocabulary's keys and the tensors outside the blocks (embedding, output norm, an untied output) into
+    w; returns tensor_writers' put, t and norm."""
+    for k, value, vtype, sub in fields:
+        w.add_key_value(k, value, vtype, sub_type=sub)
+    put, t, norm = tensor_writers(w, rng, wtype, n_embd)
+    n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
+    t("token_embd.weight", n_vocab, n_embd, scale=1.0)
+    norm("output_norm.weight")
+    if not tied:
+        t("output.weight", n_vocab, n_embd, scale=0.2)
+    return put, t, norm
+
+
+def ffn_tensors(t, p, dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_bias):
+    """Block p's FFN as deepseek2 and glm4moe lay it out: a dense one of n_ff, or a router (plus exp_probs_b),
+    n_expert experts of n_ff_exp and n_shared shared ones fused into one."""
+    if dense:
+        t(p + "ffn_gate.weight", n_ff, n_embd)
+        t(p + "ffn_up.weight", n_ff, n_embd)
+        t(p + "ffn_down.weight", n_embd, n_ff)
+        return
+    t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=0.5)
+    if probs_bias:
+        t(p + "exp_probs_b.bias", n_expert, scale=0.1)
+    t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd)
+    t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd)
+    t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp)
+    if n_shared:
+        t(p + "ffn_gate_shexp.weight", n_ff_exp * n_shared, n_embd)
+        t(p + "ffn_up_shexp.weight", n_ff_exp * n_shared, n_embd)
+        t(p + "ffn_down_shexp.weight", n_embd, n_ff_exp * n_shared)
+
+
 def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_lead_dense=1, q_lora_rank=0,
                     kv_lora_rank=32, qk_rope=16, qk_nope=32, v_head=32, n_expert=8, n_expert_used=2, n_shared=1,
                     n_ff_exp=32, gating=None, probs_bias=False, n_group=0, n_group_used=0, weights_norm=None,
@@ -276,15 +310,8 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
     key("rope.dimension_count", qk_rope, U)
     if yarn:                         # 0.1 * mscale_all_dim: llama.cpp divides the 0.1 back out
         key("rope.scaling.yarn_log_multiplier", 0.1 * yarn[2], F)
-    for k, value, vtype, sub in fields:
-        w.add_key_value(k, value, vtype, sub_type=sub)
-
-    put, t, norm = tensor_writers(w, rng, wtype, n_embd)
+    _, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
     n_qk = qk_nope + qk_rope
-    t("token_embd.weight", n_vocab, n_embd, scale=1.0)
-    norm("output_norm.weight")
-    if not tied:
-        t("output.weight", n_vocab, n_embd, scale=0.2)
     for il in range(n_layer):
         p = f"blk.{il}."
         norm(p + "attn_norm.weight")
@@ -300,20 +327,7 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
         t(p + "attn_v_b.weight", n_head, v_head, kv_lora_rank, scale=0.15)    # ggml {kv_lora, v_head, n_head}
         t(p + "attn_output.weight", n_embd, n_head * v_head)
         norm(p + "ffn_norm.weight")
-        if il < n_lead_dense:
-            t(p + "ffn_gate.weight", n_ff, n_embd)
-            t(p + "ffn_up.weight", n_ff, n_embd)
-            t(p + "ffn_down.weight", n_embd, n_ff)
-        else:
-            t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=0.5)
-            if probs_bias:
-                t(p + "exp_probs_b.bias", n_expert, scale=0.1)
-            t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd)
-            t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd)
-            t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp)
-            t(p + "ffn_gate_shexp.weight", n_ff_exp * n_shared, n_embd)
-            t(p + "ffn_up_shexp.weight", n_ff_exp * n_shared, n_embd)
-            t(p + "ffn_down_shexp.weight", n_embd, n_ff_exp * n_shared)
+        ffn_tensors(t, p, il < n_lead_dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_bias)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -330,7 +344,6 @@ def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32
     FFN's pre-norm, n_lead_dense dense blocks, then experts with sigmoid routing plus exp_probs_b and shared
     experts; mtp: a next-token-prediction block after them (nextn_predict_layers 1), which a forward pass skips."""
     rng = np.random.default_rng(seed)
-    n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
     U, F, B = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.BOOL
     w = gguf.GGUFWriter(str(path), "glm4moe")
 
@@ -360,13 +373,7 @@ def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32
     key("expert_weights_norm", bool(weights_norm), B)
     if mtp:
         key("nextn_predict_layers", 1, U)
-    for k, value, vtype, sub in fields:
-        w.add_key_value(k, value, vtype, sub_type=sub)
-    put, t, norm = tensor_writers(w, rng, wtype, n_embd)
-    t("token_embd.weight", n_vocab, n_embd, scale=1.0)
-    norm("output_norm.weight")
-    if not tied:
-        t("output.weight", n_vocab, n_embd, scale=0.2)
+    _, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
     for il in range(n_all):
         p = f"blk.{il}."
         norm(p + "attn_norm.weight")
@@ -379,20 +386,7 @@ def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32
             norm(p + "attn_q_norm.weight", head_dim, 0.2)
             norm(p + "attn_k_norm.weight", head_dim, 0.2)
         norm(p + "post_attention_norm.weight")
-        if il < n_lead_dense:
-            t(p + "ffn_gate.weight", n_ff, n_embd)
-            t(p + "ffn_up.weight", n_ff, n_embd)
-            t(p + "ffn_down.weight", n_embd, n_ff)
-        else:
-            t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=0.5)
-            t(p + "exp_probs_b.bias", n_expert, scale=0.1)
-            t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd)
-            t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd)
-            t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp)
-            if n_shared:
-                t(p + "ffn_gate_shexp.weight", n_ff_exp * n_shared, n_embd)
-                t(p + "ffn_up_shexp.weight", n_ff_exp * n_shared, n_embd)
-                t(p + "ffn_down_shexp.weight", n_embd, n_ff_exp * n_shared)
+        ffn_tensors(t, p, il < n_lead_dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, True)
         if il >= n_layer:         # the MTP block's own tensors
             t(p + "nextn.eh_proj.weight", n_embd, 2 * n_embd)
             norm(p + "nextn.enorm.weight")
