@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -235,6 +235,7 @@ class Architecture:
         self.moe_groups = (0, 0)            # expert groups, groups chosen per token (each scored by its top 2)
         self.moe_w_scale = 0.0              # the chosen weights scaled by this (0 or 1: not)
         self.shexp_gate = True              # the shared expert behind a sigmoid gate (qwen2moe)
+        self.n_lead = 0                     # leading blocks with a dense FFN
         self.load_hparams(meta)
         if self.hp.head_dim_v and not self.hp.latent_kv:
             raise UnsupportedModelError(f"'{self.hp.arch}.attention.value_length' ({self.hp.head_dim_v}) differs "
@@ -265,7 +266,7 @@ class Architecture:
 
     def is_moe(self, il: int) -> bool:
         """Whether block il's FFN is the mixture of experts."""
-        return self.hp.n_expert > 0
+        return self.hp.n_expert > 0 and il >= self.n_lead
 
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and self.swa_layers[il]
@@ -419,29 +420,9 @@ class Architecture:
         normed input, same shape). rows: n_tokens, or n_outputs in the last block."""
         hp = self.hp
         p = f"blk.{il}."
-        n = inp.n_tokens
-        cur = self.norm(ctx, w, x, p + "attn_norm.weight")
-        q, k, v = self.build_qkv(ctx, w, p, cur, n)
-        q, k = self.build_qk_norm(ctx, w, p, q, k)
-        q, k = self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, k)
-        kq_scale = inv_sqrt(hp.head_dim)
-        if self.q_scale is not None:             # Q scaled before attention, as some families' graphs do
-            q, kq_scale = ctx.scale(q, self.q_scale), 1.0
-        sinks = w(p + "attn_sinks.weight") if self.attn_sinks else None
-        if inp.lanes is None:
-            mask = inp.mask_swa if self.is_swa(il) else inp.mask
-            cur = build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, kq_scale, mask, self.attn_softcap, sinks)
-        else:                                    # each sequence attends over its own K/V
-            cur = None
-            for lane, kc, vc in zip(inp.lanes, k_cache, v_cache):
-                r0, nl = lane.row0, lane.n_tokens
-                ql = ctx.view(q, [q.ne[0], q.ne[1], nl], [q.nb[1], q.nb[2]], r0 * q.nb[2])
-                kl = ctx.view(k, [k.ne[0], k.ne[1], nl], [k.nb[1], k.nb[2]], r0 * k.nb[2])
-                vl = ctx.view(v, [v.ne[0], nl], [v.nb[1]], r0 * v.nb[1])
-                mask = lane.mask_swa if self.is_swa(il) else lane.mask
-                out = build_attn(ctx, gf, hp, lane, ql, kl, vl, kc, vc, kq_scale, mask, self.attn_softcap, sinks)
-                cur = out if cur is None else ctx.concat(cur, out, 1)
-        if il == hp.n_layer - 1 and inp.n_outputs < n:
+        cur = self.build_attention(ctx, gf, w, inp, il, self.norm(ctx, w, x, p + "attn_norm.weight"), k_cache,
+                                   v_cache)
+        if il == hp.n_layer - 1 and inp.n_outputs < inp.n_tokens:
             cur = ctx.get_rows(cur, inp.out_ids)
             x = ctx.get_rows(x, inp.out_ids)
         cur = ctx.mul_mat(w(p + "attn_output.weight"), cur)
@@ -453,6 +434,26 @@ class Architecture:
             cur = self.norm(ctx, w, cur, p + "post_attention_norm.weight")
         ffn_inp = ctx.add(cur, x)
         return ffn_inp, self.norm(ctx, w, ffn_inp, p + self.ffn_norm + ".weight")
+
+    def build_attention(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int, cur: Any,
+                        k_cache: Any, v_cache: Any) -> Any:
+        """Block il's attention over its normed input cur F32 [n_embd, n_tokens], before the output projection:
+        F32 [head_dim * n_head, n_tokens]."""
+        hp = self.hp
+        p = f"blk.{il}."
+        q, k, v = self.build_qkv(ctx, w, p, cur, inp.n_tokens)
+        q, k = self.build_qk_norm(ctx, w, p, q, k)
+        q, k = self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, k)
+        kq_scale = inv_sqrt(hp.head_dim)
+        if self.q_scale is not None:             # Q scaled before attention, as some families' graphs do
+            q, kq_scale = ctx.scale(q, self.q_scale), 1.0
+        sinks = w(p + "attn_sinks.weight") if self.attn_sinks else None
+        if inp.lanes is None:
+            mask = inp.mask_swa if self.is_swa(il) else inp.mask
+            return build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, kq_scale, mask, self.attn_softcap, sinks)
+        return each_lane(ctx, inp, lambda j, lane, rows: build_attn(   # each sequence over its own K/V
+            ctx, gf, hp, lane, rows(q), rows(k), rows(v, 2), k_cache[j], v_cache[j], kq_scale,
+            lane.mask_swa if self.is_swa(il) else lane.mask, self.attn_softcap, sinks))
 
     def build_ffn_out(self, ctx: Any, w: Weights, p: str, ffn_out: Any, ffn_inp: Any) -> Any:
         """The FFN's output joins the residual (after its post norm, where the family has one)."""
@@ -490,6 +491,20 @@ class Architecture:
 
     def glu(self, ctx: Any, gate: Any, up: Any) -> Any:
         return ctx.geglu_split(gate, up) if self.ffn_glu == "geglu" else ctx.swiglu_split(gate, up)
+
+
+def each_lane(ctx: Any, inp: StepInputs, attend_one: Callable[[int, StepInputs, Any], Any]) -> Any:
+    """A pass whose sequences each attend over their own memory: attend_one(j, lane, rows) per lane j of
+    inp.lanes, where rows(t, dims=3) views the lane's rows of t (a 2-D or 3-D tensor whose last dimension is the
+    tokens); the results joined along the tokens."""
+    cur = None
+    for j, lane in enumerate(inp.lanes or []):
+        def rows(t: Any, dims: int = 3, lane: StepInputs = lane) -> Any:
+            return ctx.view(t, list(t.ne[:dims - 1]) + [lane.n_tokens], list(t.nb[1:dims]),
+                            lane.row0 * t.nb[dims - 1])
+        out = attend_one(j, lane, rows)
+        cur = out if cur is None else ctx.concat(cur, out, 1)
+    return cur
 
 
 def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: Any,

@@ -17,9 +17,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import GGUFError, UnsupportedModelError
-from .common import Architecture, StepInputs, Weights, attend_latent, f32, logf
-
-GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}     # llama_expert_gating_func_type
+from .common import Architecture, StepInputs, Weights, attend_latent, each_lane, f32, logf
+from .moe import load_routing, routing_note
 
 
 class Deepseek2Arch(Architecture):
@@ -51,29 +50,14 @@ class Deepseek2Arch(Architecture):
                             f"key_length_mla {self.k_mla}, head_count_kv {hp.n_head_kv}")
         if float(self.key(meta, "attention.temperature_scale", 0.0)):
             raise UnsupportedModelError(f"'{hp.arch}.attention.temperature_scale' (Mistral-Large) is not supported")
-        self.n_lead = int(self.key(meta, "leading_dense_block_count", 0))
         ff = need("expert_feed_forward_length")
         ffs = {int(x) for x in ff} if isinstance(ff, (list, tuple)) else {int(ff)}
         if len(ffs) != 1:
             raise UnsupportedModelError(f"'{hp.arch}.expert_feed_forward_length' varies by layer: not supported")
         self.n_ff_exp = ffs.pop()
-        self.n_ff_shexp = self.n_ff_exp * int(need("expert_shared_count"))
-        self.shexp_gate = False
-        self.moe_norm_w = bool(self.key(meta, "expert_weights_norm", False))
-        self.moe_w_scale = float(f32(self.key(meta, "expert_weights_scale", 0.0)))
-        gating = int(self.key(meta, "expert_gating_func", 0))
-        if gating == 0:         # DeepSeek V2/V2.5 GGUFs lack the key; GLM-4.7-Flash's by its shape
-            gating = 2 if hp.n_layer in (47, 48) and hp.n_vocab == 154880 else 1
-        if gating not in GATING:
-            raise UnsupportedModelError(f"'{hp.arch}.expert_gating_func' {gating} is not supported")
-        self.moe_gating = GATING[gating]
+        # DeepSeek V2/V2.5 GGUFs lack expert_gating_func (softmax); GLM-4.7-Flash's are known by their shape
+        load_routing(self, meta, 2 if hp.n_layer in (47, 48) and hp.n_vocab == 154880 else 1)
         self.moe_probs_bias = f"blk.{self.n_lead}.exp_probs_b.bias" in self.names
-        n_group = int(self.key(meta, "expert_group_count", 0))
-        self.moe_groups = (n_group, int(self.key(meta, "expert_group_used_count", 0)))
-        if n_group > 1 and (hp.n_expert % n_group or not 0 < self.moe_groups[1] <= n_group
-                            or hp.n_expert_used > hp.n_expert // n_group * self.moe_groups[1]):
-            raise GGUFError(f"{hp.arch}: {hp.n_expert} experts in {n_group} groups, {self.moe_groups[1]} used, "
-                            f"cannot give {hp.n_expert_used} per token")
         self.kq_scale = self.attention_scale(meta)
         self.hp = dataclasses.replace(self.hp, latent_kv=True)
 
@@ -83,13 +67,11 @@ class Deepseek2Arch(Architecture):
         hp = self.hp
         log_mul = f32(self.key(meta, "rope.scaling.yarn_log_multiplier", 0.0)) / f32(0.1)
         attn_factor = f32(hp.rope_attn_factor)
-        freq_scale = f32(hp.rope_scale)
+        log = logf(f32(1.0) / f32(hp.rope_scale))
         if hp.rope_ext_factor and log_mul:   # get_mscale(f, m) / get_mscale(f, m) = 1, then the cancelling factor
-            log = logf(f32(1.0) / freq_scale)
             attn_factor = f32(1.0) * (f32(1.0) / (f32(1.0) + f32(0.1) * log))
             attn_factor *= f32(self.key(meta, "rope.scaling.attn_factor", 1.0))
             self.hp = dataclasses.replace(hp, rope_attn_factor=float(attn_factor))
-        log = logf(f32(1.0) / freq_scale)
         org = attn_factor * (f32(1.0) + f32(0.1) * log)
         mscale = org * (f32(1.0) + f32(0.1) * log_mul * log)
         return float(f32(1.0) * mscale * mscale / np.sqrt(f32(self.k_mla)))
@@ -100,15 +82,8 @@ class Deepseek2Arch(Architecture):
         lines = [f"multi-head latent attention: {hp.n_head} heads of {self.k_mla} (K) and {self.v_mla} (V) over one "
                  f"latent row per token and layer, kv_lora_rank {self.kv_lora} + rope {hp.n_rot} values, no V; {q}"]
         if hp.n_expert:
-            groups = (f", chosen within {self.moe_groups[1]} of {self.moe_groups[0]} expert groups"
-                      if self.moe_groups[0] > 1 else "")
-            lines.append(f"routing: {self.moe_gating} gating{' with exp_probs_b' if self.moe_probs_bias else ''}"
-                         f"{groups}; {self.n_ff_shexp // max(self.n_ff_exp, 1)} shared expert(s); the first "
-                         f"{self.n_lead} block(s) dense")
+            lines.append(routing_note(self))
         return lines
-
-    def is_moe(self, il: int) -> bool:
-        return self.hp.n_expert > 0 and il >= self.n_lead
 
     # -- tensors ---------------------------------------------------------
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
@@ -132,10 +107,9 @@ class Deepseek2Arch(Architecture):
         return shapes
 
     # -- graphs ------------------------------------------------------------
-    def build_attn_part(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int,
-                        x: Any, k_cache: Any, v_cache: Any) -> tuple[Any, Any]:
+    def build_attention(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int, cur: Any,
+                        k_cache: Any, v_cache: Any) -> Any:
         hp, p, n = self.hp, f"blk.{il}.", inp.n_tokens
-        cur = self.norm(ctx, w, x, p + "attn_norm.weight")
         if self.q_lora:
             q = ctx.mul_mat(w(p + "attn_q_b.weight"),
                             self.norm(ctx, w, ctx.mul_mat(w(p + "attn_q_a.weight"), cur), p + "attn_q_a_norm.weight"))
@@ -156,17 +130,6 @@ class Deepseek2Arch(Architecture):
         k = ctx.concat(ctx.reshape(kv, [self.kv_lora, 1, n]), k_pe, 0)      # [kv_lora + n_rot, 1, n]
         v_b = w(p + "attn_v_b.weight")
         if inp.lanes is None:
-            cur = attend_latent(ctx, gf, hp, inp, q, k, k_cache, self.kq_scale, inp.mask, v_b)
-        else:                                    # each sequence attends over its own latent K/V
-            cur = None
-            for lane, kc in zip(inp.lanes, k_cache):
-                r0, nl = lane.row0, lane.n_tokens
-                ql = ctx.view(q, [q.ne[0], q.ne[1], nl], [q.nb[1], q.nb[2]], r0 * q.nb[2])
-                kl = ctx.view(k, [k.ne[0], k.ne[1], nl], [k.nb[1], k.nb[2]], r0 * k.nb[2])
-                out = attend_latent(ctx, gf, hp, lane, ql, kl, kc, self.kq_scale, lane.mask, v_b)
-                cur = out if cur is None else ctx.concat(cur, out, 1)
-        if il == hp.n_layer - 1 and inp.n_outputs < n:
-            cur = ctx.get_rows(cur, inp.out_ids)
-            x = ctx.get_rows(x, inp.out_ids)
-        ffn_inp = ctx.add(ctx.mul_mat(w(p + "attn_output.weight"), cur), x)
-        return ffn_inp, self.norm(ctx, w, ffn_inp, p + "ffn_norm.weight")
+            return attend_latent(ctx, gf, hp, inp, q, k, k_cache, self.kq_scale, inp.mask, v_b)
+        return each_lane(ctx, inp, lambda j, lane, rows: attend_latent(     # each over its own latent K/V
+            ctx, gf, hp, lane, rows(q), rows(k), k_cache[j], self.kq_scale, lane.mask, v_b))

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import GGUFError, UnsupportedModelError
-from .common import ROPE_NEOX, Architecture, f32
-from .deepseek2 import GATING
+from .common import ROPE_NEOX, Architecture
+from .moe import load_routing, routing_note
 
 
 class Glm4MoeArch(Architecture):
@@ -30,29 +30,12 @@ class Glm4MoeArch(Architecture):
                                         f"models are supported")
         self.has_qkv_bias = "blk.0.attn_q.bias" in self.names
         self.qk_norm = "blk.0.attn_q_norm.weight" in self.names
-        self.n_lead = int(self.key(meta, "leading_dense_block_count", 0))
         self.n_ff_exp = int(self.key(meta, "expert_feed_forward_length", 0)) or hp.n_ff // hp.n_expert_used
-        shared = self.key(meta, "expert_shared_count", None)
-        if shared is None:
-            raise GGUFError(f"GGUF metadata lacks '{hp.arch}.expert_shared_count'")
-        self.n_ff_shexp = self.n_ff_exp * int(shared)
-        self.shexp_gate = False
+        load_routing(self, meta, 2)                 # llama.cpp's default here: sigmoid
         self.moe_probs_bias = True
-        self.moe_norm_w = bool(self.key(meta, "expert_weights_norm", False))
-        self.moe_w_scale = float(f32(self.key(meta, "expert_weights_scale", 0.0)))
-        gating = int(self.key(meta, "expert_gating_func", 0)) or 2     # llama.cpp's default here: sigmoid
-        if gating not in GATING:
-            raise UnsupportedModelError(f"'{hp.arch}.expert_gating_func' {gating} is not supported")
-        self.moe_gating = GATING[gating]
-        self.moe_groups = (int(self.key(meta, "expert_group_count", 0)),
-                           int(self.key(meta, "expert_group_used_count", 0)))
-
-    def is_moe(self, il: int) -> bool:
-        return il >= self.n_lead
 
     def describe(self) -> list[str]:
         hp = self.hp
         return [f"attention: RoPE over {hp.n_rot} of {hp.head_dim} values per head"
                 f"{', Q/K/V biases' if self.has_qkv_bias else ''}{', Q/K head norms' if self.qk_norm else ''}; "
-                f"routing: {self.moe_gating} gating with exp_probs_b; "
-                f"{self.n_ff_shexp // max(self.n_ff_exp, 1)} shared expert(s); the first {self.n_lead} block(s) dense"]
+                + routing_note(self)]

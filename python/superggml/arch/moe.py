@@ -2,15 +2,18 @@
 (qwen2moe, qwen3moe, olmoe, Mixtral-style llama, gpt-oss, deepseek2): a router picks n_expert_used of n_expert
 experts per token, their FFNs run through ggml_mul_mat_id over 3-D expert tensors, and the outputs are summed with
 the router's weights (gating, selection bias, expert groups, renormalisation, scale and activation per the
-family's moe_* attributes). A shared expert is added (qwen2moe's behind a sigmoid gate). With the experts paged (the expert cache), a block is
-built in parts: build_paged_block.
+family's moe_* attributes). A shared expert is added (qwen2moe's behind a sigmoid gate). With the experts paged
+(the expert cache), a block is built in parts: build_paged_block.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 from .. import native
+from ..errors import GGUFError, UnsupportedModelError
 
 Architecture = Any    # arch.common.Architecture, which imports this module (annotations only)
 Weights = Callable[[str], Any]   # name -> tensor
@@ -21,6 +24,42 @@ WEIGHTS_SUM_MIN = 6.103515625e-5      # llama.cpp clamps the sum of the chosen w
 def qwen_expert_ff(arch: Architecture, meta: Any) -> int:
     """Qwen MoE experts' FFN size: expert_feed_forward_length, else n_ff / n_expert_used (llama.cpp's rule)."""
     return int(arch.key(meta, "expert_feed_forward_length", 0)) or arch.hp.n_ff // max(arch.hp.n_expert_used, 1)
+
+
+GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}     # llama_expert_gating_func_type
+
+
+def load_routing(arch: Architecture, meta: Any, gating: int) -> None:
+    """The expert keys deepseek2 and glm4moe share (llama.cpp's load_arch_hparams): leading dense blocks, shared
+    experts (ungated, expert_shared_count of n_ff_exp), the chosen weights' norm and scale, the gating function
+    (`gating` when the key is absent) and the expert groups. arch.n_ff_exp must be set."""
+    hp = arch.hp
+    shared = arch.key(meta, "expert_shared_count", None)
+    if shared is None:
+        raise GGUFError(f"GGUF metadata lacks '{hp.arch}.expert_shared_count'")
+    arch.n_lead = int(arch.key(meta, "leading_dense_block_count", 0))
+    arch.n_ff_shexp = arch.n_ff_exp * int(shared)
+    arch.shexp_gate = False
+    arch.moe_norm_w = bool(arch.key(meta, "expert_weights_norm", False))
+    arch.moe_w_scale = float(np.float32(arch.key(meta, "expert_weights_scale", 0.0)))
+    gating = int(arch.key(meta, "expert_gating_func", 0)) or gating
+    if gating not in GATING:
+        raise UnsupportedModelError(f"'{hp.arch}.expert_gating_func' {gating} is not supported")
+    arch.moe_gating = GATING[gating]
+    n_group, n_used = arch.moe_groups = (int(arch.key(meta, "expert_group_count", 0)),
+                                         int(arch.key(meta, "expert_group_used_count", 0)))
+    if n_group > 1 and (hp.n_expert % n_group or not 0 < n_used <= n_group
+                        or hp.n_expert_used > hp.n_expert // n_group * n_used):
+        raise GGUFError(f"{hp.arch}: {hp.n_expert} experts in {n_group} groups, {n_used} used, cannot give "
+                        f"{hp.n_expert_used} per token")
+
+
+def routing_note(arch: Architecture) -> str:
+    """analyze's line on load_routing's families' experts."""
+    n_group, n_used = arch.moe_groups
+    groups = f", chosen within {n_used} of {n_group} expert groups" if n_group > 1 else ""
+    return (f"routing: {arch.moe_gating} gating{' with exp_probs_b' if arch.moe_probs_bias else ''}{groups}; "
+            f"{arch.n_ff_shexp // max(arch.n_ff_exp, 1)} shared expert(s); the first {arch.n_lead} block(s) dense")
 
 
 def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]:
