@@ -90,7 +90,8 @@ def tensor_specs(p: dict, n_vocab: int) -> list[tuple]:
             else:
                 fs = fe * p["n_shared"]
                 out += [(b + "ffn_gate_inp.weight", (ne, e), "f32", 0.5)] + [(b + n, s, k, c) for n, s, k, c in experts]
-                out += [(b + "ffn_gate_shexp.weight", (fs, e), "q", 0.08), (b + "ffn_up_shexp.weight", (fs, e), "q", 0.08),
+                out += [(b + "ffn_gate_shexp.weight", (fs, e), "q", 0.08),
+                        (b + "ffn_up_shexp.weight", (fs, e), "q", 0.08),
                         (b + "ffn_down_shexp.weight", (e, fs), "q", 0.08)]
             continue
         hd = p["head_dim"]

@@ -92,12 +92,12 @@ class Executor:
             a = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
             a.name = f"act_d{i}"
             self.acts.append(a)
-        # a quantized cache holds Q, K and V rotated by Walsh-Hadamard matrices, as llama.cpp's does
-        n_rot = {"k": attn_rot_size(hp.head_dim, c.cache_type_k, largest=True),
-                 "v": attn_rot_size(hp.head_dim, c.cache_type_v, largest=False)}
         if hp.latent_kv:                # one cache, V read from K: one type, no rotations (as llama.cpp's)
             check_latent_types(hp, c.cache_type_k, c.cache_type_v)
             n_rot = {"k": 0, "v": 0}
+        else:                           # a quantized cache holds Q, K and V rotated by Walsh-Hadamard matrices
+            n_rot = {"k": attn_rot_size(hp.head_dim, c.cache_type_k, largest=True),
+                     "v": attn_rot_size(hp.head_dim, c.cache_type_v, largest=False)}
         self.rot = [{x: cx.new_tensor(F32, [n, n]) for x, n in n_rot.items() if n} for cx in ctxs]
         self.keep: list[Any] = ctxs + [b.alloc_tensors(cx) for b, cx in zip(self.backends, ctxs)]
         for buf in self.keep[len(ctxs):]:

@@ -193,7 +193,8 @@ class WeightPlacement:
             raise RuntimeError("a paged model streams its blocks: nothing to load ahead")
         remote = {n for names in self.remote.values() for n in names}
         groups = [[n for n in g if n not in remote] for g in self.load_groups()]
-        paged = {n for il in range(self.hp.n_layer) for n in self.arch.expert_tensors(il)} if self.experts_paged else set()
+        paged = ({n for il in range(self.hp.n_layer) for n in self.arch.expert_tensors(il)} if self.experts_paged
+                 else set())                        # experts in the expert cache stay as in the file
         repacked = [n for n in self.arch.matmul_weights(self.store.has) if n not in remote | paged] if repack else []
         self.loader = native.WeightLoader(self.store, groups, repacked, self.backends[embed_dev],
                                           n_workers=max(1, min(2, self.settings.context.threads)))
