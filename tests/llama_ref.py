@@ -114,6 +114,8 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
             out[f"piece_text{i}"] = np.array(buf.raw[:n].decode("utf-8", errors="ignore"))
             llm.reset()
         return out
+    if kind == "mtp":
+        return _mtp(req, kw)
     if kind == "bench":
         llm = llama_cpp.Llama(**kw)
         toks = req["prompt_tokens"]
@@ -132,6 +134,57 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
             res.setdefault("decode_s", []).append(t2 - t1)
         return {k: np.asarray(v) for k, v in res.items()}
     raise ValueError(f"unknown request kind {kind!r}")
+
+
+def _mtp(req: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's draft-mtp inputs and outputs for each prompt: the model's output-normed hidden rows of every
+    position (unmasked nextn embeddings), then its MTP context fed the prompt's tokens each with the row before
+    (zeros first): every row's logits and hidden row."""
+    import llama_cpp as L
+
+    lib = L.llama_cpp._lib          # llama-ext.h's staging API: C++ symbols
+    set_nextn = lib["_Z26llama_set_embeddings_nextnP13llama_contextbb"]
+    set_nextn.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool]
+    get_nextn = lib["_Z26llama_get_embeddings_nextnP13llama_context"]
+    get_nextn.argtypes, get_nextn.restype = [ctypes.c_void_p], ctypes.POINTER(ctypes.c_float)
+    mp = L.llama_model_default_params()
+    mp.load_mtp = True
+    model = L.llama_model_load_from_file(req["model"].encode(), mp)
+    n_embd, n_vocab = L.llama_model_n_embd(model), L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+
+    def context(ctx_type: int) -> Any:
+        cp = L.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = kw["n_ctx"], kw["n_batch"], kw["n_batch"]
+        cp.n_threads = cp.n_threads_batch = kw["n_threads"]
+        cp.ctx_type, cp.flash_attn_type = ctx_type, int(kw["flash_attn"])
+        return L.llama_init_from_model(model, cp)
+
+    out = {}
+    for i, toks in enumerate(req["prompts"]):
+        tgt, dft = context(0), context(1)
+        set_nextn(tgt, True, False)
+        set_nextn(dft, True, True)
+        arr = (L.llama_token * len(toks))(*toks)
+        assert L.llama_decode(tgt, L.llama_batch_get_one(arr, len(toks))) == 0
+        h = np.ctypeslib.as_array(get_nextn(tgt), shape=(len(toks), n_embd)).copy()
+        shifted = np.ascontiguousarray(np.concatenate([np.zeros((1, n_embd), np.float32), h[:-1]]))
+        batch = L.llama_batch_ext_init(dft)
+        for j, t in enumerate(toks):
+            idx = L.llama_batch_ext_add_token(batch, 0, t)
+            row = shifted[j].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            assert L.llama_batch_ext_set_embd_token(batch, idx, L.llama_embd(row, 1, n_embd))
+            assert L.llama_batch_ext_set_pos(batch, idx, ctypes.byref(L.llama_pos(j)))
+            assert L.llama_batch_ext_set_output_logits(batch, idx, True)
+        assert L.llama_process(dft, 1, batch) == 0
+        out[f"h{i}"] = h
+        out[f"logits{i}"] = np.array([np.ctypeslib.as_array(L.llama_get_logits_ith(dft, j), shape=(n_vocab,))
+                                      for j in range(len(toks))], dtype=np.float32)
+        out[f"mtp_h{i}"] = np.ctypeslib.as_array(get_nextn(dft), shape=(len(toks), n_embd)).copy()
+        L.llama_batch_ext_free(batch)
+        L.llama_free(tgt)
+        L.llama_free(dft)
+    L.llama_model_free(model)
+    return out
 
 
 def cpu_features() -> dict[str, int]:

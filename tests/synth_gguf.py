@@ -246,10 +246,38 @@ def ffn_tensors(t, p, dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_b
         t(p + "ffn_down_shexp.weight", n_embd, n_ff_exp * n_shared)
 
 
+def mtp_tensors(t, norm, p, n_embd):
+    """An MTP block's own tensors (its embedding and head are the model's)."""
+    t(p + "nextn.eh_proj.weight", n_embd, 2 * n_embd)
+    norm(p + "nextn.enorm.weight")
+    norm(p + "nextn.hnorm.weight")
+    norm(p + "nextn.shared_head_norm.weight")
+
+
+def echo_writers(put, t, norm, n_embd):
+    """t and norm for a model whose next token depends on its last token only, and whose MTP block predicts it:
+    every block adds nothing to the residual (zero attention outputs and FFN downs), the MTP block passes its
+    token's normed embedding on (eh_proj [I | 0], enorm of ones) and reads the model's output norm (no
+    shared_head_norm of its own)."""
+    def echo_t(name, *shape, scale=0.08):
+        if "attn_output" in name or "ffn_down" in name:
+            put(name, np.zeros(shape, dtype=np.float32))
+        elif name.endswith("nextn.eh_proj.weight"):
+            put(name, np.hstack([np.eye(n_embd), np.zeros((n_embd, n_embd))]).astype(np.float32))
+        else:
+            t(name, *shape, scale=scale)
+
+    def echo_norm(name, n=n_embd, spread=0.1):
+        if name.endswith("nextn.shared_head_norm.weight"):
+            return
+        norm(name, n, 0.0 if name.endswith("nextn.enorm.weight") else spread)
+    return echo_t, echo_norm
+
+
 def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_lead_dense=1, q_lora_rank=0,
                     kv_lora_rank=32, qk_rope=16, qk_nope=32, v_head=32, n_expert=8, n_expert_used=2, n_shared=1,
                     n_ff_exp=32, gating=None, probs_bias=False, n_group=0, n_group_used=0, weights_norm=None,
-                    weights_scale=None, yarn=None, tied=True, wtype="f32", seed=0, n_ctx_train=512):
+                    weights_scale=None, yarn=None, mtp=False, tied=True, wtype="f32", seed=0, n_ctx_train=512):
     """A random-weight deepseek2 GGUF (DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash: multi-head latent attention in
     the absorbed layout, attn_k_b and attn_v_b split out of kv_b_proj) laid out as llama.cpp's converter
     (DeepseekV2Model) writes it: n_lead_dense dense blocks of n_ff, then MoE blocks of n_expert routed experts
@@ -259,7 +287,8 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
     expert_gating_func key (llama.cpp then softmaxes), 1 softmax, 2 sigmoid; probs_bias: the
     exp_probs_b.bias the routing adds before its top-k; n_group/n_group_used (0: no key): grouped routing;
     weights_norm/weights_scale (None: no key): the routed weights normalized, scaled; yarn: (factor,
-    original context, mscale_all_dim) written as the converter writes DeepSeek's YaRN.
+    original context, mscale_all_dim) written as the converter writes DeepSeek's YaRN; mtp: a
+    next-token-prediction block after them (nextn_predict_layers 1), as glm4moe's.
     wtype (f32, f16, q8_0) is the type of the matmul weights; norms, the embedding, the router and
     exp_probs_b stay F32."""
     rng = np.random.default_rng(seed)
@@ -271,7 +300,8 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
         w.add_key_value(f"deepseek2.{name}", value, vtype)
 
     # TextModel.set_gguf_parameters, then DeepseekV2Model's, in the converter's order
-    w.add_block_count(n_layer)
+    n_all = n_layer + (1 if mtp else 0)
+    w.add_block_count(n_all)
     w.add_context_length(n_ctx_train)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
@@ -310,9 +340,11 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
     key("rope.dimension_count", qk_rope, U)
     if yarn:                         # 0.1 * mscale_all_dim: llama.cpp divides the 0.1 back out
         key("rope.scaling.yarn_log_multiplier", 0.1 * yarn[2], F)
+    if mtp:
+        key("nextn_predict_layers", 1, U)
     _, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
     n_qk = qk_nope + qk_rope
-    for il in range(n_layer):
+    for il in range(n_all):
         p = f"blk.{il}."
         norm(p + "attn_norm.weight")
         if q_lora_rank > 0:
@@ -328,6 +360,8 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
         t(p + "attn_output.weight", n_embd, n_head * v_head)
         norm(p + "ffn_norm.weight")
         ffn_tensors(t, p, il < n_lead_dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_bias)
+        if il >= n_layer:
+            mtp_tensors(t, norm, p, n_embd)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -337,12 +371,13 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
 
 def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_layer=3, n_ff=96, n_lead_dense=1,
                   n_expert=8, n_expert_used=2, n_shared=1, n_ff_exp=32, qkv_bias=True, qk_norm=False,
-                  weights_norm=True, weights_scale=None, mtp=False, tied=False, wtype="f32", seed=0,
+                  weights_norm=True, weights_scale=None, mtp=False, echo=False, tied=False, wtype="f32", seed=0,
                   n_ctx_train=512):
     """A random-weight glm4moe GGUF (GLM-4.5/4.6/4.7) laid out as llama.cpp's converter (Glm4MoeModel) writes it:
     RoPE over half of each head, Q/K/V biases (qkv_bias), Q/K head norms (qk_norm), post_attention_norm as the
     FFN's pre-norm, n_lead_dense dense blocks, then experts with sigmoid routing plus exp_probs_b and shared
-    experts; mtp: a next-token-prediction block after them (nextn_predict_layers 1), which a forward pass skips."""
+    experts; mtp: a next-token-prediction block after them (nextn_predict_layers 1), which a forward pass skips;
+    echo: see echo_writers."""
     rng = np.random.default_rng(seed)
     U, F, B = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.BOOL
     w = gguf.GGUFWriter(str(path), "glm4moe")
@@ -373,7 +408,9 @@ def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32
     key("expert_weights_norm", bool(weights_norm), B)
     if mtp:
         key("nextn_predict_layers", 1, U)
-    _, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
+    put, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
+    if echo:
+        t, norm = echo_writers(put, t, norm, n_embd)
     for il in range(n_all):
         p = f"blk.{il}."
         norm(p + "attn_norm.weight")
@@ -387,11 +424,8 @@ def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32
             norm(p + "attn_k_norm.weight", head_dim, 0.2)
         norm(p + "post_attention_norm.weight")
         ffn_tensors(t, p, il < n_lead_dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, True)
-        if il >= n_layer:         # the MTP block's own tensors
-            t(p + "nextn.eh_proj.weight", n_embd, 2 * n_embd)
-            norm(p + "nextn.enorm.weight")
-            norm(p + "nextn.hnorm.weight")
-            norm(p + "nextn.shared_head_norm.weight")
+        if il >= n_layer:
+            mtp_tensors(t, norm, p, n_embd)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -443,7 +477,7 @@ VARIANTS = {
                            weights_scale=1.0),
     "deepseek2-v3-groups-yarn": dict(arch="deepseek2", q_lora_rank=48, n_expert=16, n_expert_used=4, n_group=4,
                                      n_group_used=2, gating=2, probs_bias=True, weights_norm=True,
-                                     weights_scale=2.5, yarn=(4.0, 128, 1.0), n_shared=1),
+                                     weights_scale=2.5, yarn=(4.0, 128, 1.0), n_shared=1, mtp=True),
     "deepseek2-kimi-q8_0": dict(arch="deepseek2", q_lora_rank=48, n_expert=24, n_expert_used=4, n_group=1,
                                 n_group_used=1, gating=2, probs_bias=True, weights_norm=True, weights_scale=2.827,
                                 wtype="q8_0", n_shared=1),

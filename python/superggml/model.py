@@ -21,6 +21,7 @@ from .errors import ContextLengthError, GGUFError
 from .generation.decode import generate_step
 from .generation.grammar import Grammar, GrammarVocab
 from .generation.sampling import Sampler, SamplingParams
+from .generation.mtp import MtpDrafter, mtp_bytes
 from .generation.speculative import DRAFT_BATCH, DraftLength, LookupDrafter, ModelDrafter, Speculator
 from .metrics import Metrics, MetricsWriter
 from .runtime.executor import Executor
@@ -207,6 +208,8 @@ class Model(Completions, Embeddings, Constraints):
         """The memory the draft model will hold (its weights, or its draft_budget, and the rest), which the
         automatic budget leaves it."""
         sp = self.settings.speculative
+        if sp.draft_mtp:
+            return mtp_bytes(self)
         if not sp.draft_model:
             return 0
         return model_bytes(sp.draft_model, dict(self.draft_options(), cache_type_k="f16", cache_type_v="f16",
@@ -223,6 +226,8 @@ class Model(Completions, Embeddings, Constraints):
         draft_budget; draft_options) or prompt lookup."""
         sp = self.settings.speculative
         length = DraftLength(sp.draft_min, sp.draft_max, sp.draft_k)
+        if sp.draft_mtp:
+            return Speculator(MtpDrafter(self, p_min=sp.draft_p_min), length)
         if not sp.draft_model:
             return Speculator(LookupDrafter(sp.lookup_ngram), length)
         kw = self.draft_options()
@@ -313,6 +318,8 @@ class Model(Completions, Embeddings, Constraints):
         st = self.runtime.stats()
         if self.speculator is not None:
             st.update(self.speculator.stats())
+            streamed = int(st.get("bytes_loaded", 0)) + int(st.get("expert_bytes_loaded", 0))
+            st["bytes_streamed_per_token"] = streamed / max(self.speculator.generated, 1)
         return st
 
     def layer_events(self) -> list[dict[str, Any]]:

@@ -337,6 +337,8 @@ class SpeculativeSettings:
                                 metavar="F")
     lookup_ngram: int = option(0, "draft by prompt lookup: the continuation of the latest earlier match of the "
                                "context's last N (down to 1) tokens; 0: off", metavar="N")
+    draft_mtp: bool = option(False, "draft with the model's own next-token-prediction (MTP) block, as llama.cpp's "
+                             "draft-mtp (DeepSeek-V3, GLM-4.5 GGUFs that keep it): no second model")
     draft_k: int | None = option(None, "draft exactly this many tokens per step (default: adaptive, from the "
                                  "measured cost of a pass and of a draft token and the acceptance rate)", parse=int,
                                  metavar="N")
@@ -347,14 +349,15 @@ class SpeculativeSettings:
         _check(self.lookup_ngram >= 0, f"lookup_ngram must be >= 0, not {self.lookup_ngram}")
         _check(0.0 <= self.draft_p_min < 1.0, f"draft_p_min must be in [0, 1), not {self.draft_p_min}")
         _check(self.draft_k is None or self.draft_k >= 0, f"draft_k must be >= 0, not {self.draft_k}")
-        _check(not (self.draft_model and self.lookup_ngram), "give draft_model or lookup_ngram, not both")
+        _check(sum(map(bool, (self.draft_model, self.lookup_ngram, self.draft_mtp))) <= 1,
+               "give one of draft_model, lookup_ngram and draft_mtp")
         if self.draft_model is not None:
             _set(self, "draft_model", os.fspath(self.draft_model))
         _set(self, "draft_budget", parse_size(self.draft_budget))
 
     @property
     def enabled(self) -> bool:
-        return bool(self.draft_model or self.lookup_ngram)
+        return bool(self.draft_model or self.lookup_ngram or self.draft_mtp)
 
 
 GROUPS: dict[str, type] = {"context": ContextSettings, "paging": PagingSettings, "kv": KVSettings,

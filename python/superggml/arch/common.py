@@ -70,6 +70,7 @@ class HParams:
     n_expert_used: int = 0                # experts each token is routed to
     head_dim_v: int = 0                   # value_length where it differs from the key's (0: head_dim)
     latent_kv: bool = False               # the memory holds K only; V is K's first head_dim_v values (MLA)
+    n_nextn: int = 0                      # next-token-prediction (MTP) blocks after the n_layer of the model
 
     @property
     def n_embd_gqa(self) -> int:
@@ -97,9 +98,11 @@ class HParams:
             n_vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
             n_ctx_train = int(get("context_length"))
             rope = _rope_scaling(meta, arch, n_ctx_train)
+            n_nextn = int(get("nextn_predict_layers", 0))
             hp = cls(
                 arch=arch,
-                n_layer=int(get("block_count")) - int(get("nextn_predict_layers", 0)),   # MTP blocks follow
+                n_layer=int(get("block_count")) - n_nextn,   # MTP blocks follow
+                n_nextn=n_nextn,
                 n_embd=n_embd,
                 n_head=n_head,
                 n_head_kv=n_head_kv,
@@ -194,6 +197,8 @@ class StepInputs:
     k_rot: Any = None        # F32 [n, n] Walsh-Hadamard matrices Q and K (k_rot), V and the output (v_rot) are
     v_rot: Any = None        # rotated by for a quantized K (V) cache, as llama.cpp does; None otherwise
     n_streams: int = 1       # > 1: the rows are that many sequences' runs of equal length, attending at once
+    keep_rows: bool = False  # the last block keeps every row (the output norm of each is wanted: an MTP drafter's)
+    hidden: Any = None       # F32 [n_embd, n_tokens]: the hidden rows an MTP block reads beside the tokens
 
 
 class Architecture:
@@ -212,6 +217,7 @@ class Architecture:
     ffn_norm = "ffn_norm"    # the FFN's pre-norm tensor (gpt-oss calls it post_attention_norm)
     ffn_glu = "swiglu"       # swiglu or geglu
     out_prec_f32 = False     # the attention output's matmul accumulates in F32 (glm4moe; on the CPU it always does)
+    reads_hidden = False     # a pass reads hidden rows beside its tokens (StepInputs.hidden: an MTP block)
 
     def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None, names: Any = ()):
         self.hp = hp
@@ -314,9 +320,9 @@ class Architecture:
     def block_tensors(self, il: int) -> list[str]:
         return list(self.block_tensor_shapes(il))
 
-    def is_mtp_tensor(self, name: str) -> bool:
-        """Whether `name` belongs to a next-token-prediction block after the model's own (nextn_predict_layers),
-        which a forward pass does not use."""
+    def is_unused(self, name: str) -> bool:
+        """Whether `name` belongs to a block this architecture's forward pass does not use: the
+        next-token-prediction blocks after the model's own (nextn_predict_layers)."""
         if not name.startswith("blk."):
             return False
         il = name.split(".", 2)[1]
@@ -422,7 +428,7 @@ class Architecture:
         p = f"blk.{il}."
         cur = self.build_attention(ctx, gf, w, inp, il, self.norm(ctx, w, x, p + "attn_norm.weight"), k_cache,
                                    v_cache)
-        if il == hp.n_layer - 1 and inp.n_outputs < inp.n_tokens:
+        if il == hp.n_layer - 1 and inp.n_outputs < inp.n_tokens and not inp.keep_rows:
             cur = ctx.get_rows(cur, inp.out_ids)
             x = ctx.get_rows(x, inp.out_ids)
         cur = ctx.mul_mat(w(p + "attn_output.weight"), cur)

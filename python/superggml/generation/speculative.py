@@ -3,9 +3,10 @@
 While weights stream, a pass costs about one read of the streamed bytes whatever the number of tokens in it, so
 a pass that checks k drafted tokens costs about what one token costs; each accepted token is a pass saved.
 
-- Drafters: a draft model with the same vocabulary (llama.cpp's compatibility rule), or prompt lookup (the
-  continuation of the latest earlier match of the context's last n-gram). Both draft deterministically (the
-  draft model greedily), so the draft distribution q is one point.
+- Drafters: a draft model with the same vocabulary (llama.cpp's compatibility rule), prompt lookup (the
+  continuation of the latest earlier match of the context's last n-gram), or the model's own MTP block
+  (generation/mtp.py). All draft deterministically (the models greedily), so the draft distribution q is one
+  point.
 - Verification (Speculator.step): the draft is fed to the model in one pass (Executor.eval_check): with the kernels
   of any batch, as llama.cpp checks a draft; with batch_invariant each token in a lane of its own, so row i's
   logits are those of feeding the tokens one by one. Greedy keeps the longest prefix that matches
@@ -43,6 +44,10 @@ class Drafter(abc.ABC):
     @abc.abstractmethod
     def draft(self, context: Sequence[int], k: int) -> list[int]:
         """Up to k tokens (fewer, or none, when it has no guess)."""
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the drafter's own (Model.stats() reports them)."""
+        return {}
 
     def close(self) -> None:
         pass
@@ -308,7 +313,8 @@ class Speculator:
                 "draft_acceptance": self.accepted / self.drafted if self.drafted else None,
                 "draft_tokens_per_pass": self.generated / self.steps if self.steps else None,
                 "draft_k_mean": self.drafted / self.steps if self.steps else None,
-                "draft_pass_s": fixed, "draft_pass_row_s": per_row, "draft_token_s": self.length.draft_s}
+                "draft_pass_s": fixed, "draft_pass_row_s": per_row, "draft_token_s": self.length.draft_s,
+                **self.drafter.stats()}
 
     def close(self) -> None:
         self.drafter.close()

@@ -115,6 +115,8 @@ class Executor:
         self.timings: list[dict[str, Any]] = []
         self.plans: dict[tuple[Any, ...], Plan] = {}
         self.head_buffers: tuple[int, list[Any]] | None = None   # rows, the streamed head's [ctx, buffer, in, out]
+        self.hidden_buf: Any = None                   # keep_hidden's rows, F32 [n_embd, n_batch]
+        self.on_hidden: Any = None                    # called (sequence, first position, F32 [n, n_embd]) per item
         if self.placement.paged:
             self.placement.make_pagers(memory)
         if self.placement.experts_paged:
@@ -173,15 +175,27 @@ class Executor:
         d.update(self.placement.stats())
         return d
 
+    def keep_hidden(self, on_hidden: Any = None) -> None:
+        """From now on every pass (but embeddings) also keeps the output norm of all its rows, in hidden_buf,
+        and hands each sequence's rows to on_hidden(sequence id, first position, F32 [n, n_embd]): what an MTP
+        drafter reads (llama.cpp's unmasked nextn embeddings)."""
+        if self.hidden_buf is None:
+            cx = native.Context(max_tensors=1)
+            self.hidden_buf = cx.new_tensor(F32, [self.hp.n_embd, self.settings.context.n_batch])
+            self.keep += [cx, self.backends[self.placement.head_dev].alloc_tensors(cx)]
+            self.plans.clear()
+        self.on_hidden = on_hidden
+
     # -- plans ------------------------------------------------------------------
     def plan(self, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None = None,
              embed: bool = False, streams: int = 0) -> Plan:
         """The graphs for micro-batches of this shape, built once and reused (embed: ending at the output norm,
         not the logits; streams: see Plan)."""
-        key = (n, n_kv, n_out, lanes, embed, streams)
+        hidden = self.hidden_buf is not None and not embed
+        key = (n, n_kv, n_out, lanes, embed, streams, hidden)
         plan = self.plans.pop(key, None)
         if plan is None:
-            plan = Plan(self, n, n_kv, n_out, lanes, embed, streams)
+            plan = Plan(self, n, n_kv, n_out, lanes, embed, streams, hidden)
         self.plans[key] = plan            # most recently used last
         if len(self.plans) > PLAN_CACHE:
             while len(self.plans) > PLAN_CACHE:
@@ -211,10 +225,12 @@ class Executor:
                          n_embd_gqa=self.hp.n_embd_gqa, ctx_size=c.ctx_size)
 
     # -- one pass -----------------------------------------------------------------
-    def run_pass(self, items: Sequence[Item], out_rows: Sequence[int], embed: bool = False) -> np.ndarray | None:
+    def run_pass(self, items: Sequence[Item], out_rows: Sequence[int], embed: bool = False,
+                 hidden: np.ndarray | None = None) -> np.ndarray | None:
         """One forward pass over the tokens of one or more sequences (each in its own lane, its rows after the
         previous one's); returns the logits of out_rows (rows of the whole pass), or None. embed: the output
-        norm's rows (F32 [n_out, n_embd]) instead of the logits."""
+        norm's rows (F32 [n_out, n_embd]) instead of the logits. hidden: the rows an MTP block reads beside
+        the tokens (F32 [n, n_embd])."""
         c = self.settings.context
         shapes, starts, ahead = [], [], {}
         for seq, toks in items:               # a sequence may have several lanes, one after another
@@ -233,7 +249,7 @@ class Executor:
         rows = [self.lane_rows(p0, x, k) for p0, (x, k) in zip(starts, shapes)]
         lanes = tuple(shapes) if len(items) > 1 and not streams else None
         plan = self.plan(n, 0 if lanes else shapes[0][1], len(out_rows), lanes, embed, streams)
-        plan.fill(np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items]), rows, out_rows)
+        plan.fill(np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items]), rows, out_rows, hidden)
         self.memory.bind(ids, streams=bool(streams))
         self.n_passes += 1
         self.stream_passes += bool(streams)
@@ -242,6 +258,12 @@ class Executor:
         logits = self.compute(plan, n, [(seq.id, p0, len(t)) for (seq, t), p0 in zip(items, starts)])
         for seq, toks in items:
             seq.tokens.extend(int(t) for t in toks)
+        if plan.hidden and self.on_hidden is not None:
+            h = native.tensor_get(self.hidden_buf).reshape(-1, self.hp.n_embd)
+            at = 0
+            for (seq, toks), p0 in zip(items, starts):
+                self.on_hidden(seq.id, p0, h[at:at + len(toks)])
+                at += len(toks)
         if not out_rows:
             return None
         return native.tensor_get(logits).reshape(len(out_rows), self.hp.n_embd if embed else self.hp.n_vocab)
@@ -330,9 +352,10 @@ class Executor:
         return time_blocks(self, blocks, repeats=repeats)
 
     # -- feeding tokens ---------------------------------------------------------
-    def eval(self, tokens: Sequence[int], *, logits_all: bool = False) -> np.ndarray:
+    def eval(self, tokens: Sequence[int], *, logits_all: bool = False, hidden: np.ndarray | None = None) -> np.ndarray:
         """Feeds tokens to the current sequence at positions n_past..; returns F32 logits [n_out, n_vocab]
-        (every position if logits_all, else the last one), also kept as the sequence's scores."""
+        (every position if logits_all, else the last one), also kept as the sequence's scores. hidden: an MTP
+        block's rows beside the tokens (F32 [n, n_embd])."""
         n, seq = len(tokens), self.seq
         self.sequences.check_feed(seq, tokens)
         outs = []
@@ -343,7 +366,7 @@ class Executor:
                 chunk = tokens[i:i + b]
                 last = i + len(chunk) == n
                 rows = list(range(len(chunk))) if logits_all else ([len(chunk) - 1] if last else [])
-                r = self.run_pass([(seq, chunk)], rows)
+                r = self.run_pass([(seq, chunk)], rows, hidden=None if hidden is None else hidden[i:i + b])
                 if r is not None:
                     outs.append(r)
         except BaseException:

@@ -84,14 +84,17 @@ class Plan:
     """Step inputs plus the embedding, block and output graphs for one micro-batch shape."""
 
     def __init__(self, ex: Any, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None,
-                 embed: bool, streams: int = 0):
+                 embed: bool, streams: int = 0, hidden: bool = False):
         """`ex`: the executor (its arch, weights, memory, acts, rot, backends). `lanes`: a pass over several
         sequences, (tokens, n_kv) of each in row order, each attending over its own K/V (its lane's
         tensors). `streams`: a pass over that many sequences of n / streams rows each, whose memory is one
         tensor per layer, attending at once over n_kv rows of each. `embed`: ending at the output norm
-        (embeddings), not the logits."""
+        (embeddings), not the logits. `hidden`: the output norm of every row goes to ex.hidden_buf too (the
+        last block keeps all rows; the head picks its rows after the norm, as llama.cpp with nextn
+        embeddings)."""
         self.ex = ex
         self.n, self.n_kv, self.n_out, self.lanes, self.embed = n, n_kv, n_out, lanes, embed
+        self.hidden = hidden
         self.streams = streams
         self.n_lanes = len(lanes) if lanes else 0
         self.keep: list[Any] = []       # contexts and buffers the graphs point into
@@ -123,10 +126,12 @@ class Plan:
 
         t = named("", tokens=ictx.new_tensor(I32, [n]), positions=ictx.new_tensor(I32, [n]),
                   out_ids=ictx.new_tensor(I32, [max(self.n_out, 1)]))
+        if self.ex.arch.reads_hidden:
+            t.update(named("", hidden=ictx.new_tensor(F32, [hp.n_embd, n])))
         rot = {"k_rot": self.ex.rot[di].get("k"), "v_rot": self.ex.rot[di].get("v")}
         if self.lanes is None:
             inp = StepInputs(n_tokens=n, n_kv=self.n_kv, n_outputs=self.n_out, flash_attn=c.flash_attn, **t, **rot,
-                             n_streams=max(self.streams, 1), **kv(n, self.n_kv, ""))
+                             n_streams=max(self.streams, 1), keep_rows=self.hidden, **kv(n, self.n_kv, ""))
         else:
             lane_inputs, r0 = [], 0
             for j, (nj, kvj) in enumerate(self.lanes):
@@ -135,12 +140,14 @@ class Plan:
                                               **kv(nj, kvj, f"_s{j}")))
                 r0 += nj
             inp = StepInputs(n_tokens=n, n_kv=self.n_kv, n_outputs=self.n_out, flash_attn=c.flash_attn, mask=None,
-                             k_idxs=None, v_idxs=None, lanes=lane_inputs, **t)
+                             k_idxs=None, v_idxs=None, lanes=lane_inputs, keep_rows=self.hidden, **t)
         self.keep += [ictx, backend.alloc_tensors(ictx)]
         return inp
 
-    def fill(self, tokens: np.ndarray, rows: Sequence[LaneRows], out_rows: Sequence[int]) -> None:
-        """Sets every device's inputs: the pass's tokens, each lane's rows, the rows whose output is wanted."""
+    def fill(self, tokens: np.ndarray, rows: Sequence[LaneRows], out_rows: Sequence[int],
+             hidden: np.ndarray | None = None) -> None:
+        """Sets every device's inputs: the pass's tokens, each lane's rows, the rows whose output is wanted,
+        and the hidden rows an MTP block reads (F32 [n, n_embd])."""
         pos = np.concatenate([r.positions for r in rows])
         out = np.asarray(out_rows or [0], dtype=np.int32)
         if self.streams:
@@ -149,6 +156,10 @@ class Plan:
             native.tensor_set(inp.tokens, tokens)
             native.tensor_set(inp.positions, pos)
             native.tensor_set(inp.out_ids, out)
+            if inp.hidden is not None:
+                if hidden is None:
+                    raise ValueError("an MTP pass needs the hidden rows its tokens follow")
+                native.tensor_set(inp.hidden, np.ascontiguousarray(hidden, dtype=np.float32))
             for lane, r in zip(inp.lanes or [inp], rows):
                 native.tensor_set(lane.mask, r.mask)
                 if r.mask_swa is not None:
@@ -214,7 +225,7 @@ class Plan:
 
     def build(self) -> None:
         ex, hp, arch, w = self.ex, self.ex.hp, self.ex.arch, self.ex.weights
-        n_last = min(self.n, max(self.n_out, 1))           # rows the last block keeps
+        n_last = self.n if self.hidden else min(self.n, max(self.n_out, 1))       # rows the last block keeps
         paged, placement = ex.placement.paged, ex.placement
         self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_embed(ctx, w, inp), act), "embed",
                    dev=ex.embed_dev)
@@ -226,12 +237,26 @@ class Plan:
                 continue
             self.graph(lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(self.block(ctx, gf, inp, il, act), act_out),
                        "block", rows_out=rows, key=key, layer=il, dev=ex.layer_device[il], group=il)
+        rows_in = n_last if self.hidden else self.n_out
+        if self.hidden:
+            self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_output_norm(ctx, w, act),
+                                                                 self.hidden_rows(ctx)),
+                       "head", rows_in=rows_in, rows_out=rows_in, dev=ex.placement.head_dev, group=hp.n_layer)
         if self.n_out and paged and not self.embed:
-            self.build_chunked_head()
+            self.build_chunked_head(rows_in)
         elif self.n_out:
-            self.logits = self.graph(lambda ctx, gf, act, act_out, inp: self.head(ctx, inp, act), "head",
-                                     rows_in=self.n_out, rows_out=self.n_out, dev=ex.layer_device[-1],
+            self.logits = self.graph(lambda ctx, gf, act, act_out, inp: self.head(ctx, inp, self.outputs(ctx, inp, act)),
+                                     "head", rows_in=rows_in, rows_out=self.n_out, dev=ex.layer_device[-1],
                                      group=hp.n_layer)
+
+    def hidden_rows(self, ctx: Any) -> Any:
+        """The pass's rows of ex.hidden_buf (F32 [n_embd, n])."""
+        h = self.ex.hidden_buf
+        return ctx.view(h, [self.ex.hp.n_embd, self.n], [h.nb[1]], 0)
+
+    def outputs(self, ctx: Any, inp: StepInputs, x: Any) -> Any:
+        """x's rows whose output is wanted: all of x, unless the last block kept every row (hidden)."""
+        return ctx.get_rows(x, inp.out_ids) if self.hidden and self.n_out < self.n else x
 
     def block(self, ctx: Any, gf: Any, inp: StepInputs, il: int, x: Any) -> Any:
         """Block il's output over x: the family's graph, over the layer's sequence memory."""
@@ -260,16 +285,19 @@ class Plan:
             x = ex.arch.build_embed(ctx, ex.weights, inp)
             for il in range(ex.hp.n_layer):
                 x = self.block(ctx, gf, inp, il, x)
+            if self.hidden:
+                gf.expand(ctx.cpy(ex.arch.build_output_norm(ctx, ex.weights, x), self.hidden_rows(ctx)))
             if inp.n_outputs:
-                x = self.whole_logits = self.head(ctx, inp, x)
+                x = self.whole_logits = self.head(ctx, inp, self.outputs(ctx, inp, x))
             gf.expand(x)
             self.keep.append(ctx)
             self.whole_graph = gf
         return self.whole_graph
 
-    def build_chunked_head(self) -> None:
+    def build_chunked_head(self, rows_in: int) -> None:
         """Output norm into head_in (F32 [n_embd, n_out]), then one graph per streamed row chunk
-        of the lm head, each writing its rows of the logits (F32 [n_vocab, n_out])."""
+        of the lm head, each writing its rows of the logits (F32 [n_vocab, n_out]). rows_in: the rows the last
+        block kept."""
         ex, n_out = self.ex, self.n_out
         hp, w = ex.hp, ex.weights
         shared = ex.head_out(n_out)
@@ -278,8 +306,9 @@ class Plan:
         lb = vctx.view(shared[3], [hp.n_vocab, n_out], [shared[3].nb[1]], 0)
         self.keep += [shared, vctx]
         dev = ex.placement.head_dev
-        self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(ex.arch.build_output_norm(ctx, w, act), head_in),
-                   "head", rows_in=n_out, rows_out=n_out, dev=dev)
+        self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(
+            self.outputs(ctx, inp, ex.arch.build_output_norm(ctx, w, act)), head_in),
+            "head", rows_in=rows_in, rows_out=n_out, dev=dev)
         row0 = 0
         for c, name in enumerate(ex.placement.head_chunks):
             rows = w(name).ne[1]

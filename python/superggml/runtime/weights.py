@@ -147,11 +147,12 @@ class WeightPlacement:
         return [n for n in names if n not in experts]
 
     def outside_blocks(self) -> list[str]:
-        """The tensors no block lists, but the output norm, the lm head, the token embedding and the MTP blocks'."""
+        """The tensors no block lists, but the output norm, the lm head, the token embedding and those the pass does
+        not use (Architecture.is_unused)."""
         blocks = {n for il in range(self.hp.n_layer) for n in self.arch.block_tensors(il)}
         return [n for n in self.store.names()
                 if n not in blocks | {self.arch.output_tensor(self.store.has), "output_norm.weight",
-                                      "token_embd.weight"} and not self.arch.is_mtp_tensor(n)]
+                                      "token_embd.weight"} and not self.arch.is_unused(n)]
 
     def load_groups(self) -> list[list[str]]:
         """The weights in the order a forward pass uses them: block 0 (with the global tensors every block

@@ -1,0 +1,137 @@
+"""MTP drafting: the model's own next-token-prediction block drafts, with no second model (llama.cpp's draft-mtp).
+
+The block at position q reads the token there and the model's output-normed hidden row of position q - 1 (zeros
+before the first), and gives the logits of the token at q + 1 and a hidden row of its own. So:
+- every forward pass of the model hands the drafter its hidden rows (Executor.keep_hidden), kept per sequence
+  by position;
+- a draft first brings the block's memory up to the model's context (the positions it lacks, each with the
+  model's row before it), the chosen token last: its logits are the first drafted token;
+- each further drafted token goes in with the block's own hidden row, and those positions are dropped from its
+  memory after the draft (the model's rows replace them once it has checked them).
+
+The block (its tensors, and the head it reads) stays resident beside a model that may stream: a drafted token
+costs one small block, not a pass over the streamed weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import native
+from ..arch.mtp import MtpArch
+from ..runtime.executor import Executor
+from ..runtime.planner import kv_bytes
+from ..settings import PagingSettings, Settings
+from .speculative import Drafter
+
+Model = Any             # superggml.Model (annotations only)
+MAX_SEQUENCES = 16      # sequences whose hidden rows and block memory are kept (the least recently drafted go)
+
+
+class MtpDrafter(Drafter):
+    """Drafts greedily with `target`'s MTP block (MtpArch) on an executor of its own: the block's weights
+    resident in a store of their own over the same file, and a one-layer memory per sequence."""
+
+    name = "mtp"
+
+    def __init__(self, target: Model, *, p_min: float = 0.0):
+        self.target = target
+        self.p_min = p_min
+        self.arch = MtpArch(target.arch)
+        self.store = native.WeightStore(target.file)
+        c = target.settings.context
+        self.runtime = Executor(self.arch, self.store, Settings(context=c, paging=PagingSettings(device_budget="off")),
+                                preload_repack=c.repack)
+        self.rows: dict[int, dict[int, np.ndarray]] = {}     # the model's sequence -> position -> its hidden row
+        self.own: np.ndarray | None = None                     # the block's hidden row of its last pass
+        self.runtime.keep_hidden(self.on_own)
+        target.runtime.keep_hidden(self.on_hidden)
+        self.zero = np.zeros(self.arch.hp.n_embd, dtype=np.float32)
+
+    def on_hidden(self, seq: int, p0: int, h: np.ndarray) -> None:
+        """The model's pass gave sequence `seq` the hidden rows h of positions p0..; the block catches up on
+        them once a batch of them is waiting (a long prompt's rows are not all held)."""
+        rows = self.rows.pop(seq, None)
+        if rows is None:
+            rows = {}
+            while len(self.rows) >= MAX_SEQUENCES:
+                self.forget(next(iter(self.rows)))
+        self.rows[seq] = rows                                 # most recent last
+        for i, row in enumerate(h.copy()):
+            rows[p0 + i] = row
+        if len(rows) > self.runtime.settings.context.n_batch:
+            self.feed(seq, self.target.runtime.sequences.tokens(seq)[:p0 + len(h)])
+
+    def on_own(self, seq: int, p0: int, h: np.ndarray) -> None:
+        self.own = h[-1].copy()
+
+    def forget(self, seq: int) -> None:
+        self.rows.pop(seq, None)
+        if seq in self.runtime.sequences.table:
+            self.runtime.sequences.drop(seq)
+
+    def feed(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
+        """Brings the block's memory of `seq` to `tokens` (its cached prefix kept, the last token fed again), each
+        position with the model's hidden row before it (zeros before the first, or where the row is gone: a
+        prefix reused far back); returns the last position's logits. Keeps only the rows a later feed reads."""
+        m, rows = self.runtime, self.rows.setdefault(seq, {})
+        m.sequences.use(seq)
+        keep = m.sequences.keep_prefix(tokens)
+        hidden = np.stack([rows.get(q - 1, self.zero) for q in range(keep, len(tokens))])
+        logits = m.eval(list(tokens[keep:]), hidden=hidden)[-1]
+        for q in [q for q in rows if q < len(tokens) - 1]:
+            del rows[q]
+        return logits
+
+    def draft(self, context: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens after `context` (the model's current sequence, then the token chosen after it, not yet
+        fed)."""
+        m = self.runtime
+        n = len(context) - 1                     # the model holds context[:n]
+        k = min(k, m.settings.context.ctx_size - len(context))
+        if k <= 0:
+            return []
+        t = time.perf_counter()
+        logits = self.feed(self.target.runtime.seq.id, context)
+        self.catch_up_s = time.perf_counter() - t
+        out: list[int] = []
+        while True:
+            tok = int(np.argmax(logits))
+            if self.p_min > 0.0:
+                x = logits.astype(np.float64)
+                if 1.0 / np.exp(x - x[tok]).sum() < self.p_min:
+                    break
+            out.append(tok)
+            if len(out) == k or self.target.tokenizer.is_eog(tok):
+                break
+            logits = m.eval([tok], hidden=self.own[None])[-1]
+        m.sequences.truncate(n + 1)               # the drafted positions held the block's own rows
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        return {"draft_mtp_block": self.arch.il, "draft_resident_bytes": mtp_bytes(self.target)}
+
+    def close(self) -> None:
+        self.target.runtime.keep_hidden(None)
+        self.runtime.close()
+        del self.runtime
+        del self.store
+
+
+def mtp_bytes(model: Model) -> int:
+    """What an MTP drafter holds: its block's tensors, its head when that is not the token embedding, and a
+    one-layer memory of ctx_size tokens."""
+    arch, info, c = model.arch, model.tensor_info, model.settings.context
+    if arch.hp.n_nextn < 1:
+        return 0
+    p = f"blk.{arch.hp.n_layer}."
+    held = sum(int(v[3]) for name, v in info.items() if name.startswith(p))
+    head = f"{p}nextn.shared_head_head.weight"
+    if head not in info and "output.weight" in info:
+        held += int(info["output.weight"][3])
+    one = dataclasses.replace(arch.hp, n_layer=1)
+    return held + kv_bytes(one, c.ctx_size, c.cache_type_k, c.cache_type_v)
