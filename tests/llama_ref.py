@@ -142,7 +142,8 @@ def _mtp(req: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
     (zeros first): every row's logits and hidden row."""
     import llama_cpp as L
 
-    lib = L.llama_cpp._lib          # llama-ext.h's staging API: C++ symbols
+    # llama-ext.h's staging API: C++ symbols of the libllama llama_cpp loaded (the same handle)
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(L.__file__), "lib", "libllama.so"))
     set_nextn = lib["_Z26llama_set_embeddings_nextnP13llama_contextbb"]
     set_nextn.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool]
     get_nextn = lib["_Z26llama_get_embeddings_nextnP13llama_context"]

@@ -72,6 +72,16 @@ class Layout:
         return per_layer * ((self.n_layer - self.n_swa_layers) * n_tokens + self.n_swa_layers * min(n_tokens, self.n_swa))
 
 
+
+def mtp_note(hp: Any, f: Any) -> tuple[str, ...]:
+    """The next-token-prediction blocks after the model's own, which draft_mtp runs resident."""
+    if not hp.n_nextn:
+        return ()
+    held = sum(int(nb) for name, _t, _s, _o, nb in f.tensors()
+               if name.startswith("blk.") and int(name.split(".")[1]) >= hp.n_layer)
+    return (f"MTP: {hp.n_nextn} next-token-prediction block(s) after the {hp.n_layer}, {held / 2**20:.1f} MiB: a "
+            "drafter with no second model (--draft-mtp), held resident",)
+
 def model_layout(path: str | os.PathLike[str]) -> Layout:
     """Per-layer sizes from the GGUF's tensor table (no weights are read)."""
     f = native.GGUFFile(os.fspath(path))
@@ -109,7 +119,8 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
                       sum(arch.is_swa(il) for il in range(hp.n_layer)), hp.n_expert, hp.n_expert_used,
                       max(experts) // max(hp.n_expert, 1), sum(blocks) - sum(experts), dense_slot, dense_chunks,
                       tuple(tuple(v) for v in shapes.values()),
-                      n_moe_layers=sum(arch.is_moe(il) for il in range(hp.n_layer)), notes=tuple(arch.describe()))
+                      n_moe_layers=sum(arch.is_moe(il) for il in range(hp.n_layer)),
+                      notes=tuple(arch.describe()) + mtp_note(hp, f))
     finally:
         f.close()
 

@@ -116,7 +116,7 @@ class Executor:
         self.plans: dict[tuple[Any, ...], Plan] = {}
         self.head_buffers: tuple[int, list[Any]] | None = None   # rows, the streamed head's [ctx, buffer, in, out]
         self.hidden_buf: Any = None                   # keep_hidden's rows, F32 [n_embd, n_batch]
-        self.on_hidden: Any = None                    # called (sequence, first position, F32 [n, n_embd]) per item
+        self.on_hidden: Any = None                    # (sequence, first position, F32 [n, n_embd]) per pass item
         if self.placement.paged:
             self.placement.make_pagers(memory)
         if self.placement.experts_paged:
@@ -176,9 +176,8 @@ class Executor:
         return d
 
     def keep_hidden(self, on_hidden: Any = None) -> None:
-        """From now on every pass (but embeddings) also keeps the output norm of all its rows, in hidden_buf,
-        and hands each sequence's rows to on_hidden(sequence id, first position, F32 [n, n_embd]): what an MTP
-        drafter reads (llama.cpp's unmasked nextn embeddings)."""
+        """Every pass (but embeddings) keeps the output norm of all its rows (hidden_buf) and gives each
+        sequence's to on_hidden: what an MTP drafter reads (llama.cpp's unmasked nextn embeddings)."""
         if self.hidden_buf is None:
             cx = native.Context(max_tensors=1)
             self.hidden_buf = cx.new_tensor(F32, [self.hp.n_embd, self.settings.context.n_batch])
@@ -203,22 +202,6 @@ class Executor:
             native.host_memory_trim()       # the graphs' contexts are a few MiB: give the heap back
         return plan
 
-    def head_out(self, n_out: int) -> list[Any]:
-        """The streamed head's input and output buffers, shared by every plan: [context, buffer, head_in
-        (F32 [n_embd, rows]), logits (F32 [n_vocab, rows])] for at least n_out rows. Grown (to a power of two
-        up to 16 rows, a multiple of 16 above) when a plan needs more rows; the cached plans then go."""
-        if self.head_buffers is None or self.head_buffers[0] < n_out:
-            rows = 1 << (n_out - 1).bit_length() if n_out <= 16 else -(-n_out // 16) * 16
-            self.plans.clear()
-            self.head_buffers = None
-            native.host_memory_trim()
-            hctx = native.Context(max_tensors=2)
-            head_in = hctx.new_tensor(F32, [self.hp.n_embd, rows])
-            lb = hctx.new_tensor(F32, [self.hp.n_vocab, rows])
-            self.head_buffers = (rows, [hctx, self.backends[self.placement.head_dev].alloc_tensors(hctx), head_in,
-                                        lb])
-        return self.head_buffers[1]
-
     def lane_rows(self, p0: int, n: int, n_kv: int) -> LaneRows:
         c = self.settings.context
         return lane_rows(p0, n, n_kv, n_swa=self.arch.n_swa, flash_attn=c.flash_attn,
@@ -229,8 +212,7 @@ class Executor:
                  hidden: np.ndarray | None = None) -> np.ndarray | None:
         """One forward pass over the tokens of one or more sequences (each in its own lane, its rows after the
         previous one's); returns the logits of out_rows (rows of the whole pass), or None. embed: the output
-        norm's rows (F32 [n_out, n_embd]) instead of the logits. hidden: the rows an MTP block reads beside
-        the tokens (F32 [n, n_embd])."""
+        norm's rows (F32 [n_out, n_embd]) instead. hidden: an MTP block's rows beside the tokens."""
         c = self.settings.context
         shapes, starts, ahead = [], [], {}
         for seq, toks in items:               # a sequence may have several lanes, one after another
@@ -260,10 +242,8 @@ class Executor:
             seq.tokens.extend(int(t) for t in toks)
         if plan.hidden and self.on_hidden is not None:
             h = native.tensor_get(self.hidden_buf).reshape(-1, self.hp.n_embd)
-            at = 0
-            for (seq, toks), p0 in zip(items, starts):
+            for (seq, toks), p0, at in zip(items, starts, np.cumsum([0] + [len(t) for _, t in items])):
                 self.on_hidden(seq.id, p0, h[at:at + len(toks)])
-                at += len(toks)
         if not out_rows:
             return None
         return native.tensor_get(logits).reshape(len(out_rows), self.hp.n_embd if embed else self.hp.n_vocab)

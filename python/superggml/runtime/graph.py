@@ -75,6 +75,22 @@ def lane_rows(p0: int, n: int, n_kv: int, *, n_swa: int, flash_attn: bool, n_emb
     return LaneRows(pos, mask, mask_swa, pos.astype(np.int64), v_idxs)
 
 
+def head_out(ex: Any, n_out: int) -> list[Any]:
+    """The streamed head's input and output buffers, shared by every plan of the executor: [context, buffer,
+    head_in (F32 [n_embd, rows]), logits (F32 [n_vocab, rows])] for at least n_out rows. Grown (to a power of two
+    up to 16 rows, a multiple of 16 above) when a plan needs more rows; the cached plans then go."""
+    if ex.head_buffers is None or ex.head_buffers[0] < n_out:
+        rows = 1 << (n_out - 1).bit_length() if n_out <= 16 else -(-n_out // 16) * 16
+        ex.plans.clear()
+        ex.head_buffers = None
+        native.host_memory_trim()
+        hctx = native.Context(max_tensors=2)
+        head_in = hctx.new_tensor(F32, [ex.hp.n_embd, rows])
+        lb = hctx.new_tensor(F32, [ex.hp.n_vocab, rows])
+        ex.head_buffers = (rows, [hctx, ex.backends[ex.placement.head_dev].alloc_tensors(hctx), head_in, lb])
+    return ex.head_buffers[1]
+
+
 def padded_kv(p0: int, n: int, ctx_size: int) -> int:
     """The K/V rows a pass ending at p0 + n attends over: padded to KV_PAD, within the context."""
     return min(ctx_size, -(-(p0 + n) // KV_PAD) * KV_PAD)
@@ -300,7 +316,7 @@ class Plan:
         block kept."""
         ex, n_out = self.ex, self.n_out
         hp, w = ex.hp, ex.weights
-        shared = ex.head_out(n_out)
+        shared = head_out(ex, n_out)
         vctx = native.Context(max_tensors=2)
         head_in = vctx.view(shared[2], [hp.n_embd, n_out], [shared[2].nb[1]], 0)
         lb = vctx.view(shared[3], [hp.n_vocab, n_out], [shared[3].nb[1]], 0)
