@@ -34,7 +34,8 @@ kv_cache::kv_cache(const kv_params & params, std::vector<ggml_tensor *> k, std::
     const size_t align = ggml_backend_buft_get_alignment(p_.buft);
     if (!p_.has_v) p_.v_row = 0;
     else if (p_.v_row == 0) p_.v_row = p_.k_row;
-    if (p_.k_row == 0 || (p_.has_v && p_.v_trans && p_.v_row % (size_t) p_.n_embd_gqa)) {
+    if (p_.n_embd_v_gqa <= 0) p_.n_embd_v_gqa = p_.n_embd_gqa;
+    if (p_.k_row == 0 || (p_.has_v && p_.v_trans && p_.v_row % (size_t) p_.n_embd_v_gqa)) {
         throw Error("kv cache needs the bytes of a token's K and V (a transposed V of whole elements)");
     }
     k_bytes_ = (size_t) p_.n_ctx * p_.k_row;
@@ -89,7 +90,7 @@ int kv_cache::find_frame(int seq, int layer) const {
 }
 
 void kv_cache::copy_page(frame & f, int64_t idx, uint8_t * pb, bool to_frame) const {
-    const int64_t P = p_.page_size, g = p_.n_embd_gqa, p0 = idx * P;
+    const int64_t P = p_.page_size, g = p_.n_embd_v_gqa, p0 = idx * P;
     const int64_t rows = std::min(P, p_.n_ctx - p0);
     if (rows <= 0) return;
     const size_t kr = p_.k_row, vr = p_.v_row, es = vr / (size_t) g;   // es: a transposed V's element

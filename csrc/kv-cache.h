@@ -20,7 +20,7 @@
 // n_frames >= the (seq, layer) pairs in use, pages never leave the device.
 //
 // Host and disk pages are stored as [K rows: page_size x n_embd_gqa]
-// [V: page_size x n_embd_gqa, or n_embd_gqa x page_size when transposed].
+// [V: page_size x n_embd_v_gqa, or n_embd_v_gqa x page_size when transposed].
 // A cache of K only (has_v false: a latent K/V, whose V is read from K) has
 // no V tensors, and its frames and pages hold the K rows alone.
 // Failure (spill file unwritable, disk full, budget exhausted with no spill
@@ -55,10 +55,11 @@ constexpr int KV_PAGE_MIN = 16, KV_PAGE_MAX = 8192;
 
 struct kv_params {
     int n_layer = 0;
-    int64_t n_embd_gqa = 0;         // K (and V) channels per token
+    int64_t n_embd_gqa = 0;         // K channels per token
+    int64_t n_embd_v_gqa = 0;       // V channels per token; 0: as K's
     int64_t n_ctx = 0;              // tokens a frame holds
     size_t k_row = 0;               // bytes of one token's K (ggml_row_size of the K type, n_embd_gqa)
-    size_t v_row = 0;               // and of its V; 0: as k_row
+    size_t v_row = 0;               // and of its V (n_embd_v_gqa); 0: as k_row
     bool has_v = true;              // false: K only (a latent K/V, whose V is read from K): no V tensors
     bool v_trans = true;            // V stored transposed, as the non-flash attention graph reads it (a V type
                                     // of whole elements only: F32, F16, BF16)

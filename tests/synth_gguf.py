@@ -277,7 +277,8 @@ def echo_writers(put, t, norm, n_embd):
 def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_lead_dense=1, q_lora_rank=0,
                     kv_lora_rank=32, qk_rope=16, qk_nope=32, v_head=32, n_expert=8, n_expert_used=2, n_shared=1,
                     n_ff_exp=32, gating=None, probs_bias=False, n_group=0, n_group_used=0, weights_norm=None,
-                    weights_scale=None, yarn=None, mtp=False, tied=True, wtype="f32", seed=0, n_ctx_train=512):
+                    weights_scale=None, yarn=None, mtp=False, legacy=False, tied=True, wtype="f32", seed=0,
+                    n_ctx_train=512):
     """A random-weight deepseek2 GGUF (DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash: multi-head latent attention in
     the absorbed layout, attn_k_b and attn_v_b split out of kv_b_proj) laid out as llama.cpp's converter
     (DeepseekV2Model) writes it: n_lead_dense dense blocks of n_ff, then MoE blocks of n_expert routed experts
@@ -288,7 +289,9 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
     exp_probs_b.bias the routing adds before its top-k; n_group/n_group_used (0: no key): grouped routing;
     weights_norm/weights_scale (None: no key): the routed weights normalized, scaled; yarn: (factor,
     original context, mscale_all_dim) written as the converter writes DeepSeek's YaRN; mtp: a
-    next-token-prediction block after them (nextn_predict_layers 1), as glm4moe's.
+    next-token-prediction block after them (nextn_predict_layers 1), as glm4moe's; legacy: the layout converters
+    wrote before the absorbed one (one attn_kv_b, key/value_length per head, head_count_kv = n_head, no
+    key_length_mla).
     wtype (f32, f16, q8_0) is the type of the matmul weights; norms, the embedding, the router and
     exp_probs_b stay F32."""
     rng = np.random.default_rng(seed)
@@ -306,7 +309,7 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
-    w.add_head_count_kv(1)           # MLA is written as MQA: one latent K/V "head"
+    w.add_head_count_kv(n_head if legacy else 1)     # the absorbed MLA is written as MQA: one latent "head"
     if yarn:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(yarn[0])
@@ -327,10 +330,14 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
     # 26 or 27 blocks (its "lite" guess), so written always: 0 is the single attn_q
     key("attention.q_lora_rank", q_lora_rank, U)
     key("attention.kv_lora_rank", kv_lora_rank, U)
-    key("attention.key_length", kv_lora_rank + qk_rope, U)
-    key("attention.value_length", kv_lora_rank, U)
-    key("attention.key_length_mla", qk_nope + qk_rope, U)
-    key("attention.value_length_mla", v_head, U)
+    if legacy:
+        key("attention.key_length", qk_nope + qk_rope, U)
+        key("attention.value_length", v_head, U)
+    else:
+        key("attention.key_length", kv_lora_rank + qk_rope, U)
+        key("attention.value_length", kv_lora_rank, U)
+        key("attention.key_length_mla", qk_nope + qk_rope, U)
+        key("attention.value_length_mla", v_head, U)
     key("expert_feed_forward_length", n_ff_exp, U)
     key("expert_shared_count", n_shared, U)
     if weights_scale is not None:
@@ -355,8 +362,11 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
             t(p + "attn_q.weight", n_head * n_qk, n_embd, scale=0.3)
         t(p + "attn_kv_a_mqa.weight", kv_lora_rank + qk_rope, n_embd, scale=0.3)   # latent | shared rope K
         norm(p + "attn_kv_a_norm.weight", kv_lora_rank)
-        t(p + "attn_k_b.weight", n_head, kv_lora_rank, qk_nope, scale=0.15)   # ggml {qk_nope, kv_lora, n_head}
-        t(p + "attn_v_b.weight", n_head, v_head, kv_lora_rank, scale=0.15)    # ggml {kv_lora, v_head, n_head}
+        if legacy:
+            t(p + "attn_kv_b.weight", n_head * (qk_nope + v_head), kv_lora_rank, scale=0.15)
+        else:
+            t(p + "attn_k_b.weight", n_head, kv_lora_rank, qk_nope, scale=0.15)   # ggml {qk_nope, kv_lora, n_head}
+            t(p + "attn_v_b.weight", n_head, v_head, kv_lora_rank, scale=0.15)    # ggml {kv_lora, v_head, n_head}
         t(p + "attn_output.weight", n_embd, n_head * v_head)
         norm(p + "ffn_norm.weight")
         ffn_tensors(t, p, il < n_lead_dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_bias)
@@ -484,6 +494,9 @@ VARIANTS = {
     # Q4_0 experts: llama.cpp re-lays them for ggml-cpu's repacked mul_mat_id, and so does superggml
     "deepseek2-lite-q4_0": dict(arch="deepseek2", tied=False, q_lora_rank=0, n_expert=8, n_expert_used=2, n_shared=2,
                                 weights_scale=1.0, wtype="q4_0"),
+    # the legacy attn_kv_b layout: plain heads of 48 (K) and 32 (V), cached per head
+    "deepseek2-lite-legacy": dict(arch="deepseek2", tied=False, q_lora_rank=0, n_expert=8, n_expert_used=2, n_shared=2,
+                                  weights_scale=1.0, legacy=True),
     "deepseek2-glm47flash": dict(arch="deepseek2", q_lora_rank=48, v_head=48, n_expert=8, n_expert_used=4, gating=2,
                                  probs_bias=True, weights_norm=True, weights_scale=1.8, n_group=1, n_group_used=1,
                                  n_shared=1),

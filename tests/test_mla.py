@@ -12,7 +12,7 @@ import synth_gguf
 from superggml import Model
 from synth_gguf import VARIANTS, synth
 
-MLA = [v for v in VARIANTS if VARIANTS[v]["arch"] == "deepseek2"]
+MLA = [v for v in VARIANTS if VARIANTS[v]["arch"] == "deepseek2" and not VARIANTS[v].get("legacy")]
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +127,21 @@ def test_paged_latent_kv_is_bit_identical_to_contiguous(tmp_path, vocab_fields, 
     assert st["kv_pages_loaded"] > 0 and st["kv_pages_spilled"] > 0
     assert st["kv_frame_bytes"] == 128 * row * 2             # K only
     assert np.array_equal(paged, ref)
+
+
+def test_the_legacy_layout_caches_every_heads_k_and_v(tmp_path, vocab_fields):
+    """attn_kv_b (no key_length_mla): llama.cpp's plain path, K heads of 48 and V heads of 32 per token and layer
+    (logits, streaming and paged K/V: test_arch); a V narrower than K, paged with a host tier and a spill file."""
+    path = synth(tmp_path / "legacy.gguf", vocab_fields, **VARIANTS["deepseek2-lite-legacy"])
+    prompt = [int(x) for x in np.random.default_rng(7).integers(0, 49152, 40)]
+    with Model(path, ctx_size=256, n_threads=2, n_batch=16) as m:
+        assert m.kv_bytes == 256 * 3 * 4 * (48 + 32) * 2
+        ref = m.eval(prompt, logits_all=True).copy()
+    with Model(path, ctx_size=256, n_threads=2, n_batch=16, paged_kv=True, kv_page_size=16, kv_device_layers=1,
+               host_budget=4 * 16 * 4 * (48 + 32) * 2, kv_spill_dir=str(tmp_path)) as m:
+        assert np.array_equal(m.eval(prompt, logits_all=True), ref)
+        st = m.stats()
+        assert st["kv_frame_bytes"] == 256 * 4 * (48 + 32) * 2 and st["kv_pages_spilled"] > 0
 
 
 def test_analyze_shows_the_latent_layout_the_groups_and_the_cache_per_token(tmp_path, vocab_fields, capsys):

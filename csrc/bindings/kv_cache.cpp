@@ -102,7 +102,8 @@ void init_kv_cache(py::module_ & m) {
             p.n_ctx = k[0].t->ne[1];
             p.k_row = ggml_row_size(k[0].t->type, p.n_embd_gqa);
             p.has_v = !v.empty();
-            p.v_row = p.has_v ? ggml_row_size(v[0].t->type, p.n_embd_gqa) : 0;
+            p.n_embd_v_gqa = p.has_v ? v[0].t->ne[0] : p.n_embd_gqa;
+            p.v_row = p.has_v ? ggml_row_size(v[0].t->type, p.n_embd_v_gqa) : 0;
             p.v_trans = v_trans;
             p.page_size = page_size;
             p.n_frames = n_frames;
@@ -113,8 +114,9 @@ void init_kv_cache(py::module_ & m) {
             std::vector<ggml_tensor *> kt, vt;
             for (size_t i = 0; i < k.size(); ++i) {
                 if (ggml_nelements(k[i].t) != p.n_embd_gqa * p.n_ctx || k[i].t->type != k[0].t->type ||
-                    (p.has_v && (ggml_nelements(v[i].t) != p.n_embd_gqa * p.n_ctx || v[i].t->type != v[0].t->type))) {
-                    throw Error("KVCache: every K tensor must be [n_embd_gqa, n_ctx] of one type, and every V");
+                    (p.has_v && (ggml_nelements(v[i].t) != p.n_embd_v_gqa * p.n_ctx || v[i].t->type != v[0].t->type))) {
+                    throw Error("KVCache: every K tensor must be [n_embd_gqa, n_ctx] of one type, and every V "
+                                "[n_embd_v_gqa, n_ctx]");
                 }
                 if (p.has_v && v_trans && ggml_is_quantized(v[i].t->type)) {
                     throw Error("KVCache: a transposed V cache needs a type of whole elements, not a quantized one");

@@ -170,6 +170,13 @@ void init_ops(py::module_ & m) {
         c->check_room();
         return wrap(c, ggml_concat(c->ctx(), a.t, b.t, dim));
     }, py::arg("a"), py::arg("b"), py::arg("dim"), "a and b joined along dim (the other dims equal).");
+    ctx.def("repeat_4d", [](const ctx_ptr & c, const T & a, std::vector<int64_t> ne) {
+        need(ne.size() >= 1 && ne.size() <= 4, "repeat_4d", "1 to 4 sizes");
+        ne.resize(4, 1);
+        for (int i = 0; i < 4; ++i) need(ne[i] > 0 && ne[i] % a.t->ne[i] == 0, "repeat_4d", "each size a multiple of a's");
+        c->check_room();
+        return wrap(c, ggml_repeat_4d(c->ctx(), a.t, ne[0], ne[1], ne[2], ne[3]));
+    }, py::arg("a"), py::arg("ne"));
     ctx.def("get_rows", [](const ctx_ptr & c, const T & a, const T & idx) {
         need(idx.t->type == GGML_TYPE_I32, "get_rows", "indices must be I32");
         c->check_room();

@@ -5,8 +5,8 @@
 // against a shadow copy, K rows and transposed V). Layers 1 and 3 slide over
 // a window of W tokens: each pass frees their pages below it (seq_forget), and
 // only the rows still held are checked; truncating before them drops the
-// sequence, as the executor does. Run twice: with V, and with K only (a
-// latent K/V).
+// sequence, as the executor does. Run three times: with V as wide as K, with
+// a narrower V (deepseek2's legacy MHA), and with K only (a latent K/V).
 #include "kv-cache.h"
 
 #include "ggml.h"
@@ -22,15 +22,15 @@
 
 using namespace superggml;
 
-static int stress(bool has_v) {
+static int stress(bool has_v, int64_t gv) {
     const int n_layer = 4, n_seq = 3;
-    const int64_t g = 8, n_ctx = 96, P = 16;
+    const int64_t g = 8, n_ctx = 96, P = 16, row = g + gv;    // a token's shadow: K, then V
     ggml_init_params ip = { 2 * n_layer * ggml_tensor_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(ip);
     std::vector<ggml_tensor *> k, v;
     for (int l = 0; l < n_layer; ++l) {
         k.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, g, n_ctx));
-        v.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, g, n_ctx));
+        v.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, gv, n_ctx));
     }
     char dir[] = "/tmp/superggml-kvstress-XXXXXX";
     if (!mkdtemp(dir)) return 2;
@@ -40,11 +40,13 @@ static int stress(bool has_v) {
         kv_params p;
         p.n_layer = n_layer;
         p.n_embd_gqa = g;
+        p.n_embd_v_gqa = gv;
         p.n_ctx = n_ctx;
         p.k_row = (size_t) g * 4;
+        p.v_row = (size_t) gv * 4;
         p.page_size = (int) P;
         p.n_frames = 3;
-        p.host_budget = 5 * 2 * P * g * 4;
+        p.host_budget = 5 * P * row * 4;
         p.spill_dir = dir;
         p.has_v = has_v;
         kv_cache kv(p, k, has_v ? v : std::vector<ggml_tensor *>{}, &workers);
@@ -63,7 +65,7 @@ static int stress(bool has_v) {
                 n_past[seq] = n;
                 for (int l = 0; l < n_layer; ++l) {
                     auto & s = shadow[{seq, l}];
-                    s.resize(std::min<size_t>(s.size(), (size_t) (n * 2 * g)));
+                    s.resize(std::min<size_t>(s.size(), (size_t) (n * row)));
                 }
                 continue;
             }
@@ -80,18 +82,20 @@ static int stress(bool has_v) {
                 auto * vd = has_v ? static_cast<float *>(v[l]->data) : nullptr;
                 auto & s = shadow[{seq, l}];
                 for (int64_t t = slides(l) ? floor[seq] : 0; t < p0; ++t) {
-                    for (int64_t c = 0; c < g; ++c) {
-                        if (kd[t * g + c] != s[(t * 2) * g + c] || (vd && vd[c * n_ctx + t] != s[(t * 2 + 1) * g + c])) bad++;
-                    }
+                    for (int64_t c = 0; c < g; ++c) if (kd[t * g + c] != s[t * row + c]) bad++;
+                    for (int64_t c = 0; vd && c < gv; ++c) if (vd[c * n_ctx + t] != s[t * row + g + c]) bad++;
                 }
                 for (int64_t t = p0; t < p0 + n; ++t) {
+                    s.resize((size_t) ((t + 1) * row));
                     for (int64_t c = 0; c < g; ++c) {
-                        const float a = (float) (rnd() % 100000), b = (float) (rnd() % 100000);
+                        const float a = (float) (rnd() % 100000);
                         kd[t * g + c] = a;
-                        if (vd) vd[c * n_ctx + t] = b;
-                        s.resize((size_t) ((t + 1) * 2 * g));
-                        s[(t * 2) * g + c] = a;
-                        s[(t * 2 + 1) * g + c] = b;
+                        s[t * row + c] = a;
+                    }
+                    for (int64_t c = 0; vd && c < gv; ++c) {
+                        const float b = (float) (rnd() % 100000);
+                        vd[c * n_ctx + t] = b;
+                        s[t * row + g + c] = b;
                     }
                 }
                 kv.release(seq, l, p0 + n);
@@ -100,8 +104,8 @@ static int stress(bool has_v) {
             steps++;
         }
         kv_stats st = kv.stats();
-        std::printf("kv (%s): steps %d, loaded %llu, prefetched %llu, spilled %llu, evicted %llu, forgotten %llu, bad %d\n",
-                    has_v ? "K and V" : "K only", steps, (unsigned long long) st.pages_loaded, (unsigned long long) st.pages_prefetched,
+        std::printf("kv (%s, V of %lld): steps %d, loaded %llu, prefetched %llu, spilled %llu, evicted %llu, forgotten %llu, bad %d\n",
+                    has_v ? "K and V" : "K only", (long long) gv, steps, (unsigned long long) st.pages_loaded, (unsigned long long) st.pages_prefetched,
                     (unsigned long long) st.pages_spilled, (unsigned long long) st.pages_evicted,
                     (unsigned long long) st.pages_forgotten, bad);
         if (st.pages_prefetched == 0 || st.pages_spilled == 0 || st.pages_forgotten == 0) bad++;
@@ -113,5 +117,5 @@ static int stress(bool has_v) {
 }
 
 int main() {
-    return stress(true) | stress(false);
+    return stress(true, 8) | stress(true, 4) | stress(false, 0);
 }

@@ -81,6 +81,11 @@ class HParams:
         """V values per token and layer in the memory (0: none, V is read from K)."""
         return 0 if self.latent_kv else (self.head_dim_v or self.head_dim) * self.n_head_kv
 
+    @property
+    def v_channels(self) -> int:
+        """The channels a transposed V's indices run over: n_embd_v_gqa, or K's width with no V."""
+        return self.n_embd_v_gqa or self.n_embd_gqa
+
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any], arch: str) -> "HParams":
         def get(key: str, default: Any = None) -> Any:
@@ -218,6 +223,7 @@ class Architecture:
     ffn_glu = "swiglu"       # swiglu or geglu
     out_prec_f32 = False     # the attention output's matmul accumulates in F32 (glm4moe; on the CPU it always does)
     reads_hidden = False     # a pass reads hidden rows beside its tokens (StepInputs.hidden: an MTP block)
+    own_v_heads = False      # V heads may be narrower than K's (head_dim_v: deepseek2's legacy MHA)
 
     def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None, names: Any = ()):
         self.hp = hp
@@ -243,7 +249,7 @@ class Architecture:
         self.shexp_gate = True              # the shared expert behind a sigmoid gate (qwen2moe)
         self.n_lead = 0                     # leading blocks with a dense FFN
         self.load_hparams(meta)
-        if self.hp.head_dim_v and not self.hp.latent_kv:
+        if self.hp.head_dim_v and not self.hp.latent_kv and not self.own_v_heads:
             raise UnsupportedModelError(f"'{self.hp.arch}.attention.value_length' ({self.hp.head_dim_v}) differs "
                                         f"from the key length ({self.hp.head_dim}): not supported")
 
@@ -519,9 +525,9 @@ def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, 
     (F32 [n_kv, n_tokens], F16 with flash attention); softcap: KQ -> softcap * tanh(KQ / softcap).
 
     q F32 [head_dim, n_head, n_tokens], k F32 [head_dim, n_head_kv, n_tokens],
-    v F32 [n_embd_gqa, n_tokens] (rows may be strided); k_cache F16 [n_embd_gqa, n_ctx];
-    v_cache F16 [n_embd_gqa, n_ctx] (stored transposed: [n_ctx, n_embd_gqa] when not flash_attn).
-    Returns F32 [head_dim*n_head, n_tokens].
+    v F32 [n_embd_v_gqa, n_tokens] (rows may be strided); k_cache F16 [n_embd_gqa, n_ctx];
+    v_cache F16 [n_embd_v_gqa, n_ctx] (stored transposed: [n_ctx, n_embd_v_gqa] when not flash_attn).
+    Returns F32 [head_dim_v*n_head, n_tokens] (head_dim_v: head_dim unless V heads are narrower).
     """
     if inp.k_rot is not None:
         q, k = ctx.mul_mat_hadamard(q, inp.k_rot), ctx.mul_mat_hadamard(k, inp.k_rot)
@@ -540,6 +546,7 @@ def attend(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: A
     as llama.cpp's K/V streams)."""
     S = inp.n_streams
     n, n_kv, d, g = inp.n_tokens, inp.n_kv, hp.head_dim, hp.n_embd_gqa
+    dv, gv = hp.head_dim_v or d, hp.n_embd_v_gqa
     t = n // S
     n_ctx = k_cache.shape[1] // S
     es = v_cache.element_size                     # a transposed V is of whole elements (F32, F16, BF16)
@@ -547,37 +554,37 @@ def attend(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: A
     if inp.flash_attn:
         gf.expand(ctx.set_rows(v_cache, v, inp.v_idxs))
     else:
-        if v.nb[1] != g * v.element_size:
+        if v.nb[1] != gv * v.element_size:
             v = ctx.cont(v)                      # a view into a fused QKV: rows made contiguous, as llama.cpp
-        flat = ctx.reshape(v_cache, [1, g * n_ctx * S])
-        gf.expand(ctx.set_rows(flat, ctx.reshape(v, [1, g * n]), inp.v_idxs))
+        flat = ctx.reshape(v_cache, [1, gv * n_ctx * S])
+        gf.expand(ctx.set_rows(flat, ctx.reshape(v, [1, gv * n]), inp.v_idxs))
 
-    def heads(cache: Any) -> Any:                # [d, n_head_kv, n_kv, S]
+    def heads(cache: Any, d: int, g: int) -> Any:                # [d, n_head_kv, n_kv, S]
         rs = row_size(cache.type, g)
         return ctx.view(cache, [d, hp.n_head_kv, n_kv, S], [row_size(cache.type, d), rs, rs * n_ctx], 0)
 
     if S > 1:
         q = ctx.reshape(q, [d, hp.n_head, t, S])
     qp = ctx.permute(q, 0, 2, 1, 3)                                        # [d, t, n_head, S]
-    kp = ctx.permute(heads(k_cache), 0, 2, 1, 3)                           # [d, n_kv, n_head_kv, S]
+    kp = ctx.permute(heads(k_cache, d, g), 0, 2, 1, 3)                     # [d, n_kv, n_head_kv, S]
     if inp.flash_attn:
-        vp = ctx.permute(heads(v_cache), 0, 2, 1, 3)                       # [d, n_kv, n_head_kv, S]
+        vp = ctx.permute(heads(v_cache, dv, gv), 0, 2, 1, 3)               # [dv, n_kv, n_head_kv, S]
         if k_cache.type == F32:   # flash attention reads F16 K/V: an F32 cache is cast, as llama.cpp does
             kp = ctx.cast(kp, F16)
         if v_cache.type == F32:
             vp = ctx.cast(vp, F16)
-        cur = ctx.flash_attn_ext(qp, kp, vp, mask, scale, softcap=softcap, sinks=sinks)  # [d, n_head, t, S]
-        return ctx.reshape(cur, [d * hp.n_head, n])
-    vt = ctx.view(v_cache, [n_kv, hp.n_head_kv, d, S], [n_ctx * d * es, n_ctx * es, n_ctx * g * es], 0)
-    vp = ctx.permute(vt, 0, 2, 1, 3)                                       # [n_kv, d, n_head_kv, S]
+        cur = ctx.flash_attn_ext(qp, kp, vp, mask, scale, softcap=softcap, sinks=sinks)  # [dv, n_head, t, S]
+        return ctx.reshape(cur, [dv * hp.n_head, n])
+    vt = ctx.view(v_cache, [n_kv, hp.n_head_kv, dv, S], [n_ctx * dv * es, n_ctx * es, n_ctx * gv * es], 0)
+    vp = ctx.permute(vt, 0, 2, 1, 3)                                       # [n_kv, dv, n_head_kv, S]
     kq = ctx.mul_mat(kp, qp)                                               # [n_kv, t, n_head, S]
     ctx.mul_mat_set_prec_f32(kq)
     if softcap:
         kq = ctx.scale(ctx.tanh(ctx.scale(kq, float(f32(1.0) / f32(softcap)))), softcap)
     kq = ctx.soft_max_ext(kq, mask, scale, sinks=sinks)
-    kqv = ctx.mul_mat(vp, kq)                                              # [d, t, n_head, S]
-    cur = ctx.cont(ctx.permute(kqv, 0, 2, 1, 3))                           # [d, n_head, t, S]
-    return ctx.reshape(cur, [d * hp.n_head, n])
+    kqv = ctx.mul_mat(vp, kq)                                              # [dv, t, n_head, S]
+    cur = ctx.cont(ctx.permute(kqv, 0, 2, 1, 3))                           # [dv, n_head, t, S]
+    return ctx.reshape(cur, [dv * hp.n_head, n])
 
 
 

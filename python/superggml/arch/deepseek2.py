@@ -4,7 +4,9 @@ Multi-head latent attention in its absorbed form (attn_k_b, attn_v_b): each toke
 kv_lora_rank values plus a shared RoPE key of n_rot, and attention runs as MQA over it. The memory holds only
 that row (HParams.latent_kv; V is its first kv_lora_rank values); queries are absorbed into the latent space by
 attn_k_b and the output decompressed by attn_v_b. Queries come from a low-rank attn_q_a -> attn_q_a_norm ->
-attn_q_b path, or one attn_q (the "lite" layouts). YaRN with llama.cpp's mscale. The first
+attn_q_b path, or one attn_q (the "lite" layouts). Older GGUFs have the legacy layout (one attn_kv_b, no
+key_length_mla): llama.cpp decompresses the latent into plain heads there, K and V cached per head, and so does
+this. YaRN with llama.cpp's mscale. The first
 leading_dense_block_count blocks have a dense FFN; the others a mixture of experts with shared experts, softmax
 or sigmoid gating, exp_probs_b, expert groups, and the chosen weights renormalised and scaled.
 """
@@ -17,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import GGUFError, UnsupportedModelError
-from .common import Architecture, StepInputs, Weights, attend_latent, each_lane, f32, logf
+from .common import Architecture, StepInputs, Weights, attend_latent, build_attn, each_lane, f32, logf
 from .moe import load_routing, routing_note
 
 
@@ -38,13 +40,15 @@ class Deepseek2Arch(Architecture):
         self.kv_lora = int(need("attention.kv_lora_rank"))
         self.k_mla = int(self.key(meta, "attention.key_length_mla", 0))
         self.v_mla = int(self.key(meta, "attention.value_length_mla", 0))
-        if not (self.k_mla and self.v_mla):
-            raise UnsupportedModelError(f"this {hp.arch} GGUF has the legacy attn_kv_b layout (no "
-                                        f"'{hp.arch}.attention.key_length_mla'): convert it again with a current "
-                                        f"llama.cpp for the absorbed MLA layout")
+        # no key_length_mla: the legacy layout (attn_kv_b), whose K/V llama.cpp decompresses into plain heads
+        self.legacy = not (self.k_mla and self.v_mla)
+        if self.legacy:
+            self.k_mla, self.v_mla = hp.head_dim, hp.head_dim_v or hp.head_dim
+            self.own_v_heads = True
         self.n_nope = self.k_mla - hp.n_rot
-        if (self.n_nope < 1 or hp.n_head_kv != 1 or hp.head_dim != self.kv_lora + hp.n_rot
-                or (hp.head_dim_v or hp.head_dim) != self.kv_lora):
+        if self.n_nope < 1 or (hp.n_head_kv != hp.n_head if self.legacy else (
+                hp.n_head_kv != 1 or hp.head_dim != self.kv_lora + hp.n_rot
+                or (hp.head_dim_v or hp.head_dim) != self.kv_lora)):
             raise GGUFError(f"{hp.arch} MLA hyperparameters are inconsistent: key_length {hp.head_dim}, "
                             f"value_length {hp.head_dim_v}, kv_lora_rank {self.kv_lora}, rope {hp.n_rot}, "
                             f"key_length_mla {self.k_mla}, head_count_kv {hp.n_head_kv}")
@@ -59,7 +63,7 @@ class Deepseek2Arch(Architecture):
         load_routing(self, meta, 2 if hp.n_layer in (47, 48) and hp.n_vocab == 154880 else 1)
         self.moe_probs_bias = f"blk.{self.n_lead}.exp_probs_b.bias" in self.names
         self.kq_scale = self.attention_scale(meta)
-        self.hp = dataclasses.replace(self.hp, latent_kv=True)
+        self.hp = dataclasses.replace(self.hp, latent_kv=not self.legacy)
 
     def attention_scale(self, meta: Mapping[str, Any]) -> float:
         """KQ's scale, as deepseek2.cpp pre-scales it for YaRN (mscale^2 / sqrt(key_length_mla)); with
@@ -79,8 +83,14 @@ class Deepseek2Arch(Architecture):
     def describe(self) -> list[str]:
         hp = self.hp
         q = f"queries through a rank-{self.q_lora} projection" if self.q_lora else "queries from one attn_q"
-        lines = [f"multi-head latent attention: {hp.n_head} heads of {self.k_mla} (K) and {self.v_mla} (V) over one "
-                 f"latent row per token and layer, kv_lora_rank {self.kv_lora} + rope {hp.n_rot} values, no V; {q}"]
+        if self.legacy:
+            lines = [f"multi-head latent attention in the legacy attn_kv_b layout: kv_lora_rank {self.kv_lora} "
+                     f"decompressed into {hp.n_head} heads of {self.k_mla} (K) and {self.v_mla} (V), a plain K/V "
+                     f"cache of them (convert again for the absorbed layout's smaller cache); {q}"]
+        else:
+            lines = [f"multi-head latent attention: {hp.n_head} heads of {self.k_mla} (K) and {self.v_mla} (V) over "
+                     f"one latent row per token and layer, kv_lora_rank {self.kv_lora} + rope {hp.n_rot} values, no "
+                     f"V; {q}"]
         if hp.n_expert:
             lines.append(routing_note(self))
         return lines
@@ -100,10 +110,13 @@ class Deepseek2Arch(Architecture):
         shapes.update({
             p + "attn_kv_a_mqa.weight": (hp.n_embd, self.kv_lora + hp.n_rot),
             p + "attn_kv_a_norm.weight": (self.kv_lora,),
-            p + "attn_k_b.weight": (self.n_nope, self.kv_lora, hp.n_head),
-            p + "attn_v_b.weight": (self.kv_lora, self.v_mla, hp.n_head),
             p + "attn_output.weight": (hp.n_head * self.v_mla, hp.n_embd),
         })
+        if self.legacy:
+            shapes[p + "attn_kv_b.weight"] = (self.kv_lora, hp.n_head * (self.n_nope + self.v_mla))
+        else:
+            shapes[p + "attn_k_b.weight"] = (self.n_nope, self.kv_lora, hp.n_head)
+            shapes[p + "attn_v_b.weight"] = (self.kv_lora, self.v_mla, hp.n_head)
         return shapes
 
     # -- graphs ------------------------------------------------------------
@@ -125,6 +138,8 @@ class Deepseek2Arch(Architecture):
         q_nope = ctx.view(q, [self.n_nope, hp.n_head, n], [q.nb[1], q.nb[2]], 0)
         q_pe = ctx.view(q, [hp.n_rot, hp.n_head, n], [q.nb[1], q.nb[2]], self.n_nope * q.element_size)
         q_pe = self.rope(ctx, w, inp, il, q_pe)
+        if self.legacy:
+            return self.attend_heads(ctx, gf, w, inp, p, q_nope, q_pe, kv, k_pe, k_cache, v_cache)
         absorbed = ctx.mul_mat(w(p + "attn_k_b.weight"), ctx.permute(q_nope, 0, 2, 1, 3))   # [kv_lora, n, n_head]
         q = ctx.concat(ctx.permute(absorbed, 0, 2, 1, 3), q_pe, 0)          # [kv_lora + n_rot, n_head, n]
         k = ctx.concat(ctx.reshape(kv, [self.kv_lora, 1, n]), k_pe, 0)      # [kv_lora + n_rot, 1, n]
@@ -133,3 +148,21 @@ class Deepseek2Arch(Architecture):
             return attend_latent(ctx, gf, hp, inp, q, k, k_cache, self.kq_scale, inp.mask, v_b)
         return each_lane(ctx, inp, lambda j, lane, rows: attend_latent(     # each over its own latent K/V
             ctx, gf, hp, lane, rows(q), rows(k), k_cache[j], self.kq_scale, lane.mask, v_b))
+
+    def attend_heads(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, p: str, q_nope: Any, q_pe: Any,
+                     kv: Any, k_pe: Any, k_cache: Any, v_cache: Any) -> Any:
+        """The legacy layout's plain path: attn_kv_b decompresses the normed latent kv [kv_lora, n] into every
+        head's K (no-rope part) and V; K's rope part is the shared k_pe, repeated per head. Q's rope part is roped
+        where it lies (llama.cpp's ggml_rope_set_offset: the same values)."""
+        hp, n = self.hp, inp.n_tokens
+        kvb = ctx.mul_mat(w(p + "attn_kv_b.weight"), kv)                   # [n_head * (n_nope + v), n]
+        es, head = kvb.element_size, (self.n_nope + self.v_mla) * kvb.element_size
+        k_nope = ctx.view(kvb, [self.n_nope, hp.n_head, n], [head, kvb.nb[1]], 0)
+        v = ctx.reshape(ctx.cont(ctx.view(kvb, [self.v_mla, hp.n_head, n], [head, kvb.nb[1]], self.n_nope * es)),
+                        [self.v_mla * hp.n_head, n])
+        q = ctx.concat(q_nope, q_pe, 0)                                       # [k_mla, n_head, n]
+        k = ctx.concat(k_nope, ctx.repeat_4d(k_pe, [hp.n_rot, hp.n_head, n, 1]), 0)
+        if inp.lanes is None:
+            return build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, self.kq_scale, inp.mask)
+        return each_lane(ctx, inp, lambda j, lane, rows: build_attn(
+            ctx, gf, hp, lane, rows(q), rows(k), rows(v, 2), k_cache[j], v_cache[j], self.kq_scale, lane.mask))

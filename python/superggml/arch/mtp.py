@@ -41,6 +41,9 @@ class MtpArch:
                             "(converted without its MTP layers?)")
         if not base.is_moe(self.il):
             raise UnsupportedModelError("the MTP block is expected to have experts, as llama.cpp's graph_mtp")
+        if hp.arch == "deepseek2" and not hp.latent_kv:
+            raise UnsupportedModelError("deepseek2's MTP block needs the absorbed MLA layout, as llama.cpp's "
+                                        "graph_mtp: convert the model again")
         if hp.arch == "deepseek2" and p + "attn_q_a.weight" not in base.names:
             raise UnsupportedModelError("deepseek2's MTP block needs the low-rank queries (q_lora_rank), as "
                                         "llama.cpp's graph_mtp")

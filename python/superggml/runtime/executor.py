@@ -97,7 +97,7 @@ class Executor:
             n_rot = {"k": 0, "v": 0}
         else:                           # a quantized cache holds Q, K and V rotated by Walsh-Hadamard matrices
             n_rot = {"k": attn_rot_size(hp.head_dim, c.cache_type_k, largest=True),
-                     "v": attn_rot_size(hp.head_dim, c.cache_type_v, largest=False)}
+                     "v": attn_rot_size(hp.head_dim_v or hp.head_dim, c.cache_type_v, largest=False)}
         self.rot = [{x: cx.new_tensor(F32, [n, n]) for x, n in n_rot.items() if n} for cx in ctxs]
         self.keep: list[Any] = ctxs + [b.alloc_tensors(cx) for b, cx in zip(self.backends, ctxs)]
         for buf in self.keep[len(ctxs):]:
@@ -205,7 +205,7 @@ class Executor:
     def lane_rows(self, p0: int, n: int, n_kv: int) -> LaneRows:
         c = self.settings.context
         return lane_rows(p0, n, n_kv, n_swa=self.arch.n_swa, flash_attn=c.flash_attn,
-                         n_embd_gqa=self.hp.n_embd_gqa, ctx_size=c.ctx_size)
+                         v_channels=self.hp.v_channels, ctx_size=c.ctx_size)
 
     # -- one pass -----------------------------------------------------------------
     def run_pass(self, items: Sequence[Item], out_rows: Sequence[int], embed: bool = False,

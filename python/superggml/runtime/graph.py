@@ -57,7 +57,7 @@ class LaneRows:
     v_idxs: np.ndarray
 
 
-def lane_rows(p0: int, n: int, n_kv: int, *, n_swa: int, flash_attn: bool, n_embd_gqa: int,
+def lane_rows(p0: int, n: int, n_kv: int, *, n_swa: int, flash_attn: bool, v_channels: int,
               ctx_size: int) -> LaneRows:
     """The causal mask (and the sliding-window one: keys more than n_swa - 1 positions back are masked too,
     llama.cpp's is_masked_swa), and the K rows and V indices a sequence's rows write."""
@@ -70,7 +70,7 @@ def lane_rows(p0: int, n: int, n_kv: int, *, n_swa: int, flash_attn: bool, n_emb
     if flash_attn:
         v_idxs = pos.astype(np.int64)
     else:
-        chan = np.arange(n_embd_gqa, dtype=np.int64)
+        chan = np.arange(v_channels, dtype=np.int64)
         v_idxs = (chan[None, :] * ctx_size + pos[:, None]).reshape(-1)
     return LaneRows(pos, mask, mask_swa, pos.astype(np.int64), v_idxs)
 
@@ -138,7 +138,7 @@ class Plan:
             return named(tag, mask=ictx.new_tensor(mtype, mshape),
                          **({"mask_swa": ictx.new_tensor(mtype, mshape)} if self.ex.arch.n_swa else {}),
                          k_idxs=ictx.new_tensor(I64, [n]),
-                         v_idxs=ictx.new_tensor(I64, [n] if c.flash_attn else [n * hp.n_embd_gqa]))
+                         v_idxs=ictx.new_tensor(I64, [n] if c.flash_attn else [n * hp.v_channels]))
 
         t = named("", tokens=ictx.new_tensor(I32, [n]), positions=ictx.new_tensor(I32, [n]),
                   out_ids=ictx.new_tensor(I32, [max(self.n_out, 1)]))
@@ -186,7 +186,7 @@ class Plan:
     def stacked(self, rows: Sequence[LaneRows]) -> LaneRows:
         """The streams' rows as one: masks one after another, K/V indices into the stream j's part of the
         memory tensor (j * ctx_size rows on)."""
-        c, g = self.ex.settings.context, self.ex.hp.n_embd_gqa
+        c, g = self.ex.settings.context, self.ex.hp.v_channels
         v_stride = c.ctx_size if c.flash_attn else g * c.ctx_size
         return LaneRows(np.concatenate([r.positions for r in rows]),
                         np.concatenate([r.mask for r in rows]),

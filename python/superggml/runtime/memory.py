@@ -120,10 +120,10 @@ class KVLanes:
         c = settings.context
         self.n_layer = hp.n_layer
         self.types = (kv_type(c.cache_type_k), kv_type(c.cache_type_v))
-        for name, t in zip(("cache_type_k", "cache_type_v"), self.types):
-            if hp.head_dim % native.blck_size(t):
+        for name, t, d in zip(("cache_type_k", "cache_type_v"), self.types, (hp.head_dim, hp.head_dim_v or hp.head_dim)):
+            if d % native.blck_size(t):
                 raise ValueError(f"{name}={getattr(c, name)} stores blocks of {native.blck_size(t)} values, which "
-                                 f"this model's heads of {hp.head_dim} do not divide into")
+                                 f"this model's heads of {d} do not divide into")
         self.shape = [hp.n_embd_gqa, c.ctx_size]
         self.v_width = hp.n_embd_v_gqa        # 0: no V tensors (a latent K/V: V is read from K)
         self.k: list[list[Any]] = []
