@@ -26,7 +26,7 @@ from ..arch.mtp import MtpArch
 from ..runtime.executor import Executor
 from ..runtime.planner import kv_bytes
 from ..settings import PagingSettings, Settings
-from .speculative import Drafter
+from .speculative import Drafter, greedy_draft
 
 Model = Any             # superggml.Model (annotations only)
 MAX_SEQUENCES = 16      # sequences whose hidden rows and block memory are kept (the least recently drafted go)
@@ -98,17 +98,8 @@ class MtpDrafter(Drafter):
         t = time.perf_counter()
         logits = self.feed(self.target.runtime.seq.id, context)
         self.catch_up_s = time.perf_counter() - t
-        out: list[int] = []
-        while True:
-            tok = int(np.argmax(logits))
-            if self.p_min > 0.0:
-                x = logits.astype(np.float64)
-                if 1.0 / np.exp(x - x[tok]).sum() < self.p_min:
-                    break
-            out.append(tok)
-            if len(out) == k or self.target.tokenizer.is_eog(tok):
-                break
-            logits = m.eval([tok], hidden=self.own[None])[-1]
+        out = greedy_draft(logits, k, self.p_min, self.target.tokenizer.is_eog,
+                           lambda tok: m.eval([tok], hidden=self.own[None])[-1])
         m.sequences.truncate(n + 1)               # the drafted positions held the block's own rows
         return out
 

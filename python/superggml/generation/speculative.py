@@ -98,18 +98,7 @@ class ModelDrafter(Drafter):
         t = time.perf_counter()
         logits = self._catch_up(context)
         self.catch_up_s = time.perf_counter() - t
-        out: list[int] = []
-        while True:
-            tok = int(np.argmax(logits))
-            if self.p_min > 0.0:
-                x = logits.astype(np.float64)
-                if 1.0 / np.exp(x - x[tok]).sum() < self.p_min:
-                    break
-            out.append(tok)
-            if len(out) == k or m.tokenizer.is_eog(tok):
-                break
-            logits = m.eval([tok])[-1]
-        return out
+        return greedy_draft(logits, k, self.p_min, m.tokenizer.is_eog, lambda tok: m.eval([tok])[-1])
 
     def _catch_up(self, context: Sequence[int]) -> np.ndarray:
         """Brings the draft's sequence to `context` (its cached prefix kept) and returns the last logits. A few
@@ -124,6 +113,23 @@ class ModelDrafter(Drafter):
 
     def close(self) -> None:
         self.model.close()
+
+
+def greedy_draft(logits: np.ndarray, k: int, p_min: float, is_eog: Any, after: Any) -> list[int]:
+    """Up to k greedy tokens from `logits` on: stopping after an end-of-generation token, or before a token whose
+    probability is below p_min; after(tok) feeds a token and gives the logits that follow it."""
+    out: list[int] = []
+    while True:
+        tok = int(np.argmax(logits))
+        if p_min > 0.0:
+            x = logits.astype(np.float64)
+            if 1.0 / np.exp(x - x[tok]).sum() < p_min:
+                break
+        out.append(tok)
+        if len(out) == k or is_eog(tok):
+            break
+        logits = after(tok)
+    return out
 
 
 def check_compatible(target: Model, draft: Model) -> None:
