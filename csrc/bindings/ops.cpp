@@ -66,6 +66,7 @@ void init_ops(py::module_ & m) {
     ctx.def("silu", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_silu(c->ctx(), a.t)); });
     ctx.def("tanh", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_tanh(c->ctx(), a.t)); });
     ctx.def("sigmoid", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sigmoid(c->ctx(), a.t)); });
+    ctx.def("softplus", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_softplus(c->ctx(), a.t)); });
     ctx.def("sum_rows", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sum_rows(c->ctx(), a.t)); },
             "[n, ...] -> [1, ...]");
     ctx.def("fill", [](const ctx_ptr & c, const T & a, float v) {
@@ -210,6 +211,40 @@ void init_ops(py::module_ & m) {
        py::arg("n_ctx_orig"), py::arg("freq_base"), py::arg("freq_scale") = 1.0f, py::arg("ext_factor") = 0.0f,
        py::arg("attn_factor") = 1.0f, py::arg("beta_fast") = 32.0f, py::arg("beta_slow") = 1.0f,
        "RoPE of a [head_dim, n_head, n_tokens] at I32 positions; freq_factors (F32 [n_dims/2]) or None.");
+
+    ctx.def("rope_multi", [](const ctx_ptr & c, const T & a, const T & pos, int n_dims, std::vector<int> sections,
+                             int mode, int n_ctx_orig, float freq_base, float freq_scale, float ext_factor,
+                             float attn_factor, float beta_fast, float beta_slow) {
+        need(pos.t->type == GGML_TYPE_I32 && pos.t->ne[0] == 4 * a.t->ne[2], "rope_multi",
+             "positions must be I32 [4 * n_tokens]");
+        need(n_dims <= a.t->ne[0] && n_dims % 2 == 0, "rope_multi", "n_dims must be even and <= head_dim");
+        need(sections.size() == GGML_MROPE_SECTIONS, "rope_multi", "4 sections");
+        c->check_room();
+        return wrap(c, ggml_rope_multi(c->ctx(), a.t, pos.t, nullptr, n_dims, sections.data(), mode, n_ctx_orig,
+                                       freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow));
+    }, py::arg("a"), py::arg("pos"), py::arg("n_dims"), py::arg("sections"), py::arg("mode"), py::arg("n_ctx_orig"),
+       py::arg("freq_base"), py::arg("freq_scale") = 1.0f, py::arg("ext_factor") = 0.0f, py::arg("attn_factor") = 1.0f,
+       py::arg("beta_fast") = 32.0f, py::arg("beta_slow") = 1.0f,
+       "Multi-section RoPE (M-RoPE, interleaved or not) of a [head_dim, n_head, n_tokens] at I32 [4 * n_tokens] "
+       "positions (the sections' positions one after another).");
+
+    ctx.def("ssm_conv", [](const ctx_ptr & c, const T & sx, const T & w) {
+        need(sx.t->type == GGML_TYPE_F32 && w.t->type == GGML_TYPE_F32 && sx.t->ne[1] == w.t->ne[1] &&
+             sx.t->ne[0] >= w.t->ne[0], "ssm_conv", "sx F32 [d_conv - 1 + n_t, d_inner, n_s], w F32 [d_conv, d_inner]");
+        c->check_room();
+        return wrap(c, ggml_ssm_conv(c->ctx(), sx.t, w.t));
+    }, py::arg("sx"), py::arg("w"), "The causal depthwise conv1d of Mamba-style layers: [d_inner, n_t, n_s].");
+
+    ctx.def("gated_delta_net", [](const ctx_ptr & c, const T & q, const T & k, const T & v, const T & g,
+                                  const T & beta, const T & state, int64_t K) {
+        const int64_t S = v.t->ne[0], H = v.t->ne[1];
+        need(q.t->ne[0] == S && k.t->ne[0] == S && H % q.t->ne[1] == 0 && state.t->ne[0] == S &&
+             state.t->ne[1] == S && state.t->ne[2] == H && K >= 1, "gated_delta_net",
+             "q, k [S, H_k, t, s], v [S, H_v, t, s], state [S, S, H_v, s], K >= 1");
+        c->check_room();
+        return wrap(c, ggml_gated_delta_net(c->ctx(), q.t, k.t, v.t, g.t, beta.t, state.t, K));
+    }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"), py::arg("beta"), py::arg("state"), py::arg("K") = 1,
+       "The gated delta rule over n_tokens: the outputs [S, H_v, t, s], then K states, most recent first.");
 
     ctx.def("soft_max_ext", [](const ctx_ptr & c, const T & a, std::optional<T> mask, float scale, float max_bias,
                                std::optional<T> sinks) {

@@ -134,6 +134,7 @@ class Context(_pybind11_object):
     def silu(self, a: Tensor, /) -> Tensor: ...
     def tanh(self, a: Tensor, /) -> Tensor: ...
     def sigmoid(self, a: Tensor, /) -> Tensor: ...
+    def softplus(self, a: Tensor, /) -> Tensor: ...
     def sum_rows(self, a: Tensor, /) -> Tensor:
         """[n, ...] -> [1, ...]"""
     def clamp(self, a: Tensor, lo: float, hi: float, /) -> Tensor: ...
@@ -161,6 +162,7 @@ class Context(_pybind11_object):
     def permute(self, a: Tensor, axis0: int, axis1: int, axis2: int, axis3: int, /) -> Tensor: ...
     def concat(self, a: Tensor, b: Tensor, dim: int) -> Tensor:
         """a and b joined along dim (the other dims equal)."""
+    def repeat_4d(self, a: Tensor, ne: list[int]) -> Tensor: ...
     def get_rows(self, a: Tensor, idx: Tensor, /) -> Tensor:
         """Rows of `a` at I32 indices, as F32."""
     def cpy(self, a: Tensor, b: Tensor, /) -> Tensor:
@@ -171,6 +173,15 @@ class Context(_pybind11_object):
                  freq_base: float, freq_scale: float = 1.0, ext_factor: float = 0.0, attn_factor: float = 1.0,
                  beta_fast: float = 32.0, beta_slow: float = 1.0) -> Tensor:
         """RoPE of a [head_dim, n_head, n_tokens] at I32 positions; freq_factors (F32 [n_dims/2]) or None."""
+    def rope_multi(self, a: Tensor, pos: Tensor, n_dims: int, sections: list[int], mode: int, n_ctx_orig: int,
+                   freq_base: float, freq_scale: float = 1.0, ext_factor: float = 0.0, attn_factor: float = 1.0,
+                   beta_fast: float = 32.0, beta_slow: float = 1.0) -> Tensor:
+        """Multi-section RoPE (M-RoPE, interleaved or not) of a [head_dim, n_head, n_tokens] at I32 [4 * n_tokens] positions (the sections' positions one after another)."""
+    def ssm_conv(self, sx: Tensor, w: Tensor) -> Tensor:
+        """The causal depthwise conv1d of Mamba-style layers: [d_inner, n_t, n_s]."""
+    def gated_delta_net(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                        K: int = 1) -> Tensor:
+        """The gated delta rule over n_tokens: the outputs [S, H_v, t, s], then K states, most recent first."""
     def soft_max_ext(self, a: Tensor, mask: Tensor | None, scale: float, max_bias: float = 0.0,
                      sinks: Tensor | None = None) -> Tensor:
         """softmax(a * scale + mask) over rows; sinks (F32 [n_head]): a per-head logit that joins each row's sum"""
