@@ -37,6 +37,8 @@ def synth(path, fields, arch="llama", **kw):
         return synth_deepseek2(path, fields, **kw)
     if arch == "glm4moe":
         return synth_glm4moe(path, fields, **kw)
+    if arch in ("qwen35", "qwen35moe"):
+        return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
 
 
@@ -436,6 +438,86 @@ def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32
         ffn_tensors(t, p, il < n_lead_dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, True)
         if il >= n_layer:
             mtp_tensors(t, norm, p, n_embd)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_layer=4,
+                 interval=2, n_ff=96, d_conv=4, d_state=16, n_v_heads=4, n_k_heads=2, n_expert=0, n_expert_used=0,
+                 n_ff_exp=32, n_ff_shexp=48, tied=False, wtype="f32", seed=0, n_ctx_train=512):
+    """A random-weight qwen35 (Qwen3.5) or qwen35moe GGUF laid out as llama.cpp's converter (Qwen3_5TextModel,
+    Qwen3_5MoeTextModel) writes it: every interval-th block gated full attention (heads of head_dim, a quarter
+    roped in interleaved sections), the others gated delta-net (value heads of d_state, n_v_heads of them over
+    n_k_heads key heads, a conv window of d_conv); qwen35moe's FFN n_expert experts of n_ff_exp plus a gated shared
+    one of n_ff_shexp."""
+    rng = np.random.default_rng(seed)
+    U, F = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
+    w = gguf.GGUFWriter(str(path), arch)
+
+    def key(name, value, vtype):
+        w.add_key_value(f"{arch}.{name}", value, vtype)
+
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    n_rot = head_dim // 4                                  # partial_rotary_factor 0.25
+    key("rope.dimension_count", n_rot, U)
+    w.add_array(f"{arch}.rope.dimension_sections", [n_rot // 2 - n_rot // 4, n_rot // 8, n_rot // 8, 0])
+    key("ssm.conv_kernel", d_conv, U)
+    key("ssm.state_size", d_state, U)
+    key("ssm.group_count", n_k_heads, U)
+    key("ssm.time_step_rank", n_v_heads, U)
+    key("ssm.inner_size", d_state * n_v_heads, U)
+    key("full_attention_interval", interval, U)
+    if n_expert:
+        key("expert_count", n_expert, U)
+        key("expert_used_count", n_expert_used, U)
+        key("expert_feed_forward_length", n_ff_exp, U)
+        key("expert_shared_feed_forward_length", n_ff_shexp, U)
+    put, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
+    d_inner, ch = d_state * n_v_heads, d_state * (n_v_heads + 2 * n_k_heads)
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        norm(p + "attn_norm.weight")
+        norm(p + "post_attention_norm.weight")
+        if (il + 1) % interval == 0:
+            t(p + "attn_q.weight", 2 * n_head * head_dim, n_embd, scale=0.3)
+            t(p + "attn_k.weight", n_head_kv * head_dim, n_embd, scale=0.3)
+            t(p + "attn_v.weight", n_head_kv * head_dim, n_embd)
+            t(p + "attn_output.weight", n_embd, n_head * head_dim)
+            norm(p + "attn_q_norm.weight", head_dim, 0.2)
+            norm(p + "attn_k_norm.weight", head_dim, 0.2)
+        else:
+            t(p + "attn_qkv.weight", ch, n_embd, scale=0.3)
+            t(p + "attn_gate.weight", d_inner, n_embd, scale=0.3)
+            w.add_tensor(p + "ssm_conv1d.weight", (rng.standard_normal((ch, d_conv)) * 0.5).astype(np.float32))
+            w.add_tensor(p + "ssm_dt.bias", (rng.standard_normal(n_v_heads) * 0.5).astype(np.float32))
+            w.add_tensor(p + "ssm_a", (-np.exp(rng.standard_normal(n_v_heads) * 0.5)).astype(np.float32))
+            t(p + "ssm_beta.weight", n_v_heads, n_embd, scale=0.3)
+            t(p + "ssm_alpha.weight", n_v_heads, n_embd, scale=0.3)
+            norm(p + "ssm_norm.weight", d_state)
+            t(p + "ssm_out.weight", n_embd, d_inner)
+        if n_expert:
+            t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=0.5)
+            t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd)
+            t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd)
+            t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp)
+            t(p + "ffn_gate_inp_shexp.weight", n_embd, scale=0.3)
+            t(p + "ffn_gate_shexp.weight", n_ff_shexp, n_embd)
+            t(p + "ffn_up_shexp.weight", n_ff_shexp, n_embd)
+            t(p + "ffn_down_shexp.weight", n_embd, n_ff_shexp)
+        else:
+            ffn_tensors(t, p, True, n_embd, n_ff, 0, 0, 0, False)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

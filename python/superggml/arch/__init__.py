@@ -22,6 +22,8 @@ from .phi3 import Phi3Arch
 from .qwen2moe import Qwen2MoeArch
 from .qwen3 import Qwen3Arch
 from .qwen3moe import Qwen3MoeArch
+from .qwen35 import Qwen35Arch
+from .qwen35moe import Qwen35MoeArch
 
 ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama": LlamaArch,
@@ -36,6 +38,8 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "gpt-oss": GptOssArch,
     "deepseek2": Deepseek2Arch,
     "glm4moe": Glm4MoeArch,
+    "qwen35": Qwen35Arch,
+    "qwen35moe": Qwen35MoeArch,
 }
 
 

@@ -71,6 +71,7 @@ class HParams:
     head_dim_v: int = 0                   # value_length where it differs from the key's (0: head_dim)
     latent_kv: bool = False               # the memory holds K only; V is K's first head_dim_v values (MLA)
     n_nextn: int = 0                      # next-token-prediction (MTP) blocks after the n_layer of the model
+    n_layer_kv: int = 0                   # layers with a K/V cache where not all (a hybrid model's attention ones)
 
     @property
     def n_embd_gqa(self) -> int:
@@ -204,6 +205,7 @@ class StepInputs:
     n_streams: int = 1       # > 1: the rows are that many sequences' runs of equal length, attending at once
     keep_rows: bool = False  # the last block keeps every row (the output norm of each is wanted: an MTP drafter's)
     hidden: Any = None       # F32 [n_embd, n_tokens]: the hidden rows an MTP block reads beside the tokens
+    chain: bool = False      # the lanes are one sequence's tokens, each its own lane (a recurrent layer: one chain)
 
 
 class Architecture:
@@ -224,6 +226,8 @@ class Architecture:
     out_prec_f32 = False     # the attention output's matmul accumulates in F32 (glm4moe; on the CPU it always does)
     reads_hidden = False     # a pass reads hidden rows beside its tokens (StepInputs.hidden: an MTP block)
     own_v_heads = False      # V heads may be narrower than K's (head_dim_v: deepseek2's legacy MHA)
+    late_gather = False      # the last block keeps every row; the head picks its rows after the output norm
+    rope_sections: list[int] | None = None    # multi-section RoPE: positions [4 * n_tokens] (rope_multi)
 
     def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None, names: Any = ()):
         self.hp = hp
@@ -247,6 +251,7 @@ class Architecture:
         self.moe_groups = (0, 0)            # expert groups, groups chosen per token (each scored by its top 2)
         self.moe_w_scale = 0.0              # the chosen weights scaled by this (0 or 1: not)
         self.shexp_gate = True              # the shared expert behind a sigmoid gate (qwen2moe)
+        self.shexp_sigmoid = False          # that gate as ggml_sigmoid, not silu(x) / x (qwen2moe's form)
         self.n_lead = 0                     # leading blocks with a dense FFN
         self.load_hparams(meta)
         if self.hp.head_dim_v and not self.hp.latent_kv and not self.own_v_heads:
@@ -282,6 +287,14 @@ class Architecture:
 
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and self.swa_layers[il]
+
+    def is_recurrent(self, il: int) -> bool:
+        """Whether block il keeps a recurrent state instead of a K/V cache (a hybrid model's linear attention)."""
+        return False
+
+    def attn_output(self, il: int) -> str:
+        """The matmul after block il's attention."""
+        return f"blk.{il}.attn_output.weight"
 
     def set_context(self, n_ctx: int) -> None:
         """The context size the model runs with, padded as llama.cpp pads it (it picks LongRoPE's factors)."""
@@ -437,7 +450,7 @@ class Architecture:
         if il == hp.n_layer - 1 and inp.n_outputs < inp.n_tokens and not inp.keep_rows:
             cur = ctx.get_rows(cur, inp.out_ids)
             x = ctx.get_rows(x, inp.out_ids)
-        cur = ctx.mul_mat(w(p + "attn_output.weight"), cur)
+        cur = ctx.mul_mat(w(self.attn_output(il)), cur)
         if self.out_prec_f32:
             ctx.mul_mat_set_prec_f32(cur)
         if self.out_bias:

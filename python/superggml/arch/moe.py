@@ -193,7 +193,7 @@ def build_shared_expert_only(arch: Architecture, ctx: Any, w: Weights, p: str, c
     if not arch.shexp_gate:
         return shared
     g = ctx.mul_mat(w(p + "ffn_gate_inp_shexp.weight"), cur)             # F32 [1, n]
-    gate_s = ctx.div(ctx.silu(g), g)                                     # sigmoid, as llama.cpp writes it
+    gate_s = ctx.sigmoid(g) if arch.shexp_sigmoid else ctx.div(ctx.silu(g), g)   # as each llama.cpp graph writes it
     return ctx.mul(shared, gate_s)
 
 

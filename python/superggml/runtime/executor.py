@@ -21,8 +21,8 @@ from ..errors import SuperggmlError
 from ..settings import Settings, check_split, layer_split
 from ..telemetry import MemoryFn
 from .graph import LaneRows, Plan, Step, lane_rows, padded_kv
-from .memory import (MAX_LANES, ContiguousKV, SequenceMemory, attn_rot_size, check_latent_types, hadamard,
-                     paged_kv)
+from .memory import MAX_LANES, SequenceMemory, attn_rot_size, check_latent_types, hadamard
+from .recurrent import sequence_memory
 from .pagers import WeightPager
 from .planner import MemoryPlan, kv_bytes, off_error
 from .sequences import SequenceState, Sequences
@@ -105,9 +105,8 @@ class Executor:
         for rot in self.rot:
             for t in rot.values():
                 native.tensor_set(t, hadamard(t.ne[0]), 0)
-        self.memory: SequenceMemory = (
-            paged_kv(s, self.arch, self.backends, self.layer_device, self.n_split) if s.kv.paged_kv else
-            ContiguousKV(s, hp, self.backends, self.layer_device, self.kv_bytes))
+        self.memory: SequenceMemory = sequence_memory(s, self.arch, self.backends, self.layer_device, self.n_split,
+                                                      self.kv_bytes)
         self.sequences = Sequences(self.memory, c.ctx_size, hp.n_vocab)
         self.n_passes = self.pass_sequences = self.pass_tokens = 0   # forward passes and what they held
         self.stream_passes = 0                        # passes whose sequences attended at once (streams)
@@ -187,14 +186,14 @@ class Executor:
 
     # -- plans ------------------------------------------------------------------
     def plan(self, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None = None,
-             embed: bool = False, streams: int = 0) -> Plan:
+             embed: bool = False, streams: int = 0, chain: bool = False) -> Plan:
         """The graphs for micro-batches of this shape, built once and reused (embed: ending at the output norm,
-        not the logits; streams: see Plan)."""
+        not the logits; streams, chain: see Plan)."""
         hidden = self.hidden_buf is not None and not embed
-        key = (n, n_kv, n_out, lanes, embed, streams, hidden)
+        key = (n, n_kv, n_out, lanes, embed, streams, hidden, chain)
         plan = self.plans.pop(key, None)
         if plan is None:
-            plan = Plan(self, n, n_kv, n_out, lanes, embed, streams, hidden)
+            plan = Plan(self, n, n_kv, n_out, lanes, embed, streams, hidden, chain)
         self.plans[key] = plan            # most recently used last
         if len(self.plans) > PLAN_CACHE:
             while len(self.plans) > PLAN_CACHE:
@@ -230,7 +229,8 @@ class Executor:
             shapes = [(x, n_kv) for x, _ in shapes]
         rows = [self.lane_rows(p0, x, k) for p0, (x, k) in zip(starts, shapes)]
         lanes = tuple(shapes) if len(items) > 1 and not streams else None
-        plan = self.plan(n, 0 if lanes else shapes[0][1], len(out_rows), lanes, embed, streams)
+        plan = self.plan(n, 0 if lanes else shapes[0][1], len(out_rows), lanes, embed, streams,
+                         chain=bool(lanes) and len(set(ids)) == 1)
         plan.fill(np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items]), rows, out_rows, hidden)
         self.memory.bind(ids, streams=bool(streams))
         self.n_passes += 1
@@ -256,6 +256,13 @@ class Executor:
     def compute(self, plan: Plan, n: int, lanes: Sequence[tuple[int, int, int]]) -> Any:
         """Runs the micro-batch's graphs in order; returns the tensor that holds its logits (if any). lanes:
         (sequence, n_past, tokens) of each sequence in the pass."""
+        first: dict[int, int] = {}            # a sequence's first position in the pass, and its rows
+        rows: dict[int, int] = {}
+        for seq, p0, m in lanes:
+            first[seq] = min(first.get(seq, p0), p0)
+            rows[seq] = rows.get(seq, 0) + m
+        for seq, p0 in first.items():
+            self.memory.begin(seq, p0, rows[seq])
         if self.one_graph():
             self.backend.compute(plan.whole())     # one graph per micro-batch, as llama.cpp runs it
             return plan.whole_logits
@@ -265,11 +272,6 @@ class Executor:
             rec.clear()
         dev = plan.steps[0].dev
         t_pass = time.time()
-        first: dict[int, int] = {}            # a sequence's first position in the pass
-        for seq, p0, _ in lanes:
-            first[seq] = min(first.get(seq, p0), p0)
-        for seq, p0 in first.items():
-            self.memory.begin(seq, p0)
         for i, step in enumerate(plan.steps):
             t0 = time.time()
             dev, tc = self.run_step(plan, step, dev, lanes, first)
@@ -357,9 +359,8 @@ class Executor:
 
     def eval_rows(self, tokens: Sequence[int]) -> np.ndarray:
         """Feeds tokens to the current sequence in passes where each token is a lane of its own over the
-        sequence's K/V, as if fed alone: row i of the logits F32 [n, n_vocab] (kept as the scores) is what
-        eval() of the tokens one by one gives at token i (bit for bit when the matrix products round alike over
-        more rows: batch_invariant, or weights without row-tiled kernels). Checks a speculative draft."""
+        sequence's K/V (a recurrent state: one chain of them), as if fed alone: row i of the logits F32 [n,
+        n_vocab] (the scores) is eval() of the tokens one by one at token i, bit for bit with batch_invariant."""
         seq = self.seq
         self.sequences.check_feed(seq, tokens)
         start, outs = seq.n_past, []
@@ -376,8 +377,7 @@ class Executor:
 
     def eval_check(self, tokens: Sequence[int]) -> np.ndarray:
         """Every row's logits F32 [n, n_vocab] of tokens fed to the current sequence, to check a draft: one
-        causal pass, with the kernels of any batch, as llama.cpp checks one; with batch_invariant each row as
-        if fed alone (eval_rows), bit for bit what plain decoding computes."""
+        causal pass, as llama.cpp checks one; with batch_invariant each row as if fed alone (eval_rows)."""
         if self.settings.context.batch_invariant:
             return self.eval_rows(tokens)
         return self.eval(tokens, logits_all=True)
@@ -452,6 +452,7 @@ def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dic
     ex.memory.bind([seq.id])
     ex.before_pass(1)                      # the threads a decoded token computes with
     lanes, first = [(seq.id, p0, 1)], {seq.id: p0}
+    ex.memory.checkpoint(seq.id)           # a recurrent state comes back after
     ex.memory.begin(seq.id, p0)
     pagers = [pg for pg in ex.placement.pagers if isinstance(pg, WeightPager)]
     depths = [pg.depth for pg in pagers]
@@ -476,6 +477,7 @@ def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dic
     finally:
         for pg, d in zip(pagers, depths):
             pg.depth = d
+        ex.memory.truncate(seq.id, p0)
     return out
 
 

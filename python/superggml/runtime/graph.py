@@ -100,17 +100,19 @@ class Plan:
     """Step inputs plus the embedding, block and output graphs for one micro-batch shape."""
 
     def __init__(self, ex: Any, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None,
-                 embed: bool, streams: int = 0, hidden: bool = False):
+                 embed: bool, streams: int = 0, hidden: bool = False, chain: bool = False):
         """`ex`: the executor (its arch, weights, memory, acts, rot, backends). `lanes`: a pass over several
         sequences, (tokens, n_kv) of each in row order, each attending over its own K/V (its lane's
         tensors). `streams`: a pass over that many sequences of n / streams rows each, whose memory is one
         tensor per layer, attending at once over n_kv rows of each. `embed`: ending at the output norm
         (embeddings), not the logits. `hidden`: the output norm of every row goes to ex.hidden_buf too (the
         last block keeps all rows; the head picks its rows after the norm, as llama.cpp with nextn
-        embeddings)."""
+        embeddings). `chain`: the lanes are one sequence's tokens (a recurrent layer runs them as one chain)."""
         self.ex = ex
         self.n, self.n_kv, self.n_out, self.lanes, self.embed = n, n_kv, n_out, lanes, embed
         self.hidden = hidden
+        self.keep_rows = hidden or ex.arch.late_gather     # the last block keeps every row
+        self.chain = chain
         self.streams = streams
         self.n_lanes = len(lanes) if lanes else 0
         self.keep: list[Any] = []       # contexts and buffers the graphs point into
@@ -140,14 +142,15 @@ class Plan:
                          k_idxs=ictx.new_tensor(I64, [n]),
                          v_idxs=ictx.new_tensor(I64, [n] if c.flash_attn else [n * hp.v_channels]))
 
-        t = named("", tokens=ictx.new_tensor(I32, [n]), positions=ictx.new_tensor(I32, [n]),
+        n_pos = 4 * n if self.ex.arch.rope_sections else n
+        t = named("", tokens=ictx.new_tensor(I32, [n]), positions=ictx.new_tensor(I32, [n_pos]),
                   out_ids=ictx.new_tensor(I32, [max(self.n_out, 1)]))
         if self.ex.arch.reads_hidden:
             t.update(named("", hidden=ictx.new_tensor(F32, [hp.n_embd, n])))
         rot = {"k_rot": self.ex.rot[di].get("k"), "v_rot": self.ex.rot[di].get("v")}
         if self.lanes is None:
             inp = StepInputs(n_tokens=n, n_kv=self.n_kv, n_outputs=self.n_out, flash_attn=c.flash_attn, **t, **rot,
-                             n_streams=max(self.streams, 1), keep_rows=self.hidden, **kv(n, self.n_kv, ""))
+                             n_streams=max(self.streams, 1), keep_rows=self.keep_rows, **kv(n, self.n_kv, ""))
         else:
             lane_inputs, r0 = [], 0
             for j, (nj, kvj) in enumerate(self.lanes):
@@ -156,7 +159,8 @@ class Plan:
                                               **kv(nj, kvj, f"_s{j}")))
                 r0 += nj
             inp = StepInputs(n_tokens=n, n_kv=self.n_kv, n_outputs=self.n_out, flash_attn=c.flash_attn, mask=None,
-                             k_idxs=None, v_idxs=None, lanes=lane_inputs, keep_rows=self.hidden, **t)
+                             k_idxs=None, v_idxs=None, lanes=lane_inputs, keep_rows=self.keep_rows,
+                             chain=self.chain, **t)
         self.keep += [ictx, backend.alloc_tensors(ictx)]
         return inp
 
@@ -165,6 +169,8 @@ class Plan:
         """Sets every device's inputs: the pass's tokens, each lane's rows, the rows whose output is wanted,
         and the hidden rows an MTP block reads (F32 [n, n_embd])."""
         pos = np.concatenate([r.positions for r in rows])
+        if self.ex.arch.rope_sections:        # text positions for every section but the last (llama.cpp's)
+            pos = np.concatenate([pos, pos, pos, np.zeros_like(pos)])
         out = np.asarray(out_rows or [0], dtype=np.int32)
         if self.streams:
             rows = [self.stacked(rows)]
@@ -241,7 +247,7 @@ class Plan:
 
     def build(self) -> None:
         ex, hp, arch, w = self.ex, self.ex.hp, self.ex.arch, self.ex.weights
-        n_last = self.n if self.hidden else min(self.n, max(self.n_out, 1))       # rows the last block keeps
+        n_last = self.n if self.keep_rows else min(self.n, max(self.n_out, 1))    # rows the last block keeps
         paged, placement = ex.placement.paged, ex.placement
         self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_embed(ctx, w, inp), act), "embed",
                    dev=ex.embed_dev)
@@ -253,7 +259,7 @@ class Plan:
                 continue
             self.graph(lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(self.block(ctx, gf, inp, il, act), act_out),
                        "block", rows_out=rows, key=key, layer=il, dev=ex.layer_device[il], group=il)
-        rows_in = n_last if self.hidden else self.n_out
+        rows_in = n_last if self.keep_rows else self.n_out
         if self.hidden:
             self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_output_norm(ctx, w, act),
                                                                  self.hidden_rows(ctx)),
@@ -271,8 +277,8 @@ class Plan:
         return ctx.view(h, [self.ex.hp.n_embd, self.n], [h.nb[1]], 0)
 
     def outputs(self, ctx: Any, inp: StepInputs, x: Any) -> Any:
-        """x's rows whose output is wanted: all of x, unless the last block kept every row (hidden)."""
-        return ctx.get_rows(x, inp.out_ids) if self.hidden and self.n_out < self.n else x
+        """x's rows whose output is wanted: all of x, unless the last block kept every row (keep_rows)."""
+        return ctx.get_rows(x, inp.out_ids) if self.keep_rows and self.n_out < self.n else x
 
     def block(self, ctx: Any, gf: Any, inp: StepInputs, il: int, x: Any) -> Any:
         """Block il's output over x: the family's graph, over the layer's sequence memory."""

@@ -12,10 +12,8 @@ each sequence where its rows start, and every block's step runs inside `use(laye
   tensors while the layer runs, host and spill tiers behind it.
 
 A latent K/V (multi-head latent attention, hp.latent_kv) is a ContiguousKV of K only: one [kv_lora_rank + n_rot,
-ctx] tensor per layer, V read from it (PagedKV pages it the same way, K only). A third kind adds itself by implementing
-SequenceMemory: a recurrent state (gated delta-net) keeps a fixed [state, 1] tensor per layer and sequence,
-whose `truncate` restores a checkpoint instead of forgetting rows, and a hybrid memory routes each layer to one
-of two memories.
+ctx] tensor per layer, V read from it (PagedKV pages it the same way, K only). The recurrent state of gated
+delta-net layers, and the hybrid memory that routes each layer to it or to a K/V memory, are in recurrent.py.
 """
 
 from __future__ import annotations
@@ -89,8 +87,11 @@ class SequenceMemory(abc.ABC):
         """Where `seq`'s memory lies: a pass puts its sequences in this order (then streams may hold)."""
         return 0
 
-    def begin(self, seq: int, p0: int) -> None:
-        """A pass of `seq` starts at position p0."""
+    def begin(self, seq: int, p0: int, n: int = 1) -> None:
+        """A pass of `seq` starts at position p0 and feeds n of its tokens."""
+
+    def checkpoint(self, seq: int) -> None:
+        """`seq` can come back to where it is now (truncate_point), until it is truncated before that."""
 
     def use(self, layer: int, lanes: Sequence[Lane]) -> contextlib.AbstractContextManager[None]:
         """While a step of `layer` runs over `lanes` (the pass's, in lane order)."""
@@ -99,6 +100,10 @@ class SequenceMemory(abc.ABC):
     def can_truncate(self, seq: int, n: int) -> bool:
         """Whether `seq` can go back to its first n tokens."""
         return True
+
+    def truncate_point(self, seq: int, n: int) -> int:
+        """The most of its first n tokens `seq` can go back to (the rest are fed again)."""
+        return n if self.can_truncate(seq, n) else 0
 
     @abc.abstractmethod
     def truncate(self, seq: int, n: int) -> None:
@@ -384,7 +389,7 @@ class PagedKV(LanedKV):
     def bind(self, seqs: Sequence[int], streams: bool = False) -> None:
         self.lanes.ensure(len(seqs))
 
-    def begin(self, seq: int, p0: int) -> None:
+    def begin(self, seq: int, p0: int, n: int = 1) -> None:
         for p in self.parts:
             p.begin(seq, p0)
 

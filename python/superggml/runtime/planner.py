@@ -86,7 +86,7 @@ def kv_type(name: str) -> Any:
 
 def kv_bytes_per_token(hp: HParams, type_k: str, type_v: str) -> int:
     """One token's K and V over every layer (K only for a latent K/V)."""
-    return hp.n_layer * sum(int(native.row_size(kv_type(t), n)) for t, n in ((type_k, hp.n_embd_gqa),
+    return (hp.n_layer_kv or hp.n_layer) * sum(int(native.row_size(kv_type(t), n)) for t, n in ((type_k, hp.n_embd_gqa),
                                                                               (type_v, hp.n_embd_v_gqa)) if n)
 
 

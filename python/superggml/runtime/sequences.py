@@ -87,13 +87,14 @@ class Sequences:
 
     def truncate(self, n: int) -> int:
         """Keeps the first n tokens of the current sequence and frees the memory after them; the sequence has
-        no last logits after it. Returns the tokens kept: none when sliding-window layers have already freed
-        keys that position n needs (paged_kv without swa_full), as llama.cpp then re-evaluates the prompt."""
+        no last logits after it. Returns the tokens kept, fewer when the memory cannot go back to n itself
+        (memory.truncate_point): none when sliding-window layers have already freed keys that position n needs
+        (paged_kv without swa_full), as llama.cpp then re-evaluates the prompt; a recurrent state's latest
+        checkpoint before n. The caller feeds the rest again."""
         seq = self.current
         if not 0 <= n <= seq.n_past:
             raise ValueError(f"truncate: n must be in [0, {seq.n_past}], not {n}")
-        if not self.memory.can_truncate(seq.id, n):
-            n = 0
+        n = self.memory.truncate_point(seq.id, n)
         self.memory.truncate(seq.id, n)
         del seq.tokens[n:]
         seq.scores = None
@@ -110,12 +111,12 @@ class Sequences:
         return self.truncate(keep)
 
     def rollback(self, seq: SequenceState, start: int) -> None:
-        """After a failed eval: `seq` forgets its tokens from `start` on (all or nothing: rows written past it
-        are overwritten later), or all of them when a sliding window already moved past what `start` needs."""
-        del seq.tokens[start:]
-        if not self.memory.can_truncate(seq.id, start):
-            self.memory.truncate(seq.id, 0)
-            seq.tokens.clear()
+        """After a failed eval: `seq` goes back to `start` (K/V rows written past it are overwritten later), or
+        as far back as its memory can (truncate_point)."""
+        n = self.memory.truncate_point(seq.id, start)
+        self.memory.truncate(seq.id, n)
+        del seq.tokens[n:]
+        if n < start:
             seq.scores = None
 
     def check_feed(self, seq: SequenceState, tokens: Sequence[int]) -> None:

@@ -1,0 +1,189 @@
+"""qwen35 family (llama.cpp's src/models/qwen35.cpp and delta-net-base.cpp): Qwen3.5's hybrid of gated delta-net
+layers (linear attention over a fixed-size recurrent state) and gated full attention every few blocks.
+
+- Gated delta-net (the recurrent layers, attention.recurrent_layers or every layer but each
+  full_attention_interval-th): attn_qkv projects Q, K and V for a causal depthwise conv1d over the last
+  ssm.conv_kernel tokens (its rolling state kept per sequence), then SiLU; Q and K are L2-normed per head, and the
+  gated delta rule (ggml_gated_delta_net: the gate from ssm_alpha, ssm_dt and ssm_a, beta from ssm_beta) updates a
+  [S, S] state per value head; the output is RMS-normed per head (ssm_norm), gated by SiLU(attn_gate), projected by
+  ssm_out.
+- Gated full attention: attn_q gives each head's query and an output gate; Q/K head norms; interleaved
+  multi-section RoPE (rope.dimension_sections); the attention output times sigmoid(gate), projected by attn_output.
+- Both are pre-normed by attn_norm and join the residual; post_attention_norm is the FFN's pre-norm.
+- The last block keeps every row: the head picks its rows after the output norm (as llama.cpp's graph does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from ..errors import GGUFError
+from .common import Architecture, StepInputs, Weights, build_attn, each_lane, f32, inv_sqrt
+
+ROPE_IMROPE = 40        # GGML_ROPE_TYPE_IMROPE
+
+
+class Qwen35Arch(Architecture):
+    rope_factors = False
+    qk_norm = True
+    ffn_norm = "post_attention_norm"
+    late_gather = True
+    rope_mode = ROPE_IMROPE
+
+    def load_hparams(self, meta: Mapping[str, Any]) -> None:
+        hp = self.hp
+
+        def need(name: str) -> int:
+            v = self.key(meta, name, None)
+            if v is None:
+                raise GGUFError(f"GGUF metadata lacks '{hp.arch}.{name}'")
+            return int(v)
+
+        self.d_conv = need("ssm.conv_kernel")
+        self.d_inner = need("ssm.inner_size")
+        self.d_state = need("ssm.state_size")             # S: the head size of K and V
+        self.n_v_heads = need("ssm.time_step_rank")
+        self.n_k_heads = need("ssm.group_count")
+        if (not self.n_v_heads or self.d_inner % self.n_v_heads or self.d_inner // self.n_v_heads != self.d_state
+                or not self.n_k_heads or self.n_v_heads % self.n_k_heads or self.d_conv < 2):
+            raise GGUFError(f"{hp.arch} delta-net hyperparameters are inconsistent: inner_size {self.d_inner}, "
+                            f"state_size {self.d_state}, time_step_rank {self.n_v_heads}, group_count "
+                            f"{self.n_k_heads}, conv_kernel {self.d_conv}")
+        self.conv_channels = self.d_inner + 2 * self.n_k_heads * self.d_state
+        sections = self.key(meta, "rope.dimension_sections", None)
+        if not isinstance(sections, (list, tuple)) or len(sections) < 3:
+            raise GGUFError(f"GGUF metadata lacks '{hp.arch}.rope.dimension_sections'")
+        self.rope_sections = [int(x) for x in list(sections)[:4]] + [0] * (4 - min(len(sections), 4))
+        flags = self.key(meta, "attention.recurrent_layers", None)
+        if isinstance(flags, (list, tuple)):
+            if len(flags) < hp.n_layer:
+                raise GGUFError(f"attention.recurrent_layers has {len(flags)} entries for {hp.n_layer} layers")
+            self.recurrent = tuple(bool(x) for x in list(flags)[:hp.n_layer])
+        else:
+            every = int(self.key(meta, "full_attention_interval", 4))
+            if every < 1:
+                raise GGUFError(f"full_attention_interval must be >= 1, not {every}")
+            self.recurrent = tuple((il + 1) % every != 0 for il in range(hp.n_layer))
+        self.hp = dataclasses.replace(hp, n_layer_kv=hp.n_layer - sum(self.recurrent))
+
+    def describe(self) -> list[str]:
+        n = sum(self.recurrent)
+        return [f"hybrid: {n} gated delta-net layers (a state of {self.n_v_heads} x {self.d_state}^2 values and a "
+                f"conv window of {self.d_conv - 1} tokens per sequence), {self.hp.n_layer - n} gated full-attention "
+                f"layers with a K/V cache"]
+
+    # -- memory -------------------------------------------------------------
+    def is_recurrent(self, il: int) -> bool:
+        return self.recurrent[il]
+
+    @property
+    def state_sizes(self) -> tuple[int, int]:
+        """Values per sequence and recurrent layer: the conv window's, the delta rule's state."""
+        return (self.d_conv - 1) * self.conv_channels, self.d_state * self.d_inner
+
+    # -- tensors ---------------------------------------------------------
+    def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
+        hp, p = self.hp, f"blk.{il}."
+        shapes = super().block_tensor_shapes(il)
+        shapes[p + "attn_q.weight"] = (hp.n_embd, hp.head_dim * hp.n_head * 2)      # each head's query and gate
+        if not self.recurrent[il]:
+            return shapes
+        for n in ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm"):
+            del shapes[p + n + ".weight"]
+        shapes.update({
+            p + "attn_qkv.weight": (hp.n_embd, self.conv_channels),
+            p + "attn_gate.weight": (hp.n_embd, self.d_inner),
+            p + "ssm_conv1d.weight": (self.d_conv, self.conv_channels),
+            p + "ssm_dt.bias": (self.n_v_heads,),
+            p + "ssm_a": (self.n_v_heads,),
+            p + "ssm_beta.weight": (hp.n_embd, self.n_v_heads),
+            p + "ssm_alpha.weight": (hp.n_embd, self.n_v_heads),
+            p + "ssm_norm.weight": (self.d_state,),
+            p + "ssm_out.weight": (self.d_inner, hp.n_embd),
+        })
+        return shapes
+
+    def attn_output(self, il: int) -> str:
+        return f"blk.{il}.{'ssm_out' if self.recurrent[il] else 'attn_output'}.weight"
+
+    # -- graphs ------------------------------------------------------------
+    def rope(self, ctx: Any, w: Weights, inp: StepInputs, il: int, x: Any) -> Any:
+        hp = self.hp
+        return ctx.rope_multi(x, inp.positions, hp.n_rot, self.rope_sections, self.rope_mode, hp.n_ctx_orig,
+                              hp.rope_base, hp.rope_scale, hp.rope_ext_factor, hp.rope_attn_factor)
+
+    def build_attention(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int, cur: Any,
+                        k_cache: Any, v_cache: Any) -> Any:
+        if self.recurrent[il]:
+            return self.build_delta_net(ctx, gf, w, inp, il, cur, k_cache, v_cache)
+        hp, p, n = self.hp, f"blk.{il}.", inp.n_tokens
+        qg = ctx.mul_mat(w(p + "attn_q.weight"), cur)                       # [2 * head_dim * n_head, n]
+        es, d = qg.element_size, hp.head_dim
+        q = ctx.view(qg, [d, hp.n_head, n], [2 * d * es, 2 * d * hp.n_head * es], 0)
+        gate = ctx.cont(ctx.view(qg, [d, hp.n_head, n], [2 * d * es, 2 * d * hp.n_head * es], d * es))
+        gate = ctx.reshape(gate, [d * hp.n_head, n])
+        k = ctx.reshape(ctx.mul_mat(w(p + "attn_k.weight"), cur), [d, hp.n_head_kv, n])
+        v = ctx.mul_mat(w(p + "attn_v.weight"), cur)
+        q, k = self.build_qk_norm(ctx, w, p, q, k)
+        q, k = self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, k)
+        scale = inv_sqrt(d)
+        if inp.lanes is None:
+            out = build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, scale, inp.mask)
+        else:
+            out = each_lane(ctx, inp, lambda j, lane, rows: build_attn(
+                ctx, gf, hp, lane, rows(q), rows(k), rows(v, 2), k_cache[j], v_cache[j], scale, lane.mask))
+        return ctx.mul(out, ctx.sigmoid(gate))
+
+    def build_delta_net(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int, cur: Any,
+                        conv_state: Any, state: Any) -> Any:
+        """A gated delta-net layer over the normed input cur F32 [n_embd, n], before ssm_out: F32 [d_inner, n].
+        conv_state F32 [(d_conv - 1) * conv_channels] and state F32 [S * S * n_v_heads] (or lists, one per lane)
+        are read and written back."""
+        p, n = f"blk.{il}.", inp.n_tokens
+        qkv = ctx.mul_mat(w(p + "attn_qkv.weight"), cur)                    # [conv_channels, n]
+        z = ctx.mul_mat(w(p + "attn_gate.weight"), cur)                     # [d_inner, n]
+        beta = ctx.sigmoid(ctx.mul_mat(w(p + "ssm_beta.weight"), cur))      # [n_v_heads, n]
+        alpha = ctx.add(ctx.mul_mat(w(p + "ssm_alpha.weight"), cur), w(p + "ssm_dt.bias"))
+        g = ctx.mul(ctx.softplus(alpha), w(p + "ssm_a"))                     # [n_v_heads, n]
+        if inp.lanes is None or inp.chain:          # one sequence: one chain of its rows, from lane 0's state
+            one = (lambda t: t[0]) if inp.chain else (lambda t: t)
+            out = self.delta_rule(ctx, gf, w, p, qkv, beta, g, n, one(conv_state), one(state))
+        else:
+            out = each_lane(ctx, inp, lambda j, lane, rows: self.delta_rule(
+                ctx, gf, w, p, rows(qkv, 2), rows(beta, 2), rows(g, 2), lane.n_tokens, conv_state[j], state[j]))
+        S, H = self.d_state, self.n_v_heads
+        normed = self.norm(ctx, w, out, p + "ssm_norm.weight")              # [S, H, n]
+        gated = ctx.mul(normed, ctx.silu(ctx.reshape(z, [S, H, n])))
+        return ctx.reshape(gated, [self.d_inner, n])
+
+    def delta_rule(self, ctx: Any, gf: Any, w: Weights, p: str, qkv: Any, beta: Any, g: Any, n: int,
+                   conv_state: Any, state: Any) -> Any:
+        """One sequence's n rows: the conv over its window (the window written back), then the delta rule from
+        its state (the state written back); F32 [S, n_v_heads, n]."""
+        S, Hk, Hv, ch, dc = self.d_state, self.n_k_heads, self.n_v_heads, self.conv_channels, self.d_conv
+        if qkv.nb[1] != ch * qkv.element_size:
+            qkv = ctx.cont(qkv)
+        window = ctx.reshape(conv_state, [dc - 1, ch, 1])
+        x = ctx.concat(window, ctx.transpose(ctx.reshape(qkv, [ch, n, 1])), 0)     # [dc - 1 + n, ch, 1]
+        xs = x.element_size
+        gf.expand(ctx.cpy(ctx.view(x, [dc - 1, ch, 1], [x.nb[1], x.nb[2]], n * xs), window))
+        mixed = ctx.silu(ctx.ssm_conv(x, w(p + "ssm_conv1d.weight")))       # [ch, n, 1]
+        es, row = mixed.element_size, mixed.nb[1]
+        q = ctx.view(mixed, [S, Hk, n, 1], [S * es, row, row * n], 0)
+        k = ctx.view(mixed, [S, Hk, n, 1], [S * es, row, row * n], S * Hk * es)
+        v = ctx.view(mixed, [S, Hv, n, 1], [S * es, row, row * n], 2 * S * Hk * es)
+        q, k = self.l2_norm(ctx, q), self.l2_norm(ctx, k)
+        s0 = ctx.reshape(state, [S, S, Hv, 1])
+        if beta.nb[1] != Hv * beta.element_size:
+            beta, g = ctx.cont(beta), ctx.cont(g)
+        out = ctx.gated_delta_net(q, k, v, ctx.reshape(g, [1, Hv, n, 1]), ctx.reshape(beta, [1, Hv, n, 1]), s0, 1)
+        oe = out.element_size
+        new = ctx.view(out, [S, S, Hv, 1], [S * oe, S * S * oe, S * S * Hv * oe], S * Hv * n * oe)
+        gf.expand(ctx.cpy(new, s0))
+        return ctx.view(out, [S, Hv, n], [S * oe, S * Hv * oe], 0)
+
+    def l2_norm(self, ctx: Any, x: Any) -> Any:
+        """llama.cpp's build_gdn_l2_norm: x / |x| per head, as an RMS norm of eps / S scaled by 1 / sqrt(S)."""
+        S = x.ne[0]
+        return ctx.scale(ctx.rms_norm(x, float(f32(self.hp.rms_eps) / f32(S))), inv_sqrt(S))

@@ -1,0 +1,213 @@
+"""Recurrent state: the sequence memory of gated delta-net layers (llama.cpp's llama_memory_recurrent), and the
+hybrid memory of models that mix them with attention layers (llama_memory_hybrid).
+
+A recurrent layer keeps, per sequence, a fixed-size state that each pass reads and overwrites: the conv window
+(the last conv_kernel - 1 inputs) and the delta rule's state. It cannot forget its last tokens the way a K/V
+cache does, so it keeps checkpoints: copies of a sequence's states where a pass of several tokens begins or ends (a
+prompt chunk, a prompt's end, a speculative check) and every CHECKPOINT_EVERY tokens. Going back to position n restores the latest
+checkpoint at or before n (`truncate_point`); the caller feeds the tokens after it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import native
+from .memory import MAX_LANES, ContiguousKV, Lane, SequenceMemory, paged_kv
+
+F32 = native.GGMLType.F32
+CHECKPOINTS = 3           # kept per sequence, the latest
+CHECKPOINT_EVERY = 256    # tokens fed one pass at a time between two checkpoints at most
+
+
+class RecurrentStates:
+    """Per sequence and recurrent layer: the conv window F32 [n_r] and the delta state F32 [n_s], in a buffer of the
+    sequence's own on `backend`; lane j's tensors point at the sequence of the pass's lane j (bind)."""
+
+    def __init__(self, n_layer: int, n_r: int, n_s: int, backend: Any):
+        self.n_layer, self.n_r, self.n_s, self.backend = n_layer, n_r, n_s, backend
+        self.lanes: list[tuple[list[Any], list[Any]]] = []
+        self.lane_ctx: list[Any] = []
+        self.held: dict[int, tuple[Any, Any, list[Any], list[Any]]] = {}     # seq -> ctx, buffer, conv, state
+        self.length: dict[int, int] = {}                                    # seq -> tokens its state has seen
+        self.checkpoints: dict[int, list[tuple[int, list[np.ndarray]]]] = {}
+        self.last_n: dict[int, int] = {}                                    # seq -> tokens its last pass fed
+        self.ensure(1)
+
+    @property
+    def bytes_per_sequence(self) -> int:
+        return 4 * self.n_layer * (self.n_r + self.n_s)
+
+    def ensure(self, n: int) -> None:
+        while len(self.lanes) < n:
+            j = len(self.lanes)
+            cx = native.Context(max_tensors=2 * self.n_layer)
+            conv = [cx.new_tensor(F32, [self.n_r]) for _ in range(self.n_layer)]
+            state = [cx.new_tensor(F32, [self.n_s]) for _ in range(self.n_layer)]
+            for kind, ts in (("conv", conv), ("state", state)):
+                for il, t in enumerate(ts):
+                    t.name = f"rs_{kind}_l{il}" + (f"_s{j}" if j else "")
+            self.lanes.append((conv, state))
+            self.lane_ctx.append(cx)
+
+    def storage(self, seq: int) -> tuple[Any, Any, list[Any], list[Any]]:
+        """The sequence's buffer (zeroed when first made: an empty sequence's state)."""
+        got = self.held.get(seq)
+        if got is None:
+            cx = native.Context(max_tensors=2 * self.n_layer)
+            conv = [cx.new_tensor(F32, [self.n_r]) for _ in range(self.n_layer)]
+            state = [cx.new_tensor(F32, [self.n_s]) for _ in range(self.n_layer)]
+            buf = self.backend.alloc_tensors(cx)
+            buf.clear(0)
+            got = self.held[seq] = (cx, buf, conv, state)
+        return got
+
+    def layer_tensors(self, il: int, n_lanes: int) -> tuple[Any, Any]:
+        if not n_lanes:
+            return self.lanes[0][0][il], self.lanes[0][1][il]
+        self.ensure(n_lanes)
+        return [self.lanes[j][0][il] for j in range(n_lanes)], [self.lanes[j][1][il] for j in range(n_lanes)]
+
+    def bind(self, seqs: Sequence[int]) -> None:
+        self.ensure(len(seqs))
+        for j, seq in enumerate(seqs):
+            _, _, conv, state = self.storage(seq)
+            for lane_t, t in zip(self.lanes[j][0] + self.lanes[j][1], conv + state):
+                native.tensor_alias(lane_t, t, 0)
+
+    def begin(self, seq: int, p0: int, n: int) -> None:
+        """A pass feeds n tokens of `seq` from position p0: a checkpoint of the state at p0 first when it or the
+        pass before fed several, or when the last is CHECKPOINT_EVERY tokens back."""
+        if self.length.get(seq, 0) != p0:
+            raise ValueError(f"sequence {seq}'s recurrent state holds {self.length.get(seq, 0)} tokens, not {p0}")
+        marks = self.checkpoints.get(seq) or [(0, [])]
+        if n > 1 or self.last_n.get(seq, 1) > 1 or p0 - marks[-1][0] >= CHECKPOINT_EVERY:
+            self.checkpoint(seq)
+        self.length[seq] = p0 + n
+        self.last_n[seq] = n
+
+    def checkpoint(self, seq: int) -> None:
+        """A checkpoint of `seq` where it is now."""
+        n = self.length.get(seq, 0)
+        marks = self.checkpoints.setdefault(seq, [])
+        if n > 0 and not (marks and marks[-1][0] == n):
+            _, _, conv, state = self.storage(seq)
+            marks.append((n, [native.tensor_get(t).copy() for t in conv + state]))
+            del marks[:-CHECKPOINTS]
+
+    def truncate_point(self, seq: int, n: int) -> int:
+        """The latest position at or before n that `seq`'s state can return to."""
+        if n >= self.length.get(seq, 0):
+            return self.length.get(seq, 0)
+        return max([p for p, _ in self.checkpoints.get(seq, []) if p <= n], default=0)
+
+    def truncate(self, seq: int, n: int) -> None:
+        """`seq` goes back to position n: 0, its length, or a checkpoint (truncate_point)."""
+        if n == self.length.get(seq, 0):
+            return
+        marks = self.checkpoints.get(seq, [])
+        if n == 0:
+            if seq in self.held:
+                self.held[seq][1].clear(0)
+            self.checkpoints.pop(seq, None)
+        else:
+            saved = next((arrs for p, arrs in marks if p == n), None)
+            if saved is None:
+                raise ValueError(f"sequence {seq}'s recurrent state has no checkpoint at {n}")
+            _, _, conv, state = self.storage(seq)
+            for t, arr in zip(conv + state, saved):
+                native.tensor_set(t, arr)
+            self.checkpoints[seq] = [(p, a) for p, a in marks if p <= n]
+        self.length[seq] = n
+
+    def drop(self, seq: int) -> None:
+        self.held.pop(seq, None)
+        self.length.pop(seq, None)
+        self.checkpoints.pop(seq, None)
+        self.last_n.pop(seq, None)
+
+    def stats(self) -> dict[str, Any]:
+        marks = sum(len(v) for v in self.checkpoints.values())
+        return {"state_bytes_per_sequence": self.bytes_per_sequence, "state_sequences": len(self.held),
+                "state_checkpoints": marks, "state_checkpoint_bytes": marks * self.bytes_per_sequence,
+                "state_tier": self.backend.name}
+
+
+class HybridMemory(SequenceMemory):
+    """A K/V memory for the attention layers and RecurrentStates for the recurrent ones (`recurrent`: a flag per
+    layer), each indexed by its own layers in order."""
+
+
+    def __init__(self, kv: SequenceMemory, states: RecurrentStates, recurrent: Sequence[bool]):
+        self.kv, self.states, self.recurrent = kv, states, list(recurrent)
+        self.index = [sum(1 for r in self.recurrent[:il] if r == rec) for il, rec in enumerate(self.recurrent)]
+        self.max_lanes = min(kv.max_lanes, MAX_LANES)
+
+    def layer_tensors(self, il: int, n_lanes: int, streams: bool = False) -> tuple[Any, Any]:
+        if self.recurrent[il]:
+            return self.states.layer_tensors(self.index[il], n_lanes)
+        return self.kv.layer_tensors(self.index[il], n_lanes, streams)
+
+    def bind(self, seqs: Sequence[int], streams: bool = False) -> None:
+        self.kv.bind(seqs, streams)
+        self.states.bind(seqs)
+
+    def order(self, seq: int) -> int:
+        return self.kv.order(seq)
+
+    def begin(self, seq: int, p0: int, n: int = 1) -> None:
+        self.kv.begin(seq, p0, n)
+        self.states.begin(seq, p0, n)
+
+    def checkpoint(self, seq: int) -> None:
+        self.states.checkpoint(seq)
+
+    def use(self, layer: int, lanes: Sequence[Lane]) -> contextlib.AbstractContextManager[None]:
+        if self.recurrent[layer]:
+            return contextlib.nullcontext()
+        return self.kv.use(self.index[layer], lanes)
+
+    def truncate_point(self, seq: int, n: int) -> int:
+        p = self.states.truncate_point(seq, n)
+        return p if self.kv.can_truncate(seq, p) else 0
+
+    def can_truncate(self, seq: int, n: int) -> bool:
+        return self.truncate_point(seq, n) == n
+
+    def truncate(self, seq: int, n: int) -> None:
+        self.kv.truncate(seq, n)
+        self.states.truncate(seq, n)
+
+    def drop(self, seq: int) -> None:
+        self.kv.drop(seq)
+        self.states.drop(seq)
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.kv.stats(), **self.states.stats()}
+
+
+def sequence_memory(settings: Any, arch: Any, backends: Sequence[Any], layer_device: Sequence[int], n_split: int,
+                    kv_bytes: int) -> SequenceMemory:
+    """The memory the model's layers need: a K/V cache (contiguous, or paged_kv), or for a hybrid model
+    (arch.is_recurrent) a K/V cache of its attention layers beside the recurrent states of the others."""
+    hp = arch.hp
+    recurrent = [arch.is_recurrent(il) for il in range(hp.n_layer)]
+    if not any(recurrent):
+        if settings.kv.paged_kv:
+            return paged_kv(settings, arch, backends, layer_device, n_split)
+        return ContiguousKV(settings, hp, backends, layer_device, kv_bytes)
+    if settings.kv.paged_kv:
+        raise ValueError(f"paged_kv does not page {hp.arch}'s hybrid memory yet: its K/V and recurrent states are "
+                         "contiguous")
+    if n_split > 1 or not backends[0].is_host:
+        raise ValueError(f"{hp.arch}'s recurrent states live in host memory: a multi-device split or an RPC device "
+                         "does not run it yet")
+    attn = [il for il, r in enumerate(recurrent) if not r]
+    kv = ContiguousKV(settings, dataclasses.replace(hp, n_layer=len(attn)), backends,
+                      [layer_device[il] for il in attn], kv_bytes)
+    n_r, n_s = arch.state_sizes
+    return HybridMemory(kv, RecurrentStates(sum(recurrent), n_r, n_s, backends[0]), recurrent)
