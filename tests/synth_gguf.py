@@ -582,6 +582,10 @@ VARIANTS = {
     "deepseek2-glm47flash": dict(arch="deepseek2", q_lora_rank=48, v_head=48, n_expert=8, n_expert_used=4, gating=2,
                                  probs_bias=True, weights_norm=True, weights_scale=1.8, n_group=1, n_group_used=1,
                                  n_shared=1),
+    # qwen35: gated delta-net blocks and, every second block, gated full attention with interleaved M-RoPE
+    "qwen35-interval2": dict(arch="qwen35"),
+    "qwen35moe-8x2-q8_0": dict(arch="qwen35moe", n_expert=8, n_expert_used=2, wtype="q8_0", n_embd=128, d_state=32,
+                               head_dim=64, n_ff_exp=64, n_ff_shexp=64),
     # glm4moe: partial NeoX RoPE, one leading dense block, sigmoid routing with exp_probs_b, a shared expert
     "glm4moe-bias-mtp": dict(arch="glm4moe", qkv_bias=True, weights_scale=2.5, mtp=True),
     "glm4moe-qknorm-q8_0": dict(arch="glm4moe", qkv_bias=False, qk_norm=True, n_expert=16, n_expert_used=4,

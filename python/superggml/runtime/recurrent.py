@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import types
 from typing import Any, Sequence
 
 import numpy as np
@@ -200,14 +201,16 @@ def sequence_memory(settings: Any, arch: Any, backends: Sequence[Any], layer_dev
         if settings.kv.paged_kv:
             return paged_kv(settings, arch, backends, layer_device, n_split)
         return ContiguousKV(settings, hp, backends, layer_device, kv_bytes)
-    if settings.kv.paged_kv:
-        raise ValueError(f"paged_kv does not page {hp.arch}'s hybrid memory yet: its K/V and recurrent states are "
-                         "contiguous")
     if n_split > 1 or not backends[0].is_host:
         raise ValueError(f"{hp.arch}'s recurrent states live in host memory: a multi-device split or an RPC device "
                          "does not run it yet")
     attn = [il for il, r in enumerate(recurrent) if not r]
-    kv = ContiguousKV(settings, dataclasses.replace(hp, n_layer=len(attn)), backends,
-                      [layer_device[il] for il in attn], kv_bytes)
+    attn_hp = dataclasses.replace(hp, n_layer=len(attn))
+    devices = [layer_device[il] for il in attn]
+    if settings.kv.paged_kv:
+        view = types.SimpleNamespace(hp=attn_hp, n_swa=arch.n_swa, is_swa=lambda j: arch.is_swa(attn[j]))
+        kv: SequenceMemory = paged_kv(settings, view, backends, devices, n_split)
+    else:
+        kv = ContiguousKV(settings, attn_hp, backends, devices, kv_bytes)
     n_r, n_s = arch.state_sizes
     return HybridMemory(kv, RecurrentStates(sum(recurrent), n_r, n_s, backends[0]), recurrent)
