@@ -153,14 +153,14 @@ class Qwen35Arch(Architecture):
             out = each_lane(ctx, inp, lambda j, lane, rows: self.delta_rule(
                 ctx, gf, w, p, rows(qkv, 2), rows(beta, 2), rows(g, 2), lane.n_tokens, conv_state[j], state[j]))
         S, H = self.d_state, self.n_v_heads
-        normed = self.norm(ctx, w, out, p + "ssm_norm.weight")              # [S, H, n]
+        normed = self.norm(ctx, w, ctx.reshape(out, [S, H, n]), p + "ssm_norm.weight")
         gated = ctx.mul(normed, ctx.silu(ctx.reshape(z, [S, H, n])))
         return ctx.reshape(gated, [self.d_inner, n])
 
     def delta_rule(self, ctx: Any, gf: Any, w: Weights, p: str, qkv: Any, beta: Any, g: Any, n: int,
                    conv_state: Any, state: Any) -> Any:
         """One sequence's n rows: the conv over its window (the window written back), then the delta rule from
-        its state (the state written back); F32 [S, n_v_heads, n]."""
+        its state (the state written back); F32 [S * n_v_heads, n]."""
         S, Hk, Hv, ch, dc = self.d_state, self.n_k_heads, self.n_v_heads, self.conv_channels, self.d_conv
         if qkv.nb[1] != ch * qkv.element_size:
             qkv = ctx.cont(qkv)
@@ -181,7 +181,7 @@ class Qwen35Arch(Architecture):
         oe = out.element_size
         new = ctx.view(out, [S, S, Hv, 1], [S * oe, S * S * oe, S * S * Hv * oe], S * Hv * n * oe)
         gf.expand(ctx.cpy(new, s0))
-        return ctx.view(out, [S, Hv, n], [S * oe, S * Hv * oe], 0)
+        return ctx.view(out, [S * Hv, n], [S * Hv * oe], 0)
 
     def l2_norm(self, ctx: Any, x: Any) -> Any:
         """llama.cpp's build_gdn_l2_norm: x / |x| per head, as an RMS norm of eps / S scaled by 1 / sqrt(S)."""

@@ -1,0 +1,112 @@
+"""Hybrid gated delta-net models (qwen35, qwen35moe: Qwen3.5) beyond the parity test_arch checks for every variant:
+prompts longer and shorter than a prefill chunk against llama.cpp, the recurrent state per sequence, checkpoints
+for truncation and prompt reuse, batches and speculative decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import llama_ref
+import synth_gguf
+from superggml import Model
+from synth_gguf import VARIANTS, synth
+
+HYBRID = ["qwen35-interval2", "qwen35moe-8x2-q8_0"]
+
+
+@pytest.fixture(scope="module")
+def vocab_fields(smollm2_path):
+    return synth_gguf.vocab_fields(smollm2_path)
+
+
+@pytest.mark.parametrize("variant", HYBRID)
+def test_chunks_and_single_tokens_match_llama_cpp(tmp_path, vocab_fields, variant):
+    """A 90-token prompt in chunks of 16 (its state carried from chunk to chunk), and 40 tokens then one by one
+    (the delta rule over one token), each as llama.cpp computes it, bit for bit."""
+    path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
+    prompt = [int(x) for x in np.random.default_rng(1).integers(0, 49152, 90)]
+    chunked = llama_ref.run({"kind": "logits", "model": path, "prompts": [prompt], "n_batch": 16})["logits0"]
+    stepped = llama_ref.run({"kind": "logits", "model": path, "prompts": [prompt], "split": 40,
+                             "one_by_one": True})["logits0"]
+    with Model(path, ctx_size=256, n_threads=2, n_batch=16) as m:
+        assert np.array_equal(m.eval(prompt, logits_all=True), chunked)
+        st, kv = m.stats(), m.kv_bytes
+    with Model(path, ctx_size=256, n_threads=2) as m:
+        rows = [m.eval(prompt[:40], logits_all=True).copy()] + [m.eval([t]).copy() for t in prompt[40:]]
+    assert np.array_equal(np.concatenate(rows), stepped)
+    hp = VARIANTS[variant]
+    d_state, n_v, n_k = hp.get("d_state", 16), 4, 2
+    conv = 3 * d_state * (n_v + 2 * n_k)
+    assert st["state_bytes_per_sequence"] == 4 * 2 * (conv + d_state * d_state * n_v)   # 2 recurrent layers of 4
+    assert st["state_tier"] == "CPU" and st["state_sequences"] == 1
+    assert kv == 256 * 2 * 2 * 2 * hp.get("head_dim", 32) * 2                          # K/V of 2 attention layers
+
+
+def test_truncate_and_prompt_reuse_go_back_to_a_checkpoint(tmp_path, vocab_fields):
+    """A state cannot forget tokens: truncating to a prompt's end restores the checkpoint taken there; truncating
+    elsewhere goes back to the latest checkpoint before, and the rest is fed again; either way the logits are
+    those of a fresh sequence."""
+    path = synth(tmp_path / "h.gguf", vocab_fields, **VARIANTS["qwen35-interval2"])
+    prompt = [int(x) for x in np.random.default_rng(4).integers(0, 49152, 30)]
+    kw = dict(ctx_size=256, n_threads=2, n_batch=16)
+    with Model(path, **kw) as m:
+        fresh = m.eval(prompt + [7, 8]).copy()
+    with Model(path, **kw) as m:
+        m.eval(prompt)
+        for t in (5, 6, 9):
+            m.eval([t])
+        assert m.runtime.sequences.truncate(30) == 30          # the prompt's end: a checkpoint
+        assert np.array_equal(m.eval([7, 8]), fresh)
+        assert m.runtime.sequences.truncate(20) == 16           # no checkpoint at 20: the chunk before
+        assert np.array_equal(m.eval(prompt[16:] + [7, 8])[-1], fresh[-1])
+        assert m.stats()["state_checkpoints"] >= 1
+
+
+@pytest.mark.parametrize("variant", HYBRID)
+def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
+    """batch_invariant: sequences of 9, 17 and 5 tokens in shared passes, then decode steps, each with its own
+    state: the same greedy tokens as each alone, the logits within the 1e-6 that the other families' batches show
+    here too (test_mla)."""
+    path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
+    rng = np.random.default_rng(3)
+    prompts = [[int(x) for x in rng.integers(0, 49152, n)] for n in (9, 17, 5)]
+    with Model(path, ctx_size=128, n_threads=2, n_batch=16, batch_invariant=True) as m:
+        alone = []
+        for p in prompts:
+            m.reset()
+            rows = [m.eval(p)[-1].copy()]
+            for _ in range(3):
+                rows.append(m.eval([int(rows[-1].argmax())])[-1].copy())
+            alone.append(np.stack(rows))
+        m.reset()
+        got = [[r[-1].copy()] for r in m.eval_batch([(10 + i, p) for i, p in enumerate(prompts)])]
+        for _ in range(3):
+            step = [(10 + i, [int(g[-1].argmax())]) for i, g in enumerate(got)]
+            for g, r in zip(got, m.eval_batch(step)):
+                g.append(r[-1].copy())
+        assert m.stats()["state_sequences"] >= 3
+    worst = max(float(np.abs(np.stack(g) - a).max()) for g, a in zip(got, alone))
+    print(f"{variant}: max |dlogit| batch vs alone {worst:.2e}")
+    assert worst <= 1e-4
+    assert all((np.stack(g).argmax(-1) == a.argmax(-1)).all() for g, a in zip(got, alone))
+
+
+@pytest.mark.parametrize("variant", HYBRID)
+def test_speculative_decoding_keeps_the_greedy_text(tmp_path, vocab_fields, variant):
+    """batch_invariant: a draft model that agrees (the model itself: every draft kept) and one that does not
+    (another seed: rolled back to the check's checkpoint every step), 40 tokens each, the text of plain decoding."""
+    path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
+    other = synth(tmp_path / "other.gguf", vocab_fields, **{**VARIANTS[variant], "seed": 1})
+    kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
+
+    def greedy(m):
+        return m.create_completion("The quick brown fox", max_tokens=40, temperature=0.0)["choices"][0]["text"]
+
+    with Model(path, **kw) as m:
+        plain = greedy(m)
+    for draft, kept in ((path, True), (other, False)):
+        with Model(path, draft_model=draft, draft_k=3, **kw) as m:
+            assert greedy(m) == plain
+            st = m.stats()
+        assert st["draft_tokens"] > 0 and (st["draft_accepted"] == st["draft_tokens"]) == kept
