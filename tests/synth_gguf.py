@@ -37,7 +37,7 @@ def synth(path, fields, arch="llama", **kw):
         return synth_deepseek2(path, fields, **kw)
     if arch == "glm4moe":
         return synth_glm4moe(path, fields, **kw)
-    if arch in ("qwen35", "qwen35moe"):
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
 
@@ -448,11 +448,11 @@ def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32
 def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_layer=4,
                  interval=2, n_ff=96, d_conv=4, d_state=16, n_v_heads=4, n_k_heads=2, n_expert=0, n_expert_used=0,
                  n_ff_exp=32, n_ff_shexp=48, tied=False, wtype="f32", seed=0, n_ctx_train=512):
-    """A random-weight qwen35 (Qwen3.5) or qwen35moe GGUF laid out as llama.cpp's converter (Qwen3_5TextModel,
-    Qwen3_5MoeTextModel) writes it: every interval-th block gated full attention (heads of head_dim, a quarter
+    """A random-weight qwen35 (Qwen3.5), qwen35moe or qwen3next (Qwen3-Next) GGUF laid out as llama.cpp's converter
+    (Qwen3_5TextModel, Qwen3_5MoeTextModel, Qwen3NextModel) writes it: every interval-th block gated full attention (heads of head_dim, a quarter
     roped in interleaved sections), the others gated delta-net (value heads of d_state, n_v_heads of them over
     n_k_heads key heads, a conv window of d_conv); qwen35moe's FFN n_expert experts of n_ff_exp plus a gated shared
-    one of n_ff_shexp."""
+    one of n_ff_shexp. qwen3next: NeoX RoPE without sections, beta and alpha in one ssm_ba."""
     rng = np.random.default_rng(seed)
     U, F = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
     w = gguf.GGUFWriter(str(path), arch)
@@ -472,7 +472,8 @@ def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=
     w.add_layer_norm_rms_eps(1e-6)
     n_rot = head_dim // 4                                  # partial_rotary_factor 0.25
     key("rope.dimension_count", n_rot, U)
-    w.add_array(f"{arch}.rope.dimension_sections", [n_rot // 2 - n_rot // 4, n_rot // 8, n_rot // 8, 0])
+    if arch != "qwen3next":                                # Qwen3.5's interleaved M-RoPE; Qwen3-Next's is NeoX
+        w.add_array(f"{arch}.rope.dimension_sections", [n_rot // 2 - n_rot // 4, n_rot // 8, n_rot // 8, 0])
     key("ssm.conv_kernel", d_conv, U)
     key("ssm.state_size", d_state, U)
     key("ssm.group_count", n_k_heads, U)
@@ -503,8 +504,11 @@ def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=
             w.add_tensor(p + "ssm_conv1d.weight", (rng.standard_normal((ch, d_conv)) * 0.5).astype(np.float32))
             w.add_tensor(p + "ssm_dt.bias", (rng.standard_normal(n_v_heads) * 0.5).astype(np.float32))
             w.add_tensor(p + "ssm_a", (-np.exp(rng.standard_normal(n_v_heads) * 0.5)).astype(np.float32))
-            t(p + "ssm_beta.weight", n_v_heads, n_embd, scale=0.3)
-            t(p + "ssm_alpha.weight", n_v_heads, n_embd, scale=0.3)
+            if arch == "qwen3next":                        # beta and alpha fused, interleaved per key head
+                t(p + "ssm_ba.weight", 2 * n_v_heads, n_embd, scale=0.3)
+            else:
+                t(p + "ssm_beta.weight", n_v_heads, n_embd, scale=0.3)
+                t(p + "ssm_alpha.weight", n_v_heads, n_embd, scale=0.3)
             norm(p + "ssm_norm.weight", d_state)
             t(p + "ssm_out.weight", n_embd, d_inner)
         if n_expert:
@@ -584,6 +588,7 @@ VARIANTS = {
                                  n_shared=1),
     # qwen35: gated delta-net blocks and, every second block, gated full attention with interleaved M-RoPE
     "qwen35-interval2": dict(arch="qwen35"),
+    "qwen3next-8x2": dict(arch="qwen3next", n_expert=8, n_expert_used=2),
     "qwen35moe-8x2-q8_0": dict(arch="qwen35moe", n_expert=8, n_expert_used=2, wtype="q8_0", n_embd=128, d_state=32,
                                head_dim=64, n_ff_exp=64, n_ff_shexp=64),
     # glm4moe: partial NeoX RoPE, one leading dense block, sigmoid routing with exp_probs_b, a shared expert

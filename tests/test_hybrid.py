@@ -12,7 +12,7 @@ import synth_gguf
 from superggml import Model
 from synth_gguf import VARIANTS, synth
 
-HYBRID = ["qwen35-interval2", "qwen35moe-8x2-q8_0"]
+HYBRID = ["qwen35-interval2", "qwen35moe-8x2-q8_0", "qwen3next-8x2"]
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from .qwen3 import Qwen3Arch
 from .qwen3moe import Qwen3MoeArch
 from .qwen35 import Qwen35Arch
 from .qwen35moe import Qwen35MoeArch
+from .qwen3next import Qwen3NextArch
 
 ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama": LlamaArch,
@@ -40,6 +41,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "glm4moe": Glm4MoeArch,
     "qwen35": Qwen35Arch,
     "qwen35moe": Qwen35MoeArch,
+    "qwen3next": Qwen3NextArch,
 }
 
 

@@ -51,10 +51,11 @@ class Qwen35Arch(Architecture):
                             f"state_size {self.d_state}, time_step_rank {self.n_v_heads}, group_count "
                             f"{self.n_k_heads}, conv_kernel {self.d_conv}")
         self.conv_channels = self.d_inner + 2 * self.n_k_heads * self.d_state
-        sections = self.key(meta, "rope.dimension_sections", None)
-        if not isinstance(sections, (list, tuple)) or len(sections) < 3:
-            raise GGUFError(f"GGUF metadata lacks '{hp.arch}.rope.dimension_sections'")
-        self.rope_sections = [int(x) for x in list(sections)[:4]] + [0] * (4 - min(len(sections), 4))
+        if self.rope_mode == ROPE_IMROPE:
+            sections = self.key(meta, "rope.dimension_sections", None)
+            if not isinstance(sections, (list, tuple)) or len(sections) < 3:
+                raise GGUFError(f"GGUF metadata lacks '{hp.arch}.rope.dimension_sections'")
+            self.rope_sections = [int(x) for x in list(sections)[:4]] + [0] * (4 - min(len(sections), 4))
         flags = self.key(meta, "attention.recurrent_layers", None)
         if isinstance(flags, (list, tuple)):
             if len(flags) < hp.n_layer:
@@ -143,9 +144,8 @@ class Qwen35Arch(Architecture):
         p, n = f"blk.{il}.", inp.n_tokens
         qkv = ctx.mul_mat(w(p + "attn_qkv.weight"), cur)                    # [conv_channels, n]
         z = ctx.mul_mat(w(p + "attn_gate.weight"), cur)                     # [d_inner, n]
-        beta = ctx.sigmoid(ctx.mul_mat(w(p + "ssm_beta.weight"), cur))      # [n_v_heads, n]
-        alpha = ctx.add(ctx.mul_mat(w(p + "ssm_alpha.weight"), cur), w(p + "ssm_dt.bias"))
-        g = ctx.mul(ctx.softplus(alpha), w(p + "ssm_a"))                     # [n_v_heads, n]
+        beta, alpha = self.beta_alpha(ctx, w, p, cur)
+        g = ctx.mul(ctx.softplus(ctx.add(alpha, w(p + "ssm_dt.bias"))), w(p + "ssm_a"))    # [n_v_heads, n]
         if inp.lanes is None or inp.chain:          # one sequence: one chain of its rows, from lane 0's state
             one = (lambda t: t[0]) if inp.chain else (lambda t: t)
             out = self.delta_rule(ctx, gf, w, p, qkv, beta, g, n, one(conv_state), one(state))
@@ -156,6 +156,11 @@ class Qwen35Arch(Architecture):
         normed = self.norm(ctx, w, ctx.reshape(out, [S, H, n]), p + "ssm_norm.weight")
         gated = ctx.mul(normed, ctx.silu(ctx.reshape(z, [S, H, n])))
         return ctx.reshape(gated, [self.d_inner, n])
+
+    def beta_alpha(self, ctx: Any, w: Weights, p: str, cur: Any) -> tuple[Any, Any]:
+        """The delta rule's beta (sigmoid) and its gate's input, F32 [n_v_heads, n] each."""
+        return (ctx.sigmoid(ctx.mul_mat(w(p + "ssm_beta.weight"), cur)),
+                ctx.mul_mat(w(p + "ssm_alpha.weight"), cur))
 
     def delta_rule(self, ctx: Any, gf: Any, w: Weights, p: str, qkv: Any, beta: Any, g: Any, n: int,
                    conv_state: Any, state: Any) -> Any:
@@ -173,7 +178,7 @@ class Qwen35Arch(Architecture):
         q = ctx.view(mixed, [S, Hk, n, 1], [S * es, row, row * n], 0)
         k = ctx.view(mixed, [S, Hk, n, 1], [S * es, row, row * n], S * Hk * es)
         v = ctx.view(mixed, [S, Hv, n, 1], [S * es, row, row * n], 2 * S * Hk * es)
-        q, k = self.l2_norm(ctx, q), self.l2_norm(ctx, k)
+        q, k = self.heads_of(ctx, self.l2_norm(ctx, q), n), self.heads_of(ctx, self.l2_norm(ctx, k), n)
         s0 = ctx.reshape(state, [S, S, Hv, 1])
         if beta.nb[1] != Hv * beta.element_size:
             beta, g = ctx.cont(beta), ctx.cont(g)
@@ -182,6 +187,11 @@ class Qwen35Arch(Architecture):
         new = ctx.view(out, [S, S, Hv, 1], [S * oe, S * S * oe, S * S * Hv * oe], S * Hv * n * oe)
         gf.expand(ctx.cpy(new, s0))
         return ctx.view(out, [S * Hv, n], [S * Hv * oe], 0)
+
+    def heads_of(self, ctx: Any, x: Any, n: int) -> Any:
+        """Q or K [S, n_k_heads, n, 1] for the value heads: the delta rule broadcasts them (value head h reads
+        key head h % n_k_heads: Qwen3.5's converter orders the value heads so)."""
+        return x
 
     def l2_norm(self, ctx: Any, x: Any) -> Any:
         """llama.cpp's build_gdn_l2_norm: x / |x| per head, as an RMS norm of eps / S scaled by 1 / sqrt(S)."""
