@@ -1,7 +1,7 @@
 """A mixture of experts larger than its memory: superggml's expert cache against llama.cpp's mmap, side by side
 under the same real RAM limit (a child memory cgroup of a quarter of the file's size).
 
-    python bench/moe_limited.py [--arch qwen3moe|deepseek2] [--tokens 16] [--overhead 160MiB] [--json PATH]
+    python bench/moe_limited.py [--arch qwen3moe|deepseek2|qwen35moe] [--tokens 16] [--overhead 160MiB] [--json PATH]
     python bench/moe_limited.py --small          # a ~340 MB model, superggml only: a quick functional run
                                                  # (limit: a quarter of the file + the overhead)
 
@@ -12,6 +12,9 @@ vocabulary, random quantized experts and attention, F32 norms, router and embedd
 - deepseek2: DeepSeek-V2-Lite's shape (27 layers, the first dense; multi-head latent attention with kv_lora_rank
   512, 16 heads, no q_lora; 64 experts of n_ff_exp 1408, 6 per token, 2 shared), Q4_0: about 15.5B weights,
   8.7 GB.
+- qwen35moe: Qwen3.5-35B-A3B's shape (40 layers, every 4th gated full attention, the others gated delta-net;
+  256 experts of n_ff_exp 512, 8 per token, a gated shared expert), Q4_0, SmolLM2's vocabulary: about 34B weights,
+  19 GB.
 It is written tensor by tensor (never held in memory) and cached under /work/tmp (or --cache-dir).
 
 Every run is its own child process in a memory cgroup of a quarter of the file's size, with the file's pages
@@ -55,6 +58,15 @@ MODELS = {
     "deepseek2": dict(arch="deepseek2", wtype="q4_0", n_layer=27, n_embd=2048, n_head=16, kv_lora=512, qk_rope=64,
                       qk_nope=128, v_head=128, n_expert=64, n_expert_used=6, n_shared=2, n_ff_exp=1408, n_ff=10944,
                       n_lead=1),
+    # Qwen3.5-35B-A3B: 40 layers (every 4th gated full attention: 16 heads of 256, 2 K/V heads; the others gated
+    # delta-net: 32 value heads of 128 over 16 key heads, a conv window of 4), n_embd 2048; 256 experts of 512,
+    # 8 per token, a gated shared expert of 512
+    "qwen35moe": dict(arch="qwen35moe", wtype="q4_0", n_layer=40, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256,
+                      interval=4, d_state=128, n_v_heads=32, n_k_heads=16, d_conv=4, n_expert=256, n_expert_used=8,
+                      n_ff_exp=512, n_ff_shexp=512, n_lead=0),
+    "qwen35moe-small": dict(arch="qwen35moe", wtype="q4_0", n_layer=8, n_embd=512, n_head=8, n_head_kv=2,
+                            head_dim=64, interval=4, d_state=32, n_v_heads=8, n_k_heads=4, d_conv=4, n_expert=32,
+                            n_expert_used=4, n_ff_exp=256, n_ff_shexp=256, n_lead=0),
     "deepseek2-small": dict(arch="deepseek2", wtype="q4_0", n_layer=8, n_embd=512, n_head=8, kv_lora=128, qk_rope=32,
                             qk_nope=64, v_head=64, n_expert=32, n_expert_used=4, n_shared=2, n_ff_exp=512, n_ff=1024,
                             n_lead=1),
@@ -75,6 +87,9 @@ def tensor_specs(p: dict, n_vocab: int) -> list[tuple]:
                ("ffn_down_exps.weight", (ne, e, fe), "q", 0.08)]
     for il in range(p["n_layer"]):
         b = f"blk.{il}."
+        if p["arch"] == "qwen35moe":
+            out += qwen35_block(p, b, (il + 1) % p["interval"] == 0) + [(b + n, s, k, c) for n, s, k, c in experts]
+            continue
         if p["arch"] == "deepseek2":
             kv, h, qk = p["kv_lora"], p["n_head"], p["qk_nope"] + p["qk_rope"]
             out += [(b + "attn_norm.weight", (e,), "norm", 0.1), (b + "attn_q.weight", (h * qk, e), "q", 0.3),
@@ -105,6 +120,29 @@ def tensor_specs(p: dict, n_vocab: int) -> list[tuple]:
     return out
 
 
+def qwen35_block(p: dict, b: str, attention: bool) -> list[tuple]:
+    """A qwen35moe block's tensors but its experts, in tests/synth_gguf.py's order."""
+    e, hd, S = p["n_embd"], p["head_dim"], p["d_state"]
+    out = [(b + "attn_norm.weight", (e,), "norm", 0.1), (b + "post_attention_norm.weight", (e,), "norm", 0.1)]
+    if attention:
+        out += [(b + "attn_q.weight", (2 * p["n_head"] * hd, e), "q", 0.3),
+                (b + "attn_k.weight", (p["n_head_kv"] * hd, e), "q", 0.3),
+                (b + "attn_v.weight", (p["n_head_kv"] * hd, e), "q", 0.08),
+                (b + "attn_output.weight", (e, p["n_head"] * hd), "q", 0.08),
+                (b + "attn_q_norm.weight", (hd,), "norm", 0.2), (b + "attn_k_norm.weight", (hd,), "norm", 0.2)]
+    else:
+        inner, ch, nv = S * p["n_v_heads"], S * (p["n_v_heads"] + 2 * p["n_k_heads"]), p["n_v_heads"]
+        out += [(b + "attn_qkv.weight", (ch, e), "q", 0.3), (b + "attn_gate.weight", (inner, e), "q", 0.3),
+                (b + "ssm_conv1d.weight", (ch, p["d_conv"]), "f32", 0.5), (b + "ssm_dt.bias", (nv,), "f32", 0.5),
+                (b + "ssm_a", (nv,), "neg", 0.5), (b + "ssm_beta.weight", (nv, e), "q", 0.3),
+                (b + "ssm_alpha.weight", (nv, e), "q", 0.3), (b + "ssm_norm.weight", (S,), "norm", 0.1),
+                (b + "ssm_out.weight", (e, inner), "q", 0.08)]
+    fs = p["n_ff_shexp"]
+    return out + [(b + "ffn_gate_inp.weight", (p["n_expert"], e), "f32", 0.5),
+                  (b + "ffn_gate_inp_shexp.weight", (e,), "f32", 0.3), (b + "ffn_gate_shexp.weight", (fs, e), "q", 0.08),
+                  (b + "ffn_up_shexp.weight", (fs, e), "q", 0.08), (b + "ffn_down_shexp.weight", (e, fs), "q", 0.08)]
+
+
 def write_keys(w: Any, p: dict, n_vocab: int) -> None:
     """The family's keys, as tests/synth_gguf.py writes them."""
     import gguf
@@ -115,6 +153,22 @@ def write_keys(w: Any, p: dict, n_vocab: int) -> None:
     w.add_embedding_length(p["n_embd"])
     w.add_head_count(p["n_head"])
     w.add_rope_freq_base(10000.0)
+    if p["arch"] == "qwen35moe":
+        hd = p["head_dim"]
+        w.add_feed_forward_length(p["n_ff_exp"])
+        w.add_head_count_kv(p["n_head_kv"])
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_array("qwen35moe.rope.dimension_sections", [hd // 8 - hd // 16, hd // 32, hd // 32, 0])
+        for name, value in (("rope.dimension_count", hd // 4), ("ssm.conv_kernel", p["d_conv"]),
+                            ("ssm.state_size", p["d_state"]), ("ssm.group_count", p["n_k_heads"]),
+                            ("ssm.time_step_rank", p["n_v_heads"]), ("ssm.inner_size", p["d_state"] * p["n_v_heads"]),
+                            ("full_attention_interval", p["interval"]), ("expert_count", p["n_expert"]),
+                            ("expert_used_count", p["n_expert_used"]), ("expert_feed_forward_length", p["n_ff_exp"]),
+                            ("expert_shared_feed_forward_length", p["n_ff_shexp"])):
+            w.add_key_value(f"qwen35moe.{name}", value, U)
+        return
     if p["arch"] == "deepseek2":
         def key(name: str, value: Any) -> None:
             w.add_key_value(f"deepseek2.{name}", value, U)
@@ -172,6 +226,8 @@ def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
     for name, shape, kind, scale in specs:
         if kind == "norm":
             a = (1 + scale * rng.standard_normal(shape)).astype(np.float32)
+        elif kind == "neg":                  # ssm_a: -exp(A_log)
+            a = (-np.exp(scale * rng.standard_normal(shape))).astype(np.float32)
         elif kind == "f32":
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
         else:
@@ -309,7 +365,7 @@ def run_child(code: str, req: dict, path: str, limit: int, timeout: float, workd
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", choices=("qwen3moe", "deepseek2"), default="qwen3moe")
+    ap.add_argument("--arch", choices=("qwen3moe", "deepseek2", "qwen35moe"), default="qwen3moe")
     ap.add_argument("--small", action="store_true", help="a small model, superggml only (a functional run)")
     ap.add_argument("--tokens", type=int, default=16, help="decoded tokens per run")
     ap.add_argument("--limit", help="the cgroup limit (default: a quarter of the file's size)")
