@@ -361,6 +361,28 @@ def run_child(code: str, req: dict, path: str, limit: int, timeout: float, workd
     return out
 
 
+def sequence_memory(path: str) -> dict[int, tuple[int, int]]:
+    """context -> (bytes a sequence holds: K/V of the layers with one, plus recurrent states; the same model with a
+    K/V cache in every block), at 4096 and 32768 tokens."""
+    import dataclasses
+
+    from superggml import native
+    from superggml.arch import get_architecture
+    from superggml.runtime.planner import kv_bytes
+
+    f = native.GGUFFile(path)
+    try:
+        arch = get_architecture(f.metadata(), [t[0] for t in f.tensors()])
+    finally:
+        f.close()
+    hp = arch.hp
+    n_rec = sum(arch.is_recurrent(il) for il in range(hp.n_layer))
+    states = 4 * n_rec * sum(arch.state_sizes) if n_rec else 0
+    dense = dataclasses.replace(hp, n_layer_kv=0)
+    return {ctx: (kv_bytes(hp, ctx, "f16", "f16") + states, kv_bytes(dense, ctx, "f16", "f16"))
+            for ctx in (4096, 32768)}
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 def main() -> int:
@@ -479,10 +501,14 @@ def main() -> int:
             print(f"locality {r['locality']}: {r['who']} {v['speedup']:.2f}x llama.cpp's decode tok/s; argmax of the "
                   f"prompt's and the last token's logits equal: {v['argmax_equal']}, largest logit difference "
                   f"{v['max_abs_diff']:.3g}")
+    memory = sequence_memory(path)
+    for ctx, (own, dense) in memory.items():
+        print(f"memory per sequence at {ctx} tokens (F16 K/V, as the model's hyperparameters give it): "
+              f"{own / MiB:.0f} MiB, against {dense / MiB:.0f} MiB with full attention in every block")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(model=path, params=p, model_bytes=size, limit=limit, budget=budget, rows=rows), f,
-                      indent=1)
+            json.dump(dict(model=path, params=p, model_bytes=size, limit=limit, budget=budget, rows=rows,
+                           sequence_memory=memory), f, indent=1)
     return 0 if rows and not any("error" in r for r in rows) else 1
 
 
