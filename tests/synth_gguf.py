@@ -447,12 +447,13 @@ def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32
 
 def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_layer=4,
                  interval=2, n_ff=96, d_conv=4, d_state=16, n_v_heads=4, n_k_heads=2, n_expert=0, n_expert_used=0,
-                 n_ff_exp=32, n_ff_shexp=48, tied=False, wtype="f32", seed=0, n_ctx_train=512):
+                 n_ff_exp=32, n_ff_shexp=48, mtp=False, tied=False, wtype="f32", seed=0, n_ctx_train=512):
     """A random-weight qwen35 (Qwen3.5), qwen35moe or qwen3next (Qwen3-Next) GGUF laid out as llama.cpp's converter
     (Qwen3_5TextModel, Qwen3_5MoeTextModel, Qwen3NextModel) writes it: every interval-th block gated full attention (heads of head_dim, a quarter
     roped in interleaved sections), the others gated delta-net (value heads of d_state, n_v_heads of them over
     n_k_heads key heads, a conv window of d_conv); qwen35moe's FFN n_expert experts of n_ff_exp plus a gated shared
-    one of n_ff_shexp. qwen3next: NeoX RoPE without sections, beta and alpha in one ssm_ba."""
+    one of n_ff_shexp. qwen3next: NeoX RoPE without sections, beta and alpha in one ssm_ba. mtp: a
+    next-token-prediction block after them (a full-attention block with the nextn tensors)."""
     rng = np.random.default_rng(seed)
     U, F = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
     w = gguf.GGUFWriter(str(path), arch)
@@ -460,7 +461,7 @@ def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=
     def key(name, value, vtype):
         w.add_key_value(f"{arch}.{name}", value, vtype)
 
-    w.add_block_count(n_layer)
+    w.add_block_count(n_layer + (1 if mtp else 0))
     w.add_context_length(n_ctx_train)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
@@ -470,6 +471,8 @@ def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=
     w.add_value_length(head_dim)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-6)
+    if mtp:
+        key("nextn_predict_layers", 1, U)
     n_rot = head_dim // 4                                  # partial_rotary_factor 0.25
     key("rope.dimension_count", n_rot, U)
     if arch != "qwen3next":                                # Qwen3.5's interleaved M-RoPE; Qwen3-Next's is NeoX
@@ -487,11 +490,11 @@ def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=
         key("expert_shared_feed_forward_length", n_ff_shexp, U)
     put, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
     d_inner, ch = d_state * n_v_heads, d_state * (n_v_heads + 2 * n_k_heads)
-    for il in range(n_layer):
+    for il in range(n_layer + (1 if mtp else 0)):
         p = f"blk.{il}."
         norm(p + "attn_norm.weight")
         norm(p + "post_attention_norm.weight")
-        if (il + 1) % interval == 0:
+        if (il + 1) % interval == 0 or il >= n_layer:
             t(p + "attn_q.weight", 2 * n_head * head_dim, n_embd, scale=0.3)
             t(p + "attn_k.weight", n_head_kv * head_dim, n_embd, scale=0.3)
             t(p + "attn_v.weight", n_head_kv * head_dim, n_embd)
@@ -522,6 +525,8 @@ def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=
             t(p + "ffn_down_shexp.weight", n_embd, n_ff_shexp)
         else:
             ffn_tensors(t, p, True, n_embd, n_ff, 0, 0, 0, False)
+        if il >= n_layer:
+            mtp_tensors(t, norm, p, n_embd)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -588,6 +593,7 @@ VARIANTS = {
                                  n_shared=1),
     # qwen35: gated delta-net blocks and, every second block, gated full attention with interleaved M-RoPE
     "qwen35-interval2": dict(arch="qwen35"),
+    "qwen35-mtp": dict(arch="qwen35", n_layer=3, interval=3, mtp=True),
     "qwen3next-8x2": dict(arch="qwen3next", n_expert=8, n_expert_used=2),
     "qwen35moe-8x2-q8_0": dict(arch="qwen35moe", n_expert=8, n_expert_used=2, wtype="q8_0", n_embd=128, d_state=32,
                                head_dim=64, n_ff_exp=64, n_ff_shexp=64),

@@ -1,5 +1,5 @@
-"""MTP drafting (draft_mtp): the next-token-prediction block of deepseek2 and glm4moe GGUFs drafts for the model,
-checked against llama.cpp's MTP context (load_mtp, LLAMA_CONTEXT_TYPE_MTP) and against plain decoding."""
+"""MTP drafting (draft_mtp): the next-token-prediction block of deepseek2, glm4moe and qwen35 GGUFs drafts for the
+model, checked against llama.cpp's MTP context (load_mtp, LLAMA_CONTEXT_TYPE_MTP) and against plain decoding."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import synth_gguf
 from superggml import Model, UnsupportedModelError
 from synth_gguf import VARIANTS, synth
 
-MTP = ["deepseek2-v3-groups-yarn", "glm4moe-bias-mtp"]
+MTP = ["deepseek2-v3-groups-yarn", "glm4moe-bias-mtp", "qwen35-mtp"]
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 
 
@@ -47,7 +47,7 @@ def test_the_mtp_block_matches_llama_cpps_mtp_context(tmp_path, vocab_fields, va
 
 def streamed_options(path):
     experts = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if "_exps" in t.name)
-    return dict(n_gpu_layers=0, prefetch_depth=1, expert_cache=experts // 4)
+    return dict(n_gpu_layers=0, prefetch_depth=1, **({"expert_cache": experts // 4} if experts else {}))
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["resident", "streamed"])

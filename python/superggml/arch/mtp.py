@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import GGUFError, UnsupportedModelError
 from .common import Architecture, StepInputs, Weights
 
-MTP_FAMILIES = ("deepseek2", "glm4moe")     # llama.cpp's graph_mtp
+MTP_FAMILIES = ("deepseek2", "glm4moe", "qwen35", "qwen35moe")     # llama.cpp's graph_mtp
 
 
 class MtpArch:
@@ -39,7 +39,7 @@ class MtpArch:
         if missing:
             raise GGUFError(f"the GGUF declares {hp.n_nextn} MTP block(s) but lacks {p}nextn.{missing[0]}.weight "
                             "(converted without its MTP layers?)")
-        if not base.is_moe(self.il):
+        if hp.arch in ("deepseek2", "glm4moe") and not base.is_moe(self.il):
             raise UnsupportedModelError("the MTP block is expected to have experts, as llama.cpp's graph_mtp")
         if hp.arch == "deepseek2" and not hp.latent_kv:
             raise UnsupportedModelError("deepseek2's MTP block needs the absorbed MLA layout, as llama.cpp's "
@@ -47,7 +47,7 @@ class MtpArch:
         if hp.arch == "deepseek2" and p + "attn_q_a.weight" not in base.names:
             raise UnsupportedModelError("deepseek2's MTP block needs the low-rank queries (q_lora_rank), as "
                                         "llama.cpp's graph_mtp")
-        self.hp = dataclasses.replace(hp, n_layer=1, n_nextn=0)
+        self.hp = dataclasses.replace(hp, n_layer=1, n_nextn=0, n_layer_kv=0)
         self.swa_layers = (False,)
         self.embed_w = self.own("embed_tokens", "token_embd.weight")
         self.head_norm = self.own("shared_head_norm", "output_norm.weight")
@@ -73,9 +73,12 @@ class MtpArch:
         return self.base.expert_tensors(self.il)
 
     def is_moe(self, il: int) -> bool:
-        return True
+        return self.base.is_moe(self.il)
 
     def is_swa(self, il: int) -> bool:
+        return False
+
+    def is_recurrent(self, il: int) -> bool:
         return False
 
     def is_unused(self, name: str) -> bool:

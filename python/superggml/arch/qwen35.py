@@ -11,6 +11,7 @@ layers (linear attention over a fixed-size recurrent state) and gated full atten
   multi-section RoPE (rope.dimension_sections); the attention output times sigmoid(gate), projected by attn_output.
 - Both are pre-normed by attn_norm and join the residual; post_attention_norm is the FFN's pre-norm.
 - The last block keeps every row: the head picks its rows after the output norm (as llama.cpp's graph does).
+- An MTP block (nextn_predict_layers) is a full-attention block (draft_mtp, arch/mtp.py).
 """
 
 from __future__ import annotations
@@ -60,12 +61,12 @@ class Qwen35Arch(Architecture):
         if isinstance(flags, (list, tuple)):
             if len(flags) < hp.n_layer:
                 raise GGUFError(f"attention.recurrent_layers has {len(flags)} entries for {hp.n_layer} layers")
-            self.recurrent = tuple(bool(x) for x in list(flags)[:hp.n_layer])
+            self.recurrent = tuple(bool(x) for x in list(flags)[:hp.n_layer]) + (False,) * hp.n_nextn
         else:
             every = int(self.key(meta, "full_attention_interval", 4))
             if every < 1:
                 raise GGUFError(f"full_attention_interval must be >= 1, not {every}")
-            self.recurrent = tuple((il + 1) % every != 0 for il in range(hp.n_layer))
+            self.recurrent = tuple((il + 1) % every != 0 for il in range(hp.n_layer)) + (False,) * hp.n_nextn
         self.hp = dataclasses.replace(hp, n_layer_kv=hp.n_layer - sum(self.recurrent))
 
     def describe(self) -> list[str]:
