@@ -71,9 +71,10 @@ class Qwen35Arch(Architecture):
 
     def describe(self) -> list[str]:
         n = sum(self.recurrent)
+        state = 4 * n * sum(self.state_sizes)
         return [f"hybrid: {n} gated delta-net layers (a state of {self.n_v_heads} x {self.d_state}^2 values and a "
-                f"conv window of {self.d_conv - 1} tokens per sequence), {self.hp.n_layer - n} gated full-attention "
-                f"layers with a K/V cache"]
+                f"conv window of {self.d_conv - 1} tokens: {state / 2**20:.2f} MiB per sequence, whatever its "
+                f"length), {self.hp.n_layer - n} gated full-attention layers with a K/V cache"]
 
     # -- memory -------------------------------------------------------------
     def is_recurrent(self, il: int) -> bool:
