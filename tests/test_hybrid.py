@@ -110,3 +110,31 @@ def test_speculative_decoding_keeps_the_greedy_text(tmp_path, vocab_fields, vari
             assert greedy(m) == plain
             st = m.stats()
         assert st["draft_tokens"] > 0 and (st["draft_accepted"] == st["draft_tokens"]) == kept
+
+
+def test_states_paged_to_host_and_back_are_bit_identical(tmp_path, vocab_fields):
+    """state_device_sequences=2 with three sequences taking turns (and a pass over two of them): the least recently
+    run one's states wait in host memory and come back for its next pass, the logits those of keeping all. With 1,
+    a batch of two runs a pass each."""
+    path = synth(tmp_path / "h.gguf", vocab_fields, **VARIANTS["qwen35-interval2"])
+    rng = np.random.default_rng(5)
+    prompts = [[int(x) for x in rng.integers(0, 49152, n)] for n in (12, 7, 20)]
+
+    def run(**kw):
+        out = []
+        with Model(path, ctx_size=128, n_threads=2, n_batch=16, **kw) as m:
+            for i, p in enumerate(prompts):
+                out.append(m.eval_batch([(i + 1, p)])[0][-1].copy())
+            for step in range(3):
+                for i in range(3):
+                    out.append(m.eval_batch([(i + 1, [5 + step])])[0][-1].copy())
+            out += [r[-1].copy() for r in m.eval_batch([(1, [9]), (3, [9])])]
+            return np.stack(out), m.stats()
+
+    ref, _ = run()
+    paged, st = run(state_device_sequences=2)
+    assert st["state_paged_out"] >= 9 and st["state_paged_in"] >= 9 and st["state_sequences_host"] == 1
+    assert np.array_equal(paged, ref)
+    with Model(path, ctx_size=128, n_threads=2, n_batch=16, state_device_sequences=1) as m:   # a pass each
+        two = m.eval_batch([(1, prompts[0]), (3, prompts[2])])
+        assert np.array_equal(np.stack([two[0][-1], two[1][-1]]), ref[[0, 2]])

@@ -251,12 +251,17 @@ class KVSettings:
     swa_full: bool = option(False, "with paged_kv, keep the K/V of sliding-window layers for the whole context "
                                    "(default: pages that left every window are freed, and going back before the "
                                    "window re-evaluates the prompt), as llama.cpp's --swa-full")
+    state_device_sequences: int | None = option(
+        None, "sequences whose recurrent states (hybrid models) stay in device buffers; the least recently used "
+              "others wait in host memory until their next pass (default: all)", parse=int)
 
     def __post_init__(self) -> None:
         _check(KV_PAGE_MIN <= self.kv_page_size <= KV_PAGE_MAX,
                f"kv_page_size must be in {KV_PAGE_MIN}..{KV_PAGE_MAX} tokens, not {self.kv_page_size}")
         _check(self.kv_device_layers is None or self.kv_device_layers >= 1,
                f"kv_device_layers must be >= 1, not {self.kv_device_layers}")
+        _check(self.state_device_sequences is None or self.state_device_sequences >= 1,
+               f"state_device_sequences must be >= 1, not {self.state_device_sequences}")
         _set(self, "host_budget", parse_size(self.host_budget))
         if self.kv_spill_dir is not None:
             _set(self, "kv_spill_dir", os.fspath(self.kv_spill_dir))

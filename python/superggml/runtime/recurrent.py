@@ -3,9 +3,11 @@ hybrid memory of models that mix them with attention layers (llama_memory_hybrid
 
 A recurrent layer keeps, per sequence, a fixed-size state that each pass reads and overwrites: the conv window
 (the last conv_kernel - 1 inputs) and the delta rule's state. It cannot forget its last tokens the way a K/V
-cache does, so it keeps checkpoints: copies of a sequence's states where a pass of several tokens begins or ends (a
-prompt chunk, a prompt's end, a speculative check) and every CHECKPOINT_EVERY tokens. Going back to position n restores the latest
-checkpoint at or before n (`truncate_point`); the caller feeds the tokens after it again.
+cache does, so it keeps checkpoints: copies of a sequence's states where a pass of several tokens begins or ends
+(a prompt chunk, a prompt's end, a speculative check) and every CHECKPOINT_EVERY tokens. Going back to position n
+restores the latest checkpoint at or before n (`truncate_point`); the caller feeds the tokens after it again.
+With state_device_sequences, the least recently run sequences' states wait in host memory (a tier of copies) and
+come back before their next pass.
 """
 
 from __future__ import annotations
@@ -29,8 +31,13 @@ class RecurrentStates:
     """Per sequence and recurrent layer: the conv window F32 [n_r] and the delta state F32 [n_s], in a buffer of the
     sequence's own on `backend`; lane j's tensors point at the sequence of the pass's lane j (bind)."""
 
-    def __init__(self, n_layer: int, n_r: int, n_s: int, backend: Any):
+    def __init__(self, n_layer: int, n_r: int, n_s: int, backend: Any, max_device: int | None = None):
+        """`max_device`: sequences whose states stay in device buffers (None: all); the least recently bound
+        others are paged to host memory (numpy copies) and back when they next run."""
         self.n_layer, self.n_r, self.n_s, self.backend = n_layer, n_r, n_s, backend
+        self.max_device = max_device
+        self.host: dict[int, list[np.ndarray]] = {}                         # seq -> its paged-out states
+        self.paged_out = self.paged_in = 0
         self.lanes: list[tuple[list[Any], list[Any]]] = []
         self.lane_ctx: list[Any] = []
         self.held: dict[int, tuple[Any, Any, list[Any], list[Any]]] = {}     # seq -> ctx, buffer, conv, state
@@ -55,16 +62,29 @@ class RecurrentStates:
             self.lanes.append((conv, state))
             self.lane_ctx.append(cx)
 
-    def storage(self, seq: int) -> tuple[Any, Any, list[Any], list[Any]]:
-        """The sequence's buffer (zeroed when first made: an empty sequence's state)."""
-        got = self.held.get(seq)
+    def storage(self, seq: int, keep: Sequence[int] = ()) -> tuple[Any, Any, list[Any], list[Any]]:
+        """The sequence's device buffer, most recently used last: made (zeroed: an empty sequence's state, or
+        filled from the host tier) when it has none; others but `keep` paged out beyond max_device."""
+        got = self.held.pop(seq, None)
         if got is None:
             cx = native.Context(max_tensors=2 * self.n_layer)
             conv = [cx.new_tensor(F32, [self.n_r]) for _ in range(self.n_layer)]
             state = [cx.new_tensor(F32, [self.n_s]) for _ in range(self.n_layer)]
             buf = self.backend.alloc_tensors(cx)
             buf.clear(0)
-            got = self.held[seq] = (cx, buf, conv, state)
+            got = (cx, buf, conv, state)
+            saved = self.host.pop(seq, None)
+            if saved is not None:
+                for t, arr in zip(conv + state, saved):
+                    native.tensor_set(t, arr)
+                self.paged_in += 1
+        self.held[seq] = got
+        if self.max_device is not None:
+            for other in [s for s in self.held if s != seq and s not in keep][:max(0, len(self.held) -
+                                                                                 self.max_device)]:
+                _, _, conv, state = self.held.pop(other)
+                self.host[other] = [native.tensor_get(t).copy() for t in conv + state]
+                self.paged_out += 1
         return got
 
     def layer_tensors(self, il: int, n_lanes: int) -> tuple[Any, Any]:
@@ -75,8 +95,11 @@ class RecurrentStates:
 
     def bind(self, seqs: Sequence[int]) -> None:
         self.ensure(len(seqs))
+        if self.max_device is not None and len(set(seqs)) > self.max_device:
+            raise ValueError(f"a pass over {len(set(seqs))} sequences needs their recurrent states on the device: "
+                             f"state_device_sequences is {self.max_device}")
         for j, seq in enumerate(seqs):
-            _, _, conv, state = self.storage(seq)
+            _, _, conv, state = self.storage(seq, keep=seqs)
             for lane_t, t in zip(self.lanes[j][0] + self.lanes[j][1], conv + state):
                 native.tensor_alias(lane_t, t, 0)
 
@@ -114,6 +137,7 @@ class RecurrentStates:
         if n == 0:
             if seq in self.held:
                 self.held[seq][1].clear(0)
+            self.host.pop(seq, None)
             self.checkpoints.pop(seq, None)
         else:
             saved = next((arrs for p, arrs in marks if p == n), None)
@@ -127,6 +151,7 @@ class RecurrentStates:
 
     def drop(self, seq: int) -> None:
         self.held.pop(seq, None)
+        self.host.pop(seq, None)
         self.length.pop(seq, None)
         self.checkpoints.pop(seq, None)
         self.last_n.pop(seq, None)
@@ -134,8 +159,9 @@ class RecurrentStates:
     def stats(self) -> dict[str, Any]:
         marks = sum(len(v) for v in self.checkpoints.values())
         return {"state_bytes_per_sequence": self.bytes_per_sequence, "state_sequences": len(self.held),
-                "state_checkpoints": marks, "state_checkpoint_bytes": marks * self.bytes_per_sequence,
-                "state_tier": self.backend.name}
+                "state_sequences_host": len(self.host), "state_paged_out": self.paged_out,
+                "state_paged_in": self.paged_in, "state_checkpoints": marks,
+                "state_checkpoint_bytes": marks * self.bytes_per_sequence, "state_tier": self.backend.name}
 
 
 class HybridMemory(SequenceMemory):
@@ -146,7 +172,7 @@ class HybridMemory(SequenceMemory):
     def __init__(self, kv: SequenceMemory, states: RecurrentStates, recurrent: Sequence[bool]):
         self.kv, self.states, self.recurrent = kv, states, list(recurrent)
         self.index = [sum(1 for r in self.recurrent[:il] if r == rec) for il, rec in enumerate(self.recurrent)]
-        self.max_lanes = min(kv.max_lanes, MAX_LANES)
+        self.max_lanes = min(kv.max_lanes, MAX_LANES, states.max_device or MAX_LANES)
 
     def layer_tensors(self, il: int, n_lanes: int, streams: bool = False) -> tuple[Any, Any]:
         if self.recurrent[il]:
@@ -213,4 +239,5 @@ def sequence_memory(settings: Any, arch: Any, backends: Sequence[Any], layer_dev
     else:
         kv = ContiguousKV(settings, attn_hp, backends, devices, kv_bytes)
     n_r, n_s = arch.state_sizes
-    return HybridMemory(kv, RecurrentStates(sum(recurrent), n_r, n_s, backends[0]), recurrent)
+    states = RecurrentStates(sum(recurrent), n_r, n_s, backends[0], settings.kv.state_device_sequences)
+    return HybridMemory(kv, states, recurrent)
