@@ -177,6 +177,11 @@ def _synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=N
         if arch in ("qwen2", "qwen2moe"):
             for n, rows in (("q", n_head * hd), ("k", n_head_kv * hd), ("v", n_head_kv * hd)):
                 t(p + f"attn_{n}.bias", rows, scale=0.5)
+    return finish(w, path)
+
+
+def finish(w, path):
+    """Writes the header, the keys and the tensors of w to `path`; returns the path."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -374,11 +379,7 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
         ffn_tensors(t, p, il < n_lead_dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_bias)
         if il >= n_layer:
             mtp_tensors(t, norm, p, n_embd)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return finish(w, path)
 
 
 def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_layer=3, n_ff=96, n_lead_dense=1,
@@ -438,11 +439,7 @@ def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32
         ffn_tensors(t, p, il < n_lead_dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, True)
         if il >= n_layer:
             mtp_tensors(t, norm, p, n_embd)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return finish(w, path)
 
 
 def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_layer=4,
@@ -527,11 +524,7 @@ def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=
             ffn_tensors(t, p, True, n_embd, n_ff, 0, 0, 0, False)
         if il >= n_layer:
             mtp_tensors(t, norm, p, n_embd)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return finish(w, path)
 
 
 U32, F32V = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import synth_gguf
+from batching import alone_and_batched
 from superggml import Model
 from synth_gguf import VARIANTS, synth
 
@@ -68,24 +69,12 @@ def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
     rng = np.random.default_rng(3)
     prompts = [[int(x) for x in rng.integers(0, 49152, n)] for n in (9, 17, 5)]
     with Model(path, ctx_size=128, n_threads=2, n_batch=16, batch_invariant=True) as m:
-        alone = []
-        for p in prompts:
-            m.reset()
-            rows = [m.eval(p)[-1].copy()]
-            for _ in range(4):
-                rows.append(m.eval([int(rows[-1].argmax())])[-1].copy())
-            alone.append(np.stack(rows))
-        m.reset()
-        got = [[r[-1].copy()] for r in m.eval_batch([(10 + i, p) for i, p in enumerate(prompts)])]
-        for _ in range(4):
-            step = [(10 + i, [int(g[-1].argmax())]) for i, g in enumerate(got)]
-            for g, r in zip(got, m.eval_batch(step)):
-                g.append(r[-1].copy())
+        alone, got = alone_and_batched(m, prompts, 4)
         assert m.stats()["stream_passes"] > 0
-    worst = max(float(np.abs(np.stack(g) - a).max()) for g, a in zip(got, alone))
+    worst = max(float(np.abs(g - a).max()) for g, a in zip(got, alone))
     print(f"{variant}: max |dlogit| batch vs alone {worst:.2e}")
     assert worst <= 1e-4
-    assert all((np.stack(g).argmax(-1) == a.argmax(-1)).all() for g, a in zip(got, alone))
+    assert all((g.argmax(-1) == a.argmax(-1)).all() for g, a in zip(got, alone))
 
 
 def test_speculative_rollback_over_the_latent_memory_is_exact(tmp_path, vocab_fields):

@@ -264,6 +264,13 @@ class Architecture:
     def key(self, meta: Mapping[str, Any], name: str, default: Any) -> Any:
         return meta.get(f"{self.hp.arch}.{name}", default)
 
+    def need(self, meta: Mapping[str, Any], name: str) -> Any:
+        """The family's key `name`; GGUFError when the GGUF lacks it."""
+        v = self.key(meta, name, None)
+        if v is None:
+            raise GGUFError(f"GGUF metadata lacks '{self.hp.arch}.{name}'")
+        return v
+
     def set_swa_pattern(self, meta: Mapping[str, Any], n_pattern: int) -> None:
         """As llama.cpp's load_swa_pattern: attention.sliding_window_pattern is a per-layer array, or a period
         whose last layer is global (the others slide); n_pattern when absent."""

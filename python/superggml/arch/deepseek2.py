@@ -30,10 +30,7 @@ class Deepseek2Arch(Architecture):
         hp = self.hp
 
         def need(name: str) -> Any:
-            v = self.key(meta, name, None)
-            if v is None:
-                raise GGUFError(f"GGUF metadata lacks '{hp.arch}.{name}'")
-            return v
+            return self.need(meta, name)
 
         lite = hp.n_layer in (26, 27) or (hp.n_layer == 48 and hp.n_vocab == 128256)   # llama.cpp's rule
         self.q_lora = 0 if lite else int(need("attention.q_lora_rank"))

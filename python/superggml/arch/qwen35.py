@@ -36,10 +36,7 @@ class Qwen35Arch(Architecture):
         hp = self.hp
 
         def need(name: str) -> int:
-            v = self.key(meta, name, None)
-            if v is None:
-                raise GGUFError(f"GGUF metadata lacks '{hp.arch}.{name}'")
-            return int(v)
+            return int(self.need(meta, name))
 
         self.d_conv = need("ssm.conv_kernel")
         self.d_inner = need("ssm.inner_size")
