@@ -588,6 +588,7 @@ VARIANTS = {
     "qwen35-interval2": dict(arch="qwen35"),
     "qwen35-mtp": dict(arch="qwen35", n_layer=3, interval=3, mtp=True),
     "qwen3next-8x2": dict(arch="qwen3next", n_expert=8, n_expert_used=2),
+    "qwen3next-mtp": dict(arch="qwen3next", n_expert=8, n_expert_used=2, n_layer=3, interval=3, mtp=True),
     "qwen35moe-8x2-q8_0": dict(arch="qwen35moe", n_expert=8, n_expert_used=2, wtype="q8_0", n_embd=128, d_state=32,
                                head_dim=64, n_ff_exp=64, n_ff_shexp=64),
     # glm4moe: partial NeoX RoPE, one leading dense block, sigmoid routing with exp_probs_b, a shared expert

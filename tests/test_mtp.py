@@ -1,5 +1,5 @@
-"""MTP drafting (draft_mtp): the next-token-prediction block of deepseek2, glm4moe and qwen35 GGUFs drafts for the
-model, checked against llama.cpp's MTP context (load_mtp, LLAMA_CONTEXT_TYPE_MTP) and against plain decoding."""
+"""MTP drafting (draft_mtp): the next-token-prediction block of deepseek2, glm4moe, qwen35 and qwen3next GGUFs drafts
+for the model, checked against llama.cpp's MTP context (load_mtp, LLAMA_CONTEXT_TYPE_MTP) and against plain decoding."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import synth_gguf
 from superggml import Model, UnsupportedModelError
 from synth_gguf import VARIANTS, synth
 
-MTP = ["deepseek2-v3-groups-yarn", "glm4moe-bias-mtp", "qwen35-mtp"]
+MTP = ["deepseek2-v3-groups-yarn", "glm4moe-bias-mtp", "qwen35-mtp", "qwen3next-mtp"]
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import GGUFError, UnsupportedModelError
 from .common import Architecture, StepInputs, Weights
 
-MTP_FAMILIES = ("deepseek2", "glm4moe", "qwen35", "qwen35moe")     # llama.cpp's graph_mtp
+MTP_FAMILIES = ("deepseek2", "glm4moe", "qwen35", "qwen35moe", "qwen3next")     # llama.cpp's graph_mtp
 
 
 class MtpArch:
