@@ -263,11 +263,11 @@ def mtp_tensors(t, norm, p, n_embd):
 
 def echo_writers(put, t, norm, n_embd):
     """t and norm for a model whose next token depends on its last token only, and whose MTP block predicts it:
-    every block adds nothing to the residual (zero attention outputs and FFN downs), the MTP block passes its
+    every block adds nothing to the residual (zero attention, delta-net and FFN outputs), the MTP block passes its
     token's normed embedding on (eh_proj [I | 0], enorm of ones) and reads the model's output norm (no
     shared_head_norm of its own)."""
     def echo_t(name, *shape, scale=0.08):
-        if "attn_output" in name or "ffn_down" in name:
+        if "attn_output" in name or "ffn_down" in name or "ssm_out" in name:
             put(name, np.zeros(shape, dtype=np.float32))
         elif name.endswith("nextn.eh_proj.weight"):
             put(name, np.hstack([np.eye(n_embd), np.zeros((n_embd, n_embd))]).astype(np.float32))
@@ -444,13 +444,15 @@ def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32
 
 def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_layer=4,
                  interval=2, n_ff=96, d_conv=4, d_state=16, n_v_heads=4, n_k_heads=2, n_expert=0, n_expert_used=0,
-                 n_ff_exp=32, n_ff_shexp=48, mtp=False, tied=False, wtype="f32", seed=0, n_ctx_train=512):
+                 n_ff_exp=32, n_ff_shexp=48, mtp=False, echo=False, tied=False, wtype="f32", seed=0,
+                 n_ctx_train=512):
     """A random-weight qwen35 (Qwen3.5), qwen35moe or qwen3next (Qwen3-Next) GGUF laid out as llama.cpp's converter
     (Qwen3_5TextModel, Qwen3_5MoeTextModel, Qwen3NextModel) writes it: every interval-th block gated full attention (heads of head_dim, a quarter
     roped in interleaved sections), the others gated delta-net (value heads of d_state, n_v_heads of them over
     n_k_heads key heads, a conv window of d_conv); qwen35moe's FFN n_expert experts of n_ff_exp plus a gated shared
     one of n_ff_shexp. qwen3next: NeoX RoPE without sections, beta and alpha in one ssm_ba. mtp: a
-    next-token-prediction block after them (a full-attention block with the nextn tensors)."""
+    next-token-prediction block after them (a full-attention block with the nextn tensors); echo: see
+    echo_writers."""
     rng = np.random.default_rng(seed)
     U, F = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
     w = gguf.GGUFWriter(str(path), arch)
@@ -486,6 +488,8 @@ def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=
         key("expert_feed_forward_length", n_ff_exp, U)
         key("expert_shared_feed_forward_length", n_ff_shexp, U)
     put, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
+    if echo:
+        t, norm = echo_writers(put, t, norm, n_embd)
     d_inner, ch = d_state * n_v_heads, d_state * (n_v_heads + 2 * n_k_heads)
     for il in range(n_layer + (1 if mtp else 0)):
         p = f"blk.{il}."

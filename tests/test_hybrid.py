@@ -127,3 +127,20 @@ def test_states_paged_to_host_and_back_are_bit_identical(tmp_path, vocab_fields)
     with Model(path, ctx_size=128, n_threads=2, n_batch=16, state_device_sequences=1) as m:   # a pass each
         two = m.eval_batch([(1, prompts[0]), (3, prompts[2])])
         assert np.array_equal(np.stack([two[0][-1], two[1][-1]]), ref[[0, 2]])
+
+
+def test_prompt_lookup_keeps_the_greedy_text(tmp_path, vocab_fields):
+    """A qwen35 whose blocks add nothing and whose head is its embedding (synth_gguf.echo_writers, tied) repeats its
+    last token: prompt lookup drafts 4 tokens a step and every one is kept; the text is plain decoding's."""
+    path = synth(tmp_path / "echo.gguf", vocab_fields, **{**VARIANTS["qwen35-interval2"], "echo": True, "tied": True})
+    kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
+
+    def greedy(m):
+        return m.create_completion("The quick brown fox", max_tokens=40, temperature=0.0)["choices"][0]["text"]
+
+    with Model(path, **kw) as m:
+        plain = greedy(m)
+    with Model(path, lookup_ngram=2, draft_k=4, **kw) as m:
+        assert greedy(m) == plain
+        st = m.stats()
+    assert st["draft_tokens"] >= 20 and st["draft_accepted"] == st["draft_tokens"]
