@@ -241,7 +241,7 @@ class Executor:
         for seq, toks in items:
             seq.tokens.extend(int(t) for t in toks)
         if plan.hidden and self.on_hidden is not None:
-            h = native.tensor_get(self.hidden_buf).reshape(-1, self.hp.n_embd)
+            h = plan.hidden_out()
             for (seq, toks), p0, at in zip(items, starts, np.cumsum([0] + [len(t) for _, t in items])):
                 self.on_hidden(seq.id, p0, h[at:at + len(toks)])
         if not out_rows:

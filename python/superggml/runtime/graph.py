@@ -276,6 +276,11 @@ class Plan:
         h = self.ex.hidden_buf
         return ctx.view(h, [self.ex.hp.n_embd, self.n], [h.nb[1]], 0)
 
+    def hidden_out(self) -> np.ndarray:
+        """After the pass (hidden): its rows' output norm, F32 [n, n_embd]."""
+        cx = native.Context(max_tensors=1)
+        return native.tensor_get(self.hidden_rows(cx)).reshape(self.n, self.ex.hp.n_embd)
+
     def outputs(self, ctx: Any, inp: StepInputs, x: Any) -> Any:
         """x's rows whose output is wanted: all of x, unless the last block kept every row (keep_rows)."""
         return ctx.get_rows(x, inp.out_ids) if self.keep_rows and self.n_out < self.n else x
