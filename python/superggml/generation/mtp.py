@@ -15,7 +15,6 @@ costs one small block, not a pass over the streamed weights.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any, Sequence
 
@@ -114,15 +113,10 @@ class MtpDrafter(Drafter):
 
 
 def mtp_bytes(model: Model) -> int:
-    """What an MTP drafter holds: its block's tensors, its head when that is not the token embedding, and a
-    one-layer memory of ctx_size tokens."""
-    arch, info, c = model.arch, model.tensor_info, model.settings.context
-    if arch.hp.n_nextn < 1:
-        return 0
-    p = f"blk.{arch.hp.n_layer}."
-    held = sum(int(v[3]) for name, v in info.items() if name.startswith(p))
-    head = f"{p}nextn.shared_head_head.weight"
-    if head not in info and "output.weight" in info:
-        held += int(info["output.weight"][3])
-    one = dataclasses.replace(arch.hp, n_layer=1)
-    return held + kv_bytes(one, c.ctx_size, c.cache_type_k, c.cache_type_v)
+    """What an MTP drafter holds: its block's tensors, the model's head when the block has none of its own (the
+    token embedding is read from the mapping), and a one-layer memory of ctx_size tokens."""
+    arch, info, c = MtpArch(model.arch), model.tensor_info, model.settings.context
+    held = sum(int(v[3]) for name, v in info.items() if name.startswith(arch.p))
+    if not arch.head_w.startswith(arch.p) and arch.head_w != "token_embd.weight":
+        held += int(info[arch.head_w][3])
+    return held + kv_bytes(arch.hp, c.ctx_size, c.cache_type_k, c.cache_type_v)
