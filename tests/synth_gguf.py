@@ -57,13 +57,7 @@ def _synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=N
     rng = np.random.default_rng(seed)
     hd = head_dim or n_embd // n_head
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(n_layer)
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
+    w, _ = start_header(path, arch, n_layer, n_ctx_train, n_embd, n_ff, n_head, n_head_kv)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     if head_dim or arch.startswith("gemma"):
@@ -178,6 +172,22 @@ def _synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=N
             for n, rows in (("q", n_head * hd), ("k", n_head_kv * hd), ("v", n_head_kv * hd)):
                 t(p + f"attn_{n}.bias", rows, scale=0.5)
     return finish(w, path)
+
+
+def start_header(path, arch, n_blocks, n_ctx_train, n_embd, n_ff, n_head, n_head_kv):
+    """A writer with TextModel.set_gguf_parameters' first keys in the converter's order, and a function that writes
+    "{arch}.<name>" keys by name (the installed gguf package may lack the newer add_* helpers)."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(n_blocks)
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+
+    def key(name, value, vtype):
+        w.add_key_value(f"{arch}.{name}", value, vtype)
+    return w, key
 
 
 def finish(w, path):
@@ -304,19 +314,9 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
     rng = np.random.default_rng(seed)
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
     U, F, B = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.BOOL
-    w = gguf.GGUFWriter(str(path), "deepseek2")
-
-    def key(name, value, vtype):   # by name: the installed gguf package may lack the newer add_* helpers
-        w.add_key_value(f"deepseek2.{name}", value, vtype)
-
-    # TextModel.set_gguf_parameters, then DeepseekV2Model's, in the converter's order
+    # TextModel.set_gguf_parameters, then DeepseekV2Model's; the absorbed MLA is written as MQA: one latent "head"
     n_all = n_layer + (1 if mtp else 0)
-    w.add_block_count(n_all)
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head if legacy else 1)     # the absorbed MLA is written as MQA: one latent "head"
+    w, key = start_header(path, "deepseek2", n_all, n_ctx_train, n_embd, n_ff, n_head, n_head if legacy else 1)
     if yarn:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(yarn[0])
@@ -393,18 +393,8 @@ def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32
     echo: see echo_writers."""
     rng = np.random.default_rng(seed)
     U, F, B = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.BOOL
-    w = gguf.GGUFWriter(str(path), "glm4moe")
-
-    def key(name, value, vtype):
-        w.add_key_value(f"glm4moe.{name}", value, vtype)
-
     n_all = n_layer + (1 if mtp else 0)
-    w.add_block_count(n_all)
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
+    w, key = start_header(path, "glm4moe", n_all, n_ctx_train, n_embd, n_ff, n_head, n_head_kv)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_key_length(head_dim)
@@ -455,17 +445,7 @@ def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=
     echo_writers."""
     rng = np.random.default_rng(seed)
     U, F = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
-    w = gguf.GGUFWriter(str(path), arch)
-
-    def key(name, value, vtype):
-        w.add_key_value(f"{arch}.{name}", value, vtype)
-
-    w.add_block_count(n_layer + (1 if mtp else 0))
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
+    w, key = start_header(path, arch, n_layer + (1 if mtp else 0), n_ctx_train, n_embd, n_ff, n_head, n_head_kv)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_freq_base(10000.0)

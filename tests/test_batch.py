@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from batching import alone
 from superggml import Model
 
 PROMPTS = [
@@ -28,24 +29,11 @@ CONFIGS = {
 }
 
 
-def solo_logits(m, toks_list, steps):
-    """Per prompt: the prompt's last logits, then those after each of the `steps` greedy tokens fed alone."""
-    out = []
-    for toks in toks_list:
-        m.reset()
-        rows = [m.eval(toks)[-1].copy()]
-        for _ in range(steps):
-            rows.append(m.eval([int(rows[-1].argmax())])[-1].copy())
-        out.append(np.stack(rows))
-    m.reset()
-    return out
-
-
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_eval_batch_matches_each_sequence_alone(smollm2_path, config):
     with Model(smollm2_path, ctx_size=512, n_threads=2, n_batch=64, **CONFIGS[config]) as m:
         toks = [m.tokenize(p) for p in PROMPTS]
-        ref = solo_logits(m, toks, 6)
+        ref = alone(m, toks, 6)
         # prompts of different lengths in shared passes (n_batch 64 splits the longest), then 6 decode steps
         got = [[r[-1].copy()] for r in m.eval_batch([(10 + i, t) for i, t in enumerate(toks)])]
         for _ in range(6):
@@ -69,7 +57,7 @@ def test_sequences_on_consecutive_slots_attend_at_once(smollm2_path):
     way every sequence gets its logits alone."""
     with Model(smollm2_path, ctx_size=256, n_threads=2) as m:
         toks = [m.tokenize(p) for p in PROMPTS]
-        ref = solo_logits(m, toks, 5)
+        ref = alone(m, toks, 5)
         got = {1: [m.eval_batch([(1, toks[0])])[0][-1].copy()]}
         for i, r in zip(range(2, 6), m.eval_batch([(i, t) for i, t in zip(range(2, 6), toks[1:])])):
             got[i] = [r[-1].copy()]
@@ -188,7 +176,7 @@ def test_qwen_batch_matches_each_sequence_alone(qwen_path, budget, invariant):
     kw = dict(device_budget=budget, async_prefetch=True) if budget else {}
     with Model(qwen_path, ctx_size=256, n_threads=2, batch_invariant=invariant, **kw) as m:
         toks = [m.tokenize(p) for p in PROMPTS[:4]]
-        ref = solo_logits(m, toks, 8)
+        ref = alone(m, toks, 8)
         got = [[r[-1].copy()] for r in m.eval_batch([(10 + i, t) for i, t in enumerate(toks)])]
         for _ in range(8):
             for g, r in zip(got, m.eval_batch([(10 + i, [int(g[-1].argmax())]) for i, g in enumerate(got)])):
