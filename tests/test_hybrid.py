@@ -11,7 +11,9 @@ import llama_ref
 import synth_gguf
 from batching import alone_and_batched
 from superggml import Model
+from superggml.settings import layer_split
 from synth_gguf import VARIANTS, synth
+from test_multi_device import PROMPT, run_prompt
 
 HYBRID = ["qwen35-interval2", "qwen35moe-8x2-q8_0", "qwen3next-8x2"]
 
@@ -42,6 +44,7 @@ def test_chunks_and_single_tokens_match_llama_cpp(tmp_path, vocab_fields, varian
     assert st["state_bytes_per_sequence"] == 4 * 2 * (conv + d_state * d_state * n_v)   # 2 recurrent layers of 4
     assert st["state_tier"] == "CPU" and st["state_sequences"] == 1
     assert kv == 256 * 2 * 2 * 2 * hp.get("head_dim", 32) * 2                          # K/V of 2 attention layers
+    assert st["budget"]["kv"] == kv + 4 * st["state_bytes_per_sequence"]   # the plan: states and 3 checkpoints
 
 
 def test_truncate_and_prompt_reuse_go_back_to_a_checkpoint(tmp_path, vocab_fields):
@@ -144,3 +147,24 @@ def test_prompt_lookup_keeps_the_greedy_text(tmp_path, vocab_fields):
         assert greedy(m) == plain
         st = m.stats()
     assert st["draft_tokens"] >= 20 and st["draft_accepted"] == st["draft_tokens"]
+
+
+@pytest.mark.parametrize("split", [[1, 1], [3, 1]])
+def test_states_live_on_each_layers_device(tmp_path, vocab_fields, split):
+    """Blocks split over two backends (two CPU instances standing in for two devices): each recurrent layer's
+    states in a buffer on its block's device; a prompt, greedy steps and a batch of two give the logits of one."""
+    path = synth(tmp_path / "h.gguf", vocab_fields, **VARIANTS["qwen35moe-8x2-q8_0"])
+    prompts = [list(PROMPT), list(PROMPT[:7])]
+
+    def run(**kw):
+        with Model(path, ctx_size=128, n_threads=2, n_batch=16, batch_invariant=True, **kw) as m:
+            rows = run_prompt(m)
+            m.reset()
+            batch = [r[-1].copy() for r in m.eval_batch([(i + 1, p) for i, p in enumerate(prompts)])]
+            return rows, np.stack(batch), m.stats()
+
+    ref, ref_batch, _ = run()
+    rows, batch, st = run(devices=["CPU", "CPU"], tensor_split=split)
+    assert st["blocks_per_device"] == list(layer_split(4, 2, tuple(split)))
+    assert st["state_sequences"] >= 2
+    assert np.array_equal(rows, ref) and np.array_equal(batch, ref_batch)

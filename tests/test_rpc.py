@@ -292,3 +292,28 @@ def test_openai_server_on_rpc(servers, smollm2_path):
         finally:
             http.close()
     assert got == want
+
+
+@pytest.mark.parametrize("where", ["server", "cpu_server_split", "server_budget"])
+def test_hybrid_states_on_a_server(servers, tmp_path, smollm2_path, where):
+    """A Qwen3.5-shaped hybrid model with its blocks on a server (all, or the second half; resident, or streamed
+    through 2 slots): the recurrent states of the server's layers live in its memory, and the logits, greedy
+    steps and a truncation back to the prompt's end are the CPU's, bit for bit."""
+    import synth_gguf
+    path = synth_gguf.synth(tmp_path / "h.gguf", synth_gguf.vocab_fields(smollm2_path),
+                            **synth_gguf.VARIANTS["qwen35-interval2"])
+    a = on(servers[0])
+    kw = {"server": dict(devices=[a]), "cpu_server_split": dict(devices=["CPU", a]),
+          "server_budget": dict(devices=[a], device_budget=2 * model_layout(path).slot_bytes)}[where]
+
+    def go(**more: Any) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        with Model(path, **BASE, **more) as m:
+            rows = run(m)
+            m.runtime.sequences.truncate(len(PROMPT))
+            again = m.eval([7, 8]).copy()
+            return rows, again, m.stats()
+
+    ref, ref_again, _ = go()
+    rows, again, st = go(**kw)
+    assert np.array_equal(rows, ref) and np.array_equal(again, ref_again)
+    assert "RPC" in st["state_tier"] and st["state_sequences"] == 1

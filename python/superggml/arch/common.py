@@ -72,6 +72,7 @@ class HParams:
     latent_kv: bool = False               # the memory holds K only; V is K's first head_dim_v values (MLA)
     n_nextn: int = 0                      # next-token-prediction (MTP) blocks after the n_layer of the model
     n_layer_kv: int = 0                   # layers with a K/V cache where not all (a hybrid model's attention ones)
+    state_bytes: int = 0                  # a sequence's recurrent states over every layer (hybrid models)
 
     @property
     def n_embd_gqa(self) -> int:

@@ -47,7 +47,7 @@ class MtpArch:
         if hp.arch == "deepseek2" and p + "attn_q_a.weight" not in base.names:
             raise UnsupportedModelError("deepseek2's MTP block needs the low-rank queries (q_lora_rank), as "
                                         "llama.cpp's graph_mtp")
-        self.hp = dataclasses.replace(hp, n_layer=1, n_nextn=0, n_layer_kv=0)
+        self.hp = dataclasses.replace(hp, n_layer=1, n_nextn=0, n_layer_kv=0, state_bytes=0)
         self.swa_layers = (False,)
         self.embed_w = self.own("embed_tokens", "token_embd.weight")
         self.head_norm = self.own("shared_head_norm", "output_norm.weight")

@@ -64,14 +64,14 @@ class Qwen35Arch(Architecture):
             if every < 1:
                 raise GGUFError(f"full_attention_interval must be >= 1, not {every}")
             self.recurrent = tuple((il + 1) % every != 0 for il in range(hp.n_layer)) + (False,) * hp.n_nextn
-        self.hp = dataclasses.replace(hp, n_layer_kv=hp.n_layer - sum(self.recurrent))
+        self.hp = dataclasses.replace(hp, n_layer_kv=hp.n_layer - sum(self.recurrent),
+                                      state_bytes=4 * sum(self.recurrent) * sum(self.state_sizes))
 
     def describe(self) -> list[str]:
         n = sum(self.recurrent)
-        state = 4 * n * sum(self.state_sizes)
         return [f"hybrid: {n} gated delta-net layers (a state of {self.n_v_heads} x {self.d_state}^2 values and a "
-                f"conv window of {self.d_conv - 1} tokens: {state / 2**20:.2f} MiB per sequence, whatever its "
-                f"length), {self.hp.n_layer - n} gated full-attention layers with a K/V cache"]
+                f"conv window of {self.d_conv - 1} tokens: {self.hp.state_bytes / 2**20:.2f} MiB per sequence, "
+                f"whatever its length), {self.hp.n_layer - n} gated full-attention layers with a K/V cache"]
 
     # -- memory -------------------------------------------------------------
     def is_recurrent(self, il: int) -> bool:

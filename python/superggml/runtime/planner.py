@@ -27,6 +27,7 @@ HEADROOM_MIN = 64 * MiB        # never planned: the allocator's slack, thread st
 HEADROOM_SHARE = 0.05          # and this share of what is available
 TOKENIZER_BYTES_PER_TOKEN = 256  # the tokenizer's tables, per vocabulary entry (Qwen2.5's 151,936: 31 MiB measured)
 SLOT_ALIGN_ROOM = 256 # bytes kept free in a slot for alignment padding
+STATE_CHECKPOINTS = 3          # copies of a sequence's recurrent states kept to go back to (runtime/recurrent.py)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class MemoryPlan:
     budget: int | None        # the blocks' pool (None: every weight resident)
     available: int            # memory the process could still take when the model loaded
     weights: int              # every tensor of the file
-    kv: int                   # the K/V cache at ctx_size
+    kv: int                   # the K/V cache at ctx_size, and a hybrid model's states with their checkpoints
     compute: int              # compute buffers, at most (n_batch rows, a full context)
     tokenizer: int
     reserve: int              # kept for something else (a draft model)
@@ -95,6 +96,12 @@ def kv_bytes(hp: HParams, ctx_size: int, type_k: str, type_v: str) -> int:
     return ctx_size * kv_bytes_per_token(hp, type_k, type_v)
 
 
+def sequence_bytes(hp: HParams, ctx_size: int, type_k: str, type_v: str) -> int:
+    """One sequence's memory: its K/V at ctx_size, and a hybrid model's recurrent states with the
+    STATE_CHECKPOINTS copies kept of them."""
+    return kv_bytes(hp, ctx_size, type_k, type_v) + hp.state_bytes * (1 + STATE_CHECKPOINTS)
+
+
 def compute_bytes(hp: HParams, n_batch: int, ctx_size: int, flash_attn: bool) -> int:
     """An upper bound of one block's compute buffer for a pass of n_batch rows over a full context (F32
     activations, the FFN's three intermediates, the attention scores unless flash attention tiles them), and
@@ -110,7 +117,7 @@ def plan_memory(hp: HParams, weights: int, options: Mapping[str, Any], available
     n_batch, cache_type_k, cache_type_v, flash_attn) and device_budget ("auto", "off", or bytes); `available` the memory the
     device has free for it. ValueError when auto finds no room for even the smallest pool."""
     requested = options["device_budget"]
-    kv = kv_bytes(hp, options["ctx_size"], options["cache_type_k"], options["cache_type_v"])
+    kv = sequence_bytes(hp, options["ctx_size"], options["cache_type_k"], options["cache_type_v"])
     compute = compute_bytes(hp, options["n_batch"], options["ctx_size"], options["flash_attn"])
     tokenizer = TOKENIZER_BYTES_PER_TOKEN * hp.n_vocab
     headroom = HEADROOM_MIN + int(HEADROOM_SHARE * available)
@@ -136,7 +143,7 @@ def model_bytes(path: str, options: Mapping[str, Any]) -> int:
         f.close()
     budget = options.get("device_budget")
     held = weights if budget is None else min(weights, int(budget))
-    return (held + kv_bytes(hp, options["ctx_size"], options["cache_type_k"], options["cache_type_v"]) +
+    return (held + sequence_bytes(hp, options["ctx_size"], options["cache_type_k"], options["cache_type_v"]) +
             compute_bytes(hp, options["n_batch"], options["ctx_size"], options["flash_attn"]) +
             TOKENIZER_BYTES_PER_TOKEN * hp.n_vocab)
 

@@ -21,27 +21,33 @@ import numpy as np
 
 from .. import native
 from .memory import MAX_LANES, ContiguousKV, Lane, SequenceMemory, paged_kv
+from .planner import STATE_CHECKPOINTS
 
 F32 = native.GGMLType.F32
-CHECKPOINTS = 3           # kept per sequence, the latest
 CHECKPOINT_EVERY = 256    # tokens fed one pass at a time between two checkpoints at most
 
 
 class RecurrentStates:
-    """Per sequence and recurrent layer: the conv window F32 [n_r] and the delta state F32 [n_s], in a buffer of the
-    sequence's own on `backend`; lane j's tensors point at the sequence of the pass's lane j (bind)."""
+    """Per sequence and recurrent layer: the conv window F32 [n_r] and the delta state F32 [n_s], in buffers of the
+    sequence's own, one on each layer's backend (`layer_backends`); lane j's tensors point at the sequence of the
+    pass's lane j (bind)."""
 
-    def __init__(self, n_layer: int, n_r: int, n_s: int, backend: Any, max_device: int | None = None):
+    def __init__(self, layer_backends: Sequence[Any], n_r: int, n_s: int, max_device: int | None = None):
         """`max_device`: sequences whose states stay in device buffers (None: all); the least recently bound
         others are paged to host memory (numpy copies) and back when they next run."""
-        self.n_layer, self.n_r, self.n_s, self.backend = n_layer, n_r, n_s, backend
+        self.n_layer, self.n_r, self.n_s = len(layer_backends), n_r, n_s
+        self.groups: list[tuple[Any, list[int]]] = []                      # backend, its layers
+        for il, b in enumerate(layer_backends):
+            if not self.groups or self.groups[-1][0] is not b:
+                self.groups.append((b, []))
+            self.groups[-1][1].append(il)
         self.max_device = max_device
         self.host: dict[int, list[np.ndarray]] = {}                         # seq -> its paged-out states
         self.paged_out = self.paged_in = 0
         self.lanes: list[tuple[list[Any], list[Any]]] = []
         self.lane_ctx: list[Any] = []
-        self.held: dict[int, tuple[Any, Any, list[Any], list[Any]]] = {}     # seq -> ctx, buffer, conv, state
-        self.length: dict[int, int] = {}                                    # seq -> tokens its state has seen
+        self.held: dict[int, tuple[list[Any], list[Any], list[Any], list[Any]]] = {}   # seq -> ctxs, buffers,
+        self.length: dict[int, int] = {}                                    # conv, state; seq -> its tokens
         self.checkpoints: dict[int, list[tuple[int, list[np.ndarray]]]] = {}
         self.last_n: dict[int, int] = {}                                    # seq -> tokens its last pass fed
         self.ensure(1)
@@ -67,12 +73,8 @@ class RecurrentStates:
         filled from the host tier) when it has none; others but `keep` paged out beyond max_device."""
         got = self.held.pop(seq, None)
         if got is None:
-            cx = native.Context(max_tensors=2 * self.n_layer)
-            conv = [cx.new_tensor(F32, [self.n_r]) for _ in range(self.n_layer)]
-            state = [cx.new_tensor(F32, [self.n_s]) for _ in range(self.n_layer)]
-            buf = self.backend.alloc_tensors(cx)
-            buf.clear(0)
-            got = (cx, buf, conv, state)
+            got = self.allocate()
+            _, _, conv, state = got
             saved = self.host.pop(seq, None)
             if saved is not None:
                 for t, arr in zip(conv + state, saved):
@@ -86,6 +88,18 @@ class RecurrentStates:
                 self.host[other] = [native.tensor_get(t).copy() for t in conv + state]
                 self.paged_out += 1
         return got
+
+    def allocate(self) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+        """One sequence's states, zeroed, each layer's on its backend."""
+        ctxs, bufs, conv, state = [], [], [None] * self.n_layer, [None] * self.n_layer
+        for backend, layers in self.groups:
+            cx = native.Context(max_tensors=2 * len(layers))
+            for il in layers:
+                conv[il], state[il] = cx.new_tensor(F32, [self.n_r]), cx.new_tensor(F32, [self.n_s])
+            bufs.append(backend.alloc_tensors(cx))
+            bufs[-1].clear(0)
+            ctxs.append(cx)
+        return ctxs, bufs, conv, state
 
     def layer_tensors(self, il: int, n_lanes: int) -> tuple[Any, Any]:
         if not n_lanes:
@@ -121,7 +135,7 @@ class RecurrentStates:
         if n > 0 and not (marks and marks[-1][0] == n):
             _, _, conv, state = self.storage(seq)
             marks.append((n, [native.tensor_get(t).copy() for t in conv + state]))
-            del marks[:-CHECKPOINTS]
+            del marks[:-STATE_CHECKPOINTS]
 
     def truncate_point(self, seq: int, n: int) -> int:
         """The latest position at or before n that `seq`'s state can return to."""
@@ -135,8 +149,8 @@ class RecurrentStates:
             return
         marks = self.checkpoints.get(seq, [])
         if n == 0:
-            if seq in self.held:
-                self.held[seq][1].clear(0)
+            for buf in self.held[seq][1] if seq in self.held else ():
+                buf.clear(0)
             self.host.pop(seq, None)
             self.checkpoints.pop(seq, None)
         else:
@@ -161,7 +175,8 @@ class RecurrentStates:
         return {"state_bytes_per_sequence": self.bytes_per_sequence, "state_sequences": len(self.held),
                 "state_sequences_host": len(self.host), "state_paged_out": self.paged_out,
                 "state_paged_in": self.paged_in, "state_checkpoints": marks,
-                "state_checkpoint_bytes": marks * self.bytes_per_sequence, "state_tier": self.backend.name}
+                "state_checkpoint_bytes": marks * self.bytes_per_sequence,
+                "state_tier": ",".join(dict.fromkeys(b.name for b, _ in self.groups))}
 
 
 class HybridMemory(SequenceMemory):
@@ -227,9 +242,6 @@ def sequence_memory(settings: Any, arch: Any, backends: Sequence[Any], layer_dev
         if settings.kv.paged_kv:
             return paged_kv(settings, arch, backends, layer_device, n_split)
         return ContiguousKV(settings, hp, backends, layer_device, kv_bytes)
-    if n_split > 1 or not backends[0].is_host:
-        raise ValueError(f"{hp.arch}'s recurrent states live in host memory: a multi-device split or an RPC device "
-                         "does not run it yet")
     attn = [il for il, r in enumerate(recurrent) if not r]
     attn_hp = dataclasses.replace(hp, n_layer=len(attn))
     devices = [layer_device[il] for il in attn]
@@ -239,5 +251,6 @@ def sequence_memory(settings: Any, arch: Any, backends: Sequence[Any], layer_dev
     else:
         kv = ContiguousKV(settings, attn_hp, backends, devices, kv_bytes)
     n_r, n_s = arch.state_sizes
-    states = RecurrentStates(sum(recurrent), n_r, n_s, backends[0], settings.kv.state_device_sequences)
+    states = RecurrentStates([backends[layer_device[il]] for il in range(hp.n_layer) if recurrent[il]], n_r, n_s,
+                             settings.kv.state_device_sequences)
     return HybridMemory(kv, states, recurrent)
