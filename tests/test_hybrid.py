@@ -104,6 +104,48 @@ def test_speculative_decoding_keeps_the_greedy_text(tmp_path, vocab_fields, vari
         assert st["draft_tokens"] > 0 and (st["draft_accepted"] == st["draft_tokens"]) == kept
 
 
+@pytest.mark.parametrize("variant", HYBRID)
+def test_going_back_into_a_pass_replays_its_record(tmp_path, vocab_fields, variant):
+    """A pass of 2..16 rows of one sequence (a speculative check, a short prompt) leaves its delta-rule inputs:
+    truncating to any row inside it restores the checkpoint where it began and replays that many rows with no
+    weights. No tokens are fed again, and the next logits are a fresh sequence's, bit for bit."""
+    path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
+    rng = np.random.default_rng(6)
+    prompt = [int(x) for x in rng.integers(0, 49152, 20)]
+    check = [int(x) for x in rng.integers(0, 49152, 6)]
+    kw = dict(ctx_size=128, n_threads=2, n_batch=16)
+    for keep in (1, 3, 5):
+        with Model(path, **kw) as m:
+            fresh = m.eval(prompt + check[:keep] + [7, 8]).copy()
+        with Model(path, **kw) as m:
+            m.eval(prompt)
+            m.eval(check)
+            passes = m.stats()["passes"]
+            assert m.runtime.sequences.truncate(20 + keep) == 20 + keep
+            assert m.stats()["state_replays"] == 1
+            assert np.array_equal(m.eval([7, 8]), fresh[-1:]) and m.stats()["passes"] == passes + 1
+
+
+def test_a_rejected_draft_is_replayed_not_fed_again(tmp_path, vocab_fields):
+    """Speculative decoding with a draft model that never agrees, checks in one causal pass (llama.cpp's
+    kernels): every step goes back by replay, so a step is one pass of the model; the text is plain decoding's."""
+    path = synth(tmp_path / "h.gguf", vocab_fields, **VARIANTS["qwen35moe-8x2-q8_0"])
+    other = synth(tmp_path / "other.gguf", vocab_fields, **{**VARIANTS["qwen35moe-8x2-q8_0"], "seed": 1})
+    kw = dict(ctx_size=256, n_threads=2)
+
+    def greedy(m):
+        return m.create_completion("The quick brown fox", max_tokens=24, temperature=0.0)["choices"][0]["text"]
+
+    with Model(path, **kw) as m:
+        plain = greedy(m)
+        plain_passes = m.stats()["passes"]
+    with Model(path, draft_model=other, draft_k=3, **kw) as m:
+        assert greedy(m) == plain
+        st = m.stats()
+    assert st["draft_tokens"] > 0 and st["draft_accepted"] < st["draft_tokens"]
+    assert st["state_replays"] > 0 and st["passes"] <= plain_passes
+
+
 def test_states_paged_to_host_and_back_are_bit_identical(tmp_path, vocab_fields):
     """state_device_sequences=2 with three sequences taking turns (and a pass over two of them): the least recently
     run one's states wait in host memory and come back for its next pass, the logits those of keeping all. With 1,

@@ -207,6 +207,7 @@ class StepInputs:
     keep_rows: bool = False  # the last block keeps every row (the output norm of each is wanted: an MTP drafter's)
     hidden: Any = None       # F32 [n_embd, n_tokens]: the hidden rows an MTP block reads beside the tokens
     chain: bool = False      # the lanes are one sequence's tokens, each its own lane (a recurrent layer: one chain)
+    record: Any = None       # layer -> the tensor where a recurrent layer leaves its pass's inputs for replay, or None
 
 
 class Architecture:

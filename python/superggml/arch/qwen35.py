@@ -147,7 +147,8 @@ class Qwen35Arch(Architecture):
         g = ctx.mul(ctx.softplus(ctx.add(alpha, w(p + "ssm_dt.bias"))), w(p + "ssm_a"))    # [n_v_heads, n]
         if inp.lanes is None or inp.chain:          # one sequence: one chain of its rows, from lane 0's state
             one = (lambda t: t[0]) if inp.chain else (lambda t: t)
-            out = self.delta_rule(ctx, gf, w, p, qkv, beta, g, n, one(conv_state), one(state))
+            record = inp.record(il) if inp.record is not None else None
+            out = self.delta_rule(ctx, gf, w, p, qkv, beta, g, n, one(conv_state), one(state), record)
         else:
             out = each_lane(ctx, inp, lambda j, lane, rows: self.delta_rule(
                 ctx, gf, w, p, rows(qkv, 2), rows(beta, 2), rows(g, 2), lane.n_tokens, conv_state[j], state[j]))
@@ -162,30 +163,70 @@ class Qwen35Arch(Architecture):
                 ctx.mul_mat(w(p + "ssm_alpha.weight"), cur))
 
     def delta_rule(self, ctx: Any, gf: Any, w: Weights, p: str, qkv: Any, beta: Any, g: Any, n: int,
-                   conv_state: Any, state: Any) -> Any:
+                   conv_state: Any, state: Any, record: Any = None) -> Any:
         """One sequence's n rows: the conv over its window (the window written back), then the delta rule from
-        its state (the state written back); F32 [S * n_v_heads, n]."""
-        S, Hk, Hv, ch, dc = self.d_state, self.n_k_heads, self.n_v_heads, self.conv_channels, self.d_conv
+        its state (the state written back); F32 [S * n_v_heads, n]. `record` (F32, record_size(n) values or
+        more): where the pass leaves the rule's inputs for replay."""
+        ch, dc = self.conv_channels, self.d_conv
         if qkv.nb[1] != ch * qkv.element_size:
             qkv = ctx.cont(qkv)
         window = ctx.reshape(conv_state, [dc - 1, ch, 1])
         x = ctx.concat(window, ctx.transpose(ctx.reshape(qkv, [ch, n, 1])), 0)     # [dc - 1 + n, ch, 1]
-        xs = x.element_size
-        gf.expand(ctx.cpy(ctx.view(x, [dc - 1, ch, 1], [x.nb[1], x.nb[2]], n * xs), window))
+        self.slide(ctx, gf, x, n, window)
         mixed = ctx.silu(ctx.ssm_conv(x, w(p + "ssm_conv1d.weight")))       # [ch, n, 1]
+        if beta.nb[1] != self.n_v_heads * beta.element_size:
+            beta, g = ctx.cont(beta), ctx.cont(g)
+        if record is not None:
+            for src, dst in zip((x, mixed, beta, g), self.record_views(ctx, record, n)):
+                gf.expand(ctx.cpy(src, dst))
+        return self.rule(ctx, gf, mixed, beta, g, n, state)
+
+    def slide(self, ctx: Any, gf: Any, x: Any, k: int, window: Any) -> None:
+        """The conv window after k of x's rows (x: the window, then the rows) written back."""
+        ch, dc, xs = self.conv_channels, self.d_conv, x.element_size
+        gf.expand(ctx.cpy(ctx.view(x, [dc - 1, ch, 1], [x.nb[1], x.nb[2]], k * xs), window))
+
+    def rule(self, ctx: Any, gf: Any, mixed: Any, beta: Any, g: Any, n: int, state: Any) -> Any:
+        """The delta rule over n rows of the conv's output mixed [ch, n] from `state` (written back)."""
+        S, Hk, Hv = self.d_state, self.n_k_heads, self.n_v_heads
         es, row = mixed.element_size, mixed.nb[1]
         q = ctx.view(mixed, [S, Hk, n, 1], [S * es, row, row * n], 0)
         k = ctx.view(mixed, [S, Hk, n, 1], [S * es, row, row * n], S * Hk * es)
         v = ctx.view(mixed, [S, Hv, n, 1], [S * es, row, row * n], 2 * S * Hk * es)
         q, k = self.heads_of(ctx, self.l2_norm(ctx, q), n), self.heads_of(ctx, self.l2_norm(ctx, k), n)
         s0 = ctx.reshape(state, [S, S, Hv, 1])
-        if beta.nb[1] != Hv * beta.element_size:
-            beta, g = ctx.cont(beta), ctx.cont(g)
         out = ctx.gated_delta_net(q, k, v, ctx.reshape(g, [1, Hv, n, 1]), ctx.reshape(beta, [1, Hv, n, 1]), s0, 1)
         oe = out.element_size
         new = ctx.view(out, [S, S, Hv, 1], [S * oe, S * S * oe, S * S * Hv * oe], S * Hv * n * oe)
         gf.expand(ctx.cpy(new, s0))
         return ctx.view(out, [S * Hv, n], [S * Hv * oe], 0)
+
+    # -- replay: a state after k rows of a recorded pass ------------------------
+    def record_size(self, n: int) -> int:
+        """Values a pass of n rows records per recurrent layer: its conv input with the window before it, the
+        conv's output, beta and the gate."""
+        return (self.d_conv - 1 + 2 * n) * self.conv_channels + 2 * n * self.n_v_heads
+
+    def record_views(self, ctx: Any, record: Any, n: int) -> list[Any]:
+        """x [dc - 1 + n, ch, 1], mixed [ch, n, 1], beta and g [n_v_heads, n], one after another in record."""
+        ch, dc, Hv, es = self.conv_channels, self.d_conv, self.n_v_heads, record.element_size
+        shapes = [[dc - 1 + n, ch, 1], [ch, n, 1], [Hv, n], [Hv, n]]
+        views, off = [], 0
+        for shape in shapes:
+            nb = [shape[0] * es] + ([shape[0] * shape[1] * es] if len(shape) == 3 else [])
+            views.append(ctx.view(record, shape, nb, off))
+            off += shape[0] * shape[1] * es
+        return views
+
+    def replay(self, ctx: Any, gf: Any, record: Any, n: int, k: int, conv_state: Any, state: Any) -> None:
+        """The states after the first k of a recorded pass's n rows, from the states before it: the window
+        slides k rows, and the delta rule runs the first k rows again (the same arithmetic, row by row)."""
+        x, mixed, beta, g = self.record_views(ctx, record, n)
+        ch, Hv, es = self.conv_channels, self.n_v_heads, record.element_size
+        self.slide(ctx, gf, x, k, ctx.reshape(conv_state, [self.d_conv - 1, ch, 1]))
+        mixed = ctx.view(mixed, [ch, k, 1], [mixed.nb[1], mixed.nb[1] * k], 0)
+        beta, g = (ctx.view(t, [Hv, k], [Hv * es], 0) for t in (beta, g))
+        self.rule(ctx, gf, mixed, beta, g, k, state)
 
     def heads_of(self, ctx: Any, x: Any, n: int) -> Any:
         """Q or K [S, n_k_heads, n, 1] for the value heads: the delta rule broadcasts them (value head h reads

@@ -17,6 +17,7 @@ from .. import native
 from ..arch import moe
 from ..arch.common import StepInputs
 from ..errors import SuperggmlError
+from .memory import records
 from .pagers import Block, HeadChunk, Key
 
 F16 = native.GGMLType.F16
@@ -148,9 +149,12 @@ class Plan:
         if self.ex.arch.reads_hidden:
             t.update(named("", hidden=ictx.new_tensor(F32, [hp.n_embd, n])))
         rot = {"k_rot": self.ex.rot[di].get("k"), "v_rot": self.ex.rot[di].get("v")}
+        one = (self.lanes is None and not self.streams) or self.chain
+        record = self.ex.memory.record_tensor if records(n, one) else None
         if self.lanes is None:
             inp = StepInputs(n_tokens=n, n_kv=self.n_kv, n_outputs=self.n_out, flash_attn=c.flash_attn, **t, **rot,
-                             n_streams=max(self.streams, 1), keep_rows=self.keep_rows, **kv(n, self.n_kv, ""))
+                             n_streams=max(self.streams, 1), keep_rows=self.keep_rows, record=record,
+                             **kv(n, self.n_kv, ""))
         else:
             lane_inputs, r0 = [], 0
             for j, (nj, kvj) in enumerate(self.lanes):
@@ -160,7 +164,7 @@ class Plan:
                 r0 += nj
             inp = StepInputs(n_tokens=n, n_kv=self.n_kv, n_outputs=self.n_out, flash_attn=c.flash_attn, mask=None,
                              k_idxs=None, v_idxs=None, lanes=lane_inputs, keep_rows=self.keep_rows,
-                             chain=self.chain, **t)
+                             chain=self.chain, record=record, **t)
         self.keep += [ictx, backend.alloc_tensors(ictx)]
         return inp
 

@@ -63,6 +63,15 @@ def check_latent_types(hp: Any, type_k: str, type_v: str) -> None:
                          f"this model's latent V of {hp.head_dim_v} does not divide into")
 
 
+RECORD_ROWS = 16          # passes of one sequence of 2..this many rows leave their inputs (record_tensor)
+
+
+def records(n: int, one_sequence: bool) -> bool:
+    """Whether a pass of n rows leaves its inputs in the record tensors: one sequence's speculative check, or a
+    short run of prompt tokens (their memory can then go back to any row of it)."""
+    return one_sequence and 1 < n <= RECORD_ROWS
+
+
 class SequenceMemory(abc.ABC):
     """The memory of every sequence, for the executor."""
 
@@ -89,6 +98,11 @@ class SequenceMemory(abc.ABC):
 
     def begin(self, seq: int, p0: int, n: int = 1) -> None:
         """A pass of `seq` starts at position p0 and feeds n of its tokens."""
+
+    def record_tensor(self, il: int) -> Any:
+        """Where layer il's graph leaves a pass's inputs so that memory can go back into the pass (a recurrent
+        state replays them), or None; only for the passes `records` names."""
+        return None
 
     def checkpoint(self, seq: int) -> None:
         """`seq` can come back to where it is now (truncate_point), until it is truncated before that."""

@@ -20,11 +20,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import native
-from .memory import MAX_LANES, ContiguousKV, Lane, SequenceMemory, paged_kv
+from .memory import MAX_LANES, RECORD_ROWS, ContiguousKV, Lane, SequenceMemory, paged_kv, records
 from .planner import STATE_CHECKPOINTS
 
 F32 = native.GGMLType.F32
 CHECKPOINT_EVERY = 256    # tokens fed one pass at a time between two checkpoints at most
+REPLAY_NODES = 64         # graph nodes a layer's replay takes, at most
 
 
 class RecurrentStates:
@@ -32,9 +33,12 @@ class RecurrentStates:
     sequence's own, one on each layer's backend (`layer_backends`); lane j's tensors point at the sequence of the
     pass's lane j (bind)."""
 
-    def __init__(self, layer_backends: Sequence[Any], n_r: int, n_s: int, max_device: int | None = None):
+    def __init__(self, layer_backends: Sequence[Any], n_r: int, n_s: int, max_device: int | None = None,
+                 replay: Any = None, record_size: int = 0):
         """`max_device`: sequences whose states stay in device buffers (None: all); the least recently bound
-        others are paged to host memory (numpy copies) and back when they next run."""
+        others are paged to host memory (numpy copies) and back when they next run. `replay(ctx, gf, record, n,
+        k, conv, state)` builds the graph that takes a layer's states k rows into a recorded pass of n rows;
+        `record_size`: the F32 values a layer records for a pass of RECORD_ROWS rows."""
         self.n_layer, self.n_r, self.n_s = len(layer_backends), n_r, n_s
         self.groups: list[tuple[Any, list[int]]] = []                      # backend, its layers
         for il, b in enumerate(layer_backends):
@@ -50,7 +54,20 @@ class RecurrentStates:
         self.length: dict[int, int] = {}                                    # conv, state; seq -> its tokens
         self.checkpoints: dict[int, list[tuple[int, list[np.ndarray]]]] = {}
         self.last_n: dict[int, int] = {}                                    # seq -> tokens its last pass fed
+        self.replay_fn = replay
+        self.record: list[Any] = []                                         # per layer, where a pass records
+        self.recorded: tuple[int, int, int] | None = None                  # seq, p0, n of the recording pass
+        self.pass_seqs: set[int] = set()
+        self.replays = 0
+        if replay is not None and record_size:
+            self.record_keep = [self.allocate_record(b, layers, record_size) for b, layers in self.groups]
+            self.record = [t for _, ts in self.record_keep for t in ts]
         self.ensure(1)
+
+    def allocate_record(self, backend: Any, layers: list[int], size: int) -> tuple[Any, list[Any]]:
+        cx = native.Context(max_tensors=len(layers))
+        ts = [cx.new_tensor(F32, [size]) for _ in layers]
+        return (cx, backend.alloc_tensors(cx)), ts
 
     @property
     def bytes_per_sequence(self) -> int:
@@ -109,6 +126,7 @@ class RecurrentStates:
 
     def bind(self, seqs: Sequence[int]) -> None:
         self.ensure(len(seqs))
+        self.pass_seqs = set(seqs)
         if self.max_device is not None and len(set(seqs)) > self.max_device:
             raise ValueError(f"a pass over {len(set(seqs))} sequences needs their recurrent states on the device: "
                              f"state_device_sequences is {self.max_device}")
@@ -127,6 +145,10 @@ class RecurrentStates:
             self.checkpoint(seq)
         self.length[seq] = p0 + n
         self.last_n[seq] = n
+        if self.record and records(n, self.pass_seqs == {seq}):
+            self.recorded = (seq, p0, n)
+        elif self.recorded is not None and self.recorded[0] == seq:
+            self.recorded = None
 
     def checkpoint(self, seq: int) -> None:
         """A checkpoint of `seq` where it is now."""
@@ -141,29 +163,59 @@ class RecurrentStates:
         """The latest position at or before n that `seq`'s state can return to."""
         if n >= self.length.get(seq, 0):
             return self.length.get(seq, 0)
+        if self.replayable(seq, n):
+            return n
         return max([p for p, _ in self.checkpoints.get(seq, []) if p <= n], default=0)
 
+    def replayable(self, seq: int, n: int) -> bool:
+        """Whether `seq` can go back to n inside its last pass by replaying the pass's record over the checkpoint
+        where it began."""
+        r = self.recorded
+        return (r is not None and r[0] == seq and self.length.get(seq, 0) == r[1] + r[2] and r[1] < n < r[1] + r[2]
+                and any(p == r[1] for p, _ in self.checkpoints.get(seq, [])))
+
     def truncate(self, seq: int, n: int) -> None:
-        """`seq` goes back to position n: 0, its length, or a checkpoint (truncate_point)."""
+        """`seq` goes back to position n: 0, its length, a checkpoint, or a row of its last recorded pass
+        (truncate_point)."""
         if n == self.length.get(seq, 0):
             return
+        replay = self.recorded if self.replayable(seq, n) else None
+        if self.recorded is not None and self.recorded[0] == seq:
+            self.recorded = None
+        to = replay[1] if replay else n
         marks = self.checkpoints.get(seq, [])
-        if n == 0:
+        if to == 0:
             for buf in self.held[seq][1] if seq in self.held else ():
                 buf.clear(0)
             self.host.pop(seq, None)
             self.checkpoints.pop(seq, None)
         else:
-            saved = next((arrs for p, arrs in marks if p == n), None)
+            saved = next((arrs for p, arrs in marks if p == to), None)
             if saved is None:
-                raise ValueError(f"sequence {seq}'s recurrent state has no checkpoint at {n}")
+                raise ValueError(f"sequence {seq}'s recurrent state has no checkpoint at {to}")
             _, _, conv, state = self.storage(seq)
             for t, arr in zip(conv + state, saved):
                 native.tensor_set(t, arr)
-            self.checkpoints[seq] = [(p, a) for p, a in marks if p <= n]
+            self.checkpoints[seq] = [(p, a) for p, a in marks if p <= to]
+        if replay:
+            self.run_replay(seq, replay[2], n - to)
         self.length[seq] = n
 
+    def run_replay(self, seq: int, n: int, k: int) -> None:
+        """Takes `seq`'s states (at the start of the recorded pass of n rows) k rows into it."""
+        _, _, conv, state = self.storage(seq)
+        for backend, layers in self.groups:
+            size = REPLAY_NODES * len(layers)
+            ctx = native.Context(max_tensors=size, graph_size=size)
+            gf = ctx.new_graph()
+            for il in layers:
+                self.replay_fn(ctx, gf, self.record[il], n, k, conv[il], state[il])
+            backend.compute(gf)
+        self.replays += 1
+
     def drop(self, seq: int) -> None:
+        if self.recorded is not None and self.recorded[0] == seq:
+            self.recorded = None
         self.held.pop(seq, None)
         self.host.pop(seq, None)
         self.length.pop(seq, None)
@@ -174,7 +226,7 @@ class RecurrentStates:
         marks = sum(len(v) for v in self.checkpoints.values())
         return {"state_bytes_per_sequence": self.bytes_per_sequence, "state_sequences": len(self.held),
                 "state_sequences_host": len(self.host), "state_paged_out": self.paged_out,
-                "state_paged_in": self.paged_in, "state_checkpoints": marks,
+                "state_paged_in": self.paged_in, "state_checkpoints": marks, "state_replays": self.replays,
                 "state_checkpoint_bytes": marks * self.bytes_per_sequence,
                 "state_tier": ",".join(dict.fromkeys(b.name for b, _ in self.groups))}
 
@@ -207,6 +259,9 @@ class HybridMemory(SequenceMemory):
 
     def checkpoint(self, seq: int) -> None:
         self.states.checkpoint(seq)
+
+    def record_tensor(self, il: int) -> Any:
+        return self.states.record[self.index[il]] if self.recurrent[il] and self.states.record else None
 
     def use(self, layer: int, lanes: Sequence[Lane]) -> contextlib.AbstractContextManager[None]:
         if self.recurrent[layer]:
@@ -252,5 +307,5 @@ def sequence_memory(settings: Any, arch: Any, backends: Sequence[Any], layer_dev
         kv = ContiguousKV(settings, attn_hp, backends, devices, kv_bytes)
     n_r, n_s = arch.state_sizes
     states = RecurrentStates([backends[layer_device[il]] for il in range(hp.n_layer) if recurrent[il]], n_r, n_s,
-                             settings.kv.state_device_sequences)
+                             settings.kv.state_device_sequences, arch.replay, arch.record_size(RECORD_ROWS))
     return HybridMemory(kv, states, recurrent)
