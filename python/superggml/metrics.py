@@ -206,7 +206,7 @@ class Metrics:
             line.update({k: st[k] for k in EXPERT_FIELDS})
         if "state_bytes_per_sequence" in st:     # a hybrid model's recurrent states
             line.update({k: st[k] for k in ("state_bytes_per_sequence", "state_sequences", "state_checkpoints",
-                                            "state_tier")})
+                                            "state_replays", "state_tier")})
         if "draft_steps" in st:         # speculative decoding
             line.update(draft_tokens=int(st["draft_tokens"]), draft_accepted=int(st["draft_accepted"]),
                         draft_tokens_per_pass=round(float(st["draft_tokens_per_pass"] or 0.0), 3),
