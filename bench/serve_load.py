@@ -115,7 +115,7 @@ def serve_load(a: argparse.Namespace, enter: Any) -> int:
         with ThreadPoolExecutor(a.clients) as ex:
             res = list(ex.map(one, range(a.clients)))
         wall = time.perf_counter() - t0
-        metrics1 = httpx.get(url + "/metrics").json()
+        metrics1 = httpx.get(url + "/v1/stats").json()
         lat = [x[1] for x in res]
         equal = sum(r[0] == s[0] for r, s in zip(res, solo))
         one_tok_s = sum(x[2] for x in solo) / solo_wall          # tokens: chunks with text, one per token

@@ -124,10 +124,10 @@ def test_health_models_metrics(server):
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
     models = httpx.get(server.url + "/v1/models").json()
     assert models["data"][0]["id"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
-    before = httpx.get(server.url + "/metrics").json()
+    before = httpx.get(server.url + "/v1/stats").json()
     r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "temperature": 0})
     assert r.status_code == 200
-    m = httpx.get(server.url + "/metrics").json()
+    m = httpx.get(server.url + "/v1/stats").json()
     assert m["requests_served"] == before["requests_served"] + 1
     assert m["requests_active"] == 0 and m["requests_waiting"] == 0 and m["tokens_per_sec"] >= 0
 

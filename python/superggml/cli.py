@@ -112,9 +112,12 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 
 
 def _cmd_serve(a: argparse.Namespace) -> int:
+    from .api.keys import check_bind, load_keys
     from .model import Model
     from .server import serve
 
+    keys = load_keys(a.api_key or (), a.api_key_file)
+    check_bind(a.host, keys, a.insecure)            # before the model loads
     kw = options_from_args(a)
     if kw["seed"] is None:
         kw["seed"] = 0
@@ -124,7 +127,7 @@ def _cmd_serve(a: argparse.Namespace) -> int:
         kw["kv_device_layers"] = model_layout(_model_path(a.model)).n_layer * a.parallel   # all on the device
     with Model(_model_path(a.model), **kw) as m:
         serve(m, host=a.host, port=a.port, parallel=a.parallel, max_queue=a.max_queue, batch_tokens=a.batch_tokens,
-              log_level=a.log_level)
+              log_level=a.log_level, api_keys=keys, insecure=a.insecure)
     return 0
 
 
@@ -306,6 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "of new ones (default 512)")
     sv.add_argument("--max-queue", type=int, default=int(_env_default("MAX_QUEUE", "64") or 64),
                     help="requests waiting beyond those; more get 503 (default 64)")
+    sv.add_argument("--api-key", action="append", metavar="KEY",
+                    help="a key requests must carry (Authorization: Bearer KEY); repeatable; also "
+                         "SUPERGGML_API_KEY. /health stays open")
+    sv.add_argument("--api-key-file", metavar="F", help="keys, one per line (# comments)")
+    sv.add_argument("--insecure", action="store_true",
+                    help="listen beyond loopback with no API key (refused otherwise)")
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     sv.set_defaults(func=_cmd_serve)
 

@@ -3,7 +3,9 @@
 Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST
 /v1/chat/completions (both with "stream": true as server-sent events ending
 in "data: [DONE]"; logprobs, structured output, tools), POST /v1/embeddings,
-GET /metrics (the current metrics snapshot).
+POST /tokenize and /detokenize (llama-server's shapes), GET /metrics (Prometheus' text format) and GET
+/v1/stats (the metrics snapshot as JSON). With API keys, every route but /health needs
+`Authorization: Bearer <key>` (api/keys.py).
 
 One engine thread owns the model and batches continuously: each step is one
 eval (shared forward passes) over the next token of every running request
@@ -27,7 +29,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 import numpy as np
 
@@ -36,13 +38,15 @@ from .errors import ContextLengthError, require_extra
 require_extra("server", "superggml's server")
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.exceptions import RequestValidationError  # noqa: E402
-from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
+from fastapi.responses import JSONResponse, Response, StreamingResponse  # noqa: E402
 from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 
 from .api.chat import ChatTemplateError
 from .api.choices import MAX_LOGPROBS, sampling_options, stop_list
 from .api.completions import echo_texts
+from .api.keys import RequireKey, check_bind
+from .api.prometheus import CONTENT_TYPE, prometheus_text
 from .api.reply import Reply
 from .api.tools import ToolError, ToolRequest
 from .generation.batch import BatchScheduler, Completion
@@ -100,6 +104,19 @@ class ChatBody(_Body):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: bool = True
+
+
+class TokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[int]
 
 
 class EmbeddingBody(BaseModel):
@@ -163,6 +180,8 @@ class Engine:
         self.lock = threading.Lock()          # the model, for requests outside the engine (metrics)
         self.served = 0
         self.steps = 0
+        self.prompt_tokens = self.generated_tokens = 0
+        self.prompt_seconds = self.generation_seconds = 0.0     # engine steps with prompt rows, and without
         self.thread = threading.Thread(target=self.run, name="superggml-engine", daemon=True)
         self.thread.start()
 
@@ -214,6 +233,7 @@ class Engine:
                 return
             self.pending = None
             self.active.append(job)
+            self.prompt_tokens += req.n * sum(len(p) for p in req.prompts)
             try:
                 with self.lock:
                     if job.echo_logprobs:        # one pass over each prompt, on a scratch sequence
@@ -234,6 +254,7 @@ class Engine:
                 self.wake.clear()
                 continue
             owner = {id(job.request): job for job in self.active}
+            t0 = time.perf_counter()
             try:
                 with self.lock:
                     done = self.scheduler.step()
@@ -241,7 +262,7 @@ class Engine:
                 for job in list(self.active):
                     self.finish(job, e)
                 continue
-            self.steps += 1
+            self.count_step(len(done), time.perf_counter() - t0)
             for c, piece in done:
                 job = owner[id(c.request)]
                 chunk = job.reply.chunk(*self.chunk_args(c, piece))
@@ -254,6 +275,21 @@ class Engine:
                     if not job.reply.stream:
                         self.send(job, job.reply.final())
                     self.finish(job)
+
+    def count_step(self, generated: int, seconds: float) -> None:
+        """A step's tokens and time: a step that generated nothing only fed prompt rows."""
+        self.steps += 1
+        self.generated_tokens += generated
+        if generated:
+            self.generation_seconds += seconds
+        else:
+            self.prompt_seconds += seconds
+
+    def counts(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
+                "decode_steps": self.steps, "requests": self.served, "processing": len(self.active),
+                "deferred": self.waiting.qsize() + (self.pending is not None),
+                "prompt_seconds": self.prompt_seconds, "generation_seconds": self.generation_seconds}
 
     @staticmethod
     def chunk_args(c: Completion, piece: str) -> tuple[Any, ...]:
@@ -314,14 +350,44 @@ class Routes:
     def card(self) -> dict[str, Any]:
         return {"id": self.mid, "object": "model", "created": self.created, "owned_by": "superggml"}
 
-    async def metrics(self) -> dict[str, Any]:
+    def snapshot(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The model's stats() and the metrics snapshot, taken between the engine's passes."""
         from .metrics import Metrics
+        with self.engine.lock:
+            st = self.model.stats()
+            return st, Metrics(self.model, None).snapshot(stats=st)
+
+    async def stats(self) -> dict[str, Any]:
         engine = self.engine
-        with engine.lock:
-            snap = Metrics(self.model, None).snapshot()
+        _, snap = await asyncio.to_thread(self.snapshot)
         snap.update(requests_active=len(engine.active), requests_waiting=engine.waiting.qsize(),
                     requests_served=engine.served, engine_steps=engine.steps)
         return snap
+
+    async def metrics(self) -> Response:
+        st, snap = await asyncio.to_thread(self.snapshot)
+        return Response(prometheus_text(st, self.engine.counts(), snap), media_type=CONTENT_TYPE)
+
+    async def tokenize(self, body: TokenizeBody) -> dict[str, Any]:
+        ids = self.model.tokenize(body.content, add_bos=body.add_special, special=body.parse_special)
+        if not body.with_pieces:
+            return {"tokens": ids}
+        out = []
+        for t in ids:
+            raw = self.model.detokenize([t], special=True)
+            try:
+                piece: Any = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)          # not UTF-8 on its own: its bytes, as llama-server gives them
+            out.append({"id": t, "piece": piece})
+        return {"tokens": out}
+
+    async def detokenize(self, body: DetokenizeBody) -> dict[str, Any]:
+        n = self.model.hparams.n_vocab
+        bad = [t for t in body.tokens if not 0 <= t < n]
+        if bad:
+            raise ApiError(400, f"token ids must be in [0, {n}); got {bad[0]}", param="tokens")
+        return {"content": self.model.detokenize(body.tokens).decode("utf-8", errors="replace")}
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.mid:
@@ -447,8 +513,8 @@ class Routes:
 
 
 def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, max_queue: int = 64,
-               batch_tokens: int = 512) -> FastAPI:
-    """The FastAPI app serving `model` (closed with the app)."""
+               batch_tokens: int = 512, api_keys: Sequence[str] = ()) -> FastAPI:
+    """The FastAPI app serving `model` (closed with the app); with api_keys, every route but /health needs one."""
     engine = Engine(model, parallel=parallel, max_queue=max_queue, batch_tokens=batch_tokens)
     routes = Routes(model, engine, model_id or os.path.basename(model.path))
 
@@ -465,15 +531,22 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
     app.get("/v1/models")(routes.models)
     app.get("/v1/models/{name}")(routes.model_info)
     app.get("/metrics")(routes.metrics)
+    app.get("/v1/stats")(routes.stats)
+    app.post("/tokenize")(routes.tokenize)
+    app.post("/detokenize")(routes.detokenize)
     app.post("/v1/completions")(routes.completions)
     app.post("/v1/embeddings")(routes.embeddings)
     app.post("/v1/chat/completions")(routes.chat)
+    if api_keys:
+        app.add_middleware(RequireKey, keys=list(api_keys))
     return app
 
 
 def serve(model: Model, *, host: str = "127.0.0.1", port: int = 8080, parallel: int = 4, max_queue: int = 64,
-          batch_tokens: int = 512, log_level: str = "info") -> None:
+          batch_tokens: int = 512, log_level: str = "info", api_keys: Sequence[str] = (),
+          insecure: bool = False) -> None:
     import uvicorn
 
-    app = create_app(model, parallel=parallel, max_queue=max_queue, batch_tokens=batch_tokens)
+    check_bind(host, api_keys, insecure)
+    app = create_app(model, parallel=parallel, max_queue=max_queue, batch_tokens=batch_tokens, api_keys=api_keys)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

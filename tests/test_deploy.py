@@ -1,0 +1,127 @@
+"""The server for deployments: API keys, Prometheus metrics, /tokenize and /detokenize."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from superggml import Model, cli
+from superggml.api.keys import allows, check_bind, is_loopback, load_keys
+from superggml.server import serve
+from test_server import Server
+
+KEYS = ["first-key", "second-key"]
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path):
+    with Model(smollm2_path, ctx_size=256, n_threads=2) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def keyed(model):
+    s = Server(model, parallel=2, api_keys=KEYS)
+    yield s
+    s.close()
+
+
+def test_the_right_key_works_and_others_get_401(keyed, model):
+    want = model.create_completion("The capital of France is", max_tokens=6, temperature=0)["choices"][0]["text"]
+    for key in KEYS:
+        with openai.OpenAI(base_url=keyed.url + "/v1", api_key=key, max_retries=0) as c:
+            r = c.completions.create(model=c.models.list().data[0].id, prompt="The capital of France is",
+                                     max_tokens=6, temperature=0)
+            assert r.choices[0].text == want
+            pieces = [ch.choices[0].text for ch in c.completions.create(
+                model=r.model, prompt="The capital of France is", max_tokens=6, temperature=0, stream=True)]
+            assert "".join(pieces) == want
+    for key in ("wrong-key", "first-ke", "first-key-and-more"):
+        with openai.OpenAI(base_url=keyed.url + "/v1", api_key=key, max_retries=0) as c:
+            with pytest.raises(openai.AuthenticationError):
+                c.completions.create(model="m", prompt="hi", max_tokens=2)
+            with pytest.raises(openai.AuthenticationError):        # a stream is refused before it starts
+                list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=2, stream=True))
+    r = httpx.post(keyed.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(keyed.url + "/metrics").status_code == 401
+    assert httpx.get(keyed.url + "/health").json()["status"] == "ok"        # open, for load balancers
+
+
+def test_key_sources_and_comparison(tmp_path, monkeypatch):
+    f = tmp_path / "keys"
+    f.write_text("# deploy keys\nalpha\n\n beta \n")
+    monkeypatch.setenv("SUPERGGML_API_KEY", "gamma")
+    assert load_keys(["delta", "alpha"], str(f)) == ["delta", "alpha", "beta", "gamma"]
+    (tmp_path / "empty").write_text("# nothing\n")
+    with pytest.raises(ValueError, match="holds no key"):
+        load_keys([], str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="cannot read"):
+        load_keys([], str(tmp_path / "missing"))
+    assert allows(["alpha", "beta"], b"Bearer beta") and allows(["alpha"], b"bearer alpha")
+    assert not allows(["alpha"], b"Basic alpha") and not allows(["alpha"], b"Bearer ") and not allows([], b"")
+
+
+def test_no_key_binds_loopback_only(model, capsys, monkeypatch):
+    monkeypatch.delenv("SUPERGGML_API_KEY", raising=False)
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("example.org")
+    check_bind("0.0.0.0", ["k"], False)
+    check_bind("0.0.0.0", [], True)
+    with pytest.raises(ValueError, match="refusing to listen on 0.0.0.0 with no API key"):
+        serve(model, host="0.0.0.0", port=1)
+    assert cli.main(["serve", "-m", "smollm2", "--host", "0.0.0.0"]) == 1    # before the model loads
+    assert "--insecure" in capsys.readouterr().err
+
+
+def test_prometheus_metrics_count_what_a_request_did(model):
+    s = Server(model, parallel=2)
+    try:
+        def scrape() -> dict[str, float]:
+            r = httpx.get(s.url + "/metrics")
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+            out = {}
+            for fam in text_string_to_metric_families(r.text):
+                assert fam.name.startswith("superggml:")
+                for smp in fam.samples:
+                    key = smp.name + "".join(f"{{{k}={v}}}" for k, v in sorted(smp.labels.items()))
+                    out[key] = smp.value
+            return out
+
+        before = scrape()
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 7,
+                                                         "temperature": 0, "n": 2}, timeout=120).json()
+        after = scrape()
+    finally:
+        s.close()
+    use = r["usage"]
+    assert after["superggml:tokens_predicted_total"] - before["superggml:tokens_predicted_total"] == \
+        use["completion_tokens"] == 14
+    assert after["superggml:prompt_tokens_total"] - before["superggml:prompt_tokens_total"] == 2 * use["prompt_tokens"]
+    assert after["superggml:requests_total"] == before["superggml:requests_total"] + 1
+    assert after["superggml:n_decode_total"] > before["superggml:n_decode_total"]
+    assert after["superggml:requests_processing"] == 0 and after["superggml:requests_deferred"] == 0
+    assert after["superggml:predicted_tokens_seconds"] > 0 and after["superggml:passes_total"] > 0
+    assert {"superggml:kv_pages{tier=device}", "superggml:kv_pages{tier=host}", "superggml:kv_pages{tier=disk}",
+            "superggml:memory_pressure{memory=host}"} <= set(after)
+
+
+def test_tokenize_and_detokenize(keyed, model):
+    h = {"Authorization": f"Bearer {KEYS[0]}"}
+    text = "Hello <|im_start|> wörld"
+    r = httpx.post(keyed.url + "/tokenize", json={"content": text}, headers=h).json()
+    assert r["tokens"] == model.tokenize(text, add_bos=False, special=True)
+    plain = httpx.post(keyed.url + "/tokenize", json={"content": text, "parse_special": False}, headers=h).json()
+    assert plain["tokens"] == model.tokenize(text, add_bos=False, special=False) != r["tokens"]
+    pieces = httpx.post(keyed.url + "/tokenize", json={"content": text, "with_pieces": True}, headers=h).json()
+    assert [p["id"] for p in pieces["tokens"]] == r["tokens"]
+    raw = [p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"]) for p in pieces["tokens"]]
+    assert b"".join(raw) == text.encode()
+    back = httpx.post(keyed.url + "/detokenize", json={"tokens": plain["tokens"]}, headers=h).json()
+    assert back["content"] == text
+    bad = httpx.post(keyed.url + "/detokenize", json={"tokens": [1, 10**9]}, headers=h)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
