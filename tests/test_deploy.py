@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -125,3 +127,32 @@ def test_tokenize_and_detokenize(keyed, model):
     assert back["content"] == text
     bad = httpx.post(keyed.url + "/detokenize", json={"tokens": [1, 10**9]}, headers=h)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_a_prompt_list_beyond_parallel_is_queued_choice_by_choice(smollm2_path):
+    """300 prompts against --parallel 4 (batch_invariant): 300 choices, each its prompt's completion alone; a
+    second request while they wait gets 503 with Retry-After (--max-queue bounds the waiting choices)."""
+    prompts = [f"{i} + {i % 7} =" for i in range(300)]
+    with Model(smollm2_path, ctx_size=128, n_threads=2, batch_invariant=True) as m:
+        alone = [m.create_completion(p, max_tokens=3, temperature=0)["choices"][0]["text"] for p in prompts]
+        s = Server(m, parallel=4, max_queue=64)
+        try:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(1) as ex:
+                big = ex.submit(httpx.post, s.url + "/v1/completions", timeout=600,
+                                json={"prompt": prompts, "max_tokens": 3, "temperature": 0})
+                for _ in range(100):
+                    if m.stats().get("passes", 0) and httpx.get(s.url + "/health").json()["waiting"] == 0:
+                        break
+                    time.sleep(0.05)
+                late = httpx.post(s.url + "/v1/completions", timeout=60,
+                                  json={"prompt": prompts[:65], "max_tokens": 1})
+                r = big.result()
+        finally:
+            s.close()
+    assert late.status_code == 503 and late.headers["retry-after"] == "1"
+    assert late.json()["error"]["code"] == "overloaded"
+    assert r.status_code == 200
+    ch = sorted(r.json()["choices"], key=lambda c: c["index"])
+    assert [c["index"] for c in ch] == list(range(300))
+    assert [c["text"] for c in ch] == alone

@@ -130,9 +130,10 @@ class EmbeddingBody(BaseModel):
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None):
+                 param: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+        self.headers = headers
 
 
 def model_not_found(name: str, served: str) -> ApiError:
@@ -141,9 +142,9 @@ def model_not_found(name: str, served: str) -> ApiError:
 
 
 def _error(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
-           param: str | None = None) -> JSONResponse:
+           param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
-                        status_code=status)
+                        status_code=status, headers=headers)
 
 
 # -- the engine: one thread, every running request advanced in each forward pass ------
@@ -155,6 +156,8 @@ class Job:
     loop: asyncio.AbstractEventLoop
     echo_logprobs: bool = False                            # the echoed prompts' logprobs too
     running: list[Completion] = field(default_factory=list)
+    todo: list[int] = field(default_factory=list)          # choices not started yet
+    opened: bool = False
     cancelled: bool = False
     t_submit: float = field(default_factory=time.perf_counter)
 
@@ -165,19 +168,22 @@ END = object()
 class Engine:
     """One thread owns the model and runs the batch scheduler (generation/batch.py): every step is one shared
     forward pass over the next token of each running choice plus prompt chunks of new ones, up to batch_tokens
-    tokens. Up to `parallel` choices run at once (a request with several takes one each); the rest wait in a
-    bounded queue."""
+    tokens. Up to `parallel` choices run at once (a request with several takes one each, and its choices beyond
+    the free sequences start as others finish); the rest wait in a queue of at most max_queue choices (one
+    request is taken whatever its size when nothing waits)."""
 
     def __init__(self, model: Model, *, parallel: int = 4, max_queue: int = 64, batch_tokens: int = 512):
         self.model = model
         self.scheduler = BatchScheduler(model, parallel=parallel, batch_tokens=max(1, batch_tokens))
         self.parallel = self.scheduler.parallel
-        self.waiting: "queue.Queue[Job]" = queue.Queue(maxsize=max_queue)
+        self.waiting: "queue.Queue[Job]" = queue.Queue()
+        self.max_queue, self.queued = max_queue, 0            # choices waiting to start
         self.active: list[Job] = []
         self.pending: Job | None = None     # taken from the queue, waiting for sequences to free
         self.stopping = False
         self.wake = threading.Event()
         self.lock = threading.Lock()          # the model, for requests outside the engine (metrics)
+        self.lock_queue = threading.Lock()
         self.served = 0
         self.steps = 0
         self.prompt_tokens = self.generated_tokens = 0
@@ -186,15 +192,20 @@ class Engine:
         self.thread.start()
 
     def submit(self, job: Job) -> None:
-        if job.request.n_choices > self.parallel:
-            raise ApiError(400, f"the request asks for {job.request.n_choices} completions; this server runs at "
-                           f"most {self.parallel} at once (--parallel)", param="n")
-        try:
+        n = job.request.n_choices
+        with self.lock_queue:
+            if self.queued and self.queued + n > self.max_queue:
+                raise ApiError(503, f"the server is overloaded: {self.queued} completions are waiting to start "
+                               f"(--max-queue {self.max_queue}); retry later", "server_error", "overloaded",
+                               headers={"Retry-After": "1"})
+            self.queued += n
+            job.todo = list(range(n))
             self.waiting.put_nowait(job)
-        except queue.Full:
-            raise ApiError(503, "the server is overloaded: too many requests are waiting; retry later",
-                           "server_error", "overloaded") from None
         self.wake.set()
+
+    def started(self, n: int) -> None:
+        with self.lock_queue:
+            self.queued -= n
 
     def stop(self) -> None:
         self.stopping = True
@@ -208,6 +219,7 @@ class Engine:
         """Ends a job: sends `item` (the end, or an error), frees its sequences."""
         if job in self.active:
             self.active.remove(job)
+        self.drop_todo(job)
         self.send(job, item)
         with self.lock:
             try:
@@ -218,6 +230,8 @@ class Engine:
         self.served += 1
 
     def admit(self) -> None:
+        """Starts waiting choices in order while sequences are free; a request's choices may start over several
+        steps (it stays pending until its last one has started)."""
         while True:
             if self.pending is None:
                 try:
@@ -226,23 +240,40 @@ class Engine:
                     return
             job = self.pending
             if job.cancelled:
-                self.pending = None
+                self.drop_todo(job)
                 continue
-            req = job.request
-            if req.n_choices > self.scheduler.free:
+            k = min(len(job.todo), self.scheduler.free)
+            if not k:
                 return
-            self.pending = None
-            self.active.append(job)
-            self.prompt_tokens += req.n * sum(len(p) for p in req.prompts)
-            try:
-                with self.lock:
-                    if job.echo_logprobs:        # one pass over each prompt, on a scratch sequence
-                        job.reply.prompt_lp = self.model.echo_logprobs(req.prompts, req.logprobs or 0, req.n)
-                    job.running = self.scheduler.add(req)
+            take, job.todo = job.todo[:k], job.todo[k:]
+            self.started(k)
+            if not job.todo:
+                self.pending = None
+            if job not in self.active:
+                self.active.append(job)
+            self.start(job, take)
+
+    def start(self, job: Job, take: list[int]) -> None:
+        req = job.request
+        self.prompt_tokens += sum(len(req.prompts[i // req.n]) for i in take)
+        try:
+            with self.lock:
+                if job.echo_logprobs and not job.opened:    # one pass over each prompt, on a scratch sequence
+                    job.reply.prompt_lp = self.model.echo_logprobs(req.prompts, req.logprobs or 0, req.n)
+                job.running += self.scheduler.add(req, take)
+            if not job.opened:
+                job.opened = True
                 for c in job.reply.opening():    # the echoed prompts (with their logprobs): the first chunks
                     self.send(job, c)
-            except Exception as e:  # noqa: BLE001 - reaches the client as an error
-                self.finish(job, e)
+        except Exception as e:  # noqa: BLE001 - reaches the client as an error
+            self.finish(job, e)
+
+    def drop_todo(self, job: Job) -> None:
+        """The job's choices that have not started will not."""
+        self.started(len(job.todo))
+        job.todo = []
+        if self.pending is job:
+            self.pending = None
 
     def run(self) -> None:
         while not self.stopping:
@@ -271,7 +302,7 @@ class Engine:
                 if c.finish:
                     job.running.remove(c)
             for job in {id(owner[id(c.request)]): owner[id(c.request)] for c, _ in done}.values():
-                if not job.running and job in self.active:
+                if not job.running and not job.todo and job in self.active:
                     if not job.reply.stream:
                         self.send(job, job.reply.final())
                     self.finish(job)
@@ -303,7 +334,7 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError) -> JSONResponse:
-        return _error(e.status, e.message, e.type, e.code, e.param)
+        return _error(e.status, e.message, e.type, e.code, e.param, e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
