@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .errors import ContextLengthError, DeviceError, GGUFError, MissingExtra, SuperggmlError, UnsupportedModelError
+from .errors import (ContextLengthError, DeviceError, GGUFError, MissingExtra, SavedSequenceError, SuperggmlError,
+                     UnsupportedModelError)
 from .generation.grammar import Grammar, GrammarError
 from .model import Model
 from .generation.sampling import SamplingParams
@@ -11,4 +12,4 @@ from .api.tools import ToolError
 __version__ = "0.1.0"
 
 __all__ = ["ContextLengthError", "DeviceError", "GGUFError", "Grammar", "GrammarError", "MissingExtra", "Model",
-           "SamplingParams", "SuperggmlError", "ToolError", "UnsupportedModelError", "__version__"]
+           "SamplingParams", "SavedSequenceError", "SuperggmlError", "ToolError", "UnsupportedModelError", "__version__"]

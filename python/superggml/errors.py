@@ -17,6 +17,10 @@ class ContextLengthError(SuperggmlError, ValueError):
     """A prompt or input does not fit in the model's context (ctx_size)."""
 
 
+class SavedSequenceError(SuperggmlError, ValueError):
+    """A saved sequence that this model cannot take: another model's or cache type's, or a damaged file."""
+
+
 class PoolExhausted(SuperggmlError):
     """Every buffer-pool slot is in use or pinned."""
 

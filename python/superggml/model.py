@@ -4,6 +4,7 @@ decoding to generation/, the OpenAI shapes to api/ (inherited mixins)."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import inspect
 import os
@@ -24,6 +25,7 @@ from .generation.sampling import Sampler, SamplingParams
 from .generation.mtp import MtpDrafter, mtp_bytes
 from .generation.speculative import DRAFT_BATCH, DraftLength, LookupDrafter, ModelDrafter, Speculator
 from .metrics import Metrics, MetricsWriter
+from .runtime import saved
 from .runtime.executor import Executor
 from .runtime.planner import MemoryPlan, model_bytes
 from .runtime.scheduler import LayerScheduler
@@ -392,6 +394,22 @@ class Model(Completions, Embeddings, Constraints):
     def reset(self) -> None:
         """Forgets the cached context."""
         self.truncate(0)
+
+    def save_sequence(self, path: str | os.PathLike[str]) -> None:
+        """Writes the current sequence (its tokens, last logits and memory) to `path` (runtime/saved.py)."""
+        self.check_open()
+        saved.save(self.runtime, os.fspath(path), self.identity)
+
+    def load_sequence(self, path: str | os.PathLike[str]) -> int:
+        """Makes the current sequence the one saved at `path`; returns its tokens. SavedSequenceError if the
+        file is another model's or cache type's, or damaged."""
+        self.check_open()
+        return saved.load(self.runtime, os.fspath(path), self.identity)
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """A hash of the GGUF's header and of samples of its data (saved sequences name their model by it)."""
+        return saved.model_identity(self.path)
 
     # -- evaluation ----------------------------------------------------------
     def eval(self, tokens: Sequence[int], *, logits_all: bool | None = None) -> np.ndarray:

@@ -99,6 +99,10 @@ class SequenceMemory(abc.ABC):
     def begin(self, seq: int, p0: int, n: int = 1) -> None:
         """A pass of `seq` starts at position p0 and feeds n of its tokens."""
 
+    def restored(self, seq: int, n: int) -> None:
+        """`seq`, empty, is about to hold n tokens written into its tensors directly (a saved sequence)."""
+        self.begin(seq, 0, n)
+
     def record_tensor(self, il: int) -> Any:
         """Where layer il's graph leaves a pass's inputs so that memory can go back into the pass (a recurrent
         state replays them), or None; only for the passes `records` names."""

@@ -150,6 +150,13 @@ class RecurrentStates:
         elif self.recorded is not None and self.recorded[0] == seq:
             self.recorded = None
 
+    def restored(self, seq: int, n: int) -> None:
+        """`seq`, empty, holds n tokens once its states are written directly (a saved sequence)."""
+        self.length[seq], self.last_n[seq] = n, 1
+        self.checkpoints.pop(seq, None)
+        if self.recorded is not None and self.recorded[0] == seq:
+            self.recorded = None
+
     def checkpoint(self, seq: int) -> None:
         """A checkpoint of `seq` where it is now."""
         n = self.length.get(seq, 0)
@@ -259,6 +266,10 @@ class HybridMemory(SequenceMemory):
 
     def checkpoint(self, seq: int) -> None:
         self.states.checkpoint(seq)
+
+    def restored(self, seq: int, n: int) -> None:
+        self.kv.restored(seq, n)
+        self.states.restored(seq, n)
 
     def record_tensor(self, il: int) -> Any:
         return self.states.record[self.index[il]] if self.recurrent[il] and self.states.record else None
