@@ -22,12 +22,12 @@ from .errors import ContextLengthError, GGUFError
 from .generation.decode import generate_step
 from .generation.grammar import Grammar, GrammarVocab
 from .generation.sampling import Sampler, SamplingParams
-from .generation.mtp import MtpDrafter, mtp_bytes
-from .generation.speculative import DRAFT_BATCH, DraftLength, LookupDrafter, ModelDrafter, Speculator
+from .generation import drafting
+from .generation.speculative import Speculator
 from .metrics import Metrics, MetricsWriter
 from .runtime import saved
 from .runtime.executor import Executor
-from .runtime.planner import MemoryPlan, model_bytes
+from .runtime.planner import MemoryPlan
 from .runtime.scheduler import LayerScheduler
 from .settings import Settings, options_doc, parse_size, signature
 from .tokenizer import Tokenizer
@@ -164,7 +164,7 @@ class Model(Completions, Embeddings, Constraints):
                                 # resident weights load in the background, block by block, while the KV
                                 # cache and the tokenizer are built and the first pass computes; streamed
                                 # ones go through the pager
-                                preload_repack=s.context.repack, reserve=self.draft_bytes())
+                                preload_repack=s.context.repack, reserve=drafting.draft_bytes(self))
         self.settings = s = self.runtime.settings          # device_budget and async_prefetch resolved
         self.memory_plan: MemoryPlan | None = self.runtime.memory_plan
         self.repacked_bytes = self.runtime.repacked_bytes
@@ -175,7 +175,7 @@ class Model(Completions, Embeddings, Constraints):
         if self.tokenizer.n_vocab != self.hparams.n_vocab:
             raise GGUFError(f"vocabulary has {self.tokenizer.n_vocab} tokens but the model {self.hparams.n_vocab}")
         if s.speculative.enabled:
-            self.speculator = self.make_speculator()
+            self.speculator = drafting.make_speculator(self, Model)
 
     def report(self) -> None:
         """The budget's line on stderr (an automatic budget that streams, or verbose), and verbose's summary."""
@@ -205,42 +205,6 @@ class Model(Completions, Embeddings, Constraints):
             del self.runtime
             del self.store
             self.file.close()
-
-    def draft_bytes(self) -> int:
-        """The memory the draft model will hold (its weights, or its draft_budget, and the rest), which the
-        automatic budget leaves it."""
-        sp = self.settings.speculative
-        if sp.draft_mtp:
-            return mtp_bytes(self)
-        if not sp.draft_model:
-            return 0
-        return model_bytes(sp.draft_model, dict(self.draft_options(), cache_type_k="f16", cache_type_v="f16",
-                                                device_budget=sp.draft_budget))
-
-    def draft_options(self) -> dict[str, Any]:
-        """The draft model's options: the model's context and threads, at most DRAFT_BATCH rows a pass."""
-        c = self.settings.context
-        return dict(ctx_size=c.ctx_size, n_batch=min(c.n_batch, DRAFT_BATCH), n_threads=c.n_threads, seed=c.seed,
-                    flash_attn=c.flash_attn, repack=c.repack, batch_invariant=c.batch_invariant)
-
-    def make_speculator(self) -> Speculator:
-        """The drafter the speculative settings ask for: a draft model (resident, or streamed within its own
-        draft_budget; draft_options) or prompt lookup."""
-        sp = self.settings.speculative
-        length = DraftLength(sp.draft_min, sp.draft_max, sp.draft_k)
-        if sp.draft_mtp:
-            return Speculator(MtpDrafter(self, p_min=sp.draft_p_min), length)
-        if not sp.draft_model:
-            return Speculator(LookupDrafter(sp.lookup_ngram), length)
-        kw = self.draft_options()
-        # resident (the target's automatic budget left its memory), or streamed within its own draft_budget
-        kw.update(device_budget="off" if sp.draft_budget is None else sp.draft_budget, async_prefetch=True)
-        draft = Model(sp.draft_model, **kw)
-        try:
-            return Speculator(ModelDrafter(draft, self, p_min=sp.draft_p_min), length)
-        except BaseException:
-            draft.close()
-            raise
 
     def __enter__(self) -> "Model":
         return self
