@@ -9,6 +9,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import synth_gguf
 from superggml import Model, cli
 from superggml.api.keys import allows, check_bind, is_loopback, load_keys
 from superggml.server import serve
@@ -156,3 +157,53 @@ def test_a_prompt_list_beyond_parallel_is_queued_choice_by_choice(smollm2_path):
     ch = sorted(r.json()["choices"], key=lambda c: c["index"])
     assert [c["index"] for c in ch] == list(range(300))
     assert [c["text"] for c in ch] == alone
+
+
+def test_slots_reuse_prefixes_and_save_and_restore(smollm2_path, tmp_path):
+    """A second request that extends the first's prompt prefills only the new tokens, with the output it has
+    without reuse; a slot saved, erased and restored is reused the same way; files that are not this model's
+    sequence, or names that leave --slot-save-path, get 400, and the server stays up."""
+    first = "The history of the city begins in the year 1200, when"
+    second = first + " a small group of monks"
+    body = dict(max_tokens=8, temperature=0)
+    with Model(smollm2_path, ctx_size=256, n_threads=2, batch_invariant=True) as m:
+        want = m.create_completion(second, **body)["choices"][0]["text"]
+        n_first = len(m.tokenize(first))
+        s = Server(m, parallel=2, slot_save_path=str(tmp_path))
+        try:
+            def ask(prompt: str) -> tuple[str, dict]:
+                r = httpx.post(s.url + "/v1/completions", json={"prompt": prompt, **body}, timeout=120).json()
+                return r["choices"][0]["text"], httpx.get(s.url + "/v1/stats").json()
+
+            _, st0 = ask(first)
+            text, st1 = ask(second)
+            assert text == want
+            assert st1["prompt_tokens_cached"] - st0["prompt_tokens_cached"] == n_first
+            slots = httpx.get(s.url + "/slots").json()
+            busy = [x for x in slots if x["n_tokens"]]
+            sid = busy[0]["id"]
+            r = httpx.post(s.url + f"/slots/{sid}?action=save", json={"filename": "conv.bin"}).json()
+            assert r["n_saved"] == busy[0]["n_tokens"] and r["n_written"] == (tmp_path / "conv.bin").stat().st_size
+            for x in slots:
+                assert httpx.post(s.url + f"/slots/{x['id']}?action=erase").json()["id_slot"] == x["id"]
+            assert all(x["n_tokens"] == 0 for x in httpx.get(s.url + "/slots").json())
+            r = httpx.post(s.url + f"/slots/{sid}?action=restore", json={"filename": "conv.bin"}).json()
+            assert r["n_restored"] == busy[0]["n_tokens"]
+            text, st2 = ask(second)
+            assert text == want and st2["prompt_tokens_cached"] - st1["prompt_tokens_cached"] >= n_first
+
+            (tmp_path / "short.bin").write_bytes((tmp_path / "conv.bin").read_bytes()[:1000])
+            other = synth_gguf.synth(tmp_path / "o.gguf", synth_gguf.vocab_fields(smollm2_path), "llama")
+            with Model(other, ctx_size=256, n_threads=2) as o:
+                o.eval([1, 2, 3])
+                o.save_sequence(tmp_path / "other.bin")
+            for name, status in (("short.bin", 400), ("other.bin", 400), ("../conv.bin", 400), ("/etc/passwd", 400),
+                                 (".hidden", 400), ("missing.bin", 400)):
+                r = httpx.post(s.url + f"/slots/{sid}?action=restore", json={"filename": name})
+                assert r.status_code == status, (name, r.text)
+                assert r.json()["error"]["param"] == "filename"
+            assert httpx.post(s.url + "/slots/9?action=save", json={"filename": "x"}).status_code == 400
+            assert httpx.get(s.url + "/health").json()["status"] == "ok"
+            assert ask(second)[0] == want
+        finally:
+            s.close()

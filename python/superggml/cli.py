@@ -127,7 +127,7 @@ def _cmd_serve(a: argparse.Namespace) -> int:
         kw["kv_device_layers"] = model_layout(_model_path(a.model)).n_layer * a.parallel   # all on the device
     with Model(_model_path(a.model), **kw) as m:
         serve(m, host=a.host, port=a.port, parallel=a.parallel, max_queue=a.max_queue, batch_tokens=a.batch_tokens,
-              log_level=a.log_level, api_keys=keys, insecure=a.insecure)
+              log_level=a.log_level, api_keys=keys, insecure=a.insecure, slot_save_path=a.slot_save_path)
     return 0
 
 
@@ -315,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key-file", metavar="F", help="keys, one per line (# comments)")
     sv.add_argument("--insecure", action="store_true",
                     help="listen beyond loopback with no API key (refused otherwise)")
+    sv.add_argument("--slot-save-path", metavar="DIR",
+                    help="directory where POST /slots/{id}?action=save|restore keeps saved sequences")
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     sv.set_defaults(func=_cmd_serve)
 

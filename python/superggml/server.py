@@ -33,7 +33,7 @@ from typing import Any, Literal, Optional, Sequence, Union
 
 import numpy as np
 
-from .errors import ContextLengthError, require_extra
+from .errors import ContextLengthError, SavedSequenceError, require_extra
 
 require_extra("server", "superggml's server")
 from fastapi import FastAPI, Request  # noqa: E402
@@ -114,6 +114,11 @@ class TokenizeBody(BaseModel):
     with_pieces: bool = False
 
 
+class SlotBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    filename: str
+
+
 class DetokenizeBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tokens: list[int]
@@ -174,7 +179,7 @@ class Engine:
 
     def __init__(self, model: Model, *, parallel: int = 4, max_queue: int = 64, batch_tokens: int = 512):
         self.model = model
-        self.scheduler = BatchScheduler(model, parallel=parallel, batch_tokens=max(1, batch_tokens))
+        self.scheduler = BatchScheduler(model, parallel=parallel, batch_tokens=max(1, batch_tokens), slots=True)
         self.parallel = self.scheduler.parallel
         self.waiting: "queue.Queue[Job]" = queue.Queue()
         self.max_queue, self.queued = max_queue, 0            # choices waiting to start
@@ -186,7 +191,7 @@ class Engine:
         self.lock_queue = threading.Lock()
         self.served = 0
         self.steps = 0
-        self.prompt_tokens = self.generated_tokens = 0
+        self.prompt_tokens = self.generated_tokens = self.cached_tokens = 0
         self.prompt_seconds = self.generation_seconds = 0.0     # engine steps with prompt rows, and without
         self.thread = threading.Thread(target=self.run, name="superggml-engine", daemon=True)
         self.thread.start()
@@ -211,6 +216,8 @@ class Engine:
         self.stopping = True
         self.wake.set()
         self.thread.join(timeout=30)
+        with self.lock:
+            self.scheduler.close()
 
     def send(self, job: Job, item: Any) -> None:
         job.loop.call_soon_threadsafe(job.out.put_nowait, item)
@@ -255,12 +262,14 @@ class Engine:
 
     def start(self, job: Job, take: list[int]) -> None:
         req = job.request
-        self.prompt_tokens += sum(len(req.prompts[i // req.n]) for i in take)
         try:
             with self.lock:
                 if job.echo_logprobs and not job.opened:    # one pass over each prompt, on a scratch sequence
                     job.reply.prompt_lp = self.model.echo_logprobs(req.prompts, req.logprobs or 0, req.n)
-                job.running += self.scheduler.add(req, take)
+                new = self.scheduler.add(req, take)
+            job.running += new
+            self.prompt_tokens += sum(len(c.pending) for c in new)      # fed: what their slots did not hold
+            self.cached_tokens += sum(c.kept for c in new)
             if not job.opened:
                 job.opened = True
                 for c in job.reply.opening():    # the echoed prompts (with their logprobs): the first chunks
@@ -318,6 +327,7 @@ class Engine:
 
     def counts(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
+                "cached_tokens": self.cached_tokens,
                 "decode_steps": self.steps, "requests": self.served, "processing": len(self.active),
                 "deferred": self.waiting.qsize() + (self.pending is not None),
                 "prompt_seconds": self.prompt_seconds, "generation_seconds": self.generation_seconds}
@@ -363,9 +373,10 @@ def add_error_handlers(app: FastAPI) -> None:
 class Routes:
     """What each endpoint does, over one model and the engine that owns it; create_app maps the paths here."""
 
-    def __init__(self, model: Model, engine: Engine, model_id: str):
+    def __init__(self, model: Model, engine: Engine, model_id: str, slot_save_path: str | None = None):
         self.model, self.engine, self.mid = model, engine, model_id
         self.created = int(time.time())
+        self.save_dir = slot_save_path
 
     async def health(self) -> dict[str, Any]:
         return {"status": "ok", "model": self.mid, "active": len(self.engine.active),
@@ -392,7 +403,8 @@ class Routes:
         engine = self.engine
         _, snap = await asyncio.to_thread(self.snapshot)
         snap.update(requests_active=len(engine.active), requests_waiting=engine.waiting.qsize(),
-                    requests_served=engine.served, engine_steps=engine.steps)
+                    requests_served=engine.served, engine_steps=engine.steps,
+                    prompt_tokens_processed=engine.prompt_tokens, prompt_tokens_cached=engine.cached_tokens)
         return snap
 
     async def metrics(self) -> Response:
@@ -419,6 +431,80 @@ class Routes:
         if bad:
             raise ApiError(400, f"token ids must be in [0, {n}); got {bad[0]}", param="tokens")
         return {"content": self.model.detokenize(body.tokens).decode("utf-8", errors="replace")}
+
+    async def slots(self) -> list[dict[str, Any]]:
+        sl = self.engine.scheduler.slots
+        assert sl is not None
+        with self.engine.lock:
+            return [{"id": i, "n_tokens": len(sl.tokens(i)), "is_processing": sl.busy[i]} for i in range(len(sl))]
+
+    async def slot_action(self, id_slot: int, action: str, body: Optional[SlotBody] = None) -> dict[str, Any]:
+        """llama-server's /slots/{id}?action=save|restore|erase: a slot's sequence to a file of --slot-save-path
+        and back (a later prompt that extends it prefills only the rest), or emptied."""
+        sl = self.engine.scheduler.slots
+        assert sl is not None
+        if not 0 <= id_slot < len(sl):
+            raise ApiError(400, f"slot ids are 0..{len(sl) - 1}", param="id_slot")
+        if action == "erase":
+            with self.engine.lock:
+                n = len(sl.tokens(id_slot))
+                self.slot_sequence(sl, id_slot, empty=True)
+            return {"id_slot": id_slot, "n_erased": n}
+        if action not in ("save", "restore"):
+            raise ApiError(400, f"action must be save, restore or erase, not {action!r}", param="action")
+        if body is None:
+            raise ApiError(400, f"action={action} needs a JSON body with a filename", param="filename")
+        path = self.slot_file(body.filename)
+        t0 = time.perf_counter()
+        n = await asyncio.to_thread(self.save_slot if action == "save" else self.restore_slot, sl, id_slot, path)
+        ms = round(1000 * (time.perf_counter() - t0), 3)
+        size = os.path.getsize(path)
+        if action == "save":
+            return {"id_slot": id_slot, "filename": body.filename, "n_saved": n, "n_written": size,
+                    "timings": {"save_ms": ms}}
+        return {"id_slot": id_slot, "filename": body.filename, "n_restored": n, "n_read": size,
+                "timings": {"restore_ms": ms}}
+
+    def slot_file(self, name: str) -> str:
+        if self.save_dir is None:
+            raise ApiError(501, "saving and restoring slots needs --slot-save-path", code="not_supported")
+        if (not name or name.startswith(".") or os.path.basename(name) != name or "\\" in name or "\0" in name):
+            raise ApiError(400, f"filename {name!r} is not a plain file name (it must stay in --slot-save-path)",
+                           param="filename")
+        return os.path.join(self.save_dir, name)
+
+    def slot_sequence(self, sl: Any, id_slot: int, empty: bool = False) -> int:
+        if sl.busy[id_slot]:
+            raise ApiError(409, f"slot {id_slot} is busy", code="slot_busy")
+        if empty:
+            return int(sl.place(id_slot))
+        seq = sl.seq[id_slot]
+        if seq is None or not sl.tokens(id_slot):
+            raise ApiError(400, f"slot {id_slot} holds nothing to save", param="id_slot")
+        return int(seq)
+
+    def save_slot(self, sl: Any, id_slot: int, path: str) -> int:
+        with self.engine.lock:
+            seq = self.slot_sequence(sl, id_slot)
+            self.on_sequence(seq, lambda: self.model.save_sequence(path))
+            return len(sl.tokens(id_slot))
+
+    def restore_slot(self, sl: Any, id_slot: int, path: str) -> int:
+        with self.engine.lock:
+            seq = self.slot_sequence(sl, id_slot, empty=True)
+            try:
+                return self.on_sequence(seq, lambda: self.model.load_sequence(path))
+            except SavedSequenceError as e:
+                raise ApiError(400, str(e), param="filename", code="invalid_saved_sequence") from None
+
+    def on_sequence(self, seq: int, work: Any) -> Any:
+        """work() with `seq` as the model's current sequence (the engine's lock held)."""
+        prev = self.model.sequence
+        self.model.use_sequence(seq)
+        try:
+            return work()
+        finally:
+            self.model.use_sequence(prev)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.mid:
@@ -544,10 +630,11 @@ class Routes:
 
 
 def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, max_queue: int = 64,
-               batch_tokens: int = 512, api_keys: Sequence[str] = ()) -> FastAPI:
-    """The FastAPI app serving `model` (closed with the app); with api_keys, every route but /health needs one."""
+               batch_tokens: int = 512, api_keys: Sequence[str] = (), slot_save_path: str | None = None) -> FastAPI:
+    """The FastAPI app serving `model` (closed with the app); with api_keys, every route but /health needs one;
+    slots are saved to and restored from files of slot_save_path."""
     engine = Engine(model, parallel=parallel, max_queue=max_queue, batch_tokens=batch_tokens)
-    routes = Routes(model, engine, model_id or os.path.basename(model.path))
+    routes = Routes(model, engine, model_id or os.path.basename(model.path), slot_save_path)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
@@ -565,6 +652,8 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
     app.get("/v1/stats")(routes.stats)
     app.post("/tokenize")(routes.tokenize)
     app.post("/detokenize")(routes.detokenize)
+    app.get("/slots")(routes.slots)
+    app.post("/slots/{id_slot}")(routes.slot_action)
     app.post("/v1/completions")(routes.completions)
     app.post("/v1/embeddings")(routes.embeddings)
     app.post("/v1/chat/completions")(routes.chat)
@@ -575,9 +664,12 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
 
 def serve(model: Model, *, host: str = "127.0.0.1", port: int = 8080, parallel: int = 4, max_queue: int = 64,
           batch_tokens: int = 512, log_level: str = "info", api_keys: Sequence[str] = (),
-          insecure: bool = False) -> None:
+          insecure: bool = False, slot_save_path: str | None = None) -> None:
     import uvicorn
 
     check_bind(host, api_keys, insecure)
-    app = create_app(model, parallel=parallel, max_queue=max_queue, batch_tokens=batch_tokens, api_keys=api_keys)
+    if slot_save_path is not None and not os.path.isdir(slot_save_path):
+        raise ValueError(f"--slot-save-path {slot_save_path!r} is not a directory")
+    app = create_app(model, parallel=parallel, max_queue=max_queue, batch_tokens=batch_tokens, api_keys=api_keys,
+                     slot_save_path=slot_save_path)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

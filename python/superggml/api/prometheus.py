@@ -37,7 +37,7 @@ STAT_GAUGES = (
 
 def families(stats: Mapping[str, Any], serving: Mapping[str, Any], snapshot: Mapping[str, Any]) -> Iterator[Metric]:
     """The metric families of one scrape: the model's stats(), the engine's counts (prompt_tokens,
-    generated_tokens, decode_steps, requests, processing, deferred, prompt_seconds, generation_seconds) and the
+    cached_tokens, generated_tokens, decode_steps, requests, processing, deferred, prompt_seconds, generation_seconds) and the
     metrics snapshot (K/V pages per tier, memory pressure)."""
     def counter(name: str, value: float, doc: str) -> Metric:
         c = CounterMetricFamily(P + name, doc)
@@ -48,7 +48,8 @@ def families(stats: Mapping[str, Any], serving: Mapping[str, Any], snapshot: Map
         return GaugeMetricFamily(P + name, doc, value=float(value))
 
     s = serving
-    yield counter("prompt_tokens", s["prompt_tokens"], "prompt tokens processed")
+    yield counter("prompt_tokens", s["prompt_tokens"], "prompt tokens processed (fed to the model)")
+    yield counter("prompt_tokens_cached", s["cached_tokens"], "prompt tokens found in a slot, not fed again")
     yield counter("tokens_predicted", s["generated_tokens"], "tokens generated")
     yield counter("n_decode", s["decode_steps"], "engine steps (shared forward passes)")
     yield counter("requests", s["requests"], "requests finished")

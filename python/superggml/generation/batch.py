@@ -4,7 +4,9 @@ Prompt lists, `n=`, `superggml generate --prompts-file` and the server all run t
 `step` is one shared forward pass (schedule -> pass -> update, as vLLM v1's): the next token of every completion
 decoding, then prompt chunks of those prefilling, up to `batch_tokens` tokens. It returns plain data: (completion,
 text to send) for each that sampled a token. A completion has a sequence of its own, reserved from the model's
-sequences when it starts and dropped when it ends; the model's current sequence is left alone.
+sequences when it starts and dropped when it ends; or, with slots (the server's), the sequence of a slot, which
+outlives it so that a later prompt that extends its tokens prefills only the rest (generation/slots.py). The
+model's current sequence is left alone.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ..api.choices import Choice, LogprobEntry
 from .decode import pick
 from .grammar import Grammar, Matcher
 from .sampling import Sampler
+from .slots import Slots
 
 
 @dataclass(eq=False)
@@ -48,6 +51,8 @@ class Completion:
     sampler: Sampler
     matcher: Matcher | None = None
     request: Request | None = field(default=None, repr=False)
+    slot: int | None = None                      # the slot whose sequence it runs on
+    kept: int = 0                                # prompt tokens its sequence already held
 
     @property
     def finish(self) -> str | None:
@@ -61,11 +66,12 @@ class Completion:
 class BatchScheduler:
     """Continuous batching over `model` (superggml.Model): up to `parallel` completions at once."""
 
-    def __init__(self, model: Any, *, parallel: int = 64, batch_tokens: int | None = None):
+    def __init__(self, model: Any, *, parallel: int = 64, batch_tokens: int | None = None, slots: bool = False):
         self.model = model
         self.parallel = max(1, parallel)
         self.batch_tokens = batch_tokens
         self.running: list[Completion] = []
+        self.slots = Slots(model.runtime.sequences, self.parallel) if slots else None
 
     @property
     def free(self) -> int:
@@ -78,18 +84,22 @@ class BatchScheduler:
         if len(indices) > self.free:
             raise ValueError(f"{len(indices)} completions asked for, {self.free} of {self.parallel} free")
         limits = {i: m.completion_limit(req.prompts[i // req.n], req.max_tokens) for i in indices}
-        ids = m.runtime.sequences.reserve(len(indices))
-        out = []
+        out: list[Completion] = []
         try:
-            for i, seq in zip(indices, ids):
+            for i in indices:
+                prompt = list(req.prompts[i // req.n])
                 seed = m.seed if req.sampling.get("seed") is None else req.sampling["seed"]
                 if seed is not None and seed >= 0:
                     seed += i % req.n
                 choice = Choice(m.tokenizer, limits[i], req.stop, req.logprobs, req.keep)
-                out.append(Completion(i, seq, list(req.prompts[i // req.n]), choice,
-                                      m.sampler(**{**req.sampling, "seed": seed}), m.matcher(req.grammar), req))
+                sampler, matcher = m.sampler(**{**req.sampling, "seed": seed}), m.matcher(req.grammar)
+                if self.slots is not None:
+                    slot, seq, kept = self.slots.take(prompt)
+                else:
+                    slot, seq, kept = None, m.runtime.sequences.reserve(1)[0], 0
+                out.append(Completion(i, seq, prompt[kept:], choice, sampler, matcher, req, slot, kept))
         except BaseException:
-            m.runtime.sequences.release(ids)
+            self.end(out)
             raise
         self.running += out
         return out
@@ -98,7 +108,19 @@ class BatchScheduler:
         """Ends completions (finished or cancelled): their sequences are dropped."""
         gone = set(map(id, done))
         self.running = [c for c in self.running if id(c) not in gone]
-        self.model.runtime.sequences.release([c.seq for c in done])
+        self.end(done)
+
+    def end(self, done: Sequence[Completion]) -> None:
+        """The completions' sequences: back to their slots, or dropped."""
+        for c in done:
+            if c.slot is not None and self.slots is not None:
+                self.slots.give_back(c.slot)
+        self.model.runtime.sequences.release([c.seq for c in done if c.slot is None])
+
+    def close(self) -> None:
+        """Drops the slots' sequences."""
+        if self.slots is not None:
+            self.slots.close()
 
     def step(self) -> list[tuple[Completion, str]]:
         """One forward pass: (completion, text to send) for each that sampled a token. Finished ones (finish

@@ -85,13 +85,13 @@ class Sequences:
         else:
             self.table.pop(seq, None)
 
-    def truncate(self, n: int) -> int:
-        """Keeps the first n tokens of the current sequence and frees the memory after them; the sequence has
-        no last logits after it. Returns the tokens kept, fewer when the memory cannot go back to n itself
-        (memory.truncate_point): none when sliding-window layers have already freed keys that position n needs
-        (paged_kv without swa_full), as llama.cpp then re-evaluates the prompt; a recurrent state's latest
-        checkpoint before n. The caller feeds the rest again."""
-        seq = self.current
+    def truncate(self, n: int, seq_id: int | None = None) -> int:
+        """Keeps the first n tokens of the current sequence (or of `seq_id`) and frees the memory after them;
+        the sequence has no last logits after it. Returns the tokens kept, fewer when the memory cannot go back
+        to n itself (memory.truncate_point): none when sliding-window layers have already freed keys that
+        position n needs (paged_kv without swa_full), as llama.cpp then re-evaluates the prompt; a recurrent
+        state's latest checkpoint before n. The caller feeds the rest again."""
+        seq = self.current if seq_id is None else self.get(seq_id)
         if not 0 <= n <= seq.n_past:
             raise ValueError(f"truncate: n must be in [0, {seq.n_past}], not {n}")
         n = self.memory.truncate_point(seq.id, n)

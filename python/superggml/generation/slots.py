@@ -1,0 +1,76 @@
+"""Slots, as llama-server's: a fixed number of sequences that outlive their completions. A new completion takes
+the free slot whose tokens share the longest prefix with its prompt and prefills only the rest; with no shared
+prefix, the least recently used free slot is emptied for it. A slot's sequence can be saved to a file and
+restored (the server's /slots)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Slots:
+    """n slots over a model's sequences (runtime.sequences): each holds a sequence id or None, and is busy while a
+    completion runs on it."""
+
+    def __init__(self, sequences: Any, n: int):
+        self.sequences = sequences
+        self.seq: list[int | None] = [None] * n
+        self.busy = [False] * n
+        self.used = [0] * n
+        self.clock = 0
+        self.cached_tokens = 0            # prompt tokens a completion found in its slot, not fed again
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def tokens(self, slot: int) -> list[int]:
+        s = self.seq[slot]
+        return self.sequences.tokens(s) if s is not None else []
+
+    def take(self, prompt: Sequence[int]) -> tuple[int, int, int]:
+        """(slot, sequence, tokens of the prompt it already holds) for a completion of `prompt`; the slot is
+        busy until give_back. The last prompt token is always fed again, for its logits."""
+        free = [i for i in range(len(self.seq)) if not self.busy[i]]
+        if not free:
+            raise ValueError("every slot is busy")
+        best = max(free, key=lambda i: (shared_prefix(self.tokens(i), prompt[:-1]), -self.used[i]))
+        k = shared_prefix(self.tokens(best), prompt[:-1])
+        if k == 0:
+            best = min(free, key=lambda i: (self.seq[i] is not None, self.used[i]))
+        seq = self.seq[best]
+        if seq is None:
+            seq = self.seq[best] = self.sequences.reserve(1)[0]
+        kept = self.sequences.truncate(k, seq)
+        self.busy[best] = True
+        self.cached_tokens += kept
+        return best, seq, kept
+
+    def give_back(self, slot: int) -> None:
+        self.busy[slot] = False
+        self.clock += 1
+        self.used[slot] = self.clock
+
+    def place(self, slot: int) -> int:
+        """Slot `slot`'s sequence, emptied (made if it has none), for a restore; ValueError if it is busy."""
+        if not 0 <= slot < len(self.seq):
+            raise IndexError(f"slot ids are 0..{len(self.seq) - 1}")
+        if self.busy[slot]:
+            raise ValueError(f"slot {slot} is busy")
+        if self.seq[slot] is None:
+            self.seq[slot] = self.sequences.reserve(1)[0]
+        self.sequences.truncate(0, self.seq[slot])
+        self.give_back(slot)
+        return self.seq[slot]
+
+    def close(self) -> None:
+        self.sequences.release([s for s in self.seq if s is not None])
+        self.seq = [None] * len(self.seq)
