@@ -38,7 +38,8 @@ from .errors import ContextLengthError, SavedSequenceError, require_extra
 require_extra("server", "superggml's server")
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.exceptions import RequestValidationError  # noqa: E402
-from fastapi.responses import JSONResponse, Response, StreamingResponse  # noqa: E402
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse  # noqa: E402
+from fastapi.staticfiles import StaticFiles  # noqa: E402
 from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 
@@ -46,6 +47,7 @@ from .api.chat import ChatTemplateError
 from .api.choices import MAX_LOGPROBS, sampling_options, stop_list
 from .api.completions import echo_texts
 from .api.keys import RequireKey, check_bind
+from .api.live import LiveView, events as live_events
 from .api.prometheus import CONTENT_TYPE, prometheus_text
 from .api.reply import Reply
 from .api.tools import ToolError, ToolRequest
@@ -53,6 +55,9 @@ from .generation.batch import BatchScheduler, Completion
 from .generation.batch import Request as BatchRequest
 from .generation.grammar import Grammar, GrammarError
 from .model import Model
+
+
+WEB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")     # the page's files
 
 
 # -- request bodies (unknown fields are refused, as types are) -------------------
@@ -377,6 +382,8 @@ class Routes:
         self.model, self.engine, self.mid = model, engine, model_id
         self.created = int(time.time())
         self.save_dir = slot_save_path
+        self.live = LiveView(model)
+        self.last_stats: dict[str, Any] = {}
 
     async def health(self) -> dict[str, Any]:
         return {"status": "ok", "model": self.mid, "active": len(self.engine.active),
@@ -410,6 +417,25 @@ class Routes:
     async def metrics(self) -> Response:
         st, snap = await asyncio.to_thread(self.snapshot)
         return Response(prometheus_text(st, self.engine.counts(), snap), media_type=CONTENT_TYPE)
+
+    async def page(self) -> FileResponse:
+        return FileResponse(os.path.join(WEB, "index.html"))
+
+    async def live_stream(self, request: Request) -> StreamingResponse:
+        """The live view's snapshots as server-sent events (api/live.py)."""
+        async def take() -> tuple[dict[str, Any], dict[str, Any]]:
+            return await asyncio.to_thread(self.live_stats)
+        return StreamingResponse(live_events(self.live, take, request.is_disconnected),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    def live_stats(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The model's stats() between passes; during a long pass, the last ones (the page still ticks)."""
+        if self.engine.lock.acquire(timeout=0.2):
+            try:
+                self.last_stats = self.model.stats()
+            finally:
+                self.engine.lock.release()
+        return self.last_stats, self.engine.counts()
 
     async def tokenize(self, body: TokenizeBody) -> dict[str, Any]:
         ids = self.model.tokenize(body.content, add_bos=body.add_special, special=body.parse_special)
@@ -652,6 +678,9 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
     app.get("/v1/stats")(routes.stats)
     app.post("/tokenize")(routes.tokenize)
     app.post("/detokenize")(routes.detokenize)
+    app.get("/")(routes.page)
+    app.mount("/web", StaticFiles(directory=WEB), name="web")
+    app.get("/v1/events")(routes.live_stream)
     app.get("/slots")(routes.slots)
     app.post("/slots/{id_slot}")(routes.slot_action)
     app.post("/v1/completions")(routes.completions)

@@ -1,6 +1,7 @@
 """API keys for `superggml serve`: requests carry `Authorization: Bearer <key>`, as OpenAI's, llama-server's and
 vLLM's do. Keys come from --api-key (repeatable), --api-key-file (one per line) and SUPERGGML_API_KEY; they are
-compared in constant time. A server with no key listens on loopback only, unless told --insecure."""
+compared in constant time. The health check and the page (which asks for a key) are open. A server with no key
+listens on loopback only, unless told --insecure."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import json
 import os
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
-OPEN_PATHS = ("/health",)          # answered without a key
+OPEN_PATHS = ("/health", "/")       # answered without a key: the health check and the page
+OPEN_PREFIXES = ("/web/",)           # the page's static files
 
 
 class KeyFileError(ValueError):
@@ -70,7 +72,8 @@ class RequireKey:
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
-        if scope["type"] != "http" or not self.keys or scope["path"] in self.open:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not self.keys or path in self.open or path.startswith(OPEN_PREFIXES):
             await self.app(scope, receive, send)
             return
         auth = dict(scope.get("headers") or []).get(b"authorization", b"")

@@ -44,6 +44,9 @@ class NullPager:
     def stats(self) -> dict[str, Any]:
         return {}
 
+    def places(self) -> dict[int, str]:
+        return {}
+
 
 class WeightPager:
     """A native.LayerPager over `keys`, the ones one device holds in pass order (its blocks, then the head
@@ -91,6 +94,13 @@ class WeightPager:
 
     def pin(self, key: Key) -> None:
         self.core.pin(self.index(key))
+
+    def places(self) -> dict[int, str]:
+        """Where each block's weights are now: "pinned" (a slot they keep), "slot" (a slot until evicted) or
+        "file" (read again on use). The native pager answers from any thread."""
+        p = self.core
+        return {k.b: "pinned" if p.pinned(i) else "slot" if p.resident(i) else "file"
+                for i, k in enumerate(self.keys) if isinstance(k, Block)}
 
     def stats(self) -> dict[str, Any]:
         p = self.core

@@ -218,6 +218,13 @@ class WeightPlacement:
             self.loader.cancel()
             self.loader = None
 
+    def block_places(self) -> list[str]:
+        """Each block's place (WeightPager.places), "resident" where no pager holds it."""
+        places: dict[int, str] = {}
+        for pg in self.pagers:
+            places.update(pg.places())
+        return [places.get(b, "resident") for b in range(self.hp.n_layer)]
+
     @property
     def pager(self) -> WeightPager | NullPager:
         """The first device's pager (the only one of a model on one device)."""
