@@ -134,7 +134,8 @@ def test_stub_matches_the_built_module():
 
 
 def test_paging_and_gguf_pass_mypy_strict(mypy_cache):
-    r = _mypy_strict(mypy_cache, "python/superggml/native.pyi", "python/superggml/paging.py", "python/superggml/gguf.py")
+    r = _mypy_strict(mypy_cache, "python/superggml/native.pyi", "python/superggml/paging.py", "python/superggml/gguf.py",
+                     "python/superggml/hashes.py")
     assert r.returncode == 0, r.stdout + r.stderr
 
 

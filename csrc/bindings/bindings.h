@@ -44,6 +44,7 @@ void init_telemetry(pybind11::module_ & m);
 void init_expert_cache(pybind11::module_ & m);
 void init_kv_cache(pybind11::module_ & m);
 void init_io(pybind11::module_ & m);
+void init_content_hash(pybind11::module_ & m);
 void init_weight_loader(pybind11::module_ & m);
 void init_rpc(pybind11::module_ & m);
 

@@ -15,6 +15,7 @@ PYBIND11_MODULE(native, m) {
     superggml::init_telemetry(m);
     superggml::init_kv_cache(m);
     superggml::init_io(m);
+    superggml::init_content_hash(m);
     superggml::init_weight_loader(m);
     superggml::init_expert_cache(m);
     superggml::init_rpc(m);

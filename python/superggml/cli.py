@@ -188,7 +188,19 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
         _print_rpc_devices(a.rpc.split(","))
     res = analyze(path, budgets, n_threads=a.threads or default_threads(), direct_io=direct, progress=not a.json,
                   measure=not a.no_measure, hit_rate=a.hit_rate, full=a.full, **where)
-    print(json.dumps(res.to_json(), indent=1) if a.json else format_analysis(res))
+    out = res.to_json()
+    hashes = None
+    if a.hashes:                # content addresses (superggml.hashes): computed once, then from the sidecar index
+        from .hashes import content_hashes
+        hashes = content_hashes(path, n_threads=a.threads or default_threads())
+        out["hashes"] = {"model": hashes.model, "blocks": hashes.blocks, "tensors": hashes.tensors,
+                         "experts": hashes.experts}
+    print(json.dumps(out, indent=1) if a.json else format_analysis(res))
+    if hashes is not None and not a.json:
+        print(f"content hashes (ggml RPC's FNV-1a; {len(hashes.tensors)} tensors, "
+              f"{sum(map(len, hashes.experts.values()))} experts): model {hashes.model}")
+        for b, h in hashes.blocks.items():
+            print(f"  block {b:3d}  {h}")
     return 0
 
 
@@ -343,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="ggml RPC servers: the compute is measured on their devices (see --devices)")
     an.add_argument("--devices", default=None, metavar="DEV,DEV", help="with --rpc: the devices the blocks "
                     "split over (default: this machine and the servers, by free memory)")
+    an.add_argument("--hashes", action="store_true",
+                    help="the content hashes of the model and each block (kept in a sidecar index once computed)")
     an.add_argument("--json", action="store_true")
     an.set_defaults(func=_cmd_analyze)
 

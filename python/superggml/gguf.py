@@ -10,6 +10,7 @@ from typing import Any, NamedTuple, Optional, Union
 import numpy as np
 
 from . import native
+from .hashes import ContentHashes, content_hashes
 from .paging import LoadFuture, Prefetcher, Slot, ggml_type
 
 __all__ = ["Activations", "GGUFReader", "TensorInfo", "block_mins", "dequantize", "open", "quantize_activations",
@@ -174,6 +175,11 @@ class GGUFReader:
         ti = self.info(name)
         raw = self.read(name, rows=rows)
         return dequantize(raw, ti.type, (ti.shape[0], raw.shape[0]), dtype=dtype)
+
+    def hashes(self, *, n_threads: Optional[int] = None) -> ContentHashes:
+        """The file's content hashes: each tensor's (ggml RPC's hash of its bytes), block's and expert's
+        (superggml.hashes; computed once, then read from the sidecar index)."""
+        return content_hashes(self.path, n_threads=n_threads)
 
     def close(self) -> None:
         if self._file is not None:

@@ -604,5 +604,14 @@ def host_memory_trim() -> bool:
 def devices() -> list[_DeviceMemory]:
     """The ggml devices of this build: name, description, type, memory_free, memory_total."""
 
+# ---------------------------------------------------------------------------------------------------------------
+# Content addresses (csrc/content-hash.h)
+
+def content_hash(data: _BufferLike, seed: int = 0xCBF29CE484222325) -> int:
+    """FNV-1a (64-bit) of the bytes, as ggml RPC hashes a tensor's data; seed continues an earlier hash."""
+
+def content_hash_ranges(path: str, ranges: Sequence[tuple[int, int]], n_threads: int = 1) -> list[int]:
+    """content_hash of each (offset, size) range of the file, read on n_threads threads (GIL released)."""
+
 # The internals (WeightLoader, ExpertCache, rpc_*, I/O fault hooks) are not typed.
 def __getattr__(name: str) -> Any: ...
