@@ -207,3 +207,50 @@ def test_slots_reuse_prefixes_and_save_and_restore(smollm2_path, tmp_path):
             assert ask(second)[0] == want
         finally:
             s.close()
+
+
+def test_which_slot_a_prompt_takes():
+    """The longest shared prefix wins; a slight one (under half the slot's tokens) leaves that slot's context
+    alone while an empty slot is free; otherwise the least recently used free slot is emptied."""
+    from superggml.generation.slots import Slots
+
+    class Seqs:                                  # the part of runtime.sequences that Slots uses
+        def __init__(self):
+            self.held, self.next = {}, 1
+
+        def reserve(self, n):
+            ids = list(range(self.next, self.next + n))
+            self.next += n
+            return ids
+
+        def tokens(self, s):
+            return list(self.held.get(s, []))
+
+        def truncate(self, n, s):
+            self.held[s] = self.held.get(s, [])[:n]
+            return n
+
+        def release(self, ids):
+            for s in ids:
+                self.held.pop(s, None)
+
+    seqs = Seqs()
+    sl = Slots(seqs, 3)
+    a, sa, _ = sl.take([1, 2, 3, 4])
+    seqs.held[sa] = [1, 2, 3, 4, 9, 9]
+    sl.give_back(a)
+    assert sl.take([1, 2, 3, 4, 5])[::2] == (a, 4)          # extends slot a: 4 tokens kept
+    sl.give_back(a)
+    seqs.held[sa] = [1, 2, 3, 4, 9, 9]
+    b, sb, kept = sl.take([1, 7, 7, 7])                   # 1 shared of 6: an empty slot instead
+    assert b != a and kept == 0 and seqs.held[sa] == [1, 2, 3, 4, 9, 9]
+    seqs.held[sb] = [1, 7, 7, 7, 8]
+    c, _, _ = sl.take([5, 5])
+    assert c not in (a, b)
+    sl.give_back(b)
+    sl.give_back(c)
+    sl.give_back(a)                                   # a used last: b is the least recently used
+    seqs.held[sl.seq[c]] = [5, 5, 6]
+    assert sl.take([6, 6, 6])[0] == b and sl.cached_tokens == 4
+    sl.close()
+    assert seqs.held == {}

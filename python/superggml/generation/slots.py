@@ -1,7 +1,7 @@
 """Slots, as llama-server's: a fixed number of sequences that outlive their completions. A new completion takes
 the free slot whose tokens share the longest prefix with its prompt and prefills only the rest; with no shared
-prefix, the least recently used free slot is emptied for it. A slot's sequence can be saved to a file and
-restored (the server's /slots)."""
+prefix (or one under half that slot's tokens while an empty slot is free), an empty slot, else the least recently
+used free one, is taken. A slot's sequence can be saved to a file and restored (the server's /slots)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,10 @@ class Slots:
             raise ValueError("every slot is busy")
         best = max(free, key=lambda i: (shared_prefix(self.tokens(i), prompt[:-1]), -self.used[i]))
         k = shared_prefix(self.tokens(best), prompt[:-1])
-        if k == 0:
-            best = min(free, key=lambda i: (self.seq[i] is not None, self.used[i]))
+        empty = [i for i in free if not self.tokens(i)]
+        if k == 0 or (2 * k < len(self.tokens(best)) and empty):    # a slight share: keep that slot's context
+            best = min(free, key=lambda i: (bool(self.tokens(i)), self.used[i]))
+            k = shared_prefix(self.tokens(best), prompt[:-1])
         seq = self.seq[best]
         if seq is None:
             seq = self.seq[best] = self.sequences.reserve(1)[0]
