@@ -204,7 +204,12 @@ def test_slots_reuse_prefixes_and_save_and_restore(smollm2_path, tmp_path):
                 assert r.json()["error"]["param"] == "filename"
             assert httpx.post(s.url + "/slots/9?action=save", json={"filename": "x"}).status_code == 400
             assert httpx.get(s.url + "/health").json()["status"] == "ok"
-            assert ask(second)[0] == want
+            text, st3 = ask(second)
+            assert text == want
+            r = httpx.post(s.url + "/v1/completions", timeout=120,
+                           json={"prompt": second, **body, "cache_prompt": False}).json()
+            st4 = httpx.get(s.url + "/v1/stats").json()
+            assert r["choices"][0]["text"] == want and st4["prompt_tokens_cached"] == st3["prompt_tokens_cached"]
         finally:
             s.close()
 

@@ -65,15 +65,18 @@ def model_id(c: openai.OpenAI) -> str:
 
 
 def test_chat_logprobs_streaming_and_not(client, model):
+    """The same request streamed and not: the same logprobs (cache_prompt off: both prefill the whole prompt)."""
     msgs = [{"role": "user", "content": "Name a color."}]
+    fresh = {"cache_prompt": False}
     r = client.chat.completions.create(model=model_id(client), messages=msgs, max_tokens=6, temperature=0,
-                                       logprobs=True, top_logprobs=2)
+                                       logprobs=True, top_logprobs=2, extra_body=fresh)
     content = r.choices[0].logprobs.content
     assert "".join(c.token for c in content) == r.choices[0].message.content
     assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob >= c.logprob - 1e-9 for c in content)
     assert all(bytes(c.bytes).decode("utf-8", "replace") == c.token for c in content)
     chunks = list(client.chat.completions.create(model=model_id(client), messages=msgs, max_tokens=6,
-                                                 temperature=0, logprobs=True, top_logprobs=2, stream=True))
+                                                 temperature=0, logprobs=True, top_logprobs=2, stream=True,
+                                                 extra_body=fresh))
     streamed = [c for ch in chunks for c in ((ch.choices[0].logprobs.content or []) if ch.choices[0].logprobs else [])]
     assert [(c.token, round(c.logprob, 6)) for c in streamed] == [(c.token, round(c.logprob, 6)) for c in content]
 

@@ -84,6 +84,9 @@ class _Body(BaseModel):
     grammar: Optional[str] = None
     json_schema: Optional[dict[str, Any]] = None
     regex: Optional[str] = None
+    # llama-server's: start from the longest prefix a slot holds (the first logits then come from a pass of the
+    # prompt's tail, which may differ from a whole prompt's in the last bits unless batch_invariant)
+    cache_prompt: bool = True
 
 
 class CompletionBody(_Body):
@@ -570,7 +573,7 @@ class Routes:
                                     frequency_penalty=body.frequency_penalty,
                                     presence_penalty=body.presence_penalty, seed=body.seed)
         req = BatchRequest(prompts, body.n, body.max_tokens, stop_list(body.stop), sampling, logprobs, grammar,
-                           model.marker_ids(tools))
+                           model.marker_ids(tools), reuse=body.cache_prompt)
         job = Job(req, reply, asyncio.Queue(), asyncio.get_running_loop(), echo_logprobs=echo_logprobs)
         self.engine.submit(job)
         if body.stream:

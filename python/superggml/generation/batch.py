@@ -34,6 +34,7 @@ class Request:
     logprobs: int | None = None                  # alternatives per token to report (None: no logprobs)
     grammar: Grammar | None = None               # the constraint on each choice's text
     keep: frozenset[int] = frozenset()           # control tokens kept in the text (tool-call markers)
+    reuse: bool = True                           # with slots: start from a slot's shared prefix (cache_prompt)
 
     @property
     def n_choices(self) -> int:
@@ -94,7 +95,7 @@ class BatchScheduler:
                 choice = Choice(m.tokenizer, limits[i], req.stop, req.logprobs, req.keep)
                 sampler, matcher = m.sampler(**{**req.sampling, "seed": seed}), m.matcher(req.grammar)
                 if self.slots is not None:
-                    slot, seq, kept = self.slots.take(prompt)
+                    slot, seq, kept = self.slots.take(prompt, reuse=req.reuse)
                 else:
                     slot, seq, kept = None, m.runtime.sequences.reserve(1)[0], 0
                 out.append(Completion(i, seq, prompt[kept:], choice, sampler, matcher, req, slot, kept))

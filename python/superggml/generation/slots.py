@@ -36,9 +36,10 @@ class Slots:
         s = self.seq[slot]
         return self.sequences.tokens(s) if s is not None else []
 
-    def take(self, prompt: Sequence[int]) -> tuple[int, int, int]:
+    def take(self, prompt: Sequence[int], reuse: bool = True) -> tuple[int, int, int]:
         """(slot, sequence, tokens of the prompt it already holds) for a completion of `prompt`; the slot is
-        busy until give_back. The last prompt token is always fed again, for its logits."""
+        busy until give_back. The last prompt token is always fed again, for its logits. reuse=False: nothing is
+        kept (the whole prompt is fed, as a fresh sequence computes it)."""
         free = [i for i in range(len(self.seq)) if not self.busy[i]]
         if not free:
             raise ValueError("every slot is busy")
@@ -48,6 +49,8 @@ class Slots:
         if k == 0 or (2 * k < len(self.tokens(best)) and empty):    # a slight share: keep that slot's context
             best = min(free, key=lambda i: (bool(self.tokens(i)), self.used[i]))
             k = shared_prefix(self.tokens(best), prompt[:-1])
+        if not reuse:
+            k = 0
         seq = self.seq[best]
         if seq is None:
             seq = self.seq[best] = self.sequences.reserve(1)[0]
