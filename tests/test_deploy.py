@@ -240,7 +240,7 @@ def test_which_slot_a_prompt_takes():
                 self.held.pop(s, None)
 
     seqs = Seqs()
-    sl = Slots(seqs, 3)
+    sl = Slots(lambda: seqs, 3)
     a, sa, _ = sl.take([1, 2, 3, 4])
     seqs.held[sa] = [1, 2, 3, 4, 9, 9]
     sl.give_back(a)

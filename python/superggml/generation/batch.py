@@ -72,7 +72,7 @@ class BatchScheduler:
         self.parallel = max(1, parallel)
         self.batch_tokens = batch_tokens
         self.running: list[Completion] = []
-        self.slots = Slots(model.runtime.sequences, self.parallel) if slots else None
+        self.slots = Slots(lambda: model.runtime.sequences, self.parallel) if slots else None
 
     @property
     def free(self) -> int:

@@ -5,7 +5,7 @@ used free one, is taken. A slot's sequence can be saved to a file and restored (
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -18,11 +18,12 @@ def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class Slots:
-    """n slots over a model's sequences (runtime.sequences): each holds a sequence id or None, and is busy while a
-    completion runs on it."""
+    """n slots over a model's sequences (`sequences()`: runtime.sequences, looked up on use so that a closed
+    model's memory is not held here): each holds a sequence id or None, and is busy while a completion runs on
+    it."""
 
-    def __init__(self, sequences: Any, n: int):
-        self.sequences = sequences
+    def __init__(self, sequences: Callable[[], Any], n: int):
+        self.of = sequences
         self.seq: list[int | None] = [None] * n
         self.busy = [False] * n
         self.used = [0] * n
@@ -34,7 +35,7 @@ class Slots:
 
     def tokens(self, slot: int) -> list[int]:
         s = self.seq[slot]
-        return self.sequences.tokens(s) if s is not None else []
+        return self.of().tokens(s) if s is not None else []
 
     def take(self, prompt: Sequence[int], reuse: bool = True) -> tuple[int, int, int]:
         """(slot, sequence, tokens of the prompt it already holds) for a completion of `prompt`; the slot is
@@ -53,8 +54,8 @@ class Slots:
             k = 0
         seq = self.seq[best]
         if seq is None:
-            seq = self.seq[best] = self.sequences.reserve(1)[0]
-        kept = self.sequences.truncate(k, seq)
+            seq = self.seq[best] = self.of().reserve(1)[0]
+        kept = self.of().truncate(k, seq)
         self.busy[best] = True
         self.cached_tokens += kept
         return best, seq, kept
@@ -71,11 +72,16 @@ class Slots:
         if self.busy[slot]:
             raise ValueError(f"slot {slot} is busy")
         if self.seq[slot] is None:
-            self.seq[slot] = self.sequences.reserve(1)[0]
-        self.sequences.truncate(0, self.seq[slot])
+            self.seq[slot] = self.of().reserve(1)[0]
+        self.of().truncate(0, self.seq[slot])
         self.give_back(slot)
         return self.seq[slot]
 
     def close(self) -> None:
-        self.sequences.release([s for s in self.seq if s is not None])
+        held = [s for s in self.seq if s is not None]
         self.seq = [None] * len(self.seq)
+        try:
+            sequences = self.of()
+        except AttributeError:          # the model is closed already: its memory went with it
+            return
+        sequences.release(held)
