@@ -12,4 +12,5 @@ from .api.tools import ToolError
 __version__ = "0.1.0"
 
 __all__ = ["ContextLengthError", "DeviceError", "GGUFError", "Grammar", "GrammarError", "MissingExtra", "Model",
-           "SamplingParams", "SavedSequenceError", "SuperggmlError", "ToolError", "UnsupportedModelError", "__version__"]
+           "SamplingParams", "SavedSequenceError", "SuperggmlError", "ToolError", "UnsupportedModelError",
+           "__version__"]

@@ -55,6 +55,7 @@ from .generation.batch import BatchScheduler, Completion
 from .generation.batch import Request as BatchRequest
 from .generation.grammar import Grammar, GrammarError
 from .model import Model
+from .runtime.sequences import check_tokens
 
 
 WEB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")     # the page's files
@@ -169,7 +170,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     echo_logprobs: bool = False                            # the echoed prompts' logprobs too
     running: list[Completion] = field(default_factory=list)
-    todo: list[int] = field(default_factory=list)          # choices not started yet
+    unstarted: list[int] = field(default_factory=list)     # choices not started yet
     opened: bool = False
     cancelled: bool = False
     t_submit: float = field(default_factory=time.perf_counter)
@@ -212,7 +213,7 @@ class Engine:
                                f"(--max-queue {self.max_queue}); retry later", "server_error", "overloaded",
                                headers={"Retry-After": "1"})
             self.queued += n
-            job.todo = list(range(n))
+            job.unstarted = list(range(n))
             self.waiting.put_nowait(job)
         self.wake.set()
 
@@ -234,7 +235,7 @@ class Engine:
         """Ends a job: sends `item` (the end, or an error), frees its sequences."""
         if job in self.active:
             self.active.remove(job)
-        self.drop_todo(job)
+        self.drop_unstarted(job)
         self.send(job, item)
         with self.lock:
             try:
@@ -255,14 +256,14 @@ class Engine:
                     return
             job = self.pending
             if job.cancelled:
-                self.drop_todo(job)
+                self.drop_unstarted(job)
                 continue
-            k = min(len(job.todo), self.scheduler.free)
+            k = min(len(job.unstarted), self.scheduler.free)
             if not k:
                 return
-            take, job.todo = job.todo[:k], job.todo[k:]
+            take, job.unstarted = job.unstarted[:k], job.unstarted[k:]
             self.started(k)
-            if not job.todo:
+            if not job.unstarted:
                 self.pending = None
             if job not in self.active:
                 self.active.append(job)
@@ -285,10 +286,10 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - reaches the client as an error
             self.finish(job, e)
 
-    def drop_todo(self, job: Job) -> None:
+    def drop_unstarted(self, job: Job) -> None:
         """The job's choices that have not started will not."""
-        self.started(len(job.todo))
-        job.todo = []
+        self.started(len(job.unstarted))
+        job.unstarted = []
         if self.pending is job:
             self.pending = None
 
@@ -319,7 +320,7 @@ class Engine:
                 if c.finish:
                     job.running.remove(c)
             for job in {id(owner[id(c.request)]): owner[id(c.request)] for c, _ in done}.values():
-                if not job.running and not job.todo and job in self.active:
+                if not job.running and not job.unstarted and job in self.active:
                     if not job.reply.stream:
                         self.send(job, job.reply.final())
                     self.finish(job)
@@ -446,7 +447,7 @@ class Routes:
             return {"tokens": ids}
         out = []
         for t in ids:
-            raw = self.model.detokenize([t], special=True)
+            raw = self.model.token_bytes(t)
             try:
                 piece: Any = raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -455,10 +456,10 @@ class Routes:
         return {"tokens": out}
 
     async def detokenize(self, body: DetokenizeBody) -> dict[str, Any]:
-        n = self.model.hparams.n_vocab
-        bad = [t for t in body.tokens if not 0 <= t < n]
-        if bad:
-            raise ApiError(400, f"token ids must be in [0, {n}); got {bad[0]}", param="tokens")
+        try:
+            check_tokens(body.tokens, self.model.n_vocab)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="tokens") from None
         return {"content": self.model.detokenize(body.tokens).decode("utf-8", errors="replace")}
 
     async def slots(self) -> list[dict[str, Any]]:

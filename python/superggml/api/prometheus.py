@@ -37,8 +37,8 @@ STAT_GAUGES = (
 
 def families(stats: Mapping[str, Any], serving: Mapping[str, Any], snapshot: Mapping[str, Any]) -> Iterator[Metric]:
     """The metric families of one scrape: the model's stats(), the engine's counts (prompt_tokens,
-    cached_tokens, generated_tokens, decode_steps, requests, processing, deferred, prompt_seconds, generation_seconds) and the
-    metrics snapshot (K/V pages per tier, memory pressure)."""
+    cached_tokens, generated_tokens, decode_steps, requests, processing, deferred, prompt_seconds,
+    generation_seconds) and the metrics snapshot (K/V pages per tier, memory pressure)."""
     def counter(name: str, value: float, doc: str) -> Metric:
         c = CounterMetricFamily(P + name, doc)
         c.add_metric([], float(value))
