@@ -56,6 +56,7 @@ class RecurrentStates:
         self.last_n: dict[int, int] = {}                                    # seq -> tokens its last pass fed
         self.replay_fn = replay
         self.record: list[Any] = []                                         # per layer, where a pass records
+        self.record_keep: list[Any] = []                                    # their contexts and buffers
         self.recorded: tuple[int, int, int] | None = None                  # seq, p0, n of the recording pass
         self.pass_seqs: set[int] = set()
         self.replays = 0
@@ -145,17 +146,15 @@ class RecurrentStates:
             self.checkpoint(seq)
         self.length[seq] = p0 + n
         self.last_n[seq] = n
+        self.forget_record(seq)
         if self.record and records(n, self.pass_seqs == {seq}):
             self.recorded = (seq, p0, n)
-        elif self.recorded is not None and self.recorded[0] == seq:
-            self.recorded = None
 
     def restored(self, seq: int, n: int) -> None:
         """`seq`, empty, holds n tokens once its states are written directly (a saved sequence)."""
         self.length[seq], self.last_n[seq] = n, 1
         self.checkpoints.pop(seq, None)
-        if self.recorded is not None and self.recorded[0] == seq:
-            self.recorded = None
+        self.forget_record(seq)
 
     def checkpoint(self, seq: int) -> None:
         """A checkpoint of `seq` where it is now."""
@@ -174,6 +173,11 @@ class RecurrentStates:
             return n
         return max([p for p, _ in self.checkpoints.get(seq, []) if p <= n], default=0)
 
+    def forget_record(self, seq: int) -> None:
+        """`seq`'s state leaves the one its recorded pass began from: the record no longer serves it."""
+        if self.recorded is not None and self.recorded[0] == seq:
+            self.recorded = None
+
     def replayable(self, seq: int, n: int) -> bool:
         """Whether `seq` can go back to n inside its last pass by replaying the pass's record over the checkpoint
         where it began."""
@@ -187,8 +191,7 @@ class RecurrentStates:
         if n == self.length.get(seq, 0):
             return
         replay = self.recorded if self.replayable(seq, n) else None
-        if self.recorded is not None and self.recorded[0] == seq:
-            self.recorded = None
+        self.forget_record(seq)
         to = replay[1] if replay else n
         marks = self.checkpoints.get(seq, [])
         if to == 0:
@@ -221,8 +224,7 @@ class RecurrentStates:
         self.replays += 1
 
     def drop(self, seq: int) -> None:
-        if self.recorded is not None and self.recorded[0] == seq:
-            self.recorded = None
+        self.forget_record(seq)
         self.held.pop(seq, None)
         self.host.pop(seq, None)
         self.length.pop(seq, None)
