@@ -41,17 +41,15 @@ class Slots:
         """(slot, sequence, tokens of the prompt it already holds) for a completion of `prompt`; the slot is
         busy until give_back. The last prompt token is always fed again, for its logits. reuse=False: nothing is
         kept (the whole prompt is fed, as a fresh sequence computes it)."""
-        free = [i for i in range(len(self.seq)) if not self.busy[i]]
-        if not free:
+        held = {i: self.tokens(i) for i in range(len(self.seq)) if not self.busy[i]}
+        if not held:
             raise ValueError("every slot is busy")
-        best = max(free, key=lambda i: (shared_prefix(self.tokens(i), prompt[:-1]), -self.used[i]))
-        k = shared_prefix(self.tokens(best), prompt[:-1])
-        empty = [i for i in free if not self.tokens(i)]
-        if k == 0 or (2 * k < len(self.tokens(best)) and empty):    # a slight share: keep that slot's context
-            best = min(free, key=lambda i: (bool(self.tokens(i)), self.used[i]))
-            k = shared_prefix(self.tokens(best), prompt[:-1])
-        if not reuse:
-            k = 0
+        share = {i: shared_prefix(t, prompt[:-1]) for i, t in held.items()}
+        best = max(held, key=lambda i: (share[i], -self.used[i]))
+        slight = 2 * share[best] < len(held[best]) and any(not t for t in held.values())
+        if not reuse or share[best] == 0 or slight:     # a slight share: keep that slot's context
+            best = min(held, key=lambda i: (bool(held[i]), self.used[i]))
+        k = share[best] if reuse else 0
         seq = self.seq[best]
         if seq is None:
             seq = self.seq[best] = self.of().reserve(1)[0]
