@@ -1,5 +1,7 @@
 #include "prefetch.h"
 
+#include "rpc-content.h"
+
 #include "io.h"
 #include "tensor-bind.h"
 
@@ -56,7 +58,7 @@ struct prefetcher::stager {
 };
 
 prefetcher::prefetcher(const std::string & path, int n_workers, bool direct, ggml_backend_device * device,
-                       bool staged) : device_(device), staged_(staged) {
+                       bool staged) : path_(path), device_(device), staged_(staged) {
     if (n_workers < 1) throw Error("prefetcher needs at least one worker");
     fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd_.valid()) {
@@ -148,7 +150,18 @@ void prefetcher::load(const load_job & job) {
     load_staged(job, *st);
 }
 
-void prefetcher::load_staged(const load_job & job, stager & st) {
+void prefetcher::load_staged(const load_job & in, stager & st) {
+    // ranges an RPC peer holds go by content address: only their hashes are sent (rpc-content.h)
+    load_job job;
+    job.dst = in.dst;
+    std::vector<range_write> whole;
+    for (const auto & r : in.ranges) {
+        if (!r.need || r.need == r.size) whole.push_back({r.file_offset, r.size, r.dst_offset});
+        else job.ranges.push_back(r);
+    }
+    for (const auto & w : content_write(in.dst, path_, std::move(whole))) {
+        job.ranges.push_back({w.file_offset, (size_t) w.size, (size_t) w.dst_offset, 0});
+    }
     size_t n_chunks = 0;
     for (const auto & r : job.ranges) n_chunks += ((r.need ? r.need : r.size) + STAGING_CHUNK - 1) / STAGING_CHUNK;
     // a byte view of the slot per chunk: the copies read their address after this function returns

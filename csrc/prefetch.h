@@ -95,6 +95,7 @@ private:
     void load(const load_job & job);
     void load_staged(const load_job & job, stager & st);
 
+    std::string path_;
     io_fd fd_;
     io_fd fd_direct_;                                 // none: buffered reads only
     ggml_backend_device * device_ = nullptr;

@@ -1,5 +1,10 @@
 #include "rpc.h"
 
+#include "content-hash.h"
+#include "io.h"
+#include "rpc-content.h"
+#include "rpc-wire.h"
+
 #include "telemetry.h"
 
 #include "ggml.h"
@@ -26,32 +31,17 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 namespace superggml {
 
 namespace {
 
-// The wire protocol the relay frames (ggml-rpc.cpp): request | cmd u8 | size u64 | payload |, response
-// | size u64 | payload | for the commands that have one.
-static_assert(RPC_PROTO_MAJOR_VERSION == 7, "ggml's RPC protocol changed: review the relay's command table");
-enum : uint8_t {
-    ALLOC_BUFFER, GET_ALIGNMENT, GET_MAX_SIZE, BUFFER_GET_BASE, FREE_BUFFER, BUFFER_CLEAR, SET_TENSOR,
-    SET_TENSOR_HASH, GET_TENSOR, COPY_TENSOR, GRAPH_COMPUTE, GET_DEVICE_MEMORY, INIT_TENSOR, GET_ALLOC_SIZE,
-    HELLO, DEVICE_COUNT, GRAPH_RECOMPUTE, MEMSET_TENSOR, CMD_COUNT,
-};
-constexpr size_t CAPS = 24;                               // HELLO's transport capabilities
-constexpr size_t WIRE_TENSOR = 8 + 4 + 8 + 8 * GGML_MAX_DIMS + 4 + GGML_MAX_OP_PARAMS + 4 + 8 * GGML_MAX_SRC +
-                               8 * 3 + GGML_MAX_NAME + 4;  // rpc_tensor
+using namespace wire;
+
 constexpr size_t HEAD = 512;                              // request bytes kept to answer for a failed server
 static_assert(WIRE_TENSOR + 16 <= HEAD, "GET_TENSOR's size must be among the kept bytes");
-
-const char * cmd_name(uint8_t c) {
-    static const char * names[] = {"ALLOC_BUFFER", "GET_ALIGNMENT", "GET_MAX_SIZE", "BUFFER_GET_BASE", "FREE_BUFFER",
-        "BUFFER_CLEAR", "SET_TENSOR", "SET_TENSOR_HASH", "GET_TENSOR", "COPY_TENSOR", "GRAPH_COMPUTE",
-        "GET_DEVICE_MEMORY", "INIT_TENSOR", "GET_ALLOC_SIZE", "HELLO", "DEVICE_COUNT", "GRAPH_RECOMPUTE",
-        "MEMSET_TENSOR"};
-    return c < CMD_COUNT ? names[c] : "unknown";
-}
+static_assert(SET_HEAD + 16 <= HEAD, "a marker's key must be among the kept bytes");
 
 // The response a command gets, as a failed server's stand-in gives it (zeros but where ggml would
 // assert or divide); false: the command has none.
@@ -78,199 +68,6 @@ bool stand_in(uint8_t cmd, const uint8_t * head, size_t head_n, std::vector<uint
     }
 }
 
-bool has_response(uint8_t cmd) {
-    switch (cmd) {
-        case HELLO: case DEVICE_COUNT: case ALLOC_BUFFER: case GET_ALLOC_SIZE: case GET_ALIGNMENT: case GET_MAX_SIZE:
-        case BUFFER_GET_BASE: case SET_TENSOR_HASH: case COPY_TENSOR: case GET_DEVICE_MEMORY: case GET_TENSOR:
-            return true;
-        default:
-            return false;
-    }
-}
-
-struct fd_guard {
-    int fd = -1;
-    fd_guard() = default;
-    explicit fd_guard(int f) : fd(f) {}
-    ~fd_guard() { if (fd >= 0) ::close(fd); }
-    fd_guard(const fd_guard &) = delete;
-    fd_guard & operator=(const fd_guard &) = delete;
-};
-
-double now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-bool split_endpoint(const std::string & ep, std::string & host, int & port) {
-    size_t c = ep.rfind(':');
-    if (c == std::string::npos || c == 0) return false;
-    host = ep.substr(0, c);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-    try {
-        size_t used = 0;
-        port = std::stoi(ep.substr(c + 1), &used);
-        return used == ep.size() - c - 1 && port > 0 && port < 65536;
-    } catch (...) {
-        return false;
-    }
-}
-
-// Waits for `events` on fd until the deadline; false on timeout (errno ETIMEDOUT).
-bool wait_fd(int fd, short events, double deadline) {
-    for (;;) {
-        double left = deadline - now();
-        if (left <= 0) { errno = ETIMEDOUT; return false; }
-        pollfd p{fd, events, 0};
-        int r = ::poll(&p, 1, (int) std::min(left * 1e3 + 1, 1e9));
-        if (r > 0) return true;
-        if (r < 0 && errno != EINTR) return false;
-    }
-}
-
-// Non-blocking socket I/O with a deadline: false on timeout, error or EOF (errno 0 for EOF).
-bool send_all(int fd, const void * data, size_t n, double timeout) {
-    const char * p = (const char *) data;
-    double deadline = now() + timeout;
-    while (n) {
-        ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
-        if (k > 0) { p += k; n -= (size_t) k; deadline = now() + timeout; continue; }
-        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-            if (!wait_fd(fd, POLLOUT, deadline)) return false;
-            continue;
-        }
-        return false;
-    }
-    return true;
-}
-
-bool recv_all(int fd, void * data, size_t n, double timeout) {
-    char * p = (char *) data;
-    double deadline = now() + timeout;
-    while (n) {
-        ssize_t k = ::recv(fd, p, n, 0);
-        if (k > 0) { p += k; n -= (size_t) k; deadline = now() + timeout; continue; }
-        if (k == 0) { errno = 0; return false; }
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-            if (!wait_fd(fd, POLLIN, deadline)) return false;
-            continue;
-        }
-        return false;
-    }
-    return true;
-}
-
-// Blocking reads from ggml's side of the relay (this process): false at EOF.
-bool recv_blocking(int fd, void * data, size_t n) {
-    char * p = (char *) data;
-    while (n) {
-        ssize_t k = ::recv(fd, p, n, 0);
-        if (k > 0) { p += k; n -= (size_t) k; continue; }
-        if (k < 0 && errno == EINTR) continue;
-        return false;
-    }
-    return true;
-}
-
-bool send_blocking(int fd, const void * data, size_t n) {
-    const char * p = (const char *) data;
-    while (n) {
-        ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
-        if (k > 0) { p += k; n -= (size_t) k; continue; }
-        if (k < 0 && errno == EINTR) continue;
-        return false;
-    }
-    return true;
-}
-
-std::string reason(const char * what, double timeout) {
-    if (errno == ETIMEDOUT) return std::string(what) + ": no answer within " + std::to_string((int) timeout) + " s";
-    if (errno == 0) return std::string(what) + ": the server closed the connection";
-    return std::string(what) + ": " + std::strerror(errno);
-}
-
-// A connected, non-blocking TCP socket to host:port with keepalive; -1 and `err` on failure.
-int connect_to(const std::string & host, int port, double timeout, std::string & err) {
-    addrinfo hints{}, * res = nullptr;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-    if (rc != 0) { err = std::string("cannot resolve the host: ") + gai_strerror(rc); return -1; }
-    std::unique_ptr<addrinfo, void (*)(addrinfo *)> free_res(res, freeaddrinfo);
-    double deadline = now() + timeout;
-    err = "no address";
-    for (addrinfo * a = res; a; a = a->ai_next) {
-        int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0) { err = std::strerror(errno); continue; }
-        fd_guard g(fd);
-        if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
-            err = std::string("cannot connect: ") + std::strerror(errno);
-            continue;
-        }
-        if (!wait_fd(fd, POLLOUT, deadline)) {
-            err = errno == ETIMEDOUT ? "cannot connect: no answer within " + std::to_string((int) timeout) + " s"
-                                     : std::string("cannot connect: ") + std::strerror(errno);
-            continue;
-        }
-        int soerr = 0;
-        socklen_t len = sizeof soerr;
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len);
-        if (soerr) { err = std::string("cannot connect: ") + std::strerror(soerr); continue; }
-        int one = 1, idle = 5, intvl = 2, cnt = 3;
-        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-        g.fd = -1;
-        return fd;
-    }
-    return -1;
-}
-
-// A pipe for splice(): request payloads move from ggml's socket to the server's in the kernel.
-struct relay_pipe {
-    int r = -1, w = -1;
-    size_t size = 0, held = 0;      // capacity; bytes in it not yet sent
-    bool ok = false;                // splice works (else the relay copies through a buffer)
-    relay_pipe() {
-        int fds[2];
-        if (::pipe2(fds, O_CLOEXEC) != 0) return;
-        r = fds[0];
-        w = fds[1];
-        ::fcntl(w, F_SETPIPE_SZ, 1 << 20);
-        int sz = ::fcntl(w, F_GETPIPE_SZ);
-        size = sz > 0 ? (size_t) sz : 65536;
-        ok = true;
-    }
-    ~relay_pipe() {
-        if (r >= 0) ::close(r);
-        if (w >= 0) ::close(w);
-    }
-    // Sends the n bytes just spliced in to `fd` (non-blocking), each wait within `timeout`; false on failure.
-    bool to(int fd, size_t n, double timeout) {
-        held += n;
-        double deadline = now() + timeout;
-        while (held) {
-            ssize_t k = ::splice(r, nullptr, fd, nullptr, held, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-            if (k > 0) { held -= (size_t) k; deadline = now() + timeout; continue; }
-            if (k < 0 && (errno == EAGAIN || errno == EINTR)) {
-                if (!wait_fd(fd, POLLOUT, deadline)) return false;
-                continue;
-            }
-            return false;
-        }
-        return true;
-    }
-    void drain(std::vector<uint8_t> & buf) {     // after a failure: what the pipe holds is dropped
-        while (held) {
-            ssize_t k = ::read(r, buf.data(), std::min(held, buf.size()));
-            if (k <= 0) break;
-            held -= (size_t) k;
-        }
-        held = 0;
-    }
-};
-
 // One server behind its relay.
 struct endpoint_state {
     std::string endpoint, host, local;   // local: the relay's "127.0.0.1:port", what ggml connects to
@@ -279,6 +76,10 @@ struct endpoint_state {
     fd_guard listener;
     std::vector<rpc_device_info> devices;
     std::atomic<uint64_t> sent{0}, received{0}, commands{0}, wait_ns{0};
+    std::atomic<uint64_t> loaded_by_peer{0}, addressed_misses{0};
+    std::atomic<bool> addressed{false};  // the server speaks superggml's relay protocol (answered SG_HELLO)
+    // (hash, within, size) of a part it lacked -> the hash of that part's bytes, which it keeps once sent
+    std::map<std::tuple<uint64_t, uint64_t, uint64_t>, uint64_t> parts;
     std::mutex mu;
     int dead_open = 0;                   // failed connections not yet closed by ggml
     std::string error;
@@ -296,6 +97,8 @@ struct endpoint_state {
     }
     void relay(int client_fd);
     void accept_loop();
+    bool write_addressed(int up, const uint8_t * set_head, const marker & mk, std::vector<uint8_t> & buf,
+                         std::string & why);
 };
 
 std::mutex g_mu;
@@ -315,6 +118,81 @@ void endpoint_state::accept_loop() {
     }
 }
 
+// A marker's ranges: SG_LOAD asks the peer to load them from its own copy; those it lacks (all of them on a
+// plain server) follow as SET_TENSOR with bytes read here, with ggml's cache flag for a superggml peer.
+bool endpoint_state::write_addressed(int up, const uint8_t * set_head, const marker & mk, std::vector<uint8_t> & buf,
+                                     std::string & why) {
+    const double T = params.timeout;
+    const size_t n = mk.entries.size();
+    std::vector<uint8_t> held(n, 0);
+    if (addressed) {
+        std::vector<uint8_t> req(9 + WIRE_TENSOR + 4 + n * SG_ENTRY);
+        req[0] = SG_LOAD;
+        uint64_t size = req.size() - 9;
+        uint32_t count = (uint32_t) n;
+        std::memcpy(req.data() + 1, &size, 8);
+        std::memcpy(req.data() + 9, set_head, WIRE_TENSOR);
+        std::memcpy(req.data() + 9 + WIRE_TENSOR, &count, 4);
+        {
+            std::lock_guard<std::mutex> lk(mu);
+            for (size_t i = 0; i < n; ++i) {
+                marker_entry e = mk.entries[i];
+                auto it = parts.find({e.hash, e.within, e.size});
+                if (it != parts.end()) { e.hash = it->second; e.within = 0; }
+                std::memcpy(req.data() + 9 + WIRE_TENSOR + 4 + i * SG_ENTRY, &e, SG_ENTRY);  // offset, size, hash, within
+            }
+        }
+        const double t0 = now();
+        uint64_t out = 0;
+        if (!send_all(up, req.data(), req.size(), T) || !recv_all(up, &out, 8, T) || out != n ||
+            !recv_all(up, held.data(), n, T)) {
+            why = errno == 0 && out != n ? "SG_LOAD: a malformed answer" : reason("SG_LOAD", T);
+            return false;
+        }
+        sent += req.size();
+        received += 8 + n;
+        wait_ns += (uint64_t) ((now() - t0) * 1e9);
+    }
+    fd_guard file;
+    for (size_t i = 0; i < n; ++i) {
+        const marker_entry & e = mk.entries[i];
+        if (held[i]) { loaded_by_peer += e.size; continue; }
+        ++addressed_misses;
+        if (file.fd < 0 && (file.fd = ::open(mk.path.c_str(), O_RDONLY | O_CLOEXEC)) < 0) {
+            why = "cannot open " + mk.path + " to send its bytes: " + std::strerror(errno);
+            return false;
+        }
+        uint8_t hdr[9 + SET_HEAD];
+        hdr[0] = SET_TENSOR;
+        uint64_t size = SET_HEAD + e.size;
+        std::memcpy(hdr + 1, &size, 8);
+        std::memcpy(hdr + 9, set_head, WIRE_TENSOR);
+        hdr[9 + WIRE_TENSOR] = addressed ? 1 : 0;                     // a superggml peer keeps them in its cache
+        std::memcpy(hdr + 9 + WIRE_TENSOR + 1, &e.dst_offset, 8);
+        if (!send_all(up, hdr, sizeof hdr, T)) { why = reason("SET_TENSOR", T); return false; }
+        sent += sizeof hdr;
+        uint64_t h = content_hash_seed;
+        for (uint64_t done = 0; done < e.size;) {
+            const size_t k = (size_t) std::min<uint64_t>(buf.size(), e.size - done);
+            try {
+                io_pread_all(file.fd, buf.data(), k, (off_t) (e.file_offset + done), mk.path);
+            } catch (const std::exception & x) {
+                why = x.what();
+                return false;
+            }
+            if (!send_all(up, buf.data(), k, T)) { why = reason("SET_TENSOR", T); return false; }
+            if (addressed) h = content_hash(buf.data(), k, h);
+            sent += k;
+            done += k;
+        }
+        if (addressed && h != e.hash) {           // kept under the hash of these bytes: ask for that next time
+            std::lock_guard<std::mutex> lk(mu);
+            parts[{e.hash, e.within, e.size}] = h;
+        }
+    }
+    return true;
+}
+
 void endpoint_state::relay(int client_fd) {
     fd_guard client(client_fd);
     std::string err;
@@ -330,16 +208,31 @@ void endpoint_state::relay(int client_fd) {
         uint8_t cmd;
         uint64_t size;
         if (!recv_blocking(client.fd, &cmd, 1) || !recv_blocking(client.fd, &size, 8)) break;
+        // the payload's first bytes through this process (kept: a stand-in answer may need them), the rest
+        // spliced from ggml's socket to the server's through a pipe, without a copy into this process
+        size_t head_n = (size_t) std::min<uint64_t>(size, HEAD);
+        if (!recv_blocking(client.fd, head, head_n)) goto done;
+        if (cmd == SET_TENSOR && size >= SET_HEAD + MARKER_HEAD && size <= SET_HEAD + MARKER_HEAD + SG_MAX_ENTRIES *
+            MARKER_ENTRY && marker_keyed(head + SET_HEAD)) {        // a write by content address: never forwarded
+            std::vector<uint8_t> payload(head, head + head_n);
+            payload.resize(size);
+            if (!recv_blocking(client.fd, payload.data() + head_n, size - head_n)) goto done;
+            marker mk;
+            std::string why;
+            if (!marker_parse(payload.data() + SET_HEAD, size - SET_HEAD, mk)) {
+                fail("a malformed content-addressed write");
+            } else if (!dead && !write_addressed(up.fd, payload.data(), mk, buf, why)) {
+                fail(why);
+            }
+            ++commands;
+            continue;
+        }
         if (!dead) {
             uint8_t hdr[9];
             hdr[0] = cmd;
             std::memcpy(hdr + 1, &size, 8);
             if (!send_all(up.fd, hdr, 9, T)) fail(reason(cmd_name(cmd), T));
         }
-        // the payload's first bytes through this process (kept: a stand-in answer may need them), the rest
-        // spliced from ggml's socket to the server's through a pipe, without a copy into this process
-        size_t head_n = (size_t) std::min<uint64_t>(size, HEAD);
-        if (!recv_blocking(client.fd, head, head_n)) goto done;
         if (cmd == HELLO) std::memset(head, 0, head_n);                   // plain TCP: no transport upgrade
         if (!dead && !send_all(up.fd, head, head_n, T)) fail(reason(cmd_name(cmd), T));
         if (!dead) sent += head_n;
@@ -402,7 +295,9 @@ struct hello_rsp {
     uint8_t caps[CAPS];
 };
 
-void probe(const std::string & endpoint, const std::string & host, int port, const rpc_params & p) {
+// Probes the server; true if it also speaks superggml's relay protocol (a plain ggml server closes the
+// connection on SG_HELLO, an unknown command to it).
+bool probe(const std::string & endpoint, const std::string & host, int port, const rpc_params & p) {
     std::string err;
     fd_guard fd(connect_to(host, port, p.connect_timeout, err));
     if (fd.fd < 0) throw DeviceError("RPC server " + endpoint + ": " + err);
@@ -427,6 +322,15 @@ void probe(const std::string & endpoint, const std::string & host, int port, con
                           std::to_string(RPC_PROTO_MAJOR_VERSION) + "." + std::to_string(RPC_PROTO_MINOR_VERSION) +
                           " (run the server from the same ggml)");
     }
+    uint8_t sg[9] = {SG_HELLO};
+    uint8_t rsp_sg[12] = {};
+    if (!send_all(fd.fd, sg, sizeof sg, p.connect_timeout) || !recv_all(fd.fd, &out, 8, p.connect_timeout) ||
+        out != sizeof rsp_sg || !recv_all(fd.fd, rsp_sg, sizeof rsp_sg, p.connect_timeout)) {
+        return false;
+    }
+    uint32_t version = 0;
+    std::memcpy(&version, rsp_sg + 4, 4);
+    return std::memcmp(rsp_sg, "SGGL", 4) == 0 && version == SG_VERSION;
 }
 
 std::shared_ptr<endpoint_state> state_of(ggml_backend_device * dev) {
@@ -470,10 +374,12 @@ std::vector<rpc_device_info> rpc_add_server(const std::string & endpoint, const 
         std::lock_guard<std::mutex> lk(s->mu);
         s->params = params;
     }
-    probe(endpoint, host, port, params);
+    const bool addressed = probe(endpoint, host, port, params);
     if (s) {
+        s->addressed = addressed;
         std::lock_guard<std::mutex> lk(s->mu);
         if (s->dead_open == 0) s->error.clear();     // serving again
+            for (auto & d : s->devices) d.addressed = addressed;
         return s->devices;
     }
 
@@ -482,6 +388,7 @@ std::vector<rpc_device_info> rpc_add_server(const std::string & endpoint, const 
     s->host = host;
     s->port = port;
     s->params = params;
+    s->addressed = addressed;
     s->listener.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -504,7 +411,7 @@ std::vector<rpc_device_info> rpc_add_server(const std::string & endpoint, const 
     if (!reg) throw DeviceError("RPC server " + endpoint + " has no devices");
     ggml_backend_register(reg);
     for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); ++i) {
-        s->devices.push_back({ggml_backend_dev_name(ggml_backend_reg_dev_get(reg, i)), endpoint, (uint32_t) i});
+        s->devices.push_back({ggml_backend_dev_name(ggml_backend_reg_dev_get(reg, i)), endpoint, (uint32_t) i, addressed});
     }
     return s->devices;
 }
@@ -512,6 +419,11 @@ std::vector<rpc_device_info> rpc_add_server(const std::string & endpoint, const 
 std::string rpc_device_endpoint(ggml_backend_device * dev) {
     auto s = state_of(dev);
     return s ? s->endpoint : std::string();
+}
+
+bool rpc_device_addressed(ggml_backend_device * dev) {
+    auto s = state_of(dev);
+    return s && s->addressed;
 }
 
 bool rpc_device_usable(ggml_backend_device * dev) {
@@ -546,71 +458,15 @@ std::vector<rpc_endpoint_stats> rpc_stats() {
         st.bytes_received = s.received;
         st.commands = s.commands;
         st.wait_seconds = s.wait_ns * 1e-9;
+        st.loaded_by_peer = s.loaded_by_peer;
+        st.addressed_misses = s.addressed_misses;
+        st.addressed = s.addressed;
         std::lock_guard<std::mutex> lk2(s.mu);
         st.failed = s.dead_open > 0;
         st.error = s.error;
         out.push_back(st);
     }
     return out;
-}
-
-namespace {
-uint64_t g_served_mem = 0;
-ggml_backend_device g_served{};
-void served_memory(ggml_backend_dev_t, size_t * free, size_t * total) {
-    if (g_served_mem) {
-        *free = *total = g_served_mem;
-        return;
-    }
-    host_memory h = host_memory_info();     // what is available to this process (cgroup included)
-    *free = h.available;
-    *total = h.total;
-}
-void served_props(ggml_backend_dev_t dev, ggml_backend_dev_props * props) {
-    ggml_backend_dev_get_props(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU), props);
-    served_memory(dev, &props->memory_free, &props->memory_total);
-}
-ggml_backend_t served_init(ggml_backend_dev_t dev, const char * params) {
-    ggml_backend_t b = ggml_backend_dev_init(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU), params);
-    if (b) b->device = dev;      // the server asks the backend's device for the memory it reports
-    return b;
-}
-}  // namespace
-
-void rpc_server_start(const std::string & endpoint, const std::string & cache_dir, int n_threads, uint64_t mem) {
-    std::string host;
-    int port = 0;
-    if (!split_endpoint(endpoint, host, port)) throw Error("RPC endpoint '" + endpoint + "' is not HOST:PORT");
-    if (n_threads < 1) throw Error("n_threads must be >= 1");
-    {   // ggml's server only prints a failed bind: try it here first, for an error
-        addrinfo hints{}, * res = nullptr;
-        hints.ai_family = AF_UNSPEC;
-        hints.ai_socktype = SOCK_STREAM;
-        hints.ai_flags = AI_PASSIVE;
-        int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-        if (rc != 0) throw Error("RPC server: cannot resolve '" + host + "': " + gai_strerror(rc));
-        std::unique_ptr<addrinfo, void (*)(addrinfo *)> free_res(res, freeaddrinfo);
-        fd_guard fd(::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-        int one = 1;
-        ::setsockopt(fd.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (fd.fd < 0 || ::bind(fd.fd, res->ai_addr, res->ai_addrlen) != 0) {
-            throw Error("RPC server: cannot listen on " + endpoint + ": " + std::strerror(errno));
-        }
-    }
-    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    if (!cpu) throw Error("RPC server: this build has no CPU device");
-    // the CPU device, advertising `mem`, or else the memory available to this process (ggml's CPU device
-    // reports all of the host's as free, which would leave a client's memory-pressure reading at 0)
-    g_served_mem = mem;
-    g_served = *cpu;
-    g_served.iface.get_memory = served_memory;
-    g_served.iface.get_props = served_props;
-    g_served.iface.init_backend = served_init;
-    ggml_backend_dev_t dev = &g_served;
-    std::string ep = endpoint, cache = cache_dir;
-    std::thread([ep, cache, n_threads, dev]() mutable {
-        ggml_backend_rpc_start_server(ep.c_str(), cache.empty() ? nullptr : cache.c_str(), (size_t) n_threads, 1, &dev);
-    }).detach();
 }
 
 }  // namespace superggml

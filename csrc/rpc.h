@@ -45,6 +45,7 @@ struct rpc_device_info {
     std::string name;             // ggml's device name ("RPC0"): what Backend(device=...) takes
     std::string endpoint;         // the server ("host:port") it is on
     uint32_t index = 0;           // the device's index on that server
+    bool addressed = false;       // the server speaks superggml's relay protocol: it loads ranges it holds by hash
 };
 
 struct rpc_endpoint_stats {
@@ -53,6 +54,9 @@ struct rpc_endpoint_stats {
     uint64_t bytes_received = 0;  // response bytes from it (tensor reads)
     uint64_t commands = 0;
     double wait_seconds = 0;      // waiting for responses (server compute + transfer of the response)
+    uint64_t loaded_by_peer = 0;  // bytes the server loaded from its own copy when sent their hashes
+    uint64_t addressed_misses = 0;// ranges sent by hash that it lacked (their bytes were sent)
+    bool addressed = false;
     bool failed = false;          // a connection to it failed and is still open
     std::string error;            // the last failure ("" if none)
 };
@@ -73,6 +77,9 @@ std::vector<rpc_device_info> rpc_add_server(const std::string & endpoint, const 
 // The server behind a ggml device ("" for devices that are not RPC).
 std::string rpc_device_endpoint(ggml_backend_device * dev);
 
+// Whether `dev` is on an RPC server that speaks superggml's relay protocol (rpc-content.h writes to it by hash).
+bool rpc_device_addressed(ggml_backend_device * dev);
+
 // Whether `dev` may be listed and queried: not an RPC device, or one whose server has not failed since it
 // was last added (ggml keeps the devices of every server a process added; a failed one is only reached
 // again through rpc_add_server).
@@ -83,12 +90,5 @@ bool rpc_device_usable(ggml_backend_device * dev);
 void rpc_check(ggml_backend_device * dev = nullptr);
 
 std::vector<rpc_endpoint_stats> rpc_stats();
-
-// Serves this process's CPU to ggml RPC clients on `endpoint` ("host:port"),
-// on a detached thread, one client at a time, until the process exits.
-// `mem` > 0: the memory the device advertises (free and total); 0: the
-// memory available to this process and the host's total (cgroup-aware). `cache_dir` ("" for none): ggml's cache of large tensors by hash.
-// Throws Error if the endpoint cannot be parsed or its port bound.
-void rpc_server_start(const std::string & endpoint, const std::string & cache_dir, int n_threads, uint64_t mem);
 
 }  // namespace superggml

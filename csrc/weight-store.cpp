@@ -1,11 +1,14 @@
 #include "weight-store.h"
 
+#include "rpc-content.h"
+
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
 #include <cstring>
+#include <map>
 
 namespace superggml {
 
@@ -142,7 +145,24 @@ void weight_store::fill(const std::string & name) const {
 
 size_t weight_store::load_resident(const std::vector<std::string> & names, ggml_backend_buffer_type * buft) {
     size_t total = 0;
-    for (const auto & n : place_resident(names, buft, &total)) fill(n);
+    const std::vector<std::string> placed = place_resident(names, buft, &total);
+    if (placed.empty()) return total;
+    // ranges an RPC peer holds go by content address (rpc-content.h), the rest as bytes
+    ggml_backend_buffer * buf = at(placed[0]).t->buffer;
+    auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf));
+    std::vector<range_write> ranges;
+    for (const auto & n : placed) {
+        const entry & e = at(n);
+        ranges.push_back({e.offset, e.nbytes, (uint64_t) (static_cast<uint8_t *>(e.t->data) - base)});
+    }
+    std::vector<range_write> rest = content_write(buf, file_->path(), ranges);
+    if (rest.size() == ranges.size()) {
+        for (const auto & n : placed) fill(n);
+        return total;
+    }
+    std::map<uint64_t, std::string> by_offset;
+    for (const auto & n : placed) by_offset[at(n).offset] = n;
+    for (const auto & r : rest) fill(by_offset.at(r.file_offset));
     return total;
 }
 

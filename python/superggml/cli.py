@@ -261,13 +261,36 @@ def _cmd_rpc_server(a: argparse.Namespace) -> int:
     mem = int(parse_size(a.mem) or 0) if a.mem else 0
     if a.cache:
         os.makedirs(a.cache, exist_ok=True)
-    native.rpc_server_start(endpoint, a.cache or "", a.threads or default_threads(), mem)
+    models = _held_models(a.models) if a.models else []
+    native.rpc_server_start(endpoint, a.cache or "", a.threads or default_threads(), mem, models, a.direct)
+    print(f"superggml rpc-server on {endpoint}: {len(models)} model file(s) held"
+          f"{' from ' + a.models if a.models else ''}, cache {a.cache or 'off'}", file=sys.stderr)
     sys.stdout.flush()
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         return 0
+
+
+def _held_models(folder: str) -> list[tuple[str, list[tuple[int, int, int]]]]:
+    """The GGUF files under `folder` and their ranges by content hash (hashed once; superggml.hashes)."""
+    from .errors import GGUFError
+    from .hashes import content_ranges
+
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"--models {folder}: not a directory")
+    out = []
+    for root, _, files in sorted(os.walk(folder)):
+        for name in sorted(files):
+            if not name.endswith(".gguf"):
+                continue
+            path = os.path.join(root, name)
+            try:
+                out.append((os.path.realpath(path), content_ranges(path)))
+            except (GGUFError, OSError) as e:
+                print(f"superggml rpc-server: skipping {path}: {e}", file=sys.stderr)
+    return out
 
 
 def _format_stats(st: dict[str, Any]) -> str:
@@ -378,7 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("-m", "--mem", default=None, metavar="SIZE",
                     help="the memory the device advertises, e.g. 4GiB (default: the host's)")
     rs.add_argument("-c", "--cache", default=None, metavar="DIR",
-                    help="ggml's cache of large tensors by hash: a client sends a hash instead of bytes it has")
+                    help="ggml's cache of bytes by hash: a client sends a hash instead of bytes it has sent before")
+    rs.add_argument("--models", default=None, metavar="DIR",
+                    help="GGUF files this peer holds: a superggml client names their tensors by hash and the peer "
+                         "reads them from here instead of receiving them")
+    rs.add_argument("--no-direct", dest="direct", action="store_false",
+                    help="read held files through the page cache (default: O_DIRECT where the file system allows)")
     rs.set_defaults(func=_cmd_rpc_server)
 
     pl = sub.add_parser("plot", help="draw a timeline PNG from a metrics file")

@@ -21,7 +21,7 @@ from typing import Optional, Union
 
 from . import native
 
-__all__ = ["ContentHashes", "content_hashes", "sidecar_path"]
+__all__ = ["ContentHashes", "content_hashes", "content_ranges", "sidecar_path"]
 
 VERSION = 1
 BLOCK = re.compile(r"^blk\.(\d+)\.")
@@ -87,6 +87,26 @@ def content_hashes(path: Union[str, "os.PathLike[str]"], *, n_threads: Optional[
         pass
     out = compute(path, tensors, n_threads or os.cpu_count() or 1)
     write_index(index, key, out)
+    return out
+
+
+def content_ranges(path: Union[str, "os.PathLike[str]"], *, n_threads: Optional[int] = None,
+                   cache_dir: Optional[str] = None) -> list[tuple[int, int, int]]:
+    """(offset, size, hash) of every tensor's bytes and every expert's slice in the GGUF at `path`: what a
+    peer holding the file can be named by hash (native.content_index_set, native.rpc_server_start)."""
+    path = os.fspath(path)
+    h = content_hashes(path, n_threads=n_threads, cache_dir=cache_dir)
+    f = native.GGUFFile(path)
+    try:
+        tensors = [(str(n), [int(x) for x in s], int(o), int(b)) for n, _, s, o, b in f.tensors()]
+    finally:
+        f.close()
+    out: list[tuple[int, int, int]] = []
+    for name, _, off, nbytes in tensors:
+        out.append((off, nbytes, int(h.tensors[name], 16)))
+        slices = h.experts.get(name, [])
+        step = nbytes // len(slices) if slices else 0
+        out += [(off + e * step, step, int(x, 16)) for e, x in enumerate(slices)]
     return out
 
 

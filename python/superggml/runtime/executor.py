@@ -18,6 +18,7 @@ from .. import native
 from ..arch import Architecture
 from ..devices import DEFAULT_DEVICE, resolve_devices
 from ..errors import SuperggmlError
+from ..hashes import content_ranges
 from ..settings import Settings, check_split, layer_split
 from ..telemetry import MemoryFn
 from .graph import LaneRows, Plan, Step, lane_rows, padded_kv
@@ -49,6 +50,9 @@ class Executor:
         arch.set_context(settings.context.ctx_size)
         ctx = settings.context
         names, shares = resolve_devices(settings.devices)
+        if any(x["addressed"] for x in native.rpc_stats().values()):
+            # peers that speak superggml's relay load the ranges they hold themselves, named by hash
+            native.content_index_set(store.path, content_ranges(store.path))
         self.backends = [native.Backend(d, ctx.threads) for d in names]
         self.n_split = len(self.backends)              # the devices the blocks are split over
         self.layer_device = [i for i, k in enumerate(layer_split(self.hp.n_layer, self.n_split, shares))
