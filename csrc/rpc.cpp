@@ -344,7 +344,7 @@ void check_state(endpoint_state & s) {
     std::lock_guard<std::mutex> lk(s.mu);
     if (s.dead_open > 0) {
         throw DeviceError("RPC server " + s.endpoint + " failed: " + s.error +
-                          ". What it held is lost: close this model (and reload it once the server is back)");
+                          ". What it held is lost: the next call on the model reconnects and loads it again");
     }
 }
 

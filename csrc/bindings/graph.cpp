@@ -128,8 +128,15 @@ void init_graph(py::module_ & m) {
             rpc_check(b.device());
         }, "Allocates intermediates and runs the graph; the GIL is released.")
         .def("alloc_tensors", [](compute_backend & b, const std::shared_ptr<graph_context> & c) {
-            return alloc_tensors(*c, b.buffer_type());
-        }, "Allocates every unallocated tensor of the context in one new buffer of this device.");
+            try {
+                py::gil_scoped_release nogil;        // an RPC device's allocation is a round trip
+                return alloc_tensors(*c, b.buffer_type());
+            } catch (const Error &) {
+                rpc_check(b.device());              // a failed server's stand-in answer: its DeviceError
+                throw;
+            }
+        }, "Allocates every unallocated tensor of the context in one new buffer of this device (DeviceError if "
+           "it is on an RPC server that failed).");
 
     m.def("tensor_set", [](tensor_ref & r, py::buffer data, size_t offset) {
         py::buffer_info info = data.request();

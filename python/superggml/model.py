@@ -157,15 +157,8 @@ class Model(Completions, Embeddings, Constraints):
         self.hparams = self.arch.hp
         self.arch.validate({n: v[1] for n, v in self.tensor_info.items()})
         self.file.drop_header()     # read into metadata: the C++ copy of the vocabulary (~17 MiB) goes
-        self.store = native.WeightStore(self.file)
-        direct = s.paging.direct_io
-        self.runtime = Executor(self.arch, self.store, s,
-                                direct_io=want_direct_io(self.path) if direct is None else direct,
-                                # resident weights load in the background, block by block, while the KV
-                                # cache and the tokenizer are built and the first pass computes; streamed
-                                # ones go through the pager
-                                preload_repack=s.context.repack, reserve=drafting.draft_bytes(self))
-        self.settings = s = self.runtime.settings          # device_budget and async_prefetch resolved
+        self.start_runtime(s)
+        s = self.settings                                  # device_budget and async_prefetch resolved
         self.memory_plan: MemoryPlan | None = self.runtime.memory_plan
         self.repacked_bytes = self.runtime.repacked_bytes
         self.tokenizer = Tokenizer.from_metadata(self.metadata)
@@ -176,6 +169,28 @@ class Model(Completions, Embeddings, Constraints):
             raise GGUFError(f"vocabulary has {self.tokenizer.n_vocab} tokens but the model {self.hparams.n_vocab}")
         if s.speculative.enabled:
             self.speculator = drafting.make_speculator(self, Model)
+
+    def start_runtime(self, s: Settings) -> None:
+        """The weights and the executor: resident weights load in the background, block by block, while the
+        KV cache and the tokenizer are built and the first pass computes; streamed ones go through the pager."""
+        self.store = native.WeightStore(self.file)
+        direct = s.paging.direct_io
+        self.runtime = Executor(self.arch, self.store, s,
+                                direct_io=want_direct_io(self.path) if direct is None else direct,
+                                preload_repack=s.context.repack, reserve=drafting.draft_bytes(self))
+        self.settings = self.runtime.settings
+
+    def restart_runtime(self) -> None:
+        """After an RPC server it used failed: the weights and the sequences on it are gone. Reconnects and
+        loads the model again, with its sequences empty (DeviceError while the server is still down)."""
+        if "runtime" in self.__dict__:
+            self.runtime.close()
+            del self.runtime
+        self.__dict__.pop("store", None)
+        gc.collect()                # the buffers on the failed server, and with them ggml's connection to it
+        self.start_runtime(self.settings)
+        if self.metrics is not None:
+            self.runtime.record_timings = True
 
     def report(self) -> None:
         """The budget's line on stderr (an automatic budget that streams, or verbose), and verbose's summary."""
@@ -201,9 +216,10 @@ class Model(Completions, Embeddings, Constraints):
                 self.metrics.writer.close()
             if self.speculator is not None:
                 self.speculator.close()
-            self.runtime.close()
-            del self.runtime
-            del self.store
+            if "runtime" in self.__dict__:      # (none after a restart that failed)
+                self.runtime.close()
+                del self.runtime
+            self.__dict__.pop("store", None)
             self.file.close()
 
     def __enter__(self) -> "Model":
@@ -221,6 +237,8 @@ class Model(Completions, Embeddings, Constraints):
     def check_open(self) -> None:
         if self.closed:
             raise RuntimeError("the model is closed")
+        if "runtime" not in self.__dict__ or self.runtime.device_lost():
+            self.restart_runtime()
 
     # -- properties --------------------------------------------------------
     @property

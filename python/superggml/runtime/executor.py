@@ -131,6 +131,14 @@ class Executor:
         self.placement.close()
         self.__dict__.get("plans", {}).clear()
 
+    def device_lost(self) -> bool:
+        """Whether an RPC server this executor computes on has failed (what it held is gone)."""
+        eps = {b.endpoint for b in self.backends if b.endpoint}
+        if not eps:
+            return False
+        rs = native.rpc_stats()
+        return any(rs[e]["failed"] for e in eps if e in rs)
+
     # -- what the model reads -------------------------------------------------
     @property
     def seq(self) -> SequenceState:
