@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, Union
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -64,6 +64,8 @@ class Host:
         self.address = f"10.{lab.net}.{i}.2"
         self.gateway = f"10.{lab.net}.{i}.1"
         self.procs: list[subprocess.Popen] = []
+        d = lab.delay_ms
+        self.delay_ms = float(d[i] if isinstance(d, (list, tuple)) else d)
 
     def popen(self, argv: list[str], *, memory: Optional[int] = None, **kw: Any) -> subprocess.Popen:
         """Runs argv in this namespace (and in a new memory cgroup of `memory` bytes, if given)."""
@@ -75,22 +77,23 @@ class Host:
     def serve(self, port: int, argv: list[str], *, memory: Optional[int] = None, **kw: Any) -> tuple[str, subprocess.Popen]:
         """Starts a server (argv, listening on `listen`:`port`, both filled in by the caller's argv through
         {host} and {port}); returns the endpoint this namespace reaches it at, through the link's delay."""
-        if not self.lab.delay_ms:
+        if not self.delay_ms:
             return f"{self.address}:{port}", self.popen([a.format(host=self.address, port=port) for a in argv],
                                                         memory=memory, **kw)
         inner = port + 1
         p = self.popen([a.format(host="127.0.0.1", port=inner) for a in argv], memory=memory, **kw)
         self.popen([sys.executable, os.path.join(HERE, "netlab.py"), "delay", self.address, str(port), str(inner),
-                    str(self.lab.delay_ms)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    str(self.delay_ms)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return f"{self.address}:{port}", p
 
 
 class Lab:
-    """`n` hosts, each on its own link of `rate` and `delay_ms` (each way) to this namespace."""
+    """`n` hosts, each on its own link of `rate` and `delay_ms` (each way; one per host, or one for all) to this
+    namespace."""
 
     made = 0
 
-    def __init__(self, n: int, *, rate: Optional[str] = "1gbit", delay_ms: float = 0):
+    def __init__(self, n: int, *, rate: Optional[str] = "1gbit", delay_ms: Union[float, Sequence[float]] = 0):
         self.token = secrets.token_hex(3)
         Lab.made += 1                           # a subnet per lab of this process, apart from other processes'
         self.net = 100 + (os.getpid() * 13 + Lab.made) % 150

@@ -21,6 +21,7 @@ import pytest
 
 from superggml import DeviceError, Model, native
 from superggml.analyze import model_layout
+from superggml.devices import balance
 from superggml.hashes import content_ranges
 
 import netlab
@@ -38,8 +39,9 @@ class Peer:
     """A `superggml rpc-server` (or, with plain=True, ggml's own RPC server, as llama.cpp's rpc-server runs it)
     on a lab host; `models` and `cache` are its folders."""
 
-    def __init__(self, host: netlab.Host, root: Path, *, model: Optional[str] = None, plain: bool = False):
-        self.host, self.root, self.plain = host, root, plain
+    def __init__(self, host: netlab.Host, root: Path, *, model: Optional[str] = None, plain: bool = False,
+                 args: tuple[str, ...] = ()):
+        self.host, self.root, self.plain, self.args = host, root, plain, args
         self.models, self.cache = root / "models", root / "cache"
         self.models.mkdir(parents=True, exist_ok=True)
         if model:
@@ -52,7 +54,7 @@ class Peer:
             argv = [sys.executable, "-c", PLAIN_SERVER, str(LIBS), "{host}:{port}"]
         else:
             argv = [sys.executable, "-m", "superggml", "rpc-server", "--host", "{host}", "-p", "{port}", "-t", "1",
-                    "--models", str(self.models), "-c", str(self.cache)]
+                    "--models", str(self.models), "-c", str(self.cache), *self.args]
         log = open(self.root / "server.log", "a")
         self.endpoint, self.proc = self.host.serve(PORT, argv, memory=PEER_MEMORY, stdout=log, stderr=log)
         log.close()
@@ -243,3 +245,26 @@ def test_a_stopped_peer_is_a_device_error_within_the_timeout(tmp_path, smollm2_p
                 assert time.time() - t0 < 15
             finally:
                 p.proc.send_signal(signal.SIGCONT)
+
+
+def test_balance_follows_speed_and_memory():
+    assert balance([100, 100, 100], [1, 2, 1], 200) == (50, 100, 50)        # by speed
+    assert balance([30, 300, 300], [1, 1, 1], 300) == (30, 135, 135)       # none past its memory
+    assert balance([10, 10], [1, 3], 100) == (1, 3)                        # all stream: by speed
+
+
+def test_split_over_peers_by_memory_and_measured_speed(tmp_path, reference, smollm2_path):
+    """A peer behind a slow link (20 ms each way) measures slower and gets fewer blocks; a peer that
+    advertises little memory gets no more blocks than it holds."""
+    layout = model_layout(smollm2_path)
+    with netlab.Lab(3, rate="1gbit", delay_ms=[0, 20, 0]) as lab:
+        small = str(layout.file_bytes // 5)
+        ps = [Peer(h, tmp_path / f"peer{h.i}", model=smollm2_path, args=("--mem", small) if h.i == 2 else ())
+              for h in lab.hosts]
+        with Model(smollm2_path, **BASE, devices=[p.device for p in ps]) as m:
+            assert complete(m) == reference
+            per = m.stats()["blocks_per_device"]
+        n = sum(per)
+        assert per[1] < per[0], per                                   # slower: fewer blocks
+        assert per[2] * max(layout.block_bytes) <= int(small), per     # within its memory
+        assert per[0] >= n // 3

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import statistics
+import time
+from typing import Any, Sequence
+
+import numpy as np
 
 from . import native
 from .settings import DeviceSettings
@@ -11,13 +15,70 @@ DEFAULT_DEVICE = ""   # ggml's first device
 RPC_CONNECT_TIMEOUT = 5.0   # seconds to reach an RPC server and get its HELLO
 
 
-def resolve_devices(d: DeviceSettings) -> tuple[list[str], tuple[float, ...]]:
+PROBE_ROWS = 2048              # the speed probe: a Q4_0 [2048 x 2048] weight times a vector,
+PROBE_CHAIN = 8               # 8 times in a row per graph, the median of 3 graphs
+
+
+def measure_speed(device: str, n_threads: int) -> float:
+    """Matrix-vector products per second on `device`, as a decoded token does them (a quantized weight read
+    once per product), the round trip to an RPC server included: the speed the split balances."""
+    be = native.Backend(device, n_threads)
+    wctx = native.Context(2)
+    w = wctx.new_tensor(native.GGMLType.Q4_0, [PROBE_ROWS, PROBE_ROWS])
+    x = wctx.new_tensor(native.GGMLType.F32, [PROBE_ROWS, 1])
+    keep = be.alloc_tensors(wctx)
+    rows = np.random.default_rng(0).standard_normal((PROBE_ROWS, PROBE_ROWS), dtype=np.float32) * 0.02
+    native.tensor_set(w, native.quantize(native.GGMLType.Q4_0, rows))
+    native.tensor_set(x, np.ones(PROBE_ROWS, np.float32))
+    ctx = native.Context(4 * PROBE_CHAIN, 4 * PROBE_CHAIN)
+    g, y = ctx.new_graph(), x
+    for _ in range(PROBE_CHAIN):
+        y = ctx.mul_mat(w, y)
+    y.set_output()
+    g.expand(y)
+    times = []
+    for i in range(4):
+        t0 = time.perf_counter()
+        be.compute(g)
+        native.tensor_get(y)
+        if i:
+            times.append(time.perf_counter() - t0)
+    del keep
+    return PROBE_CHAIN / max(statistics.median(times), 1e-9)
+
+
+def balance(free: Sequence[int], speed: Sequence[float], total: int) -> tuple[float, ...]:
+    """Each device's share of `total` bytes of blocks: in proportion to its speed, so that no share takes much
+    longer than the others; where the devices hold the blocks between them, none is given more than its free
+    memory (the rest goes to the others, by speed), so none streams while another has room."""
+    n = len(free)
+    share = [0.0] * n
+    if total <= 0 or sum(free) < total:
+        return tuple(float(v) for v in speed)
+    active, left = set(range(n)), float(total)
+    while active:
+        s = sum(speed[i] for i in active)
+        over = [i for i in active if left * speed[i] / s > free[i]]
+        if not over:
+            for i in active:
+                share[i] = left * speed[i] / s
+            break
+        for i in over:
+            share[i] = float(free[i])
+            left -= free[i]
+            active.discard(i)
+    return tuple(max(x, 1.0) for x in share)
+
+
+def resolve_devices(d: DeviceSettings, *, n_threads: int = 1,
+                    weights_bytes: int = 0) -> tuple[list[str], tuple[float, ...]]:
     """The ggml devices the blocks split over, and their shares. RPC servers are probed and their devices
     added first (DeviceError names a server that cannot be used). `devices` may name them as ggml does
     ("RPC0": numbered in the order servers were added to this process) or by server: "RPC[host:port]" (its
     device, if it has one) or "RPC0[host:port]" (as superggml shows them); a server named there is added if
     `rpc` does not list it. With servers and no devices: this machine's CPU and the servers' devices, by free
-    memory, as llama.cpp splits."""
+    memory and measured speed (measure_speed, balance) over `weights_bytes`; with devices named and no
+    tensor_split, a split over RPC servers is balanced the same way."""
     def add(ep: str) -> list[dict[str, Any]]:
         return list(native.rpc_add_server(ep, connect_timeout=min(RPC_CONNECT_TIMEOUT, d.rpc_timeout),
                                          timeout=d.rpc_timeout))
@@ -36,7 +97,9 @@ def resolve_devices(d: DeviceSettings) -> tuple[list[str], tuple[float, ...]]:
                 raise ValueError(f"device {n!r}: the server at {ep} has devices "
                                  f"{', '.join(x['name'] for x in on)}; name one of them")
             names.append(pick[0]["name"])
-        return names, d.tensor_split
+        if d.tensor_split or len(names) < 2 or not (rpc or any("[" in n for n in d.devices)):
+            return names, d.tensor_split
+        return names, balanced(names, n_threads, weights_bytes)
     if not rpc:
         return [DEFAULT_DEVICE], ()
     names = ["CPU"] + [r["name"] for r in rpc]
@@ -45,6 +108,16 @@ def resolve_devices(d: DeviceSettings) -> tuple[list[str], tuple[float, ...]]:
             raise ValueError(f"tensor_split needs {len(names)} shares (CPU and {len(rpc)} RPC devices), not "
                              f"{list(d.tensor_split)}")
         return names, d.tensor_split
+    return names, balanced(names, n_threads, weights_bytes)
+
+
+def balanced(names: list[str], n_threads: int, weights_bytes: int) -> tuple[float, ...]:
+    """The shares of `names` by free memory and measured speed (by free memory alone without weights_bytes,
+    as llama.cpp splits)."""
     free = {x["name"]: int(x["memory_free"]) for x in native.devices()}
     free["CPU"] = int(native.host_memory()["available"])
-    return names, tuple(float(max(1, free.get(n, 0))) for n in names)
+    mem = [max(1, free.get(n, 0)) for n in names]
+    if weights_bytes <= 0:
+        return tuple(float(m) for m in mem)
+    speed = [measure_speed(n, n_threads) for n in names]
+    return balance(mem, speed, weights_bytes)

@@ -49,7 +49,8 @@ class Executor:
         self.arch, self.hp = arch, arch.hp
         arch.set_context(settings.context.ctx_size)
         ctx = settings.context
-        names, shares = resolve_devices(settings.devices)
+        names, shares = resolve_devices(settings.devices, n_threads=ctx.threads,
+                                        weights_bytes=sum(int(store.file_range(n)[1]) for n in store.names()))
         if any(x["addressed"] for x in native.rpc_stats().values()):
             # peers that speak superggml's relay load the ranges they hold themselves, named by hash
             native.content_index_set(store.path, content_ranges(store.path))
