@@ -106,7 +106,8 @@ struct peer {
     void serve(int client);
 };
 
-peer * g_peer = nullptr;
+std::mutex g_peers_mu;
+std::vector<peer *> g_peers;                       // live until the process exits
 
 // A held range whose bytes hash to `hash`, of at least `need` bytes (0: any; ggml's SET_TENSOR_HASH names
 // no size; an SG_LOAD entry may ask for a part).
@@ -314,7 +315,6 @@ void rpc_server_start(const rpc_server_params & params) {
     int port = 0;
     if (!split_endpoint(params.endpoint, host, port)) throw Error("RPC endpoint '" + params.endpoint + "' is not HOST:PORT");
     if (params.n_threads < 1) throw Error("n_threads must be >= 1");
-    if (g_peer) throw Error("this process already serves RPC");
     auto p = std::make_unique<peer>();
     p->params = params;
     for (size_t f = 0; f < params.models.size(); ++f) {
@@ -343,10 +343,14 @@ void rpc_server_start(const rpc_server_params & params) {
     std::thread([inner_ep, cache, n_threads, dev]() mutable {
         ggml_backend_rpc_start_server(inner_ep.c_str(), cache.empty() ? nullptr : cache.c_str(), n_threads, 1, &dev);
     }).detach();
-    g_peer = p.release();                          // lives until the process exits
-    std::thread([] {
+    peer * me = p.release();
+    {
+        std::lock_guard<std::mutex> lk(g_peers_mu);
+        g_peers.push_back(me);
+    }
+    std::thread([me] {
         for (;;) {
-            int c = ::accept4(g_peer->listener.fd, nullptr, nullptr, SOCK_CLOEXEC);
+            int c = ::accept4(me->listener.fd, nullptr, nullptr, SOCK_CLOEXEC);
             if (c < 0) {
                 if (errno == EINTR || errno == ECONNABORTED) continue;
                 return;
@@ -354,19 +358,21 @@ void rpc_server_start(const rpc_server_params & params) {
             int one = 1;
             ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
             ::setsockopt(c, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-            std::thread([c] { g_peer->serve(c); }).detach();
+            std::thread([me, c] { me->serve(c); }).detach();
         }
     }).detach();
 }
 
 rpc_server_stats rpc_server_stats_get() {
     rpc_server_stats s;
-    if (!g_peer) return s;
-    s.loads = g_peer->loads;
-    s.bytes_loaded = g_peer->bytes_loaded;
-    s.misses = g_peer->misses;
-    s.refused = g_peer->refused;
-    s.clients = g_peer->clients;
+    std::lock_guard<std::mutex> lk(g_peers_mu);
+    for (const peer * p : g_peers) {
+        s.loads += p->loads;
+        s.bytes_loaded += p->bytes_loaded;
+        s.misses += p->misses;
+        s.refused += p->refused;
+        s.clients += p->clients;
+    }
     return s;
 }
 

@@ -51,6 +51,6 @@ struct rpc_server_stats {
 // Starts serving on detached threads, until the process exits. Throws Error if
 // the endpoint cannot be parsed or bound, or n_threads < 1.
 void rpc_server_start(const rpc_server_params & params);
-rpc_server_stats rpc_server_stats_get();
+rpc_server_stats rpc_server_stats_get();     // summed over the peers this process serves
 
 }  // namespace superggml

@@ -11,7 +11,7 @@ import numpy as np
 
 import synth_gguf
 from superggml import cli, gguf, native
-from superggml.hashes import content_hashes, sidecar_path
+from superggml.hashes import content_hashes, content_ranges, sidecar_path
 from synth_gguf import VARIANTS, synth
 
 
@@ -62,6 +62,13 @@ def test_tensors_blocks_and_experts_of_a_gguf(smollm2_path, tmp_path):
     assert [t for t in h.tensors if c.tensors[t] != h.tensors[t]] == [exps]
     assert [e for e in range(len(h.experts[exps])) if c.experts[exps][e] != h.experts[exps][e]] == [3]
     assert [b for b in h.blocks if c.blocks[b] != h.blocks[b]] == [1] and c.model != h.model
+
+    ranges = content_ranges(path)                        # what a peer is named: every tensor, every expert slice
+    with gguf.open(path) as g:
+        for name, info in g.tensors.items():
+            assert (info.offset, info.nbytes, int(h.tensors[name], 16)) in ranges
+        assert (g.info(exps).offset + 3 * step, step, int(h.experts[exps][3], 16)) in ranges
+        assert len(ranges) == len(g.tensors) + sum(len(v) for v in h.experts.values())
 
 
 def test_a_stale_index_is_not_used(smollm2_path, tmp_path):

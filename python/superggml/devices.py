@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import native
+from .hashes import content_ranges
 from .settings import DeviceSettings
 
 DEFAULT_DEVICE = ""   # ggml's first device
@@ -121,3 +122,31 @@ def balanced(names: list[str], n_threads: int, weights_bytes: int) -> tuple[floa
         return tuple(float(m) for m in mem)
     speed = [measure_speed(n, n_threads) for n in names]
     return balance(mem, speed, weights_bytes)
+
+
+def devices_for(d: DeviceSettings, store: Any, n_threads: int) -> tuple[list[str], tuple[float, ...]]:
+    """resolve_devices for the weights of `store` (a native.WeightStore); when a server speaks superggml's
+    relay, the file's ranges are registered by content hash, so that it loads those it holds itself."""
+    names, shares = resolve_devices(d, n_threads=n_threads,
+                                    weights_bytes=sum(int(store.file_range(n)[1]) for n in store.names()))
+    if any(x["addressed"] for x in native.rpc_stats().values()):
+        native.content_index_set(store.path, content_ranges(store.path))
+    return names, shares
+
+
+def servers_failed(endpoints: set[str]) -> bool:
+    """Whether one of these RPC servers has failed (what it held is gone)."""
+    if not endpoints:
+        return False
+    rs = native.rpc_stats()
+    return any(rs[e]["failed"] for e in endpoints if e in rs)
+
+
+def server_counters(endpoints: set[str]) -> dict[str, int]:
+    """What went over the wire to these RPC servers (from every user of them in this process), and what they
+    loaded from their own copies instead."""
+    rs = native.rpc_stats()
+    on = [rs[e] for e in endpoints if e in rs]
+    return {"rpc_bytes_sent": sum(int(x["bytes_sent"]) for x in on),
+            "rpc_bytes_received": sum(int(x["bytes_received"]) for x in on),
+            "rpc_loaded_by_peer": sum(int(x["loaded_by_peer"]) for x in on)}

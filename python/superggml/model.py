@@ -14,6 +14,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import native
+from .devices import servers_failed
 from .api.chat import CHATML, ChatTemplate
 from .api.completions import Completions, Constraints, Embeddings
 from .api.tools import ToolFormat
@@ -237,7 +238,7 @@ class Model(Completions, Embeddings, Constraints):
     def check_open(self) -> None:
         if self.closed:
             raise RuntimeError("the model is closed")
-        if "runtime" not in self.__dict__ or self.runtime.device_lost():
+        if "runtime" not in self.__dict__ or servers_failed(self.runtime.endpoints):
             self.restart_runtime()
 
     # -- properties --------------------------------------------------------

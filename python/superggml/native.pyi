@@ -613,5 +613,9 @@ def content_hash(data: _BufferLike, seed: int = 0xCBF29CE484222325) -> int:
 def content_hash_ranges(path: str, ranges: Sequence[tuple[int, int]], n_threads: int = 1) -> list[int]:
     """content_hash of each (offset, size) range of the file, read on n_threads threads (GIL released)."""
 
+def content_index_set(path: str, ranges: Sequence[tuple[int, int, int]]) -> None:
+    """Sets the content hashes of (offset, size, hash) ranges of the file at `path`: writes of those ranges to
+    superggml RPC peers go by hash. An empty list forgets them."""
+
 # The internals (WeightLoader, ExpertCache, rpc_*, I/O fault hooks) are not typed.
 def __getattr__(name: str) -> Any: ...

@@ -291,12 +291,12 @@ class DeviceSettings:
     devices: tuple[str, ...] = option((), "split the blocks over these ggml devices (see `superggml plan`), e.g. "
                                       "CUDA0,CUDA1; the same name twice gives two backends", parse=_parse_list(str),
                                       metavar="DEV,DEV")
-    tensor_split: tuple[float, ...] = option((), "the devices' shares of the blocks, e.g. 3,1 (default: even; with "
-                                             "rpc and no devices: by free memory)", parse=_parse_list(float),
+    tensor_split: tuple[float, ...] = option((), "the devices' shares of the blocks, e.g. 3,1 (default: even; over "
+                                             "RPC servers: by free memory and measured speed)", parse=_parse_list(float),
                                              metavar="F,F")
     rpc: tuple[str, ...] = option((), "ggml RPC servers (superggml rpc-server, llama.cpp's rpc-server) whose devices "
                                   "to add, e.g. 192.168.1.2:50052,192.168.1.3:50052; without devices the blocks split "
-                                  "over this machine and them by free memory", parse=_parse_list(str),
+                                  "over this machine and them by free memory and measured speed", parse=_parse_list(str),
                                   metavar="HOST:PORT,...")
     rpc_timeout: float = option(60.0, "seconds an RPC server may take to answer one command before it counts as "
                                 "failed (DeviceError)", metavar="S")

@@ -1,8 +1,13 @@
 // rpc_stress: the RPC guard relay under concurrency and failure, without Python (run under ThreadSanitizer
-// and AddressSanitizer in CI). Two ggml RPC servers run in this process; threads write and read tensors on
-// their devices while others poll rpc_stats() and rpc_check(). A fake server that answers the handshake and
-// then drops the connection puts a relay in stand-in mode: ggml's client must neither abort nor hang, and
-// rpc_check() must throw DeviceError.
+// and AddressSanitizer in CI). Two superggml RPC peers run in this process; threads write and read tensors on
+// their devices while others poll rpc_stats() and rpc_check(). The first peer holds a file: threads write its
+// ranges by content address (rpc-content.h) and read them back, among them a range the peer holds a wrong
+// hash for (refused: the bytes are sent) and one it does not hold (sent, then kept in its cache). A fake
+// server that answers the handshake and then drops the connection puts a relay in stand-in mode: ggml's
+// client must neither abort nor hang, and rpc_check() must throw DeviceError.
+#include "content-hash.h"
+#include "rpc-content.h"
+#include "rpc-peer.h"
 #include "rpc.h"
 
 #include "ggml.h"
@@ -13,10 +18,13 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -98,11 +106,41 @@ static ggml_backend_dev_t device_of(const std::string & name) {
     return d;
 }
 
+constexpr int RANGES = 6;
+constexpr size_t RANGE = 48 << 10;
+
 int main() {
+    // a file of RANGES ranges: the peer holds 0..3 rightly, 4 under a wrong hash, 5 not at all
+    char dir[] = "/tmp/rpc_stressXXXXXX";
+    CHECK(::mkdtemp(dir) != nullptr);
+    const std::string file = std::string(dir) + "/held.bin", cache = std::string(dir) + "/cache";
+    CHECK(::mkdir(cache.c_str(), 0700) == 0);
+    std::vector<uint8_t> bytes(RANGES * RANGE);
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = (uint8_t) (i * 2654435761u >> 13);
+    std::ofstream(file, std::ios::binary).write((const char *) bytes.data(), (std::streamsize) bytes.size());
+    std::vector<content_range> all, held;
+    for (int r = 0; r < RANGES; ++r) {
+        const uint64_t off = (uint64_t) r * RANGE;
+        all.push_back({off, RANGE, content_hash(bytes.data() + off, RANGE)});
+        if (r < 4) held.push_back(all.back());
+        if (r == 4) held.push_back({off, RANGE, all.back().hash});
+    }
+    bytes[4 * RANGE + 100] ^= 0xFF;          // the peer's copy of range 4 differs from the client's
+    std::ofstream(file + ".peer", std::ios::binary).write((const char *) bytes.data(), (std::streamsize) bytes.size());
+    bytes[4 * RANGE + 100] ^= 0xFF;
+    content_index_set(file, all);
+
     std::vector<std::string> eps;
     for (int i = 0; i < 2; ++i) {
         eps.push_back("127.0.0.1:" + std::to_string(free_port()));
-        rpc_server_start(eps.back(), "", 1, 0);
+        rpc_server_params sp;
+        sp.endpoint = eps.back();
+        sp.n_threads = 1;
+        if (i == 0) {
+            sp.models = {{file + ".peer", held}};
+            sp.cache_dir = cache;
+        }
+        rpc_server_start(sp);
     }
     std::vector<std::string> names;
     for (const auto & ep : eps) {
@@ -152,10 +190,46 @@ int main() {
             }
         });
     }
+    for (int w = 0; w < 2; ++w) {             // by content address, on the peer that holds the file
+        workers.emplace_back([&, w] {
+            ggml_backend_dev_t dev = device_of(names[0]);
+            ggml_init_params p = {ggml_tensor_overhead() * 2, nullptr, true};
+            for (int r = 0; r < ROUNDS; ++r) {
+                ggml_context * ctx = ggml_init(p);
+                ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, RANGES * RANGE);
+                ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx,
+                    ggml_backend_dev_buffer_type(dev));
+                CHECK(buf != nullptr);
+                std::vector<range_write> ranges;
+                for (int k = 0; k < RANGES; ++k) {
+                    const int q = (k + w + r) % RANGES;          // each range to another place each round
+                    ranges.push_back({(uint64_t) q * RANGE, RANGE, (uint64_t) k * RANGE});
+                }
+                auto rest = content_write(buf, file, ranges);
+                CHECK(rest.empty());
+                std::vector<uint8_t> out(RANGES * RANGE);
+                ggml_backend_tensor_get(t, out.data(), 0, out.size());
+                for (int k = 0; k < RANGES; ++k) {
+                    const int q = (k + w + r) % RANGES;
+                    CHECK(std::memcmp(out.data() + k * RANGE, bytes.data() + q * RANGE, RANGE) == 0);
+                }
+                rpc_check(dev);
+                ggml_backend_buffer_free(buf);
+                ggml_free(ctx);
+                ++rounds;
+            }
+        });
+    }
     for (auto & t : workers) t.join();
     done = true;
     poller.join();
-    CHECK(rounds == 4 * ROUNDS);
+    CHECK(rounds == 6 * ROUNDS);
+    uint64_t by_peer = 0, misses = 0;
+    for (const auto & s : rpc_stats()) { by_peer += s.loaded_by_peer; misses += s.addressed_misses; }
+    const rpc_server_stats ps = rpc_server_stats_get();
+    CHECK(ps.refused == 1);                   // range 4, hashed once and refused from then on
+    CHECK(by_peer >= 2u * ROUNDS * 4 * RANGE && ps.bytes_loaded == by_peer);
+    CHECK(misses >= 2 && misses < 2u * ROUNDS * 2);   // 4 and 5 sent once or a few times, then from the cache
     uint64_t moved = 0;
     for (const auto & s : rpc_stats()) moved += s.bytes_sent + s.bytes_received;
     CHECK(moved >= 4u * ROUNDS * 2 * N * sizeof(int32_t));
@@ -187,7 +261,10 @@ int main() {
     ::shutdown(lfd, SHUT_RDWR);
     ::close(lfd);
     fake.join();
-    printf("rpc_stress: %d rounds on %zu servers, %llu bytes relayed; failed server: DeviceError\n", rounds.load(),
-           names.size(), (unsigned long long) moved);
+    printf("rpc_stress: %d rounds on %zu servers, %llu bytes relayed, %llu loaded by the peer from its copy "
+           "(%llu misses, %llu refused); failed server: DeviceError\n", rounds.load(), names.size(),
+           (unsigned long long) moved, (unsigned long long) by_peer, (unsigned long long) misses,
+           (unsigned long long) ps.refused);
+    std::filesystem::remove_all(dir);
     return 0;
 }

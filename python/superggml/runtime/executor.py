@@ -16,9 +16,8 @@ import numpy as np
 
 from .. import native
 from ..arch import Architecture
-from ..devices import DEFAULT_DEVICE, resolve_devices
+from ..devices import DEFAULT_DEVICE, devices_for, server_counters
 from ..errors import SuperggmlError
-from ..hashes import content_ranges
 from ..settings import Settings, check_split, layer_split
 from ..telemetry import MemoryFn
 from .graph import LaneRows, Plan, Step, lane_rows, padded_kv
@@ -49,11 +48,7 @@ class Executor:
         self.arch, self.hp = arch, arch.hp
         arch.set_context(settings.context.ctx_size)
         ctx = settings.context
-        names, shares = resolve_devices(settings.devices, n_threads=ctx.threads,
-                                        weights_bytes=sum(int(store.file_range(n)[1]) for n in store.names()))
-        if any(x["addressed"] for x in native.rpc_stats().values()):
-            # peers that speak superggml's relay load the ranges they hold themselves, named by hash
-            native.content_index_set(store.path, content_ranges(store.path))
+        names, shares = devices_for(settings.devices, store, ctx.threads)
         self.backends = [native.Backend(d, ctx.threads) for d in names]
         self.n_split = len(self.backends)              # the devices the blocks are split over
         self.layer_device = [i for i, k in enumerate(layer_split(self.hp.n_layer, self.n_split, shares))
@@ -64,6 +59,7 @@ class Executor:
             hosts = [self.n_split]
         for b in self.backends:
             b.use_ref = ctx.batch_invariant
+        self.endpoints = {b.endpoint for b in self.backends if b.endpoint}     # the RPC servers it computes on
         self.embed_dev = hosts[0]
         self.backend = self.backends[0]
         self.store = store                             # the weights (a native.WeightStore)
@@ -132,14 +128,6 @@ class Executor:
         self.placement.close()
         self.__dict__.get("plans", {}).clear()
 
-    def device_lost(self) -> bool:
-        """Whether an RPC server this executor computes on has failed (what it held is gone)."""
-        eps = {b.endpoint for b in self.backends if b.endpoint}
-        if not eps:
-            return False
-        rs = native.rpc_stats()
-        return any(rs[e]["failed"] for e in eps if e in rs)
-
     # -- what the model reads -------------------------------------------------
     @property
     def seq(self) -> SequenceState:
@@ -175,12 +163,8 @@ class Executor:
                              "blocks_per_device": [self.layer_device.count(i) for i in range(self.n_split)],
                              "passes": self.n_passes, "sequences_per_pass": self.pass_sequences / n,
                              "tokens_per_pass": self.pass_tokens / n, "stream_passes": self.stream_passes}
-        eps = {b.endpoint for b in self.backends if b.endpoint}
-        if eps:              # what went over the wire to this model's servers (all users of them in this process)
-            rs = native.rpc_stats()
-            d.update(rpc_bytes_sent=sum(int(rs[e]["bytes_sent"]) for e in eps if e in rs),
-                     rpc_bytes_received=sum(int(rs[e]["bytes_received"]) for e in eps if e in rs),
-                     remote_bytes=self.placement.remote_bytes)
+        if self.endpoints:
+            d.update(server_counters(self.endpoints), remote_bytes=self.placement.remote_bytes)
         d.update(self.memory.stats())
         if self.memory_plan is not None:
             d["budget"] = self.memory_plan.as_dict()
