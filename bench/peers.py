@@ -42,16 +42,6 @@ from superggml.analyze import model_layout  # noqa: E402
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 PORT = 50052
-GGML_SERVER = """
-import ctypes, sys
-lib = sys.argv[1]
-ggml = ctypes.CDLL(lib + "/libggml.so.0", mode=ctypes.RTLD_GLOBAL)
-rpc = ctypes.CDLL(lib + "/libggml-rpc.so.0")
-ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
-dev = ctypes.c_void_p(ggml.ggml_backend_dev_by_type(0))
-rpc.ggml_backend_rpc_start_server(sys.argv[2].encode(), None, ctypes.c_size_t(int(sys.argv[3])), ctypes.c_size_t(1),
-                                  ctypes.byref(dev))
-"""
 LLAMA_CLIENT = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
@@ -96,7 +86,7 @@ def start_peer(host: netlab.Host, kind: str, root: Path, mem: int, cgroup: int, 
                 "--models", str(root / "models")] + (["--mem", str(mem)] if mem else [])
     else:     # ggml's own server: from superggml's ggml (today's path) or llama.cpp's
         lib = llama_lib if kind == "llama" else str(Path(native.__file__).parent)
-        argv = [sys.executable, "-c", GGML_SERVER, str(lib), "{host}:{port}", "1"]
+        argv = netlab.ggml_server(str(lib))
     ep, proc = host.serve(PORT, argv, memory=cgroup, stdout=log, stderr=log)
     deadline = time.time() + 120
     while True:

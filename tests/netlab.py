@@ -132,6 +132,24 @@ class Lab:
             ip("netns", "del", h.ns, check=False)   # its veth pair goes with it
 
 
+GGML_SERVER = """
+import ctypes, sys
+lib = sys.argv[1]
+ggml = ctypes.CDLL(lib + "/libggml.so.0", mode=ctypes.RTLD_GLOBAL)
+rpc = ctypes.CDLL(lib + "/libggml-rpc.so.0")
+ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+dev = ctypes.c_void_p(ggml.ggml_backend_dev_by_type(0))
+rpc.ggml_backend_rpc_start_server(sys.argv[2].encode(), None, ctypes.c_size_t(int(sys.argv[3])), ctypes.c_size_t(1),
+                                  ctypes.byref(dev))
+"""
+
+
+def ggml_server(lib: str, threads: int = 1) -> list[str]:
+    """argv of ggml's own RPC server (what llama.cpp's rpc-server runs) on this CPU, from the ggml libraries in
+    `lib` (superggml's, or llama-cpp-python's), for Host.serve: it listens on {host}:{port}."""
+    return [sys.executable, "-c", GGML_SERVER, lib, "{host}:{port}", str(threads)]
+
+
 def wait_port(host: Host, port: int, timeout: float = 30) -> None:
     """Until something listens on host.address:port, as seen from this namespace."""
     deadline = time.time() + timeout

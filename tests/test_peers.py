@@ -51,7 +51,7 @@ class Peer:
 
     def start(self) -> None:
         if self.plain:
-            argv = [sys.executable, "-c", PLAIN_SERVER, str(LIBS), "{host}:{port}"]
+            argv = netlab.ggml_server(str(LIBS))
         else:
             argv = [sys.executable, "-m", "superggml", "rpc-server", "--host", "{host}", "-p", "{port}", "-t", "1",
                     "--models", str(self.models), "-c", str(self.cache), *self.args]
@@ -81,16 +81,6 @@ class Peer:
         return f"RPC[{self.endpoint}]"
 
 
-PLAIN_SERVER = """
-import ctypes, sys
-lib = sys.argv[1]
-ggml = ctypes.CDLL(lib + "/libggml.so.0", mode=ctypes.RTLD_GLOBAL)
-rpc = ctypes.CDLL(lib + "/libggml-rpc.so.0")
-ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
-dev = ctypes.c_void_p(ggml.ggml_backend_dev_by_type(0))
-rpc.ggml_backend_rpc_start_server(sys.argv[2].encode(), None, ctypes.c_size_t(1), ctypes.c_size_t(1),
-                                  ctypes.byref(dev))
-"""
 
 
 @pytest.fixture(scope="module")

@@ -227,6 +227,11 @@ def test_cli_generate_and_plan_with_rpc(servers, smollm2_path, capsys):
     line = [x for x in out.out.splitlines() if b in x]
     assert line and line[0].split()[-3:-1] == ["1024", "1024"]   # free and total: what --mem advertises
     assert b in out.err
+    assert cli.main(["plan", "-m", smollm2_path, "--rpc", b]) == 0     # and the split a model would get
+    out = capsys.readouterr().out
+    split = out[out.index("split over this machine"):].splitlines()[1:]
+    assert len(split) == 2 and split[0].split()[0] == "CPU" and split[1].startswith("  RPC")
+    assert sum(int(x.split()[-2]) for x in split) == 30                 # SmolLM2's blocks, all placed
 
 
 def test_rpc_server_warns_off_loopback():
@@ -303,7 +308,7 @@ def test_hybrid_states_on_a_server(servers, tmp_path, smollm2_path, where):
     path = synth_gguf.synth(tmp_path / "h.gguf", synth_gguf.vocab_fields(smollm2_path),
                             **synth_gguf.VARIANTS["qwen35-interval2"])
     a = on(servers[0])
-    kw = {"server": dict(devices=[a]), "cpu_server_split": dict(devices=["CPU", a]),
+    kw = {"server": dict(devices=[a]), "cpu_server_split": dict(devices=["CPU", a], tensor_split=[1, 1]),
           "server_budget": dict(devices=[a], device_budget=2 * model_layout(path).slot_bytes)}[where]
 
     def go(**more: Any) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
