@@ -36,8 +36,8 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def available() -> bool:
-    """Whether network namespaces and veth pairs can be made here."""
-    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+    """Whether network namespaces and veth pairs, and child memory cgroups, can be made here."""
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc") or memcg.own_memory_cgroup() is None:
         return False
     name = f"sgprobe{secrets.token_hex(3)}"
     if ip("netns", "add", name, check=False).returncode != 0:
