@@ -191,13 +191,8 @@ bool peer::send_range(int inner, const uint8_t * tensor, uint64_t offset, const 
     io_fd fd(::open(src.path.c_str(), O_RDONLY | O_CLOEXEC));
     io_fd dfd(src.direct ? ::open(src.path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT) : -1);
     if (!fd.valid()) return false;
-    uint8_t hdr[9 + SET_HEAD];
-    hdr[0] = SET_TENSOR;
-    const uint64_t size = SET_HEAD + src.size;
-    std::memcpy(hdr + 1, &size, 8);
-    std::memcpy(hdr + 9, tensor, WIRE_TENSOR);
-    hdr[9 + WIRE_TENSOR] = 0;
-    std::memcpy(hdr + 9 + WIRE_TENSOR + 1, &offset, 8);
+    uint8_t hdr[SET_CMD_HEAD];
+    set_tensor_head(hdr, tensor, false, offset, src.size);
     if (!send_all(inner, hdr, sizeof hdr, LONG)) return false;
     uint8_t * abuf = reinterpret_cast<uint8_t *>(
         (reinterpret_cast<uintptr_t>(buf.data()) + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN);

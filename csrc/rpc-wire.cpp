@@ -211,8 +211,19 @@ void relay_pipe::drain(std::vector<uint8_t> & buf) {
     held = 0;
 }
 
+void set_tensor_head(uint8_t * out, const uint8_t * tensor, bool cache, uint64_t offset, uint64_t n) {
+    out[0] = SET_TENSOR;
+    const uint64_t size = SET_HEAD + n;
+    std::memcpy(out + 1, &size, 8);
+    std::memcpy(out + 9, tensor, WIRE_TENSOR);
+    out[9 + WIRE_TENSOR] = cache ? 1 : 0;
+    std::memcpy(out + 9 + WIRE_TENSOR + 1, &offset, 8);
+}
+
 bool forward(int from, int to, uint64_t n, relay_pipe & pipe, std::vector<uint8_t> & buf, double timeout,
              bool & to_failed) {
+    int failure = 0;                // errno of the failure of `to`, kept past the reads that drain the rest
+    const auto failed = [&] { to_failed = true; failure = errno; };
     while (n) {
         ssize_t k = pipe.ok ? ::splice(from, nullptr, pipe.w, nullptr, std::min<uint64_t>(n, pipe.size), SPLICE_F_MOVE)
                             : ::recv(from, buf.data(), std::min<uint64_t>(n, buf.size()), 0);
@@ -220,12 +231,13 @@ bool forward(int from, int to, uint64_t n, relay_pipe & pipe, std::vector<uint8_
         if (k <= 0) return false;
         n -= (uint64_t) k;
         if (!pipe.ok) {
-            if (!to_failed && !send_all(to, buf.data(), (size_t) k, timeout)) to_failed = true;
+            if (!to_failed && !send_all(to, buf.data(), (size_t) k, timeout)) failed();
         } else if (!to_failed && !pipe.to(to, (size_t) k, timeout)) {
-            to_failed = true;
+            failed();
         }
         if (to_failed && pipe.ok) pipe.drain(buf);
     }
+    if (failure) errno = failure;
     return true;
 }
 

@@ -80,8 +80,14 @@ struct relay_pipe {
     void drain(std::vector<uint8_t> & buf);     // after a failure: what the pipe holds is dropped
 };
 
+// The first bytes of a SET_TENSOR that writes `n` bytes at `offset` of `tensor` (its rpc_tensor bytes):
+// | cmd | size | rpc_tensor | cache_flag | offset |; the n bytes follow.
+constexpr size_t SET_CMD_HEAD = 9 + SET_HEAD;
+void set_tensor_head(uint8_t * out, const uint8_t * tensor, bool cache, uint64_t offset, uint64_t n);
+
 // Moves `n` payload bytes from `from` (blocking) to `to` (non-blocking, `timeout` per wait) through `pipe`
-// (or `buf`). Returns false if `from` ended; `to_failed` is set (and the rest read and dropped) if `to` failed.
+// (or `buf`). Returns false if `from` ended; `to_failed` is set (and the rest read and dropped) if `to` failed,
+// with errno as that failure left it.
 bool forward(int from, int to, uint64_t n, relay_pipe & pipe, std::vector<uint8_t> & buf, double timeout,
              bool & to_failed);
 

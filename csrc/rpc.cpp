@@ -162,13 +162,8 @@ bool endpoint_state::write_addressed(int up, const uint8_t * set_head, const mar
             why = "cannot open " + mk.path + " to send its bytes: " + std::strerror(errno);
             return false;
         }
-        uint8_t hdr[9 + SET_HEAD];
-        hdr[0] = SET_TENSOR;
-        uint64_t size = SET_HEAD + e.size;
-        std::memcpy(hdr + 1, &size, 8);
-        std::memcpy(hdr + 9, set_head, WIRE_TENSOR);
-        hdr[9 + WIRE_TENSOR] = addressed ? 1 : 0;                     // a superggml peer keeps them in its cache
-        std::memcpy(hdr + 9 + WIRE_TENSOR + 1, &e.dst_offset, 8);
+        uint8_t hdr[SET_CMD_HEAD];
+        set_tensor_head(hdr, set_head, addressed, e.dst_offset, e.size);  // a superggml peer keeps them in its cache
         if (!send_all(up, hdr, sizeof hdr, T)) { why = reason("SET_TENSOR", T); return false; }
         sent += sizeof hdr;
         uint64_t h = content_hash_seed;
@@ -236,20 +231,11 @@ void endpoint_state::relay(int client_fd) {
         if (cmd == HELLO) std::memset(head, 0, head_n);                   // plain TCP: no transport upgrade
         if (!dead && !send_all(up.fd, head, head_n, T)) fail(reason(cmd_name(cmd), T));
         if (!dead) sent += head_n;
-        for (uint64_t left = size - head_n; left;) {
-            ssize_t k = pipe.ok ? ::splice(client.fd, nullptr, pipe.w, nullptr, std::min<uint64_t>(left, pipe.size),
-                                           SPLICE_F_MOVE)
-                                : ::recv(client.fd, buf.data(), std::min<uint64_t>(left, buf.size()), 0);
-            if (k < 0 && errno == EINTR) continue;
-            if (k <= 0) goto done;
-            left -= (uint64_t) k;
-            if (!pipe.ok) {
-                if (!dead && !send_all(up.fd, buf.data(), (size_t) k, T)) fail(reason(cmd_name(cmd), T));
-            } else if (!dead && !pipe.to(up.fd, (size_t) k, T)) {
-                fail(reason(cmd_name(cmd), T));
-            }
-            if (dead && pipe.ok) pipe.drain(buf);
-            if (!dead) sent += (uint64_t) k;
+        {
+            bool lost = dead;
+            if (!forward(client.fd, up.fd, size - head_n, pipe, buf, T, lost)) goto done;
+            if (lost) fail(reason(cmd_name(cmd), T));
+            else sent += size - head_n;
         }
         ++commands;
         if (!has_response(cmd)) continue;
@@ -379,7 +365,7 @@ std::vector<rpc_device_info> rpc_add_server(const std::string & endpoint, const 
         s->addressed = addressed;
         std::lock_guard<std::mutex> lk(s->mu);
         if (s->dead_open == 0) s->error.clear();     // serving again
-            for (auto & d : s->devices) d.addressed = addressed;
+        for (auto & d : s->devices) d.addressed = addressed;
         return s->devices;
     }
 
