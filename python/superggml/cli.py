@@ -242,18 +242,18 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 
 def _print_rpc_split(endpoints: Sequence[str], model: str, n_layer: int) -> None:
     """The split a model over this CPU and the servers gets: by free memory and measured speed."""
-    from .devices import measure_speed, resolve_devices
+    from .devices import balance, free_memory, measure_speed, resolve_devices
     from .gguf import open as open_gguf
     from .settings import DeviceSettings, default_threads, layer_split
 
     with open_gguf(model) as g:
         total = sum(int(t.nbytes) for t in g.tensors.values())
-    names, shares = resolve_devices(DeviceSettings(rpc=tuple(e.strip() for e in endpoints)),
-                                    n_threads=default_threads(), weights_bytes=total)
-    print(f"\nsplit over this machine and the servers (by free memory and measured speed):")
-    for name, share, n in zip(names, shares, layer_split(n_layer, len(names), shares)):
-        print(f"  {name:<12} {measure_speed(name, default_threads()):>9.0f} products/s  share {share / sum(shares):.3f}"
-              f"  {n} blocks")
+    names, _ = resolve_devices(DeviceSettings(rpc=tuple(e.strip() for e in endpoints)))   # no speeds measured yet
+    speeds = [measure_speed(n, default_threads()) for n in names]
+    shares = balance(free_memory(names), speeds, total)        # as resolve_devices splits, each speed measured once
+    print("\nsplit over this machine and the servers (by free memory and measured speed):")
+    for name, speed, share, n in zip(names, speeds, shares, layer_split(n_layer, len(names), shares)):
+        print(f"  {name:<12} {speed:>9.0f} products/s  share {share / sum(shares):.3f}  {n} blocks")
 
 
 def _print_rpc_devices(endpoints: Sequence[str], *, quiet: bool = False) -> None:

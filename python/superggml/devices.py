@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Any, Sequence
@@ -20,6 +21,13 @@ PROBE_ROWS = 2048              # the speed probe: a Q4_0 [2048 x 2048] weight ti
 PROBE_CHAIN = 8               # 8 times in a row per graph, the median of 3 graphs
 
 
+@functools.lru_cache(maxsize=1)
+def probe_weight() -> np.ndarray:
+    """The speed probe's weight, quantized once per process."""
+    rows = np.random.default_rng(0).standard_normal((PROBE_ROWS, PROBE_ROWS), dtype=np.float32) * 0.02
+    return native.quantize(native.GGMLType.Q4_0, rows)
+
+
 def measure_speed(device: str, n_threads: int) -> float:
     """Matrix-vector products per second on `device`, as a decoded token does them (a quantized weight read
     once per product), the round trip to an RPC server included: the speed the split balances."""
@@ -28,8 +36,7 @@ def measure_speed(device: str, n_threads: int) -> float:
     w = wctx.new_tensor(native.GGMLType.Q4_0, [PROBE_ROWS, PROBE_ROWS])
     x = wctx.new_tensor(native.GGMLType.F32, [PROBE_ROWS, 1])
     keep = be.alloc_tensors(wctx)
-    rows = np.random.default_rng(0).standard_normal((PROBE_ROWS, PROBE_ROWS), dtype=np.float32) * 0.02
-    native.tensor_set(w, native.quantize(native.GGMLType.Q4_0, rows))
+    native.tensor_set(w, probe_weight())
     native.tensor_set(x, np.ones(PROBE_ROWS, np.float32))
     ctx = native.Context(4 * PROBE_CHAIN, 4 * PROBE_CHAIN)
     g, y = ctx.new_graph(), x
@@ -112,16 +119,20 @@ def resolve_devices(d: DeviceSettings, *, n_threads: int = 1,
     return names, balanced(names, n_threads, weights_bytes)
 
 
+def free_memory(names: Sequence[str]) -> list[int]:
+    """Each device's free memory (this machine's CPU: what this process may use), at least 1 byte."""
+    free = {x["name"]: int(x["memory_free"]) for x in native.devices()}
+    free["CPU"] = int(native.host_memory()["available"])
+    return [max(1, free.get(n, 0)) for n in names]
+
+
 def balanced(names: list[str], n_threads: int, weights_bytes: int) -> tuple[float, ...]:
     """The shares of `names` by free memory and measured speed (by free memory alone without weights_bytes,
     as llama.cpp splits)."""
-    free = {x["name"]: int(x["memory_free"]) for x in native.devices()}
-    free["CPU"] = int(native.host_memory()["available"])
-    mem = [max(1, free.get(n, 0)) for n in names]
+    mem = free_memory(names)
     if weights_bytes <= 0:
         return tuple(float(m) for m in mem)
-    speed = [measure_speed(n, n_threads) for n in names]
-    return balance(mem, speed, weights_bytes)
+    return balance(mem, [measure_speed(n, n_threads) for n in names], weights_bytes)
 
 
 def devices_for(d: DeviceSettings, store: Any, n_threads: int) -> tuple[list[str], tuple[float, ...]]:

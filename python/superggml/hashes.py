@@ -69,38 +69,14 @@ def content_hashes(path: Union[str, "os.PathLike[str]"], *, n_threads: Optional[
                    cache_dir: Optional[str] = None) -> ContentHashes:
     """The content hashes of the GGUF at `path`, from its sidecar index when that is current, else computed
     (and the index written)."""
-    path = os.fspath(path)
-    f = native.GGUFFile(path)
-    try:
-        tensors = [(str(n), [int(x) for x in s], int(o), int(b)) for n, _, s, o, b in f.tensors()]
-        key = file_key(path, int(f.data_offset))
-    finally:
-        f.close()
-    index = sidecar_path(path, cache_dir)
-    try:
-        with open(index, encoding="utf-8") as fh:
-            saved = json.load(fh)
-        if saved.get("key") == key:
-            return ContentHashes(saved["model"], saved["tensors"], {int(k): v for k, v in saved["blocks"].items()},
-                                 saved["experts"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    out = compute(path, tensors, n_threads or os.cpu_count() or 1)
-    write_index(index, key, out)
-    return out
+    return hashes_and_table(os.fspath(path), n_threads, cache_dir)[0]
 
 
 def content_ranges(path: Union[str, "os.PathLike[str]"], *, n_threads: Optional[int] = None,
                    cache_dir: Optional[str] = None) -> list[tuple[int, int, int]]:
     """(offset, size, hash) of every tensor's bytes and every expert's slice in the GGUF at `path`: what a
     peer holding the file can be named by hash (native.content_index_set, native.rpc_server_start)."""
-    path = os.fspath(path)
-    h = content_hashes(path, n_threads=n_threads, cache_dir=cache_dir)
-    f = native.GGUFFile(path)
-    try:
-        tensors = [(str(n), [int(x) for x in s], int(o), int(b)) for n, _, s, o, b in f.tensors()]
-    finally:
-        f.close()
+    h, tensors = hashes_and_table(os.fspath(path), n_threads, cache_dir)
     out: list[tuple[int, int, int]] = []
     for name, _, off, nbytes in tensors:
         out.append((off, nbytes, int(h.tensors[name], 16)))
@@ -110,7 +86,32 @@ def content_ranges(path: Union[str, "os.PathLike[str]"], *, n_threads: Optional[
     return out
 
 
-def compute(path: str, tensors: list[tuple[str, list[int], int, int]], n_threads: int) -> ContentHashes:
+Table = list[tuple[str, list[int], int, int]]        # name, shape, offset, nbytes
+
+
+def hashes_and_table(path: str, n_threads: Optional[int], cache_dir: Optional[str]) -> tuple[ContentHashes, Table]:
+    """The hashes (from the sidecar index when current) and the tensor table they were read beside."""
+    f = native.GGUFFile(path)
+    try:
+        tensors: Table = [(str(n), [int(x) for x in s], int(o), int(b)) for n, _, s, o, b in f.tensors()]
+        key = file_key(path, int(f.data_offset))
+    finally:
+        f.close()
+    index = sidecar_path(path, cache_dir)
+    try:
+        with open(index, encoding="utf-8") as fh:
+            saved = json.load(fh)
+        if saved.get("key") == key:
+            return ContentHashes(saved["model"], saved["tensors"], {int(k): v for k, v in saved["blocks"].items()},
+                                 saved["experts"]), tensors
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    out = compute(path, tensors, n_threads or os.cpu_count() or 1)
+    write_index(index, key, out)
+    return out, tensors
+
+
+def compute(path: str, tensors: Table, n_threads: int) -> ContentHashes:
     ranges: list[tuple[int, int]] = [(o, b) for _, _, o, b in tensors]
     slices: list[tuple[str, int]] = []                     # (expert tensor, experts) in the order of their ranges
     for name, shape, off, nbytes in tensors:

@@ -130,10 +130,7 @@ class Model(Completions, Embeddings, Constraints):
         try:
             self.load(s)
         except BaseException:
-            if "runtime" in self.__dict__:
-                self.runtime.close()
-            self.__dict__.pop("runtime", None)    # before the file: they point into its tensors
-            self.__dict__.pop("store", None)
+            self.drop_runtime()
             self.file.close()
             raise
         self.closed = False
@@ -181,13 +178,18 @@ class Model(Completions, Embeddings, Constraints):
                                 preload_repack=s.context.repack, reserve=drafting.draft_bytes(self))
         self.settings = self.runtime.settings
 
-    def restart_runtime(self) -> None:
-        """After an RPC server it used failed: the weights and the sequences on it are gone. Reconnects and
-        loads the model again, with its sequences empty (DeviceError while the server is still down)."""
+    def drop_runtime(self) -> None:
+        """Closes the executor and lets go of it and the weights, before the file (they point into its tensors);
+        either may be missing (a load or a restart that failed)."""
         if "runtime" in self.__dict__:
             self.runtime.close()
             del self.runtime
         self.__dict__.pop("store", None)
+
+    def restart_runtime(self) -> None:
+        """After an RPC server it used failed: the weights and the sequences on it are gone. Reconnects and
+        loads the model again, with its sequences empty (DeviceError while the server is still down)."""
+        self.drop_runtime()
         gc.collect()                # the buffers on the failed server, and with them ggml's connection to it
         self.start_runtime(self.settings)
         if self.metrics is not None:
@@ -217,10 +219,7 @@ class Model(Completions, Embeddings, Constraints):
                 self.metrics.writer.close()
             if self.speculator is not None:
                 self.speculator.close()
-            if "runtime" in self.__dict__:      # (none after a restart that failed)
-                self.runtime.close()
-                del self.runtime
-            self.__dict__.pop("store", None)
+            self.drop_runtime()
             self.file.close()
 
     def __enter__(self) -> "Model":
