@@ -142,7 +142,7 @@ static void refresh_view(ggml_tensor * t) {
     t->data = static_cast<char *>(src->data) + t->view_offs;
 }
 
-void compute_backend::compute(ggml_cgraph * graph) {
+void compute_backend::compute(ggml_cgraph * graph, bool sync) {
     check_leaves(graph);
     const int n = ggml_graph_n_nodes(graph);
     for (int i = 0; i < n; ++i) {
@@ -152,13 +152,16 @@ void compute_backend::compute(ggml_cgraph * graph) {
         for (int j = 0; j < GGML_MAX_SRC; ++j) if (t->src[j]) refresh_view(t->src[j]);
     }
     if (!ggml_gallocr_alloc_graph(galloc_, graph)) throw Error("cannot allocate the compute buffer");
-    const ggml_status st = ggml_backend_graph_compute(backend_, graph);
+    const ggml_status st = sync ? ggml_backend_graph_compute(backend_, graph)
+                                : ggml_backend_graph_compute_async(backend_, graph);
     for (int i = 0; i < n; ++i) {
         ggml_tensor * t = ggml_graph_node(graph, i);
         if (!(t->flags & GGML_TENSOR_FLAG_OUTPUT) && placed_by_allocator(t)) { t->buffer = nullptr; t->data = nullptr; }
     }
     if (st != GGML_STATUS_SUCCESS) throw Error("graph compute failed");
 }
+
+void compute_backend::synchronize() { ggml_backend_synchronize(backend_); }
 
 size_t compute_backend::compute_buffer_size() const { return ggml_gallocr_get_buffer_size(galloc_, 0); }
 

@@ -93,9 +93,14 @@ public:
     void set_use_ref(bool on);
     bool use_ref() const { return use_ref_; }
 
-    // Allocates the graph's intermediates and runs it (blocking). Throws
-    // Error if a leaf tensor has no storage or the backend fails.
-    void compute(ggml_cgraph * graph);
+    // Allocates the graph's intermediates and runs it: blocking, or with
+    // `sync` false queued on the device's stream (a GPU returns before the
+    // graph has run; call synchronize() before the host reads its results or
+    // reuses memory it reads). Throws Error if a leaf tensor has no storage
+    // or the backend fails.
+    void compute(ggml_cgraph * graph, bool sync = true);
+    // Waits for every graph and copy queued on this backend.
+    void synchronize();
 
     // Bytes of the compute buffer (intermediates) allocated so far.
     size_t compute_buffer_size() const;

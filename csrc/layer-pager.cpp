@@ -96,6 +96,17 @@ layer_pager::layer_pager(std::shared_ptr<weight_store> store, const std::vector<
     pp.n_slots = p.n_slots;
     pp.buft = buft;
     pool_ = std::make_unique<buffer_pool>(pp);
+    host_filled_ = std::make_unique<std::atomic<bool>[]>(layers_.size());
+    for (size_t i = 0; i < layers_.size(); ++i) host_filled_[i] = false;
+    if (p.host_slots > 0 && (p.staged || !pool_->is_host())) {
+        pool_params hp;
+        hp.slot_size = p.slot_size;
+        hp.n_slots = p.host_slots;
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);   // none for ggml-cpu's own buffer type
+        hp.buft = dev ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
+        if (!hp.buft) hp.buft = ggml_backend_cpu_buffer_type();
+        host_ = std::make_unique<buffer_pool>(hp);
+    }
     io_ = std::make_unique<prefetcher>(store_->file().path(), p.n_workers, direct_,
                                        ggml_backend_buft_get_device(buft), p.staged);
 }
@@ -153,10 +164,46 @@ bool layer_pager::prefetch(int l, int priority) {
     job.ranges = L.ranges;
     const size_t pad = slot_pad(job.dst, direct_);
     for (auto & r : job.ranges) r.dst_offset += pad;
-    L.ready = io_->submit(std::move(job)).done;
+    host_take(l, job);
+    uint64_t n = 0;
+    for (const auto & r : L.ranges) n += r.size;
     stats_.loads++;
-    for (const auto & r : L.ranges) stats_.bytes_loaded += r.size;
+    stats_.bytes_loaded += n;
+    if (job.host_filled) {
+        stats_.host_hits++;
+        stats_.host_bytes += n;
+    } else {
+        stats_.file_bytes += n;
+    }
+    L.ready = io_->submit(std::move(job)).done;
     return true;
+}
+
+void layer_pager::host_take(int l, load_job & job) {
+    if (!host_ || direct_) return;
+    buffer_pool::acquired h;
+    try {
+        h = host_->acquire(l);      // held until the job ends
+    } catch (const PoolExhausted &) {
+        return;                     // every host slot is being loaded through: this load reads the file
+    }
+    if (h.evicted >= 0) host_filled_[h.evicted] = false;
+    job.host = host_->base(h.slot);
+    job.host_filled = h.hit && host_filled_[l];
+    host_filled_[l] = false;        // until this job ends well
+    buffer_pool * host = host_.get();
+    std::atomic<bool> * filled = &host_filled_[l];
+    const int slot = h.slot;
+    job.done = [host, filled, slot, l](bool ok) {
+        *filled = ok;
+        host->release(slot);
+        if (!ok) host->drop(l);
+    };
+}
+
+bool layer_pager::host_held(int l) const {
+    (void) layers_.at(l);
+    return host_ && host_filled_[l] && host_->slot_of(l) >= 0;
 }
 
 void layer_pager::acquire(int l) {

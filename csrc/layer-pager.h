@@ -6,6 +6,7 @@
 #include "prefetch.h"
 #include "weight-store.h"
 
+#include <atomic>
 #include <future>
 #include <memory>
 #include <string>
@@ -28,10 +29,13 @@ struct pager_params {
     ggml_backend_buffer_type * buft = nullptr; // nullptr: CPU
     bool direct_io = false;                    // O_DIRECT reads into host slots (file layout, no page cache)
     bool staged = false;                       // host slots too go through staging + async copies (the device path)
+    int host_slots = 0;                        // a host tier of this many layers between the file and a staged pool
 };
 
 struct pager_stats {
     uint64_t loads = 0, hits = 0, evictions = 0, bytes_loaded = 0;
+    uint64_t host_hits = 0, host_bytes = 0;    // loads copied from the host tier, and their bytes (no file read)
+    uint64_t file_bytes = 0;                   // bytes loads read from the file
     double wait_seconds = 0;                   // time acquire() blocked on I/O
 };
 
@@ -53,6 +57,14 @@ struct pager_stats {
 // so the slot cannot be evicted under the load. A pin lives on the slot:
 // pin(l) of a layer that is not resident loads and binds it first, and a
 // pinned slot is never evicted, so no pin outlives its slot.
+//
+// The host tier (host_slots > 0, staged pools only): a second pool, of host
+// memory (the device's pinned host buffers where it has them), keyed by
+// layer too. A load takes the layer's host slot: a filled one is copied to
+// the device slot without a file read; an empty one is read into from the
+// file and copied on from there, and is filled once that load succeeds. The
+// load holds its host slot until it ends, so the tier never evicts a copy in
+// use; a failed load empties it.
 class layer_pager {
 public:
     // Throws Error naming the bytes needed if a layer does not fit a slot.
@@ -63,6 +75,9 @@ public:
     int n_layers() const { return (int) layers_.size(); }
     bool direct_io() const { return direct_ && io_->direct(); }   // O_DIRECT reads in use
     bool staged() const { return io_->staged() || !pool_->is_host(); }
+    int host_slots() const { return host_ ? host_->n_slots() : 0; }
+    size_t host_bytes() const { return host_ ? host_->bytes() : 0; }
+    bool host_held(int l) const;  // the host tier holds l's bytes (filled)
     size_t layer_bytes(int l) const { return layers_.at(l).bytes; }
     const buffer_pool & pool() const { return *pool_; }
     const weight_store & store() const { return *store_; }
@@ -101,11 +116,14 @@ private:
     int slot_of(int l) const;          // the pool's slot holding l, -1 if none
     void on_evict(int key);
     void settle(layer & L);            // wait for an in-flight load, swallowing its error
+    void host_take(int l, load_job & job);   // the job reads through l's host slot, if one can be had
 
     std::shared_ptr<weight_store> store_;
     bool direct_ = false;
     std::vector<layer> layers_;
     std::unique_ptr<buffer_pool> pool_;
+    std::unique_ptr<buffer_pool> host_;                     // the host tier, or none
+    std::unique_ptr<std::atomic<bool>[]> host_filled_;      // per layer: its host slot holds its bytes
     std::unique_ptr<prefetcher> io_;
     pager_stats stats_;
 };

@@ -9,6 +9,7 @@
 #include "ggml-backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -72,13 +73,36 @@ prefetcher::prefetcher(const std::string & path, int n_workers, bool direct, ggm
 
 prefetcher::~prefetcher() = default;   // pool_, declared last, stops before what its jobs use
 
+namespace {
+// Calls a job's `done` once: after it ran, or with false when the job is dropped without running (cancelled).
+struct done_once {
+    std::function<void(bool)> fn;
+    void call(bool ok) {
+        auto f = std::move(fn);
+        fn = nullptr;
+        if (f) f(ok);
+    }
+    ~done_once() { call(false); }
+};
+}  // namespace
+
 prefetcher::ticket prefetcher::submit(load_job job) {
     const int key = job.key, priority = job.priority;
-    return pool_->submit(key, priority, [this, job = std::move(job)] {
-        load(job);
+    auto done = std::make_shared<done_once>();
+    done->fn = std::move(job.done);
+    job.done = nullptr;
+    return pool_->submit(key, priority, [this, job = std::move(job), done] {
+        try {
+            load(job);
+        } catch (...) {
+            done->call(false);
+            throw;
+        }
         uint64_t n = 0;
         for (const auto & r : job.ranges) n += r.size;
         bytes_ += n;
+        if (job.host_filled) host_bytes_ += n;
+        done->call(true);
     });
 }
 
@@ -94,6 +118,7 @@ prefetch_stats prefetcher::stats() const {
     s.cancelled = t.cancelled;
     s.bytes = bytes_.load();
     s.direct_bytes = direct_bytes_.load();
+    s.host_bytes = host_bytes_.load();
     s.read_seconds = t.busy_seconds;
     s.pending = t.pending;
     return s;
@@ -147,7 +172,84 @@ void prefetcher::load(const load_job & job) {
     }
     auto & st = stagers_.at(task_pool::worker_index());
     if (!st) st = std::make_unique<stager>(device_);
-    load_staged(job, *st);
+    if (job.host) load_through_host(job, *st);
+    else load_staged(job, *st);
+}
+
+// A context with room for a byte view of the slot per staging chunk of the job's ranges: the copies read their
+// address after the loop that queues them.
+static ggml_context * chunk_views(const std::vector<read_range> & ranges) {
+    size_t n_chunks = 0;
+    for (const auto & r : ranges) n_chunks += ((r.need ? r.need : r.size) + STAGING_CHUNK - 1) / STAGING_CHUNK;
+    ggml_init_params p = { (n_chunks + 1) * ggml_tensor_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(p);
+    if (!ctx) throw Error("cannot allocate staging views");
+    return ctx;
+}
+
+void prefetcher::load_through_host(const load_job & job, stager & st) {
+    ggml_context * ctx = chunk_views(job.ranges);
+    auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(job.dst));
+    try {
+        for (const auto & r : job.ranges) {
+            const size_t need = r.need ? r.need : r.size;
+            if (job.host_filled) {      // one copy per range: the host tier is the device's pinned memory
+                ggml_tensor * t = tensor_bytes(ctx, job.dst, base + r.dst_offset, need);
+                ggml_backend_tensor_set_async(st.backend, t, job.host + r.dst_offset, 0, need);
+                continue;
+            }
+            for (size_t done = 0; done < need; done += STAGING_CHUNK) {
+                const size_t n = std::min(STAGING_CHUNK, need - done);
+                uint8_t * src = job.host + r.dst_offset + done;
+                read_exact(fd_.get(), src, n, r.file_offset + done);
+                ggml_tensor * t = tensor_bytes(ctx, job.dst, base + r.dst_offset + done, n);
+                ggml_backend_tensor_set_async(st.backend, t, src, 0, n);
+            }
+        }
+    } catch (...) {
+        ggml_backend_synchronize(st.backend);
+        ggml_free(ctx);
+        throw;
+    }
+    ggml_backend_synchronize(st.backend);
+    ggml_free(ctx);
+}
+
+double host_to_device_rate(ggml_backend_device * dev, size_t bytes, int repeats) {
+    if (!dev) dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (bytes == 0 || repeats < 1) throw Error("host_to_device_rate needs bytes > 0 and repeats >= 1");
+    ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
+    if (!be) throw Error(std::string("cannot start ") + ggml_backend_dev_name(dev));
+    ggml_backend_buffer_type_t host_buft = ggml_backend_dev_host_buffer_type(dev);
+    if (!host_buft) host_buft = ggml_backend_cpu_buffer_type();
+    ggml_backend_buffer_t host = ggml_backend_buft_alloc_buffer(host_buft, bytes);
+    ggml_backend_buffer_t devbuf = ggml_backend_dev_buffer_type(dev) ?
+        ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), bytes) : nullptr;
+    ggml_init_params p = { 2 * ggml_tensor_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(p);
+    auto cleanup = [&] {
+        if (ctx) ggml_free(ctx);
+        if (devbuf) ggml_backend_buffer_free(devbuf);
+        if (host) ggml_backend_buffer_free(host);
+        ggml_backend_free(be);
+    };
+    if (!host || !devbuf || !ctx) {
+        cleanup();
+        throw Error("host_to_device_rate: cannot allocate " + std::to_string(bytes) + " bytes on both sides");
+    }
+    ggml_backend_buffer_clear(host, 1);
+    ggml_tensor * t = tensor_bytes(ctx, devbuf, static_cast<uint8_t *>(ggml_backend_buffer_get_base(devbuf)), bytes);
+    const void * src = ggml_backend_buffer_get_base(host);
+    double best = 0;
+    for (int i = 0; i <= repeats; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        ggml_backend_tensor_set_async(be, t, src, 0, bytes);
+        ggml_backend_synchronize(be);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (i > 0 && s > 0) best = std::max(best, (double) bytes / s);
+    }
+    cleanup();
+    return best;
 }
 
 void prefetcher::load_staged(const load_job & in, stager & st) {
@@ -162,12 +264,7 @@ void prefetcher::load_staged(const load_job & in, stager & st) {
     for (const auto & w : content_write(in.dst, path_, std::move(whole))) {
         job.ranges.push_back({w.file_offset, (size_t) w.size, (size_t) w.dst_offset, 0});
     }
-    size_t n_chunks = 0;
-    for (const auto & r : job.ranges) n_chunks += ((r.need ? r.need : r.size) + STAGING_CHUNK - 1) / STAGING_CHUNK;
-    // a byte view of the slot per chunk: the copies read their address after this function returns
-    ggml_init_params p = { (n_chunks + 1) * ggml_tensor_overhead(), nullptr, true };
-    ggml_context * ctx = ggml_init(p);
-    if (!ctx) throw Error("cannot allocate staging views");
+    ggml_context * ctx = chunk_views(job.ranges);
     auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(job.dst));
     int cur = 0;
     try {

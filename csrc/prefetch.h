@@ -15,6 +15,13 @@
 // ranges must be aligned (file offset, size and destination address, to
 // DIRECT_ALIGN). Where O_DIRECT cannot be opened (tmpfs) or a read refuses
 // it, the job falls back to the buffered descriptor.
+// A job may name a host copy of its bytes (`host`: host memory, laid out as
+// the slot; a host tier between the file and the device). If that copy is
+// filled, the job copies it to the slot without reading the file; else the
+// worker reads the file into the host copy, chunk by chunk, each chunk copied
+// on to the slot from there (the host copy is the staging buffer). `done`
+// runs once: on the worker after the job, with whether it succeeded, or with
+// false where a cancelled job is dropped.
 // A short read or an I/O error fails that job's future with FileError; the
 // worker carries on. cancel() fails a job that has not started with
 // Cancelled; a running job always finishes (its slot is still being
@@ -28,6 +35,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,12 +61,16 @@ struct load_job {
     bool direct = false;              // read with O_DIRECT (aligned ranges, host destination)
     std::vector<read_range> ranges;
     ggml_backend_buffer * dst = nullptr;
+    uint8_t * host = nullptr;         // a host copy of the slot's bytes (same offsets), or none
+    bool host_filled = false;         // it holds them already: copy, do not read
+    std::function<void(bool ok)> done;   // after the job, on the worker (ok: it succeeded)
 };
 
 struct prefetch_stats {
     uint64_t completed = 0, failed = 0, cancelled = 0;
     uint64_t bytes = 0;
     uint64_t direct_bytes = 0;        // of them, read with O_DIRECT (disk to slot, no page cache)
+    uint64_t host_bytes = 0;          // of them, copied from a filled host copy (no file read)
     double read_seconds = 0;          // summed over workers
     size_t pending = 0;
 };
@@ -94,6 +106,7 @@ public:
 private:
     void load(const load_job & job);
     void load_staged(const load_job & job, stager & st);
+    void load_through_host(const load_job & job, stager & st);
 
     std::string path_;
     io_fd fd_;
@@ -102,8 +115,15 @@ private:
     bool staged_ = false;
     std::atomic<uint64_t> bytes_{0};
     std::atomic<uint64_t> direct_bytes_{0};
+    std::atomic<uint64_t> host_bytes_{0};
     std::vector<std::unique_ptr<stager>> stagers_;   // per worker, made on its first staged job
     std::unique_ptr<task_pool> pool_;                // declared last: its workers stop first
 };
+
+// Bytes per second of copies of `bytes` from host memory of the device's
+// host buffer type (pinned, where it has one) into a buffer of the device,
+// async with a synchronize after each: the best of `repeats` after a warm-up.
+// The bound of a staged load. nullptr: the CPU (a memcpy).
+double host_to_device_rate(ggml_backend_device * device, size_t bytes, int repeats = 5);
 
 }  // namespace superggml

@@ -120,13 +120,22 @@ void init_graph(py::module_ & m) {
                       "CPU: ggml-cpu's reference matmul path (no tiled K-quant kernels from 8 rows on, no fused "
                       "ops): a row's result does not depend on how many rows the op has. Other devices: ignored.")
         .def_property_readonly("compute_buffer_size", &compute_backend::compute_buffer_size)
-        .def("compute", [](compute_backend & b, const graph_ref & g) {
+        .def("compute", [](compute_backend & b, const graph_ref & g, bool sync) {
             {
                 py::gil_scoped_release nogil;
-                b.compute(g.g);
+                b.compute(g.g, sync);
             }
             rpc_check(b.device());
-        }, "Allocates intermediates and runs the graph; the GIL is released.")
+        }, py::arg("graph"), py::arg("sync") = true,
+           "Allocates intermediates and runs the graph (sync=False: queued on the device's stream, see "
+           "synchronize); the GIL is released.")
+        .def("synchronize", [](compute_backend & b) {
+            {
+                py::gil_scoped_release nogil;
+                b.synchronize();
+            }
+            rpc_check(b.device());
+        }, "Waits for the graphs and copies queued on this device.")
         .def("alloc_tensors", [](compute_backend & b, const std::shared_ptr<graph_context> & c) {
             try {
                 py::gil_scoped_release nogil;        // an RPC device's allocation is a round trip

@@ -19,6 +19,7 @@ py::dict to_dict(const pager_stats & s) {
     py::dict d;
     d["loads"] = s.loads; d["hits"] = s.hits; d["evictions"] = s.evictions;
     d["bytes_loaded"] = s.bytes_loaded; d["wait_seconds"] = s.wait_seconds;
+    d["host_hits"] = s.host_hits; d["host_bytes"] = s.host_bytes; d["file_bytes"] = s.file_bytes;
     return d;
 }
 
@@ -78,10 +79,11 @@ void init_pager(py::module_ & m) {
         "Streams groups of paged tensors (layers) through a buffer pool with worker-thread prefetch.")
         .def(py::init([](std::shared_ptr<weight_store> store, const std::vector<std::vector<std::string>> & layers,
                          int n_slots, size_t slot_size, int n_workers, compute_backend * backend, bool direct_io,
-                         bool staged) {
+                         bool staged, int host_slots) {
             pager_params p;
             p.direct_io = direct_io;
             p.staged = staged;
+            p.host_slots = host_slots;
             p.n_slots = n_slots;
             p.slot_size = slot_size;
             p.n_workers = n_workers;
@@ -89,7 +91,12 @@ void init_pager(py::module_ & m) {
             return std::make_shared<layer_pager>(std::move(store), layers, p);
         }), py::arg("store"), py::arg("layers"), py::arg("n_slots"), py::arg("slot_size") = 0,
             py::arg("n_workers") = 1, py::arg("backend") = nullptr, py::arg("direct_io") = false,
-            py::arg("staged") = false)
+            py::arg("staged") = false, py::arg("host_slots") = 0,
+            "host_slots: a host tier of that many layers between the file and a staged pool (the device's pinned "
+            "host memory where it has it): a layer read once is copied from there on its next loads.")
+        .def_property_readonly("host_slots", &layer_pager::host_slots, "layers the host tier holds")
+        .def_property_readonly("host_bytes", &layer_pager::host_bytes, "bytes of the host tier")
+        .def("host_held", &layer_pager::host_held, py::arg("layer"), "the host tier holds the layer's bytes")
         .def_property_readonly("staged", [](const layer_pager & p) { return p.staged(); },
                                "loads go through staging buffers and async device copies")
         .def_property_readonly("direct_io", &layer_pager::direct_io, "O_DIRECT reads are in use")

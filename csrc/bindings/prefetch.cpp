@@ -1,6 +1,7 @@
 #include "bindings.h"
 
 #include "buffer-pool.h"
+#include "graph.h"
 #include "lease.h"
 #include "prefetch.h"
 
@@ -20,12 +21,18 @@ struct future_ref {
 py::dict to_dict(const prefetch_stats & s) {
     py::dict d;
     d["completed"] = s.completed; d["failed"] = s.failed; d["cancelled"] = s.cancelled;
-    d["bytes"] = s.bytes; d["direct_bytes"] = s.direct_bytes; d["read_seconds"] = s.read_seconds; d["pending"] = s.pending;
+    d["bytes"] = s.bytes; d["direct_bytes"] = s.direct_bytes; d["host_bytes"] = s.host_bytes; d["read_seconds"] = s.read_seconds; d["pending"] = s.pending;
     return d;
 }
 
 void init_prefetch(py::module_ & m) {
     m.attr("DIRECT_ALIGN") = DIRECT_ALIGN;   // bytes O_DIRECT reads align to
+    m.def("host_to_device_rate", [](compute_backend & b, size_t bytes, int repeats) {
+        py::gil_scoped_release nogil;
+        return host_to_device_rate(b.device(), bytes, repeats);
+    }, py::arg("backend"), py::arg("bytes") = (size_t) 256 << 20, py::arg("repeats") = 5,
+       "Bytes per second of async copies from the device's pinned host memory (plain memory without it) into "
+       "the device: the best of `repeats`. The bound of a staged load.");
     py::class_<future_ref>(m, "LoadFuture", "The completion of one load job.")
         .def("result", [](future_ref & r, std::optional<double> timeout) {
             bool ready = true;

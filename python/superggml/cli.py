@@ -195,7 +195,12 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
         hashes = content_hashes(path, n_threads=a.threads or default_threads())
         out["hashes"] = {"model": hashes.model, "blocks": hashes.blocks, "tensors": hashes.tensors,
                          "experts": hashes.experts}
+    if not a.rpc:
+        dev, mplan = _auto_plan(path)
+        out["memory_plan"] = {"device": dev or "CPU", **mplan.as_dict()}
     print(json.dumps(out, indent=1) if a.json else format_analysis(res))
+    if not a.rpc and not a.json:
+        print(f"device_budget auto on {dev or 'CPU'}:" + mplan.line().replace("superggml: ", " "))
     if hashes is not None and not a.json:
         print(f"content hashes (ggml RPC's FNV-1a; {len(hashes.tensors)} tensors, "
               f"{sum(map(len, hashes.experts.values()))} experts): model {hashes.model}")
@@ -221,8 +226,10 @@ def _cmd_plan(a: argparse.Namespace) -> int:
         sizes = list(lay.block_bytes)
     alloc = allocate(devs, sizes, reserve=a.reserve_mib << 20, min_budget=a.min_budget_mib << 20,
                      order=a.device_order, select=select)
+    mplan = _auto_plan(a.model) if a.model else None
     if a.json:
         print(json.dumps({"devices": [asdict(d) for d in devs],
+                          **({"memory_plan": mplan[1].as_dict(), "device": mplan[0]} if mplan else {}),
                           "placements": [{"device": p.device.name, "index": p.device.index, "budget": p.budget,
                                           "first_layer": p.first_layer, "n_layers": p.n_layers, "bytes": p.bytes}
                                          for p in alloc.placements],
@@ -235,9 +242,26 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     if sizes:
         print()
         print(format_allocation(alloc, sizes))
+    if mplan:
+        print(f"\n{mplan[0] or 'CPU'}, device_budget auto (ctx 4096, batch 512, F16 K/V):")
+        print(mplan[1].line().replace("superggml: ", "  "))
     if a.rpc and a.model:
         _print_rpc_split(a.rpc.split(","), a.model, len(sizes))
     return 0
+
+
+def _auto_plan(model: str) -> tuple[str, Any]:
+    """(device, MemoryPlan): what device_budget auto gives the model on the device it runs on by default (the
+    first GPU, else the CPU) with the default context options."""
+    from .devices import default_device
+    from .runtime.planner import plan_on
+    from .settings import ContextSettings
+
+    c = ContextSettings()
+    dev = default_device()
+    return dev, plan_on(model, dev, dict(device_budget="auto", ctx_size=c.ctx_size, n_batch=c.n_batch,
+                                         cache_type_k=c.cache_type_k, cache_type_v=c.cache_type_v,
+                                         flash_attn=c.flash_attn, host_cache="auto"))
 
 
 def _print_rpc_split(endpoints: Sequence[str], model: str, n_layer: int) -> None:

@@ -13,7 +13,7 @@ from . import native
 from .hashes import content_ranges
 from .settings import DeviceSettings
 
-DEFAULT_DEVICE = ""   # ggml's first device
+DEFAULT_DEVICE = ""   # this machine's CPU
 RPC_CONNECT_TIMEOUT = 5.0   # seconds to reach an RPC server and get its HELLO
 
 
@@ -53,6 +53,12 @@ def measure_speed(device: str, n_threads: int) -> float:
             times.append(time.perf_counter() - t0)
     del keep
     return PROBE_CHAIN / max(statistics.median(times), 1e-9)
+
+
+def transfer_rate(device: str, nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Bytes per second from the device's pinned host memory into the device (the best of `repeats` copies of
+    nbytes): the bound of a streamed block's load once its bytes are in host memory."""
+    return float(native.host_to_device_rate(native.Backend(device, 1), nbytes, repeats))
 
 
 def balance(free: Sequence[int], speed: Sequence[float], total: int) -> tuple[float, ...]:
@@ -109,7 +115,7 @@ def resolve_devices(d: DeviceSettings, *, n_threads: int = 1,
             return names, d.tensor_split
         return names, balanced(names, n_threads, weights_bytes)
     if not rpc:
-        return [DEFAULT_DEVICE], ()
+        return [default_device()], ()
     names = ["CPU"] + [r["name"] for r in rpc]
     if d.tensor_split:
         if len(d.tensor_split) != len(names):
@@ -117,6 +123,15 @@ def resolve_devices(d: DeviceSettings, *, n_threads: int = 1,
                              f"{list(d.tensor_split)}")
         return names, d.tensor_split
     return names, balanced(names, n_threads, weights_bytes)
+
+
+def default_device() -> str:
+    """The device a model computes on when none is named: this machine's first GPU, as llama.cpp offloads to it,
+    else the CPU."""
+    for d in native.devices():
+        if d["type"] in ("gpu", "igpu") and not d["name"].startswith("RPC"):
+            return str(d["name"])
+    return DEFAULT_DEVICE
 
 
 def free_memory(names: Sequence[str]) -> list[int]:

@@ -239,8 +239,11 @@ class Backend(_pybind11_object):
     def use_ref(self, value: bool, /) -> None: ...
     @property
     def compute_buffer_size(self) -> int: ...
-    def compute(self, graph: Graph, /) -> None:
-        """Allocates intermediates and runs the graph; the GIL is released."""
+    def compute(self, graph: Graph, sync: bool = True) -> None:
+        """Allocates intermediates and runs the graph (sync=False: queued on the device's stream, see
+        synchronize); the GIL is released."""
+    def synchronize(self) -> None:
+        """Waits for the graphs and copies queued on this device."""
     def alloc_tensors(self, ctx: Context, /) -> Buffer:
         """Allocates every unallocated tensor of the context in one new buffer of this device."""
 
@@ -489,6 +492,10 @@ class LoadFuture(_pybind11_object):
     def cancel(self) -> bool:
         """Cancels the job if it has not started (result() then raises LoadCancelled); returns whether it did."""
 
+def host_to_device_rate(backend: Backend, bytes: int = 268435456, repeats: int = 5) -> float:
+    """Bytes per second of async copies from the device's pinned host memory into the device (the best of
+    `repeats`): the bound of a staged load."""
+
 class Prefetcher(_pybind11_object):
     """Worker threads reading file byte ranges into pool slots (pread)."""
 
@@ -516,7 +523,13 @@ class LayerPager(_pybind11_object):
 
     def __init__(self, store: WeightStore, layers: Sequence[Sequence[str]], n_slots: int, slot_size: int = 0,
                  n_workers: int = 1, backend: Backend | None = None, direct_io: bool = False,
-                 staged: bool = False) -> None: ...
+                 staged: bool = False, host_slots: int = 0) -> None:
+        """host_slots: a host tier of that many layers between the file and a staged pool."""
+    @property
+    def host_slots(self) -> int: ...
+    @property
+    def host_bytes(self) -> int: ...
+    def host_held(self, layer: int) -> bool: ...
     @property
     def staged(self) -> bool:
         """loads go through staging buffers and async device copies"""

@@ -195,6 +195,11 @@ class PagingSettings:
         cli_default="auto")
     staged_io: bool = option(False, "load host slots through staging buffers and async copies, as device slots "
                              "are (the GPU code path on the CPU; slower, for testing)")
+    host_cache: int | str = option(
+        "auto", "bytes of host memory that keep streamed blocks between the file and a device that is not host "
+        "memory (a GPU): a block read once is copied from there on its next loads, not read again. auto: the "
+        "streamed blocks, within what the host has available less a headroom; off: none. A size applies to "
+        "staged_io pools on the CPU too", parse=str, metavar="SIZE|auto|off")
     expert_cache: int | str | None = option(
         None, "bytes of device memory for the experts of a mixture-of-experts model, paged one by one through a "
         "cache (default: experts resident with their blocks)", parse=str, metavar="SIZE")
@@ -206,6 +211,9 @@ class PagingSettings:
     def __post_init__(self) -> None:
         _set(self, "device_budget", parse_budget(self.device_budget))
         _set(self, "expert_cache", parse_size(self.expert_cache))
+        hc = self.host_cache
+        _set(self, "host_cache", hc.strip().lower() if isinstance(hc, str) and hc.strip().lower() in BUDGET_MODES
+             else "auto" if hc is None else int(parse_size(hc) or 0))
         _check(self.expert_cache is None or self.expert_cache > 0, "expert_cache must be a positive size")
         if self.n_gpu_layers is not None and self.n_gpu_layers < 0:
             _set(self, "n_gpu_layers", None)           # llama.cpp's -1: all that fit

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <unistd.h>
 #include <cstdio>
@@ -21,16 +22,24 @@ using namespace superggml;
 
 // Four threads acquire random keys, load them (sometimes cancelling the load),
 // wait, check the bytes and release; a fifth shrinks and grows the pool.
-// mode 0: pread into the slot; 1: staged (staging buffers + async copies); 2: O_DIRECT.
+// mode 0: pread into the slot; 1: staged (staging buffers + async copies); 2: O_DIRECT; 3: staged through a
+// host tier of 3 slots (a filled copy is copied, not read; jobs release their host slot when done or dropped).
 static int stress(const char * path, const std::vector<uint8_t> & data, size_t chunk, size_t n_keys, int mode) {
     pool_params pp;
     pp.slot_size = chunk;
     pp.n_slots = 6;
     buffer_pool pool(pp);
+    pool_params hp;
+    hp.slot_size = chunk;
+    hp.n_slots = 3;
+    buffer_pool host(hp);
+    auto filled = std::make_unique<std::atomic<bool>[]>(n_keys);
+    for (size_t k = 0; k < n_keys; ++k) filled[k] = false;
+    std::atomic<int> host_copies{0};
     std::atomic<int> ok{0}, cancelled{0}, exhausted{0}, bad{0}, resized{0};
     std::atomic<bool> done{false};
     {
-        prefetcher io(path, 3, mode == 2, nullptr, mode == 1);
+        prefetcher io(path, 3, mode == 2, nullptr, mode == 1 || mode == 3);
         // the fill of each slot, shared by every thread that holds the slot's key
         std::mutex mu;
         std::vector<std::shared_future<void>> fill(pp.n_slots);
@@ -41,6 +50,22 @@ static int stress(const char * path, const std::vector<uint8_t> & data, size_t c
             j.ranges = {{key * chunk, chunk, 0}};
             j.dst = pool.buffer(slot);
             j.direct = mode == 2;
+            if (mode == 3) {
+                try {
+                    auto h = host.acquire(key);       // held until the job ends or is dropped
+                    if (h.evicted >= 0) filled[h.evicted] = false;
+                    j.host = host.base(h.slot);
+                    j.host_filled = h.hit && filled[key];
+                    if (j.host_filled) host_copies++;
+                    filled[key] = false;
+                    j.done = [&host, &filled, hs = h.slot, key](bool good) {
+                        filled[key] = good;
+                        host.release(hs);
+                        if (!good) host.drop(key);
+                    };
+                } catch (const PoolExhausted &) {
+                }
+            }
             return io.submit(j);
         };
         std::vector<std::thread> ts;
@@ -48,7 +73,7 @@ static int stress(const char * path, const std::vector<uint8_t> & data, size_t c
             ts.emplace_back([&, t] {
                 std::mt19937 rnd(100 + t);
                 for (int i = 0; i < 2000; ++i) {
-                    int key = (int) (rnd() % n_keys);
+                    int key = (int) (rnd() % (mode == 3 ? 8 : n_keys));   // few keys: host copies get reused
                     buffer_pool::acquired a;
                     std::shared_future<void> f;
                     {
@@ -103,9 +128,12 @@ static int stress(const char * path, const std::vector<uint8_t> & data, size_t c
         done = true;
         resizer.join();
     }
-    std::printf("mode %d: ok %d cancelled %d exhausted %d resized %d bad %d\n", mode, ok.load(), cancelled.load(),
-                exhausted.load(), resized.load(), bad.load());
-    return bad.load() == 0 && ok.load() > 1000 ? 0 : 1;
+    int held = 0;
+    for (int i = 0; i < hp.n_slots; ++i) held += host.in_use(i);
+    std::printf("mode %d: ok %d cancelled %d exhausted %d resized %d bad %d host copies %d, host holds left %d\n",
+                mode, ok.load(), cancelled.load(), exhausted.load(), resized.load(), bad.load(), host_copies.load(),
+                held);
+    return bad.load() == 0 && ok.load() > 1000 && held == 0 && (mode != 3 || host_copies > 0) ? 0 : 1;
 }
 
 // Views of slots: valid while held; after release, eviction or shrink view_data throws SlotReleased
@@ -177,7 +205,7 @@ int main() {
     if (write(fd, data.data(), data.size()) != (ssize_t) data.size()) return 2;
     close(fd);
     int rc = views(0) | views(4096);
-    for (int mode = 0; mode < 3; ++mode) rc |= stress(path, data, chunk, n_keys, mode);
+    for (int mode = 0; mode < 4; ++mode) rc |= stress(path, data, chunk, n_keys, mode);
     unlink(path);
     return rc;
 }

@@ -111,9 +111,11 @@ class Executor:
         self.sequences = Sequences(self.memory, c.ctx_size, hp.n_vocab)
         self.n_passes = self.pass_sequences = self.pass_tokens = 0   # forward passes and what they held
         self.stream_passes = 0                        # passes whose sequences attended at once (streams)
+        self.graphs_per_pass = 0                      # graphs the last pass computed
         self.record_timings = False                   # fill self.timings on every forward pass (metrics)
         self.timings: list[dict[str, Any]] = []
         self.plans: dict[tuple[Any, ...], Plan] = {}
+        self.queued: set[int] = set()                 # devices with graphs queued (compute(sync=False))
         self.head_buffers: tuple[int, list[Any]] | None = None   # rows, the streamed head's [ctx, buffer, in, out]
         self.hidden_buf: Any = None                   # keep_hidden's rows, F32 [n_embd, n_batch]
         self.on_hidden: Any = None                    # (sequence, first position, F32 [n, n_embd]) per pass item
@@ -162,7 +164,8 @@ class Executor:
                              "devices": [b.name for b in self.backends[:self.n_split]],
                              "blocks_per_device": [self.layer_device.count(i) for i in range(self.n_split)],
                              "passes": self.n_passes, "sequences_per_pass": self.pass_sequences / n,
-                             "tokens_per_pass": self.pass_tokens / n, "stream_passes": self.stream_passes}
+                             "tokens_per_pass": self.pass_tokens / n, "stream_passes": self.stream_passes,
+                             "graphs_per_pass": self.graphs_per_pass}
         if self.endpoints:
             d.update(server_counters(self.endpoints), remote_bytes=self.placement.remote_bytes)
         d.update(self.memory.stats())
@@ -183,14 +186,16 @@ class Executor:
 
     # -- plans ------------------------------------------------------------------
     def plan(self, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None = None,
-             embed: bool = False, streams: int = 0, chain: bool = False) -> Plan:
+             embed: bool = False, streams: int = 0, chain: bool = False, merge: bool | None = None) -> Plan:
         """The graphs for micro-batches of this shape, built once and reused (embed: ending at the output norm,
-        not the logits; streams, chain: see Plan)."""
+        not the logits; streams, chain, merge: see Plan; merge None: where nothing acts between blocks)."""
         hidden = self.hidden_buf is not None and not embed
-        key = (n, n_kv, n_out, lanes, embed, streams, hidden, chain)
+        if merge is None:
+            merge = self.merges()
+        key = (n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge)
         plan = self.plans.pop(key, None)
         if plan is None:
-            plan = Plan(self, n, n_kv, n_out, lanes, embed, streams, hidden, chain)
+            plan = Plan(self, n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge)
         self.plans[key] = plan            # most recently used last
         if len(self.plans) > PLAN_CACHE:
             while len(self.plans) > PLAN_CACHE:
@@ -245,10 +250,23 @@ class Executor:
             return None
         return native.tensor_get(logits).reshape(len(out_rows), self.hp.n_embd if embed else self.hp.n_vocab)
 
+    def merges(self) -> bool:
+        """Whether plans merge the blocks that stay into segments: the weights are loaded (the first pass
+        computes each block as it arrives), the K/V is not paged (its frames are bound per layer) and the pass
+        is not timed block by block."""
+        return self.placement.loader is None and not self.record_timings and not self.settings.kv.paged_kv
+
     def one_graph(self) -> bool:
         """Everything resident on one device, loaded, untimed: nothing to do between blocks."""
-        return (len(self.backends) == 1 and self.placement.loader is None and not self.record_timings
-                and not self.placement.paged and not self.settings.kv.paged_kv and self.placement.experts is None)
+        return (len(self.backends) == 1 and self.merges() and not self.placement.paged
+                and self.placement.experts is None)
+
+    def queues(self, dev: int) -> bool:
+        """Whether device dev's graphs are queued (compute(sync=False)) rather than waited for: a device of
+        this machine with a stream of its own (a GPU). The CPU computes as it is called; an RPC server's
+        replies keep its calls in order."""
+        b = self.backends[dev]
+        return not b.is_host and not b.endpoint and not self.record_timings
 
     def compute(self, plan: Plan, n: int, lanes: Sequence[tuple[int, int, int]]) -> Any:
         """Runs the micro-batch's graphs in order; returns the tensor that holds its logits (if any). lanes:
@@ -261,19 +279,24 @@ class Executor:
         for seq, p0 in first.items():
             self.memory.begin(seq, p0, rows[seq])
         if self.one_graph():
+            self.graphs_per_pass = 1
             self.backend.compute(plan.whole())     # one graph per micro-batch, as llama.cpp runs it
             return plan.whole_logits
+        self.graphs_per_pass = len(plan.steps)
         self.before_pass(n)
         rec = self.timings if self.record_timings else None
         if rec is not None:
             rec.clear()
         dev = plan.steps[0].dev
         t_pass = time.time()
-        for i, step in enumerate(plan.steps):
-            t0 = time.time()
-            dev, tc = self.run_step(plan, step, dev, lanes, first)
-            if rec is not None:
-                rec.append(self.timing(i, step, t0, tc))
+        try:
+            for i, step in enumerate(plan.steps):
+                t0 = time.time()
+                dev, tc = self.run_step(plan, step, dev, lanes, first)
+                if rec is not None:
+                    rec.append(self.timing(i, step, t0, tc))
+        finally:
+            self.synchronize()                     # the host reads the logits next
         self.placement.pass_done()
         if self.placement.experts is not None:
             self.placement.experts.pass_done(n, time.time() - t_pass)
@@ -284,8 +307,11 @@ class Executor:
         """Runs one graph of a pass once its weights, experts and K/V are in; returns the device the activations
         are on after it and when its computation started."""
         pl = self.placement
-        pl.loaded(step.group)
+        for g in step.span or (step.group,):
+            pl.loaded(g)
         if step.dev != dev:                        # a pipeline by blocks: the activations move along
+            if self.queues(dev):
+                self.backends[dev].synchronize()
             native.tensor_copy(*plan.move(dev, step.dev, step.rows_in))
             dev = step.dev
         if step.experts is not None:               # the router's choice for its rows, as cache slots
@@ -298,15 +324,27 @@ class Executor:
                 pl.experts.lookahead(il + 1, native.tensor_get(pl.moe.guess).reshape(-1)[:step.expert_ahead * k])
         mem = (contextlib.nullcontext() if step.layer is None else
                self.memory.use(step.layer, [(seq, first[seq], p0 + m) for seq, p0, m in lanes]))
-        with pl.pagers[dev].use(step.key), mem:
+        # a streamed slot or a paged K/V frame may be refilled once released: its graph must have run by then
+        queue = self.queues(dev) and step.key is None and step.experts is None and (
+            step.layer is None or not self.settings.kv.paged_kv)
+        with contextlib.ExitStack() as held, mem:
+            for key in step.keys or (step.key,):
+                held.enter_context(pl.pagers[dev].use(key))
             tc = time.time()
             try:
-                self.backends[dev].compute(step.graph)
+                self.backends[dev].compute(step.graph, sync=not queue)
             finally:
+                if queue:
+                    self.queued.add(dev)
                 if step.experts is not None:
                     assert pl.experts is not None
                     pl.experts.release()
         return dev, tc
+
+    def synchronize(self) -> None:
+        """Waits for the graphs queued on the devices (queues) since the last call."""
+        while self.queued:
+            self.backends[self.queued.pop()].synchronize()
 
     def before_pass(self, n: int) -> None:
         pl = self.placement
@@ -444,7 +482,7 @@ def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dic
     if any(not 0 <= il < ex.hp.n_layer for il in blocks):
         raise ValueError(f"blocks are in 0..{ex.hp.n_layer - 1}")
     n_kv = padded_kv(p0, 1, c.ctx_size)
-    plan = ex.plan(1, n_kv, 1)
+    plan = ex.plan(1, n_kv, 1, merge=False)
     plan.fill(np.zeros(1, dtype=np.int32), [ex.lane_rows(p0, 1, n_kv)], [0])
     ex.memory.bind([seq.id])
     ex.before_pass(1)                      # the threads a decoded token computes with
@@ -458,6 +496,7 @@ def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dic
     out: dict[int | str, float] = {}
     try:
         dev, _ = ex.run_step(plan, plan.steps[0], plan.steps[0].dev, lanes, first)   # the embedding
+        ex.synchronize()
         groups: list[tuple[int | str, list[Step]]] = [
             (il, [st for st in plan.steps if st.group == il and st.kind != "head"]) for il in blocks]
         groups.append(("head", [st for st in plan.steps if st.kind == "head"]))
@@ -467,11 +506,13 @@ def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dic
                 t = 0.0
                 for st in steps:
                     dev, tc = ex.run_step(plan, st, dev, lanes, first)
+                    ex.synchronize()
                     t += time.time() - tc
                 if r:
                     times.append(t)
             out[name] = float(np.median(times))
     finally:
+        ex.synchronize()
         for pg, d in zip(pagers, depths):
             pg.depth = d
         ex.memory.truncate(seq.id, p0)

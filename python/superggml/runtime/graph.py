@@ -3,7 +3,10 @@
 A plan is a list of steps: an embedding graph, one graph per transformer block (a MoE block whose experts are
 paged: an attention-and-router graph, then experts graphs over chunks of rows), and the head (a streamed head:
 the output norm, then one graph per row chunk of the lm head). Activations persist between graphs in a device
-buffer per device (`acts`). With everything resident on one device, `whole` builds the micro-batch as one graph.
+buffer per device (`acts`). A plan that merges (`merge`) runs consecutive blocks that stay where they are
+(resident, or pinned in their slots) on one device as one graph, a segment, with the head if it follows on
+that device: a GPU then computes them without the host between blocks. With everything resident on one
+device, `whole` builds the micro-batch as one graph.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from ..arch import moe
 from ..arch.common import StepInputs
 from ..errors import SuperggmlError
 from .memory import records
-from .pagers import Block, HeadChunk, Key
+from .pagers import Block, HeadChunk, Key, WeightPager
 
 F16 = native.GGMLType.F16
 F32 = native.GGMLType.F32
@@ -46,6 +49,8 @@ class Step:
     expert_ids: Any = None          # I32 [k, rows]: the routed experts as cache slots (filled before it runs)
     expert_row0: int = 0            # the first of the pass's rows it computes (a pass splits into row chunks)
     expert_ahead: int = 0           # rows whose lookahead guess it starts loading once mapped (0: none)
+    span: tuple[int, ...] = ()      # a segment: the blocks it computes (their groups are waited for)
+    keys: tuple[Key, ...] = ()      # a segment's pinned paged blocks (acquired around it)
 
 
 @dataclass(frozen=True)
@@ -101,15 +106,17 @@ class Plan:
     """Step inputs plus the embedding, block and output graphs for one micro-batch shape."""
 
     def __init__(self, ex: Any, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None,
-                 embed: bool, streams: int = 0, hidden: bool = False, chain: bool = False):
+                 embed: bool, streams: int = 0, hidden: bool = False, chain: bool = False, merge: bool = False):
         """`ex`: the executor (its arch, weights, memory, acts, rot, backends). `lanes`: a pass over several
         sequences, (tokens, n_kv) of each in row order, each attending over its own K/V (its lane's
         tensors). `streams`: a pass over that many sequences of n / streams rows each, whose memory is one
         tensor per layer, attending at once over n_kv rows of each. `embed`: ending at the output norm
         (embeddings), not the logits. `hidden`: the output norm of every row goes to ex.hidden_buf too (the
         last block keeps all rows; the head picks its rows after the norm, as llama.cpp with nextn
-        embeddings). `chain`: the lanes are one sequence's tokens (a recurrent layer runs them as one chain)."""
+        embeddings). `chain`: the lanes are one sequence's tokens (a recurrent layer runs them as one chain).
+        `merge`: segments (see the module), where the executor has nothing to do between the blocks' graphs."""
         self.ex = ex
+        self.merge = merge
         self.n, self.n_kv, self.n_out, self.lanes, self.embed = n, n_kv, n_out, lanes, embed
         self.hidden = hidden
         self.keep_rows = hidden or ex.arch.late_gather     # the last block keeps every row
@@ -223,13 +230,14 @@ class Plan:
         return v[0], v[1]
 
     def graph(self, build: Any, kind: str, rows_in: int | None = None, rows_out: int | None = None,
-              dev: int = 0, **step: Any) -> Any:
+              dev: int = 0, blocks: int = 1, **step: Any) -> Any:
         """A step's graph: build(ctx, gf, act, act_out, inp) over the device's activations (rows_in read,
-        rows_out written) gives its output; in a context as small as the graph allows, grown on overflow."""
+        rows_out written) gives its output; in a context as small as the graph allows (room for `blocks`
+        blocks to start with), grown on overflow."""
         ex, n = self.ex, self.n
         rows_in = n if rows_in is None else rows_in
         rows_out = n if rows_out is None else rows_out
-        nodes = GRAPH_NODES + LANE_NODES * self.n_lanes
+        nodes = (GRAPH_NODES + LANE_NODES * self.n_lanes) * blocks
         while True:
             ctx = native.Context(max_tensors=nodes, graph_size=nodes)
             gf = ctx.new_graph()
@@ -249,21 +257,67 @@ class Plan:
         self.steps.append(Step(gf, kind, rows_in, dev=dev, **step))
         return out
 
+    def stays(self, il: int) -> bool:
+        """Whether block il's weights stay where they are from pass to pass (resident, or pinned in a slot that
+        nothing moves) and nothing acts between its graph and the next (no paged experts)."""
+        pl = self.ex.placement
+        if pl.experts is not None and self.ex.arch.is_moe(il):
+            return False
+        if not pl.paged:
+            return True
+        pager = pl.pagers[self.ex.layer_device[il]]
+        return pl.scheduler is None and isinstance(pager, WeightPager) and pager.core.pinned(pager.index(Block(il)))
+
+    def segments(self) -> list[list[int]]:
+        """The blocks in order, in runs that one graph computes: consecutive blocks that stay, on one device,
+        where the plan merges; one block a run otherwise."""
+        runs: list[list[int]] = []
+        for il in range(self.ex.hp.n_layer):
+            run = runs[-1] if runs else None
+            if (self.merge and run and self.stays(il) and self.stays(run[-1])
+                    and self.ex.layer_device[run[-1]] == self.ex.layer_device[il]):
+                run.append(il)
+            else:
+                runs.append([il])
+        return runs
+
     def build(self) -> None:
         ex, hp, arch, w = self.ex, self.ex.hp, self.ex.arch, self.ex.weights
         n_last = self.n if self.keep_rows else min(self.n, max(self.n_out, 1))    # rows the last block keeps
         paged, placement = ex.placement.paged, ex.placement
         self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_embed(ctx, w, inp), act), "embed",
                    dev=ex.embed_dev)
-        for il in range(hp.n_layer):
+        rows_in = n_last if self.keep_rows else self.n_out
+        # the head joins the last segment where it is one graph on the last block's device
+        head_joins = (self.merge and bool(self.n_out) and not self.hidden and not (paged and not self.embed)
+                      and self.stays(hp.n_layer - 1))
+        for run in self.segments():
+            il = run[-1]
             rows = n_last if il == hp.n_layer - 1 else self.n
             key = Block(il) if paged else None
-            if placement.experts is not None and arch.is_moe(il):
+            if len(run) == 1 and placement.experts is not None and arch.is_moe(il):
                 moe.build_paged_block(self, arch, w, il, rows, key, self.kv(il), placement)
                 continue
-            self.graph(lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(self.block(ctx, gf, inp, il, act), act_out),
-                       "block", rows_out=rows, key=key, layer=il, dev=ex.layer_device[il], group=il)
-        rows_in = n_last if self.keep_rows else self.n_out
+            with_head = head_joins and il == hp.n_layer - 1
+            if len(run) == 1 and not with_head:
+                self.graph(lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(self.block(ctx, gf, inp, il, act),
+                                                                            act_out),
+                           "block", rows_out=rows, key=key, layer=il, dev=ex.layer_device[il], group=il)
+                continue
+
+            def segment(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs, run: list[int] = run,
+                        with_head: bool = with_head) -> Any:
+                x = act
+                for j in run:
+                    x = self.block(ctx, gf, inp, j, x)
+                return self.head(ctx, inp, self.outputs(ctx, inp, x)) if with_head else ctx.cpy(x, act_out)
+
+            out = self.graph(segment, "block", rows_out=self.n_out if with_head else rows, dev=ex.layer_device[il],
+                             blocks=len(run) + with_head, span=tuple(run) + ((hp.n_layer,) if with_head else ()),
+                             keys=tuple(Block(j) for j in run) if paged else ())
+            if with_head:
+                self.logits = out
+                return
         if self.hidden:
             self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_output_norm(ctx, w, act),
                                                                  self.hidden_rows(ctx)),

@@ -105,7 +105,8 @@ class WeightPager:
     def stats(self) -> dict[str, Any]:
         p = self.core
         return {**p.stats(), "n_slots": p.n_slots, "slot_size": p.slot_size, "direct_io": p.direct_io,
-                "staged_io": p.staged, "layers_pinned": sum(p.pinned(k) for k in range(p.n_layers))}
+                "staged_io": p.staged, "layers_pinned": sum(p.pinned(k) for k in range(p.n_layers)),
+                "host_slots": p.host_slots, "host_tier_bytes": p.host_bytes}
 
 
 def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:

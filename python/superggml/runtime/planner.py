@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from .. import native
 from ..arch import get_architecture
 from ..arch.common import HParams
-from ..telemetry import device_memory_fn
+from ..telemetry import device_memory_fn, host_memory
 
 MiB = 1 << 20
 HEADROOM_MIN = 64 * MiB        # never planned: the allocator's slack, thread stacks, the interpreter's growth
@@ -42,6 +42,8 @@ class MemoryPlan:
     tokenizer: int
     reserve: int              # kept for something else (a draft model)
     headroom: int
+    host_cache: int = 0       # the host tier of streamed blocks (a device that is not host memory)
+    host_available: int = 0   # host memory the process could still take (0: the device is the host)
 
     @property
     def resident(self) -> bool:
@@ -71,6 +73,9 @@ class MemoryPlan:
                 extra += (f", so {gib(streamed)} of weights stream instead of "
                           f"{gib(max(0, streamed - self.reserve))}")    # the reserve would join the pool
             extra += ")"
+        if self.host_available and not self.resident:
+            extra += (f"; host tier {gib(self.host_cache)} of the host's {gib(self.host_available)} available"
+                      if self.host_cache else "; no host tier")
         return (f"superggml: device budget {self.mode}: {what}{streamed}; {gib(self.available)} available, "
                 f"weights {gib(self.weights)}, K/V {gib(self.kv)}, compute {gib(self.compute)}, headroom "
                 f"{gib(self.headroom + self.tokenizer)}{extra}")
@@ -131,16 +136,47 @@ def plan_memory(hp: HParams, weights: int, options: Mapping[str, Any], available
     return MemoryPlan(**{**asdict(p), "budget": max(0, available - p.beside)})
 
 
+def with_host_tier(p: MemoryPlan, host_cache: int | str, host_available: int) -> MemoryPlan:
+    """The plan of a device that is not host memory with its host tier: host_cache bytes, or ("auto") the
+    blocks that stream, within what the host has available less a headroom; none while every weight is
+    resident or with "off"."""
+    if p.budget is None or host_cache == "off":
+        size = 0
+    elif isinstance(host_cache, int):
+        size = host_cache
+    else:
+        keep = HEADROOM_MIN + int(HEADROOM_SHARE * host_available) + p.tokenizer
+        size = max(0, min(p.weights - p.budget, host_available - keep))
+    return MemoryPlan(**{**asdict(p), "host_cache": size, "host_available": host_available})
+
+
+def file_shape(path: str) -> tuple[HParams, int]:
+    """A GGUF's hyperparameters and the bytes of its tensors."""
+    f = native.GGUFFile(path)
+    try:
+        return get_architecture(f.metadata()).hp, sum(int(nb) for _, _, _, _, nb in f.tensors())
+    finally:
+        f.close()
+
+
+def plan_on(path: str, device: str, options: Mapping[str, Any]) -> MemoryPlan:
+    """The plan a model at `path` gets on a device of this machine (a ggml device name; "" or a CPU: the host)
+    with these options (plan_memory's, and host_cache): what `superggml plan` and `analyze` show."""
+    hp, weights = file_shape(path)
+    used, total = host_memory()
+    host_free = max(0, total - used)
+    dev = next((d for d in native.devices() if d["name"] == device), None)
+    if dev is None or dev["type"] == "cpu":
+        return plan_memory(hp, weights, options, host_free)
+    p = plan_memory(hp, weights, options, int(dev["memory_free"]))
+    return with_host_tier(p, options.get("host_cache", "auto"), host_free)
+
+
 def model_bytes(path: str, options: Mapping[str, Any]) -> int:
     """What a model at `path` holds while it runs with these options (ctx_size, n_batch, cache types, flash_attn,
     device_budget: a size or None for resident): its weights or its budget, its K/V cache, compute buffers and
     tokenizer. For a draft model, whose memory its target leaves it."""
-    f = native.GGUFFile(path)
-    try:
-        hp = get_architecture(f.metadata()).hp
-        weights = sum(int(nb) for _, _, _, _, nb in f.tensors())
-    finally:
-        f.close()
+    hp, weights = file_shape(path)
     budget = options.get("device_budget")
     held = weights if budget is None else min(weights, int(budget))
     return (held + sequence_bytes(hp, options["ctx_size"], options["cache_type_k"], options["cache_type_v"]) +

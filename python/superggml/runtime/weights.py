@@ -16,9 +16,9 @@ from .. import native
 from ..settings import Settings
 from .pagers import Block, ExpertPager, HeadChunk, Key, NullPager, WeightPager, merge_stats
 from .planner import (SLOT_ALIGN_ROOM, MemoryPlan, check_available, plan_memory, plan_slots, split_moe_budget,
-                      too_small)
+                      too_small, with_host_tier)
 from .scheduler import LayerScheduler
-from ..telemetry import MemoryFn, device_memory_fn
+from ..telemetry import MemoryFn, device_memory_fn, host_memory
 
 F32 = native.GGMLType.F32
 I32 = native.GGMLType.I32
@@ -92,6 +92,7 @@ class WeightPlacement:
         self.repacked_bytes = 0
         self.remote_bytes = 0                          # weights copied to devices that are not host memory
         self.n_pinned = 0
+        self.host_tier_used = 0                        # bytes of host tier the pools took
         self.head_chunks: list[str] = []
         self.decode_threads: int | None = None         # compute threads for single-token steps while streaming
         pg = settings.paging
@@ -100,7 +101,9 @@ class WeightPlacement:
         # a MoE model under a device_budget pages its experts too: its dense part is planned first, the rest of
         # the budget is the expert cache (make_pager splits it)
         self.expert_budget: int | None = pg.expert_cache
-        self.experts_paged = pg.expert_cache is not None or (self.hp.n_expert > 0 and pg.budget_bytes is not None)
+        # (on a device that is not host memory, or over a split, a MoE block streams whole, its experts with it)
+        self.experts_paged = pg.expert_cache is not None or (
+            self.hp.n_expert > 0 and pg.budget_bytes is not None and self.n_split == 1 and self.backends[0].is_host)
         if self.experts_paged and (self.n_split > 1 or not self.backends[0].is_host):
             raise ValueError("paged experts run on one host device for now, not a multi-device split or an RPC "
                              "device")
@@ -116,10 +119,21 @@ class WeightPlacement:
         used, total = device_memory_fn(b.device_type, b.device_name)()
         weights = sum(int(self.store.file_range(n)[1]) for n in self.store.names())
         c = self.settings.context
-        return plan_memory(self.hp, weights, dict(device_budget=p.device_budget, ctx_size=c.ctx_size,
+        plan = plan_memory(self.hp, weights, dict(device_budget=p.device_budget, ctx_size=c.ctx_size,
                                                   n_batch=c.n_batch, cache_type_k=c.cache_type_k,
                                                   cache_type_v=c.cache_type_v, flash_attn=c.flash_attn),
                            max(0, total - used), reserve=reserve)
+        if b.is_host or b.endpoint:        # the host is the device (an RPC server holds its own copy)
+            return plan
+        h_used, h_total = host_memory()
+        return with_host_tier(plan, p.host_cache, max(0, h_total - h_used))
+
+    def host_tier_bytes(self) -> int:
+        """Bytes of host memory for the host tier of the pools (a size given, or the plan's)."""
+        hc = self.settings.paging.host_cache
+        if isinstance(hc, int):
+            return hc
+        return self.memory_plan.host_cache if self.memory_plan is not None and hc == "auto" else 0
 
     def resolved(self, s: Settings) -> Settings:
         """The settings with the plan's budget (auto: a size when the blocks must stream) and async_prefetch
@@ -297,11 +311,15 @@ class WeightPlacement:
             big = blocks[sizes.index(slot)] if slot in sizes else blocks[0]
             raise ValueError(f"device_budget{f' of {b.name}' if self.n_split > 1 else ''} of {budget} bytes is "
                              f"smaller than one layer: block {big} needs {slot} bytes")
-        core = native.LayerPager(store, layers, n_slots=n_slots, slot_size=slot, n_workers=N_IO_WORKERS,
-                                 backend=b, direct_io=self.direct_io, staged=p.staged_io)
-        pager = WeightPager(core, keys, p.ahead)
         if p.n_gpu_layers is not None:
             n_pinned = min(n_pinned, p.n_gpu_layers)
+        host_slots = 0
+        if not b.is_host or p.staged_io:           # a host tier between the file and the pool's copies
+            host_slots = max(0, min((self.host_tier_bytes() - self.host_tier_used) // slot, len(layers) - n_pinned))
+            self.host_tier_used += host_slots * slot
+        core = native.LayerPager(store, layers, n_slots=n_slots, slot_size=slot, n_workers=N_IO_WORKERS,
+                                 backend=b, direct_io=self.direct_io, staged=p.staged_io, host_slots=host_slots)
+        pager = WeightPager(core, keys, p.ahead)
         for i in range(n_pinned):
             pager.pin(keys[i])
         self.n_pinned += n_pinned

@@ -1,0 +1,146 @@
+"""The GPU code path through the CPU: segments (consecutive blocks that stay, one graph), staged loads through a
+host tier, one read of each streamed block per pass, and the plan of a device that is not host memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from superggml import Model, native
+from superggml.devices import transfer_rate
+from superggml.runtime.planner import plan_memory, with_host_tier
+
+PROMPT = list(range(300, 340))
+DECODE = [7, 11, 13]
+
+
+def _logits(m: Model) -> np.ndarray:
+    out = [m.eval(PROMPT, logits_all=True).copy()]
+    out += [m.eval([t]).copy() for t in DECODE]
+    return np.concatenate(out)
+
+
+@pytest.fixture(scope="module")
+def resident(smollm2_path):
+    with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False) as m:
+        return _logits(m), m.store.slot_bytes(m.arch.block_tensors(0)), m.hparams.n_layer
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_pinned_blocks_run_as_one_graph(smollm2_path, resident, staged):
+    """n_gpu_layers=k: the k pinned blocks are one graph (a segment), the others one each: the resident logits."""
+    ref, _, n_layer = resident
+    k = n_layer // 2
+    with Model(smollm2_path, ctx_size=128, n_threads=2, n_gpu_layers=k, staged_io=staged) as m:
+        out = _logits(m)
+        merged = m.stats()["graphs_per_pass"]
+        m.record_timings = True                  # timed block by block: a graph per block
+        m.eval([23])
+        apart = m.stats()["graphs_per_pass"]
+        assert m.stats()["layers_pinned"] == k
+    assert np.array_equal(out, ref)
+    assert apart - merged == k - 1
+
+
+def test_split_runs_a_segment_per_device(smollm2_path, resident):
+    """Two devices, each resident: one graph per device's blocks (the head joins the last), the same logits."""
+    ref, _, n_layer = resident
+    with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False, devices=["CPU", "CPU"]) as m:
+        out = _logits(m)
+        assert m.stats()["graphs_per_pass"] == 3          # embed, device 0's blocks, device 1's blocks + head
+    assert np.array_equal(out, ref)
+
+
+@pytest.mark.parametrize("async_prefetch", [False, True])
+def test_host_tier_reads_the_file_once(smollm2_path, resident, async_prefetch):
+    """staged_io with a host tier that holds every streamed block: the first pass reads them from the file, the
+    later ones copy them from host memory; the logits are the resident ones."""
+    ref, slot, n_layer = resident
+    with Model(smollm2_path, ctx_size=128, n_threads=2, device_budget=int(4 * slot * 1.05), staged_io=True,
+               host_cache="512MiB", async_prefetch=async_prefetch) as m:
+        m.eval(PROMPT[:4])
+        first = m.stats()
+        m.reset()
+        out = _logits(m)
+        st = m.stats()
+    assert np.array_equal(out, ref)
+    assert st["staged_io"] and st["host_slots"] > 0 and st["failed"] == 0
+    assert st["file_bytes"] == first["file_bytes"]            # nothing read from the file again
+    assert st["host_bytes"] > 0 and st["host_hits"] > 0
+    assert st["bytes_loaded"] == st["file_bytes"] + st["host_bytes"]
+
+
+def test_host_tier_smaller_than_the_streamed_blocks(smollm2_path, resident):
+    """A tier of 3 blocks: some loads come from it, the rest from the file; still the resident logits."""
+    ref, slot, _ = resident
+    with Model(smollm2_path, ctx_size=128, n_threads=2, device_budget=int(3 * slot * 1.05), staged_io=True,
+               host_cache=str(3 * slot + 4096), async_prefetch=True) as m:
+        out = _logits(m)
+        st = m.stats()
+    assert np.array_equal(out, ref)
+    assert st["host_slots"] == 3
+    assert st["file_bytes"] > 0 and st["bytes_loaded"] == st["file_bytes"] + st["host_bytes"]
+
+
+def test_host_tier_off_and_on_a_host_pool(smollm2_path, resident):
+    """No tier for a pool in host memory (it would copy host memory to host memory) unless a size asks for one
+    with staged_io, and none with off."""
+    _, slot, _ = resident
+    for kw in (dict(), dict(host_cache="64MiB"), dict(staged_io=True), dict(staged_io=True, host_cache="off")):
+        with Model(smollm2_path, ctx_size=64, n_threads=2, device_budget=int(3 * slot * 1.05), **kw) as m:
+            m.eval([1, 2])
+            assert m.stats()["host_slots"] == 0, kw
+
+
+def test_prefill_reads_each_streamed_block_once(smollm2_path, resident):
+    """A pass of many rows loads each streamed block (and head chunk) once: loads per pass = streamed keys."""
+    _, slot, n_layer = resident
+    with Model(smollm2_path, ctx_size=256, n_threads=2, n_batch=256, device_budget=int(3 * slot * 1.05),
+               staged_io=True, async_prefetch=True) as m:
+        m.eval([1])
+        before = m.stats()["loads"]
+        m.eval(list(range(100, 300)))               # one pass of 200 rows
+        per_prefill = m.stats()["loads"] - before
+        before = m.stats()["loads"]
+        m.eval([5])
+        per_decode = m.stats()["loads"] - before
+    assert per_prefill == per_decode >= n_layer - 3
+
+
+def test_transfer_rate_on_the_cpu():
+    assert transfer_rate("CPU", 8 << 20, 2) > 0
+    with pytest.raises(Exception):
+        native.host_to_device_rate(native.Backend("CPU", 1), 0)
+
+
+def test_plan_of_a_device_with_a_host_tier(smollm2_path):
+    """A GPU's plan: the budget from its free memory, the host tier from the host's."""
+    with Model(smollm2_path, ctx_size=64, n_threads=2) as m:
+        hp = m.hparams
+    opts = dict(device_budget="auto", ctx_size=4096, n_batch=512, cache_type_k="f16", cache_type_v="f16",
+                flash_attn=False)
+    weights = 8 << 30
+    p = plan_memory(hp, weights, opts, 4 << 30)
+    assert p.budget is not None and p.budget < weights
+    t = with_host_tier(p, "auto", 64 << 30)
+    assert t.host_cache == weights - p.budget           # every streamed block fits the host
+    assert "host tier" in t.line()
+    small = with_host_tier(p, "auto", 2 << 30)
+    assert 0 < small.host_cache < 2 << 30
+    assert with_host_tier(p, "off", 64 << 30).host_cache == 0
+    assert with_host_tier(p, 1 << 30, 64 << 30).host_cache == 1 << 30
+    resident = plan_memory(hp, 1 << 20, opts, 4 << 30)
+    assert with_host_tier(resident, "auto", 64 << 30).host_cache == 0
+
+
+def test_plan_and_analyze_show_the_auto_plan(smollm2_path, capsys):
+    import json
+
+    from superggml import cli
+
+    assert cli.main(["plan", "-m", smollm2_path]) == 0
+    out = capsys.readouterr().out
+    assert "device_budget auto" in out and "all weights resident" in out
+    assert cli.main(["plan", "-m", smollm2_path, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["memory_plan"]["resident"] and d["memory_plan"]["weights"] > 0
