@@ -144,3 +144,18 @@ def test_plan_and_analyze_show_the_auto_plan(smollm2_path, capsys):
     assert cli.main(["plan", "-m", smollm2_path, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["memory_plan"]["resident"] and d["memory_plan"]["weights"] > 0
+
+
+@pytest.mark.parametrize("kw", [dict(n_gpu_layers=10, staged_io=True), dict(devices=["CPU", "CPU"], repack=False)])
+def test_queued_graphs_path(smollm2_path, resident, monkeypatch, kw):
+    """The executor as it drives a GPU (graphs queued, waited for before a streamed slot is released, before
+    activations move and at the end of a pass), run on the CPU, where queueing computes at once: the same logits,
+    and nothing left queued after a pass."""
+    from superggml.runtime.executor import DeviceStreams
+
+    monkeypatch.setattr(DeviceStreams, "queues", lambda self, dev: True)
+    ref, _, _ = resident
+    with Model(smollm2_path, ctx_size=128, n_threads=2, **kw) as m:
+        out = _logits(m)
+        assert not m.runtime.streams.queued
+    assert np.array_equal(out, ref)

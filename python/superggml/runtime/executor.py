@@ -33,6 +33,41 @@ PLAN_CACHE = 6        # micro-batch shapes whose graphs are kept
 Item = tuple[SequenceState, Sequence[int]]
 
 
+class DeviceStreams:
+    """Graphs queued on the devices' streams: a device of this machine with a stream of its own (a GPU) gets a
+    graph queued (compute(sync=False)) and the host goes on; the CPU computes as it is called, and an RPC
+    server's replies keep its calls in order. The executor waits for a device where the host needs its work
+    done (wait, synchronize)."""
+
+    def __init__(self, backends: Sequence[Any]):
+        self.backends = backends
+        self.queued: set[int] = set()              # devices with graphs queued since the last wait
+
+    def queues(self, dev: int) -> bool:
+        b = self.backends[dev]
+        return not b.is_host and not b.endpoint
+
+    def compute(self, dev: int, graph: Any, may_queue: bool) -> None:
+        """Runs a graph on device dev: queued where the device queues and the caller allows it."""
+        queue = may_queue and self.queues(dev)
+        try:
+            self.backends[dev].compute(graph, sync=not queue)
+        finally:
+            if queue:
+                self.queued.add(dev)
+
+    def wait(self, dev: int) -> None:
+        """Waits for device dev's queued graphs."""
+        if dev in self.queued:
+            self.queued.discard(dev)
+            self.backends[dev].synchronize()
+
+    def synchronize(self) -> None:
+        """Waits for every queued graph."""
+        while self.queued:
+            self.backends[self.queued.pop()].synchronize()
+
+
 class Executor:
     """Runs an architecture layer by layer on one or more backends (a pipeline by blocks), its weights
     resident or paged (placement), its sequences' memory contiguous or paged (memory, sequences)."""
@@ -115,7 +150,7 @@ class Executor:
         self.record_timings = False                   # fill self.timings on every forward pass (metrics)
         self.timings: list[dict[str, Any]] = []
         self.plans: dict[tuple[Any, ...], Plan] = {}
-        self.queued: set[int] = set()                 # devices with graphs queued (compute(sync=False))
+        self.streams = DeviceStreams(self.backends)    # graphs queued on the devices' streams
         self.head_buffers: tuple[int, list[Any]] | None = None   # rows, the streamed head's [ctx, buffer, in, out]
         self.hidden_buf: Any = None                   # keep_hidden's rows, F32 [n_embd, n_batch]
         self.on_hidden: Any = None                    # (sequence, first position, F32 [n, n_embd]) per pass item
@@ -261,12 +296,6 @@ class Executor:
         return (len(self.backends) == 1 and self.merges() and not self.placement.paged
                 and self.placement.experts is None)
 
-    def queues(self, dev: int) -> bool:
-        """Whether device dev's graphs are queued (compute(sync=False)) rather than waited for: a device of
-        this machine with a stream of its own (a GPU). The CPU computes as it is called; an RPC server's
-        replies keep its calls in order."""
-        b = self.backends[dev]
-        return not b.is_host and not b.endpoint and not self.record_timings
 
     def compute(self, plan: Plan, n: int, lanes: Sequence[tuple[int, int, int]]) -> Any:
         """Runs the micro-batch's graphs in order; returns the tensor that holds its logits (if any). lanes:
@@ -296,7 +325,7 @@ class Executor:
                 if rec is not None:
                     rec.append(self.timing(i, step, t0, tc))
         finally:
-            self.synchronize()                     # the host reads the logits next
+            self.streams.synchronize()             # the host reads the logits next
         self.placement.pass_done()
         if self.placement.experts is not None:
             self.placement.experts.pass_done(n, time.time() - t_pass)
@@ -310,8 +339,7 @@ class Executor:
         for g in step.span or (step.group,):
             pl.loaded(g)
         if step.dev != dev:                        # a pipeline by blocks: the activations move along
-            if self.queues(dev):
-                self.backends[dev].synchronize()
+            self.streams.wait(dev)
             native.tensor_copy(*plan.move(dev, step.dev, step.rows_in))
             dev = step.dev
         if step.experts is not None:               # the router's choice for its rows, as cache slots
@@ -325,26 +353,20 @@ class Executor:
         mem = (contextlib.nullcontext() if step.layer is None else
                self.memory.use(step.layer, [(seq, first[seq], p0 + m) for seq, p0, m in lanes]))
         # a streamed slot or a paged K/V frame may be refilled once released: its graph must have run by then
-        queue = self.queues(dev) and step.key is None and step.experts is None and (
+        queue = not self.record_timings and step.key is None and step.experts is None and (
             step.layer is None or not self.settings.kv.paged_kv)
         with contextlib.ExitStack() as held, mem:
             for key in step.keys or (step.key,):
                 held.enter_context(pl.pagers[dev].use(key))
             tc = time.time()
             try:
-                self.backends[dev].compute(step.graph, sync=not queue)
+                self.streams.compute(dev, step.graph, queue)
             finally:
-                if queue:
-                    self.queued.add(dev)
                 if step.experts is not None:
                     assert pl.experts is not None
                     pl.experts.release()
         return dev, tc
 
-    def synchronize(self) -> None:
-        """Waits for the graphs queued on the devices (queues) since the last call."""
-        while self.queued:
-            self.backends[self.queued.pop()].synchronize()
 
     def before_pass(self, n: int) -> None:
         pl = self.placement
@@ -436,38 +458,43 @@ class Executor:
         stays current. A sequence's logits are those of eval() on it alone, up to the rounding of matrix
         products over more rows. embed: the output norm's rows F32 [n_out, n_embd] (the hidden states the lm
         head reads; embeddings) instead of logits."""
-        seqs = [int(s) for s, _ in batch]
-        if len(set(seqs)) != len(seqs):
-            raise ValueError("eval_batch: each sequence may appear once")
-        if any(s < 0 for s in seqs):
-            raise ValueError("sequence ids are >= 0")
-        states = [self.sequences.table.get(s) or SequenceState(s) for s in seqs]
-        for st, (_, toks) in zip(states, batch):
-            self.sequences.check_feed(st, toks)
-        for st in states:
-            self.sequences.table.setdefault(st.id, st)
-        if len(batch) == 1 and states[0] is self.seq and not embed:
-            return [self.eval(batch[0][1], logits_all=logits_all)]
-        starts = [st.n_past for st in states]
-        outs: list[list[np.ndarray]] = [[] for _ in batch]
-        order = sorted(range(len(batch)), key=lambda i: self.memory.order(seqs[i]))    # rows in memory order
-        try:
-            for items, owners, out_rows in micro_batches([states[i] for i in order], [batch[i][1] for i in order],
-                                                           logits_all, self.settings.context.n_batch,
-                                                           self.max_lanes):
-                logits = self.run_pass(items, out_rows, embed)
-                at = 0
-                for i, k in owners:
-                    if k:
-                        outs[order[i]].append(logits[at:at + k])   # views of the pass's array: no copy
-                        at += k
-        except BaseException:
-            for st, start in zip(states, starts):
-                self.sequences.rollback(st, start)
-            raise
-        for st, o in zip(states, outs):
-            st.scores = o[0] if len(o) == 1 else np.concatenate(o, axis=0)
-        return [st.scores for st in states]
+        return feed_batch(self, batch, logits_all=logits_all, embed=embed)
+
+
+def feed_batch(ex: Executor, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False,
+               embed: bool = False) -> list[np.ndarray]:
+    """Executor.eval_batch over ex."""
+    seqs = [int(s) for s, _ in batch]
+    if len(set(seqs)) != len(seqs):
+        raise ValueError("eval_batch: each sequence may appear once")
+    if any(s < 0 for s in seqs):
+        raise ValueError("sequence ids are >= 0")
+    states = [ex.sequences.table.get(s) or SequenceState(s) for s in seqs]
+    for st, (_, toks) in zip(states, batch):
+        ex.sequences.check_feed(st, toks)
+    for st in states:
+        ex.sequences.table.setdefault(st.id, st)
+    if len(batch) == 1 and states[0] is ex.seq and not embed:
+        return [ex.eval(batch[0][1], logits_all=logits_all)]
+    starts = [st.n_past for st in states]
+    outs: list[list[np.ndarray]] = [[] for _ in batch]
+    order = sorted(range(len(batch)), key=lambda i: ex.memory.order(seqs[i]))    # rows in memory order
+    try:
+        for items, owners, out_rows in micro_batches([states[i] for i in order], [batch[i][1] for i in order],
+                                                     logits_all, ex.settings.context.n_batch, ex.max_lanes):
+            logits = ex.run_pass(items, out_rows, embed)
+            at = 0
+            for i, k in owners:
+                if k:
+                    outs[order[i]].append(logits[at:at + k])   # views of the pass's array: no copy
+                    at += k
+    except BaseException:
+        for st, start in zip(states, starts):
+            ex.sequences.rollback(st, start)
+        raise
+    for st, o in zip(states, outs):
+        st.scores = o[0] if len(o) == 1 else np.concatenate(o, axis=0)
+    return [st.scores for st in states]
 
 
 def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dict[int | str, float]:
@@ -496,7 +523,7 @@ def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dic
     out: dict[int | str, float] = {}
     try:
         dev, _ = ex.run_step(plan, plan.steps[0], plan.steps[0].dev, lanes, first)   # the embedding
-        ex.synchronize()
+        ex.streams.synchronize()
         groups: list[tuple[int | str, list[Step]]] = [
             (il, [st for st in plan.steps if st.group == il and st.kind != "head"]) for il in blocks]
         groups.append(("head", [st for st in plan.steps if st.kind == "head"]))
@@ -506,13 +533,13 @@ def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dic
                 t = 0.0
                 for st in steps:
                     dev, tc = ex.run_step(plan, st, dev, lanes, first)
-                    ex.synchronize()
+                    ex.streams.synchronize()
                     t += time.time() - tc
                 if r:
                     times.append(t)
             out[name] = float(np.median(times))
     finally:
-        ex.synchronize()
+        ex.streams.synchronize()
         for pg, d in zip(pagers, depths):
             pg.depth = d
         ex.memory.truncate(seq.id, p0)
