@@ -4,20 +4,75 @@ llama-cpp-python ships its own libggml*.so with the same sonames as the
 pinned ggml superggml links: loading both in one process binds one of them
 to the other's symbols. So the reference runs in a subprocess:
 `python llama_ref.py` reads a JSON request on stdin and writes an .npz.
+
+Which llama.cpp: a superggml built with SUPERGGML_BUILD_LLAMA=ON carries libllama.so next to its native
+module, built over the very ggml libraries superggml uses; the child then runs llama-cpp-python's own Python
+package from the source cache (ggml/fetch.py --python) with LLAMA_CPP_LIB_PATH at that libllama ("built").
+Otherwise the pip-installed llama-cpp-python with its own libllama and ggml ("pip"). SUPERGGML_REFERENCE=pip or
+=built forces one (built fails where it cannot be had); unset or auto takes built where it is there.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+_FETCH = Path(__file__).resolve().parents[1] / "ggml" / "fetch.py"
+
+
+def superggml_libllama() -> Path | None:
+    """The libllama.so the superggml that the tests import carries (next to its native module), if any."""
+    spec = importlib.util.find_spec("superggml")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    lib = Path(list(spec.submodule_search_locations)[0]) / "libllama.so"
+    return lib if lib.is_file() else None
+
+
+def cached_llama_cpp(fetch: bool = False) -> Path | None:
+    """The directory holding llama-cpp-python's Python package in the source cache (ggml/fetch.py --python); with
+    `fetch`, fetched where missing (the sdist, hash-checked), else None where the cache has no such entry."""
+    if not _FETCH.is_file():
+        return None
+    if fetch:
+        r = subprocess.run([sys.executable, str(_FETCH), "--python"], capture_output=True, text=True, timeout=1800)
+        if r.returncode != 0:
+            raise RuntimeError(f"ggml/fetch.py --python failed:\n{r.stderr[-2000:]}")
+        return Path(r.stdout.strip())
+    spec = importlib.util.spec_from_file_location("superggml_fetch", _FETCH)
+    assert spec is not None and spec.loader is not None
+    fetch_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetch_mod)
+    out = fetch_mod.cache_root()
+    return Path(out) / "python" if fetch_mod.complete(out) else None
+
+
+def reference(which: str | None = None) -> tuple[str, dict[str, str]]:
+    """("built" or "pip", the environment changes of the child) for `which` (auto, pip or built; default:
+    $SUPERGGML_REFERENCE, else auto)."""
+    which = which or os.environ.get("SUPERGGML_REFERENCE") or "auto"
+    if which not in ("auto", "pip", "built"):
+        raise ValueError(f"SUPERGGML_REFERENCE={which!r}: auto, pip or built")
+    if which != "pip":
+        lib = superggml_libllama()
+        if lib is None and which == "built":
+            raise RuntimeError("SUPERGGML_REFERENCE=built: the superggml under test carries no libllama.so "
+                               "(build it with CMAKE_ARGS=-DSUPERGGML_BUILD_LLAMA=ON)")
+        py = cached_llama_cpp(fetch=which == "built") if lib is not None else None
+        if lib is not None and py is not None:
+            path = os.pathsep.join([str(py)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+            return "built", {"LLAMA_CPP_LIB_PATH": str(lib.parent), "PYTHONPATH": path}
+    return "pip", {}
 
 
 def _serve(req: dict[str, Any]) -> dict[str, Any]:
@@ -37,6 +92,11 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
     kind = req["kind"]
     if kind == "sysinfo":
         return {"sysinfo": np.array(llama_cpp.llama_print_system_info().decode())}
+    if kind == "libs":      # which llama_cpp, and the libllama and ggml libraries this process mapped
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6})
+        libs = [p for p in paths if os.path.basename(p).startswith(("libllama", "libggml"))]
+        return {"llama_cpp": np.array(llama_cpp.__file__), "libs": np.array(libs)}
     kw = dict(model_path=req["model"], verbose=False, n_threads=req.get("n_threads", 2),
               n_threads_batch=req.get("n_threads", 2), n_ctx=req.get("n_ctx", 512),
               n_batch=req.get("n_batch", 512), n_ubatch=req.get("n_batch", 512),
@@ -142,8 +202,10 @@ def _mtp(req: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
     (zeros first): every row's logits and hidden row."""
     import llama_cpp as L
 
-    # llama-ext.h's staging API: C++ symbols of the libllama llama_cpp loaded (the same handle)
-    lib = ctypes.CDLL(os.path.join(os.path.dirname(L.__file__), "lib", "libllama.so"))
+    # llama-ext.h's staging API: C++ symbols of the libllama llama_cpp loaded (the same handle: where
+    # llama_cpp.llama_cpp takes it, LLAMA_CPP_LIB_PATH else its package's lib/)
+    lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH") or os.path.join(os.path.dirname(L.__file__), "lib")
+    lib = ctypes.CDLL(os.path.join(lib_dir, "libllama.so"))
     set_nextn = lib["_Z26llama_set_embeddings_nextnP13llama_contextbb"]
     set_nextn.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool]
     get_nextn = lib["_Z26llama_get_embeddings_nextnP13llama_context"]
@@ -199,16 +261,19 @@ def cpu_features() -> dict[str, int]:
     return out
 
 
-def run(request: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
-    """Runs one request in a child process and returns its arrays."""
+def run(request: dict[str, Any], timeout: float = 1800, which: str | None = None) -> dict[str, Any]:
+    """Runs one request in a child process and returns its arrays; `which` as for `reference`."""
+    name, changes = reference(which)
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out.npz")
         env = dict(os.environ)
+        env.pop("LLAMA_CPP_LIB_PATH", None)
+        env.update(changes)
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), out],
                               input=json.dumps(request), text=True, capture_output=True,
                               timeout=timeout, env=env)
         if proc.returncode != 0:
-            raise RuntimeError(f"llama.cpp reference failed:\n{proc.stderr[-4000:]}")
+            raise RuntimeError(f"llama.cpp reference ({name}) failed:\n{proc.stderr[-4000:]}")
         with np.load(out, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
 
