@@ -1,0 +1,120 @@
+"""Prefill and decode speed of superggml and llama.cpp on one model, into OUT.json.
+
+    python3 bench/gpu/bench.py MODEL.gguf resident|streamed OUT.json [RATE.json (streamed)]
+
+resident: every weight on the device (device_budget "off"; llama.cpp -ngl 99): prefill 512 tokens and decode 64, each
+from an empty context, the mean of 3 runs after a warm-up, as llama-bench measures (llama-bench itself where it was
+built, else llama_cpp's API). streamed: device_budget a quarter of the weights: decode ms/token and prefill-512 time,
+beside the bound (bytes streamed per token / the host-to-device rate of RATE.json) and llama.cpp with -ngl N, N the
+blocks that fit in the same bytes.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from common import THREADS, device_kw, device_name, error, reference, run_ref, sizes
+from superggml import Model
+
+N_PROMPT, N_GEN, REPS = 512, 64, 3
+N_GEN_STREAMED, REPS_STREAMED = 16, 1
+COUNTERS = ("bytes_loaded", "file_bytes", "host_bytes", "wait_seconds")     # the layer pager's
+
+
+def prompt_tokens(n):
+    return np.random.default_rng(1).integers(100, 40000, n).tolist()
+
+
+def counters(m):
+    st = m.stats()
+    return np.array([float(st.get(k, 0)) for k in COUNTERS])
+
+
+def superggml_speed(path, n_gen, reps, **kw):
+    """pp and tg tok/s (means over reps, after a warm-up), and the pager's counters per pass and per token."""
+    prompt = prompt_tokens(N_PROMPT)
+    t0 = time.perf_counter()
+    with Model(path, ctx_size=1024, n_batch=512, n_threads=THREADS, flash_attn=False, **device_kw(), **kw) as m:
+        load = time.perf_counter() - t0
+        pp, tg, per_pass, per_token = [], [], [], []
+        for rep in range(reps + 1):
+            m.reset()
+            c0, t0 = counters(m), time.perf_counter()
+            m.eval(prompt)
+            c1, t1 = counters(m), time.perf_counter()
+            m.reset()
+            for t in prompt[:n_gen]:
+                m.eval([t])
+            c2, t2 = counters(m), time.perf_counter()
+            if rep:
+                pp.append(N_PROMPT / (t1 - t0))
+                tg.append(n_gen / (t2 - t1))
+                per_pass.append(c1 - c0)
+                per_token.append((c2 - c1) / n_gen)
+        st = m.stats()
+        info = {k: st[k] for k in ("n_slots", "slot_size", "layers_pinned", "host_slots", "direct_io") if k in st}
+    per_pass, per_token = np.mean(per_pass, axis=0), np.mean(per_token, axis=0)
+    return {"pp_tok_s": float(np.mean(pp)), "tg_tok_s": float(np.mean(tg)), "load_s": round(load, 2),
+            "per_prefill": dict(zip(COUNTERS, per_pass.tolist())), "per_token": dict(zip(COUNTERS, per_token.tolist())),
+            **info}
+
+
+def llama_speed(path, ngl, n_gen, reps):
+    """llama.cpp's pp and tg tok/s: llama-bench -o json where it was built, else ref.py (llama_cpp's API)."""
+    ref = reference()
+    if ref["llama_bench"]:
+        cmd = [ref["llama_bench"], "-m", path, "-p", str(N_PROMPT), "-n", str(n_gen), "-ngl", str(ngl), "-fa", "0",
+               "-r", str(reps), "-t", str(THREADS), "-o", "json"]
+        p = subprocess.run(cmd, env=ref["env"], capture_output=True, text=True, timeout=300)
+        if p.returncode:
+            raise RuntimeError(f"llama-bench rc {p.returncode}: {p.stderr[-1500:]}")
+        rows = json.loads(p.stdout)
+        pp = next(r["avg_ts"] for r in rows if r["n_prompt"] and not r["n_gen"])
+        tg = next(r["avg_ts"] for r in rows if r["n_gen"] and not r["n_prompt"])
+        return {"pp_tok_s": pp, "tg_tok_s": tg, "tool": "llama-bench", "ngl": ngl}
+    r = run_ref(ref, {"kind": "bench", "model": path, "ngl": ngl, "n_ctx": 1024, "n_prompt": N_PROMPT,
+                      "n_gen": n_gen, "reps": reps}, timeout=300)
+    return {"pp_tok_s": float(r["pp"].mean()), "tg_tok_s": float(r["tg"].mean()), "tool": "llama_cpp API",
+            "ngl": ngl}
+
+
+def save(res, out, what):
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(what, json.dumps(res), flush=True)
+
+
+def main():
+    path, mode, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    weights, block = sizes(path)
+    res = {"model": os.path.basename(path).removesuffix(".gguf"), "mode": mode, "device": device_name(),
+           "weights": weights, "errors": {}}
+    streamed = mode == "streamed"
+    n_gen, reps = (N_GEN_STREAMED, REPS_STREAMED) if streamed else (N_GEN, REPS)
+    try:
+        res["superggml"] = s = superggml_speed(path, n_gen, reps, device_budget=weights // 4 if streamed else "off")
+        if streamed:
+            with open(sys.argv[4]) as f:
+                rate = json.load(f)
+            res.update(budget=weights // 4, rate={"bytes_per_s": rate["bytes_per_s"], "source": rate["used"]},
+                       bound_ms_per_token=1000 * s["per_token"]["bytes_loaded"] / rate["bytes_per_s"],
+                       bound_prefill_s=s["per_prefill"]["bytes_loaded"] / rate["bytes_per_s"])
+    except Exception as e:
+        res["errors"]["superggml"] = error(e)
+    save(res, out, "superggml")
+    try:
+        res["llama.cpp"] = llama_speed(path, min(weights // 4 // block, 99) if streamed else 99, n_gen, reps)
+    except Exception as e:
+        res["errors"]["llama.cpp"] = error(e)
+    if "pp_tok_s" in res.get("superggml", {}) and "llama.cpp" in res:
+        res["ratio_pp"] = res["superggml"]["pp_tok_s"] / res["llama.cpp"]["pp_tok_s"]
+        res["ratio_tg"] = res["superggml"]["tg_tok_s"] / res["llama.cpp"]["tg_tok_s"]
+    save(res, out, "llama.cpp")
+
+
+if __name__ == "__main__":
+    main()
