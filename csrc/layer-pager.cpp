@@ -201,11 +201,6 @@ void layer_pager::host_take(int l, load_job & job) {
     };
 }
 
-bool layer_pager::host_held(int l) const {
-    (void) layers_.at(l);
-    return host_ && host_filled_[l] && host_->slot_of(l) >= 0;
-}
-
 void layer_pager::acquire(int l) {
     layer & L = layers_.at(l);
     // a load started ahead of time (a prefetch) that failed is retried once, now, before giving up:

@@ -77,7 +77,6 @@ public:
     bool staged() const { return io_->staged() || !pool_->is_host(); }
     int host_slots() const { return host_ ? host_->n_slots() : 0; }
     size_t host_bytes() const { return host_ ? host_->bytes() : 0; }
-    bool host_held(int l) const;  // the host tier holds l's bytes (filled)
     size_t layer_bytes(int l) const { return layers_.at(l).bytes; }
     const buffer_pool & pool() const { return *pool_; }
     const weight_store & store() const { return *store_; }

@@ -1,4 +1,7 @@
-"""Prompts for the teacher-forced logit comparison: varied, each at least 64 tokens."""
+"""Prompts for the teacher-forced logit comparison: varied, each at least 64 tokens; and the token feed the
+streamed-against-resident tests compare (a 40-token prompt, then 3 decoded tokens)."""
+
+import numpy as np
 
 PROMPTS = [
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
@@ -22,3 +25,14 @@ PROMPTS = [
     "flour and yeast, add the water and salt, and knead for ten minutes until smooth. Leave to rise for "
     "an hour, shape into a loaf, rise again for 45 minutes, then bake at 220 degrees for 30 minutes.",
 ]
+
+
+FEED_PROMPT = list(range(300, 340))
+FEED_DECODE = [7, 11, 13]
+
+
+def feed_logits(m) -> np.ndarray:
+    """Every prompt row's logits, then each decoded token's: F32 [43, n_vocab]."""
+    out = [m.eval(FEED_PROMPT, logits_all=True).copy()]
+    out += [m.eval([t]).copy() for t in FEED_DECODE]
+    return np.concatenate(out)

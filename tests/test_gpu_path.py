@@ -6,24 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from prompts import FEED_PROMPT, feed_logits
 from superggml import Model, native
 from superggml.devices import transfer_rate
 from superggml.runtime.planner import plan_memory, with_host_tier
-
-PROMPT = list(range(300, 340))
-DECODE = [7, 11, 13]
-
-
-def _logits(m: Model) -> np.ndarray:
-    out = [m.eval(PROMPT, logits_all=True).copy()]
-    out += [m.eval([t]).copy() for t in DECODE]
-    return np.concatenate(out)
 
 
 @pytest.fixture(scope="module")
 def resident(smollm2_path):
     with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False) as m:
-        return _logits(m), m.store.slot_bytes(m.arch.block_tensors(0)), m.hparams.n_layer
+        return feed_logits(m), m.store.slot_bytes(m.arch.block_tensors(0)), m.hparams.n_layer
 
 
 @pytest.mark.parametrize("staged", [False, True])
@@ -32,7 +24,7 @@ def test_pinned_blocks_run_as_one_graph(smollm2_path, resident, staged):
     ref, _, n_layer = resident
     k = n_layer // 2
     with Model(smollm2_path, ctx_size=128, n_threads=2, n_gpu_layers=k, staged_io=staged) as m:
-        out = _logits(m)
+        out = feed_logits(m)
         merged = m.stats()["graphs_per_pass"]
         m.record_timings = True                  # timed block by block: a graph per block
         m.eval([23])
@@ -46,7 +38,7 @@ def test_split_runs_a_segment_per_device(smollm2_path, resident):
     """Two devices, each resident: one graph per device's blocks (the head joins the last), the same logits."""
     ref, _, n_layer = resident
     with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False, devices=["CPU", "CPU"]) as m:
-        out = _logits(m)
+        out = feed_logits(m)
         assert m.stats()["graphs_per_pass"] == 3          # embed, device 0's blocks, device 1's blocks + head
     assert np.array_equal(out, ref)
 
@@ -58,10 +50,10 @@ def test_host_tier_reads_the_file_once(smollm2_path, resident, async_prefetch):
     ref, slot, n_layer = resident
     with Model(smollm2_path, ctx_size=128, n_threads=2, device_budget=int(4 * slot * 1.05), staged_io=True,
                host_cache="512MiB", async_prefetch=async_prefetch) as m:
-        m.eval(PROMPT[:4])
+        m.eval(FEED_PROMPT[:4])
         first = m.stats()
         m.reset()
-        out = _logits(m)
+        out = feed_logits(m)
         st = m.stats()
     assert np.array_equal(out, ref)
     assert st["staged_io"] and st["host_slots"] > 0 and st["failed"] == 0
@@ -75,7 +67,7 @@ def test_host_tier_smaller_than_the_streamed_blocks(smollm2_path, resident):
     ref, slot, _ = resident
     with Model(smollm2_path, ctx_size=128, n_threads=2, device_budget=int(3 * slot * 1.05), staged_io=True,
                host_cache=str(3 * slot + 4096), async_prefetch=True) as m:
-        out = _logits(m)
+        out = feed_logits(m)
         st = m.stats()
     assert np.array_equal(out, ref)
     assert st["host_slots"] == 3
@@ -156,6 +148,6 @@ def test_queued_graphs_path(smollm2_path, resident, monkeypatch, kw):
     monkeypatch.setattr(DeviceStreams, "queues", lambda self, dev: True)
     ref, _, _ = resident
     with Model(smollm2_path, ctx_size=128, n_threads=2, **kw) as m:
-        out = _logits(m)
+        out = feed_logits(m)
         assert not m.runtime.streams.queued
     assert np.array_equal(out, ref)

@@ -11,24 +11,16 @@ import threading
 import numpy as np
 import pytest
 
+from prompts import feed_logits
 from superggml import Model, native
 from superggml.errors import LoadCancelled, PoolExhausted
 from superggml.settings import parse_size
-
-PROMPT = list(range(300, 340))
-DECODE = [7, 11, 13]
-
-
-def _logits(m: Model) -> np.ndarray:
-    out = [m.eval(PROMPT, logits_all=True).copy()]
-    out += [m.eval([t]).copy() for t in DECODE]
-    return np.concatenate(out)
 
 
 @pytest.fixture(scope="module")
 def resident(model_path):
     with Model(model_path, ctx_size=128, n_threads=2, repack=False) as m:
-        return _logits(m), m.store.slot_bytes(m.arch.block_tensors(0)), m.hparams.n_layer
+        return feed_logits(m), m.store.slot_bytes(m.arch.block_tensors(0)), m.hparams.n_layer
 
 
 @pytest.mark.parametrize("slots", [1, 2, 4, "half"])
@@ -39,7 +31,7 @@ def test_streamed_is_bit_identical_to_resident(model_path, resident, slots, asyn
     budget = n * slot_bytes * 1.05  # blocks differ a little in size
     with Model(model_path, ctx_size=128, n_threads=2, device_budget=int(budget),
                async_prefetch=async_prefetch) as m:
-        out = _logits(m)
+        out = feed_logits(m)
         st = m.stats()
         assert st["n_slots"] == n
     assert np.array_equal(out, ref)
@@ -190,9 +182,9 @@ def test_qwen_runs_in_256mib_with_a_128mib_budget(qwen_path):
 @pytest.mark.parametrize("ngl", [0, 10])
 def test_n_gpu_layers_keeps_that_many_resident(smollm2_path, ngl):
     with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False) as m:
-        ref = _logits(m)
+        ref = feed_logits(m)
     with Model(smollm2_path, ctx_size=128, n_threads=2, n_gpu_layers=ngl, async_prefetch=True) as m:
-        out = _logits(m)
+        out = feed_logits(m)
         assert m.stats()["layers_pinned"] == ngl
         assert m.stats()["n_slots"] == ngl + 3      # plus prefetch_depth + 1 streaming slots
     assert np.array_equal(out, ref)
@@ -209,7 +201,7 @@ def test_direct_and_staged_io_are_bit_identical_to_resident(model_path, resident
     n = n_layer // 2 if slots == "half" else slots
     with Model(model_path, ctx_size=128, n_threads=2, device_budget=int(n * slot_bytes * 1.05),
                async_prefetch=async_prefetch, direct_io=io == "direct", staged_io=io == "staged") as m:
-        out = _logits(m)
+        out = feed_logits(m)
         st = m.stats()
     assert st["direct_io"] is (io == "direct") and st["staged_io"] is (io == "staged")
     assert st["failed"] == 0 and st["evictions"] > 0
@@ -225,9 +217,9 @@ def test_direct_io_on_tmpfs(smollm2_path):
     shutil.copy(smollm2_path, p)
     try:
         with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False) as m:
-            ref = _logits(m)
+            ref = feed_logits(m)
         with Model(p, ctx_size=128, n_threads=2, device_budget="8MiB", direct_io=True) as m:
-            out = _logits(m)
+            out = feed_logits(m)
     finally:
         os.unlink(p)
     assert np.array_equal(out, ref)

@@ -96,7 +96,6 @@ void init_pager(py::module_ & m) {
             "host memory where it has it): a layer read once is copied from there on its next loads.")
         .def_property_readonly("host_slots", &layer_pager::host_slots, "layers the host tier holds")
         .def_property_readonly("host_bytes", &layer_pager::host_bytes, "bytes of the host tier")
-        .def("host_held", &layer_pager::host_held, py::arg("layer"), "the host tier holds the layer's bytes")
         .def_property_readonly("staged", [](const layer_pager & p) { return p.staged(); },
                                "loads go through staging buffers and async device copies")
         .def_property_readonly("direct_io", &layer_pager::direct_io, "O_DIRECT reads are in use")
