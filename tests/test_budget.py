@@ -1,4 +1,4 @@
-"""The automatic device budget (superggml.runtime.planner): the arithmetic, the options, and a model bigger than its memory
+"""The automatic device budget (superggml.runtime.memory_plan): the arithmetic, the options, and a model bigger than its memory
 limit that generates with no options."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import pytest
 
 import memcg
 from superggml import Model
-from superggml.runtime import planner as budget
+from superggml.runtime import memory_plan as budget
 from superggml.arch import get_architecture
-from superggml.settings import Settings
+from superggml.settings import ContextSettings, Settings
 from synth_gguf import dequantized_copy
 
 MiB = 1 << 20
 GiB = 1 << 30
-OPTS = dict(ctx_size=4096, n_batch=512, cache_type_k="f16", cache_type_v="f16", flash_attn=False)
+CTX = ContextSettings(ctx_size=4096, n_batch=512, cache_type_k="f16", cache_type_v="f16", flash_attn=False)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def hp(smollm2_path):
 
 
 def test_plan_resident_when_it_fits(hp):
-    p = budget.plan_memory(hp, 100 * MiB, dict(OPTS, device_budget="auto"), 8 * GiB)
+    p = budget.plan_memory(hp, 100 * MiB, CTX, "auto", 8 * GiB)
     assert p.resident and p.mode == "auto" and p.budget is None
     assert p.kv == 2 * hp.n_layer * 4096 * hp.n_embd_gqa * 2          # F16 K and V of every layer
     assert p.needed == p.weights + p.kv + p.compute + p.tokenizer + p.headroom
@@ -41,24 +41,24 @@ def test_plan_resident_when_it_fits(hp):
 
 def test_plan_streams_what_does_not_fit(hp):
     avail = 1 * GiB
-    p = budget.plan_memory(hp, 4 * GiB, dict(OPTS, device_budget="auto"), avail)
+    p = budget.plan_memory(hp, 4 * GiB, CTX, "auto", avail)
     assert not p.resident
     assert p.budget == avail - p.kv - p.compute - p.tokenizer - p.headroom
     # a draft model's memory comes out of the target's
-    q = budget.plan_memory(hp, 4 * GiB, dict(OPTS, device_budget="auto"), avail, reserve=100 * MiB)
+    q = budget.plan_memory(hp, 4 * GiB, CTX, "auto", avail, reserve=100 * MiB)
     assert q.budget == p.budget - 100 * MiB
     # and its line says what the draft costs: the weights that stream with it and without it
     assert (f"0.1 GiB kept for the draft model, so {budget.gib(4 * GiB - q.budget)} of weights stream instead of "
             f"{budget.gib(4 * GiB - p.budget)})") in q.line()
     # a smaller context leaves more to the weights
-    r = budget.plan_memory(hp, 4 * GiB, dict(OPTS, device_budget="auto", ctx_size=512), avail)
+    r = budget.plan_memory(hp, 4 * GiB, dataclasses.replace(CTX, ctx_size=512), "auto", avail)
     assert r.budget > p.budget
 
 
 def test_plan_explicit_and_off(hp):
-    p = budget.plan_memory(hp, 4 * GiB, dict(OPTS, device_budget=123 * MiB), 1 * GiB)
+    p = budget.plan_memory(hp, 4 * GiB, CTX, 123 * MiB, 1 * GiB)
     assert p.mode == "explicit" and p.budget == 123 * MiB
-    p = budget.plan_memory(hp, 4 * GiB, dict(OPTS, device_budget="off"), 1 * GiB)
+    p = budget.plan_memory(hp, 4 * GiB, CTX, "off", 1 * GiB)
     assert p.mode == "off" and p.resident
     e = budget.off_error(p, "cannot allocate")
     assert "available" in str(e) and "device_budget='auto'" in str(e) and "--device-budget" in str(e)

@@ -9,7 +9,8 @@ import pytest
 from prompts import FEED_PROMPT, feed_logits
 from superggml import Model, native
 from superggml.devices import transfer_rate
-from superggml.runtime.planner import plan_memory, with_host_tier
+from superggml.runtime.memory_plan import plan_memory, with_host_tier
+from superggml.settings import ContextSettings
 
 
 @pytest.fixture(scope="module")
@@ -109,10 +110,9 @@ def test_plan_of_a_device_with_a_host_tier(smollm2_path):
     """A GPU's plan: the budget from its free memory, the host tier from the host's."""
     with Model(smollm2_path, ctx_size=64, n_threads=2) as m:
         hp = m.hparams
-    opts = dict(device_budget="auto", ctx_size=4096, n_batch=512, cache_type_k="f16", cache_type_v="f16",
-                flash_attn=False)
+    c = ContextSettings(ctx_size=4096, n_batch=512, cache_type_k="f16", cache_type_v="f16", flash_attn=False)
     weights = 8 << 30
-    p = plan_memory(hp, weights, opts, 4 << 30)
+    p = plan_memory(hp, weights, c, "auto", 4 << 30)
     assert p.budget is not None and p.budget < weights
     t = with_host_tier(p, "auto", 64 << 30)
     assert t.host_cache == weights - p.budget           # every streamed block fits the host
@@ -121,7 +121,7 @@ def test_plan_of_a_device_with_a_host_tier(smollm2_path):
     assert 0 < small.host_cache < 2 << 30
     assert with_host_tier(p, "off", 64 << 30).host_cache == 0
     assert with_host_tier(p, 1 << 30, 64 << 30).host_cache == 1 << 30
-    resident = plan_memory(hp, 1 << 20, opts, 4 << 30)
+    resident = plan_memory(hp, 1 << 20, c, "auto", 4 << 30)
     assert with_host_tier(resident, "auto", 64 << 30).host_cache == 0
 
 

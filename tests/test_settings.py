@@ -123,3 +123,9 @@ def test_groups_derive_what_the_executor_needs():
     assert not PagingSettings(n_gpu_layers=99).paged(30)     # llama.cpp's "all of them"
     assert KVSettings(kv_spill_dir=".").kv_spill_dir == "."
     assert ContextSettings(n_threads=3).threads == 3 and ContextSettings().threads == settings.default_threads()
+
+
+def test_kv_page_bounds_are_the_cores():
+    """settings.py keeps native out: its page bounds are kv-cache.h's, as the core reports them."""
+    from superggml import native
+    assert (settings.KV_PAGE_MIN, settings.KV_PAGE_MAX) == (native.KV_PAGE_MIN, native.KV_PAGE_MAX)

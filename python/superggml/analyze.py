@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from . import native
 from .arch import get_architecture
-from .runtime.planner import SLOT_ALIGN_ROOM, kv_bytes_per_token, plan_slots, split_moe_budget
+from .runtime.memory_plan import SLOT_ALIGN_ROOM, kv_bytes_per_token, plan_slots, split_moe_budget
 from .settings import PagingSettings
 
 
@@ -263,7 +263,7 @@ class Analysis:
 
 def plan_moe_budget(lay: Layout, budget: int, *, hit_rate: float | None = None, n_batch: int = 512,
                     async_prefetch: bool = True) -> BudgetPlan:
-    """A MoE model's budget as the executor splits it (planner.split_moe_budget): the blocks without their
+    """A MoE model's budget as the executor splits it (memory_plan.split_moe_budget): the blocks without their
     experts first (pinned if the cache can still hold the experts one batch routes to, else streamed), the
     rest the expert cache. Expert bytes read per token at `hit_rate`; None: the cache's share of all the
     experts, the hit rate of uniform routing (a router with temporal locality does better). Streamed dense

@@ -254,14 +254,11 @@ def _auto_plan(model: str) -> tuple[str, Any]:
     """(device, MemoryPlan): what device_budget auto gives the model on the device it runs on by default (the
     first GPU, else the CPU) with the default context options."""
     from .devices import default_device
-    from .runtime.planner import plan_on
+    from .runtime.memory_plan import plan_on
     from .settings import ContextSettings
 
-    c = ContextSettings()
     dev = default_device()
-    return dev, plan_on(model, dev, dict(device_budget="auto", ctx_size=c.ctx_size, n_batch=c.n_batch,
-                                         cache_type_k=c.cache_type_k, cache_type_v=c.cache_type_v,
-                                         flash_attn=c.flash_attn, host_cache="auto"))
+    return dev, plan_on(model, dev, ContextSettings())
 
 
 def _print_rpc_split(endpoints: Sequence[str], model: str, n_layer: int) -> None:

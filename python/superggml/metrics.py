@@ -198,7 +198,7 @@ class Metrics:
         line.update(sequences_per_pass=round(float(st.get("sequences_per_pass", 0.0)), 3),
                     tokens_per_pass=round(float(st.get("tokens_per_pass", 0.0)), 3),
                     bytes_streamed_per_token=round(int(st.get("bytes_loaded", 0)) / max(self.generated_tokens, 1)))
-        if "budget" in st:              # the memory plan (superggml.runtime.planner)
+        if "budget" in st:              # the memory plan (superggml.runtime.memory_plan)
             b = st["budget"]
             line.update(device_budget_mode=b["mode"],
                         device_budget_mb=None if b["budget"] is None else round(b["budget"] / 2**20, 1))

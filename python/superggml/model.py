@@ -9,7 +9,7 @@ import gc
 import inspect
 import os
 import sys
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -28,7 +28,8 @@ from .generation.speculative import Speculator
 from .metrics import Metrics, MetricsWriter
 from .runtime import saved
 from .runtime.executor import Executor
-from .runtime.planner import MemoryPlan
+from .runtime.memory_plan import MemoryPlan
+from .runtime.resolve import Devices, open_devices, resolve, store_bytes
 from .runtime.scheduler import LayerScheduler
 from .settings import Settings, options_doc, parse_size, signature
 from .tokenizer import Tokenizer
@@ -117,13 +118,15 @@ class Model(Completions, Embeddings, Constraints):
     """
 
     def __init__(self, path: str | os.PathLike[str], **options: Any):
-        self.settings = s = Settings.from_options(options)
+        s = Settings.from_options(options)
         c = s.context
         self.path = os.fspath(path)
         self.verbose, self.seed, self.logits_all = c.verbose, c.seed, c.logits_all
         self.metrics: Metrics | None = None
         self.speculator: Speculator | None = None
         self.closed = True
+        self.running = False                    # a runtime is up (restart_runtime brings one back after a failure)
+        self.store: Any = None                  # the weights (native.WeightStore) while running
         self._grammar_vocab: GrammarVocab | None = None
         self._tool_format: ToolFormat | None = None
         self.file = native.GGUFFile(self.path)
@@ -155,9 +158,13 @@ class Model(Completions, Embeddings, Constraints):
         self.hparams = self.arch.hp
         self.arch.validate({n: v[1] for n, v in self.tensor_info.items()})
         self.file.drop_header()     # read into metadata: the C++ copy of the vocabulary (~17 MiB) goes
-        self.start_runtime(s)
-        s = self.settings                                  # device_budget and async_prefetch resolved
-        self.memory_plan: MemoryPlan | None = self.runtime.memory_plan
+        self.store = native.WeightStore(self.file)
+        devices = open_devices(s, self.store, self.hparams.n_layer)
+        resolved = resolve(s, self.hparams, store_bytes(self.store), devices, reserve=drafting.draft_bytes(self, s))
+        self.settings: Settings = resolved[0]             # device_budget and async_prefetch resolved, once
+        self.memory_plan: MemoryPlan | None = resolved[1]
+        self.start_runtime(devices)
+        s = self.settings
         self.repacked_bytes = self.runtime.repacked_bytes
         self.tokenizer = Tokenizer.from_metadata(self.metadata)
         for key in VOCAB_KEYS:          # held by the tokenizer now; tens of MB as lists
@@ -168,30 +175,32 @@ class Model(Completions, Embeddings, Constraints):
         if s.speculative.enabled:
             self.speculator = drafting.make_speculator(self, Model)
 
-    def start_runtime(self, s: Settings) -> None:
-        """The weights and the executor: resident weights load in the background, block by block, while the
-        KV cache and the tokenizer are built and the first pass computes; streamed ones go through the pager."""
-        self.store = native.WeightStore(self.file)
-        direct = s.paging.direct_io
-        self.runtime = Executor(self.arch, self.store, s,
+    def start_runtime(self, devices: Devices) -> None:
+        """The executor on `devices`: resident weights load in the background, block by block, while the KV cache
+        and the tokenizer are built and the first pass computes; streamed ones go through the pager."""
+        s, direct = self.settings, self.settings.paging.direct_io
+        self.runtime = Executor(self.arch, self.store, s, devices, self.memory_plan,
                                 direct_io=want_direct_io(self.path) if direct is None else direct,
-                                preload_repack=s.context.repack, reserve=drafting.draft_bytes(self))
-        self.settings = self.runtime.settings
+                                preload_repack=s.context.repack)
+        self.running = True
 
     def drop_runtime(self) -> None:
         """Closes the executor and lets go of it and the weights, before the file (they point into its tensors);
         either may be missing (a load or a restart that failed)."""
-        if "runtime" in self.__dict__:
+        if self.running:
+            self.running = False
             self.runtime.close()
             del self.runtime
-        self.__dict__.pop("store", None)
+        self.store = None
 
     def restart_runtime(self) -> None:
         """After an RPC server it used failed: the weights and the sequences on it are gone. Reconnects and
-        loads the model again, with its sequences empty (DeviceError while the server is still down)."""
+        loads the model again, with its sequences empty and its settings and memory plan as resolved at load
+        (DeviceError while the server is still down)."""
         self.drop_runtime()
         gc.collect()                # the buffers on the failed server, and with them ggml's connection to it
-        self.start_runtime(self.settings)
+        self.store = native.WeightStore(self.file)
+        self.start_runtime(open_devices(self.settings, self.store, self.hparams.n_layer))
         if self.metrics is not None:
             self.runtime.record_timings = True
 
@@ -237,7 +246,7 @@ class Model(Completions, Embeddings, Constraints):
     def check_open(self) -> None:
         if self.closed:
             raise RuntimeError("the model is closed")
-        if "runtime" not in self.__dict__ or servers_failed(self.runtime.endpoints):
+        if not self.running or servers_failed(self.runtime.endpoints):
             self.restart_runtime()
 
     # -- properties --------------------------------------------------------

@@ -19,12 +19,11 @@ import inspect
 import os
 import re
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Iterator, Mapping
+from typing import IO, Any, Callable, Iterator, Mapping, Union
 
-from . import native
-
-
-KV_PAGE_MIN, KV_PAGE_MAX = native.KV_PAGE_MIN, native.KV_PAGE_MAX   # tokens per KV page (kv-cache.h)
+KV_PAGE_MIN, KV_PAGE_MAX = 16, 8192   # tokens per KV page (kv-cache.h; test_settings holds them to native's)
+Budget = Union[int, str, tuple[int, ...]]   # device_budget: "auto", "off", bytes, or bytes per device
+HostCache = Union[int, str]                 # host_cache: "auto", "off" or bytes
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
           "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
@@ -175,7 +174,7 @@ class ContextSettings:
 @dataclass(frozen=True)
 class PagingSettings:
     """Which blocks stay resident and how the others stream."""
-    device_budget: int | str | tuple[int, ...] = option(
+    device_budget: Budget = option(
         "auto", "bytes the transformer blocks may occupy (e.g. 512MiB), or one size per device of a split (e.g. "
         "512MiB,2GiB); blocks beyond it stream from the file through a pool of slots. auto: from the memory this "
         "process can use, less the K/V cache, compute buffers and a headroom: all resident when the model fits, "
@@ -195,7 +194,7 @@ class PagingSettings:
         cli_default="auto")
     staged_io: bool = option(False, "load host slots through staging buffers and async copies, as device slots "
                              "are (the GPU code path on the CPU; slower, for testing)")
-    host_cache: int | str = option(
+    host_cache: HostCache = option(
         "auto", "bytes of host memory that keep streamed blocks between the file and a device that is not host "
         "memory (a GPU): a block read once is copied from there on its next loads, not read again. auto: the "
         "streamed blocks, within what the host has available less a headroom; off: none. A size applies to "

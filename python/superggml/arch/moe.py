@@ -199,7 +199,7 @@ def build_shared_expert_only(arch: Architecture, ctx: Any, w: Weights, p: str, c
 
 def build_paged_block(plan: Any, arch: Architecture, w: Weights, il: int, rows: int, key: Any, kv: tuple[Any, Any],
                       placement: Any) -> None:
-    """A block whose experts come from the expert cache, as steps of `plan` (runtime.graph.Plan): attention and
+    """A block whose experts come from the expert cache, as steps of `plan` (runtime.graph.GraphPlan): attention and
     router in one graph (its state kept in placement.moe, a MoEScratch), then the routed experts, with their ids
     remapped to cache slots in between (Step.experts), in graphs over chunks of placement.expert_rows rows (the
     experts one chunk routes to fit the cache at once; each row's result does not depend on the others in its

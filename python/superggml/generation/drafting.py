@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.planner import model_bytes
-from ..settings import Settings
+from ..runtime.memory_plan import model_bytes
+from ..settings import Settings, parse_size
 from .mtp import MtpDrafter, mtp_bytes
 from .speculative import DRAFT_BATCH, DraftLength, LookupDrafter, ModelDrafter, Speculator
 
@@ -18,16 +18,16 @@ def draft_options(settings: Settings) -> dict[str, Any]:
                 flash_attn=c.flash_attn, repack=c.repack, batch_invariant=c.batch_invariant)
 
 
-def draft_bytes(model: Any) -> int:
-    """The memory the drafter of `model` (superggml.Model) will hold: a draft model's weights, or its
-    draft_budget, and the rest; an MTP block's."""
-    sp = model.settings.speculative
+def draft_bytes(model: Any, settings: Settings) -> int:
+    """The memory the drafter `settings` ask of `model` (superggml.Model, loading) will hold: a draft model's
+    weights, or its draft_budget, and the rest; an MTP block's."""
+    sp = settings.speculative
     if sp.draft_mtp:
-        return mtp_bytes(model)
+        return mtp_bytes(model, settings.context)
     if not sp.draft_model:
         return 0
-    return model_bytes(sp.draft_model, dict(draft_options(model.settings), cache_type_k="f16", cache_type_v="f16",
-                                            device_budget=sp.draft_budget))
+    draft = Settings.from_options(draft_options(settings)).context     # the draft's context, cache types f16
+    return model_bytes(sp.draft_model, draft, parse_size(sp.draft_budget))
 
 
 def make_speculator(model: Any, model_cls: Any) -> Speculator:

@@ -23,8 +23,8 @@ import numpy as np
 from .. import native
 from ..arch.mtp import MtpArch
 from ..runtime.executor import Executor
-from ..runtime.planner import kv_bytes
-from ..settings import PagingSettings, Settings
+from ..runtime.memory_plan import kv_bytes
+from ..settings import ContextSettings, PagingSettings, Settings
 from .speculative import Drafter, greedy_draft
 
 Model = Any             # superggml.Model (annotations only)
@@ -43,8 +43,9 @@ class MtpDrafter(Drafter):
         self.arch = MtpArch(target.arch)
         self.store = native.WeightStore(target.file)
         c = target.settings.context
-        self.runtime = Executor(self.arch, self.store, Settings(context=c, paging=PagingSettings(device_budget="off")),
-                                preload_repack=c.repack)
+        self.runtime = Executor.start(self.arch, self.store,
+                                      Settings(context=c, paging=PagingSettings(device_budget="off")),
+                                      preload_repack=c.repack)
         self.rows: dict[int, dict[int, np.ndarray]] = {}     # the model's sequence -> position -> its hidden row
         self.own: np.ndarray | None = None                     # the block's hidden row of its last pass
         self.runtime.keep_hidden(self.on_own)
@@ -112,10 +113,10 @@ class MtpDrafter(Drafter):
         del self.store
 
 
-def mtp_bytes(model: Model) -> int:
+def mtp_bytes(model: Model, c: ContextSettings) -> int:
     """What an MTP drafter holds: its block's tensors, the model's head when the block has none of its own (the
     token embedding is read from the mapping), and a one-layer memory of ctx_size tokens."""
-    arch, info, c = MtpArch(model.arch), model.tensor_info, model.settings.context
+    arch, info = MtpArch(model.arch), model.tensor_info
     held = sum(int(v[3]) for name, v in info.items() if name.startswith(arch.p))
     if not arch.head_w.startswith(arch.p) and arch.head_w != "token_embd.weight":
         held += int(info[arch.head_w][3])

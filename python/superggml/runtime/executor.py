@@ -16,15 +16,16 @@ import numpy as np
 
 from .. import native
 from ..arch import Architecture
-from ..devices import DEFAULT_DEVICE, devices_for, server_counters
+from ..devices import server_counters
 from ..errors import SuperggmlError
-from ..settings import Settings, check_split, layer_split
+from ..settings import Settings
 from ..telemetry import MemoryFn
-from .graph import LaneRows, Plan, Step, lane_rows, padded_kv
+from .graph import LaneRows, GraphPlan, Step, lane_rows, padded_kv
 from .memory import MAX_LANES, SequenceMemory, attn_rot_size, check_latent_types, hadamard
 from .recurrent import sequence_memory
 from .pagers import WeightPager
-from .planner import MemoryPlan, kv_bytes, off_error
+from .memory_plan import MemoryPlan, kv_bytes, off_error
+from .resolve import Devices, open_devices, resolve, store_bytes
 from .sequences import SequenceState, Sequences
 from .weights import WeightPlacement
 
@@ -72,38 +73,27 @@ class Executor:
     """Runs an architecture layer by layer on one or more backends (a pipeline by blocks), its weights
     resident or paged (placement), its sequences' memory contiguous or paged (memory, sequences)."""
 
-    def __init__(self, arch: Architecture, store: Any, settings: Settings, *, direct_io: bool = False,
-                 memory: MemoryFn | None = None, preload_repack: bool | None = None, reserve: int = 0):
-        """`direct_io` is the paging's read mode, resolved (settings.paging.direct_io may say "auto").
+    def __init__(self, arch: Architecture, store: Any, settings: Settings, devices: Devices,
+                 memory_plan: MemoryPlan | None, *, direct_io: bool = False, memory: MemoryFn | None = None,
+                 preload_repack: bool | None = None):
+        """`settings`, `devices` and `memory_plan` as runtime/resolve.py gives them (Executor.start does it all).
+        `direct_io` is the paging's read mode, resolved (settings.paging.direct_io may say "auto").
         `preload_repack` (True/False: with or without ggml-cpu's re-laid weights) starts the background
         load of resident weights as early as possible; None leaves it to the caller (placement.start_loading).
-        `reserve`: bytes of the device's memory an automatic budget leaves to something else (a draft model).
-        `memory`: the reading the dynamic_layers scheduler follows (default: the device's).
-        `self.settings` are the settings with device_budget and async_prefetch resolved (memory_plan)."""
+        `memory`: the reading the dynamic_layers scheduler follows (default: the device's)."""
         self.arch, self.hp = arch, arch.hp
         arch.set_context(settings.context.ctx_size)
-        ctx = settings.context
-        names, shares = devices_for(settings.devices, store, ctx.threads)
-        self.backends = [native.Backend(d, ctx.threads) for d in names]
-        self.n_split = len(self.backends)              # the devices the blocks are split over
-        self.layer_device = [i for i, k in enumerate(layer_split(self.hp.n_layer, self.n_split, shares))
-                             for _ in range(k)]
-        hosts = [i for i, b in enumerate(self.backends) if b.is_host]
-        if not hosts:      # the embedding rows come from the file mapping: its graph runs on the CPU
-            self.backends.append(native.Backend(DEFAULT_DEVICE, ctx.threads))
-            hosts = [self.n_split]
-        for b in self.backends:
-            b.use_ref = ctx.batch_invariant
-        self.endpoints = {b.endpoint for b in self.backends if b.endpoint}     # the RPC servers it computes on
-        self.embed_dev = hosts[0]
+        self.settings, self.memory_plan, self.devices = settings, memory_plan, devices
+        self.backends = devices.backends
+        self.n_split = devices.n_split                 # the devices the blocks are split over
+        self.layer_device = devices.layer_device
+        self.endpoints = devices.endpoints             # the RPC servers it computes on
+        self.embed_dev = devices.embed_dev
         self.backend = self.backends[0]
         self.store = store                             # the weights (a native.WeightStore)
-        check_split(settings.paging, self.n_split, ", ".join(b.name for b in self.backends[:self.n_split]))
-        self.placement = WeightPlacement(arch, store, settings, self.backends, self.layer_device,
-                                         direct_io=direct_io, reserve=reserve)
-        self.settings = settings = self.placement.settings
-        self.memory_plan: MemoryPlan | None = self.placement.memory_plan
+        self.placement = WeightPlacement(arch, store, settings, devices, memory_plan, direct_io=direct_io)
         self.weights = self.placement.view
+        self.plans: dict[tuple[Any, ...], GraphPlan] = {}     # by micro-batch shape, most recently used last
         if preload_repack is not None and not self.placement.paged:
             try:
                 self.placement.start_loading(preload_repack, self.embed_dev)   # reads overlap everything below
@@ -116,6 +106,13 @@ class Executor:
         except BaseException:
             self.close()       # the loader's threads must stop before the caller unmaps the file
             raise
+
+    @classmethod
+    def start(cls, arch: Architecture, store: Any, settings: Settings, **kw: Any) -> "Executor":
+        """Opens the devices and resolves the settings (runtime/resolve.py), then starts on them."""
+        devices = open_devices(settings, store, arch.hp.n_layer)
+        resolved, plan = resolve(settings, arch.hp, store_bytes(store), devices)
+        return cls(arch, store, resolved, devices, plan, **kw)
 
     def setup(self, memory: MemoryFn | None) -> None:
         """Activations F32 [n_embd, n_batch] and the quantized cache's rotations per device, the sequence memory,
@@ -149,7 +146,6 @@ class Executor:
         self.graphs_per_pass = 0                      # graphs the last pass computed
         self.record_timings = False                   # fill self.timings on every forward pass (metrics)
         self.timings: list[dict[str, Any]] = []
-        self.plans: dict[tuple[Any, ...], Plan] = {}
         self.streams = DeviceStreams(self.backends)    # graphs queued on the devices' streams
         self.head_buffers: tuple[int, list[Any]] | None = None   # rows, the streamed head's [ctx, buffer, in, out]
         self.hidden_buf: Any = None                   # keep_hidden's rows, F32 [n_embd, n_batch]
@@ -163,7 +159,7 @@ class Executor:
         """Stops the background load (before the file's mapping goes away) and drops the plans (they refer
         to this executor)."""
         self.placement.close()
-        self.__dict__.get("plans", {}).clear()
+        self.plans.clear()
 
     # -- what the model reads -------------------------------------------------
     @property
@@ -221,16 +217,16 @@ class Executor:
 
     # -- plans ------------------------------------------------------------------
     def plan(self, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None = None,
-             embed: bool = False, streams: int = 0, chain: bool = False, merge: bool | None = None) -> Plan:
+             embed: bool = False, streams: int = 0, chain: bool = False, merge: bool | None = None) -> GraphPlan:
         """The graphs for micro-batches of this shape, built once and reused (embed: ending at the output norm,
-        not the logits; streams, chain, merge: see Plan; merge None: where nothing acts between blocks)."""
+        not the logits; streams, chain, merge: see GraphPlan; merge None: where nothing acts between blocks)."""
         hidden = self.hidden_buf is not None and not embed
         if merge is None:
             merge = self.merges()
         key = (n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge)
         plan = self.plans.pop(key, None)
         if plan is None:
-            plan = Plan(self, n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge)
+            plan = GraphPlan(self, n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge)
         self.plans[key] = plan            # most recently used last
         if len(self.plans) > PLAN_CACHE:
             while len(self.plans) > PLAN_CACHE:
@@ -297,7 +293,7 @@ class Executor:
                 and self.placement.experts is None)
 
 
-    def compute(self, plan: Plan, n: int, lanes: Sequence[tuple[int, int, int]]) -> Any:
+    def compute(self, plan: GraphPlan, n: int, lanes: Sequence[tuple[int, int, int]]) -> Any:
         """Runs the micro-batch's graphs in order; returns the tensor that holds its logits (if any). lanes:
         (sequence, n_past, tokens) of each sequence in the pass."""
         first: dict[int, int] = {}            # a sequence's first position in the pass, and its rows
@@ -331,7 +327,7 @@ class Executor:
             self.placement.experts.pass_done(n, time.time() - t_pass)
         return plan.logits
 
-    def run_step(self, plan: Plan, step: Step, dev: int, lanes: Sequence[tuple[int, int, int]],
+    def run_step(self, plan: GraphPlan, step: Step, dev: int, lanes: Sequence[tuple[int, int, int]],
                  first: dict[int, int]) -> tuple[int, float]:
         """Runs one graph of a pass once its weights, experts and K/V are in; returns the device the activations
         are on after it and when its computation started."""

@@ -102,7 +102,7 @@ def padded_kv(p0: int, n: int, ctx_size: int) -> int:
     return min(ctx_size, -(-(p0 + n) // KV_PAD) * KV_PAD)
 
 
-class Plan:
+class GraphPlan:
     """Step inputs plus the embedding, block and output graphs for one micro-batch shape."""
 
     def __init__(self, ex: Any, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None,

@@ -27,7 +27,7 @@ import numpy as np
 from .. import native
 from ..settings import KV_QUANTIZED, Settings
 from .pagers import merge_stats
-from .planner import check_available, kv_type
+from .memory_plan import check_available, kv_type
 
 MAX_LANES = 64        # sequences one pass holds at most
 Lane = tuple[int, int, int]       # (sequence, rows valid before the step, rows valid after it)

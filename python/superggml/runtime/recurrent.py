@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import native
 from .memory import MAX_LANES, RECORD_ROWS, ContiguousKV, Lane, SequenceMemory, paged_kv, records
-from .planner import STATE_CHECKPOINTS
+from .memory_plan import STATE_CHECKPOINTS
 
 F32 = native.GGMLType.F32
 CHECKPOINT_EVERY = 256    # tokens fed one pass at a time between two checkpoints at most

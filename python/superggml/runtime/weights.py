@@ -4,21 +4,20 @@ Resident weights are bound to the file mapping and loaded in the background, gro
 computes block i while block i+1 loads); the matmul weights ggml-cpu has re-laid kernels for are copied into that
 layout. Devices that are not host memory get copies of what their blocks read. Paged weights go through one pool
 of slots per device (WeightPager; the first blocks that fit stay pinned), a MoE model's experts through the
-expert cache (ExpertPager), both within the budget the planner gives.
+expert cache (ExpertPager), both within the budget of the memory plan.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Sequence
+from typing import Any
 
 from .. import native
 from ..settings import Settings
 from .pagers import Block, ExpertPager, HeadChunk, Key, NullPager, WeightPager, merge_stats
-from .planner import (SLOT_ALIGN_ROOM, MemoryPlan, check_available, plan_memory, plan_slots, split_moe_budget,
-                      too_small, with_host_tier)
+from .memory_plan import SLOT_ALIGN_ROOM, MemoryPlan, check_available, plan_slots, split_moe_budget, too_small
+from .resolve import Devices
 from .scheduler import LayerScheduler
-from ..telemetry import MemoryFn, device_memory_fn, host_memory
+from ..telemetry import MemoryFn, device_memory_fn
 
 F32 = native.GGMLType.F32
 I32 = native.GGMLType.I32
@@ -68,21 +67,18 @@ class MoEScratch:
 class WeightPlacement:
     """The weights of one model over its devices: resident (start_loading) or paged (pagers, experts)."""
 
-    def __init__(self, arch: Any, store: Any, settings: Settings, backends: Sequence[Any], layer_device: list[int],
-                 *, direct_io: bool, reserve: int):
-        """`backends`: the split's devices first (n_split = the devices blocks run on, layer_device), then
-        the host device for the embedding if none of them is one. Plans the memory (memory_plan) and resolves
-        the settings against it (self.settings)."""
+    def __init__(self, arch: Any, store: Any, settings: Settings, devices: Devices, memory_plan: MemoryPlan | None,
+                 *, direct_io: bool):
+        """`settings` and `memory_plan` as resolve.resolve gives them; `devices` as resolve.open_devices."""
         self.arch, self.hp, self.store = arch, arch.hp, store
-        self.backends = list(backends)
-        self.layer_device = layer_device
-        self.n_split = max(layer_device) + 1
-        self.head_dev = layer_device[-1]
+        self.backends = devices.backends
+        self.layer_device = devices.layer_device
+        self.n_split = devices.n_split
+        self.head_dev = self.layer_device[-1]
         self.direct_io = direct_io
         self.settings = settings
+        self.memory_plan = memory_plan
         self.view = WeightView(store)
-        self.memory_plan = self.plan_memory(reserve)
-        self.settings = settings = self.resolved(settings)
         self.paged = settings.paging.paged(self.hp.n_layer)
         self.loader: Any = None                        # background load of resident weights (start_loading)
         self.pagers: list[WeightPager | NullPager] = [NullPager() for _ in self.backends]   # per device
@@ -109,44 +105,12 @@ class WeightPlacement:
                              "device")
         self.remote = self.plan_copies()
 
-    def plan_memory(self, reserve: int) -> MemoryPlan | None:
-        """device_budget 'auto' or 'off' resolved against the memory the device has free (planner.plan_memory);
-        None for a multi-device split (each device takes a size of its own; auto keeps their blocks resident)."""
-        p = self.settings.paging
-        if self.n_split > 1 or isinstance(p.device_budget, tuple):
-            return None
-        b = self.backends[0]
-        used, total = device_memory_fn(b.device_type, b.device_name)()
-        weights = sum(int(self.store.file_range(n)[1]) for n in self.store.names())
-        c = self.settings.context
-        plan = plan_memory(self.hp, weights, dict(device_budget=p.device_budget, ctx_size=c.ctx_size,
-                                                  n_batch=c.n_batch, cache_type_k=c.cache_type_k,
-                                                  cache_type_v=c.cache_type_v, flash_attn=c.flash_attn),
-                           max(0, total - used), reserve=reserve)
-        if b.is_host or b.endpoint:        # the host is the device (an RPC server holds its own copy)
-            return plan
-        h_used, h_total = host_memory()
-        return with_host_tier(plan, p.host_cache, max(0, h_total - h_used))
-
     def host_tier_bytes(self) -> int:
         """Bytes of host memory for the host tier of the pools (a size given, or the plan's)."""
         hc = self.settings.paging.host_cache
         if isinstance(hc, int):
             return hc
         return self.memory_plan.host_cache if self.memory_plan is not None and hc == "auto" else 0
-
-    def resolved(self, s: Settings) -> Settings:
-        """The settings with the plan's budget (auto: a size when the blocks must stream) and async_prefetch
-        (auto: on when blocks stream)."""
-        p, plan = s.paging, self.memory_plan
-        if plan is not None and plan.mode == "auto" and plan.budget is not None:
-            left = plan.budget - (p.expert_cache or 0)
-            if left <= 0:
-                raise too_small(plan, 0, "the weights' pool" + (" and expert_cache" if p.expert_cache else ""))
-            p = dataclasses.replace(p, device_budget=left)
-        if p.async_prefetch is None:
-            p = dataclasses.replace(p, async_prefetch=p.paged(self.hp.n_layer))
-        return dataclasses.replace(s, paging=p)
 
     def layers_on(self, d: int) -> list[int]:
         """The blocks device d runs, in order."""

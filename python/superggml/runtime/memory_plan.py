@@ -1,4 +1,4 @@
-"""The planner: how much of a model stays resident, from the memory the process can use.
+"""The memory plan: how much of a model stays resident, from the memory the process can use.
 
 ``device_budget="auto"`` (the default) resolves here, once, when a model loads:
 
@@ -15,11 +15,12 @@ line on stderr says it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .. import native
 from ..arch import get_architecture
 from ..arch.common import HParams
+from ..settings import Budget, ContextSettings, HostCache
 from ..telemetry import device_memory_fn, host_memory
 
 MiB = 1 << 20
@@ -116,27 +117,26 @@ def compute_bytes(hp: HParams, n_batch: int, ctx_size: int, flash_attn: bool) ->
     return 4 * n_batch * (6 * hp.n_embd + 3 * n_ff + scores) + 4 * hp.n_vocab
 
 
-def plan_memory(hp: HParams, weights: int, options: Mapping[str, Any], available: int, *,
-         reserve: int = 0) -> MemoryPlan:
-    """The plan for a model whose tensors take `weights` bytes. `options` are the context options (ctx_size,
-    n_batch, cache_type_k, cache_type_v, flash_attn) and device_budget ("auto", "off", or bytes); `available` the memory the
-    device has free for it. ValueError when auto finds no room for even the smallest pool."""
-    requested = options["device_budget"]
-    kv = sequence_bytes(hp, options["ctx_size"], options["cache_type_k"], options["cache_type_v"])
-    compute = compute_bytes(hp, options["n_batch"], options["ctx_size"], options["flash_attn"])
+def plan_memory(hp: HParams, weights: int, c: ContextSettings, device_budget: Budget, available: int, *,
+                reserve: int = 0) -> MemoryPlan:
+    """The plan for a model whose tensors take `weights` bytes, with the context `c` and `device_budget` ("auto",
+    "off", or bytes); `available` the memory the device has free for it. ValueError when auto finds no room for
+    even the smallest pool."""
+    kv = sequence_bytes(hp, c.ctx_size, c.cache_type_k, c.cache_type_v)
+    compute = compute_bytes(hp, c.n_batch, c.ctx_size, c.flash_attn)
     tokenizer = TOKENIZER_BYTES_PER_TOKEN * hp.n_vocab
     headroom = HEADROOM_MIN + int(HEADROOM_SHARE * available)
-    mode = requested if requested in ("auto", "off") else "explicit"
-    p = MemoryPlan(mode=mode, budget=None, available=available, weights=weights, kv=kv, compute=compute,
+    mode = device_budget if device_budget in ("auto", "off") else "explicit"
+    p = MemoryPlan(mode=str(mode), budget=None, available=available, weights=weights, kv=kv, compute=compute,
                    tokenizer=tokenizer, reserve=reserve, headroom=headroom)
     if mode == "off" or (mode == "auto" and p.needed <= available):
         return p
     if mode == "explicit":
-        return MemoryPlan(**{**asdict(p), "budget": int(requested)})
+        return MemoryPlan(**{**asdict(p), "budget": int(device_budget)})    # type: ignore[arg-type]
     return MemoryPlan(**{**asdict(p), "budget": max(0, available - p.beside)})
 
 
-def with_host_tier(p: MemoryPlan, host_cache: int | str, host_available: int) -> MemoryPlan:
+def with_host_tier(p: MemoryPlan, host_cache: HostCache, host_available: int) -> MemoryPlan:
     """The plan of a device that is not host memory with its host tier: host_cache bytes, or ("auto") the
     blocks that stream, within what the host has available less a headroom; none while every weight is
     resident or with "off"."""
@@ -159,29 +159,28 @@ def file_shape(path: str) -> tuple[HParams, int]:
         f.close()
 
 
-def plan_on(path: str, device: str, options: Mapping[str, Any]) -> MemoryPlan:
+def plan_on(path: str, device: str, c: ContextSettings, device_budget: Budget = "auto",
+            host_cache: HostCache = "auto") -> MemoryPlan:
     """The plan a model at `path` gets on a device of this machine (a ggml device name; "" or a CPU: the host)
-    with these options (plan_memory's, and host_cache): what `superggml plan` and `analyze` show."""
+    with the context `c`: what `superggml plan` and `analyze` show."""
     hp, weights = file_shape(path)
     used, total = host_memory()
     host_free = max(0, total - used)
     dev = next((d for d in native.devices() if d["name"] == device), None)
     if dev is None or dev["type"] == "cpu":
-        return plan_memory(hp, weights, options, host_free)
-    p = plan_memory(hp, weights, options, int(dev["memory_free"]))
-    return with_host_tier(p, options.get("host_cache", "auto"), host_free)
+        return plan_memory(hp, weights, c, device_budget, host_free)
+    p = plan_memory(hp, weights, c, device_budget, int(dev["memory_free"]))
+    return with_host_tier(p, host_cache, host_free)
 
 
-def model_bytes(path: str, options: Mapping[str, Any]) -> int:
-    """What a model at `path` holds while it runs with these options (ctx_size, n_batch, cache types, flash_attn,
-    device_budget: a size or None for resident): its weights or its budget, its K/V cache, compute buffers and
-    tokenizer. For a draft model, whose memory its target leaves it."""
+def model_bytes(path: str, c: ContextSettings, budget: int | None) -> int:
+    """What a model at `path` holds while it runs with the context `c` and a budget (None: resident): its weights
+    or its budget, its K/V cache, compute buffers and tokenizer. For a draft model, whose memory its target
+    leaves it."""
     hp, weights = file_shape(path)
-    budget = options.get("device_budget")
     held = weights if budget is None else min(weights, int(budget))
-    return (held + sequence_bytes(hp, options["ctx_size"], options["cache_type_k"], options["cache_type_v"]) +
-            compute_bytes(hp, options["n_batch"], options["ctx_size"], options["flash_attn"]) +
-            TOKENIZER_BYTES_PER_TOKEN * hp.n_vocab)
+    return (held + sequence_bytes(hp, c.ctx_size, c.cache_type_k, c.cache_type_v) +
+            compute_bytes(hp, c.n_batch, c.ctx_size, c.flash_attn) + TOKENIZER_BYTES_PER_TOKEN * hp.n_vocab)
 
 
 def too_small(p: MemoryPlan, smallest: int, what: str) -> ValueError:
@@ -190,7 +189,7 @@ def too_small(p: MemoryPlan, smallest: int, what: str) -> ValueError:
         f"not enough memory for this model: {gib(p.available)} available, and it needs {gib(p.beside)} besides "
         f"its weights (K/V cache {gib(p.kv)} at this ctx_size, compute {gib(p.compute)}, tokenizer and headroom "
         f"{gib(p.tokenizer + p.headroom)}" + (f", draft model {gib(p.reserve)}" if p.reserve else "") +
-        f"), which leaves " + (f"less than the {gib(smallest)} of {what}" if smallest else f"nothing for {what}") +
+        "), which leaves " + (f"less than the {gib(smallest)} of {what}" if smallest else f"nothing for {what}") +
         ": lower ctx_size (-c) or n_batch (-b), quantize the K/V cache (-ctk, -ctv), free memory or raise the memory "
         "limit")
 
