@@ -71,8 +71,11 @@ def test_plan_command(smollm2_path, capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["devices"] and d["devices"][0]["type"] == "cpu"
     assert sum(p["n_layers"] for p in d["placements"]) + len(d["streamed"]) == 30
-    assert cli.main(["plan", "--devices", "9"]) == 1
-    assert "no device with index 9" in capsys.readouterr().err
+    assert cli.main(["plan", "--devices", "GPU9"]) == 1           # devices by name, as everywhere
+    assert "no device GPU9" in capsys.readouterr().err
+    assert cli.main(["plan", "-m", smollm2_path, "--devices", "CPU", "--reserve-mib", "0", "--min-budget-mib", "0",
+                     "--json"]) == 0
+    assert [p["device"] for p in json.loads(capsys.readouterr().out)["placements"]] == ["CPU"]
 
 
 def test_analyze_command(smollm2_path, capsys):

@@ -173,7 +173,9 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     from .settings import parse_size
 
     path = _model_path(a.model)
-    if a.device_budget:
+    if a.device_budget:         # the model option's flag, given once per budget to plan: sizes only
+        if any(b in ("auto", "off") or "," in b for b in a.device_budget):
+            raise ValueError("analyze's --device-budget takes one size per budget to plan")
         budgets = [int(parse_size(b) or 0) for b in a.device_budget]
     else:
         lay = model_layout(path)
@@ -181,18 +183,18 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
         budgets = [int(max(1, int(n_keys * f)) * lay.slot_bytes) for f in (1.0, 0.5, 0.25)] + [lay.slot_bytes]
         if lay.n_expert:            # a MoE block is mostly experts: shares of the file, the expert cache the rest
             budgets = [int(lay.file_bytes * f) for f in (1.0, 0.5, 0.25, 0.1)]
-    direct = {"on": True, "off": False}.get(a.direct_io)
     where: dict[str, Any] = {}
     if a.rpc:           # the blocks compute on the servers' devices (all of them on the first, with --devices)
-        where = dict(rpc=a.rpc.split(","), devices=a.devices.split(",") if a.devices else None)
-        _print_rpc_devices(a.rpc.split(","))
-    res = analyze(path, budgets, n_threads=a.threads or default_threads(), direct_io=direct, progress=not a.json,
+        where = dict(rpc=list(a.rpc), devices=list(a.devices) or None)
+        _print_rpc_devices(a.rpc)
+    threads = a.n_threads or default_threads()
+    res = analyze(path, budgets, n_threads=threads, direct_io=a.direct_io, progress=not a.json,
                   measure=not a.no_measure, hit_rate=a.hit_rate, full=a.full, **where)
     out = res.to_json()
     hashes = None
     if a.hashes:                # content addresses (superggml.hashes): computed once, then from the sidecar index
         from .hashes import content_hashes
-        hashes = content_hashes(path, n_threads=a.threads or default_threads())
+        hashes = content_hashes(path, n_threads=threads)
         out["hashes"] = {"model": hashes.model, "blocks": hashes.blocks, "tensors": hashes.tensors,
                          "experts": hashes.experts}
     if not a.rpc:
@@ -216,9 +218,15 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     from .plan import allocate, format_allocation, visible_devices
 
     if a.rpc:
-        _print_rpc_devices(a.rpc.split(","), quiet=a.json)
+        _print_rpc_devices(a.rpc, quiet=a.json)
     devs = visible_devices()
-    select = [int(x) for x in a.devices.split(",")] if a.devices else None
+    select = None
+    if a.devices:
+        by_name = {d.name: d.index for d in devs}
+        unknown = [n for n in a.devices if n not in by_name]
+        if unknown:
+            raise ValueError(f"no device {', '.join(unknown)}; the devices are {', '.join(by_name)}")
+        select = [by_name[n] for n in a.devices]
     sizes: list[int] = []
     if a.model:
         from .analyze import model_layout
@@ -246,7 +254,7 @@ def _cmd_plan(a: argparse.Namespace) -> int:
         print(f"\n{mplan[0] or 'CPU'}, device_budget auto (ctx 4096, batch 512, F16 K/V):")
         print(mplan[1].line().replace("superggml: ", "  "))
     if a.rpc and a.model:
-        _print_rpc_split(a.rpc.split(","), a.model, len(sizes))
+        _print_rpc_split(a.rpc, a.model, len(sizes))
     return 0
 
 
@@ -279,16 +287,16 @@ def _print_rpc_split(endpoints: Sequence[str], model: str, n_layer: int) -> None
 
 def _print_rpc_devices(endpoints: Sequence[str], *, quiet: bool = False) -> None:
     """Adds the servers' devices (DeviceError names one that cannot be used) and lists them on stderr."""
-    from . import native
+    from .devices import add_rpc_server
 
     for ep in endpoints:
-        for d in native.rpc_add_server(ep.strip()):
+        for d in add_rpc_server(ep):
             if not quiet:
                 print(f"rpc: {d['name']}[{d['endpoint']}] (device {d['index']} of that server)", file=sys.stderr)
 
 
 def _cmd_rpc_server(a: argparse.Namespace) -> int:
-    from . import native
+    from .devices import start_rpc_server
     from .settings import parse_size
 
     host = a.host.strip("[]")
@@ -301,7 +309,7 @@ def _cmd_rpc_server(a: argparse.Namespace) -> int:
     if a.cache:
         os.makedirs(a.cache, exist_ok=True)
     models = _held_models(a.models) if a.models else []
-    native.rpc_server_start(endpoint, a.cache or "", a.threads or default_threads(), mem, models, a.direct)
+    start_rpc_server(endpoint, a.cache or "", a.threads or default_threads(), mem, models, a.direct)
     print(f"superggml rpc-server on {endpoint}: {len(models)} model file(s) held"
           f"{' from ' + a.models if a.models else ''}, cache {a.cache or 'off'}", file=sys.stderr)
     sys.stdout.flush()
@@ -404,19 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     an = sub.add_parser("analyze", help="layer sizes, KV bytes per token and the predicted cost of budgets")
     an.add_argument("-m", "--model", default=_env_default("MODEL", None), help="GGUF file (default: SmolLM2)")
-    an.add_argument("--device-budget", action="append", metavar="SIZE",
-                    help="a budget to plan (repeatable; default: 100%%, 50%%, 25%% of the blocks and 1 slot)")
-    an.add_argument("--direct-io", choices=["auto", "on", "off"], default="auto", help="read mode to predict for")
-    an.add_argument("-t", "--threads", type=int, default=None)
+    add_arguments(an, only=("device_budget", "direct_io", "n_threads", "rpc", "devices"), repeat=("device_budget",))
     an.add_argument("--no-measure", action="store_true", help="sizes and plans only; no bandwidth or compute runs")
     an.add_argument("--full", action="store_true", help="time the whole model streamed, not sampled blocks and "
                     "reads (minutes on a big model)")
     an.add_argument("--hit-rate", type=float, default=None, metavar="H",
                     help="MoE: the expert cache's hit rate to predict for (default: uniform routing's)")
-    an.add_argument("--rpc", default=None, metavar="HOST:PORT,...",
-                    help="ggml RPC servers: the compute is measured on their devices (see --devices)")
-    an.add_argument("--devices", default=None, metavar="DEV,DEV", help="with --rpc: the devices the blocks "
-                    "split over (default: this machine and the servers, by free memory)")
     an.add_argument("--hashes", action="store_true",
                     help="the content hashes of the model and each block (kept in a sidecar index once computed)")
     an.add_argument("--json", action="store_true")
@@ -427,8 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--reserve-mib", type=int, default=1024, help="MiB left free on each device (default 1024)")
     pn.add_argument("--min-budget-mib", type=int, default=1024, help="skip devices with less (default 1024)")
     pn.add_argument("--device-order", choices=["free_desc", "total_desc", "index"], default="free_desc")
-    pn.add_argument("--devices", default=None, help="comma-separated device indices to use (default: all)")
-    pn.add_argument("--rpc", default=None, metavar="HOST:PORT,...", help="ggml RPC servers whose devices to add")
+    add_arguments(pn, only=("devices", "rpc"))
     pn.add_argument("--json", action="store_true")
     pn.set_defaults(func=_cmd_plan)
 

@@ -160,6 +160,19 @@ def devices_for(d: DeviceSettings, store: Any, n_threads: int) -> tuple[list[str
     return names, shares
 
 
+def add_rpc_server(endpoint: str) -> list[dict[str, Any]]:
+    """Adds a ggml RPC server's devices to this process (DeviceError names a server that cannot be used)."""
+    return list(native.rpc_add_server(endpoint.strip()))
+
+
+def start_rpc_server(endpoint: str, cache: str, n_threads: int, mem: int,
+                     models: Sequence[tuple[str, list[tuple[int, int, int]]]], direct: bool) -> None:
+    """Serves this machine's CPU over ggml RPC at `endpoint` from a thread of this process: `cache` a folder for
+    tensors sent by hash ("" none), `mem` the bytes it reports free (0: the host's), `models` files it loads
+    ranges from by content hash, `direct` with O_DIRECT."""
+    native.rpc_server_start(endpoint, cache, n_threads, mem, list(models), direct)
+
+
 def servers_failed(endpoints: set[str]) -> bool:
     """Whether one of these RPC servers has failed (what it held is gone)."""
     if not endpoints:

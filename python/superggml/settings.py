@@ -434,11 +434,15 @@ def cli_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
-    """One flag per option, its default read from SUPERGGML_<NAME> when set; values are parsed by the option."""
+def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None, *,
+                  only: tuple[str, ...] | None = None, repeat: tuple[str, ...] = ()) -> None:
+    """One flag per option (those named in `only`, if given), its default read from SUPERGGML_<NAME> when set;
+    values are parsed by the option. An option in `repeat` may be given several times: a list of values."""
     env = os.environ if env is None else env
     grp = parser.add_argument_group("model options (each also read from SUPERGGML_<NAME>)")
     for _, f in fields():
+        if only is not None and f.name not in only:
+            continue
         md = f.metadata
         names = [cli_flag(f.name)] + [x for x in md["flags"] if x != cli_flag(f.name)]
         names.sort(key=lambda x: (x.startswith("--"), x))        # short flags first
@@ -451,6 +455,8 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         shown = "" if f.default in (None, (), False) else f" (default {md['cli_default'] or f.default})"
         help = f"{md['help']}{shown} [{env_name(f.name)}]"
         kw: dict[str, Any] = dict(dest=f.name, default=default, help=help)
+        if f.name in repeat:
+            kw.update(action="append", default=None)
         if isinstance(f.default, bool) or md["switch"]:
             grp.add_argument(*names, action=argparse.BooleanOptionalAction, **kw)
             continue
