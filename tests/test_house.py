@@ -151,3 +151,70 @@ def test_public_primitives_import_no_runtime_module():
         bad = sorted(m for m in reach(f"superggml.{prim}", set())
                      if m == "superggml" or m.split(".")[1] in RUNTIME)
         assert bad == [], f"superggml.{prim} imports {bad}"
+
+
+def floors() -> list[set[str]]:
+    """The rooms floor by floor, top first, as docs/design.md writes them (its block after "Floors, top first")."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    block = text.split("Floors, top first", 1)[1].split("```", 2)[1]
+    out = []
+    for line in block.splitlines():
+        head, _, rooms = line.partition(":")
+        if head.strip().isdigit():
+            out.append({r.strip().rstrip("/") for r in rooms.split("#")[0].split(",") if r.strip()})
+    return out
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_no_arrow_runs_up_a_floor():
+    """A room imports only rooms on its own floor or below (design.md's floors); every room has a floor."""
+    fl = floors()
+    assert len(fl) >= 5
+    floor = {r: i for i, rooms in enumerate(fl) for r in rooms}
+    graph = import_graph()
+    missing = sorted({room_of(m) for m in graph} - set(floor))
+    assert missing == [], f"rooms with no floor in design.md: {missing}"
+    up = sorted(f"{a} -> {b}" for a, bs in graph.items() for b in bs
+                if floor[room_of(b)] < floor[room_of(a)])
+    assert up == [], "\n".join(up)
+
+
+def test_the_floor_check_finds_an_arrow_up():
+    fl = floors()
+    low, high = sorted(fl[-1])[0], sorted(fl[0])[0]
+    assert {i for i, rooms in enumerate(fl) if low in rooms} != {i for i, rooms in enumerate(fl) if high in rooms}
+
+
+def is_replace(f: ast.expr) -> bool:
+    return ((isinstance(f, ast.Name) and f.id == "replace") or
+            (isinstance(f, ast.Attribute) and f.attr == "replace" and getattr(f.value, "id", "") == "dataclasses"))
+
+
+def replaced(path: Path) -> list[str]:
+    """dataclasses.replace calls in a file whose object is not hyperparameters (hp, self.hp)."""
+    return [f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)[:80]}"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and is_replace(node.func) and node.args
+            and ast.unparse(node.args[0]) not in ("hp", "self.hp")]
+
+
+def test_settings_are_not_rewritten_after_resolve():
+    """Settings are built in settings.py and settled once in runtime/resolve.py: nothing else replaces a field,
+    and an object keeps the settings it is given (an attribute `settings` is assigned a plain name)."""
+    once = {PKG / "settings.py", PKG / "runtime" / "resolve.py"}
+    found = [r for p in sorted(PKG.rglob("*.py")) if p not in once for r in replaced(p)]
+    for p in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            for t in targets:
+                pairs = zip(t.elts, node.value.elts) if isinstance(t, ast.Tuple) and isinstance(
+                    node.value, ast.Tuple) else [(t, node.value)]
+                for tt, v in pairs:
+                    if isinstance(tt, ast.Attribute) and tt.attr == "settings" and not isinstance(v, ast.Name):
+                        found.append(f"{p.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert found == [], "\n".join(found)

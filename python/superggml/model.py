@@ -137,7 +137,7 @@ class Model(Completions, Embeddings, Constraints):
             self.file.close()
             raise
         self.closed = False
-        self.report()
+        report(self)
         ms = self.settings.metrics
         if ms.enabled:
             self.metrics = Metrics(self, MetricsWriter(ms.metrics_file, pretty=ms.metrics_pretty),
@@ -160,11 +160,10 @@ class Model(Completions, Embeddings, Constraints):
         self.file.drop_header()     # read into metadata: the C++ copy of the vocabulary (~17 MiB) goes
         self.store = native.WeightStore(self.file)
         devices = open_devices(s, self.store, self.hparams.n_layer)
-        resolved = resolve(s, self.hparams, store_bytes(self.store), devices, reserve=drafting.draft_bytes(self, s))
-        self.settings: Settings = resolved[0]             # device_budget and async_prefetch resolved, once
-        self.memory_plan: MemoryPlan | None = resolved[1]
+        s, plan = resolve(s, self.hparams, store_bytes(self.store), devices, reserve=drafting.draft_bytes(self, s))
+        self.settings = s                    # device_budget and async_prefetch resolved, once
+        self.memory_plan: MemoryPlan | None = plan
         self.start_runtime(devices)
-        s = self.settings
         self.repacked_bytes = self.runtime.repacked_bytes
         self.tokenizer = Tokenizer.from_metadata(self.metadata)
         for key in VOCAB_KEYS:          # held by the tokenizer now; tens of MB as lists
@@ -203,21 +202,6 @@ class Model(Completions, Embeddings, Constraints):
         self.start_runtime(open_devices(self.settings, self.store, self.hparams.n_layer))
         if self.metrics is not None:
             self.runtime.record_timings = True
-
-    def report(self) -> None:
-        """The budget's line on stderr (an automatic budget that streams, or verbose), and verbose's summary."""
-        plan, c = self.memory_plan, self.settings.context
-        if plan is not None and (c.verbose or (plan.mode == "auto" and not plan.resident)):
-            st = self.runtime.stats()
-            pinned = (f", {min(st['layers_pinned'], self.hparams.n_layer)} of {self.hparams.n_layer} blocks pinned"
-                      if "layers_pinned" in st else "")
-            print(plan.line(pinned), file=sys.stderr)
-        if c.verbose:
-            hp = self.hparams
-            print(f"superggml: {self.path}: {hp.arch}, {hp.n_layer} blocks, n_embd {hp.n_embd}, "
-                  f"vocab {hp.n_vocab}; ctx {c.ctx_size}, {self.n_threads} threads, "
-                  f"{self.repacked_bytes / 2**20:.0f} MiB re-laid, KV {self.runtime.kv_bytes / 2**20:.0f} MiB",
-                  file=sys.stderr)
 
     # -- lifecycle ---------------------------------------------------------
     def close(self) -> None:
@@ -460,3 +444,19 @@ class Model(Completions, Embeddings, Constraints):
 Model.__init__.__signature__ = signature(  # type: ignore[attr-defined]
     inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="str | os.PathLike[str]"))
 Model.__doc__ = (Model.__doc__ or "").replace("{options}", options_doc())
+
+
+def report(model: Model) -> None:
+    """The budget's line on stderr (an automatic budget that streams, or verbose), and verbose's summary."""
+    plan, c = model.memory_plan, model.settings.context
+    if plan is not None and (c.verbose or (plan.mode == "auto" and not plan.resident)):
+        st = model.runtime.stats()
+        pinned = (f", {min(st['layers_pinned'], model.hparams.n_layer)} of {model.hparams.n_layer} blocks pinned"
+                  if "layers_pinned" in st else "")
+        print(plan.line(pinned), file=sys.stderr)
+    if c.verbose:
+        hp = model.hparams
+        print(f"superggml: {model.path}: {hp.arch}, {hp.n_layer} blocks, n_embd {hp.n_embd}, "
+              f"vocab {hp.n_vocab}; ctx {c.ctx_size}, {model.n_threads} threads, "
+              f"{model.repacked_bytes / 2**20:.0f} MiB re-laid, KV {model.runtime.kv_bytes / 2**20:.0f} MiB",
+              file=sys.stderr)
