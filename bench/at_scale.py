@@ -142,92 +142,10 @@ def model_path(p: dict, cache_dir: str) -> str:
     return path
 
 
-# ------------------------------------------------------------------------------------------------ the children
-
-SUPERGGML = r"""
-import json, resource, sys, time
-import numpy as np
-from superggml import Model
-req = json.loads(open(sys.argv[1]).read())
-toks = req["tokens"]
-kw = {} if req["budget"] is None else dict(device_budget=req["budget"])
-t = time.perf_counter()
-with Model(req["model"], **kw) as m:
-    t_load = time.perf_counter() - t
-    first = m.eval(toks[:req["prompt"]])[-1].copy()
-    s0 = m.stats()
-    t = time.perf_counter()
-    for tok in toks[req["prompt"]:]:
-        last = m.eval([tok])[-1]
-    dt = time.perf_counter() - t
-    last = last.copy()
-    s = m.stats()
-    decode = {k: s[k] - s0[k] for k in ("bytes_loaded", "wait_seconds", "read_seconds") if k in s}
-np.save(req["out"], np.stack([first, last]))
-print(json.dumps(dict(decode_s=dt, load_s=t_load, ctx_size=m.settings.context.ctx_size,
-                      maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                      budget=s.get("budget"), layers_pinned=s.get("layers_pinned"), n_slots=s.get("n_slots"),
-                      slot_size=s.get("slot_size"), expert_hits=s.get("expert_hits"),
-                      expert_misses=s.get("expert_misses"), decode=decode)))
-"""
-
-LLAMA = r"""
-import json, resource, sys, time
-import numpy as np
-import llama_cpp
-import llama_cpp.llama_cpp as lib     # what llama_cpp.Llama calls
-req = json.loads(open(sys.argv[1]).read())
-default = lib.llama_model_default_params
-def no_repack():                      # llama.cpp's --no-repack: the weights stay in the mapping
-    p = default()
-    p.use_extra_bufts = False
-    return p
-lib.llama_model_default_params = no_repack
-toks = req["tokens"]
-n = req["prompt"]
-t = time.perf_counter()
-llm = llama_cpp.Llama(model_path=req["model"], verbose=False, n_threads=2, n_threads_batch=2, n_ctx=req["ctx"],
-                      n_batch=n, n_ubatch=n, use_mmap=True)
-logits = lambda: np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float32)
-t_load = time.perf_counter() - t
-llm.eval(toks[:n])
-first = logits()
-t = time.perf_counter()
-for tok in toks[n:]:
-    llm.eval([tok])
-dt = time.perf_counter() - t
-last = logits()
-np.save(req["out"], np.stack([first, last]))
-print(json.dumps(dict(decode_s=dt, load_s=t_load, maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
-"""
-
-
-def run_child(code: str, req: dict, path: str, limit: int, timeout: float, workdir: str) -> dict:
-    """One run in a child memory cgroup, the file's pages dropped first: its JSON line and logits, or
-    {"error": ...} (-9: OOM-killed)."""
-    sys.path.insert(0, TESTS)
-    import memcg
-
-    req = dict(req, model=path, out=os.path.join(workdir, req["who"] + ".npy"))
-    with open(os.path.join(workdir, req["who"] + ".json"), "w") as f:
-        json.dump(req, f)
-    memcg.drop_page_cache(path)
-    t = time.perf_counter()
-    try:
-        r = memcg.run_limited([sys.executable, "-c", code, f.name], limit, timeout=timeout)
-    except Exception as e:    # subprocess.TimeoutExpired, no cgroup
-        return {"error": f"{type(e).__name__}: {e}"}
-    if r.returncode != 0:
-        return {"error": f"exit {r.returncode}" + (" (OOM-killed)" if r.returncode == -9 else "") +
-                f": {r.stderr[-1500:]}"}
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    out["wall_s"] = time.perf_counter() - t
-    out["logits"] = np.load(req["out"])
-    out["stderr"] = [ln for ln in r.stderr.splitlines() if ln.startswith("superggml:")]
-    return out
-
-
 def bench_model(name: str, p: dict, a: argparse.Namespace) -> list[dict]:
+    import limited_run
+    from limited_run import SUPERGGML
+
     from superggml.settings import parse_size
 
     path = model_path(p, a.cache_dir)
@@ -238,17 +156,19 @@ def bench_model(name: str, p: dict, a: argparse.Namespace) -> list[dict]:
     toks = [int(x) for x in rng.integers(100, 40000, PROMPT + a.tokens)]
     print(f"{name}: {p['arch']} {os.path.basename(path)} {size / GiB:.2f} GiB; cgroup limit {limit / GiB:.2f} GiB; "
           f"prompt {PROMPT}, {a.tokens} decoded tokens", flush=True)
-    runs = [("superggml auto", SUPERGGML, dict(budget=None))]
-    runs += [(f"superggml {b / GiB:g} GiB", SUPERGGML, dict(budget=b)) for b in budgets]
+    report = dict(diff=("bytes_loaded", "wait_seconds", "read_seconds"),
+                  report=("budget", "layers_pinned", "n_slots", "slot_size", "expert_hits", "expert_misses"))
+    runs = [("superggml auto", SUPERGGML, dict(report, options={}))]
+    runs += [(f"superggml {b / GiB:g} GiB", SUPERGGML, dict(report, options=dict(device_budget=b))) for b in budgets]
     if not a.no_llama:
-        runs.append(("llama.cpp mmap", LLAMA, dict(ctx=a.ctx)))
+        runs.append(("llama.cpp mmap", limited_run.LLAMA, dict(n_ctx=a.ctx, n_threads=2)))
     # the superggml runs repeated in turn (--repeat), so that the disk's swings fall on every budget alike
-    order = [r for _ in range(a.repeat) for r in runs if r[1] is SUPERGGML] + [r for r in runs if r[1] is LLAMA]
+    order = [r for _ in range(a.repeat) for r in runs if r[1] is SUPERGGML] + [r for r in runs if r[1] is not SUPERGGML]
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for who, code, extra in order:
             req = dict(extra, who=who.replace(" ", "_"), tokens=toks, prompt=PROMPT)
-            r = run_child(code, req, path, limit, a.timeout, work)
+            r = limited_run.run(code, req, path, limit, a.timeout, work, req["who"])
             row = dict(model=name, who=who, limit=limit, model_bytes=size, tokens=a.tokens)
             if "error" in r:
                 row["error"] = r["error"]

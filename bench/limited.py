@@ -20,6 +20,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
+import llama_ref  # noqa: E402
 import memcg  # noqa: E402
 
 from superggml import models  # noqa: E402
@@ -38,16 +39,7 @@ for _ in range(n):
 print(n / (time.perf_counter() - t))
 """
 
-LLAMA = r"""
-import sys, time, numpy as np, llama_cpp
-m = llama_cpp.Llama(sys.argv[1], n_ctx=256, n_threads=2, n_threads_batch=2, verbose=False)
-m.eval(m.tokenize(b"def quicksort(xs):\n    "))
-tok = int(np.argmax(m.scores[m.n_tokens - 1])); n = int(sys.argv[3])
-t = time.perf_counter()
-for _ in range(n):
-    m.eval([tok]); tok = int(np.argmax(m.scores[m.n_tokens - 1]))
-print(n / (time.perf_counter() - t))
-"""
+PROMPT = "def quicksort(xs):\n    "         # OURS's
 
 
 def run(code: str, path: str, budget: str, n: int, limit: int, io: str = "") -> str:
@@ -56,6 +48,17 @@ def run(code: str, path: str, budget: str, n: int, limit: int, io: str = "") -> 
     if r.returncode != 0:
         return f"exit {r.returncode}" + (" (OOM-killed)" if r.returncode == -9 else "")
     return f"{float(r.stdout.split()[-1]):.2f} tok/s"
+
+
+def run_llama(path: str, n: int, limit: int) -> str:
+    """llama.cpp's default (mmap, CPU repack) in tests/llama_ref.py's child (its "bench" request): the prompt,
+    then n greedy tokens timed."""
+    req = {"kind": "bench", "model": path, "prompt": PROMPT, "n_decode": n, "n_ctx": 256, "n_threads": 2}
+    try:
+        r = llama_ref.run(req, timeout=3600, which="pip", limit=limit)
+    except llama_ref.ChildFailed as e:
+        return e.exit
+    return f"{n / float(r['decode_s'][0]):.2f} tok/s"
 
 
 def main() -> int:
@@ -70,7 +73,7 @@ def main() -> int:
     for io in ("buffered", "direct"):
         print(f"  superggml (device_budget {a.budget}, async prefetch, {io:>8} reads): "
               f"{run(OURS, path, a.budget, a.tokens, limit, io)}", flush=True)
-    print(f"  llama.cpp (default: mmap + CPU repack): {run(LLAMA, path, a.budget, a.tokens, limit)}")
+    print(f"  llama.cpp (default: mmap + CPU repack): {run_llama(path, a.tokens, limit)}")
     return 0
 
 

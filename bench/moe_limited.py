@@ -272,93 +272,11 @@ def stream(n: int, locality: float, seed: int) -> list[int]:
     return out
 
 
-# ------------------------------------------------------------------------------------------------ the children
-
-SUPERGGML = r"""
-import json, resource, sys, time
-import numpy as np
-from superggml import Model
-req = json.loads(open(sys.argv[1]).read())
-toks = req["tokens"]
-kw = dict(ctx_size=256, n_batch=req["prompt"], device_budget=req["budget"], async_prefetch=True,
-          direct_io=req["direct_io"], expert_lookahead=req["lookahead"])
-if req["threads"]:
-    kw["n_threads"] = req["threads"]
-t = time.perf_counter()
-with Model(req["model"], **kw) as m:
-    t_load = time.perf_counter() - t
-    first = m.eval(toks[:req["prompt"]])[-1].copy()
-    s0 = m.stats()
-    t = time.perf_counter()
-    for tok in toks[req["prompt"]:]:
-        last = m.eval([tok])[-1]
-    dt = time.perf_counter() - t
-    s1 = m.stats()
-    last = last.copy()
-np.save(req["out"], np.stack([first, last]))
-d = {k: s1[k] - s0[k] for k in ("expert_hits", "expert_misses", "expert_bytes_loaded")}
-print(json.dumps(dict(decode_s=dt, load_s=t_load, maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                      precision=s1.get("expert_lookahead_precision"), recall=s1.get("expert_lookahead_recall"),
-                      lookahead=s1.get("expert_lookahead"), trial_ms_on=s1.get("expert_lookahead_trial_ms_on"),
-                      trial_ms_off=s1.get("expert_lookahead_trial_ms_off"),
-                      expert_slots=s1.get("expert_slots"), expert_slot_size=s1.get("expert_slot_size"),
-                      layers_pinned=s1.get("layers_pinned"), n_slots=s1.get("n_slots"), slot_size=s1.get("slot_size"),
-                      **d)))
-"""
-
-LLAMA = r"""
-import json, resource, sys, time
-import numpy as np
-import llama_cpp
-import llama_cpp.llama_cpp as lib     # what llama_cpp.Llama calls
-req = json.loads(open(sys.argv[1]).read())
-default = lib.llama_model_default_params
-def no_repack():                      # llama.cpp's --no-repack: the weights stay in the mapping
-    p = default()
-    p.use_extra_bufts = False
-    return p
-lib.llama_model_default_params = no_repack
-toks = req["tokens"]
-n = req["prompt"]
-t = time.perf_counter()
-llm = llama_cpp.Llama(model_path=req["model"], verbose=False, n_threads=req["threads"],
-                      n_threads_batch=req["threads"], n_ctx=256, n_batch=n, n_ubatch=n, use_mmap=True)
-# llm.scores stays zero without logits_all (llama-cpp-python 0.3.x): the last token's logits from the context
-logits = lambda: np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float32)
-t_load = time.perf_counter() - t
-llm.eval(toks[:n])
-first = logits()
-t = time.perf_counter()
-for tok in toks[n:]:
-    llm.eval([tok])
-dt = time.perf_counter() - t
-last = logits()
-np.save(req["out"], np.stack([first, last]))
-print(json.dumps(dict(decode_s=dt, load_s=t_load, maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
-"""
-
-
-def run_child(code: str, req: dict, path: str, limit: int, timeout: float, workdir: str) -> dict:
-    """One run in a child memory cgroup, the file's pages dropped first. Returns its JSON line, or
-    {"error": ...} (-9: OOM-killed)."""
-    sys.path.insert(0, TESTS)
-    import memcg
-
-    name = f"{req['who']}-{req['locality']}"
-    req = dict(req, model=path, out=os.path.join(workdir, name + ".npy"))
-    with open(os.path.join(workdir, name + ".json"), "w") as f:
-        json.dump(req, f)
-    memcg.drop_page_cache(path)
-    try:
-        r = memcg.run_limited([sys.executable, "-c", code, f.name], limit, timeout=timeout)
-    except Exception as e:    # subprocess.TimeoutExpired, no cgroup
-        return {"error": f"{type(e).__name__}: {e}"}
-    if r.returncode != 0:
-        return {"error": f"exit {r.returncode}" + (" (OOM-killed)" if r.returncode == -9 else "") +
-                f": {r.stderr[-1500:]}"}
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    out["logits"] = np.load(req["out"])
-    return out
+# superggml's child (bench/limited_run.py's): the decode's change of these stats, and these after it
+SG_DIFF = ("expert_hits", "expert_misses", "expert_bytes_loaded")
+SG_REPORT = ("expert_lookahead_precision", "expert_lookahead_recall", "expert_lookahead",
+             "expert_lookahead_trial_ms_on", "expert_lookahead_trial_ms_off", "expert_slots", "expert_slot_size",
+             "layers_pinned", "n_slots", "slot_size")
 
 
 def sequence_memory(path: str) -> dict[int, tuple[int, int]]:
@@ -409,6 +327,7 @@ def main() -> int:
     import tempfile
 
     import gguf
+    import limited_run
 
     from superggml.settings import parse_size
 
@@ -439,14 +358,18 @@ def main() -> int:
             base = dict(tokens=toks, prompt=PROMPT, locality=loc)
             runs = []
             if loc in llama_at:
-                runs.append(("llama.cpp", LLAMA, dict(base, who="llama", threads=2)))
+                runs.append(("llama.cpp", limited_run.LLAMA, dict(base, who="llama", n_threads=2, n_ctx=256)))
             for mode in a.lookahead.split(","):
                 who = "superggml" if mode == "auto" else f"sg-look-{mode}"
-                runs.append((who, SUPERGGML, dict(base, who=who, budget=budget, direct_io=direct, threads=a.threads,
-                                                  lookahead={"auto": None, "on": True, "off": False}[mode])))
+                options = dict(ctx_size=256, n_batch=PROMPT, device_budget=budget, async_prefetch=True,
+                               direct_io=direct, expert_lookahead={"auto": None, "on": True, "off": False}[mode])
+                if a.threads:
+                    options["n_threads"] = a.threads
+                runs.append((who, limited_run.SUPERGGML, dict(base, who=who, options=options, diff=SG_DIFF,
+                                                              report=SG_REPORT)))
             got = {}
             for who, code, req in runs:
-                r = run_child(code, req, path, limit, a.timeout, work)
+                r = limited_run.run(code, req, path, limit, a.timeout, work, f"{req['who']}-{req['locality']}")
                 got[who] = r
                 row = dict(who=who, locality=loc, limit=limit, model_bytes=size, tokens=a.tokens,
                            repeats=sum(x == y for x, y in zip(toks[PROMPT:], toks[PROMPT - 1:])))
@@ -457,12 +380,15 @@ def main() -> int:
                                maxrss=r["maxrss"], argmax=[int(x) for x in r["logits"].argmax(-1)],
                                finite=bool(np.isfinite(r["logits"]).all()))
                     if who != "llama.cpp":
-                        hits, misses = r["expert_hits"], r["expert_misses"]
-                        read = r["expert_bytes_loaded"] / a.tokens
+                        d = r["decode"]
+                        hits, misses = d["expert_hits"], d["expert_misses"]
+                        read = d["expert_bytes_loaded"] / a.tokens
                         row.update(budget=budget, direct_io=a.direct_io, hit_rate=hits / max(hits + misses, 1),
                                    bytes_per_token=read, floor_bytes_per_token=floor, read_vs_floor=read / floor,
-                                   precision=r["precision"], recall=r["recall"], lookahead=r["lookahead"],
-                                   trial_ms_on=r["trial_ms_on"], trial_ms_off=r["trial_ms_off"],
+                                   precision=r["expert_lookahead_precision"],
+                                   recall=r["expert_lookahead_recall"], lookahead=r["expert_lookahead"],
+                                   trial_ms_on=r["expert_lookahead_trial_ms_on"],
+                                   trial_ms_off=r["expert_lookahead_trial_ms_off"],
                                    expert_slots=r["expert_slots"],
                                    expert_cache_bytes=r["expert_slots"] * r["expert_slot_size"],
                                    layers_pinned=r["layers_pinned"], dense_bytes=r["n_slots"] * r["slot_size"])

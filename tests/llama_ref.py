@@ -75,21 +75,29 @@ def reference(which: str | None = None) -> tuple[str, dict[str, str]]:
     return "pip", {}
 
 
+def no_repack() -> None:
+    """llama.cpp's --no-repack in this process: the weights stay in the mapping (llama_cpp.Llama's model
+    parameters with use_extra_bufts off), as superggml's streamed layout and its repack=False."""
+    import llama_cpp.llama_cpp as lib   # the module llama_cpp.Llama calls
+
+    default = lib.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    lib.llama_model_default_params = params
+
+
 def _serve(req: dict[str, Any]) -> dict[str, Any]:
     import llama_cpp
 
-    if req.get("repack") is False:  # llama.cpp's --no-repack: weights stay in the mapping
-        import llama_cpp.llama_cpp as lib   # the module llama_cpp.Llama calls
-
-        default = lib.llama_model_default_params
-
-        def no_repack():
-            p = default()
-            p.use_extra_bufts = False
-            return p
-
-        lib.llama_model_default_params = no_repack
+    if req.get("repack") is False:
+        no_repack()
     kind = req["kind"]
+    if kind == "decode":
+        return _decode(req)
     if kind == "sysinfo":
         return {"sysinfo": np.array(llama_cpp.llama_print_system_info().decode())}
     if kind == "libs":      # which llama_cpp, and the libllama and ggml libraries this process mapped
@@ -178,7 +186,7 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
         return _mtp(req, kw)
     if kind == "bench":
         llm = llama_cpp.Llama(**kw)
-        toks = req["prompt_tokens"]
+        toks = req["prompt_tokens"] if "prompt_tokens" in req else llm.tokenize(req["prompt"].encode())
         res = {}
         for rep in range(req.get("repeats", 1)):
             llm.reset()
@@ -194,6 +202,33 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
             res.setdefault("decode_s", []).append(t2 - t1)
         return {k: np.asarray(v) for k, v in res.items()}
     raise ValueError(f"unknown request kind {kind!r}")
+
+
+def _decode(req: dict[str, Any]) -> dict[str, Any]:
+    """A prompt of req["prompt"] tokens in one batch, then the rest of req["tokens"] one by one, teacher-forced
+    (mmap; n_batch = the prompt): the logits of the prompt's last token and of the last one, the decode's
+    seconds, the load's, and the peak RSS (bytes)."""
+    import resource
+
+    import llama_cpp
+
+    toks, n = req["tokens"], req["prompt"]
+    t = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=req["model"], verbose=False, n_threads=req["n_threads"],
+                          n_threads_batch=req["n_threads"], n_ctx=req["n_ctx"], n_batch=n, n_ubatch=n, use_mmap=True)
+    # llm.scores stays zero without logits_all (llama-cpp-python 0.3.x): the last token's logits from the context
+    logits = lambda: np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx),  # noqa: E731
+                                           shape=(llm.n_vocab(),)).astype(np.float32)
+    t_load = time.perf_counter() - t
+    llm.eval(toks[:n])
+    first = logits()
+    t = time.perf_counter()
+    for tok in toks[n:]:
+        llm.eval([tok])
+    dt = time.perf_counter() - t
+    last = logits()
+    return {"logits": np.stack([first, last]), "decode_s": np.array(dt), "load_s": np.array(t_load),
+            "maxrss": np.array(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}
 
 
 def _mtp(req: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
@@ -261,19 +296,41 @@ def cpu_features() -> dict[str, int]:
     return out
 
 
-def run(request: dict[str, Any], timeout: float = 1800, which: str | None = None) -> dict[str, Any]:
-    """Runs one request in a child process and returns its arrays; `which` as for `reference`."""
+class ChildFailed(RuntimeError):
+    """The reference's child exited with `returncode` (-9: killed, as a memory cgroup's limit kills)."""
+
+    def __init__(self, name: str, returncode: int, stderr: str):
+        self.returncode, self.stderr = returncode, stderr
+        super().__init__(f"llama.cpp reference ({name}) failed: {self.exit}:\n{stderr[-4000:]}")
+
+    @property
+    def exit(self) -> str:
+        return f"exit {self.returncode}" + (" (OOM-killed)" if self.returncode == -9 else "")
+
+
+def run(request: dict[str, Any], timeout: float = 1800, which: str | None = None,
+        limit: int | None = None) -> dict[str, Any]:
+    """Runs one request in a child process and returns its arrays; `which` as for `reference`. With `limit`
+    (bytes), the child runs in a new memory cgroup of that size (tests/memcg.py), request["model"]'s pages dropped
+    from the page cache first. A failed child raises ChildFailed (a RuntimeError)."""
     name, changes = reference(which)
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out.npz")
         env = dict(os.environ)
         env.pop("LLAMA_CPP_LIB_PATH", None)
         env.update(changes)
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), out],
-                              input=json.dumps(request), text=True, capture_output=True,
-                              timeout=timeout, env=env)
+        argv = [sys.executable, os.path.abspath(__file__), out]
+        kw: dict[str, Any] = dict(input=json.dumps(request), text=True, capture_output=True, timeout=timeout, env=env)
+        if limit:
+            import memcg
+
+            memcg.drop_page_cache(request["model"])
+            with memcg.limited(limit) as enter:
+                proc = subprocess.run(argv, preexec_fn=enter, **kw)
+        else:
+            proc = subprocess.run(argv, **kw)
         if proc.returncode != 0:
-            raise RuntimeError(f"llama.cpp reference ({name}) failed:\n{proc.stderr[-4000:]}")
+            raise ChildFailed(name, proc.returncode, proc.stderr)
         with np.load(out, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
 
