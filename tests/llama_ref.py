@@ -193,15 +193,23 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
             t0 = time.perf_counter()
             llm.eval(toks)
             t1 = time.perf_counter()
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            tok = int(np.argmax(last_logits(llm)))
             for _ in range(req["n_decode"]):
                 llm.eval([tok])
-                tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+                tok = int(np.argmax(last_logits(llm)))
             t2 = time.perf_counter()
             res.setdefault("prefill_s", []).append(t1 - t0)
             res.setdefault("decode_s", []).append(t2 - t1)
         return {k: np.asarray(v) for k, v in res.items()}
     raise ValueError(f"unknown request kind {kind!r}")
+
+
+def last_logits(llm: Any) -> np.ndarray:
+    """The logits of the last token evaluated: llm.scores stays zero without logits_all (llama-cpp-python 0.3.x),
+    so they come from the context."""
+    import llama_cpp
+
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx), shape=(llm.n_vocab(),)).astype(np.float32)
 
 
 def _decode(req: dict[str, Any]) -> dict[str, Any]:
@@ -216,9 +224,7 @@ def _decode(req: dict[str, Any]) -> dict[str, Any]:
     t = time.perf_counter()
     llm = llama_cpp.Llama(model_path=req["model"], verbose=False, n_threads=req["n_threads"],
                           n_threads_batch=req["n_threads"], n_ctx=req["n_ctx"], n_batch=n, n_ubatch=n, use_mmap=True)
-    # llm.scores stays zero without logits_all (llama-cpp-python 0.3.x): the last token's logits from the context
-    logits = lambda: np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx),  # noqa: E731
-                                           shape=(llm.n_vocab(),)).astype(np.float32)
+    logits = lambda: last_logits(llm)  # noqa: E731
     t_load = time.perf_counter() - t
     llm.eval(toks[:n])
     first = logits()
