@@ -12,7 +12,7 @@ MAX_CLASS = 400
 MAX_FUNCTION = 60
 TABLES = {("cli.py", "add_arguments"), ("cli.py", "build_parser")}   # argument tables: one line per option
 PRIMITIVES = ("paging", "gguf")                                      # the public paging API
-RUNTIME = ("runtime", "generation", "api", "model", "arch", "server", "cli")
+RUNTIME = ("runtime", "generation", "api", "model", "arch", "serve", "server", "cli")
 
 
 def module_name(path: Path) -> str:
@@ -151,3 +151,13 @@ def test_public_primitives_import_no_runtime_module():
         bad = sorted(m for m in reach(f"superggml.{prim}", set())
                      if m == "superggml" or m.split(".")[1] in RUNTIME)
         assert bad == [], f"superggml.{prim} imports {bad}"
+
+
+def test_rooms_import_downward():
+    """serve/ sits on api/ (the OpenAI shapes), which sits on generation/; no arrow runs back up."""
+    above = {"generation": ("api", "serve"), "api": ("serve",)}
+    graph = import_graph()
+    bad = sorted(f"{m} -> {w}" for m, ws in graph.items() for w in ws
+                 if m.count(".") >= 1 and w.count(".") >= 1
+                 and w.split(".")[1] in above.get(m.split(".")[1], ()))
+    assert bad == [], "\n".join(bad)
