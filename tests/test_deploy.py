@@ -11,8 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import synth_gguf
 from superggml import Model, cli
-from superggml.api.keys import allows, check_bind, is_loopback, load_keys
-from superggml.server import serve
+from superggml.serve import serve
+from superggml.serve.keys import allows, check_bind, is_loopback, load_keys
 from test_server import Server
 
 KEYS = ["first-key", "second-key"]

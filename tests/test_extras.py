@@ -42,7 +42,7 @@ def test_plot_without_plot_extra(tmp_path):
 def test_library_import_names_the_extra():
     code = ("import sys; sys.modules['fastapi'] = None\n"
             "from superggml import MissingExtra\n"
-            "try:\n    import superggml.server\nexcept MissingExtra as e:\n"
+            "try:\n    import superggml.serve\nexcept MissingExtra as e:\n"
             "    assert isinstance(e, ImportError); print(e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -12,7 +12,7 @@ MAX_CLASS = 400
 MAX_FUNCTION = 60
 TABLES = {("cli.py", "add_arguments"), ("cli.py", "build_parser")}   # argument tables: one line per option
 PRIMITIVES = ("paging", "gguf")                                      # the public paging API
-RUNTIME = ("runtime", "generation", "api", "model", "arch", "server", "cli")
+RUNTIME = ("runtime", "generation", "api", "model", "arch", "serve", "server", "cli")
 
 
 def module_name(path: Path) -> str:

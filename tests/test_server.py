@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 
 from superggml import Model
-from superggml.server import create_app
+from superggml.serve import create_app
 
 PROMPT = "The capital of France is"
 
@@ -366,3 +366,13 @@ def test_echo_prompt_list_and_stream(server):
                 ch = json.loads(line[6:])["choices"][0]
                 texts[ch["index"]] += ch["text"]
     assert texts == whole
+
+
+def test_the_old_module_path_warns_and_re_exports():
+    import importlib
+    import sys
+
+    sys.modules.pop("superggml.server", None)
+    with pytest.warns(DeprecationWarning, match="superggml.serve"):
+        old = importlib.import_module("superggml.server")
+    assert old.create_app is create_app

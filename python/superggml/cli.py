@@ -112,9 +112,9 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 
 
 def _cmd_serve(a: argparse.Namespace) -> int:
-    from .api.keys import check_bind, load_keys
     from .model import Model
-    from .server import serve
+    from .serve import serve
+    from .serve.keys import check_bind, load_keys
 
     keys = load_keys(a.api_key or (), a.api_key_file)
     check_bind(a.host, keys, a.insecure)            # before the model loads

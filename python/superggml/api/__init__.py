@@ -1,1 +1,2 @@
-"""The OpenAI surface: completions, chat and embeddings in OpenAI's shapes, choices, tools, chat templates."""
+"""The OpenAI surface: completions, chat and embeddings in OpenAI's shapes, their request fields, tools, chat
+templates."""

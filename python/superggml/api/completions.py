@@ -10,12 +10,13 @@ import numpy as np
 
 from ..errors import ContextLengthError
 from ..generation.batch import BatchScheduler, Request
+from ..generation.choices import Choice, LogprobEntry, logprob_entry
 from ..generation.decode import generate_step
 from ..generation.grammar import Grammar, GrammarError, GrammarVocab, grammar_from
 from ..generation.sampling import log_softmax
 from ..runtime.sequences import check_tokens
 from .chat import text_content
-from .choices import Choice, LogprobEntry, check_logprobs, logprob_entry, sampling_options, stop_list
+from .fields import check_logprobs, sampling_options, stop_list
 from .reply import Reply
 from .tools import ToolFormat, ToolRequest, parse_tools, resolve_tool_choice, tool_format
 

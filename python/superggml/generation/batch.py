@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..api.choices import Choice, LogprobEntry
+from .choices import Choice, LogprobEntry
 from .decode import pick
 from .grammar import Grammar, Matcher
 from .sampling import Sampler

@@ -1,0 +1,65 @@
+"""create_app: the FastAPI app, its paths mapped to Routes; serve: the app under uvicorn."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Sequence
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from ..model import Model
+from .engine import Engine
+from .errors import add_error_handlers
+from .keys import RequireKey, check_bind
+from .routes import WEB, Routes
+
+
+def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, max_queue: int = 64,
+               batch_tokens: int = 512, api_keys: Sequence[str] = (), slot_save_path: str | None = None) -> FastAPI:
+    """The FastAPI app serving `model` (closed with the app); with api_keys, every route but /health needs one;
+    slots are saved to and restored from files of slot_save_path."""
+    engine = Engine(model, parallel=parallel, max_queue=max_queue, batch_tokens=batch_tokens)
+    routes = Routes(model, engine, model_id or os.path.basename(model.path), slot_save_path)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> Any:
+        yield
+        engine.stop()
+
+    app = FastAPI(title="superggml", version="0.1.0", lifespan=lifespan)
+    app.state.engine = engine
+    app.state.model = model
+    add_error_handlers(app)
+    app.get("/health")(routes.health)
+    app.get("/v1/models")(routes.models)
+    app.get("/v1/models/{name}")(routes.model_info)
+    app.get("/metrics")(routes.metrics)
+    app.get("/v1/stats")(routes.stats)
+    app.post("/tokenize")(routes.tokenize)
+    app.post("/detokenize")(routes.detokenize)
+    app.get("/")(routes.page)
+    app.mount("/web", StaticFiles(directory=WEB), name="web")
+    app.get("/v1/events")(routes.live_stream)
+    app.get("/slots")(routes.slots)
+    app.post("/slots/{id_slot}")(routes.slot_action)
+    app.post("/v1/completions")(routes.completions)
+    app.post("/v1/embeddings")(routes.embeddings)
+    app.post("/v1/chat/completions")(routes.chat)
+    if api_keys:
+        app.add_middleware(RequireKey, keys=list(api_keys))
+    return app
+
+
+def serve(model: Model, *, host: str = "127.0.0.1", port: int = 8080, parallel: int = 4, max_queue: int = 64,
+          batch_tokens: int = 512, log_level: str = "info", api_keys: Sequence[str] = (),
+          insecure: bool = False, slot_save_path: str | None = None) -> None:
+    import uvicorn
+
+    check_bind(host, api_keys, insecure)
+    if slot_save_path is not None and not os.path.isdir(slot_save_path):
+        raise ValueError(f"--slot-save-path {slot_save_path!r} is not a directory")
+    app = create_app(model, parallel=parallel, max_queue=max_queue, batch_tokens=batch_tokens, api_keys=api_keys,
+                     slot_save_path=slot_save_path)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
