@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from superggml import Model, models
-from superggml.analyze import analyze, model_layout
+from superggml.commands.analyze import analyze, model_layout
 
 
 def measure(path: str, budget: int, direct: bool, n: int, threads: int) -> float:

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import synth_gguf  # noqa: E402
 from superggml import Model, models  # noqa: E402
-from superggml.analyze import model_layout  # noqa: E402
+from superggml.commands.analyze import model_layout  # noqa: E402
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from superggml import Model, models
-from superggml.analyze import model_layout
+from superggml.commands.analyze import model_layout
 
 
 def read_bandwidth(path: str, direct: bool = False, nbytes: int = 1 << 30, chunk: int = 32 << 20) -> float:

@@ -38,7 +38,7 @@ import netlab  # noqa: E402
 import numpy as np  # noqa: E402
 
 from superggml import Model, models, native  # noqa: E402
-from superggml.analyze import model_layout  # noqa: E402
+from superggml.commands.analyze import model_layout  # noqa: E402
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 PORT = 50052

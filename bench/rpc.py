@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from superggml import Model, native, models
-from superggml.analyze import model_layout
+from superggml.commands.analyze import model_layout
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 LINKS = {"1 Gbit/s": 125e6, "10 Gbit/s": 1250e6}

@@ -68,7 +68,7 @@ def serve_load(a: argparse.Namespace, enter: Any) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "superggml.cli", "serve", "-m", path, "--port", str(port),
+    cmd = [sys.executable, "-m", "superggml.commands.cli", "serve", "-m", path, "--port", str(port),
            "-c", str(max(256, 64 + a.tokens)),
            "-t", str(a.threads), "--parallel", str(a.clients), "--log-level", "warning"]
     if a.device_budget:

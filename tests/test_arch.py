@@ -121,7 +121,7 @@ def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
 def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
     import json
 
-    from superggml import cli
+    from superggml.commands import cli
 
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
     assert cli.main(["analyze", "-m", path, "--json", "--no-measure", "--device-budget", "1MiB"]) == 0

@@ -151,7 +151,7 @@ def test_eval_batch_errors_leave_sequences_as_they_were(smollm2_path):
 def test_prompts_file_writes_a_json_line_per_prompt(smollm2_path, tmp_path):
     f = tmp_path / "prompts.txt"
     f.write_text("\n".join(PROMPTS[:3]) + "\n")
-    r = subprocess.run([sys.executable, "-m", "superggml.cli", "generate", "-m", smollm2_path, "--prompts-file",
+    r = subprocess.run([sys.executable, "-m", "superggml.commands.cli", "generate", "-m", smollm2_path, "--prompts-file",
                         str(f), "-n", "12", "--temp", "0", "-t", "2"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     lines = sorted((json.loads(x) for x in r.stdout.splitlines()), key=lambda d: d["index"])
@@ -159,7 +159,7 @@ def test_prompts_file_writes_a_json_line_per_prompt(smollm2_path, tmp_path):
     with Model(smollm2_path, n_threads=2) as m:
         assert [d["text"] for d in lines] == [m.create_completion(p, max_tokens=12, temperature=0)["choices"][0]["text"]
                                               for p in PROMPTS[:3]]
-    r = subprocess.run([sys.executable, "-m", "superggml.cli", "generate", "-m", smollm2_path, "--prompts-file", "-",
+    r = subprocess.run([sys.executable, "-m", "superggml.commands.cli", "generate", "-m", smollm2_path, "--prompts-file", "-",
                         "-n", "4"], input="", capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "no prompts" in r.stderr
 

@@ -10,7 +10,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import synth_gguf
-from superggml import Model, cli
+from superggml import Model
+from superggml.commands import cli
 from superggml.serve import serve
 from superggml.serve.keys import allows, check_bind, is_loopback, load_keys
 from test_server import Server

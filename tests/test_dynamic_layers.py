@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from superggml import Model, cli
+from superggml import Model
+from superggml.commands import cli
 from superggml.settings import PagingSettings
 
 PROMPT = list(range(300, 340))

@@ -11,7 +11,7 @@ BLOCKED = """
 import sys
 for name in sys.argv[1].split(","):
     sys.modules[name] = None          # import of it raises ImportError, as when it is not installed
-from superggml.cli import main
+from superggml.commands.cli import main
 sys.exit(main(sys.argv[2:]))
 """
 

@@ -30,17 +30,17 @@ def smol(smollm2_path):
 def test_greedy_generate_matches_llama_cpp(smollm2_path):
     ref = llama_ref.run({"kind": "generate", "model": smollm2_path, "prompts": GEN_PROMPTS, "max_tokens": N_GEN})
     for i, prompt in enumerate(GEN_PROMPTS):
-        out = subprocess.run([sys.executable, "-m", "superggml.cli", "generate", "-m", smollm2_path, "-p", prompt,
+        out = subprocess.run([sys.executable, "-m", "superggml.commands.cli", "generate", "-m", smollm2_path, "-p", prompt,
                               "-n", str(N_GEN), "--temp", "0", "-t", "2"],
                              capture_output=True, text=True, timeout=300, check=True).stdout
         assert out == str(ref[f"text{i}"]) + "\n", (prompt, out, str(ref[f"text{i}"]))
 
 
 def test_cli_default_model_and_errors(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "superggml.cli", "generate", "-p", "Hello", "-n", "4", "--temp", "0"],
+    r = subprocess.run([sys.executable, "-m", "superggml.commands.cli", "generate", "-p", "Hello", "-n", "4", "--temp", "0"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip()
-    r = subprocess.run([sys.executable, "-m", "superggml.cli", "generate", "-m", str(tmp_path / "none.gguf"),
+    r = subprocess.run([sys.executable, "-m", "superggml.commands.cli", "generate", "-m", str(tmp_path / "none.gguf"),
                         "-p", "x"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "cannot open" in r.stderr and "Traceback" not in r.stderr
 

@@ -128,7 +128,7 @@ def test_plan_of_a_device_with_a_host_tier(smollm2_path):
 def test_plan_and_analyze_show_the_auto_plan(smollm2_path, capsys):
     import json
 
-    from superggml import cli
+    from superggml.commands import cli
 
     assert cli.main(["plan", "-m", smollm2_path]) == 0
     out = capsys.readouterr().out

@@ -10,7 +10,8 @@ import shutil
 import numpy as np
 
 import synth_gguf
-from superggml import cli, gguf, native
+from superggml import gguf, native
+from superggml.commands import cli
 from superggml.hashes import content_hashes, content_ranges, sidecar_path
 from synth_gguf import VARIANTS, synth
 

@@ -10,9 +10,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "python" / "superggml"
 MAX_CLASS = 400
 MAX_FUNCTION = 60
-TABLES = {("cli.py", "add_arguments"), ("cli.py", "build_parser")}   # argument tables: one line per option
+TABLES = {("commands/cli.py", "add_arguments"), ("commands/cli.py", "build_parser")}   # argument tables: one line per option
 PRIMITIVES = ("paging", "gguf")                                      # the public paging API
-RUNTIME = ("runtime", "generation", "api", "model", "arch", "serve", "server", "cli")
+RUNTIME = ("runtime", "generation", "api", "model", "arch", "serve", "server", "commands")
 
 
 def module_name(path: Path) -> str:

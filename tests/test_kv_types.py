@@ -91,7 +91,7 @@ def test_options():
 
 
 def test_cli_flags(model_kwargs, smollm2_path, capsys):
-    from superggml.cli import main
+    from superggml.commands.cli import main
 
     assert main(["generate", "-m", smollm2_path, "-p", "Hi", "-n", "2", "--temp", "0", "-c", "64", "-ctk", "q8_0",
                  "-ctv", "q5_0", "--flash-attn"]) == 0

@@ -9,9 +9,10 @@ import threading
 import jsonschema
 import pytest
 
-from superggml import Model, cli
+from superggml import Model
+from superggml.commands import cli
 from superggml.metrics import MetricsWriter, schema
-from superggml.plot import read_metrics
+from superggml.commands.plot import read_metrics
 
 
 def valid_lines(path) -> list[dict]:

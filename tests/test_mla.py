@@ -137,7 +137,7 @@ def test_the_legacy_layout_caches_every_heads_k_and_v(tmp_path, vocab_fields):
 def test_analyze_shows_the_latent_layout_the_groups_and_the_cache_per_token(tmp_path, vocab_fields, capsys):
     import json
 
-    from superggml import cli
+    from superggml.commands import cli
 
     path = synth(tmp_path / "v3.gguf", vocab_fields, **VARIANTS["deepseek2-v3-groups-yarn"])
     assert cli.main(["analyze", "-m", path, "--json", "--no-measure", "--device-budget", "1MiB"]) == 0

@@ -195,7 +195,7 @@ def test_expert_cache_reads_with_o_direct(tmp_path, vocab_fields, variant):
 def test_analyze_predicts_a_moe_budget_as_the_executor_splits_it(tmp_path, vocab_fields):
     """analyze's MoE plan: the expert cache and pinned blocks the executor gives a device_budget, and the bytes
     per token at a hit rate (uniform routing's by default: the cache's share of the experts)."""
-    from superggml.analyze import analyze, format_analysis, model_layout, plan_moe_budget
+    from superggml.commands.analyze import analyze, format_analysis, model_layout, plan_moe_budget
 
     path = synth(tmp_path / "moe.gguf", vocab_fields, **{**VARIANTS["qwen3moe-8x2-q8_0"], "n_layer": 4})
     lay = model_layout(path)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from superggml import Model, cli
+from superggml import Model
+from superggml.commands import cli
 from superggml.settings import DeviceSettings, layer_split
 
 PROMPT = list(range(300, 340))

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from superggml import Model
-from superggml.analyze import model_layout
+from superggml.commands.analyze import model_layout
 from test_server import Server
 
 webdriver = pytest.importorskip("selenium.webdriver")

@@ -310,7 +310,7 @@ def test_kv_cache_random_traffic_matches_a_shadow(tmp_path):
 
 
 def test_cli_paged_kv_flags(monkeypatch, model_kwargs, smollm2_path, tmp_path, capsys):
-    from superggml import cli
+    from superggml.commands import cli
 
     seen = model_kwargs
     monkeypatch.setenv("SUPERGGML_KV_PAGE_SIZE", "32")

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Optional
 import pytest
 
 from superggml import DeviceError, Model, native
-from superggml.analyze import model_layout
+from superggml.commands.analyze import model_layout
 from superggml.devices import balance
 from superggml.hashes import content_ranges
 

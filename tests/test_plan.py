@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from superggml import cli
-from superggml.plan import Device, allocate
+from superggml.commands import cli
+from superggml.commands.allocation import Device, allocate
 
 GiB = 1 << 30
 A = Device(0, "GPU-A 8G", free=8 * GiB, total=8 * GiB)
@@ -96,7 +96,7 @@ def test_analyze_command(smollm2_path, capsys):
 def test_analyze_samples_blocks_by_shape(smollm2_path, capsys):
     """By default analyze times one or two blocks of each shape (SmolLM2's 30 blocks have one), reading only
     those; its compute time is the full measurement's, within what a busy 2-core machine allows."""
-    from superggml.analyze import analyze, model_layout
+    from superggml.commands.analyze import analyze, model_layout
 
     lay = model_layout(smollm2_path)
     assert lay.block_shapes == (tuple(range(30)),)
@@ -132,7 +132,7 @@ def test_time_blocks_reads_those_blocks_and_changes_no_result(smollm2_path):
 
 def test_analyze_plan_matches_the_executor(smollm2_path):
     from superggml import Model
-    from superggml.analyze import model_layout, plan_budget
+    from superggml.commands.analyze import model_layout, plan_budget
 
     lay = model_layout(smollm2_path)
     for budget in (6 << 20, 20 << 20):

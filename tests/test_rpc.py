@@ -16,8 +16,9 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from superggml import DeviceError, Model, native, cli
-from superggml.analyze import model_layout
+from superggml import DeviceError, Model, native
+from superggml.commands import cli
+from superggml.commands.analyze import model_layout
 from test_multi_device import PROMPT, run_prompt as run   # the prompt's logits, then six greedy tokens'
 
 BASE = dict(ctx_size=128, n_batch=16, n_threads=1, repack=False)

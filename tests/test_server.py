@@ -327,7 +327,7 @@ def test_serve_command_starts_and_answers(smollm2_path):
     import sys
 
     port = _free_port()
-    p = subprocess.Popen([sys.executable, "-m", "superggml.cli", "serve", "-m", smollm2_path, "--port", str(port),
+    p = subprocess.Popen([sys.executable, "-m", "superggml.commands.cli", "serve", "-m", smollm2_path, "--port", str(port),
                           "-c", "256", "-t", "2", "--log-level", "warning"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

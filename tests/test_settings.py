@@ -7,7 +7,8 @@ import inspect
 
 import pytest
 
-from superggml import Model, cli, settings
+from superggml import Model, settings
+from superggml.commands import cli
 from superggml.settings import ContextSettings, KVSettings, PagingSettings, Settings
 
 

@@ -108,8 +108,8 @@ def allocate(devices: Sequence[Device], layer_sizes: Sequence[int], *, reserve: 
 
 def visible_devices(*, nvml: bool = True) -> list[Device]:
     """The ggml device registry (plus NVIDIA GPUs through NVML when pynvml finds any the build lacks)."""
-    from . import native
-    from .telemetry import nvml_devices
+    from .. import native
+    from ..telemetry import nvml_devices
 
     out = [Device(index=i, name=d["name"] + (f"[{d['description']}]" if d["name"].startswith("RPC") else ""),
                   free=int(d["memory_free"]), total=int(d["memory_total"]), type=d["type"])

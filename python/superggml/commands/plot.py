@@ -13,7 +13,7 @@ import os
 from datetime import datetime
 from typing import Any
 
-from .errors import require_extra
+from ..errors import require_extra
 
 
 def _ts(s: str) -> float:

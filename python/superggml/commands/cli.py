@@ -8,8 +8,8 @@ import sys
 import time
 from typing import Any, Sequence
 
-from .errors import MissingExtra, SuperggmlError
-from .settings import add_arguments, default_threads, options_from_args
+from ..errors import MissingExtra, SuperggmlError
+from ..settings import add_arguments, default_threads, options_from_args
 
 
 def _env_default(name: str, default: str | None) -> str | None:
@@ -19,7 +19,7 @@ def _env_default(name: str, default: str | None) -> str | None:
 def _model_path(arg: str | None) -> str:
     if arg:
         return arg
-    from .models import smollm2_path
+    from ..models import smollm2_path
     return str(smollm2_path())
 
 
@@ -36,7 +36,7 @@ def _generate_many(m: Any, a: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from .generation.batch import BatchScheduler, Request
+    from ..generation.batch import BatchScheduler, Request
 
     f = sys.stdin if a.prompts_file == "-" else open(a.prompts_file, encoding="utf-8")   # noqa: SIM115
     try:
@@ -80,7 +80,7 @@ def _constraint(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_generate(a: argparse.Namespace) -> int:
-    from .model import Model
+    from ..model import Model
 
     if (a.prompt is None) == (a.prompts_file is None):
         raise SuperggmlError("generate needs a prompt (-p) or a prompts file (--prompts-file), not both")
@@ -112,9 +112,9 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 
 
 def _cmd_serve(a: argparse.Namespace) -> int:
-    from .model import Model
-    from .serve import serve
-    from .serve.keys import check_bind, load_keys
+    from ..model import Model
+    from ..serve import serve
+    from ..serve.keys import check_bind, load_keys
 
     keys = load_keys(a.api_key or (), a.api_key_file)
     check_bind(a.host, keys, a.insecure)            # before the model loads
@@ -135,7 +135,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     import json
     import statistics
 
-    from .model import Model
+    from ..model import Model
 
     prompt = [(i * 37) % 1000 + 100 for i in range(a.n_prompt)]
     if a.n_prompt + a.n_gen + 1 > a.ctx_size:
@@ -170,7 +170,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     import json
 
     from .analyze import analyze, format_analysis, model_layout
-    from .settings import parse_size
+    from ..settings import parse_size
 
     path = _model_path(a.model)
     if a.device_budget:         # the model option's flag, given once per budget to plan: sizes only
@@ -193,7 +193,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     out = res.to_json()
     hashes = None
     if a.hashes:                # content addresses (superggml.hashes): computed once, then from the sidecar index
-        from .hashes import content_hashes
+        from ..hashes import content_hashes
         hashes = content_hashes(path, n_threads=threads)
         out["hashes"] = {"model": hashes.model, "blocks": hashes.blocks, "tensors": hashes.tensors,
                          "experts": hashes.experts}
@@ -215,7 +215,7 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
 
-    from .plan import allocate, format_allocation, visible_devices
+    from .allocation import allocate, format_allocation, visible_devices
 
     if a.rpc:
         _print_rpc_devices(a.rpc, quiet=a.json)
@@ -261,9 +261,9 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 def _auto_plan(model: str) -> tuple[str, Any]:
     """(device, MemoryPlan): what device_budget auto gives the model on the device it runs on by default (the
     first GPU, else the CPU) with the default context options."""
-    from .devices import default_device
-    from .runtime.memory_plan import plan_on
-    from .settings import ContextSettings
+    from ..devices import default_device
+    from ..runtime.memory_plan import plan_on
+    from ..settings import ContextSettings
 
     dev = default_device()
     return dev, plan_on(model, dev, ContextSettings())
@@ -271,9 +271,9 @@ def _auto_plan(model: str) -> tuple[str, Any]:
 
 def _print_rpc_split(endpoints: Sequence[str], model: str, n_layer: int) -> None:
     """The split a model over this CPU and the servers gets: by free memory and measured speed."""
-    from .devices import balance, free_memory, measure_speed, resolve_devices
-    from .gguf import open as open_gguf
-    from .settings import DeviceSettings, default_threads, layer_split
+    from ..devices import balance, free_memory, measure_speed, resolve_devices
+    from ..gguf import open as open_gguf
+    from ..settings import DeviceSettings, default_threads, layer_split
 
     with open_gguf(model) as g:
         total = sum(int(t.nbytes) for t in g.tensors.values())
@@ -287,7 +287,7 @@ def _print_rpc_split(endpoints: Sequence[str], model: str, n_layer: int) -> None
 
 def _print_rpc_devices(endpoints: Sequence[str], *, quiet: bool = False) -> None:
     """Adds the servers' devices (DeviceError names one that cannot be used) and lists them on stderr."""
-    from .devices import add_rpc_server
+    from ..devices import add_rpc_server
 
     for ep in endpoints:
         for d in add_rpc_server(ep):
@@ -296,8 +296,8 @@ def _print_rpc_devices(endpoints: Sequence[str], *, quiet: bool = False) -> None
 
 
 def _cmd_rpc_server(a: argparse.Namespace) -> int:
-    from .devices import start_rpc_server
-    from .settings import parse_size
+    from ..devices import start_rpc_server
+    from ..settings import parse_size
 
     host = a.host.strip("[]")
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -322,8 +322,8 @@ def _cmd_rpc_server(a: argparse.Namespace) -> int:
 
 def _held_models(folder: str) -> list[tuple[str, list[tuple[int, int, int]]]]:
     """The GGUF files under `folder` and their ranges by content hash (hashed once; superggml.hashes)."""
-    from .errors import GGUFError
-    from .hashes import content_ranges
+    from ..errors import GGUFError
+    from ..hashes import content_ranges
 
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"--models {folder}: not a directory")

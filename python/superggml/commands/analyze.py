@@ -29,10 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from . import native
-from .arch import get_architecture
-from .runtime.memory_plan import SLOT_ALIGN_ROOM, kv_bytes_per_token, plan_slots, split_moe_budget
-from .settings import PagingSettings
+from .. import native
+from ..arch import get_architecture
+from ..runtime.memory_plan import SLOT_ALIGN_ROOM, kv_bytes_per_token, plan_slots, split_moe_budget
+from ..settings import PagingSettings
 
 
 @dataclass(frozen=True)
@@ -224,7 +224,7 @@ def measure_compute(path: str, *, n_threads: int, tokens: int = 4, **model_kw: A
 
 
 def _calibration_model(path: str, n_threads: int, **model_kw: Any) -> Any:
-    from .model import Model
+    from ..model import Model
 
     lay = model_layout(path)
     return Model(path, ctx_size=128, n_threads=n_threads, repack=False, device_budget=2 * lay.slot_bytes,
