@@ -1,5 +1,6 @@
 """Types of the public paging API: python/superggml/native.pyi against the built module (mypy.stubtest), and
-superggml.paging, superggml.gguf and a stack using them under mypy --strict (pyproject.toml's [tool.mypy])."""
+superggml.paging, superggml.gguf and a stack using them under mypy --strict; the whole package under
+pyproject.toml's [tool.mypy] (strict, loosened per module there)."""
 
 from __future__ import annotations
 
@@ -137,6 +138,13 @@ def test_paging_and_gguf_pass_mypy_strict(mypy_cache):
     r = _mypy_strict(mypy_cache, "python/superggml/native.pyi", "python/superggml/paging.py", "python/superggml/gguf.py",
                      "python/superggml/hashes.py")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_package_passes_mypy(mypy_cache):
+    # No files named: the config's (the package's every module, counted to show that they were checked)
+    r = _run("mypy", "--config-file", str(CONFIG), "--cache-dir", str(mypy_cache))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert int(r.stdout.split(" in ")[1].split()[0]) > 60, r.stdout
 
 
 @pytest.mark.parametrize("python_version", ["3.11", "3.12"])

@@ -162,7 +162,7 @@ class Context(_pybind11_object):
     def permute(self, a: Tensor, axis0: int, axis1: int, axis2: int, axis3: int, /) -> Tensor: ...
     def concat(self, a: Tensor, b: Tensor, dim: int) -> Tensor:
         """a and b joined along dim (the other dims equal)."""
-    def repeat_4d(self, a: Tensor, ne: list[int]) -> Tensor: ...
+    def repeat_4d(self, a: Tensor, ne: Sequence[int]) -> Tensor: ...
     def get_rows(self, a: Tensor, idx: Tensor, /) -> Tensor:
         """Rows of `a` at I32 indices, as F32."""
     def cpy(self, a: Tensor, b: Tensor, /) -> Tensor:
@@ -173,7 +173,7 @@ class Context(_pybind11_object):
                  freq_base: float, freq_scale: float = 1.0, ext_factor: float = 0.0, attn_factor: float = 1.0,
                  beta_fast: float = 32.0, beta_slow: float = 1.0) -> Tensor:
         """RoPE of a [head_dim, n_head, n_tokens] at I32 positions; freq_factors (F32 [n_dims/2]) or None."""
-    def rope_multi(self, a: Tensor, pos: Tensor, n_dims: int, sections: list[int], mode: int, n_ctx_orig: int,
+    def rope_multi(self, a: Tensor, pos: Tensor, n_dims: int, sections: Sequence[int], mode: int, n_ctx_orig: int,
                    freq_base: float, freq_scale: float = 1.0, ext_factor: float = 0.0, attn_factor: float = 1.0,
                    beta_fast: float = 32.0, beta_slow: float = 1.0) -> Tensor:
         """Multi-section RoPE (M-RoPE, interleaved or not) of a [head_dim, n_head, n_tokens] at I32 [4 * n_tokens] positions (the sections' positions one after another)."""

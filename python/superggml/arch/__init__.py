@@ -49,11 +49,10 @@ def get_architecture(meta: Mapping[str, Any], names: Iterable[str] = ()) -> Arch
     """The architecture named in the GGUF metadata (names: its tensors, where the family has optional ones);
     UnsupportedModelError if unknown."""
     name = meta.get("general.architecture")
-    cls = ARCHITECTURES.get(name) if isinstance(name, str) else None
-    if cls is None:
+    if not isinstance(name, str) or name not in ARCHITECTURES:
         raise UnsupportedModelError(
             f"unsupported model architecture {name!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
-    return cls(HParams.from_metadata(meta, name), meta, names)
+    return ARCHITECTURES[name](HParams.from_metadata(meta, name), meta, names)
 
 
 __all__ = ["ARCHITECTURES", "Architecture", "HParams", "get_architecture"]

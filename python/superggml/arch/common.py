@@ -1,43 +1,28 @@
-"""What every decoder-only family shares: hparams, the attention block, the head and tail."""
+"""What every decoder-only family shares: the attention block, the head and tail (the hyperparameters and a
+step's inputs: arch/base.py)."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import numpy as np
 
 from .. import native
 from ..errors import GGUFError, UnsupportedModelError
+from ..native import Context, Graph, Tensor
+from .base import HParams as HParams            # re-exported: the runtime imports both from here
+from .base import StepInputs as StepInputs
+from .base import Memory, Weights, f32, lane_memory, one_memory
 from .moe import build_moe_ffn, moe_tensor_shapes
 
 F32 = native.GGMLType.F32
 F16 = native.GGMLType.F16
 ROPE_NORM = 0
 ROPE_NEOX = 2
-
-
-ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0     # llama.cpp's defaults; it reads no GGUF keys for them here
 
-_libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-_libm.logf.restype, _libm.logf.argtypes = ctypes.c_float, [ctypes.c_float]
 
-
-def logf(x: float) -> np.float32:
-    """C's logf: llama.cpp derives its scales with it."""
-    return np.float32(_libm.logf(np.float32(x)))
-
-
-def f32(x: float) -> np.float32:
-    """x as a C float: hyperparameters derived in float arithmetic, as llama.cpp derives them, so graphs get
-    the same bits."""
-    return np.float32(x)
-
-
-def row_size(t: Any, n: int) -> int:
+def row_size(t: native.GGMLType, n: int) -> int:
     """Bytes of n values of ggml type t (a whole number of blocks for a quantized type)."""
     return int(native.row_size(t, n))
 
@@ -45,169 +30,6 @@ def row_size(t: Any, n: int) -> int:
 def inv_sqrt(x: float) -> float:
     """1.0f / sqrtf(x)"""
     return float(f32(1.0) / np.sqrt(f32(x)))
-
-
-@dataclass(frozen=True)
-class HParams:
-    arch: str
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
-    n_vocab: int
-    n_ctx_train: int
-    rms_eps: float
-    rope_base: float
-    rope_scale: float           # freq_scale: 1 / rope.scaling.factor
-    n_rot: int
-    rope_scaling: str = "linear"          # none, linear, yarn, longrope (llama.cpp's default when the key is absent)
-    n_ctx_orig: int = 0                   # rope.scaling.original_context_length, else n_ctx_train
-    rope_ext_factor: float = 0.0          # YaRN: 1
-    rope_attn_factor: float = 1.0         # YaRN's magnitude correction times rope.scaling.attn_factor
-    n_expert: int = 0                     # mixture of experts: experts per layer (0: a dense FFN)
-    n_expert_used: int = 0                # experts each token is routed to
-    head_dim_v: int = 0                   # value_length where it differs from the key's (0: head_dim)
-    latent_kv: bool = False               # the memory holds K only; V is K's first head_dim_v values (MLA)
-    n_nextn: int = 0                      # next-token-prediction (MTP) blocks after the n_layer of the model
-    n_layer_kv: int = 0                   # layers with a K/V cache where not all (a hybrid model's attention ones)
-    state_bytes: int = 0                  # a sequence's recurrent states over every layer (hybrid models)
-
-    @property
-    def n_embd_gqa(self) -> int:
-        return self.head_dim * self.n_head_kv
-
-    @property
-    def n_embd_v_gqa(self) -> int:
-        """V values per token and layer in the memory (0: none, V is read from K)."""
-        return 0 if self.latent_kv else (self.head_dim_v or self.head_dim) * self.n_head_kv
-
-    @property
-    def v_channels(self) -> int:
-        """The channels a transposed V's indices run over: n_embd_v_gqa, or K's width with no V."""
-        return self.n_embd_v_gqa or self.n_embd_gqa
-
-    @classmethod
-    def from_metadata(cls, meta: Mapping[str, Any], arch: str) -> "HParams":
-        def get(key: str, default: Any = None) -> Any:
-            v = meta.get(f"{arch}.{key}", default)
-            if v is None:
-                raise GGUFError(f"GGUF metadata lacks '{arch}.{key}'")
-            return v
-
-        try:
-            n_embd = int(get("embedding_length"))
-            n_head = int(get("attention.head_count"))
-            n_head_kv = int(get("attention.head_count_kv", n_head))
-            head_dim = int(get("attention.key_length", n_embd // max(n_head, 1)))
-            v_dim = int(get("attention.value_length", n_embd // max(n_head, 1)))  # llama.cpp's n_embd_head_v
-            n_vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
-            n_ctx_train = int(get("context_length"))
-            rope = _rope_scaling(meta, arch, n_ctx_train)
-            n_nextn = int(get("nextn_predict_layers", 0))
-            hp = cls(
-                arch=arch,
-                n_layer=int(get("block_count")) - n_nextn,   # MTP blocks follow
-                n_nextn=n_nextn,
-                n_embd=n_embd,
-                n_head=n_head,
-                n_head_kv=n_head_kv,
-                head_dim=head_dim,
-                n_ff=int(get("feed_forward_length")),
-                n_vocab=int(n_vocab),
-                n_ctx_train=n_ctx_train,
-                rms_eps=float(get("attention.layer_norm_rms_epsilon")),
-                rope_base=float(get("rope.freq_base", 10000.0)),
-                n_rot=int(get("rope.dimension_count", head_dim)),
-                n_expert=int(get("expert_count", 0)),
-                n_expert_used=int(get("expert_used_count", 0)),
-                head_dim_v=0 if v_dim == head_dim else v_dim,
-                **rope,
-            )
-        except (TypeError, ValueError) as e:
-            if isinstance(e, GGUFError):
-                raise
-            raise GGUFError(f"GGUF hyperparameters are malformed: {e}") from e
-        if min(hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab) <= 0:
-            raise GGUFError(f"GGUF hyperparameters are not positive: {hp}")
-        if hp.n_head % hp.n_head_kv or hp.n_rot > hp.head_dim or hp.n_rot % 2:
-            raise GGUFError(f"GGUF hyperparameters are inconsistent: {hp}")
-        if hp.n_expert and not 0 < hp.n_expert_used <= hp.n_expert:
-            raise GGUFError(f"expert_used_count ({hp.n_expert_used}) must be in 1..expert_count ({hp.n_expert})")
-        return hp
-
-
-def _rope_scaling(meta: Mapping[str, Any], arch: str, n_ctx_train: int) -> dict[str, Any]:
-    """RoPE scaling as llama.cpp's context derives it (llama_context's constructor): freq_scale, YaRN's
-    ext_factor and attn_factor, the original context."""
-    kind = meta.get(f"{arch}.rope.scaling.type", "linear")
-    if kind not in ROPE_SCALINGS:
-        raise UnsupportedModelError(f"RoPE scaling type {kind!r} ('{arch}.rope.scaling.type') is not supported "
-                                    f"({', '.join(ROPE_SCALINGS)})")
-    # rope.scaling.factor, else the older rope.scale_linear
-    factor = f32(meta.get(f"{arch}.rope.scaling.factor") or meta.get(f"{arch}.rope.scale_linear") or 0.0)
-    if factor < 0:
-        raise GGUFError(f"'{arch}.rope.scaling.factor' is negative: {factor}")
-    scale = f32(1.0) if factor == 0 or kind == "none" else f32(1.0) / factor
-    ext = f32(1.0 if kind == "yarn" else 0.0)
-    attn = f32(1.0)
-    if ext != 0:
-        fac = f32(1.0) / scale
-        log = logf(fac)
-        attn = f32(1.0) if fac <= 1 else f32(0.1) * f32(1.0) * log + f32(1.0)
-        attn *= f32(1.0) / (f32(1.0) + f32(0.1) * log)   # cancels the factor ggml-cpu's rope applies
-    attn *= f32(meta.get(f"{arch}.rope.scaling.attn_factor", 1.0))
-    n_orig = int(meta.get(f"{arch}.rope.scaling.original_context_length") or n_ctx_train)
-    return dict(rope_scaling=kind, rope_scale=float(scale), rope_ext_factor=float(ext),
-                rope_attn_factor=float(attn), n_ctx_orig=n_orig)
-
-
-class Weights(Protocol):
-    """name -> paged tensor (the executor decides where its bytes are)."""
-
-    def __call__(self, name: str) -> Any: ...
-    def has(self, name: str) -> bool: ...
-
-
-@dataclass
-class StepInputs:
-    """Tensors shared by every layer graph of one micro-batch (all already filled).
-
-    tokens   I32 [n_tokens]              positions I32 [n_tokens]
-    mask     F32 [n_kv, n_tokens]        causal mask, 0 or -inf (F16 with flash_attn)
-    mask_swa same as mask                the causal mask of sliding-window layers (None without them)
-    k_idxs   I64 [n_tokens]              KV rows written this step
-    v_idxs   I64 [n_tokens*n_embd_gqa]   (transposed V) or [n_tokens]
-    out_ids  I32 [n_outputs]             rows whose logits are wanted
-
-    A pass over several sequences has `lanes`: per sequence, in row order, its own StepInputs (its rows
-    [row0, row0 + n_tokens), its n_kv, masks and K/V indices; no tokens, positions or out_ids), and attends
-    over its own K/V (the k_cache/v_cache given to the block are then lists, one per lane). Or, when the
-    sequences have as many rows each and their memory is one tensor, n_streams of them attend at once (see
-    attend): mask [n_kv, n_tokens / n_streams, 1, n_streams], K/V indices into the whole tensor.
-    """
-
-    n_tokens: int
-    n_kv: int
-    n_outputs: int
-    tokens: Any
-    positions: Any
-    mask: Any
-    k_idxs: Any
-    v_idxs: Any
-    out_ids: Any
-    flash_attn: bool
-    mask_swa: Any = None
-    lanes: "list[StepInputs] | None" = None
-    row0: int = 0
-    k_rot: Any = None        # F32 [n, n] Walsh-Hadamard matrices Q and K (k_rot), V and the output (v_rot) are
-    v_rot: Any = None        # rotated by for a quantized K (V) cache, as llama.cpp does; None otherwise
-    n_streams: int = 1       # > 1: the rows are that many sequences' runs of equal length, attending at once
-    keep_rows: bool = False  # the last block keeps every row (the output norm of each is wanted: an MTP drafter's)
-    hidden: Any = None       # F32 [n_embd, n_tokens]: the hidden rows an MTP block reads beside the tokens
-    chain: bool = False      # the lanes are one sequence's tokens, each its own lane (a recurrent layer: one chain)
-    record: Any = None       # layer -> the tensor where a recurrent layer leaves its pass's inputs for replay, or None
 
 
 class Architecture:
@@ -231,7 +53,7 @@ class Architecture:
     late_gather = False      # the last block keeps every row; the head picks its rows after the output norm
     rope_sections: list[int] | None = None    # multi-section RoPE: positions [4 * n_tokens] (rope_multi)
 
-    def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None, names: Any = ()):
+    def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None, names: Iterable[str] = ()):
         self.hp = hp
         self.names = frozenset(names)       # the GGUF's tensors (empty when unknown): optional ones present
         self.q_scale: float | None = None   # Q scaled by this before attention (then KQ is not scaled)
@@ -356,7 +178,7 @@ class Architecture:
         il = name.split(".", 2)[1]
         return il.isdigit() and int(il) >= self.hp.n_layer
 
-    def matmul_weights(self, has: Any) -> list[str]:
+    def matmul_weights(self, has: Callable[[str], bool]) -> list[str]:
         """Weights used only as the left side of mul_mat, or of mul_mat_id (the experts): candidates for re-laid
         kernels."""
         names = [n for il in range(self.hp.n_layer)
@@ -366,10 +188,10 @@ class Architecture:
             names.append("output.weight")
         return names
 
-    def output_tensor(self, has: Any) -> str:
+    def output_tensor(self, has: Callable[[str], bool]) -> str:
         return "output.weight" if has("output.weight") else "token_embd.weight"
 
-    def global_tensor_shapes(self, has: Any) -> dict[str, tuple[int, ...]]:
+    def global_tensor_shapes(self, has: Callable[[str], bool]) -> dict[str, tuple[int, ...]]:
         hp = self.hp
         shapes = {
             "token_embd.weight": (hp.n_embd, hp.n_vocab),
@@ -395,33 +217,34 @@ class Architecture:
                 raise GGUFError(f"tensor '{name}' has shape {list(got)}, expected {list(shape)}")
 
     # -- graphs ------------------------------------------------------------
-    def build_embed(self, ctx: Any, w: Weights, inp: StepInputs) -> Any:
+    def build_embed(self, ctx: Context, w: Weights, inp: StepInputs) -> Tensor:
         """F32 [n_embd, n_tokens]"""
+        assert inp.tokens is not None
         return ctx.get_rows(w("token_embd.weight"), inp.tokens)
 
-    def build_output_norm(self, ctx: Any, w: Weights, x: Any) -> Any:
+    def build_output_norm(self, ctx: Context, w: Weights, x: Tensor) -> Tensor:
         """x F32 [n_embd, n_outputs] -> the normed input of the lm head, same shape"""
         return ctx.mul(ctx.rms_norm(x, self.hp.rms_eps), w("output_norm.weight"))
 
-    def build_output(self, ctx: Any, w: Weights, inp: StepInputs, x: Any) -> Any:
+    def build_output(self, ctx: Context, w: Weights, inp: StepInputs, x: Tensor) -> Tensor:
         """x F32 [n_embd, n_outputs] (the last block kept only those rows) -> logits F32 [n_vocab, n_outputs]"""
         return self.build_logits(ctx, ctx.mul_mat(w(self.output_tensor(w.has)), self.build_output_norm(ctx, w, x)))
 
-    def build_logits(self, ctx: Any, logits: Any) -> Any:
+    def build_logits(self, ctx: Context, logits: Tensor) -> Tensor:
         """What follows the lm head's matmul: the final soft cap where the family has one."""
         c = self.final_softcap
         if not c:
             return logits
         return ctx.scale(ctx.tanh(ctx.scale(logits, float(f32(1.0) / f32(c)))), c)
 
-    def build_qk_norm(self, ctx: Any, w: Weights, p: str, q: Any, k: Any) -> tuple[Any, Any]:
+    def build_qk_norm(self, ctx: Context, w: Weights, p: str, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """Before RoPE: q F32 [head_dim, n_head, n_tokens], k F32 [head_dim, n_head_kv, n_tokens], each head
         RMS-normed where the family has qk_norm."""
         if not self.qk_norm:
             return q, k
         return self.norm(ctx, w, q, p + "attn_q_norm.weight"), self.norm(ctx, w, k, p + "attn_k_norm.weight")
 
-    def rope_factors_of(self, w: Weights) -> Any:
+    def rope_factors_of(self, w: Weights) -> Tensor | None:
         """llama.cpp's get_rope_factors: Llama 3.1's rope_freqs, else LongRoPE's long factors when the context
         exceeds the original one, its short ones otherwise; None without them."""
         if not self.rope_factors:
@@ -430,26 +253,27 @@ class Architecture:
                  "rope_factors_long.weight" if self.n_ctx_seq > self.hp.n_ctx_orig else "rope_factors_short.weight")
         return next((w(n) for n in names if w.has(n)), None)
 
-    def rope(self, ctx: Any, w: Weights, inp: StepInputs, il: int, x: Any) -> Any:
+    def rope(self, ctx: Context, w: Weights, inp: StepInputs, il: int, x: Tensor) -> Tensor:
         """RoPE of x F32 [head_dim, heads, n_tokens] at the step's positions, with layer il's base and scale."""
         hp = self.hp
+        assert inp.positions is not None
         base, scale = (self.rope_base_swa, self.rope_scale_swa) if self.is_swa(il) else (hp.rope_base, hp.rope_scale)
         return ctx.rope_ext(x, inp.positions, self.rope_factors_of(w), hp.n_rot, self.rope_mode, hp.n_ctx_orig,
                             base, scale, hp.rope_ext_factor, hp.rope_attn_factor, YARN_BETA_FAST, YARN_BETA_SLOW)
 
-    def norm(self, ctx: Any, w: Weights, x: Any, name: str) -> Any:
+    def norm(self, ctx: Context, w: Weights, x: Tensor, name: str) -> Tensor:
         return ctx.mul(ctx.rms_norm(x, self.hp.rms_eps), w(name))
 
-    def build_block(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int,
-                    x: Any, k_cache: Any, v_cache: Any) -> Any:
+    def build_block(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int,
+                    x: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:
         """One transformer block: x F32 [n_embd, n_tokens] -> same shape, except that the last
         block keeps only the rows whose logits are wanted ([n_embd, n_outputs], as llama.cpp)."""
         p = f"blk.{il}."
         ffn_inp, cur = self.build_attn_part(ctx, gf, w, inp, il, x, k_cache, v_cache)
         return self.build_ffn_out(ctx, w, p, self.build_ffn(ctx, w, p, cur), ffn_inp)
 
-    def build_attn_part(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int,
-                        x: Any, k_cache: Any, v_cache: Any) -> tuple[Any, Any]:
+    def build_attn_part(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int,
+                        x: Tensor, k_cache: Memory, v_cache: Memory) -> tuple[Tensor, Tensor]:
         """The block up to its FFN: (ffn_inp, the residual after attention, F32 [n_embd, rows]; the FFN's
         normed input, same shape). rows: n_tokens, or n_outputs in the last block."""
         hp = self.hp
@@ -457,6 +281,7 @@ class Architecture:
         cur = self.build_attention(ctx, gf, w, inp, il, self.norm(ctx, w, x, p + "attn_norm.weight"), k_cache,
                                    v_cache)
         if il == hp.n_layer - 1 and inp.n_outputs < inp.n_tokens and not inp.keep_rows:
+            assert inp.out_ids is not None
             cur = ctx.get_rows(cur, inp.out_ids)
             x = ctx.get_rows(x, inp.out_ids)
         cur = ctx.mul_mat(w(self.attn_output(il)), cur)
@@ -469,8 +294,8 @@ class Architecture:
         ffn_inp = ctx.add(cur, x)
         return ffn_inp, self.norm(ctx, w, ffn_inp, p + self.ffn_norm + ".weight")
 
-    def build_attention(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int, cur: Any,
-                        k_cache: Any, v_cache: Any) -> Any:
+    def build_attention(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, cur: Tensor,
+                        k_cache: Memory, v_cache: Memory) -> Tensor:
         """Block il's attention over its normed input cur F32 [n_embd, n_tokens], before the output projection:
         F32 [head_dim * n_head, n_tokens]."""
         hp = self.hp
@@ -484,12 +309,13 @@ class Architecture:
         sinks = w(p + "attn_sinks.weight") if self.attn_sinks else None
         if inp.lanes is None:
             mask = inp.mask_swa if self.is_swa(il) else inp.mask
-            return build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, kq_scale, mask, self.attn_softcap, sinks)
+            return build_attn(ctx, gf, hp, inp, q, k, v, one_memory(k_cache), one_memory(v_cache), kq_scale, mask,
+                              self.attn_softcap, sinks)
         return each_lane(ctx, inp, lambda j, lane, rows: build_attn(   # each sequence over its own K/V
-            ctx, gf, hp, lane, rows(q), rows(k), rows(v, 2), k_cache[j], v_cache[j], kq_scale,
+            ctx, gf, hp, lane, rows(q), rows(k), rows(v, 2), lane_memory(k_cache, j), lane_memory(v_cache, j), kq_scale,
             lane.mask_swa if self.is_swa(il) else lane.mask, self.attn_softcap, sinks))
 
-    def build_ffn_out(self, ctx: Any, w: Weights, p: str, ffn_out: Any, ffn_inp: Any) -> Any:
+    def build_ffn_out(self, ctx: Context, w: Weights, p: str, ffn_out: Tensor, ffn_inp: Tensor) -> Tensor:
         """The FFN's output joins the residual (after its post norm, where the family has one)."""
         if self.post_norms:
             ffn_out = self.norm(ctx, w, ffn_out, p + "post_ffw_norm.weight")
@@ -501,7 +327,7 @@ class Architecture:
             return []
         return [f"blk.{il}.ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
 
-    def build_qkv(self, ctx: Any, w: Weights, p: str, cur: Any, n: int) -> tuple[Any, Any, Any]:
+    def build_qkv(self, ctx: Context, w: Weights, p: str, cur: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
         """cur F32 [n_embd, n] -> q F32 [head_dim, n_head, n], k F32 [head_dim, n_head_kv, n], v F32
         [n_embd_gqa, n] (v may be a strided view)."""
         hp = self.hp
@@ -514,7 +340,7 @@ class Architecture:
             v = ctx.add(v, w(p + "attn_v.bias"))
         return ctx.reshape(q, [hp.head_dim, hp.n_head, n]), ctx.reshape(k, [hp.head_dim, hp.n_head_kv, n]), v
 
-    def build_ffn(self, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
+    def build_ffn(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
         """The normed input F32 [n_embd, n] -> F32 [n_embd, n]: a gated FFN with separate gate and up, or the
         mixture of experts (arch/moe.py)."""
         if self.is_moe(int(p.split(".")[1])):
@@ -523,26 +349,34 @@ class Architecture:
         up = ctx.mul_mat(w(p + "ffn_up.weight"), cur)
         return ctx.mul_mat(w(p + "ffn_down.weight"), self.glu(ctx, gate, up))
 
-    def glu(self, ctx: Any, gate: Any, up: Any) -> Any:
+    def glu(self, ctx: Context, gate: Tensor, up: Tensor) -> Tensor:
         return ctx.geglu_split(gate, up) if self.ffn_glu == "geglu" else ctx.swiglu_split(gate, up)
 
 
-def each_lane(ctx: Any, inp: StepInputs, attend_one: Callable[[int, StepInputs, Any], Any]) -> Any:
+class Rows(Protocol):
+    """each_lane's rows(t, dims): a lane's rows of t."""
+
+    def __call__(self, t: Tensor, dims: int = 3) -> Tensor: ...
+
+
+def each_lane(ctx: Context, inp: StepInputs, attend_one: Callable[[int, StepInputs, Rows], Tensor]) -> Tensor:
     """A pass whose sequences each attend over their own memory: attend_one(j, lane, rows) per lane j of
     inp.lanes, where rows(t, dims=3) views the lane's rows of t (a 2-D or 3-D tensor whose last dimension is the
     tokens); the results joined along the tokens."""
-    cur = None
+    cur: Tensor | None = None
     for j, lane in enumerate(inp.lanes or []):
-        def rows(t: Any, dims: int = 3, lane: StepInputs = lane) -> Any:
+        def rows(t: Tensor, dims: int = 3, lane: StepInputs = lane) -> Tensor:
             return ctx.view(t, list(t.ne[:dims - 1]) + [lane.n_tokens], list(t.nb[1:dims]),
                             lane.row0 * t.nb[dims - 1])
         out = attend_one(j, lane, rows)
         cur = out if cur is None else ctx.concat(cur, out, 1)
+    assert cur is not None
     return cur
 
 
-def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: Any,
-               k_cache: Any, v_cache: Any, scale: float, mask: Any, softcap: float = 0.0, sinks: Any = None) -> Any:
+def build_attn(ctx: Context, gf: Graph, hp: HParams, inp: StepInputs, q: Tensor, k: Tensor, v: Tensor,
+               k_cache: Tensor, v_cache: Tensor, scale: float, mask: Tensor | None, softcap: float = 0.0,
+               sinks: Tensor | None = None) -> Tensor:
     """Writes k/v into the cache rows of this step and attends over the first n_kv rows, as `mask` lets
     (F32 [n_kv, n_tokens], F16 with flash attention); softcap: KQ -> softcap * tanh(KQ / softcap).
 
@@ -560,8 +394,9 @@ def build_attn(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, 
     return attend(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, scale, mask, softcap, sinks)
 
 
-def attend(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: Any,
-           k_cache: Any, v_cache: Any, scale: float, mask: Any, softcap: float, sinks: Any) -> Any:
+def attend(ctx: Context, gf: Graph, hp: HParams, inp: StepInputs, q: Tensor, k: Tensor, v: Tensor,
+           k_cache: Tensor, v_cache: Tensor, scale: float, mask: Tensor | None, softcap: float,
+           sinks: Tensor | None) -> Tensor:
     """build_attn without the rotations. With inp.n_streams = S > 1 the caches hold S sequences one after another
     ([n_embd_gqa, n_ctx * S]), the rows are S runs of n / S tokens, one per sequence, and the mask is
     [n_kv, n / S, 1, S]: one attention over the S sequences, each over its own rows of the cache (a 4-D batch,
@@ -572,6 +407,7 @@ def attend(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: A
     t = n // S
     n_ctx = k_cache.shape[1] // S
     es = v_cache.element_size                     # a transposed V is of whole elements (F32, F16, BF16)
+    assert inp.k_idxs is not None and inp.v_idxs is not None
     gf.expand(ctx.set_rows(k_cache, ctx.reshape(k, [g, n]), inp.k_idxs))
     if inp.flash_attn:
         gf.expand(ctx.set_rows(v_cache, v, inp.v_idxs))
@@ -581,7 +417,7 @@ def attend(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: A
         flat = ctx.reshape(v_cache, [1, gv * n_ctx * S])
         gf.expand(ctx.set_rows(flat, ctx.reshape(v, [1, gv * n]), inp.v_idxs))
 
-    def heads(cache: Any, d: int, g: int) -> Any:                # [d, n_head_kv, n_kv, S]
+    def heads(cache: Tensor, d: int, g: int) -> Tensor:                # [d, n_head_kv, n_kv, S]
         rs = row_size(cache.type, g)
         return ctx.view(cache, [d, hp.n_head_kv, n_kv, S], [row_size(cache.type, d), rs, rs * n_ctx], 0)
 
@@ -609,9 +445,8 @@ def attend(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, v: A
     return ctx.reshape(cur, [dv * hp.n_head, n])
 
 
-
-def attend_latent(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: Any, k_cache: Any, scale: float,
-                  mask: Any, v_b: Any) -> Any:
+def attend_latent(ctx: Context, gf: Graph, hp: HParams, inp: StepInputs, q: Tensor, k: Tensor, k_cache: Tensor,
+                  scale: float, mask: Tensor | None, v_b: Tensor) -> Tensor:
     """Multi-head latent attention over a memory of K only (llama.cpp's build_attn with a K-only cache and
     v_mla): writes k F32 [g, 1, n] (g = kv_lora_rank + n_rot) into this step's rows of k_cache [g, n_ctx * S];
     q F32 [g, n_head, n] attends as MQA over the first n_kv rows, V being the first head_dim_v (kv_lora_rank)
@@ -620,6 +455,7 @@ def attend_latent(ctx: Any, gf: Any, hp: HParams, inp: StepInputs, q: Any, k: An
     S = inp.n_streams
     n, n_kv, g, dv = inp.n_tokens, inp.n_kv, hp.n_embd_gqa, hp.head_dim_v
     n_ctx = k_cache.shape[1] // S
+    assert inp.k_idxs is not None
     gf.expand(ctx.set_rows(k_cache, ctx.reshape(k, [g, n]), inp.k_idxs))
     rs = row_size(k_cache.type, g)
     kp = ctx.permute(ctx.view(k_cache, [g, 1, n_kv, S], [rs, rs, rs * n_ctx], 0), 0, 2, 1, 3)   # [g, n_kv, 1, S]

@@ -19,7 +19,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import GGUFError, UnsupportedModelError
-from .common import Architecture, StepInputs, Weights, attend_latent, build_attn, each_lane, f32, logf
+from ..native import Context, Graph, Tensor
+from .base import Memory, StepInputs, Weights, f32, lane_memory, logf, one_memory
+from .common import Architecture, attend_latent, build_attn, each_lane
 from .moe import load_routing, routing_note
 
 
@@ -117,8 +119,8 @@ class Deepseek2Arch(Architecture):
         return shapes
 
     # -- graphs ------------------------------------------------------------
-    def build_attention(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int, cur: Any,
-                        k_cache: Any, v_cache: Any) -> Any:
+    def build_attention(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, cur: Tensor,
+                        k_cache: Memory, v_cache: Memory) -> Tensor:
         hp, p, n = self.hp, f"blk.{il}.", inp.n_tokens
         if self.q_lora:
             q = ctx.mul_mat(w(p + "attn_q_b.weight"),
@@ -142,12 +144,12 @@ class Deepseek2Arch(Architecture):
         k = ctx.concat(ctx.reshape(kv, [self.kv_lora, 1, n]), k_pe, 0)      # [kv_lora + n_rot, 1, n]
         v_b = w(p + "attn_v_b.weight")
         if inp.lanes is None:
-            return attend_latent(ctx, gf, hp, inp, q, k, k_cache, self.kq_scale, inp.mask, v_b)
+            return attend_latent(ctx, gf, hp, inp, q, k, one_memory(k_cache), self.kq_scale, inp.mask, v_b)
         return each_lane(ctx, inp, lambda j, lane, rows: attend_latent(     # each over its own latent K/V
-            ctx, gf, hp, lane, rows(q), rows(k), k_cache[j], self.kq_scale, lane.mask, v_b))
+            ctx, gf, hp, lane, rows(q), rows(k), lane_memory(k_cache, j), self.kq_scale, lane.mask, v_b))
 
-    def attend_heads(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, p: str, q_nope: Any, q_pe: Any,
-                     kv: Any, k_pe: Any, k_cache: Any, v_cache: Any) -> Any:
+    def attend_heads(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, p: str, q_nope: Tensor, q_pe: Tensor,
+                     kv: Tensor, k_pe: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:
         """The legacy layout's plain path: attn_kv_b decompresses the normed latent kv [kv_lora, n] into every
         head's K (no-rope part) and V; K's rope part is the shared k_pe, repeated per head. Q's rope part is roped
         where it lies (llama.cpp's ggml_rope_set_offset: the same values)."""
@@ -160,6 +162,8 @@ class Deepseek2Arch(Architecture):
         q = ctx.concat(q_nope, q_pe, 0)                                       # [k_mla, n_head, n]
         k = ctx.concat(k_nope, ctx.repeat_4d(k_pe, [hp.n_rot, hp.n_head, n, 1]), 0)
         if inp.lanes is None:
-            return build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, self.kq_scale, inp.mask)
+            return build_attn(ctx, gf, hp, inp, q, k, v, one_memory(k_cache), one_memory(v_cache), self.kq_scale,
+                              inp.mask)
         return each_lane(ctx, inp, lambda j, lane, rows: build_attn(
-            ctx, gf, hp, lane, rows(q), rows(k), rows(v, 2), k_cache[j], v_cache[j], self.kq_scale, lane.mask))
+            ctx, gf, hp, lane, rows(q), rows(k), rows(v, 2), lane_memory(k_cache, j), lane_memory(v_cache, j),
+            self.kq_scale, lane.mask))

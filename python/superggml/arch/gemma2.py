@@ -9,11 +9,13 @@ layers); llama.cpp reads no query_pre_attn_scalar key, so neither does this."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .common import ROPE_NEOX, Architecture, StepInputs, Weights, f32, inv_sqrt
+from ..native import Context, Tensor
+from .base import StepInputs, Weights, f32
+from .common import ROPE_NEOX, Architecture, inv_sqrt
 
 
 class Gemma2Arch(Architecture):
@@ -37,8 +39,8 @@ class Gemma2Arch(Architecture):
         hp = self.hp
         return inv_sqrt(hp.n_embd // hp.n_head if hp.n_layer == self.big_layers else hp.head_dim)
 
-    def output_tensor(self, has: Any) -> str:
+    def output_tensor(self, has: Callable[[str], bool]) -> str:
         return "token_embd.weight"     # llama.cpp ignores an output.weight here
 
-    def build_embed(self, ctx: Any, w: Weights, inp: StepInputs) -> Any:
+    def build_embed(self, ctx: Context, w: Weights, inp: StepInputs) -> Tensor:
         return ctx.scale(super().build_embed(ctx, w, inp), float(np.sqrt(f32(self.hp.n_embd))))   # sqrtf(n_embd)

@@ -8,7 +8,7 @@ Gemma 3's vision tower ships in a separate mmproj GGUF; a file that carries visi
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..errors import UnsupportedModelError
 from .gemma2 import Gemma2Arch
@@ -30,7 +30,7 @@ class Gemma3Arch(Gemma2Arch):
         self.final_softcap = float(self.key(meta, "final_logit_softcapping", 0.0))
         self.q_scale = self.query_scale()
 
-    def output_tensor(self, has: Any) -> str:
+    def output_tensor(self, has: Callable[[str], bool]) -> str:
         return "output.weight" if has("output.weight") else "token_embd.weight"
 
     def validate(self, table: Mapping[str, tuple[int, ...]]) -> None:

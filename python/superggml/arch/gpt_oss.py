@@ -5,7 +5,7 @@ and expert biases, the chosen experts' logits softmaxed among themselves, and a 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..errors import GGUFError
 from .common import ROPE_NEOX, Architecture
@@ -33,5 +33,5 @@ class GptOssArch(Architecture):
         self.moe_act = "swiglu_oai"
         self.moe_biases = True
 
-    def output_tensor(self, has: Any) -> str:
+    def output_tensor(self, has: Callable[[str], bool]) -> str:
         return "output.weight"

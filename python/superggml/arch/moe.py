@@ -8,20 +8,43 @@ family's moe_* attributes). A shared expert is added (qwen2moe's behind a sigmoi
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Mapping, Protocol
 
 import numpy as np
 
 from .. import native
 from ..errors import GGUFError, UnsupportedModelError
+from ..native import Context, Graph, Tensor
+from .base import HParams, Memory, StepInputs, Weights
 
-Architecture = Any    # arch.common.Architecture, which imports this module (annotations only)
-Weights = Callable[[str], Any]   # name -> tensor
+
+class Architecture(Protocol):
+    """What this module reads and sets of an arch.common.Architecture (which imports this module)."""
+
+    hp: HParams
+    n_lead: int
+    n_ff_exp: int
+    n_ff_shexp: int
+    shexp_gate: bool
+    shexp_sigmoid: bool
+    moe_norm_w: bool
+    moe_w_scale: float
+    moe_gating: str
+    moe_groups: tuple[int, int]
+    moe_probs_bias: bool
+    moe_biases: bool
+    moe_act: str
+
+    def key(self, meta: Mapping[str, Any], name: str, default: Any) -> Any: ...
+    def build_attn_part(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor,
+                        k_cache: Memory, v_cache: Memory) -> tuple[Tensor, Tensor]: ...
+    def build_ffn_out(self, ctx: Context, w: Weights, p: str, ffn_out: Tensor, ffn_inp: Tensor) -> Tensor: ...
+
 
 WEIGHTS_SUM_MIN = 6.103515625e-5      # llama.cpp clamps the sum of the chosen weights to the smallest F16 normal
 
 
-def qwen_expert_ff(arch: Architecture, meta: Any) -> int:
+def qwen_expert_ff(arch: Architecture, meta: Mapping[str, Any]) -> int:
     """Qwen MoE experts' FFN size: expert_feed_forward_length, else n_ff / n_expert_used (llama.cpp's rule)."""
     return int(arch.key(meta, "expert_feed_forward_length", 0)) or arch.hp.n_ff // max(arch.hp.n_expert_used, 1)
 
@@ -29,7 +52,7 @@ def qwen_expert_ff(arch: Architecture, meta: Any) -> int:
 GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}     # llama_expert_gating_func_type
 
 
-def load_routing(arch: Architecture, meta: Any, gating: int) -> None:
+def load_routing(arch: Architecture, meta: Mapping[str, Any], gating: int) -> None:
     """The expert keys deepseek2 and glm4moe share (llama.cpp's load_arch_hparams): leading dense blocks, shared
     experts (ungated, expert_shared_count of n_ff_exp), the chosen weights' norm and scale, the gating function
     (`gating` when the key is absent) and the expert groups. arch.n_ff_exp must be set."""
@@ -93,7 +116,7 @@ def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]
     return shapes
 
 
-def select_experts(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> tuple[Any, Any]:
+def select_experts(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor) -> tuple[Tensor, Tensor]:
     """cur F32 [n_embd, n] -> (the experts block p's router picks, I32 [k, n] (a view); the probabilities their
     weights come from, F32 [n_expert, n]), as llama.cpp's build_moe_ffn: softmax or sigmoid gating (or the
     logits, softmax_weight); the choice made on the probabilities plus exp_probs_b where the family has it, and
@@ -118,7 +141,7 @@ def select_experts(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -
     return ctx.argsort_top_k(chosen_by, k), probs
 
 
-def build_router(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> tuple[Any, Any]:
+def build_router(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor) -> tuple[Tensor, Tensor]:
     """cur F32 [n_embd, n] -> (selected experts I32 [k, n], their weights F32 [1, k, n])."""
     hp = arch.hp
     n, k = cur.ne[1], hp.n_expert_used
@@ -135,13 +158,13 @@ def build_router(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> 
     return selected, weights
 
 
-def build_router_lookahead(arch: Architecture, ctx: Any, w: Weights, il: int, cur: Any) -> Any:
+def build_router_lookahead(arch: Architecture, ctx: Context, w: Weights, il: int, cur: Tensor) -> Tensor:
     """Block il+1's router applied to block il's FFN input: the experts it would pick, I32 [k, n] (a guess of
     what block il+1 will route to, made a whole block early)."""
     return select_experts(arch, ctx, w, f"blk.{il + 1}.", cur)[0]
 
 
-def build_moe_ffn(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
+def build_moe_ffn(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
     """The normed input F32 [n_embd, n] -> F32 [n_embd, n], every expert resident."""
     selected, weights = build_router(arch, ctx, w, p, cur)
     out = build_experts(arch, ctx, w, p, cur, selected, selected, weights, *(w(n) for n in (
@@ -152,8 +175,8 @@ def build_moe_ffn(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) ->
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0     # gpt-oss's clamped SwiGLU, as llama.cpp fixes them
 
 
-def build_experts(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any, ids: Any, experts_ids: Any,
-                  weights: Any, gate_exps: Any, up_exps: Any, down_exps: Any) -> Any:
+def build_experts(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor, ids: Tensor, experts_ids: Tensor,
+                  weights: Tensor, gate_exps: Tensor, up_exps: Tensor, down_exps: Tensor) -> Tensor:
     """The routed experts' gated FFNs, weighted and summed: cur F32 [n_embd, n], ids I32 [k, n] (indices into
     the expert tensors' third dimension: experts, or expert cache slots), experts_ids I32 [k, n] (the experts
     themselves, for their biases), weights F32 [1, k, n] -> F32 [n_embd, n]."""
@@ -171,20 +194,21 @@ def build_experts(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any, id
     if arch.moe_biases:
         experts = ctx.add_id(experts, w(p + "ffn_down_exps.bias"), experts_ids)
     experts = ctx.mul(experts, weights)
-    out = None
+    out: Tensor | None = None
     for i in range(k):                         # the chosen experts' outputs, summed in order
         view = ctx.view(experts, [n_embd, n], [experts.nb[2]], i * experts.nb[1])
         out = view if out is None else ctx.add(out, view)
+    assert out is not None
     return ctx.cont(out) if k == 1 else out
 
 
-def build_shared_expert(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any, out: Any) -> Any:
+def build_shared_expert(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor, out: Tensor) -> Tensor:
     """qwen2moe's shared expert behind its sigmoid gate, added to the routed experts' output `out`."""
     shared = build_shared_expert_only(arch, ctx, w, p, cur)
     return out if shared is None else ctx.add(out, shared)
 
 
-def build_shared_expert_only(arch: Architecture, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
+def build_shared_expert_only(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor | None:
     """The shared expert's output F32 [n_embd, n], gated where the family gates it (None without one)."""
     if not arch.n_ff_shexp:
         return None
@@ -197,8 +221,8 @@ def build_shared_expert_only(arch: Architecture, ctx: Any, w: Weights, p: str, c
     return ctx.mul(shared, gate_s)
 
 
-def build_paged_block(plan: Any, arch: Architecture, w: Weights, il: int, rows: int, key: Any, kv: tuple[Any, Any],
-                      placement: Any) -> None:
+def build_paged_block(plan: Any, arch: Architecture, w: Weights, il: int, rows: int, key: object,
+                      kv: tuple[Memory, Memory], placement: Any) -> None:
     """A block whose experts come from the expert cache, as steps of `plan` (runtime.graph.GraphPlan): attention and
     router in one graph (its state kept in placement.moe, a MoEScratch), then the routed experts, with their ids
     remapped to cache slots in between (Step.experts), in graphs over chunks of placement.expert_rows rows (the
@@ -207,13 +231,13 @@ def build_paged_block(plan: Any, arch: Architecture, w: Weights, il: int, rows: 
     hp, sc = arch.hp, placement.moe
     k, p = hp.n_expert_used, f"blk.{il}."
 
-    def rows_of(ctx: Any, t: Any, r0: int = 0, n: int = rows) -> Any:   # columns [r0, r0+n) of a [*, n_batch]
+    def rows_of(ctx: Context, t: Tensor, r0: int = 0, n: int = rows) -> Tensor:   # columns [r0, r0+n) of a [*, n_batch]
         return ctx.view(t, [t.ne[0], n], [t.nb[1]], r0 * t.nb[1])
 
-    def weights_of(ctx: Any, r0: int = 0, n: int = rows) -> Any:          # F32 [1, k, n]
+    def weights_of(ctx: Context, r0: int = 0, n: int = rows) -> Tensor:          # F32 [1, k, n]
         return ctx.view(sc.w, [1, k, n], [sc.w.nb[1], sc.w.nb[2]], r0 * sc.w.nb[2])
 
-    def attn_router(ctx: Any, gf: Any, act: Any, act_out: Any, inp: Any) -> Any:
+    def attn_router(ctx: Context, gf: Graph, act: Tensor, act_out: Tensor, inp: StepInputs) -> Tensor:
         ffn_inp, cur = arch.build_attn_part(ctx, gf, w, inp, il, act, *kv)
         sel, weights = build_router(arch, ctx, w, p, cur)
         pairs = [(ffn_inp, rows_of(ctx, sc.inp)), (cur, rows_of(ctx, sc.cur)), (sel, rows_of(ctx, sc.sel)),
@@ -237,8 +261,8 @@ def build_paged_block(plan: Any, arch: Architecture, w: Weights, il: int, rows: 
         ids.name = f"inp_expert_slots_l{il}_r{r0}"
         plan.keep += [ictx, placement.backends[0].alloc_tensors(ictx)]
 
-        def experts(ctx: Any, gf: Any, act: Any, act_out: Any, inp: Any, r0: int = r0, n: int = n,
-                    ids: Any = ids) -> Any:
+        def experts(ctx: Context, gf: Graph, act: Tensor, act_out: Tensor, inp: StepInputs, r0: int = r0,
+                    n: int = n, ids: Tensor = ids) -> Tensor:
             out = build_experts(arch, ctx, w, p, rows_of(ctx, sc.cur, r0, n), ids, rows_of(ctx, sc.sel, r0, n),
                                 weights_of(ctx, r0, n), *placement.experts.views[il])
             if sc.shared is not None:

@@ -11,10 +11,12 @@ model's) the logits of the token after.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import GGUFError, UnsupportedModelError
-from .common import Architecture, StepInputs, Weights
+from ..native import Context, Graph, Tensor
+from .base import Memory, StepInputs, Weights
+from .common import Architecture
 
 MTP_FAMILIES = ("deepseek2", "glm4moe", "qwen35", "qwen35moe", "qwen3next")     # llama.cpp's graph_mtp
 
@@ -84,33 +86,34 @@ class MtpArch:
     def is_unused(self, name: str) -> bool:
         return name.startswith("blk.") and not name.startswith(self.p)
 
-    def matmul_weights(self, has: Any) -> list[str]:
+    def matmul_weights(self, has: Callable[[str], bool]) -> list[str]:
         names = [n for n, shape in self.base.block_tensor_shapes(self.il).items() if len(shape) == 2]
         names += self.expert_tensors(0) + [self.p + "nextn.eh_proj.weight"]
         if self.head_w != "token_embd.weight":
             names.append(self.head_w)
         return names
 
-    def output_tensor(self, has: Any) -> str:
+    def output_tensor(self, has: Callable[[str], bool]) -> str:
         return self.head_w
 
     # -- graphs ------------------------------------------------------------
-    def build_embed(self, ctx: Any, w: Weights, inp: StepInputs) -> Any:
+    def build_embed(self, ctx: Context, w: Weights, inp: StepInputs) -> Tensor:
         """eh_proj([enorm(the tokens' embeddings); hnorm(the hidden rows)]) F32 [n_embd, n_tokens]"""
         b, p = self.base, self.p
+        assert inp.tokens is not None and inp.hidden is not None
         e = b.norm(ctx, w, ctx.get_rows(w(self.embed_w), inp.tokens), p + "nextn.enorm.weight")
         h = b.norm(ctx, w, inp.hidden, p + "nextn.hnorm.weight")
         return ctx.mul_mat(w(p + "nextn.eh_proj.weight"), ctx.concat(e, h, 0))
 
-    def build_block(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int,
-                    x: Any, k_cache: Any, v_cache: Any) -> Any:
+    def build_block(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int,
+                    x: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:
         return self.base.build_block(ctx, gf, w, inp, self.il, x, k_cache, v_cache)
 
-    def build_output_norm(self, ctx: Any, w: Weights, x: Any) -> Any:
+    def build_output_norm(self, ctx: Context, w: Weights, x: Tensor) -> Tensor:
         return self.base.norm(ctx, w, x, self.head_norm)
 
-    def build_output(self, ctx: Any, w: Weights, inp: StepInputs, x: Any) -> Any:
+    def build_output(self, ctx: Context, w: Weights, inp: StepInputs, x: Tensor) -> Tensor:
         return ctx.mul_mat(w(self.head_w), self.build_output_norm(ctx, w, x))
 
-    def build_logits(self, ctx: Any, logits: Any) -> Any:
+    def build_logits(self, ctx: Context, logits: Tensor) -> Tensor:
         return logits

@@ -3,9 +3,11 @@ before RoPE, NeoX RoPE, a mixture of experts of feed_forward_length each, weight
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from .common import ROPE_NEOX, Architecture, Weights
+from ..native import Context, Tensor
+from .base import Weights
+from .common import ROPE_NEOX, Architecture
 
 
 class OlmoeArch(Architecture):
@@ -22,10 +24,10 @@ class OlmoeArch(Architecture):
         shapes[p + "attn_k_norm.weight"] = (self.hp.n_embd_gqa,)
         return shapes
 
-    def output_tensor(self, has: Any) -> str:
+    def output_tensor(self, has: Callable[[str], bool]) -> str:
         return "output.weight"
 
-    def build_qkv(self, ctx: Any, w: Weights, p: str, cur: Any, n: int) -> tuple[Any, Any, Any]:
+    def build_qkv(self, ctx: Context, w: Weights, p: str, cur: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
         hp = self.hp
         q = self.norm(ctx, w, ctx.mul_mat(w(p + "attn_q.weight"), cur), p + "attn_q_norm.weight")
         k = self.norm(ctx, w, ctx.mul_mat(w(p + "attn_k.weight"), cur), p + "attn_k_norm.weight")

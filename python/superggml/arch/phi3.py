@@ -6,15 +6,17 @@ do not say which layers slide), and so does this."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
-from .common import ROPE_NEOX, Architecture, Weights, inv_sqrt
+from ..native import Context, Tensor
+from .base import Weights
+from .common import ROPE_NEOX, Architecture, inv_sqrt
 
 
 class Phi3Arch(Architecture):
     rope_mode = ROPE_NEOX
 
-    def load_hparams(self, meta: Any) -> None:
+    def load_hparams(self, meta: Mapping[str, Any]) -> None:
         self.q_scale = inv_sqrt(self.hp.head_dim)
 
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
@@ -30,7 +32,7 @@ class Phi3Arch(Architecture):
             p + "ffn_down.weight": (hp.n_ff, hp.n_embd),
         }
 
-    def build_qkv(self, ctx: Any, w: Weights, p: str, cur: Any, n: int) -> tuple[Any, Any, Any]:
+    def build_qkv(self, ctx: Context, w: Weights, p: str, cur: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
         hp = self.hp
         qkv = ctx.mul_mat(w(p + "attn_qkv.weight"), cur)          # F32 [n_q + 2 n_embd_gqa, n]
         es, d = qkv.element_size, hp.head_dim
@@ -41,7 +43,7 @@ class Phi3Arch(Architecture):
         v = ctx.view(qkv, [hp.n_embd_gqa, n], [row], (n_q + hp.n_embd_gqa) * es)
         return q, k, v
 
-    def build_ffn(self, ctx: Any, w: Weights, p: str, cur: Any) -> Any:
+    def build_ffn(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
         hp = self.hp
         up = ctx.mul_mat(w(p + "ffn_up.weight"), cur)              # F32 [2 n_ff, n]: gate, then up
         n = up.ne[1]

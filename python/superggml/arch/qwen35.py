@@ -20,7 +20,9 @@ import dataclasses
 from typing import Any, Mapping
 
 from ..errors import GGUFError
-from .common import Architecture, StepInputs, Weights, build_attn, each_lane, f32, inv_sqrt
+from ..native import Context, Graph, Tensor
+from .base import Memory, StepInputs, Weights, f32, lane_memory, one_memory
+from .common import Architecture, build_attn, each_lane, inv_sqrt
 
 ROPE_IMROPE = 40        # GGML_ROPE_TYPE_IMROPE
 
@@ -108,13 +110,14 @@ class Qwen35Arch(Architecture):
         return f"blk.{il}.{'ssm_out' if self.recurrent[il] else 'attn_output'}.weight"
 
     # -- graphs ------------------------------------------------------------
-    def rope(self, ctx: Any, w: Weights, inp: StepInputs, il: int, x: Any) -> Any:
+    def rope(self, ctx: Context, w: Weights, inp: StepInputs, il: int, x: Tensor) -> Tensor:
         hp = self.hp
+        assert inp.positions is not None and self.rope_sections is not None
         return ctx.rope_multi(x, inp.positions, hp.n_rot, self.rope_sections, self.rope_mode, hp.n_ctx_orig,
                               hp.rope_base, hp.rope_scale, hp.rope_ext_factor, hp.rope_attn_factor)
 
-    def build_attention(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int, cur: Any,
-                        k_cache: Any, v_cache: Any) -> Any:
+    def build_attention(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, cur: Tensor,
+                        k_cache: Memory, v_cache: Memory) -> Tensor:
         if self.recurrent[il]:
             return self.build_delta_net(ctx, gf, w, inp, il, cur, k_cache, v_cache)
         hp, p, n = self.hp, f"blk.{il}.", inp.n_tokens
@@ -129,14 +132,15 @@ class Qwen35Arch(Architecture):
         q, k = self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, k)
         scale = inv_sqrt(d)
         if inp.lanes is None:
-            out = build_attn(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, scale, inp.mask)
+            out = build_attn(ctx, gf, hp, inp, q, k, v, one_memory(k_cache), one_memory(v_cache), scale, inp.mask)
         else:
             out = each_lane(ctx, inp, lambda j, lane, rows: build_attn(
-                ctx, gf, hp, lane, rows(q), rows(k), rows(v, 2), k_cache[j], v_cache[j], scale, lane.mask))
+                ctx, gf, hp, lane, rows(q), rows(k), rows(v, 2), lane_memory(k_cache, j), lane_memory(v_cache, j),
+                scale, lane.mask))
         return ctx.mul(out, ctx.sigmoid(gate))
 
-    def build_delta_net(self, ctx: Any, gf: Any, w: Weights, inp: StepInputs, il: int, cur: Any,
-                        conv_state: Any, state: Any) -> Any:
+    def build_delta_net(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, cur: Tensor,
+                        conv_state: Memory, state: Memory) -> Tensor:
         """A gated delta-net layer over the normed input cur F32 [n_embd, n], before ssm_out: F32 [d_inner, n].
         conv_state F32 [(d_conv - 1) * conv_channels] and state F32 [S * S * n_v_heads] (or lists, one per lane)
         are read and written back."""
@@ -146,24 +150,26 @@ class Qwen35Arch(Architecture):
         beta, alpha = self.beta_alpha(ctx, w, p, cur)
         g = ctx.mul(ctx.softplus(ctx.add(alpha, w(p + "ssm_dt.bias"))), w(p + "ssm_a"))    # [n_v_heads, n]
         if inp.lanes is None or inp.chain:          # one sequence: one chain of its rows, from lane 0's state
-            one = (lambda t: t[0]) if inp.chain else (lambda t: t)
+            conv, st = ((lane_memory(conv_state, 0), lane_memory(state, 0)) if inp.chain
+                        else (one_memory(conv_state), one_memory(state)))
             record = inp.record(il) if inp.record is not None else None
-            out = self.delta_rule(ctx, gf, w, p, qkv, beta, g, n, one(conv_state), one(state), record)
+            out = self.delta_rule(ctx, gf, w, p, qkv, beta, g, n, conv, st, record)
         else:
             out = each_lane(ctx, inp, lambda j, lane, rows: self.delta_rule(
-                ctx, gf, w, p, rows(qkv, 2), rows(beta, 2), rows(g, 2), lane.n_tokens, conv_state[j], state[j]))
+                ctx, gf, w, p, rows(qkv, 2), rows(beta, 2), rows(g, 2), lane.n_tokens, lane_memory(conv_state, j),
+                lane_memory(state, j)))
         S, H = self.d_state, self.n_v_heads
         normed = self.norm(ctx, w, ctx.reshape(out, [S, H, n]), p + "ssm_norm.weight")
         gated = ctx.mul(normed, ctx.silu(ctx.reshape(z, [S, H, n])))
         return ctx.reshape(gated, [self.d_inner, n])
 
-    def beta_alpha(self, ctx: Any, w: Weights, p: str, cur: Any) -> tuple[Any, Any]:
+    def beta_alpha(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> tuple[Tensor, Tensor]:
         """The delta rule's beta (sigmoid) and its gate's input, F32 [n_v_heads, n] each."""
         return (ctx.sigmoid(ctx.mul_mat(w(p + "ssm_beta.weight"), cur)),
                 ctx.mul_mat(w(p + "ssm_alpha.weight"), cur))
 
-    def delta_rule(self, ctx: Any, gf: Any, w: Weights, p: str, qkv: Any, beta: Any, g: Any, n: int,
-                   conv_state: Any, state: Any, record: Any = None) -> Any:
+    def delta_rule(self, ctx: Context, gf: Graph, w: Weights, p: str, qkv: Tensor, beta: Tensor, g: Tensor, n: int,
+                   conv_state: Tensor, state: Tensor, record: Tensor | None = None) -> Tensor:
         """One sequence's n rows: the conv over its window (the window written back), then the delta rule from
         its state (the state written back); F32 [S * n_v_heads, n]. `record` (F32, record_size(n) values or
         more): where the pass leaves the rule's inputs for replay."""
@@ -181,12 +187,12 @@ class Qwen35Arch(Architecture):
                 gf.expand(ctx.cpy(src, dst))
         return self.rule(ctx, gf, mixed, beta, g, n, state)
 
-    def slide(self, ctx: Any, gf: Any, x: Any, k: int, window: Any) -> None:
+    def slide(self, ctx: Context, gf: Graph, x: Tensor, k: int, window: Tensor) -> None:
         """The conv window after k of x's rows (x: the window, then the rows) written back."""
         ch, dc, xs = self.conv_channels, self.d_conv, x.element_size
         gf.expand(ctx.cpy(ctx.view(x, [dc - 1, ch, 1], [x.nb[1], x.nb[2]], k * xs), window))
 
-    def rule(self, ctx: Any, gf: Any, mixed: Any, beta: Any, g: Any, n: int, state: Any) -> Any:
+    def rule(self, ctx: Context, gf: Graph, mixed: Tensor, beta: Tensor, g: Tensor, n: int, state: Tensor) -> Tensor:
         """The delta rule over n rows of the conv's output mixed [ch, n] from `state` (written back)."""
         S, Hk, Hv = self.d_state, self.n_k_heads, self.n_v_heads
         es, row = mixed.element_size, mixed.nb[1]
@@ -207,7 +213,7 @@ class Qwen35Arch(Architecture):
         conv's output, beta and the gate."""
         return (self.d_conv - 1 + 2 * n) * self.conv_channels + 2 * n * self.n_v_heads
 
-    def record_views(self, ctx: Any, record: Any, n: int) -> list[Any]:
+    def record_views(self, ctx: Context, record: Tensor, n: int) -> list[Tensor]:
         """x [dc - 1 + n, ch, 1], mixed [ch, n, 1], beta and g [n_v_heads, n], one after another in record."""
         ch, dc, Hv, es = self.conv_channels, self.d_conv, self.n_v_heads, record.element_size
         shapes = [[dc - 1 + n, ch, 1], [ch, n, 1], [Hv, n], [Hv, n]]
@@ -218,7 +224,8 @@ class Qwen35Arch(Architecture):
             off += shape[0] * shape[1] * es
         return views
 
-    def replay(self, ctx: Any, gf: Any, record: Any, n: int, k: int, conv_state: Any, state: Any) -> None:
+    def replay(self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv_state: Tensor,
+               state: Tensor) -> None:
         """The states after the first k of a recorded pass's n rows, from the states before it: the window
         slides k rows, and the delta rule runs the first k rows again (the same arithmetic, row by row)."""
         x, mixed, beta, g = self.record_views(ctx, record, n)
@@ -228,12 +235,12 @@ class Qwen35Arch(Architecture):
         beta, g = (ctx.view(t, [Hv, k], [Hv * es], 0) for t in (beta, g))
         self.rule(ctx, gf, mixed, beta, g, k, state)
 
-    def heads_of(self, ctx: Any, x: Any, n: int) -> Any:
+    def heads_of(self, ctx: Context, x: Tensor, n: int) -> Tensor:
         """Q or K [S, n_k_heads, n, 1] for the value heads: the delta rule broadcasts them (value head h reads
         key head h % n_k_heads: Qwen3.5's converter orders the value heads so)."""
         return x
 
-    def l2_norm(self, ctx: Any, x: Any) -> Any:
+    def l2_norm(self, ctx: Context, x: Tensor) -> Tensor:
         """llama.cpp's build_gdn_l2_norm: x / |x| per head, as an RMS norm of eps / S scaled by 1 / sqrt(S)."""
         S = x.ne[0]
         return ctx.scale(ctx.rms_norm(x, float(f32(self.hp.rms_eps) / f32(S))), inv_sqrt(S))

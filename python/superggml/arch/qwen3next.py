@@ -8,7 +8,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import UnsupportedModelError
-from .common import ROPE_NEOX, Architecture, Weights
+from ..native import Context, Tensor
+from .base import Weights
+from .common import ROPE_NEOX, Architecture
 from .qwen35moe import Qwen35MoeArch
 
 
@@ -31,7 +33,7 @@ class Qwen3NextArch(Qwen35MoeArch):
             shapes[p + "ssm_ba.weight"] = (self.hp.n_embd, 2 * self.n_v_heads)
         return shapes
 
-    def beta_alpha(self, ctx: Any, w: Weights, p: str, cur: Any) -> tuple[Any, Any]:
+    def beta_alpha(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> tuple[Tensor, Tensor]:
         """ssm_ba's rows per key head: its value heads' betas, then their alphas."""
         n, per = cur.ne[1], self.n_v_heads // self.n_k_heads
         ba = ctx.reshape(ctx.mul_mat(w(p + "ssm_ba.weight"), cur), [2 * per, self.n_k_heads, n])
@@ -39,7 +41,7 @@ class Qwen3NextArch(Qwen35MoeArch):
         a = ctx.cont(ctx.view(ba, [per, self.n_k_heads, n], [ba.nb[1], ba.nb[2]], per * ba.element_size))
         return ctx.reshape(ctx.sigmoid(b), [self.n_v_heads, n]), ctx.reshape(a, [self.n_v_heads, n])
 
-    def heads_of(self, ctx: Any, x: Any, n: int) -> Any:
+    def heads_of(self, ctx: Context, x: Tensor, n: int) -> Tensor:
         """Q or K repeated per key head (value head h reads key head h // (n_v_heads / n_k_heads)), as llama.cpp's
         qwen3next graph repeats them."""
         S, Hk, r = self.d_state, self.n_k_heads, self.n_v_heads // self.n_k_heads

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import re
 from array import array
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence, overload
 
 from ..errors import GGUFError
 from .unicode import UTF8_LEN, is_utf8, utf8
@@ -42,7 +42,11 @@ class TokenTexts(Sequence[str]):
     def __len__(self) -> int:
         return len(self._offsets) - 1
 
-    def __getitem__(self, i: Any) -> Any:
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         o = self._offsets

@@ -105,7 +105,7 @@ def _cpt_category(cpt: int) -> str:
 _COLLAPSED_CAT = {"N": "\xd1", "L": "\xd2", "P": "\xd3", "M": "\xd4", "S": "\xd5"}
 
 
-class _CollapseTable(dict):
+class _CollapseTable(dict[int, int]):
     """str.translate table: code point -> llama.cpp's collapsed character."""
 
     def __missing__(self, cpt: int) -> int:

@@ -202,8 +202,8 @@ class Vocab:
     pre_type: str = "DEFAULT"
     tokens: list[str] = field(default_factory=list)
     token_to_id: dict[str, int] = field(default_factory=dict)
-    scores: array = field(default_factory=lambda: array("f"))
-    attrs: array = field(default_factory=lambda: array("i"))
+    scores: array[float] = field(default_factory=lambda: array("f"))
+    attrs: array[int] = field(default_factory=lambda: array("i"))
     ids: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(SPECIAL_NAMES))
     add_bos: bool = False
     add_eos: bool = False
@@ -220,7 +220,7 @@ class Vocab:
         return len(self.tokens)
 
 
-SPECIAL_NAMES = ("bos", "eos", "eot", "eom", "unk", "sep", "pad", "mask", "fim_pre", "fim_suf", "fim_mid",
+SPECIAL_NAMES: tuple[str, ...] = ("bos", "eos", "eot", "eom", "unk", "sep", "pad", "mask", "fim_pre", "fim_suf", "fim_mid",
                  "fim_pad", "fim_rep", "fim_sep")
 
 
@@ -245,6 +245,7 @@ def load_vocab(meta: Mapping[str, Any]) -> Vocab:
 
 def _model_defaults(model: str, pre: str) -> Vocab:
     if model == "gpt2":
+        flags: dict[str, bool]
         if pre in ("", "default"):
             pre_type, flags = "DEFAULT", {}
         elif pre in _PRE_TYPES:
@@ -280,14 +281,14 @@ def _read_tokens(meta: Mapping[str, Any]) -> tuple[list[str], dict[str, int]]:
     return tokens, token_to_id
 
 
-def _read_scores(meta: Mapping[str, Any], n: int) -> array:
+def _read_scores(meta: Mapping[str, Any], n: int) -> array[float]:
     scores = meta_list(meta, "tokenizer.ggml.scores")
     if scores is not None and len(scores) < n:
         raise GGUFError("tokenizer.ggml.scores is shorter than the vocabulary")
     return array("f", [float(s) for s in scores[:n]] if scores is not None else [0.0] * n)
 
 
-def _read_attrs(meta: Mapping[str, Any], n: int) -> array:
+def _read_attrs(meta: Mapping[str, Any], n: int) -> array[int]:
     types = meta_list(meta, "tokenizer.ggml.token_type")
     if types is not None and len(types) < n:
         raise GGUFError("tokenizer.ggml.token_type is shorter than the vocabulary")
@@ -335,7 +336,7 @@ def _detect_special_tokens(vocab: Vocab) -> None:
 
 def _detect_eog(vocab: Vocab) -> frozenset[int]:
     ids, attrs, t2i = vocab.ids, vocab.attrs, vocab.token_to_id
-    eog = {ids[k] for k in ("fim_pad", "fim_rep", "fim_sep") if ids[k] is not None}
+    eog = {t for t in (ids["fim_pad"], ids["fim_rep"], ids["fim_sep"]) if t is not None}
     for name in _EOG_NAMES:
         tid = t2i.get(name)
         if tid is not None:
@@ -345,9 +346,9 @@ def _detect_eog(vocab: Vocab) -> frozenset[int]:
         tid = t2i.get(name)
         if tid is not None:
             attrs[tid] = TokenAttr.USER_DEFINED
-    for name in ("eos", "eot", "eom"):
-        if ids[name] is not None:
-            eog.add(ids[name])
+    for tid in (ids["eos"], ids["eot"], ids["eom"]):
+        if tid is not None:
+            eog.add(tid)
     texts = {vocab.tokens[t] for t in eog}
     calls = "<|call|>" in texts or "<|calls|>" in texts
     if "<|end|>" in texts and (("<|return|>" in texts and calls) or (calls and "<|flush|>" in texts)):

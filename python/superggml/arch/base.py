@@ -1,0 +1,213 @@
+"""What every family's graphs read: the hyperparameters, the weights by name, a step's input tensors and a
+layer's memory."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol, SupportsFloat, Union
+
+import numpy as np
+
+from .. import native
+from ..errors import GGUFError, UnsupportedModelError
+
+ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
+
+_libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+_libm.logf.restype, _libm.logf.argtypes = ctypes.c_float, [ctypes.c_float]
+
+
+def logf(x: SupportsFloat) -> np.float32:
+    """C's logf: llama.cpp derives its scales with it."""
+    return np.float32(_libm.logf(np.float32(x)))
+
+
+def f32(x: SupportsFloat) -> np.float32:
+    """x as a C float: hyperparameters derived in float arithmetic, as llama.cpp derives them, so graphs get
+    the same bits."""
+    return np.float32(x)
+
+
+@dataclass(frozen=True)
+class HParams:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+    rms_eps: float
+    rope_base: float
+    rope_scale: float           # freq_scale: 1 / rope.scaling.factor
+    n_rot: int
+    rope_scaling: str = "linear"          # none, linear, yarn, longrope (llama.cpp's default when the key is absent)
+    n_ctx_orig: int = 0                   # rope.scaling.original_context_length, else n_ctx_train
+    rope_ext_factor: float = 0.0          # YaRN: 1
+    rope_attn_factor: float = 1.0         # YaRN's magnitude correction times rope.scaling.attn_factor
+    n_expert: int = 0                     # mixture of experts: experts per layer (0: a dense FFN)
+    n_expert_used: int = 0                # experts each token is routed to
+    head_dim_v: int = 0                   # value_length where it differs from the key's (0: head_dim)
+    latent_kv: bool = False               # the memory holds K only; V is K's first head_dim_v values (MLA)
+    n_nextn: int = 0                      # next-token-prediction (MTP) blocks after the n_layer of the model
+    n_layer_kv: int = 0                   # layers with a K/V cache where not all (a hybrid model's attention ones)
+    state_bytes: int = 0                  # a sequence's recurrent states over every layer (hybrid models)
+
+    @property
+    def n_embd_gqa(self) -> int:
+        return self.head_dim * self.n_head_kv
+
+    @property
+    def n_embd_v_gqa(self) -> int:
+        """V values per token and layer in the memory (0: none, V is read from K)."""
+        return 0 if self.latent_kv else (self.head_dim_v or self.head_dim) * self.n_head_kv
+
+    @property
+    def v_channels(self) -> int:
+        """The channels a transposed V's indices run over: n_embd_v_gqa, or K's width with no V."""
+        return self.n_embd_v_gqa or self.n_embd_gqa
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, Any], arch: str) -> "HParams":
+        def get(key: str, default: Any = None) -> Any:
+            v = meta.get(f"{arch}.{key}", default)
+            if v is None:
+                raise GGUFError(f"GGUF metadata lacks '{arch}.{key}'")
+            return v
+
+        try:
+            n_embd = int(get("embedding_length"))
+            n_head = int(get("attention.head_count"))
+            n_head_kv = int(get("attention.head_count_kv", n_head))
+            head_dim = int(get("attention.key_length", n_embd // max(n_head, 1)))
+            v_dim = int(get("attention.value_length", n_embd // max(n_head, 1)))  # llama.cpp's n_embd_head_v
+            n_vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
+            n_ctx_train = int(get("context_length"))
+            rope = _rope_scaling(meta, arch, n_ctx_train)
+            n_nextn = int(get("nextn_predict_layers", 0))
+            hp = cls(
+                arch=arch,
+                n_layer=int(get("block_count")) - n_nextn,   # MTP blocks follow
+                n_nextn=n_nextn,
+                n_embd=n_embd,
+                n_head=n_head,
+                n_head_kv=n_head_kv,
+                head_dim=head_dim,
+                n_ff=int(get("feed_forward_length")),
+                n_vocab=int(n_vocab),
+                n_ctx_train=n_ctx_train,
+                rms_eps=float(get("attention.layer_norm_rms_epsilon")),
+                rope_base=float(get("rope.freq_base", 10000.0)),
+                n_rot=int(get("rope.dimension_count", head_dim)),
+                n_expert=int(get("expert_count", 0)),
+                n_expert_used=int(get("expert_used_count", 0)),
+                head_dim_v=0 if v_dim == head_dim else v_dim,
+                **rope,
+            )
+        except (TypeError, ValueError) as e:
+            if isinstance(e, GGUFError):
+                raise
+            raise GGUFError(f"GGUF hyperparameters are malformed: {e}") from e
+        if min(hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab) <= 0:
+            raise GGUFError(f"GGUF hyperparameters are not positive: {hp}")
+        if hp.n_head % hp.n_head_kv or hp.n_rot > hp.head_dim or hp.n_rot % 2:
+            raise GGUFError(f"GGUF hyperparameters are inconsistent: {hp}")
+        if hp.n_expert and not 0 < hp.n_expert_used <= hp.n_expert:
+            raise GGUFError(f"expert_used_count ({hp.n_expert_used}) must be in 1..expert_count ({hp.n_expert})")
+        return hp
+
+
+def _rope_scaling(meta: Mapping[str, Any], arch: str, n_ctx_train: int) -> dict[str, Any]:
+    """RoPE scaling as llama.cpp's context derives it (llama_context's constructor): freq_scale, YaRN's
+    ext_factor and attn_factor, the original context."""
+    kind = meta.get(f"{arch}.rope.scaling.type", "linear")
+    if kind not in ROPE_SCALINGS:
+        raise UnsupportedModelError(f"RoPE scaling type {kind!r} ('{arch}.rope.scaling.type') is not supported "
+                                    f"({', '.join(ROPE_SCALINGS)})")
+    # rope.scaling.factor, else the older rope.scale_linear
+    factor = f32(meta.get(f"{arch}.rope.scaling.factor") or meta.get(f"{arch}.rope.scale_linear") or 0.0)
+    if factor < 0:
+        raise GGUFError(f"'{arch}.rope.scaling.factor' is negative: {factor}")
+    scale = f32(1.0) if factor == 0 or kind == "none" else f32(1.0) / factor
+    ext = f32(1.0 if kind == "yarn" else 0.0)
+    attn = f32(1.0)
+    if ext != 0:
+        fac = f32(1.0) / scale
+        log = logf(fac)
+        attn = f32(1.0) if fac <= 1 else f32(0.1) * f32(1.0) * log + f32(1.0)
+        attn *= f32(1.0) / (f32(1.0) + f32(0.1) * log)   # cancels the factor ggml-cpu's rope applies
+    attn *= f32(meta.get(f"{arch}.rope.scaling.attn_factor", 1.0))
+    n_orig = int(meta.get(f"{arch}.rope.scaling.original_context_length") or n_ctx_train)
+    return dict(rope_scaling=kind, rope_scale=float(scale), rope_ext_factor=float(ext),
+                rope_attn_factor=float(attn), n_ctx_orig=n_orig)
+
+
+class Weights(Protocol):
+    """name -> paged tensor (the executor decides where its bytes are)."""
+
+    def __call__(self, name: str) -> native.Tensor: ...
+    def has(self, name: str) -> bool: ...
+
+
+@dataclass
+class StepInputs:
+    """Tensors shared by every layer graph of one micro-batch (all already filled).
+
+    tokens   I32 [n_tokens]              positions I32 [n_tokens] (4 * n_tokens with rope sections)
+    mask     F32 [n_kv, n_tokens]        causal mask, 0 or -inf (F16 with flash_attn)
+    mask_swa same as mask                the causal mask of sliding-window layers (None without them)
+    k_idxs   I64 [n_tokens]              KV rows written this step
+    v_idxs   I64 [n_tokens*n_embd_gqa]   (transposed V) or [n_tokens]
+    out_ids  I32 [n_outputs]             rows whose logits are wanted
+
+    A pass over several sequences has `lanes`: per sequence, in row order, its own StepInputs (its rows
+    [row0, row0 + n_tokens), its n_kv, masks and K/V indices; no tokens, positions or out_ids), and attends
+    over its own K/V (the k_cache/v_cache given to the block are then lists, one per lane). Or, when the
+    sequences have as many rows each and their memory is one tensor, n_streams of them attend at once (see
+    attend): mask [n_kv, n_tokens / n_streams, 1, n_streams], K/V indices into the whole tensor.
+    """
+
+    n_tokens: int
+    n_kv: int
+    n_outputs: int
+    tokens: native.Tensor | None       # None in a lane, as positions and out_ids
+    positions: native.Tensor | None
+    mask: native.Tensor | None         # None in a pass with lanes, as k_idxs and v_idxs
+    k_idxs: native.Tensor | None
+    v_idxs: native.Tensor | None
+    out_ids: native.Tensor | None
+    flash_attn: bool
+    mask_swa: native.Tensor | None = None
+    lanes: list[StepInputs] | None = None
+    row0: int = 0
+    k_rot: native.Tensor | None = None  # F32 [n, n] Walsh-Hadamard matrices Q and K (k_rot), V and the output
+    v_rot: native.Tensor | None = None  # (v_rot) are rotated by for a quantized K (V) cache, as llama.cpp does
+    n_streams: int = 1       # > 1: the rows are that many sequences' runs of equal length, attending at once
+    keep_rows: bool = False  # the last block keeps every row (the output norm of each is wanted: an MTP drafter's)
+    hidden: native.Tensor | None = None  # F32 [n_embd, n_tokens]: the hidden rows an MTP block reads
+    chain: bool = False      # the lanes are one sequence's tokens, each its own lane (a recurrent layer: one chain)
+    # layer -> the tensor where a recurrent layer leaves its pass's inputs for replay, or None
+    record: Callable[[int], native.Tensor | None] | None = None
+
+
+# A layer's memory as its graph reads it: a tensor (K, V, or a recurrent state), a list of them, one per lane
+# of a pass with lanes (StepInputs.lanes), or None (a latent K/V's V).
+Memory = Union[native.Tensor, Sequence[native.Tensor], None]
+
+
+def one_memory(m: Memory) -> native.Tensor:
+    """The memory of a pass without lanes: one tensor."""
+    assert isinstance(m, native.Tensor)
+    return m
+
+
+def lane_memory(m: Memory, j: int) -> native.Tensor:
+    """Lane j's memory in a pass with lanes."""
+    assert m is not None and not isinstance(m, native.Tensor)
+    return m[j]
+
