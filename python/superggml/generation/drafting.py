@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..runtime.memory_plan import model_bytes
-from ..settings import Settings, parse_size
+from ..settings import Settings
 from .mtp import MtpDrafter, mtp_bytes
 from .speculative import DRAFT_BATCH, DraftLength, LookupDrafter, ModelDrafter, Speculator
 
@@ -27,7 +27,7 @@ def draft_bytes(model: Any, settings: Settings) -> int:
     if not sp.draft_model:
         return 0
     draft = Settings.from_options(draft_options(settings)).context     # the draft's context, cache types f16
-    return model_bytes(sp.draft_model, draft, parse_size(sp.draft_budget))
+    return model_bytes(sp.draft_model, draft, sp.draft_budget if isinstance(sp.draft_budget, int) else None)
 
 
 def make_speculator(model: Any, model_cls: Any) -> Speculator:

@@ -150,10 +150,7 @@ class Executor:
         self.head_buffers: tuple[int, list[Any]] | None = None   # rows, the streamed head's [ctx, buffer, in, out]
         self.hidden_buf: Any = None                   # keep_hidden's rows, F32 [n_embd, n_batch]
         self.on_hidden: Any = None                    # (sequence, first position, F32 [n, n_embd]) per pass item
-        if self.placement.paged:
-            self.placement.make_pagers(memory)
-        if self.placement.experts_paged:
-            self.placement.make_experts()
+        self.placement.make_pools(memory)
 
     def close(self) -> None:
         """Stops the background load (before the file's mapping goes away) and drops the plans (they refer

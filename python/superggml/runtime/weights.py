@@ -208,6 +208,13 @@ class WeightPlacement:
         """The first device's pager (the only one of a model on one device)."""
         return self.pagers[0]
 
+    def make_pools(self, memory: MemoryFn | None) -> None:
+        """What pages: the blocks' pools (make_pagers), the expert cache (make_experts)."""
+        if self.paged:
+            self.make_pagers(memory)
+        if self.experts_paged:
+            self.make_experts()
+
     def make_pagers(self, memory: MemoryFn | None) -> None:
         """Each device's blocks (the head's device: the lm head's row chunks too) go through a pool of slots
         of its own, within its budget; the first ones that fit stay pinned. With dynamic_layers, the
