@@ -126,7 +126,7 @@ def main() -> int:
             (f"RPC + RPC split, streamed ({a.budget_blocks} blocks each)",
              dict(devices=[r1, r2], device_budget=f"{budget},{budget}")),
         ]
-        head = (f"| run | tok/s | MB moved/token | waiting for weights | transfer (bytes / loopback) | load s | " +
+        head = ("| run | tok/s | MB moved/token | waiting for weights | transfer (bytes / loopback) | load s | " +
                 " | ".join(f"tok/s at {k}" for k in LINKS) + " |")
         print(head)
         print("|" + "---|" * (6 + len(LINKS)))

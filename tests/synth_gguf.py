@@ -444,7 +444,7 @@ def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=
     next-token-prediction block after them (a full-attention block with the nextn tensors); echo: see
     echo_writers."""
     rng = np.random.default_rng(seed)
-    U, F = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
+    U = gguf.GGUFValueType.UINT32
     w, key = start_header(path, arch, n_layer + (1 if mtp else 0), n_ctx_train, n_embd, n_ff, n_head, n_head_kv)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
