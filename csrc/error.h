@@ -25,4 +25,9 @@ struct FileError : Error {
     FileError(const std::string & msg, int err) : Error(msg), err(err) {}
 };
 
+// A device (an RPC server: csrc/rpc/) failed or cannot be reached (superggml.DeviceError, a ConnectionError).
+struct DeviceError : Error {
+    using Error::Error;
+};
+
 }  // namespace superggml

@@ -1,5 +1,5 @@
 #include "graph.h"
-#include "rpc.h"
+#include "remote.h"
 
 #include "ggml.h"
 #include "ggml-alloc.h"
@@ -85,7 +85,7 @@ compute_backend::~compute_backend() {
 ggml_backend_device * compute_backend::device() const { return ggml_backend_get_device(backend_); }
 ggml_backend_buffer_type * compute_backend::buffer_type() const { return ggml_backend_get_default_buffer_type(backend_); }
 std::string compute_backend::name() const {
-    std::string ep = rpc_device_endpoint(device());     // RPC: "RPC0[server]", not the relay's port
+    std::string ep = remote_device_endpoint(device());  // RPC: "RPC0[server]", not the relay's port
     return ep.empty() ? ggml_backend_name(backend_) : ggml_backend_dev_name(device()) + ("[" + ep + "]");
 }
 

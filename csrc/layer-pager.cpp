@@ -108,7 +108,7 @@ layer_pager::layer_pager(std::shared_ptr<weight_store> store, const std::vector<
         host_ = std::make_unique<buffer_pool>(hp);
     }
     io_ = std::make_unique<prefetcher>(store_->file().path(), p.n_workers, direct_,
-                                       ggml_backend_buft_get_device(buft), p.staged);
+                                       ggml_backend_buft_get_device(buft), p.staged, p.writer);
 }
 
 // Bytes from a slot buffer's base to where the layer's layout starts.

@@ -30,6 +30,7 @@ struct pager_params {
     bool direct_io = false;                    // O_DIRECT reads into host slots (file layout, no page cache)
     bool staged = false;                       // host slots too go through staging + async copies (the device path)
     int host_slots = 0;                        // a host tier of this many layers between the file and a staged pool
+    range_writer writer;                       // staged loads' writer (remote.h; none: every range is read)
 };
 
 struct pager_stats {

@@ -1,7 +1,5 @@
 #include "prefetch.h"
 
-#include "rpc-content.h"
-
 #include "io.h"
 #include "tensor-bind.h"
 
@@ -59,7 +57,8 @@ struct prefetcher::stager {
 };
 
 prefetcher::prefetcher(const std::string & path, int n_workers, bool direct, ggml_backend_device * device,
-                       bool staged) : path_(path), device_(device), staged_(staged) {
+                       bool staged, range_writer writer)
+    : path_(path), device_(device), staged_(staged), writer_(std::move(writer)) {
     if (n_workers < 1) throw Error("prefetcher needs at least one worker");
     fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd_.valid()) {
@@ -253,16 +252,18 @@ double host_to_device_rate(ggml_backend_device * dev, size_t bytes, int repeats)
 }
 
 void prefetcher::load_staged(const load_job & in, stager & st) {
-    // ranges an RPC peer holds go by content address: only their hashes are sent (rpc-content.h)
+    // whole ranges go to the writer first (remote.h: an RPC peer that holds them is sent only their hashes)
     load_job job;
     job.dst = in.dst;
     std::vector<range_write> whole;
     for (const auto & r : in.ranges) {
-        if (!r.need || r.need == r.size) whole.push_back({r.file_offset, r.size, r.dst_offset});
-        else job.ranges.push_back(r);
+        if (!writer_ || (r.need && r.need != r.size)) job.ranges.push_back(r);
+        else whole.push_back({r.file_offset, r.size, r.dst_offset});
     }
-    for (const auto & w : content_write(in.dst, path_, std::move(whole))) {
-        job.ranges.push_back({w.file_offset, (size_t) w.size, (size_t) w.dst_offset, 0});
+    if (writer_) {
+        for (const auto & w : writer_(in.dst, path_, std::move(whole))) {
+            job.ranges.push_back({w.file_offset, (size_t) w.size, (size_t) w.dst_offset, 0});
+        }
     }
     ggml_context * ctx = chunk_views(job.ranges);
     auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(job.dst));

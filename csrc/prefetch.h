@@ -22,6 +22,9 @@
 // on to the slot from there (the host copy is the staging buffer). `done`
 // runs once: on the worker after the job, with whether it succeeded, or with
 // false where a cancelled job is dropped.
+// A staged job's ranges that are read whole are first offered to the
+// prefetcher's range_writer, if it was given one (remote.h: content-addressed
+// writes to an RPC peer); the worker reads the ranges it leaves.
 // A short read or an I/O error fails that job's future with FileError; the
 // worker carries on. cancel() fails a job that has not started with
 // Cancelled; a running job always finishes (its slot is still being
@@ -30,6 +33,7 @@
 
 #include "error.h"
 #include "io.h"
+#include "remote.h"
 #include "task-pool.h"
 
 #include <atomic>
@@ -79,10 +83,12 @@ class prefetcher {
 public:
     // Opens `path` for reading (and with O_DIRECT too if `direct`) and starts
     // n_workers threads. `device` is the slots' device (nullptr: CPU);
-    // `staged` sends host slots through the staging path too. Throws
-    // FileError if the file cannot be opened, Error if n_workers < 1.
+    // `staged` sends host slots through the staging path too; `writer`
+    // (none: every range is read) writes what it can of a staged job's whole
+    // ranges by another route (remote.h). Throws FileError if the file
+    // cannot be opened, Error if n_workers < 1.
     prefetcher(const std::string & path, int n_workers = 1, bool direct = false,
-               ggml_backend_device * device = nullptr, bool staged = false);
+               ggml_backend_device * device = nullptr, bool staged = false, range_writer writer = {});
     ~prefetcher();   // fails queued jobs with Cancelled, joins the workers
     prefetcher(const prefetcher &) = delete;
     prefetcher & operator=(const prefetcher &) = delete;
@@ -113,6 +119,7 @@ private:
     io_fd fd_direct_;                                 // none: buffered reads only
     ggml_backend_device * device_ = nullptr;
     bool staged_ = false;
+    range_writer writer_;                             // none: staged ranges are all read
     std::atomic<uint64_t> bytes_{0};
     std::atomic<uint64_t> direct_bytes_{0};
     std::atomic<uint64_t> host_bytes_{0};

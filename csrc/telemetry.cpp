@@ -1,6 +1,6 @@
 #include "telemetry.h"
 
-#include "rpc.h"
+#include "remote.h"
 
 #include "ggml-backend.h"
 
@@ -109,10 +109,10 @@ std::vector<device_memory> device_memory_info() {
     std::vector<device_memory> out;
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t d = ggml_backend_dev_get(i);
-        if (!rpc_device_usable(d)) continue;        // a server that failed: not reached again unless re-added
+        if (!remote_device_usable(d)) continue;       // a server that failed: not reached again unless re-added
         device_memory m;
         m.name = ggml_backend_dev_name(d);
-        m.description = rpc_device_endpoint(d);     // an RPC device: its server, not the relay ggml talks to
+        m.description = remote_device_endpoint(d);   // an RPC device: its server, not the relay ggml talks to
         if (m.description.empty()) m.description = ggml_backend_dev_description(d);
         switch (ggml_backend_dev_type(d)) {
             case GGML_BACKEND_DEVICE_TYPE_GPU: m.type = "gpu"; break;

@@ -1,7 +1,5 @@
 #include "weight-store.h"
 
-#include "rpc-content.h"
-
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -12,7 +10,8 @@
 
 namespace superggml {
 
-weight_store::weight_store(std::shared_ptr<gguf_file> file) : file_(std::move(file)) {
+weight_store::weight_store(std::shared_ptr<gguf_file> file, range_writer writer)
+    : file_(std::move(file)), writer_(std::move(writer)) {
     for (const auto & ti : file_->tensors()) entries_[ti.name] = {file_->tensor(ti.name), ti.offset, ti.nbytes};
 }
 
@@ -147,7 +146,11 @@ size_t weight_store::load_resident(const std::vector<std::string> & names, ggml_
     size_t total = 0;
     const std::vector<std::string> placed = place_resident(names, buft, &total);
     if (placed.empty()) return total;
-    // ranges an RPC peer holds go by content address (rpc-content.h), the rest as bytes
+    if (!writer_) {
+        for (const auto & n : placed) fill(n);
+        return total;
+    }
+    // the writer's first (remote.h: an RPC peer that holds them is sent only their hashes), the rest as bytes
     ggml_backend_buffer * buf = at(placed[0]).t->buffer;
     auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf));
     std::vector<range_write> ranges;
@@ -155,7 +158,7 @@ size_t weight_store::load_resident(const std::vector<std::string> & names, ggml_
         const entry & e = at(n);
         ranges.push_back({e.offset, e.nbytes, (uint64_t) (static_cast<uint8_t *>(e.t->data) - base)});
     }
-    std::vector<range_write> rest = content_write(buf, file_->path(), ranges);
+    std::vector<range_write> rest = writer_(buf, file_->path(), ranges);
     if (rest.size() == ranges.size()) {
         for (const auto & n : placed) fill(n);
         return total;

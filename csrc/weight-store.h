@@ -1,9 +1,15 @@
 // weight-store: the weights of one GGUF file as paged tensors (tensor-bind.h),
 // bound to the file mapping, to resident buffers, or to ggml-cpu's re-laid
 // ("repack") buffers; the layer pager binds them to pool slots.
+//
+// A store may be given a range_writer (remote.h): load_resident offers the
+// tensors' file ranges to it first (content-addressed writes to an RPC peer)
+// and copies the bytes of those it leaves. Without one, every tensor's bytes
+// are copied.
 #pragma once
 
 #include "gguf-file.h"
+#include "remote.h"
 #include "tensor-bind.h"
 
 #include <memory>
@@ -27,8 +33,9 @@ enum class weight_home { unbound, mmap, resident, repacked };
 // The weights of one GGUF file as paged tensors.
 class weight_store {
 public:
-    // Takes shared ownership of `file`; tensors start unbound.
-    explicit weight_store(std::shared_ptr<gguf_file> file);
+    // Takes shared ownership of `file`; tensors start unbound. `writer`: see
+    // above (none: plain copies).
+    explicit weight_store(std::shared_ptr<gguf_file> file, range_writer writer = {});
     ~weight_store();
 
     const gguf_file & file() const { return *file_; }
@@ -94,6 +101,7 @@ private:
     const entry & at(const std::string & name) const;
 
     std::shared_ptr<gguf_file> file_;
+    range_writer writer_;                              // none: load_resident copies every tensor's bytes
     ggml_context * views_ = nullptr;                   // row-chunk tensors
     ggml_backend_buffer * mmap_buf_ = nullptr;
     std::vector<ggml_backend_buffer *> resident_bufs_;

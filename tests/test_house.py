@@ -237,3 +237,75 @@ def test_settings_are_not_rewritten_after_resolve():
                     if isinstance(tt, ast.Attribute) and tt.attr == "settings" and not isinstance(v, ast.Name):
                         found.append(f"{p.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)[:80]}")
     assert found == [], "\n".join(found)
+
+
+CSRC = ROOT / "csrc"
+CMAKE_CALL = r"{}\(\s*([^)]*)\)"
+BINDING_ONLY = {
+    "module": "the extension's init: calls every file's init_*",
+    "lease": "the bindings' own hold on lent memory (lease.h), used by the pool, pager and KV cache bindings",
+    "ops": "ggml's own ops (ggml.h) as methods of Context: no csrc source, graph.cpp binds graph.h",
+}
+
+
+def cmake_args(text: str, command: str, first: str) -> list[str]:
+    """The arguments (after `first`) of the CMake call `command(first ...)`; [] if there is none."""
+    import re
+    for m in re.finditer(CMAKE_CALL.format(command), text):
+        args = m.group(1).split()
+        if args and args[0] == first:
+            return args[1:]
+    return []
+
+
+def quoted_includes(path: Path) -> list[str]:
+    import re
+    return re.findall(r'^\s*#\s*include\s+"([^"]+)"', path.read_text(), re.M)
+
+
+def test_the_paging_core_builds_without_rpc():
+    """CMake's superggml_core target (csrc/*.cpp) holds no RPC source and links no ggml-rpc; no core file includes
+    one of csrc/rpc/ or ggml-rpc.h; the core's stress tests link the core alone (rpc_stress the RPC module)."""
+    text = (ROOT / "CMakeLists.txt").read_text()
+    rpc = sorted(p.name for p in (CSRC / "rpc").glob("*.cpp"))
+    assert {"rpc.cpp", "rpc-peer.cpp", "rpc-wire.cpp", "rpc-content.cpp"} <= set(rpc)
+    assert not [p.name for p in CSRC.glob("rpc*.*")], "RPC sources outside csrc/rpc/"
+
+    assert cmake_args(text, "add_library", "superggml_core") == ["STATIC", "${SUPERGGML_CORE_SOURCES}"]
+    glob = cmake_args(text, "file", "GLOB")
+    assert glob[:2] == ["SUPERGGML_CORE_SOURCES", "CONFIGURE_DEPENDS"] and glob[2:] == ["csrc/*.cpp"], glob
+    core = sorted(CSRC.glob("*.cpp"))                          # what that non-recursive glob picks up
+    assert len(core) > 15 and all(p.parent == CSRC for p in core)
+    links = cmake_args(text, "target_link_libraries", "superggml_core")
+    assert links and not [x for x in links if "rpc" in x or x == "superggml::ggml"], links
+
+    ggml = (ROOT / "ggml" / "CMakeLists.txt").read_text()
+    ggml_core = cmake_args(ggml, "target_link_libraries", "superggml_ggml_core")
+    assert ggml_core == ["INTERFACE", "ggml", "ggml-base", "ggml-cpu"], ggml_core
+
+    bad = []
+    core_headers = {p.name for p in CSRC.glob("*.h")}
+    for p in sorted([*CSRC.glob("*.h"), *CSRC.glob("*.cpp")]):
+        for inc in quoted_includes(p):
+            if inc.startswith("rpc") or inc == "ggml-rpc.h" or ("/" in inc) or \
+                    (not inc.startswith("ggml") and inc != "gguf.h" and inc not in core_headers):
+                bad.append(f"{p.relative_to(ROOT)}: #include \"{inc}\"")
+    assert bad == [], "\n".join(bad)
+
+    tests = cmake_args(text, "set", "core_tests")
+    assert {"task_stress", "prefetch_stress", "kv_stress", "loader_stress", "expert_stress", "hash_stress"} <= set(tests)
+    assert "rpc_stress" not in tests
+    for t in tests:
+        incs = quoted_includes(ROOT / "tests" / "cpp" / f"{t}.cpp")
+        assert not [i for i in incs if i.startswith("rpc") or i == "ggml-rpc.h"], (t, incs)
+    assert "target_link_libraries(${t} PRIVATE superggml_core)" in text
+
+
+def test_binding_files_are_named_after_their_sources():
+    """csrc/bindings/<x>.cpp binds csrc/<x>.cpp (or csrc/rpc/<x>.cpp), `_` for `-`; the few binding-only files
+    say why they have no source."""
+    sources = {p.stem for p in [*CSRC.glob("*.cpp"), *CSRC.glob("*.h"), *(CSRC / "rpc").glob("*.cpp")]}
+    odd = [p.name for p in sorted((CSRC / "bindings").glob("*.cpp"))
+           if p.stem.replace("_", "-") not in sources and p.stem not in BINDING_ONLY]
+    assert odd == [], odd
+    assert all((CSRC / "bindings" / f"{n}.cpp").exists() for n in BINDING_ONLY)

@@ -1,6 +1,8 @@
 // Shared declarations of the pybind11 binding files (one per core subsystem).
 #pragma once
 
+#include "remote.h"
+
 #include <pybind11/pybind11.h>
 
 #include <memory>
@@ -30,6 +32,10 @@ pybind11::dict to_dict(const pager_stats & s);   // the pager's own counts (Laye
 pybind11::dict to_dict(const kv_stats & s);
 pybind11::dict to_dict(const loader_stats & s);
 pybind11::dict to_dict(const expert_cache_stats & s);
+
+// The writer of content-addressed ranges (remote.h) that every weight store, layer pager and prefetcher made
+// from Python is handed: csrc/rpc/rpc-content.h's content_write (defined in rpc.cpp, the RPC module's binding).
+range_writer content_writer();
 
 void init_errors(pybind11::module_ & m);
 void init_gguf_file(pybind11::module_ & m);

@@ -31,7 +31,8 @@ void init_expert_cache(py::module_ & m) {
             p.freq_weight = freq_weight;
             p.direct = direct_io;
             auto io = std::make_shared<prefetcher>(path, n_workers, direct_io,
-                                                   backend ? backend->device() : nullptr, false);
+                                                   backend ? backend->device() : nullptr, false,
+                                                   content_writer());
             return std::make_shared<expert_cache>(p, io);
         }), py::arg("path"), py::arg("n_slots"), py::arg("slot_size"), py::arg("backend") = nullptr,
             py::arg("n_workers") = 2, py::arg("freq_weight") = 0.5, py::arg("direct_io") = false)

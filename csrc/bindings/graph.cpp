@@ -1,7 +1,7 @@
 #include "bindings.h"
 
 #include "graph.h"
-#include "rpc.h"
+#include "remote.h"
 #include "tensor-bind.h"
 
 #include <ggml.h>
@@ -33,9 +33,9 @@ static void check_device(const ggml_tensor * t) {
     const ggml_backend_buffer * b = t->buffer ? t->buffer : (t->view_src ? t->view_src->buffer : nullptr);
     if (!b) return;
     // a buffer over host memory from a pointer (the file mapping, an aligned pool slot) has no device: nothing
-    // to check (rpc_check(nullptr) would check every RPC server)
+    // to check (remote_device_check(nullptr) would check every RPC server)
     if (auto * dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(const_cast<ggml_backend_buffer *>(b)))) {
-        rpc_check(dev);
+        remote_device_check(dev);
     }
 }
 
@@ -109,7 +109,7 @@ void init_graph(py::module_ & m) {
                 default: return "cpu";
             }
         }, "cpu, gpu, igpu or accel: the kind of memory the weights land in")
-        .def_property_readonly("endpoint", [](const compute_backend & b) { return rpc_device_endpoint(b.device()); },
+        .def_property_readonly("endpoint", [](const compute_backend & b) { return remote_device_endpoint(b.device()); },
             "The RPC server the device is on (\"host:port\"); \"\" for a device of this machine.")
         .def_property_readonly("is_host", [](const compute_backend & b) {
             return ggml_backend_buft_is_host(b.buffer_type());
@@ -125,7 +125,7 @@ void init_graph(py::module_ & m) {
                 py::gil_scoped_release nogil;
                 b.compute(g.g, sync);
             }
-            rpc_check(b.device());
+            remote_device_check(b.device());
         }, py::arg("graph"), py::arg("sync") = true,
            "Allocates intermediates and runs the graph (sync=False: queued on the device's stream, see "
            "synchronize); the GIL is released.")
@@ -134,14 +134,14 @@ void init_graph(py::module_ & m) {
                 py::gil_scoped_release nogil;
                 b.synchronize();
             }
-            rpc_check(b.device());
+            remote_device_check(b.device());
         }, "Waits for the graphs and copies queued on this device.")
         .def("alloc_tensors", [](compute_backend & b, const std::shared_ptr<graph_context> & c) {
             try {
                 py::gil_scoped_release nogil;        // an RPC device's allocation is a round trip
                 return alloc_tensors(*c, b.buffer_type());
             } catch (const Error &) {
-                rpc_check(b.device());              // a failed server's stand-in answer: its DeviceError
+                remote_device_check(b.device());              // a failed server's stand-in answer: its DeviceError
                 throw;
             }
         }, "Allocates every unallocated tensor of the context in one new buffer of this device (DeviceError if "

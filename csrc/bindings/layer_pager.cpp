@@ -87,6 +87,7 @@ void init_pager(py::module_ & m) {
             p.n_slots = n_slots;
             p.slot_size = slot_size;
             p.n_workers = n_workers;
+            p.writer = content_writer();
             p.buft = backend ? backend->buffer_type() : nullptr;
             return std::make_shared<layer_pager>(std::move(store), layers, p);
         }), py::arg("store"), py::arg("layers"), py::arg("n_slots"), py::arg("slot_size") = 0,

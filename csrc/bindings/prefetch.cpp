@@ -61,7 +61,7 @@ void init_prefetch(py::module_ & m) {
     py::class_<prefetcher, std::shared_ptr<prefetcher>>(m, "Prefetcher",
         "Worker threads reading file byte ranges into pool slots (pread).")
         .def(py::init([](const std::string & path, int n_workers, bool direct, bool staged) {
-            return std::make_shared<prefetcher>(path, n_workers, direct, nullptr, staged);
+            return std::make_shared<prefetcher>(path, n_workers, direct, nullptr, staged, content_writer());
         }), py::arg("path"), py::arg("n_workers") = 1, py::arg("direct") = false, py::arg("staged") = false)
         .def_property_readonly("direct", &prefetcher::direct, "O_DIRECT reads are available")
         .def("submit", [](const std::shared_ptr<prefetcher> & p, int key, buffer_pool & pool, int slot,

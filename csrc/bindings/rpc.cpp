@@ -1,14 +1,16 @@
 #include "bindings.h"
 
-#include "rpc-content.h"
-#include "rpc-peer.h"
-#include "rpc.h"
+#include "rpc/rpc-content.h"
+#include "rpc/rpc-peer.h"
+#include "rpc/rpc.h"
 
 #include <pybind11/stl.h>
 
 namespace py = pybind11;
 
 namespace superggml {
+
+range_writer content_writer() { return content_write; }
 
 void init_rpc(py::module_ & m) {
     m.def("rpc_add_server", [](const std::string & endpoint, double connect_timeout, double timeout) {

@@ -19,7 +19,9 @@ void init_weight_store(py::module_ & m) {
 
     py::class_<weight_store, std::shared_ptr<weight_store>>(m, "WeightStore",
         "The weights of a GGUF file as paged tensors, bound to the mmap or to resident buffers.")
-        .def(py::init<std::shared_ptr<gguf_file>>(), py::arg("file"))
+        .def(py::init([](std::shared_ptr<gguf_file> file) {
+            return std::make_shared<weight_store>(std::move(file), content_writer());
+        }), py::arg("file"))
         .def("get", [](const std::shared_ptr<weight_store> & s, const std::string & name) {
             return tensor_ref{s->get(name), s};
         }, py::arg("name"), "The paged tensor `name` (GGUFError if the file has none).")

@@ -6,9 +6,11 @@
 // server that answers the handshake and then drops the connection puts a relay in stand-in mode: ggml's
 // client must neither abort nor hang, and rpc_check() must throw DeviceError.
 #include "content-hash.h"
-#include "rpc-content.h"
-#include "rpc-peer.h"
-#include "rpc.h"
+#include "prefetch.h"
+#include "remote.h"
+#include "rpc/rpc-content.h"
+#include "rpc/rpc-peer.h"
+#include "rpc/rpc.h"
 
 #include "ggml.h"
 #include "ggml-alloc.h"
@@ -234,6 +236,33 @@ int main() {
     for (const auto & s : rpc_stats()) moved += s.bytes_sent + s.bytes_received;
     CHECK(moved >= 4u * ROUNDS * 2 * N * sizeof(int32_t));
 
+    // The core's seam (remote.h): it sees the RPC devices through the hooks rpc_add_server installed, and a
+    // prefetcher handed content_write as its writer loads a peer's buffer by content address.
+    {
+        ggml_backend_dev_t dev0 = device_of(names[0]);
+        CHECK(remote_device_endpoint(dev0) == eps[0] && remote_device_usable(dev0));
+        remote_device_check(dev0);
+        ggml_init_params p = {ggml_tensor_overhead() * 2, nullptr, true};
+        ggml_context * ctx = ggml_init(p);
+        ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, 4 * RANGE);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_dev_buffer_type(dev0));
+        CHECK(buf != nullptr);
+        const uint64_t loaded = rpc_server_stats_get().bytes_loaded;
+        {
+            prefetcher io(file, 2, false, dev0, true, content_write);
+            load_job job;
+            job.dst = buf;
+            for (int k = 0; k < 4; ++k) job.ranges.push_back({(uint64_t) (3 - k) * RANGE, RANGE, k * RANGE, 0});
+            io.submit(std::move(job)).done.get();
+        }
+        std::vector<uint8_t> out(4 * RANGE);
+        ggml_backend_tensor_get(t, out.data(), 0, out.size());
+        for (int k = 0; k < 4; ++k) CHECK(std::memcmp(out.data() + k * RANGE, bytes.data() + (3 - k) * RANGE, RANGE) == 0);
+        CHECK(rpc_server_stats_get().bytes_loaded == loaded + 4 * RANGE);   // all four by hash, none as bytes
+        ggml_backend_buffer_free(buf);
+        ggml_free(ctx);
+    }
+
     // A server that fails after the handshake: stand-in answers, then DeviceError; no abort, no hang.
     int port = 0;
     int lfd = listen_any(port);
@@ -254,6 +283,14 @@ int main() {
         rpc_check(dev);
     } catch (const DeviceError & e) {
         threw = std::string(e.what()).find(ep) != std::string::npos;
+    }
+    CHECK(threw);
+    CHECK(!remote_device_usable(dev) && remote_device_endpoint(dev) == ep);
+    threw = false;
+    try {
+        remote_device_check(dev);
+    } catch (const DeviceError &) {
+        threw = true;
     }
     CHECK(threw);
     ggml_backend_free(be);

@@ -12,8 +12,14 @@
 // answers every command of that connection itself with a well-formed empty
 // response (zeros of the size ggml expects), so ggml neither aborts nor
 // hangs; rpc_check() throws DeviceError naming the endpoint and the reason.
-// The bindings call it after every compute, tensor read and copy on an RPC
-// device, so a caller gets the exception, never the zeros.
+// The bindings call it (through remote.h's remote_device_check) after every
+// compute, tensor read and copy on an RPC device, so a caller gets the
+// exception, never the zeros.
+//
+// This module sits on top of the paging core (csrc/), which never calls it:
+// rpc_add_server installs rpc_device_endpoint, rpc_device_usable and
+// rpc_check as the core's remote device hooks (remote.h) before it registers
+// the first RPC device.
 //
 // The relay also counts the bytes each way and the time spent waiting for
 // responses (rpc_endpoint_stats), which is what a link of another speed would
@@ -30,11 +36,7 @@ struct ggml_backend_device;
 
 namespace superggml {
 
-// A device (an RPC server) failed or cannot be reached (superggml.DeviceError,
-// a ConnectionError).
-struct DeviceError : Error {
-    using Error::Error;
-};
+// DeviceError (error.h): a device (an RPC server) failed or cannot be reached.
 
 struct rpc_params {
     double connect_timeout = 5;   // seconds to connect and to get the HELLO answer

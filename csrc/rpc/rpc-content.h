@@ -14,6 +14,8 @@
 // server that answered SG_HELLO; a plain ggml server gets plain bytes.
 #pragma once
 
+#include "remote.h"   // range_write
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -33,15 +35,11 @@ void content_index_set(const std::string & path, const std::vector<content_range
 // Ranges smaller than this go as bytes (a hash and a round trip cost more than they save).
 constexpr uint64_t ADDRESSED_MIN = 512;
 
-struct range_write {
-    uint64_t file_offset = 0, size = 0;
-    uint64_t dst_offset = 0;          // from the start of the destination buffer
-};
-
 // Writes those of `ranges` (of the file at `path`) whose hash the index has into `buf` by address, when `buf`
 // is an RPC buffer whose server speaks superggml's relay protocol; returns the ranges left for the caller to
 // write as bytes (all of them otherwise). A range inside a hashed one (a row chunk of a tensor) is named by
-// that one's hash and its place in it. Throws Error if a range is outside the buffer.
+// that one's hash and its place in it. Throws Error if a range is outside the buffer. Thread safe: the
+// range_writer (remote.h) the bindings hand the core's weight stores, pagers and prefetchers.
 std::vector<range_write> content_write(ggml_backend_buffer * buf, const std::string & path,
                                        std::vector<range_write> ranges);
 

@@ -2,7 +2,6 @@
 
 #include "buffer-pool.h"
 #include "error.h"
-#include "rpc.h"
 #include "task-pool.h"   // Cancelled
 
 #include <cerrno>

@@ -2,6 +2,7 @@
 
 #include "content-hash.h"
 #include "io.h"
+#include "remote.h"
 #include "rpc-content.h"
 #include "rpc-wire.h"
 
@@ -346,6 +347,15 @@ void rpc_probe(const std::string & endpoint, const rpc_params & params) {
 }
 
 std::vector<rpc_device_info> rpc_add_server(const std::string & endpoint, const rpc_params & params) {
+    // the core learns about RPC devices through remote.h's hooks: installed before the first one is registered
+    static std::once_flag hooks_once;
+    std::call_once(hooks_once, [] {
+        remote_device_hooks h;
+        h.endpoint = rpc_device_endpoint;
+        h.usable = rpc_device_usable;
+        h.check = rpc_check;
+        remote_devices_set(h);
+    });
     std::string host;
     int port = 0;
     if (!split_endpoint(endpoint, host, port)) throw DeviceError("RPC endpoint '" + endpoint + "' is not HOST:PORT");
