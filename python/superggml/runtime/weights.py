@@ -96,7 +96,7 @@ class WeightPlacement:
             raise ValueError("expert_cache applies to mixture-of-experts models; this model is dense")
         # a MoE model under a device_budget pages its experts too: its dense part is planned first, the rest of
         # the budget is the expert cache (make_pager splits it)
-        self.expert_budget: int | None = pg.expert_cache
+        self.expert_budget: int | None = pg.expert_cache_bytes
         # (on a device that is not host memory, or over a split, a MoE block streams whole, its experts with it)
         self.experts_paged = pg.expert_cache is not None or (
             self.hp.n_expert > 0 and pg.budget_bytes is not None and self.n_split == 1 and self.backends[0].is_host)
