@@ -227,9 +227,9 @@ class WeightPlacement:
             blocks = self.layers_on(d)
             if blocks:
                 self.pagers[d] = self.make_pager(d, blocks)
-        c, b = self.settings.context, self.backends[0]
-        if (c.n_threads is None and p.async_prefetch and self.n_split == 1 and self.n_pinned < self.pager.n_keys
-                and b.device_type == "cpu"):
+        c, b, first = self.settings.context, self.backends[0], self.pagers[0]
+        if (c.n_threads is None and p.async_prefetch and self.n_split == 1 and isinstance(first, WeightPager)
+                and self.n_pinned < first.n_keys and b.device_type == "cpu"):
             # blocks stream while others compute: when decoding, the prefetch worker needs a core of its own
             # (2 cores, Qwen2.5-1.5B at a 25% budget: 14.0 tok/s with 1 compute thread, 8.8 with 2); prefill
             # is compute-bound and keeps them all
