@@ -102,8 +102,8 @@ class MetricsWriter:
 class Metrics:
     """Builds the lines for one Model: a snapshot line per `interval` tokens and event lines."""
 
-    def __init__(self, model: Any, writer: MetricsWriter, *, interval: int = 1):
-        """`interval` comes checked from MetricsSettings."""
+    def __init__(self, model: Any, writer: MetricsWriter | None, *, interval: int = 1):
+        """`interval` comes checked from MetricsSettings. `writer` None: snapshots only (the server's stats)."""
         self.model = model
         self.writer = writer
         self.interval = interval
@@ -118,6 +118,15 @@ class Metrics:
     COUNTED = (("loads", "layer_load"), ("evictions", "layer_evict"), ("kv_pages_spilled", "kv_page_spill"),
                ("kv_pages_prefetched", "kv_page_prefetch"), ("kv_pages_written_back", "kv_page_writeback"),
                ("kv_pages_loaded", "kv_page_load"))
+
+    def emit(self, line: dict[str, Any]) -> None:
+        assert self.writer is not None, "a Metrics without a writer takes snapshots only"
+        self.writer.emit(line)
+
+    def close(self) -> None:
+        """Writes what is queued and stops the writer."""
+        if self.writer is not None:
+            self.writer.close()
 
     # -- hooks the model calls --------------------------------------------
     def on_prompt(self, n: int) -> None:
@@ -135,17 +144,17 @@ class Metrics:
         st = self.model.stats()
         self._flush_events(st)
         if self.generated_tokens % self.interval == 0:
-            self.writer.emit(self.snapshot(tokens_per_sec=1.0 / dt if dt > 0 else 0.0, stats=st))
+            self.emit(self.snapshot(tokens_per_sec=1.0 / dt if dt > 0 else 0.0, stats=st))
 
     def on_layer_timings(self, timings: list[dict[str, Any]]) -> None:
         """Per-layer timings of one forward pass (the executor's record)."""
         for t in timings:
-            self.writer.emit({"timestamp": iso_now(t["t_start"]), "event": "layer", "token": self.token, **t})
+            self.emit({"timestamp": iso_now(t["t_start"]), "event": "layer", "token": self.token, **t})
 
     # -- lines ----------------------------------------------------------
     def _flush_events(self, st: dict[str, Any]) -> None:
         for ev in self.model.layer_events()[self._n_events:]:
-            self.writer.emit({"timestamp": iso_now(ev["t"]), "token": self.token, **ev})
+            self.emit({"timestamp": iso_now(ev["t"]), "token": self.token, **ev})
             self._n_events += 1
         now = iso_now()
         for key, event in self.COUNTED:   # what moved during this token, one line per kind
@@ -154,7 +163,7 @@ class Metrics:
             n = int(st[key]) - self._prev.get(key, 0)
             self._prev[key] = int(st[key])
             if n > 0:
-                self.writer.emit({"timestamp": now, "event": event, "token": self.token, "count": n})
+                self.emit({"timestamp": now, "event": event, "token": self.token, "count": n})
 
     def snapshot(self, *, tokens_per_sec: float = 0.0, stats: dict[str, Any] | None = None) -> dict[str, Any]:
         """The snapshot line now (`stats`: the model's stats() if the caller has them)."""

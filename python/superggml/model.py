@@ -209,7 +209,7 @@ class Model(Completions, Embeddings, Constraints):
         if not getattr(self, "closed", True):
             self.closed = True
             if self.metrics is not None:
-                self.metrics.writer.close()
+                self.metrics.close()
             if self.speculator is not None:
                 self.speculator.close()
             self.drop_runtime()

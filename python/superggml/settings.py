@@ -125,6 +125,12 @@ def _set(obj: Any, name: str, value: Any) -> None:
     object.__setattr__(obj, name, value)     # normalising a frozen dataclass's field in __post_init__
 
 
+def _parsed_size(v: int | str | None) -> int | None:
+    """A size field as its __post_init__ left it (parse_size's bytes, or None): its type says what it accepts."""
+    assert not isinstance(v, str), v
+    return v
+
+
 @dataclass(frozen=True)
 class ContextSettings:
     """The context, the compute threads and what a forward pass returns."""
@@ -213,11 +219,16 @@ class PagingSettings:
         hc = self.host_cache
         _set(self, "host_cache", hc.strip().lower() if isinstance(hc, str) and hc.strip().lower() in BUDGET_MODES
              else "auto" if hc is None else int(parse_size(hc) or 0))
-        _check(self.expert_cache is None or self.expert_cache > 0, "expert_cache must be a positive size")
+        _check(self.expert_cache_bytes is None or self.expert_cache_bytes > 0, "expert_cache must be a positive size")
         if self.n_gpu_layers is not None and self.n_gpu_layers < 0:
             _set(self, "n_gpu_layers", None)           # llama.cpp's -1: all that fit
         _check(self.prefetch_depth >= 1, f"prefetch_depth must be >= 1, not {self.prefetch_depth}")
         _check(0.0 < self.mem_pressure <= 1.0, f"mem_pressure must be in (0, 1], not {self.mem_pressure}")
+
+    @property
+    def expert_cache_bytes(self) -> int | None:
+        """expert_cache as bytes (None: no expert cache)."""
+        return _parsed_size(self.expert_cache)
 
     @property
     def budget_bytes(self) -> int | tuple[int, ...] | None:
@@ -273,6 +284,11 @@ class KVSettings:
         if self.kv_spill_dir is not None:
             _set(self, "kv_spill_dir", os.fspath(self.kv_spill_dir))
 
+    @property
+    def host_budget_bytes(self) -> int | None:
+        """host_budget as bytes (None: no limit)."""
+        return _parsed_size(self.host_budget)
+
 
 @dataclass(frozen=True)
 class MetricsSettings:
@@ -316,7 +332,7 @@ class DeviceSettings:
         _check(not ts or (min(ts) >= 0 and sum(ts) > 0), f"tensor_split needs non-negative shares, not {list(ts)}")
         _check(not ts or not self.devices or len(ts) == len(self.devices),
                f"tensor_split needs {len(self.devices)} shares, not {list(ts)}")
-        _check(not ts or self.devices or self.rpc, "tensor_split needs devices (or rpc servers) to split over")
+        _check(not ts or bool(self.devices or self.rpc), "tensor_split needs devices (or rpc servers) to split over")
         _check(self.rpc_timeout > 0, f"rpc_timeout must be > 0, not {self.rpc_timeout}")
 
 
@@ -366,6 +382,11 @@ class SpeculativeSettings:
         if self.draft_model is not None:
             _set(self, "draft_model", os.fspath(self.draft_model))
         _set(self, "draft_budget", parse_size(self.draft_budget))
+
+    @property
+    def draft_budget_bytes(self) -> int | None:
+        """draft_budget as bytes (None: the draft model resident)."""
+        return _parsed_size(self.draft_budget)
 
     @property
     def enabled(self) -> bool:
@@ -419,7 +440,7 @@ class Settings:
         return {f.name: getattr(getattr(self, g), f.name) for g, f in fields()}
 
 
-def fields() -> Iterator[tuple[str, dataclasses.Field]]:
+def fields() -> Iterator[tuple[str, dataclasses.Field[Any]]]:
     """(group, field) of every option, in definition order."""
     for g, cls in GROUPS.items():
         for f in dataclasses.fields(cls):
@@ -467,7 +488,7 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         grp.add_argument(*names, type=parse, **kw)
 
 
-def _parser(f: dataclasses.Field) -> Callable[[str], Any]:
+def _parser(f: dataclasses.Field[Any]) -> Callable[[str], Any]:
     """How a field reads a command line or environment string: its parse, within its choices if it has some."""
     md = f.metadata
     return _one_of(md["choices"], md["parse"]) if md["choices"] else md["parse"]
@@ -498,7 +519,7 @@ def options_doc() -> str:
     """A line per option, for Model's docstring."""
     lines = []
     for g, cls in GROUPS.items():
-        lines.append(f"    {cls.__doc__.strip()}")
+        lines.append(f"    {(cls.__doc__ or '').strip()}")
         for f in dataclasses.fields(cls):
             lines.append(f"      ``{f.name}`` (default {f.default!r}): {f.metadata['help']}")
     return "\n".join(lines)

@@ -40,7 +40,7 @@ class MemorySnapshot:
 def nvml_devices() -> list[DeviceMemory]:
     """NVIDIA GPUs through pynvml; empty without pynvml or a driver."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return []
     try:

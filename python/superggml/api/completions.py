@@ -4,7 +4,7 @@ them (constraints, tools, the chat template). Model inherits these; they use its
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -20,7 +20,63 @@ from .fields import check_logprobs, sampling_options, stop_list
 from .reply import Reply
 from .tools import ToolFormat, ToolRequest, parse_tools, resolve_tool_choice, tool_format
 
+if TYPE_CHECKING:
+    from ..generation.sampling import Sampler
+    from ..runtime.executor import Executor
+    from ..tokenizer import Tokenizer
+    from .chat import ChatTemplate
+
 EMBED_BATCH = 16      # texts per forward pass in embed()
+
+
+class ModelBase(Protocol):
+    """What the mixins below use of the Model they are mixed into (superggml.Model): its own attributes and
+    methods, and those one mixin calls of another. For the type checker only: at run time the mixins derive from
+    object."""
+
+    path: str
+    tokenizer: Tokenizer
+    runtime: Executor
+    chat_template: ChatTemplate
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    def check_open(self) -> None: ...
+
+    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]: ...
+
+    def completion_limit(self, prompt_tokens: Sequence[int], max_tokens: int | None) -> int: ...
+
+    def sampler(self, *, temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
+                frequency_penalty: float, presence_penalty: float, seed: int | None,
+                repeat_last_n: int = 64) -> Sampler: ...
+
+    # Embeddings' and Constraints', which Completions calls
+    def input_tokens(self, x: Any, what: str, *, add_bos: bool, special: bool) -> tuple[bool, list[list[int]]]: ...
+
+    def grammar(self, *, grammar: str | Grammar | None = None, json_schema: Mapping[str, Any] | str | None = None,
+                regex: str | None = None, response_format: Mapping[str, Any] | None = None) -> Grammar | None: ...
+
+    def chat_tokens(self, messages: Sequence[Mapping[str, Any]], tools: ToolRequest | None = None) -> list[int]: ...
+
+    def tool_request(self, tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any = None,
+                     parallel_tool_calls: bool = True) -> ToolRequest | None: ...
+
+    def marker_ids(self, tools: ToolRequest | None) -> frozenset[int]: ...
+
+    def chat_constraint(self, tools: ToolRequest | None, **constraint: Any) -> Grammar | None: ...
+
+    def matcher(self, grammar: Grammar | None) -> Any: ...
+
+
+if TYPE_CHECKING:
+    Mixin = ModelBase
+else:
+    Mixin = object
 
 
 def is_list_of_inputs(x: Any) -> bool:
@@ -35,7 +91,7 @@ def echo_texts(prompt: Any, echo: bool, n: int) -> list[str]:
     return [p if echo and isinstance(p, str) else "" for p in prompts for _ in range(n)]
 
 
-class Completions:
+class Completions(Mixin):
     """create_completion and create_chat_completion (mixed into Model)."""
 
     def create_completion(self, prompt: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *,
@@ -175,7 +231,7 @@ class Completions:
 
 
 
-class Embeddings:
+class Embeddings(Mixin):
     """embed and create_embedding (mixed into Model)."""
 
     def embed(self, input: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *, pooling: str = "mean",
@@ -236,8 +292,11 @@ class Embeddings:
 
 
 
-class Constraints:
+class Constraints(Mixin):
     """Grammars, tools and the chat template (mixed into Model)."""
+
+    _grammar_vocab: GrammarVocab | None       # built on first use (Model starts them at None)
+    _tool_format: ToolFormat | None
 
     def grammar(self, *, grammar: str | Grammar | None = None, json_schema: Mapping[str, Any] | str | None = None,
                 regex: str | None = None, response_format: Mapping[str, Any] | None = None) -> Grammar | None:

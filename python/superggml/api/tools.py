@@ -126,7 +126,8 @@ def _objects(text: str) -> list[Any]:
     """The JSON values written one after another in `text` (whitespace, ';' or ',' between); [] unless all of it
     is JSON."""
     dec = json.JSONDecoder()
-    out, i = [], 0
+    out: list[Any] = []
+    i = 0
     while True:
         while i < len(text) and text[i] in " \t\r\n;,":
             i += 1

@@ -99,7 +99,8 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
         chunks = tuple(store.file_range(c)[1] for c in store.add_row_chunks(head_name, slot - SLOT_ALIGN_ROOM))
         del store
         experts = [sum(sizes[n] for n in arch.expert_tensors(il)) for il in range(hp.n_layer)]
-        dense_slot, dense_chunks = 0, ()
+        dense_slot = 0
+        dense_chunks: tuple[int, ...] = ()
         if hp.n_expert:          # the executor's slots for the blocks without their experts, and its head chunks
             exp = {n for il in range(hp.n_layer) for n in arch.expert_tensors(il)}
             store = native.WeightStore(f)

@@ -27,7 +27,7 @@ def draft_bytes(model: Any, settings: Settings) -> int:
     if not sp.draft_model:
         return 0
     draft = Settings.from_options(draft_options(settings)).context     # the draft's context, cache types f16
-    return model_bytes(sp.draft_model, draft, sp.draft_budget if isinstance(sp.draft_budget, int) else None)
+    return model_bytes(sp.draft_model, draft, sp.draft_budget_bytes)
 
 
 def make_speculator(model: Any, model_cls: Any) -> Speculator:

@@ -98,13 +98,18 @@ class MtpDrafter(Drafter):
         t = time.perf_counter()
         logits = self.feed(self.target.runtime.seq.id, context)
         self.catch_up_s = time.perf_counter() - t
-        out = greedy_draft(logits, k, self.p_min, self.target.tokenizer.is_eog,
-                           lambda tok: m.eval([tok], hidden=self.own[None])[-1])
+        out = greedy_draft(logits, k, self.p_min, self.target.tokenizer.is_eog, self.step)
         m.sequences.truncate(n + 1)               # the drafted positions held the block's own rows
         return out
 
+    def step(self, tok: int) -> np.ndarray:
+        """The logits after drafted token `tok`, fed with the block's hidden row of the pass before."""
+        assert self.own is not None             # that pass (feed's, or the step before) gave its row
+        return self.runtime.eval([tok], hidden=self.own[None])[-1]
+
     def stats(self) -> dict[str, Any]:
-        return {"draft_mtp_block": self.arch.il, "draft_resident_bytes": mtp_bytes(self.target)}
+        return {"draft_mtp_block": self.arch.il,
+                "draft_resident_bytes": mtp_bytes(self.target, self.target.settings.context)}
 
     def close(self) -> None:
         self.target.runtime.keep_hidden(None)

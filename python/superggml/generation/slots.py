@@ -69,11 +69,12 @@ class Slots:
             raise IndexError(f"slot ids are 0..{len(self.seq) - 1}")
         if self.busy[slot]:
             raise ValueError(f"slot {slot} is busy")
-        if self.seq[slot] is None:
-            self.seq[slot] = self.of().reserve(1)[0]
-        self.of().truncate(0, self.seq[slot])
+        seq = self.seq[slot]
+        if seq is None:
+            seq = self.seq[slot] = self.of().reserve(1)[0]
+        self.of().truncate(0, seq)
         self.give_back(slot)
-        return self.seq[slot]
+        return seq
 
     def close(self) -> None:
         held = [s for s in self.seq if s is not None]

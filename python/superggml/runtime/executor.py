@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from .. import native
 from ..arch import Architecture
+from ..arch.mtp import MtpArch
 from ..devices import server_counters
 from ..errors import SuperggmlError
 from ..settings import Settings
 from ..telemetry import MemoryFn
+from .arrays import tensor_array
 from .graph import LaneRows, GraphPlan, Step, lane_rows, padded_kv
 from .memory import MAX_LANES, SequenceMemory, attn_rot_size, check_latent_types, hadamard
 from .recurrent import sequence_memory
@@ -73,7 +75,7 @@ class Executor:
     """Runs an architecture layer by layer on one or more backends (a pipeline by blocks), its weights
     resident or paged (placement), its sequences' memory contiguous or paged (memory, sequences)."""
 
-    def __init__(self, arch: Architecture, store: Any, settings: Settings, devices: Devices,
+    def __init__(self, arch: Architecture | MtpArch, store: Any, settings: Settings, devices: Devices,
                  memory_plan: MemoryPlan | None, *, direct_io: bool = False, memory: MemoryFn | None = None,
                  preload_repack: bool | None = None):
         """`settings`, `devices` and `memory_plan` as runtime/resolve.py gives them (Executor.start does it all).
@@ -108,7 +110,7 @@ class Executor:
             raise
 
     @classmethod
-    def start(cls, arch: Architecture, store: Any, settings: Settings, **kw: Any) -> "Executor":
+    def start(cls, arch: Architecture | MtpArch, store: Any, settings: Settings, **kw: Any) -> "Executor":
         """Opens the devices and resolves the settings (runtime/resolve.py), then starts on them."""
         devices = open_devices(settings, store, arch.hp.n_layer)
         resolved, plan = resolve(settings, arch.hp, store_bytes(store), devices)
@@ -243,7 +245,9 @@ class Executor:
         previous one's); returns the logits of out_rows (rows of the whole pass), or None. embed: the output
         norm's rows (F32 [n_out, n_embd]) instead. hidden: an MTP block's rows beside the tokens."""
         c = self.settings.context
-        shapes, starts, ahead = [], [], {}
+        shapes: list[tuple[int, int]] = []
+        starts: list[int] = []
+        ahead: dict[int, int] = {}
         for seq, toks in items:               # a sequence may have several lanes, one after another
             p0, n = seq.n_past + ahead.get(seq.id, 0), len(toks)
             ahead[seq.id] = ahead.get(seq.id, 0) + n
@@ -276,7 +280,7 @@ class Executor:
                 self.on_hidden(seq.id, p0, h[at:at + len(toks)])
         if not out_rows:
             return None
-        return native.tensor_get(logits).reshape(len(out_rows), self.hp.n_embd if embed else self.hp.n_vocab)
+        return tensor_array(logits).reshape(len(out_rows), self.hp.n_embd if embed else self.hp.n_vocab)
 
     def merges(self) -> bool:
         """Whether plans merge the blocks that stay into segments: the weights are loaded (the first pass
@@ -339,10 +343,11 @@ class Executor:
             assert pl.experts is not None and pl.moe is not None
             k, il, r0 = self.hp.n_expert_used, step.experts, step.expert_row0
             rows = step.expert_ids.ne[1]
-            sel = native.tensor_get(pl.moe.sel).reshape(-1)[r0 * k:(r0 + rows) * k]
+            sel = tensor_array(pl.moe.sel).reshape(-1)[r0 * k:(r0 + rows) * k]
             native.tensor_set(step.expert_ids, pl.experts.map(il, sel))
             if step.expert_ahead:                  # the next block's first chunk loads while this computes
-                pl.experts.lookahead(il + 1, native.tensor_get(pl.moe.guess).reshape(-1)[:step.expert_ahead * k])
+                assert pl.moe.guess is not None    # the router's lookahead is what gives a step expert_ahead
+                pl.experts.lookahead(il + 1, tensor_array(pl.moe.guess).reshape(-1)[:step.expert_ahead * k])
         mem = (contextlib.nullcontext() if step.layer is None else
                self.memory.use(step.layer, [(seq, first[seq], p0 + m) for seq, p0, m in lanes]))
         # a streamed slot or a paged K/V frame may be refilled once released: its graph must have run by then
@@ -418,7 +423,9 @@ class Executor:
         try:
             for i in range(0, len(tokens), step):
                 chunk = tokens[i:i + step]
-                outs.append(self.run_pass([(seq, [t]) for t in chunk], list(range(len(chunk)))))
+                r = self.run_pass([(seq, [t]) for t in chunk], list(range(len(chunk))))
+                assert r is not None          # every row is wanted
+                outs.append(r)
         except BaseException:
             self.sequences.rollback(seq, start)
             raise
@@ -479,15 +486,17 @@ def feed_batch(ex: Executor, batch: Sequence[tuple[int, Sequence[int]]], *, logi
             at = 0
             for i, k in owners:
                 if k:
+                    assert logits is not None                   # rows are wanted: the pass returned them
                     outs[order[i]].append(logits[at:at + k])   # views of the pass's array: no copy
                     at += k
     except BaseException:
         for st, start in zip(states, starts):
             ex.sequences.rollback(st, start)
         raise
-    for st, o in zip(states, outs):
-        st.scores = o[0] if len(o) == 1 else np.concatenate(o, axis=0)
-    return [st.scores for st in states]
+    scores = [o[0] if len(o) == 1 else np.concatenate(o, axis=0) for o in outs]
+    for st, s in zip(states, scores):
+        st.scores = s
+    return scores
 
 
 def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dict[int | str, float]:
@@ -540,12 +549,15 @@ def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dic
 
 
 def micro_batches(states: Sequence[SequenceState], toks: Sequence[Sequence[int]], logits_all: bool, b: int,
-                  lanes: int) -> Any:
+                  lanes: int) -> Iterator[tuple[list[Item], list[tuple[int, int]], list[int]]]:
     """The passes of eval_batch: (items, owners (index, rows wanted), rows wanted), each up to b tokens
     from up to `lanes` sequences, every sequence's chunks in order."""
     done = [0] * len(toks)
     while any(d < len(t) for d, t in zip(done, toks)):
-        items, owners, out_rows, row, room = [], [], [], 0, b
+        items: list[Item] = []
+        owners: list[tuple[int, int]] = []
+        out_rows: list[int] = []
+        row, room = 0, b
         for i, t in enumerate(toks):
             if done[i] >= len(t) or room == 0 or len(items) == lanes:
                 continue

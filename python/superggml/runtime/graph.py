@@ -20,6 +20,7 @@ from .. import native
 from ..arch import moe
 from ..arch.common import StepInputs
 from ..errors import SuperggmlError
+from .arrays import tensor_array
 from .memory import records
 from .pagers import Block, HeadChunk, Key, WeightPager
 
@@ -185,7 +186,8 @@ class GraphPlan:
         out = np.asarray(out_rows or [0], dtype=np.int32)
         if self.streams:
             rows = [self.stacked(rows)]
-        for inp in self.all_inputs:
+        for inp in self.all_inputs:           # a pass's inputs (new_inputs) have what only its lanes lack
+            assert inp.tokens is not None and inp.positions is not None and inp.out_ids is not None
             native.tensor_set(inp.tokens, tokens)
             native.tensor_set(inp.positions, pos)
             native.tensor_set(inp.out_ids, out)
@@ -193,9 +195,11 @@ class GraphPlan:
                 if hidden is None:
                     raise ValueError("an MTP pass needs the hidden rows its tokens follow")
                 native.tensor_set(inp.hidden, np.ascontiguousarray(hidden, dtype=np.float32))
-            for lane, r in zip(inp.lanes or [inp], rows):
+            for lane, r in zip(inp.lanes or [inp], rows):   # each with its own masks and K/V indices (kv)
+                assert lane.mask is not None and lane.k_idxs is not None and lane.v_idxs is not None
                 native.tensor_set(lane.mask, r.mask)
                 if r.mask_swa is not None:
+                    assert lane.mask_swa is not None        # both there with sliding-window layers
                     native.tensor_set(lane.mask_swa, r.mask_swa)
                 native.tensor_set(lane.k_idxs, r.k_idxs)
                 native.tensor_set(lane.v_idxs, r.v_idxs)
@@ -337,7 +341,7 @@ class GraphPlan:
     def hidden_out(self) -> np.ndarray:
         """After the pass (hidden): its rows' output norm, F32 [n, n_embd]."""
         cx = native.Context(max_tensors=1)
-        return native.tensor_get(self.hidden_rows(cx)).reshape(self.n, self.ex.hp.n_embd)
+        return tensor_array(self.hidden_rows(cx)).reshape(self.n, self.ex.hp.n_embd)
 
     def outputs(self, ctx: Any, inp: StepInputs, x: Any) -> Any:
         """x's rows whose output is wanted: all of x, unless the last block kept every row (keep_rows)."""

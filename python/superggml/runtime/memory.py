@@ -433,9 +433,10 @@ def paged_kv(settings: Settings, arch: Any, backends: Sequence[Any], layer_devic
              n_split: int) -> PagedKV:
     """The paged K/V of settings.kv: each device pages the K/V of its own blocks."""
     hp, kvs = arch.hp, settings.kv
-    if kvs.host_budget is not None and kvs.host_budget > int(native.host_memory()["available"]):
+    host_budget = kvs.host_budget_bytes
+    if host_budget is not None and host_budget > int(native.host_memory()["available"]):
         h = native.host_memory()
-        raise ValueError(f"host_budget of {kvs.host_budget} bytes is more than the "
+        raise ValueError(f"host_budget of {host_budget} bytes is more than the "
                          f"{h['available']} bytes of host memory available (total {h['total']} bytes)")
     n_frames = hp.n_layer if kvs.kv_device_layers is None else kvs.kv_device_layers
     if n_frames > 64 * hp.n_layer:
@@ -448,7 +449,7 @@ def paged_kv(settings: Settings, arch: Any, backends: Sequence[Any], layer_devic
         if not ls:
             continue
         frames = n_frames if len(ls) == hp.n_layer or kvs.kv_device_layers is not None else len(ls)
-        host = kvs.host_budget if kvs.host_budget is None else kvs.host_budget * len(ls) // hp.n_layer
+        host = host_budget if host_budget is None else host_budget * len(ls) // hp.n_layer
         core = native.KVCache([lanes.k[0][il] for il in ls], [lanes.v[0][il] for il in ls if lanes.v_width],
                               page_size=kvs.kv_page_size, n_frames=frames, host_budget=host,
                               spill_dir=kvs.kv_spill_dir or "", v_trans=not settings.context.flash_attn,

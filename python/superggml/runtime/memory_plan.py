@@ -70,9 +70,9 @@ class MemoryPlan:
         if self.reserve:
             extra = f" ({self.reserve / 2**30:.1f} GiB kept for the draft model"
             if self.mode == "auto" and not self.resident:
-                streamed = self.weights - (self.budget or 0)
-                extra += (f", so {gib(streamed)} of weights stream instead of "
-                          f"{gib(max(0, streamed - self.reserve))}")    # the reserve would join the pool
+                n_streamed = self.weights - (self.budget or 0)
+                extra += (f", so {gib(n_streamed)} of weights stream instead of "
+                          f"{gib(max(0, n_streamed - self.reserve))}")    # the reserve would join the pool
             extra += ")"
         if self.host_available and not self.resident:
             extra += (f"; host tier {gib(self.host_cache)} of the host's {gib(self.host_available)} available"

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import native
+from .arrays import tensor_array
 from .memory import MAX_LANES, RECORD_ROWS, ContiguousKV, Lane, SequenceMemory, paged_kv, records
 from .memory_plan import STATE_CHECKPOINTS
 
@@ -103,13 +104,16 @@ class RecurrentStates:
             for other in [s for s in self.held if s != seq and s not in keep][:max(0, len(self.held) -
                                                                                  self.max_device)]:
                 _, _, conv, state = self.held.pop(other)
-                self.host[other] = [native.tensor_get(t).copy() for t in conv + state]
+                self.host[other] = [tensor_array(t).copy() for t in conv + state]
                 self.paged_out += 1
         return got
 
     def allocate(self) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
         """One sequence's states, zeroed, each layer's on its backend."""
-        ctxs, bufs, conv, state = [], [], [None] * self.n_layer, [None] * self.n_layer
+        ctxs: list[native.Context] = []
+        bufs: list[Any] = []
+        conv: list[native.Tensor | None] = [None] * self.n_layer      # every layer's filled below
+        state: list[native.Tensor | None] = [None] * self.n_layer
         for backend, layers in self.groups:
             cx = native.Context(max_tensors=2 * len(layers))
             for il in layers:
@@ -162,7 +166,7 @@ class RecurrentStates:
         marks = self.checkpoints.setdefault(seq, [])
         if n > 0 and not (marks and marks[-1][0] == n):
             _, _, conv, state = self.storage(seq)
-            marks.append((n, [native.tensor_get(t).copy() for t in conv + state]))
+            marks.append((n, [tensor_array(t).copy() for t in conv + state]))
             del marks[:-STATE_CHECKPOINTS]
 
     def truncate_point(self, seq: int, n: int) -> int:

@@ -68,7 +68,7 @@ def resolve(settings: Settings, hp: HParams, weights: int, devices: Devices, *,
     plan = device_plan(settings, hp, weights, devices, reserve)
     p = settings.paging
     if plan is not None and plan.mode == "auto" and plan.budget is not None:
-        left = plan.budget - (p.expert_cache or 0)
+        left = plan.budget - (p.expert_cache_bytes or 0)
         if left <= 0:
             raise too_small(plan, 0, "the weights' pool" + (" and expert_cache" if p.expert_cache else ""))
         p = dataclasses.replace(p, device_budget=left)

@@ -54,7 +54,8 @@ class Sequences:
 
     def reserve(self, n: int) -> list[int]:
         """n ids that no sequence and no other reservation uses (the lowest above 0), reserved until release."""
-        out, i = [], 1
+        out: list[int] = []
+        i = 1
         while len(out) < n:
             if i not in self.table and i not in self.reserved:
                 out.append(i)

@@ -96,7 +96,7 @@ class WeightPlacement:
             raise ValueError("expert_cache applies to mixture-of-experts models; this model is dense")
         # a MoE model under a device_budget pages its experts too: its dense part is planned first, the rest of
         # the budget is the expert cache (make_pager splits it)
-        self.expert_budget: int | None = pg.expert_cache
+        self.expert_budget: int | None = pg.expert_cache_bytes
         # (on a device that is not host memory, or over a split, a MoE block streams whole, its experts with it)
         self.experts_paged = pg.expert_cache is not None or (
             self.hp.n_expert > 0 and pg.budget_bytes is not None and self.n_split == 1 and self.backends[0].is_host)
@@ -227,9 +227,9 @@ class WeightPlacement:
             blocks = self.layers_on(d)
             if blocks:
                 self.pagers[d] = self.make_pager(d, blocks)
-        c, b = self.settings.context, self.backends[0]
-        if (c.n_threads is None and p.async_prefetch and self.n_split == 1 and self.n_pinned < self.pager.n_keys
-                and b.device_type == "cpu"):
+        c, b, first = self.settings.context, self.backends[0], self.pagers[0]
+        if (c.n_threads is None and p.async_prefetch and self.n_split == 1 and isinstance(first, WeightPager)
+                and self.n_pinned < first.n_keys and b.device_type == "cpu"):
             # blocks stream while others compute: when decoding, the prefetch worker needs a core of its own
             # (2 cores, Qwen2.5-1.5B at a 25% budget: 14.0 tok/s with 1 compute thread, 8.8 with 2); prefill
             # is compute-bound and keeps them all
