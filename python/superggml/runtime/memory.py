@@ -166,7 +166,7 @@ class KVLanes:
         while len(self.k) < n:
             j = len(self.k)
             cx = native.Context(max_tensors=2 * self.n_layer)
-            ks, vs = self.new(lambda il, cx=cx: cx)
+            ks, vs = self.new(lambda il: cx)  # noqa: B023 (new calls it before the loop moves on)
             for kind, ts in (("k", ks), ("v", vs)):
                 for il, t in enumerate(ts):
                     t.name = f"cache_{kind}_l{il}" + (f"_s{j}" if j else "")
