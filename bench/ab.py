@@ -20,8 +20,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def run(tree: str, script: list[str], timeout: float) -> str:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")])))
-    r = subprocess.run([sys.executable, os.path.join(HERE, script[0]), *script[1:]], env=env, capture_output=True,
-                       text=True, timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, os.path.join(HERE, script[0]), *script[1:]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return r.stdout + (f"[exit {r.returncode}]\n{r.stderr[-2000:]}" if r.returncode else "")
 
 

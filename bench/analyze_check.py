@@ -24,11 +24,12 @@ from superggml.commands.analyze import analyze, model_layout
 
 
 def measure(path: str, budget: int, direct: bool, n: int, threads: int) -> float:
-    with Model(path, ctx_size=256, n_threads=threads, repack=False, device_budget=budget, async_prefetch=True,
-               direct_io=direct) as m:
+    with Model(
+        path, ctx_size=256, n_threads=threads, repack=False, device_budget=budget, async_prefetch=True, direct_io=direct
+    ) as m:
         m.eval(m.tokenize("def quicksort(xs):\n    "))
         tok = int(np.argmax(m.logits))
-        tok = int(np.argmax(m.eval([tok])[-1]))      # one warm-up token
+        tok = int(np.argmax(m.eval([tok])[-1]))  # one warm-up token
         t0 = time.perf_counter()
         for _ in range(n):
             tok = int(np.argmax(m.eval([tok])[-1]))
@@ -49,23 +50,31 @@ def main() -> int:
     path = {"qwen": str(models.qwen_path()), "smollm2": str(models.smollm2_path())}.get(a.model, a.model)
     lay = model_layout(path)
     n_keys = lay.n_layer + len(lay.head_chunk_bytes)
-    budgets = {b: int(n_keys * float(b[:-1]) / 100) * lay.slot_bytes if b.endswith("%") else int(parse_size(b))
-               for b in a.budgets.split(",")}
+    budgets = {
+        b: int(n_keys * float(b[:-1]) / 100) * lay.slot_bytes if b.endswith("%") else int(parse_size(b))
+        for b in a.budgets.split(",")
+    }
     print(f"{os.path.basename(path)}, {a.threads} threads, async prefetch, {a.tokens} tokens")
-    print(f"{'read':>9} {'budget':>7} {'analysis':>8} {'took s':>7} {'predicted ms':>12} {'measured ms':>11} "
-          f"{'error':>7}")
+    print(
+        f"{'read':>9} {'budget':>7} {'analysis':>8} {'took s':>7} {'predicted ms':>12} {'measured ms':>11} {'error':>7}"
+    )
     worst = 0.0
     for direct in [m == "O_DIRECT" for m in a.modes.split(",")]:
-        runs = [(m, analyze(path, list(budgets.values()), n_threads=a.threads, direct_io=direct, full=m == "full"))
-                for m in (["sampled"] if a.no_full else ["sampled", "full"])]
+        runs = [
+            (m, analyze(path, list(budgets.values()), n_threads=a.threads, direct_io=direct, full=m == "full"))
+            for m in (["sampled"] if a.no_full else ["sampled", "full"])
+        ]
         for i, (label, b) in enumerate(budgets.items()):
             t = measure(path, b, direct, a.tokens, a.threads)
             for method, res in runs:
                 plan = res.plans[i]
                 err = plan.predicted_s / t - 1
                 worst = max(worst, abs(err))
-                print(f"{'O_DIRECT' if direct else 'buffered':>9} {label:>7} {method:>8} {res.seconds:7.1f} "
-                      f"{plan.predicted_s * 1e3:12.1f} {t * 1e3:11.1f} {err:+7.0%}", flush=True)
+                print(
+                    f"{'O_DIRECT' if direct else 'buffered':>9} {label:>7} {method:>8} {res.seconds:7.1f} "
+                    f"{plan.predicted_s * 1e3:12.1f} {t * 1e3:11.1f} {err:+7.0%}",
+                    flush=True,
+                )
     print(f"largest error {worst:.0%} (goal: within 25%)")
     return 0
 

@@ -35,36 +35,77 @@ TESTS = os.path.join(HERE, "..", "tests")
 MiB, GiB = 1 << 20, 1 << 30
 PROMPT = 16
 
-DENSE = dict(arch="llama", n_layer=80, n_embd=8192, n_head=64, n_head_kv=8, head_dim=128, n_ff=28672,
-             n_ctx_train=4096, rope_base=500000.0, limit="20GiB", budgets="14GiB,16GiB,18GiB")
-MOE = dict(arch="qwen3moe", n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_ff=6144,
-           n_expert=128, n_expert_used=8, n_ff_exp=768, n_ctx_train=40960, rope_base=1000000.0, limit="4GiB",
-           budgets="2GiB,2560MiB,3GiB")
-POOL_ROWS = 2048                      # quantized rows per row length, drawn from for every matrix
+DENSE = dict(
+    arch="llama",
+    n_layer=80,
+    n_embd=8192,
+    n_head=64,
+    n_head_kv=8,
+    head_dim=128,
+    n_ff=28672,
+    n_ctx_train=4096,
+    rope_base=500000.0,
+    limit="20GiB",
+    budgets="14GiB,16GiB,18GiB",
+)
+MOE = dict(
+    arch="qwen3moe",
+    n_layer=48,
+    n_embd=2048,
+    n_head=32,
+    n_head_kv=4,
+    head_dim=128,
+    n_ff=6144,
+    n_expert=128,
+    n_expert_used=8,
+    n_ff_exp=768,
+    n_ctx_train=40960,
+    rope_base=1000000.0,
+    limit="4GiB",
+    budgets="2GiB,2560MiB,3GiB",
+)
+POOL_ROWS = 2048  # quantized rows per row length, drawn from for every matrix
 
 
 # ------------------------------------------------------------------------------------------------ the models
+
 
 def tensor_specs(p: dict, n_vocab: int) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, numpy shape (rows first), kind) in the converter's order: "q4" a Q4_0 matrix, "f32" a random F32
     matrix (the router), "norm" an RMS norm's weights."""
     e, hd = p["n_embd"], p["head_dim"]
     q, kv = p["n_head"] * hd, p["n_head_kv"] * hd
-    out = [("token_embd.weight", (n_vocab, e), "q4"), ("output_norm.weight", (e,), "norm"),
-           ("output.weight", (n_vocab, e), "q4")]
+    out = [
+        ("token_embd.weight", (n_vocab, e), "q4"),
+        ("output_norm.weight", (e,), "norm"),
+        ("output.weight", (n_vocab, e), "q4"),
+    ]
     for il in range(p["n_layer"]):
         b = f"blk.{il}."
-        out += [(b + "attn_norm.weight", (e,), "norm"), (b + "ffn_norm.weight", (e,), "norm"),
-                (b + "attn_q.weight", (q, e), "q4"), (b + "attn_k.weight", (kv, e), "q4"),
-                (b + "attn_v.weight", (kv, e), "q4"), (b + "attn_output.weight", (e, q), "q4")]
+        out += [
+            (b + "attn_norm.weight", (e,), "norm"),
+            (b + "ffn_norm.weight", (e,), "norm"),
+            (b + "attn_q.weight", (q, e), "q4"),
+            (b + "attn_k.weight", (kv, e), "q4"),
+            (b + "attn_v.weight", (kv, e), "q4"),
+            (b + "attn_output.weight", (e, q), "q4"),
+        ]
         if p.get("n_expert"):
             ne, fe = p["n_expert"], p["n_ff_exp"]
-            out += [(b + "ffn_gate_inp.weight", (ne, e), "f32"), (b + "ffn_gate_exps.weight", (ne, fe, e), "q4"),
-                    (b + "ffn_up_exps.weight", (ne, fe, e), "q4"), (b + "ffn_down_exps.weight", (ne, e, fe), "q4"),
-                    (b + "attn_q_norm.weight", (hd,), "norm"), (b + "attn_k_norm.weight", (hd,), "norm")]
+            out += [
+                (b + "ffn_gate_inp.weight", (ne, e), "f32"),
+                (b + "ffn_gate_exps.weight", (ne, fe, e), "q4"),
+                (b + "ffn_up_exps.weight", (ne, fe, e), "q4"),
+                (b + "ffn_down_exps.weight", (ne, e, fe), "q4"),
+                (b + "attn_q_norm.weight", (hd,), "norm"),
+                (b + "attn_k_norm.weight", (hd,), "norm"),
+            ]
         else:
-            out += [(b + "ffn_gate.weight", (p["n_ff"], e), "q4"), (b + "ffn_up.weight", (p["n_ff"], e), "q4"),
-                    (b + "ffn_down.weight", (e, p["n_ff"]), "q4")]
+            out += [
+                (b + "ffn_gate.weight", (p["n_ff"], e), "q4"),
+                (b + "ffn_up.weight", (p["n_ff"], e), "q4"),
+                (b + "ffn_down.weight", (e, p["n_ff"]), "q4"),
+            ]
     return out
 
 
@@ -115,8 +156,10 @@ def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(2 / np.sqrt(k))
         else:
             if k not in pools:
-                pools[k] = native.quantize(native.GGMLType.Q4_0, rng.standard_normal((POOL_ROWS, k), dtype=np.float32)
-                                          * np.float32(1 / np.sqrt(k)))
+                pools[k] = native.quantize(
+                    native.GGMLType.Q4_0,
+                    rng.standard_normal((POOL_ROWS, k), dtype=np.float32) * np.float32(1 / np.sqrt(k)),
+                )
             rows = int(np.prod(shape[:-1]))
             a = pools[k][rng.integers(0, POOL_ROWS, rows)]
         w.write_tensor_data(a)
@@ -154,10 +197,15 @@ def bench_model(name: str, p: dict, a: argparse.Namespace) -> list[dict]:
     budgets = [int(parse_size(b)) for b in (p["budgets"] if a.budgets is None else a.budgets).split(",") if b]
     rng = np.random.default_rng(1)
     toks = [int(x) for x in rng.integers(100, 40000, PROMPT + a.tokens)]
-    print(f"{name}: {p['arch']} {os.path.basename(path)} {size / GiB:.2f} GiB; cgroup limit {limit / GiB:.2f} GiB; "
-          f"prompt {PROMPT}, {a.tokens} decoded tokens", flush=True)
-    report = dict(diff=("bytes_loaded", "wait_seconds", "read_seconds"),
-                  report=("budget", "layers_pinned", "n_slots", "slot_size", "expert_hits", "expert_misses"))
+    print(
+        f"{name}: {p['arch']} {os.path.basename(path)} {size / GiB:.2f} GiB; cgroup limit {limit / GiB:.2f} GiB; "
+        f"prompt {PROMPT}, {a.tokens} decoded tokens",
+        flush=True,
+    )
+    report = dict(
+        diff=("bytes_loaded", "wait_seconds", "read_seconds"),
+        report=("budget", "layers_pinned", "n_slots", "slot_size", "expert_hits", "expert_misses"),
+    )
     runs = [("superggml auto", SUPERGGML, dict(report, options={}))]
     runs += [(f"superggml {b / GiB:g} GiB", SUPERGGML, dict(report, options=dict(device_budget=b))) for b in budgets]
     if not a.no_llama:
@@ -173,14 +221,34 @@ def bench_model(name: str, p: dict, a: argparse.Namespace) -> list[dict]:
             if "error" in r:
                 row["error"] = r["error"]
             else:
-                row.update(s_per_token=r["decode_s"] / a.tokens, load_s=r["load_s"], wall_s=r["wall_s"],
-                           maxrss=r["maxrss"], argmax=[int(x) for x in r["logits"].argmax(-1)],
-                           finite=bool(np.isfinite(r["logits"]).all()),
-                           **{k: r[k] for k in ("budget", "layers_pinned", "n_slots", "slot_size", "expert_hits",
-                                                "expert_misses", "ctx_size", "stderr", "decode") if k in r})
+                row.update(
+                    s_per_token=r["decode_s"] / a.tokens,
+                    load_s=r["load_s"],
+                    wall_s=r["wall_s"],
+                    maxrss=r["maxrss"],
+                    argmax=[int(x) for x in r["logits"].argmax(-1)],
+                    finite=bool(np.isfinite(r["logits"]).all()),
+                    **{
+                        k: r[k]
+                        for k in (
+                            "budget",
+                            "layers_pinned",
+                            "n_slots",
+                            "slot_size",
+                            "expert_hits",
+                            "expert_misses",
+                            "ctx_size",
+                            "stderr",
+                            "decode",
+                        )
+                        if k in r
+                    },
+                )
             rows.append(row)
-            print("  " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})[:2000],
-                  flush=True)
+            print(
+                "  " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})[:2000],
+                flush=True,
+            )
     if not a.keep:
         os.remove(path)
     return rows
@@ -201,8 +269,10 @@ def table(rows: list[dict]) -> str:
             s = float(np.median([r["s_per_token"] for r in ok]))
             x = f"{ref / s:.2f}x" if ref else "-"
             each = "  [" + ", ".join(f"{r['s_per_token']:.2f}" for r in ok) + "]" if len(same) > 1 else ""
-            out.append(f"{name:<6} {who:<22} {s:>8.2f} {x:>12} {max(r['maxrss'] for r in ok) / GiB:>11.2f}  "
-                       f"{ok[0]['argmax']}{each}")
+            out.append(
+                f"{name:<6} {who:<22} {s:>8.2f} {x:>12} {max(r['maxrss'] for r in ok) / GiB:>11.2f}  "
+                f"{ok[0]['argmax']}{each}"
+            )
     return "\n".join(out)
 
 

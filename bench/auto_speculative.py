@@ -24,8 +24,10 @@ import memcg  # noqa: E402
 from superggml import models  # noqa: E402
 from superggml.settings import parse_size  # noqa: E402
 
-PROMPT = ("<|im_start|>user\nWrite a Python function that parses a CSV file of (name, age, city) rows and returns "
-          "the average age per city, with a docstring and type hints.<|im_end|>\n<|im_start|>assistant\n")
+PROMPT = (
+    "<|im_start|>user\nWrite a Python function that parses a CSV file of (name, age, city) rows and returns "
+    "the average age per city, with a docstring and type hints.<|im_end|>\n<|im_start|>assistant\n"
+)
 
 CHILD = r"""
 import json, sys, time
@@ -71,8 +73,11 @@ def main() -> None:
             line = [x for x in r.stderr.splitlines() if "device budget" in x]
             res = json.loads(r.stdout.strip().splitlines()[-1])
             out[name].append(res)
-            print(f"{name}: {res['tok_s']:.2f} tok/s, VmHWM {res['vmhwm_mib']:.0f} MiB, accepted "
-                  f"{res['accepted']}/{res['drafted']}; {line[0] if line else 'all resident'}", flush=True)
+            print(
+                f"{name}: {res['tok_s']:.2f} tok/s, VmHWM {res['vmhwm_mib']:.0f} MiB, accepted "
+                f"{res['accepted']}/{res['drafted']}; {line[0] if line else 'all resident'}",
+                flush=True,
+            )
     print(f"\n| {a.limit} cgroup, default options | tokens/s (median of {a.repeat}) |\n|---|---|")
     for name, rs in out.items():
         if rs:

@@ -174,11 +174,13 @@ def run(req: dict, limit: int | None, timeout: float) -> dict:
 def print_table(name: str, rows: list[dict], alone: list[list[int]]) -> None:
     print(f"\n{name}")
     one = rows[0]["tok_s"] if rows and rows[0]["sequences"] == 1 else None
-    if rows and "tokens" not in rows[0]:          # llama.cpp's: tokens/s only
+    if rows and "tokens" not in rows[0]:  # llama.cpp's: tokens/s only
         print(f"{'sequences':>9} {'tok/s':>8} {'vs 1':>6}")
     else:
-        print(f"{'sequences':>9} {'tok/s':>8} {'vs 1':>6} {'seq/pass':>8} {'MB/token':>9} {'peak RSS MiB':>12} "
-              f"{'texts = alone':>13}")
+        print(
+            f"{'sequences':>9} {'tok/s':>8} {'vs 1':>6} {'seq/pass':>8} {'MB/token':>9} {'peak RSS MiB':>12} "
+            f"{'texts = alone':>13}"
+        )
     for r in rows:
         r["vs_one"] = r["tok_s"] / one if one else float("nan")
         line = f"{r['sequences']:>9} {r['tok_s']:>8.2f} {r['vs_one']:>5.2f}x"
@@ -186,8 +188,10 @@ def print_table(name: str, rows: list[dict], alone: list[list[int]]) -> None:
             same = sum(t == alone[i] for i, t in enumerate(r["tokens"]) if i < len(alone))
             r["texts_equal_alone"] = same
             eq = f"{same}/{len(r['tokens'])}"
-            line += (f" {r['sequences_per_pass']:>8.2f} {r['bytes_per_token'] / 1e6:>9.1f} "
-                     f"{r['peak_rss'] / 2**20:>12.0f} {eq:>13}")
+            line += (
+                f" {r['sequences_per_pass']:>8.2f} {r['bytes_per_token'] / 1e6:>9.1f} "
+                f"{r['peak_rss'] / 2**20:>12.0f} {eq:>13}"
+            )
         print(line)
 
 
@@ -197,11 +201,17 @@ def main() -> int:
     ap.add_argument("--counts", default="1,2,4,8,16,32")
     ap.add_argument("--budget", default="128MiB", help="the streamed table's budget ('' skips it)")
     ap.add_argument("--limit", default="256MiB", help="the cgroup of the third table ('' skips it)")
-    ap.add_argument("--limit-budget", default="64MiB",
-                    help="device_budget in the cgroup (the tokenizer, K/V, logits and graphs need the rest)")
+    ap.add_argument(
+        "--limit-budget",
+        default="64MiB",
+        help="device_budget in the cgroup (the tokenizer, K/V, logits and graphs need the rest)",
+    )
     ap.add_argument("--limited-only", action="store_true", help="only the table in the cgroup")
-    ap.add_argument("--batch-invariant", action="store_true",
-                    help="batch_invariant=True: every sequence's logits as alone (ggml-cpu's reference kernels)")
+    ap.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="batch_invariant=True: every sequence's logits as alone (ggml-cpu's reference kernels)",
+    )
     ap.add_argument("--flash-attn", action="store_true", help="flash attention in both engines (default: off in both)")
     ap.add_argument("--model", default="qwen", help="qwen (Qwen2.5-Coder-1.5B Q4_K_M), smollm2, or a GGUF's path")
     ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp's batched decoding (resident)")
@@ -215,25 +225,43 @@ def main() -> int:
     named = {"qwen": models.qwen_path, "smollm2": models.smollm2_path}
     path = str(named[a.model]()) if a.model in named else a.model
     counts = [int(x) for x in a.counts.split(",")]
-    prompts = [p if i < len(PROMPTS) else f"{p} (take {i // len(PROMPTS) + 1})"
-               for i, p in ((i, PROMPTS[i % len(PROMPTS)]) for i in range(max(counts)))]
-    base = dict(model=path, prompts=prompts, counts=counts, tokens=a.tokens, ctx=64 + a.tokens,
-                invariant=a.batch_invariant, flash_attn=a.flash_attn)
-    tables = [("resident", dict(base, budget=None, alone=True), None),
-              *([] if a.no_llama else [("llama.cpp, resident (batched llama_decode)", dict(base, llama=True), None)]),
-              *([("streamed, device_budget " + a.budget, dict(base, budget=a.budget), None)] if a.budget else [])]
+    prompts = [
+        p if i < len(PROMPTS) else f"{p} (take {i // len(PROMPTS) + 1})"
+        for i, p in ((i, PROMPTS[i % len(PROMPTS)]) for i in range(max(counts)))
+    ]
+    base = dict(
+        model=path,
+        prompts=prompts,
+        counts=counts,
+        tokens=a.tokens,
+        ctx=64 + a.tokens,
+        invariant=a.batch_invariant,
+        flash_attn=a.flash_attn,
+    )
+    tables = [
+        ("resident", dict(base, budget=None, alone=True), None),
+        *([] if a.no_llama else [("llama.cpp, resident (batched llama_decode)", dict(base, llama=True), None)]),
+        *([("streamed, device_budget " + a.budget, dict(base, budget=a.budget), None)] if a.budget else []),
+    ]
     if a.limited_only:
         tables = []
     if a.limit:
-        tables.append((f"streamed, device_budget {a.limit_budget}, cgroup {a.limit}", dict(base, budget=a.limit_budget,
-                                                                                     direct=True),
-                       int(parse_size(a.limit))))
-    print(f"{os.path.basename(path)}: {a.tokens} greedy tokens per sequence, 2 threads, flash attention "
-          f"{'on' if a.flash_attn else 'off'}", flush=True)
+        tables.append(
+            (
+                f"streamed, device_budget {a.limit_budget}, cgroup {a.limit}",
+                dict(base, budget=a.limit_budget, direct=True),
+                int(parse_size(a.limit)),
+            )
+        )
+    print(
+        f"{os.path.basename(path)}: {a.tokens} greedy tokens per sequence, 2 threads, flash attention "
+        f"{'on' if a.flash_attn else 'off'}",
+        flush=True,
+    )
     results = {}
     ok = True
     alone: list[list[int]] = []
-    if a.limited_only:        # the solo texts, resident (not timed)
+    if a.limited_only:  # the solo texts, resident (not timed)
         got = run(dict(base, budget=None, alone=True, counts=[1]), None, a.timeout)
         alone = got["alone"]
     for name, req, limit in tables:
@@ -248,8 +276,10 @@ def main() -> int:
     if llama is not None and results["resident"]["rows"] and llama["rows"]:
         print("\nspeedup over 1 sequence, resident: superggml's / llama.cpp's")
         for ours, theirs in zip(results["resident"]["rows"], llama["rows"]):
-            print(f"{ours['sequences']:>9} {ours['vs_one']:>5.2f}x / {theirs['vs_one']:>5.2f}x = "
-                  f"{ours['vs_one'] / theirs['vs_one']:.2f}   (tok/s {ours['tok_s']:.2f} / {theirs['tok_s']:.2f})")
+            print(
+                f"{ours['sequences']:>9} {ours['vs_one']:>5.2f}x / {theirs['vs_one']:>5.2f}x = "
+                f"{ours['vs_one'] / theirs['vs_one']:.2f}   (tok/s {ours['tok_s']:.2f} / {theirs['tok_s']:.2f})"
+            )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(model=path, tokens=a.tokens, results=results), f, indent=1)

@@ -88,6 +88,7 @@ def read_file(path: str, n_threads: int) -> float:
         mv = memoryview(buf)
         while a < b:
             a += os.preadv(fd, [mv[: min(len(buf), b - a)]], a) or b
+
     ts = [threading.Thread(target=part, args=(i * per, min(size, (i + 1) * per))) for i in range(n_threads)]
     t0 = time.perf_counter()
     for t in ts:
@@ -101,8 +102,9 @@ def read_file(path: str, n_threads: int) -> float:
 
 def first_token(engine: str, path: str, prompt: str) -> tuple[float, str]:
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-c", CHILD[engine], path, prompt], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", CHILD[engine], path, prompt], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     line = ""
     assert p.stdout is not None
     for line in p.stdout:
@@ -117,8 +119,12 @@ def first_token(engine: str, path: str, prompt: str) -> tuple[float, str]:
 
 def model_path(name: str) -> str:
     from superggml import models
-    return str({"qwen": models.qwen_path, "qwen05": models.qwen05_path,
-                "smollm2": models.smollm2_path}[name]()) if name in ("qwen", "qwen05", "smollm2") else name
+
+    return (
+        str({"qwen": models.qwen_path, "qwen05": models.qwen05_path, "smollm2": models.smollm2_path}[name]())
+        if name in ("qwen", "qwen05", "smollm2")
+        else name
+    )
 
 
 def main() -> int:
@@ -136,8 +142,10 @@ def main() -> int:
         for e in engines:
             left = drop_cache(path)
             if left > 0.01:
-                raise SystemExit(f"{left:.0%} of {path} stays in the page cache after the drop: another process "
-                                 "maps it (grep -l {path} /proc/*/maps)")
+                raise SystemExit(
+                    f"{left:.0%} of {path} stays in the page cache after the drop: another process "
+                    "maps it (grep -l {path} /proc/*/maps)"
+                )
             dt, detail = first_token(e, path, a.prompt)
             times[e].append(dt)
             print(f"run {r + 1} {e:10} {dt:6.3f} s  ({detail}; {left:.1%} cached before)", flush=True)
@@ -147,13 +155,17 @@ def main() -> int:
         times["read2"].append(read_file(path, 2))
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"\n{os.path.basename(path)} ({size / 2**30:.2f} GiB), median of {a.runs}, page cache dropped before each:")
-    print(f"  floor: one sequential read {med['read']:.3f} s ({size / med['read'] / 1e9:.2f} GB/s); "
-          f"2 readers {med['read2']:.3f} s")
+    print(
+        f"  floor: one sequential read {med['read']:.3f} s ({size / med['read'] / 1e9:.2f} GB/s); "
+        f"2 readers {med['read2']:.3f} s"
+    )
     for e in engines:
         print(f"  {e:10} cold time to first token {med[e]:.3f} s")
     if "superggml" in med and "llama.cpp" in med:
-        print(f"  ratio superggml / llama.cpp = {med['superggml'] / med['llama.cpp']:.2f}; "
-              f"superggml / one sequential read = {med['superggml'] / med['read']:.2f}")
+        print(
+            f"  ratio superggml / llama.cpp = {med['superggml'] / med['llama.cpp']:.2f}; "
+            f"superggml / one sequential read = {med['superggml'] / med['read']:.2f}"
+        )
     return 0
 
 

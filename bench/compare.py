@@ -28,8 +28,10 @@ import llama_ref  # noqa: E402
 
 from superggml import Model, models  # noqa: E402
 
-PROMPT = ("def quicksort(xs):\n    \"\"\"Sort a list.\"\"\"\n    if len(xs) <= 1:\n        return xs\n"
-          "    pivot = xs[len(xs) // 2]\n") * 20
+PROMPT = (
+    "def quicksort(xs):\n    \"\"\"Sort a list.\"\"\"\n    if len(xs) <= 1:\n        return xs\n"
+    "    pivot = xs[len(xs) // 2]\n"
+) * 20
 
 
 def model_paths(names: list[str]) -> dict[str, str]:
@@ -42,7 +44,7 @@ def model_paths(names: list[str]) -> dict[str, str]:
 def bench_superggml(path: str, toks: list[int], n_decode: int, threads: int, repeats: int) -> tuple[list, list]:
     with Model(path, ctx_size=1024, n_threads=threads) as m:
         pre, dec = [], []
-        for _ in range(repeats + 1):     # the first is a warm-up
+        for _ in range(repeats + 1):  # the first is a warm-up
             m.reset()
             t0 = time.perf_counter()
             logits = m.eval(toks)[-1]
@@ -57,8 +59,17 @@ def bench_superggml(path: str, toks: list[int], n_decode: int, threads: int, rep
 
 
 def bench_llama(path: str, toks: list[int], n_decode: int, threads: int, repeats: int) -> tuple[list, list]:
-    r = llama_ref.run({"kind": "bench", "model": path, "prompt_tokens": toks, "n_decode": n_decode,
-                       "n_threads": threads, "n_ctx": 1024, "repeats": repeats + 1})
+    r = llama_ref.run(
+        {
+            "kind": "bench",
+            "model": path,
+            "prompt_tokens": toks,
+            "n_decode": n_decode,
+            "n_threads": threads,
+            "n_ctx": 1024,
+            "repeats": repeats + 1,
+        }
+    )
     return [len(toks) / float(x) for x in r["prefill_s"][1:]], [n_decode / float(x) for x in r["decode_s"][1:]]
 
 
@@ -76,7 +87,7 @@ def main() -> int:
         with Model(path, ctx_size=1024) as m:
             toks = m.tokenize(PROMPT)[: a.prompt_tokens]
         runs: dict[str, list[float]] = {"sp": [], "sd": [], "lp": [], "ld": []}
-        for r in range(a.rounds):     # alternating which engine goes first
+        for r in range(a.rounds):  # alternating which engine goes first
             if r % 2 == 0:
                 sp, sd = bench_superggml(path, toks, a.decode, a.threads, a.repeats)
                 lp, ld = bench_llama(path, toks, a.decode, a.threads, a.repeats)
@@ -91,8 +102,9 @@ def main() -> int:
     print(f"{'':10} {'superggml':>9} {'llama.cpp':>9} {'ratio':>8} {'superggml':>9} {'llama.cpp':>9} {'ratio':>8}")
     for name, sp, lp, sd, ld in rows:
         print(f"{name:10} {sp:9.1f} {lp:9.1f} {sp / lp:8.2f} {sd:9.1f} {ld:9.1f} {sd / ld:8.2f}")
-    print(f"({a.threads} threads, {a.prompt_tokens} prompt tokens, {a.decode} decoded, "
-          f"median of {a.repeats * a.rounds})")
+    print(
+        f"({a.threads} threads, {a.prompt_tokens} prompt tokens, {a.decode} decoded, median of {a.repeats * a.rounds})"
+    )
     return 0
 
 

@@ -32,8 +32,13 @@ def main() -> int:
     procs = []
     for j in range(a.jobs):
         d = tempfile.mkdtemp(prefix=f"sgfuzz{j}-")
-        p = subprocess.Popen([sys.executable, FUZZER, str(per), str(a.seed + j), d], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True, errors="replace")
+        p = subprocess.Popen(
+            [sys.executable, FUZZER, str(per), str(a.seed + j), d],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+        )
         procs.append((p, d))
     totals: dict[str, int] = {}
     bad = []

@@ -27,24 +27,39 @@ from superggml.generation.grammar import Grammar, Matcher  # noqa: E402
 SCHEMA = {
     "type": "object",
     "properties": {
-        "users": {"type": "array", "maxItems": 4, "items": {
-            "type": "object",
-            "properties": {"name": {"type": "string", "maxLength": 24},
-                           "role": {"enum": ["admin", "editor", "viewer"]},
-                           "age": {"type": "integer"},
-                           "address": {"type": "object", "properties": {"city": {"type": "string"}},
-                                       "required": ["city"]}},
-            "required": ["name", "role", "age", "address"]}},
+        "users": {
+            "type": "array",
+            "maxItems": 4,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 24},
+                    "role": {"enum": ["admin", "editor", "viewer"]},
+                    "age": {"type": "integer"},
+                    "address": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                },
+                "required": ["name", "role", "age", "address"],
+            },
+        },
     },
     "required": ["users"],
 }
 CASES = [
-    ("json_schema", Grammar.from_json_schema(SCHEMA),
-     "<|im_start|>user\nList four users of a web site as JSON.<|im_end|>\n<|im_start|>assistant\n"),
-    ("json_object", Grammar.json_object(),
-     "<|im_start|>user\nDescribe the solar system's planets as a JSON object.<|im_end|>\n<|im_start|>assistant\n"),
-    ("regex", Grammar.from_regex(r"([A-Z][a-z]+ ){1,40}[A-Z][a-z]+\."),
-     "<|im_start|>user\nWrite a long title.<|im_end|>\n<|im_start|>assistant\n"),
+    (
+        "json_schema",
+        Grammar.from_json_schema(SCHEMA),
+        "<|im_start|>user\nList four users of a web site as JSON.<|im_end|>\n<|im_start|>assistant\n",
+    ),
+    (
+        "json_object",
+        Grammar.json_object(),
+        "<|im_start|>user\nDescribe the solar system's planets as a JSON object.<|im_end|>\n<|im_start|>assistant\n",
+    ),
+    (
+        "regex",
+        Grammar.from_regex(r"([A-Z][a-z]+ ){1,40}[A-Z][a-z]+\."),
+        "<|im_start|>user\nWrite a long title.<|im_end|>\n<|im_start|>assistant\n",
+    ),
 ]
 
 
@@ -53,8 +68,8 @@ class MaskClock:
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        Matcher.mask = self._timed(Matcher.mask)          # type: ignore[method-assign]
-        Matcher.consume = self._timed(Matcher.consume)    # type: ignore[method-assign]
+        Matcher.mask = self._timed(Matcher.mask)  # type: ignore[method-assign]
+        Matcher.consume = self._timed(Matcher.consume)  # type: ignore[method-assign]
 
     def _timed(self, fn):  # type: ignore[no-untyped-def]
         def run(*args):  # type: ignore[no-untyped-def]
@@ -63,6 +78,7 @@ class MaskClock:
                 return fn(*args)
             finally:
                 self.seconds += time.perf_counter() - t
+
         return run
 
 
@@ -95,7 +111,7 @@ def main() -> None:
     clock = MaskClock()
     rows = []
     with Model(path, ctx_size=1024, n_threads=a.threads) as m:
-        m.grammar_vocab                                   # built once, not timed
+        m.grammar_vocab  # built once, not timed
         print(f"{os.path.basename(path)}, resident, {a.threads} threads, greedy")
         print("| constraint | tokens | free ms/token | constrained ms/token | overhead | mask ms/token |")
         print("|---|---|---|---|---|---|")
@@ -110,8 +126,7 @@ def main() -> None:
                 _, dt, _ = decode(m, toks, count, None, clock)
                 free.append(dt / count)
             f, c, k = (statistics.median(x) * 1e3 for x in (free, con, mask))
-            rows.append(dict(constraint=name, tokens=count, free_ms=f, constrained_ms=c, overhead=c / f - 1,
-                             mask_ms=k))
+            rows.append(dict(constraint=name, tokens=count, free_ms=f, constrained_ms=c, overhead=c / f - 1, mask_ms=k))
             print(f"| {name} | {count} | {f:.1f} | {c:.1f} | {100 * (c / f - 1):+.1f}% | {k:.2f} |", flush=True)
     if a.json:
         with open(a.json, "w") as fh:

@@ -44,9 +44,11 @@ def main() -> int:
                 st = m.stats()
             texts.append(out["choices"][0]["text"])
             n = max(1, out["usage"]["completion_tokens"])
-            print(f"  {name:5s}: {st['passes']} passes, {st['bytes_loaded'] / n / 2**20:.2f} MiB streamed per token, "
-                  f"{st.get('state_replays', 0)} replays, drafted {st.get('draft_tokens', 0)}, "
-                  f"kept {st.get('draft_accepted', 0)}")
+            print(
+                f"  {name:5s}: {st['passes']} passes, {st['bytes_loaded'] / n / 2**20:.2f} MiB streamed per token, "
+                f"{st.get('state_replays', 0)} replays, drafted {st.get('draft_tokens', 0)}, "
+                f"kept {st.get('draft_accepted', 0)}"
+            )
     print("  texts equal:", texts[0] == texts[1])
     return 0 if texts[0] == texts[1] else 1
 

@@ -55,26 +55,45 @@ def main() -> int:
         base, ref = decode(m, prompt, a.tokens)
         n_layer = m.hparams.n_layer
         kv_mib = m.kv_bytes / 2**20
-    print(f"{os.path.basename(path)}: ctx {a.ctx}, KV {kv_mib:.0f} MiB, pages of {a.page_size}, "
-          f"{a.threads} threads; unpaged decode {base:.2f} tok/s")
+    print(
+        f"{os.path.basename(path)}: ctx {a.ctx}, KV {kv_mib:.0f} MiB, pages of {a.page_size}, "
+        f"{a.threads} threads; unpaged decode {base:.2f} tok/s"
+    )
     print(f"{'tier':>6} {'spilled':>8} {'frames':>6} {'tok/s':>7} {'vs unpaged':>10} {'waste':>6} {'same tokens':>11}")
     for tier in ("host", "disk"):
         for share in (0.0, 0.5, 1.0):
             if tier == "disk" and share == 0.0:
-                continue                                  # nothing leaves the device: same as host 0%
+                continue  # nothing leaves the device: same as host 0%
             resident = n_layer - round(share * n_layer)
             frames = n_layer if resident == n_layer else resident + 3
             with tempfile.TemporaryDirectory() as spill:
                 extra = dict(host_budget=0, kv_spill_dir=spill) if tier == "disk" else {}
-                with Model(path, **kw, paged_kv=True, kv_page_size=a.page_size, kv_device_layers=frames,
-                           async_prefetch=True, **extra) as m:
+                with Model(
+                    path,
+                    **kw,
+                    paged_kv=True,
+                    kv_page_size=a.page_size,
+                    kv_device_layers=frames,
+                    async_prefetch=True,
+                    **extra,
+                ) as m:
                     tps, toks = decode(m, prompt, a.tokens)
                     st = m.stats()
-            row = dict(tier=tier, spilled=(n_layer - st["kv_resident_layers"]) / n_layer, frames=frames, tok_s=tps,
-                       ratio=tps / base, waste=st["kv_page_waste"], same=toks == ref)
+            row = dict(
+                tier=tier,
+                spilled=(n_layer - st["kv_resident_layers"]) / n_layer,
+                frames=frames,
+                tok_s=tps,
+                ratio=tps / base,
+                waste=st["kv_page_waste"],
+                same=toks == ref,
+            )
             rows.append(row)
-            print(f"{tier:>6} {row['spilled']:8.0%} {frames:>6} {tps:7.2f} {row['ratio']:10.2f} "
-                  f"{row['waste']:6.1%} {str(row['same']):>11}", flush=True)
+            print(
+                f"{tier:>6} {row['spilled']:8.0%} {frames:>6} {tps:7.2f} {row['ratio']:10.2f} "
+                f"{row['waste']:6.1%} {str(row['same']):>11}",
+                flush=True,
+            )
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"unpaged_tok_s": base, "rows": rows}, f, indent=1)

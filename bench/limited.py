@@ -39,7 +39,7 @@ for _ in range(n):
 print(n / (time.perf_counter() - t))
 """
 
-PROMPT = "def quicksort(xs):\n    "         # OURS's
+PROMPT = "def quicksort(xs):\n    "  # OURS's
 
 
 def run(code: str, path: str, budget: str, n: int, limit: int, io: str = "") -> str:
@@ -71,8 +71,11 @@ def main() -> int:
     limit = parse_size(a.limit)
     print(f"Qwen2.5-1.5B Q4_K_M, cgroup limit {a.limit}, 2 threads, {a.tokens} decoded tokens")
     for io in ("buffered", "direct"):
-        print(f"  superggml (device_budget {a.budget}, async prefetch, {io:>8} reads): "
-              f"{run(OURS, path, a.budget, a.tokens, limit, io)}", flush=True)
+        print(
+            f"  superggml (device_budget {a.budget}, async prefetch, {io:>8} reads): "
+            f"{run(OURS, path, a.budget, a.tokens, limit, io)}",
+            flush=True,
+        )
     print(f"  llama.cpp (default: mmap + CPU repack): {run_llama(path, a.tokens, limit)}")
     return 0
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
-LLAMA = "llama.cpp"          # the `code` that runs llama.cpp
+LLAMA = "llama.cpp"  # the `code` that runs llama.cpp
 
 SUPERGGML = r"""
 import json, resource, sys, time
@@ -66,11 +66,12 @@ def run(code: str, req: dict, path: str, limit: int, timeout: float, workdir: st
     t = time.perf_counter()
     try:
         r = memcg.run_limited([sys.executable, "-c", code, f.name], limit, timeout=timeout)
-    except Exception as e:    # subprocess.TimeoutExpired, no cgroup
+    except Exception as e:  # subprocess.TimeoutExpired, no cgroup
         return {"error": f"{type(e).__name__}: {e}"}
     if r.returncode != 0:
-        return {"error": f"exit {r.returncode}" + (" (OOM-killed)" if r.returncode == -9 else "") +
-                f": {r.stderr[-1500:]}"}
+        return {
+            "error": f"exit {r.returncode}" + (" (OOM-killed)" if r.returncode == -9 else "") + f": {r.stderr[-1500:]}"
+        }
     out = json.loads(r.stdout.strip().splitlines()[-1])
     out["wall_s"] = time.perf_counter() - t
     out["logits"] = np.load(req["out"])
@@ -84,11 +85,16 @@ def _llama(req: dict, path: str, limit: int, timeout: float) -> dict[str, Any]:
 
     t = time.perf_counter()
     try:
-        z = llama_ref.run(dict(req, kind="decode", model=path, repack=False), timeout=timeout, which="pip",
-                          limit=limit)
+        z = llama_ref.run(dict(req, kind="decode", model=path, repack=False), timeout=timeout, which="pip", limit=limit)
     except llama_ref.ChildFailed as e:
         return {"error": f"{e.exit}: {e.stderr[-1500:]}"}
-    except Exception as e:        # subprocess.TimeoutExpired, no cgroup
+    except Exception as e:  # subprocess.TimeoutExpired, no cgroup
         return {"error": f"{type(e).__name__}: {e}"}
-    return dict(decode_s=float(z["decode_s"]), load_s=float(z["load_s"]), maxrss=int(z["maxrss"]),
-                wall_s=time.perf_counter() - t, logits=z["logits"], stderr=[])
+    return dict(
+        decode_s=float(z["decode_s"]),
+        load_s=float(z["load_s"]),
+        maxrss=int(z["maxrss"]),
+        wall_s=time.perf_counter() - t,
+        logits=z["logits"],
+        stderr=[],
+    )

@@ -49,10 +49,21 @@ def main() -> int:
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        path = synth_gguf.synth(os.path.join(tmp, "moe.gguf"), synth_gguf.vocab_fields(str(models.smollm2_path())),
-                                arch="qwen3moe", tied=False, n_layer=a.layers, n_embd=256, n_ff=256, n_ff_exp=256,
-                                n_expert=a.experts, n_expert_used=a.used, wtype="q8_0")
+        path = synth_gguf.synth(
+            os.path.join(tmp, "moe.gguf"),
+            synth_gguf.vocab_fields(str(models.smollm2_path())),
+            arch="qwen3moe",
+            tied=False,
+            n_layer=a.layers,
+            n_embd=256,
+            n_ff=256,
+            n_ff_exp=256,
+            n_expert=a.experts,
+            n_expert_used=a.used,
+            wtype="q8_0",
+        )
         import gguf
+
         expert_total = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if "_exps" in t.name)
         per_expert = expert_total // (a.layers * a.experts)
         floor = a.layers * a.used * per_expert
@@ -62,8 +73,14 @@ def main() -> int:
                 m.eval(toks[:16])
                 ref = np.stack([m.eval([t])[-1].copy() for t in toks[16:]])
             for lookahead in (False, True):
-                with Model(path, ctx_size=256, n_threads=a.threads, n_batch=16,
-                           expert_cache=int(expert_total * a.cache), expert_lookahead=lookahead) as m:
+                with Model(
+                    path,
+                    ctx_size=256,
+                    n_threads=a.threads,
+                    n_batch=16,
+                    expert_cache=int(expert_total * a.cache),
+                    expert_lookahead=lookahead,
+                ) as m:
                     m.eval(toks[:16])
                     s0 = m.stats()
                     t0 = time.perf_counter()
@@ -73,20 +90,34 @@ def main() -> int:
                 hits = s1["expert_hits"] - s0["expert_hits"]
                 misses = s1["expert_misses"] - s0["expert_misses"]
                 read = (s1["expert_bytes_loaded"] - s0["expert_bytes_loaded"]) / a.tokens
-                row = dict(locality=locality, lookahead=lookahead, hit_rate=hits / max(hits + misses, 1),
-                           bytes_per_token=read, floor_bytes_per_token=floor, read_vs_floor=read / floor,
-                           precision=s1["expert_lookahead_precision"], recall=s1["expert_lookahead_recall"],
-                           tok_s=a.tokens / dt, identical=bool(np.array_equal(out, ref)))
+                row = dict(
+                    locality=locality,
+                    lookahead=lookahead,
+                    hit_rate=hits / max(hits + misses, 1),
+                    bytes_per_token=read,
+                    floor_bytes_per_token=floor,
+                    read_vs_floor=read / floor,
+                    precision=s1["expert_lookahead_precision"],
+                    recall=s1["expert_lookahead_recall"],
+                    tok_s=a.tokens / dt,
+                    identical=bool(np.array_equal(out, ref)),
+                )
                 rows.append(row)
-    print(f"qwen3moe synthetic: {a.layers} layers x {a.experts} experts, {a.used} per token, "
-          f"{per_expert / 1024:.0f} KiB per expert; cache {a.cache:.0%} of {expert_total / 2**20:.1f} MiB; "
-          f"{a.tokens} decoded tokens, {a.threads} threads")
-    print(f"{'locality':>8} {'lookahead':>9} {'hit rate':>8} {'KiB/token':>9} {'vs floor':>8} {'precision':>9} "
-          f"{'recall':>6} {'tok/s':>7} {'identical':>9}")
+    print(
+        f"qwen3moe synthetic: {a.layers} layers x {a.experts} experts, {a.used} per token, "
+        f"{per_expert / 1024:.0f} KiB per expert; cache {a.cache:.0%} of {expert_total / 2**20:.1f} MiB; "
+        f"{a.tokens} decoded tokens, {a.threads} threads"
+    )
+    print(
+        f"{'locality':>8} {'lookahead':>9} {'hit rate':>8} {'KiB/token':>9} {'vs floor':>8} {'precision':>9} "
+        f"{'recall':>6} {'tok/s':>7} {'identical':>9}"
+    )
     for r in rows:
-        print(f"{r['locality']:8.1f} {str(r['lookahead']):>9} {r['hit_rate']:8.1%} {r['bytes_per_token'] / 1024:9.0f} "
-              f"{r['read_vs_floor']:8.2f} {r['precision']:9.2f} {r['recall']:6.2f} {r['tok_s']:7.1f} "
-              f"{str(r['identical']):>9}")
+        print(
+            f"{r['locality']:8.1f} {str(r['lookahead']):>9} {r['hit_rate']:8.1%} {r['bytes_per_token'] / 1024:9.0f} "
+            f"{r['read_vs_floor']:8.2f} {r['precision']:9.2f} {r['recall']:6.2f} {r['tok_s']:7.1f} "
+            f"{str(r['identical']):>9}"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

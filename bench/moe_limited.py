@@ -49,27 +49,109 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(HERE, "..", "tests")
 
 MODELS = {
-    "qwen3moe": dict(arch="qwen3moe", wtype="q8_0", n_layer=16, n_embd=1024, n_head=16, n_head_kv=4, head_dim=64,
-                     n_expert=64, n_expert_used=8, n_ff_exp=768, n_lead=0),
-    "qwen3moe-small": dict(arch="qwen3moe", wtype="q8_0", n_layer=8, n_embd=512, n_head=8, n_head_kv=4, head_dim=64,
-                           n_expert=32, n_expert_used=4, n_ff_exp=512, n_lead=0),
+    "qwen3moe": dict(
+        arch="qwen3moe",
+        wtype="q8_0",
+        n_layer=16,
+        n_embd=1024,
+        n_head=16,
+        n_head_kv=4,
+        head_dim=64,
+        n_expert=64,
+        n_expert_used=8,
+        n_ff_exp=768,
+        n_lead=0,
+    ),
+    "qwen3moe-small": dict(
+        arch="qwen3moe",
+        wtype="q8_0",
+        n_layer=8,
+        n_embd=512,
+        n_head=8,
+        n_head_kv=4,
+        head_dim=64,
+        n_expert=32,
+        n_expert_used=4,
+        n_ff_exp=512,
+        n_lead=0,
+    ),
     # DeepSeek-V2-Lite: 27 layers (the first dense, n_ff 10944), n_embd 2048, 16 heads, kv_lora_rank 512, rope 64,
     # nope 128, v 128, no q_lora; 64 experts of 1408, 6 per token, 2 shared
-    "deepseek2": dict(arch="deepseek2", wtype="q4_0", n_layer=27, n_embd=2048, n_head=16, kv_lora=512, qk_rope=64,
-                      qk_nope=128, v_head=128, n_expert=64, n_expert_used=6, n_shared=2, n_ff_exp=1408, n_ff=10944,
-                      n_lead=1),
+    "deepseek2": dict(
+        arch="deepseek2",
+        wtype="q4_0",
+        n_layer=27,
+        n_embd=2048,
+        n_head=16,
+        kv_lora=512,
+        qk_rope=64,
+        qk_nope=128,
+        v_head=128,
+        n_expert=64,
+        n_expert_used=6,
+        n_shared=2,
+        n_ff_exp=1408,
+        n_ff=10944,
+        n_lead=1,
+    ),
     # Qwen3.5-35B-A3B: 40 layers (every 4th gated full attention: 16 heads of 256, 2 K/V heads; the others gated
     # delta-net: 32 value heads of 128 over 16 key heads, a conv window of 4), n_embd 2048; 256 experts of 512,
     # 8 per token, a gated shared expert of 512
-    "qwen35moe": dict(arch="qwen35moe", wtype="q4_0", n_layer=40, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256,
-                      interval=4, d_state=128, n_v_heads=32, n_k_heads=16, d_conv=4, n_expert=256, n_expert_used=8,
-                      n_ff_exp=512, n_ff_shexp=512, n_lead=0),
-    "qwen35moe-small": dict(arch="qwen35moe", wtype="q4_0", n_layer=8, n_embd=512, n_head=8, n_head_kv=2,
-                            head_dim=64, interval=4, d_state=32, n_v_heads=8, n_k_heads=4, d_conv=4, n_expert=32,
-                            n_expert_used=4, n_ff_exp=256, n_ff_shexp=256, n_lead=0),
-    "deepseek2-small": dict(arch="deepseek2", wtype="q4_0", n_layer=8, n_embd=512, n_head=8, kv_lora=128, qk_rope=32,
-                            qk_nope=64, v_head=64, n_expert=32, n_expert_used=4, n_shared=2, n_ff_exp=512, n_ff=1024,
-                            n_lead=1),
+    "qwen35moe": dict(
+        arch="qwen35moe",
+        wtype="q4_0",
+        n_layer=40,
+        n_embd=2048,
+        n_head=16,
+        n_head_kv=2,
+        head_dim=256,
+        interval=4,
+        d_state=128,
+        n_v_heads=32,
+        n_k_heads=16,
+        d_conv=4,
+        n_expert=256,
+        n_expert_used=8,
+        n_ff_exp=512,
+        n_ff_shexp=512,
+        n_lead=0,
+    ),
+    "qwen35moe-small": dict(
+        arch="qwen35moe",
+        wtype="q4_0",
+        n_layer=8,
+        n_embd=512,
+        n_head=8,
+        n_head_kv=2,
+        head_dim=64,
+        interval=4,
+        d_state=32,
+        n_v_heads=8,
+        n_k_heads=4,
+        d_conv=4,
+        n_expert=32,
+        n_expert_used=4,
+        n_ff_exp=256,
+        n_ff_shexp=256,
+        n_lead=0,
+    ),
+    "deepseek2-small": dict(
+        arch="deepseek2",
+        wtype="q4_0",
+        n_layer=8,
+        n_embd=512,
+        n_head=8,
+        kv_lora=128,
+        qk_rope=32,
+        qk_nope=64,
+        v_head=64,
+        n_expert=32,
+        n_expert_used=4,
+        n_shared=2,
+        n_ff_exp=512,
+        n_ff=1024,
+        n_lead=1,
+    ),
 }
 PROMPT = 16
 MiB = 1 << 20
@@ -77,14 +159,21 @@ MiB = 1 << 20
 
 # ------------------------------------------------------------------------------------------------ the model
 
+
 def tensor_specs(p: dict, n_vocab: int) -> list[tuple]:
     """(name, numpy shape, kind, scale) in tests/synth_gguf.py's order for p["arch"], untied: kind "q" (a matrix
     quantized to p["wtype"]), "f32" (random F32), "norm" (1 + scale * N(0, 1))."""
     e, fe, ne = p["n_embd"], p["n_ff_exp"], p["n_expert"]
-    out = [("token_embd.weight", (n_vocab, e), "f32", 1.0), ("output_norm.weight", (e,), "norm", 0.1),
-           ("output.weight", (n_vocab, e), "q", 0.2)]
-    experts = [("ffn_gate_exps.weight", (ne, fe, e), "q", 0.08), ("ffn_up_exps.weight", (ne, fe, e), "q", 0.08),
-               ("ffn_down_exps.weight", (ne, e, fe), "q", 0.08)]
+    out = [
+        ("token_embd.weight", (n_vocab, e), "f32", 1.0),
+        ("output_norm.weight", (e,), "norm", 0.1),
+        ("output.weight", (n_vocab, e), "q", 0.2),
+    ]
+    experts = [
+        ("ffn_gate_exps.weight", (ne, fe, e), "q", 0.08),
+        ("ffn_up_exps.weight", (ne, fe, e), "q", 0.08),
+        ("ffn_down_exps.weight", (ne, e, fe), "q", 0.08),
+    ]
     for il in range(p["n_layer"]):
         b = f"blk.{il}."
         if p["arch"] == "qwen35moe":
@@ -92,31 +181,44 @@ def tensor_specs(p: dict, n_vocab: int) -> list[tuple]:
             continue
         if p["arch"] == "deepseek2":
             kv, h, qk = p["kv_lora"], p["n_head"], p["qk_nope"] + p["qk_rope"]
-            out += [(b + "attn_norm.weight", (e,), "norm", 0.1), (b + "attn_q.weight", (h * qk, e), "q", 0.3),
-                    (b + "attn_kv_a_mqa.weight", (kv + p["qk_rope"], e), "q", 0.3),
-                    (b + "attn_kv_a_norm.weight", (kv,), "norm", 0.1),
-                    (b + "attn_k_b.weight", (h, kv, p["qk_nope"]), "q", 0.15),
-                    (b + "attn_v_b.weight", (h, p["v_head"], kv), "q", 0.15),
-                    (b + "attn_output.weight", (e, h * p["v_head"]), "q", 0.08),
-                    (b + "ffn_norm.weight", (e,), "norm", 0.1)]
+            out += [
+                (b + "attn_norm.weight", (e,), "norm", 0.1),
+                (b + "attn_q.weight", (h * qk, e), "q", 0.3),
+                (b + "attn_kv_a_mqa.weight", (kv + p["qk_rope"], e), "q", 0.3),
+                (b + "attn_kv_a_norm.weight", (kv,), "norm", 0.1),
+                (b + "attn_k_b.weight", (h, kv, p["qk_nope"]), "q", 0.15),
+                (b + "attn_v_b.weight", (h, p["v_head"], kv), "q", 0.15),
+                (b + "attn_output.weight", (e, h * p["v_head"]), "q", 0.08),
+                (b + "ffn_norm.weight", (e,), "norm", 0.1),
+            ]
             if il < p["n_lead"]:
-                out += [(b + f"ffn_{n}.weight", shape, "q", 0.08) for n, shape in
-                        (("gate", (p["n_ff"], e)), ("up", (p["n_ff"], e)), ("down", (e, p["n_ff"])))]
+                out += [
+                    (b + f"ffn_{n}.weight", shape, "q", 0.08)
+                    for n, shape in (("gate", (p["n_ff"], e)), ("up", (p["n_ff"], e)), ("down", (e, p["n_ff"])))
+                ]
             else:
                 fs = fe * p["n_shared"]
                 out += [(b + "ffn_gate_inp.weight", (ne, e), "f32", 0.5)] + [(b + n, s, k, c) for n, s, k, c in experts]
-                out += [(b + "ffn_gate_shexp.weight", (fs, e), "q", 0.08),
-                        (b + "ffn_up_shexp.weight", (fs, e), "q", 0.08),
-                        (b + "ffn_down_shexp.weight", (e, fs), "q", 0.08)]
+                out += [
+                    (b + "ffn_gate_shexp.weight", (fs, e), "q", 0.08),
+                    (b + "ffn_up_shexp.weight", (fs, e), "q", 0.08),
+                    (b + "ffn_down_shexp.weight", (e, fs), "q", 0.08),
+                ]
             continue
         hd = p["head_dim"]
-        out += [(b + "attn_norm.weight", (e,), "norm", 0.1), (b + "ffn_norm.weight", (e,), "norm", 0.1),
-                (b + "attn_q.weight", (p["n_head"] * hd, e), "q", 0.3),
-                (b + "attn_k.weight", (p["n_head_kv"] * hd, e), "q", 0.3),
-                (b + "attn_v.weight", (p["n_head_kv"] * hd, e), "q", 0.08),
-                (b + "ffn_gate_inp.weight", (ne, e), "f32", 0.5)] + [(b + n, s, k, c) for n, s, k, c in experts]
-        out += [(b + "attn_output.weight", (e, p["n_head"] * hd), "q", 0.08),
-                (b + "attn_q_norm.weight", (hd,), "norm", 0.2), (b + "attn_k_norm.weight", (hd,), "norm", 0.2)]
+        out += [
+            (b + "attn_norm.weight", (e,), "norm", 0.1),
+            (b + "ffn_norm.weight", (e,), "norm", 0.1),
+            (b + "attn_q.weight", (p["n_head"] * hd, e), "q", 0.3),
+            (b + "attn_k.weight", (p["n_head_kv"] * hd, e), "q", 0.3),
+            (b + "attn_v.weight", (p["n_head_kv"] * hd, e), "q", 0.08),
+            (b + "ffn_gate_inp.weight", (ne, e), "f32", 0.5),
+        ] + [(b + n, s, k, c) for n, s, k, c in experts]
+        out += [
+            (b + "attn_output.weight", (e, p["n_head"] * hd), "q", 0.08),
+            (b + "attn_q_norm.weight", (hd,), "norm", 0.2),
+            (b + "attn_k_norm.weight", (hd,), "norm", 0.2),
+        ]
     return out
 
 
@@ -125,22 +227,35 @@ def qwen35_block(p: dict, b: str, attention: bool) -> list[tuple]:
     e, hd, S = p["n_embd"], p["head_dim"], p["d_state"]
     out = [(b + "attn_norm.weight", (e,), "norm", 0.1), (b + "post_attention_norm.weight", (e,), "norm", 0.1)]
     if attention:
-        out += [(b + "attn_q.weight", (2 * p["n_head"] * hd, e), "q", 0.3),
-                (b + "attn_k.weight", (p["n_head_kv"] * hd, e), "q", 0.3),
-                (b + "attn_v.weight", (p["n_head_kv"] * hd, e), "q", 0.08),
-                (b + "attn_output.weight", (e, p["n_head"] * hd), "q", 0.08),
-                (b + "attn_q_norm.weight", (hd,), "norm", 0.2), (b + "attn_k_norm.weight", (hd,), "norm", 0.2)]
+        out += [
+            (b + "attn_q.weight", (2 * p["n_head"] * hd, e), "q", 0.3),
+            (b + "attn_k.weight", (p["n_head_kv"] * hd, e), "q", 0.3),
+            (b + "attn_v.weight", (p["n_head_kv"] * hd, e), "q", 0.08),
+            (b + "attn_output.weight", (e, p["n_head"] * hd), "q", 0.08),
+            (b + "attn_q_norm.weight", (hd,), "norm", 0.2),
+            (b + "attn_k_norm.weight", (hd,), "norm", 0.2),
+        ]
     else:
         inner, ch, nv = S * p["n_v_heads"], S * (p["n_v_heads"] + 2 * p["n_k_heads"]), p["n_v_heads"]
-        out += [(b + "attn_qkv.weight", (ch, e), "q", 0.3), (b + "attn_gate.weight", (inner, e), "q", 0.3),
-                (b + "ssm_conv1d.weight", (ch, p["d_conv"]), "f32", 0.5), (b + "ssm_dt.bias", (nv,), "f32", 0.5),
-                (b + "ssm_a", (nv,), "neg", 0.5), (b + "ssm_beta.weight", (nv, e), "q", 0.3),
-                (b + "ssm_alpha.weight", (nv, e), "q", 0.3), (b + "ssm_norm.weight", (S,), "norm", 0.1),
-                (b + "ssm_out.weight", (e, inner), "q", 0.08)]
+        out += [
+            (b + "attn_qkv.weight", (ch, e), "q", 0.3),
+            (b + "attn_gate.weight", (inner, e), "q", 0.3),
+            (b + "ssm_conv1d.weight", (ch, p["d_conv"]), "f32", 0.5),
+            (b + "ssm_dt.bias", (nv,), "f32", 0.5),
+            (b + "ssm_a", (nv,), "neg", 0.5),
+            (b + "ssm_beta.weight", (nv, e), "q", 0.3),
+            (b + "ssm_alpha.weight", (nv, e), "q", 0.3),
+            (b + "ssm_norm.weight", (S,), "norm", 0.1),
+            (b + "ssm_out.weight", (e, inner), "q", 0.08),
+        ]
     fs = p["n_ff_shexp"]
-    return out + [(b + "ffn_gate_inp.weight", (p["n_expert"], e), "f32", 0.5),
-                  (b + "ffn_gate_inp_shexp.weight", (e,), "f32", 0.3), (b + "ffn_gate_shexp.weight", (fs, e), "q", 0.08),
-                  (b + "ffn_up_shexp.weight", (fs, e), "q", 0.08), (b + "ffn_down_shexp.weight", (e, fs), "q", 0.08)]
+    return out + [
+        (b + "ffn_gate_inp.weight", (p["n_expert"], e), "f32", 0.5),
+        (b + "ffn_gate_inp_shexp.weight", (e,), "f32", 0.3),
+        (b + "ffn_gate_shexp.weight", (fs, e), "q", 0.08),
+        (b + "ffn_up_shexp.weight", (fs, e), "q", 0.08),
+        (b + "ffn_down_shexp.weight", (e, fs), "q", 0.08),
+    ]
 
 
 def write_keys(w: Any, p: dict, n_vocab: int) -> None:
@@ -161,29 +276,44 @@ def write_keys(w: Any, p: dict, n_vocab: int) -> None:
         w.add_key_length(hd)
         w.add_value_length(hd)
         w.add_array("qwen35moe.rope.dimension_sections", [hd // 8 - hd // 16, hd // 32, hd // 32, 0])
-        for name, value in (("rope.dimension_count", hd // 4), ("ssm.conv_kernel", p["d_conv"]),
-                            ("ssm.state_size", p["d_state"]), ("ssm.group_count", p["n_k_heads"]),
-                            ("ssm.time_step_rank", p["n_v_heads"]), ("ssm.inner_size", p["d_state"] * p["n_v_heads"]),
-                            ("full_attention_interval", p["interval"]), ("expert_count", p["n_expert"]),
-                            ("expert_used_count", p["n_expert_used"]), ("expert_feed_forward_length", p["n_ff_exp"]),
-                            ("expert_shared_feed_forward_length", p["n_ff_shexp"])):
+        for name, value in (
+            ("rope.dimension_count", hd // 4),
+            ("ssm.conv_kernel", p["d_conv"]),
+            ("ssm.state_size", p["d_state"]),
+            ("ssm.group_count", p["n_k_heads"]),
+            ("ssm.time_step_rank", p["n_v_heads"]),
+            ("ssm.inner_size", p["d_state"] * p["n_v_heads"]),
+            ("full_attention_interval", p["interval"]),
+            ("expert_count", p["n_expert"]),
+            ("expert_used_count", p["n_expert_used"]),
+            ("expert_feed_forward_length", p["n_ff_exp"]),
+            ("expert_shared_feed_forward_length", p["n_ff_shexp"]),
+        ):
             w.add_key_value(f"qwen35moe.{name}", value, U)
         return
     if p["arch"] == "deepseek2":
+
         def key(name: str, value: Any) -> None:
             w.add_key_value(f"deepseek2.{name}", value, U)
+
         w.add_feed_forward_length(p["n_ff"])
         w.add_head_count_kv(1)
         w.add_layer_norm_rms_eps(1e-6)
-        for name, value in (("expert_count", p["n_expert"]), ("expert_used_count", p["n_expert_used"]),
-                            ("leading_dense_block_count", p["n_lead"]), ("vocab_size", n_vocab),
-                            ("attention.q_lora_rank", 0), ("attention.kv_lora_rank", p["kv_lora"]),
-                            ("attention.key_length", p["kv_lora"] + p["qk_rope"]),
-                            ("attention.value_length", p["kv_lora"]),
-                            ("attention.key_length_mla", p["qk_nope"] + p["qk_rope"]),
-                            ("attention.value_length_mla", p["v_head"]),
-                            ("expert_feed_forward_length", p["n_ff_exp"]), ("expert_shared_count", p["n_shared"]),
-                            ("rope.dimension_count", p["qk_rope"])):
+        for name, value in (
+            ("expert_count", p["n_expert"]),
+            ("expert_used_count", p["n_expert_used"]),
+            ("leading_dense_block_count", p["n_lead"]),
+            ("vocab_size", n_vocab),
+            ("attention.q_lora_rank", 0),
+            ("attention.kv_lora_rank", p["kv_lora"]),
+            ("attention.key_length", p["kv_lora"] + p["qk_rope"]),
+            ("attention.value_length", p["kv_lora"]),
+            ("attention.key_length_mla", p["qk_nope"] + p["qk_rope"]),
+            ("attention.value_length_mla", p["v_head"]),
+            ("expert_feed_forward_length", p["n_ff_exp"]),
+            ("expert_shared_count", p["n_shared"]),
+            ("rope.dimension_count", p["qk_rope"]),
+        ):
             key(name, value)
         w.add_key_value("deepseek2.expert_weights_scale", 1.0, gguf.GGUFValueType.FLOAT32)
         return
@@ -226,7 +356,7 @@ def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
     for name, shape, kind, scale in specs:
         if kind == "norm":
             a = (1 + scale * rng.standard_normal(shape)).astype(np.float32)
-        elif kind == "neg":                  # ssm_a: -exp(A_log)
+        elif kind == "neg":  # ssm_a: -exp(A_log)
             a = (-np.exp(scale * rng.standard_normal(shape))).astype(np.float32)
         elif kind == "f32":
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
@@ -236,8 +366,10 @@ def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
             step = max(1, (16 * MiB) // (4 * k))
             for r in range(0, rows, step):
                 n = min(step, rows - r)
-                a[r:r + n] = native.quantize(getattr(native.GGMLType, qtype.name),
-                                            rng.standard_normal((n, k), dtype=np.float32) * np.float32(scale))
+                a[r : r + n] = native.quantize(
+                    getattr(native.GGMLType, qtype.name),
+                    rng.standard_normal((n, k), dtype=np.float32) * np.float32(scale),
+                )
         w.write_tensor_data(a)
         del a
     w.close()
@@ -274,9 +406,18 @@ def stream(n: int, locality: float, seed: int) -> list[int]:
 
 # superggml's child (bench/limited_run.py's): the decode's change of these stats, and these after it
 SG_DIFF = ("expert_hits", "expert_misses", "expert_bytes_loaded")
-SG_REPORT = ("expert_lookahead_precision", "expert_lookahead_recall", "expert_lookahead",
-             "expert_lookahead_trial_ms_on", "expert_lookahead_trial_ms_off", "expert_slots", "expert_slot_size",
-             "layers_pinned", "n_slots", "slot_size")
+SG_REPORT = (
+    "expert_lookahead_precision",
+    "expert_lookahead_recall",
+    "expert_lookahead",
+    "expert_lookahead_trial_ms_on",
+    "expert_lookahead_trial_ms_off",
+    "expert_slots",
+    "expert_slot_size",
+    "layers_pinned",
+    "n_slots",
+    "slot_size",
+)
 
 
 def sequence_memory(path: str) -> dict[int, tuple[int, int]]:
@@ -297,11 +438,13 @@ def sequence_memory(path: str) -> dict[int, tuple[int, int]]:
     n_rec = sum(arch.is_recurrent(il) for il in range(hp.n_layer))
     states = 4 * n_rec * sum(arch.state_sizes) if n_rec else 0
     dense = dataclasses.replace(hp, n_layer_kv=0)
-    return {ctx: (kv_bytes(hp, ctx, "f16", "f16") + states, kv_bytes(dense, ctx, "f16", "f16"))
-            for ctx in (4096, 32768)}
+    return {
+        ctx: (kv_bytes(hp, ctx, "f16", "f16") + states, kv_bytes(dense, ctx, "f16", "f16")) for ctx in (4096, 32768)
+    }
 
 
 # ------------------------------------------------------------------------------------------------ main
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -311,14 +454,22 @@ def main() -> int:
     ap.add_argument("--limit", help="the cgroup limit (default: a quarter of the file's size)")
     ap.add_argument("--overhead", default="160MiB", help="device_budget = limit - overhead")
     ap.add_argument("--direct-io", choices=("on", "off", "auto"), default="on")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="superggml's n_threads (default: its own choice; llama.cpp always gets 2)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="superggml's n_threads (default: its own choice; llama.cpp always gets 2)",
+    )
     ap.add_argument("--localities", default="0,0.5,0.9")
-    ap.add_argument("--lookahead", default="auto",
-                    help="superggml runs by expert_lookahead: auto (the default: a timed trial of the first 72 "
-                         "decoded tokens picks on or off; 'superggml'), on, off ('sg-look-on/off'), comma-separated")
-    ap.add_argument("--llama-localities", help="localities llama.cpp runs at ('' for none; default 0, none with "
-                                                 "--small)")
+    ap.add_argument(
+        "--lookahead",
+        default="auto",
+        help="superggml runs by expert_lookahead: auto (the default: a timed trial of the first 72 "
+        "decoded tokens picks on or off; 'superggml'), on, off ('sg-look-on/off'), comma-separated",
+    )
+    ap.add_argument(
+        "--llama-localities", help="localities llama.cpp runs at ('' for none; default 0, none with --small)"
+    )
     ap.add_argument("--cache-dir", default="/work/tmp")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--json")
@@ -334,7 +485,7 @@ def main() -> int:
     p = MODELS[a.arch + ("-small" if a.small else "")]
     path = model_path(p, a.cache_dir)
     size = os.path.getsize(path)
-    if a.small and not a.limit:     # a quarter of a small file leaves no room for the process: budget a quarter
+    if a.small and not a.limit:  # a quarter of a small file leaves no room for the process: budget a quarter
         limit = size // 4 + parse_size(a.overhead)
     else:
         limit = parse_size(a.limit) if a.limit else size // 4
@@ -347,10 +498,13 @@ def main() -> int:
     llama_loc = a.llama_localities if a.llama_localities is not None else ("" if a.small else "0")
     llama_at = [float(x) for x in llama_loc.split(",") if x]
     direct = {"on": True, "off": False, "auto": None}[a.direct_io]
-    print(f"{p['arch']} synthetic {os.path.basename(path)}: {size / 2**30:.2f} GiB, {n_moe} MoE layers x "
-          f"{p['n_expert']} experts of {per_expert / MiB:.2f} MiB ({expert_total / 2**30:.2f} GiB), "
-          f"{p['n_expert_used']} per token; cgroup limit {limit / MiB:.0f} MiB, superggml device_budget "
-          f"{budget / MiB:.0f} MiB; prompt {PROMPT}, {a.tokens} decoded tokens", flush=True)
+    print(
+        f"{p['arch']} synthetic {os.path.basename(path)}: {size / 2**30:.2f} GiB, {n_moe} MoE layers x "
+        f"{p['n_expert']} experts of {per_expert / MiB:.2f} MiB ({expert_total / 2**30:.2f} GiB), "
+        f"{p['n_expert_used']} per token; cgroup limit {limit / MiB:.0f} MiB, superggml device_budget "
+        f"{budget / MiB:.0f} MiB; prompt {PROMPT}, {a.tokens} decoded tokens",
+        flush=True,
+    )
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for loc in localities:
@@ -361,53 +515,88 @@ def main() -> int:
                 runs.append(("llama.cpp", limited_run.LLAMA, dict(base, who="llama", n_threads=2, n_ctx=256)))
             for mode in a.lookahead.split(","):
                 who = "superggml" if mode == "auto" else f"sg-look-{mode}"
-                options = dict(ctx_size=256, n_batch=PROMPT, device_budget=budget, async_prefetch=True,
-                               direct_io=direct, expert_lookahead={"auto": None, "on": True, "off": False}[mode])
+                options = dict(
+                    ctx_size=256,
+                    n_batch=PROMPT,
+                    device_budget=budget,
+                    async_prefetch=True,
+                    direct_io=direct,
+                    expert_lookahead={"auto": None, "on": True, "off": False}[mode],
+                )
                 if a.threads:
                     options["n_threads"] = a.threads
-                runs.append((who, limited_run.SUPERGGML, dict(base, who=who, options=options, diff=SG_DIFF,
-                                                              report=SG_REPORT)))
+                runs.append(
+                    (who, limited_run.SUPERGGML, dict(base, who=who, options=options, diff=SG_DIFF, report=SG_REPORT))
+                )
             got = {}
             for who, code, req in runs:
                 r = limited_run.run(code, req, path, limit, a.timeout, work, f"{req['who']}-{req['locality']}")
                 got[who] = r
-                row = dict(who=who, locality=loc, limit=limit, model_bytes=size, tokens=a.tokens,
-                           repeats=sum(x == y for x, y in zip(toks[PROMPT:], toks[PROMPT - 1:])))
+                row = dict(
+                    who=who,
+                    locality=loc,
+                    limit=limit,
+                    model_bytes=size,
+                    tokens=a.tokens,
+                    repeats=sum(x == y for x, y in zip(toks[PROMPT:], toks[PROMPT - 1 :])),
+                )
                 if "error" in r:
                     row["error"] = r["error"]
                 else:
-                    row.update(tok_s=a.tokens / r["decode_s"], decode_s=r["decode_s"], load_s=r["load_s"],
-                               maxrss=r["maxrss"], argmax=[int(x) for x in r["logits"].argmax(-1)],
-                               finite=bool(np.isfinite(r["logits"]).all()))
+                    row.update(
+                        tok_s=a.tokens / r["decode_s"],
+                        decode_s=r["decode_s"],
+                        load_s=r["load_s"],
+                        maxrss=r["maxrss"],
+                        argmax=[int(x) for x in r["logits"].argmax(-1)],
+                        finite=bool(np.isfinite(r["logits"]).all()),
+                    )
                     if who != "llama.cpp":
                         d = r["decode"]
                         hits, misses = d["expert_hits"], d["expert_misses"]
                         read = d["expert_bytes_loaded"] / a.tokens
-                        row.update(budget=budget, direct_io=a.direct_io, hit_rate=hits / max(hits + misses, 1),
-                                   bytes_per_token=read, floor_bytes_per_token=floor, read_vs_floor=read / floor,
-                                   precision=r["expert_lookahead_precision"],
-                                   recall=r["expert_lookahead_recall"], lookahead=r["expert_lookahead"],
-                                   trial_ms_on=r["expert_lookahead_trial_ms_on"],
-                                   trial_ms_off=r["expert_lookahead_trial_ms_off"],
-                                   expert_slots=r["expert_slots"],
-                                   expert_cache_bytes=r["expert_slots"] * r["expert_slot_size"],
-                                   layers_pinned=r["layers_pinned"], dense_bytes=r["n_slots"] * r["slot_size"])
+                        row.update(
+                            budget=budget,
+                            direct_io=a.direct_io,
+                            hit_rate=hits / max(hits + misses, 1),
+                            bytes_per_token=read,
+                            floor_bytes_per_token=floor,
+                            read_vs_floor=read / floor,
+                            precision=r["expert_lookahead_precision"],
+                            recall=r["expert_lookahead_recall"],
+                            lookahead=r["expert_lookahead"],
+                            trial_ms_on=r["expert_lookahead_trial_ms_on"],
+                            trial_ms_off=r["expert_lookahead_trial_ms_off"],
+                            expert_slots=r["expert_slots"],
+                            expert_cache_bytes=r["expert_slots"] * r["expert_slot_size"],
+                            layers_pinned=r["layers_pinned"],
+                            dense_bytes=r["n_slots"] * r["slot_size"],
+                        )
                 rows.append(row)
-                print("  " + json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
-                                         if k not in ("error",)} | ({"error": row["error"][:300]}
-                                                                   if "error" in row else {})), flush=True)
+                print(
+                    "  "
+                    + json.dumps(
+                        {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k not in ("error",)}
+                        | ({"error": row["error"][:300]} if "error" in row else {})
+                    ),
+                    flush=True,
+                )
             if "error" not in got.get("llama.cpp", {"error": 1}):
-                lg, ours = got["llama.cpp"]["logits"], rows[-len(runs):]
+                lg, ours = got["llama.cpp"]["logits"], rows[-len(runs) :]
                 for row in ours[1:]:
                     if "error" in row:
                         continue
                     sg = got[row["who"]]["logits"]
-                    row["vs_llama"] = dict(speedup=row["tok_s"] / ours[0]["tok_s"],
-                                           argmax_equal=[bool(x) for x in lg.argmax(-1) == sg.argmax(-1)],
-                                           max_abs_diff=float(np.abs(lg - sg).max()))
+                    row["vs_llama"] = dict(
+                        speedup=row["tok_s"] / ours[0]["tok_s"],
+                        argmax_equal=[bool(x) for x in lg.argmax(-1) == sg.argmax(-1)],
+                        max_abs_diff=float(np.abs(lg - sg).max()),
+                    )
     print()
-    print(f"{'who':>11} {'locality':>8} {'tok/s':>7} {'hit rate':>8} {'MiB/token':>9} {'vs floor':>8} "
-          f"{'lookahead prec/recall':>21} {'peak RSS':>8} {'vs llama.cpp':>12}")
+    print(
+        f"{'who':>11} {'locality':>8} {'tok/s':>7} {'hit rate':>8} {'MiB/token':>9} {'vs floor':>8} "
+        f"{'lookahead prec/recall':>21} {'peak RSS':>8} {'vs llama.cpp':>12}"
+    )
     for r in rows:
         if "error" in r:
             print(f"{r['who']:>11} {r['locality']:8.1f}   {r['error'][:80]}")
@@ -415,26 +604,48 @@ def main() -> int:
         sg = r["who"] != "llama.cpp"
         pr = f"{r['lookahead']} {r['precision']:.2f}/{r['recall']:.2f}" if sg else "-"
         vs = f"{r['vs_llama']['speedup']:.2f}x" if "vs_llama" in r else "-"
-        print(f"{r['who']:>11} {r['locality']:8.1f} {r['tok_s']:7.2f} "
-              + (f"{r['hit_rate']:8.1%} {r['bytes_per_token'] / MiB:9.1f} {r['read_vs_floor']:8.2f} "
-                 if sg else f"{'-':>8} {'-':>9} {'-':>8} ")
-              + f"{pr:>21} {r['maxrss'] / MiB:7.0f}M {vs:>12}")
-    print(f"floor: {floor / MiB:.1f} MiB of experts per token ({n_moe} x {p['n_expert_used']} x "
-          f"{per_expert / MiB:.2f} MiB)")
+        print(
+            f"{r['who']:>11} {r['locality']:8.1f} {r['tok_s']:7.2f} "
+            + (
+                f"{r['hit_rate']:8.1%} {r['bytes_per_token'] / MiB:9.1f} {r['read_vs_floor']:8.2f} "
+                if sg
+                else f"{'-':>8} {'-':>9} {'-':>8} "
+            )
+            + f"{pr:>21} {r['maxrss'] / MiB:7.0f}M {vs:>12}"
+        )
+    print(
+        f"floor: {floor / MiB:.1f} MiB of experts per token ({n_moe} x {p['n_expert_used']} x "
+        f"{per_expert / MiB:.2f} MiB)"
+    )
     for r in rows:
         if "vs_llama" in r:
             v = r["vs_llama"]
-            print(f"locality {r['locality']}: {r['who']} {v['speedup']:.2f}x llama.cpp's decode tok/s; argmax of the "
-                  f"prompt's and the last token's logits equal: {v['argmax_equal']}, largest logit difference "
-                  f"{v['max_abs_diff']:.3g}")
+            print(
+                f"locality {r['locality']}: {r['who']} {v['speedup']:.2f}x llama.cpp's decode tok/s; argmax of the "
+                f"prompt's and the last token's logits equal: {v['argmax_equal']}, largest logit difference "
+                f"{v['max_abs_diff']:.3g}"
+            )
     memory = sequence_memory(path)
     for ctx, (own, dense) in memory.items():
-        print(f"memory per sequence at {ctx} tokens (F16 K/V, as the model's hyperparameters give it): "
-              f"{own / MiB:.0f} MiB, against {dense / MiB:.0f} MiB with full attention in every block")
+        print(
+            f"memory per sequence at {ctx} tokens (F16 K/V, as the model's hyperparameters give it): "
+            f"{own / MiB:.0f} MiB, against {dense / MiB:.0f} MiB with full attention in every block"
+        )
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(model=path, params=p, model_bytes=size, limit=limit, budget=budget, rows=rows,
-                           sequence_memory=memory), f, indent=1)
+            json.dump(
+                dict(
+                    model=path,
+                    params=p,
+                    model_bytes=size,
+                    limit=limit,
+                    budget=budget,
+                    rows=rows,
+                    sequence_memory=memory,
+                ),
+                f,
+                indent=1,
+            )
     return 0 if rows and not any("error" in r for r in rows) else 1
 
 

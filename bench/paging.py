@@ -31,7 +31,7 @@ from superggml.commands.analyze import model_layout
 def read_bandwidth(path: str, direct: bool = False, nbytes: int = 1 << 30, chunk: int = 32 << 20) -> float:
     """Bytes/s of pread over the file into one reused buffer, like a prefetch worker
     (with O_DIRECT into a page-aligned buffer if `direct`)."""
-    buf = mmap.mmap(-1, chunk)   # page aligned, as O_DIRECT needs
+    buf = mmap.mmap(-1, chunk)  # page aligned, as O_DIRECT needs
     size = os.path.getsize(path)
     done = 0
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
@@ -75,34 +75,56 @@ def main() -> int:
     with Model(path, ctx_size=256, n_threads=a.threads, repack=False) as m:
         t_compute, _, _ = decode(m, a.tokens)
         n_keys = m.hparams.n_layer
-    print(f"{os.path.basename(path)}: resident {1 / t_compute:.1f} tok/s (T_compute {t_compute * 1e3:.1f} ms), "
-          f"{a.threads} threads, repack off (the streamed layout)")
-    print(f"{'io':>8} {'budget':>16} {'prefetch':>8} {'slots':>5} {'tok/s':>7} {'MB/token':>9} {'W GB/s':>7} "
-          f"{'W_load':>7} {'bound ms':>9} {'eff':>5}")
+    print(
+        f"{os.path.basename(path)}: resident {1 / t_compute:.1f} tok/s (T_compute {t_compute * 1e3:.1f} ms), "
+        f"{a.threads} threads, repack off (the streamed layout)"
+    )
+    print(
+        f"{'io':>8} {'budget':>16} {'prefetch':>8} {'slots':>5} {'tok/s':>7} {'MB/token':>9} {'W GB/s':>7} "
+        f"{'W_load':>7} {'bound ms':>9} {'eff':>5}"
+    )
     rows = []
     for io in a.io.split(","):
         direct = io == "direct"
         W = read_bandwidth(path, direct)
         lay = model_layout(path)
         slot = lay.slot_bytes
-        total = lay.n_layer + len(lay.head_chunk_bytes)       # blocks + lm head chunks
+        total = lay.n_layer + len(lay.head_chunk_bytes)  # blocks + lm head chunks
         for label, frac in (("100%", 1.0), ("50%", 0.5), ("25%", 0.25), ("1 slot", None)):
             for prefetch in (False, True):
                 slots = 1 if frac is None else max(1, int(total * frac))
                 budget = slots * slot
-                with Model(path, ctx_size=256, n_threads=a.threads, device_budget=budget,
-                           async_prefetch=prefetch, direct_io=direct) as m:
+                with Model(
+                    path,
+                    ctx_size=256,
+                    n_threads=a.threads,
+                    device_budget=budget,
+                    async_prefetch=prefetch,
+                    direct_io=direct,
+                ) as m:
                     dt, bpt, w_load = decode(m, a.tokens)
-                    w = max(W, w_load) if w_load == w_load else W   # the faster of the two is achievable
+                    w = max(W, w_load) if w_load == w_load else W  # the faster of the two is achievable
                     bound = max(t_compute, bpt / w)
-                    row = dict(io=io, budget=label, budget_mib=budget >> 20, prefetch=prefetch,
-                               slots=m.stats()["n_slots"], tok_s=1 / dt, mb_per_token=bpt / 1e6,
-                               w_gb_s=W / 1e9, w_load_gb_s=w_load / 1e9, bound_ms=bound * 1e3,
-                               efficiency=bound / dt)
+                    row = dict(
+                        io=io,
+                        budget=label,
+                        budget_mib=budget >> 20,
+                        prefetch=prefetch,
+                        slots=m.stats()["n_slots"],
+                        tok_s=1 / dt,
+                        mb_per_token=bpt / 1e6,
+                        w_gb_s=W / 1e9,
+                        w_load_gb_s=w_load / 1e9,
+                        bound_ms=bound * 1e3,
+                        efficiency=bound / dt,
+                    )
                 rows.append(row)
-                print(f"{io:>8} {label + ' (' + str(budget >> 20) + ' MiB)':>16} {str(prefetch):>8} "
-                      f"{row['slots']:>5} {row['tok_s']:7.2f} {row['mb_per_token']:9.1f} {row['w_gb_s']:7.2f} "
-                      f"{row['w_load_gb_s']:7.2f} {row['bound_ms']:9.1f} {row['efficiency']:5.2f}", flush=True)
+                print(
+                    f"{io:>8} {label + ' (' + str(budget >> 20) + ' MiB)':>16} {str(prefetch):>8} "
+                    f"{row['slots']:>5} {row['tok_s']:7.2f} {row['mb_per_token']:9.1f} {row['w_gb_s']:7.2f} "
+                    f"{row['w_load_gb_s']:7.2f} {row['bound_ms']:9.1f} {row['efficiency']:5.2f}",
+                    flush=True,
+                )
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"t_compute_ms": t_compute * 1e3, "n_blocks": n_keys, "rows": rows}, f, indent=1)

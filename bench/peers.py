@@ -82,9 +82,21 @@ def tx_bytes(lab: netlab.Lab) -> int:
 def start_peer(host: netlab.Host, kind: str, root: Path, mem: int, cgroup: int, llama_lib: Optional[str]) -> str:
     log = open(root / f"{kind}.log", "a")
     if kind == "superggml":
-        argv = [sys.executable, "-m", "superggml", "rpc-server", "--host", "{host}", "-p", "{port}", "-t", "1",
-                "--models", str(root / "models")] + (["--mem", str(mem)] if mem else [])
-    else:     # ggml's own server: from superggml's ggml (today's path) or llama.cpp's
+        argv = [
+            sys.executable,
+            "-m",
+            "superggml",
+            "rpc-server",
+            "--host",
+            "{host}",
+            "-p",
+            "{port}",
+            "-t",
+            "1",
+            "--models",
+            str(root / "models"),
+        ] + (["--mem", str(mem)] if mem else [])
+    else:  # ggml's own server: from superggml's ggml (today's path) or llama.cpp's
         lib = llama_lib if kind == "llama" else str(Path(native.__file__).parent)
         argv = netlab.ggml_server(str(lib))
     ep, proc = host.serve(PORT, argv, memory=cgroup, stdout=log, stderr=log)
@@ -102,8 +114,15 @@ def start_peer(host: netlab.Host, kind: str, root: Path, mem: int, cgroup: int, 
 def run_superggml(model: str, eps: list[str], tokens: int, lab: netlab.Lab, mem: Optional[int]) -> dict[str, Any]:
     # each peer's budget is what it advertises (a plain ggml server advertises the host's memory, not its
     # cgroup's); None: none (the shares resident)
-    with Model(model, ctx_size=256, n_batch=64, n_threads=1, devices=[f"RPC[{e}]" for e in eps],
-               tensor_split=[1] * len(eps), device_budget=",".join([str(mem)] * len(eps)) if mem else "off") as m:
+    with Model(
+        model,
+        ctx_size=256,
+        n_batch=64,
+        n_threads=1,
+        devices=[f"RPC[{e}]" for e in eps],
+        tensor_split=[1] * len(eps),
+        device_budget=",".join([str(mem)] * len(eps)) if mem else "off",
+    ) as m:
         m.eval(m.tokenize(PROMPT.encode()))
         rs0, tx0 = native.rpc_stats(), tx_bytes(lab)
         out, t0 = [], time.perf_counter()
@@ -116,14 +135,24 @@ def run_superggml(model: str, eps: list[str], tokens: int, lab: netlab.Lab, mem:
         st = m.stats()
     sent = sum(rs1[e]["bytes_sent"] - rs0[e]["bytes_sent"] for e in eps)
     by_peer = sum(rs1[e]["loaded_by_peer"] - rs0[e]["loaded_by_peer"] for e in eps)
-    return {"tok_s": tokens / dt, "wire_bytes_per_token": (tx1 - tx0) / tokens,
-            "relay_bytes_per_token": sent / tokens, "peer_loaded_bytes_per_token": by_peer / tokens,
-            "blocks_per_device": st["blocks_per_device"], "text": m.detokenize(out).decode("utf-8", "replace")}
+    return {
+        "tok_s": tokens / dt,
+        "wire_bytes_per_token": (tx1 - tx0) / tokens,
+        "relay_bytes_per_token": sent / tokens,
+        "peer_loaded_bytes_per_token": by_peer / tokens,
+        "blocks_per_device": st["blocks_per_device"],
+        "text": m.detokenize(out).decode("utf-8", "replace"),
+    }
 
 
 def run_llama(llama_rpc: str, model: str, eps: list[str], tokens: int, lab: netlab.Lab) -> dict[str, Any]:
-    p = subprocess.Popen([sys.executable, "-c", LLAMA_CLIENT, llama_rpc, model, ",".join(eps), PROMPT, str(tokens)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", LLAMA_CLIENT, llama_rpc, model, ",".join(eps), PROMPT, str(tokens)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert p.stdin and p.stdout
     line = p.stdout.readline()
     if not line:
@@ -151,11 +180,17 @@ def main() -> int:
     ap.add_argument("--delay-ms", type=float, default=1.0)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--cgroup-share", type=float, default=0.5, help="each peer's cgroup, as a part of its share")
-    ap.add_argument("--llama-rpc", default=os.environ.get("SUPERGGML_LLAMA_RPC"),
-                    help="a folder holding llama_cpp built with -DGGML_RPC=ON (pip install --target DIR)")
+    ap.add_argument(
+        "--llama-rpc",
+        default=os.environ.get("SUPERGGML_LLAMA_RPC"),
+        help="a folder holding llama_cpp built with -DGGML_RPC=ON (pip install --target DIR)",
+    )
     ap.add_argument("--work", default="/var/tmp/superggml-peers", help="where the peers' copies go")
-    ap.add_argument("--kinds", default="superggml,today,llama,superggml_unlimited,llama_unlimited",
-                    help="which runs (the llama ones need --llama-rpc)")
+    ap.add_argument(
+        "--kinds",
+        default="superggml,today,llama,superggml_unlimited,llama_unlimited",
+        help="which runs (the llama ones need --llama-rpc)",
+    )
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if not netlab.available():
@@ -168,7 +203,7 @@ def main() -> int:
     for n in [int(x) for x in a.peers.split(",")]:
         share = lay.file_bytes // n
         cgroup = int(share * a.cgroup_share)
-        mem = cgroup - (96 << 20)            # what the peer advertises: its cgroup less the server process
+        mem = cgroup - (96 << 20)  # what the peer advertises: its cgroup less the server process
         kinds = [k for k in a.kinds.split(",") if llama_lib or not k.startswith("llama")]
         for kind in kinds:
             with netlab.Lab(n, rate=a.rate, delay_ms=a.delay_ms) as lab:
@@ -181,10 +216,17 @@ def main() -> int:
                         shutil.copy(model, copy)
                     memcg.drop_page_cache(str(copy))
                     roots.append(root)
-                server = {"superggml": "superggml", "superggml_unlimited": "superggml", "today": "plain",
-                          "llama": "llama", "llama_unlimited": "llama"}[kind]
+                server = {
+                    "superggml": "superggml",
+                    "superggml_unlimited": "superggml",
+                    "today": "plain",
+                    "llama": "llama",
+                    "llama_unlimited": "llama",
+                }[kind]
                 limit = None if kind.endswith("_unlimited") else cgroup
-                eps = [start_peer(h, server, r, mem if limit else 0, limit, llama_lib) for h, r in zip(lab.hosts, roots)]
+                eps = [
+                    start_peer(h, server, r, mem if limit else 0, limit, llama_lib) for h, r in zip(lab.hosts, roots)
+                ]
                 memcg.drop_page_cache(model)
                 tokens = a.tokens if kind != "today" else max(4, a.tokens // 4)
                 if kind.startswith("llama"):
@@ -192,11 +234,20 @@ def main() -> int:
                     r = run_llama(a.llama_rpc, model, eps, tokens, lab)
                 else:
                     r = run_superggml(model, eps, tokens, lab, None if limit is None else mem)
-            r.update(peers=n, kind=kind, share_mib=share >> 20, cgroup_mib=(limit or 0) >> 20, rate=a.rate,
-                     delay_ms=a.delay_ms, tokens=tokens)
+            r.update(
+                peers=n,
+                kind=kind,
+                share_mib=share >> 20,
+                cgroup_mib=(limit or 0) >> 20,
+                rate=a.rate,
+                delay_ms=a.delay_ms,
+                tokens=tokens,
+            )
             results.append(r)
-            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "text"}),
-                  flush=True)
+            print(
+                json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "text"}),
+                flush=True,
+            )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

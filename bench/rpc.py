@@ -41,8 +41,10 @@ def free_port() -> int:
 
 def start_server(threads: int) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "superggml", "rpc-server", "-p", str(port), "-t", str(threads)],
-                         stdout=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "superggml", "rpc-server", "-p", str(port), "-t", str(threads)],
+        stdout=subprocess.DEVNULL,
+    )
     ep = f"127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -66,7 +68,7 @@ def loopback_throughput(ep: str, chunk: int = 32 << 20, n: int = 16) -> float:
     t = cx.new_tensor(native.GGMLType.I32, [chunk // 4])
     buf = b.alloc_tensors(cx)
     data = np.arange(chunk // 4, dtype=np.int32)
-    native.tensor_set(t, data)                       # warm
+    native.tensor_set(t, data)  # warm
     t0 = time.time()
     for i in range(n):
         native.tensor_set(t, data)
@@ -83,9 +85,9 @@ def run(path: str, tokens: int, threads: int, **kw: Any) -> dict[str, Any]:
         toks = m.tokenize(PROMPT)
         m.eval(toks)
         t = int(np.argmax(m.scores[-1]))
-        m.eval([t])                                  # warm: the decode plan is built
+        m.eval([t])  # warm: the decode plan is built
         t = int(np.argmax(m.scores[-1]))
-        m.record_timings = True                      # per step: the wait for its weights, its compute
+        m.record_timings = True  # per step: the wait for its weights, its compute
         b0, waited = moved(), 0.0
         t0 = time.time()
         for _ in range(tokens):
@@ -95,8 +97,15 @@ def run(path: str, tokens: int, threads: int, **kw: Any) -> dict[str, Any]:
         dt = time.time() - t0
         b1 = moved()
         st = m.stats()
-    return dict(tok_s=tokens / dt, s_per_tok=dt / tokens, bytes_tok=(b1 - b0) / tokens, wait_share=waited / dt,
-                load_s=load, devices=st["devices"], blocks=st["blocks_per_device"])
+    return dict(
+        tok_s=tokens / dt,
+        s_per_tok=dt / tokens,
+        bytes_tok=(b1 - b0) / tokens,
+        wait_share=waited / dt,
+        load_s=load,
+        devices=st["devices"],
+        blocks=st["blocks_per_device"],
+    )
 
 
 def main() -> int:
@@ -116,18 +125,25 @@ def main() -> int:
     r1, r2 = f"RPC[{e1}]", f"RPC[{e2}]"
     try:
         bw = loopback_throughput(e1)
-        print(f"model {os.path.basename(path)}: {lay.n_layer} blocks, slot {lay.slot_bytes / 2**20:.1f} MiB; "
-              f"loopback through the relay: {bw / 1e9:.2f} GB/s; {a.tokens} decoded tokens per run\n")
+        print(
+            f"model {os.path.basename(path)}: {lay.n_layer} blocks, slot {lay.slot_bytes / 2**20:.1f} MiB; "
+            f"loopback through the relay: {bw / 1e9:.2f} GB/s; {a.tokens} decoded tokens per run\n"
+        )
         runs = [
             ("CPU, resident (no RPC)", {}),
             ("RPC, resident", dict(devices=[r1])),
             (f"RPC, streamed ({a.budget_blocks}-block budget)", dict(devices=[r1], device_budget=budget)),
             ("CPU + RPC split, resident", dict(devices=["CPU", r1])),
-            (f"RPC + RPC split, streamed ({a.budget_blocks} blocks each)",
-             dict(devices=[r1, r2], device_budget=f"{budget},{budget}")),
+            (
+                f"RPC + RPC split, streamed ({a.budget_blocks} blocks each)",
+                dict(devices=[r1, r2], device_budget=f"{budget},{budget}"),
+            ),
         ]
-        head = ("| run | tok/s | MB moved/token | waiting for weights | transfer (bytes / loopback) | load s | " +
-                " | ".join(f"tok/s at {k}" for k in LINKS) + " |")
+        head = (
+            "| run | tok/s | MB moved/token | waiting for weights | transfer (bytes / loopback) | load s | "
+            + " | ".join(f"tok/s at {k}" for k in LINKS)
+            + " |"
+        )
         print(head)
         print("|" + "---|" * (6 + len(LINKS)))
         for name, kw in runs:
@@ -135,9 +151,12 @@ def main() -> int:
             xfer = r["bytes_tok"] / bw
             rest = max(0.0, r["s_per_tok"] - xfer)
             proj = [1.0 / (rest + r["bytes_tok"] / v) if r["bytes_tok"] else r["tok_s"] for v in LINKS.values()]
-            print(f"| {name} | {r['tok_s']:.2f} | {r['bytes_tok'] / 1e6:.1f} | {r['wait_share']:.0%} | "
-                  f"{min(1.0, xfer / r['s_per_tok']):.0%} | "
-                  f"{r['load_s']:.1f} | " + " | ".join(f"{p:.2f}" for p in proj) + " |", flush=True)
+            print(
+                f"| {name} | {r['tok_s']:.2f} | {r['bytes_tok'] / 1e6:.1f} | {r['wait_share']:.0%} | "
+                f"{min(1.0, xfer / r['s_per_tok']):.0%} | "
+                f"{r['load_s']:.1f} | " + " | ".join(f"{p:.2f}" for p in proj) + " |",
+                flush=True,
+            )
     finally:
         for p, _ in procs:
             p.send_signal(signal.SIGKILL)

@@ -27,13 +27,17 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-CODE = ("<|im_start|>user\nWrite a Python function that parses a CSV file of (name, age, city) rows and returns "
-        "the average age per city, with a docstring and type hints.<|im_end|>\n<|im_start|>assistant\n")
-REWRITE = ("<|im_start|>user\nRename the variable `data` to `records` in this code and change nothing else:\n\n"
-           "```python\nimport json\n\n\ndef load(path):\n    with open(path) as f:\n        data = json.load(f)\n"
-           "    out = []\n    for item in data:\n        if item.get(\"active\"):\n            out.append(item[\"name\"])\n"
-           "    print(len(data), \"items\")\n    return sorted(out)\n\n\ndef save(path, data):\n    with open(path, \"w\") as f:\n"
-           "        json.dump(data, f, indent=2)\n```<|im_end|>\n<|im_start|>assistant\n")
+CODE = (
+    "<|im_start|>user\nWrite a Python function that parses a CSV file of (name, age, city) rows and returns "
+    "the average age per city, with a docstring and type hints.<|im_end|>\n<|im_start|>assistant\n"
+)
+REWRITE = (
+    "<|im_start|>user\nRename the variable `data` to `records` in this code and change nothing else:\n\n"
+    "```python\nimport json\n\n\ndef load(path):\n    with open(path) as f:\n        data = json.load(f)\n"
+    "    out = []\n    for item in data:\n        if item.get(\"active\"):\n            out.append(item[\"name\"])\n"
+    "    print(len(data), \"items\")\n    return sorted(out)\n\n\ndef save(path, data):\n    with open(path, \"w\") as f:\n"
+    "        json.dump(data, f, indent=2)\n```<|im_end|>\n<|im_start|>assistant\n"
+)
 
 CHILD = r"""
 import json, sys, time
@@ -105,8 +109,9 @@ def run_llama(req: dict, timeout: float) -> dict:
     """llama.cpp's plain decoding and its prompt lookup (num_pred_tokens in req["ks"]): runs per k."""
     import subprocess
 
-    r = subprocess.run([sys.executable, "-c", LLAMA_CHILD, json.dumps(req)], capture_output=True, text=True,
-                       timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, "-c", LLAMA_CHILD, json.dumps(req)], capture_output=True, text=True, timeout=timeout
+    )
     if r.returncode != 0:
         return dict(error=f"exit {r.returncode}: {r.stderr[-600:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -141,8 +146,11 @@ def llama_rows(req: dict, timeout: float) -> dict:
     for k, r in med.items():
         name = "plain" if k == "0" else f"lookup k={k}"
         same = "" if k == "0" else ("yes" if r["tokens"] == plain["tokens"] else "NO")
-        print(f"{label:<28} {'rewrite':<16} {name:<11} {r['tok_s']:>7.2f} {r['tok_s'] / plain['tok_s']:>7.2f}x "
-              f"{'':>7} {'':>5} {'':>8} {'':>9} {same:>7}", flush=True)
+        print(
+            f"{label:<28} {'rewrite':<16} {name:<11} {r['tok_s']:>7.2f} {r['tok_s'] / plain['tok_s']:>7.2f}x "
+            f"{'':>7} {'':>5} {'':>8} {'':>9} {same:>7}",
+            flush=True,
+        )
     return dict(llama={k: dict(tok_s=r["tok_s"]) for k, r in med.items()})
 
 
@@ -158,8 +166,12 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--repeat", type=int, default=3, help="runs of each row, plain and speculative alternating")
     ap.add_argument("--batch-invariant", action="store_true", help="check drafts bit-exactly (texts must equal plain)")
-    ap.add_argument("--llama", action=argparse.BooleanOptionalAction, default=True,
-                    help="llama.cpp's own prompt lookup beside the resident rewrite row")
+    ap.add_argument(
+        "--llama",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="llama.cpp's own prompt lookup beside the resident rewrite row",
+    )
     ap.add_argument("--json")
     a = ap.parse_args()
 
@@ -168,21 +180,30 @@ def main() -> int:
 
     path, draft = str(models.qwen_path()), str(models.qwen05_path())
     limit = int(parse_size(a.limit)) if a.limit else None
-    tasks = [("code completion", CODE, "0.5B draft", dict(draft_model=draft, draft_max=a.draft_max)),
-             ("rewrite", REWRITE, f"lookup {a.lookup_ngram}", dict(lookup_ngram=a.lookup_ngram,
-                                                                   draft_max=a.draft_max))]
+    tasks = [
+        ("code completion", CODE, "0.5B draft", dict(draft_model=draft, draft_max=a.draft_max)),
+        ("rewrite", REWRITE, f"lookup {a.lookup_ngram}", dict(lookup_ngram=a.lookup_ngram, draft_max=a.draft_max)),
+    ]
     modes = [(f"streamed {a.budget}" + (f", cgroup {a.limit}" if a.limit else ""), a.budget)] if a.streamed else []
     if a.resident:
         modes.append(("resident", None))
     kernels = "batch_invariant" if a.batch_invariant else "llama.cpp's kernels"
     print(f"{os.path.basename(path)}: {a.tokens} greedy tokens, 2 threads, drafts checked with {kernels}", flush=True)
-    print(f"{'mode':<28} {'task':<16} {'drafter':<11} {'tok/s':>7} {'vs plain':>8} {'accept':>7} {'k':>5} "
-          f"{'tok/pass':>8} {'MB/token':>9} {'= plain':>7}")
+    print(
+        f"{'mode':<28} {'task':<16} {'drafter':<11} {'tok/s':>7} {'vs plain':>8} {'accept':>7} {'k':>5} "
+        f"{'tok/pass':>8} {'MB/token':>9} {'= plain':>7}"
+    )
     results, ok = [], True
     for mode, budget in modes:
         for task, prompt, name, spec in tasks:
-            base = dict(model=path, prompt=prompt, tokens=a.tokens, budget=budget, direct=bool(limit),
-                        batch_invariant=a.batch_invariant)
+            base = dict(
+                model=path,
+                prompt=prompt,
+                tokens=a.tokens,
+                budget=budget,
+                direct=bool(limit),
+                batch_invariant=a.batch_invariant,
+            )
             got = run(dict(base, spec=spec, repeat=a.repeat), limit, a.timeout)
             if "error" in got:
                 plain = fast = got
@@ -196,16 +217,29 @@ def main() -> int:
             ok &= same or not a.batch_invariant
             for label, r in (("plain", plain), (name, fast)):
                 ratio = r["tok_s"] / plain["tok_s"]
-                print(f"{mode:<28} {task:<16} {label:<11} {r['tok_s']:>7.2f} {ratio:>7.2f}x "
-                      f"{'' if r['acceptance'] is None else format(r['acceptance'], '.2f'):>7} "
-                      f"{'' if r['k'] is None else format(r['k'], '.1f'):>5} "
-                      f"{'' if r['per_pass'] is None else format(r['per_pass'], '.2f'):>8} "
-                      f"{r['bytes_per_token'] / 1e6:>9.1f} {'yes' if same or label == 'plain' else 'NO':>7}",
-                      flush=True)
+                print(
+                    f"{mode:<28} {task:<16} {label:<11} {r['tok_s']:>7.2f} {ratio:>7.2f}x "
+                    f"{'' if r['acceptance'] is None else format(r['acceptance'], '.2f'):>7} "
+                    f"{'' if r['k'] is None else format(r['k'], '.1f'):>5} "
+                    f"{'' if r['per_pass'] is None else format(r['per_pass'], '.2f'):>8} "
+                    f"{r['bytes_per_token'] / 1e6:>9.1f} {'yes' if same or label == 'plain' else 'NO':>7}",
+                    flush=True,
+                )
             results.append(dict(mode=mode, task=task, drafter=name, plain=plain, speculative=fast, equal=same))
             if a.llama and budget is None and task == "rewrite":
-                results.append(llama_rows(dict(model=path, prompt=prompt, tokens=a.tokens, ngram=a.lookup_ngram,
-                                               ks=[2, 10], repeat=a.repeat), a.timeout))
+                results.append(
+                    llama_rows(
+                        dict(
+                            model=path,
+                            prompt=prompt,
+                            tokens=a.tokens,
+                            ngram=a.lookup_ngram,
+                            ks=[2, 10],
+                            repeat=a.repeat,
+                        ),
+                        a.timeout,
+                    )
+                )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(model=path, draft=draft, tokens=a.tokens, results=results), f, indent=1)

@@ -1,6 +1,6 @@
 """pytest-benchmark suite: superggml prefill/decode, and the ratio to llama.cpp in the same run.
 
-    python -m pytest bench -p no:cacheprovider --benchmark-columns=mean,stddev,rounds
+python -m pytest bench -p no:cacheprovider --benchmark-columns=mean,stddev,rounds
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def test_ratio_to_llama_cpp(bench_model, record_property):
     lp, ld = (float(np.median(x)) for x in bench_llama(path, toks, N_DECODE, THREADS, 5))
     record_property("prefill_ratio", sp / lp)
     record_property("decode_ratio", sd / ld)
-    print(f"\n{name}: prefill {sp:.1f} vs {lp:.1f} tok/s (x{sp / lp:.2f}); "
-          f"decode {sd:.1f} vs {ld:.1f} tok/s (x{sd / ld:.2f})")
+    print(
+        f"\n{name}: prefill {sp:.1f} vs {lp:.1f} tok/s (x{sp / lp:.2f}); "
+        f"decode {sd:.1f} vs {ld:.1f} tok/s (x{sd / ld:.2f})"
+    )
     # the same kernels: anything below 0.9 is a regression of superggml's own overhead, not noise
     assert sp / lp >= 0.9 and sd / ld >= 0.9

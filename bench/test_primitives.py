@@ -24,11 +24,11 @@ from cold_start import cached_fraction, drop_cache
 from superggml import models, paging
 
 A = paging.DIRECT_ALIGN
-CHUNK = 16 << 20     # bytes per load (16 MiB beat 8 MiB here: more bytes in flight on the virtio disk)
-N_SLOTS = 4          # loads in flight: 2 reading, 2 queued
+CHUNK = 16 << 20  # bytes per load (16 MiB beat 8 MiB here: more bytes in flight on the virtio disk)
+N_SLOTS = 4  # loads in flight: 2 reading, 2 queued
 N_WORKERS = 2
 DD_BS = "8M"
-ROUNDS = 5           # one read's time varies by up to 2x on a shared disk: medians of 5
+ROUNDS = 5  # one read's time varies by up to 2x on a shared disk: medians of 5
 
 
 def qwen() -> str:
@@ -70,7 +70,7 @@ def test_prefetcher_vs_dd(benchmark):
     size = os.path.getsize(path)
     dd_s: list[float] = []
 
-    def drop_then_dd():   # pedantic's setup: untimed, before each prefetcher round
+    def drop_then_dd():  # pedantic's setup: untimed, before each prefetcher round
         dropped(path)
         cmd = ["dd", f"if={path}", "of=/dev/null", f"bs={DD_BS}", "iflag=direct"]
         dd_s.append(timeit.timeit(lambda: subprocess.run(cmd, check=True, capture_output=True), number=1))
@@ -79,22 +79,25 @@ def test_prefetcher_vs_dd(benchmark):
     pool = paging.BufferPool(CHUNK, N_SLOTS)
     with paging.Prefetcher(path, n_workers=N_WORKERS, direct_io=True) as pf:
         assert pf.direct_io, "O_DIRECT could not be opened on this file system"
-        benchmark.pedantic(read_through_prefetcher, args=(path, pool, pf, itertools.count()),
-                           setup=drop_then_dd, rounds=ROUNDS)
+        benchmark.pedantic(
+            read_through_prefetcher, args=(path, pool, pf, itertools.count()), setup=drop_then_dd, rounds=ROUNDS
+        )
         stats = pf.stats()
     fd = os.open(path, os.O_RDONLY)
-    left = cached_fraction(fd, size)   # O_DIRECT bypasses the page cache: only the buffered tail is there
+    left = cached_fraction(fd, size)  # O_DIRECT bypasses the page cache: only the buffered tail is there
     os.close(fd)
 
     pf_gbs = size / benchmark.stats["median"] / 1e9
     dd_gbs = size / statistics.median(dd_s) / 1e9
     ratio = pf_gbs / dd_gbs
     benchmark.extra_info.update(prefetcher_gb_s=pf_gbs, dd_direct_gb_s=dd_gbs, ratio=ratio)
-    print(f"\n{os.path.basename(path)} ({size / 1e9:.2f} GB), median of {ROUNDS}, page cache dropped before each:"
-          f"\n  prefetcher ({N_WORKERS} workers, {N_SLOTS} x {CHUNK >> 20} MiB slots, O_DIRECT) {pf_gbs:.3f} GB/s"
-          f"\n  dd bs={DD_BS} iflag=direct                            {dd_gbs:.3f} GB/s"
-          f"\n  ratio {ratio:.2f}  (rounds: prefetcher {[round(t, 3) for t in benchmark.stats.stats.data]} s, "
-          f"dd {[round(t, 3) for t in dd_s]} s; {left:.4%} of the file cached after the prefetcher)")
+    print(
+        f"\n{os.path.basename(path)} ({size / 1e9:.2f} GB), median of {ROUNDS}, page cache dropped before each:"
+        f"\n  prefetcher ({N_WORKERS} workers, {N_SLOTS} x {CHUNK >> 20} MiB slots, O_DIRECT) {pf_gbs:.3f} GB/s"
+        f"\n  dd bs={DD_BS} iflag=direct                            {dd_gbs:.3f} GB/s"
+        f"\n  ratio {ratio:.2f}  (rounds: prefetcher {[round(t, 3) for t in benchmark.stats.stats.data]} s, "
+        f"dd {[round(t, 3) for t in dd_s]} s; {left:.4%} of the file cached after the prefetcher)"
+    )
     assert stats["failed"] == 0 and stats["bytes"] == ROUNDS * size
     assert stats["direct_bytes"] == ROUNDS * (size // A * A), "some aligned reads went through the page cache"
     assert left < 0.001, "the prefetcher's reads went through the page cache, not O_DIRECT"
@@ -104,7 +107,7 @@ def test_prefetcher_vs_dd(benchmark):
 @pytest.mark.parametrize("case", ["hit", "miss"])
 def test_pool_acquire_release(benchmark, case):
     pool = paging.BufferPool(4096, 4)
-    keys = itertools.repeat(0) if case == "hit" else itertools.cycle(range(pool.n_slots + 1))   # LRU: all miss
+    keys = itertools.repeat(0) if case == "hit" else itertools.cycle(range(pool.n_slots + 1))  # LRU: all miss
     before = pool.stats()
 
     def cycle():
@@ -121,7 +124,7 @@ def test_pool_acquire_release(benchmark, case):
         assert after["hits"] == before["hits"] and after["evictions"] > 0
 
 
-VIEWS = {   # each makes one view of the whole slot (nbytes) and returns it
+VIEWS = {  # each makes one view of the whole slot (nbytes) and returns it
     "asarray": lambda slot, nbytes: np.asarray(slot),
     "memoryview": lambda slot, nbytes: memoryview(slot),
     "from_dlpack": lambda slot, nbytes: np.from_dlpack(slot),
@@ -139,10 +142,10 @@ def test_view_creation(benchmark, kind):
     t_small = min(timeit.repeat(lambda: make(s_small, 4 << 10), number=n, repeat=5)) / n
     v = benchmark(make, s_big, 64 << 20)
     assert memoryview(v).nbytes == 64 << 20
-    del v   # a live view would make release() raise BufferError
+    del v  # a live view would make release() raise BufferError
     s_small.release()
     s_big.release()
     t_big = benchmark.stats["min"]
     benchmark.extra_info.update(ns_per_call_64MiB=t_big * 1e9, ns_per_call_4KiB=t_small * 1e9)
     print(f"\n  {kind:12} 64 MiB slot {t_big * 1e9:6.0f} ns/call, 4 KiB slot {t_small * 1e9:6.0f} ns/call")
-    assert t_big < 3 * t_small + 1e-6   # no copy: the 16384x larger slot costs the same
+    assert t_big < 3 * t_small + 1e-6  # no copy: the 16384x larger slot costs the same

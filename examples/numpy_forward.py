@@ -58,8 +58,8 @@ class Matrix:
 
     def __init__(self, data: npt.ArrayLike | paging.Slot, type: str, shape: tuple[int, ...]) -> None:
         self.type = type
-        self.w = gguf.dequantize(data, type, shape)             # [rows, row_length]
-        self.mins = gguf.block_mins(data, type, shape)          # [rows, row_length / 32]
+        self.w = gguf.dequantize(data, type, shape)  # [rows, row_length]
+        self.mins = gguf.block_mins(data, type, shape)  # [rows, row_length / 32]
         if self.mins.any():
             self.w -= np.repeat(self.mins, 32, axis=1)
 
@@ -97,9 +97,12 @@ class NumpyLlama:
             info = self.file.info(name)
             view = paging.layer_array(layer, name)
             key = name.split(".")[2]
-            out[key] = self.matrix(view, info.type, info.shape) if len(info.shape) == 2 else \
-                gguf.dequantize(view, info.type, info.shape)[0]
-            del view                                   # the layer cannot be released while views of it live
+            out[key] = (
+                self.matrix(view, info.type, info.shape)
+                if len(info.shape) == 2
+                else gguf.dequantize(view, info.type, info.shape)[0]
+            )
+            del view  # the layer cannot be released while views of it live
         return out
 
     def block(self, x: F32, w: dict[str, F32 | Matrix], pos: npt.NDArray[np.int64]) -> F32:
@@ -120,7 +123,7 @@ class NumpyLlama:
         q = rope(mm(h, "attn_q").reshape(n, self.n_head, hd), pos, self.base)
         k = rope(mm(h, "attn_k").reshape(n, self.n_kv, hd), pos, self.base)
         v = mm(h, "attn_v").reshape(n, self.n_kv, hd)
-        if self.kv_f16:              # an F16 K/V cache; ggml rounds Q to F16 for its product with K
+        if self.kv_f16:  # an F16 K/V cache; ggml rounds Q to F16 for its product with K
             q, k, v = f16(q), f16(k), f16(v)
         rep = self.n_head // self.n_kv
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
@@ -128,7 +131,7 @@ class NumpyLlama:
         s = s + np.triu(np.full((n, n), -np.inf, dtype=np.float32), 1)
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
-        if self.kv_f16:              # and the probabilities for theirs with V
+        if self.kv_f16:  # and the probabilities for theirs with V
             p = f16(p)
         a = np.einsum("hqk,khd->qhd", p, v).reshape(n, d)
         x = x + mm(a, "attn_output")
@@ -144,7 +147,7 @@ class NumpyLlama:
         self.pager.prefetch(0)
         for i in range(self.n_layer):
             if i + 1 < self.n_layer:
-                self.pager.prefetch(i + 1)             # depth 1: the next block loads while this one computes
+                self.pager.prefetch(i + 1)  # depth 1: the next block loads while this one computes
             with self.pager.acquire(i) as layer:
                 w = self.weights(layer)
             x = self.block(x, w, pos)
@@ -171,7 +174,9 @@ class NumpyLlama:
     def _load_head(self, c: int) -> tuple[paging.Slot, paging.LoadFuture]:
         r0 = c * self.head_rows
         slot = self.head_pool.acquire(c)
-        return slot, self.file.read_into(self.head.name, slot, self.io, rows=(r0, min(self.head.n_rows, r0 + self.head_rows)))
+        return slot, self.file.read_into(
+            self.head.name, slot, self.io, rows=(r0, min(self.head.n_rows, r0 + self.head_rows))
+        )
 
     def close(self) -> None:
         self.pager.close()
@@ -208,9 +213,10 @@ def main(engine: type[NumpyLlama] = NumpyLlama) -> None:
         tokens = [int(t) for t in args.tokens.split(",")]
     else:
         from superggml.tokenizer import Tokenizer
+
         with gguf.open(path) as f:
             tokens = Tokenizer.from_metadata(f.metadata()).encode(args.prompt)
-    start = rss()                                      # Python, NumPy (and torch) imported
+    start = rss()  # Python, NumPy (and torch) imported
     m = engine(path, n_slots=args.slots, kv_type=args.kv_type)
     logits = m.logits(tokens)
     layer_bytes = m.pager.slot_size
@@ -224,10 +230,13 @@ def main(engine: type[NumpyLlama] = NumpyLlama) -> None:
     print(f"peak RSS: {rss(peak=True) / 2**20:.0f} MiB")
     if args.check:
         import superggml
+
         with superggml.Model(path, kv_type=args.kv_type) as model:
             ref = model.eval(tokens, logits_all=True).reshape(logits.shape)
-        print(f"max |logit - Model.eval|: {np.abs(logits - ref).max():.3g} "
-              f"(max |logit| {np.abs(ref).max():.3g}); same argmax: {bool((logits.argmax(1) == ref.argmax(1)).all())}")
+        print(
+            f"max |logit - Model.eval|: {np.abs(logits - ref).max():.3g} "
+            f"(max |logit| {np.abs(ref).max():.3g}); same argmax: {bool((logits.argmax(1) == ref.argmax(1)).all())}"
+        )
 
 
 if __name__ == "__main__":

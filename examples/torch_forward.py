@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import numpy.typing as npt
 import torch
-from torch.utils.dlpack import from_dlpack   # torch.from_dlpack
+from torch.utils.dlpack import from_dlpack  # torch.from_dlpack
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from numpy_forward import F32, Matrix, NumpyLlama, main  # noqa: E402
@@ -49,9 +49,9 @@ class TorchMatrix(Matrix):
 
     def __init__(self, data: npt.ArrayLike | paging.Slot, type: str, shape: tuple[int, ...]) -> None:
         if isinstance(data, paging.Slot):
-            raw = from_dlpack(data)                  # uint8 [slot bytes]: the slot itself
+            raw = from_dlpack(data)  # uint8 [slot bytes]: the slot itself
             super().__init__(raw.numpy(), type, shape)
-            del raw                                        # the slot can be released once this view is gone
+            del raw  # the slot can be released once this view is gone
         else:
             super().__init__(data, type, shape)
         self.wt, self.mt = torch.from_numpy(self.w), torch.from_numpy(self.mins)
@@ -61,7 +61,7 @@ class TorchMatrix(Matrix):
         return torch.from_numpy(a.values) @ self.wt.T + torch.from_numpy(a.sums) @ self.mt.T
 
     def apply(self, x: F32) -> F32:
-        out: F32 = self.apply_t(torch.from_numpy(x)).numpy()    # torch is Any where it is not installed
+        out: F32 = self.apply_t(torch.from_numpy(x)).numpy()  # torch is Any where it is not installed
         return out
 
 
@@ -71,15 +71,18 @@ class TorchLlama(NumpyLlama):
 
     def weights(self, layer: paging.Layer) -> dict[str, F32 | Matrix]:
         """The layer's tensors, dequantized from a torch view of its slot."""
-        raw = from_dlpack(layer)                     # uint8 [slot bytes], no copy
+        raw = from_dlpack(layer)  # uint8 [slot bytes], no copy
         out: dict[str, F32 | Matrix] = {}
         for name in layer.names():
             info = self.file.info(name)
             off = layer.offset(name)
-            data = raw[off:off + info.nbytes].numpy().reshape(info.n_rows, info.row_bytes)
+            data = raw[off : off + info.nbytes].numpy().reshape(info.n_rows, info.row_bytes)
             key = name.split(".")[2]
-            out[key] = self.matrix(data, info.type, info.shape) if len(info.shape) == 2 else \
-                gguf.dequantize(data, info.type, info.shape)[0]
+            out[key] = (
+                self.matrix(data, info.type, info.shape)
+                if len(info.shape) == 2
+                else gguf.dequantize(data, info.type, info.shape)[0]
+            )
             del data
         del raw
         return out
@@ -104,14 +107,14 @@ class TorchLlama(NumpyLlama):
             q = rope(mm(h, "attn_q").view(n, self.n_head, hd), pos, self.base)
             k = rope(mm(h, "attn_k").view(n, self.n_kv, hd), pos, self.base)
             v = mm(h, "attn_v").view(n, self.n_kv, hd)
-            if self.kv_f16:          # an F16 K/V cache; ggml rounds Q to F16 for its product with K
+            if self.kv_f16:  # an F16 K/V cache; ggml rounds Q to F16 for its product with K
                 q, k, v = t16(q), t16(k), t16(v)
             rep = self.n_head // self.n_kv
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             s = torch.einsum("qhd,khd->hqk", q, k) * (1 / math.sqrt(hd))
             s = s + torch.full((n, n), float("-inf")).triu(1)
             p = torch.softmax(s, dim=-1)
-            if self.kv_f16:          # and the probabilities for theirs with V
+            if self.kv_f16:  # and the probabilities for theirs with V
                 p = t16(p)
             a = torch.einsum("hqk,khd->qhd", p, v).reshape(n, d)
             x = x + mm(a, "attn_output")

@@ -37,22 +37,43 @@ MEMBER = f"{TOP}vendor/llama.cpp/"
 # add it); llama-common and llama-bench, and the vendor/ libraries llama.cpp's CMake adds (miniaudio and stb are
 # header-only interface targets nothing here includes: their CMakeLists.txt only). No models, docs, tests,
 # examples, gguf-py or other tools.
-KEEP = ("ggml/", "LICENSE", "CMakeLists.txt", "cmake/", "include/", "src/", "common/", "tools/llama-bench/",
-        "vendor/CMakeLists.txt", "vendor/cpp-httplib/", "vendor/hash/", "vendor/nlohmann/", "vendor/sheredom/",
-        "vendor/miniaudio/CMakeLists.txt", "vendor/stb/CMakeLists.txt")
+KEEP = (
+    "ggml/",
+    "LICENSE",
+    "CMakeLists.txt",
+    "cmake/",
+    "include/",
+    "src/",
+    "common/",
+    "tools/llama-bench/",
+    "vendor/CMakeLists.txt",
+    "vendor/cpp-httplib/",
+    "vendor/hash/",
+    "vendor/nlohmann/",
+    "vendor/sheredom/",
+    "vendor/miniaudio/CMakeLists.txt",
+    "vendor/stb/CMakeLists.txt",
+)
 # and of the sdist's top: llama-cpp-python's Python package (no compiled parts in it), under python/
 PY_KEEP = ("llama_cpp/", "LICENSE.md")
 # 2: + the llama.cpp pieces and python/llama_cpp (1 was ggml/ and LICENSE only). The ggml directory of an older
 # entry still serves (a plain build, even offline, keeps its cache); --llama and --python re-extract it.
 LAYOUT = 2
 # files whose presence marks a complete entry of this layout
-MARKERS = ("ggml/CMakeLists.txt", "CMakeLists.txt", "src/CMakeLists.txt", "common/CMakeLists.txt",
-           "tools/llama-bench/CMakeLists.txt", "python/llama_cpp/llama_cpp.py")
+MARKERS = (
+    "ggml/CMakeLists.txt",
+    "CMakeLists.txt",
+    "src/CMakeLists.txt",
+    "common/CMakeLists.txt",
+    "tools/llama-bench/CMakeLists.txt",
+    "python/llama_cpp/llama_cpp.py",
+)
 
 
 def cache_root() -> str:
     root = os.environ.get("SUPERGGML_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "superggml")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "superggml"
+    )
     return os.path.join(root, "ggml-src", f"{PACKAGE}-{VERSION}")
 
 
@@ -74,10 +95,10 @@ def complete(out: str, ggml_only: bool = False) -> bool:
 def kept(name: str) -> str | None:
     """The path in the cache entry of the sdist member `name`, or None where the cache leaves it out."""
     if name.startswith(MEMBER):
-        rel = name[len(MEMBER):]
+        rel = name[len(MEMBER) :]
         return rel if rel.startswith(KEEP) else None
     if name.startswith(TOP):
-        rel = name[len(TOP):]
+        rel = name[len(TOP) :]
         return "python/" + rel if rel.startswith(PY_KEEP) else None
     return None
 
@@ -93,8 +114,21 @@ def sha256(path: str) -> str:
 def download(dest: str) -> str:
     """The sdist in `dest`: pip first (no build isolation: only its metadata is read), then PyPI's JSON API."""
     errors = []
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation", "--no-binary", PACKAGE,
-           "--disable-pip-version-check", "-q", "-d", dest, f"{PACKAGE}=={VERSION}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-binary",
+        PACKAGE,
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        dest,
+        f"{PACKAGE}=={VERSION}",
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode == 0 and os.path.isfile(os.path.join(dest, SDIST)):
@@ -133,21 +167,21 @@ def extract(sdist: str, out: str) -> None:
                 members.append(m)
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(tmp, members=members, filter="data")
-            else:   # pragma: no cover - Python without extraction filters
+            else:  # pragma: no cover - Python without extraction filters
                 tar.extractall(tmp, members=members)
         with open(os.path.join(tmp, "SOURCE"), "w") as f:
             f.write(source_line())
-        if os.path.lexists(out) and not complete(out):   # an older layout or a partial entry: moved aside
+        if os.path.lexists(out) and not complete(out):  # an older layout or a partial entry: moved aside
             old = tempfile.mkdtemp(prefix=".stale-", dir=parent)
             try:
                 os.rename(out, os.path.join(old, "entry"))
             except OSError:
-                pass   # a concurrent build moved it first
+                pass  # a concurrent build moved it first
             shutil.rmtree(old, ignore_errors=True)
         try:
             os.rename(tmp, out)
         except OSError:
-            if not complete(out):   # not a concurrent build that won the race
+            if not complete(out):  # not a concurrent build that won the race
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

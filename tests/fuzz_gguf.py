@@ -24,8 +24,29 @@ import tempfile
 
 import numpy as np
 
-BOUNDARY_U32 = [0, 1, 2, 3, 4, 7, 8, 31, 32, 33, 63, 64, 255, 256, 4095, 4096, 65535, 0x7FFFFFFF, 0x80000000,
-                0xFFFFFFFE, 0xFFFFFFFF]
+BOUNDARY_U32 = [
+    0,
+    1,
+    2,
+    3,
+    4,
+    7,
+    8,
+    31,
+    32,
+    33,
+    63,
+    64,
+    255,
+    256,
+    4095,
+    4096,
+    65535,
+    0x7FFFFFFF,
+    0x80000000,
+    0xFFFFFFFE,
+    0xFFFFFFFF,
+]
 BOUNDARY_U64 = BOUNDARY_U32 + [2**32, 2**40, 2**62, 2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1]
 
 
@@ -57,7 +78,7 @@ def seed_file(path: str) -> bytes:
 
 def fields(data: bytes) -> list[tuple[int, int]]:
     """(offset, width in bytes) of every structural integer of the header."""
-    out: list[tuple[int, int]] = [(4, 4), (8, 8), (16, 8)]        # version, tensor count, kv count
+    out: list[tuple[int, int]] = [(4, 4), (8, 8), (16, 8)]  # version, tensor count, kv count
     pos = 24
     n_t, n_kv = struct.unpack_from("<QQ", data, 8)
     sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -97,7 +118,7 @@ def fields(data: bytes) -> list[tuple[int, int]]:
         for _ in range(nd):
             out.append((pos, 8))
             pos += 8
-        out.append((pos, 4))      # type
+        out.append((pos, 4))  # type
         out.append((pos + 4, 8))  # offset
         pos += 12
     return out
@@ -116,19 +137,19 @@ def mutate(seed: bytes, fs: list[tuple[int, int]], rng: random.Random) -> bytes:
             if width < 4:
                 v &= (1 << (8 * width)) - 1
             if rng.random() < 0.2:
-                v = (int.from_bytes(b[off:off + width], "little") + rng.choice([-1, 1, -8, 8])) % (1 << (8 * width))
-            b[off:off + width] = (v % (1 << (8 * width))).to_bytes(width, "little")
+                v = (int.from_bytes(b[off : off + width], "little") + rng.choice([-1, 1, -8, 8])) % (1 << (8 * width))
+            b[off : off + width] = (v % (1 << (8 * width))).to_bytes(width, "little")
         elif op < 0.75:
             i = rng.randrange(len(b))
             b[i] ^= 1 << rng.randrange(8)
         elif op < 0.85:
-            del b[rng.randrange(len(b)):]      # truncation (to 0 bytes too)
+            del b[rng.randrange(len(b)) :]  # truncation (to 0 bytes too)
         elif op < 0.93:
             i = rng.randrange(len(b))
             b[i:i] = bytes(rng.getrandbits(8) for _ in range(rng.choice([1, 4, 8, 32])))
         else:
             i = rng.randrange(len(b))
-            del b[i:i + rng.choice([1, 4, 8, 32])]
+            del b[i : i + rng.choice([1, 4, 8, 32])]
     return bytes(b)
 
 
@@ -151,7 +172,7 @@ def try_load(path: str) -> str:
         finally:
             f.close()
         return "ok"
-    except (Exception) as e:  # noqa: BLE001 - every Python exception is an acceptable outcome
+    except Exception as e:  # noqa: BLE001 - every Python exception is an acceptable outcome
         return type(e).__name__
 
 
@@ -165,7 +186,7 @@ def run(n: int, seed: int, out_dir: str) -> None:
     try:
         for i in range(n):
             data = mutate(base, fs, rng)
-            with open(current, "wb") as f:    # kept if this input brings the process down
+            with open(current, "wb") as f:  # kept if this input brings the process down
                 f.write(data)
             r = try_load(current)
             outcomes[r] = outcomes.get(r, 0) + 1

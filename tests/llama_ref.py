@@ -66,8 +66,10 @@ def reference(which: str | None = None) -> tuple[str, dict[str, str]]:
     if which != "pip":
         lib = superggml_libllama()
         if lib is None and which == "built":
-            raise RuntimeError("SUPERGGML_REFERENCE=built: the superggml under test carries no libllama.so "
-                               "(build it with CMAKE_ARGS=-DSUPERGGML_BUILD_LLAMA=ON)")
+            raise RuntimeError(
+                "SUPERGGML_REFERENCE=built: the superggml under test carries no libllama.so "
+                "(build it with CMAKE_ARGS=-DSUPERGGML_BUILD_LLAMA=ON)"
+            )
         py = cached_llama_cpp(fetch=which == "built") if lib is not None else None
         if lib is not None and py is not None:
             path = os.pathsep.join([str(py)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
@@ -78,7 +80,7 @@ def reference(which: str | None = None) -> tuple[str, dict[str, str]]:
 def no_repack() -> None:
     """llama.cpp's --no-repack in this process: the weights stay in the mapping (llama_cpp.Llama's model
     parameters with use_extra_bufts off), as superggml's streamed layout and its repack=False."""
-    import llama_cpp.llama_cpp as lib   # the module llama_cpp.Llama calls
+    import llama_cpp.llama_cpp as lib  # the module llama_cpp.Llama calls
 
     default = lib.llama_model_default_params
 
@@ -100,18 +102,24 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
         return _decode(req)
     if kind == "sysinfo":
         return {"sysinfo": np.array(llama_cpp.llama_print_system_info().decode())}
-    if kind == "libs":      # which llama_cpp, and the libllama and ggml libraries this process mapped
+    if kind == "libs":  # which llama_cpp, and the libllama and ggml libraries this process mapped
         with open("/proc/self/maps") as f:
             paths = sorted({line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6})
         libs = [p for p in paths if os.path.basename(p).startswith(("libllama", "libggml"))]
         return {"llama_cpp": np.array(llama_cpp.__file__), "libs": np.array(libs)}
-    kw = dict(model_path=req["model"], verbose=False, n_threads=req.get("n_threads", 2),
-              n_threads_batch=req.get("n_threads", 2), n_ctx=req.get("n_ctx", 512),
-              n_batch=req.get("n_batch", 512), n_ubatch=req.get("n_batch", 512),
-              flash_attn=req.get("flash_attn", False))
+    kw = dict(
+        model_path=req["model"],
+        verbose=False,
+        n_threads=req.get("n_threads", 2),
+        n_threads_batch=req.get("n_threads", 2),
+        n_ctx=req.get("n_ctx", 512),
+        n_batch=req.get("n_batch", 512),
+        n_ubatch=req.get("n_batch", 512),
+        flash_attn=req.get("flash_attn", False),
+    )
     if req.get("kv_type") == "f32":
         kw.update(type_k=0, type_v=0)
-    if kind == "kv_types":      # per config (type_k, type_v, flash_attn): the prompt's logits, then greedy steps
+    if kind == "kv_types":  # per config (type_k, type_v, flash_attn): the prompt's logits, then greedy steps
         out = {}
         for i, (tk, tv, fa) in enumerate(req["configs"]):
             llm = llama_cpp.Llama(logits_all=True, **{**kw, "type_k": tk, "type_v": tv, "flash_attn": fa})
@@ -119,7 +127,7 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
             rows = [np.array(llm.scores[: llm.n_tokens], dtype=np.float32)]
             for _ in range(req["n_decode"]):
                 llm.eval([int(np.argmax(rows[-1][-1]))])
-                rows.append(np.array(llm.scores[llm.n_tokens - 1: llm.n_tokens], dtype=np.float32))
+                rows.append(np.array(llm.scores[llm.n_tokens - 1 : llm.n_tokens], dtype=np.float32))
             out[f"logits{i}"] = np.concatenate(rows)
             llm.close()
         return out
@@ -135,7 +143,7 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
         out = {}
         for i, toks in enumerate(req["prompts"]):
             llm.reset()
-            split = req.get("split", 0)     # a prefix in one batch first
+            split = req.get("split", 0)  # a prefix in one batch first
             if split:
                 llm.eval(toks[:split])
             if req.get("one_by_one"):
@@ -145,15 +153,16 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
                 llm.eval(toks[split:])
             out[f"logits{i}"] = np.array(llm.scores[: len(toks)], dtype=np.float32)
         return out
-    if kind == "embed":       # llama.cpp's embeddings: the final norm's output, pooled (mean 1, last 3)
+    if kind == "embed":  # llama.cpp's embeddings: the final norm's output, pooled (mean 1, last 3)
         llm = llama_cpp.Llama(embedding=True, pooling_type={"mean": 1, "last": 3}[req["pooling"]], **kw)
-        return {f"emb{i}": np.asarray(llm.embed(t, normalize=True), dtype=np.float64)
-                for i, t in enumerate(req["texts"])}
+        return {
+            f"emb{i}": np.asarray(llm.embed(t, normalize=True), dtype=np.float64) for i, t in enumerate(req["texts"])
+        }
     if kind == "generate":
         llm = llama_cpp.Llama(**kw)
         out = {}
 
-        def fresh():    # each run from an empty memory (Llama.reset keeps the cells)
+        def fresh():  # each run from an empty memory (Llama.reset keeps the cells)
             llm.reset()
             llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
 
@@ -162,8 +171,9 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
             # after a token whose text ends like a UTF-8 lead byte, and may run into the end of the context
             fresh()
             try:
-                r = llm.create_completion(prompt, max_tokens=req["max_tokens"], temperature=0.0, top_k=1,
-                                          repeat_penalty=1.0)
+                r = llm.create_completion(
+                    prompt, max_tokens=req["max_tokens"], temperature=0.0, top_k=1, repeat_penalty=1.0
+                )
                 out[f"text{i}"] = np.array(r["choices"][0]["text"])
             except RuntimeError:
                 pass
@@ -172,12 +182,17 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
             fresh()
             ids = []
             for t in llm.generate(llm.tokenize(prompt.encode()), top_k=1, temp=0.0, repeat_penalty=1.0):
-                if llama_cpp.llama_vocab_is_eog(llama_cpp.llama_model_get_vocab(llm.model), t) or len(ids) == req["max_tokens"]:
+                if (
+                    llama_cpp.llama_vocab_is_eog(llama_cpp.llama_model_get_vocab(llm.model), t)
+                    or len(ids) == req["max_tokens"]
+                ):
                     break
                 ids.append(t)
             buf = ctypes.create_string_buffer(1 << 16)
             arr = (llama_cpp.llama_token * len(ids))(*ids)
-            n = llama_cpp.llama_detokenize(llama_cpp.llama_model_get_vocab(llm.model), arr, len(ids), buf, len(buf), False, False)
+            n = llama_cpp.llama_detokenize(
+                llama_cpp.llama_model_get_vocab(llm.model), arr, len(ids), buf, len(buf), False, False
+            )
             out[f"ids{i}"] = np.array(ids, dtype=np.int64)
             out[f"piece_text{i}"] = np.array(buf.raw[:n].decode("utf-8", errors="ignore"))
             llm.reset()
@@ -222,8 +237,16 @@ def _decode(req: dict[str, Any]) -> dict[str, Any]:
 
     toks, n = req["tokens"], req["prompt"]
     t = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=req["model"], verbose=False, n_threads=req["n_threads"],
-                          n_threads_batch=req["n_threads"], n_ctx=req["n_ctx"], n_batch=n, n_ubatch=n, use_mmap=True)
+    llm = llama_cpp.Llama(
+        model_path=req["model"],
+        verbose=False,
+        n_threads=req["n_threads"],
+        n_threads_batch=req["n_threads"],
+        n_ctx=req["n_ctx"],
+        n_batch=n,
+        n_ubatch=n,
+        use_mmap=True,
+    )
     logits = lambda: last_logits(llm)  # noqa: E731
     t_load = time.perf_counter() - t
     llm.eval(toks[:n])
@@ -233,8 +256,12 @@ def _decode(req: dict[str, Any]) -> dict[str, Any]:
         llm.eval([tok])
     dt = time.perf_counter() - t
     last = logits()
-    return {"logits": np.stack([first, last]), "decode_s": np.array(dt), "load_s": np.array(t_load),
-            "maxrss": np.array(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}
+    return {
+        "logits": np.stack([first, last]),
+        "decode_s": np.array(dt),
+        "load_s": np.array(t_load),
+        "maxrss": np.array(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
+    }
 
 
 def _mtp(req: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
@@ -281,8 +308,10 @@ def _mtp(req: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
             assert L.llama_batch_ext_set_output_logits(batch, idx, True)
         assert L.llama_process(dft, 1, batch) == 0
         out[f"h{i}"] = h
-        out[f"logits{i}"] = np.array([np.ctypeslib.as_array(L.llama_get_logits_ith(dft, j), shape=(n_vocab,))
-                                      for j in range(len(toks))], dtype=np.float32)
+        out[f"logits{i}"] = np.array(
+            [np.ctypeslib.as_array(L.llama_get_logits_ith(dft, j), shape=(n_vocab,)) for j in range(len(toks))],
+            dtype=np.float32,
+        )
         out[f"mtp_h{i}"] = np.ctypeslib.as_array(get_nextn(dft), shape=(len(toks), n_embd)).copy()
         L.llama_batch_ext_free(batch)
         L.llama_free(tgt)
@@ -314,8 +343,9 @@ class ChildFailed(RuntimeError):
         return f"exit {self.returncode}" + (" (OOM-killed)" if self.returncode == -9 else "")
 
 
-def run(request: dict[str, Any], timeout: float = 1800, which: str | None = None,
-        limit: int | None = None) -> dict[str, Any]:
+def run(
+    request: dict[str, Any], timeout: float = 1800, which: str | None = None, limit: int | None = None
+) -> dict[str, Any]:
     """Runs one request in a child process and returns its arrays; `which` as for `reference`. With `limit`
     (bytes), the child runs in a new memory cgroup of that size (tests/memcg.py), request["model"]'s pages dropped
     from the page cache first. A failed child raises ChildFailed (a RuntimeError)."""

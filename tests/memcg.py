@@ -38,7 +38,7 @@ def own_memory_cgroup() -> tuple[Path, str] | None:
 def drop_page_cache(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)          # dirty pages (a file just written) are not dropped, and stay charged elsewhere
+        os.fsync(fd)  # dirty pages (a file just written) are not dropped, and stay charged elsewhere
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
@@ -78,8 +78,9 @@ def run_limited(argv: list[str], limit_bytes: int, timeout: float) -> subprocess
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=enter)
 
 
-def run_maybe_limited(argv: list[str], model: str, limit_bytes: int | None,
-                      timeout: float) -> subprocess.CompletedProcess:
+def run_maybe_limited(
+    argv: list[str], model: str, limit_bytes: int | None, timeout: float
+) -> subprocess.CompletedProcess:
     """Runs argv (output captured): in a new cgroup of limit_bytes with `model`'s pages dropped from the page
     cache first, or plainly when limit_bytes is None."""
     if limit_bytes:

@@ -51,8 +51,12 @@ def shape(ns: Optional[str], dev: str, rate: str) -> None:
     bits = int(float(rate[:-4]) * {"g": 1e9, "m": 1e6, "k": 1e3}[rate[-4].lower()])
     burst = max(64 * 1024, bits // 8 // 100)
     pre = ["ip", "netns", "exec", ns] if ns else []
-    subprocess.run([*pre, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst),
-                    "latency", "100ms"], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [*pre, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst), "latency", "100ms"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
 
 
 class Host:
@@ -74,16 +78,30 @@ class Host:
         self.procs.append(p)
         return p
 
-    def serve(self, port: int, argv: list[str], *, memory: Optional[int] = None, **kw: Any) -> tuple[str, subprocess.Popen]:
+    def serve(
+        self, port: int, argv: list[str], *, memory: Optional[int] = None, **kw: Any
+    ) -> tuple[str, subprocess.Popen]:
         """Starts a server (argv, listening on `listen`:`port`, both filled in by the caller's argv through
         {host} and {port}); returns the endpoint this namespace reaches it at, through the link's delay."""
         if not self.delay_ms:
-            return f"{self.address}:{port}", self.popen([a.format(host=self.address, port=port) for a in argv],
-                                                        memory=memory, **kw)
+            return f"{self.address}:{port}", self.popen(
+                [a.format(host=self.address, port=port) for a in argv], memory=memory, **kw
+            )
         inner = port + 1
         p = self.popen([a.format(host="127.0.0.1", port=inner) for a in argv], memory=memory, **kw)
-        self.popen([sys.executable, os.path.join(HERE, "netlab.py"), "delay", self.address, str(port), str(inner),
-                    str(self.delay_ms)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.popen(
+            [
+                sys.executable,
+                os.path.join(HERE, "netlab.py"),
+                "delay",
+                self.address,
+                str(port),
+                str(inner),
+                str(self.delay_ms),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         return f"{self.address}:{port}", p
 
 
@@ -95,7 +113,7 @@ class Lab:
 
     def __init__(self, n: int, *, rate: Optional[str] = "1gbit", delay_ms: Union[float, Sequence[float]] = 0):
         self.token = secrets.token_hex(3)
-        Lab.made += 1                           # a subnet per lab of this process, apart from other processes'
+        Lab.made += 1  # a subnet per lab of this process, apart from other processes'
         self.net = 100 + (os.getpid() * 13 + Lab.made) % 150
         self.rate, self.delay_ms = rate, delay_ms
         self.hosts = [Host(self, i) for i in range(n)]
@@ -127,9 +145,9 @@ class Lab:
                 if p.poll() is None:
                     p.kill()
                 p.wait()
-        self.stack.close()                      # the cgroups, once their processes are gone
+        self.stack.close()  # the cgroups, once their processes are gone
         for h in self.hosts:
-            ip("netns", "del", h.ns, check=False)   # its veth pair goes with it
+            ip("netns", "del", h.ns, check=False)  # its veth pair goes with it
 
 
 GGML_SERVER = """
@@ -164,6 +182,7 @@ def wait_port(host: Host, port: int, timeout: float = 30) -> None:
 
 
 # -- the delaying forwarder ------------------------------------------------------
+
 
 def _pump(src: socket.socket, dst: socket.socket, delay: float) -> None:
     q: deque[tuple[float, bytes]] = deque()

@@ -42,10 +42,31 @@ def synth(path, fields, arch="llama", **kw):
     return _synth(path, fields, arch, **kw)
 
 
-def _synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=None, head_dim=None, seed=0,
-          extra=None, wtype="f32", n_embd=N_EMBD, n_ff=N_FF, n_layer=N_LAYER, n_head=N_HEAD,
-          n_head_kv=N_HEAD_KV, keys=None, rope=None, n_ctx_train=512, n_expert=0, n_expert_used=0,
-          n_ff_exp=None, n_ff_shexp=None):
+def _synth(
+    path,
+    fields,
+    arch="llama",
+    *,
+    tied=True,
+    rope_freqs=False,
+    scaling=None,
+    head_dim=None,
+    seed=0,
+    extra=None,
+    wtype="f32",
+    n_embd=N_EMBD,
+    n_ff=N_FF,
+    n_layer=N_LAYER,
+    n_head=N_HEAD,
+    n_head_kv=N_HEAD_KV,
+    keys=None,
+    rope=None,
+    n_ctx_train=512,
+    n_expert=0,
+    n_expert_used=0,
+    n_ff_exp=None,
+    n_ff_shexp=None,
+):
     """A random-weight GGUF laid out as llama.cpp's converter writes `arch`; `wtype` (f32, f16, q8_0, q4_k) is
     the type of the matmul weights, as a quantized model has them (norms and the embedding stay F32).
 
@@ -86,15 +107,22 @@ def _synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=N
         w.add_key_value(key, value, vtype, sub_type=sub)
 
     def put(name, a):
-        quant = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_k": gguf.GGMLQuantizationType.Q4_K,
-                 "mxfp4": gguf.GGMLQuantizationType.MXFP4}.get(wtype)
-        if wtype == "mxfp4" and "_exps" not in name:     # gpt-oss ships its experts in MXFP4, the rest in Q8_0
+        quant = {
+            "q8_0": gguf.GGMLQuantizationType.Q8_0,
+            "q4_k": gguf.GGMLQuantizationType.Q4_K,
+            "mxfp4": gguf.GGMLQuantizationType.MXFP4,
+        }.get(wtype)
+        if wtype == "mxfp4" and "_exps" not in name:  # gpt-oss ships its experts in MXFP4, the rest in Q8_0
             quant = gguf.GGMLQuantizationType.Q8_0
-        matrix = (a.ndim >= 2 and name != "token_embd.weight" and "ffn_gate_inp" not in name   # the router,
-                  and not name.endswith(".bias"))                                            # biases stay F32
+        matrix = (
+            a.ndim >= 2
+            and name != "token_embd.weight"
+            and "ffn_gate_inp" not in name  # the router,
+            and not name.endswith(".bias")
+        )  # biases stay F32
         if matrix and wtype == "f16":
             w.add_tensor(name, a.astype(np.float16))
-        elif matrix and quant is not None:   # ggml's own quantizer, row by row
+        elif matrix and quant is not None:  # ggml's own quantizer, row by row
             q = native.quantize(getattr(native.GGMLType, quant.name), a.reshape(-1, a.shape[-1]))
             w.add_tensor(name, q.reshape(*a.shape[:-1], q.shape[-1]), raw_dtype=quant)
         else:
@@ -130,7 +158,7 @@ def _synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=N
             t(p + "ffn_gate_exps.weight", n_expert, fe, n_embd)
             t(p + "ffn_up_exps.weight", n_expert, fe, n_embd)
             t(p + "ffn_down_exps.weight", n_expert, n_embd, fe)
-            if arch == "gpt-oss":     # biases everywhere, attention sinks
+            if arch == "gpt-oss":  # biases everywhere, attention sinks
                 t(p + "ffn_gate_inp.bias", n_expert, scale=0.5)
                 t(p + "ffn_gate_exps.bias", n_expert, fe, scale=0.3)
                 t(p + "ffn_up_exps.bias", n_expert, fe, scale=0.3)
@@ -144,10 +172,14 @@ def _synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=N
                 t(p + "ffn_gate_shexp.weight", n_ff_shexp, n_embd)
                 t(p + "ffn_up_shexp.weight", n_ff_shexp, n_embd)
                 t(p + "ffn_down_shexp.weight", n_embd, n_ff_shexp)
-        elif arch == "phi3":       # fused, as llama.cpp's converter writes Phi-3: Q|K|V rows, gate|up rows
-            qkv = np.concatenate([rng.standard_normal((n_head * hd, n_embd)) * 0.3,
-                                  rng.standard_normal((n_head_kv * hd, n_embd)) * 0.3,
-                                  rng.standard_normal((n_head_kv * hd, n_embd)) * 0.08])
+        elif arch == "phi3":  # fused, as llama.cpp's converter writes Phi-3: Q|K|V rows, gate|up rows
+            qkv = np.concatenate(
+                [
+                    rng.standard_normal((n_head * hd, n_embd)) * 0.3,
+                    rng.standard_normal((n_head_kv * hd, n_embd)) * 0.3,
+                    rng.standard_normal((n_head_kv * hd, n_embd)) * 0.08,
+                ]
+            )
             put(p + "attn_qkv.weight", qkv.astype(np.float32))
             t(p + "ffn_up.weight", 2 * n_ff, n_embd)
         else:
@@ -162,7 +194,7 @@ def _synth(path, fields, arch="llama", *, tied=True, rope_freqs=False, scaling=N
         if arch in ("qwen3", "gemma3", "qwen3moe"):
             for n in ("attn_q_norm", "attn_k_norm"):
                 norm(p + n + ".weight", hd, 0.2)
-        if arch == "olmoe":        # norms of the whole Q and K projections
+        if arch == "olmoe":  # norms of the whole Q and K projections
             norm(p + "attn_q_norm.weight", n_head * hd, 0.2)
             norm(p + "attn_k_norm.weight", n_head_kv * hd, 0.2)
         if arch.startswith("gemma"):
@@ -187,6 +219,7 @@ def start_header(path, arch, n_blocks, n_ctx_train, n_embd, n_ff, n_head, n_head
 
     def key(name, value, vtype):
         w.add_key_value(f"{arch}.{name}", value, vtype)
+
     return w, key
 
 
@@ -207,8 +240,9 @@ def tensor_writers(w, rng, wtype, n_embd):
     assert wtype in ("f32", "f16", "q8_0", "q4_0"), wtype
 
     def put(name, a):
-        matrix = (a.ndim >= 2 and name != "token_embd.weight" and "ffn_gate_inp" not in name
-                  and not name.endswith(".bias"))
+        matrix = (
+            a.ndim >= 2 and name != "token_embd.weight" and "ffn_gate_inp" not in name and not name.endswith(".bias")
+        )
         block = gguf.GGML_QUANT_SIZES[quant][0] if quant is not None else 1
         if matrix and wtype == "f16":
             w.add_tensor(name, a.astype(np.float16))
@@ -276,6 +310,7 @@ def echo_writers(put, t, norm, n_embd):
     every block adds nothing to the residual (zero attention, delta-net and FFN outputs), the MTP block passes its
     token's normed embedding on (eh_proj [I | 0], enorm of ones) and reads the model's output norm (no
     shared_head_norm of its own)."""
+
     def echo_t(name, *shape, scale=0.08):
         if "attn_output" in name or "ffn_down" in name or "ssm_out" in name:
             put(name, np.zeros(shape, dtype=np.float32))
@@ -288,14 +323,42 @@ def echo_writers(put, t, norm, n_embd):
         if name.endswith("nextn.shared_head_norm.weight"):
             return
         norm(name, n, 0.0 if name.endswith("nextn.enorm.weight") else spread)
+
     return echo_t, echo_norm
 
 
-def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_lead_dense=1, q_lora_rank=0,
-                    kv_lora_rank=32, qk_rope=16, qk_nope=32, v_head=32, n_expert=8, n_expert_used=2, n_shared=1,
-                    n_ff_exp=32, gating=None, probs_bias=False, n_group=0, n_group_used=0, weights_norm=None,
-                    weights_scale=None, yarn=None, mtp=False, legacy=False, tied=True, wtype="f32", seed=0,
-                    n_ctx_train=512):
+def synth_deepseek2(
+    path,
+    fields,
+    *,
+    n_embd=64,
+    n_head=4,
+    n_layer=3,
+    n_ff=96,
+    n_lead_dense=1,
+    q_lora_rank=0,
+    kv_lora_rank=32,
+    qk_rope=16,
+    qk_nope=32,
+    v_head=32,
+    n_expert=8,
+    n_expert_used=2,
+    n_shared=1,
+    n_ff_exp=32,
+    gating=None,
+    probs_bias=False,
+    n_group=0,
+    n_group_used=0,
+    weights_norm=None,
+    weights_scale=None,
+    yarn=None,
+    mtp=False,
+    legacy=False,
+    tied=True,
+    wtype="f32",
+    seed=0,
+    n_ctx_train=512,
+):
     """A random-weight deepseek2 GGUF (DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash: multi-head latent attention in
     the absorbed layout, attn_k_b and attn_v_b split out of kv_b_proj) laid out as llama.cpp's converter
     (DeepseekV2Model) writes it: n_lead_dense dense blocks of n_ff, then MoE blocks of n_expert routed experts
@@ -349,10 +412,10 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
     key("expert_shared_count", n_shared, U)
     if weights_scale is not None:
         key("expert_weights_scale", float(weights_scale), F)
-    if weights_norm is not None:     # the converter writes it only when true; False here is an explicit false
+    if weights_norm is not None:  # the converter writes it only when true; False here is an explicit false
         key("expert_weights_norm", bool(weights_norm), B)
     key("rope.dimension_count", qk_rope, U)
-    if yarn:                         # 0.1 * mscale_all_dim: llama.cpp divides the 0.1 back out
+    if yarn:  # 0.1 * mscale_all_dim: llama.cpp divides the 0.1 back out
         key("rope.scaling.yarn_log_multiplier", 0.1 * yarn[2], F)
     if mtp:
         key("nextn_predict_layers", 1, U)
@@ -367,13 +430,13 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
             t(p + "attn_q_b.weight", n_head * n_qk, q_lora_rank, scale=0.3)
         else:
             t(p + "attn_q.weight", n_head * n_qk, n_embd, scale=0.3)
-        t(p + "attn_kv_a_mqa.weight", kv_lora_rank + qk_rope, n_embd, scale=0.3)   # latent | shared rope K
+        t(p + "attn_kv_a_mqa.weight", kv_lora_rank + qk_rope, n_embd, scale=0.3)  # latent | shared rope K
         norm(p + "attn_kv_a_norm.weight", kv_lora_rank)
         if legacy:
             t(p + "attn_kv_b.weight", n_head * (qk_nope + v_head), kv_lora_rank, scale=0.15)
         else:
-            t(p + "attn_k_b.weight", n_head, kv_lora_rank, qk_nope, scale=0.15)   # ggml {qk_nope, kv_lora, n_head}
-            t(p + "attn_v_b.weight", n_head, v_head, kv_lora_rank, scale=0.15)    # ggml {kv_lora, v_head, n_head}
+            t(p + "attn_k_b.weight", n_head, kv_lora_rank, qk_nope, scale=0.15)  # ggml {qk_nope, kv_lora, n_head}
+            t(p + "attn_v_b.weight", n_head, v_head, kv_lora_rank, scale=0.15)  # ggml {kv_lora, v_head, n_head}
         t(p + "attn_output.weight", n_embd, n_head * v_head)
         norm(p + "ffn_norm.weight")
         ffn_tensors(t, p, il < n_lead_dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_bias)
@@ -382,10 +445,32 @@ def synth_deepseek2(path, fields, *, n_embd=64, n_head=4, n_layer=3, n_ff=96, n_
     return finish(w, path)
 
 
-def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_layer=3, n_ff=96, n_lead_dense=1,
-                  n_expert=8, n_expert_used=2, n_shared=1, n_ff_exp=32, qkv_bias=True, qk_norm=False,
-                  weights_norm=True, weights_scale=None, mtp=False, echo=False, tied=False, wtype="f32", seed=0,
-                  n_ctx_train=512):
+def synth_glm4moe(
+    path,
+    fields,
+    *,
+    n_embd=64,
+    n_head=4,
+    n_head_kv=2,
+    head_dim=32,
+    n_layer=3,
+    n_ff=96,
+    n_lead_dense=1,
+    n_expert=8,
+    n_expert_used=2,
+    n_shared=1,
+    n_ff_exp=32,
+    qkv_bias=True,
+    qk_norm=False,
+    weights_norm=True,
+    weights_scale=None,
+    mtp=False,
+    echo=False,
+    tied=False,
+    wtype="f32",
+    seed=0,
+    n_ctx_train=512,
+):
     """A random-weight glm4moe GGUF (GLM-4.5/4.6/4.7) laid out as llama.cpp's converter (Glm4MoeModel) writes it:
     RoPE over half of each head, Q/K/V biases (qkv_bias), Q/K head norms (qk_norm), post_attention_norm as the
     FFN's pre-norm, n_lead_dense dense blocks, then experts with sigmoid routing plus exp_probs_b and shared
@@ -401,7 +486,7 @@ def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32
     w.add_value_length(head_dim)
     key("expert_count", n_expert, U)
     key("expert_used_count", n_expert_used, U)
-    key("rope.dimension_count", head_dim // 2, U)       # partial_rotary_factor 0.5
+    key("rope.dimension_count", head_dim // 2, U)  # partial_rotary_factor 0.5
     key("expert_feed_forward_length", n_ff_exp, U)
     key("expert_shared_count", n_shared, U)
     key("leading_dense_block_count", n_lead_dense, U)
@@ -432,10 +517,33 @@ def synth_glm4moe(path, fields, *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32
     return finish(w, path)
 
 
-def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_layer=4,
-                 interval=2, n_ff=96, d_conv=4, d_state=16, n_v_heads=4, n_k_heads=2, n_expert=0, n_expert_used=0,
-                 n_ff_exp=32, n_ff_shexp=48, mtp=False, echo=False, tied=False, wtype="f32", seed=0,
-                 n_ctx_train=512):
+def synth_qwen35(
+    path,
+    fields,
+    arch="qwen35",
+    *,
+    n_embd=64,
+    n_head=4,
+    n_head_kv=2,
+    head_dim=32,
+    n_layer=4,
+    interval=2,
+    n_ff=96,
+    d_conv=4,
+    d_state=16,
+    n_v_heads=4,
+    n_k_heads=2,
+    n_expert=0,
+    n_expert_used=0,
+    n_ff_exp=32,
+    n_ff_shexp=48,
+    mtp=False,
+    echo=False,
+    tied=False,
+    wtype="f32",
+    seed=0,
+    n_ctx_train=512,
+):
     """A random-weight qwen35 (Qwen3.5), qwen35moe or qwen3next (Qwen3-Next) GGUF laid out as llama.cpp's converter
     (Qwen3_5TextModel, Qwen3_5MoeTextModel, Qwen3NextModel) writes it: every interval-th block gated full attention (heads of head_dim, a quarter
     roped in interleaved sections), the others gated delta-net (value heads of d_state, n_v_heads of them over
@@ -452,9 +560,9 @@ def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=
     w.add_layer_norm_rms_eps(1e-6)
     if mtp:
         key("nextn_predict_layers", 1, U)
-    n_rot = head_dim // 4                                  # partial_rotary_factor 0.25
+    n_rot = head_dim // 4  # partial_rotary_factor 0.25
     key("rope.dimension_count", n_rot, U)
-    if arch != "qwen3next":                                # Qwen3.5's interleaved M-RoPE; Qwen3-Next's is NeoX
+    if arch != "qwen3next":  # Qwen3.5's interleaved M-RoPE; Qwen3-Next's is NeoX
         w.add_array(f"{arch}.rope.dimension_sections", [n_rot // 2 - n_rot // 4, n_rot // 8, n_rot // 8, 0])
     key("ssm.conv_kernel", d_conv, U)
     key("ssm.state_size", d_state, U)
@@ -488,7 +596,7 @@ def synth_qwen35(path, fields, arch="qwen35", *, n_embd=64, n_head=4, n_head_kv=
             w.add_tensor(p + "ssm_conv1d.weight", (rng.standard_normal((ch, d_conv)) * 0.5).astype(np.float32))
             w.add_tensor(p + "ssm_dt.bias", (rng.standard_normal(n_v_heads) * 0.5).astype(np.float32))
             w.add_tensor(p + "ssm_a", (-np.exp(rng.standard_normal(n_v_heads) * 0.5)).astype(np.float32))
-            if arch == "qwen3next":                        # beta and alpha fused, interleaved per key head
+            if arch == "qwen3next":  # beta and alpha fused, interleaved per key head
                 t(p + "ssm_ba.weight", 2 * n_v_heads, n_embd, scale=0.3)
             else:
                 t(p + "ssm_beta.weight", n_v_heads, n_embd, scale=0.3)
@@ -525,14 +633,24 @@ VARIANTS = {
     "phi3-f16": dict(arch="phi3", wtype="f16"),
     "llama-q8_0": dict(arch="llama", tied=False, wtype="q8_0"),
     # a window of 16 tokens, shorter than the prompts; soft caps low enough to bite
-    "gemma2-swa16-softcaps": dict(arch="gemma2", keys={**SWA16, "attn_logit_softcapping": (5.0, F32V),
-                                                         "final_logit_softcapping": (8.0, F32V)}),
+    "gemma2-swa16-softcaps": dict(
+        arch="gemma2", keys={**SWA16, "attn_logit_softcapping": (5.0, F32V), "final_logit_softcapping": (8.0, F32V)}
+    ),
     "gemma2-default-caps-f16": dict(arch="gemma2", wtype="f16"),
     "gemma3-swa16-linear8": dict(arch="gemma3", n_layer=6, scaling=8.0, keys=SWA16),
-    "gemma3-q4_k-output-softcap": dict(arch="gemma3", tied=False, wtype="q4_k", n_embd=256, n_ff=256,
-                                       keys={**SWA16, "attention.sliding_window_pattern": (2, U32),
-                                             "final_logit_softcapping": (10.0, F32V),
-                                             "rope.freq_base_swa": (500.0, F32V)}),
+    "gemma3-q4_k-output-softcap": dict(
+        arch="gemma3",
+        tied=False,
+        wtype="q4_k",
+        n_embd=256,
+        n_ff=256,
+        keys={
+            **SWA16,
+            "attention.sliding_window_pattern": (2, U32),
+            "final_logit_softcapping": (10.0, F32V),
+            "rope.freq_base_swa": (500.0, F32V),
+        },
+    ),
     "gemma3-global-only": dict(arch="gemma3"),
     "qwen3-yarn4": dict(arch="qwen3", rope=("yarn", 4.0, 64)),
     "llama-yarn2-q8_0": dict(arch="llama", wtype="q8_0", rope=("yarn", 2.0, 128)),
@@ -544,41 +662,105 @@ VARIANTS = {
     "qwen2moe-shared": dict(arch="qwen2moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64),
     "olmoe-8x2-f16": dict(arch="olmoe", tied=False, n_expert=8, n_expert_used=2, wtype="f16", n_head_kv=N_HEAD),
     "mixtral-8x1": dict(arch="llama", tied=False, n_expert=8, n_expert_used=1),
-    "gpt-oss-8x2-swa16-yarn": dict(arch="gpt-oss", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=64,
-                                   keys=SWA16, rope=("yarn", 4.0, 128)),
-    "gpt-oss-8x2-q8_0": dict(arch="gpt-oss", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="q8_0",
-                             keys=SWA16),
-    "gpt-oss-8x2-mxfp4": dict(arch="gpt-oss", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="mxfp4",
-                              keys=SWA16),
+    "gpt-oss-8x2-swa16-yarn": dict(
+        arch="gpt-oss", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=64, keys=SWA16, rope=("yarn", 4.0, 128)
+    ),
+    "gpt-oss-8x2-q8_0": dict(
+        arch="gpt-oss", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="q8_0", keys=SWA16
+    ),
+    "gpt-oss-8x2-mxfp4": dict(
+        arch="gpt-oss", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="mxfp4", keys=SWA16
+    ),
     # deepseek2: multi-head latent attention (absorbed), one leading dense block, routed + shared experts
-    "deepseek2-lite": dict(arch="deepseek2", tied=False, q_lora_rank=0, n_expert=8, n_expert_used=2, n_shared=2,
-                           weights_scale=1.0),
-    "deepseek2-v3-groups-yarn": dict(arch="deepseek2", q_lora_rank=48, n_expert=16, n_expert_used=4, n_group=4,
-                                     n_group_used=2, gating=2, probs_bias=True, weights_norm=True,
-                                     weights_scale=2.5, yarn=(4.0, 128, 1.0), n_shared=1, mtp=True),
-    "deepseek2-kimi-q8_0": dict(arch="deepseek2", q_lora_rank=48, n_expert=24, n_expert_used=4, n_group=1,
-                                n_group_used=1, gating=2, probs_bias=True, weights_norm=True, weights_scale=2.827,
-                                wtype="q8_0", n_shared=1),
+    "deepseek2-lite": dict(
+        arch="deepseek2", tied=False, q_lora_rank=0, n_expert=8, n_expert_used=2, n_shared=2, weights_scale=1.0
+    ),
+    "deepseek2-v3-groups-yarn": dict(
+        arch="deepseek2",
+        q_lora_rank=48,
+        n_expert=16,
+        n_expert_used=4,
+        n_group=4,
+        n_group_used=2,
+        gating=2,
+        probs_bias=True,
+        weights_norm=True,
+        weights_scale=2.5,
+        yarn=(4.0, 128, 1.0),
+        n_shared=1,
+        mtp=True,
+    ),
+    "deepseek2-kimi-q8_0": dict(
+        arch="deepseek2",
+        q_lora_rank=48,
+        n_expert=24,
+        n_expert_used=4,
+        n_group=1,
+        n_group_used=1,
+        gating=2,
+        probs_bias=True,
+        weights_norm=True,
+        weights_scale=2.827,
+        wtype="q8_0",
+        n_shared=1,
+    ),
     # Q4_0 experts: llama.cpp re-lays them for ggml-cpu's repacked mul_mat_id, and so does superggml
-    "deepseek2-lite-q4_0": dict(arch="deepseek2", tied=False, q_lora_rank=0, n_expert=8, n_expert_used=2, n_shared=2,
-                                weights_scale=1.0, wtype="q4_0"),
+    "deepseek2-lite-q4_0": dict(
+        arch="deepseek2",
+        tied=False,
+        q_lora_rank=0,
+        n_expert=8,
+        n_expert_used=2,
+        n_shared=2,
+        weights_scale=1.0,
+        wtype="q4_0",
+    ),
     # the legacy attn_kv_b layout: plain heads of 48 (K) and 32 (V), cached per head
-    "deepseek2-lite-legacy": dict(arch="deepseek2", tied=False, q_lora_rank=0, n_expert=8, n_expert_used=2, n_shared=2,
-                                  weights_scale=1.0, legacy=True),
-    "deepseek2-glm47flash": dict(arch="deepseek2", q_lora_rank=48, v_head=48, n_expert=8, n_expert_used=4, gating=2,
-                                 probs_bias=True, weights_norm=True, weights_scale=1.8, n_group=1, n_group_used=1,
-                                 n_shared=1),
+    "deepseek2-lite-legacy": dict(
+        arch="deepseek2",
+        tied=False,
+        q_lora_rank=0,
+        n_expert=8,
+        n_expert_used=2,
+        n_shared=2,
+        weights_scale=1.0,
+        legacy=True,
+    ),
+    "deepseek2-glm47flash": dict(
+        arch="deepseek2",
+        q_lora_rank=48,
+        v_head=48,
+        n_expert=8,
+        n_expert_used=4,
+        gating=2,
+        probs_bias=True,
+        weights_norm=True,
+        weights_scale=1.8,
+        n_group=1,
+        n_group_used=1,
+        n_shared=1,
+    ),
     # qwen35: gated delta-net blocks and, every second block, gated full attention with interleaved M-RoPE
     "qwen35-interval2": dict(arch="qwen35"),
     "qwen35-mtp": dict(arch="qwen35", n_layer=3, interval=3, mtp=True),
     "qwen3next-8x2": dict(arch="qwen3next", n_expert=8, n_expert_used=2),
     "qwen3next-mtp": dict(arch="qwen3next", n_expert=8, n_expert_used=2, n_layer=3, interval=3, mtp=True),
-    "qwen35moe-8x2-q8_0": dict(arch="qwen35moe", n_expert=8, n_expert_used=2, wtype="q8_0", n_embd=128, d_state=32,
-                               head_dim=64, n_ff_exp=64, n_ff_shexp=64),
+    "qwen35moe-8x2-q8_0": dict(
+        arch="qwen35moe",
+        n_expert=8,
+        n_expert_used=2,
+        wtype="q8_0",
+        n_embd=128,
+        d_state=32,
+        head_dim=64,
+        n_ff_exp=64,
+        n_ff_shexp=64,
+    ),
     # glm4moe: partial NeoX RoPE, one leading dense block, sigmoid routing with exp_probs_b, a shared expert
     "glm4moe-bias-mtp": dict(arch="glm4moe", qkv_bias=True, weights_scale=2.5, mtp=True),
-    "glm4moe-qknorm-q8_0": dict(arch="glm4moe", qkv_bias=False, qk_norm=True, n_expert=16, n_expert_used=4,
-                                wtype="q8_0"),
+    "glm4moe-qknorm-q8_0": dict(
+        arch="glm4moe", qkv_bias=False, qk_norm=True, n_expert=16, n_expert_used=4, wtype="q8_0"
+    ),
 }
 
 
@@ -601,7 +783,9 @@ def dequantized_copy(src, dst):
         infos = list(f.tensors.values())
         for ti in infos:
             n = 4 * ti.shape[0] * ti.n_rows
-            w.add_tensor_info(ti.name, tuple(reversed(ti.shape)), np.dtype(np.float32), n, raw_dtype=gguf.GGMLQuantizationType.F32)
+            w.add_tensor_info(
+                ti.name, tuple(reversed(ti.shape)), np.dtype(np.float32), n, raw_dtype=gguf.GGMLQuantizationType.F32
+            )
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
@@ -619,6 +803,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.vocab_from is None:
         from superggml import models
+
         a.vocab_from = str(models.smollm2_path())
     print(synth(a.out, vocab_fields(a.vocab_from), **VARIANTS[a.variant]))
     return 0

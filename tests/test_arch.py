@@ -34,7 +34,7 @@ def test_synthetic_model_matches_llama_cpp(tmp_path, vocab_fields, variant, flas
         ours = m.eval(prompt, logits_all=True)
     diff = float(np.abs(ours - ref).max())
     print(f"\n{variant} flash_attn={flash_attn}: max|dlogit| = {diff:.5f}")
-    assert np.array_equal(ours, ref)     # the same ggml, the same graph: the same bits
+    assert np.array_equal(ours, ref)  # the same ggml, the same graph: the same bits
 
 
 def test_unsupported_rope_scaling(tmp_path):
@@ -56,12 +56,32 @@ def test_unsupported_rope_scaling(tmp_path):
         Model(tmp_path / "dynamic.gguf")
 
 
-@pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias", "qwen3-qknorm-headdim32", "phi3-fused", "qwen3-q8_0",
-                                     "phi3-f16", "gemma2-swa16-softcaps", "gemma3-q4_k-output-softcap",
-                                     "gemma3-swa16-linear8", "qwen3-yarn4", "phi3-longrope-long", "qwen3moe-8x2-q8_0",
-                                     "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1", "gpt-oss-8x2-q8_0",
-                                     "glm4moe-bias-mtp", "deepseek2-lite-legacy", "qwen35-interval2",
-                                     "qwen35moe-8x2-q8_0", "qwen3next-8x2"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "llama-tied",
+        "qwen2-bias",
+        "qwen3-qknorm-headdim32",
+        "phi3-fused",
+        "qwen3-q8_0",
+        "phi3-f16",
+        "gemma2-swa16-softcaps",
+        "gemma3-q4_k-output-softcap",
+        "gemma3-swa16-linear8",
+        "qwen3-yarn4",
+        "phi3-longrope-long",
+        "qwen3moe-8x2-q8_0",
+        "qwen2moe-shared",
+        "olmoe-8x2-f16",
+        "mixtral-8x1",
+        "gpt-oss-8x2-q8_0",
+        "glm4moe-bias-mtp",
+        "deepseek2-lite-legacy",
+        "qwen35-interval2",
+        "qwen35moe-8x2-q8_0",
+        "qwen3next-8x2",
+    ],
+)
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
     """F32 weights included: the streamed lm head's row chunks hold a multiple of 16 rows, so ggml-cpu's F32
     sgemm (multiple-of-4 row counts only) serves every chunk of a prompt as it serves the whole head."""
@@ -74,7 +94,7 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
             return np.concatenate(out), m.stats()
 
     ref, _ = run()
-    streamed, st = run(n_gpu_layers=0, async_prefetch=True, prefetch_depth=1)   # a pool of 2 slots
+    streamed, st = run(n_gpu_layers=0, async_prefetch=True, prefetch_depth=1)  # a pool of 2 slots
     assert st["n_slots"] == 2 and st["layers_pinned"] == 0 and st["loads"] > 0
     paged, st = run(paged_kv=True, kv_page_size=16, kv_device_layers=1, async_prefetch=True)
     assert st["kv_pages_loaded"] > 0
@@ -82,13 +102,32 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
     assert np.array_equal(streamed, ref)
 
 
-@pytest.mark.parametrize("variant", ["qwen3-q8_0", "phi3-fused", "gemma2-swa16-softcaps", "gemma3-swa16-linear8",
-                                     "gemma3-q4_k-output-softcap", "llama-yarn2-q8_0", "phi3-longrope-long",
-                                     "qwen3moe-8x2-q8_0", "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1",
-                                     "gpt-oss-8x2-swa16-yarn", "deepseek2-lite", "deepseek2-kimi-q8_0",
-                                     "deepseek2-glm47flash", "deepseek2-lite-legacy",
-                                     "glm4moe-bias-mtp", "glm4moe-qknorm-q8_0", "qwen35-interval2",
-                                     "qwen35moe-8x2-q8_0", "qwen3next-8x2"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "qwen3-q8_0",
+        "phi3-fused",
+        "gemma2-swa16-softcaps",
+        "gemma3-swa16-linear8",
+        "gemma3-q4_k-output-softcap",
+        "llama-yarn2-q8_0",
+        "phi3-longrope-long",
+        "qwen3moe-8x2-q8_0",
+        "qwen2moe-shared",
+        "olmoe-8x2-f16",
+        "mixtral-8x1",
+        "gpt-oss-8x2-swa16-yarn",
+        "deepseek2-lite",
+        "deepseek2-kimi-q8_0",
+        "deepseek2-glm47flash",
+        "deepseek2-lite-legacy",
+        "glm4moe-bias-mtp",
+        "glm4moe-qknorm-q8_0",
+        "qwen35-interval2",
+        "qwen35moe-8x2-q8_0",
+        "qwen3next-8x2",
+    ],
+)
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
     prompts = ["Once upon a time", "def fibonacci(n):"]
@@ -99,8 +138,8 @@ def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, va
             out = m.create_completion(prompt, max_tokens=48, temperature=0.0, repeat_penalty=1.0)
             assert out["usage"]["completion_tokens"] == 48 and len(out["choices"][0]["text"]) > 48
             ref_ids = [int(x) for x in ref[f"ids{i}"]]
-            ids = m.tokens[n_prompt:]              # the last one sampled is not evaluated
-            assert len(ref_ids) == 48 and len(ids) >= 47 and ids == ref_ids[:len(ids)]
+            ids = m.tokens[n_prompt:]  # the last one sampled is not evaluated
+            assert len(ref_ids) == 48 and len(ids) >= 47 and ids == ref_ids[: len(ids)]
             # their text as llama.cpp's llama_detokenize gives it; llama-cpp-python's own text drops any piece
             # longer than its 32-byte buffer, and equals it where there is none
             assert out["choices"][0]["text"] == str(ref[f"piece_text{i}"])
@@ -109,15 +148,32 @@ def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, va
 
 
 def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
-    path = synth(tmp_path / "gemma3-vision.gguf", vocab_fields, arch="gemma3",
-                 extra={"v.patch_embd.weight": np.zeros((4, 4), np.float32)})
+    path = synth(
+        tmp_path / "gemma3-vision.gguf",
+        vocab_fields,
+        arch="gemma3",
+        extra={"v.patch_embd.weight": np.zeros((4, 4), np.float32)},
+    )
     with pytest.raises(UnsupportedModelError, match="vision tower .'v.patch_embd.weight'"):
         Model(path)
 
 
-@pytest.mark.parametrize("variant", ["llama-tied", "qwen2-bias", "qwen3-q8_0", "phi3-longrope-long",
-                                     "gemma2-swa16-softcaps", "gemma3-q4_k-output-softcap", "qwen3moe-8x2-q8_0",
-                                     "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1", "gpt-oss-8x2-q8_0"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "llama-tied",
+        "qwen2-bias",
+        "qwen3-q8_0",
+        "phi3-longrope-long",
+        "gemma2-swa16-softcaps",
+        "gemma3-q4_k-output-softcap",
+        "qwen3moe-8x2-q8_0",
+        "qwen2moe-shared",
+        "olmoe-8x2-f16",
+        "mixtral-8x1",
+        "gpt-oss-8x2-q8_0",
+    ],
+)
 def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
     import json
 
@@ -170,7 +226,7 @@ def test_sliding_window_pages_are_freed_and_logits_stay_identical(tmp_path, voca
 def test_prompt_reuse_past_a_freed_window_re_evaluates(tmp_path, vocab_fields):
     path = synth(tmp_path / "gemma2.gguf", vocab_fields, **VARIANTS["gemma2-swa16-softcaps"])
     long = " ".join(["alpha beta gamma delta"] * 12)
-    prompts = (long, " ".join(["alpha beta gamma delta"] * 6) + " omega")     # a shared prefix ending long ago
+    prompts = (long, " ".join(["alpha beta gamma delta"] * 6) + " omega")  # a shared prefix ending long ago
     with Model(path, ctx_size=256, n_threads=2) as m:
         ref = [m.create_completion(p, max_tokens=8, temperature=0.0)["choices"][0]["text"] for p in prompts]
     with Model(path, ctx_size=256, n_threads=2, paged_kv=True, kv_page_size=16) as m:
@@ -178,7 +234,7 @@ def test_prompt_reuse_past_a_freed_window_re_evaluates(tmp_path, vocab_fields):
         m.runtime.sequences.truncate = lambda n: kept.append((n, truncate(n))) or kept[-1][1]
         out = [m.create_completion(p, max_tokens=8, temperature=0.0)["choices"][0]["text"] for p in prompts]
     assert out == ref
-    assert kept[-1][0] > 20 and kept[-1][1] == 0     # the shared prefix was there, but not its window's keys
+    assert kept[-1][0] > 20 and kept[-1][1] == 0  # the shared prefix was there, but not its window's keys
 
 
 @pytest.mark.parametrize("variant", ["gemma3-swa16-linear8", "phi3-longrope-long"])
@@ -194,12 +250,25 @@ def test_streamed_family_serves_with_metrics(tmp_path, vocab_fields, variant):
     prompt = "Once upon a time there was a sliding window that"
     ref = llama_ref.run({"kind": "generate", "model": path, "prompts": [prompt], "max_tokens": 24})["text0"]
     metrics = tmp_path / "metrics.jsonl"
-    with Model(path, ctx_size=256, n_threads=2, n_gpu_layers=0, async_prefetch=True, prefetch_depth=1,
-               paged_kv=True, kv_page_size=16, kv_device_layers=1, metrics_file=str(metrics)) as m:
+    with Model(
+        path,
+        ctx_size=256,
+        n_threads=2,
+        n_gpu_layers=0,
+        async_prefetch=True,
+        prefetch_depth=1,
+        paged_kv=True,
+        kv_page_size=16,
+        kv_device_layers=1,
+        metrics_file=str(metrics),
+    ) as m:
         server = Server(m)
         try:
-            r = httpx.post(server.url + "/v1/completions", timeout=120,
-                           json={"prompt": prompt, "max_tokens": 24, "temperature": 0, "repeat_penalty": 1.0})
+            r = httpx.post(
+                server.url + "/v1/completions",
+                timeout=120,
+                json={"prompt": prompt, "max_tokens": 24, "temperature": 0, "repeat_penalty": 1.0},
+            )
         finally:
             server.close()
         st = m.stats()
@@ -212,7 +281,8 @@ def test_streamed_family_serves_with_metrics(tmp_path, vocab_fields, variant):
 
 
 def test_value_length_unlike_key_length_is_refused(tmp_path, vocab_fields):
-    path = synth(tmp_path / "v.gguf", vocab_fields, arch="qwen3",
-                 keys={"attention.value_length": (8, gguf.GGUFValueType.UINT32)})
+    path = synth(
+        tmp_path / "v.gguf", vocab_fields, arch="qwen3", keys={"attention.value_length": (8, gguf.GGUFValueType.UINT32)}
+    )
     with pytest.raises(UnsupportedModelError, match="value_length"):
         Model(path)

@@ -24,8 +24,9 @@ PROMPTS = [
 CONFIGS = {
     "contiguous": {},
     "paged16": dict(paged_kv=True, kv_page_size=16, kv_device_layers=30 * 8),
-    "paged256-budget": dict(paged_kv=True, kv_page_size=256, kv_device_layers=30 * 8, device_budget="24MiB",
-                            async_prefetch=True),
+    "paged256-budget": dict(
+        paged_kv=True, kv_page_size=256, kv_device_layers=30 * 8, device_budget="24MiB", async_prefetch=True
+    ),
 }
 
 
@@ -41,7 +42,7 @@ def test_eval_batch_matches_each_sequence_alone(smollm2_path, config):
             for g, r in zip(got, m.eval_batch(nxt)):
                 g.append(r[-1].copy())
         st = m.stats()
-        assert st["sequences_per_pass"] > 1.5 and st["n_tokens"] == 0          # the current sequence untouched
+        assert st["sequences_per_pass"] > 1.5 and st["n_tokens"] == 0  # the current sequence untouched
         worst = 0.0
         for g, r in zip(got, ref):
             g = np.stack(g)
@@ -70,13 +71,13 @@ def test_sequences_on_consecutive_slots_attend_at_once(smollm2_path):
 
         assert step([1, 2, 3, 4, 5]) == 1 and step([1, 2, 3, 4, 5]) == 1
         m.drop_sequence(3)
-        assert step([1, 2, 4, 5]) == 0                                   # slots 1, 2, 4, 5: per sequence
+        assert step([1, 2, 4, 5]) == 0  # slots 1, 2, 4, 5: per sequence
         assert step([4, 5]) == 1
-        got[6] = [m.eval_batch([(6, toks[2])])[0][-1].copy()]           # slot 3 again
-        assert step([6, 1, 2, 4, 5]) == 1                                # rows put in slot order
+        got[6] = [m.eval_batch([(6, toks[2])])[0][-1].copy()]  # slot 3 again
+        assert step([6, 1, 2, 4, 5]) == 1  # rows put in slot order
         ref.append(ref[2])
         for s in (1, 2, 3, 4, 5, 6):
-            r = ref[s - 1][:len(got[s])]
+            r = ref[s - 1][: len(got[s])]
             assert (np.stack(got[s]).argmax(-1) == r.argmax(-1)).all()
             assert float(np.abs(np.stack(got[s]) - r).max()) <= 0.01
 
@@ -84,20 +85,19 @@ def test_sequences_on_consecutive_slots_attend_at_once(smollm2_path):
 def test_kv_pages_are_held_as_written_and_given_back_when_a_sequence_ends(smollm2_path):
     with Model(smollm2_path, ctx_size=4096, n_threads=2) as m:
         res = m.runtime.memory.reservation
-        assert res.resident() == 0 and res.size >= 256 * m.runtime.kv_bytes     # reserved, not held
+        assert res.resident() == 0 and res.size >= 256 * m.runtime.kv_bytes  # reserved, not held
         m.create_completion(PROMPTS, max_tokens=8, temperature=0)
-        assert res.resident() == 0                       # the choices' sequences were dropped
+        assert res.resident() == 0  # the choices' sequences were dropped
         m.eval_batch([(1, m.tokenize(PROMPTS[2]))])
         held = res.resident()
-        assert 0 < held < m.runtime.kv_bytes / 2         # 23 tokens, not ctx_size's 94 MB
+        assert 0 < held < m.runtime.kv_bytes / 2  # 23 tokens, not ctx_size's 94 MB
         m.drop_sequence(1)
         assert res.resident() == 0
 
 
 def test_completion_of_a_prompt_list_equals_each_alone(smollm2_path):
     """Greedy, 5 prompts of 5..23 tokens; EOS and the token limit end them at different steps."""
-    with Model(smollm2_path, ctx_size=512, n_threads=2, paged_kv=True, kv_page_size=16,
-               kv_device_layers=30 * 8) as m:
+    with Model(smollm2_path, ctx_size=512, n_threads=2, paged_kv=True, kv_page_size=16, kv_device_layers=30 * 8) as m:
         alone = [m.create_completion(p, max_tokens=40, temperature=0)["choices"][0] for p in PROMPTS]
         res = m.create_completion(PROMPTS, max_tokens=40, temperature=0)
         assert [c["index"] for c in res["choices"]] == list(range(len(PROMPTS)))
@@ -114,8 +114,9 @@ def test_completion_of_a_prompt_list_equals_each_alone(smollm2_path):
         assert parts == [c["text"] for c in alone] and all(finish)
         # token lists too
         toks = [m.tokenize(p) for p in PROMPTS[:2]]
-        assert [c["text"] for c in m.create_completion(toks, max_tokens=40, temperature=0)["choices"]] == \
-            [c["text"] for c in alone[:2]]
+        assert [c["text"] for c in m.create_completion(toks, max_tokens=40, temperature=0)["choices"]] == [
+            c["text"] for c in alone[:2]
+        ]
 
 
 def test_n_samples_one_prompt_several_ways(smollm2_path):
@@ -125,8 +126,10 @@ def test_n_samples_one_prompt_several_ways(smollm2_path):
         assert [c["index"] for c in res["choices"]] == [0, 1, 2] and len(set(texts)) > 1
         # sample j is the one seed + j gives alone
         for j in range(3):
-            assert m.create_completion(PROMPTS[0], max_tokens=12, temperature=1.0, seed=7 + j)["choices"][0]["text"] \
+            assert (
+                m.create_completion(PROMPTS[0], max_tokens=12, temperature=1.0, seed=7 + j)["choices"][0]["text"]
                 == texts[j]
+            )
         greedy = m.create_completion(PROMPTS[:2], n=2, max_tokens=8, temperature=0)["choices"]
         assert greedy[0]["text"] == greedy[1]["text"] and greedy[2]["text"] == greedy[3]["text"]
         with pytest.raises(ValueError, match="n must be >= 1"):
@@ -151,16 +154,52 @@ def test_eval_batch_errors_leave_sequences_as_they_were(smollm2_path):
 def test_prompts_file_writes_a_json_line_per_prompt(smollm2_path, tmp_path):
     f = tmp_path / "prompts.txt"
     f.write_text("\n".join(PROMPTS[:3]) + "\n")
-    r = subprocess.run([sys.executable, "-m", "superggml.commands.cli", "generate", "-m", smollm2_path, "--prompts-file",
-                        str(f), "-n", "12", "--temp", "0", "-t", "2"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "superggml.commands.cli",
+            "generate",
+            "-m",
+            smollm2_path,
+            "--prompts-file",
+            str(f),
+            "-n",
+            "12",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     lines = sorted((json.loads(x) for x in r.stdout.splitlines()), key=lambda d: d["index"])
     assert [d["prompt"] for d in lines] == PROMPTS[:3]
     with Model(smollm2_path, n_threads=2) as m:
-        assert [d["text"] for d in lines] == [m.create_completion(p, max_tokens=12, temperature=0)["choices"][0]["text"]
-                                              for p in PROMPTS[:3]]
-    r = subprocess.run([sys.executable, "-m", "superggml.commands.cli", "generate", "-m", smollm2_path, "--prompts-file", "-",
-                        "-n", "4"], input="", capture_output=True, text=True, timeout=300)
+        assert [d["text"] for d in lines] == [
+            m.create_completion(p, max_tokens=12, temperature=0)["choices"][0]["text"] for p in PROMPTS[:3]
+        ]
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "superggml.commands.cli",
+            "generate",
+            "-m",
+            smollm2_path,
+            "--prompts-file",
+            "-",
+            "-n",
+            "4",
+        ],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 1 and "no prompts" in r.stderr
 
 

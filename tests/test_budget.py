@@ -34,7 +34,7 @@ def hp(smollm2_path):
 def test_plan_resident_when_it_fits(hp):
     p = budget.plan_memory(hp, 100 * MiB, CTX, "auto", 8 * GiB)
     assert p.resident and p.mode == "auto" and p.budget is None
-    assert p.kv == 2 * hp.n_layer * 4096 * hp.n_embd_gqa * 2          # F16 K and V of every layer
+    assert p.kv == 2 * hp.n_layer * 4096 * hp.n_embd_gqa * 2  # F16 K and V of every layer
     assert p.needed == p.weights + p.kv + p.compute + p.tokenizer + p.headroom
 
 
@@ -47,8 +47,10 @@ def test_plan_streams_what_does_not_fit(hp):
     q = budget.plan_memory(hp, 4 * GiB, CTX, "auto", avail, reserve=100 * MiB)
     assert q.budget == p.budget - 100 * MiB
     # and its line says what the draft costs: the weights that stream with it and without it
-    assert (f"0.1 GiB kept for the draft model, so {budget.gib(4 * GiB - q.budget)} of weights stream instead of "
-            f"{budget.gib(4 * GiB - p.budget)})") in q.line()
+    assert (
+        f"0.1 GiB kept for the draft model, so {budget.gib(4 * GiB - q.budget)} of weights stream instead of "
+        f"{budget.gib(4 * GiB - p.budget)})"
+    ) in q.line()
     # a smaller context leaves more to the weights
     r = budget.plan_memory(hp, 4 * GiB, dataclasses.replace(CTX, ctx_size=512), "auto", avail)
     assert r.budget > p.budget
@@ -74,11 +76,11 @@ def test_settings_values():
 
 
 def test_model_resolves_auto(smollm2_path):
-    with Model(smollm2_path, ctx_size=256) as m:          # fits: resident, as before
+    with Model(smollm2_path, ctx_size=256) as m:  # fits: resident, as before
         st = m.stats()
         assert st["budget"]["mode"] == "auto" and st["budget"]["resident"]
         assert "n_slots" not in st and m.settings.paging.async_prefetch is False
-    with Model(smollm2_path, ctx_size=256, device_budget="40MiB") as m:   # explicit wins; prefetch on
+    with Model(smollm2_path, ctx_size=256, device_budget="40MiB") as m:  # explicit wins; prefetch on
         st = m.stats()
         assert st["budget"]["mode"] == "explicit" and st["n_slots"] * st["slot_size"] <= 40 * MiB
         assert m.settings.paging.async_prefetch is True
@@ -95,8 +97,9 @@ def test_auto_streams_when_memory_is_short(smollm2_path, monkeypatch, capfd):
         want = m.eval(m.tokenize("The capital of France is"))
         p = m.memory_plan
     # what leaves the weights 40 MiB less than they need (the headroom grows with what is available)
-    avail = int((p.weights - 40 * MiB + p.kv + p.compute + p.tokenizer + budget.HEADROOM_MIN) /
-                (1 - budget.HEADROOM_SHARE))
+    avail = int(
+        (p.weights - 40 * MiB + p.kv + p.compute + p.tokenizer + budget.HEADROOM_MIN) / (1 - budget.HEADROOM_SHARE)
+    )
     real = native.host_memory
 
     def short() -> dict:
@@ -113,7 +116,7 @@ def test_auto_streams_when_memory_is_short(smollm2_path, monkeypatch, capfd):
         assert st["n_slots"] * st["slot_size"] <= plan.budget
         got = m.eval(m.tokenize("The capital of France is"))
     assert np.argmax(got) == np.argmax(want)
-    np.testing.assert_allclose(got, want, atol=1e-2)      # repack differs resident; streamed blocks are not re-laid
+    np.testing.assert_allclose(got, want, atol=1e-2)  # repack differs resident; streamed blocks are not re-laid
     err = capfd.readouterr().err
     assert "device budget auto: blocks stream" in err and "blocks pinned" in err
 
@@ -130,7 +133,7 @@ def test_auto_too_little_memory_is_a_clear_error(smollm2_path, monkeypatch):
 def test_draft_memory_is_reserved(smollm2_path):
     with Model(smollm2_path, ctx_size=256, draft_model=smollm2_path, draft_max=2) as m:
         plan = m.memory_plan
-        assert plan.reserve > plan.weights          # the draft's weights, K/V, compute and tokenizer
+        assert plan.reserve > plan.weights  # the draft's weights, K/V, compute and tokenizer
         assert m.create_completion("Hello", max_tokens=4, temperature=0)["choices"][0]["text"]
 
 
@@ -144,8 +147,22 @@ def test_bigger_than_memory_with_no_options(smollm2_f32):
     streams its blocks within the limit and writes text."""
     limit = 448 * MiB
     assert os.path.getsize(smollm2_f32) > limit
-    argv = [sys.executable, "-m", "superggml", "generate", "-m", smollm2_f32, "-p", "The capital of France is",
-            "-n", "8", "--temp", "0", "--metrics-file", "/dev/stdout"]
+    argv = [
+        sys.executable,
+        "-m",
+        "superggml",
+        "generate",
+        "-m",
+        smollm2_f32,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--metrics-file",
+        "/dev/stdout",
+    ]
     try:
         r = memcg.run_maybe_limited(argv, smollm2_f32, limit, timeout=300)
     except (PermissionError, FileNotFoundError, OSError) as e:

@@ -17,7 +17,7 @@ FETCH = Path(__file__).resolve().parents[1] / "ggml" / "fetch.py"
 
 
 def test_ggml_is_llama_cpps_and_ships_next_to_core():
-    assert native.GGML_VERSION == "0.25.3"          # vendor/llama.cpp/ggml of llama-cpp-python 0.3.36
+    assert native.GGML_VERSION == "0.25.3"  # vendor/llama.cpp/ggml of llama-cpp-python 0.3.36
     here = Path(superggml.__file__).parent
     for lib in ("libggml.so.0", "libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0"):
         assert (here / lib).is_file(), lib

@@ -62,8 +62,8 @@ def test_graph_ops_compute_and_check_shapes():
     native.tensor_set(b, bv)
     ctx = native.Context(16, 16)
     g = ctx.new_graph()
-    out = ctx.mul_mat(a, b)          # [3, 2]
-    out.set_output()                 # only outputs keep their storage after compute
+    out = ctx.mul_mat(a, b)  # [3, 2]
+    out.set_output()  # only outputs keep their storage after compute
     g.expand(out)
     be.compute(g)
     assert np.array_equal(native.tensor_get(out), bv @ av.T)

@@ -36,24 +36,32 @@ def test_the_right_key_works_and_others_get_401(keyed, model):
     want = model.create_completion("The capital of France is", max_tokens=6, temperature=0)["choices"][0]["text"]
     for key in KEYS:
         with openai.OpenAI(base_url=keyed.url + "/v1", api_key=key, max_retries=0) as c:
-            r = c.completions.create(model=c.models.list().data[0].id, prompt="The capital of France is",
-                                     max_tokens=6, temperature=0)
+            r = c.completions.create(
+                model=c.models.list().data[0].id, prompt="The capital of France is", max_tokens=6, temperature=0
+            )
             assert r.choices[0].text == want
-            pieces = [ch.choices[0].text for ch in c.completions.create(
-                model=r.model, prompt="The capital of France is", max_tokens=6, temperature=0, stream=True)]
+            pieces = [
+                ch.choices[0].text
+                for ch in c.completions.create(
+                    model=r.model, prompt="The capital of France is", max_tokens=6, temperature=0, stream=True
+                )
+            ]
             assert "".join(pieces) == want
     for key in ("wrong-key", "first-ke", "first-key-and-more"):
         with openai.OpenAI(base_url=keyed.url + "/v1", api_key=key, max_retries=0) as c:
             with pytest.raises(openai.AuthenticationError):
                 c.completions.create(model="m", prompt="hi", max_tokens=2)
-            with pytest.raises(openai.AuthenticationError):        # a stream is refused before it starts
-                list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                               max_tokens=2, stream=True))
+            with pytest.raises(openai.AuthenticationError):  # a stream is refused before it starts
+                list(
+                    c.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream=True
+                    )
+                )
     r = httpx.post(keyed.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert r.headers["www-authenticate"] == "Bearer"
     assert httpx.get(keyed.url + "/metrics").status_code == 401
-    assert httpx.get(keyed.url + "/health").json()["status"] == "ok"        # open, for load balancers
+    assert httpx.get(keyed.url + "/health").json()["status"] == "ok"  # open, for load balancers
 
 
 def test_key_sources_and_comparison(tmp_path, monkeypatch):
@@ -78,13 +86,14 @@ def test_no_key_binds_loopback_only(model, capsys, monkeypatch):
     check_bind("0.0.0.0", [], True)
     with pytest.raises(ValueError, match="refusing to listen on 0.0.0.0 with no API key"):
         serve(model, host="0.0.0.0", port=1)
-    assert cli.main(["serve", "-m", "smollm2", "--host", "0.0.0.0"]) == 1    # before the model loads
+    assert cli.main(["serve", "-m", "smollm2", "--host", "0.0.0.0"]) == 1  # before the model loads
     assert "--insecure" in capsys.readouterr().err
 
 
 def test_prometheus_metrics_count_what_a_request_did(model):
     s = Server(model, parallel=2)
     try:
+
         def scrape() -> dict[str, float]:
             r = httpx.get(s.url + "/metrics")
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
@@ -97,21 +106,31 @@ def test_prometheus_metrics_count_what_a_request_did(model):
             return out
 
         before = scrape()
-        r = httpx.post(s.url + "/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 7,
-                                                         "temperature": 0, "n": 2}, timeout=120).json()
+        r = httpx.post(
+            s.url + "/v1/completions",
+            json={"prompt": "Once upon a time", "max_tokens": 7, "temperature": 0, "n": 2},
+            timeout=120,
+        ).json()
         after = scrape()
     finally:
         s.close()
     use = r["usage"]
-    assert after["superggml:tokens_predicted_total"] - before["superggml:tokens_predicted_total"] == \
-        use["completion_tokens"] == 14
+    assert (
+        after["superggml:tokens_predicted_total"] - before["superggml:tokens_predicted_total"]
+        == use["completion_tokens"]
+        == 14
+    )
     assert after["superggml:prompt_tokens_total"] - before["superggml:prompt_tokens_total"] == 2 * use["prompt_tokens"]
     assert after["superggml:requests_total"] == before["superggml:requests_total"] + 1
     assert after["superggml:n_decode_total"] > before["superggml:n_decode_total"]
     assert after["superggml:requests_processing"] == 0 and after["superggml:requests_deferred"] == 0
     assert after["superggml:predicted_tokens_seconds"] > 0 and after["superggml:passes_total"] > 0
-    assert {"superggml:kv_pages{tier=device}", "superggml:kv_pages{tier=host}", "superggml:kv_pages{tier=disk}",
-            "superggml:memory_pressure{memory=host}"} <= set(after)
+    assert {
+        "superggml:kv_pages{tier=device}",
+        "superggml:kv_pages{tier=host}",
+        "superggml:kv_pages{tier=disk}",
+        "superggml:memory_pressure{memory=host}",
+    } <= set(after)
 
 
 def test_tokenize_and_detokenize(keyed, model):
@@ -140,15 +159,19 @@ def test_a_prompt_list_beyond_parallel_is_queued_choice_by_choice(smollm2_path):
         s = Server(m, parallel=4, max_queue=64)
         try:
             from concurrent.futures import ThreadPoolExecutor
+
             with ThreadPoolExecutor(1) as ex:
-                big = ex.submit(httpx.post, s.url + "/v1/completions", timeout=600,
-                                json={"prompt": prompts, "max_tokens": 3, "temperature": 0})
+                big = ex.submit(
+                    httpx.post,
+                    s.url + "/v1/completions",
+                    timeout=600,
+                    json={"prompt": prompts, "max_tokens": 3, "temperature": 0},
+                )
                 for _ in range(100):
                     if m.stats().get("passes", 0) and httpx.get(s.url + "/health").json()["waiting"] == 0:
                         break
                     time.sleep(0.05)
-                late = httpx.post(s.url + "/v1/completions", timeout=60,
-                                  json={"prompt": prompts[:65], "max_tokens": 1})
+                late = httpx.post(s.url + "/v1/completions", timeout=60, json={"prompt": prompts[:65], "max_tokens": 1})
                 r = big.result()
         finally:
             s.close()
@@ -172,6 +195,7 @@ def test_slots_reuse_prefixes_and_save_and_restore(smollm2_path, tmp_path):
         n_first = len(m.tokenize(first))
         s = Server(m, parallel=2, slot_save_path=str(tmp_path))
         try:
+
             def ask(prompt: str) -> tuple[str, dict]:
                 r = httpx.post(s.url + "/v1/completions", json={"prompt": prompt, **body}, timeout=120).json()
                 return r["choices"][0]["text"], httpx.get(s.url + "/v1/stats").json()
@@ -198,8 +222,14 @@ def test_slots_reuse_prefixes_and_save_and_restore(smollm2_path, tmp_path):
             with Model(other, ctx_size=256, n_threads=2) as o:
                 o.eval([1, 2, 3])
                 o.save_sequence(tmp_path / "other.bin")
-            for name, status in (("short.bin", 400), ("other.bin", 400), ("../conv.bin", 400), ("/etc/passwd", 400),
-                                 (".hidden", 400), ("missing.bin", 400)):
+            for name, status in (
+                ("short.bin", 400),
+                ("other.bin", 400),
+                ("../conv.bin", 400),
+                ("/etc/passwd", 400),
+                (".hidden", 400),
+                ("missing.bin", 400),
+            ):
                 r = httpx.post(s.url + f"/slots/{sid}?action=restore", json={"filename": name})
                 assert r.status_code == status, (name, r.text)
                 assert r.json()["error"]["param"] == "filename"
@@ -207,8 +237,9 @@ def test_slots_reuse_prefixes_and_save_and_restore(smollm2_path, tmp_path):
             assert httpx.get(s.url + "/health").json()["status"] == "ok"
             text, st3 = ask(second)
             assert text == want
-            r = httpx.post(s.url + "/v1/completions", timeout=120,
-                           json={"prompt": second, **body, "cache_prompt": False}).json()
+            r = httpx.post(
+                s.url + "/v1/completions", timeout=120, json={"prompt": second, **body, "cache_prompt": False}
+            ).json()
             st4 = httpx.get(s.url + "/v1/stats").json()
             assert r["choices"][0]["text"] == want and st4["prompt_tokens_cached"] == st3["prompt_tokens_cached"]
         finally:
@@ -220,7 +251,7 @@ def test_which_slot_a_prompt_takes():
     alone while an empty slot is free; otherwise the least recently used free slot is emptied."""
     from superggml.generation.slots import Slots
 
-    class Seqs:                                  # the part of runtime.sequences that Slots uses
+    class Seqs:  # the part of runtime.sequences that Slots uses
         def __init__(self):
             self.held, self.next = {}, 1
 
@@ -245,17 +276,17 @@ def test_which_slot_a_prompt_takes():
     a, sa, _ = sl.take([1, 2, 3, 4])
     seqs.held[sa] = [1, 2, 3, 4, 9, 9]
     sl.give_back(a)
-    assert sl.take([1, 2, 3, 4, 5])[::2] == (a, 4)          # extends slot a: 4 tokens kept
+    assert sl.take([1, 2, 3, 4, 5])[::2] == (a, 4)  # extends slot a: 4 tokens kept
     sl.give_back(a)
     seqs.held[sa] = [1, 2, 3, 4, 9, 9]
-    b, sb, kept = sl.take([1, 7, 7, 7])                   # 1 shared of 6: an empty slot instead
+    b, sb, kept = sl.take([1, 7, 7, 7])  # 1 shared of 6: an empty slot instead
     assert b != a and kept == 0 and seqs.held[sa] == [1, 2, 3, 4, 9, 9]
     seqs.held[sb] = [1, 7, 7, 7, 8]
     c, _, _ = sl.take([5, 5])
     assert c not in (a, b)
     sl.give_back(b)
     sl.give_back(c)
-    sl.give_back(a)                                   # a used last: b is the least recently used
+    sl.give_back(a)  # a used last: b is the least recently used
     seqs.held[sl.seq[c]] = [5, 5, 6]
     assert sl.take([6, 6, 6])[0] == b and sl.cached_tokens == 4
     sl.close()

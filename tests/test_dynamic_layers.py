@@ -42,23 +42,22 @@ def resident(smollm2_path):
 
 @pytest.mark.parametrize("async_prefetch", [False, True])
 def test_pressure_demotes_then_promotes_with_identical_logits(smollm2_path, resident, async_prefetch):
-    with Model(smollm2_path, ctx_size=128, n_threads=2, dynamic_layers=True,
-               async_prefetch=async_prefetch) as m:
+    with Model(smollm2_path, ctx_size=128, n_threads=2, dynamic_layers=True, async_prefetch=async_prefetch) as m:
         mem = m.scheduler.memory = FakeMemory(200 * MiB, m)
         st0 = m.stats()
-        assert st0["layers_pinned"] == st0["n_slots"]            # no budget: the plan pins every block
+        assert st0["layers_pinned"] == st0["n_slots"]  # no budget: the plan pins every block
         slot = st0["slot_size"]
         out = [m.eval(PROMPT).copy()]
         assert m.stats()["layers_demoted"] == 0
         mem.other = 170 * MiB - st0["n_slots"] * slot + 4 * slot + 1  # 4 slots + 1 byte over 0.85
         out.append(m.eval([DECODE[0]]).copy())
         st1 = m.stats()
-        assert st1["n_slots"] == st0["n_slots"] - 5                # the memory really went
-        assert st1["layers_demoted"] == 6                          # the first frees no slot: it streams
+        assert st1["n_slots"] == st0["n_slots"] - 5  # the memory really went
+        assert st1["layers_demoted"] == 6  # the first frees no slot: it streams
         assert st1["layers_pinned"] == st0["layers_pinned"] - st1["layers_demoted"]
-        out.append(m.eval([DECODE[1]]).copy())                    # pressure unchanged: nothing moves
+        out.append(m.eval([DECODE[1]]).copy())  # pressure unchanged: nothing moves
         assert m.stats()["layers_demoted"] == st1["layers_demoted"]
-        mem.other = 0                                              # pressure gone: back to the plan
+        mem.other = 0  # pressure gone: back to the plan
         out += [m.eval([t]).copy() for t in DECODE[2:]]
         st2 = m.stats()
         assert st2["layers_promoted"] == st1["layers_demoted"]
@@ -66,15 +65,23 @@ def test_pressure_demotes_then_promotes_with_identical_logits(smollm2_path, resi
         ev = m.layer_events()
         assert [e["event"] for e in ev].count("layer_demote") == st1["layers_demoted"]
         assert [e["event"] for e in ev].count("layer_promote") == st2["layers_promoted"]
-        assert max(e["n_slots"] for e in ev) <= st0["n_slots"]     # never beyond the plan's budget
+        assert max(e["n_slots"] for e in ev) <= st0["n_slots"]  # never beyond the plan's budget
         assert [e["layer"] for e in ev if e["event"] == "layer_demote"] == sorted(
-            e["layer"] for e in ev if e["event"] == "layer_demote")   # earliest in the pass first
+            e["layer"] for e in ev if e["event"] == "layer_demote"
+        )  # earliest in the pass first
     assert np.array_equal(np.concatenate(out), resident)
 
 
 def test_full_pressure_streams_everything_through_the_budget(smollm2_path, resident):
-    with Model(smollm2_path, ctx_size=128, n_threads=2, device_budget="40MiB", async_prefetch=True,
-               dynamic_layers=True, mem_pressure=0.5) as m:
+    with Model(
+        smollm2_path,
+        ctx_size=128,
+        n_threads=2,
+        device_budget="40MiB",
+        async_prefetch=True,
+        dynamic_layers=True,
+        mem_pressure=0.5,
+    ) as m:
         mem = m.scheduler.memory = FakeMemory(100 * MiB, m)
         n0 = m.stats()["n_slots"]
         mem.other = 100 * MiB
@@ -90,10 +97,10 @@ def test_hysteresis_keeps_it_from_flapping(smollm2_path):
         sch = m.scheduler
         mem = sch.memory = FakeMemory(1000 * MiB, m)
         base = mem.used
-        mem.other = 850 * MiB - base + 1                            # one byte over
+        mem.other = 850 * MiB - base + 1  # one byte over
         sch.step()
         assert sch.demotions == 2 and m.stats()["n_slots"] * sch.slot_bytes == base - sch.slot_bytes
-        for used in (849, 820, 805, 845):                           # inside the band: no moves
+        for used in (849, 820, 805, 845):  # inside the band: no moves
             mem.other = used * MiB - base
             sch.step()
         assert (sch.demotions, sch.promotions) == (2, 0)
@@ -116,8 +123,26 @@ def test_cli_flags_and_environment(monkeypatch, model_kwargs, smollm2_path, caps
     assert cli.main(["generate", "-m", smollm2_path, "-p", "Hi", "-n", "2", "--temp", "0", "-c", "64", "-v"]) == 0
     assert seen["dynamic_layers"] is True and seen["mem_pressure"] == 0.7
     assert "layers_demoted" in capsys.readouterr().err
-    assert cli.main(["generate", "-m", smollm2_path, "-p", "Hi", "-n", "1", "-c", "64",
-                     "--mem-pressure", "0.6", "--direct-io", "on"]) == 0
+    assert (
+        cli.main(
+            [
+                "generate",
+                "-m",
+                smollm2_path,
+                "-p",
+                "Hi",
+                "-n",
+                "1",
+                "-c",
+                "64",
+                "--mem-pressure",
+                "0.6",
+                "--direct-io",
+                "on",
+            ]
+        )
+        == 0
+    )
     assert seen["mem_pressure"] == 0.6 and seen["direct_io"] is True
 
 
@@ -155,8 +180,7 @@ def test_qwen_survives_a_growing_ballast_in_a_640mib_cgroup(qwen_path):
         pytest.skip(f"cannot make a child memory cgroup here: {e}")
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(r.stdout.splitlines()[-1])
-    print(f"\ndynamic layers in 640 MiB: pinned per token {d['pinned']}, VmHWM {d['hwm'] / MiB:.0f} MiB, "
-          f"{d['stats']}")
+    print(f"\ndynamic layers in 640 MiB: pinned per token {d['pinned']}, VmHWM {d['hwm'] / MiB:.0f} MiB, {d['stats']}")
     st = d["stats"]
     assert st["layers_demoted"] > 0 and st["layers_promoted"] == st["layers_demoted"]
     assert min(d["pinned"]) < d["pinned"][-1]

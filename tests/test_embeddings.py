@@ -15,8 +15,12 @@ import llama_ref
 from superggml import Model
 from test_server import openai_client
 
-TEXTS = ["The cat sat on the mat.", "A dog is running in the park.", "Quantum physics is hard to learn.",
-         "def add(a, b):\n    return a + b"]
+TEXTS = [
+    "The cat sat on the mat.",
+    "A dog is running in the park.",
+    "Quantum physics is hard to learn.",
+    "def add(a, b):\n    return a + b",
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +45,13 @@ def test_shapes_norms_and_batch_equal_one_at_a_time(client, model):
     # the same passes but for how many rows each matrix product has: equal up to its rounding
     assert np.abs(vecs - one).max() < 1e-2 and (np.sum(vecs * one, axis=1) > 0.999).all()
     sims = vecs @ vecs.T
-    assert sims[0, 1] > sims[0, 3]                # two sentences about animals are closer than one to code
+    assert sims[0, 1] > sims[0, 3]  # two sentences about animals are closer than one to code
 
 
 def test_base64_and_token_input(client, model):
     f = client.embeddings.create(model="m", input="hello world").data[0].embedding
     r = client.embeddings.create(model="m", input="hello world", encoding_format="base64")
-    vec = np.frombuffer(base64.b64decode(r.data[0].embedding), dtype="<f4")    # little-endian F32, as OpenAI's
+    vec = np.frombuffer(base64.b64decode(r.data[0].embedding), dtype="<f4")  # little-endian F32, as OpenAI's
     assert np.allclose(vec, f, atol=1e-7)
     ids = model.tokenize("hello world")
     t = client.embeddings.create(model="m", input=[ids]).data[0].embedding
@@ -55,9 +59,12 @@ def test_base64_and_token_input(client, model):
 
 
 def test_bad_requests(client, model):
-    for kw, param in [(dict(input=[]), "input"), (dict(input=""), "input"),
-                      (dict(input="x", dimensions=model.hparams.n_embd + 1), "dimensions"),
-                      (dict(input=[[model.n_vocab + 5]]), "input")]:
+    for kw, param in [
+        (dict(input=[]), "input"),
+        (dict(input=""), "input"),
+        (dict(input="x", dimensions=model.hparams.n_embd + 1), "dimensions"),
+        (dict(input=[[model.n_vocab + 5]]), "input"),
+    ]:
         with pytest.raises(openai.BadRequestError) as e:
             client.embeddings.create(model="m", **kw)
         assert e.value.body["param"] == param
@@ -67,8 +74,7 @@ def test_bad_requests(client, model):
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])
 def test_equal_to_llama_cpp(model, pooling):
-    ref = llama_ref.run({"kind": "embed", "model": model.path, "texts": TEXTS[:3], "pooling": pooling,
-                         "n_ctx": 512})
+    ref = llama_ref.run({"kind": "embed", "model": model.path, "texts": TEXTS[:3], "pooling": pooling, "n_ctx": 512})
     ours = np.array(model.embed(TEXTS[:3], pooling=pooling))
     for i in range(3):
         r = ref[f"emb{i}"]
@@ -83,4 +89,4 @@ def test_streamed_weights_embed_the_same(smollm2_path):
         y = np.array(b.embed(TEXTS, normalize=False))
         assert b.stats()["loads"] > 0 and np.array_equal(x, y)
         assert a.embed("solo", pooling="last") == a.embed(["solo"], pooling="last")[0]
-        assert a.tokens == [] and b.tokens == []        # scratch sequences: the current one untouched
+        assert a.tokens == [] and b.tokens == []  # scratch sequences: the current one untouched

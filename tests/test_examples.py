@@ -27,9 +27,23 @@ def smollm2_f32(smollm2_path, tmp_path_factory):
 
 
 def run_example(name: str, path: str, kv_type: str, out: Path, *extra: str) -> tuple[np.ndarray, dict[str, str]]:
-    r = subprocess.run([sys.executable, str(EXAMPLES / name), path, "--tokens", ",".join(map(str, TOKENS)),
-                        "--kv-type", kv_type, "--save", str(out), *extra],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / name),
+            path,
+            "--tokens",
+            ",".join(map(str, TOKENS)),
+            "--kv-type",
+            kv_type,
+            "--save",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     report = dict(re.findall(r"^([a-zA-Z ]+): (.*)$", r.stdout, re.M))
     return np.load(out), report
@@ -62,11 +76,13 @@ def test_example_equals_model_on_f32_weights(example, smollm2_f32, tmp_path):
     diff = float(np.abs(logits - ref).max())
     size = Path(smollm2_f32).stat().st_size / 2**20
     grew = mib(report, "peak RSS") - mib(report, "RSS at start")
-    print(f"\n{example}, SmolLM2 F32: max |diff| {diff:.3g}; {report['weights in memory']}; peak RSS "
-          f"{report['peak RSS']} ({grew:.0f} MiB over the imports) for a {size:.0f} MiB file")
+    print(
+        f"\n{example}, SmolLM2 F32: max |diff| {diff:.3g}; {report['weights in memory']}; peak RSS "
+        f"{report['peak RSS']} ({grew:.0f} MiB over the imports) for a {size:.0f} MiB file"
+    )
     assert diff < 1e-3
     assert (logits.argmax(1) == ref.argmax(1)).all()
-    assert grew < size / 2          # the model is never all in memory
+    assert grew < size / 2  # the model is never all in memory
 
 
 def test_example_on_the_quantized_file(example, smollm2_path, tmp_path):
@@ -79,7 +95,7 @@ def test_example_on_the_quantized_file(example, smollm2_path, tmp_path):
     print(f"\n{example}, SmolLM2 Q4_1: max |diff| {diff:.3g} of max |logit| {np.abs(ref).max():.3g}")
     assert diff < 2.0
     top2 = np.sort(ref, 1)[:, -2:]
-    clear = top2[:, 1] - top2[:, 0] > 2 * np.abs(logits - ref).max(1)    # a row's argmax cannot move by less
+    clear = top2[:, 1] - top2[:, 0] > 2 * np.abs(logits - ref).max(1)  # a row's argmax cannot move by less
     assert clear.any()
     assert (logits.argmax(1) == ref.argmax(1))[clear].all()
     assert min(np.corrcoef(a, b)[0, 1] for a, b in zip(logits, ref)) > 0.99
@@ -90,7 +106,21 @@ def test_examples_pass_mypy_strict():
     torch installed, torch is Any (pyproject's [tool.mypy])."""
     pytest.importorskip("mypy")
     root = EXAMPLES.parent
-    r = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--config-file",
-                        str(root / "pyproject.toml"), str(EXAMPLES / "numpy_forward.py"),
-                        str(EXAMPLES / "torch_forward.py")], capture_output=True, text=True, cwd=root, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--config-file",
+            str(root / "pyproject.toml"),
+            str(EXAMPLES / "numpy_forward.py"),
+            str(EXAMPLES / "torch_forward.py"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr

@@ -56,7 +56,7 @@ def test_eio_reaches_the_caller_and_the_model_carries_on(smollm2_path, reference
         native.inject_io_fault("eio", skip=2, count=-1)
         with pytest.raises(OSError, match="Input/output error"):
             m.eval([7])
-        assert m.n_tokens == len(PROMPT)                   # the failed step left no trace
+        assert m.n_tokens == len(PROMPT)  # the failed step left no trace
         native.clear_io_faults()
         for t, ref in zip((7, 8, 9), reference[1:]):
             assert np.array_equal(m.eval([t]), ref)
@@ -64,8 +64,17 @@ def test_eio_reaches_the_caller_and_the_model_carries_on(smollm2_path, reference
 
 @pytest.mark.parametrize("kind", ["enospc", "eio"])
 def test_kv_spill_write_faults(smollm2_path, reference, tmp_path, kind):
-    with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False, paged_kv=True, kv_page_size=16,
-               kv_device_layers=2, host_budget=0, kv_spill_dir=tmp_path) as m:
+    with Model(
+        smollm2_path,
+        ctx_size=128,
+        n_threads=2,
+        repack=False,
+        paged_kv=True,
+        kv_page_size=16,
+        kv_device_layers=2,
+        host_budget=0,
+        kv_spill_dir=tmp_path,
+    ) as m:
         assert np.array_equal(m.eval(PROMPT), reference[0])
         native.inject_io_fault(kind, count=-1)
         with pytest.raises(OSError, match="cannot write the KV spill file"):
@@ -76,8 +85,18 @@ def test_kv_spill_write_faults(smollm2_path, reference, tmp_path, kind):
 
 
 def test_kv_spill_read_fault(smollm2_path, reference, tmp_path):
-    with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False, paged_kv=True, kv_page_size=16,
-               kv_device_layers=2, host_budget=0, kv_spill_dir=tmp_path, async_prefetch=True) as m:
+    with Model(
+        smollm2_path,
+        ctx_size=128,
+        n_threads=2,
+        repack=False,
+        paged_kv=True,
+        kv_page_size=16,
+        kv_device_layers=2,
+        host_budget=0,
+        kv_spill_dir=tmp_path,
+        async_prefetch=True,
+    ) as m:
         assert np.array_equal(m.eval(PROMPT), reference[0])
         assert np.array_equal(m.eval([7]), reference[1])
         native.inject_io_fault("eio", count=-1)
@@ -102,7 +121,9 @@ def test_file_replaced_mid_run_keeps_reading_the_open_file(smollm2_path, referen
 
 
 def test_unknown_fault_kind():
-    with pytest.raises(native.SuperggmlError if hasattr(native, "SuperggmlError") else Exception, match="unknown I/O fault"):
+    with pytest.raises(
+        native.SuperggmlError if hasattr(native, "SuperggmlError") else Exception, match="unknown I/O fault"
+    ):
         native.inject_io_fault("gremlins")
 
 

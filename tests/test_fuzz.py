@@ -16,8 +16,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def run_fuzzer(n: int, seed: int, out_dir: str, timeout: float) -> tuple[int, str]:
     """(exit code, last progress line) of a child fuzzing run; a crash or hang leaves current.gguf behind."""
-    r = subprocess.run([sys.executable, os.path.join(HERE, "fuzz_gguf.py"), str(n), str(seed), out_dir],
-                       capture_output=True, text=True, errors="replace", timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, os.path.join(HERE, "fuzz_gguf.py"), str(n), str(seed), out_dir],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=timeout,
+    )
     lines = [x for x in r.stdout.splitlines() if x.startswith(("progress", "done"))]
     return r.returncode, (lines[-2] if len(lines) >= 2 else r.stderr[-2000:])
 
@@ -26,7 +31,7 @@ def test_seeded_fuzz_run(tmp_path):
     rc, summary = run_fuzzer(3000, 1234, str(tmp_path), timeout=300)
     assert rc == 0, f"the loader crashed or the harness failed; input kept in {tmp_path}: {summary}"
     assert not (tmp_path / "current.gguf").exists()
-    assert "ok=" in summary and "GGUFError=" in summary      # both outcomes happen
+    assert "ok=" in summary and "GGUFError=" in summary  # both outcomes happen
 
 
 REGRESSIONS = os.path.join(HERE, "fuzz_regressions")

@@ -30,18 +30,45 @@ def smol(smollm2_path):
 def test_greedy_generate_matches_llama_cpp(smollm2_path):
     ref = llama_ref.run({"kind": "generate", "model": smollm2_path, "prompts": GEN_PROMPTS, "max_tokens": N_GEN})
     for i, prompt in enumerate(GEN_PROMPTS):
-        out = subprocess.run([sys.executable, "-m", "superggml.commands.cli", "generate", "-m", smollm2_path, "-p", prompt,
-                              "-n", str(N_GEN), "--temp", "0", "-t", "2"],
-                             capture_output=True, text=True, timeout=300, check=True).stdout
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "superggml.commands.cli",
+                "generate",
+                "-m",
+                smollm2_path,
+                "-p",
+                prompt,
+                "-n",
+                str(N_GEN),
+                "--temp",
+                "0",
+                "-t",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        ).stdout
         assert out == str(ref[f"text{i}"]) + "\n", (prompt, out, str(ref[f"text{i}"]))
 
 
 def test_cli_default_model_and_errors(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "superggml.commands.cli", "generate", "-p", "Hello", "-n", "4", "--temp", "0"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "superggml.commands.cli", "generate", "-p", "Hello", "-n", "4", "--temp", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0 and r.stdout.strip()
-    r = subprocess.run([sys.executable, "-m", "superggml.commands.cli", "generate", "-m", str(tmp_path / "none.gguf"),
-                        "-p", "x"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "superggml.commands.cli", "generate", "-m", str(tmp_path / "none.gguf"), "-p", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "cannot open" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -89,10 +116,14 @@ def test_chat_completion_uses_gguf_template(smol):
     assert msg["role"] == "assistant" and "4" in msg["content"]
     json.dumps(r)
     # OpenAI's content parts: the text ones, joined, are the message
-    parts = [{"type": "text", "text": "What is "}, {"type": "image_url", "image_url": {"url": "x"}},
-             {"type": "text", "text": "2+2?"}]
+    parts = [
+        {"type": "text", "text": "What is "},
+        {"type": "image_url", "image_url": {"url": "x"}},
+        {"type": "text", "text": "2+2?"},
+    ]
     assert smol.chat_tokens([{"role": "user", "content": parts}]) == smol.chat_tokens(
-        [{"role": "user", "content": "What is 2+2?"}])
+        [{"role": "user", "content": "What is 2+2?"}]
+    )
 
 
 def test_prompt_checks(smol):

@@ -27,7 +27,7 @@ def test_pinned_blocks_run_as_one_graph(smollm2_path, resident, staged):
     with Model(smollm2_path, ctx_size=128, n_threads=2, n_gpu_layers=k, staged_io=staged) as m:
         out = feed_logits(m)
         merged = m.stats()["graphs_per_pass"]
-        m.record_timings = True                  # timed block by block: a graph per block
+        m.record_timings = True  # timed block by block: a graph per block
         m.eval([23])
         apart = m.stats()["graphs_per_pass"]
         assert m.stats()["layers_pinned"] == k
@@ -40,7 +40,7 @@ def test_split_runs_a_segment_per_device(smollm2_path, resident):
     ref, _, n_layer = resident
     with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False, devices=["CPU", "CPU"]) as m:
         out = feed_logits(m)
-        assert m.stats()["graphs_per_pass"] == 3          # embed, device 0's blocks, device 1's blocks + head
+        assert m.stats()["graphs_per_pass"] == 3  # embed, device 0's blocks, device 1's blocks + head
     assert np.array_equal(out, ref)
 
 
@@ -49,8 +49,15 @@ def test_host_tier_reads_the_file_once(smollm2_path, resident, async_prefetch):
     """staged_io with a host tier that holds every streamed block: the first pass reads them from the file, the
     later ones copy them from host memory; the logits are the resident ones."""
     ref, slot, n_layer = resident
-    with Model(smollm2_path, ctx_size=128, n_threads=2, device_budget=int(4 * slot * 1.05), staged_io=True,
-               host_cache="512MiB", async_prefetch=async_prefetch) as m:
+    with Model(
+        smollm2_path,
+        ctx_size=128,
+        n_threads=2,
+        device_budget=int(4 * slot * 1.05),
+        staged_io=True,
+        host_cache="512MiB",
+        async_prefetch=async_prefetch,
+    ) as m:
         m.eval(FEED_PROMPT[:4])
         first = m.stats()
         m.reset()
@@ -58,7 +65,7 @@ def test_host_tier_reads_the_file_once(smollm2_path, resident, async_prefetch):
         st = m.stats()
     assert np.array_equal(out, ref)
     assert st["staged_io"] and st["host_slots"] > 0 and st["failed"] == 0
-    assert st["file_bytes"] == first["file_bytes"]            # nothing read from the file again
+    assert st["file_bytes"] == first["file_bytes"]  # nothing read from the file again
     assert st["host_bytes"] > 0 and st["host_hits"] > 0
     assert st["bytes_loaded"] == st["file_bytes"] + st["host_bytes"]
 
@@ -66,8 +73,15 @@ def test_host_tier_reads_the_file_once(smollm2_path, resident, async_prefetch):
 def test_host_tier_smaller_than_the_streamed_blocks(smollm2_path, resident):
     """A tier of 3 blocks: some loads come from it, the rest from the file; still the resident logits."""
     ref, slot, _ = resident
-    with Model(smollm2_path, ctx_size=128, n_threads=2, device_budget=int(3 * slot * 1.05), staged_io=True,
-               host_cache=str(3 * slot + 4096), async_prefetch=True) as m:
+    with Model(
+        smollm2_path,
+        ctx_size=128,
+        n_threads=2,
+        device_budget=int(3 * slot * 1.05),
+        staged_io=True,
+        host_cache=str(3 * slot + 4096),
+        async_prefetch=True,
+    ) as m:
         out = feed_logits(m)
         st = m.stats()
     assert np.array_equal(out, ref)
@@ -88,11 +102,18 @@ def test_host_tier_off_and_on_a_host_pool(smollm2_path, resident):
 def test_prefill_reads_each_streamed_block_once(smollm2_path, resident):
     """A pass of many rows loads each streamed block (and head chunk) once: loads per pass = streamed keys."""
     _, slot, n_layer = resident
-    with Model(smollm2_path, ctx_size=256, n_threads=2, n_batch=256, device_budget=int(3 * slot * 1.05),
-               staged_io=True, async_prefetch=True) as m:
+    with Model(
+        smollm2_path,
+        ctx_size=256,
+        n_threads=2,
+        n_batch=256,
+        device_budget=int(3 * slot * 1.05),
+        staged_io=True,
+        async_prefetch=True,
+    ) as m:
         m.eval([1])
         before = m.stats()["loads"]
-        m.eval(list(range(100, 300)))               # one pass of 200 rows
+        m.eval(list(range(100, 300)))  # one pass of 200 rows
         per_prefill = m.stats()["loads"] - before
         before = m.stats()["loads"]
         m.eval([5])
@@ -115,7 +136,7 @@ def test_plan_of_a_device_with_a_host_tier(smollm2_path):
     p = plan_memory(hp, weights, c, "auto", 4 << 30)
     assert p.budget is not None and p.budget < weights
     t = with_host_tier(p, "auto", 64 << 30)
-    assert t.host_cache == weights - p.budget           # every streamed block fits the host
+    assert t.host_cache == weights - p.budget  # every streamed block fits the host
     assert "host tier" in t.line()
     small = with_host_tier(p, "auto", 2 << 30)
     assert 0 < small.host_cache < 2 << 30

@@ -17,20 +17,23 @@ from synth_gguf import VARIANTS, synth
 
 
 def fnv1a(data: bytes) -> int:
-    h = 0xcbf29ce484222325
+    h = 0xCBF29CE484222325
     for x in data:
-        h = ((h ^ x) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+        h = ((h ^ x) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return h
 
 
 def test_the_hash_is_ggml_rpcs(tmp_path):
     data = np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes()
-    assert native.content_hash(b"") == 0xcbf29ce484222325            # ggml-rpc.cpp's fnv_hash seed
+    assert native.content_hash(b"") == 0xCBF29CE484222325  # ggml-rpc.cpp's fnv_hash seed
     assert native.content_hash(data) == fnv1a(data)
     assert native.content_hash(data[2500:], native.content_hash(data[:2500])) == fnv1a(data)
     (tmp_path / "f").write_bytes(data)
     assert native.content_hash_ranges(str(tmp_path / "f"), [(0, 5000), (100, 7), (0, 0)], 2) == [
-        fnv1a(data), fnv1a(data[100:107]), fnv1a(b"")]
+        fnv1a(data),
+        fnv1a(data[100:107]),
+        fnv1a(b""),
+    ]
 
 
 def test_tensors_blocks_and_experts_of_a_gguf(smollm2_path, tmp_path):
@@ -43,13 +46,15 @@ def test_tensors_blocks_and_experts_of_a_gguf(smollm2_path, tmp_path):
         exps = "blk.1.ffn_up_exps.weight"
         raw = g.read(exps).tobytes()
         step = len(raw) // g.info(exps).shape[2]
-        assert h.experts[exps] == [f"{fnv1a(raw[e * step:(e + 1) * step]):016x}" for e in range(g.info(exps).shape[2])]
+        assert h.experts[exps] == [
+            f"{fnv1a(raw[e * step : (e + 1) * step]):016x}" for e in range(g.info(exps).shape[2])
+        ]
     assert sorted(h.blocks) == list(range(len(h.blocks))) and len(set(h.blocks.values())) == len(h.blocks)
-    again = content_hashes(path)                         # from the sidecar index, not computed again
+    again = content_hashes(path)  # from the sidecar index, not computed again
     assert not again.computed and again == type(h)(h.model, h.tensors, h.blocks, h.experts)
     assert os.path.exists(sidecar_path(path))
 
-    copy = str(tmp_path / "copy.gguf")                   # one byte of block 1's expert changed
+    copy = str(tmp_path / "copy.gguf")  # one byte of block 1's expert changed
     shutil.copy(path, copy)
     with gguf.open(copy) as g:
         off = g.info(exps).offset + 3 * step + 5
@@ -64,7 +69,7 @@ def test_tensors_blocks_and_experts_of_a_gguf(smollm2_path, tmp_path):
     assert [e for e in range(len(h.experts[exps])) if c.experts[exps][e] != h.experts[exps][e]] == [3]
     assert [b for b in h.blocks if c.blocks[b] != h.blocks[b]] == [1] and c.model != h.model
 
-    ranges = content_ranges(path)                        # what a peer is named: every tensor, every expert slice
+    ranges = content_ranges(path)  # what a peer is named: every tensor, every expert slice
     with gguf.open(path) as g:
         for name, info in g.tensors.items():
             assert (info.offset, info.nbytes, int(h.tensors[name], 16)) in ranges
@@ -78,7 +83,7 @@ def test_a_stale_index_is_not_used(smollm2_path, tmp_path):
     index = sidecar_path(path)
     with open(index) as f:
         saved = json.load(f)
-    saved["tensors"]["token_embd.weight"] = "0" * 16    # an index of other bytes than the file's
+    saved["tensors"]["token_embd.weight"] = "0" * 16  # an index of other bytes than the file's
     saved["key"]["mtime_ns"] += 1
     with open(index, "w") as f:
         json.dump(saved, f)

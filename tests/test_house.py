@@ -12,8 +12,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "python" / "superggml"
 MAX_CLASS = 400
 MAX_FUNCTION = 60
-TABLES = {("commands/cli.py", "add_arguments"), ("commands/cli.py", "build_parser")}   # argument tables: one line per option
-PRIMITIVES = ("paging", "gguf")                                      # the public paging API
+TABLES = {
+    ("commands/cli.py", "add_arguments"),
+    ("commands/cli.py", "build_parser"),
+}  # argument tables: one line per option
+PRIMITIVES = ("paging", "gguf")  # the public paging API
 RUNTIME = ("runtime", "generation", "api", "model", "arch", "serve", "server", "commands")
 
 
@@ -39,7 +42,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = pkg.split(".")
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
@@ -100,14 +103,17 @@ def private_reads(path: Path) -> list[str]:
             if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
                 out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
         elif isinstance(node, ast.ImportFrom):
-            out += [f"{path.relative_to(ROOT)}:{node.lineno}: from {node.module} import {a.name}"
-                    for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            out += [
+                f"{path.relative_to(ROOT)}:{node.lineno}: from {node.module} import {a.name}"
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")
+            ]
     return out
 
 
 def test_the_import_graph_has_no_cycle():
     graph = import_graph()
-    assert len(graph) > 30          # the walk found the package
+    assert len(graph) > 30  # the walk found the package
     assert cycles(graph) == []
 
 
@@ -167,8 +173,7 @@ def test_public_primitives_import_no_runtime_module():
         return seen
 
     for prim in PRIMITIVES:
-        bad = sorted(m for m in reach(f"superggml.{prim}", set())
-                     if m == "superggml" or m.split(".")[1] in RUNTIME)
+        bad = sorted(m for m in reach(f"superggml.{prim}", set()) if m == "superggml" or m.split(".")[1] in RUNTIME)
         assert bad == [], f"superggml.{prim} imports {bad}"
 
 
@@ -197,8 +202,7 @@ def test_no_arrow_runs_up_a_floor():
     graph = import_graph()
     missing = sorted({room_of(m) for m in graph} - set(floor))
     assert missing == [], f"rooms with no floor in design.md: {missing}"
-    up = sorted(f"{a} -> {b}" for a, bs in graph.items() for b in bs
-                if floor[room_of(b)] < floor[room_of(a)])
+    up = sorted(f"{a} -> {b}" for a, bs in graph.items() for b in bs if floor[room_of(b)] < floor[room_of(a)])
     assert up == [], "\n".join(up)
 
 
@@ -209,16 +213,21 @@ def test_the_floor_check_finds_an_arrow_up():
 
 
 def is_replace(f: ast.expr) -> bool:
-    return ((isinstance(f, ast.Name) and f.id == "replace") or
-            (isinstance(f, ast.Attribute) and f.attr == "replace" and getattr(f.value, "id", "") == "dataclasses"))
+    return (isinstance(f, ast.Name) and f.id == "replace") or (
+        isinstance(f, ast.Attribute) and f.attr == "replace" and getattr(f.value, "id", "") == "dataclasses"
+    )
 
 
 def replaced(path: Path) -> list[str]:
     """dataclasses.replace calls in a file whose object is not hyperparameters (hp, self.hp)."""
-    return [f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)[:80]}"
-            for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Call) and is_replace(node.func) and node.args
-            and ast.unparse(node.args[0]) not in ("hp", "self.hp")]
+    return [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)[:80]}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and is_replace(node.func)
+        and node.args
+        and ast.unparse(node.args[0]) not in ("hp", "self.hp")
+    ]
 
 
 def test_settings_are_not_rewritten_after_resolve():
@@ -228,11 +237,19 @@ def test_settings_are_not_rewritten_after_resolve():
     found = [r for p in sorted(PKG.rglob("*.py")) if p not in once for r in replaced(p)]
     for p in sorted(PKG.rglob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-                node, ast.AnnAssign) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
             for t in targets:
-                pairs = zip(t.elts, node.value.elts) if isinstance(t, ast.Tuple) and isinstance(
-                    node.value, ast.Tuple) else [(t, node.value)]
+                pairs = (
+                    zip(t.elts, node.value.elts)
+                    if isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                    else [(t, node.value)]
+                )
                 for tt, v in pairs:
                     if isinstance(tt, ast.Attribute) and tt.attr == "settings" and not isinstance(v, ast.Name):
                         found.append(f"{p.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)[:80]}")
@@ -251,6 +268,7 @@ BINDING_ONLY = {
 def cmake_args(text: str, command: str, first: str) -> list[str]:
     """The arguments (after `first`) of the CMake call `command(first ...)`; [] if there is none."""
     import re
+
     for m in re.finditer(CMAKE_CALL.format(command), text):
         args = m.group(1).split()
         if args and args[0] == first:
@@ -260,6 +278,7 @@ def cmake_args(text: str, command: str, first: str) -> list[str]:
 
 def quoted_includes(path: Path) -> list[str]:
     import re
+
     return re.findall(r'^\s*#\s*include\s+"([^"]+)"', path.read_text(), re.M)
 
 
@@ -274,7 +293,7 @@ def test_the_paging_core_builds_without_rpc():
     assert cmake_args(text, "add_library", "superggml_core") == ["STATIC", "${SUPERGGML_CORE_SOURCES}"]
     glob = cmake_args(text, "file", "GLOB")
     assert glob[:2] == ["SUPERGGML_CORE_SOURCES", "CONFIGURE_DEPENDS"] and glob[2:] == ["csrc/*.cpp"], glob
-    core = sorted(CSRC.glob("*.cpp"))                          # what that non-recursive glob picks up
+    core = sorted(CSRC.glob("*.cpp"))  # what that non-recursive glob picks up
     assert len(core) > 15 and all(p.parent == CSRC for p in core)
     links = cmake_args(text, "target_link_libraries", "superggml_core")
     assert links and not [x for x in links if "rpc" in x or x == "superggml::ggml"], links
@@ -287,13 +306,19 @@ def test_the_paging_core_builds_without_rpc():
     core_headers = {p.name for p in CSRC.glob("*.h")}
     for p in sorted([*CSRC.glob("*.h"), *CSRC.glob("*.cpp")]):
         for inc in quoted_includes(p):
-            if inc.startswith("rpc") or inc == "ggml-rpc.h" or ("/" in inc) or \
-                    (not inc.startswith("ggml") and inc != "gguf.h" and inc not in core_headers):
+            if (
+                inc.startswith("rpc")
+                or inc == "ggml-rpc.h"
+                or ("/" in inc)
+                or (not inc.startswith("ggml") and inc != "gguf.h" and inc not in core_headers)
+            ):
                 bad.append(f"{p.relative_to(ROOT)}: #include \"{inc}\"")
     assert bad == [], "\n".join(bad)
 
     tests = cmake_args(text, "set", "core_tests")
-    assert {"task_stress", "prefetch_stress", "kv_stress", "loader_stress", "expert_stress", "hash_stress"} <= set(tests)
+    assert {"task_stress", "prefetch_stress", "kv_stress", "loader_stress", "expert_stress", "hash_stress"} <= set(
+        tests
+    )
     assert "rpc_stress" not in tests
     for t in tests:
         incs = quoted_includes(ROOT / "tests" / "cpp" / f"{t}.cpp")
@@ -305,7 +330,10 @@ def test_binding_files_are_named_after_their_sources():
     """csrc/bindings/<x>.cpp binds csrc/<x>.cpp (or csrc/rpc/<x>.cpp), `_` for `-`; the few binding-only files
     say why they have no source."""
     sources = {p.stem for p in [*CSRC.glob("*.cpp"), *CSRC.glob("*.h"), *(CSRC / "rpc").glob("*.cpp")]}
-    odd = [p.name for p in sorted((CSRC / "bindings").glob("*.cpp"))
-           if p.stem.replace("_", "-") not in sources and p.stem not in BINDING_ONLY]
+    odd = [
+        p.name
+        for p in sorted((CSRC / "bindings").glob("*.cpp"))
+        if p.stem.replace("_", "-") not in sources and p.stem not in BINDING_ONLY
+    ]
     assert odd == [], odd
     assert all((CSRC / "bindings" / f"{n}.cpp").exists() for n in BINDING_ONLY)

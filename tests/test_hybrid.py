@@ -30,8 +30,9 @@ def test_chunks_and_single_tokens_match_llama_cpp(tmp_path, vocab_fields, varian
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
     prompt = [int(x) for x in np.random.default_rng(1).integers(0, 49152, 90)]
     chunked = llama_ref.run({"kind": "logits", "model": path, "prompts": [prompt], "n_batch": 16})["logits0"]
-    stepped = llama_ref.run({"kind": "logits", "model": path, "prompts": [prompt], "split": 40,
-                             "one_by_one": True})["logits0"]
+    stepped = llama_ref.run({"kind": "logits", "model": path, "prompts": [prompt], "split": 40, "one_by_one": True})[
+        "logits0"
+    ]
     with Model(path, ctx_size=256, n_threads=2, n_batch=16) as m:
         assert np.array_equal(m.eval(prompt, logits_all=True), chunked)
         st, kv = m.stats(), m.kv_bytes
@@ -41,10 +42,10 @@ def test_chunks_and_single_tokens_match_llama_cpp(tmp_path, vocab_fields, varian
     hp = VARIANTS[variant]
     d_state, n_v, n_k = hp.get("d_state", 16), 4, 2
     conv = 3 * d_state * (n_v + 2 * n_k)
-    assert st["state_bytes_per_sequence"] == 4 * 2 * (conv + d_state * d_state * n_v)   # 2 recurrent layers of 4
+    assert st["state_bytes_per_sequence"] == 4 * 2 * (conv + d_state * d_state * n_v)  # 2 recurrent layers of 4
     assert st["state_tier"] == "CPU" and st["state_sequences"] == 1
-    assert kv == 256 * 2 * 2 * 2 * hp.get("head_dim", 32) * 2                          # K/V of 2 attention layers
-    assert st["budget"]["kv"] == kv + 4 * st["state_bytes_per_sequence"]   # the plan: states and 3 checkpoints
+    assert kv == 256 * 2 * 2 * 2 * hp.get("head_dim", 32) * 2  # K/V of 2 attention layers
+    assert st["budget"]["kv"] == kv + 4 * st["state_bytes_per_sequence"]  # the plan: states and 3 checkpoints
 
 
 def test_truncate_and_prompt_reuse_go_back_to_a_checkpoint(tmp_path, vocab_fields):
@@ -60,9 +61,9 @@ def test_truncate_and_prompt_reuse_go_back_to_a_checkpoint(tmp_path, vocab_field
         m.eval(prompt)
         for t in (5, 6, 9):
             m.eval([t])
-        assert m.runtime.sequences.truncate(30) == 30          # the prompt's end: a checkpoint
+        assert m.runtime.sequences.truncate(30) == 30  # the prompt's end: a checkpoint
         assert np.array_equal(m.eval([7, 8]), fresh)
-        assert m.runtime.sequences.truncate(20) == 16           # no checkpoint at 20: the chunk before
+        assert m.runtime.sequences.truncate(20) == 16  # no checkpoint at 20: the chunk before
         assert np.array_equal(m.eval(prompt[16:] + [7, 8])[-1], fresh[-1])
         assert m.stats()["state_checkpoints"] >= 1
 
@@ -170,7 +171,7 @@ def test_states_paged_to_host_and_back_are_bit_identical(tmp_path, vocab_fields)
     paged, st = run(state_device_sequences=2)
     assert st["state_paged_out"] >= 9 and st["state_paged_in"] >= 9 and st["state_sequences_host"] == 1
     assert np.array_equal(paged, ref)
-    with Model(path, ctx_size=128, n_threads=2, n_batch=16, state_device_sequences=1) as m:   # a pass each
+    with Model(path, ctx_size=128, n_threads=2, n_batch=16, state_device_sequences=1) as m:  # a pass each
         two = m.eval_batch([(1, prompts[0]), (3, prompts[2])])
         assert np.array_equal(np.stack([two[0][-1], two[1][-1]]), ref[[0, 2]])
 

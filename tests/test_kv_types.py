@@ -11,7 +11,7 @@ from superggml import Model, native, models
 from superggml.settings import KV_CACHE_TYPES, KV_QUANTIZED, Settings
 
 N_DECODE = 3
-KW = dict(ctx_size=256, n_batch=64, n_threads=2)       # CPU repack on, as llama.cpp's default
+KW = dict(ctx_size=256, n_batch=64, n_threads=2)  # CPU repack on, as llama.cpp's default
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs into the forest where"
 
 
@@ -36,9 +36,17 @@ def reference(request):
     with Model(path, **KW) as m:
         prompt = m.tokenize(TEXT)
     cfgs = configs(request.param)
-    ref = llama_ref.run({"kind": "kv_types", "model": path, "prompt": prompt, "n_decode": N_DECODE,
-                         "configs": [[gtype(k), gtype(v), fa] for k, v, fa in cfgs],
-                         "n_ctx": KW["ctx_size"], "n_batch": KW["n_batch"]})
+    ref = llama_ref.run(
+        {
+            "kind": "kv_types",
+            "model": path,
+            "prompt": prompt,
+            "n_decode": N_DECODE,
+            "configs": [[gtype(k), gtype(v), fa] for k, v, fa in cfgs],
+            "n_ctx": KW["ctx_size"],
+            "n_batch": KW["n_batch"],
+        }
+    )
     return path, prompt, {c: ref[f"logits{i}"] for i, c in enumerate(cfgs)}
 
 
@@ -53,7 +61,7 @@ def run(m: Model, prompt: list[int]) -> np.ndarray:
 def test_kv_types_equal_llama_cpp(reference, paging, tmp_path):
     path, prompt, ref = reference
     kw: dict = {}
-    if paging != "resident":        # pages leave the device: host pages (16) or the spill file (256)
+    if paging != "resident":  # pages leave the device: host pages (16) or the spill file (256)
         kw = dict(paged_kv=True, kv_page_size=int(paging[5:]), kv_device_layers=2)
         if paging == "paged256":
             kw.update(host_budget=0, kv_spill_dir=str(tmp_path))
@@ -70,8 +78,17 @@ def test_kv_types_equal_llama_cpp(reference, paging, tmp_path):
 
 def test_kv_bytes_per_token(smollm2_path):
     """K/V bytes per token follow the types' block sizes (SmolLM2: 30 layers of 192 K and 192 V channels)."""
-    want = {"f32": 46080, "f16": 23040, "bf16": 23040, "q8_0": 12240, "q4_0": 6480, "q4_1": 7200, "q5_0": 7920,
-            "q5_1": 8640, "iq4_nl": 6480}
+    want = {
+        "f32": 46080,
+        "f16": 23040,
+        "bf16": 23040,
+        "q8_0": 12240,
+        "q4_0": 6480,
+        "q4_1": 7200,
+        "q5_0": 7920,
+        "q5_1": 8640,
+        "iq4_nl": 6480,
+    }
     for t, n in want.items():
         with Model(smollm2_path, ctx_size=64, n_threads=1, kv_type=t, flash_attn=True) as m:
             assert m.kv_bytes == n * 64, t
@@ -80,7 +97,7 @@ def test_kv_bytes_per_token(smollm2_path):
 def test_options():
     s = Settings.from_options(dict(kv_type="q8_0", flash_attn=True)).context
     assert (s.cache_type_k, s.cache_type_v) == ("q8_0", "q8_0")
-    s = Settings.from_options(dict(cache_type_k="q4_0")).context        # a quantized K needs no flash attention
+    s = Settings.from_options(dict(cache_type_k="q4_0")).context  # a quantized K needs no flash attention
     assert (s.cache_type_k, s.cache_type_v) == ("q4_0", "f16")
     with pytest.raises(ValueError, match="quantized V cache .* requires flash_attn"):
         Settings.from_options(dict(cache_type_v="q4_0"))
@@ -93,8 +110,29 @@ def test_options():
 def test_cli_flags(model_kwargs, smollm2_path, capsys):
     from superggml.commands.cli import main
 
-    assert main(["generate", "-m", smollm2_path, "-p", "Hi", "-n", "2", "--temp", "0", "-c", "64", "-ctk", "q8_0",
-                 "-ctv", "q5_0", "--flash-attn"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "-m",
+                smollm2_path,
+                "-p",
+                "Hi",
+                "-n",
+                "2",
+                "--temp",
+                "0",
+                "-c",
+                "64",
+                "-ctk",
+                "q8_0",
+                "-ctv",
+                "q5_0",
+                "--flash-attn",
+            ]
+        )
+        == 0
+    )
     assert model_kwargs["cache_type_k"] == "q8_0" and model_kwargs["cache_type_v"] == "q5_0"
     assert main(["generate", "-m", smollm2_path, "-p", "Hi", "-n", "2", "-ctv", "q8_0"]) == 1
     assert "requires flash_attn" in capsys.readouterr().err

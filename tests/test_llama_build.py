@@ -28,8 +28,9 @@ from superggml import models
 FETCH = Path(__file__).resolve().parents[1] / "ggml" / "fetch.py"
 LIB = llama_ref.superggml_libllama()
 needs_lib = pytest.mark.skipif(
-    LIB is None, reason="the superggml under test carries no libllama.so (built without "
-                        "CMAKE_ARGS=-DSUPERGGML_BUILD_LLAMA=ON)")
+    LIB is None,
+    reason="the superggml under test carries no libllama.so (built without CMAKE_ARGS=-DSUPERGGML_BUILD_LLAMA=ON)",
+)
 N_POS = 64
 N_ONE_BY_ONE = 2
 
@@ -39,8 +40,9 @@ def _pip_llama_cpp() -> Path | None:
     return Path(spec.origin).parent if spec is not None and spec.origin else None
 
 
-needs_pip = pytest.mark.skipif(_pip_llama_cpp() is None,
-                               reason="llama-cpp-python is not installed (pip install .[reference])")
+needs_pip = pytest.mark.skipif(
+    _pip_llama_cpp() is None, reason="llama-cpp-python is not installed (pip install .[reference])"
+)
 
 
 @pytest.mark.skipif(not FETCH.is_file(), reason="not run from a source checkout")
@@ -48,13 +50,13 @@ def test_fetch_keeps_an_older_cache_for_ggml_and_refreshes_it_for_llama(tmp_path
     root = tmp_path / "ggml-src" / "llama-cpp-python-0.3.36"
     (root / "ggml").mkdir(parents=True)
     (root / "ggml" / "CMakeLists.txt").write_text("# cached\n")
-    (root / "SOURCE").write_text("llama_cpp_python-0.3.36.tar.gz sha256 832db0699007...\n")   # layout 1: ggml only
+    (root / "SOURCE").write_text("llama_cpp_python-0.3.36.tar.gz sha256 832db0699007...\n")  # layout 1: ggml only
     env = dict(os.environ, SUPERGGML_CACHE=str(tmp_path), SUPERGGML_GGML_SDIST=str(tmp_path / "none.tar.gz"))
     for args, rc in (([], 0), (["--llama"], 1), (["--python"], 1)):
         r = subprocess.run([sys.executable, str(FETCH), *args], capture_output=True, text=True, env=env, timeout=60)
         assert r.returncode == rc, (args, r.stderr)
-    assert r.stdout == "" and "none.tar.gz" in r.stderr     # --llama/--python went for the sdist (absent here)
-    assert (root / "ggml" / "CMakeLists.txt").read_text() == "# cached\n"   # and left the old entry whole
+    assert r.stdout == "" and "none.tar.gz" in r.stderr  # --llama/--python went for the sdist (absent here)
+    assert (root / "ggml" / "CMakeLists.txt").read_text() == "# cached\n"  # and left the old entry whole
 
 
 @pytest.mark.skipif(not FETCH.is_file(), reason="not run from a source checkout")
@@ -69,17 +71,27 @@ def test_fetch_prints_the_llama_root_and_the_python_package_of_a_current_cache(t
         (root / m).write_text("")
     (root / "SOURCE").write_text(fetch.source_line())
     env = dict(os.environ, SUPERGGML_CACHE=str(tmp_path), SUPERGGML_GGML_SDIST=str(tmp_path / "none.tar.gz"))
-    out = [subprocess.run([sys.executable, str(FETCH), *a], capture_output=True, text=True, env=env,
-                          timeout=60).stdout.strip() for a in ([], ["--llama"], ["--python"])]
+    out = [
+        subprocess.run(
+            [sys.executable, str(FETCH), *a], capture_output=True, text=True, env=env, timeout=60
+        ).stdout.strip()
+        for a in ([], ["--llama"], ["--python"])
+    ]
     assert out == [str(root / "ggml"), str(root), str(root / "python")]
     # what the cache keeps of the sdist: ggml, libllama's, common's and llama-bench's sources, llama_cpp
     top, v = "llama_cpp_python-0.3.36/", "llama_cpp_python-0.3.36/vendor/llama.cpp/"
     assert fetch.kept(v + "src/llama.cpp") == "src/llama.cpp"
     assert fetch.kept(v + "tools/llama-bench/llama-bench.cpp") == "tools/llama-bench/llama-bench.cpp"
     assert fetch.kept(top + "llama_cpp/llama_cpp.py") == "python/llama_cpp/llama_cpp.py"
-    for left_out in ("models/ggml-vocab-llama-bpe.gguf", "docs/build.md", "tests/test-backend-ops.cpp",
-                     "tools/server/server.cpp", "examples/simple/simple.cpp", "gguf-py/gguf/gguf.py",
-                     "vendor/miniaudio/miniaudio.h"):
+    for left_out in (
+        "models/ggml-vocab-llama-bpe.gguf",
+        "docs/build.md",
+        "tests/test-backend-ops.cpp",
+        "tools/server/server.cpp",
+        "examples/simple/simple.cpp",
+        "gguf-py/gguf/gguf.py",
+        "vendor/miniaudio/miniaudio.h",
+    ):
         assert fetch.kept(v + left_out) is None, left_out
 
 
@@ -107,8 +119,12 @@ def test_llama_bench_runs_on_the_same_libraries(smollm2_path):
     for lib in ("libllama.so", "libggml.so.0", "libggml-base.so.0"):
         line = next(x for x in ldd.splitlines() if x.strip().startswith(lib))
         assert str(LIB.resolve().parent) in line, line
-    r = subprocess.run([str(bench), "-m", smollm2_path, "-p", "8", "-n", "2", "-r", "1", "-t", "2", "-o", "csv"],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [str(bench), "-m", smollm2_path, "-p", "8", "-n", "2", "-r", "1", "-t", "2", "-o", "csv"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert [(row["n_prompt"], row["n_gen"]) for row in rows] == [("8", "0"), ("0", "2")], r.stdout
@@ -128,16 +144,18 @@ def test_pip_reference_is_another_build():
 @needs_pip
 def test_built_logits_equal_pips_bit_for_bit(record_property):
     path = str(models.smollm2_path())
-    tok = llama_ref.run({"kind": "tokenize", "model": path, "items": [[p, True, True] for p in PROMPTS]},
-                        which="pip")
+    tok = llama_ref.run({"kind": "tokenize", "model": path, "items": [[p, True, True] for p in PROMPTS]}, which="pip")
     prompts = [[int(x) for x in tok[f"ids{i}"][:N_POS]] for i in range(len(PROMPTS))]
     out = {}
     for which in ("built", "pip"):
         batch = llama_ref.run({"kind": "logits", "model": path, "prompts": prompts}, which=which)
-        seq = llama_ref.run({"kind": "logits", "model": path, "prompts": prompts[:N_ONE_BY_ONE],
-                             "one_by_one": True}, which=which)
-        out[which] = ([batch[f"logits{i}"] for i in range(len(prompts))],
-                      [seq[f"logits{i}"] for i in range(N_ONE_BY_ONE)])
+        seq = llama_ref.run(
+            {"kind": "logits", "model": path, "prompts": prompts[:N_ONE_BY_ONE], "one_by_one": True}, which=which
+        )
+        out[which] = (
+            [batch[f"logits{i}"] for i in range(len(prompts))],
+            [seq[f"logits{i}"] for i in range(N_ONE_BY_ONE)],
+        )
     for k, name in enumerate(("batched", "token_by_token")):
         built, pip = out["built"][k], out["pip"][k]
         d = max(float(np.abs(b - p).max()) for b, p in zip(built, pip))

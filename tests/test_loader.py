@@ -56,11 +56,14 @@ def test_bad_magic(tmp_path, smollm2_path):
         Model(p)
 
 
-@pytest.mark.parametrize("payload", [
-    b"GGUF" + bytes(range(256)) * 8,                                       # garbage header
-    b"GGUF" + (3).to_bytes(4, "little") + (2**40).to_bytes(8, "little") * 2,  # absurd counts
-    b"GGUF" + (99).to_bytes(4, "little") + bytes(64),                      # unknown version
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"GGUF" + bytes(range(256)) * 8,  # garbage header
+        b"GGUF" + (3).to_bytes(4, "little") + (2**40).to_bytes(8, "little") * 2,  # absurd counts
+        b"GGUF" + (99).to_bytes(4, "little") + bytes(64),  # unknown version
+    ],
+)
 def test_malformed_header(tmp_path, payload):
     p = tmp_path / "broken.gguf"
     p.write_bytes(payload)
@@ -84,11 +87,18 @@ def test_unknown_architecture(tmp_path):
 
 
 def test_missing_tensor(tmp_path):
-    kv = {"llama.block_count": 1, "llama.embedding_length": 8, "llama.attention.head_count": 2,
-          "llama.feed_forward_length": 16, "llama.context_length": 64,
-          "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.vocab_size": 32}
-    p = _write_gguf(tmp_path / "tiny.gguf", "llama", kv=kv,
-                    tensors={"token_embd.weight": np.zeros((32, 8), np.float32)})
+    kv = {
+        "llama.block_count": 1,
+        "llama.embedding_length": 8,
+        "llama.attention.head_count": 2,
+        "llama.feed_forward_length": 16,
+        "llama.context_length": 64,
+        "llama.attention.layer_norm_rms_epsilon": 1e-5,
+        "llama.vocab_size": 32,
+    }
+    p = _write_gguf(
+        tmp_path / "tiny.gguf", "llama", kv=kv, tensors={"token_embd.weight": np.zeros((32, 8), np.float32)}
+    )
     with pytest.raises(GGUFError, match="lacks tensor"):
         Model(p)
 
@@ -151,10 +161,10 @@ def test_truncate_keeps_a_prefix_and_regenerates_identically(smollm2_path):
         assert np.array_equal(m.eval(toks[12:], logits_all=True), full[12:])
         with pytest.raises(ValueError, match="truncate"):
             m.truncate(21)
-        m.use_sequence(1)                  # without paged_kv, a sequence of its own K/V storage
+        m.use_sequence(1)  # without paged_kv, a sequence of its own K/V storage
         assert m.n_tokens == 0
         assert np.array_equal(m.eval(toks, logits_all=True), full)
-        m.use_sequence(0)                  # its K/V untouched by sequence 1's
+        m.use_sequence(0)  # its K/V untouched by sequence 1's
         assert m.tokens == toks
         m.truncate(12)
         assert np.array_equal(m.eval(toks[12:], logits_all=True), full[12:])
@@ -182,9 +192,9 @@ def test_background_load_maps_only_the_bytes_in_use(qwen_path):
     process once their copy is made (as llama.cpp unmaps them), so the mapping holds only what is used."""
     before = _rss_file_mib()
     with Model(qwen_path, ctx_size=256, n_threads=2) as m:
-        assert m.repacked_bytes > 500 << 20                # Qwen2.5-1.5B's Q4_K weights
+        assert m.repacked_bytes > 500 << 20  # Qwen2.5-1.5B's Q4_K weights
         m.eval([1, 2, 3])
-        assert not m.stats()["weights_loading"]    # loaded: the first pass waited for every block
+        assert not m.stats()["weights_loading"]  # loaded: the first pass waited for every block
         grown = _rss_file_mib() - before
         in_mapping = (os.path.getsize(qwen_path) - m.repacked_bytes) >> 20
-        assert grown <= in_mapping, (grown, in_mapping)    # without the unmap: about the whole file
+        assert grown <= in_mapping, (grown, in_mapping)  # without the unmap: about the whole file

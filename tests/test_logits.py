@@ -17,7 +17,7 @@ from prompts import PROMPTS
 from superggml import Model, models
 
 N_POS = 64
-N_ONE_BY_ONE = 2          # prompts also fed token by token
+N_ONE_BY_ONE = 2  # prompts also fed token by token
 N_GEN = 64
 MODELS = {"smollm2": models.smollm2_path, "qwen": models.qwen_path, "qwen05": models.qwen05_path}
 GEN_PROMPTS = ["def fibonacci(n):\n", "The three laws of thermodynamics are"]
@@ -30,14 +30,16 @@ def ref_model(request):
 
 @pytest.fixture(scope="module")
 def reference(ref_model):
-    tok = llama_ref.run({"kind": "tokenize", "model": ref_model,
-                         "items": [[p, True, True] for p in PROMPTS]})
+    tok = llama_ref.run({"kind": "tokenize", "model": ref_model, "items": [[p, True, True] for p in PROMPTS]})
     prompts = [[int(x) for x in tok[f"ids{i}"][:N_POS]] for i in range(len(PROMPTS))]
     assert all(len(p) == N_POS for p in prompts)
     batch = llama_ref.run({"kind": "logits", "model": ref_model, "prompts": prompts})
     seq = llama_ref.run({"kind": "logits", "model": ref_model, "prompts": prompts[:N_ONE_BY_ONE], "one_by_one": True})
-    return (prompts, [batch[f"logits{i}"] for i in range(len(prompts))],
-            [seq[f"logits{i}"] for i in range(N_ONE_BY_ONE)])
+    return (
+        prompts,
+        [batch[f"logits{i}"] for i in range(len(prompts))],
+        [seq[f"logits{i}"] for i in range(N_ONE_BY_ONE)],
+    )
 
 
 def test_teacher_forced_logits_equal_llama_cpp(ref_model, reference, record_property):

@@ -68,22 +68,39 @@ def test_chat_logprobs_streaming_and_not(client, model):
     """The same request streamed and not: the same logprobs (cache_prompt off: both prefill the whole prompt)."""
     msgs = [{"role": "user", "content": "Name a color."}]
     fresh = {"cache_prompt": False}
-    r = client.chat.completions.create(model=model_id(client), messages=msgs, max_tokens=6, temperature=0,
-                                       logprobs=True, top_logprobs=2, extra_body=fresh)
+    r = client.chat.completions.create(
+        model=model_id(client),
+        messages=msgs,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body=fresh,
+    )
     content = r.choices[0].logprobs.content
     assert "".join(c.token for c in content) == r.choices[0].message.content
     assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob >= c.logprob - 1e-9 for c in content)
     assert all(bytes(c.bytes).decode("utf-8", "replace") == c.token for c in content)
-    chunks = list(client.chat.completions.create(model=model_id(client), messages=msgs, max_tokens=6,
-                                                 temperature=0, logprobs=True, top_logprobs=2, stream=True,
-                                                 extra_body=fresh))
+    chunks = list(
+        client.chat.completions.create(
+            model=model_id(client),
+            messages=msgs,
+            max_tokens=6,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+            stream=True,
+            extra_body=fresh,
+        )
+    )
     streamed = [c for ch in chunks for c in ((ch.choices[0].logprobs.content or []) if ch.choices[0].logprobs else [])]
     assert [(c.token, round(c.logprob, 6)) for c in streamed] == [(c.token, round(c.logprob, 6)) for c in content]
 
 
 def test_echo_prompt_logprobs(client, model):
-    r = client.completions.create(model=model_id(client), prompt=PROMPT, max_tokens=2, temperature=0, logprobs=1,
-                                  echo=True)
+    r = client.completions.create(
+        model=model_id(client), prompt=PROMPT, max_tokens=2, temperature=0, logprobs=1, echo=True
+    )
     lp = r.choices[0].logprobs
     toks = model.tokenize(PROMPT, add_bos=True, special=True)
     assert lp.token_logprobs[0] is None and len(lp.tokens) == len(toks) + 2
@@ -95,11 +112,12 @@ def test_echo_prompt_logprobs(client, model):
 
 
 def test_bad_logprobs_are_400(client):
-    url = client.server.url   # type: ignore[attr-defined]
+    url = client.server.url  # type: ignore[attr-defined]
     r = httpx.post(url + "/v1/completions", json={"prompt": "x", "logprobs": 21})
     assert r.status_code == 400
-    r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
-                                                       "top_logprobs": 2})
+    r = httpx.post(
+        url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}
+    )
     assert r.status_code == 400 and "logprobs" in r.json()["error"]["message"]
 
 

@@ -34,15 +34,26 @@ class FakeMemory:
 
 def test_metrics_lines_validate_and_agree_with_the_counters(smollm2_path, tmp_path):
     path = tmp_path / "m.jsonl"
-    with Model(smollm2_path, ctx_size=256, n_threads=2, device_budget="24MiB", async_prefetch=True,
-               dynamic_layers=True, paged_kv=True, kv_page_size=16, kv_device_layers=8, host_budget="256KiB",
-               kv_spill_dir=tmp_path, metrics_file=path) as m:
+    with Model(
+        smollm2_path,
+        ctx_size=256,
+        n_threads=2,
+        device_budget="24MiB",
+        async_prefetch=True,
+        dynamic_layers=True,
+        paged_kv=True,
+        kv_page_size=16,
+        kv_device_layers=8,
+        host_budget="256KiB",
+        kv_spill_dir=tmp_path,
+        metrics_file=path,
+    ) as m:
         mem = m.scheduler.memory = FakeMemory(m)
         toks = m.tokenize("The quick brown fox")
         m.eval(toks)
         t = 100
         for i in range(12):
-            mem.high = 4 <= i < 7                          # pressure for a few tokens: moves to log
+            mem.high = 4 <= i < 7  # pressure for a few tokens: moves to log
             m.eval([t + i])
         final = m.stats()
     lines = valid_lines(path)
@@ -69,7 +80,7 @@ def test_metrics_lines_validate_and_agree_with_the_counters(smollm2_path, tmp_pa
     assert counted["kv_page_writeback"] == final["kv_pages_written_back"]
     blocks = [x for x in layers if x["kind"] == "block" and x["token"] == 5]
     assert len(blocks) == 30 and all(b["compute_ms"] > 0 for b in blocks)
-    assert any(b["load_ms"] > 0 for b in blocks)                  # streamed blocks show their load
+    assert any(b["load_ms"] > 0 for b in blocks)  # streamed blocks show their load
 
 
 def test_interval_pretty_and_stderr(smollm2_path, capsys, tmp_path):
@@ -83,14 +94,16 @@ def test_interval_pretty_and_stderr(smollm2_path, capsys, tmp_path):
     objs = read_metrics(path)
     snaps = [o for o in objs if "event" not in o]
     assert [s["generated_tokens"] for s in snaps] == [3, 6]
-    assert "\n  \"token\"" in err                                    # indented
+    assert "\n  \"token\"" in err  # indented
 
 
 def test_writer_never_interleaves_lines():
     buf = io.StringIO()
     w = MetricsWriter(buf)
-    ths = [threading.Thread(target=lambda k=k: [w.emit({"t": k, "i": i, "pad": "x" * 200}) for i in range(500)])
-           for k in range(4)]
+    ths = [
+        threading.Thread(target=lambda k=k: [w.emit({"t": k, "i": i, "pad": "x" * 200}) for i in range(500)])
+        for k in range(4)
+    ]
     for t in ths:
         t.start()
     for t in ths:
@@ -102,8 +115,26 @@ def test_writer_never_interleaves_lines():
 
 def test_cli_metrics_file(smollm2_path, tmp_path):
     path = tmp_path / "cli.jsonl"
-    assert cli.main(["generate", "-m", smollm2_path, "-p", "Hello", "-n", "5", "--temp", "0", "-c", "128",
-                     "--metrics-file", str(path)]) == 0
+    assert (
+        cli.main(
+            [
+                "generate",
+                "-m",
+                smollm2_path,
+                "-p",
+                "Hello",
+                "-n",
+                "5",
+                "--temp",
+                "0",
+                "-c",
+                "128",
+                "--metrics-file",
+                str(path),
+            ]
+        )
+        == 0
+    )
     lines = valid_lines(path)
     assert max(x["generated_tokens"] for x in lines if "event" not in x) >= 4
 
@@ -118,14 +149,15 @@ def test_plot_renders_a_timeline_png(smollm2_path, tmp_path):
     from PIL import Image
 
     path = tmp_path / "run.jsonl"
-    with Model(smollm2_path, ctx_size=128, n_threads=2, device_budget="12MiB", async_prefetch=True,
-               metrics_file=path) as m:
+    with Model(
+        smollm2_path, ctx_size=128, n_threads=2, device_budget="12MiB", async_prefetch=True, metrics_file=path
+    ) as m:
         m.create_completion("Once upon a time", max_tokens=8, temperature=0)
     png = tmp_path / "timeline.png"
     assert cli.main(["plot", str(path), "-o", str(png)]) == 0
     img = np.asarray(Image.open(png).convert("L"))
     assert img.shape[0] > 500 and img.shape[1] > 800
-    assert img.std() > 10 and (img < 128).mean() > 0.01          # drawn, not blank
+    assert img.std() > 10 and (img < 128).mean() > 0.01  # drawn, not blank
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     assert cli.main(["plot", str(empty), "-o", str(tmp_path / "x.png")]) == 1

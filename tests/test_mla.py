@@ -31,7 +31,7 @@ def test_latent_cache_holds_one_row_of_kv_lora_rank_plus_rope_per_token_and_laye
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
     row = field(path, "attention.kv_lora_rank") + field(path, "rope.dimension_count")
     with Model(path, ctx_size=256, n_threads=2) as m:
-        assert m.kv_bytes == 256 * m.hparams.n_layer * row * 2     # the MTP block, if any, has a memory of its own
+        assert m.kv_bytes == 256 * m.hparams.n_layer * row * 2  # the MTP block, if any, has a memory of its own
         m.eval([1, 2, 3])
 
 
@@ -93,7 +93,7 @@ def test_speculative_rollback_over_the_latent_memory_is_exact(tmp_path, vocab_fi
     with Model(path, lookup_ngram=2, draft_k=4, **kw) as m:
         assert greedy(m) == plain
         st = m.stats()
-        assert st["draft_tokens"] > 0 and st["draft_accepted"] < st["draft_tokens"]    # rollbacks happened
+        assert st["draft_tokens"] > 0 and st["draft_accepted"] < st["draft_tokens"]  # rollbacks happened
 
 
 @pytest.mark.parametrize("variant", ["deepseek2-lite", "deepseek2-glm47flash"])
@@ -112,10 +112,11 @@ def test_paged_latent_kv_is_bit_identical_to_contiguous(tmp_path, vocab_fields, 
 
     ref, st = run()
     row = field(path, "attention.kv_lora_rank") + field(path, "rope.dimension_count")
-    paged, st = run(paged_kv=True, kv_page_size=16, kv_device_layers=1, host_budget=6 * 16 * row * 2,
-                    kv_spill_dir=str(spill))
+    paged, st = run(
+        paged_kv=True, kv_page_size=16, kv_device_layers=1, host_budget=6 * 16 * row * 2, kv_spill_dir=str(spill)
+    )
     assert st["kv_pages_loaded"] > 0 and st["kv_pages_spilled"] > 0
-    assert st["kv_frame_bytes"] == 128 * row * 2             # K only
+    assert st["kv_frame_bytes"] == 128 * row * 2  # K only
     assert np.array_equal(paged, ref)
 
 
@@ -127,8 +128,17 @@ def test_the_legacy_layout_caches_every_heads_k_and_v(tmp_path, vocab_fields):
     with Model(path, ctx_size=256, n_threads=2, n_batch=16) as m:
         assert m.kv_bytes == 256 * 3 * 4 * (48 + 32) * 2
         ref = m.eval(prompt, logits_all=True).copy()
-    with Model(path, ctx_size=256, n_threads=2, n_batch=16, paged_kv=True, kv_page_size=16, kv_device_layers=1,
-               host_budget=4 * 16 * 4 * (48 + 32) * 2, kv_spill_dir=str(tmp_path)) as m:
+    with Model(
+        path,
+        ctx_size=256,
+        n_threads=2,
+        n_batch=16,
+        paged_kv=True,
+        kv_page_size=16,
+        kv_device_layers=1,
+        host_budget=4 * 16 * 4 * (48 + 32) * 2,
+        kv_spill_dir=str(tmp_path),
+    ) as m:
         assert np.array_equal(m.eval(prompt, logits_all=True), ref)
         st = m.stats()
         assert st["kv_frame_bytes"] == 256 * 4 * (48 + 32) * 2 and st["kv_pages_spilled"] > 0
@@ -155,12 +165,14 @@ def test_a_q8_0_latent_cache_matches_llama_cpp(tmp_path, vocab_fields, flash_att
     rotations): the prompt's logits and 3 decoded tokens', bit for bit."""
     import llama_ref
 
-    path = synth(tmp_path / "q8kv.gguf", vocab_fields,
-                 **{**VARIANTS["deepseek2-lite"], "kv_lora_rank": 64, "qk_rope": 32})   # 64 and 96: blocks of 32
+    path = synth(
+        tmp_path / "q8kv.gguf", vocab_fields, **{**VARIANTS["deepseek2-lite"], "kv_lora_rank": 64, "qk_rope": 32}
+    )  # 64 and 96: blocks of 32
     prompt = [int(x) for x in np.random.default_rng(1).integers(0, 49152, 40)]
-    q8 = 8                                                     # GGML_TYPE_Q8_0
-    ref = llama_ref.run({"kind": "kv_types", "model": path, "prompt": prompt, "n_decode": 3,
-                         "configs": [(q8, q8, flash_attn)]})["logits0"]
+    q8 = 8  # GGML_TYPE_Q8_0
+    ref = llama_ref.run(
+        {"kind": "kv_types", "model": path, "prompt": prompt, "n_decode": 3, "configs": [(q8, q8, flash_attn)]}
+    )["logits0"]
     with Model(path, ctx_size=512, n_threads=2, flash_attn=flash_attn, kv_type="q8_0") as m:
         assert m.kv_bytes == 512 * 3 * 96 // 32 * 34
         rows = [m.eval(prompt, logits_all=True).copy()]
@@ -174,5 +186,5 @@ def test_latent_cache_types_are_checked_as_llama_cpp_checks_them(tmp_path, vocab
     with pytest.raises(ValueError, match=r"cache_type_k \(q8_0\) and cache_type_v \(f16\) must be the same"):
         Model(path, ctx_size=128, cache_type_k="q8_0")
     path = synth(tmp_path / "mla48.gguf", vocab_fields, **{**VARIANTS["deepseek2-lite"], "kv_lora_rank": 48})
-    with pytest.raises(ValueError, match="latent V of 48 does not divide"):    # K: 48 + 16 would
+    with pytest.raises(ValueError, match="latent V of 48 does not divide"):  # K: 48 + 16 would
         Model(path, ctx_size=128, kv_type="q8_0", flash_attn=True)

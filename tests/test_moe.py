@@ -27,8 +27,10 @@ def run(path, prompt, **kw):
         return np.concatenate(out), m.stats()
 
 
-@pytest.mark.parametrize("variant", ["qwen3moe-8x2-q8_0", "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1",
-                                     "gpt-oss-8x2-mxfp4", "glm4moe-bias-mtp"])
+@pytest.mark.parametrize(
+    "variant",
+    ["qwen3moe-8x2-q8_0", "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1", "gpt-oss-8x2-mxfp4", "glm4moe-bias-mtp"],
+)
 def test_expert_cache_of_a_quarter_is_bit_identical_to_resident(tmp_path, vocab_fields, variant):
     """4 layers x 8 experts; a cache of 25% of the expert bytes (8 slots) evicts all the time."""
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **{**VARIANTS[variant], "n_layer": 4})
@@ -58,8 +60,16 @@ def test_expert_cache_with_streamed_blocks_and_paged_kv(tmp_path, vocab_fields):
     path = synth(tmp_path / "moe.gguf", vocab_fields, **{**VARIANTS["qwen3moe-8x2-q8_0"], "n_layer": 4})
     prompt = [int(x) for x in np.random.default_rng(5).integers(0, 49152, 40)]
     ref, _ = run(path, prompt)
-    got, st = run(path, prompt, expert_cache=expert_bytes(path) // 4, n_gpu_layers=0, async_prefetch=True,
-                  paged_kv=True, kv_page_size=16, kv_device_layers=1)
+    got, st = run(
+        path,
+        prompt,
+        expert_cache=expert_bytes(path) // 4,
+        n_gpu_layers=0,
+        async_prefetch=True,
+        paged_kv=True,
+        kv_page_size=16,
+        kv_device_layers=1,
+    )
     assert np.array_equal(got, ref)
     assert st["loads"] > 0 and st["kv_pages_loaded"] > 0 and st["expert_misses"] > 0
 
@@ -94,8 +104,9 @@ def test_metrics_report_the_expert_cache(tmp_path, vocab_fields):
 
     path = synth(tmp_path / "moe.gguf", vocab_fields, **{**VARIANTS["qwen3moe-8x2-q8_0"], "n_layer": 4})
     out = tmp_path / "m.jsonl"
-    with Model(path, ctx_size=128, n_threads=2, n_batch=8, expert_cache=expert_bytes(path) // 4,
-               metrics_file=str(out)) as m:
+    with Model(
+        path, ctx_size=128, n_threads=2, n_batch=8, expert_cache=expert_bytes(path) // 4, metrics_file=str(out)
+    ) as m:
         m.create_completion("Once upon a time", max_tokens=6, temperature=0)
     lines = valid_lines(out)
     snaps = [x for x in lines if "tokens_per_sec" in x]
@@ -116,7 +127,7 @@ def test_device_budget_plans_the_dense_part_first_then_the_expert_cache(tmp_path
     got, st = run(path, prompt, device_budget=dense + 8 * slot, async_prefetch=True)
     assert np.array_equal(got, ref)
     assert st["layers_pinned"] == st["n_slots"] and st["expert_slots"] == 8 and st["expert_misses"] > 0
-    assert st["expert_prefetches"] > 0          # every block pinned: the router lookahead runs
+    assert st["expert_prefetches"] > 0  # every block pinned: the router lookahead runs
     # less than the dense part and one batch's experts: the dense part streams through the fewest slots, the
     # cache gets the rest and a batch runs its experts in row chunks
     got, st = run(path, prompt, device_budget=8 * slot, async_prefetch=True)
@@ -157,23 +168,43 @@ def test_peak_rss_in_a_cgroup_stays_under_budget_plus_128_mib(tmp_path, vocab_fi
 
     import memcg
 
-    path = synth(tmp_path / "moe-big.gguf", vocab_fields, arch="qwen3moe", tied=False, n_layer=8, n_embd=512,
-                 n_ff=512, n_ff_exp=512, n_expert=32, n_expert_used=4, wtype="q8_0", n_head=8, n_head_kv=4)
-    ref = subprocess.run([sys.executable, "-c", LIMITED_MOE, path, "none", str(tmp_path / "ref.npy")],
-                         capture_output=True, text=True, timeout=600)
+    path = synth(
+        tmp_path / "moe-big.gguf",
+        vocab_fields,
+        arch="qwen3moe",
+        tied=False,
+        n_layer=8,
+        n_embd=512,
+        n_ff=512,
+        n_ff_exp=512,
+        n_expert=32,
+        n_expert_used=4,
+        wtype="q8_0",
+        n_head=8,
+        n_head_kv=4,
+    )
+    ref = subprocess.run(
+        [sys.executable, "-c", LIMITED_MOE, path, "none", str(tmp_path / "ref.npy")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert ref.returncode == 0, ref.stderr[-2000:]
     limit = (64 + 128) << 20
     memcg.drop_page_cache(path)
     try:
-        r = memcg.run_limited([sys.executable, "-c", LIMITED_MOE, path, "64MiB", str(tmp_path / "lim.npy")], limit,
-                              timeout=600)
+        r = memcg.run_limited(
+            [sys.executable, "-c", LIMITED_MOE, path, "64MiB", str(tmp_path / "lim.npy")], limit, timeout=600
+        )
     except (OSError, PermissionError) as e:
         pytest.skip(f"cannot make a child memory cgroup here: {e}")
     assert r.returncode == 0, r.stderr[-2000:]
     words = r.stdout.split()
     maxrss, anon, misses = (int(words[words.index(k) + 1]) for k in ("maxrss", "anon", "misses"))
-    print(f"\npeak RSS {maxrss / 2**20:.0f} MiB, anonymous {anon / 2**20:.0f} MiB in a {limit >> 20} MiB cgroup, "
-          f"{misses} expert misses")
+    print(
+        f"\npeak RSS {maxrss / 2**20:.0f} MiB, anonymous {anon / 2**20:.0f} MiB in a {limit >> 20} MiB cgroup, "
+        f"{misses} expert misses"
+    )
     assert anon < limit and misses > 0
     assert np.array_equal(np.load(tmp_path / "lim.npy"), np.load(tmp_path / "ref.npy"))
 
@@ -182,8 +213,11 @@ def test_peak_rss_in_a_cgroup_stays_under_budget_plus_128_mib(tmp_path, vocab_fi
 def test_expert_cache_reads_with_o_direct(tmp_path, vocab_fields, variant):
     """direct_io: the experts of layers whose strides are whole O_DIRECT blocks (F32 [256, 64]: 64 KiB) read
     with O_DIRECT into slots laid out in the file's alignment; still bit-identical."""
-    path = synth(tmp_path / "moe.gguf", vocab_fields, **{**VARIANTS[variant], "n_layer": 4, "n_embd": 256, "n_ff": 64,
-                                                           "n_ff_exp": 64})
+    path = synth(
+        tmp_path / "moe.gguf",
+        vocab_fields,
+        **{**VARIANTS[variant], "n_layer": 4, "n_embd": 256, "n_ff": 64, "n_ff_exp": 64},
+    )
     prompt = [int(x) for x in np.random.default_rng(9).integers(0, 49152, 20)]
     ref, _ = run(path, prompt)
     got, st = run(path, prompt, expert_cache=expert_bytes(path) // 4, direct_io=True)
@@ -232,7 +266,7 @@ def test_lookahead_auto_times_both_and_keeps_the_faster(tmp_path, vocab_fields, 
             outs.append(np.concatenate(out))
             st = m.stats()
     assert np.array_equal(outs[0], outs[1])
-    assert states[20:33] == ["trial"] * 13 and states[33] in ("on", "off")   # 2 + 4 x 3 decoded tokens
+    assert states[20:33] == ["trial"] * 13 and states[33] in ("on", "off")  # 2 + 4 x 3 decoded tokens
     assert states[-1] == states[33]
     assert st["expert_lookahead_trial_ms_on"] > 0 and st["expert_lookahead_trial_ms_off"] > 0
     assert (states[-1] == "on") == (st["expert_lookahead_trial_ms_on"] < 0.95 * st["expert_lookahead_trial_ms_off"])

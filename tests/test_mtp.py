@@ -29,8 +29,9 @@ def test_the_mtp_block_matches_llama_cpps_mtp_context(tmp_path, vocab_fields, va
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
     rng = np.random.default_rng(5)
     prompts = [[int(x) for x in rng.integers(0, 49152, n)] for n in (7, 40)]
-    ref = llama_ref.run({"kind": "mtp", "model": path, "prompts": prompts, "flash_attn": flash_attn, "n_ctx": 256,
-                         "n_batch": 256})
+    ref = llama_ref.run(
+        {"kind": "mtp", "model": path, "prompts": prompts, "flash_attn": flash_attn, "n_ctx": 256, "n_batch": 256}
+    )
     with Model(path, ctx_size=256, n_threads=2, flash_attn=flash_attn, draft_mtp=True) as m:
         d = m.speculator.drafter
         for i, toks in enumerate(prompts):
@@ -56,8 +57,9 @@ def test_mtp_drafting_keeps_the_greedy_text(tmp_path, vocab_fields, variant, str
     """batch_invariant: 3 tokens drafted every step (random weights: nearly all rejected, each rejection rolled
     back from the model's memory and the block's), 48 tokens equal to plain decoding; the counts in stats()."""
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
-    kw = dict(ctx_size=256, n_threads=2, n_batch=16, batch_invariant=True,
-              **(streamed_options(path) if streamed else {}))
+    kw = dict(
+        ctx_size=256, n_threads=2, n_batch=16, batch_invariant=True, **(streamed_options(path) if streamed else {})
+    )
 
     def greedy(m):
         return m.create_completion(PROMPT, max_tokens=48, temperature=0.0)["choices"][0]["text"]
@@ -67,8 +69,10 @@ def test_mtp_drafting_keeps_the_greedy_text(tmp_path, vocab_fields, variant, str
     with Model(path, draft_mtp=True, draft_k=3, **kw) as m:
         assert greedy(m) == plain
         st = m.stats()
-    print(f"{variant}: drafted {st['draft_tokens']}, accepted {st['draft_accepted']}, "
-          f"{st['draft_tokens_per_pass']:.2f} tokens per pass, {st['bytes_streamed_per_token']:.0f} B/token")
+    print(
+        f"{variant}: drafted {st['draft_tokens']}, accepted {st['draft_accepted']}, "
+        f"{st['draft_tokens_per_pass']:.2f} tokens per pass, {st['bytes_streamed_per_token']:.0f} B/token"
+    )
     assert st["draft"] == "mtp" and st["draft_tokens"] > 0 and st["draft_acceptance"] is not None
     assert st["draft_tokens_per_pass"] >= 1.0 and st["draft_resident_bytes"] > 0
     assert (st["bytes_streamed_per_token"] > 0) == streamed
@@ -88,8 +92,10 @@ def test_an_mtp_block_that_drafts_right_saves_passes_and_streamed_bytes(tmp_path
 
     plain, _, plain_bytes = run()
     text, st, mtp_bytes = run(draft_mtp=True, draft_k=3)
-    print(f"echo: acceptance {st['draft_acceptance']:.2f}, {st['draft_tokens_per_pass']:.2f} tokens per pass, "
-          f"{mtp_bytes / plain_bytes:.2f} of plain decoding's streamed bytes")
+    print(
+        f"echo: acceptance {st['draft_acceptance']:.2f}, {st['draft_tokens_per_pass']:.2f} tokens per pass, "
+        f"{mtp_bytes / plain_bytes:.2f} of plain decoding's streamed bytes"
+    )
     assert text == plain
     assert st["draft_acceptance"] >= 0.9 and st["draft_tokens_per_pass"] >= 3.0
     assert mtp_bytes < 0.6 * plain_bytes

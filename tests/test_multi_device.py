@@ -25,8 +25,9 @@ def run_prompt(m: Model) -> np.ndarray:
 def test_two_backends_give_the_logits_of_one(model_path, split):
     with Model(model_path, ctx_size=128, n_batch=16, n_threads=2, repack=False) as m:
         ref = run_prompt(m)
-    with Model(model_path, ctx_size=128, n_batch=16, n_threads=2, repack=False, devices=["CPU", "CPU"],
-               tensor_split=split) as m:
+    with Model(
+        model_path, ctx_size=128, n_batch=16, n_threads=2, repack=False, devices=["CPU", "CPU"], tensor_split=split
+    ) as m:
         out = run_prompt(m)
         st = m.stats()
         assert st["devices"] == ["CPU", "CPU"]
@@ -53,5 +54,25 @@ def test_layer_split_rounding_and_errors(smollm2_path):
 
 
 def test_cli_devices(smollm2_path, capsys):
-    assert cli.main(["generate", "-m", smollm2_path, "-p", "Hello", "-n", "3", "--temp", "0", "-c", "64",
-                     "--devices", "CPU,CPU", "--tensor-split", "2,1"]) == 0
+    assert (
+        cli.main(
+            [
+                "generate",
+                "-m",
+                smollm2_path,
+                "-p",
+                "Hello",
+                "-n",
+                "3",
+                "--temp",
+                "0",
+                "-c",
+                "64",
+                "--devices",
+                "CPU,CPU",
+                "--tensor-split",
+                "2,1",
+            ]
+        )
+        == 0
+    )

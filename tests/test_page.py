@@ -67,8 +67,11 @@ def test_the_page_chats_and_shows_the_pager(smollm2_path, browser):
             seen, reply = set(), None
             end = time.time() + 300
             while time.time() < end:
-                seen.add(browser.execute_script(
-                    "return [...document.querySelectorAll('#blocks .block')].map(b => b.className).join(',')"))
+                seen.add(
+                    browser.execute_script(
+                        "return [...document.querySelectorAll('#blocks .block')].map(b => b.className).join(',')"
+                    )
+                )
                 replies = browser.find_elements(By.CSS_SELECTOR, "#messages .assistant, #messages .error")
                 if replies and replies[-1].get_attribute("data-state") in ("done", "error"):
                     reply = replies[-1]
@@ -76,7 +79,7 @@ def test_the_page_chats_and_shows_the_pager(smollm2_path, browser):
                 time.sleep(0.1)
             assert reply is not None and reply.get_attribute("data-state") == "done"
             assert reply.text.strip()
-            assert len(seen) >= 2, seen                       # the row followed the pager
+            assert len(seen) >= 2, seen  # the row followed the pager
             assert any("slot" in x for x in seen) and all("file" in x for x in seen)
             os.makedirs(ARTIFACTS, exist_ok=True)
             browser.save_screenshot(os.path.join(ARTIFACTS, "page.png"))

@@ -29,15 +29,14 @@ def test_streamed_is_bit_identical_to_resident(model_path, resident, slots, asyn
     ref, slot_bytes, n_layer = resident
     n = n_layer // 2 if slots == "half" else slots
     budget = n * slot_bytes * 1.05  # blocks differ a little in size
-    with Model(model_path, ctx_size=128, n_threads=2, device_budget=int(budget),
-               async_prefetch=async_prefetch) as m:
+    with Model(model_path, ctx_size=128, n_threads=2, device_budget=int(budget), async_prefetch=async_prefetch) as m:
         out = feed_logits(m)
         st = m.stats()
         assert st["n_slots"] == n
     assert np.array_equal(out, ref)
     assert st["failed"] == 0
     if n < n_layer:
-        assert st["evictions"] > 0       # bytes really moved through the slots
+        assert st["evictions"] > 0  # bytes really moved through the slots
 
 
 def test_budget_smaller_than_a_layer(smollm2_path):
@@ -58,8 +57,15 @@ def test_parse_size():
 def test_file_truncated_mid_run_raises(tmp_path, smollm2_path, io):
     p = tmp_path / "m.gguf"
     shutil.copy(smollm2_path, p)
-    with Model(p, ctx_size=64, n_threads=2, device_budget="2.5MiB", async_prefetch=True,
-               direct_io=io == "direct", staged_io=io == "staged") as m:
+    with Model(
+        p,
+        ctx_size=64,
+        n_threads=2,
+        device_budget="2.5MiB",
+        async_prefetch=True,
+        direct_io=io == "direct",
+        staged_io=io == "staged",
+    ) as m:
         m.eval([1, 2, 3])
         os.truncate(p, os.path.getsize(p) // 3)
         with pytest.raises(OSError, match="short read"):
@@ -68,6 +74,7 @@ def test_file_truncated_mid_run_raises(tmp_path, smollm2_path, io):
 
 
 # -- the primitives on their own: any file's byte ranges through a pool ------------------
+
 
 def test_pool_and_prefetcher_stream_any_file(tmp_path):
     data = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)
@@ -100,7 +107,7 @@ def test_prefetcher_stress(tmp_path):
     data.tofile(path)
     chunk = 16 << 10
     n_keys = size // chunk
-    digests = [hashlib.sha256(data[k * chunk:(k + 1) * chunk].tobytes()).hexdigest() for k in range(n_keys)]
+    digests = [hashlib.sha256(data[k * chunk : (k + 1) * chunk].tobytes()).hexdigest() for k in range(n_keys)]
     pool = native.BufferPool(slot_size=chunk, n_slots=6)
     io = native.Prefetcher(str(path), n_workers=3)
     errors: list[BaseException] = []
@@ -173,7 +180,7 @@ def test_qwen_runs_in_256mib_with_a_128mib_budget(qwen_path):
     assert r.returncode == 0, r.stderr[-2000:]
     text, hwm = r.stdout.splitlines()[-2:]
     print(f"\nQwen2.5-1.5B in a 256 MiB cgroup, budget 128 MiB: VmHWM {int(hwm) / 2**20:.0f} MiB, text {text}")
-    assert int(hwm) <= 224 << 20       # the budget, and at most 96 MiB besides (docs/design.md: where it goes)
+    assert int(hwm) <= 224 << 20  # the budget, and at most 96 MiB besides (docs/design.md: where it goes)
     with Model(qwen_path, ctx_size=256, n_threads=2, repack=False) as m:
         ref = m.create_completion("def fibonacci(n):\n   ", max_tokens=6, temperature=0)["choices"][0]["text"]
     assert text == repr(ref)
@@ -186,11 +193,12 @@ def test_n_gpu_layers_keeps_that_many_resident(smollm2_path, ngl):
     with Model(smollm2_path, ctx_size=128, n_threads=2, n_gpu_layers=ngl, async_prefetch=True) as m:
         out = feed_logits(m)
         assert m.stats()["layers_pinned"] == ngl
-        assert m.stats()["n_slots"] == ngl + 3      # plus prefetch_depth + 1 streaming slots
+        assert m.stats()["n_slots"] == ngl + 3  # plus prefetch_depth + 1 streaming slots
     assert np.array_equal(out, ref)
 
 
 # -- direct I/O (O_DIRECT into the slot, in the file's layout) ------------------------------
+
 
 @pytest.mark.parametrize("slots", [1, "half"])
 @pytest.mark.parametrize("async_prefetch", [False, True])
@@ -199,8 +207,15 @@ def test_direct_and_staged_io_are_bit_identical_to_resident(model_path, resident
     """direct: O_DIRECT into the slot; staged: staging buffers + async copies + events, the device path."""
     ref, slot_bytes, n_layer = resident
     n = n_layer // 2 if slots == "half" else slots
-    with Model(model_path, ctx_size=128, n_threads=2, device_budget=int(n * slot_bytes * 1.05),
-               async_prefetch=async_prefetch, direct_io=io == "direct", staged_io=io == "staged") as m:
+    with Model(
+        model_path,
+        ctx_size=128,
+        n_threads=2,
+        device_budget=int(n * slot_bytes * 1.05),
+        async_prefetch=async_prefetch,
+        direct_io=io == "direct",
+        staged_io=io == "staged",
+    ) as m:
         out = feed_logits(m)
         st = m.stats()
     assert st["direct_io"] is (io == "direct") and st["staged_io"] is (io == "staged")
@@ -235,8 +250,8 @@ def test_prefetcher_direct_reads_aligned_ranges(tmp_path):
     # the slot's base is only 64-byte aligned in general; reads that are not 4096-aligned go buffered
     io.submit(0, pool, slot, [(8192, 65536, 0), (4096 * 7 + 5, 1000, 70000)], direct=True).result(timeout=10)
     got = pool.read(slot, 0, 71000)
-    assert np.array_equal(got[:65536], data[8192:8192 + 65536])
-    assert np.array_equal(got[70000:71000], data[4096 * 7 + 5:4096 * 7 + 1005])
+    assert np.array_equal(got[:65536], data[8192 : 8192 + 65536])
+    assert np.array_equal(got[70000:71000], data[4096 * 7 + 5 : 4096 * 7 + 1005])
 
 
 def test_prefetcher_staged_reads_in_chunks(tmp_path):
@@ -248,8 +263,8 @@ def test_prefetcher_staged_reads_in_chunks(tmp_path):
     io = native.Prefetcher(str(path), n_workers=2, staged=True)
     slot, _, _ = pool.acquire(0)
     io.submit(0, pool, slot, [(3, (17 << 20) + 5, 0), (1 << 20, 999, 18 << 20)]).result(timeout=30)
-    assert np.array_equal(pool.read(slot, 0, (17 << 20) + 5), data[3:(17 << 20) + 8])
-    assert np.array_equal(pool.read(slot, 18 << 20, 999), data[1 << 20:(1 << 20) + 999])
+    assert np.array_equal(pool.read(slot, 0, (17 << 20) + 5), data[3 : (17 << 20) + 8])
+    assert np.array_equal(pool.read(slot, 18 << 20, 999), data[1 << 20 : (1 << 20) + 999])
     with pytest.raises(OSError, match="short read"):
         io.submit(0, pool, slot, [(len(data) - 10, 100, 0)]).result(timeout=10)
 
@@ -259,15 +274,15 @@ def test_pool_shrinks_and_grows():
     a = pool.acquire(1)[0]
     pool.set_pinned(a, True)
     pool.release(a)
-    b = pool.acquire(2)[0]                       # in use: cannot be freed
-    assert pool.shrink() == (True, -1)           # the empty slot goes first
+    b = pool.acquire(2)[0]  # in use: cannot be freed
+    assert pool.shrink() == (True, -1)  # the empty slot goes first
     assert pool.n_slots == 2 and pool.bytes == 2 << 20
-    assert pool.shrink() == (False, -1)          # one pinned, one in use
+    assert pool.shrink() == (False, -1)  # one pinned, one in use
     pool.release(b)
-    assert pool.shrink() == (True, 2)            # now key 2's slot, evicted
+    assert pool.shrink() == (True, 2)  # now key 2's slot, evicted
     assert pool.slot_of(2) == -1 and pool.slot_of(1) == a
     with pytest.raises(PoolExhausted):
-        pool.acquire(3)                          # only the pinned slot is left
+        pool.acquire(3)  # only the pinned slot is left
     with pytest.raises(native.SuperggmlError if hasattr(native, "SuperggmlError") else Exception, match="no memory"):
         pool.read(b, 0, 16)
     s = pool.grow()
@@ -279,7 +294,9 @@ def test_budget_beyond_available_memory_is_refused_before_loading(smollm2_path):
     from superggml import native
 
     avail = int(native.host_memory()["available"])
-    with pytest.raises(ValueError, match=r"device_budget of \d+ bytes is more than the \d+ bytes available on the host"):
+    with pytest.raises(
+        ValueError, match=r"device_budget of \d+ bytes is more than the \d+ bytes available on the host"
+    ):
         Model(smollm2_path, device_budget=avail + (1 << 30))
     with pytest.raises(ValueError, match=r"host_budget of \d+ bytes is more than the \d+ bytes of host memory"):
         Model(smollm2_path, paged_kv=True, host_budget=avail + (1 << 30))

@@ -27,7 +27,7 @@ def test_numpy_view_writes_reach_a_bound_tensor():
         np.testing.assert_array_equal(native.tensor_get(t), a)
         del a
         slot.release()
-        assert not t.bound   # a released slot's tensors are unbound: a graph on them fails
+        assert not t.bound  # a released slot's tensors are unbound: a graph on them fails
 
 
 def test_views_allocate_no_slot_sized_memory():
@@ -37,7 +37,7 @@ def test_views_allocate_no_slot_sized_memory():
     views = [np.asarray(slot) for _ in range(8)] + [memoryview(slot), np.from_dlpack(slot)]
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert peak < 1 << 20                       # eight 64 MiB views: no copy of the slot
+    assert peak < 1 << 20  # eight 64 MiB views: no copy of the slot
     assert all(np.shares_memory(views[0], v) for v in views[1:8])
     assert slot.n_views == 10
     del views
@@ -54,7 +54,7 @@ def test_views_leave_rss_alone():
     """Views of a 64 MiB slot whose pages are all resident: RSS does not grow by a slot (no copy is made)."""
     with P.BufferPool(64 << 20, 1) as pool:
         slot = pool.acquire(0)
-        np.asarray(slot)[:] = 1                     # every page of the slot resident
+        np.asarray(slot)[:] = 1  # every page of the slot resident
         before = _rss()
         views = [np.asarray(slot), memoryview(slot), np.from_dlpack(slot), P.view(slot, np.float32, [16 << 20])]
         views += [np.asarray(slot) for _ in range(8)]
@@ -88,9 +88,9 @@ def test_aligned_reads_go_direct(smollm2_path):
             io.submit(slot, [(4096, 1 << 16, 0), (100, 1000, 1 << 17)]).result(timeout=30)
             io.submit(slot, [(8192, 4096, 1 << 18)], direct=False).result(timeout=30)
             got = np.asarray(slot)
-            assert bytes(got[:1 << 16]) == raw[4096:4096 + (1 << 16)]
-            assert bytes(got[1 << 17:(1 << 17) + 1000]) == raw[100:1100]
-            assert bytes(got[1 << 18:(1 << 18) + 4096]) == raw[8192:12288]
+            assert bytes(got[: 1 << 16]) == raw[4096 : 4096 + (1 << 16)]
+            assert bytes(got[1 << 17 : (1 << 17) + 1000]) == raw[100:1100]
+            assert bytes(got[1 << 18 : (1 << 18) + 4096]) == raw[8192:12288]
             del got
         st = io.stats()
         assert st["direct_bytes"] == 1 << 16 and st["bytes"] == (1 << 16) + 1000 + 4096
@@ -104,11 +104,11 @@ def test_use_after_release_raises():
         slot.release()
     del a
     slot.release()
-    slot.release()   # a second release does nothing
+    slot.release()  # a second release does nothing
     for make in (np.asarray, memoryview, np.from_dlpack, lambda s: s.tensor(native.GGMLType.F32, [4])):
         with pytest.raises(SlotReleased):
             make(slot)
-    other = pool.acquire(6)            # the slot's memory now holds key 6
+    other = pool.acquire(6)  # the slot's memory now holds key 6
     assert other.index == slot.index and not slot.valid
     other.release()
 
@@ -118,7 +118,7 @@ def test_read_only_slots_and_dlpack():
     with pool.acquire(1, writable=False) as slot:
         a = np.asarray(slot)
         assert not a.flags.writeable
-        d = np.from_dlpack(slot)       # DLPack 1.0 carries the read-only flag
+        d = np.from_dlpack(slot)  # DLPack 1.0 carries the read-only flag
         assert not d.flags.writeable and np.shares_memory(a, d)
         with pytest.raises(ValueError):
             a[0] = 1
@@ -252,14 +252,18 @@ def test_device_slots_give_tensors_not_views(smollm2_path):
 
     srv = Server()
     try:
-        r = subprocess.run([sys.executable, "-c", DEVICE_SLOTS, srv.endpoint, smollm2_path], capture_output=True,
-                           text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-c", DEVICE_SLOTS, srv.endpoint, smollm2_path],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         srv.close()
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("name", ["blk.0.attn_v.weight", "token_embd.weight"])   # Q4_1, Q8_0
+@pytest.mark.parametrize("name", ["blk.0.attn_v.weight", "token_embd.weight"])  # Q4_1, Q8_0
 def test_activation_rounding_gives_ggmls_matmul(smollm2_path, name):
     """values . (w - mins) + sums . mins, from quantize_activations and block_mins, is ggml-cpu's own
     mul_mat of the quantized weights to float rounding; the float product of the same weights is not."""
@@ -289,5 +293,5 @@ def test_activation_rounding_gives_ggmls_matmul(smollm2_path, name):
     scale = np.abs(want).max()
     assert np.abs(got - want).max() < 1e-5 * scale
     if ti.type == "q4_1":
-        assert np.abs(x @ w.T - want).max() > 1e-3 * scale   # what the rounding accounts for
+        assert np.abs(x @ w.T - want).max() > 1e-3 * scale  # what the rounding accounts for
     del keep

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(not netlab.available(), reason="needs network na
 BASE = dict(ctx_size=128, n_batch=16, n_threads=1, repack=False)
 PROMPT = "The capital of France is"
 PORT = 50052
-PEER_MEMORY = 768 << 20           # each peer's cgroup
+PEER_MEMORY = 768 << 20  # each peer's cgroup
 LIBS = Path(native.__file__).parent
 
 
@@ -39,8 +39,15 @@ class Peer:
     """A `superggml rpc-server` (or, with plain=True, ggml's own RPC server, as llama.cpp's rpc-server runs it)
     on a lab host; `models` and `cache` are its folders."""
 
-    def __init__(self, host: netlab.Host, root: Path, *, model: Optional[str] = None, plain: bool = False,
-                 args: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        host: netlab.Host,
+        root: Path,
+        *,
+        model: Optional[str] = None,
+        plain: bool = False,
+        args: tuple[str, ...] = (),
+    ):
         self.host, self.root, self.plain, self.args = host, root, plain, args
         self.models, self.cache = root / "models", root / "cache"
         self.models.mkdir(parents=True, exist_ok=True)
@@ -53,8 +60,23 @@ class Peer:
         if self.plain:
             argv = netlab.ggml_server(str(LIBS))
         else:
-            argv = [sys.executable, "-m", "superggml", "rpc-server", "--host", "{host}", "-p", "{port}", "-t", "1",
-                    "--models", str(self.models), "-c", str(self.cache), *self.args]
+            argv = [
+                sys.executable,
+                "-m",
+                "superggml",
+                "rpc-server",
+                "--host",
+                "{host}",
+                "-p",
+                "{port}",
+                "-t",
+                "1",
+                "--models",
+                str(self.models),
+                "-c",
+                str(self.cache),
+                *self.args,
+            ]
         log = open(self.root / "server.log", "a")
         self.endpoint, self.proc = self.host.serve(PORT, argv, memory=PEER_MEMORY, stdout=log, stderr=log)
         log.close()
@@ -79,8 +101,6 @@ class Peer:
     @property
     def device(self) -> str:
         return f"RPC[{self.endpoint}]"
-
-
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +135,7 @@ def test_peers_equal_one_machine(peers, reference, smollm2_path, share, n):
     use = peers[:n]
     eps = [p.endpoint for p in use]
     kw: dict[str, Any] = dict(devices=[p.device for p in use], tensor_split=[1] * n)
-    if share == "streamed":      # two slots per peer: each peer streams its share from its own disk every pass
+    if share == "streamed":  # two slots per peer: each peer streams its share from its own disk every pass
         kw["device_budget"] = ",".join([str(2 * model_layout(smollm2_path).slot_bytes)] * n)
     c0 = counters(eps)
     with Model(smollm2_path, **BASE, **kw) as m:
@@ -124,7 +144,7 @@ def test_peers_equal_one_machine(peers, reference, smollm2_path, share, n):
         text = complete(m, 16)
         c2 = counters(eps)
         st = m.stats()
-    assert text.startswith(reference)                 # 16 tokens: the reference's 12, then 4 more
+    assert text.startswith(reference)  # 16 tokens: the reference's 12, then 4 more
     load, gen = delta(c0, c1), delta(c1, c2)
     assert load["addressed_misses"] == 0 and gen["addressed_misses"] == 0
     if share == "resident":
@@ -155,14 +175,14 @@ def test_corrupted_copy_is_refused_and_the_bytes_sent(tmp_path, reference, smoll
         (root / "models").mkdir(parents=True)
         copy = root / "models" / os.path.basename(smollm2_path)
         shutil.copy(smollm2_path, copy)
-        content_ranges(copy)                         # its index, made while the copy was good
+        content_ranges(copy)  # its index, made while the copy was good
         corrupt(copy, "blk.3.ffn_down.weight")
         p = Peer(lab.hosts[0], root)
         c0 = counters([p.endpoint])
         with Model(smollm2_path, **BASE, devices=[p.device]) as m:
             assert complete(m) == reference
         first = delta(c0, counters([p.endpoint]))
-        assert first["addressed_misses"] == 1                       # that one tensor, sent as bytes
+        assert first["addressed_misses"] == 1  # that one tensor, sent as bytes
         assert "refused" in p.log() and "do not hash" in p.log()
         c1 = counters([p.endpoint])
         with Model(smollm2_path, **BASE, devices=[p.device]) as m:  # the sent bytes are in its cache now
@@ -177,13 +197,14 @@ def test_peer_without_the_file_gets_its_bytes_once(tmp_path, reference, smollm2_
         for _ in range(2):
             c0 = counters([p.endpoint])
             with Model(smollm2_path, **BASE, devices=[p.device]) as m:
-                runs.append(delta(c0, counters([p.endpoint])))          # the load
+                runs.append(delta(c0, counters([p.endpoint])))  # the load
                 assert complete(m) == reference
         assert runs[0]["addressed_misses"] > 0
         assert runs[0]["bytes_sent"] > 0.9 * sum(model_layout(smollm2_path).block_bytes)
         assert runs[1]["addressed_misses"] == 0 and runs[1]["bytes_sent"] < 0.01 * runs[0]["bytes_sent"]
-        assert runs[1]["loaded_by_peer"] == runs[0]["bytes_sent"] - runs[1]["bytes_sent"] or \
-            runs[1]["loaded_by_peer"] > 0.9 * sum(model_layout(smollm2_path).block_bytes)
+        assert runs[1]["loaded_by_peer"] == runs[0]["bytes_sent"] - runs[1]["bytes_sent"] or runs[1][
+            "loaded_by_peer"
+        ] > 0.9 * sum(model_layout(smollm2_path).block_bytes)
         assert len(os.listdir(p.cache)) == runs[0]["addressed_misses"]
 
 
@@ -212,10 +233,10 @@ def test_killed_peer_then_the_next_call_reconnects(tmp_path, reference, smollm2_
                         t0 = time.time()
                     m.eval([int(m.scores[-1].argmax())])
             assert time.time() - t0 < 10
-            with pytest.raises(DeviceError, match=p.endpoint):       # still down: the call says so
+            with pytest.raises(DeviceError, match=p.endpoint):  # still down: the call says so
                 complete(m)
             p.start()
-            assert complete(m) == reference                          # reconnected, its share loaded again
+            assert complete(m) == reference  # reconnected, its share loaded again
         finally:
             m.close()
 
@@ -238,9 +259,9 @@ def test_a_stopped_peer_is_a_device_error_within_the_timeout(tmp_path, smollm2_p
 
 
 def test_balance_follows_speed_and_memory():
-    assert balance([100, 100, 100], [1, 2, 1], 200) == (50, 100, 50)        # by speed
-    assert balance([30, 300, 300], [1, 1, 1], 300) == (30, 135, 135)       # none past its memory
-    assert balance([10, 10], [1, 3], 100) == (1, 3)                        # all stream: by speed
+    assert balance([100, 100, 100], [1, 2, 1], 200) == (50, 100, 50)  # by speed
+    assert balance([30, 300, 300], [1, 1, 1], 300) == (30, 135, 135)  # none past its memory
+    assert balance([10, 10], [1, 3], 100) == (1, 3)  # all stream: by speed
 
 
 def test_split_over_peers_by_memory_and_measured_speed(tmp_path, reference, smollm2_path):
@@ -249,12 +270,14 @@ def test_split_over_peers_by_memory_and_measured_speed(tmp_path, reference, smol
     layout = model_layout(smollm2_path)
     with netlab.Lab(3, rate="1gbit", delay_ms=[0, 20, 0]) as lab:
         small = str(layout.file_bytes // 5)
-        ps = [Peer(h, tmp_path / f"peer{h.i}", model=smollm2_path, args=("--mem", small) if h.i == 2 else ())
-              for h in lab.hosts]
+        ps = [
+            Peer(h, tmp_path / f"peer{h.i}", model=smollm2_path, args=("--mem", small) if h.i == 2 else ())
+            for h in lab.hosts
+        ]
         with Model(smollm2_path, **BASE, devices=[p.device for p in ps]) as m:
             assert complete(m) == reference
             per = m.stats()["blocks_per_device"]
         n = sum(per)
-        assert per[1] < per[0], per                                   # slower: fewer blocks
-        assert per[2] * max(layout.block_bytes) <= int(small), per     # within its memory
+        assert per[1] < per[0], per  # slower: fewer blocks
+        assert per[2] * max(layout.block_bytes) <= int(small), per  # within its memory
         assert per[0] >= n // 3

@@ -39,16 +39,16 @@ def test_reserve_larger_than_a_device():
     small = Device(3, "GPU-D", free=GiB // 2, total=2 * GiB)
     a = allocate([A, small], [GiB // 2] * 10, reserve=GiB, min_budget=GiB)
     assert ranges(a) == [(0, 0, 10)]
-    (dev, why), = a.skipped
+    ((dev, why),) = a.skipped
     assert dev == small and "reserve 1024 MiB is more than its free 512 MiB" in why
 
 
 def test_one_device_too_small():
-    tight = Device(4, "GPU-E", free=GiB * 5 // 2, total=4 * GiB)     # 1.5 GiB after the reserve
+    tight = Device(4, "GPU-E", free=GiB * 5 // 2, total=4 * GiB)  # 1.5 GiB after the reserve
     a = allocate([tight, C], LAYERS[:4], reserve=GiB, min_budget=2 * GiB)
     assert ranges(a) == [(2, 0, 3)] and a.streamed == (3,)
     assert any(d == tight and "below the minimum of 2048 MiB" in w for d, w in a.skipped)
-    big_layers = allocate([C], [4 * GiB], reserve=GiB, min_budget=GiB)    # a layer bigger than the budget
+    big_layers = allocate([C], [4 * GiB], reserve=GiB, min_budget=GiB)  # a layer bigger than the budget
     assert big_layers.placements == () and big_layers.streamed == (0,)
     assert "does not fit" in big_layers.skipped[0][1]
 
@@ -71,10 +71,14 @@ def test_plan_command(smollm2_path, capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["devices"] and d["devices"][0]["type"] == "cpu"
     assert sum(p["n_layers"] for p in d["placements"]) + len(d["streamed"]) == 30
-    assert cli.main(["plan", "--devices", "GPU9"]) == 1           # devices by name, as everywhere
+    assert cli.main(["plan", "--devices", "GPU9"]) == 1  # devices by name, as everywhere
     assert "no device GPU9" in capsys.readouterr().err
-    assert cli.main(["plan", "-m", smollm2_path, "--devices", "CPU", "--reserve-mib", "0", "--min-budget-mib", "0",
-                     "--json"]) == 0
+    assert (
+        cli.main(
+            ["plan", "-m", smollm2_path, "--devices", "CPU", "--reserve-mib", "0", "--min-budget-mib", "0", "--json"]
+        )
+        == 0
+    )
     assert [p["device"] for p in json.loads(capsys.readouterr().out)["placements"]] == ["CPU"]
 
 
@@ -121,7 +125,7 @@ def test_time_blocks_reads_those_blocks_and_changes_no_result(smollm2_path):
         t = m.time_blocks([3, 7], repeats=2)
         assert set(t) == {3, 7, "head"} and all(v > 0 for v in t.values())
         loaded = m.stats()["bytes_loaded"] - before
-        head = m.tensor_info["token_embd.weight"][3]       # SmolLM2's head is its tied embedding
+        head = m.tensor_info["token_embd.weight"][3]  # SmolLM2's head is its tied embedding
         # the two blocks once (not the 30); the head's 14 chunks go through the 1-slot pool on each of the 3 runs
         assert loaded <= 2 * m.stats()["slot_size"] + 3 * head
         assert m.n_tokens == len(toks)
@@ -144,8 +148,28 @@ def test_analyze_plan_matches_the_executor(smollm2_path):
 
 
 def test_bench_command(smollm2_path, capsys):
-    assert cli.main(["bench", "-m", smollm2_path, "-p", "32", "-n", "4", "-r", "1", "-c", "64", "--json",
-                     "--device-budget", "8MiB", "--async-prefetch"]) == 0
+    assert (
+        cli.main(
+            [
+                "bench",
+                "-m",
+                smollm2_path,
+                "-p",
+                "32",
+                "-n",
+                "4",
+                "-r",
+                "1",
+                "-c",
+                "64",
+                "--json",
+                "--device-budget",
+                "8MiB",
+                "--async-prefetch",
+            ]
+        )
+        == 0
+    )
     d = json.loads(capsys.readouterr().out)
     assert d["prefill_tok_s"] > 0 and d["decode_tok_s"] > 0 and d["stats"]["loads"] > 0
     assert cli.main(["bench", "-m", smollm2_path, "-p", "100", "-n", "4", "-c", "64"]) == 1

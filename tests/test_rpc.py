@@ -19,7 +19,7 @@ import pytest
 from superggml import DeviceError, Model, native
 from superggml.commands import cli
 from superggml.commands.analyze import model_layout
-from test_multi_device import PROMPT, run_prompt as run   # the prompt's logits, then six greedy tokens'
+from test_multi_device import PROMPT, run_prompt as run  # the prompt's logits, then six greedy tokens'
 
 BASE = dict(ctx_size=128, n_batch=16, n_threads=1, repack=False)
 
@@ -36,8 +36,11 @@ class Server:
     def __init__(self, *args: str):
         self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "superggml", "rpc-server", "-p", str(self.port),
-                                      "-t", "1", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "superggml", "rpc-server", "-p", str(self.port), "-t", "1", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.time() + 30
         while True:
             try:
@@ -80,7 +83,9 @@ def lone_server() -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def reference(smollm2_path: str) -> tuple[np.ndarray, str]:
     with Model(smollm2_path, **BASE) as m:
-        return run(m), m.create_completion("The capital of France is", max_tokens=12, temperature=0)["choices"][0]["text"]
+        return run(m), m.create_completion("The capital of France is", max_tokens=12, temperature=0)["choices"][0][
+            "text"
+        ]
 
 
 def on(s: Server) -> str:
@@ -95,15 +100,26 @@ def _configs(servers: list[Server], slot: int) -> dict[str, dict[str, Any]]:
         "budget_2_blocks": dict(devices=[a], device_budget=2 * slot),
         "paged_kv": dict(devices=[a], paged_kv=True, kv_page_size=16, device_budget=4 * slot),
         "cpu_rpc_split": dict(devices=["CPU", a], device_budget=f"{3 * slot},{2 * slot}", paged_kv=True),
-        "rpc_rpc_split": dict(devices=[a, b], tensor_split=[2, 1], device_budget=f"{2 * slot},{3 * slot}",
-                              paged_kv=True, kv_page_size=32),
+        "rpc_rpc_split": dict(
+            devices=[a, b], tensor_split=[2, 1], device_budget=f"{2 * slot},{3 * slot}", paged_kv=True, kv_page_size=32
+        ),
         "rpc_default_split": dict(rpc=[servers[0].endpoint]),
-        "dynamic_layers": dict(devices=[a], dynamic_layers=True, mem_pressure=0.01),   # always "under pressure"
+        "dynamic_layers": dict(devices=[a], dynamic_layers=True, mem_pressure=0.01),  # always "under pressure"
     }
 
 
-@pytest.mark.parametrize("config", ["resident", "budget_2_blocks", "paged_kv", "cpu_rpc_split", "rpc_rpc_split",
-                                    "rpc_default_split", "dynamic_layers"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        "resident",
+        "budget_2_blocks",
+        "paged_kv",
+        "cpu_rpc_split",
+        "rpc_rpc_split",
+        "rpc_default_split",
+        "dynamic_layers",
+    ],
+)
 def test_rpc_equals_cpu(servers, reference, smollm2_path, config):
     slot = model_layout(smollm2_path).slot_bytes
     kw = _configs(servers, slot)[config]
@@ -119,17 +135,17 @@ def test_rpc_equals_cpu(servers, reference, smollm2_path, config):
     sent = sum(v["bytes_sent"] - before.get(k, {}).get("bytes_sent", 0) for k, v in native.rpc_stats().items())
     assert st["rpc_bytes_sent"] > 0 and st["rpc_bytes_received"] > 0
     if config == "resident":
-        assert st["remote_bytes"] >= sum(model_layout(smollm2_path).block_bytes)   # the blocks, copied over
+        assert st["remote_bytes"] >= sum(model_layout(smollm2_path).block_bytes)  # the blocks, copied over
     if "budget" in config or "split" in config and "device_budget" in kw:
-        assert st["loads"] > 0                               # blocks streamed onto the servers' slots
+        assert st["loads"] > 0  # blocks streamed onto the servers' slots
     if config == "budget_2_blocks":
-        assert st["n_slots"] == 2 and st["staged_io"]        # a device pool: loads go through staging buffers
-        assert sent > 2 * model_layout(smollm2_path).file_bytes // 2   # the blocks went over the wire, again
-    if config == "dynamic_layers":     # the server's memory reading (what it has available) demotes blocks
+        assert st["n_slots"] == 2 and st["staged_io"]  # a device pool: loads go through staging buffers
+        assert sent > 2 * model_layout(smollm2_path).file_bytes // 2  # the blocks went over the wire, again
+    if config == "dynamic_layers":  # the server's memory reading (what it has available) demotes blocks
         dev = [d for d in native.devices() if d["description"] == servers[0].endpoint][0]
         if 1 - dev["memory_free"] / dev["memory_total"] > 0.01:
             assert st["layers_demoted"] > 0 and st["loads"] > 0
-    if config == "rpc_default_split":                        # CPU and the server, by free memory
+    if config == "rpc_default_split":  # CPU and the server, by free memory
         assert len(st["devices"]) == 2 and min(st["blocks_per_device"]) > 0
 
 
@@ -160,7 +176,7 @@ def test_unreachable_and_closed_ports_are_device_errors(smollm2_path):
     t0 = time.time()
     with pytest.raises(DeviceError, match=r"10\.255\.255\.1:50052"):
         Model(smollm2_path, **BASE, rpc=["10.255.255.1:50052"], rpc_timeout=2)
-    port = free_port()                                       # nothing listens there
+    port = free_port()  # nothing listens there
     with pytest.raises(DeviceError, match=f"127.0.0.1:{port}.*(refused|cannot connect)"):
         Model(smollm2_path, **BASE, rpc=[f"127.0.0.1:{port}"])
     with pytest.raises(DeviceError, match="not HOST:PORT"):
@@ -221,24 +237,48 @@ def test_server_failing_mid_generation(lone_server, smollm2_path, how):
 
 def test_cli_generate_and_plan_with_rpc(servers, smollm2_path, capsys):
     a, b = servers[0].endpoint, servers[1].endpoint
-    assert cli.main(["generate", "-m", smollm2_path, "-p", "Hello", "-n", "4", "--temp", "0", "-c", "64",
-                     "--rpc", a, "--device-budget", "8MiB,16MiB"]) == 0
+    assert (
+        cli.main(
+            [
+                "generate",
+                "-m",
+                smollm2_path,
+                "-p",
+                "Hello",
+                "-n",
+                "4",
+                "--temp",
+                "0",
+                "-c",
+                "64",
+                "--rpc",
+                a,
+                "--device-budget",
+                "8MiB,16MiB",
+            ]
+        )
+        == 0
+    )
     assert cli.main(["plan", "--rpc", b]) == 0
     out = capsys.readouterr()
     line = [x for x in out.out.splitlines() if b in x]
-    assert line and line[0].split()[-3:-1] == ["1024", "1024"]   # free and total: what --mem advertises
+    assert line and line[0].split()[-3:-1] == ["1024", "1024"]  # free and total: what --mem advertises
     assert b in out.err
-    assert cli.main(["plan", "-m", smollm2_path, "--rpc", b]) == 0     # and the split a model would get
+    assert cli.main(["plan", "-m", smollm2_path, "--rpc", b]) == 0  # and the split a model would get
     out = capsys.readouterr().out
-    split = out[out.index("split over this machine"):].splitlines()[1:]
+    split = out[out.index("split over this machine") :].splitlines()[1:]
     assert len(split) == 2 and split[0].split()[0] == "CPU" and split[1].startswith("  RPC")
-    assert sum(int(x.split()[-2]) for x in split) == 30                 # SmolLM2's blocks, all placed
+    assert sum(int(x.split()[-2]) for x in split) == 30  # SmolLM2's blocks, all placed
 
 
 def test_rpc_server_warns_off_loopback():
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "superggml", "rpc-server", "--host", "0.0.0.0", "-p", str(port),
-                          "-t", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "superggml", "rpc-server", "--host", "0.0.0.0", "-p", str(port), "-t", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 20
         while time.time() < deadline:
@@ -258,15 +298,41 @@ def test_rpc_server_port_in_use():
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "superggml", "rpc-server", "-p", str(port)], capture_output=True,
-                           text=True, timeout=60, env=dict(os.environ))
+        r = subprocess.run(
+            [sys.executable, "-m", "superggml", "rpc-server", "-p", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ),
+        )
     assert r.returncode == 1 and "cannot listen" in r.stderr
 
 
 def test_cli_bench_and_analyze_with_rpc(servers, smollm2_path, capsys):
     ep = servers[0].endpoint
-    assert cli.main(["bench", "-m", smollm2_path, "-p", "8", "-n", "4", "-r", "1", "-c", "64", "--rpc", ep,
-                     "--devices", f"RPC[{ep}]", "--json"]) == 0
+    assert (
+        cli.main(
+            [
+                "bench",
+                "-m",
+                smollm2_path,
+                "-p",
+                "8",
+                "-n",
+                "4",
+                "-r",
+                "1",
+                "-c",
+                "64",
+                "--rpc",
+                ep,
+                "--devices",
+                f"RPC[{ep}]",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert cli.main(["analyze", "-m", smollm2_path, "--no-measure", "--rpc", ep]) == 0
     out = capsys.readouterr()
     assert '"decode_tok_s"' in out.out and ep in out.err
@@ -284,15 +350,19 @@ def test_openai_server_on_rpc(servers, smollm2_path):
     kw = dict(ctx_size=256, n_threads=1, repack=False)
     with Model(smollm2_path, **kw) as m:
         want = [m.create_completion(p, max_tokens=12, temperature=0)["choices"][0]["text"] for p in prompts]
-    with Model(smollm2_path, **kw, devices=[on(servers[0])], paged_kv=True, kv_page_size=16,
-               kv_device_layers=4 * 30) as m:
+    with Model(
+        smollm2_path, **kw, devices=[on(servers[0])], paged_kv=True, kv_page_size=16, kv_device_layers=4 * 30
+    ) as m:
         http = HTTPServer(m, parallel=4, max_queue=16)
         try:
+
             def ask(p: str) -> str:
-                r = httpx.post(http.url + "/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0},
-                               timeout=120)
+                r = httpx.post(
+                    http.url + "/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0}, timeout=120
+                )
                 assert r.status_code == 200
                 return str(r.json()["choices"][0]["text"])
+
             with ThreadPoolExecutor(4) as ex:
                 got = list(ex.map(ask, prompts))
         finally:
@@ -306,11 +376,16 @@ def test_hybrid_states_on_a_server(servers, tmp_path, smollm2_path, where):
     through 2 slots): the recurrent states of the server's layers live in its memory, and the logits, greedy
     steps and a truncation back to the prompt's end are the CPU's, bit for bit."""
     import synth_gguf
-    path = synth_gguf.synth(tmp_path / "h.gguf", synth_gguf.vocab_fields(smollm2_path),
-                            **synth_gguf.VARIANTS["qwen35-interval2"])
+
+    path = synth_gguf.synth(
+        tmp_path / "h.gguf", synth_gguf.vocab_fields(smollm2_path), **synth_gguf.VARIANTS["qwen35-interval2"]
+    )
     a = on(servers[0])
-    kw = {"server": dict(devices=[a]), "cpu_server_split": dict(devices=["CPU", a], tensor_split=[1, 1]),
-          "server_budget": dict(devices=[a], device_budget=2 * model_layout(path).slot_bytes)}[where]
+    kw = {
+        "server": dict(devices=[a]),
+        "cpu_server_split": dict(devices=["CPU", a], tensor_split=[1, 1]),
+        "server_budget": dict(devices=[a], device_budget=2 * model_layout(path).slot_bytes),
+    }[where]
 
     def go(**more: Any) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         with Model(path, **BASE, **more) as m:

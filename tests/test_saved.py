@@ -28,7 +28,7 @@ def continued(path: str, kw: dict, saved: str | None = None) -> tuple[np.ndarray
         if saved is None:
             last = m.eval(PROMPT)[-1].copy()
         else:
-            m.eval([1, 2, 3])                            # something to replace
+            m.eval([1, 2, 3])  # something to replace
             assert m.load_sequence(saved) == len(PROMPT) and m.tokens == PROMPT
             last = m.scores[-1].copy()
         return last, m.eval(MORE, logits_all=True).copy()
@@ -43,7 +43,7 @@ def test_a_restored_sequence_continues_bit_identically(smollm2_path, tmp_path, l
     with Model(smollm2_path, ctx_size=128, n_threads=2, **kw) as m:
         m.eval(PROMPT)
         if "host_budget" in kw:
-            assert m.stats()["kv_pages_disk"] > 0                   # the K/V was spilled to disk
+            assert m.stats()["kv_pages_disk"] > 0  # the K/V was spilled to disk
         m.save_sequence(tmp_path / "s.seq")
     got = continued(smollm2_path, kw, str(tmp_path / "s.seq"))
     assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1])
@@ -82,20 +82,24 @@ def test_files_it_cannot_take_are_refused(smollm2_path, tmp_path):
         m.eval(PROMPT)
         m.save_sequence(tmp_path / "other.seq")
     good = (tmp_path / "s.seq").read_bytes()
-    (tmp_path / "short.seq").write_bytes(good[:len(good) // 2])
+    (tmp_path / "short.seq").write_bytes(good[: len(good) // 2])
     flipped = bytearray(good)
     flipped[len(good) // 2] ^= 1
     (tmp_path / "flipped.seq").write_bytes(bytes(flipped))
     (tmp_path / "text.seq").write_text("hello")
     with Model(smollm2_path, ctx_size=128, n_threads=2) as m:
-        cases = {"other.seq": "another model", "short.seq": "damaged or truncated",
-                 "flipped.seq": "damaged or truncated", "text.seq": "not a saved sequence",
-                 "missing.seq": "cannot read"}
+        cases = {
+            "other.seq": "another model",
+            "short.seq": "damaged or truncated",
+            "flipped.seq": "damaged or truncated",
+            "text.seq": "not a saved sequence",
+            "missing.seq": "cannot read",
+        }
         for name, why in cases.items():
             m.eval([1, 2, 3])
             with pytest.raises(SavedSequenceError, match=why):
                 m.load_sequence(tmp_path / name)
-        assert m.load_sequence(tmp_path / "s.seq") == len(PROMPT)        # and it goes on
+        assert m.load_sequence(tmp_path / "s.seq") == len(PROMPT)  # and it goes on
     with Model(smollm2_path, ctx_size=128, n_threads=2, flash_attn=True, cache_type_k="q8_0") as m:
         with pytest.raises(SavedSequenceError, match="cache_type_k of f16"):
             m.load_sequence(tmp_path / "s.seq")

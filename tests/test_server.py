@@ -32,8 +32,9 @@ class Server:
     def __init__(self, model: Model, **kw):
         self.port = _free_port()
         self.app = create_app(model, **kw)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="on"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         for _ in range(200):
@@ -53,7 +54,7 @@ def openai_client(model: Model, **kw) -> Iterator[openai.OpenAI]:
     s = Server(model, **kw)
     try:
         with openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=600) as c:
-            c.server = s   # type: ignore[attr-defined]
+            c.server = s  # type: ignore[attr-defined]
             yield c
     finally:
         s.close()
@@ -61,8 +62,7 @@ def openai_client(model: Model, **kw) -> Iterator[openai.OpenAI]:
 
 @pytest.fixture(scope="module")
 def model(smollm2_path):
-    with Model(smollm2_path, ctx_size=512, n_threads=2, paged_kv=True, kv_page_size=16,
-               kv_device_layers=4 * 30) as m:
+    with Model(smollm2_path, ctx_size=512, n_threads=2, paged_kv=True, kv_page_size=16, kv_device_layers=4 * 30) as m:
         yield m
 
 
@@ -85,14 +85,14 @@ def reference(smollm2_path):
     with Model(smollm2_path, ctx_size=512, n_threads=2) as m:
         text = m.create_completion(PROMPT, max_tokens=24, temperature=0)["choices"][0]["text"]
         m.reset()
-        chat = m.create_chat_completion([{"role": "user", "content": "Name a color."}], max_tokens=24,
-                                        temperature=0)["choices"][0]["message"]["content"]
+        chat = m.create_chat_completion([{"role": "user", "content": "Name a color."}], max_tokens=24, temperature=0)[
+            "choices"
+        ][0]["message"]["content"]
     return text, chat
 
 
 def test_completion_equals_generate(client, reference, server):
-    r = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1.gguf", prompt=PROMPT, max_tokens=24,
-                                  temperature=0)
+    r = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1.gguf", prompt=PROMPT, max_tokens=24, temperature=0)
     assert r.choices[0].text == reference[0]
     assert r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 0
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
@@ -100,8 +100,9 @@ def test_completion_equals_generate(client, reference, server):
 
 def test_completion_stream(client, reference):
     parts = []
-    for c in client.completions.create(prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
-                                       model="SmolLM2-135M-Instruct.Q4_1.gguf"):
+    for c in client.completions.create(
+        prompt=PROMPT, max_tokens=24, temperature=0, stream=True, model="SmolLM2-135M-Instruct.Q4_1.gguf"
+    ):
         parts.append(c.choices[0].text)
     assert "".join(parts) == reference[0]
 
@@ -112,16 +113,26 @@ def test_chat_and_chat_stream(client, reference):
     differently from the whole prompt's (llama.cpp's too: here it flips the first greedy token)."""
     msgs = [{"role": "user", "content": "Name a color."}]
     fresh = {"cache_prompt": False}
-    r = client.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1.gguf", messages=msgs, max_tokens=24,
-                                       temperature=0, extra_body=fresh)
+    r = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1.gguf", messages=msgs, max_tokens=24, temperature=0, extra_body=fresh
+    )
     assert r.choices[0].message.content == reference[1] and r.choices[0].message.role == "assistant"
-    text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model="SmolLM2-135M-Instruct.Q4_1.gguf", messages=msgs, max_tokens=24, temperature=0, stream=True,
-        extra_body=fresh))
+    text = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model="SmolLM2-135M-Instruct.Q4_1.gguf",
+            messages=msgs,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            extra_body=fresh,
+        )
+    )
     assert text == reference[1]
     parts = [{"role": "user", "content": [{"type": "text", "text": "Name a "}, {"type": "text", "text": "color."}]}]
-    r = client.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1.gguf", messages=parts, max_tokens=24,
-                                       temperature=0, extra_body=fresh)
+    r = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1.gguf", messages=parts, max_tokens=24, temperature=0, extra_body=fresh
+    )
     assert r.choices[0].message.content == reference[1]
 
 
@@ -137,19 +148,22 @@ def test_health_models_metrics(server):
     assert m["requests_active"] == 0 and m["requests_waiting"] == 0 and m["tokens_per_sec"] >= 0
 
 
-@pytest.mark.parametrize("body, status, code", [
-    ("{not json", 400, "invalid_json"),
-    ({"prompt": 5}, 400, "invalid_value"),
-    ({"prompt": "hi", "max_tokens": -1}, 400, "invalid_value"),
-    ({"prompt": "hi", "bogus_field": 1}, 400, "invalid_value"),
-    ({"prompt": "hi", "temperature": "hot"}, 400, "invalid_value"),
-    ({"prompt": "word " * 600}, 400, "context_length_exceeded"),
-    ({"prompt": "hi", "model": "gpt-4"}, 404, "model_not_found"),
-    ({"prompt": [999999]}, 400, None),
-    ({"prompt": []}, 400, None),
-    ({"prompt": [[1, 2], []]}, 400, None),
-    ({"prompt": ["hi", [5, -1]]}, 400, None),
-])
+@pytest.mark.parametrize(
+    "body, status, code",
+    [
+        ("{not json", 400, "invalid_json"),
+        ({"prompt": 5}, 400, "invalid_value"),
+        ({"prompt": "hi", "max_tokens": -1}, 400, "invalid_value"),
+        ({"prompt": "hi", "bogus_field": 1}, 400, "invalid_value"),
+        ({"prompt": "hi", "temperature": "hot"}, 400, "invalid_value"),
+        ({"prompt": "word " * 600}, 400, "context_length_exceeded"),
+        ({"prompt": "hi", "model": "gpt-4"}, 404, "model_not_found"),
+        ({"prompt": [999999]}, 400, None),
+        ({"prompt": []}, 400, None),
+        ({"prompt": [[1, 2], []]}, 400, None),
+        ({"prompt": ["hi", [5, -1]]}, 400, None),
+    ],
+)
 def test_bad_requests_get_openai_errors(server, body, status, code):
     content = body if isinstance(body, str) else json.dumps(body)
     r = httpx.post(server.url + "/v1/completions", content=content, headers={"Content-Type": "application/json"})
@@ -158,7 +172,7 @@ def test_bad_requests_get_openai_errors(server, body, status, code):
     assert err["message"] and err["type"]
     if code:
         assert err["code"] == code
-    assert httpx.get(server.url + "/health").status_code == 200          # still serving
+    assert httpx.get(server.url + "/health").status_code == 200  # still serving
 
 
 def test_unknown_route_and_method(server):
@@ -184,14 +198,17 @@ def assert_slots_erased(server: Server, model: Model) -> None:
 
 
 def test_disconnect_mid_stream_frees_the_sequence(server, model):
-    with httpx.stream("POST", server.url + "/v1/completions",
-                      json={"prompt": "Once upon a time", "max_tokens": 400, "stream": True, "temperature": 0}) as r:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/completions",
+        json={"prompt": "Once upon a time", "max_tokens": 400, "stream": True, "temperature": 0},
+    ) as r:
         n = 0
         for line in r.iter_lines():
             if line.startswith("data:"):
                 n += 1
             if n >= 3:
-                break                                   # the client goes away
+                break  # the client goes away
     engine = server.app.state.engine
     for _ in range(100):
         if not engine.active:
@@ -199,10 +216,10 @@ def test_disconnect_mid_stream_frees_the_sequence(server, model):
         time.sleep(0.05)
     assert not engine.active
     assert not any(x["is_processing"] for x in httpx.get(server.url + "/slots").json())
-    assert model.stats()["n_sequences"] <= 1 + 4           # the current one, and a slot's each at most
+    assert model.stats()["n_sequences"] <= 1 + 4  # the current one, and a slot's each at most
     assert_slots_erased(server, model)
     r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0})
-    assert r.status_code == 200                          # still serving
+    assert r.status_code == 200  # still serving
 
 
 def test_without_paged_kv_requests_share_passes(smollm2_path, reference):
@@ -210,11 +227,14 @@ def test_without_paged_kv_requests_share_passes(smollm2_path, reference):
     with Model(smollm2_path, ctx_size=512, n_threads=2) as m:
         s = Server(m, parallel=4)
         try:
+
             def req(_: int) -> str:
-                r = httpx.post(s.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 24, "temperature": 0},
-                               timeout=120)
+                r = httpx.post(
+                    s.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 24, "temperature": 0}, timeout=120
+                )
                 assert r.status_code == 200, r.text
                 return r.json()["choices"][0]["text"]
+
             with ThreadPoolExecutor(4) as ex:
                 assert list(ex.map(req, range(4))) == [reference[0]] * 4
             assert m.stats()["sequences_per_pass"] > 1
@@ -222,8 +242,12 @@ def test_without_paged_kv_requests_share_passes(smollm2_path, reference):
             s.close()
 
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away, there lived a",
-           "1, 2, 3, 4,"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a land far away, there lived a",
+    "1, 2, 3, 4,",
+]
 
 
 @pytest.fixture(scope="module")
@@ -233,25 +257,36 @@ def alone(smollm2_path):
 
 
 def test_prompt_lists_and_n(server, alone):
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPTS, "max_tokens": 32, "temperature": 0},
-                   timeout=120)
+    r = httpx.post(
+        server.url + "/v1/completions", json={"prompt": PROMPTS, "max_tokens": 32, "temperature": 0}, timeout=120
+    )
     assert r.status_code == 200, r.text
     ch = r.json()["choices"]
     assert [c["index"] for c in ch] == [0, 1, 2, 3] and [c["text"] for c in ch] == alone
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 8, "n": 3,
-                                                         "temperature": 1.0, "seed": 3}, timeout=120)
+    r = httpx.post(
+        server.url + "/v1/completions",
+        json={"prompt": PROMPTS[0], "max_tokens": 8, "n": 3, "temperature": 1.0, "seed": 3},
+        timeout=120,
+    )
     assert r.status_code == 200 and len(r.json()["choices"]) == 3
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 8, "n": 9,
-                                                         "temperature": 0}, timeout=120)
-    assert r.status_code == 200                     # more than --parallel 4: the rest start as others finish
+    r = httpx.post(
+        server.url + "/v1/completions",
+        json={"prompt": PROMPTS[0], "max_tokens": 8, "n": 9, "temperature": 0},
+        timeout=120,
+    )
+    assert r.status_code == 200  # more than --parallel 4: the rest start as others finish
     ch = r.json()["choices"]
     assert sorted(c["index"] for c in ch) == list(range(9)) and len({c["text"] for c in ch}) == 1
 
 
 def stream_text(url: str, prompt: str, max_tokens: int, stop_after: int | None = None) -> tuple[str, bool]:
     text, done, n = "", False, 0
-    with httpx.stream("POST", url + "/v1/completions", timeout=300,
-                      json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        url + "/v1/completions",
+        timeout=300,
+        json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True},
+    ) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line == "data: [DONE]":
@@ -260,7 +295,7 @@ def stream_text(url: str, prompt: str, max_tokens: int, stop_after: int | None =
                 text += json.loads(line[6:])["choices"][0]["text"]
                 n += 1
                 if stop_after is not None and n >= stop_after:
-                    break                               # the client goes away
+                    break  # the client goes away
     return text, done
 
 
@@ -285,9 +320,12 @@ def test_a_client_leaving_mid_batch_leaves_the_others_unchanged(server, model, a
 def test_overload_gets_503(model):
     s = Server(model, parallel=1, max_queue=1)
     try:
+
         def req(_: int) -> int:
-            return httpx.post(s.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 60},
-                              timeout=120).status_code
+            return httpx.post(
+                s.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 60}, timeout=120
+            ).status_code
+
         with ThreadPoolExecutor(8) as ex:
             codes = list(ex.map(req, range(8)))
         assert 503 in codes and 200 in codes and set(codes) <= {200, 503}
@@ -297,11 +335,16 @@ def test_overload_gets_503(model):
 
 def test_32_concurrent_streaming_clients(server, reference):
     """Every response complete and correct (greedy, so all equal the reference); latency reported."""
+
     def one(_: int) -> tuple[str, float]:
         t0 = time.perf_counter()
         text = ""
-        with httpx.stream("POST", server.url + "/v1/completions", timeout=300,
-                          json={"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stream": True}) as r:
+        with httpx.stream(
+            "POST",
+            server.url + "/v1/completions",
+            timeout=300,
+            json={"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stream": True},
+        ) as r:
             assert r.status_code == 200
             done = False
             for line in r.iter_lines():
@@ -317,8 +360,10 @@ def test_32_concurrent_streaming_clients(server, reference):
         res = list(ex.map(one, range(32)))
     wall = time.perf_counter() - t0
     lat = sorted(x[1] for x in res)
-    print(f"\n32 streaming clients: {32 / wall:.2f} requests/s, p50 {statistics.median(lat):.2f} s, "
-          f"p99 {np.percentile(lat, 99):.2f} s")
+    print(
+        f"\n32 streaming clients: {32 / wall:.2f} requests/s, p50 {statistics.median(lat):.2f} s, "
+        f"p99 {np.percentile(lat, 99):.2f} s"
+    )
     assert all(t == reference[0] for t, _ in res)
 
 
@@ -327,9 +372,26 @@ def test_serve_command_starts_and_answers(smollm2_path):
     import sys
 
     port = _free_port()
-    p = subprocess.Popen([sys.executable, "-m", "superggml.commands.cli", "serve", "-m", smollm2_path, "--port", str(port),
-                          "-c", "256", "-t", "2", "--log-level", "warning"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "superggml.commands.cli",
+            "serve",
+            "-m",
+            smollm2_path,
+            "--port",
+            str(port),
+            "-c",
+            "256",
+            "-t",
+            "2",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         for _ in range(300):
             try:
@@ -337,8 +399,11 @@ def test_serve_command_starts_and_answers(smollm2_path):
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
-                       json={"prompt": PROMPT, "max_tokens": 24, "temperature": 0}, timeout=60)
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            json={"prompt": PROMPT, "max_tokens": 24, "temperature": 0},
+            timeout=60,
+        )
         assert r.status_code == 200
     finally:
         p.terminate()
@@ -346,8 +411,9 @@ def test_serve_command_starts_and_answers(smollm2_path):
 
 
 def test_echo(server):
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "temperature": 0,
-                                                         "echo": True})
+    r = httpx.post(
+        server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "echo": True}
+    )
     assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith(PROMPT)
 
 

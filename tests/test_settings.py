@@ -40,8 +40,9 @@ def test_env_vars_give_the_flags_defaults_and_flags_win(monkeypatch):
     o = settings.options_from_args(a)
     assert (o["ctx_size"], o["paged_kv"], o["direct_io"], o["devices"]) == (333, True, False, ("CPU", "CPU"))
     assert (o["kv_page_size"], o["repack"], o["device_budget"]) == (32, False, "64MiB")
-    a = cli.build_parser().parse_args(["generate", "-p", "x", "-c", "12", "--no-paged-kv", "--direct-io", "auto",
-                                       "--devices", "CPU"])
+    a = cli.build_parser().parse_args(
+        ["generate", "-p", "x", "-c", "12", "--no-paged-kv", "--direct-io", "auto", "--devices", "CPU"]
+    )
     o = settings.options_from_args(a)
     assert (o["ctx_size"], o["paged_kv"], o["direct_io"], o["devices"]) == (12, False, None, ("CPU",))
     s = Settings.from_options(o)
@@ -59,7 +60,8 @@ def test_a_bad_env_value_is_a_usage_error(monkeypatch, capsys, name, value):
 def test_a_new_option_needs_only_its_field(monkeypatch, capsys):
     """What adding `toy_option` to ContextSettings in settings.py gives, with no other edit."""
     toy = dataclasses.make_dataclass(
-        "ContextSettings", [("toy_option", int, settings.option(7, "a toy"))], bases=(ContextSettings,), frozen=True)
+        "ContextSettings", [("toy_option", int, settings.option(7, "a toy"))], bases=(ContextSettings,), frozen=True
+    )
     monkeypatch.setitem(settings.GROUPS, "context", toy)
     monkeypatch.setenv("SUPERGGML_TOY_OPTION", "9")
     text = _help(capsys)
@@ -71,12 +73,24 @@ def test_a_new_option_needs_only_its_field(monkeypatch, capsys):
 
 
 def test_strings_are_read_as_the_command_line_reads_them():
-    s = Settings.from_options(dict(direct_io="on", flash_attn="off", n_threads="3", devices="CPU,CPU",
-                                   cache_type_k="q8_0", device_budget="auto"))
+    s = Settings.from_options(
+        dict(
+            direct_io="on",
+            flash_attn="off",
+            n_threads="3",
+            devices="CPU,CPU",
+            cache_type_k="q8_0",
+            device_budget="auto",
+        )
+    )
     assert (s.paging.direct_io, s.context.flash_attn, s.context.n_threads) == (True, False, 3)
     assert (s.devices.devices, s.context.cache_type_k, s.paging.device_budget) == (("CPU", "CPU"), "q8_0", "auto")
-    for bad, match in [(dict(direct_io="maybe"), "direct_io='maybe'"), (dict(flash_attn="yes please"), "boolean"),
-                       (dict(n_threads="x"), "n_threads"), (dict(cache_type_v="q9"), "cache_type_v must be one of")]:
+    for bad, match in [
+        (dict(direct_io="maybe"), "direct_io='maybe'"),
+        (dict(flash_attn="yes please"), "boolean"),
+        (dict(n_threads="x"), "n_threads"),
+        (dict(cache_type_v="q9"), "cache_type_v must be one of"),
+    ]:
         with pytest.raises(ValueError, match=match):
             Settings.from_options(bad)
 
@@ -93,35 +107,38 @@ def test_aliases_unknown_names_and_normalisation():
     assert Settings().as_options() == {f.name: f.default for _, f in settings.fields()}
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"ctx_size": 0}, "ctx_size must be >= 1"),
-    ({"n_batch": 0}, "n_batch must be >= 1"),
-    ({"n_threads": 0}, "n_threads must be >= 1"),
-    ({"kv_type": "q2_k"}, "kv_type must be one of"),
-    ({"cache_type_v": "q8_0"}, "requires flash_attn"),
-    ({"device_budget": "lots"}, "not a size"),
-    ({"prefetch_depth": 0}, "prefetch_depth must be >= 1"),
-    ({"mem_pressure": 0.0}, "mem_pressure must be in"),
-    ({"kv_page_size": 8}, "kv_page_size must be in 16..8192"),
-    ({"kv_device_layers": 0}, "kv_device_layers must be >= 1"),
-    ({"metrics_interval": 0}, "metrics_interval must be >= 1"),
-    ({"devices": ["CPU", "CPU"], "tensor_split": [1]}, "tensor_split needs 2"),
-    ({"devices": ["CPU", "CPU"], "dynamic_layers": True}, "device_budget per device"),
-    ({"devices": ["CPU", "CPU"], "device_budget": "1GiB,2GiB,3GiB"}, "3 sizes for 2 devices"),
-    ({"rpc": ["localhost:1"], "rpc_timeout": 0}, "rpc_timeout must be > 0"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"ctx_size": 0}, "ctx_size must be >= 1"),
+        ({"n_batch": 0}, "n_batch must be >= 1"),
+        ({"n_threads": 0}, "n_threads must be >= 1"),
+        ({"kv_type": "q2_k"}, "kv_type must be one of"),
+        ({"cache_type_v": "q8_0"}, "requires flash_attn"),
+        ({"device_budget": "lots"}, "not a size"),
+        ({"prefetch_depth": 0}, "prefetch_depth must be >= 1"),
+        ({"mem_pressure": 0.0}, "mem_pressure must be in"),
+        ({"kv_page_size": 8}, "kv_page_size must be in 16..8192"),
+        ({"kv_device_layers": 0}, "kv_device_layers must be >= 1"),
+        ({"metrics_interval": 0}, "metrics_interval must be >= 1"),
+        ({"devices": ["CPU", "CPU"], "tensor_split": [1]}, "tensor_split needs 2"),
+        ({"devices": ["CPU", "CPU"], "dynamic_layers": True}, "device_budget per device"),
+        ({"devices": ["CPU", "CPU"], "device_budget": "1GiB,2GiB,3GiB"}, "3 sizes for 2 devices"),
+        ({"rpc": ["localhost:1"], "rpc_timeout": 0}, "rpc_timeout must be > 0"),
+    ],
+)
 def test_each_check_names_its_option(options, match, smollm2_path):
     with pytest.raises(ValueError, match=match):
         Settings.from_options(options)
     with pytest.raises(ValueError, match=match):
-        Model(smollm2_path, **options)     # before the file is even opened
+        Model(smollm2_path, **options)  # before the file is even opened
 
 
 def test_groups_derive_what_the_executor_needs():
     assert PagingSettings().stream_slots == 1
     assert PagingSettings(async_prefetch=True, prefetch_depth=3).stream_slots == 4
     assert not PagingSettings().paged(30) and PagingSettings(n_gpu_layers=3).paged(30)
-    assert not PagingSettings(n_gpu_layers=99).paged(30)     # llama.cpp's "all of them"
+    assert not PagingSettings(n_gpu_layers=99).paged(30)  # llama.cpp's "all of them"
     assert KVSettings(kv_spill_dir=".").kv_spill_dir == "."
     assert ContextSettings(n_threads=3).threads == 3 and ContextSettings().threads == settings.default_threads()
 
@@ -129,4 +146,5 @@ def test_groups_derive_what_the_executor_needs():
 def test_kv_page_bounds_are_the_cores():
     """settings.py keeps native out: its page bounds are kv-cache.h's, as the core reports them."""
     from superggml import native
+
     assert (settings.KV_PAGE_MIN, settings.KV_PAGE_MAX) == (native.KV_PAGE_MIN, native.KV_PAGE_MAX)

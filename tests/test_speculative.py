@@ -15,8 +15,10 @@ from superggml.generation.sampling import Sampler, SamplingParams
 from superggml.generation.speculative import DraftLength, LookupDrafter, accept
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
-REWRITE = ("Rewrite this function with type hints:\n\ndef add(a, b):\n    total = a + b\n    return total\n\n"
-           "def add(a: int, b: int) -> int:\n")
+REWRITE = (
+    "Rewrite this function with type hints:\n\ndef add(a, b):\n    total = a + b\n    return total\n\n"
+    "def add(a: int, b: int) -> int:\n"
+)
 
 CONFIGS = {
     "resident": {},
@@ -66,8 +68,9 @@ def test_a_check_pass_computes_what_llama_cpp_computes_for_a_batch(smollm2_path,
             solo = np.stack([m.eval([t])[-1].copy() for t in toks[-6:]])
         ref = llama_ref.run(dict(kind="logits", model=str(path), prompts=[toks], split=len(toks) - 6))["logits0"]
         assert np.array_equal(ours, ref[-6:])
-        ref1 = llama_ref.run(dict(kind="logits", model=str(path), prompts=[toks], split=len(toks) - 6,
-                                   one_by_one=True))["logits0"]
+        ref1 = llama_ref.run(
+            dict(kind="logits", model=str(path), prompts=[toks], split=len(toks) - 6, one_by_one=True)
+        )["logits0"]
         assert np.array_equal(solo, ref1[-6:])
 
 
@@ -81,8 +84,8 @@ def test_self_draft_is_plain_greedy_and_always_accepted(smollm2_path, config):
         st = m.stats()
         assert st["draft_tokens"] > 0 and st["draft_accepted"] == st["draft_tokens"]
         assert st["draft_tokens_per_pass"] > 4
-        if "paged_kv" in kw:                   # the rejected rows' pages are gone
-            assert st["kv_tokens"] == m.n_tokens * 30     # 30 layers
+        if "paged_kv" in kw:  # the rejected rows' pages are gone
+            assert st["kv_tokens"] == m.n_tokens * 30  # 30 layers
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
@@ -103,7 +106,7 @@ def test_qwen_with_its_05b_draft_is_plain_greedy(qwen_path, budget):
         kw.update(device_budget=budget, async_prefetch=True, paged_kv=True, kv_page_size=16)
     with Model(qwen_path, **kw) as m:
         plain = greedy(m, PROMPT, 32)
-    with Model(qwen_path, draft_model=str(models.qwen05_path()), draft_k=4, **kw) as m:   # always drafting
+    with Model(qwen_path, draft_model=str(models.qwen05_path()), draft_k=4, **kw) as m:  # always drafting
         assert greedy(m, PROMPT, 32) == plain
         st = m.stats()
         assert st["draft_accepted"] > 0
@@ -112,15 +115,15 @@ def test_qwen_with_its_05b_draft_is_plain_greedy(qwen_path, budget):
 def test_lookup_drafter_continues_the_latest_longest_match():
     d = LookupDrafter(3)
     assert d.draft([1, 2, 3, 4, 5, 9, 2, 3], 2) == [4, 5]
-    assert d.draft([7, 1, 2, 8, 1, 2, 6, 6, 1, 2], 3) == [6, 6, 1]     # latest of the matches with room
+    assert d.draft([7, 1, 2, 8, 1, 2, 6, 6, 1, 2], 3) == [6, 6, 1]  # latest of the matches with room
     assert d.draft([1, 2, 3], 4) == []
 
 
 def test_draft_length_goes_long_when_a_pass_is_expensive_and_short_when_not():
     slow = DraftLength(1, 16)
-    assert slow.choose(100) == 0                  # plain passes first, then two rows
+    assert slow.choose(100) == 0  # plain passes first, then two rows
     for k in (0, 1, 4, 8):
-        slow.on_pass(k + 1, 9.0)                  # the first pass of a row count also built its graphs
+        slow.on_pass(k + 1, 9.0)  # the first pass of a row count also built its graphs
         slow.on_pass(k + 1, 1.0 + 0.002 * k)
     slow.on_draft(4, 0.04)
     slow.on_check(8, 7)
@@ -195,7 +198,7 @@ def test_speculative_sampling_keeps_the_model_distribution(tmp_path, smollm2_pat
             gen.close()
             counts[pair] += 1
         st = m.stats()
-    assert 0 < st["draft_accepted"] < st["draft_tokens"]      # both outcomes of a check were exercised
+    assert 0 < st["draft_accepted"] < st["draft_tokens"]  # both outcomes of a check were exercised
     e = np.array([expected[k] * n for k in expected])
     c = np.array([counts[k] for k in expected])
     chi2 = float(((c - e) ** 2 / e).sum())
@@ -218,7 +221,7 @@ def test_metrics_report_drafted_accepted_and_tokens_per_pass(tmp_path, smollm2_p
         st = m.stats()
     lines = valid_lines(path)
     snaps = [x for x in lines if "event" not in x]
-    assert len(snaps) == 23 and snaps[-1]["generated_tokens"] == 23     # as plain: the last token is never fed
+    assert len(snaps) == 23 and snaps[-1]["generated_tokens"] == 23  # as plain: the last token is never fed
     last = snaps[-1]
     assert last["draft_tokens"] == st["draft_tokens"] > 0 and last["draft_accepted"] == st["draft_accepted"]
     assert last["draft_tokens_per_pass"] == round(st["draft_tokens_per_pass"], 3) >= 1.0
@@ -228,15 +231,15 @@ def test_server_speculates_for_a_lone_request_and_answers_as_plain(smollm2_path)
     import httpx
     from test_server import Server
 
-    kw = dict(ctx_size=256, n_threads=2, paged_kv=True, kv_page_size=16, kv_device_layers=4 * 30,
-              batch_invariant=True)
+    kw = dict(ctx_size=256, n_threads=2, paged_kv=True, kv_page_size=16, kv_device_layers=4 * 30, batch_invariant=True)
     with Model(smollm2_path, **kw) as m:
         plain = greedy(m, REWRITE, 32)
     with Model(smollm2_path, lookup_ngram=3, draft_k=4, **kw) as m:
         s = Server(m, parallel=4)
         try:
-            r = httpx.post(s.url + "/v1/completions", json={"prompt": REWRITE, "max_tokens": 32, "temperature": 0},
-                           timeout=120)
+            r = httpx.post(
+                s.url + "/v1/completions", json={"prompt": REWRITE, "max_tokens": 32, "temperature": 0}, timeout=120
+            )
             assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain
             st = m.stats()
             assert st["draft_steps"] > 0 and st["draft_tokens"] > 0

@@ -25,7 +25,8 @@ from superggml.tokenizer import TokenAttr, Tokenizer
 
 def _load_corpus() -> list[str]:
     spec = importlib.util.spec_from_file_location(
-        "tokenizer_corpus", Path(__file__).parent / "data" / "tokenizer_corpus.py")
+        "tokenizer_corpus", Path(__file__).parent / "data" / "tokenizer_corpus.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.CORPUS
@@ -45,8 +46,11 @@ def read_tokenizer_meta(path: str) -> dict:
         meta = f.metadata()
     finally:
         f.close()
-    return {k: v for k, v in meta.items()
-            if (k.startswith("tokenizer.") and k != "tokenizer.chat_template") or k in META_KEYS}
+    return {
+        k: v
+        for k, v in meta.items()
+        if (k.startswith("tokenizer.") and k != "tokenizer.chat_template") or k in META_KEYS
+    }
 
 
 @pytest.fixture(scope="session")
@@ -134,8 +138,9 @@ def run_reference(jobs: list[dict]) -> list[dict]:
     "detokenize": bool, "vocab": piece sampling step or 0, "hex": corpus given as hex}.
     """
     require_reference()
-    proc = subprocess.run([sys.executable, "-c", _REFERENCE_SCRIPT], input=json.dumps(jobs),
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", _REFERENCE_SCRIPT], input=json.dumps(jobs), capture_output=True, text=True, check=False
+    )
     if proc.returncode != 0:
         pytest.fail(f"llama.cpp reference failed:\n{proc.stderr[-3000:]}")
     return [_decode_result(res) for res in json.loads(proc.stdout)]
@@ -187,12 +192,14 @@ def model(request, _loaded):
 
 def reference_of(entry: dict) -> dict:
     if "ref" not in entry:
-        entry["ref"] = run_reference([{"path": entry["path"], "corpus": CORPUS, "flags": ALL_FLAGS,
-                                       "detokenize": True, "vocab": 37}])[0]
+        entry["ref"] = run_reference(
+            [{"path": entry["path"], "corpus": CORPUS, "flags": ALL_FLAGS, "detokenize": True, "vocab": 37}]
+        )[0]
     return entry["ref"]
 
 
 # ---------------------------------------------------------------------------- the real models
+
 
 def test_corpus_is_broad():
     assert len(CORPUS) >= 200
@@ -263,8 +270,7 @@ def test_detokenize_matches_llama_cpp(model):
         want = ref["detokenize"][s]
         ids = want["ids"]
         for remove_special, unparse_special in ((False, True), (True, False), (False, False)):
-            got = tok.detokenize(ids, remove_special=remove_special,
-                                 unparse_special=unparse_special)
+            got = tok.detokenize(ids, remove_special=remove_special, unparse_special=unparse_special)
             if got != want[f"{int(remove_special)}{int(unparse_special)}"]:
                 bad.append((s, remove_special, unparse_special))
         if tok.decode(ids) != want["01"].decode("utf-8", "replace"):
@@ -280,8 +286,7 @@ def test_token_to_piece_matches_llama_cpp(model):
     assert set(tok.special_ids) <= set(pieces) and len(pieces) >= tok.n_vocab // 37
     bad = []
     for tid, (special, plain, lstrip) in pieces.items():
-        got = (tok.token_to_piece(tid), tok.token_to_piece(tid, special=False),
-               tok.token_to_piece(tid, lstrip=1))
+        got = (tok.token_to_piece(tid), tok.token_to_piece(tid, special=False), tok.token_to_piece(tid, lstrip=1))
         if got != (special, plain, lstrip):
             bad.append((tid, got, (special, plain, lstrip)))
     assert not bad, f"{len(bad)} of {len(pieces)} differ, first: {bad[:5]}"
@@ -301,6 +306,7 @@ def test_attrs_eog_and_special_ids_match_llama_cpp(model):
 
 
 # ------------------------------------------- other pre-tokenizers, on SmolLM2's vocabulary
+
 
 @pytest.fixture(scope="session")
 def smollm2_fields(smollm2_path):
@@ -338,11 +344,35 @@ def write_gguf(path: Path, fields, overrides: dict, drop=()):
 
 
 # one name per distinct regex list / flag set in llama-vocab.cpp
-PRE_TYPES = ["default", "llama-bpe", "qwen2", "deepseek-coder", "deepseek-llm", "deepseek-v3",
-             "starcoder", "falcon", "gpt-2", "tekken", "gpt-4o", "qwen35", "poro-chat", "viking",
-             "chameleon", "bailingmoe", "seed-coder", "exaone-moe", "jais-2", "minicpm5",
-             "laguna", "youtu", "spark2_5", "chatglm-bpe", "granite-embed-multi-97m",
-             "ufakzeka", "megrez"]
+PRE_TYPES = [
+    "default",
+    "llama-bpe",
+    "qwen2",
+    "deepseek-coder",
+    "deepseek-llm",
+    "deepseek-v3",
+    "starcoder",
+    "falcon",
+    "gpt-2",
+    "tekken",
+    "gpt-4o",
+    "qwen35",
+    "poro-chat",
+    "viking",
+    "chameleon",
+    "bailingmoe",
+    "seed-coder",
+    "exaone-moe",
+    "jais-2",
+    "minicpm5",
+    "laguna",
+    "youtu",
+    "spark2_5",
+    "chatglm-bpe",
+    "granite-embed-multi-97m",
+    "ufakzeka",
+    "megrez",
+]
 PRE_CORPUS = CORPUS[::3]
 
 
@@ -360,9 +390,16 @@ def with_string_kv(base: bytes, key: str, value: str) -> bytes:
 def run_reference_parallel(jobs: list[dict], processes: int = 2) -> list[dict]:
     require_reference()
     chunks = [jobs[i::processes] for i in range(processes)]
-    procs = [subprocess.Popen([sys.executable, "-c", _REFERENCE_SCRIPT], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in chunks]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _REFERENCE_SCRIPT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in chunks
+    ]
     outputs = [proc.communicate(json.dumps(chunk)) for proc, chunk in zip(procs, chunks)]
     for proc, (_, err) in zip(procs, outputs):
         if proc.returncode != 0:
@@ -380,15 +417,17 @@ def pre_type_results(smollm2_fields, tmp_path_factory):
     import gguf
 
     folder = tmp_path_factory.mktemp("pre")
-    base = Path(write_gguf(folder / "base.gguf", smollm2_fields,
-                           {"tokenizer.ggml.pre": ("x", gguf.GGUFValueType.STRING, None)}))
+    base = Path(
+        write_gguf(folder / "base.gguf", smollm2_fields, {"tokenizer.ggml.pre": ("x", gguf.GGUFValueType.STRING, None)})
+    )
     data = base.read_bytes()
     jobs = []
     for pre in PRE_TYPES:
         path = folder / f"{pre}.gguf"
         path.write_bytes(with_string_kv(data, "tokenizer.ggml.pre", pre))
-        jobs.append({"path": str(path), "corpus": PRE_CORPUS, "flags": [(True, True), (False, False)],
-                     "detokenize": True})
+        jobs.append(
+            {"path": str(path), "corpus": PRE_CORPUS, "flags": [(True, True), (False, False)], "detokenize": True}
+        )
     return dict(zip(PRE_TYPES, run_reference_parallel(jobs)))
 
 
@@ -406,6 +445,7 @@ def test_pre_tokenizer_matches_llama_cpp(pre, smollm2_meta, pre_type_results):
 
 # ------------------------------------------------------------------- SentencePiece ("llama")
 
+
 def spm_vocab_from_bpe(meta) -> tuple[list[str], list[float], list[int]]:
     """A SentencePiece-style vocabulary made from a byte-level BPE one: <unk> <s> </s>, the 256
     byte tokens, a few control/user-defined tokens, then every BPE token that is whole UTF-8 text
@@ -418,8 +458,7 @@ def spm_vocab_from_bpe(meta) -> tuple[list[str], list[float], list[int]]:
         else:
             byte_level[chr(256 + n)] = b
             n += 1
-    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)),
-              "<|im_start|>", "<|im_end|>", "<tool>"]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), "<|im_start|>", "<|im_end|>", "<tool>"]
     types = [2, 3, 3, *[6] * 256, 3, 3, 4]
     scores = [0.0] * len(tokens)
     seen = set(tokens)
@@ -454,10 +493,14 @@ def spm_case(smollm2_meta, smollm2_fields, tmp_path_factory):
         "tokenizer.ggml.unknown_token_id": (0, T.UINT32, None),
         "llama.vocab_size": (len(tokens), T.UINT32, None),
     }
-    drop = ("tokenizer.ggml.merges", "tokenizer.ggml.pre", "tokenizer.ggml.add_bos_token",
-            "tokenizer.ggml.add_space_prefix", "tokenizer.ggml.padding_token_id")
-    path = write_gguf(tmp_path_factory.mktemp("spm") / "spm.gguf", smollm2_fields, overrides,
-                      drop)
+    drop = (
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.pre",
+        "tokenizer.ggml.add_bos_token",
+        "tokenizer.ggml.add_space_prefix",
+        "tokenizer.ggml.padding_token_id",
+    )
+    path = write_gguf(tmp_path_factory.mktemp("spm") / "spm.gguf", smollm2_fields, overrides, drop)
     meta = {k: v[0] for k, v in overrides.items() if k.startswith("tokenizer.")}
     meta["general.architecture"] = "llama"
     return Tokenizer.from_metadata(meta), path
@@ -470,13 +513,15 @@ def spm_mismatches(tok: Tokenizer, ref: dict, corpus=CORPUS) -> list:
     for s in corpus:
         want = ref["detokenize"][s]
         for remove_special, unparse_special in ((False, True), (True, False), (False, False)):
-            got = tok.detokenize(want["ids"], remove_special=remove_special,
-                                 unparse_special=unparse_special)
+            got = tok.detokenize(want["ids"], remove_special=remove_special, unparse_special=unparse_special)
             if got != want[f"{int(remove_special)}{int(unparse_special)}"]:
                 bad.append(("detokenize", s, remove_special, unparse_special))
     for tid, pieces in ref["pieces"].items():
-        if pieces != [tok.token_to_piece(tid), tok.token_to_piece(tid, special=False),
-                      tok.token_to_piece(tid, lstrip=1)]:
+        if pieces != [
+            tok.token_to_piece(tid),
+            tok.token_to_piece(tid, special=False),
+            tok.token_to_piece(tid, lstrip=1),
+        ]:
             bad.append(("piece", tid))
     if [tok.token_attr(t) for t in range(tok.n_vocab)] != ref["attrs"]:
         bad.append("attrs")
@@ -493,20 +538,42 @@ def spm_mismatches(tok: Tokenizer, ref: dict, corpus=CORPUS) -> list:
 def test_spm_matches_llama_cpp(spm_case):
     tok, path = spm_case
     assert tok.model == "llama" and tok.add_bos and tok.add_space_prefix
-    ref = run_reference([{"path": path, "corpus": CORPUS, "flags": ALL_FLAGS,
-                          "detokenize": True, "vocab": 1}])[0]
+    ref = run_reference([{"path": path, "corpus": CORPUS, "flags": ALL_FLAGS, "detokenize": True, "vocab": 1}])[0]
     bad = spm_mismatches(tok, ref)
     assert not bad, f"{len(bad)} differ, first: {bad[:3]}"
 
 
 def tiny_spm_meta():
-    normal = ["\u2581", "h", "e", "l", "o", "w", "r", "d", "\u2581h", "he", "ll", "\u2581he", "llo",
-              "\u2581hello", "\u2581w", "or", "\u2581wor", "ld", "\u2581world"]
+    normal = [
+        "\u2581",
+        "h",
+        "e",
+        "l",
+        "o",
+        "w",
+        "r",
+        "d",
+        "\u2581h",
+        "he",
+        "ll",
+        "\u2581he",
+        "llo",
+        "\u2581hello",
+        "\u2581w",
+        "or",
+        "\u2581wor",
+        "ld",
+        "\u2581world",
+    ]
     tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *normal, "<|x|>"]
     types = [2, 3, 3, *[6] * 256, *[1] * len(normal), 3]
     scores = [0.0] * 259 + [-float(i) for i in range(len(normal), 0, -1)] + [0.0]
-    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.scores": scores, "tokenizer.ggml.token_type": types}
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types,
+    }
 
 
 def test_spm_tiny_vocab():
@@ -518,8 +585,7 @@ def test_spm_tiny_vocab():
     # unknown characters fall back to their UTF-8 bytes
     assert tok.encode("hé", add_special=False) == [*ids("\u2581h"), 3 + 0xC3, 3 + 0xA9]
     # the space prefix is added again after a special token
-    assert tok.encode("<|x|>hello", add_special=False, parse_special=True) == \
-        ids("<|x|>", "\u2581hello")
+    assert tok.encode("<|x|>hello", add_special=False, parse_special=True) == ids("<|x|>", "\u2581hello")
     # llama_detokenize drops the leading space of the first token, unless it removed a BOS
     assert tok.decode(tok.encode("hello world", add_special=False)) == "hello world"
     assert tok.decode(tok.encode("hello world")) == "<s> hello world"
@@ -560,10 +626,10 @@ def _proto_fields(buf: bytes):
             value = varint()
         elif wire == 2:
             size = varint()
-            value, pos = buf[pos:pos + size], pos + size
+            value, pos = buf[pos : pos + size], pos + size
         elif wire in (1, 5):
             size = 8 if wire == 1 else 4
-            value, pos = buf[pos:pos + size], pos + size
+            value, pos = buf[pos : pos + size], pos + size
         else:
             raise ValueError(f"protobuf wire type {wire}")
         yield key >> 3, value
@@ -601,15 +667,21 @@ def test_read_spm_model_matches_sentencepiece():
         for tid, (piece, score, ptype) in enumerate(pieces):
             assert piece == sp.IdToPiece(tid) and score == sp.GetScore(tid)
             assert (ptype == 2, ptype == 3, ptype == 5, ptype == 6) == (
-                sp.IsUnknown(tid), sp.IsControl(tid), sp.IsUnused(tid), sp.IsByte(tid))
+                sp.IsUnknown(tid),
+                sp.IsControl(tid),
+                sp.IsUnused(tid),
+                sp.IsByte(tid),
+            )
         assert add_dummy_prefix == (name == "spm-bpe")
 
 
 def looks_special(text: str) -> bool:
     """convert_hf_to_gguf's does_token_look_special."""
-    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
-            or (text.startswith("<|") and text.endswith("|>"))
-            or (text.startswith("<unused") and text.endswith(">")))
+    return (
+        text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+        or (text.startswith("<|") and text.endswith("|>"))
+        or (text.startswith("<unused") and text.endswith(">"))
+    )
 
 
 def spm_vocab(model: str, n_vocab: int | None = None, added: dict | None = None):
@@ -640,40 +712,89 @@ def _gemma_added(model: str) -> dict:
     """Gemma's added_tokens_decoder: the control and user-defined pieces of the model, the
     control ones marked special."""
     pieces, _ = read_spm_model(DATA / f"{model}.model")
-    return {tid: (piece, ptype == 3) for tid, (piece, _, ptype) in enumerate(pieces)
-            if ptype in (3, 4)}
+    return {tid: (piece, ptype == 3) for tid, (piece, _, ptype) in enumerate(pieces) if ptype in (3, 4)}
 
 
-_PHI3_ADDED = ["<|endoftext|>", "<|assistant|>", "<|placeholder1|>", "<|placeholder2|>",
-               "<|system|>", "<|end|>", "<|user|>"]
-_GEMMA3_ADDED = ["<start_of_turn>", "<end_of_turn>", "\n", "\n\n", "\u2581\u2581\u2581",
-                 "<image_soft_token>"]
+_PHI3_ADDED = [
+    "<|endoftext|>",
+    "<|assistant|>",
+    "<|placeholder1|>",
+    "<|placeholder2|>",
+    "<|system|>",
+    "<|end|>",
+    "<|user|>",
+]
+_GEMMA3_ADDED = ["<start_of_turn>", "<end_of_turn>", "\n", "\n\n", "\u2581\u2581\u2581", "<image_soft_token>"]
 
 # name -> (model file, architecture, general.name, config vocab_size, added tokens, extra keys);
 # ids of BOS/EOS/UNK/PAD and add_bos/add_eos as the models' GGUFs carry them
 SPM_VARIANTS = {
     # Llama 2 / Mistral: BPE model, the default "▁" prefix, [INST] as control tokens
-    "llama": ("spm-bpe", "llama", "Llama SPM test", None, {},
-              {"bos": 1, "eos": 2, "unknown": 0, "add_bos_token": True, "add_eos_token": False}),
+    "llama": (
+        "spm-bpe",
+        "llama",
+        "Llama SPM test",
+        None,
+        {},
+        {"bos": 1, "eos": 2, "unknown": 0, "add_bos_token": True, "add_eos_token": False},
+    ),
     # Phi-3: the Llama tokenizer plus <|...|> tokens and padding; </s> user-defined, RSTRIP by name
-    "phi3": ("spm-bpe", "phi3", "Phi3", 5016,
-             {0: ("<unk>", True), 1: ("<s>", True), 2: ("</s>", False),
-              **{5000 + i: (t, True) for i, t in enumerate(_PHI3_ADDED)}},
-             {"bos": 1, "eos": 5000, "unknown": 0, "padding": 5000, "add_bos_token": True,
-              "add_eos_token": False}),
+    "phi3": (
+        "spm-bpe",
+        "phi3",
+        "Phi3",
+        5016,
+        {
+            0: ("<unk>", True),
+            1: ("<s>", True),
+            2: ("</s>", False),
+            **{5000 + i: (t, True) for i, t in enumerate(_PHI3_ADDED)},
+        },
+        {"bos": 1, "eos": 5000, "unknown": 0, "padding": 5000, "add_bos_token": True, "add_eos_token": False},
+    ),
     # Gemma 2: unigram model, no space prefix, <pad> <eos> <bos> <unk> first
-    "gemma2": ("spm-unigram", "gemma2", "gemma-2 test", None, _gemma_added("spm-unigram"),
-               {"bos": 2, "eos": 1, "unknown": 3, "padding": 0, "add_bos_token": True,
-                "add_eos_token": False, "add_space_prefix": False}),
+    "gemma2": (
+        "spm-unigram",
+        "gemma2",
+        "gemma-2 test",
+        None,
+        _gemma_added("spm-unigram"),
+        {
+            "bos": 2,
+            "eos": 1,
+            "unknown": 3,
+            "padding": 0,
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "add_space_prefix": False,
+        },
+    ),
     # Gemma 3: BPE model, no space prefix, turn markers and whitespace runs as added tokens
-    "gemma3": ("spm-bpe", "gemma3", "gemma-3 test", 5008,
-               {5000 + i: (t, t.startswith("<")) for i, t in enumerate(_GEMMA3_ADDED)},
-               {"bos": 1, "eos": 2, "unknown": 0, "padding": 5007, "add_bos_token": True,
-                "add_eos_token": False, "add_space_prefix": False}),
+    "gemma3": (
+        "spm-bpe",
+        "gemma3",
+        "gemma-3 test",
+        5008,
+        {5000 + i: (t, t.startswith("<")) for i, t in enumerate(_GEMMA3_ADDED)},
+        {
+            "bos": 1,
+            "eos": 2,
+            "unknown": 0,
+            "padding": 5007,
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "add_space_prefix": False,
+        },
+    ),
     # a unigram model (scores with ties) with the default "▁" prefix
-    "llama-unigram": ("spm-unigram", "llama", "unigram test", None, {},
-                      {"bos": 2, "eos": 1, "unknown": 3, "add_bos_token": True,
-                       "add_eos_token": False, "add_space_prefix": True}),
+    "llama-unigram": (
+        "spm-unigram",
+        "llama",
+        "unigram test",
+        None,
+        {},
+        {"bos": 2, "eos": 1, "unknown": 3, "add_bos_token": True, "add_eos_token": False, "add_space_prefix": True},
+    ),
 }
 
 
@@ -683,19 +804,20 @@ def write_vocab_gguf(path: Path, meta: dict) -> str:
     import gguf
 
     T = gguf.GGUFValueType
-    arrays = {"tokenizer.ggml.tokens": T.STRING, "tokenizer.ggml.scores": T.FLOAT32,
-              "tokenizer.ggml.token_type": T.INT32}
+    arrays = {
+        "tokenizer.ggml.tokens": T.STRING,
+        "tokenizer.ggml.scores": T.FLOAT32,
+        "tokenizer.ggml.token_type": T.INT32,
+    }
     fields = []
     for key, value in meta.items():
         if key in arrays:
             fields.append((key, value, T.ARRAY, arrays[key]))
         else:
-            vtype = (T.STRING if isinstance(value, str) else T.BOOL if isinstance(value, bool)
-                     else T.UINT32)
+            vtype = T.STRING if isinstance(value, str) else T.BOOL if isinstance(value, bool) else T.UINT32
             fields.append((key, value, vtype, None))
     arch = meta["general.architecture"]
-    for key in ("context_length", "embedding_length", "block_count", "feed_forward_length",
-                "attention.head_count"):
+    for key in ("context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count"):
         fields.append((f"{arch}.{key}", 64, T.UINT32, None))
     fields.append((f"{arch}.attention.layer_norm_rms_epsilon", 1e-6, T.FLOAT32, None))
     return write_gguf(path, fields, {})
@@ -715,8 +837,7 @@ def spm_variant_meta(name: str) -> dict:
         "tokenizer.ggml.token_type": types,
     }
     for key, value in keys.items():
-        meta[f"tokenizer.ggml.{key}" if isinstance(value, bool)
-             else f"tokenizer.ggml.{key}_token_id"] = value
+        meta[f"tokenizer.ggml.{key}" if isinstance(value, bool) else f"tokenizer.ggml.{key}_token_id"] = value
     return meta
 
 
@@ -726,10 +847,13 @@ def spm_variants(tmp_path_factory):
     folder = tmp_path_factory.mktemp("spm-models")
     metas = {name: spm_variant_meta(name) for name in SPM_VARIANTS}
     paths = {name: write_vocab_gguf(folder / f"{name}.gguf", meta) for name, meta in metas.items()}
-    refs = run_reference_parallel([{"path": path, "corpus": CORPUS, "flags": ALL_FLAGS,
-                                    "detokenize": True, "vocab": 1} for path in paths.values()])
-    return {name: (Tokenizer.from_metadata(metas[name]), ref, paths[name])
-            for name, ref in zip(SPM_VARIANTS, refs)}
+    refs = run_reference_parallel(
+        [
+            {"path": path, "corpus": CORPUS, "flags": ALL_FLAGS, "detokenize": True, "vocab": 1}
+            for path in paths.values()
+        ]
+    )
+    return {name: (Tokenizer.from_metadata(metas[name]), ref, paths[name]) for name, ref in zip(SPM_VARIANTS, refs)}
 
 
 @pytest.mark.parametrize("name", list(SPM_VARIANTS))
@@ -762,12 +886,32 @@ def test_spm_models_match_llama_cpp(name, spm_variants):
 def test_spm_invalid_utf8_matches_llama_cpp(spm_variants):
     """SentencePiece tokenizes the bytes: a byte that is not UTF-8 starts a symbol as long as
     its lead bits say (taking the bytes after it, a space's too), and falls back to bytes."""
-    raw = [b"ab\xffcd", b"\xe4\xb8", b"x\xc3(y", b"\xf0\x9f\x98", b"\xed\xa0\x80z",
-           b"ab\xff cd", b"\xf0 x y", b"\xc3 \xa9", b"\xe2\x96 \x81", b"the \xe4 quick",
-           b"\xf0\xe4\xb8\xad\xe6\x96\x87", b"\x80\x80 a", b"<s>\xff</s>", b"\xff<bos>x"]
+    raw = [
+        b"ab\xffcd",
+        b"\xe4\xb8",
+        b"x\xc3(y",
+        b"\xf0\x9f\x98",
+        b"\xed\xa0\x80z",
+        b"ab\xff cd",
+        b"\xf0 x y",
+        b"\xc3 \xa9",
+        b"\xe2\x96 \x81",
+        b"the \xe4 quick",
+        b"\xf0\xe4\xb8\xad\xe6\x96\x87",
+        b"\x80\x80 a",
+        b"<s>\xff</s>",
+        b"\xff<bos>x",
+    ]
     names = ["llama", "gemma2"]
-    jobs = [{"path": spm_variants[name][2], "corpus": [r.hex() for r in raw],
-             "hex": True, "flags": [(False, False), (True, True)]} for name in names]
+    jobs = [
+        {
+            "path": spm_variants[name][2],
+            "corpus": [r.hex() for r in raw],
+            "hex": True,
+            "flags": [(False, False), (True, True)],
+        }
+        for name in names
+    ]
     bad = []
     for name, ref in zip(names, run_reference(jobs)):
         tok = spm_variants[name][0]
@@ -783,25 +927,27 @@ def tie_vocab_meta(seed: int) -> dict:
     """Every string of 1-4 symbols over a, b, ▁ (some left out), scored in {-3, ..., 0}: many
     pairs of equal score compete, which llama.cpp settles leftmost first."""
     rng = random.Random(seed)
-    normal = ["".join(p) for n in range(1, 5) for p in itertools.product("ab\u2581", repeat=n)
-              if n == 1 or rng.random() < 0.5]
-    return {"general.architecture": "llama",
-            "tokenizer.ggml.model": "llama",
-            "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)),
-                                      *normal],
-            "tokenizer.ggml.scores": [0.0] * 259 + [float(rng.randint(-3, 0)) for _ in normal],
-            "tokenizer.ggml.token_type": [2, 3, 3, *[6] * 256, *[1] * len(normal)]}
+    normal = [
+        "".join(p) for n in range(1, 5) for p in itertools.product("ab\u2581", repeat=n) if n == 1 or rng.random() < 0.5
+    ]
+    return {
+        "general.architecture": "llama",
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *normal],
+        "tokenizer.ggml.scores": [0.0] * 259 + [float(rng.randint(-3, 0)) for _ in normal],
+        "tokenizer.ggml.token_type": [2, 3, 3, *[6] * 256, *[1] * len(normal)],
+    }
 
 
 def test_spm_equal_scores_match_llama_cpp(tmp_path):
     rng = random.Random(7)
-    corpus = sorted({"".join(rng.choice("ab ") for _ in range(rng.randint(1, 12)))
-                     for _ in range(300)})
+    corpus = sorted({"".join(rng.choice("ab ") for _ in range(rng.randint(1, 12))) for _ in range(300)})
     jobs, toks = [], []
     for seed in range(3):
         meta = tie_vocab_meta(seed)
-        jobs.append({"path": write_vocab_gguf(tmp_path / f"tie{seed}.gguf", meta),
-                     "corpus": corpus, "flags": [(False, False)]})
+        jobs.append(
+            {"path": write_vocab_gguf(tmp_path / f"tie{seed}.gguf", meta), "corpus": corpus, "flags": [(False, False)]}
+        )
         toks.append(Tokenizer.from_metadata(meta))
     bad = []
     for tok, ref in zip(toks, run_reference(jobs)):
@@ -819,13 +965,13 @@ def test_llama_cpp_spm_vocab(name):
         pytest.skip("SUPERGGML_LLAMA_CPP_MODELS (llama.cpp's models/ folder) is not set")
     path = str(Path(folder) / f"ggml-vocab-{name}.gguf")
     tok = Tokenizer.from_metadata(read_tokenizer_meta(path))
-    ref = run_reference([{"path": path, "corpus": CORPUS, "flags": ALL_FLAGS,
-                          "detokenize": True, "vocab": 1}])[0]
+    ref = run_reference([{"path": path, "corpus": CORPUS, "flags": ALL_FLAGS, "detokenize": True, "vocab": 1}])[0]
     bad = spm_mismatches(tok, ref)
     assert not bad, f"{len(bad)} differ, first: {bad[:3]}"
 
 
 # ------------------------------------------------------------------------- errors and edges
+
 
 def test_unsupported_models(smollm2_meta):
     for model in ("bert", "t5", "rwkv", "gemma4", "no_vocab", "nonsense"):
@@ -838,14 +984,11 @@ def test_unsupported_models(smollm2_meta):
 
 def test_malformed_metadata(smollm2_meta):
     with pytest.raises(GGUFError):
-        Tokenizer.from_metadata({k: v for k, v in smollm2_meta.items()
-                                 if k != "tokenizer.ggml.model"})
+        Tokenizer.from_metadata({k: v for k, v in smollm2_meta.items() if k != "tokenizer.ggml.model"})
     with pytest.raises(GGUFError):
-        Tokenizer.from_metadata({k: v for k, v in smollm2_meta.items()
-                                 if k != "tokenizer.ggml.tokens"})
+        Tokenizer.from_metadata({k: v for k, v in smollm2_meta.items() if k != "tokenizer.ggml.tokens"})
     with pytest.raises(GGUFError):
-        Tokenizer.from_metadata({k: v for k, v in smollm2_meta.items()
-                                 if k != "tokenizer.ggml.merges"})
+        Tokenizer.from_metadata({k: v for k, v in smollm2_meta.items() if k != "tokenizer.ggml.merges"})
     tokens = list(smollm2_meta["tokenizer.ggml.tokens"])
     tokens[100] = tokens[101]
     with pytest.raises(GGUFError):
@@ -863,15 +1006,17 @@ def test_bytes_input_and_invalid_utf8(model):
     tok = model["tok"]
     assert tok.encode("héllo".encode()) == tok.encode("héllo")
     raw = [b"ab\xffcd", b"\xe4\xb8", b"x\xc3(y", b"\xf0\x9f\x98", b"\xed\xa0\x80z"]
-    ref = run_reference([{"path": model["path"], "corpus": [r.hex() for r in raw], "hex": True,
-                          "flags": [(False, False)]}])[0]
+    ref = run_reference(
+        [{"path": model["path"], "corpus": [r.hex() for r in raw], "hex": True, "flags": [(False, False)]}]
+    )[0]
     for r in raw:
         assert tok.encode(r, add_special=False) == ref["tokenize"][r.hex()]["00"], r
 
 
 def test_add_bos_from_metadata(smollm2_meta):
-    tok = Tokenizer.from_metadata({**smollm2_meta, "tokenizer.ggml.add_bos_token": True,
-                                   "tokenizer.ggml.add_eos_token": True})
+    tok = Tokenizer.from_metadata(
+        {**smollm2_meta, "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True}
+    )
     ids = tok.encode("hi")
     assert ids[0] == tok.bos_id == 1 and ids[-1] == tok.eos_id == 2
     assert tok.encode("") == [1, 2]

@@ -135,8 +135,13 @@ def test_stub_matches_the_built_module():
 
 
 def test_paging_and_gguf_pass_mypy_strict(mypy_cache):
-    r = _mypy_strict(mypy_cache, "python/superggml/native.pyi", "python/superggml/paging.py", "python/superggml/gguf.py",
-                     "python/superggml/hashes.py")
+    r = _mypy_strict(
+        mypy_cache,
+        "python/superggml/native.pyi",
+        "python/superggml/paging.py",
+        "python/superggml/gguf.py",
+        "python/superggml/hashes.py",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -157,12 +162,14 @@ def test_a_stack_using_the_paging_api_passes_mypy_strict(mypy_cache, tmp_path, p
 
 def test_a_type_error_in_the_stack_is_reported(mypy_cache, tmp_path):
     stack = tmp_path / "wrong_stack.py"
-    stack.write_text(textwrap.dedent('''
+    stack.write_text(
+        textwrap.dedent('''
         from superggml import paging
 
         def first_byte(pool: paging.BufferPool) -> str:
             slot = pool.acquire(0)
             return slot.nbytes
-    '''))
+    ''')
+    )
     r = _mypy_strict(mypy_cache, str(stack))
     assert r.returncode == 1 and 'Incompatible return value type (got "int", expected "str")' in r.stdout, r.stdout

@@ -22,7 +22,7 @@ from superggml import Model
 
 N_PROMPT, N_GEN, REPS = 512, 64, 3
 N_GEN_STREAMED, REPS_STREAMED = 16, 1
-COUNTERS = ("bytes_loaded", "file_bytes", "host_bytes", "wait_seconds")     # the layer pager's
+COUNTERS = ("bytes_loaded", "file_bytes", "host_bytes", "wait_seconds")  # the layer pager's
 
 
 def prompt_tokens(n):
@@ -58,17 +58,39 @@ def superggml_speed(path, n_gen, reps, **kw):
         st = m.stats()
         info = {k: st[k] for k in ("n_slots", "slot_size", "layers_pinned", "host_slots", "direct_io") if k in st}
     per_pass, per_token = np.mean(per_pass, axis=0), np.mean(per_token, axis=0)
-    return {"pp_tok_s": float(np.mean(pp)), "tg_tok_s": float(np.mean(tg)), "load_s": round(load, 2),
-            "per_prefill": dict(zip(COUNTERS, per_pass.tolist())), "per_token": dict(zip(COUNTERS, per_token.tolist())),
-            **info}
+    return {
+        "pp_tok_s": float(np.mean(pp)),
+        "tg_tok_s": float(np.mean(tg)),
+        "load_s": round(load, 2),
+        "per_prefill": dict(zip(COUNTERS, per_pass.tolist())),
+        "per_token": dict(zip(COUNTERS, per_token.tolist())),
+        **info,
+    }
 
 
 def llama_speed(path, ngl, n_gen, reps):
     """llama.cpp's pp and tg tok/s: llama-bench -o json where it was built, else ref.py (llama_cpp's API)."""
     ref = reference()
     if ref["llama_bench"]:
-        cmd = [ref["llama_bench"], "-m", path, "-p", str(N_PROMPT), "-n", str(n_gen), "-ngl", str(ngl), "-fa", "0",
-               "-r", str(reps), "-t", str(THREADS), "-o", "json"]
+        cmd = [
+            ref["llama_bench"],
+            "-m",
+            path,
+            "-p",
+            str(N_PROMPT),
+            "-n",
+            str(n_gen),
+            "-ngl",
+            str(ngl),
+            "-fa",
+            "0",
+            "-r",
+            str(reps),
+            "-t",
+            str(THREADS),
+            "-o",
+            "json",
+        ]
         p = subprocess.run(cmd, env=ref["env"], capture_output=True, text=True, timeout=300)
         if p.returncode:
             raise RuntimeError(f"llama-bench rc {p.returncode}: {p.stderr[-1500:]}")
@@ -76,10 +98,12 @@ def llama_speed(path, ngl, n_gen, reps):
         pp = next(r["avg_ts"] for r in rows if r["n_prompt"] and not r["n_gen"])
         tg = next(r["avg_ts"] for r in rows if r["n_gen"] and not r["n_prompt"])
         return {"pp_tok_s": pp, "tg_tok_s": tg, "tool": "llama-bench", "ngl": ngl}
-    r = run_ref(ref, {"kind": "bench", "model": path, "ngl": ngl, "n_ctx": 1024, "n_prompt": N_PROMPT,
-                      "n_gen": n_gen, "reps": reps}, timeout=300)
-    return {"pp_tok_s": float(r["pp"].mean()), "tg_tok_s": float(r["tg"].mean()), "tool": "llama_cpp API",
-            "ngl": ngl}
+    r = run_ref(
+        ref,
+        {"kind": "bench", "model": path, "ngl": ngl, "n_ctx": 1024, "n_prompt": N_PROMPT, "n_gen": n_gen, "reps": reps},
+        timeout=300,
+    )
+    return {"pp_tok_s": float(r["pp"].mean()), "tg_tok_s": float(r["tg"].mean()), "tool": "llama_cpp API", "ngl": ngl}
 
 
 def save(res, out, what):
@@ -91,8 +115,13 @@ def save(res, out, what):
 def main():
     path, mode, out = sys.argv[1], sys.argv[2], sys.argv[3]
     weights, block = sizes(path)
-    res = {"model": os.path.basename(path).removesuffix(".gguf"), "mode": mode, "device": device_name(),
-           "weights": weights, "errors": {}}
+    res = {
+        "model": os.path.basename(path).removesuffix(".gguf"),
+        "mode": mode,
+        "device": device_name(),
+        "weights": weights,
+        "errors": {},
+    }
     streamed = mode == "streamed"
     n_gen, reps = (N_GEN_STREAMED, REPS_STREAMED) if streamed else (N_GEN, REPS)
     try:
@@ -100,9 +129,12 @@ def main():
         if streamed:
             with open(sys.argv[4]) as f:
                 rate = json.load(f)
-            res.update(budget=weights // 4, rate={"bytes_per_s": rate["bytes_per_s"], "source": rate["used"]},
-                       bound_ms_per_token=1000 * s["per_token"]["bytes_loaded"] / rate["bytes_per_s"],
-                       bound_prefill_s=s["per_prefill"]["bytes_loaded"] / rate["bytes_per_s"])
+            res.update(
+                budget=weights // 4,
+                rate={"bytes_per_s": rate["bytes_per_s"], "source": rate["used"]},
+                bound_ms_per_token=1000 * s["per_token"]["bytes_loaded"] / rate["bytes_per_s"],
+                bound_prefill_s=s["per_prefill"]["bytes_loaded"] / rate["bytes_per_s"],
+            )
     except Exception as e:
         res["errors"]["superggml"] = error(e)
     save(res, out, "superggml")

@@ -18,8 +18,10 @@ import numpy as np
 from common import device_kw, device_name, error, reference, run_ref, sizes
 from superggml import Model
 
-TEXT = ("The old lighthouse keeper climbed the stairs each evening, lit the lamp, and wrote in his log about the "
-        "ships that passed, the storms that came, and the letters he never sent.")
+TEXT = (
+    "The old lighthouse keeper climbed the stairs each evening, lit the lamp, and wrote in his log about the "
+    "ships that passed, the storms that came, and the letters he never sent."
+)
 N_GEN, CTX = 64, 256
 
 
@@ -31,8 +33,15 @@ def superggml_run(path, prompt, **kw):
         m.reset()
         ids = list(itertools.islice(m.generate(prompt, temp=0.0), N_GEN))
         st = m.stats()
-        keep = ("n_slots", "slot_size", "layers_pinned", "host_slots", "bytes_loaded", "expert_bytes_loaded",
-                "direct_io")
+        keep = (
+            "n_slots",
+            "slot_size",
+            "layers_pinned",
+            "host_slots",
+            "bytes_loaded",
+            "expert_bytes_loaded",
+            "direct_io",
+        )
         return prompt, logits, ids, {"device": list(m.device), **{k: st[k] for k in keep if k in st}}
 
 
@@ -58,8 +67,11 @@ def main():
     try:
         ref = reference()
         res["reference"] = {k: ref[k] for k in ("lib", "llama_cpp")}
-        r = run_ref(ref, {"kind": "check", "model": path, "prompt": prompt, "n_gen": N_GEN, "ngl": 99, "n_ctx": CTX},
-                    timeout=120)
+        r = run_ref(
+            ref,
+            {"kind": "check", "model": path, "prompt": prompt, "n_gen": N_GEN, "ngl": 99, "n_ctx": CTX},
+            timeout=120,
+        )
         res["max_abs_dlogit"] = float(np.abs(logits - r["logits"]).max())
         res["max_abs_logit"] = float(np.abs(r["logits"]).max())
         res["argmax_agree"] = f"{int((logits.argmax(-1) == r['logits'].argmax(-1)).sum())}/{len(prompt)}"
@@ -72,9 +84,14 @@ def main():
         weights, _ = sizes(path)
         _, a_logits, a_ids, _ = superggml_run(path, prompt, device_budget="off", repack=False)
         _, b_logits, b_ids, info = superggml_run(path, prompt, device_budget=weights // 4, repack=False)
-        res["streamed"] = {"budget": weights // 4, "weights": weights, **info,
-                           "logits_equal": bool(np.array_equal(a_logits, b_logits)),
-                           "max_abs_d": float(np.abs(a_logits - b_logits).max()), "greedy_equal": a_ids == b_ids}
+        res["streamed"] = {
+            "budget": weights // 4,
+            "weights": weights,
+            **info,
+            "logits_equal": bool(np.array_equal(a_logits, b_logits)),
+            "max_abs_d": float(np.abs(a_logits - b_logits).max()),
+            "greedy_equal": a_ids == b_ids,
+        }
     except Exception as e:
         res["errors"]["streamed"] = error(e)
     save(res, out, t0, "streamed against resident")

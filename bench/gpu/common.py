@@ -15,7 +15,7 @@ from superggml import native
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 THREADS = os.cpu_count() or 1
-SITE = os.environ.get("SUPERGGML_SITE")      # run.sh's build: never another superggml this python may have
+SITE = os.environ.get("SUPERGGML_SITE")  # run.sh's build: never another superggml this python may have
 if SITE and not os.path.abspath(superggml.__file__).startswith(os.path.abspath(SITE) + os.sep):
     sys.exit(f"superggml imported from {superggml.__file__}, not from this run's build in {SITE}")
 
@@ -52,16 +52,21 @@ def reference():
     lib = sorted(glob.glob(os.path.join(pkg, "**", "libllama.so"), recursive=True))
     bench = sorted(glob.glob(os.path.join(pkg, "**", "llama-bench"), recursive=True))
     cache = os.environ.get("SUPERGGML_CACHE") or os.path.expanduser("~/.cache/superggml")
-    py = sorted(glob.glob(os.path.join(cache, "ggml-src", "llama-cpp-python-*", "**", "llama_cpp", "llama.py"),
-                          recursive=True))
+    py = sorted(
+        glob.glob(os.path.join(cache, "ggml-src", "llama-cpp-python-*", "**", "llama_cpp", "llama.py"), recursive=True)
+    )
     env = dict(os.environ)
     if lib:
         env["LLAMA_CPP_LIB_PATH"] = os.path.dirname(lib[0])
         env["LD_LIBRARY_PATH"] = ":".join([os.path.dirname(lib[0]), pkg] + env.get("LD_LIBRARY_PATH", "").split(":"))
     if py:
         env["PYTHONPATH"] = os.path.dirname(os.path.dirname(py[0])) + ":" + env.get("PYTHONPATH", "")
-    return {"lib": lib[0] if lib else "pip's llama_cpp", "llama_cpp": os.path.dirname(py[0]) if py else "pip's",
-            "llama_bench": bench[0] if bench else None, "env": env}
+    return {
+        "lib": lib[0] if lib else "pip's llama_cpp",
+        "llama_cpp": os.path.dirname(py[0]) if py else "pip's",
+        "llama_bench": bench[0] if bench else None,
+        "env": env,
+    }
 
 
 def run_ref(ref, req, timeout):
@@ -69,8 +74,13 @@ def run_ref(ref, req, timeout):
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "req.json"), "w") as f:
             json.dump({"threads": THREADS, **req}, f)
-        p = subprocess.run([sys.executable, os.path.join(HERE, "ref.py"), f.name, os.path.join(d, "out.npz")],
-                           env=ref["env"], capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(
+            [sys.executable, os.path.join(HERE, "ref.py"), f.name, os.path.join(d, "out.npz")],
+            env=ref["env"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if p.returncode:
             raise RuntimeError(f"ref.py rc {p.returncode}: {p.stderr[-1500:]}")
         with np.load(os.path.join(d, "out.npz")) as z:

@@ -1,6 +1,6 @@
 """llama.cpp through llama-cpp-python's llama_cpp, in a process of its own (two ggml copies in one process clash).
 
-    python3 ref.py REQUEST.json OUT.npz      kinds: "check" (prompt logits, greedy ids), "bench" (pp and tg tok/s)
+python3 ref.py REQUEST.json OUT.npz      kinds: "check" (prompt logits, greedy ids), "bench" (pp and tg tok/s)
 """
 
 import json
@@ -19,9 +19,18 @@ def fresh(llm):
 def main():
     with open(sys.argv[1]) as f:
         req = json.load(f)
-    llm = llama_cpp.Llama(model_path=req["model"], n_gpu_layers=req["ngl"], n_ctx=req["n_ctx"], n_batch=512,
-                          n_ubatch=512, n_threads=req["threads"], n_threads_batch=req["threads"], flash_attn=False,
-                          logits_all=req["kind"] == "check", verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=req["model"],
+        n_gpu_layers=req["ngl"],
+        n_ctx=req["n_ctx"],
+        n_batch=512,
+        n_ubatch=512,
+        n_threads=req["threads"],
+        n_threads_batch=req["threads"],
+        flash_attn=False,
+        logits_all=req["kind"] == "check",
+        verbose=False,
+    )
     out = {}
     if req["kind"] == "check":
         prompt = req["prompt"]
@@ -34,7 +43,7 @@ def main():
             if len(ids) == req["n_gen"]:
                 break
         out["ids"] = np.array(ids, dtype=np.int64)
-    else:   # as llama-bench: pp from an empty context, tg from an empty context, the mean of reps after a warm-up
+    else:  # as llama-bench: pp from an empty context, tg from an empty context, the mean of reps after a warm-up
         rng = np.random.default_rng(1)
         prompt = rng.integers(100, 40000, req["n_prompt"]).tolist()
         pp, tg = [], []

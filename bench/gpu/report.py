@@ -1,6 +1,6 @@
 """RESULTS_DIR/results.json and results.md from what run.sh's steps left in RESULTS_DIR/logs.
 
-    python3 bench/gpu/report.py RESULTS_DIR
+python3 bench/gpu/report.py RESULTS_DIR
 """
 
 import json
@@ -46,45 +46,59 @@ def problems(r, rc):
 
 
 def check_rows(runs):
-    out = ["| model | max abs dlogit (max abs logit) | argmax agree | 64 greedy tokens equal | streamed = resident, "
-           "bit for bit (logits, greedy) | streamed pinned/slots | problems |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "| model | max abs dlogit (max abs logit) | argmax agree | 64 greedy tokens equal | streamed = resident, "
+        "bit for bit (logits, greedy) | streamed pinned/slots | problems |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, c, rc in runs:
         s = c.get("streamed", {})
         st = f"{fmt(s.get('logits_equal'))}, {fmt(s.get('greedy_equal'))}" if s else "-"
         eq = c.get("greedy_equal")
         greedy = "-" if eq is None else "yes" if eq else f"no (first {c['greedy_same_prefix']} equal)"
-        out.append(f"| {name} | {fmt(c.get('max_abs_dlogit'))} ({fmt(c.get('max_abs_logit'))}) | "
-                   f"{fmt(c.get('argmax_agree'))} | {greedy} | {st} | "
-                   f"{fmt(s.get('layers_pinned'))}/{fmt(s.get('n_slots'))} | {problems(c, rc)} |")
+        out.append(
+            f"| {name} | {fmt(c.get('max_abs_dlogit'))} ({fmt(c.get('max_abs_logit'))}) | "
+            f"{fmt(c.get('argmax_agree'))} | {greedy} | {st} | "
+            f"{fmt(s.get('layers_pinned'))}/{fmt(s.get('n_slots'))} | {problems(c, rc)} |"
+        )
     return out
 
 
 def resident_rows(runs):
-    out = ["| model | superggml pp512 | llama.cpp pp512 | ratio | superggml tg64 | llama.cpp tg64 | ratio | "
-           "llama.cpp via | problems |", "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| model | superggml pp512 | llama.cpp pp512 | ratio | superggml tg64 | llama.cpp tg64 | ratio | "
+        "llama.cpp via | problems |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, b, rc in runs:
         s, r = b.get("superggml", {}), b.get("llama.cpp", {})
         size = f" ({b['weights'] / MB:.0f} MB)" if "weights" in b else ""
-        out.append(f"| {name}{size} | {fmt(s.get('pp_tok_s'), '.1f')} | {fmt(r.get('pp_tok_s'), '.1f')} | "
-                   f"{fmt(b.get('ratio_pp'), '.2f')} | {fmt(s.get('tg_tok_s'), '.1f')} | "
-                   f"{fmt(r.get('tg_tok_s'), '.1f')} | {fmt(b.get('ratio_tg'), '.2f')} | {fmt(r.get('tool'))} | "
-                   f"{problems(b, rc)} |")
+        out.append(
+            f"| {name}{size} | {fmt(s.get('pp_tok_s'), '.1f')} | {fmt(r.get('pp_tok_s'), '.1f')} | "
+            f"{fmt(b.get('ratio_pp'), '.2f')} | {fmt(s.get('tg_tok_s'), '.1f')} | "
+            f"{fmt(r.get('tg_tok_s'), '.1f')} | {fmt(b.get('ratio_tg'), '.2f')} | {fmt(r.get('tool'))} | "
+            f"{problems(b, rc)} |"
+        )
     return out
 
 
 def streamed_rows(runs):
-    out = ["| model | budget MB | pinned/slots | MB streamed per token (from the file) | decode ms/token | "
-           "bound ms/token | prefill-512 s | bound s | llama.cpp -ngl N: decode ms/token, prefill-512 s | problems |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| model | budget MB | pinned/slots | MB streamed per token (from the file) | decode ms/token | "
+        "bound ms/token | prefill-512 s | bound s | llama.cpp -ngl N: decode ms/token, prefill-512 s | problems |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, b, rc in runs:
         s, r = b.get("superggml", {}), b.get("llama.cpp", {})
         t = s.get("per_token")
         mb = f"{t['bytes_loaded'] / MB:.0f} ({t['file_bytes'] / MB:.0f})" if t else "-"
         llama = f"N={r['ngl']}: {fmt(ms(r), '.1f')}, {fmt(pp(r), '.2f')}" if r else "-"
-        out.append(f"| {name} | {fmt(b['budget'] / MB if 'budget' in b else None, '.0f')} | "
-                   f"{fmt(s.get('layers_pinned'))}/{fmt(s.get('n_slots'))} | {mb} | {fmt(ms(s), '.1f')} | "
-                   f"{fmt(b.get('bound_ms_per_token'), '.1f')} | {fmt(pp(s), '.2f')} | "
-                   f"{fmt(b.get('bound_prefill_s'), '.3g')} | {llama} | {problems(b, rc)} |")
+        out.append(
+            f"| {name} | {fmt(b['budget'] / MB if 'budget' in b else None, '.0f')} | "
+            f"{fmt(s.get('layers_pinned'))}/{fmt(s.get('n_slots'))} | {mb} | {fmt(ms(s), '.1f')} | "
+            f"{fmt(b.get('bound_ms_per_token'), '.1f')} | {fmt(pp(s), '.2f')} | "
+            f"{fmt(b.get('bound_prefill_s'), '.3g')} | {llama} | {problems(b, rc)} |"
+        )
     return out
 
 
@@ -97,30 +111,48 @@ def main():
         with open(os.path.join(d, "steps.jsonl")) as f:
             steps = [json.loads(x) for x in f if x.strip()]
 
-    def runs(prefix):      # (model, its JSON, its step's rc) for each step named prefix + model
-        return [(s["step"][len(prefix):], load(os.path.join(d, s["step"] + ".json")), s["rc"])
-                for s in steps if s["step"].startswith(prefix)]
+    def runs(prefix):  # (model, its JSON, its step's rc) for each step named prefix + model
+        return [
+            (s["step"][len(prefix) :], load(os.path.join(d, s["step"] + ".json")), s["rc"])
+            for s in steps
+            if s["step"].startswith(prefix)
+        ]
 
     checks, resident, streamed = runs("check_"), runs("bench_resident_"), runs("bench_streamed_")
     ref = next((c["reference"] for _, c, _ in checks if "reference" in c), {})
-    res = {"env": env, "rate": rate, "reference": ref, "steps": steps, "checks": [c for _, c, _ in checks],
-           "bench": [b for _, b, _ in resident + streamed]}
+    res = {
+        "env": env,
+        "rate": rate,
+        "reference": ref,
+        "steps": steps,
+        "checks": [c for _, c, _ in checks],
+        "bench": [b for _, b, _ in resident + streamed],
+    }
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
     n_prompt = next((c["n_prompt"] for _, c, _ in checks if "n_prompt" in c), "?")
     dev = next((r["device"] for _, r, _ in checks + resident + streamed if "device" in r), "?")
-    md = [f"# superggml on {dev}", "",
-          f"Build: {env.get('build', '?')}; {env.get('gpu') or 'no GPU'}, {env.get('nproc', '?')} cores; "
-          f"commit {env.get('git') or '?'}; timing models: SIZE={env.get('size', '?')}. llama.cpp: "
-          f"{ref.get('lib', '?')} (python package: {ref.get('llama_cpp', '?')}). Host-to-device rate: "
-          f"{fmt(rate.get('bytes_per_s', 0) / 1e9, '.1f')} GB/s ({rate.get('used', '?')}).", "",
-          f"Against llama.cpp on the same device and ggml build (a {n_prompt}-token prompt's logits, 64 greedy tokens; "
-          "flash attention off; llama.cpp with n_gpu_layers 99), and streamed against resident:", ""]
+    md = [
+        f"# superggml on {dev}",
+        "",
+        f"Build: {env.get('build', '?')}; {env.get('gpu') or 'no GPU'}, {env.get('nproc', '?')} cores; "
+        f"commit {env.get('git') or '?'}; timing models: SIZE={env.get('size', '?')}. llama.cpp: "
+        f"{ref.get('lib', '?')} (python package: {ref.get('llama_cpp', '?')}). Host-to-device rate: "
+        f"{fmt(rate.get('bytes_per_s', 0) / 1e9, '.1f')} GB/s ({rate.get('used', '?')}).",
+        "",
+        f"Against llama.cpp on the same device and ggml build (a {n_prompt}-token prompt's logits, 64 greedy tokens; "
+        "flash attention off; llama.cpp with n_gpu_layers 99), and streamed against resident:",
+        "",
+    ]
     md += check_rows(checks)
     md += ["", "Resident, tokens/s (prefill 512, decode 64, each from an empty context; the mean of 3):", ""]
     md += resident_rows(resident)
-    md += ["", "Streamed, device_budget a quarter of the weights; bound: the bytes streamed / the host-to-device rate "
-           "(llama.cpp: -ngl N, the blocks that fit in as many bytes):", ""]
+    md += [
+        "",
+        "Streamed, device_budget a quarter of the weights; bound: the bytes streamed / the host-to-device rate "
+        "(llama.cpp: -ngl N, the blocks that fit in as many bytes):",
+        "",
+    ]
     md += streamed_rows(streamed)
     md += ["", "Steps:", "", "| step | rc | seconds | limit |", "|---|---|---|---|"]
     md += [f"| {s['step']} | {s['rc']} | {s['seconds']} | {s['limit']} |" for s in steps]

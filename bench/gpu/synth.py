@@ -20,8 +20,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER = os.path.join(HERE, "tokenizer-smollm2.gguf")
 Q4_0 = gguf.GGMLQuantizationType.Q4_0
 # name: (layers, n_embd, n_ff); heads of 128, n_embd / 512 K/V heads
-TIMING = {"big": {"l8b": (32, 4096, 14336), "l1b": (16, 2048, 8192)},
-          "small": {"l8b": (8, 512, 1536), "l1b": (4, 256, 1024)}}
+TIMING = {
+    "big": {"l8b": (32, 4096, 14336), "l1b": (16, 2048, 8192)},
+    "small": {"l8b": (8, 512, 1536), "l1b": (4, 256, 1024)},
+}
 
 
 def tokenizer_fields():
@@ -55,15 +57,24 @@ def timing_model(path, n_layer, n_embd, n_ff, fields, seed=7):
     w.add_rope_dimension_count(hd)
     for k, v, t, sub in fields:
         w.add_key_value(k, v, t, sub_type=sub)
-    plan = [("token_embd.weight", (n_vocab, n_embd)), ("output_norm.weight", (n_embd,)),
-            ("output.weight", (n_vocab, n_embd))]
+    plan = [
+        ("token_embd.weight", (n_vocab, n_embd)),
+        ("output_norm.weight", (n_embd,)),
+        ("output.weight", (n_vocab, n_embd)),
+    ]
     for i in range(n_layer):
         p = f"blk.{i}."
-        plan += [(p + "attn_norm.weight", (n_embd,)), (p + "attn_q.weight", (n_head * hd, n_embd)),
-                 (p + "attn_k.weight", (n_head_kv * hd, n_embd)), (p + "attn_v.weight", (n_head_kv * hd, n_embd)),
-                 (p + "attn_output.weight", (n_embd, n_head * hd)), (p + "ffn_norm.weight", (n_embd,)),
-                 (p + "ffn_gate.weight", (n_ff, n_embd)), (p + "ffn_up.weight", (n_ff, n_embd)),
-                 (p + "ffn_down.weight", (n_embd, n_ff))]
+        plan += [
+            (p + "attn_norm.weight", (n_embd,)),
+            (p + "attn_q.weight", (n_head * hd, n_embd)),
+            (p + "attn_k.weight", (n_head_kv * hd, n_embd)),
+            (p + "attn_v.weight", (n_head_kv * hd, n_embd)),
+            (p + "attn_output.weight", (n_embd, n_head * hd)),
+            (p + "ffn_norm.weight", (n_embd,)),
+            (p + "ffn_gate.weight", (n_ff, n_embd)),
+            (p + "ffn_up.weight", (n_ff, n_embd)),
+            (p + "ffn_down.weight", (n_embd, n_ff)),
+        ]
     for name, shape in plan:
         if len(shape) == 1:
             w.add_tensor_info(name, shape, np.dtype(np.float32), shape[0] * 4)
@@ -77,7 +88,7 @@ def timing_model(path, n_layer, n_embd, n_ff, fields, seed=7):
         if len(shape) == 1:
             w.write_tensor_data((1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
             continue
-        pool[:, :2] = np.array([shape[1] ** -0.5 / 4.32], np.float16).view(np.uint8)   # std 1/sqrt(row length)
+        pool[:, :2] = np.array([shape[1] ** -0.5 / 4.32], np.float16).view(np.uint8)  # std 1/sqrt(row length)
         blocks = np.resize(np.roll(pool, int(rng.integers(1 << 16)), axis=0), (shape[0] * shape[1] // 32, 18))
         w.write_tensor_data(blocks.reshape(shape[0], shape[1] // 32 * 18))
     w.close()
@@ -92,8 +103,16 @@ class Q4Writer(gguf.GGUFWriter):
         self.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
 
     def add_tensor(self, name, tensor, *args, **kw):
-        if (tensor.dtype == np.float32 and tensor.ndim >= 2 and tensor.shape[-1] % 32 == 0 and not args and not kw
-                and "ffn_gate_inp" not in name and "ssm_conv1d" not in name and not name.endswith(".bias")):
+        if (
+            tensor.dtype == np.float32
+            and tensor.ndim >= 2
+            and tensor.shape[-1] % 32 == 0
+            and not args
+            and not kw
+            and "ffn_gate_inp" not in name
+            and "ssm_conv1d" not in name
+            and not name.endswith(".bias")
+        ):
             from superggml import native
 
             q = native.quantize(native.GGMLType.Q4_0, np.ascontiguousarray(tensor.reshape(-1, tensor.shape[-1])))
@@ -112,11 +131,11 @@ def check_models(out):
         "llama": dict(arch="llama", tied=False),
         "qwen3": dict(arch="qwen3", tied=False),
         "qwen3moe": dict(arch="qwen3moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=64),
-        "gemma3": sg.VARIANTS["gemma3-swa16-linear8"],          # a sliding window shorter than the prompt
+        "gemma3": sg.VARIANTS["gemma3-swa16-linear8"],  # a sliding window shorter than the prompt
         "deepseek2": sg.VARIANTS["deepseek2-lite"],
         "qwen35": sg.VARIANTS["qwen35-interval2"],
     }
-    gguf.GGUFWriter = Q4Writer          # the writer synth_gguf's generators make
+    gguf.GGUFWriter = Q4Writer  # the writer synth_gguf's generators make
     for name, kw in specs.items():
         path = sg.synth(os.path.join(out, name + ".gguf"), fields, **kw)
         print(name, os.path.getsize(path), flush=True)

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from .errors import (ContextLengthError, DeviceError, GGUFError, MissingExtra, SavedSequenceError, SuperggmlError,
-                     UnsupportedModelError)
+from .errors import (
+    ContextLengthError,
+    DeviceError,
+    GGUFError,
+    MissingExtra,
+    SavedSequenceError,
+    SuperggmlError,
+    UnsupportedModelError,
+)
 from .generation.grammar import Grammar, GrammarError
 from .model import Model
 from .generation.sampling import SamplingParams
@@ -11,6 +18,18 @@ from .api.tools import ToolError
 
 __version__ = "0.1.0"
 
-__all__ = ["ContextLengthError", "DeviceError", "GGUFError", "Grammar", "GrammarError", "MissingExtra", "Model",
-           "SamplingParams", "SavedSequenceError", "SuperggmlError", "ToolError", "UnsupportedModelError",
-           "__version__"]
+__all__ = [
+    "ContextLengthError",
+    "DeviceError",
+    "GGUFError",
+    "Grammar",
+    "GrammarError",
+    "MissingExtra",
+    "Model",
+    "SamplingParams",
+    "SavedSequenceError",
+    "SuperggmlError",
+    "ToolError",
+    "UnsupportedModelError",
+    "__version__",
+]

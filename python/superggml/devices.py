@@ -13,12 +13,12 @@ from . import native
 from .hashes import content_ranges
 from .settings import DeviceSettings
 
-DEFAULT_DEVICE = ""   # this machine's CPU
-RPC_CONNECT_TIMEOUT = 5.0   # seconds to reach an RPC server and get its HELLO
+DEFAULT_DEVICE = ""  # this machine's CPU
+RPC_CONNECT_TIMEOUT = 5.0  # seconds to reach an RPC server and get its HELLO
 
 
-PROBE_ROWS = 2048              # the speed probe: a Q4_0 [2048 x 2048] weight times a vector,
-PROBE_CHAIN = 8               # 8 times in a row per graph, the median of 3 graphs
+PROBE_ROWS = 2048  # the speed probe: a Q4_0 [2048 x 2048] weight times a vector,
+PROBE_CHAIN = 8  # 8 times in a row per graph, the median of 3 graphs
 
 
 @functools.lru_cache(maxsize=1)
@@ -84,8 +84,9 @@ def balance(free: Sequence[int], speed: Sequence[float], total: int) -> tuple[fl
     return tuple(max(x, 1.0) for x in share)
 
 
-def resolve_devices(d: DeviceSettings, *, n_threads: int = 1,
-                    weights_bytes: int = 0) -> tuple[list[str], tuple[float, ...]]:
+def resolve_devices(
+    d: DeviceSettings, *, n_threads: int = 1, weights_bytes: int = 0
+) -> tuple[list[str], tuple[float, ...]]:
     """The ggml devices the blocks split over, and their shares. RPC servers are probed and their devices
     added first (DeviceError names a server that cannot be used). `devices` may name them as ggml does
     ("RPC0": numbered in the order servers were added to this process) or by server: "RPC[host:port]" (its
@@ -93,9 +94,11 @@ def resolve_devices(d: DeviceSettings, *, n_threads: int = 1,
     `rpc` does not list it. With servers and no devices: this machine's CPU and the servers' devices, by free
     memory and measured speed (measure_speed, balance) over `weights_bytes`; with devices named and no
     tensor_split, a split over RPC servers is balanced the same way."""
+
     def add(ep: str) -> list[dict[str, Any]]:
-        return list(native.rpc_add_server(ep, connect_timeout=min(RPC_CONNECT_TIMEOUT, d.rpc_timeout),
-                                         timeout=d.rpc_timeout))
+        return list(
+            native.rpc_add_server(ep, connect_timeout=min(RPC_CONNECT_TIMEOUT, d.rpc_timeout), timeout=d.rpc_timeout)
+        )
 
     rpc: list[dict[str, Any]] = [x for ep in d.rpc for x in add(ep)]
     if d.devices:
@@ -108,8 +111,9 @@ def resolve_devices(d: DeviceSettings, *, n_threads: int = 1,
             on = add(ep) if ep not in d.rpc else [x for x in rpc if x["endpoint"] == ep]
             pick = [x for x in on if x["name"] == name] or (on if len(on) == 1 else [])
             if not pick:
-                raise ValueError(f"device {n!r}: the server at {ep} has devices "
-                                 f"{', '.join(x['name'] for x in on)}; name one of them")
+                raise ValueError(
+                    f"device {n!r}: the server at {ep} has devices {', '.join(x['name'] for x in on)}; name one of them"
+                )
             names.append(pick[0]["name"])
         if d.tensor_split or len(names) < 2 or not (rpc or any("[" in n for n in d.devices)):
             return names, d.tensor_split
@@ -119,8 +123,9 @@ def resolve_devices(d: DeviceSettings, *, n_threads: int = 1,
     names = ["CPU"] + [r["name"] for r in rpc]
     if d.tensor_split:
         if len(d.tensor_split) != len(names):
-            raise ValueError(f"tensor_split needs {len(names)} shares (CPU and {len(rpc)} RPC devices), not "
-                             f"{list(d.tensor_split)}")
+            raise ValueError(
+                f"tensor_split needs {len(names)} shares (CPU and {len(rpc)} RPC devices), not {list(d.tensor_split)}"
+            )
         return names, d.tensor_split
     return names, balanced(names, n_threads, weights_bytes)
 
@@ -153,8 +158,9 @@ def balanced(names: list[str], n_threads: int, weights_bytes: int) -> tuple[floa
 def devices_for(d: DeviceSettings, store: Any, n_threads: int) -> tuple[list[str], tuple[float, ...]]:
     """resolve_devices for the weights of `store` (a native.WeightStore); when a server speaks superggml's
     relay, the file's ranges are registered by content hash, so that it loads those it holds itself."""
-    names, shares = resolve_devices(d, n_threads=n_threads,
-                                    weights_bytes=sum(int(store.file_range(n)[1]) for n in store.names()))
+    names, shares = resolve_devices(
+        d, n_threads=n_threads, weights_bytes=sum(int(store.file_range(n)[1]) for n in store.names())
+    )
     if any(x["addressed"] for x in native.rpc_stats().values()):
         native.content_index_set(store.path, content_ranges(store.path))
     return names, shares
@@ -165,8 +171,14 @@ def add_rpc_server(endpoint: str) -> list[dict[str, Any]]:
     return list(native.rpc_add_server(endpoint.strip()))
 
 
-def start_rpc_server(endpoint: str, cache: str, n_threads: int, mem: int,
-                     models: Sequence[tuple[str, list[tuple[int, int, int]]]], direct: bool) -> None:
+def start_rpc_server(
+    endpoint: str,
+    cache: str,
+    n_threads: int,
+    mem: int,
+    models: Sequence[tuple[str, list[tuple[int, int, int]]]],
+    direct: bool,
+) -> None:
     """Serves this machine's CPU over ggml RPC at `endpoint` from a thread of this process: `cache` a folder for
     tensors sent by hash ("" none), `mem` the bytes it reports free (0: the host's), `models` files it loads
     ranges from by content hash, `direct` with O_DIRECT."""
@@ -186,6 +198,8 @@ def server_counters(endpoints: set[str]) -> dict[str, int]:
     loaded from their own copies instead."""
     rs = native.rpc_stats()
     on = [rs[e] for e in endpoints if e in rs]
-    return {"rpc_bytes_sent": sum(int(x["bytes_sent"]) for x in on),
-            "rpc_bytes_received": sum(int(x["bytes_received"]) for x in on),
-            "rpc_loaded_by_peer": sum(int(x["loaded_by_peer"]) for x in on)}
+    return {
+        "rpc_bytes_sent": sum(int(x["bytes_sent"]) for x in on),
+        "rpc_bytes_received": sum(int(x["bytes_received"]) for x in on),
+        "rpc_loaded_by_peer": sum(int(x["loaded_by_peer"]) for x in on),
+    }

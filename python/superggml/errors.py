@@ -59,5 +59,6 @@ def require_extra(extra: str, what: str) -> None:
         except ImportError:
             missing.append(name)
     if missing:
-        raise MissingExtra(f"{what} needs {', '.join(missing)}, which is not installed: "
-                           f"pip install 'superggml[{extra}]'")
+        raise MissingExtra(
+            f"{what} needs {', '.join(missing)}, which is not installed: pip install 'superggml[{extra}]'"
+        )

@@ -13,8 +13,17 @@ from . import native
 from .hashes import ContentHashes, content_hashes
 from .paging import LoadFuture, Prefetcher, Slot, ggml_type
 
-__all__ = ["Activations", "GGUFReader", "TensorInfo", "block_mins", "dequantize", "open", "quantize_activations",
-           "round_activations", "vec_dot_type"]
+__all__ = [
+    "Activations",
+    "GGUFReader",
+    "TensorInfo",
+    "block_mins",
+    "dequantize",
+    "open",
+    "quantize_activations",
+    "round_activations",
+    "vec_dot_type",
+]
 
 _OUT = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
 
@@ -22,9 +31,9 @@ _OUT = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
-    type: str               # ggml type name: "q4_K", "f32", ...
+    type: str  # ggml type name: "q4_K", "f32", ...
     shape: tuple[int, ...]  # ggml order: shape[0] is the row length
-    offset: int             # absolute byte offset in the file
+    offset: int  # absolute byte offset in the file
     nbytes: int
 
     @property
@@ -39,8 +48,15 @@ class TensorInfo:
         return self.nbytes // max(1, self.n_rows)
 
 
-def dequantize(data: Any, type: Union[str, int], shape: tuple[int, ...], *, dtype: Any = np.float32,
-               out: Any = None, n_threads: int = 1) -> np.ndarray:
+def dequantize(
+    data: Any,
+    type: Union[str, int],
+    shape: tuple[int, ...],
+    *,
+    dtype: Any = np.float32,
+    out: Any = None,
+    n_threads: int = 1,
+) -> np.ndarray:
     """Rows of ggml `type` (bytes in any buffer: numpy, bytes, a Slot) as float32 or float16, converted by
     ggml's type traits: shape is (row_length, n_rows) in ggml order; the result is row-major [n_rows, row_length]
     (written into `out`, a writable buffer of that many elements, when given)."""
@@ -67,8 +83,8 @@ def vec_dot_type(type: Union[str, int]) -> str:
 class Activations(NamedTuple):
     """Activation rows as ggml-cpu feeds them to a matmul with quantized weights (quantize_activations)."""
 
-    values: np.ndarray   # F32 [n, k]: the rows converted to the weights' vec_dot_type and back
-    sums: np.ndarray     # F32 [n, k // 32]: each 32-block's sum as the dot product uses it with a block minimum
+    values: np.ndarray  # F32 [n, k]: the rows converted to the weights' vec_dot_type and back
+    sums: np.ndarray  # F32 [n, k // 32]: each 32-block's sum as the dot product uses it with a block minimum
 
 
 def quantize_activations(x: Any, type: Union[str, int]) -> Activations:
@@ -83,7 +99,7 @@ def quantize_activations(x: Any, type: Union[str, int]) -> Activations:
         values = a
     else:
         _, q = native.to_vec_dot(ggml_type(type), a.reshape(-1, k))
-        if vt == "Q8_1":   # ggml has no to_float for Q8_1: blocks of (F16 d, F16 s = d * sum(q), 32 x int8)
+        if vt == "Q8_1":  # ggml has no to_float for Q8_1: blocks of (F16 d, F16 s = d * sum(q), 32 x int8)
             blocks = q.reshape(-1, 36)
             d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
             s = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
@@ -102,7 +118,7 @@ def round_activations(x: Any, type: Union[str, int]) -> np.ndarray:
     return quantize_activations(x, type).values
 
 
-_MIN_AT = {"Q4_1": 20, "Q5_1": 24}   # block bytes of the types whose blocks hold (F16 d, F16 m, ...)
+_MIN_AT = {"Q4_1": 20, "Q5_1": 24}  # block bytes of the types whose blocks hold (F16 d, F16 m, ...)
 
 
 def block_mins(data: Any, type: Union[str, int], shape: tuple[int, ...]) -> np.ndarray:
@@ -127,7 +143,8 @@ class GGUFReader:
         self.path = os.fspath(path)
         self._file: Optional[native.GGUFFile] = native.GGUFFile(self.path)
         self.tensors: dict[str, TensorInfo] = {
-            n: TensorInfo(n, t, tuple(int(x) for x in s), int(o), int(b)) for n, t, s, o, b in self._file.tensors()}
+            n: TensorInfo(n, t, tuple(int(x) for x in s), int(o), int(b)) for n, t, s, o, b in self._file.tensors()
+        }
         self.data_offset = int(self._file.data_offset)
 
     def metadata(self) -> dict[str, Any]:
@@ -164,8 +181,16 @@ class GGUFReader:
             raise OSError(f"short read of {name!r} at offset {off}: the file was truncated")
         return buf.reshape(n, ti.row_bytes)
 
-    def read_into(self, name: str, slot: Slot, prefetcher: Prefetcher, *, rows: Optional[tuple[int, int]] = None,
-                  slot_offset: int = 0, priority: int = 0) -> LoadFuture:
+    def read_into(
+        self,
+        name: str,
+        slot: Slot,
+        prefetcher: Prefetcher,
+        *,
+        rows: Optional[tuple[int, int]] = None,
+        slot_offset: int = 0,
+        priority: int = 0,
+    ) -> LoadFuture:
         """Queues a read of tensor `name` (rows [r0, r1) of it) into a held pool slot at `slot_offset`."""
         _, off, size, _ = self._range(name, rows)
         return prefetcher.submit(slot, [(off, size, slot_offset)], priority=priority)

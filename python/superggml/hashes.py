@@ -39,11 +39,11 @@ def combine(hashes: list[str]) -> str:
 
 @dataclass(frozen=True)
 class ContentHashes:
-    model: str                                   # the hash of every tensor's hash, in file order
-    tensors: dict[str, str]                      # name -> hash (16 hex digits)
-    blocks: dict[int, str] = field(default_factory=dict)          # block -> hash of its tensors' hashes
-    experts: dict[str, list[str]] = field(default_factory=dict)   # 3-D expert tensor -> each expert's slice hash
-    computed: bool = False                       # computed now (False: read from the sidecar index)
+    model: str  # the hash of every tensor's hash, in file order
+    tensors: dict[str, str]  # name -> hash (16 hex digits)
+    blocks: dict[int, str] = field(default_factory=dict)  # block -> hash of its tensors' hashes
+    experts: dict[str, list[str]] = field(default_factory=dict)  # 3-D expert tensor -> each expert's slice hash
+    computed: bool = False  # computed now (False: read from the sidecar index)
 
 
 def sidecar_path(path: str, cache_dir: Optional[str] = None) -> str:
@@ -52,8 +52,9 @@ def sidecar_path(path: str, cache_dir: Optional[str] = None) -> str:
     beside = path + ".hashes.json"
     if cache_dir is None and os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
         return beside
-    base = cache_dir or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                                     "superggml", "hashes")
+    base = cache_dir or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "superggml", "hashes"
+    )
     key = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:24]
     return os.path.join(base, f"{os.path.basename(path)}.{key}.json")
 
@@ -65,15 +66,17 @@ def file_key(path: str, data_offset: int) -> dict[str, Union[int, str]]:
     return {"version": VERSION, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "header": header}
 
 
-def content_hashes(path: Union[str, "os.PathLike[str]"], *, n_threads: Optional[int] = None,
-                   cache_dir: Optional[str] = None) -> ContentHashes:
+def content_hashes(
+    path: Union[str, "os.PathLike[str]"], *, n_threads: Optional[int] = None, cache_dir: Optional[str] = None
+) -> ContentHashes:
     """The content hashes of the GGUF at `path`, from its sidecar index when that is current, else computed
     (and the index written)."""
     return hashes_and_table(os.fspath(path), n_threads, cache_dir)[0]
 
 
-def content_ranges(path: Union[str, "os.PathLike[str]"], *, n_threads: Optional[int] = None,
-                   cache_dir: Optional[str] = None) -> list[tuple[int, int, int]]:
+def content_ranges(
+    path: Union[str, "os.PathLike[str]"], *, n_threads: Optional[int] = None, cache_dir: Optional[str] = None
+) -> list[tuple[int, int, int]]:
     """(offset, size, hash) of every tensor's bytes and every expert's slice in the GGUF at `path`: what a
     peer holding the file can be named by hash (native.content_index_set, native.rpc_server_start)."""
     h, tensors = hashes_and_table(os.fspath(path), n_threads, cache_dir)
@@ -86,7 +89,7 @@ def content_ranges(path: Union[str, "os.PathLike[str]"], *, n_threads: Optional[
     return out
 
 
-Table = list[tuple[str, list[int], int, int]]        # name, shape, offset, nbytes
+Table = list[tuple[str, list[int], int, int]]  # name, shape, offset, nbytes
 
 
 def hashes_and_table(path: str, n_threads: Optional[int], cache_dir: Optional[str]) -> tuple[ContentHashes, Table]:
@@ -102,8 +105,9 @@ def hashes_and_table(path: str, n_threads: Optional[int], cache_dir: Optional[st
         with open(index, encoding="utf-8") as fh:
             saved = json.load(fh)
         if saved.get("key") == key:
-            return ContentHashes(saved["model"], saved["tensors"], {int(k): v for k, v in saved["blocks"].items()},
-                                 saved["experts"]), tensors
+            return ContentHashes(
+                saved["model"], saved["tensors"], {int(k): v for k, v in saved["blocks"].items()}, saved["experts"]
+            ), tensors
     except (OSError, ValueError, KeyError, TypeError):
         pass
     out = compute(path, tensors, n_threads or os.cpu_count() or 1)
@@ -113,7 +117,7 @@ def hashes_and_table(path: str, n_threads: Optional[int], cache_dir: Optional[st
 
 def compute(path: str, tensors: Table, n_threads: int) -> ContentHashes:
     ranges: list[tuple[int, int]] = [(o, b) for _, _, o, b in tensors]
-    slices: list[tuple[str, int]] = []                     # (expert tensor, experts) in the order of their ranges
+    slices: list[tuple[str, int]] = []  # (expert tensor, experts) in the order of their ranges
     for name, shape, off, nbytes in tensors:
         if EXPERTS.match(name) and len(shape) == 3 and shape[2] > 0 and nbytes % shape[2] == 0:
             step = nbytes // shape[2]
@@ -123,7 +127,7 @@ def compute(path: str, tensors: Table, n_threads: int) -> ContentHashes:
     by_name = {t[0]: h for t, h in zip(tensors, got)}
     experts, at = {}, len(tensors)
     for name, n in slices:
-        experts[name] = got[at:at + n]
+        experts[name] = got[at : at + n]
         at += n
     members: dict[int, list[str]] = {}
     for name in sorted(by_name):
@@ -131,7 +135,7 @@ def compute(path: str, tensors: Table, n_threads: int) -> ContentHashes:
         if m:
             members.setdefault(int(m.group(1)), []).append(by_name[name])
     blocks = {b: combine(hs) for b, hs in sorted(members.items())}
-    return ContentHashes(combine(got[:len(tensors)]), by_name, blocks, experts, computed=True)
+    return ContentHashes(combine(got[: len(tensors)]), by_name, blocks, experts, computed=True)
 
 
 def write_index(index: str, key: dict[str, Union[int, str]], h: ContentHashes) -> None:
@@ -140,8 +144,16 @@ def write_index(index: str, key: dict[str, Union[int, str]], h: ContentHashes) -
         os.makedirs(os.path.dirname(index), exist_ok=True)
         tmp = f"{index}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"key": key, "model": h.model, "tensors": h.tensors,
-                       "blocks": {str(b): v for b, v in h.blocks.items()}, "experts": h.experts}, fh)
+            json.dump(
+                {
+                    "key": key,
+                    "model": h.model,
+                    "tensors": h.tensors,
+                    "blocks": {str(b): v for b, v in h.blocks.items()},
+                    "experts": h.experts,
+                },
+                fh,
+            )
         os.replace(tmp, index)
     except OSError:
         pass

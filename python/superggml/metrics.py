@@ -42,8 +42,16 @@ def iso_now(t: float | None = None) -> str:
     return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
 
 
-EXPERT_FIELDS = ("expert_hits", "expert_misses", "expert_bytes_loaded", "expert_slots", "expert_slots_used",
-                 "expert_lookahead_precision", "expert_lookahead_recall", "expert_lookahead")
+EXPERT_FIELDS = (
+    "expert_hits",
+    "expert_misses",
+    "expert_bytes_loaded",
+    "expert_slots",
+    "expert_slots_used",
+    "expert_lookahead_precision",
+    "expert_lookahead_recall",
+    "expert_lookahead",
+)
 
 
 class MetricsWriter:
@@ -54,7 +62,7 @@ class MetricsWriter:
             self._f: IO[str] = sys.stderr
             self._own = False
         elif isinstance(out, (str, os.PathLike)):
-            self._f = open(out, "w", encoding="utf-8")   # noqa: SIM115 - closed in close()
+            self._f = open(out, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
             self._own = True
         else:
             self._f = out
@@ -81,8 +89,10 @@ class MetricsWriter:
                 self._q.clear()
                 stop = self._stop
             for line in batch:
-                self._f.write(json.dumps(line, indent=2 if self.pretty else None,
-                                         separators=None if self.pretty else (",", ":")) + "\n")
+                self._f.write(
+                    json.dumps(line, indent=2 if self.pretty else None, separators=None if self.pretty else (",", ":"))
+                    + "\n"
+                )
                 self.written += 1
             if batch:
                 self._f.flush()
@@ -115,9 +125,14 @@ class Metrics:
         self._n_events = 0
         self._prev: dict[str, int] = {}
 
-    COUNTED = (("loads", "layer_load"), ("evictions", "layer_evict"), ("kv_pages_spilled", "kv_page_spill"),
-               ("kv_pages_prefetched", "kv_page_prefetch"), ("kv_pages_written_back", "kv_page_writeback"),
-               ("kv_pages_loaded", "kv_page_load"))
+    COUNTED = (
+        ("loads", "layer_load"),
+        ("evictions", "layer_evict"),
+        ("kv_pages_spilled", "kv_page_spill"),
+        ("kv_pages_prefetched", "kv_page_prefetch"),
+        ("kv_pages_written_back", "kv_page_writeback"),
+        ("kv_pages_loaded", "kv_page_load"),
+    )
 
     def emit(self, line: dict[str, Any]) -> None:
         assert self.writer is not None, "a Metrics without a writer takes snapshots only"
@@ -153,11 +168,11 @@ class Metrics:
 
     # -- lines ----------------------------------------------------------
     def _flush_events(self, st: dict[str, Any]) -> None:
-        for ev in self.model.layer_events()[self._n_events:]:
+        for ev in self.model.layer_events()[self._n_events :]:
             self.emit({"timestamp": iso_now(ev["t"]), "token": self.token, **ev})
             self._n_events += 1
         now = iso_now()
-        for key, event in self.COUNTED:   # what moved during this token, one line per kind
+        for key, event in self.COUNTED:  # what moved during this token, one line per kind
             if key not in st:
                 continue
             n = int(st[key]) - self._prev.get(key, 0)
@@ -204,21 +219,37 @@ class Metrics:
             "prefetch_completed": int(st.get("loads", 0)) - int(st.get("pending", 0)) - int(st.get("failed", 0)),
             "prefetch_failed": int(st.get("failed", 0)),
         }
-        line.update(sequences_per_pass=round(float(st.get("sequences_per_pass", 0.0)), 3),
-                    tokens_per_pass=round(float(st.get("tokens_per_pass", 0.0)), 3),
-                    bytes_streamed_per_token=round(int(st.get("bytes_loaded", 0)) / max(self.generated_tokens, 1)))
-        if "budget" in st:              # the memory plan (superggml.runtime.memory_plan)
+        line.update(
+            sequences_per_pass=round(float(st.get("sequences_per_pass", 0.0)), 3),
+            tokens_per_pass=round(float(st.get("tokens_per_pass", 0.0)), 3),
+            bytes_streamed_per_token=round(int(st.get("bytes_loaded", 0)) / max(self.generated_tokens, 1)),
+        )
+        if "budget" in st:  # the memory plan (superggml.runtime.memory_plan)
             b = st["budget"]
-            line.update(device_budget_mode=b["mode"],
-                        device_budget_mb=None if b["budget"] is None else round(b["budget"] / 2**20, 1))
-        if "expert_slots" in st:        # a mixture of experts with its experts paged (expert_cache)
+            line.update(
+                device_budget_mode=b["mode"],
+                device_budget_mb=None if b["budget"] is None else round(b["budget"] / 2**20, 1),
+            )
+        if "expert_slots" in st:  # a mixture of experts with its experts paged (expert_cache)
             line.update({k: st[k] for k in EXPERT_FIELDS})
-        if "state_bytes_per_sequence" in st:     # a hybrid model's recurrent states
-            line.update({k: st[k] for k in ("state_bytes_per_sequence", "state_sequences", "state_checkpoints",
-                                            "state_replays", "state_tier")})
-        if "draft_steps" in st:         # speculative decoding
-            line.update(draft_tokens=int(st["draft_tokens"]), draft_accepted=int(st["draft_accepted"]),
-                        draft_tokens_per_pass=round(float(st["draft_tokens_per_pass"] or 0.0), 3),
-                        draft_k_mean=round(float(st["draft_k_mean"] or 0.0), 3))
+        if "state_bytes_per_sequence" in st:  # a hybrid model's recurrent states
+            line.update(
+                {
+                    k: st[k]
+                    for k in (
+                        "state_bytes_per_sequence",
+                        "state_sequences",
+                        "state_checkpoints",
+                        "state_replays",
+                        "state_tier",
+                    )
+                }
+            )
+        if "draft_steps" in st:  # speculative decoding
+            line.update(
+                draft_tokens=int(st["draft_tokens"]),
+                draft_accepted=int(st["draft_accepted"]),
+                draft_tokens_per_pass=round(float(st["draft_tokens_per_pass"] or 0.0), 3),
+                draft_k_mean=round(float(st["draft_k_mean"] or 0.0), 3),
+            )
         return line
-

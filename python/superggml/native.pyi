@@ -169,24 +169,59 @@ class Context(_pybind11_object):
         """Copies a into b (converting type); returns a view of b."""
     def set_rows(self, dst: Tensor, src: Tensor, idx: Tensor, /) -> Tensor:
         """dst[idx[i], :] = src[i, :] (rows of ne[0] elements, converting type)."""
-    def rope_ext(self, a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, mode: int, n_ctx_orig: int,
-                 freq_base: float, freq_scale: float = 1.0, ext_factor: float = 0.0, attn_factor: float = 1.0,
-                 beta_fast: float = 32.0, beta_slow: float = 1.0) -> Tensor:
+    def rope_ext(
+        self,
+        a: Tensor,
+        pos: Tensor,
+        freq_factors: Tensor | None,
+        n_dims: int,
+        mode: int,
+        n_ctx_orig: int,
+        freq_base: float,
+        freq_scale: float = 1.0,
+        ext_factor: float = 0.0,
+        attn_factor: float = 1.0,
+        beta_fast: float = 32.0,
+        beta_slow: float = 1.0,
+    ) -> Tensor:
         """RoPE of a [head_dim, n_head, n_tokens] at I32 positions; freq_factors (F32 [n_dims/2]) or None."""
-    def rope_multi(self, a: Tensor, pos: Tensor, n_dims: int, sections: Sequence[int], mode: int, n_ctx_orig: int,
-                   freq_base: float, freq_scale: float = 1.0, ext_factor: float = 0.0, attn_factor: float = 1.0,
-                   beta_fast: float = 32.0, beta_slow: float = 1.0) -> Tensor:
+    def rope_multi(
+        self,
+        a: Tensor,
+        pos: Tensor,
+        n_dims: int,
+        sections: Sequence[int],
+        mode: int,
+        n_ctx_orig: int,
+        freq_base: float,
+        freq_scale: float = 1.0,
+        ext_factor: float = 0.0,
+        attn_factor: float = 1.0,
+        beta_fast: float = 32.0,
+        beta_slow: float = 1.0,
+    ) -> Tensor:
         """Multi-section RoPE (M-RoPE, interleaved or not) of a [head_dim, n_head, n_tokens] at I32 [4 * n_tokens] positions (the sections' positions one after another)."""
     def ssm_conv(self, sx: Tensor, w: Tensor) -> Tensor:
         """The causal depthwise conv1d of Mamba-style layers: [d_inner, n_t, n_s]."""
-    def gated_delta_net(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
-                        K: int = 1) -> Tensor:
+    def gated_delta_net(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, K: int = 1
+    ) -> Tensor:
         """The gated delta rule over n_tokens: the outputs [S, H_v, t, s], then K states, most recent first."""
-    def soft_max_ext(self, a: Tensor, mask: Tensor | None, scale: float, max_bias: float = 0.0,
-                     sinks: Tensor | None = None) -> Tensor:
+    def soft_max_ext(
+        self, a: Tensor, mask: Tensor | None, scale: float, max_bias: float = 0.0, sinks: Tensor | None = None
+    ) -> Tensor:
         """softmax(a * scale + mask) over rows; sinks (F32 [n_head]): a per-head logit that joins each row's sum"""
-    def flash_attn_ext(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, max_bias: float = 0.0,
-                       softcap: float = 0.0, sinks: Tensor | None = None) -> Tensor:
+    def flash_attn_ext(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        scale: float,
+        max_bias: float = 0.0,
+        softcap: float = 0.0,
+        sinks: Tensor | None = None,
+    ) -> Tensor:
         """q [d, n_tokens, n_head], k/v [d, n_kv, n_head_kv], mask F16 [n_kv, n_tokens] -> [d, n_head, n_tokens]"""
 
 class Buffer(_pybind11_object):
@@ -208,7 +243,6 @@ class HostReservation(_pybind11_object):
         """Gives the whole pages in [offset, offset + size) back to the system (they read as zeros after)."""
     def resident(self) -> int:
         """Bytes of the range backed by memory now."""
-
 
 class Backend(_pybind11_object):
     """A ggml device plus the allocator of graph intermediates."""
@@ -286,13 +320,28 @@ def rows_bytes(type: _TypeLike, n_rows: int, row_len: int) -> int:
     block size)."""
 
 @overload
-def convert_rows(src_type: _TypeLike, src: _BufferLike, n_rows: int, row_len: int, dst_type: _TypeLike,
-                 out: None = None, n_threads: int = 1) -> npt.NDArray[np.float32] | npt.NDArray[np.float16]:
+def convert_rows(
+    src_type: _TypeLike,
+    src: _BufferLike,
+    n_rows: int,
+    row_len: int,
+    dst_type: _TypeLike,
+    out: None = None,
+    n_threads: int = 1,
+) -> npt.NDArray[np.float32] | npt.NDArray[np.float16]:
     """Converts rows of a ggml type (bytes in any buffer: a Slot, numpy, bytes) to F32 or F16 with ggml's type
     traits, into `out` (a writable contiguous buffer) or a new numpy array [n_rows, row_len]; GIL released."""
+
 @overload
-def convert_rows(src_type: _TypeLike, src: _BufferLike, n_rows: int, row_len: int, dst_type: _TypeLike,
-                 out: _BufferT, n_threads: int = 1) -> _BufferT: ...
+def convert_rows(
+    src_type: _TypeLike,
+    src: _BufferLike,
+    n_rows: int,
+    row_len: int,
+    dst_type: _TypeLike,
+    out: _BufferT,
+    n_threads: int = 1,
+) -> _BufferT: ...
 
 class GGUFFile(_pybind11_object):
     """A GGUF file: header parsed, tensor ranges validated, data mapped read-only."""
@@ -389,8 +438,14 @@ class Lease(_pybind11_object):
     def __array__(self, dtype: None = None, copy: bool | None = None) -> npt.NDArray[np.uint8]: ...
     @overload
     def __array__(self, dtype: npt.DTypeLike, copy: bool | None = None) -> npt.NDArray[Any]: ...
-    def __dlpack__(self, *, stream: int | None = None, max_version: tuple[int, int] | None = None,
-                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> CapsuleType:
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> CapsuleType:
         """DLPack capsule of the memory as a 1-D uint8 tensor (zero copy; a read-only lease needs a DLPack 1.0
         consumer); counts as a view until the consumer frees it."""
     def __dlpack_device__(self) -> tuple[int, int]: ...
@@ -505,25 +560,44 @@ class Prefetcher(_pybind11_object):
         """O_DIRECT reads are available"""
     @property
     def n_workers(self) -> int: ...
-    def submit(self, key: int, pool: BufferPool, slot: int, ranges: Sequence[Sequence[int]], priority: int = 0,
-               direct: bool = False) -> LoadFuture:
+    def submit(
+        self,
+        key: int,
+        pool: BufferPool,
+        slot: int,
+        ranges: Sequence[Sequence[int]],
+        priority: int = 0,
+        direct: bool = False,
+    ) -> LoadFuture:
         """Queues reads of (file_offset, size, slot_offset) ranges into the slot; returns a LoadFuture. direct: O_DIRECT
         where the range and slot address are 4096-aligned and the file allows it."""
-    def submit_slot(self, slot: Slot, ranges: Sequence[Sequence[int]], priority: int = 0,
-                    direct: bool | None = None) -> LoadFuture:
+    def submit_slot(
+        self, slot: Slot, ranges: Sequence[Sequence[int]], priority: int = 0, direct: bool | None = None
+    ) -> LoadFuture:
         """Queues reads of (file_offset, size, slot_offset) ranges into a held Slot (its key names the job); the
         slot's release() waits for them. direct (default: when the prefetcher has O_DIRECT): O_DIRECT for ranges
         whose offset, size and address are 4096-aligned, buffered reads for the rest."""
     def cancel(self, key: int) -> bool:
         """Cancels every queued job for key; returns whether any."""
-    def stats(self) -> dict[str, int | float]: ...  # completed, failed, cancelled, bytes, direct_bytes, read_seconds (float), pending
+    def stats(
+        self,
+    ) -> dict[str, int | float]: ...  # completed, failed, cancelled, bytes, direct_bytes, read_seconds (float), pending
 
 class LayerPager(_pybind11_object):
     """Streams groups of paged tensors (layers) through a buffer pool with worker-thread prefetch."""
 
-    def __init__(self, store: WeightStore, layers: Sequence[Sequence[str]], n_slots: int, slot_size: int = 0,
-                 n_workers: int = 1, backend: Backend | None = None, direct_io: bool = False,
-                 staged: bool = False, host_slots: int = 0) -> None:
+    def __init__(
+        self,
+        store: WeightStore,
+        layers: Sequence[Sequence[str]],
+        n_slots: int,
+        slot_size: int = 0,
+        n_workers: int = 1,
+        backend: Backend | None = None,
+        direct_io: bool = False,
+        staged: bool = False,
+        host_slots: int = 0,
+    ) -> None:
         """host_slots: a host tier of that many layers between the file and a staged pool."""
     @property
     def host_slots(self) -> int: ...
@@ -565,9 +639,19 @@ class KVCache(_pybind11_object):
     """Paged K/V cache: pages of page_size tokens in device frames, host memory (a budget) and a spill file.
     v empty: a cache of K only (a latent K/V)."""
 
-    def __init__(self, k: Sequence[Tensor], v: Sequence[Tensor], page_size: int = 256, n_frames: int = 0,
-                 host_budget: int | None = None, spill_dir: str = "", v_trans: bool = True,
-                 backend: Backend | None = None, n_workers: int = 1, n_stream: int = 1) -> None: ...
+    def __init__(
+        self,
+        k: Sequence[Tensor],
+        v: Sequence[Tensor],
+        page_size: int = 256,
+        n_frames: int = 0,
+        host_budget: int | None = None,
+        spill_dir: str = "",
+        v_trans: bool = True,
+        backend: Backend | None = None,
+        n_workers: int = 1,
+        n_stream: int = 1,
+    ) -> None: ...
     def acquire(self, seq: int, layer: int, n_valid: int, k: Tensor | None = None, v: Tensor | None = None) -> None:
         """Binds the layer's K/V (or the tensors k, v of its shape: a lane of a pass over several sequences) to a
         frame holding rows [0, n_valid) of (seq, layer)."""

@@ -24,8 +24,22 @@ from . import native
 from .errors import LoadCancelled, PoolExhausted, SlotReleased
 from .telemetry import MemorySnapshot, snapshot
 
-__all__ = ["BufferPool", "KVCache", "KVFrame", "Layer", "LayerPager", "LoadCancelled", "LoadFuture",
-           "PoolExhausted", "Prefetcher", "Slot", "SlotReleased", "DIRECT_ALIGN", "memory", "ggml_type"]
+__all__ = [
+    "BufferPool",
+    "KVCache",
+    "KVFrame",
+    "Layer",
+    "LayerPager",
+    "LoadCancelled",
+    "LoadFuture",
+    "PoolExhausted",
+    "Prefetcher",
+    "Slot",
+    "SlotReleased",
+    "DIRECT_ALIGN",
+    "memory",
+    "ggml_type",
+]
 
 Slot = native.Slot
 Layer = native.Layer
@@ -56,6 +70,7 @@ def _backend(device: str) -> Optional["native.Backend"]:
     if "[" in device:
         from .devices import resolve_devices
         from .settings import DeviceSettings
+
         device = resolve_devices(DeviceSettings(devices=(device,)))[0][0]
     return native.Backend(device)
 
@@ -151,8 +166,14 @@ class Prefetcher:
     def direct_io(self) -> bool:
         return self.core.direct
 
-    def submit(self, slot: "native.Slot", ranges: Sequence[tuple[int, int, int]], *, priority: int = 0,
-               direct: Optional[bool] = None) -> "native.LoadFuture":
+    def submit(
+        self,
+        slot: "native.Slot",
+        ranges: Sequence[tuple[int, int, int]],
+        *,
+        priority: int = 0,
+        direct: Optional[bool] = None,
+    ) -> "native.LoadFuture":
         """Queues reads of (file_offset, size, slot_offset) ranges into a held slot; returns a LoadFuture
         (result(timeout), done(), cancel()). The slot's release() waits for the reads."""
         return self.core.submit_slot(slot, [tuple(r) for r in ranges], priority, direct)
@@ -181,13 +202,23 @@ class LayerPager:
     prefetch(l) starts loading layer l; acquire(l) waits for it and returns a `Layer` whose tensors are
     bound to its slot (views: layer.array(name)); release it to let its slot go to another layer."""
 
-    def __init__(self, path: str, layers: Sequence[Sequence[str]], *, n_slots: int = 2, slot_size: int = 0,
-                 n_workers: int = 1, direct_io: bool = False, device: str = "CPU") -> None:
+    def __init__(
+        self,
+        path: str,
+        layers: Sequence[Sequence[str]],
+        *,
+        n_slots: int = 2,
+        slot_size: int = 0,
+        n_workers: int = 1,
+        direct_io: bool = False,
+        device: str = "CPU",
+    ) -> None:
         self.path = str(path)
         self.store = native.WeightStore(native.GGUFFile(self.path))
         self._backend = _backend(device)
         self._pager: Optional[native.LayerPager] = native.LayerPager(
-            self.store, [list(x) for x in layers], n_slots, slot_size, n_workers, self._backend, direct_io)
+            self.store, [list(x) for x in layers], n_slots, slot_size, n_workers, self._backend, direct_io
+        )
 
     @property
     def core(self) -> "native.LayerPager":
@@ -263,9 +294,22 @@ class KVCache:
     returns a KVFrame holding rows [0, n_valid) of K ([n_ctx, n_embd_kv]) and V (the same, or transposed
     with v_trans); frame.written(n_end) then release() marks the new rows' pages dirty."""
 
-    def __init__(self, n_layers: int, n_embd_kv: int, n_ctx: int, *, type: str = "F16", page_size: int = 256,
-                 n_frames: int = 0, n_stream: int = 1, host_budget: Optional[int] = None, spill_dir: str = "",
-                 v_trans: bool = False, device: str = "CPU", n_workers: int = 1) -> None:
+    def __init__(
+        self,
+        n_layers: int,
+        n_embd_kv: int,
+        n_ctx: int,
+        *,
+        type: str = "F16",
+        page_size: int = 256,
+        n_frames: int = 0,
+        n_stream: int = 1,
+        host_budget: Optional[int] = None,
+        spill_dir: str = "",
+        v_trans: bool = False,
+        device: str = "CPU",
+        n_workers: int = 1,
+    ) -> None:
         if type.upper() not in ("F16", "F32"):
             raise ValueError("KVCache type must be F16 or F32")
         self.type = type.upper()
@@ -275,8 +319,18 @@ class KVCache:
         k = [self._ctx.new_tensor(t, [n_embd_kv, n_ctx]) for _ in range(n_layers)]
         v = [self._ctx.new_tensor(t, [n_ctx, n_embd_kv] if v_trans else [n_embd_kv, n_ctx]) for _ in range(n_layers)]
         self._backend = _backend(device)
-        self._kv: Optional[native.KVCache] = native.KVCache(k, v, page_size, n_frames, host_budget, spill_dir,
-                                                          v_trans, self._backend, n_workers, 1 if n_stream < 1 else n_stream)
+        self._kv: Optional[native.KVCache] = native.KVCache(
+            k,
+            v,
+            page_size,
+            n_frames,
+            host_budget,
+            spill_dir,
+            v_trans,
+            self._backend,
+            n_workers,
+            1 if n_stream < 1 else n_stream,
+        )
 
     @property
     def core(self) -> "native.KVCache":

@@ -21,18 +21,32 @@ import re
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterator, Mapping, Union
 
-KV_PAGE_MIN, KV_PAGE_MAX = 16, 8192   # tokens per KV page (kv-cache.h; test_settings holds them to native's)
-Budget = Union[int, str, tuple[int, ...]]   # device_budget: "auto", "off", bytes, or bytes per device
-HostCache = Union[int, str]                 # host_cache: "auto", "off" or bytes
+KV_PAGE_MIN, KV_PAGE_MAX = 16, 8192  # tokens per KV page (kv-cache.h; test_settings holds them to native's)
+Budget = Union[int, str, tuple[int, ...]]  # device_budget: "auto", "off", bytes, or bytes per device
+HostCache = Union[int, str]  # host_cache: "auto", "off" or bytes
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-          "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
 
-KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")   # llama.cpp's -ctk/-ctv
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # llama.cpp's -ctk/-ctv
 KV_QUANTIZED = KV_CACHE_TYPES[3:]
 
 ENV_PREFIX = "SUPERGGML_"
-ALIASES = {"n_ctx": "ctx_size"}      # llama_cpp.Llama's names
+ALIASES = {"n_ctx": "ctx_size"}  # llama_cpp.Llama's names
 
 
 def parse_size(v: int | str | None) -> int | None:
@@ -93,16 +107,34 @@ def _parse_list(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
     return lambda s: tuple(item(x) for x in s.split(",") if x.strip())
 
 
-def option(default: Any, help: str, *, flags: tuple[str, ...] = (), parse: Callable[[str], Any] | None = None,
-           metavar: str | None = None, choices: tuple[str, ...] | None = None, cli_default: str | None = None,
-           switch: bool = False) -> Any:
+def option(
+    default: Any,
+    help: str,
+    *,
+    flags: tuple[str, ...] = (),
+    parse: Callable[[str], Any] | None = None,
+    metavar: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    cli_default: str | None = None,
+    switch: bool = False,
+) -> Any:
     """A settings field. `parse` turns a command line or environment string into the value (default: the type
     of `default`; booleans become --x/--no-x, and so does a `switch`: a boolean whose default None means auto);
     `flags` add short or differently named flags."""
     if parse is None:
         parse = _parse_bool if isinstance(default, bool) else _parse_tristate if switch else type(default)
-    return field(default=default, metadata=dict(help=help, flags=flags, parse=parse, metavar=metavar,
-                                                choices=choices, cli_default=cli_default, switch=switch))
+    return field(
+        default=default,
+        metadata=dict(
+            help=help,
+            flags=flags,
+            parse=parse,
+            metavar=metavar,
+            choices=choices,
+            cli_default=cli_default,
+            switch=switch,
+        ),
+    )
 
 
 def _check(ok: bool, message: str) -> None:
@@ -113,16 +145,20 @@ def _check(ok: bool, message: str) -> None:
 def check_split(p: "PagingSettings", n_devices: int, names: str = "") -> None:
     """ValueError unless the paging options suit blocks split over n_devices devices (named `names`)."""
     if n_devices > 1:
-        _check(not (p.dynamic_layers or p.n_gpu_layers is not None or p.expert_cache is not None),
-               "a multi-device split pages with a device_budget per device, not dynamic_layers, n_gpu_layers "
-               "or expert_cache")
-    _check(not isinstance(p.device_budget, tuple) or len(p.device_budget) == n_devices,
-           f"device_budget gives {len(p.device_budget) if isinstance(p.device_budget, tuple) else 1} sizes for "
-           f"{n_devices} devices" + (f" ({names})" if names else ""))
+        _check(
+            not (p.dynamic_layers or p.n_gpu_layers is not None or p.expert_cache is not None),
+            "a multi-device split pages with a device_budget per device, not dynamic_layers, n_gpu_layers "
+            "or expert_cache",
+        )
+    _check(
+        not isinstance(p.device_budget, tuple) or len(p.device_budget) == n_devices,
+        f"device_budget gives {len(p.device_budget) if isinstance(p.device_budget, tuple) else 1} sizes for "
+        f"{n_devices} devices" + (f" ({names})" if names else ""),
+    )
 
 
 def _set(obj: Any, name: str, value: Any) -> None:
-    object.__setattr__(obj, name, value)     # normalising a frozen dataclass's field in __post_init__
+    object.__setattr__(obj, name, value)  # normalising a frozen dataclass's field in __post_init__
 
 
 def _parsed_size(v: int | str | None) -> int | None:
@@ -134,22 +170,28 @@ def _parsed_size(v: int | str | None) -> int | None:
 @dataclass(frozen=True)
 class ContextSettings:
     """The context, the compute threads and what a forward pass returns."""
+
     ctx_size: int = option(4096, "context size in tokens (alias n_ctx)", flags=("-c",))
     n_batch: int = option(512, "prompt tokens per forward pass (at most ctx_size)", flags=("-b", "--batch-size"))
-    n_threads: int | None = option(None, "compute threads (default: the cores this process may use)",
-                                   flags=("-t", "--threads"), parse=int)
+    n_threads: int | None = option(
+        None, "compute threads (default: the cores this process may use)", flags=("-t", "--threads"), parse=int
+    )
     seed: int | None = option(None, "sampling seed (default: random)", parse=int)
     flash_attn: bool = option(False, "use ggml's flash attention")
     cache_type_k: str = option("f16", "K cache type", flags=("-ctk",), choices=KV_CACHE_TYPES)
-    cache_type_v: str = option("f16", "V cache type (a quantized one needs flash_attn, as llama.cpp)",
-                               flags=("-ctv",), choices=KV_CACHE_TYPES)
-    kv_type: str | None = option(None, "K and V cache type at once (sets cache_type_k and cache_type_v)",
-                                 parse=str, choices=KV_CACHE_TYPES)
+    cache_type_v: str = option(
+        "f16", "V cache type (a quantized one needs flash_attn, as llama.cpp)", flags=("-ctv",), choices=KV_CACHE_TYPES
+    )
+    kv_type: str | None = option(
+        None, "K and V cache type at once (sets cache_type_k and cache_type_v)", parse=str, choices=KV_CACHE_TYPES
+    )
     repack: bool = option(True, "re-lay matmul weights for ggml-cpu's faster kernels at load, as llama.cpp")
     batch_invariant: bool = option(
-        False, "a sequence's logits do not depend on the other tokens of its forward pass (other sequences, "
+        False,
+        "a sequence's logits do not depend on the other tokens of its forward pass (other sequences, "
         "prompt chunking): ggml-cpu's reference matmul paths and no repack; as llama.cpp, the fast kernels round "
-        "differently from 8 rows on")
+        "differently from 8 rows on",
+    )
     logits_all: bool = option(False, "return the logits of every token of an eval, not only the last")
     verbose: bool = option(False, "print what was loaded and the speed to stderr", flags=("-v",))
 
@@ -161,15 +203,19 @@ class ContextSettings:
             t = getattr(self, name)
             _check(t is None or t in KV_CACHE_TYPES, f"{name} must be one of {', '.join(KV_CACHE_TYPES)}, not {t!r}")
         if self.kv_type is not None:
-            _check(self.cache_type_k in ("f16", self.kv_type) and self.cache_type_v in ("f16", self.kv_type),
-                   "kv_type sets both cache types: give it or cache_type_k/cache_type_v, not both")
+            _check(
+                self.cache_type_k in ("f16", self.kv_type) and self.cache_type_v in ("f16", self.kv_type),
+                "kv_type sets both cache types: give it or cache_type_k/cache_type_v, not both",
+            )
             _set(self, "cache_type_k", self.kv_type)
             _set(self, "cache_type_v", self.kv_type)
-        _check(self.flash_attn or self.cache_type_v not in KV_QUANTIZED,
-               f"a quantized V cache (cache_type_v={self.cache_type_v}) requires flash_attn (-fa), as llama.cpp")
+        _check(
+            self.flash_attn or self.cache_type_v not in KV_QUANTIZED,
+            f"a quantized V cache (cache_type_v={self.cache_type_v}) requires flash_attn (-fa), as llama.cpp",
+        )
         _set(self, "n_batch", min(self.n_batch, self.ctx_size))
         if self.batch_invariant:
-            _set(self, "repack", False)           # the re-laid weights' GEMM kernels work in tiles of rows
+            _set(self, "repack", False)  # the re-laid weights' GEMM kernels work in tiles of rows
 
     @property
     def threads(self) -> int:
@@ -180,48 +226,89 @@ class ContextSettings:
 @dataclass(frozen=True)
 class PagingSettings:
     """Which blocks stay resident and how the others stream."""
+
     device_budget: Budget = option(
-        "auto", "bytes the transformer blocks may occupy (e.g. 512MiB), or one size per device of a split (e.g. "
+        "auto",
+        "bytes the transformer blocks may occupy (e.g. 512MiB), or one size per device of a split (e.g. "
         "512MiB,2GiB); blocks beyond it stream from the file through a pool of slots. auto: from the memory this "
         "process can use, less the K/V cache, compute buffers and a headroom: all resident when the model fits, "
-        "else the largest pool that fits; off: all resident", parse=str, metavar="SIZE|auto|off")
+        "else the largest pool that fits; off: all resident",
+        parse=str,
+        metavar="SIZE|auto|off",
+    )
     n_gpu_layers: int | None = option(
-        None, "blocks kept resident on the device, the rest stream (default, or -1: all that fit)",
-        flags=("-ngl",), parse=int)
-    async_prefetch: bool | None = option(None, "load the next blocks in a worker thread while the current one "
-                                         "computes (default: on when blocks stream)", switch=True)
+        None,
+        "blocks kept resident on the device, the rest stream (default, or -1: all that fit)",
+        flags=("-ngl",),
+        parse=int,
+    )
+    async_prefetch: bool | None = option(
+        None,
+        "load the next blocks in a worker thread while the current one computes (default: on when blocks stream)",
+        switch=True,
+    )
     prefetch_depth: int = option(2, "blocks loaded ahead with async_prefetch")
-    dynamic_layers: bool = option(False, "demote resident blocks to streamed when memory pressure rises above "
-                                  "mem_pressure, promote them again when it falls")
+    dynamic_layers: bool = option(
+        False,
+        "demote resident blocks to streamed when memory pressure rises above "
+        "mem_pressure, promote them again when it falls",
+    )
     mem_pressure: float = option(0.85, "pressure threshold in (0, 1] for dynamic_layers", metavar="F")
     direct_io: bool | None = option(
-        None, "read streamed blocks with O_DIRECT (on), through the page cache (off), or O_DIRECT when the file is "
-        "larger than the memory available (auto)", parse=_parse_tristate, choices=("auto", "on", "off"),
-        cli_default="auto")
-    staged_io: bool = option(False, "load host slots through staging buffers and async copies, as device slots "
-                             "are (the GPU code path on the CPU; slower, for testing)")
+        None,
+        "read streamed blocks with O_DIRECT (on), through the page cache (off), or O_DIRECT when the file is "
+        "larger than the memory available (auto)",
+        parse=_parse_tristate,
+        choices=("auto", "on", "off"),
+        cli_default="auto",
+    )
+    staged_io: bool = option(
+        False,
+        "load host slots through staging buffers and async copies, as device slots "
+        "are (the GPU code path on the CPU; slower, for testing)",
+    )
     host_cache: HostCache = option(
-        "auto", "bytes of host memory that keep streamed blocks between the file and a device that is not host "
+        "auto",
+        "bytes of host memory that keep streamed blocks between the file and a device that is not host "
         "memory (a GPU): a block read once is copied from there on its next loads, not read again. auto: the "
         "streamed blocks, within what the host has available less a headroom; off: none. A size applies to "
-        "staged_io pools on the CPU too", parse=str, metavar="SIZE|auto|off")
+        "staged_io pools on the CPU too",
+        parse=str,
+        metavar="SIZE|auto|off",
+    )
     expert_cache: int | str | None = option(
-        None, "bytes of device memory for the experts of a mixture-of-experts model, paged one by one through a "
-        "cache (default: experts resident with their blocks)", parse=str, metavar="SIZE")
+        None,
+        "bytes of device memory for the experts of a mixture-of-experts model, paged one by one through a "
+        "cache (default: experts resident with their blocks)",
+        parse=str,
+        metavar="SIZE",
+    )
     expert_lookahead: bool | None = option(
-        None, "with expert_cache, apply the next block's router to the current hidden state and load the experts "
+        None,
+        "with expert_cache, apply the next block's router to the current hidden state and load the experts "
         "it picks while this block computes: on, off, or auto (time the first decoded tokens both ways, keep the "
-        "faster)", parse=_parse_tristate, choices=("auto", "on", "off"), cli_default="auto")
+        "faster)",
+        parse=_parse_tristate,
+        choices=("auto", "on", "off"),
+        cli_default="auto",
+    )
 
     def __post_init__(self) -> None:
         _set(self, "device_budget", parse_budget(self.device_budget))
         _set(self, "expert_cache", parse_size(self.expert_cache))
         hc = self.host_cache
-        _set(self, "host_cache", hc.strip().lower() if isinstance(hc, str) and hc.strip().lower() in BUDGET_MODES
-             else "auto" if hc is None else int(parse_size(hc) or 0))
+        _set(
+            self,
+            "host_cache",
+            hc.strip().lower()
+            if isinstance(hc, str) and hc.strip().lower() in BUDGET_MODES
+            else "auto"
+            if hc is None
+            else int(parse_size(hc) or 0),
+        )
         _check(self.expert_cache_bytes is None or self.expert_cache_bytes > 0, "expert_cache must be a positive size")
         if self.n_gpu_layers is not None and self.n_gpu_layers < 0:
-            _set(self, "n_gpu_layers", None)           # llama.cpp's -1: all that fit
+            _set(self, "n_gpu_layers", None)  # llama.cpp's -1: all that fit
         _check(self.prefetch_depth >= 1, f"prefetch_depth must be >= 1, not {self.prefetch_depth}")
         _check(0.0 < self.mem_pressure <= 1.0, f"mem_pressure must be in (0, 1], not {self.mem_pressure}")
 
@@ -237,8 +324,11 @@ class PagingSettings:
 
     def paged(self, n_layer: int) -> bool:
         """Blocks of a model with n_layer blocks may stream (or move between resident and streamed)."""
-        return self.dynamic_layers or self.budget_bytes is not None or (
-            self.n_gpu_layers is not None and self.n_gpu_layers < n_layer)
+        return (
+            self.dynamic_layers
+            or self.budget_bytes is not None
+            or (self.n_gpu_layers is not None and self.n_gpu_layers < n_layer)
+        )
 
     @property
     def options_set(self) -> bool:
@@ -259,27 +349,42 @@ class PagingSettings:
 @dataclass(frozen=True)
 class KVSettings:
     """The paged K/V cache."""
+
     paged_kv: bool = option(False, "K/V in pages that spill to host memory and a file")
     kv_page_size: int = option(256, f"tokens per KV page, {KV_PAGE_MIN}-{KV_PAGE_MAX}")
     kv_device_layers: int | None = option(
-        None, "layers whose K/V stay on the device with paged_kv (default: all)", parse=int)
-    host_budget: int | str | None = option(None, "bytes of host memory for KV pages with paged_kv (default: no "
-                                           "limit)", parse=str, metavar="SIZE")
+        None, "layers whose K/V stay on the device with paged_kv (default: all)", parse=int
+    )
+    host_budget: int | str | None = option(
+        None, "bytes of host memory for KV pages with paged_kv (default: no limit)", parse=str, metavar="SIZE"
+    )
     kv_spill_dir: str | None = option(None, "directory for KV pages beyond host_budget", parse=str, metavar="DIR")
-    swa_full: bool = option(False, "with paged_kv, keep the K/V of sliding-window layers for the whole context "
-                                   "(default: pages that left every window are freed, and going back before the "
-                                   "window re-evaluates the prompt), as llama.cpp's --swa-full")
+    swa_full: bool = option(
+        False,
+        "with paged_kv, keep the K/V of sliding-window layers for the whole context "
+        "(default: pages that left every window are freed, and going back before the "
+        "window re-evaluates the prompt), as llama.cpp's --swa-full",
+    )
     state_device_sequences: int | None = option(
-        None, "sequences whose recurrent states (hybrid models) stay in device buffers; the least recently used "
-              "others wait in host memory until their next pass (default: all)", parse=int)
+        None,
+        "sequences whose recurrent states (hybrid models) stay in device buffers; the least recently used "
+        "others wait in host memory until their next pass (default: all)",
+        parse=int,
+    )
 
     def __post_init__(self) -> None:
-        _check(KV_PAGE_MIN <= self.kv_page_size <= KV_PAGE_MAX,
-               f"kv_page_size must be in {KV_PAGE_MIN}..{KV_PAGE_MAX} tokens, not {self.kv_page_size}")
-        _check(self.kv_device_layers is None or self.kv_device_layers >= 1,
-               f"kv_device_layers must be >= 1, not {self.kv_device_layers}")
-        _check(self.state_device_sequences is None or self.state_device_sequences >= 1,
-               f"state_device_sequences must be >= 1, not {self.state_device_sequences}")
+        _check(
+            KV_PAGE_MIN <= self.kv_page_size <= KV_PAGE_MAX,
+            f"kv_page_size must be in {KV_PAGE_MIN}..{KV_PAGE_MAX} tokens, not {self.kv_page_size}",
+        )
+        _check(
+            self.kv_device_layers is None or self.kv_device_layers >= 1,
+            f"kv_device_layers must be >= 1, not {self.kv_device_layers}",
+        )
+        _check(
+            self.state_device_sequences is None or self.state_device_sequences >= 1,
+            f"state_device_sequences must be >= 1, not {self.state_device_sequences}",
+        )
         _set(self, "host_budget", parse_size(self.host_budget))
         if self.kv_spill_dir is not None:
             _set(self, "kv_spill_dir", os.fspath(self.kv_spill_dir))
@@ -293,10 +398,11 @@ class KVSettings:
 @dataclass(frozen=True)
 class MetricsSettings:
     """JSON-lines metrics (docs/design.md has the schema)."""
+
     metrics: bool = option(False, "JSON-lines metrics (a snapshot per token, per-layer timings, events) to stderr")
     metrics_file: str | os.PathLike[str] | IO[str] | None = option(
-        None, "write the metrics to this file (a path or a text stream) instead of stderr", parse=str,
-        metavar="PATH")
+        None, "write the metrics to this file (a path or a text stream) instead of stderr", parse=str, metavar="PATH"
+    )
     metrics_pretty: bool = option(False, "indented JSON instead of one compact line per object")
     metrics_interval: int = option(1, "a snapshot every N generated tokens", metavar="N")
 
@@ -311,18 +417,34 @@ class MetricsSettings:
 @dataclass(frozen=True)
 class DeviceSettings:
     """Where the blocks run."""
-    devices: tuple[str, ...] = option((), "split the blocks over these ggml devices (see `superggml plan`), e.g. "
-                                      "CUDA0,CUDA1; the same name twice gives two backends", parse=_parse_list(str),
-                                      metavar="DEV,DEV")
-    tensor_split: tuple[float, ...] = option((), "the devices' shares of the blocks, e.g. 3,1 (default: even; over "
-                                             "RPC servers: by free memory and measured speed)", parse=_parse_list(float),
-                                             metavar="F,F")
-    rpc: tuple[str, ...] = option((), "ggml RPC servers (superggml rpc-server, llama.cpp's rpc-server) whose devices "
-                                  "to add, e.g. 192.168.1.2:50052,192.168.1.3:50052; without devices the blocks split "
-                                  "over this machine and them by free memory and measured speed", parse=_parse_list(str),
-                                  metavar="HOST:PORT,...")
-    rpc_timeout: float = option(60.0, "seconds an RPC server may take to answer one command before it counts as "
-                                "failed (DeviceError)", metavar="S")
+
+    devices: tuple[str, ...] = option(
+        (),
+        "split the blocks over these ggml devices (see `superggml plan`), e.g. "
+        "CUDA0,CUDA1; the same name twice gives two backends",
+        parse=_parse_list(str),
+        metavar="DEV,DEV",
+    )
+    tensor_split: tuple[float, ...] = option(
+        (),
+        "the devices' shares of the blocks, e.g. 3,1 (default: even; over "
+        "RPC servers: by free memory and measured speed)",
+        parse=_parse_list(float),
+        metavar="F,F",
+    )
+    rpc: tuple[str, ...] = option(
+        (),
+        "ggml RPC servers (superggml rpc-server, llama.cpp's rpc-server) whose devices "
+        "to add, e.g. 192.168.1.2:50052,192.168.1.3:50052; without devices the blocks split "
+        "over this machine and them by free memory and measured speed",
+        parse=_parse_list(str),
+        metavar="HOST:PORT,...",
+    )
+    rpc_timeout: float = option(
+        60.0,
+        "seconds an RPC server may take to answer one command before it counts as failed (DeviceError)",
+        metavar="S",
+    )
 
     def __post_init__(self) -> None:
         _set(self, "devices", tuple(str(d) for d in self.devices or ()))
@@ -330,8 +452,10 @@ class DeviceSettings:
         _set(self, "rpc", tuple(str(r).strip() for r in self.rpc or ()))
         ts = self.tensor_split
         _check(not ts or (min(ts) >= 0 and sum(ts) > 0), f"tensor_split needs non-negative shares, not {list(ts)}")
-        _check(not ts or not self.devices or len(ts) == len(self.devices),
-               f"tensor_split needs {len(self.devices)} shares, not {list(ts)}")
+        _check(
+            not ts or not self.devices or len(ts) == len(self.devices),
+            f"tensor_split needs {len(self.devices)} shares, not {list(ts)}",
+        )
         _check(not ts or bool(self.devices or self.rpc), "tensor_split needs devices (or rpc servers) to split over")
         _check(self.rpc_timeout > 0, f"rpc_timeout must be > 0, not {self.rpc_timeout}")
 
@@ -354,22 +478,38 @@ def layer_split(n_layer: int, n_dev: int, shares: tuple[float, ...] = ()) -> tup
 class SpeculativeSettings:
     """Speculative decoding: a drafter proposes tokens, the model checks them in one forward pass (greedy
     output unchanged, sampling keeps the model's distribution)."""
+
     draft_model: str | None = option(
-        None, "GGUF of a draft model whose vocabulary matches this one's (llama.cpp's rule)",
-        flags=("-md", "--model-draft"), parse=str, metavar="PATH")
+        None,
+        "GGUF of a draft model whose vocabulary matches this one's (llama.cpp's rule)",
+        flags=("-md", "--model-draft"),
+        parse=str,
+        metavar="PATH",
+    )
     draft_max: int = option(16, "most tokens drafted per step", metavar="N")
     draft_min: int = option(1, "fewest tokens drafted per step; when fewer pay off a step is plain", metavar="N")
     draft_budget: int | str | None = option(
-        None, "device_budget of the draft model (default: resident)", parse=str, metavar="SIZE")
-    draft_p_min: float = option(0.0, "stop a draft where the draft model's top probability is below this",
-                                metavar="F")
-    lookup_ngram: int = option(0, "draft by prompt lookup: the continuation of the latest earlier match of the "
-                               "context's last N (down to 1) tokens; 0: off", metavar="N")
-    draft_mtp: bool = option(False, "draft with the model's own next-token-prediction (MTP) block, as llama.cpp's "
-                             "draft-mtp (DeepSeek-V3, GLM-4.5 GGUFs that keep it): no second model")
-    draft_k: int | None = option(None, "draft exactly this many tokens per step (default: adaptive, from the "
-                                 "measured cost of a pass and of a draft token and the acceptance rate)", parse=int,
-                                 metavar="N")
+        None, "device_budget of the draft model (default: resident)", parse=str, metavar="SIZE"
+    )
+    draft_p_min: float = option(0.0, "stop a draft where the draft model's top probability is below this", metavar="F")
+    lookup_ngram: int = option(
+        0,
+        "draft by prompt lookup: the continuation of the latest earlier match of the "
+        "context's last N (down to 1) tokens; 0: off",
+        metavar="N",
+    )
+    draft_mtp: bool = option(
+        False,
+        "draft with the model's own next-token-prediction (MTP) block, as llama.cpp's "
+        "draft-mtp (DeepSeek-V3, GLM-4.5 GGUFs that keep it): no second model",
+    )
+    draft_k: int | None = option(
+        None,
+        "draft exactly this many tokens per step (default: adaptive, from the "
+        "measured cost of a pass and of a draft token and the acceptance rate)",
+        parse=int,
+        metavar="N",
+    )
 
     def __post_init__(self) -> None:
         _check(self.draft_max >= 1, f"draft_max must be >= 1, not {self.draft_max}")
@@ -377,8 +517,10 @@ class SpeculativeSettings:
         _check(self.lookup_ngram >= 0, f"lookup_ngram must be >= 0, not {self.lookup_ngram}")
         _check(0.0 <= self.draft_p_min < 1.0, f"draft_p_min must be in [0, 1), not {self.draft_p_min}")
         _check(self.draft_k is None or self.draft_k >= 0, f"draft_k must be >= 0, not {self.draft_k}")
-        _check(sum(map(bool, (self.draft_model, self.lookup_ngram, self.draft_mtp))) <= 1,
-               "give one of draft_model, lookup_ngram and draft_mtp")
+        _check(
+            sum(map(bool, (self.draft_model, self.lookup_ngram, self.draft_mtp))) <= 1,
+            "give one of draft_model, lookup_ngram and draft_mtp",
+        )
         if self.draft_model is not None:
             _set(self, "draft_model", os.fspath(self.draft_model))
         _set(self, "draft_budget", parse_size(self.draft_budget))
@@ -393,14 +535,20 @@ class SpeculativeSettings:
         return bool(self.draft_model or self.lookup_ngram or self.draft_mtp)
 
 
-GROUPS: dict[str, type] = {"context": ContextSettings, "paging": PagingSettings, "kv": KVSettings,
-                           "metrics": MetricsSettings, "devices": DeviceSettings,
-                           "speculative": SpeculativeSettings}
+GROUPS: dict[str, type] = {
+    "context": ContextSettings,
+    "paging": PagingSettings,
+    "kv": KVSettings,
+    "metrics": MetricsSettings,
+    "devices": DeviceSettings,
+    "speculative": SpeculativeSettings,
+}
 
 
 @dataclass(frozen=True)
 class Settings:
     """All of a Model's options, one group each."""
+
     context: ContextSettings = field(default_factory=ContextSettings)
     paging: PagingSettings = field(default_factory=PagingSettings)
     kv: KVSettings = field(default_factory=KVSettings)
@@ -409,7 +557,7 @@ class Settings:
     speculative: SpeculativeSettings = field(default_factory=SpeculativeSettings)
 
     def __post_init__(self) -> None:
-        if self.devices.devices:                 # rpc without devices splits too: checked once devices are known
+        if self.devices.devices:  # rpc without devices splits too: checked once devices are known
             check_split(self.paging, len(self.devices.devices))
 
     @classmethod
@@ -427,7 +575,7 @@ class Settings:
             if name not in owner:
                 raise TypeError(f"Model() got an unexpected keyword argument {name!r}")
             g, f = owner[name]
-            if isinstance(value, str) and f.metadata["parse"] is not str:     # as on the command line: "on", "4"
+            if isinstance(value, str) and f.metadata["parse"] is not str:  # as on the command line: "on", "4"
                 try:
                     value = _parser(f)(value)
                 except (ValueError, argparse.ArgumentTypeError) as e:
@@ -455,8 +603,13 @@ def cli_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None, *,
-                  only: tuple[str, ...] | None = None, repeat: tuple[str, ...] = ()) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    env: Mapping[str, str] | None = None,
+    *,
+    only: tuple[str, ...] | None = None,
+    repeat: tuple[str, ...] = (),
+) -> None:
     """One flag per option (those named in `only`, if given), its default read from SUPERGGML_<NAME> when set;
     values are parsed by the option. An option in `repeat` may be given several times: a list of values."""
     env = os.environ if env is None else env
@@ -466,7 +619,7 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
             continue
         md = f.metadata
         names = [cli_flag(f.name)] + [x for x in md["flags"] if x != cli_flag(f.name)]
-        names.sort(key=lambda x: (x.startswith("--"), x))        # short flags first
+        names.sort(key=lambda x: (x.startswith("--"), x))  # short flags first
         parse = _parser(f)
         raw = env.get(env_name(f.name), md["cli_default"])
         try:
@@ -499,6 +652,7 @@ def _one_of(choices: tuple[str, ...], parse: Callable[[str], Any]) -> Callable[[
         if s not in choices:
             raise argparse.ArgumentTypeError(f"{s!r} is not one of {', '.join(choices)}")
         return parse(s)
+
     return check
 
 

@@ -7,13 +7,13 @@ from typing import Callable
 
 from . import native
 
-MemoryFn = Callable[[], "tuple[int, int]"]   # () -> (used bytes, total bytes)
+MemoryFn = Callable[[], "tuple[int, int]"]  # () -> (used bytes, total bytes)
 
 
 @dataclass(frozen=True)
 class DeviceMemory:
     name: str
-    type: str          # "cpu", "gpu", "igpu", "accel"
+    type: str  # "cpu", "gpu", "igpu", "accel"
     free: int
     total: int
     source: str = "ggml"
@@ -25,9 +25,9 @@ class DeviceMemory:
 
 @dataclass(frozen=True)
 class MemorySnapshot:
-    host_total: int          # MemTotal, clipped by the cgroup limit
-    host_available: int      # MemAvailable, clipped by what the cgroup has left
-    cgroup_limit: int        # 0: none found
+    host_total: int  # MemTotal, clipped by the cgroup limit
+    host_available: int  # MemAvailable, clipped by what the cgroup has left
+    cgroup_limit: int  # 0: none found
     process_rss: int
     process_peak: int
     devices: list[DeviceMemory] = field(default_factory=list)
@@ -53,8 +53,15 @@ def nvml_devices() -> list[DeviceMemory]:
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             name = pynvml.nvmlDeviceGetName(h)
-            out.append(DeviceMemory(name=name.decode() if isinstance(name, bytes) else str(name), type="gpu",
-                                    free=int(mem.free), total=int(mem.total), source="nvml"))
+            out.append(
+                DeviceMemory(
+                    name=name.decode() if isinstance(name, bytes) else str(name),
+                    type="gpu",
+                    free=int(mem.free),
+                    total=int(mem.total),
+                    source="nvml",
+                )
+            )
         return out
     finally:
         pynvml.nvmlShutdown()
@@ -62,13 +69,20 @@ def nvml_devices() -> list[DeviceMemory]:
 
 def snapshot(*, nvml: bool = True) -> MemorySnapshot:
     h = native.host_memory()
-    devs = [DeviceMemory(name=d["name"], type=d["type"], free=int(d["memory_free"]), total=int(d["memory_total"]))
-            for d in native.devices()]
+    devs = [
+        DeviceMemory(name=d["name"], type=d["type"], free=int(d["memory_free"]), total=int(d["memory_total"]))
+        for d in native.devices()
+    ]
     if nvml:
         devs += nvml_devices()
-    return MemorySnapshot(host_total=int(h["total"]), host_available=int(h["available"]),
-                          cgroup_limit=int(h["cgroup_limit"]), process_rss=int(h["process_rss"]),
-                          process_peak=int(h["process_peak"]), devices=devs)
+    return MemorySnapshot(
+        host_total=int(h["total"]),
+        host_available=int(h["available"]),
+        cgroup_limit=int(h["cgroup_limit"]),
+        process_rss=int(h["process_rss"]),
+        process_peak=int(h["process_peak"]),
+        devices=devs,
+    )
 
 
 def host_memory() -> tuple[int, int]:
@@ -88,4 +102,5 @@ def device_memory_fn(device_type: str, device_name: str) -> MemoryFn:
                 total = int(d["memory_total"])
                 return total - int(d["memory_free"]), total
         return 0, 0
+
     return read

@@ -116,7 +116,7 @@ def training_lines(n_lines: int = 12000, seed: int = 1234) -> list[str]:
     lines = list(prose) * 4 + list(code) * 6
 
     def blend(a: str, b: str) -> str:
-        return a[:rng.randint(1, max(1, len(a) - 1))] + b[rng.randint(0, len(b) - 1):]
+        return a[: rng.randint(1, max(1, len(a) - 1))] + b[rng.randint(0, len(b) - 1) :]
 
     while len(lines) < n_lines:
         kind = rng.random()
@@ -135,8 +135,7 @@ def training_lines(n_lines: int = 12000, seed: int = 1234) -> list[str]:
             line = gap.join(rng.choice(words) for _ in range(rng.randint(2, 6)))
         else:
             # made-up words: the head of one word joined to the tail of another
-            line = " ".join(blend(rng.choice(words), rng.choice(words))
-                            for _ in range(rng.randint(4, 12)))
+            line = " ".join(blend(rng.choice(words), rng.choice(words)) for _ in range(rng.randint(4, 12)))
         lines.append(line)
     return lines
 
@@ -165,19 +164,37 @@ def main() -> int:
     try:
         # Llama / Mistral style
         spm.SentencePieceTrainer.train(
-            input=str(text), model_prefix="spm-bpe", model_type="bpe",
-            vocab_size=5000, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, add_dummy_prefix=True,
-            control_symbols=["[INST]", "[/INST]"], **COMMON)
+            input=str(text),
+            model_prefix="spm-bpe",
+            model_type="bpe",
+            vocab_size=5000,
+            unk_id=0,
+            bos_id=1,
+            eos_id=2,
+            pad_id=-1,
+            add_dummy_prefix=True,
+            control_symbols=["[INST]", "[/INST]"],
+            **COMMON,
+        )
         # Gemma style
         spm.SentencePieceTrainer.train(
-            input=str(text), model_prefix="spm-unigram", model_type="unigram",
-            vocab_size=4000, pad_id=0, eos_id=1, bos_id=2, unk_id=3, add_dummy_prefix=False,
-            pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
-            control_symbols=["<mask>", "[@BOS@]", "<unused0>", "<unused1>", "<start_of_turn>",
-                             "<end_of_turn>"],
-            user_defined_symbols=["\u2581\u2581", "\u2581\u2581\u2581\u2581", "\t\t", "<table>",
-                                  "<h1>"],
-            **COMMON)
+            input=str(text),
+            model_prefix="spm-unigram",
+            model_type="unigram",
+            vocab_size=4000,
+            pad_id=0,
+            eos_id=1,
+            bos_id=2,
+            unk_id=3,
+            add_dummy_prefix=False,
+            pad_piece="<pad>",
+            eos_piece="<eos>",
+            bos_piece="<bos>",
+            unk_piece="<unk>",
+            control_symbols=["<mask>", "[@BOS@]", "<unused0>", "<unused1>", "<start_of_turn>", "<end_of_turn>"],
+            user_defined_symbols=["\u2581\u2581", "\u2581\u2581\u2581\u2581", "\t\t", "<table>", "<h1>"],
+            **COMMON,
+        )
     finally:
         text.unlink()
     for name in ("spm-bpe", "spm-unigram"):

@@ -49,8 +49,7 @@ _CODE = [
     "    def __repr__(self):\n        return f'Point({self.x!r}, {self.y!r})'\n",
     "import numpy as np\narr = np.zeros((3, 4), dtype=np.float32)\nprint(arr.shape)",
     "for i in range(10):\n\tif i % 2 == 0:\n\t\tprint(i)\n\telse:\n\t\tcontinue",
-    "#include <stdio.h>\n\nint main(void) {\n    printf(\"Hello, %s!\\n\", \"world\");\n"
-    "    return 0;\n}\n",
+    "#include <stdio.h>\n\nint main(void) {\n    printf(\"Hello, %s!\\n\", \"world\");\n    return 0;\n}\n",
     "template <typename T>\nstd::vector<T> v{1, 2, 3};\nauto it = std::find(v.begin(), v.end(), 2);",
     "fn main() {\n    let v: Vec<i32> = (0..10).map(|x| x * x).collect();\n    println!(\"{:?}\", v);\n}",
     "package main\n\nimport \"fmt\"\n\nfunc main() {\n\tfmt.Println(\"hi\")\n}\n",
@@ -293,5 +292,15 @@ def _generated() -> list[str]:
     return out
 
 
-CORPUS: list[str] = [*_PROSE, *_CODE, *_WHITESPACE, *_NUMBERS, *_SCRIPTS, *_ACCENTS, *_EMOJI,
-                     *_SPECIAL, *_MISC, *_generated()]
+CORPUS: list[str] = [
+    *_PROSE,
+    *_CODE,
+    *_WHITESPACE,
+    *_NUMBERS,
+    *_SCRIPTS,
+    *_ACCENTS,
+    *_EMOJI,
+    *_SPECIAL,
+    *_MISC,
+    *_generated(),
+]

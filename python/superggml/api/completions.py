@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
     from .chat import ChatTemplate
 
-EMBED_BATCH = 16      # texts per forward pass in embed()
+EMBED_BATCH = 16  # texts per forward pass in embed()
 
 
 class ModelBase(Protocol):
@@ -51,20 +51,37 @@ class ModelBase(Protocol):
 
     def completion_limit(self, prompt_tokens: Sequence[int], max_tokens: int | None) -> int: ...
 
-    def sampler(self, *, temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
-                frequency_penalty: float, presence_penalty: float, seed: int | None,
-                repeat_last_n: int = 64) -> Sampler: ...
+    def sampler(
+        self,
+        *,
+        temp: float,
+        top_k: int,
+        top_p: float,
+        min_p: float,
+        repeat_penalty: float,
+        frequency_penalty: float,
+        presence_penalty: float,
+        seed: int | None,
+        repeat_last_n: int = 64,
+    ) -> Sampler: ...
 
     # Embeddings' and Constraints', which Completions calls
     def input_tokens(self, x: Any, what: str, *, add_bos: bool, special: bool) -> tuple[bool, list[list[int]]]: ...
 
-    def grammar(self, *, grammar: str | Grammar | None = None, json_schema: Mapping[str, Any] | str | None = None,
-                regex: str | None = None, response_format: Mapping[str, Any] | None = None) -> Grammar | None: ...
+    def grammar(
+        self,
+        *,
+        grammar: str | Grammar | None = None,
+        json_schema: Mapping[str, Any] | str | None = None,
+        regex: str | None = None,
+        response_format: Mapping[str, Any] | None = None,
+    ) -> Grammar | None: ...
 
     def chat_tokens(self, messages: Sequence[Mapping[str, Any]], tools: ToolRequest | None = None) -> list[int]: ...
 
-    def tool_request(self, tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any = None,
-                     parallel_tool_calls: bool = True) -> ToolRequest | None: ...
+    def tool_request(
+        self, tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any = None, parallel_tool_calls: bool = True
+    ) -> ToolRequest | None: ...
 
     def marker_ids(self, tools: ToolRequest | None) -> frozenset[int]: ...
 
@@ -94,14 +111,30 @@ def echo_texts(prompt: Any, echo: bool, n: int) -> list[str]:
 class Completions(Mixin):
     """create_completion and create_chat_completion (mixed into Model)."""
 
-    def create_completion(self, prompt: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *,
-                          max_tokens: int | None = 16, temperature: float = 0.8, top_p: float = 0.95,
-                          top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
-                          frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                          stop: str | Sequence[str] | None = None, seed: int | None = None, stream: bool = False,
-                          echo: bool = False, add_bos: bool = True, n: int = 1, logprobs: int | None = None,
-                          grammar: str | Grammar | None = None, json_schema: Mapping[str, Any] | str | None = None,
-                          regex: str | None = None, response_format: Mapping[str, Any] | None = None) -> Any:
+    def create_completion(
+        self,
+        prompt: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]],
+        *,
+        max_tokens: int | None = 16,
+        temperature: float = 0.8,
+        top_p: float = 0.95,
+        top_k: int = 40,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        stream: bool = False,
+        echo: bool = False,
+        add_bos: bool = True,
+        n: int = 1,
+        logprobs: int | None = None,
+        grammar: str | Grammar | None = None,
+        json_schema: Mapping[str, Any] | str | None = None,
+        regex: str | None = None,
+        response_format: Mapping[str, Any] | None = None,
+    ) -> Any:
         """OpenAI-style text completion (dict, or an iterator of chunks with stream=True).
 
         `prompt` may be a list of prompts (strings or token lists): one choice per prompt, `index` its
@@ -120,28 +153,61 @@ class Completions(Mixin):
         if n < 1:
             raise ValueError(f"n must be >= 1, not {n}")
         check_logprobs(logprobs, "logprobs")
-        constraint = self.grammar(grammar=grammar, json_schema=json_schema, regex=regex,
-                                  response_format=response_format)
+        constraint = self.grammar(
+            grammar=grammar, json_schema=json_schema, regex=regex, response_format=response_format
+        )
         _, tokens = self.input_tokens(prompt, "prompt", add_bos=add_bos, special=True)
         stops = stop_list(stop)
-        sampling = sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                                    repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                                    presence_penalty=presence_penalty, seed=seed)
+        sampling = sampling_options(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            seed=seed,
+        )
         prompt_lp = self.echo_logprobs(tokens, logprobs, n) if echo and logprobs is not None else None
-        return self.complete(tokens, n, max_tokens, stops, sampling, stream=stream, chat=False,
-                              echo=echo_texts(prompt, echo, n),
-                              logprobs=logprobs, prompt_logprobs=prompt_lp, grammar=constraint)
+        return self.complete(
+            tokens,
+            n,
+            max_tokens,
+            stops,
+            sampling,
+            stream=stream,
+            chat=False,
+            echo=echo_texts(prompt, echo, n),
+            logprobs=logprobs,
+            prompt_logprobs=prompt_lp,
+            grammar=constraint,
+        )
 
-    def create_chat_completion(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int | None = None,
-                               temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
-                               min_p: float = 0.05, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
-                               presence_penalty: float = 0.0, stop: str | Sequence[str] | None = None,
-                               seed: int | None = None, stream: bool = False, logprobs: bool = False,
-                               top_logprobs: int | None = None, response_format: Mapping[str, Any] | None = None,
-                               grammar: str | Grammar | None = None,
-                               json_schema: Mapping[str, Any] | str | None = None, regex: str | None = None,
-                               tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
-                               parallel_tool_calls: bool = True) -> Any:
+    def create_chat_completion(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        max_tokens: int | None = None,
+        temperature: float = 0.2,
+        top_p: float = 0.95,
+        top_k: int = 40,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        stream: bool = False,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        grammar: str | Grammar | None = None,
+        json_schema: Mapping[str, Any] | str | None = None,
+        regex: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool = True,
+    ) -> Any:
         """OpenAI-style chat completion using the GGUF's chat template. `logprobs`: each token's logprob (as
         create_completion's), with the `top_logprobs` (0-20) likeliest alternatives'. `response_format`,
         `grammar`, `json_schema`, `regex`: the reply's constraint, as create_completion's.
@@ -155,57 +221,103 @@ class Completions(Mixin):
         if top_logprobs is not None and not logprobs:
             raise ValueError("top_logprobs needs logprobs=True")
         req = self.tool_request(tools, tool_choice, parallel_tool_calls)
-        constraint = self.chat_constraint(req, grammar=grammar, json_schema=json_schema, regex=regex,
-                                          response_format=response_format)
+        constraint = self.chat_constraint(
+            req, grammar=grammar, json_schema=json_schema, regex=regex, response_format=response_format
+        )
         tokens = self.chat_tokens(messages, req)
         stops = stop_list(stop)
-        sampling = sampling_options(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                                    repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                                    presence_penalty=presence_penalty, seed=seed)
-        return self.complete([tokens], 1, max_tokens, stops, sampling, stream=stream, chat=True,
-                              logprobs=(top_logprobs or 0) if logprobs else None, grammar=constraint, tools=req)
+        sampling = sampling_options(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            seed=seed,
+        )
+        return self.complete(
+            [tokens],
+            1,
+            max_tokens,
+            stops,
+            sampling,
+            stream=stream,
+            chat=True,
+            logprobs=(top_logprobs or 0) if logprobs else None,
+            grammar=constraint,
+            tools=req,
+        )
 
     def token_bytes(self, tok: int) -> bytes:
         """A token's bytes as logprobs report it (special tokens as their text)."""
         return bytes(self.tokenizer.token_to_piece(int(tok), special=True))
 
-    def complete(self, tokens: list[list[int]], n: int, max_tokens: int | None, stops: list[str],
-                  sampling: dict[str, Any], *, stream: bool, chat: bool, echo: list[str] | None = None,
-                  logprobs: int | None = None, prompt_logprobs: list[list[LogprobEntry]] | None = None,
-                  grammar: Grammar | None = None, tools: ToolRequest | None = None) -> Any:
+    def complete(
+        self,
+        tokens: list[list[int]],
+        n: int,
+        max_tokens: int | None,
+        stops: list[str],
+        sampling: dict[str, Any],
+        *,
+        stream: bool,
+        chat: bool,
+        echo: list[str] | None = None,
+        logprobs: int | None = None,
+        prompt_logprobs: list[list[LogprobEntry]] | None = None,
+        grammar: Grammar | None = None,
+        tools: ToolRequest | None = None,
+    ) -> Any:
         """Runs the choices (n per prompt) and gives them in OpenAI's shapes (Reply)."""
-        reply = Reply(chat=chat, stream=stream, model=os.path.basename(self.path), n_choices=len(tokens) * n,
-                      n_prompt=sum(len(t) for t in tokens), echo=echo,
-                      token_bytes=self.token_bytes if logprobs is not None else None, prompt_logprobs=prompt_logprobs,
-                      tools=tools)
+        reply = Reply(
+            chat=chat,
+            stream=stream,
+            model=os.path.basename(self.path),
+            n_choices=len(tokens) * n,
+            n_prompt=sum(len(t) for t in tokens),
+            echo=echo,
+            token_bytes=self.token_bytes if logprobs is not None else None,
+            prompt_logprobs=prompt_logprobs,
+            tools=tools,
+        )
         keep = self.marker_ids(tools)
         if len(tokens) == 1 and n == 1:
             gen: Iterator[tuple[int, str, str | None, int, list[LogprobEntry] | None]] = (
-                (0, *x) for x in self.completion_stream(tokens[0], max_tokens, stops, sampling, logprobs, grammar,
-                                                         keep))
+                (0, *x) for x in self.completion_stream(tokens[0], max_tokens, stops, sampling, logprobs, grammar, keep)
+            )
         else:
             gen = BatchScheduler(self).stream(Request(tokens, n, max_tokens, stops, sampling, logprobs, grammar, keep))
         if stream:
+
             def it() -> Iterator[dict[str, Any]]:
                 yield from reply.opening()
                 for i, piece, finish, k, lp in gen:
                     c = reply.chunk(i, piece, finish, k, lp)
                     if c is not None:
                         yield c
+
             return it()
         for i, piece, finish, k, lp in gen:
             reply.chunk(i, piece, finish, k, lp)
         return reply.final()
 
-    def completion_stream(self, prompt_tokens: list[int], max_tokens: int | None, stop: Sequence[str],
-                           sampling: Mapping[str, Any], logprobs: int | None = None,
-                           grammar: Grammar | None = None, keep: frozenset[int] = frozenset()
-                           ) -> Iterator[tuple[str, str | None, int, list[LogprobEntry] | None]]:
+    def completion_stream(
+        self,
+        prompt_tokens: list[int],
+        max_tokens: int | None,
+        stop: Sequence[str],
+        sampling: Mapping[str, Any],
+        logprobs: int | None = None,
+        grammar: Grammar | None = None,
+        keep: frozenset[int] = frozenset(),
+    ) -> Iterator[tuple[str, str | None, int, list[LogprobEntry] | None]]:
         """Yields (text piece, finish_reason or None, completion token count, logprob entries of its tokens)."""
         self.check_open()
         choice = Choice(self.tokenizer, self.completion_limit(prompt_tokens, max_tokens), stop, logprobs, keep)
-        for tok, logp in generate_step(self, prompt_tokens, self.sampler(**sampling), logprobs=logprobs is not None,
-                                       matcher=self.matcher(grammar)):
+        for tok, logp in generate_step(
+            self, prompt_tokens, self.sampler(**sampling), logprobs=logprobs is not None, matcher=self.matcher(grammar)
+        ):
             piece = choice.push(tok, logp)
             if choice.finish:
                 break
@@ -230,12 +342,18 @@ class Completions(Mixin):
         return out
 
 
-
 class Embeddings(Mixin):
     """embed and create_embedding (mixed into Model)."""
 
-    def embed(self, input: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *, pooling: str = "mean",
-              normalize: bool = True, add_bos: bool = True, batch_size: int = EMBED_BATCH) -> Any:
+    def embed(
+        self,
+        input: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]],
+        *,
+        pooling: str = "mean",
+        normalize: bool = True,
+        add_bos: bool = True,
+        batch_size: int = EMBED_BATCH,
+    ) -> Any:
         """Embeddings of a text (a list of floats) or of several (a list of them; token lists work too): the
         final norm's output (the hidden state the lm head reads) pooled over the text's tokens, "mean" or
         "last", L2-normalized with `normalize`. Up to `batch_size` texts share each forward pass, each on a
@@ -271,7 +389,7 @@ class Embeddings(Mixin):
                 raise ContextLengthError(f"input {i} has {len(t)} tokens; ctx_size is {self.n_ctx}")
         out: list[list[float]] = []
         for b0 in range(0, len(toks), max(1, batch_size)):
-            rows = self.runtime.eval_scratch(toks[b0:b0 + batch_size], logits_all=pooling == "mean", embed=True)
+            rows = self.runtime.eval_scratch(toks[b0 : b0 + batch_size], logits_all=pooling == "mean", embed=True)
             for r in rows:
                 v = r.astype(np.float64).mean(axis=0) if pooling == "mean" else r[-1].astype(np.float64)
                 if normalize:
@@ -279,27 +397,40 @@ class Embeddings(Mixin):
                 out.append(v.astype(np.float32).tolist())
         return out
 
-    def create_embedding(self, input: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]], *,
-                         pooling: str = "mean", normalize: bool = True) -> dict[str, Any]:
+    def create_embedding(
+        self,
+        input: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]],
+        *,
+        pooling: str = "mean",
+        normalize: bool = True,
+    ) -> dict[str, Any]:
         """OpenAI's embeddings response for `input` (embed's; one item per text)."""
         self.check_open()
         _, toks = self.input_tokens(input, "input", add_bos=True, special=False)
         vecs = self.embed_tokens(toks, pooling, normalize, EMBED_BATCH)
         n = sum(len(t) for t in toks)
-        return {"object": "list", "model": os.path.basename(self.path),
-                "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)],
-                "usage": {"prompt_tokens": n, "total_tokens": n}}
-
+        return {
+            "object": "list",
+            "model": os.path.basename(self.path),
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)],
+            "usage": {"prompt_tokens": n, "total_tokens": n},
+        }
 
 
 class Constraints(Mixin):
     """Grammars, tools and the chat template (mixed into Model)."""
 
-    _grammar_vocab: GrammarVocab | None       # built on first use (Model starts them at None)
+    _grammar_vocab: GrammarVocab | None  # built on first use (Model starts them at None)
     _tool_format: ToolFormat | None
 
-    def grammar(self, *, grammar: str | Grammar | None = None, json_schema: Mapping[str, Any] | str | None = None,
-                regex: str | None = None, response_format: Mapping[str, Any] | None = None) -> Grammar | None:
+    def grammar(
+        self,
+        *,
+        grammar: str | Grammar | None = None,
+        json_schema: Mapping[str, Any] | str | None = None,
+        regex: str | None = None,
+        response_format: Mapping[str, Any] | None = None,
+    ) -> Grammar | None:
         """The constraint of these options (at most one; see superggml.generation.grammar.grammar_from), checked against
         this model's vocabulary: GrammarError (a ValueError) if it does not compile or no text satisfies it."""
         g = grammar_from(grammar=grammar, json_schema=json_schema, regex=regex, response_format=response_format)
@@ -314,8 +445,13 @@ class Constraints(Mixin):
             self._grammar_vocab = GrammarVocab(self.tokenizer)
         return self._grammar_vocab
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-                            tools: ToolRequest | Sequence[Mapping[str, Any]] | None = None) -> str:
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: ToolRequest | Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
         """The conversation as the GGUF's template writes it; with `tools` (OpenAI's list, or a ToolRequest) the
         tools offered, in the template's own way (see superggml.api.tools). Earlier tool calls and results in the
         messages are written as the template expects them."""
@@ -323,8 +459,9 @@ class Constraints(Mixin):
         offered = req.tools if req is not None and req.active else []
         fmt = self.tool_format
         extra = {"tools": fmt.template_tools(offered)} if offered else {}
-        return self.chat_template.render(fmt.messages(text_content(messages), offered),
-                                         add_generation_prompt=add_generation_prompt, **extra)
+        return self.chat_template.render(
+            fmt.messages(text_content(messages), offered), add_generation_prompt=add_generation_prompt, **extra
+        )
 
     def chat_tokens(self, messages: Sequence[Mapping[str, Any]], tools: ToolRequest | None = None) -> list[int]:
         """The prompt of a chat completion: the conversation as the template writes it, tokenized (special tokens
@@ -339,8 +476,9 @@ class Constraints(Mixin):
             self._tool_format = tool_format(self.chat_template.source, self.tokenizer)
         return self._tool_format
 
-    def tool_request(self, tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any = None,
-                     parallel_tool_calls: bool = True) -> ToolRequest | None:
+    def tool_request(
+        self, tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any = None, parallel_tool_calls: bool = True
+    ) -> ToolRequest | None:
         """OpenAI's tools and tool_choice, checked (ToolError for malformed tools or an unknown function,
         GrammarError for a parameters schema that does not compile); None without tools."""
         if tools is None and tool_choice in (None, "none", "auto"):

@@ -14,16 +14,26 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 if TYPE_CHECKING:
     from .tools import ToolCall, ToolRequest
 
-Entry = tuple[int, "float | None", "list[tuple[int, float]]"]   # token, its logprob (None: a prompt's first), top
+Entry = tuple[int, "float | None", "list[tuple[int, float]]"]  # token, its logprob (None: a prompt's first), top
 
 
 class Reply:
     """A request's n_choices choices in OpenAI's shapes: text_completion or chat.completion(.chunk).
     echo: text each choice starts with (completions' echo: its prompt), or none."""
 
-    def __init__(self, *, chat: bool, stream: bool, model: str, n_choices: int, n_prompt: int,
-                 echo: Sequence[str] | None = None, token_bytes: Callable[[int], bytes] | None = None,
-                 prompt_logprobs: Sequence[Sequence[Entry]] | None = None, tools: "ToolRequest | None" = None):
+    def __init__(
+        self,
+        *,
+        chat: bool,
+        stream: bool,
+        model: str,
+        n_choices: int,
+        n_prompt: int,
+        echo: Sequence[str] | None = None,
+        token_bytes: Callable[[int], bytes] | None = None,
+        prompt_logprobs: Sequence[Sequence[Entry]] | None = None,
+        tools: "ToolRequest | None" = None,
+    ):
         """token_bytes (a token's bytes): report logprobs (the entries chunk() is given; prompt_logprobs: each
         choice's echoed prompt's, completions only). tools (chat): the calls in each reply are parsed out and
         given as tool_calls (content is sent while it cannot be the start of a call)."""
@@ -40,11 +50,11 @@ class Reply:
         self.n_prompt = n_prompt
         self.token_bytes = token_bytes
         self.prompt_lp = [list(x) for x in prompt_logprobs] if prompt_logprobs else [[] for _ in range(n_choices)]
-        self.lps: list[list[Entry]] = [[] for _ in range(n_choices)]     # each choice's generated tokens'
-        self.offset = [len(e) for e in self.echo]                           # text offset of its next token
+        self.lps: list[list[Entry]] = [[] for _ in range(n_choices)]  # each choice's generated tokens'
+        self.offset = [len(e) for e in self.echo]  # text offset of its next token
         self.streams = [tools.stream() for _ in range(n_choices)] if tools is not None and tools.active else None
         self.calls: list[list[ToolCall]] = [[] for _ in range(n_choices)]
-        self.content: list[str | None] = [None] * n_choices                  # a reply with calls: its content
+        self.content: list[str | None] = [None] * n_choices  # a reply with calls: its content
 
     # -- logprobs, in OpenAI's shapes ------------------------------------------
     def _text(self, tok: int) -> str:
@@ -67,8 +77,11 @@ class Reply:
             assert self.token_bytes is not None
             b = self.token_bytes(tok)
             return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
-        return {"content": [{**one(tok, lp), "top_logprobs": [one(i, x) for i, x in top]} for tok, lp, top in entries],
-                "refusal": None}
+
+        return {
+            "content": [{**one(tok, lp), "top_logprobs": [one(i, x) for i, x in top]} for tok, lp, top in entries],
+            "refusal": None,
+        }
 
     def _lp(self, index: int, entries: Sequence[Entry] | None, offset: int) -> dict[str, Any] | None:
         if self.token_bytes is None or entries is None:
@@ -78,27 +91,41 @@ class Reply:
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def _chunk(self, index: int, piece: str, finish: str | None, lp: dict[str, Any] | None = None,
-               calls: Sequence["ToolCall"] = ()) -> dict[str, Any]:
+    def _chunk(
+        self,
+        index: int,
+        piece: str,
+        finish: str | None,
+        lp: dict[str, Any] | None = None,
+        calls: Sequence["ToolCall"] = (),
+    ) -> dict[str, Any]:
         if not self.chat:
-            return {**self._head("text_completion"),
-                    "choices": [{"text": piece, "index": index, "logprobs": lp, "finish_reason": finish}]}
+            return {
+                **self._head("text_completion"),
+                "choices": [{"text": piece, "index": index, "logprobs": lp, "finish_reason": finish}],
+            }
         delta: dict[str, Any] = {"role": "assistant"} if self.first[index] else {}
         self.first[index] = False
         if piece:
             delta["content"] = piece
         if calls:
             delta["tool_calls"] = [c.openai(i) for i, c in enumerate(calls)]
-        return {**self._head("chat.completion.chunk"),
-                "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
+        return {
+            **self._head("chat.completion.chunk"),
+            "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}],
+        }
 
     def opening(self) -> list[dict[str, Any]]:
         """The stream's first chunks: each choice's echoed text (none without echo)."""
-        return [self._chunk(i, e, None, self._lp(i, self.prompt_lp[i] or None, 0))
-                for i, e in enumerate(self.echo) if e] if self.stream else []
+        return (
+            [self._chunk(i, e, None, self._lp(i, self.prompt_lp[i] or None, 0)) for i, e in enumerate(self.echo) if e]
+            if self.stream
+            else []
+        )
 
-    def chunk(self, index: int, piece: str, finish: str | None, used: int,
-              logprobs: Sequence[Entry] | None = None) -> dict[str, Any] | None:
+    def chunk(
+        self, index: int, piece: str, finish: str | None, used: int, logprobs: Sequence[Entry] | None = None
+    ) -> dict[str, Any] | None:
         """Records a piece of choice `index` (its text so far, finish reason, tokens generated, the logprob
         entries of the tokens since its last piece); returns its stream chunk (None: nothing to send yet, or
         not streaming)."""
@@ -129,18 +156,36 @@ class Reply:
         usage = {"prompt_tokens": self.n_prompt, "completion_tokens": n, "total_tokens": self.n_prompt + n}
         finish = [f or "length" for f in self.finish]
         if not self.chat:
-            return {**self._head("text_completion"), "usage": usage,
-                    "choices": [{"text": t, "index": i, "finish_reason": f,
-                                 "logprobs": self._lp(i, self.prompt_lp[i] + self.lps[i], 0 if self.prompt_lp[i]
-                                                      else len(self.echo[i]))}
-                                for i, (t, f) in enumerate(zip(self.texts, finish))]}
-        return {**self._head("chat.completion"), "usage": usage,
-                "choices": [{"index": i, "message": self._message(i, t),
-                             "logprobs": self._lp(i, self.lps[i], 0), "finish_reason": f}
-                            for i, (t, f) in enumerate(zip(self.texts, finish))]}
+            return {
+                **self._head("text_completion"),
+                "usage": usage,
+                "choices": [
+                    {
+                        "text": t,
+                        "index": i,
+                        "finish_reason": f,
+                        "logprobs": self._lp(
+                            i, self.prompt_lp[i] + self.lps[i], 0 if self.prompt_lp[i] else len(self.echo[i])
+                        ),
+                    }
+                    for i, (t, f) in enumerate(zip(self.texts, finish))
+                ],
+            }
+        return {
+            **self._head("chat.completion"),
+            "usage": usage,
+            "choices": [
+                {
+                    "index": i,
+                    "message": self._message(i, t),
+                    "logprobs": self._lp(i, self.lps[i], 0),
+                    "finish_reason": f,
+                }
+                for i, (t, f) in enumerate(zip(self.texts, finish))
+            ],
+        }
 
     def _message(self, i: int, text: str) -> dict[str, Any]:
         if not self.calls[i]:
             return {"role": "assistant", "content": text}
-        return {"role": "assistant", "content": self.content[i],
-                "tool_calls": [c.openai() for c in self.calls[i]]}
+        return {"role": "assistant", "content": self.content[i], "tool_calls": [c.openai() for c in self.calls[i]]}

@@ -46,12 +46,15 @@ class Tool:
 @dataclass(frozen=True)
 class ToolCall:
     name: str
-    arguments: str         # JSON text, as OpenAI gives it
+    arguments: str  # JSON text, as OpenAI gives it
     id: str
 
     def openai(self, index: int | None = None) -> dict[str, Any]:
-        d: dict[str, Any] = {"id": self.id, "type": "function",
-                             "function": {"name": self.name, "arguments": self.arguments}}
+        d: dict[str, Any] = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
         return d if index is None else {"index": index, **d}
 
 
@@ -62,8 +65,11 @@ def parse_tools(tools: Any) -> list[Tool]:
         raise ToolError("tools must be a list")
     out: list[Tool] = []
     for i, t in enumerate(tools):
-        if not isinstance(t, Mapping) or t.get("type", "function") != "function" or not isinstance(
-                t.get("function"), Mapping):
+        if (
+            not isinstance(t, Mapping)
+            or t.get("type", "function") != "function"
+            or not isinstance(t.get("function"), Mapping)
+        ):
             raise ToolError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{...}}}}")
         fn = t["function"]
         name = fn.get("name")
@@ -79,7 +85,7 @@ def parse_tools(tools: Any) -> list[Tool]:
 
 
 def resolve_tool_choice(choice: Any, tools: Sequence[Tool]) -> "str | Tool":
-    """"none", "auto", "required" or the named Tool, from OpenAI's tool_choice (default: auto with tools)."""
+    """ "none", "auto", "required" or the named Tool, from OpenAI's tool_choice (default: auto with tools)."""
     if choice is None:
         return "auto" if tools else "none"
     if isinstance(choice, str):
@@ -88,22 +94,33 @@ def resolve_tool_choice(choice: Any, tools: Sequence[Tool]) -> "str | Tool":
         if choice == "required" and not tools:
             raise ToolError("tool_choice required needs tools", "tool_choice")
         return choice
-    if isinstance(choice, Mapping) and choice.get("type") == "function" and isinstance(choice.get("function"),
-                                                                                        Mapping):
+    if isinstance(choice, Mapping) and choice.get("type") == "function" and isinstance(choice.get("function"), Mapping):
         name = choice["function"].get("name")
         for t in tools:
             if t.name == name:
                 return t
-        raise ToolError(f"tool_choice names the function {name!r}, which is not among the tools "
-                        f"({', '.join(t.name for t in tools) or 'none given'})", "tool_choice")
-    raise ToolError("tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": "
-                    "{\"name\": ...}}", "tool_choice")
+        raise ToolError(
+            f"tool_choice names the function {name!r}, which is not among the tools "
+            f"({', '.join(t.name for t in tools) or 'none given'})",
+            "tool_choice",
+        )
+    raise ToolError(
+        "tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+        "tool_choice",
+    )
 
 
 def _call_schema(tools: Sequence[Tool], args_key: str = "arguments") -> dict[str, Any]:
     """JSON schema of one call of any of `tools`: {"name": <const>, args_key: <its parameters>}."""
-    one = [{"type": "object", "properties": {"name": {"const": t.name}, args_key: dict(t.parameters)},
-            "required": ["name", args_key], "additionalProperties": False} for t in tools]
+    one = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.name}, args_key: dict(t.parameters)},
+            "required": ["name", args_key],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
     return one[0] if len(one) == 1 else {"anyOf": one}
 
 
@@ -113,7 +130,7 @@ def _json_term(schema: Mapping[str, Any]) -> str:
 
 
 def _new_id(mistral: bool = False) -> str:
-    if mistral:      # Mistral's templates take 9 letters and digits
+    if mistral:  # Mistral's templates take 9 letters and digits
         return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
     return "call_" + secrets.token_hex(12)
 
@@ -149,7 +166,7 @@ class ToolFormat(ABC):
     """How one template family asks for tools and writes calls (see the module's doc)."""
 
     name: str
-    markers: tuple[str, ...] = ()      # special tokens the calls are written with (kept in the text)
+    markers: tuple[str, ...] = ()  # special tokens the calls are written with (kept in the text)
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
@@ -202,7 +219,7 @@ class ToolFormat(ABC):
 
     def visible(self, text: str) -> str:
         """The content of the reply so far that may be sent (it only grows as the reply does)."""
-        return text[:self.content_end(text)]
+        return text[: self.content_end(text)]
 
     def parse(self, text: str, tools: Sequence[Tool]) -> tuple[str | None, list[ToolCall]]:
         """(content, calls) of a whole reply; no calls: the text is all content."""
@@ -217,8 +234,13 @@ class ToolFormat(ABC):
             key = next((k for k in args_keys if k in v), None)
             if key is None:
                 return []
-            calls.append(ToolCall(v["name"], _args_text(v[key]),
-                                  str(v["id"]) if isinstance(v.get("id"), str) else _new_id(self.name == "mistral")))
+            calls.append(
+                ToolCall(
+                    v["name"],
+                    _args_text(v[key]),
+                    str(v["id"]) if isinstance(v.get("id"), str) else _new_id(self.name == "mistral"),
+                )
+            )
         return calls
 
 
@@ -245,7 +267,7 @@ class Hermes(ToolFormat):
 
     def content_end(self, text: str) -> int:
         lead = text.lstrip()
-        if lead.startswith("```") or lead.startswith("{") or not lead:   # may be a bare call (below)
+        if lead.startswith("```") or lead.startswith("{") or not lead:  # may be a bare call (below)
             return 0
         return _held(text, self.OPEN)
 
@@ -277,7 +299,7 @@ class Llama3(ToolFormat):
     def parse(self, text: str, tools: Sequence[Tool]) -> tuple[str | None, list[ToolCall]]:
         body = text.strip()
         if body.startswith("<|python_tag|>"):
-            body = body[len("<|python_tag|>"):]
+            body = body[len("<|python_tag|>") :]
         calls = self._calls_of(_objects(body), tools, ("parameters", "arguments"))
         return (None, calls) if calls else (text, [])
 
@@ -300,9 +322,10 @@ class Mistral(ToolFormat):
         i = text.find(self.MARK)
         if i < 0:
             return text, []
-        vals = _objects(text[i + len(self.MARK):].strip())
-        calls = self._calls_of(vals[0] if len(vals) == 1 and isinstance(vals[0], list) else vals, tools,
-                               ("arguments", "parameters"))
+        vals = _objects(text[i + len(self.MARK) :].strip())
+        calls = self._calls_of(
+            vals[0] if len(vals) == 1 and isinstance(vals[0], list) else vals, tools, ("arguments", "parameters")
+        )
         return (text[:i].strip() or None, calls) if calls else (text, [])
 
 
@@ -311,8 +334,10 @@ class Generic(ToolFormat):
 
     name = "generic"
 
-    PROMPT = ("You can call these tools:\n\n{tools}\n\nRespond in JSON: either {{\"tool_call\": {{\"name\": ..., "
-              "\"arguments\": {{...}}}}}} to call a tool{many}, or {{\"response\": \"...\"}} to answer the user.")
+    PROMPT = (
+        "You can call these tools:\n\n{tools}\n\nRespond in JSON: either {{\"tool_call\": {{\"name\": ..., "
+        "\"arguments\": {{...}}}}}} to call a tool{many}, or {{\"response\": \"...\"}} to answer the user."
+    )
 
     def messages(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Tool]) -> list[dict[str, Any]]:
         """Earlier calls and results as the JSON replies the system message asks for (the template knows
@@ -320,21 +345,29 @@ class Generic(ToolFormat):
         out = []
         for m in super().messages(messages, tools):
             if m.get("role") == "assistant" and m.get("tool_calls"):
-                calls = [{"name": c["function"].get("name"), "arguments": c["function"].get("arguments")}
-                         for c in m["tool_calls"]]
+                calls = [
+                    {"name": c["function"].get("name"), "arguments": c["function"].get("arguments")}
+                    for c in m["tool_calls"]
+                ]
                 body = {"tool_call": calls[0]} if len(calls) == 1 else {"tool_calls": calls}
                 m = {"role": "assistant", "content": json.dumps(body, ensure_ascii=False)}
             elif m.get("role") == "tool":
-                m = {"role": "user", "content": json.dumps({"tool_response": {
-                    "tool_call_id": m.get("tool_call_id"), "content": m.get("content")}}, ensure_ascii=False)}
+                m = {
+                    "role": "user",
+                    "content": json.dumps(
+                        {"tool_response": {"tool_call_id": m.get("tool_call_id"), "content": m.get("content")}},
+                        ensure_ascii=False,
+                    ),
+                }
             elif m.get("role") == "assistant" and m.get("content") is not None and tools:
                 m = {**m, "content": json.dumps({"response": m["content"]}, ensure_ascii=False)}
             out.append(m)
         if not tools:
             return out
-        text = self.PROMPT.format(tools="\n".join(json.dumps(t.spec["function"], ensure_ascii=False)
-                                                  for t in tools),
-                                  many=" ({\"tool_calls\": [...]} for several)")
+        text = self.PROMPT.format(
+            tools="\n".join(json.dumps(t.spec["function"], ensure_ascii=False) for t in tools),
+            many=" ({\"tool_calls\": [...]} for several)",
+        )
         if out and out[0].get("role") == "system":
             out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{text}".strip()}
         else:
@@ -346,15 +379,32 @@ class Generic(ToolFormat):
 
     def _schema(self, tools: Sequence[Tool], parallel: bool, response: bool) -> dict[str, Any]:
         call = _call_schema(tools)
-        forms = [{"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"],
-                  "additionalProperties": False}]
+        forms = [
+            {
+                "type": "object",
+                "properties": {"tool_call": call},
+                "required": ["tool_call"],
+                "additionalProperties": False,
+            }
+        ]
         if parallel:
-            forms.append({"type": "object", "properties": {"tool_calls": {"type": "array", "items": call,
-                                                                          "minItems": 1}},
-                          "required": ["tool_calls"], "additionalProperties": False})
+            forms.append(
+                {
+                    "type": "object",
+                    "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1}},
+                    "required": ["tool_calls"],
+                    "additionalProperties": False,
+                }
+            )
         if response:
-            forms.append({"type": "object", "properties": {"response": {"type": "string"}},
-                          "required": ["response"], "additionalProperties": False})
+            forms.append(
+                {
+                    "type": "object",
+                    "properties": {"response": {"type": "string"}},
+                    "required": ["response"],
+                    "additionalProperties": False,
+                }
+            )
         return forms[0] if len(forms) == 1 else {"anyOf": forms}
 
     def grammar(self, tools: Sequence[Tool], parallel: bool) -> Grammar:
@@ -370,7 +420,7 @@ class Generic(ToolFormat):
         m = self.RESPONSE.match(text)
         if not m:
             return ""
-        body = re.sub(r"\\(u[0-9a-fA-F]{0,3})?$", "", m.group(1))    # an escape not complete yet
+        body = re.sub(r"\\(u[0-9a-fA-F]{0,3})?$", "", m.group(1))  # an escape not complete yet
         try:
             return json.loads(f'"{body}"')
         except json.JSONDecodeError:
@@ -380,7 +430,7 @@ class Generic(ToolFormat):
         vals = _objects(text)
         v = vals[0] if len(vals) == 1 and isinstance(vals[0], Mapping) else None
         if v is None:
-            part = self.visible(text)              # cut short (max_tokens): the answer so far
+            part = self.visible(text)  # cut short (max_tokens): the answer so far
             return (part, []) if self.RESPONSE.match(text) else (text, [])
         if isinstance(v.get("response"), str):
             return v["response"], []
@@ -434,7 +484,7 @@ class ToolStream:
     def __init__(self, req: ToolRequest):
         self.req = req
         self.text = ""
-        self.shown = ""          # content sent so far
+        self.shown = ""  # content sent so far
 
     def feed(self, piece: str) -> str:
         """The content of `piece` that can be sent now."""
@@ -442,12 +492,12 @@ class ToolStream:
         shown = self.req.format.visible(self.text)
         if not shown.startswith(self.shown):
             return ""
-        out, self.shown = shown[len(self.shown):], shown
+        out, self.shown = shown[len(self.shown) :], shown
         return out
 
     def end(self) -> tuple[str, list[ToolCall], str | None]:
         """(content not sent yet, the calls, the whole content: None when there is none beside calls)."""
         content, calls = self.req.format.parse(self.text, self.req.tools)
         body = content or ""
-        rest = body[len(self.shown):] if body.startswith(self.shown) else ""
+        rest = body[len(self.shown) :] if body.startswith(self.shown) else ""
         return rest, calls, content

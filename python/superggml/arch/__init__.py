@@ -51,7 +51,8 @@ def get_architecture(meta: Mapping[str, Any], names: Iterable[str] = ()) -> Arch
     name = meta.get("general.architecture")
     if not isinstance(name, str) or name not in ARCHITECTURES:
         raise UnsupportedModelError(
-            f"unsupported model architecture {name!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
+            f"unsupported model architecture {name!r}; supported: {', '.join(sorted(ARCHITECTURES))}"
+        )
     return ARCHITECTURES[name](HParams.from_metadata(meta, name), meta, names)
 
 

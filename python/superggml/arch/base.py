@@ -44,19 +44,19 @@ class HParams:
     n_ctx_train: int
     rms_eps: float
     rope_base: float
-    rope_scale: float           # freq_scale: 1 / rope.scaling.factor
+    rope_scale: float  # freq_scale: 1 / rope.scaling.factor
     n_rot: int
-    rope_scaling: str = "linear"          # none, linear, yarn, longrope (llama.cpp's default when the key is absent)
-    n_ctx_orig: int = 0                   # rope.scaling.original_context_length, else n_ctx_train
-    rope_ext_factor: float = 0.0          # YaRN: 1
-    rope_attn_factor: float = 1.0         # YaRN's magnitude correction times rope.scaling.attn_factor
-    n_expert: int = 0                     # mixture of experts: experts per layer (0: a dense FFN)
-    n_expert_used: int = 0                # experts each token is routed to
-    head_dim_v: int = 0                   # value_length where it differs from the key's (0: head_dim)
-    latent_kv: bool = False               # the memory holds K only; V is K's first head_dim_v values (MLA)
-    n_nextn: int = 0                      # next-token-prediction (MTP) blocks after the n_layer of the model
-    n_layer_kv: int = 0                   # layers with a K/V cache where not all (a hybrid model's attention ones)
-    state_bytes: int = 0                  # a sequence's recurrent states over every layer (hybrid models)
+    rope_scaling: str = "linear"  # none, linear, yarn, longrope (llama.cpp's default when the key is absent)
+    n_ctx_orig: int = 0  # rope.scaling.original_context_length, else n_ctx_train
+    rope_ext_factor: float = 0.0  # YaRN: 1
+    rope_attn_factor: float = 1.0  # YaRN's magnitude correction times rope.scaling.attn_factor
+    n_expert: int = 0  # mixture of experts: experts per layer (0: a dense FFN)
+    n_expert_used: int = 0  # experts each token is routed to
+    head_dim_v: int = 0  # value_length where it differs from the key's (0: head_dim)
+    latent_kv: bool = False  # the memory holds K only; V is K's first head_dim_v values (MLA)
+    n_nextn: int = 0  # next-token-prediction (MTP) blocks after the n_layer of the model
+    n_layer_kv: int = 0  # layers with a K/V cache where not all (a hybrid model's attention ones)
+    state_bytes: int = 0  # a sequence's recurrent states over every layer (hybrid models)
 
     @property
     def n_embd_gqa(self) -> int:
@@ -92,7 +92,7 @@ class HParams:
             n_nextn = int(get("nextn_predict_layers", 0))
             hp = cls(
                 arch=arch,
-                n_layer=int(get("block_count")) - n_nextn,   # MTP blocks follow
+                n_layer=int(get("block_count")) - n_nextn,  # MTP blocks follow
                 n_nextn=n_nextn,
                 n_embd=n_embd,
                 n_head=n_head,
@@ -127,8 +127,9 @@ def _rope_scaling(meta: Mapping[str, Any], arch: str, n_ctx_train: int) -> dict[
     ext_factor and attn_factor, the original context."""
     kind = meta.get(f"{arch}.rope.scaling.type", "linear")
     if kind not in ROPE_SCALINGS:
-        raise UnsupportedModelError(f"RoPE scaling type {kind!r} ('{arch}.rope.scaling.type') is not supported "
-                                    f"({', '.join(ROPE_SCALINGS)})")
+        raise UnsupportedModelError(
+            f"RoPE scaling type {kind!r} ('{arch}.rope.scaling.type') is not supported ({', '.join(ROPE_SCALINGS)})"
+        )
     # rope.scaling.factor, else the older rope.scale_linear
     factor = f32(meta.get(f"{arch}.rope.scaling.factor") or meta.get(f"{arch}.rope.scale_linear") or 0.0)
     if factor < 0:
@@ -140,11 +141,16 @@ def _rope_scaling(meta: Mapping[str, Any], arch: str, n_ctx_train: int) -> dict[
         fac = f32(1.0) / scale
         log = logf(fac)
         attn = f32(1.0) if fac <= 1 else f32(0.1) * f32(1.0) * log + f32(1.0)
-        attn *= f32(1.0) / (f32(1.0) + f32(0.1) * log)   # cancels the factor ggml-cpu's rope applies
+        attn *= f32(1.0) / (f32(1.0) + f32(0.1) * log)  # cancels the factor ggml-cpu's rope applies
     attn *= f32(meta.get(f"{arch}.rope.scaling.attn_factor", 1.0))
     n_orig = int(meta.get(f"{arch}.rope.scaling.original_context_length") or n_ctx_train)
-    return dict(rope_scaling=kind, rope_scale=float(scale), rope_ext_factor=float(ext),
-                rope_attn_factor=float(attn), n_ctx_orig=n_orig)
+    return dict(
+        rope_scaling=kind,
+        rope_scale=float(scale),
+        rope_ext_factor=float(ext),
+        rope_attn_factor=float(attn),
+        n_ctx_orig=n_orig,
+    )
 
 
 class Weights(Protocol):
@@ -175,9 +181,9 @@ class StepInputs:
     n_tokens: int
     n_kv: int
     n_outputs: int
-    tokens: native.Tensor | None       # None in a lane, as positions and out_ids
+    tokens: native.Tensor | None  # None in a lane, as positions and out_ids
     positions: native.Tensor | None
-    mask: native.Tensor | None         # None in a pass with lanes, as k_idxs and v_idxs
+    mask: native.Tensor | None  # None in a pass with lanes, as k_idxs and v_idxs
     k_idxs: native.Tensor | None
     v_idxs: native.Tensor | None
     out_ids: native.Tensor | None
@@ -187,10 +193,10 @@ class StepInputs:
     row0: int = 0
     k_rot: native.Tensor | None = None  # F32 [n, n] Walsh-Hadamard matrices Q and K (k_rot), V and the output
     v_rot: native.Tensor | None = None  # (v_rot) are rotated by for a quantized K (V) cache, as llama.cpp does
-    n_streams: int = 1       # > 1: the rows are that many sequences' runs of equal length, attending at once
+    n_streams: int = 1  # > 1: the rows are that many sequences' runs of equal length, attending at once
     keep_rows: bool = False  # the last block keeps every row (the output norm of each is wanted: an MTP drafter's)
     hidden: native.Tensor | None = None  # F32 [n_embd, n_tokens]: the hidden rows an MTP block reads
-    chain: bool = False      # the lanes are one sequence's tokens, each its own lane (a recurrent layer: one chain)
+    chain: bool = False  # the lanes are one sequence's tokens, each its own lane (a recurrent layer: one chain)
     # layer -> the tensor where a recurrent layer leaves its pass's inputs for replay, or None
     record: Callable[[int], native.Tensor | None] | None = None
 
@@ -210,4 +216,3 @@ def lane_memory(m: Memory, j: int) -> native.Tensor:
     """Lane j's memory in a pass with lanes."""
     assert m is not None and not isinstance(m, native.Tensor)
     return m[j]
-

@@ -10,7 +10,7 @@ import numpy as np
 from .. import native
 from ..errors import GGUFError, UnsupportedModelError
 from ..native import Context, Graph, Tensor
-from .base import HParams as HParams            # re-exported: the runtime imports both from here
+from .base import HParams as HParams  # re-exported: the runtime imports both from here
 from .base import StepInputs as StepInputs
 from .base import Memory, Weights, f32, lane_memory, one_memory
 from .moe import build_moe_ffn, moe_tensor_shapes
@@ -19,7 +19,7 @@ F32 = native.GGMLType.F32
 F16 = native.GGMLType.F16
 ROPE_NORM = 0
 ROPE_NEOX = 2
-YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0     # llama.cpp's defaults; it reads no GGUF keys for them here
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0  # llama.cpp's defaults; it reads no GGUF keys for them here
 
 
 def row_size(t: native.GGMLType, n: int) -> int:
@@ -40,47 +40,49 @@ class Architecture:
 
     rope_mode = ROPE_NORM
     has_qkv_bias = False
-    rope_factors = True      # reads rope_freqs / rope_factors_long|short (llama and phi3 do; qwen, gemma do not)
-    post_norms = False       # RMS norms of the attention and FFN outputs before they join the residual (gemma)
-    qk_norm = False          # an RMS norm of every Q and K head before RoPE (qwen3, gemma3)
-    attn_sinks = False       # a learned per-head logit in every attention row's softmax (gpt-oss)
-    out_bias = False         # attn_output.bias (gpt-oss)
-    ffn_norm = "ffn_norm"    # the FFN's pre-norm tensor (gpt-oss calls it post_attention_norm)
-    ffn_glu = "swiglu"       # swiglu or geglu
-    out_prec_f32 = False     # the attention output's matmul accumulates in F32 (glm4moe; on the CPU it always does)
-    reads_hidden = False     # a pass reads hidden rows beside its tokens (StepInputs.hidden: an MTP block)
-    own_v_heads = False      # V heads may be narrower than K's (head_dim_v: deepseek2's legacy MHA)
-    late_gather = False      # the last block keeps every row; the head picks its rows after the output norm
-    rope_sections: list[int] | None = None    # multi-section RoPE: positions [4 * n_tokens] (rope_multi)
+    rope_factors = True  # reads rope_freqs / rope_factors_long|short (llama and phi3 do; qwen, gemma do not)
+    post_norms = False  # RMS norms of the attention and FFN outputs before they join the residual (gemma)
+    qk_norm = False  # an RMS norm of every Q and K head before RoPE (qwen3, gemma3)
+    attn_sinks = False  # a learned per-head logit in every attention row's softmax (gpt-oss)
+    out_bias = False  # attn_output.bias (gpt-oss)
+    ffn_norm = "ffn_norm"  # the FFN's pre-norm tensor (gpt-oss calls it post_attention_norm)
+    ffn_glu = "swiglu"  # swiglu or geglu
+    out_prec_f32 = False  # the attention output's matmul accumulates in F32 (glm4moe; on the CPU it always does)
+    reads_hidden = False  # a pass reads hidden rows beside its tokens (StepInputs.hidden: an MTP block)
+    own_v_heads = False  # V heads may be narrower than K's (head_dim_v: deepseek2's legacy MHA)
+    late_gather = False  # the last block keeps every row; the head picks its rows after the output norm
+    rope_sections: list[int] | None = None  # multi-section RoPE: positions [4 * n_tokens] (rope_multi)
 
     def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None, names: Iterable[str] = ()):
         self.hp = hp
-        self.names = frozenset(names)       # the GGUF's tensors (empty when unknown): optional ones present
-        self.q_scale: float | None = None   # Q scaled by this before attention (then KQ is not scaled)
-        self.attn_softcap = 0.0             # KQ -> c * tanh(KQ / c) before the softmax
-        self.final_softcap = 0.0            # the same on the logits
-        self.n_swa = 0                      # sliding window (tokens) of the layers is_swa marks
+        self.names = frozenset(names)  # the GGUF's tensors (empty when unknown): optional ones present
+        self.q_scale: float | None = None  # Q scaled by this before attention (then KQ is not scaled)
+        self.attn_softcap = 0.0  # KQ -> c * tanh(KQ / c) before the softmax
+        self.final_softcap = 0.0  # the same on the logits
+        self.n_swa = 0  # sliding window (tokens) of the layers is_swa marks
         self.swa_layers: tuple[bool, ...] = (False,) * hp.n_layer
         self.rope_base_swa, self.rope_scale_swa = hp.rope_base, hp.rope_scale
-        self.n_ctx_seq = hp.n_ctx_train     # the context the model runs with (set_context)
+        self.n_ctx_seq = hp.n_ctx_train  # the context the model runs with (set_context)
         meta = meta or {}
         # mixture of experts (hp.n_expert > 0): the experts' FFN size, a shared expert's (0: none)
         self.n_ff_exp = hp.n_ff
         self.n_ff_shexp = 0
-        self.moe_norm_w = True              # the chosen experts' weights renormalised to sum to 1
-        self.moe_gating = "softmax"         # or softmax_weight (gpt-oss)
-        self.moe_act = "swiglu"             # or swiglu_oai (gpt-oss)
-        self.moe_biases = False             # router and expert biases (gpt-oss)
-        self.moe_probs_bias = False         # exp_probs_b: added to the probabilities experts are chosen by
-        self.moe_groups = (0, 0)            # expert groups, groups chosen per token (each scored by its top 2)
-        self.moe_w_scale = 0.0              # the chosen weights scaled by this (0 or 1: not)
-        self.shexp_gate = True              # the shared expert behind a sigmoid gate (qwen2moe)
-        self.shexp_sigmoid = False          # that gate as ggml_sigmoid, not silu(x) / x (qwen2moe's form)
-        self.n_lead = 0                     # leading blocks with a dense FFN
+        self.moe_norm_w = True  # the chosen experts' weights renormalised to sum to 1
+        self.moe_gating = "softmax"  # or softmax_weight (gpt-oss)
+        self.moe_act = "swiglu"  # or swiglu_oai (gpt-oss)
+        self.moe_biases = False  # router and expert biases (gpt-oss)
+        self.moe_probs_bias = False  # exp_probs_b: added to the probabilities experts are chosen by
+        self.moe_groups = (0, 0)  # expert groups, groups chosen per token (each scored by its top 2)
+        self.moe_w_scale = 0.0  # the chosen weights scaled by this (0 or 1: not)
+        self.shexp_gate = True  # the shared expert behind a sigmoid gate (qwen2moe)
+        self.shexp_sigmoid = False  # that gate as ggml_sigmoid, not silu(x) / x (qwen2moe's form)
+        self.n_lead = 0  # leading blocks with a dense FFN
         self.load_hparams(meta)
         if self.hp.head_dim_v and not self.hp.latent_kv and not self.own_v_heads:
-            raise UnsupportedModelError(f"'{self.hp.arch}.attention.value_length' ({self.hp.head_dim_v}) differs "
-                                        f"from the key length ({self.hp.head_dim}): not supported")
+            raise UnsupportedModelError(
+                f"'{self.hp.arch}.attention.value_length' ({self.hp.head_dim_v}) differs "
+                f"from the key length ({self.hp.head_dim}): not supported"
+            )
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         """Family keys beyond HParams (llama.cpp's load_arch_hparams)."""
@@ -150,11 +152,13 @@ class Architecture:
         if self.is_moe(il):
             shapes.update(moe_tensor_shapes(self, il))
         else:
-            shapes.update({
-                p + "ffn_gate.weight": (hp.n_embd, hp.n_ff),
-                p + "ffn_up.weight": (hp.n_embd, hp.n_ff),
-                p + "ffn_down.weight": (hp.n_ff, hp.n_embd),
-            })
+            shapes.update(
+                {
+                    p + "ffn_gate.weight": (hp.n_embd, hp.n_ff),
+                    p + "ffn_up.weight": (hp.n_embd, hp.n_ff),
+                    p + "ffn_down.weight": (hp.n_ff, hp.n_embd),
+                }
+            )
         if self.has_qkv_bias:
             shapes[p + "attn_q.bias"] = (hp.n_head * hp.head_dim,)
             shapes[p + "attn_k.bias"] = (hp.n_embd_gqa,)
@@ -181,8 +185,9 @@ class Architecture:
     def matmul_weights(self, has: Callable[[str], bool]) -> list[str]:
         """Weights used only as the left side of mul_mat, or of mul_mat_id (the experts): candidates for re-laid
         kernels."""
-        names = [n for il in range(self.hp.n_layer)
-                 for n, shape in self.block_tensor_shapes(il).items() if len(shape) == 2]
+        names = [
+            n for il in range(self.hp.n_layer) for n, shape in self.block_tensor_shapes(il).items() if len(shape) == 2
+        ]
         names += [n for il in range(self.hp.n_layer) for n in self.expert_tensors(il)]
         if has("output.weight") and self.output_tensor(has) == "output.weight":
             names.append("output.weight")
@@ -249,8 +254,10 @@ class Architecture:
         exceeds the original one, its short ones otherwise; None without them."""
         if not self.rope_factors:
             return None
-        names = ("rope_freqs.weight",
-                 "rope_factors_long.weight" if self.n_ctx_seq > self.hp.n_ctx_orig else "rope_factors_short.weight")
+        names = (
+            "rope_freqs.weight",
+            "rope_factors_long.weight" if self.n_ctx_seq > self.hp.n_ctx_orig else "rope_factors_short.weight",
+        )
         return next((w(n) for n in names if w.has(n)), None)
 
     def rope(self, ctx: Context, w: Weights, inp: StepInputs, il: int, x: Tensor) -> Tensor:
@@ -258,28 +265,41 @@ class Architecture:
         hp = self.hp
         assert inp.positions is not None
         base, scale = (self.rope_base_swa, self.rope_scale_swa) if self.is_swa(il) else (hp.rope_base, hp.rope_scale)
-        return ctx.rope_ext(x, inp.positions, self.rope_factors_of(w), hp.n_rot, self.rope_mode, hp.n_ctx_orig,
-                            base, scale, hp.rope_ext_factor, hp.rope_attn_factor, YARN_BETA_FAST, YARN_BETA_SLOW)
+        return ctx.rope_ext(
+            x,
+            inp.positions,
+            self.rope_factors_of(w),
+            hp.n_rot,
+            self.rope_mode,
+            hp.n_ctx_orig,
+            base,
+            scale,
+            hp.rope_ext_factor,
+            hp.rope_attn_factor,
+            YARN_BETA_FAST,
+            YARN_BETA_SLOW,
+        )
 
     def norm(self, ctx: Context, w: Weights, x: Tensor, name: str) -> Tensor:
         return ctx.mul(ctx.rms_norm(x, self.hp.rms_eps), w(name))
 
-    def build_block(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int,
-                    x: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:
+    def build_block(
+        self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
+    ) -> Tensor:
         """One transformer block: x F32 [n_embd, n_tokens] -> same shape, except that the last
         block keeps only the rows whose logits are wanted ([n_embd, n_outputs], as llama.cpp)."""
         p = f"blk.{il}."
         ffn_inp, cur = self.build_attn_part(ctx, gf, w, inp, il, x, k_cache, v_cache)
         return self.build_ffn_out(ctx, w, p, self.build_ffn(ctx, w, p, cur), ffn_inp)
 
-    def build_attn_part(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int,
-                        x: Tensor, k_cache: Memory, v_cache: Memory) -> tuple[Tensor, Tensor]:
+    def build_attn_part(
+        self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
+    ) -> tuple[Tensor, Tensor]:
         """The block up to its FFN: (ffn_inp, the residual after attention, F32 [n_embd, rows]; the FFN's
         normed input, same shape). rows: n_tokens, or n_outputs in the last block."""
         hp = self.hp
         p = f"blk.{il}."
-        cur = self.build_attention(ctx, gf, w, inp, il, self.norm(ctx, w, x, p + "attn_norm.weight"), k_cache,
-                                   v_cache)
+        cur = self.build_attention(ctx, gf, w, inp, il, self.norm(ctx, w, x, p + "attn_norm.weight"), k_cache, v_cache)
         if il == hp.n_layer - 1 and inp.n_outputs < inp.n_tokens and not inp.keep_rows:
             assert inp.out_ids is not None
             cur = ctx.get_rows(cur, inp.out_ids)
@@ -294,8 +314,17 @@ class Architecture:
         ffn_inp = ctx.add(cur, x)
         return ffn_inp, self.norm(ctx, w, ffn_inp, p + self.ffn_norm + ".weight")
 
-    def build_attention(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, cur: Tensor,
-                        k_cache: Memory, v_cache: Memory) -> Tensor:
+    def build_attention(
+        self,
+        ctx: Context,
+        gf: Graph,
+        w: Weights,
+        inp: StepInputs,
+        il: int,
+        cur: Tensor,
+        k_cache: Memory,
+        v_cache: Memory,
+    ) -> Tensor:
         """Block il's attention over its normed input cur F32 [n_embd, n_tokens], before the output projection:
         F32 [head_dim * n_head, n_tokens]."""
         hp = self.hp
@@ -304,16 +333,45 @@ class Architecture:
         q, k = self.build_qk_norm(ctx, w, p, q, k)
         q, k = self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, k)
         kq_scale = inv_sqrt(hp.head_dim)
-        if self.q_scale is not None:             # Q scaled before attention, as some families' graphs do
+        if self.q_scale is not None:  # Q scaled before attention, as some families' graphs do
             q, kq_scale = ctx.scale(q, self.q_scale), 1.0
         sinks = w(p + "attn_sinks.weight") if self.attn_sinks else None
         if inp.lanes is None:
             mask = inp.mask_swa if self.is_swa(il) else inp.mask
-            return build_attn(ctx, gf, hp, inp, q, k, v, one_memory(k_cache), one_memory(v_cache), kq_scale, mask,
-                              self.attn_softcap, sinks)
-        return each_lane(ctx, inp, lambda j, lane, rows: build_attn(   # each sequence over its own K/V
-            ctx, gf, hp, lane, rows(q), rows(k), rows(v, 2), lane_memory(k_cache, j), lane_memory(v_cache, j), kq_scale,
-            lane.mask_swa if self.is_swa(il) else lane.mask, self.attn_softcap, sinks))
+            return build_attn(
+                ctx,
+                gf,
+                hp,
+                inp,
+                q,
+                k,
+                v,
+                one_memory(k_cache),
+                one_memory(v_cache),
+                kq_scale,
+                mask,
+                self.attn_softcap,
+                sinks,
+            )
+        return each_lane(
+            ctx,
+            inp,
+            lambda j, lane, rows: build_attn(  # each sequence over its own K/V
+                ctx,
+                gf,
+                hp,
+                lane,
+                rows(q),
+                rows(k),
+                rows(v, 2),
+                lane_memory(k_cache, j),
+                lane_memory(v_cache, j),
+                kq_scale,
+                lane.mask_swa if self.is_swa(il) else lane.mask,
+                self.attn_softcap,
+                sinks,
+            ),
+        )
 
     def build_ffn_out(self, ctx: Context, w: Weights, p: str, ffn_out: Tensor, ffn_inp: Tensor) -> Tensor:
         """The FFN's output joins the residual (after its post norm, where the family has one)."""
@@ -365,18 +423,31 @@ def each_lane(ctx: Context, inp: StepInputs, attend_one: Callable[[int, StepInpu
     tokens); the results joined along the tokens."""
     cur: Tensor | None = None
     for j, lane in enumerate(inp.lanes or []):
+
         def rows(t: Tensor, dims: int = 3, lane: StepInputs = lane) -> Tensor:
-            return ctx.view(t, list(t.ne[:dims - 1]) + [lane.n_tokens], list(t.nb[1:dims]),
-                            lane.row0 * t.nb[dims - 1])
+            return ctx.view(t, list(t.ne[: dims - 1]) + [lane.n_tokens], list(t.nb[1:dims]), lane.row0 * t.nb[dims - 1])
+
         out = attend_one(j, lane, rows)
         cur = out if cur is None else ctx.concat(cur, out, 1)
     assert cur is not None
     return cur
 
 
-def build_attn(ctx: Context, gf: Graph, hp: HParams, inp: StepInputs, q: Tensor, k: Tensor, v: Tensor,
-               k_cache: Tensor, v_cache: Tensor, scale: float, mask: Tensor | None, softcap: float = 0.0,
-               sinks: Tensor | None = None) -> Tensor:
+def build_attn(
+    ctx: Context,
+    gf: Graph,
+    hp: HParams,
+    inp: StepInputs,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    scale: float,
+    mask: Tensor | None,
+    softcap: float = 0.0,
+    sinks: Tensor | None = None,
+) -> Tensor:
     """Writes k/v into the cache rows of this step and attends over the first n_kv rows, as `mask` lets
     (F32 [n_kv, n_tokens], F16 with flash attention); softcap: KQ -> softcap * tanh(KQ / softcap).
 
@@ -388,15 +459,28 @@ def build_attn(ctx: Context, gf: Graph, hp: HParams, inp: StepInputs, q: Tensor,
     if inp.k_rot is not None:
         q, k = ctx.mul_mat_hadamard(q, inp.k_rot), ctx.mul_mat_hadamard(k, inp.k_rot)
     if inp.v_rot is not None:
-        cur = attend(ctx, gf, hp, inp, q, k, ctx.mul_mat_hadamard(v, inp.v_rot), k_cache, v_cache, scale, mask,
-                     softcap, sinks)
+        cur = attend(
+            ctx, gf, hp, inp, q, k, ctx.mul_mat_hadamard(v, inp.v_rot), k_cache, v_cache, scale, mask, softcap, sinks
+        )
         return ctx.mul_mat_hadamard(cur, inp.v_rot)
     return attend(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, scale, mask, softcap, sinks)
 
 
-def attend(ctx: Context, gf: Graph, hp: HParams, inp: StepInputs, q: Tensor, k: Tensor, v: Tensor,
-           k_cache: Tensor, v_cache: Tensor, scale: float, mask: Tensor | None, softcap: float,
-           sinks: Tensor | None) -> Tensor:
+def attend(
+    ctx: Context,
+    gf: Graph,
+    hp: HParams,
+    inp: StepInputs,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    scale: float,
+    mask: Tensor | None,
+    softcap: float,
+    sinks: Tensor | None,
+) -> Tensor:
     """build_attn without the rotations. With inp.n_streams = S > 1 the caches hold S sequences one after another
     ([n_embd_gqa, n_ctx * S]), the rows are S runs of n / S tokens, one per sequence, and the mask is
     [n_kv, n / S, 1, S]: one attention over the S sequences, each over its own rows of the cache (a 4-D batch,
@@ -406,47 +490,57 @@ def attend(ctx: Context, gf: Graph, hp: HParams, inp: StepInputs, q: Tensor, k: 
     dv, gv = hp.head_dim_v or d, hp.n_embd_v_gqa
     t = n // S
     n_ctx = k_cache.shape[1] // S
-    es = v_cache.element_size                     # a transposed V is of whole elements (F32, F16, BF16)
+    es = v_cache.element_size  # a transposed V is of whole elements (F32, F16, BF16)
     assert inp.k_idxs is not None and inp.v_idxs is not None
     gf.expand(ctx.set_rows(k_cache, ctx.reshape(k, [g, n]), inp.k_idxs))
     if inp.flash_attn:
         gf.expand(ctx.set_rows(v_cache, v, inp.v_idxs))
     else:
         if v.nb[1] != gv * v.element_size:
-            v = ctx.cont(v)                      # a view into a fused QKV: rows made contiguous, as llama.cpp
+            v = ctx.cont(v)  # a view into a fused QKV: rows made contiguous, as llama.cpp
         flat = ctx.reshape(v_cache, [1, gv * n_ctx * S])
         gf.expand(ctx.set_rows(flat, ctx.reshape(v, [1, gv * n]), inp.v_idxs))
 
-    def heads(cache: Tensor, d: int, g: int) -> Tensor:                # [d, n_head_kv, n_kv, S]
+    def heads(cache: Tensor, d: int, g: int) -> Tensor:  # [d, n_head_kv, n_kv, S]
         rs = row_size(cache.type, g)
         return ctx.view(cache, [d, hp.n_head_kv, n_kv, S], [row_size(cache.type, d), rs, rs * n_ctx], 0)
 
     if S > 1:
         q = ctx.reshape(q, [d, hp.n_head, t, S])
-    qp = ctx.permute(q, 0, 2, 1, 3)                                        # [d, t, n_head, S]
-    kp = ctx.permute(heads(k_cache, d, g), 0, 2, 1, 3)                     # [d, n_kv, n_head_kv, S]
+    qp = ctx.permute(q, 0, 2, 1, 3)  # [d, t, n_head, S]
+    kp = ctx.permute(heads(k_cache, d, g), 0, 2, 1, 3)  # [d, n_kv, n_head_kv, S]
     if inp.flash_attn:
-        vp = ctx.permute(heads(v_cache, dv, gv), 0, 2, 1, 3)               # [dv, n_kv, n_head_kv, S]
-        if k_cache.type == F32:   # flash attention reads F16 K/V: an F32 cache is cast, as llama.cpp does
+        vp = ctx.permute(heads(v_cache, dv, gv), 0, 2, 1, 3)  # [dv, n_kv, n_head_kv, S]
+        if k_cache.type == F32:  # flash attention reads F16 K/V: an F32 cache is cast, as llama.cpp does
             kp = ctx.cast(kp, F16)
         if v_cache.type == F32:
             vp = ctx.cast(vp, F16)
         cur = ctx.flash_attn_ext(qp, kp, vp, mask, scale, softcap=softcap, sinks=sinks)  # [dv, n_head, t, S]
         return ctx.reshape(cur, [dv * hp.n_head, n])
     vt = ctx.view(v_cache, [n_kv, hp.n_head_kv, dv, S], [n_ctx * dv * es, n_ctx * es, n_ctx * gv * es], 0)
-    vp = ctx.permute(vt, 0, 2, 1, 3)                                       # [n_kv, dv, n_head_kv, S]
-    kq = ctx.mul_mat(kp, qp)                                               # [n_kv, t, n_head, S]
+    vp = ctx.permute(vt, 0, 2, 1, 3)  # [n_kv, dv, n_head_kv, S]
+    kq = ctx.mul_mat(kp, qp)  # [n_kv, t, n_head, S]
     ctx.mul_mat_set_prec_f32(kq)
     if softcap:
         kq = ctx.scale(ctx.tanh(ctx.scale(kq, float(f32(1.0) / f32(softcap)))), softcap)
     kq = ctx.soft_max_ext(kq, mask, scale, sinks=sinks)
-    kqv = ctx.mul_mat(vp, kq)                                              # [dv, t, n_head, S]
-    cur = ctx.cont(ctx.permute(kqv, 0, 2, 1, 3))                           # [dv, n_head, t, S]
+    kqv = ctx.mul_mat(vp, kq)  # [dv, t, n_head, S]
+    cur = ctx.cont(ctx.permute(kqv, 0, 2, 1, 3))  # [dv, n_head, t, S]
     return ctx.reshape(cur, [dv * hp.n_head, n])
 
 
-def attend_latent(ctx: Context, gf: Graph, hp: HParams, inp: StepInputs, q: Tensor, k: Tensor, k_cache: Tensor,
-                  scale: float, mask: Tensor | None, v_b: Tensor) -> Tensor:
+def attend_latent(
+    ctx: Context,
+    gf: Graph,
+    hp: HParams,
+    inp: StepInputs,
+    q: Tensor,
+    k: Tensor,
+    k_cache: Tensor,
+    scale: float,
+    mask: Tensor | None,
+    v_b: Tensor,
+) -> Tensor:
     """Multi-head latent attention over a memory of K only (llama.cpp's build_attn with a K-only cache and
     v_mla): writes k F32 [g, 1, n] (g = kv_lora_rank + n_rot) into this step's rows of k_cache [g, n_ctx * S];
     q F32 [g, n_head, n] attends as MQA over the first n_kv rows, V being the first head_dim_v (kv_lora_rank)
@@ -458,18 +552,18 @@ def attend_latent(ctx: Context, gf: Graph, hp: HParams, inp: StepInputs, q: Tens
     assert inp.k_idxs is not None
     gf.expand(ctx.set_rows(k_cache, ctx.reshape(k, [g, n]), inp.k_idxs))
     rs = row_size(k_cache.type, g)
-    kp = ctx.permute(ctx.view(k_cache, [g, 1, n_kv, S], [rs, rs, rs * n_ctx], 0), 0, 2, 1, 3)   # [g, n_kv, 1, S]
+    kp = ctx.permute(ctx.view(k_cache, [g, 1, n_kv, S], [rs, rs, rs * n_ctx], 0), 0, 2, 1, 3)  # [g, n_kv, 1, S]
     vp = ctx.permute(ctx.view(k_cache, [dv, 1, n_kv, S], [rs, rs, rs * n_ctx], 0), 0, 2, 1, 3)  # [dv, n_kv, 1, S]
     if S > 1:
         q = ctx.reshape(q, [g, hp.n_head, n // S, S])
-    qp = ctx.permute(q, 0, 2, 1, 3)                                        # [g, t, n_head, S]
+    qp = ctx.permute(q, 0, 2, 1, 3)  # [g, t, n_head, S]
     if inp.flash_attn:
         if k_cache.type == F32:
             kp, vp = ctx.cast(kp, F16), ctx.cast(vp, F16)
-        cur = ctx.permute(ctx.flash_attn_ext(qp, kp, vp, mask, scale), 0, 2, 1, 3)   # [dv, t, n_head, S]
+        cur = ctx.permute(ctx.flash_attn_ext(qp, kp, vp, mask, scale), 0, 2, 1, 3)  # [dv, t, n_head, S]
     else:
-        kq = ctx.mul_mat(kp, qp)                                           # [n_kv, t, n_head, S]
+        kq = ctx.mul_mat(kp, qp)  # [n_kv, t, n_head, S]
         ctx.mul_mat_set_prec_f32(kq)
-        cur = ctx.mul_mat(ctx.cont(ctx.transpose(vp)), ctx.soft_max_ext(kq, mask, scale))   # [dv, t, n_head, S]
-    cur = ctx.cont(ctx.permute(ctx.mul_mat(v_b, cur), 0, 2, 1, 3))        # [v_head, n_head, t, S]
+        cur = ctx.mul_mat(ctx.cont(ctx.transpose(vp)), ctx.soft_max_ext(kq, mask, scale))  # [dv, t, n_head, S]
+    cur = ctx.cont(ctx.permute(ctx.mul_mat(v_b, cur), 0, 2, 1, 3))  # [v_head, n_head, t, S]
     return ctx.reshape(cur, [cur.ne[0] * hp.n_head, n])

@@ -34,7 +34,7 @@ class Deepseek2Arch(Architecture):
         def need(name: str) -> Any:
             return self.need(meta, name)
 
-        lite = hp.n_layer in (26, 27) or (hp.n_layer == 48 and hp.n_vocab == 128256)   # llama.cpp's rule
+        lite = hp.n_layer in (26, 27) or (hp.n_layer == 48 and hp.n_vocab == 128256)  # llama.cpp's rule
         self.q_lora = 0 if lite else int(need("attention.q_lora_rank"))
         self.kv_lora = int(need("attention.kv_lora_rank"))
         self.k_mla = int(self.key(meta, "attention.key_length_mla", 0))
@@ -45,12 +45,20 @@ class Deepseek2Arch(Architecture):
             self.k_mla, self.v_mla = hp.head_dim, hp.head_dim_v or hp.head_dim
             self.own_v_heads = True
         self.n_nope = self.k_mla - hp.n_rot
-        if self.n_nope < 1 or (hp.n_head_kv != hp.n_head if self.legacy else (
-                hp.n_head_kv != 1 or hp.head_dim != self.kv_lora + hp.n_rot
-                or (hp.head_dim_v or hp.head_dim) != self.kv_lora)):
-            raise GGUFError(f"{hp.arch} MLA hyperparameters are inconsistent: key_length {hp.head_dim}, "
-                            f"value_length {hp.head_dim_v}, kv_lora_rank {self.kv_lora}, rope {hp.n_rot}, "
-                            f"key_length_mla {self.k_mla}, head_count_kv {hp.n_head_kv}")
+        if self.n_nope < 1 or (
+            hp.n_head_kv != hp.n_head
+            if self.legacy
+            else (
+                hp.n_head_kv != 1
+                or hp.head_dim != self.kv_lora + hp.n_rot
+                or (hp.head_dim_v or hp.head_dim) != self.kv_lora
+            )
+        ):
+            raise GGUFError(
+                f"{hp.arch} MLA hyperparameters are inconsistent: key_length {hp.head_dim}, "
+                f"value_length {hp.head_dim_v}, kv_lora_rank {self.kv_lora}, rope {hp.n_rot}, "
+                f"key_length_mla {self.k_mla}, head_count_kv {hp.n_head_kv}"
+            )
         if float(self.key(meta, "attention.temperature_scale", 0.0)):
             raise UnsupportedModelError(f"'{hp.arch}.attention.temperature_scale' (Mistral-Large) is not supported")
         ff = need("expert_feed_forward_length")
@@ -71,7 +79,7 @@ class Deepseek2Arch(Architecture):
         log_mul = f32(self.key(meta, "rope.scaling.yarn_log_multiplier", 0.0)) / f32(0.1)
         attn_factor = f32(hp.rope_attn_factor)
         log = logf(f32(1.0) / f32(hp.rope_scale))
-        if hp.rope_ext_factor and log_mul:   # get_mscale(f, m) / get_mscale(f, m) = 1, then the cancelling factor
+        if hp.rope_ext_factor and log_mul:  # get_mscale(f, m) / get_mscale(f, m) = 1, then the cancelling factor
             attn_factor = f32(1.0) * (f32(1.0) / (f32(1.0) + f32(0.1) * log))
             attn_factor *= f32(self.key(meta, "rope.scaling.attn_factor", 1.0))
             self.hp = dataclasses.replace(hp, rope_attn_factor=float(attn_factor))
@@ -83,13 +91,17 @@ class Deepseek2Arch(Architecture):
         hp = self.hp
         q = f"queries through a rank-{self.q_lora} projection" if self.q_lora else "queries from one attn_q"
         if self.legacy:
-            lines = [f"multi-head latent attention in the legacy attn_kv_b layout: kv_lora_rank {self.kv_lora} "
-                     f"decompressed into {hp.n_head} heads of {self.k_mla} (K) and {self.v_mla} (V), a plain K/V "
-                     f"cache of them (convert again for the absorbed layout's smaller cache); {q}"]
+            lines = [
+                f"multi-head latent attention in the legacy attn_kv_b layout: kv_lora_rank {self.kv_lora} "
+                f"decompressed into {hp.n_head} heads of {self.k_mla} (K) and {self.v_mla} (V), a plain K/V "
+                f"cache of them (convert again for the absorbed layout's smaller cache); {q}"
+            ]
         else:
-            lines = [f"multi-head latent attention: {hp.n_head} heads of {self.k_mla} (K) and {self.v_mla} (V) over "
-                     f"one latent row per token and layer, kv_lora_rank {self.kv_lora} + rope {hp.n_rot} values, no "
-                     f"V; {q}"]
+            lines = [
+                f"multi-head latent attention: {hp.n_head} heads of {self.k_mla} (K) and {self.v_mla} (V) over "
+                f"one latent row per token and layer, kv_lora_rank {self.kv_lora} + rope {hp.n_rot} values, no "
+                f"V; {q}"
+            ]
         if hp.n_expert:
             lines.append(routing_note(self))
         return lines
@@ -106,11 +118,13 @@ class Deepseek2Arch(Architecture):
             shapes[p + "attn_q_b.weight"] = (self.q_lora, hp.n_head * self.k_mla)
         else:
             shapes[p + "attn_q.weight"] = (hp.n_embd, hp.n_head * self.k_mla)
-        shapes.update({
-            p + "attn_kv_a_mqa.weight": (hp.n_embd, self.kv_lora + hp.n_rot),
-            p + "attn_kv_a_norm.weight": (self.kv_lora,),
-            p + "attn_output.weight": (hp.n_head * self.v_mla, hp.n_embd),
-        })
+        shapes.update(
+            {
+                p + "attn_kv_a_mqa.weight": (hp.n_embd, self.kv_lora + hp.n_rot),
+                p + "attn_kv_a_norm.weight": (self.kv_lora,),
+                p + "attn_output.weight": (hp.n_head * self.v_mla, hp.n_embd),
+            }
+        )
         if self.legacy:
             shapes[p + "attn_kv_b.weight"] = (self.kv_lora, hp.n_head * (self.n_nope + self.v_mla))
         else:
@@ -119,16 +133,27 @@ class Deepseek2Arch(Architecture):
         return shapes
 
     # -- graphs ------------------------------------------------------------
-    def build_attention(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, cur: Tensor,
-                        k_cache: Memory, v_cache: Memory) -> Tensor:
+    def build_attention(
+        self,
+        ctx: Context,
+        gf: Graph,
+        w: Weights,
+        inp: StepInputs,
+        il: int,
+        cur: Tensor,
+        k_cache: Memory,
+        v_cache: Memory,
+    ) -> Tensor:
         hp, p, n = self.hp, f"blk.{il}.", inp.n_tokens
         if self.q_lora:
-            q = ctx.mul_mat(w(p + "attn_q_b.weight"),
-                            self.norm(ctx, w, ctx.mul_mat(w(p + "attn_q_a.weight"), cur), p + "attn_q_a_norm.weight"))
+            q = ctx.mul_mat(
+                w(p + "attn_q_b.weight"),
+                self.norm(ctx, w, ctx.mul_mat(w(p + "attn_q_a.weight"), cur), p + "attn_q_a_norm.weight"),
+            )
         else:
             q = ctx.mul_mat(w(p + "attn_q.weight"), cur)
         q = ctx.reshape(q, [self.k_mla, hp.n_head, n])
-        kv_pe = ctx.mul_mat(w(p + "attn_kv_a_mqa.weight"), cur)                 # [kv_lora + n_rot, n]
+        kv_pe = ctx.mul_mat(w(p + "attn_kv_a_mqa.weight"), cur)  # [kv_lora + n_rot, n]
         row = kv_pe.nb[1]
         kv = ctx.view(kv_pe, [self.kv_lora, n], [row], 0)
         k_pe = ctx.view(kv_pe, [hp.n_rot, 1, n], [row, row], self.kv_lora * kv_pe.element_size)
@@ -139,31 +164,65 @@ class Deepseek2Arch(Architecture):
         q_pe = self.rope(ctx, w, inp, il, q_pe)
         if self.legacy:
             return self.attend_heads(ctx, gf, w, inp, p, q_nope, q_pe, kv, k_pe, k_cache, v_cache)
-        absorbed = ctx.mul_mat(w(p + "attn_k_b.weight"), ctx.permute(q_nope, 0, 2, 1, 3))   # [kv_lora, n, n_head]
-        q = ctx.concat(ctx.permute(absorbed, 0, 2, 1, 3), q_pe, 0)          # [kv_lora + n_rot, n_head, n]
-        k = ctx.concat(ctx.reshape(kv, [self.kv_lora, 1, n]), k_pe, 0)      # [kv_lora + n_rot, 1, n]
+        absorbed = ctx.mul_mat(w(p + "attn_k_b.weight"), ctx.permute(q_nope, 0, 2, 1, 3))  # [kv_lora, n, n_head]
+        q = ctx.concat(ctx.permute(absorbed, 0, 2, 1, 3), q_pe, 0)  # [kv_lora + n_rot, n_head, n]
+        k = ctx.concat(ctx.reshape(kv, [self.kv_lora, 1, n]), k_pe, 0)  # [kv_lora + n_rot, 1, n]
         v_b = w(p + "attn_v_b.weight")
         if inp.lanes is None:
             return attend_latent(ctx, gf, hp, inp, q, k, one_memory(k_cache), self.kq_scale, inp.mask, v_b)
-        return each_lane(ctx, inp, lambda j, lane, rows: attend_latent(     # each over its own latent K/V
-            ctx, gf, hp, lane, rows(q), rows(k), lane_memory(k_cache, j), self.kq_scale, lane.mask, v_b))
+        return each_lane(
+            ctx,
+            inp,
+            lambda j, lane, rows: attend_latent(  # each over its own latent K/V
+                ctx, gf, hp, lane, rows(q), rows(k), lane_memory(k_cache, j), self.kq_scale, lane.mask, v_b
+            ),
+        )
 
-    def attend_heads(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, p: str, q_nope: Tensor, q_pe: Tensor,
-                     kv: Tensor, k_pe: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:
+    def attend_heads(
+        self,
+        ctx: Context,
+        gf: Graph,
+        w: Weights,
+        inp: StepInputs,
+        p: str,
+        q_nope: Tensor,
+        q_pe: Tensor,
+        kv: Tensor,
+        k_pe: Tensor,
+        k_cache: Memory,
+        v_cache: Memory,
+    ) -> Tensor:
         """The legacy layout's plain path: attn_kv_b decompresses the normed latent kv [kv_lora, n] into every
         head's K (no-rope part) and V; K's rope part is the shared k_pe, repeated per head. Q's rope part is roped
         where it lies (llama.cpp's ggml_rope_set_offset: the same values)."""
         hp, n = self.hp, inp.n_tokens
-        kvb = ctx.mul_mat(w(p + "attn_kv_b.weight"), kv)                   # [n_head * (n_nope + v), n]
+        kvb = ctx.mul_mat(w(p + "attn_kv_b.weight"), kv)  # [n_head * (n_nope + v), n]
         es, head = kvb.element_size, (self.n_nope + self.v_mla) * kvb.element_size
         k_nope = ctx.view(kvb, [self.n_nope, hp.n_head, n], [head, kvb.nb[1]], 0)
-        v = ctx.reshape(ctx.cont(ctx.view(kvb, [self.v_mla, hp.n_head, n], [head, kvb.nb[1]], self.n_nope * es)),
-                        [self.v_mla * hp.n_head, n])
-        q = ctx.concat(q_nope, q_pe, 0)                                       # [k_mla, n_head, n]
+        v = ctx.reshape(
+            ctx.cont(ctx.view(kvb, [self.v_mla, hp.n_head, n], [head, kvb.nb[1]], self.n_nope * es)),
+            [self.v_mla * hp.n_head, n],
+        )
+        q = ctx.concat(q_nope, q_pe, 0)  # [k_mla, n_head, n]
         k = ctx.concat(k_nope, ctx.repeat_4d(k_pe, [hp.n_rot, hp.n_head, n, 1]), 0)
         if inp.lanes is None:
-            return build_attn(ctx, gf, hp, inp, q, k, v, one_memory(k_cache), one_memory(v_cache), self.kq_scale,
-                              inp.mask)
-        return each_lane(ctx, inp, lambda j, lane, rows: build_attn(
-            ctx, gf, hp, lane, rows(q), rows(k), rows(v, 2), lane_memory(k_cache, j), lane_memory(v_cache, j),
-            self.kq_scale, lane.mask))
+            return build_attn(
+                ctx, gf, hp, inp, q, k, v, one_memory(k_cache), one_memory(v_cache), self.kq_scale, inp.mask
+            )
+        return each_lane(
+            ctx,
+            inp,
+            lambda j, lane, rows: build_attn(
+                ctx,
+                gf,
+                hp,
+                lane,
+                rows(q),
+                rows(k),
+                rows(v, 2),
+                lane_memory(k_cache, j),
+                lane_memory(v_cache, j),
+                self.kq_scale,
+                lane.mask,
+            ),
+        )

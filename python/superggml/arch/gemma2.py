@@ -23,8 +23,8 @@ class Gemma2Arch(Architecture):
     rope_factors = False
     post_norms = True
     ffn_glu = "geglu"
-    swa_period = 2            # llama.cpp's default sliding-window pattern for the family
-    big_layers = 46           # the 27B model, whose query scale is 1/sqrt(n_embd / n_head)
+    swa_period = 2  # llama.cpp's default sliding-window pattern for the family
+    big_layers = 46  # the 27B model, whose query scale is 1/sqrt(n_embd / n_head)
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
@@ -40,7 +40,7 @@ class Gemma2Arch(Architecture):
         return inv_sqrt(hp.n_embd // hp.n_head if hp.n_layer == self.big_layers else hp.head_dim)
 
     def output_tensor(self, has: Callable[[str], bool]) -> str:
-        return "token_embd.weight"     # llama.cpp ignores an output.weight here
+        return "token_embd.weight"  # llama.cpp ignores an output.weight here
 
     def build_embed(self, ctx: Context, w: Weights, inp: StepInputs) -> Tensor:
-        return ctx.scale(super().build_embed(ctx, w, inp), float(np.sqrt(f32(self.hp.n_embd))))   # sqrtf(n_embd)
+        return ctx.scale(super().build_embed(ctx, w, inp), float(np.sqrt(f32(self.hp.n_embd))))  # sqrtf(n_embd)

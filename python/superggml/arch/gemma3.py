@@ -36,6 +36,7 @@ class Gemma3Arch(Gemma2Arch):
     def validate(self, table: Mapping[str, tuple[int, ...]]) -> None:
         vision = next((n for n in table if n.startswith(VISION_PREFIXES)), None)
         if vision is not None:
-            raise UnsupportedModelError(f"this gemma3 GGUF carries a vision tower ('{vision}'): only text models "
-                                        f"are supported")
+            raise UnsupportedModelError(
+                f"this gemma3 GGUF carries a vision tower ('{vision}'): only text models are supported"
+            )
         super().validate(table)

@@ -26,16 +26,19 @@ class Glm4MoeArch(Architecture):
         if not hp.n_expert:
             raise GGUFError(f"{hp.arch} GGUF lacks '{hp.arch}.expert_count'")
         if self.key(meta, "rope.dimension_sections", None) is not None:
-            raise UnsupportedModelError(f"this {hp.arch} GGUF uses multi-section RoPE (a vision model's): only text "
-                                        f"models are supported")
+            raise UnsupportedModelError(
+                f"this {hp.arch} GGUF uses multi-section RoPE (a vision model's): only text models are supported"
+            )
         self.has_qkv_bias = "blk.0.attn_q.bias" in self.names
         self.qk_norm = "blk.0.attn_q_norm.weight" in self.names
         self.n_ff_exp = int(self.key(meta, "expert_feed_forward_length", 0)) or hp.n_ff // hp.n_expert_used
-        load_routing(self, meta, 2)                 # llama.cpp's default here: sigmoid
+        load_routing(self, meta, 2)  # llama.cpp's default here: sigmoid
         self.moe_probs_bias = True
 
     def describe(self) -> list[str]:
         hp = self.hp
-        return [f"attention: RoPE over {hp.n_rot} of {hp.head_dim} values per head"
-                f"{', Q/K/V biases' if self.has_qkv_bias else ''}{', Q/K head norms' if self.qk_norm else ''}; "
-                + routing_note(self)]
+        return [
+            f"attention: RoPE over {hp.n_rot} of {hp.head_dim} values per head"
+            f"{', Q/K/V biases' if self.has_qkv_bias else ''}{', Q/K head norms' if self.qk_norm else ''}; "
+            + routing_note(self)
+        ]

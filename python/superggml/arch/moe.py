@@ -36,12 +36,13 @@ class Architecture(Protocol):
     moe_act: str
 
     def key(self, meta: Mapping[str, Any], name: str, default: Any) -> Any: ...
-    def build_attn_part(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor,
-                        k_cache: Memory, v_cache: Memory) -> tuple[Tensor, Tensor]: ...
+    def build_attn_part(
+        self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
+    ) -> tuple[Tensor, Tensor]: ...
     def build_ffn_out(self, ctx: Context, w: Weights, p: str, ffn_out: Tensor, ffn_inp: Tensor) -> Tensor: ...
 
 
-WEIGHTS_SUM_MIN = 6.103515625e-5      # llama.cpp clamps the sum of the chosen weights to the smallest F16 normal
+WEIGHTS_SUM_MIN = 6.103515625e-5  # llama.cpp clamps the sum of the chosen weights to the smallest F16 normal
 
 
 def qwen_expert_ff(arch: Architecture, meta: Mapping[str, Any]) -> int:
@@ -49,7 +50,7 @@ def qwen_expert_ff(arch: Architecture, meta: Mapping[str, Any]) -> int:
     return int(arch.key(meta, "expert_feed_forward_length", 0)) or arch.hp.n_ff // max(arch.hp.n_expert_used, 1)
 
 
-GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}     # llama_expert_gating_func_type
+GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}  # llama_expert_gating_func_type
 
 
 def load_routing(arch: Architecture, meta: Mapping[str, Any], gating: int) -> None:
@@ -69,20 +70,27 @@ def load_routing(arch: Architecture, meta: Mapping[str, Any], gating: int) -> No
     if gating not in GATING:
         raise UnsupportedModelError(f"'{hp.arch}.expert_gating_func' {gating} is not supported")
     arch.moe_gating = GATING[gating]
-    n_group, n_used = arch.moe_groups = (int(arch.key(meta, "expert_group_count", 0)),
-                                         int(arch.key(meta, "expert_group_used_count", 0)))
-    if n_group > 1 and (hp.n_expert % n_group or not 0 < n_used <= n_group
-                        or hp.n_expert_used > hp.n_expert // n_group * n_used):
-        raise GGUFError(f"{hp.arch}: {hp.n_expert} experts in {n_group} groups, {n_used} used, cannot give "
-                        f"{hp.n_expert_used} per token")
+    n_group, n_used = arch.moe_groups = (
+        int(arch.key(meta, "expert_group_count", 0)),
+        int(arch.key(meta, "expert_group_used_count", 0)),
+    )
+    if n_group > 1 and (
+        hp.n_expert % n_group or not 0 < n_used <= n_group or hp.n_expert_used > hp.n_expert // n_group * n_used
+    ):
+        raise GGUFError(
+            f"{hp.arch}: {hp.n_expert} experts in {n_group} groups, {n_used} used, cannot give "
+            f"{hp.n_expert_used} per token"
+        )
 
 
 def routing_note(arch: Architecture) -> str:
     """analyze's line on load_routing's families' experts."""
     n_group, n_used = arch.moe_groups
     groups = f", chosen within {n_used} of {n_group} expert groups" if n_group > 1 else ""
-    return (f"routing: {arch.moe_gating} gating{' with exp_probs_b' if arch.moe_probs_bias else ''}{groups}; "
-            f"{arch.n_ff_shexp // max(arch.n_ff_exp, 1)} shared expert(s); the first {arch.n_lead} block(s) dense")
+    return (
+        f"routing: {arch.moe_gating} gating{' with exp_probs_b' if arch.moe_probs_bias else ''}{groups}; "
+        f"{arch.n_ff_shexp // max(arch.n_ff_exp, 1)} shared expert(s); the first {arch.n_lead} block(s) dense"
+    )
 
 
 def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]:
@@ -97,22 +105,26 @@ def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]
         p + "ffn_down_exps.weight": (n_ff, hp.n_embd, hp.n_expert),
     }
     if arch.moe_biases:
-        shapes.update({
-            p + "ffn_gate_inp.bias": (hp.n_expert,),
-            p + "ffn_gate_exps.bias": (n_ff, hp.n_expert),
-            p + "ffn_up_exps.bias": (n_ff, hp.n_expert),
-            p + "ffn_down_exps.bias": (hp.n_embd, hp.n_expert),
-        })
+        shapes.update(
+            {
+                p + "ffn_gate_inp.bias": (hp.n_expert,),
+                p + "ffn_gate_exps.bias": (n_ff, hp.n_expert),
+                p + "ffn_up_exps.bias": (n_ff, hp.n_expert),
+                p + "ffn_down_exps.bias": (hp.n_embd, hp.n_expert),
+            }
+        )
     if arch.moe_probs_bias:
         shapes[p + "exp_probs_b.bias"] = (hp.n_expert,)
     if arch.n_ff_shexp and arch.shexp_gate:
         shapes[p + "ffn_gate_inp_shexp.weight"] = (hp.n_embd,)
     if arch.n_ff_shexp:
-        shapes.update({
-            p + "ffn_gate_shexp.weight": (hp.n_embd, arch.n_ff_shexp),
-            p + "ffn_up_shexp.weight": (hp.n_embd, arch.n_ff_shexp),
-            p + "ffn_down_shexp.weight": (arch.n_ff_shexp, hp.n_embd),
-        })
+        shapes.update(
+            {
+                p + "ffn_gate_shexp.weight": (hp.n_embd, arch.n_ff_shexp),
+                p + "ffn_up_shexp.weight": (hp.n_embd, arch.n_ff_shexp),
+                p + "ffn_down_shexp.weight": (arch.n_ff_shexp, hp.n_embd),
+            }
+        )
     return shapes
 
 
@@ -123,11 +135,14 @@ def select_experts(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Te
     within the expert groups whose top two score highest."""
     hp = arch.hp
     n, k = cur.ne[1], hp.n_expert_used
-    logits = ctx.mul_mat(w(p + "ffn_gate_inp.weight"), cur)             # F32 [n_expert, n]
+    logits = ctx.mul_mat(w(p + "ffn_gate_inp.weight"), cur)  # F32 [n_expert, n]
     if arch.moe_biases:
         logits = ctx.add(logits, w(p + "ffn_gate_inp.bias"))
-    probs = {"softmax": lambda: ctx.soft_max_ext(logits, None, 1.0), "sigmoid": lambda: ctx.sigmoid(logits),
-             "softmax_weight": lambda: logits}[arch.moe_gating]()
+    probs = {
+        "softmax": lambda: ctx.soft_max_ext(logits, None, 1.0),
+        "sigmoid": lambda: ctx.sigmoid(logits),
+        "softmax_weight": lambda: logits,
+    }[arch.moe_gating]()
     chosen_by = ctx.add(probs, w(p + "exp_probs_b.bias")) if arch.moe_probs_bias else probs
     n_group, n_group_used = arch.moe_groups
     if n_group > 1:
@@ -135,7 +150,7 @@ def select_experts(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Te
         groups = ctx.reshape(chosen_by, [per, n_group, n])
         top2 = ctx.get_rows(ctx.reshape(groups, [1, per, n_group, n]), ctx.argsort_top_k(groups, 2))
         scores = ctx.reshape(ctx.sum_rows(ctx.reshape(top2, [2, n_group, n])), [n_group, n])
-        kept = ctx.argsort_top_k(scores, n_group_used)                   # I32 [n_group_used, n]
+        kept = ctx.argsort_top_k(scores, n_group_used)  # I32 [n_group_used, n]
         masked = ctx.set_rows(ctx.fill(groups, float("-inf")), ctx.get_rows(groups, kept), kept)
         chosen_by = ctx.reshape(masked, [hp.n_expert, n])
     return ctx.argsort_top_k(chosen_by, k), probs
@@ -146,8 +161,8 @@ def build_router(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tens
     hp = arch.hp
     n, k = cur.ne[1], hp.n_expert_used
     selected, probs = select_experts(arch, ctx, w, p, cur)
-    weights = ctx.get_rows(ctx.reshape(probs, [1, hp.n_expert, n]), selected)   # F32 [1, k, n]
-    if arch.moe_gating == "softmax_weight":     # gpt-oss: the chosen experts' logits, softmaxed among themselves
+    weights = ctx.get_rows(ctx.reshape(probs, [1, hp.n_expert, n]), selected)  # F32 [1, k, n]
+    if arch.moe_gating == "softmax_weight":  # gpt-oss: the chosen experts' logits, softmaxed among themselves
         weights = ctx.reshape(ctx.soft_max_ext(ctx.reshape(weights, [k, n]), None, 1.0), [1, k, n])
     if arch.moe_norm_w:
         weights = ctx.reshape(weights, [k, n])
@@ -167,35 +182,58 @@ def build_router_lookahead(arch: Architecture, ctx: Context, w: Weights, il: int
 def build_moe_ffn(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
     """The normed input F32 [n_embd, n] -> F32 [n_embd, n], every expert resident."""
     selected, weights = build_router(arch, ctx, w, p, cur)
-    out = build_experts(arch, ctx, w, p, cur, selected, selected, weights, *(w(n) for n in (
-        p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight", p + "ffn_down_exps.weight")))
+    out = build_experts(
+        arch,
+        ctx,
+        w,
+        p,
+        cur,
+        selected,
+        selected,
+        weights,
+        *(w(n) for n in (p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight", p + "ffn_down_exps.weight")),
+    )
     return build_shared_expert(arch, ctx, w, p, cur, out)
 
 
-SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0     # gpt-oss's clamped SwiGLU, as llama.cpp fixes them
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU, as llama.cpp fixes them
 
 
-def build_experts(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor, ids: Tensor, experts_ids: Tensor,
-                  weights: Tensor, gate_exps: Tensor, up_exps: Tensor, down_exps: Tensor) -> Tensor:
+def build_experts(
+    arch: Architecture,
+    ctx: Context,
+    w: Weights,
+    p: str,
+    cur: Tensor,
+    ids: Tensor,
+    experts_ids: Tensor,
+    weights: Tensor,
+    gate_exps: Tensor,
+    up_exps: Tensor,
+    down_exps: Tensor,
+) -> Tensor:
     """The routed experts' gated FFNs, weighted and summed: cur F32 [n_embd, n], ids I32 [k, n] (indices into
     the expert tensors' third dimension: experts, or expert cache slots), experts_ids I32 [k, n] (the experts
     themselves, for their biases), weights F32 [1, k, n] -> F32 [n_embd, n]."""
     n_embd, n, k = cur.ne[0], cur.ne[1], arch.hp.n_expert_used
     x = ctx.reshape(cur, [n_embd, 1, n])
-    up = ctx.mul_mat_id(up_exps, x, ids)                                  # F32 [n_ff_exp, k, n]
+    up = ctx.mul_mat_id(up_exps, x, ids)  # F32 [n_ff_exp, k, n]
     if arch.moe_biases:
         up = ctx.add_id(up, w(p + "ffn_up_exps.bias"), experts_ids)
     gate = ctx.mul_mat_id(gate_exps, x, ids)
     if arch.moe_biases:
         gate = ctx.add_id(gate, w(p + "ffn_gate_exps.bias"), experts_ids)
-    act = (ctx.swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT) if arch.moe_act == "swiglu_oai"
-           else ctx.swiglu_split(gate, up))
-    experts = ctx.mul_mat_id(down_exps, act, ids)                         # F32 [n_embd, k, n]
+    act = (
+        ctx.swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT)
+        if arch.moe_act == "swiglu_oai"
+        else ctx.swiglu_split(gate, up)
+    )
+    experts = ctx.mul_mat_id(down_exps, act, ids)  # F32 [n_embd, k, n]
     if arch.moe_biases:
         experts = ctx.add_id(experts, w(p + "ffn_down_exps.bias"), experts_ids)
     experts = ctx.mul(experts, weights)
     out: Tensor | None = None
-    for i in range(k):                         # the chosen experts' outputs, summed in order
+    for i in range(k):  # the chosen experts' outputs, summed in order
         view = ctx.view(experts, [n_embd, n], [experts.nb[2]], i * experts.nb[1])
         out = view if out is None else ctx.add(out, view)
     assert out is not None
@@ -212,17 +250,29 @@ def build_shared_expert_only(arch: Architecture, ctx: Context, w: Weights, p: st
     """The shared expert's output F32 [n_embd, n], gated where the family gates it (None without one)."""
     if not arch.n_ff_shexp:
         return None
-    shared = ctx.mul_mat(w(p + "ffn_down_shexp.weight"), ctx.swiglu_split(
-        ctx.mul_mat(w(p + "ffn_gate_shexp.weight"), cur), ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)))
+    shared = ctx.mul_mat(
+        w(p + "ffn_down_shexp.weight"),
+        ctx.swiglu_split(
+            ctx.mul_mat(w(p + "ffn_gate_shexp.weight"), cur), ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)
+        ),
+    )
     if not arch.shexp_gate:
         return shared
-    g = ctx.mul_mat(w(p + "ffn_gate_inp_shexp.weight"), cur)             # F32 [1, n]
-    gate_s = ctx.sigmoid(g) if arch.shexp_sigmoid else ctx.div(ctx.silu(g), g)   # as each llama.cpp graph writes it
+    g = ctx.mul_mat(w(p + "ffn_gate_inp_shexp.weight"), cur)  # F32 [1, n]
+    gate_s = ctx.sigmoid(g) if arch.shexp_sigmoid else ctx.div(ctx.silu(g), g)  # as each llama.cpp graph writes it
     return ctx.mul(shared, gate_s)
 
 
-def build_paged_block(plan: Any, arch: Architecture, w: Weights, il: int, rows: int, key: object,
-                      kv: tuple[Memory, Memory], placement: Any) -> None:
+def build_paged_block(
+    plan: Any,
+    arch: Architecture,
+    w: Weights,
+    il: int,
+    rows: int,
+    key: object,
+    kv: tuple[Memory, Memory],
+    placement: Any,
+) -> None:
     """A block whose experts come from the expert cache, as steps of `plan` (runtime.graph.GraphPlan): attention and
     router in one graph (its state kept in placement.moe, a MoEScratch), then the routed experts, with their ids
     remapped to cache slots in between (Step.experts), in graphs over chunks of placement.expert_rows rows (the
@@ -231,21 +281,25 @@ def build_paged_block(plan: Any, arch: Architecture, w: Weights, il: int, rows: 
     hp, sc = arch.hp, placement.moe
     k, p = hp.n_expert_used, f"blk.{il}."
 
-    def rows_of(ctx: Context, t: Tensor, r0: int = 0, n: int = rows) -> Tensor:   # columns [r0, r0+n) of a [*, n_batch]
+    def rows_of(ctx: Context, t: Tensor, r0: int = 0, n: int = rows) -> Tensor:  # columns [r0, r0+n) of a [*, n_batch]
         return ctx.view(t, [t.ne[0], n], [t.nb[1]], r0 * t.nb[1])
 
-    def weights_of(ctx: Context, r0: int = 0, n: int = rows) -> Tensor:          # F32 [1, k, n]
+    def weights_of(ctx: Context, r0: int = 0, n: int = rows) -> Tensor:  # F32 [1, k, n]
         return ctx.view(sc.w, [1, k, n], [sc.w.nb[1], sc.w.nb[2]], r0 * sc.w.nb[2])
 
     def attn_router(ctx: Context, gf: Graph, act: Tensor, act_out: Tensor, inp: StepInputs) -> Tensor:
         ffn_inp, cur = arch.build_attn_part(ctx, gf, w, inp, il, act, *kv)
         sel, weights = build_router(arch, ctx, w, p, cur)
-        pairs = [(ffn_inp, rows_of(ctx, sc.inp)), (cur, rows_of(ctx, sc.cur)), (sel, rows_of(ctx, sc.sel)),
-                 (weights, weights_of(ctx))]
+        pairs = [
+            (ffn_inp, rows_of(ctx, sc.inp)),
+            (cur, rows_of(ctx, sc.cur)),
+            (sel, rows_of(ctx, sc.sel)),
+            (weights, weights_of(ctx)),
+        ]
         if sc.guess is not None and il + 1 < hp.n_layer:
             pairs.insert(0, (build_router_lookahead(arch, ctx, w, il, cur), rows_of(ctx, sc.guess)))
-        shared = build_shared_expert_only(arch, ctx, w, p, cur)     # over every row: a matmul's result
-        if shared is not None:                                      # may depend on how many it has
+        shared = build_shared_expert_only(arch, ctx, w, p, cur)  # over every row: a matmul's result
+        if shared is not None:  # may depend on how many it has
             pairs.insert(0, (shared, rows_of(ctx, sc.shared)))
         outs = [ctx.cpy(src, dst) for src, dst in pairs]
         for o in outs[:-1]:
@@ -261,15 +315,42 @@ def build_paged_block(plan: Any, arch: Architecture, w: Weights, il: int, rows: 
         ids.name = f"inp_expert_slots_l{il}_r{r0}"
         plan.keep += [ictx, placement.backends[0].alloc_tensors(ictx)]
 
-        def experts(ctx: Context, gf: Graph, act: Tensor, act_out: Tensor, inp: StepInputs, r0: int = r0,
-                    n: int = n, ids: Tensor = ids) -> Tensor:
-            out = build_experts(arch, ctx, w, p, rows_of(ctx, sc.cur, r0, n), ids, rows_of(ctx, sc.sel, r0, n),
-                                weights_of(ctx, r0, n), *placement.experts.views[il])
+        def experts(
+            ctx: Context,
+            gf: Graph,
+            act: Tensor,
+            act_out: Tensor,
+            inp: StepInputs,
+            r0: int = r0,
+            n: int = n,
+            ids: Tensor = ids,
+        ) -> Tensor:
+            out = build_experts(
+                arch,
+                ctx,
+                w,
+                p,
+                rows_of(ctx, sc.cur, r0, n),
+                ids,
+                rows_of(ctx, sc.sel, r0, n),
+                weights_of(ctx, r0, n),
+                *placement.experts.views[il],
+            )
             if sc.shared is not None:
                 out = ctx.add(out, rows_of(ctx, sc.shared, r0, n))
             return ctx.cpy(arch.build_ffn_out(ctx, w, p, out, rows_of(ctx, sc.inp, r0, n)), rows_of(ctx, act, r0, n))
 
         last = r0 + n >= rows
         ahead = min(step, rows) if last and sc.guess is not None and il + 1 < hp.n_layer else 0
-        plan.graph(experts, "experts", rows_in=rows, rows_out=rows, key=key, group=il, experts=il, expert_ids=ids,
-                   expert_row0=r0, expert_ahead=ahead)
+        plan.graph(
+            experts,
+            "experts",
+            rows_in=rows,
+            rows_out=rows,
+            key=key,
+            group=il,
+            experts=il,
+            expert_ids=ids,
+            expert_row0=r0,
+            expert_ahead=ahead,
+        )

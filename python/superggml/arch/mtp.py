@@ -18,7 +18,7 @@ from ..native import Context, Graph, Tensor
 from .base import Memory, StepInputs, Weights
 from .common import Architecture
 
-MTP_FAMILIES = ("deepseek2", "glm4moe", "qwen35", "qwen35moe", "qwen3next")     # llama.cpp's graph_mtp
+MTP_FAMILIES = ("deepseek2", "glm4moe", "qwen35", "qwen35moe", "qwen3next")  # llama.cpp's graph_mtp
 
 
 class MtpArch:
@@ -31,24 +31,29 @@ class MtpArch:
     def __init__(self, base: Architecture):
         hp = base.hp
         if hp.n_nextn < 1:
-            raise UnsupportedModelError("this model has no next-token-prediction (MTP) block "
-                                        f"('{hp.arch}.nextn_predict_layers' is absent or 0)")
+            raise UnsupportedModelError(
+                f"this model has no next-token-prediction (MTP) block ('{hp.arch}.nextn_predict_layers' is absent or 0)"
+            )
         if hp.arch not in MTP_FAMILIES:
             raise UnsupportedModelError(f"MTP drafting runs {', '.join(MTP_FAMILIES)} models, not {hp.arch}")
         self.base, self.il = base, hp.n_layer
         self.p = p = f"blk.{self.il}."
         missing = [n for n in ("eh_proj", "enorm", "hnorm") if f"{p}nextn.{n}.weight" not in base.names]
         if missing:
-            raise GGUFError(f"the GGUF declares {hp.n_nextn} MTP block(s) but lacks {p}nextn.{missing[0]}.weight "
-                            "(converted without its MTP layers?)")
+            raise GGUFError(
+                f"the GGUF declares {hp.n_nextn} MTP block(s) but lacks {p}nextn.{missing[0]}.weight "
+                "(converted without its MTP layers?)"
+            )
         if hp.arch in ("deepseek2", "glm4moe") and not base.is_moe(self.il):
             raise UnsupportedModelError("the MTP block is expected to have experts, as llama.cpp's graph_mtp")
         if hp.arch == "deepseek2" and not hp.latent_kv:
-            raise UnsupportedModelError("deepseek2's MTP block needs the absorbed MLA layout, as llama.cpp's "
-                                        "graph_mtp: convert the model again")
+            raise UnsupportedModelError(
+                "deepseek2's MTP block needs the absorbed MLA layout, as llama.cpp's graph_mtp: convert the model again"
+            )
         if hp.arch == "deepseek2" and p + "attn_q_a.weight" not in base.names:
-            raise UnsupportedModelError("deepseek2's MTP block needs the low-rank queries (q_lora_rank), as "
-                                        "llama.cpp's graph_mtp")
+            raise UnsupportedModelError(
+                "deepseek2's MTP block needs the low-rank queries (q_lora_rank), as llama.cpp's graph_mtp"
+            )
         self.hp = dataclasses.replace(hp, n_layer=1, n_nextn=0, n_layer_kv=0, state_bytes=0)
         self.swa_layers = (False,)
         self.embed_w = self.own("embed_tokens", "token_embd.weight")
@@ -105,8 +110,9 @@ class MtpArch:
         h = b.norm(ctx, w, inp.hidden, p + "nextn.hnorm.weight")
         return ctx.mul_mat(w(p + "nextn.eh_proj.weight"), ctx.concat(e, h, 0))
 
-    def build_block(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int,
-                    x: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:
+    def build_block(
+        self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
+    ) -> Tensor:
         return self.base.build_block(ctx, gf, w, inp, self.il, x, k_cache, v_cache)
 
     def build_output_norm(self, ctx: Context, w: Weights, x: Tensor) -> Tensor:

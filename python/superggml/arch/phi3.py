@@ -34,7 +34,7 @@ class Phi3Arch(Architecture):
 
     def build_qkv(self, ctx: Context, w: Weights, p: str, cur: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
         hp = self.hp
-        qkv = ctx.mul_mat(w(p + "attn_qkv.weight"), cur)          # F32 [n_q + 2 n_embd_gqa, n]
+        qkv = ctx.mul_mat(w(p + "attn_qkv.weight"), cur)  # F32 [n_q + 2 n_embd_gqa, n]
         es, d = qkv.element_size, hp.head_dim
         n_q = hp.n_head * d
         row = qkv.nb[1]
@@ -45,7 +45,7 @@ class Phi3Arch(Architecture):
 
     def build_ffn(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
         hp = self.hp
-        up = ctx.mul_mat(w(p + "ffn_up.weight"), cur)              # F32 [2 n_ff, n]: gate, then up
+        up = ctx.mul_mat(w(p + "ffn_up.weight"), cur)  # F32 [2 n_ff, n]: gate, then up
         n = up.ne[1]
         gate = ctx.view(up, [hp.n_ff, n], [up.nb[1]], 0)
         upv = ctx.view(up, [hp.n_ff, n], [up.nb[1]], hp.n_ff * up.element_size)

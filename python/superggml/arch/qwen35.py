@@ -24,7 +24,7 @@ from ..native import Context, Graph, Tensor
 from .base import Memory, StepInputs, Weights, f32, lane_memory, one_memory
 from .common import Architecture, build_attn, each_lane, inv_sqrt
 
-ROPE_IMROPE = 40        # GGML_ROPE_TYPE_IMROPE
+ROPE_IMROPE = 40  # GGML_ROPE_TYPE_IMROPE
 
 
 class Qwen35Arch(Architecture):
@@ -42,14 +42,22 @@ class Qwen35Arch(Architecture):
 
         self.d_conv = need("ssm.conv_kernel")
         self.d_inner = need("ssm.inner_size")
-        self.d_state = need("ssm.state_size")             # S: the head size of K and V
+        self.d_state = need("ssm.state_size")  # S: the head size of K and V
         self.n_v_heads = need("ssm.time_step_rank")
         self.n_k_heads = need("ssm.group_count")
-        if (not self.n_v_heads or self.d_inner % self.n_v_heads or self.d_inner // self.n_v_heads != self.d_state
-                or not self.n_k_heads or self.n_v_heads % self.n_k_heads or self.d_conv < 2):
-            raise GGUFError(f"{hp.arch} delta-net hyperparameters are inconsistent: inner_size {self.d_inner}, "
-                            f"state_size {self.d_state}, time_step_rank {self.n_v_heads}, group_count "
-                            f"{self.n_k_heads}, conv_kernel {self.d_conv}")
+        if (
+            not self.n_v_heads
+            or self.d_inner % self.n_v_heads
+            or self.d_inner // self.n_v_heads != self.d_state
+            or not self.n_k_heads
+            or self.n_v_heads % self.n_k_heads
+            or self.d_conv < 2
+        ):
+            raise GGUFError(
+                f"{hp.arch} delta-net hyperparameters are inconsistent: inner_size {self.d_inner}, "
+                f"state_size {self.d_state}, time_step_rank {self.n_v_heads}, group_count "
+                f"{self.n_k_heads}, conv_kernel {self.d_conv}"
+            )
         self.conv_channels = self.d_inner + 2 * self.n_k_heads * self.d_state
         if self.rope_mode == ROPE_IMROPE:
             sections = self.key(meta, "rope.dimension_sections", None)
@@ -60,20 +68,23 @@ class Qwen35Arch(Architecture):
         if isinstance(flags, (list, tuple)):
             if len(flags) < hp.n_layer:
                 raise GGUFError(f"attention.recurrent_layers has {len(flags)} entries for {hp.n_layer} layers")
-            self.recurrent = tuple(bool(x) for x in list(flags)[:hp.n_layer]) + (False,) * hp.n_nextn
+            self.recurrent = tuple(bool(x) for x in list(flags)[: hp.n_layer]) + (False,) * hp.n_nextn
         else:
             every = int(self.key(meta, "full_attention_interval", 4))
             if every < 1:
                 raise GGUFError(f"full_attention_interval must be >= 1, not {every}")
             self.recurrent = tuple((il + 1) % every != 0 for il in range(hp.n_layer)) + (False,) * hp.n_nextn
-        self.hp = dataclasses.replace(hp, n_layer_kv=hp.n_layer - sum(self.recurrent),
-                                      state_bytes=4 * sum(self.recurrent) * sum(self.state_sizes))
+        self.hp = dataclasses.replace(
+            hp, n_layer_kv=hp.n_layer - sum(self.recurrent), state_bytes=4 * sum(self.recurrent) * sum(self.state_sizes)
+        )
 
     def describe(self) -> list[str]:
         n = sum(self.recurrent)
-        return [f"hybrid: {n} gated delta-net layers (a state of {self.n_v_heads} x {self.d_state}^2 values and a "
-                f"conv window of {self.d_conv - 1} tokens: {self.hp.state_bytes / 2**20:.2f} MiB per sequence, "
-                f"whatever its length), {self.hp.n_layer - n} gated full-attention layers with a K/V cache"]
+        return [
+            f"hybrid: {n} gated delta-net layers (a state of {self.n_v_heads} x {self.d_state}^2 values and a "
+            f"conv window of {self.d_conv - 1} tokens: {self.hp.state_bytes / 2**20:.2f} MiB per sequence, "
+            f"whatever its length), {self.hp.n_layer - n} gated full-attention layers with a K/V cache"
+        ]
 
     # -- memory -------------------------------------------------------------
     def is_recurrent(self, il: int) -> bool:
@@ -88,22 +99,24 @@ class Qwen35Arch(Architecture):
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
         hp, p = self.hp, f"blk.{il}."
         shapes = super().block_tensor_shapes(il)
-        shapes[p + "attn_q.weight"] = (hp.n_embd, hp.head_dim * hp.n_head * 2)      # each head's query and gate
+        shapes[p + "attn_q.weight"] = (hp.n_embd, hp.head_dim * hp.n_head * 2)  # each head's query and gate
         if not self.recurrent[il]:
             return shapes
         for n in ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm"):
             del shapes[p + n + ".weight"]
-        shapes.update({
-            p + "attn_qkv.weight": (hp.n_embd, self.conv_channels),
-            p + "attn_gate.weight": (hp.n_embd, self.d_inner),
-            p + "ssm_conv1d.weight": (self.d_conv, self.conv_channels),
-            p + "ssm_dt.bias": (self.n_v_heads,),
-            p + "ssm_a": (self.n_v_heads,),
-            p + "ssm_beta.weight": (hp.n_embd, self.n_v_heads),
-            p + "ssm_alpha.weight": (hp.n_embd, self.n_v_heads),
-            p + "ssm_norm.weight": (self.d_state,),
-            p + "ssm_out.weight": (self.d_inner, hp.n_embd),
-        })
+        shapes.update(
+            {
+                p + "attn_qkv.weight": (hp.n_embd, self.conv_channels),
+                p + "attn_gate.weight": (hp.n_embd, self.d_inner),
+                p + "ssm_conv1d.weight": (self.d_conv, self.conv_channels),
+                p + "ssm_dt.bias": (self.n_v_heads,),
+                p + "ssm_a": (self.n_v_heads,),
+                p + "ssm_beta.weight": (hp.n_embd, self.n_v_heads),
+                p + "ssm_alpha.weight": (hp.n_embd, self.n_v_heads),
+                p + "ssm_norm.weight": (self.d_state,),
+                p + "ssm_out.weight": (self.d_inner, hp.n_embd),
+            }
+        )
         return shapes
 
     def attn_output(self, il: int) -> str:
@@ -113,15 +126,34 @@ class Qwen35Arch(Architecture):
     def rope(self, ctx: Context, w: Weights, inp: StepInputs, il: int, x: Tensor) -> Tensor:
         hp = self.hp
         assert inp.positions is not None and self.rope_sections is not None
-        return ctx.rope_multi(x, inp.positions, hp.n_rot, self.rope_sections, self.rope_mode, hp.n_ctx_orig,
-                              hp.rope_base, hp.rope_scale, hp.rope_ext_factor, hp.rope_attn_factor)
+        return ctx.rope_multi(
+            x,
+            inp.positions,
+            hp.n_rot,
+            self.rope_sections,
+            self.rope_mode,
+            hp.n_ctx_orig,
+            hp.rope_base,
+            hp.rope_scale,
+            hp.rope_ext_factor,
+            hp.rope_attn_factor,
+        )
 
-    def build_attention(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, cur: Tensor,
-                        k_cache: Memory, v_cache: Memory) -> Tensor:
+    def build_attention(
+        self,
+        ctx: Context,
+        gf: Graph,
+        w: Weights,
+        inp: StepInputs,
+        il: int,
+        cur: Tensor,
+        k_cache: Memory,
+        v_cache: Memory,
+    ) -> Tensor:
         if self.recurrent[il]:
             return self.build_delta_net(ctx, gf, w, inp, il, cur, k_cache, v_cache)
         hp, p, n = self.hp, f"blk.{il}.", inp.n_tokens
-        qg = ctx.mul_mat(w(p + "attn_q.weight"), cur)                       # [2 * head_dim * n_head, n]
+        qg = ctx.mul_mat(w(p + "attn_q.weight"), cur)  # [2 * head_dim * n_head, n]
         es, d = qg.element_size, hp.head_dim
         q = ctx.view(qg, [d, hp.n_head, n], [2 * d * es, 2 * d * hp.n_head * es], 0)
         gate = ctx.cont(ctx.view(qg, [d, hp.n_head, n], [2 * d * es, 2 * d * hp.n_head * es], d * es))
@@ -134,30 +166,69 @@ class Qwen35Arch(Architecture):
         if inp.lanes is None:
             out = build_attn(ctx, gf, hp, inp, q, k, v, one_memory(k_cache), one_memory(v_cache), scale, inp.mask)
         else:
-            out = each_lane(ctx, inp, lambda j, lane, rows: build_attn(
-                ctx, gf, hp, lane, rows(q), rows(k), rows(v, 2), lane_memory(k_cache, j), lane_memory(v_cache, j),
-                scale, lane.mask))
+            out = each_lane(
+                ctx,
+                inp,
+                lambda j, lane, rows: build_attn(
+                    ctx,
+                    gf,
+                    hp,
+                    lane,
+                    rows(q),
+                    rows(k),
+                    rows(v, 2),
+                    lane_memory(k_cache, j),
+                    lane_memory(v_cache, j),
+                    scale,
+                    lane.mask,
+                ),
+            )
         return ctx.mul(out, ctx.sigmoid(gate))
 
-    def build_delta_net(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, cur: Tensor,
-                        conv_state: Memory, state: Memory) -> Tensor:
+    def build_delta_net(
+        self,
+        ctx: Context,
+        gf: Graph,
+        w: Weights,
+        inp: StepInputs,
+        il: int,
+        cur: Tensor,
+        conv_state: Memory,
+        state: Memory,
+    ) -> Tensor:
         """A gated delta-net layer over the normed input cur F32 [n_embd, n], before ssm_out: F32 [d_inner, n].
         conv_state F32 [(d_conv - 1) * conv_channels] and state F32 [S * S * n_v_heads] (or lists, one per lane)
         are read and written back."""
         p, n = f"blk.{il}.", inp.n_tokens
-        qkv = ctx.mul_mat(w(p + "attn_qkv.weight"), cur)                    # [conv_channels, n]
-        z = ctx.mul_mat(w(p + "attn_gate.weight"), cur)                     # [d_inner, n]
+        qkv = ctx.mul_mat(w(p + "attn_qkv.weight"), cur)  # [conv_channels, n]
+        z = ctx.mul_mat(w(p + "attn_gate.weight"), cur)  # [d_inner, n]
         beta, alpha = self.beta_alpha(ctx, w, p, cur)
-        g = ctx.mul(ctx.softplus(ctx.add(alpha, w(p + "ssm_dt.bias"))), w(p + "ssm_a"))    # [n_v_heads, n]
-        if inp.lanes is None or inp.chain:          # one sequence: one chain of its rows, from lane 0's state
-            conv, st = ((lane_memory(conv_state, 0), lane_memory(state, 0)) if inp.chain
-                        else (one_memory(conv_state), one_memory(state)))
+        g = ctx.mul(ctx.softplus(ctx.add(alpha, w(p + "ssm_dt.bias"))), w(p + "ssm_a"))  # [n_v_heads, n]
+        if inp.lanes is None or inp.chain:  # one sequence: one chain of its rows, from lane 0's state
+            conv, st = (
+                (lane_memory(conv_state, 0), lane_memory(state, 0))
+                if inp.chain
+                else (one_memory(conv_state), one_memory(state))
+            )
             record = inp.record(il) if inp.record is not None else None
             out = self.delta_rule(ctx, gf, w, p, qkv, beta, g, n, conv, st, record)
         else:
-            out = each_lane(ctx, inp, lambda j, lane, rows: self.delta_rule(
-                ctx, gf, w, p, rows(qkv, 2), rows(beta, 2), rows(g, 2), lane.n_tokens, lane_memory(conv_state, j),
-                lane_memory(state, j)))
+            out = each_lane(
+                ctx,
+                inp,
+                lambda j, lane, rows: self.delta_rule(
+                    ctx,
+                    gf,
+                    w,
+                    p,
+                    rows(qkv, 2),
+                    rows(beta, 2),
+                    rows(g, 2),
+                    lane.n_tokens,
+                    lane_memory(conv_state, j),
+                    lane_memory(state, j),
+                ),
+            )
         S, H = self.d_state, self.n_v_heads
         normed = self.norm(ctx, w, ctx.reshape(out, [S, H, n]), p + "ssm_norm.weight")
         gated = ctx.mul(normed, ctx.silu(ctx.reshape(z, [S, H, n])))
@@ -165,11 +236,22 @@ class Qwen35Arch(Architecture):
 
     def beta_alpha(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> tuple[Tensor, Tensor]:
         """The delta rule's beta (sigmoid) and its gate's input, F32 [n_v_heads, n] each."""
-        return (ctx.sigmoid(ctx.mul_mat(w(p + "ssm_beta.weight"), cur)),
-                ctx.mul_mat(w(p + "ssm_alpha.weight"), cur))
+        return (ctx.sigmoid(ctx.mul_mat(w(p + "ssm_beta.weight"), cur)), ctx.mul_mat(w(p + "ssm_alpha.weight"), cur))
 
-    def delta_rule(self, ctx: Context, gf: Graph, w: Weights, p: str, qkv: Tensor, beta: Tensor, g: Tensor, n: int,
-                   conv_state: Tensor, state: Tensor, record: Tensor | None = None) -> Tensor:
+    def delta_rule(
+        self,
+        ctx: Context,
+        gf: Graph,
+        w: Weights,
+        p: str,
+        qkv: Tensor,
+        beta: Tensor,
+        g: Tensor,
+        n: int,
+        conv_state: Tensor,
+        state: Tensor,
+        record: Tensor | None = None,
+    ) -> Tensor:
         """One sequence's n rows: the conv over its window (the window written back), then the delta rule from
         its state (the state written back); F32 [S * n_v_heads, n]. `record` (F32, record_size(n) values or
         more): where the pass leaves the rule's inputs for replay."""
@@ -177,9 +259,9 @@ class Qwen35Arch(Architecture):
         if qkv.nb[1] != ch * qkv.element_size:
             qkv = ctx.cont(qkv)
         window = ctx.reshape(conv_state, [dc - 1, ch, 1])
-        x = ctx.concat(window, ctx.transpose(ctx.reshape(qkv, [ch, n, 1])), 0)     # [dc - 1 + n, ch, 1]
+        x = ctx.concat(window, ctx.transpose(ctx.reshape(qkv, [ch, n, 1])), 0)  # [dc - 1 + n, ch, 1]
         self.slide(ctx, gf, x, n, window)
-        mixed = ctx.silu(ctx.ssm_conv(x, w(p + "ssm_conv1d.weight")))       # [ch, n, 1]
+        mixed = ctx.silu(ctx.ssm_conv(x, w(p + "ssm_conv1d.weight")))  # [ch, n, 1]
         if beta.nb[1] != self.n_v_heads * beta.element_size:
             beta, g = ctx.cont(beta), ctx.cont(g)
         if record is not None:
@@ -224,8 +306,9 @@ class Qwen35Arch(Architecture):
             off += shape[0] * shape[1] * es
         return views
 
-    def replay(self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv_state: Tensor,
-               state: Tensor) -> None:
+    def replay(
+        self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv_state: Tensor, state: Tensor
+    ) -> None:
         """The states after the first k of a recorded pass's n rows, from the states before it: the window
         slides k rows, and the delta rule runs the first k rows again (the same arithmetic, row by row)."""
         x, mixed, beta, g = self.record_views(ctx, record, n)

@@ -11,7 +11,6 @@ from .qwen35 import Qwen35Arch
 
 
 class Qwen35MoeArch(Qwen35Arch):
-
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         super().load_hparams(meta)
         self.n_ff_exp = qwen_expert_ff(self, meta)

@@ -22,8 +22,10 @@ class Qwen3NextArch(Qwen35MoeArch):
         super().load_hparams(meta)
         first = next((il for il, r in enumerate(self.recurrent) if r), None)
         if first is not None and f"blk.{first}.ssm_in.weight" in self.names:
-            raise UnsupportedModelError("this qwen3next GGUF has the fused ssm_in projection of older converters: "
-                                        "convert it again with a current llama.cpp (attn_qkv and attn_gate)")
+            raise UnsupportedModelError(
+                "this qwen3next GGUF has the fused ssm_in projection of older converters: "
+                "convert it again with a current llama.cpp (attn_qkv and attn_gate)"
+            )
 
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
         shapes = super().block_tensor_shapes(il)

@@ -20,12 +20,17 @@ def _model_path(arg: str | None) -> str:
     if arg:
         return arg
     from ..models import smollm2_path
+
     return str(smollm2_path())
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", default=_env_default("MODEL", None),
-                   help="GGUF file (default: the bundled SmolLM2-135M test model) [SUPERGGML_MODEL]")
+    p.add_argument(
+        "-m",
+        "--model",
+        default=_env_default("MODEL", None),
+        help="GGUF file (default: the bundled SmolLM2-135M test model) [SUPERGGML_MODEL]",
+    )
     add_arguments(p)
 
 
@@ -38,7 +43,7 @@ def _generate_many(m: Any, a: argparse.Namespace) -> int:
 
     from ..generation.batch import BatchScheduler, Request
 
-    f = sys.stdin if a.prompts_file == "-" else open(a.prompts_file, encoding="utf-8")   # noqa: SIM115
+    f = sys.stdin if a.prompts_file == "-" else open(a.prompts_file, encoding="utf-8")  # noqa: SIM115
     try:
         prompts = [line.rstrip("\n") for line in f if line.strip()]
     finally:
@@ -49,8 +54,16 @@ def _generate_many(m: Any, a: argparse.Namespace) -> int:
     texts = [m.apply_chat_template([{"role": "user", "content": p}]) if a.chat else p for p in prompts]
     grammar = m.grammar(**_constraint(a))
     tokens = [m.tokenize(t, add_bos=True, special=True) for t in texts]
-    sampling = dict(temp=a.temp, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p, repeat_penalty=a.repeat_penalty,
-                    frequency_penalty=0.0, presence_penalty=0.0, seed=a.seed)
+    sampling = dict(
+        temp=a.temp,
+        top_p=a.top_p,
+        top_k=a.top_k,
+        min_p=a.min_p,
+        repeat_penalty=a.repeat_penalty,
+        frequency_penalty=0.0,
+        presence_penalty=0.0,
+        seed=a.seed,
+    )
     out: dict[int, list[str]] = {}
     t0 = time.perf_counter()
     n_tok = 0
@@ -60,8 +73,13 @@ def _generate_many(m: Any, a: argparse.Namespace) -> int:
             out.setdefault(i, []).append(piece)
             if finish:
                 n_tok += k
-                sys.stdout.write(json.dumps({"index": i, "prompt": prompts[i], "text": "".join(out.pop(i)),
-                                             "finish_reason": finish}, ensure_ascii=False) + "\n")
+                sys.stdout.write(
+                    json.dumps(
+                        {"index": i, "prompt": prompts[i], "text": "".join(out.pop(i)), "finish_reason": finish},
+                        ensure_ascii=False,
+                    )
+                    + "\n"
+                )
                 sys.stdout.flush()
                 bar.update(1)
                 bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.1f}")
@@ -87,9 +105,18 @@ def _cmd_generate(a: argparse.Namespace) -> int:
     with Model(_model_path(a.model), **options_from_args(a)) as m:
         if a.prompts_file is not None:
             return _generate_many(m, a)
-        kw = dict(max_tokens=a.n_predict if a.n_predict >= 0 else None, temperature=a.temp, top_k=a.top_k,
-                  top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty, seed=a.seed,
-                  stop=a.stop or None, stream=True, **_constraint(a))
+        kw = dict(
+            max_tokens=a.n_predict if a.n_predict >= 0 else None,
+            temperature=a.temp,
+            top_k=a.top_k,
+            top_p=a.top_p,
+            min_p=a.min_p,
+            repeat_penalty=a.repeat_penalty,
+            seed=a.seed,
+            stop=a.stop or None,
+            stream=True,
+            **_constraint(a),
+        )
         t0 = time.perf_counter()
         n = 0
         if a.chat:
@@ -117,17 +144,27 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     from ..serve.keys import check_bind, load_keys
 
     keys = load_keys(a.api_key or (), a.api_key_file)
-    check_bind(a.host, keys, a.insecure)            # before the model loads
+    check_bind(a.host, keys, a.insecure)  # before the model loads
     kw = options_from_args(a)
     if kw["seed"] is None:
         kw["seed"] = 0
     if kw.get("paged_kv") and a.parallel > 1 and kw.get("kv_device_layers") is None:
-        from .analyze import model_layout      # each request in flight a sequence of the paged KV cache
+        from .analyze import model_layout  # each request in flight a sequence of the paged KV cache
 
-        kw["kv_device_layers"] = model_layout(_model_path(a.model)).n_layer * a.parallel   # all on the device
+        kw["kv_device_layers"] = model_layout(_model_path(a.model)).n_layer * a.parallel  # all on the device
     with Model(_model_path(a.model), **kw) as m:
-        serve(m, host=a.host, port=a.port, parallel=a.parallel, max_queue=a.max_queue, batch_tokens=a.batch_tokens,
-              log_level=a.log_level, api_keys=keys, insecure=a.insecure, slot_save_path=a.slot_save_path)
+        serve(
+            m,
+            host=a.host,
+            port=a.port,
+            parallel=a.parallel,
+            max_queue=a.max_queue,
+            batch_tokens=a.batch_tokens,
+            log_level=a.log_level,
+            api_keys=keys,
+            insecure=a.insecure,
+            slot_save_path=a.slot_save_path,
+        )
     return 0
 
 
@@ -153,9 +190,17 @@ def _cmd_bench(a: argparse.Namespace) -> int:
             t2 = time.perf_counter()
             pp.append(a.n_prompt / (t1 - t0))
             tg.append(a.n_gen / (t2 - t1) if a.n_gen else 0.0)
-        res = {"model": os.path.basename(m.path), "n_threads": m.settings.context.threads, "n_prompt": a.n_prompt, "n_gen": a.n_gen,
-               "prefill_tok_s": statistics.median(pp), "decode_tok_s": statistics.median(tg),
-               "prefill_runs": pp, "decode_runs": tg, "stats": m.stats()}
+        res = {
+            "model": os.path.basename(m.path),
+            "n_threads": m.settings.context.threads,
+            "n_prompt": a.n_prompt,
+            "n_gen": a.n_gen,
+            "prefill_tok_s": statistics.median(pp),
+            "decode_tok_s": statistics.median(tg),
+            "prefill_runs": pp,
+            "decode_runs": tg,
+            "stats": m.stats(),
+        }
     if a.json:
         print(json.dumps(res, indent=1))
     else:
@@ -173,7 +218,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     from ..settings import parse_size
 
     path = _model_path(a.model)
-    if a.device_budget:         # the model option's flag, given once per budget to plan: sizes only
+    if a.device_budget:  # the model option's flag, given once per budget to plan: sizes only
         if any(b in ("auto", "off") or "," in b for b in a.device_budget):
             raise ValueError("analyze's --device-budget takes one size per budget to plan")
         budgets = [int(parse_size(b) or 0) for b in a.device_budget]
@@ -181,22 +226,36 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
         lay = model_layout(path)
         n_keys = lay.n_layer + len(lay.head_chunk_bytes)
         budgets = [int(max(1, int(n_keys * f)) * lay.slot_bytes) for f in (1.0, 0.5, 0.25)] + [lay.slot_bytes]
-        if lay.n_expert:            # a MoE block is mostly experts: shares of the file, the expert cache the rest
+        if lay.n_expert:  # a MoE block is mostly experts: shares of the file, the expert cache the rest
             budgets = [int(lay.file_bytes * f) for f in (1.0, 0.5, 0.25, 0.1)]
     where: dict[str, Any] = {}
-    if a.rpc:           # the blocks compute on the servers' devices (all of them on the first, with --devices)
+    if a.rpc:  # the blocks compute on the servers' devices (all of them on the first, with --devices)
         where = dict(rpc=list(a.rpc), devices=list(a.devices) or None)
         _print_rpc_devices(a.rpc)
     threads = a.n_threads or default_threads()
-    res = analyze(path, budgets, n_threads=threads, direct_io=a.direct_io, progress=not a.json,
-                  measure=not a.no_measure, hit_rate=a.hit_rate, full=a.full, **where)
+    res = analyze(
+        path,
+        budgets,
+        n_threads=threads,
+        direct_io=a.direct_io,
+        progress=not a.json,
+        measure=not a.no_measure,
+        hit_rate=a.hit_rate,
+        full=a.full,
+        **where,
+    )
     out = res.to_json()
     hashes = None
-    if a.hashes:                # content addresses (superggml.hashes): computed once, then from the sidecar index
+    if a.hashes:  # content addresses (superggml.hashes): computed once, then from the sidecar index
         from ..hashes import content_hashes
+
         hashes = content_hashes(path, n_threads=threads)
-        out["hashes"] = {"model": hashes.model, "blocks": hashes.blocks, "tensors": hashes.tensors,
-                         "experts": hashes.experts}
+        out["hashes"] = {
+            "model": hashes.model,
+            "blocks": hashes.blocks,
+            "tensors": hashes.tensors,
+            "experts": hashes.experts,
+        }
     if not a.rpc:
         dev, mplan = _auto_plan(path)
         out["memory_plan"] = {"device": dev or "CPU", **mplan.as_dict()}
@@ -204,8 +263,10 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     if not a.rpc and not a.json:
         print(f"device_budget auto on {dev or 'CPU'}:" + mplan.line().replace("superggml: ", " "))
     if hashes is not None and not a.json:
-        print(f"content hashes (ggml RPC's FNV-1a; {len(hashes.tensors)} tensors, "
-              f"{sum(map(len, hashes.experts.values()))} experts): model {hashes.model}")
+        print(
+            f"content hashes (ggml RPC's FNV-1a; {len(hashes.tensors)} tensors, "
+            f"{sum(map(len, hashes.experts.values()))} experts): model {hashes.model}"
+        )
         for b, h in hashes.blocks.items():
             print(f"  block {b:3d}  {h}")
     return 0
@@ -230,19 +291,37 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     sizes: list[int] = []
     if a.model:
         from .analyze import model_layout
+
         lay = model_layout(a.model)
         sizes = list(lay.block_bytes)
-    alloc = allocate(devs, sizes, reserve=a.reserve_mib << 20, min_budget=a.min_budget_mib << 20,
-                     order=a.device_order, select=select)
+    alloc = allocate(
+        devs, sizes, reserve=a.reserve_mib << 20, min_budget=a.min_budget_mib << 20, order=a.device_order, select=select
+    )
     mplan = _auto_plan(a.model) if a.model else None
     if a.json:
-        print(json.dumps({"devices": [asdict(d) for d in devs],
-                          **({"memory_plan": mplan[1].as_dict(), "device": mplan[0]} if mplan else {}),
-                          "placements": [{"device": p.device.name, "index": p.device.index, "budget": p.budget,
-                                          "first_layer": p.first_layer, "n_layers": p.n_layers, "bytes": p.bytes}
-                                         for p in alloc.placements],
-                          "skipped": [{"device": d.name, "why": w} for d, w in alloc.skipped],
-                          "streamed": list(alloc.streamed), "tensor_split": list(alloc.tensor_split)}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "devices": [asdict(d) for d in devs],
+                    **({"memory_plan": mplan[1].as_dict(), "device": mplan[0]} if mplan else {}),
+                    "placements": [
+                        {
+                            "device": p.device.name,
+                            "index": p.device.index,
+                            "budget": p.budget,
+                            "first_layer": p.first_layer,
+                            "n_layers": p.n_layers,
+                            "bytes": p.bytes,
+                        }
+                        for p in alloc.placements
+                    ],
+                    "skipped": [{"device": d.name, "why": w} for d, w in alloc.skipped],
+                    "streamed": list(alloc.streamed),
+                    "tensor_split": list(alloc.tensor_split),
+                },
+                indent=1,
+            )
+        )
         return 0
     print(f"{'#':>2} {'device':<28} {'type':<5} {'free MiB':>9} {'total MiB':>9} source")
     for d in devs:
@@ -277,9 +356,9 @@ def _print_rpc_split(endpoints: Sequence[str], model: str, n_layer: int) -> None
 
     with open_gguf(model) as g:
         total = sum(int(t.nbytes) for t in g.tensors.values())
-    names, _ = resolve_devices(DeviceSettings(rpc=tuple(e.strip() for e in endpoints)))   # no speeds measured yet
+    names, _ = resolve_devices(DeviceSettings(rpc=tuple(e.strip() for e in endpoints)))  # no speeds measured yet
     speeds = [measure_speed(n, default_threads()) for n in names]
-    shares = balance(free_memory(names), speeds, total)        # as resolve_devices splits, each speed measured once
+    shares = balance(free_memory(names), speeds, total)  # as resolve_devices splits, each speed measured once
     print("\nsplit over this machine and the servers (by free memory and measured speed):")
     for name, speed, share, n in zip(names, speeds, shares, layer_split(n_layer, len(names), shares)):
         print(f"  {name:<12} {speed:>9.0f} products/s  share {share / sum(shares):.3f}  {n} blocks")
@@ -301,17 +380,23 @@ def _cmd_rpc_server(a: argparse.Namespace) -> int:
 
     host = a.host.strip("[]")
     if host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"superggml: warning: serving on {a.host}: ggml's RPC protocol has no authentication or encryption; "
-              f"anyone who reaches this port can run code paths of this process and read what it holds. Use it "
-              f"only on a trusted network.", file=sys.stderr)
+        print(
+            f"superggml: warning: serving on {a.host}: ggml's RPC protocol has no authentication or encryption; "
+            f"anyone who reaches this port can run code paths of this process and read what it holds. Use it "
+            f"only on a trusted network.",
+            file=sys.stderr,
+        )
     endpoint = f"[{host}]:{a.port}" if ":" in host else f"{host}:{a.port}"
     mem = int(parse_size(a.mem) or 0) if a.mem else 0
     if a.cache:
         os.makedirs(a.cache, exist_ok=True)
     models = _held_models(a.models) if a.models else []
     start_rpc_server(endpoint, a.cache or "", a.threads or default_threads(), mem, models, a.direct)
-    print(f"superggml rpc-server on {endpoint}: {len(models)} model file(s) held"
-          f"{' from ' + a.models if a.models else ''}, cache {a.cache or 'off'}", file=sys.stderr)
+    print(
+        f"superggml rpc-server on {endpoint}: {len(models)} model file(s) held"
+        f"{' from ' + a.models if a.models else ''}, cache {a.cache or 'off'}",
+        file=sys.stderr,
+    )
     sys.stdout.flush()
     try:
         while True:
@@ -359,10 +444,15 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="complete a prompt")
     _add_model_args(g)
     g.add_argument("-p", "--prompt", help="prompt text")
-    g.add_argument("--prompts-file", metavar="F", help="a prompt per line ('-': stdin), run together in shared "
-                   "forward passes; writes a JSON line {index, prompt, text, finish_reason} per prompt")
-    g.add_argument("--parallel", type=int, default=16, help="with --prompts-file: prompts generating at once "
-                   "(default 16)")
+    g.add_argument(
+        "--prompts-file",
+        metavar="F",
+        help="a prompt per line ('-': stdin), run together in shared "
+        "forward passes; writes a JSON line {index, prompt, text, finish_reason} per prompt",
+    )
+    g.add_argument(
+        "--parallel", type=int, default=16, help="with --prompts-file: prompts generating at once (default 16)"
+    )
     g.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (-1: until EOS)")
     g.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
     g.add_argument("--top-k", type=int, default=40)
@@ -382,23 +472,43 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(sv)
     sv.add_argument("--host", default=_env_default("HOST", "127.0.0.1"), help="address (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=int(_env_default("PORT", "8080") or 8080), help="default 8080")
-    sv.add_argument("--parallel", type=int, default=int(_env_default("PARALLEL", "4") or 4),
-                    help="sequences generating at once, each a sequence of its own K/V (contiguous: host pages "
-                         "held as written; --paged-kv: pages of the paged cache), batched in shared forward passes "
-                         "(default 4)")
-    sv.add_argument("--batch-tokens", type=int, default=int(_env_default("BATCH_TOKENS", "512") or 512),
-                    help="tokens per engine step: the next token of every running request, then prompt chunks "
-                         "of new ones (default 512)")
-    sv.add_argument("--max-queue", type=int, default=int(_env_default("MAX_QUEUE", "64") or 64),
-                    help="requests waiting beyond those; more get 503 (default 64)")
-    sv.add_argument("--api-key", action="append", metavar="KEY",
-                    help="a key requests must carry (Authorization: Bearer KEY); repeatable; also "
-                         "SUPERGGML_API_KEY. /health stays open")
+    sv.add_argument(
+        "--parallel",
+        type=int,
+        default=int(_env_default("PARALLEL", "4") or 4),
+        help="sequences generating at once, each a sequence of its own K/V (contiguous: host pages "
+        "held as written; --paged-kv: pages of the paged cache), batched in shared forward passes "
+        "(default 4)",
+    )
+    sv.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=int(_env_default("BATCH_TOKENS", "512") or 512),
+        help="tokens per engine step: the next token of every running request, then prompt chunks "
+        "of new ones (default 512)",
+    )
+    sv.add_argument(
+        "--max-queue",
+        type=int,
+        default=int(_env_default("MAX_QUEUE", "64") or 64),
+        help="requests waiting beyond those; more get 503 (default 64)",
+    )
+    sv.add_argument(
+        "--api-key",
+        action="append",
+        metavar="KEY",
+        help="a key requests must carry (Authorization: Bearer KEY); repeatable; also "
+        "SUPERGGML_API_KEY. /health stays open",
+    )
     sv.add_argument("--api-key-file", metavar="F", help="keys, one per line (# comments)")
-    sv.add_argument("--insecure", action="store_true",
-                    help="listen beyond loopback with no API key (refused otherwise)")
-    sv.add_argument("--slot-save-path", metavar="DIR",
-                    help="directory where POST /slots/{id}?action=save|restore keeps saved sequences")
+    sv.add_argument(
+        "--insecure", action="store_true", help="listen beyond loopback with no API key (refused otherwise)"
+    )
+    sv.add_argument(
+        "--slot-save-path",
+        metavar="DIR",
+        help="directory where POST /slots/{id}?action=save|restore keeps saved sequences",
+    )
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     sv.set_defaults(func=_cmd_serve)
 
@@ -414,12 +524,23 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("-m", "--model", default=_env_default("MODEL", None), help="GGUF file (default: SmolLM2)")
     add_arguments(an, only=("device_budget", "direct_io", "n_threads", "rpc", "devices"), repeat=("device_budget",))
     an.add_argument("--no-measure", action="store_true", help="sizes and plans only; no bandwidth or compute runs")
-    an.add_argument("--full", action="store_true", help="time the whole model streamed, not sampled blocks and "
-                    "reads (minutes on a big model)")
-    an.add_argument("--hit-rate", type=float, default=None, metavar="H",
-                    help="MoE: the expert cache's hit rate to predict for (default: uniform routing's)")
-    an.add_argument("--hashes", action="store_true",
-                    help="the content hashes of the model and each block (kept in a sidecar index once computed)")
+    an.add_argument(
+        "--full",
+        action="store_true",
+        help="time the whole model streamed, not sampled blocks and reads (minutes on a big model)",
+    )
+    an.add_argument(
+        "--hit-rate",
+        type=float,
+        default=None,
+        metavar="H",
+        help="MoE: the expert cache's hit rate to predict for (default: uniform routing's)",
+    )
+    an.add_argument(
+        "--hashes",
+        action="store_true",
+        help="the content hashes of the model and each block (kept in a sidecar index once computed)",
+    )
     an.add_argument("--json", action="store_true")
     an.set_defaults(func=_cmd_analyze)
 
@@ -433,19 +554,41 @@ def build_parser() -> argparse.ArgumentParser:
     pn.set_defaults(func=_cmd_plan)
 
     rs = sub.add_parser("rpc-server", help="serve this machine's CPU to other processes' --rpc (ggml RPC)")
-    rs.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; the protocol has "
-                    "no authentication: anything else only on a trusted network)")
+    rs.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; the protocol has "
+        "no authentication: anything else only on a trusted network)",
+    )
     rs.add_argument("-p", "--port", type=int, default=50052, help="default 50052")
     rs.add_argument("-t", "--threads", type=int, default=None, help="compute threads (default: the cores)")
-    rs.add_argument("-m", "--mem", default=None, metavar="SIZE",
-                    help="the memory the device advertises, e.g. 4GiB (default: the host's)")
-    rs.add_argument("-c", "--cache", default=None, metavar="DIR",
-                    help="ggml's cache of bytes by hash: a client sends a hash instead of bytes it has sent before")
-    rs.add_argument("--models", default=None, metavar="DIR",
-                    help="GGUF files this peer holds: a superggml client names their tensors by hash and the peer "
-                         "reads them from here instead of receiving them")
-    rs.add_argument("--no-direct", dest="direct", action="store_false",
-                    help="read held files through the page cache (default: O_DIRECT where the file system allows)")
+    rs.add_argument(
+        "-m",
+        "--mem",
+        default=None,
+        metavar="SIZE",
+        help="the memory the device advertises, e.g. 4GiB (default: the host's)",
+    )
+    rs.add_argument(
+        "-c",
+        "--cache",
+        default=None,
+        metavar="DIR",
+        help="ggml's cache of bytes by hash: a client sends a hash instead of bytes it has sent before",
+    )
+    rs.add_argument(
+        "--models",
+        default=None,
+        metavar="DIR",
+        help="GGUF files this peer holds: a superggml client names their tensors by hash and the peer "
+        "reads them from here instead of receiving them",
+    )
+    rs.add_argument(
+        "--no-direct",
+        dest="direct",
+        action="store_false",
+        help="read held files through the page cache (default: O_DIRECT where the file system allows)",
+    )
     rs.set_defaults(func=_cmd_rpc_server)
 
     pl = sub.add_parser("plot", help="draw a timeline PNG from a metrics file")

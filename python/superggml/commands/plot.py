@@ -34,8 +34,9 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
-def plot_metrics(path: str | os.PathLike[str], out: str | os.PathLike[str], *, tokens: int = 3,
-                 title: str | None = None) -> str:
+def plot_metrics(
+    path: str | os.PathLike[str], out: str | os.PathLike[str], *, tokens: int = 3, title: str | None = None
+) -> str:
     """Renders the timeline PNG of a metrics file to `out`; returns its path. Raises ValueError
     when the file has no metrics lines."""
     require_extra("plot", "superggml plot")
@@ -76,8 +77,9 @@ def _draw_passes(ax1: Any, layers: list[dict[str, Any]], tokens: int, Patch: Any
         for x in sel:
             y = x["layer"]
             if "load_start" in x:
-                ax1.broken_barh([((x["load_start"] - w0) * 1e3, max(x["load_ms"], 0.05))], (y - 0.45, 0.4),
-                                color=colors["load"])
+                ax1.broken_barh(
+                    [((x["load_start"] - w0) * 1e3, max(x["load_ms"], 0.05))], (y - 0.45, 0.4), color=colors["load"]
+                )
             if x["wait_ms"] > 0.01:
                 ax1.broken_barh([((x["t_start"] - w0) * 1e3, x["wait_ms"])], (y + 0.05, 0.4), color=colors["wait"])
             c0 = (x["t_end"] - w0) * 1e3 - x["compute_ms"]
@@ -88,11 +90,16 @@ def _draw_passes(ax1: Any, layers: list[dict[str, Any]], tokens: int, Patch: Any
         ax1.set_ylabel("graph (embed, blocks, head)")
         ax1.set_xlabel("ms")
         ax1.invert_yaxis()
-        ax1.legend(handles=[Patch(color=colors["load"], label="load (prefetch thread)"),
-                            Patch(color=colors["wait"], label="wait for bytes"),
-                            Patch(color=colors["block"], label="compute (block)"),
-                            Patch(color=colors["head"], label="compute (head)")],
-                   loc="lower right", fontsize=8)
+        ax1.legend(
+            handles=[
+                Patch(color=colors["load"], label="load (prefetch thread)"),
+                Patch(color=colors["wait"], label="wait for bytes"),
+                Patch(color=colors["block"], label="compute (block)"),
+                Patch(color=colors["head"], label="compute (head)"),
+            ],
+            loc="lower right",
+            fontsize=8,
+        )
         ax1.set_title(f"per-layer load vs compute, tokens {toks[0]}-{toks[-1]}", fontsize=10)
     else:
         ax1.text(0.5, 0.5, "no per-layer timings in this file", ha="center", transform=ax1.transAxes)
@@ -111,8 +118,12 @@ def _draw_memory(ax2: Any, ax3: Any, snaps: list[dict[str, Any]], moves: list[di
     axp.set_ylim(0, 1)
     axp.set_ylabel("pressure")
     for mv in moves:
-        ax2.axvline(_ts(mv["timestamp"]) - t0, color="#e9c46a" if mv["event"] == "layer_promote" else "#d62828",
-                    lw=0.8, alpha=0.7)
+        ax2.axvline(
+            _ts(mv["timestamp"]) - t0,
+            color="#e9c46a" if mv["event"] == "layer_promote" else "#d62828",
+            lw=0.8,
+            alpha=0.7,
+        )
     ax2.legend(loc="upper left", fontsize=8)
     ax2.set_title("memory (lines: scheduler demotions red, promotions yellow)", fontsize=10)
 

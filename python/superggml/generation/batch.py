@@ -26,15 +26,16 @@ from .slots import Slots
 @dataclass(eq=False)
 class Request:
     """Completions of `prompts` (token lists), n of each: choice index = prompt * n + j, sampled with seed + j."""
+
     prompts: list[list[int]]
     n: int
     max_tokens: int | None
     stop: Sequence[str]
     sampling: dict[str, Any]
-    logprobs: int | None = None                  # alternatives per token to report (None: no logprobs)
-    grammar: Grammar | None = None               # the constraint on each choice's text
-    keep: frozenset[int] = frozenset()           # control tokens kept in the text (tool-call markers)
-    reuse: bool = True                           # with slots: start from a slot's shared prefix (cache_prompt)
+    logprobs: int | None = None  # alternatives per token to report (None: no logprobs)
+    grammar: Grammar | None = None  # the constraint on each choice's text
+    keep: frozenset[int] = frozenset()  # control tokens kept in the text (tool-call markers)
+    reuse: bool = True  # with slots: start from a slot's shared prefix (cache_prompt)
 
     @property
     def n_choices(self) -> int:
@@ -45,6 +46,7 @@ class Request:
 class Completion:
     """One running choice: its sequence, the tokens still to feed (the prompt, then each sampled token), its
     sampler, its constraint's state and its text."""
+
     index: int
     seq: int
     pending: list[int]
@@ -52,8 +54,8 @@ class Completion:
     sampler: Sampler
     matcher: Matcher | None = None
     request: Request | None = field(default=None, repr=False)
-    slot: int | None = None                      # the slot whose sequence it runs on
-    kept: int = 0                                # prompt tokens its sequence already held
+    slot: int | None = None  # the slot whose sequence it runs on
+    kept: int = 0  # prompt tokens its sequence already held
 
     @property
     def finish(self) -> str | None:
@@ -128,9 +130,15 @@ class BatchScheduler:
         set) are ended (finish()) before it returns."""
         live = [c for c in self.running if c.pending and not c.finish]
         spec = self.model.speculator
-        if (spec is not None and len(live) == 1 and len(live[0].pending) == 1 and live[0].choice.n
-                and live[0].choice.logprobs is None and live[0].matcher is None):
-            out = [self.speculative_step(live[0])]       # one sequence decoding: draft for it
+        if (
+            spec is not None
+            and len(live) == 1
+            and len(live[0].pending) == 1
+            and live[0].choice.n
+            and live[0].choice.logprobs is None
+            and live[0].matcher is None
+        ):
+            out = [self.speculative_step(live[0])]  # one sequence decoding: draft for it
         else:
             out = self.batched_step(live)
         self.finish([c for c, _ in out if c.finish])
@@ -160,7 +168,7 @@ class BatchScheduler:
         out = []
         for (c, k), lg in zip(fed, logits):
             del c.pending[:k]
-            if c.pending:                      # a prompt chunk: more to come
+            if c.pending:  # a prompt chunk: more to come
                 continue
             out.append((c, self.update(c, lg[-1], ex.sequences.get(c.seq).tokens)))
         return out

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..tokenizer import Tokenizer
 
-LogprobEntry = tuple[int, "float | None", "list[tuple[int, float]]"]   # token, its logprob, top alternatives
+LogprobEntry = tuple[int, "float | None", "list[tuple[int, float]]"]  # token, its logprob, top alternatives
 
 
 def logprob_entry(tok: int, logp: np.ndarray, k: int) -> LogprobEntry:
@@ -24,11 +24,17 @@ class Choice:
     completion decoded with errors="ignore": a character split across tokens waits for its rest, bytes that
     never form one are dropped), stop strings held back until they cannot match, a token limit."""
 
-    def __init__(self, tokenizer: Tokenizer, limit: int, stop: Sequence[str], logprobs: int | None = None,
-                 keep: frozenset[int] = frozenset()):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        limit: int,
+        stop: Sequence[str],
+        logprobs: int | None = None,
+        keep: frozenset[int] = frozenset(),
+    ):
         self.tokenizer = tokenizer
-        self.keep = keep                  # control tokens written into the text (a tool-call format's markers)
-        self.logprobs = logprobs          # top alternatives per token to report (None: no logprobs)
+        self.keep = keep  # control tokens written into the text (a tool-call format's markers)
+        self.logprobs = logprobs  # top alternatives per token to report (None: no logprobs)
         self.lp: list[LogprobEntry] = []  # the kept tokens' (token, logprob, top alternatives), not yet taken
         self.limit = limit
         self.stop = list(stop)
@@ -49,20 +55,19 @@ class Choice:
         if self.logprobs is not None and logp is not None:
             self.lp.append(logprob_entry(tok, logp, self.logprobs))
         self.text += self.utf8.decode(self.tokenizer.token_to_piece(tok, special=tok in self.keep))
-        hit = min((i for i in (self.text.find(x, max(0, self.sent - len(x))) for x in self.stop) if i >= 0),
-                  default=-1)
+        hit = min((i for i in (self.text.find(x, max(0, self.sent - len(x))) for x in self.stop) if i >= 0), default=-1)
         if hit >= 0:
             self.text = self.text[:hit]
             self.finish = "stop"
             if self.lp:
-                self.lp.pop()             # the token that completed the stop string is not in the text
+                self.lp.pop()  # the token that completed the stop string is not in the text
             return self.flush()
         if self.n >= self.limit:
             self.finish = "length"
             return self.flush()
         safe = len(self.text) - self.holdback
         if safe > self.sent:
-            out, self.sent = self.text[self.sent:safe], safe
+            out, self.sent = self.text[self.sent : safe], safe
             return out
         return ""
 
@@ -76,6 +81,6 @@ class Choice:
     def flush(self) -> str:
         """The text not sent yet (the completion is over)."""
         self.text += self.utf8.decode(b"", final=True)
-        out, self.sent = self.text[self.sent:], len(self.text)
+        out, self.sent = self.text[self.sent :], len(self.text)
         self.finish = self.finish or "length"
         return out

@@ -10,8 +10,9 @@ from .grammar import Matcher
 from .sampling import Sampler
 
 
-def pick(sampler: Sampler, matcher: Matcher | None, logits: np.ndarray, history: Sequence[int],
-         logprobs: bool) -> tuple[int, np.ndarray | None]:
+def pick(
+    sampler: Sampler, matcher: Matcher | None, logits: np.ndarray, history: Sequence[int], logprobs: bool
+) -> tuple[int, np.ndarray | None]:
     """Draws a token from `logits` within the constraint (which then moves past it); with `logprobs` also gives
     the log-probabilities it reports (the model's own: before the constraint's mask)."""
     logp = sampler.logprobs(logits, history) if logprobs else None
@@ -30,9 +31,15 @@ def prefill(model: Any, tokens: Sequence[int]) -> np.ndarray:
     return model.eval(tokens[keep:], logits_all=False)[-1]
 
 
-def generate_step(model: Any, tokens: Sequence[int], sampler: Sampler, *, reset: bool = True,
-                  logprobs: bool = False, matcher: Matcher | None = None
-                  ) -> Iterator[tuple[int, np.ndarray | None]]:
+def generate_step(
+    model: Any,
+    tokens: Sequence[int],
+    sampler: Sampler,
+    *,
+    reset: bool = True,
+    logprobs: bool = False,
+    matcher: Matcher | None = None,
+) -> Iterator[tuple[int, np.ndarray | None]]:
     """Yields (token, the log-probabilities it was drawn with if `logprobs`, else None) after `tokens` on the
     model's current sequence (reset: from its longest cached prefix; else appended), until the context is full.
     With a speculator and neither logprobs nor a constraint, each step drafts (each token's own distribution

@@ -14,8 +14,15 @@ from .speculative import DRAFT_BATCH, DraftLength, LookupDrafter, ModelDrafter, 
 def draft_options(settings: Settings) -> dict[str, Any]:
     """The draft model's options: the model's context and threads, at most DRAFT_BATCH rows a pass."""
     c = settings.context
-    return dict(ctx_size=c.ctx_size, n_batch=min(c.n_batch, DRAFT_BATCH), n_threads=c.n_threads, seed=c.seed,
-                flash_attn=c.flash_attn, repack=c.repack, batch_invariant=c.batch_invariant)
+    return dict(
+        ctx_size=c.ctx_size,
+        n_batch=min(c.n_batch, DRAFT_BATCH),
+        n_threads=c.n_threads,
+        seed=c.seed,
+        flash_attn=c.flash_attn,
+        repack=c.repack,
+        batch_invariant=c.batch_invariant,
+    )
 
 
 def draft_bytes(model: Any, settings: Settings) -> int:
@@ -26,7 +33,7 @@ def draft_bytes(model: Any, settings: Settings) -> int:
         return mtp_bytes(model, settings.context)
     if not sp.draft_model:
         return 0
-    draft = Settings.from_options(draft_options(settings)).context     # the draft's context, cache types f16
+    draft = Settings.from_options(draft_options(settings)).context  # the draft's context, cache types f16
     return model_bytes(sp.draft_model, draft, sp.draft_budget_bytes)
 
 

@@ -23,8 +23,12 @@ from ..tokenizer import TokenAttr, Tokenizer
 # JSON as models write it ({"a": 1, "b": [2, 3]}): one space after ':' and ',', no other whitespace (free
 # whitespace lets a sampling model pad forever); unknown keywords and formats are ignored, as OpenAI does.
 # A schema's own "x-guidance" options override these.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
-                                "lenient": True}
+JSON_OPTIONS: dict[str, Any] = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "lenient": True,
+}
 
 
 class GrammarError(SuperggmlError, ValueError):
@@ -84,6 +88,7 @@ class Grammar:
         if not isinstance(text, str):
             raise GrammarError(f"a grammar must be a string, not {type(text).__name__}")
         from llguidance.gbnf_to_lark import is_lark_syntax
+
         lark = is_lark_syntax(text)
         try:
             source = llg.grammar_from("lark" if lark else "gbnf", text)
@@ -101,13 +106,26 @@ class Grammar:
         self.matcher(vocab)
 
 
-def grammar_from(*, grammar: "str | Grammar | None" = None, json_schema: Mapping[str, Any] | str | None = None,
-                 regex: str | None = None, response_format: Mapping[str, Any] | None = None) -> Grammar | None:
+def grammar_from(
+    *,
+    grammar: "str | Grammar | None" = None,
+    json_schema: Mapping[str, Any] | str | None = None,
+    regex: str | None = None,
+    response_format: Mapping[str, Any] | None = None,
+) -> Grammar | None:
     """The one constraint of a request's options (None: free text). `response_format` is OpenAI's: {"type":
     "text"}, {"type": "json_object"} (llama-cpp-python's with a "schema" too), or {"type": "json_schema",
     "json_schema": {"name": ..., "schema": {...}}}. GrammarError when several are given or one is malformed."""
-    given = [k for k, v in (("grammar", grammar), ("json_schema", json_schema), ("regex", regex),
-                            ("response_format", response_format)) if v is not None]
+    given = [
+        k
+        for k, v in (
+            ("grammar", grammar),
+            ("json_schema", json_schema),
+            ("regex", regex),
+            ("response_format", response_format),
+        )
+        if v is not None
+    ]
     if len(given) > 1:
         raise GrammarError(f"give one constraint, not {' and '.join(given)}")
     if isinstance(grammar, Grammar):
@@ -185,8 +203,8 @@ class Matcher:
         if self._m.is_error():
             raise GrammarError(f"invalid {what}: {self._m.get_error().strip()}")
         words = (vocab.n_vocab + 31) // 32
-        self._bits = np.full(words, -1, dtype=np.int32)     # one bit per token, 1 = allowed
-        self.allowed()                                        # the first step tells an empty language
+        self._bits = np.full(words, -1, dtype=np.int32)  # one bit per token, 1 = allowed
+        self.allowed()  # the first step tells an empty language
         if self._m.is_stopped() and not self._m.is_accepting():
             raise GrammarError(f"no text satisfies this {what}")
 

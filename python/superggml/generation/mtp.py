@@ -27,8 +27,8 @@ from ..runtime.memory_plan import kv_bytes
 from ..settings import ContextSettings, PagingSettings, Settings
 from .speculative import Drafter, greedy_draft
 
-Model = Any             # superggml.Model (annotations only)
-MAX_SEQUENCES = 16      # sequences whose hidden rows and block memory are kept (the least recently drafted go)
+Model = Any  # superggml.Model (annotations only)
+MAX_SEQUENCES = 16  # sequences whose hidden rows and block memory are kept (the least recently drafted go)
 
 
 class MtpDrafter(Drafter):
@@ -43,11 +43,14 @@ class MtpDrafter(Drafter):
         self.arch = MtpArch(target.arch)
         self.store = native.WeightStore(target.file)
         c = target.settings.context
-        self.runtime = Executor.start(self.arch, self.store,
-                                      Settings(context=c, paging=PagingSettings(device_budget="off")),
-                                      preload_repack=c.repack)
-        self.rows: dict[int, dict[int, np.ndarray]] = {}     # the model's sequence -> position -> its hidden row
-        self.own: np.ndarray | None = None                     # the block's hidden row of its last pass
+        self.runtime = Executor.start(
+            self.arch,
+            self.store,
+            Settings(context=c, paging=PagingSettings(device_budget="off")),
+            preload_repack=c.repack,
+        )
+        self.rows: dict[int, dict[int, np.ndarray]] = {}  # the model's sequence -> position -> its hidden row
+        self.own: np.ndarray | None = None  # the block's hidden row of its last pass
         self.runtime.keep_hidden(self.on_own)
         target.runtime.keep_hidden(self.on_hidden)
         self.zero = np.zeros(self.arch.hp.n_embd, dtype=np.float32)
@@ -60,11 +63,11 @@ class MtpDrafter(Drafter):
             rows = {}
             while len(self.rows) >= MAX_SEQUENCES:
                 self.forget(next(iter(self.rows)))
-        self.rows[seq] = rows                                 # most recent last
+        self.rows[seq] = rows  # most recent last
         for i, row in enumerate(h.copy()):
             rows[p0 + i] = row
         if len(rows) > self.runtime.settings.context.n_batch:
-            self.feed(seq, self.target.runtime.sequences.tokens(seq)[:p0 + len(h)])
+            self.feed(seq, self.target.runtime.sequences.tokens(seq)[: p0 + len(h)])
 
     def on_own(self, seq: int, p0: int, h: np.ndarray) -> None:
         self.own = h[-1].copy()
@@ -91,7 +94,7 @@ class MtpDrafter(Drafter):
         """Up to k tokens after `context` (the model's current sequence, then the token chosen after it, not yet
         fed)."""
         m = self.runtime
-        n = len(context) - 1                     # the model holds context[:n]
+        n = len(context) - 1  # the model holds context[:n]
         k = min(k, m.settings.context.ctx_size - len(context))
         if k <= 0:
             return []
@@ -99,17 +102,19 @@ class MtpDrafter(Drafter):
         logits = self.feed(self.target.runtime.seq.id, context)
         self.catch_up_s = time.perf_counter() - t
         out = greedy_draft(logits, k, self.p_min, self.target.tokenizer.is_eog, self.step)
-        m.sequences.truncate(n + 1)               # the drafted positions held the block's own rows
+        m.sequences.truncate(n + 1)  # the drafted positions held the block's own rows
         return out
 
     def step(self, tok: int) -> np.ndarray:
         """The logits after drafted token `tok`, fed with the block's hidden row of the pass before."""
-        assert self.own is not None             # that pass (feed's, or the step before) gave its row
+        assert self.own is not None  # that pass (feed's, or the step before) gave its row
         return self.runtime.eval([tok], hidden=self.own[None])[-1]
 
     def stats(self) -> dict[str, Any]:
-        return {"draft_mtp_block": self.arch.il,
-                "draft_resident_bytes": mtp_bytes(self.target, self.target.settings.context)}
+        return {
+            "draft_mtp_block": self.arch.il,
+            "draft_resident_bytes": mtp_bytes(self.target, self.target.settings.context),
+        }
 
     def close(self) -> None:
         self.target.runtime.keep_hidden(None)

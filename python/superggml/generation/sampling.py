@@ -52,10 +52,13 @@ class Sampler:
 
     def apply_penalties(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         p = self.params
-        if not history or p.repeat_last_n == 0 or (
-                p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0):
+        if (
+            not history
+            or p.repeat_last_n == 0
+            or (p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0)
+        ):
             return logits
-        last = history[-p.repeat_last_n:] if p.repeat_last_n > 0 else history
+        last = history[-p.repeat_last_n :] if p.repeat_last_n > 0 else history
         ids, counts = np.unique(np.asarray(last, dtype=np.int64), return_counts=True)
         out = logits.copy()
         sel = out[ids]

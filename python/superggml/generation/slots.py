@@ -28,7 +28,7 @@ class Slots:
         self.busy = [False] * n
         self.used = [0] * n
         self.clock = 0
-        self.cached_tokens = 0            # prompt tokens a completion found in its slot, not fed again
+        self.cached_tokens = 0  # prompt tokens a completion found in its slot, not fed again
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -47,7 +47,7 @@ class Slots:
         share = {i: shared_prefix(t, prompt[:-1]) for i, t in held.items()}
         best = max(held, key=lambda i: (share[i], -self.used[i]))
         slight = 2 * share[best] < len(held[best]) and any(not t for t in held.values())
-        if not reuse or share[best] == 0 or slight:     # a slight share: keep that slot's context
+        if not reuse or share[best] == 0 or slight:  # a slight share: keep that slot's context
             best = min(held, key=lambda i: (bool(held[i]), self.used[i]))
         k = share[best] if reuse else 0
         seq = self.seq[best]
@@ -81,6 +81,6 @@ class Slots:
         self.seq = [None] * len(self.seq)
         try:
             sequences = self.of()
-        except AttributeError:          # the model is closed already: its memory went with it
+        except AttributeError:  # the model is closed already: its memory went with it
             return
         sequences.release(held)

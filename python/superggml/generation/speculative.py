@@ -27,19 +27,19 @@ import numpy as np
 
 from .sampling import Sampler
 
-Model = Any     # superggml.Model, which holds a Speculator (annotations only)
+Model = Any  # superggml.Model, which holds a Speculator (annotations only)
 
-VOCAB_MAX_SIZE_DIFFERENCE = 128     # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
-VOCAB_CHECK_START_TOKEN_ID = 5      # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
-DRAFT_BATCH = 64                    # a draft model's rows per pass: Qwen2.5-0.5B's compute bound 152 -> 19 MiB
-CATCH_UP_ROWS = 16                  # a draft model's new tokens fed row by row in one pass up to this many
+VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
+VOCAB_CHECK_START_TOKEN_ID = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
+DRAFT_BATCH = 64  # a draft model's rows per pass: Qwen2.5-0.5B's compute bound 152 -> 19 MiB
+CATCH_UP_ROWS = 16  # a draft model's new tokens fed row by row in one pass up to this many
 
 
 class Drafter(abc.ABC):
     """Proposes up to k tokens to follow a context."""
 
     name = "none"
-    catch_up_s = 0.0      # of the last draft: the time spent bringing the drafter to the context
+    catch_up_s = 0.0  # of the last draft: the time spent bringing the drafter to the context
 
     @abc.abstractmethod
     def draft(self, context: Sequence[int], k: int) -> list[int]:
@@ -68,12 +68,12 @@ class LookupDrafter(Drafter):
         arr = np.asarray(context, dtype=np.int64)
         size = len(arr)
         for m in range(min(self.n, size - 1), 0, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(arr[:size - 1], m)    # starts 0 .. size - 1 - m
-            hits = np.flatnonzero((windows == arr[size - m:]).all(axis=1))
+            windows = np.lib.stride_tricks.sliding_window_view(arr[: size - 1], m)  # starts 0 .. size - 1 - m
+            hits = np.flatnonzero((windows == arr[size - m :]).all(axis=1))
             if len(hits):
                 room = np.minimum(k, size - (hits + m))
-                best = hits[len(hits) - 1 - int(np.argmax(room[::-1]))]               # longest, then latest
-                return arr[best + m:best + m + k].tolist()
+                best = hits[len(hits) - 1 - int(np.argmax(room[::-1]))]  # longest, then latest
+                return arr[best + m : best + m + k].tolist()
         return []
 
 
@@ -105,7 +105,7 @@ class ModelDrafter(Drafter):
         new tokens (the last step's) go in one eval_check pass, as the model checked
         them; a prompt in one eval, but its last token alone, as the model fed it: a self-draft agrees exactly."""
         ex = self.model.runtime
-        new = list(context[ex.sequences.keep_prefix(context):])
+        new = list(context[ex.sequences.keep_prefix(context) :])
         if len(new) <= CATCH_UP_ROWS:
             return ex.eval_check(new)[-1]
         ex.eval(new[:-1])
@@ -142,16 +142,21 @@ def check_compatible(target: Model, draft: Model) -> None:
         if getattr(a, what) != getattr(b, what):
             raise ValueError(f"the draft model's {what} is {getattr(b, what)}, the model's {getattr(a, what)}")
     if abs(a.n_vocab - b.n_vocab) > VOCAB_MAX_SIZE_DIFFERENCE:
-        raise ValueError(f"the draft model has {b.n_vocab} tokens, the model {a.n_vocab}: more than "
-                         f"{VOCAB_MAX_SIZE_DIFFERENCE} apart")
+        raise ValueError(
+            f"the draft model has {b.n_vocab} tokens, the model {a.n_vocab}: more than "
+            f"{VOCAB_MAX_SIZE_DIFFERENCE} apart"
+        )
     for i in range(VOCAB_CHECK_START_TOKEN_ID, min(a.n_vocab, b.n_vocab)):
         if a.token_to_piece(i, special=True) != b.token_to_piece(i, special=True):
-            raise ValueError(f"token {i} differs between the model ({a.token_to_piece(i, special=True)!r}) and the "
-                             f"draft model ({b.token_to_piece(i, special=True)!r})")
+            raise ValueError(
+                f"token {i} differs between the model ({a.token_to_piece(i, special=True)!r}) and the "
+                f"draft model ({b.token_to_piece(i, special=True)!r})"
+            )
 
 
-def accept(sampler: Sampler, p: tuple[np.ndarray, np.ndarray], d: int,
-           q: tuple[np.ndarray, np.ndarray] | None = None) -> int | None:
+def accept(
+    sampler: Sampler, p: tuple[np.ndarray, np.ndarray], d: int, q: tuple[np.ndarray, np.ndarray] | None = None
+) -> int | None:
     """Speculative sampling of one drafted token d against the model's distribution p (ids, probs as
     Sampler.distribution gives): None when d is accepted, else the token drawn from the residual max(0, p - q)
     normalised. q: the draft's distribution (None: d with certainty). Greedy samplers accept exactly their
@@ -170,7 +175,7 @@ def accept(sampler: Sampler, p: tuple[np.ndarray, np.ndarray], d: int,
         return None
     residual = np.maximum(probs - q_at, 0.0)
     total = residual.sum()
-    if total <= 0.0:                      # p == q: nothing left (only when d could not be rejected)
+    if total <= 0.0:  # p == q: nothing left (only when d could not be rejected)
         return int(ids[np.argmax(probs)])
     return int(ids[sampler.rng.choice(len(ids), p=residual / total)])
 
@@ -189,12 +194,12 @@ class DraftLength:
 
     PROBE = 16
     PROBE_MAX = 512
-    PRIOR_ACCEPT = (3.0, 4.0)    # accepted, checked: a prior of 0.75 worth a few tokens
+    PRIOR_ACCEPT = (3.0, 4.0)  # accepted, checked: a prior of 0.75 worth a few tokens
 
     def __init__(self, k_min: int, k_max: int, fixed: int | None = None):
         self.k_min, self.k_max, self.fixed = k_min, k_max, fixed
-        self.passes: dict[int, float] = {}      # rows -> seconds of such a pass (moving average)
-        self.samples: dict[int, int] = {}       # rows -> passes measured
+        self.passes: dict[int, float] = {}  # rows -> seconds of such a pass (moving average)
+        self.samples: dict[int, int] = {}  # rows -> passes measured
         self.accepted, self.checked = self.PRIOR_ACCEPT
         self.draft_s: float | None = None
         self.step_s = 0.0
@@ -219,10 +224,10 @@ class DraftLength:
         replaces it."""
         n = self.samples.get(rows, 0)
         self.samples[rows] = n + 1
-        self.passes[rows] = seconds if n < 2 else 0.8 * self.passes[rows] + 0.2 * seconds   # n >= 2: measured
+        self.passes[rows] = seconds if n < 2 else 0.8 * self.passes[rows] + 0.2 * seconds  # n >= 2: measured
 
     def on_check(self, drafted: int, accepted: int) -> None:
-        decay = 0.98 ** drafted           # recent steps weigh more
+        decay = 0.98**drafted  # recent steps weigh more
         self.accepted = self.accepted * decay + accepted
         self.checked = self.checked * decay + accepted + (1 if accepted < drafted else 0)
 
@@ -257,9 +262,9 @@ class DraftLength:
         if hi < max(self.k_min, 1):
             return 0
         if self.samples.get(1, 0) < 2:
-            return 0                                       # plain passes first: their cost
+            return 0  # plain passes first: their cost
         if self.probing:
-            return 1                                       # then two rows (a free guess)
+            return 1  # then two rows (a free guess)
         draft_s = self.draft_s if self.draft_s is not None else 0.0
         a = min(self.rate, 0.999)
         cost = [c + self.step_s for c in self.costs(hi + 1)]
@@ -273,7 +278,7 @@ class DraftLength:
         if best_k:
             self.plain_steps, self.probe_every = 0, self.PROBE
             return best_k
-        if ideal < 1.05 * plain:       # rows cost as much as passes: not even free, always right drafts would pay
+        if ideal < 1.05 * plain:  # rows cost as much as passes: not even free, always right drafts would pay
             return 0
         self.plain_steps += 1
         if self.plain_steps >= self.probe_every:
@@ -290,7 +295,7 @@ class Speculator:
         self.drafter = drafter
         self.length = length
         self.steps = self.drafted = self.accepted = self.generated = 0
-        self.last_end, self.next_at = 0.0, (-1, -1)       # when the last step ended; the next step it continues
+        self.last_end, self.next_at = 0.0, (-1, -1)  # when the last step ended; the next step it continues
 
     def timed_draft(self, context: Sequence[int], k: int) -> list[int]:
         t = time.perf_counter()
@@ -313,13 +318,19 @@ class Speculator:
 
     def stats(self) -> dict[str, Any]:
         fixed, per_row = self.length.pass_cost()
-        return {"draft": self.drafter.name, "draft_steps": self.steps, "draft_tokens": self.drafted,
-                "draft_accepted": self.accepted,
-                "draft_acceptance": self.accepted / self.drafted if self.drafted else None,
-                "draft_tokens_per_pass": self.generated / self.steps if self.steps else None,
-                "draft_k_mean": self.drafted / self.steps if self.steps else None,
-                "draft_pass_s": fixed, "draft_pass_row_s": per_row, "draft_token_s": self.length.draft_s,
-                **self.drafter.stats()}
+        return {
+            "draft": self.drafter.name,
+            "draft_steps": self.steps,
+            "draft_tokens": self.drafted,
+            "draft_accepted": self.accepted,
+            "draft_acceptance": self.accepted / self.drafted if self.drafted else None,
+            "draft_tokens_per_pass": self.generated / self.steps if self.steps else None,
+            "draft_k_mean": self.drafted / self.steps if self.steps else None,
+            "draft_pass_s": fixed,
+            "draft_pass_row_s": per_row,
+            "draft_token_s": self.length.draft_s,
+            **self.drafter.stats(),
+        }
 
     def close(self) -> None:
         self.drafter.close()
@@ -355,11 +366,11 @@ class Speculator:
             nxt = sampler.sample(rows[len(draft)], context + out)
         if draft:
             kept = ex.sequences.truncate(base + 1 + len(out))
-            if kept < base + 1 + len(out):            # sliding-window keys already freed: feed them again
+            if kept < base + 1 + len(out):  # sliding-window keys already freed: feed them again
                 ex.eval((context + out)[kept:])
         self.on_step(len(draft), len(out), probe)
         end = time.perf_counter()
-        if self.next_at == (seq.id, base):          # after the pass, and the caller's time since the last step
+        if self.next_at == (seq.id, base):  # after the pass, and the caller's time since the last step
             self.length.on_between(end - t - pass_s + t0 - self.last_end)
         self.last_end, self.next_at = end, (seq.id, base + 1 + len(out))
         return out + [nxt]

@@ -32,7 +32,7 @@ from .sequences import SequenceState, Sequences
 from .weights import WeightPlacement
 
 F32 = native.GGMLType.F32
-PLAN_CACHE = 6        # micro-batch shapes whose graphs are kept
+PLAN_CACHE = 6  # micro-batch shapes whose graphs are kept
 Item = tuple[SequenceState, Sequence[int]]
 
 
@@ -44,7 +44,7 @@ class DeviceStreams:
 
     def __init__(self, backends: Sequence[Any]):
         self.backends = backends
-        self.queued: set[int] = set()              # devices with graphs queued since the last wait
+        self.queued: set[int] = set()  # devices with graphs queued since the last wait
 
     def queues(self, dev: int) -> bool:
         b = self.backends[dev]
@@ -75,9 +75,18 @@ class Executor:
     """Runs an architecture layer by layer on one or more backends (a pipeline by blocks), its weights
     resident or paged (placement), its sequences' memory contiguous or paged (memory, sequences)."""
 
-    def __init__(self, arch: Architecture | MtpArch, store: Any, settings: Settings, devices: Devices,
-                 memory_plan: MemoryPlan | None, *, direct_io: bool = False, memory: MemoryFn | None = None,
-                 preload_repack: bool | None = None):
+    def __init__(
+        self,
+        arch: Architecture | MtpArch,
+        store: Any,
+        settings: Settings,
+        devices: Devices,
+        memory_plan: MemoryPlan | None,
+        *,
+        direct_io: bool = False,
+        memory: MemoryFn | None = None,
+        preload_repack: bool | None = None,
+    ):
         """`settings`, `devices` and `memory_plan` as runtime/resolve.py gives them (Executor.start does it all).
         `direct_io` is the paging's read mode, resolved (settings.paging.direct_io may say "auto").
         `preload_repack` (True/False: with or without ggml-cpu's re-laid weights) starts the background
@@ -87,18 +96,18 @@ class Executor:
         arch.set_context(settings.context.ctx_size)
         self.settings, self.memory_plan, self.devices = settings, memory_plan, devices
         self.backends = devices.backends
-        self.n_split = devices.n_split                 # the devices the blocks are split over
+        self.n_split = devices.n_split  # the devices the blocks are split over
         self.layer_device = devices.layer_device
-        self.endpoints = devices.endpoints             # the RPC servers it computes on
+        self.endpoints = devices.endpoints  # the RPC servers it computes on
         self.embed_dev = devices.embed_dev
         self.backend = self.backends[0]
-        self.store = store                             # the weights (a native.WeightStore)
+        self.store = store  # the weights (a native.WeightStore)
         self.placement = WeightPlacement(arch, store, settings, devices, memory_plan, direct_io=direct_io)
         self.weights = self.placement.view
-        self.plans: dict[tuple[Any, ...], GraphPlan] = {}     # by micro-batch shape, most recently used last
+        self.plans: dict[tuple[Any, ...], GraphPlan] = {}  # by micro-batch shape, most recently used last
         if preload_repack is not None and not self.placement.paged:
             try:
-                self.placement.start_loading(preload_repack, self.embed_dev)   # reads overlap everything below
+                self.placement.start_loading(preload_repack, self.embed_dev)  # reads overlap everything below
             except SuperggmlError as e:
                 if self.memory_plan is None or "cannot allocate" not in str(e):
                     raise
@@ -106,7 +115,7 @@ class Executor:
         try:
             self.setup(memory)
         except BaseException:
-            self.close()       # the loader's threads must stop before the caller unmaps the file
+            self.close()  # the loader's threads must stop before the caller unmaps the file
             raise
 
     @classmethod
@@ -127,31 +136,34 @@ class Executor:
             a = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
             a.name = f"act_d{i}"
             self.acts.append(a)
-        if hp.latent_kv:                # one cache, V read from K: one type, no rotations (as llama.cpp's)
+        if hp.latent_kv:  # one cache, V read from K: one type, no rotations (as llama.cpp's)
             check_latent_types(hp, c.cache_type_k, c.cache_type_v)
             n_rot = {"k": 0, "v": 0}
-        else:                           # a quantized cache holds Q, K and V rotated by Walsh-Hadamard matrices
-            n_rot = {"k": attn_rot_size(hp.head_dim, c.cache_type_k, largest=True),
-                     "v": attn_rot_size(hp.head_dim_v or hp.head_dim, c.cache_type_v, largest=False)}
+        else:  # a quantized cache holds Q, K and V rotated by Walsh-Hadamard matrices
+            n_rot = {
+                "k": attn_rot_size(hp.head_dim, c.cache_type_k, largest=True),
+                "v": attn_rot_size(hp.head_dim_v or hp.head_dim, c.cache_type_v, largest=False),
+            }
         self.rot = [{x: cx.new_tensor(F32, [n, n]) for x, n in n_rot.items() if n} for cx in ctxs]
         self.keep: list[Any] = ctxs + [b.alloc_tensors(cx) for b, cx in zip(self.backends, ctxs)]
-        for buf in self.keep[len(ctxs):]:
+        for buf in self.keep[len(ctxs) :]:
             buf.clear(0)
         for rot in self.rot:
             for t in rot.values():
                 native.tensor_set(t, hadamard(t.ne[0]), 0)
-        self.memory: SequenceMemory = sequence_memory(s, self.arch, self.backends, self.layer_device, self.n_split,
-                                                      self.kv_bytes)
+        self.memory: SequenceMemory = sequence_memory(
+            s, self.arch, self.backends, self.layer_device, self.n_split, self.kv_bytes
+        )
         self.sequences = Sequences(self.memory, c.ctx_size, hp.n_vocab)
-        self.n_passes = self.pass_sequences = self.pass_tokens = 0   # forward passes and what they held
-        self.stream_passes = 0                        # passes whose sequences attended at once (streams)
-        self.graphs_per_pass = 0                      # graphs the last pass computed
-        self.record_timings = False                   # fill self.timings on every forward pass (metrics)
+        self.n_passes = self.pass_sequences = self.pass_tokens = 0  # forward passes and what they held
+        self.stream_passes = 0  # passes whose sequences attended at once (streams)
+        self.graphs_per_pass = 0  # graphs the last pass computed
+        self.record_timings = False  # fill self.timings on every forward pass (metrics)
         self.timings: list[dict[str, Any]] = []
-        self.streams = DeviceStreams(self.backends)    # graphs queued on the devices' streams
-        self.head_buffers: tuple[int, list[Any]] | None = None   # rows, the streamed head's [ctx, buffer, in, out]
-        self.hidden_buf: Any = None                   # keep_hidden's rows, F32 [n_embd, n_batch]
-        self.on_hidden: Any = None                    # (sequence, first position, F32 [n, n_embd]) per pass item
+        self.streams = DeviceStreams(self.backends)  # graphs queued on the devices' streams
+        self.head_buffers: tuple[int, list[Any]] | None = None  # rows, the streamed head's [ctx, buffer, in, out]
+        self.hidden_buf: Any = None  # keep_hidden's rows, F32 [n_embd, n_batch]
+        self.on_hidden: Any = None  # (sequence, first position, F32 [n, n_embd]) per pass item
         self.placement.make_pools(memory)
 
     def close(self) -> None:
@@ -188,14 +200,20 @@ class Executor:
     def stats(self) -> dict[str, Any]:
         """Counters of the sequences, the memory, the pagers and the scheduler, one dict."""
         n = max(self.n_passes, 1)
-        d: dict[str, Any] = {"sequence": self.seq.id, "n_sequences": len(self.sequences),
-                             "n_tokens": self.seq.n_past, "n_threads": self.backends[self.embed_dev].n_threads,
-                             "weights_loading": self.placement.loader is not None,
-                             "devices": [b.name for b in self.backends[:self.n_split]],
-                             "blocks_per_device": [self.layer_device.count(i) for i in range(self.n_split)],
-                             "passes": self.n_passes, "sequences_per_pass": self.pass_sequences / n,
-                             "tokens_per_pass": self.pass_tokens / n, "stream_passes": self.stream_passes,
-                             "graphs_per_pass": self.graphs_per_pass}
+        d: dict[str, Any] = {
+            "sequence": self.seq.id,
+            "n_sequences": len(self.sequences),
+            "n_tokens": self.seq.n_past,
+            "n_threads": self.backends[self.embed_dev].n_threads,
+            "weights_loading": self.placement.loader is not None,
+            "devices": [b.name for b in self.backends[: self.n_split]],
+            "blocks_per_device": [self.layer_device.count(i) for i in range(self.n_split)],
+            "passes": self.n_passes,
+            "sequences_per_pass": self.pass_sequences / n,
+            "tokens_per_pass": self.pass_tokens / n,
+            "stream_passes": self.stream_passes,
+            "graphs_per_pass": self.graphs_per_pass,
+        }
         if self.endpoints:
             d.update(server_counters(self.endpoints), remote_bytes=self.placement.remote_bytes)
         d.update(self.memory.stats())
@@ -215,8 +233,17 @@ class Executor:
         self.on_hidden = on_hidden
 
     # -- plans ------------------------------------------------------------------
-    def plan(self, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None = None,
-             embed: bool = False, streams: int = 0, chain: bool = False, merge: bool | None = None) -> GraphPlan:
+    def plan(
+        self,
+        n: int,
+        n_kv: int,
+        n_out: int,
+        lanes: tuple[tuple[int, int], ...] | None = None,
+        embed: bool = False,
+        streams: int = 0,
+        chain: bool = False,
+        merge: bool | None = None,
+    ) -> GraphPlan:
         """The graphs for micro-batches of this shape, built once and reused (embed: ending at the output norm,
         not the logits; streams, chain, merge: see GraphPlan; merge None: where nothing acts between blocks)."""
         hidden = self.hidden_buf is not None and not embed
@@ -226,21 +253,29 @@ class Executor:
         plan = self.plans.pop(key, None)
         if plan is None:
             plan = GraphPlan(self, n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge)
-        self.plans[key] = plan            # most recently used last
+        self.plans[key] = plan  # most recently used last
         if len(self.plans) > PLAN_CACHE:
             while len(self.plans) > PLAN_CACHE:
                 self.plans.pop(next(iter(self.plans)))
-            native.host_memory_trim()       # the graphs' contexts are a few MiB: give the heap back
+            native.host_memory_trim()  # the graphs' contexts are a few MiB: give the heap back
         return plan
 
     def lane_rows(self, p0: int, n: int, n_kv: int) -> LaneRows:
         c = self.settings.context
-        return lane_rows(p0, n, n_kv, n_swa=self.arch.n_swa, flash_attn=c.flash_attn,
-                         v_channels=self.hp.v_channels, ctx_size=c.ctx_size)
+        return lane_rows(
+            p0,
+            n,
+            n_kv,
+            n_swa=self.arch.n_swa,
+            flash_attn=c.flash_attn,
+            v_channels=self.hp.v_channels,
+            ctx_size=c.ctx_size,
+        )
 
     # -- one pass -----------------------------------------------------------------
-    def run_pass(self, items: Sequence[Item], out_rows: Sequence[int], embed: bool = False,
-                 hidden: np.ndarray | None = None) -> np.ndarray | None:
+    def run_pass(
+        self, items: Sequence[Item], out_rows: Sequence[int], embed: bool = False, hidden: np.ndarray | None = None
+    ) -> np.ndarray | None:
         """One forward pass over the tokens of one or more sequences (each in its own lane, its rows after the
         previous one's); returns the logits of out_rows (rows of the whole pass), or None. embed: the output
         norm's rows (F32 [n_out, n_embd]) instead. hidden: an MTP block's rows beside the tokens."""
@@ -248,7 +283,7 @@ class Executor:
         shapes: list[tuple[int, int]] = []
         starts: list[int] = []
         ahead: dict[int, int] = {}
-        for seq, toks in items:               # a sequence may have several lanes, one after another
+        for seq, toks in items:  # a sequence may have several lanes, one after another
             p0, n = seq.n_past + ahead.get(seq.id, 0), len(toks)
             ahead[seq.id] = ahead.get(seq.id, 0) + n
             shapes.append((n, padded_kv(p0, n, c.ctx_size)))
@@ -256,15 +291,23 @@ class Executor:
         n = sum(x for x, _ in shapes)
         ids = [seq.id for seq, _ in items]
         # sequences of as many rows each whose memory is one tensor: one attention over all of them
-        streams = len(items) if (len(items) > 1 and len({x for x, _ in shapes}) == 1
-                                 and self.memory.streams(ids)) else 0
+        streams = (
+            len(items) if (len(items) > 1 and len({x for x, _ in shapes}) == 1 and self.memory.streams(ids)) else 0
+        )
         if streams:
             n_kv = max(k for _, k in shapes)
             shapes = [(x, n_kv) for x, _ in shapes]
         rows = [self.lane_rows(p0, x, k) for p0, (x, k) in zip(starts, shapes)]
         lanes = tuple(shapes) if len(items) > 1 and not streams else None
-        plan = self.plan(n, 0 if lanes else shapes[0][1], len(out_rows), lanes, embed, streams,
-                         chain=bool(lanes) and len(set(ids)) == 1)
+        plan = self.plan(
+            n,
+            0 if lanes else shapes[0][1],
+            len(out_rows),
+            lanes,
+            embed,
+            streams,
+            chain=bool(lanes) and len(set(ids)) == 1,
+        )
         plan.fill(np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items]), rows, out_rows, hidden)
         self.memory.bind(ids, streams=bool(streams))
         self.n_passes += 1
@@ -277,7 +320,7 @@ class Executor:
         if plan.hidden and self.on_hidden is not None:
             h = plan.hidden_out()
             for (seq, toks), p0, at in zip(items, starts, np.cumsum([0] + [len(t) for _, t in items])):
-                self.on_hidden(seq.id, p0, h[at:at + len(toks)])
+                self.on_hidden(seq.id, p0, h[at : at + len(toks)])
         if not out_rows:
             return None
         return tensor_array(logits).reshape(len(out_rows), self.hp.n_embd if embed else self.hp.n_vocab)
@@ -290,14 +333,12 @@ class Executor:
 
     def one_graph(self) -> bool:
         """Everything resident on one device, loaded, untimed: nothing to do between blocks."""
-        return (len(self.backends) == 1 and self.merges() and not self.placement.paged
-                and self.placement.experts is None)
-
+        return len(self.backends) == 1 and self.merges() and not self.placement.paged and self.placement.experts is None
 
     def compute(self, plan: GraphPlan, n: int, lanes: Sequence[tuple[int, int, int]]) -> Any:
         """Runs the micro-batch's graphs in order; returns the tensor that holds its logits (if any). lanes:
         (sequence, n_past, tokens) of each sequence in the pass."""
-        first: dict[int, int] = {}            # a sequence's first position in the pass, and its rows
+        first: dict[int, int] = {}  # a sequence's first position in the pass, and its rows
         rows: dict[int, int] = {}
         for seq, p0, m in lanes:
             first[seq] = min(first.get(seq, p0), p0)
@@ -306,7 +347,7 @@ class Executor:
             self.memory.begin(seq, p0, rows[seq])
         if self.one_graph():
             self.graphs_per_pass = 1
-            self.backend.compute(plan.whole())     # one graph per micro-batch, as llama.cpp runs it
+            self.backend.compute(plan.whole())  # one graph per micro-batch, as llama.cpp runs it
             return plan.whole_logits
         self.graphs_per_pass = len(plan.steps)
         self.before_pass(n)
@@ -322,37 +363,45 @@ class Executor:
                 if rec is not None:
                     rec.append(self.timing(i, step, t0, tc))
         finally:
-            self.streams.synchronize()             # the host reads the logits next
+            self.streams.synchronize()  # the host reads the logits next
         self.placement.pass_done()
         if self.placement.experts is not None:
             self.placement.experts.pass_done(n, time.time() - t_pass)
         return plan.logits
 
-    def run_step(self, plan: GraphPlan, step: Step, dev: int, lanes: Sequence[tuple[int, int, int]],
-                 first: dict[int, int]) -> tuple[int, float]:
+    def run_step(
+        self, plan: GraphPlan, step: Step, dev: int, lanes: Sequence[tuple[int, int, int]], first: dict[int, int]
+    ) -> tuple[int, float]:
         """Runs one graph of a pass once its weights, experts and K/V are in; returns the device the activations
         are on after it and when its computation started."""
         pl = self.placement
         for g in step.span or (step.group,):
             pl.loaded(g)
-        if step.dev != dev:                        # a pipeline by blocks: the activations move along
+        if step.dev != dev:  # a pipeline by blocks: the activations move along
             self.streams.wait(dev)
             native.tensor_copy(*plan.move(dev, step.dev, step.rows_in))
             dev = step.dev
-        if step.experts is not None:               # the router's choice for its rows, as cache slots
+        if step.experts is not None:  # the router's choice for its rows, as cache slots
             assert pl.experts is not None and pl.moe is not None
             k, il, r0 = self.hp.n_expert_used, step.experts, step.expert_row0
             rows = step.expert_ids.ne[1]
-            sel = tensor_array(pl.moe.sel).reshape(-1)[r0 * k:(r0 + rows) * k]
+            sel = tensor_array(pl.moe.sel).reshape(-1)[r0 * k : (r0 + rows) * k]
             native.tensor_set(step.expert_ids, pl.experts.map(il, sel))
-            if step.expert_ahead:                  # the next block's first chunk loads while this computes
-                assert pl.moe.guess is not None    # the router's lookahead is what gives a step expert_ahead
-                pl.experts.lookahead(il + 1, tensor_array(pl.moe.guess).reshape(-1)[:step.expert_ahead * k])
-        mem = (contextlib.nullcontext() if step.layer is None else
-               self.memory.use(step.layer, [(seq, first[seq], p0 + m) for seq, p0, m in lanes]))
+            if step.expert_ahead:  # the next block's first chunk loads while this computes
+                assert pl.moe.guess is not None  # the router's lookahead is what gives a step expert_ahead
+                pl.experts.lookahead(il + 1, tensor_array(pl.moe.guess).reshape(-1)[: step.expert_ahead * k])
+        mem = (
+            contextlib.nullcontext()
+            if step.layer is None
+            else self.memory.use(step.layer, [(seq, first[seq], p0 + m) for seq, p0, m in lanes])
+        )
         # a streamed slot or a paged K/V frame may be refilled once released: its graph must have run by then
-        queue = not self.record_timings and step.key is None and step.experts is None and (
-            step.layer is None or not self.settings.kv.paged_kv)
+        queue = (
+            not self.record_timings
+            and step.key is None
+            and step.experts is None
+            and (step.layer is None or not self.settings.kv.paged_kv)
+        )
         with contextlib.ExitStack() as held, mem:
             for key in step.keys or (step.key,):
                 held.enter_context(pl.pagers[dev].use(key))
@@ -365,7 +414,6 @@ class Executor:
                     pl.experts.release()
         return dev, tc
 
-
     def before_pass(self, n: int) -> None:
         pl = self.placement
         if pl.scheduler is not None:
@@ -377,8 +425,15 @@ class Executor:
 
     def timing(self, i: int, step: Step, t0: float, tc: float) -> dict[str, Any]:
         t1 = time.time()
-        r = dict(layer=i, kind=step.kind, t_start=t0, t_end=t1, wait_ms=(tc - t0) * 1e3, load_ms=0.0,
-                 compute_ms=(t1 - tc) * 1e3)
+        r = dict(
+            layer=i,
+            kind=step.kind,
+            t_start=t0,
+            t_end=t1,
+            wait_ms=(tc - t0) * 1e3,
+            load_ms=0.0,
+            compute_ms=(t1 - tc) * 1e3,
+        )
         last = self.placement.pagers[step.dev].last_load(step.key)
         if last is not None:
             r.update(load_start=last[0], load_end=last[1], load_ms=(last[1] - last[0]) * 1e3)
@@ -400,10 +455,10 @@ class Executor:
         start = seq.n_past
         try:
             for i in range(0, n, b):
-                chunk = tokens[i:i + b]
+                chunk = tokens[i : i + b]
                 last = i + len(chunk) == n
                 rows = list(range(len(chunk))) if logits_all else ([len(chunk) - 1] if last else [])
-                r = self.run_pass([(seq, chunk)], rows, hidden=None if hidden is None else hidden[i:i + b])
+                r = self.run_pass([(seq, chunk)], rows, hidden=None if hidden is None else hidden[i : i + b])
                 if r is not None:
                     outs.append(r)
         except BaseException:
@@ -422,9 +477,9 @@ class Executor:
         step = min(MAX_LANES, self.settings.context.n_batch)
         try:
             for i in range(0, len(tokens), step):
-                chunk = tokens[i:i + step]
+                chunk = tokens[i : i + step]
                 r = self.run_pass([(seq, [t]) for t in chunk], list(range(len(chunk))))
-                assert r is not None          # every row is wanted
+                assert r is not None  # every row is wanted
                 outs.append(r)
         except BaseException:
             self.sequences.rollback(seq, start)
@@ -439,8 +494,9 @@ class Executor:
             return self.eval_rows(tokens)
         return self.eval(tokens, logits_all=True)
 
-    def eval_scratch(self, prompts: Sequence[Sequence[int]], *, logits_all: bool = False,
-                     embed: bool = False) -> list[np.ndarray]:
+    def eval_scratch(
+        self, prompts: Sequence[Sequence[int]], *, logits_all: bool = False, embed: bool = False
+    ) -> list[np.ndarray]:
         """eval_batch over sequences of their own, dropped afterwards: a pass that leaves every sequence's cache
         as it was (echo's prompt logprobs, embeddings)."""
         ids = self.sequences.reserve(len(prompts))
@@ -449,8 +505,9 @@ class Executor:
         finally:
             self.sequences.release(ids)
 
-    def eval_batch(self, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False,
-                   embed: bool = False) -> list[np.ndarray]:
+    def eval_batch(
+        self, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False, embed: bool = False
+    ) -> list[np.ndarray]:
         """Feeds tokens to several sequences (distinct ids; each at its positions n_past..) in shared forward
         passes: as llama.cpp's llama_batch, each pass holds up to n_batch tokens from up to max_lanes
         sequences, each attending over its own K/V. Returns per item its logits F32 [n_out, n_vocab] (every
@@ -461,8 +518,9 @@ class Executor:
         return feed_batch(self, batch, logits_all=logits_all, embed=embed)
 
 
-def feed_batch(ex: Executor, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False,
-               embed: bool = False) -> list[np.ndarray]:
+def feed_batch(
+    ex: Executor, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False, embed: bool = False
+) -> list[np.ndarray]:
     """Executor.eval_batch over ex."""
     seqs = [int(s) for s, _ in batch]
     if len(set(seqs)) != len(seqs):
@@ -478,16 +536,21 @@ def feed_batch(ex: Executor, batch: Sequence[tuple[int, Sequence[int]]], *, logi
         return [ex.eval(batch[0][1], logits_all=logits_all)]
     starts = [st.n_past for st in states]
     outs: list[list[np.ndarray]] = [[] for _ in batch]
-    order = sorted(range(len(batch)), key=lambda i: ex.memory.order(seqs[i]))    # rows in memory order
+    order = sorted(range(len(batch)), key=lambda i: ex.memory.order(seqs[i]))  # rows in memory order
     try:
-        for items, owners, out_rows in micro_batches([states[i] for i in order], [batch[i][1] for i in order],
-                                                     logits_all, ex.settings.context.n_batch, ex.max_lanes):
+        for items, owners, out_rows in micro_batches(
+            [states[i] for i in order],
+            [batch[i][1] for i in order],
+            logits_all,
+            ex.settings.context.n_batch,
+            ex.max_lanes,
+        ):
             logits = ex.run_pass(items, out_rows, embed)
             at = 0
             for i, k in owners:
                 if k:
-                    assert logits is not None                   # rows are wanted: the pass returned them
-                    outs[order[i]].append(logits[at:at + k])   # views of the pass's array: no copy
+                    assert logits is not None  # rows are wanted: the pass returned them
+                    outs[order[i]].append(logits[at : at + k])  # views of the pass's array: no copy
                     at += k
     except BaseException:
         for st, start in zip(states, starts):
@@ -514,9 +577,9 @@ def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dic
     plan = ex.plan(1, n_kv, 1, merge=False)
     plan.fill(np.zeros(1, dtype=np.int32), [ex.lane_rows(p0, 1, n_kv)], [0])
     ex.memory.bind([seq.id])
-    ex.before_pass(1)                      # the threads a decoded token computes with
+    ex.before_pass(1)  # the threads a decoded token computes with
     lanes, first = [(seq.id, p0, 1)], {seq.id: p0}
-    ex.memory.checkpoint(seq.id)           # a recurrent state comes back after
+    ex.memory.checkpoint(seq.id)  # a recurrent state comes back after
     ex.memory.begin(seq.id, p0)
     pagers = [pg for pg in ex.placement.pagers if isinstance(pg, WeightPager)]
     depths = [pg.depth for pg in pagers]
@@ -524,10 +587,11 @@ def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dic
         pg.depth = 0
     out: dict[int | str, float] = {}
     try:
-        dev, _ = ex.run_step(plan, plan.steps[0], plan.steps[0].dev, lanes, first)   # the embedding
+        dev, _ = ex.run_step(plan, plan.steps[0], plan.steps[0].dev, lanes, first)  # the embedding
         ex.streams.synchronize()
         groups: list[tuple[int | str, list[Step]]] = [
-            (il, [st for st in plan.steps if st.group == il and st.kind != "head"]) for il in blocks]
+            (il, [st for st in plan.steps if st.group == il and st.kind != "head"]) for il in blocks
+        ]
         groups.append(("head", [st for st in plan.steps if st.kind == "head"]))
         for name, steps in groups:
             times = []
@@ -548,8 +612,9 @@ def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dic
     return out
 
 
-def micro_batches(states: Sequence[SequenceState], toks: Sequence[Sequence[int]], logits_all: bool, b: int,
-                  lanes: int) -> Iterator[tuple[list[Item], list[tuple[int, int]], list[int]]]:
+def micro_batches(
+    states: Sequence[SequenceState], toks: Sequence[Sequence[int]], logits_all: bool, b: int, lanes: int
+) -> Iterator[tuple[list[Item], list[tuple[int, int]], list[int]]]:
     """The passes of eval_batch: (items, owners (index, rows wanted), rows wanted), each up to b tokens
     from up to `lanes` sequences, every sequence's chunks in order."""
     done = [0] * len(toks)
@@ -561,7 +626,7 @@ def micro_batches(states: Sequence[SequenceState], toks: Sequence[Sequence[int]]
         for i, t in enumerate(toks):
             if done[i] >= len(t) or room == 0 or len(items) == lanes:
                 continue
-            chunk = t[done[i]:done[i] + room]
+            chunk = t[done[i] : done[i] + room]
             last = done[i] + len(chunk) == len(t)
             want = list(range(len(chunk))) if logits_all else ([len(chunk) - 1] if last else [])
             out_rows += [row + r for r in want]

@@ -29,9 +29,9 @@ F32 = native.GGMLType.F32
 I32 = native.GGMLType.I32
 I64 = native.GGMLType.I64
 
-KV_PAD = 256          # n_kv is padded to this so graph shapes change rarely
-GRAPH_NODES = 192     # room for one block graph to start with (and LANE_NODES more per sequence of a pass over
-LANE_NODES = 48       # several); doubled while it does not fit, up to GRAPH_NODES_MAX
+KV_PAD = 256  # n_kv is padded to this so graph shapes change rarely
+GRAPH_NODES = 192  # room for one block graph to start with (and LANE_NODES more per sequence of a pass over
+LANE_NODES = 48  # several); doubled while it does not fit, up to GRAPH_NODES_MAX
 GRAPH_NODES_MAX = 1 << 16
 
 
@@ -39,24 +39,26 @@ GRAPH_NODES_MAX = 1 << 16
 class Step:
     """One graph of a forward pass and what it needs: paged weights (key), a K/V page (layer), a device, a
     group of the background load."""
+
     graph: Any
-    kind: str                       # "embed", "block", "experts" or "head"
-    rows_in: int = 0                # activation rows it reads (what moves when the device changes before it)
+    kind: str  # "embed", "block", "experts" or "head"
+    rows_in: int = 0  # activation rows it reads (what moves when the device changes before it)
     key: Key | None = None
-    layer: int | None = None        # the block whose K/V the graph reads and writes
+    layer: int | None = None  # the block whose K/V the graph reads and writes
     dev: int = 0
     group: int | None = None
-    experts: int | None = None      # the block whose routed experts come from the expert cache first
-    expert_ids: Any = None          # I32 [k, rows]: the routed experts as cache slots (filled before it runs)
-    expert_row0: int = 0            # the first of the pass's rows it computes (a pass splits into row chunks)
-    expert_ahead: int = 0           # rows whose lookahead guess it starts loading once mapped (0: none)
-    span: tuple[int, ...] = ()      # a segment: the blocks it computes (their groups are waited for)
-    keys: tuple[Key, ...] = ()      # a segment's pinned paged blocks (acquired around it)
+    experts: int | None = None  # the block whose routed experts come from the expert cache first
+    expert_ids: Any = None  # I32 [k, rows]: the routed experts as cache slots (filled before it runs)
+    expert_row0: int = 0  # the first of the pass's rows it computes (a pass splits into row chunks)
+    expert_ahead: int = 0  # rows whose lookahead guess it starts loading once mapped (0: none)
+    span: tuple[int, ...] = ()  # a segment: the blocks it computes (their groups are waited for)
+    keys: tuple[Key, ...] = ()  # a segment's pinned paged blocks (acquired around it)
 
 
 @dataclass(frozen=True)
 class LaneRows:
     """One sequence's rows of a pass at positions p0..p0+n over its first n_kv K/V rows."""
+
     positions: np.ndarray
     mask: np.ndarray
     mask_swa: np.ndarray | None
@@ -64,16 +66,18 @@ class LaneRows:
     v_idxs: np.ndarray
 
 
-def lane_rows(p0: int, n: int, n_kv: int, *, n_swa: int, flash_attn: bool, v_channels: int,
-              ctx_size: int) -> LaneRows:
+def lane_rows(p0: int, n: int, n_kv: int, *, n_swa: int, flash_attn: bool, v_channels: int, ctx_size: int) -> LaneRows:
     """The causal mask (and the sliding-window one: keys more than n_swa - 1 positions back are masked too,
     llama.cpp's is_masked_swa), and the K rows and V indices a sequence's rows write."""
     pos = np.arange(p0, p0 + n, dtype=np.int32)
     kv_pos = np.arange(n_kv)[None, :]
     mtype = np.float16 if flash_attn else np.float32
     mask = np.where(kv_pos <= pos[:, None], 0.0, -np.inf).astype(mtype)
-    mask_swa = (np.where((kv_pos <= pos[:, None]) & (pos[:, None] - kv_pos < n_swa), 0.0, -np.inf).astype(mtype)
-                if n_swa else None)
+    mask_swa = (
+        np.where((kv_pos <= pos[:, None]) & (pos[:, None] - kv_pos < n_swa), 0.0, -np.inf).astype(mtype)
+        if n_swa
+        else None
+    )
     if flash_attn:
         v_idxs = pos.astype(np.int64)
     else:
@@ -106,8 +110,19 @@ def padded_kv(p0: int, n: int, ctx_size: int) -> int:
 class GraphPlan:
     """Step inputs plus the embedding, block and output graphs for one micro-batch shape."""
 
-    def __init__(self, ex: Any, n: int, n_kv: int, n_out: int, lanes: tuple[tuple[int, int], ...] | None,
-                 embed: bool, streams: int = 0, hidden: bool = False, chain: bool = False, merge: bool = False):
+    def __init__(
+        self,
+        ex: Any,
+        n: int,
+        n_kv: int,
+        n_out: int,
+        lanes: tuple[tuple[int, int], ...] | None,
+        embed: bool,
+        streams: int = 0,
+        hidden: bool = False,
+        chain: bool = False,
+        merge: bool = False,
+    ):
         """`ex`: the executor (its arch, weights, memory, acts, rot, backends). `lanes`: a pass over several
         sequences, (tokens, n_kv) of each in row order, each attending over its own K/V (its lane's
         tensors). `streams`: a pass over that many sequences of n / streams rows each, whose memory is one
@@ -120,17 +135,17 @@ class GraphPlan:
         self.merge = merge
         self.n, self.n_kv, self.n_out, self.lanes, self.embed = n, n_kv, n_out, lanes, embed
         self.hidden = hidden
-        self.keep_rows = hidden or ex.arch.late_gather     # the last block keeps every row
+        self.keep_rows = hidden or ex.arch.late_gather  # the last block keeps every row
         self.chain = chain
         self.streams = streams
         self.n_lanes = len(lanes) if lanes else 0
-        self.keep: list[Any] = []       # contexts and buffers the graphs point into
+        self.keep: list[Any] = []  # contexts and buffers the graphs point into
         self.steps: list[Step] = []
         self.whole_graph: Any = None
         self.whole_logits: Any = None
         self.logits: Any = None
         self.moves: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}
-        self.all_inputs = [self.new_inputs(di, b) for di, b in enumerate(ex.backends)]   # one set per device
+        self.all_inputs = [self.new_inputs(di, b) for di, b in enumerate(ex.backends)]  # one set per device
         self.build()
 
     # -- inputs ---------------------------------------------------------------
@@ -146,47 +161,86 @@ class GraphPlan:
 
         def kv(n: int, n_kv: int, tag: str) -> dict[str, Any]:
             mshape = [n_kv, n // self.streams, 1, self.streams] if self.streams else [n_kv, n]
-            return named(tag, mask=ictx.new_tensor(mtype, mshape),
-                         **({"mask_swa": ictx.new_tensor(mtype, mshape)} if self.ex.arch.n_swa else {}),
-                         k_idxs=ictx.new_tensor(I64, [n]),
-                         v_idxs=ictx.new_tensor(I64, [n] if c.flash_attn else [n * hp.v_channels]))
+            return named(
+                tag,
+                mask=ictx.new_tensor(mtype, mshape),
+                **({"mask_swa": ictx.new_tensor(mtype, mshape)} if self.ex.arch.n_swa else {}),
+                k_idxs=ictx.new_tensor(I64, [n]),
+                v_idxs=ictx.new_tensor(I64, [n] if c.flash_attn else [n * hp.v_channels]),
+            )
 
         n_pos = 4 * n if self.ex.arch.rope_sections else n
-        t = named("", tokens=ictx.new_tensor(I32, [n]), positions=ictx.new_tensor(I32, [n_pos]),
-                  out_ids=ictx.new_tensor(I32, [max(self.n_out, 1)]))
+        t = named(
+            "",
+            tokens=ictx.new_tensor(I32, [n]),
+            positions=ictx.new_tensor(I32, [n_pos]),
+            out_ids=ictx.new_tensor(I32, [max(self.n_out, 1)]),
+        )
         if self.ex.arch.reads_hidden:
             t.update(named("", hidden=ictx.new_tensor(F32, [hp.n_embd, n])))
         rot = {"k_rot": self.ex.rot[di].get("k"), "v_rot": self.ex.rot[di].get("v")}
         one = (self.lanes is None and not self.streams) or self.chain
         record = self.ex.memory.record_tensor if records(n, one) else None
         if self.lanes is None:
-            inp = StepInputs(n_tokens=n, n_kv=self.n_kv, n_outputs=self.n_out, flash_attn=c.flash_attn, **t, **rot,
-                             n_streams=max(self.streams, 1), keep_rows=self.keep_rows, record=record,
-                             **kv(n, self.n_kv, ""))
+            inp = StepInputs(
+                n_tokens=n,
+                n_kv=self.n_kv,
+                n_outputs=self.n_out,
+                flash_attn=c.flash_attn,
+                **t,
+                **rot,
+                n_streams=max(self.streams, 1),
+                keep_rows=self.keep_rows,
+                record=record,
+                **kv(n, self.n_kv, ""),
+            )
         else:
             lane_inputs, r0 = [], 0
             for j, (nj, kvj) in enumerate(self.lanes):
-                lane_inputs.append(StepInputs(n_tokens=nj, n_kv=kvj, n_outputs=0, tokens=None, positions=None,
-                                              out_ids=None, flash_attn=c.flash_attn, row0=r0, **rot,
-                                              **kv(nj, kvj, f"_s{j}")))
+                lane_inputs.append(
+                    StepInputs(
+                        n_tokens=nj,
+                        n_kv=kvj,
+                        n_outputs=0,
+                        tokens=None,
+                        positions=None,
+                        out_ids=None,
+                        flash_attn=c.flash_attn,
+                        row0=r0,
+                        **rot,
+                        **kv(nj, kvj, f"_s{j}"),
+                    )
+                )
                 r0 += nj
-            inp = StepInputs(n_tokens=n, n_kv=self.n_kv, n_outputs=self.n_out, flash_attn=c.flash_attn, mask=None,
-                             k_idxs=None, v_idxs=None, lanes=lane_inputs, keep_rows=self.keep_rows,
-                             chain=self.chain, record=record, **t)
+            inp = StepInputs(
+                n_tokens=n,
+                n_kv=self.n_kv,
+                n_outputs=self.n_out,
+                flash_attn=c.flash_attn,
+                mask=None,
+                k_idxs=None,
+                v_idxs=None,
+                lanes=lane_inputs,
+                keep_rows=self.keep_rows,
+                chain=self.chain,
+                record=record,
+                **t,
+            )
         self.keep += [ictx, backend.alloc_tensors(ictx)]
         return inp
 
-    def fill(self, tokens: np.ndarray, rows: Sequence[LaneRows], out_rows: Sequence[int],
-             hidden: np.ndarray | None = None) -> None:
+    def fill(
+        self, tokens: np.ndarray, rows: Sequence[LaneRows], out_rows: Sequence[int], hidden: np.ndarray | None = None
+    ) -> None:
         """Sets every device's inputs: the pass's tokens, each lane's rows, the rows whose output is wanted,
         and the hidden rows an MTP block reads (F32 [n, n_embd])."""
         pos = np.concatenate([r.positions for r in rows])
-        if self.ex.arch.rope_sections:        # text positions for every section but the last (llama.cpp's)
+        if self.ex.arch.rope_sections:  # text positions for every section but the last (llama.cpp's)
             pos = np.concatenate([pos, pos, pos, np.zeros_like(pos)])
         out = np.asarray(out_rows or [0], dtype=np.int32)
         if self.streams:
             rows = [self.stacked(rows)]
-        for inp in self.all_inputs:           # a pass's inputs (new_inputs) have what only its lanes lack
+        for inp in self.all_inputs:  # a pass's inputs (new_inputs) have what only its lanes lack
             assert inp.tokens is not None and inp.positions is not None and inp.out_ids is not None
             native.tensor_set(inp.tokens, tokens)
             native.tensor_set(inp.positions, pos)
@@ -195,11 +249,11 @@ class GraphPlan:
                 if hidden is None:
                     raise ValueError("an MTP pass needs the hidden rows its tokens follow")
                 native.tensor_set(inp.hidden, np.ascontiguousarray(hidden, dtype=np.float32))
-            for lane, r in zip(inp.lanes or [inp], rows):   # each with its own masks and K/V indices (kv)
+            for lane, r in zip(inp.lanes or [inp], rows):  # each with its own masks and K/V indices (kv)
                 assert lane.mask is not None and lane.k_idxs is not None and lane.v_idxs is not None
                 native.tensor_set(lane.mask, r.mask)
                 if r.mask_swa is not None:
-                    assert lane.mask_swa is not None        # both there with sliding-window layers
+                    assert lane.mask_swa is not None  # both there with sliding-window layers
                     native.tensor_set(lane.mask_swa, r.mask_swa)
                 native.tensor_set(lane.k_idxs, r.k_idxs)
                 native.tensor_set(lane.v_idxs, r.v_idxs)
@@ -209,11 +263,13 @@ class GraphPlan:
         memory tensor (j * ctx_size rows on)."""
         c, g = self.ex.settings.context, self.ex.hp.v_channels
         v_stride = c.ctx_size if c.flash_attn else g * c.ctx_size
-        return LaneRows(np.concatenate([r.positions for r in rows]),
-                        np.concatenate([r.mask for r in rows]),
-                        None if rows[0].mask_swa is None else np.concatenate([r.mask_swa for r in rows]),
-                        np.concatenate([r.k_idxs + j * c.ctx_size for j, r in enumerate(rows)]),
-                        np.concatenate([r.v_idxs + j * v_stride for j, r in enumerate(rows)]))
+        return LaneRows(
+            np.concatenate([r.positions for r in rows]),
+            np.concatenate([r.mask for r in rows]),
+            None if rows[0].mask_swa is None else np.concatenate([r.mask_swa for r in rows]),
+            np.concatenate([r.k_idxs + j * c.ctx_size for j, r in enumerate(rows)]),
+            np.concatenate([r.v_idxs + j * v_stride for j, r in enumerate(rows)]),
+        )
 
     def kv(self, il: int) -> tuple[Any, Any]:
         """Layer il's memory tensors for this plan's graphs."""
@@ -229,12 +285,23 @@ class GraphPlan:
         if v is None:
             cx = native.Context(max_tensors=2)
             src, dst, n_embd = self.ex.acts[a], self.ex.acts[b], self.ex.hp.n_embd
-            v = self.moves[(a, b, rows)] = (cx.view(src, [n_embd, rows], [src.nb[1]], 0),
-                                            cx.view(dst, [n_embd, rows], [dst.nb[1]], 0), cx)
+            v = self.moves[(a, b, rows)] = (
+                cx.view(src, [n_embd, rows], [src.nb[1]], 0),
+                cx.view(dst, [n_embd, rows], [dst.nb[1]], 0),
+                cx,
+            )
         return v[0], v[1]
 
-    def graph(self, build: Any, kind: str, rows_in: int | None = None, rows_out: int | None = None,
-              dev: int = 0, blocks: int = 1, **step: Any) -> Any:
+    def graph(
+        self,
+        build: Any,
+        kind: str,
+        rows_in: int | None = None,
+        rows_out: int | None = None,
+        dev: int = 0,
+        blocks: int = 1,
+        **step: Any,
+    ) -> Any:
         """A step's graph: build(ctx, gf, act, act_out, inp) over the device's activations (rows_in read,
         rows_out written) gives its output; in a context as small as the graph allows (room for `blocks`
         blocks to start with), grown on overflow."""
@@ -246,7 +313,7 @@ class GraphPlan:
             ctx = native.Context(max_tensors=nodes, graph_size=nodes)
             gf = ctx.new_graph()
             a = ex.acts[dev]
-            ex.weights.device = dev                  # the weights as this device holds them
+            ex.weights.device = dev  # the weights as this device holds them
             act = ctx.view(a, [ex.hp.n_embd, rows_in], [a.nb[1]], 0)
             act_out = act if rows_out == rows_in else ctx.view(a, [ex.hp.n_embd, rows_out], [a.nb[1]], 0)
             try:
@@ -278,8 +345,13 @@ class GraphPlan:
         runs: list[list[int]] = []
         for il in range(self.ex.hp.n_layer):
             run = runs[-1] if runs else None
-            if (self.merge and run and self.stays(il) and self.stays(run[-1])
-                    and self.ex.layer_device[run[-1]] == self.ex.layer_device[il]):
+            if (
+                self.merge
+                and run
+                and self.stays(il)
+                and self.stays(run[-1])
+                and self.ex.layer_device[run[-1]] == self.ex.layer_device[il]
+            ):
                 run.append(il)
             else:
                 runs.append([il])
@@ -287,14 +359,20 @@ class GraphPlan:
 
     def build(self) -> None:
         ex, hp, arch, w = self.ex, self.ex.hp, self.ex.arch, self.ex.weights
-        n_last = self.n if self.keep_rows else min(self.n, max(self.n_out, 1))    # rows the last block keeps
+        n_last = self.n if self.keep_rows else min(self.n, max(self.n_out, 1))  # rows the last block keeps
         paged, placement = ex.placement.paged, ex.placement
-        self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_embed(ctx, w, inp), act), "embed",
-                   dev=ex.embed_dev)
+        self.graph(
+            lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_embed(ctx, w, inp), act), "embed", dev=ex.embed_dev
+        )
         rows_in = n_last if self.keep_rows else self.n_out
         # the head joins the last segment where it is one graph on the last block's device
-        head_joins = (self.merge and bool(self.n_out) and not self.hidden and not (paged and not self.embed)
-                      and self.stays(hp.n_layer - 1))
+        head_joins = (
+            self.merge
+            and bool(self.n_out)
+            and not self.hidden
+            and not (paged and not self.embed)
+            and self.stays(hp.n_layer - 1)
+        )
         for run in self.segments():
             il = run[-1]
             rows = n_last if il == hp.n_layer - 1 else self.n
@@ -304,34 +382,63 @@ class GraphPlan:
                 continue
             with_head = head_joins and il == hp.n_layer - 1
             if len(run) == 1 and not with_head:
-                self.graph(lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(self.block(ctx, gf, inp, il, act),
-                                                                            act_out),
-                           "block", rows_out=rows, key=key, layer=il, dev=ex.layer_device[il], group=il)
+                self.graph(
+                    lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(self.block(ctx, gf, inp, il, act), act_out),
+                    "block",
+                    rows_out=rows,
+                    key=key,
+                    layer=il,
+                    dev=ex.layer_device[il],
+                    group=il,
+                )
                 continue
 
-            def segment(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs, run: list[int] = run,
-                        with_head: bool = with_head) -> Any:
+            def segment(
+                ctx: Any,
+                gf: Any,
+                act: Any,
+                act_out: Any,
+                inp: StepInputs,
+                run: list[int] = run,
+                with_head: bool = with_head,
+            ) -> Any:
                 x = act
                 for j in run:
                     x = self.block(ctx, gf, inp, j, x)
                 return self.head(ctx, inp, self.outputs(ctx, inp, x)) if with_head else ctx.cpy(x, act_out)
 
-            out = self.graph(segment, "block", rows_out=self.n_out if with_head else rows, dev=ex.layer_device[il],
-                             blocks=len(run) + with_head, span=tuple(run) + ((hp.n_layer,) if with_head else ()),
-                             keys=tuple(Block(j) for j in run) if paged else ())
+            out = self.graph(
+                segment,
+                "block",
+                rows_out=self.n_out if with_head else rows,
+                dev=ex.layer_device[il],
+                blocks=len(run) + with_head,
+                span=tuple(run) + ((hp.n_layer,) if with_head else ()),
+                keys=tuple(Block(j) for j in run) if paged else (),
+            )
             if with_head:
                 self.logits = out
                 return
         if self.hidden:
-            self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_output_norm(ctx, w, act),
-                                                                 self.hidden_rows(ctx)),
-                       "head", rows_in=rows_in, rows_out=rows_in, dev=ex.placement.head_dev, group=hp.n_layer)
+            self.graph(
+                lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_output_norm(ctx, w, act), self.hidden_rows(ctx)),
+                "head",
+                rows_in=rows_in,
+                rows_out=rows_in,
+                dev=ex.placement.head_dev,
+                group=hp.n_layer,
+            )
         if self.n_out and paged and not self.embed:
             self.build_chunked_head(rows_in)
         elif self.n_out:
-            self.logits = self.graph(lambda ctx, gf, act, act_out, inp: self.head(ctx, inp, self.outputs(ctx, inp, act)),
-                                     "head", rows_in=rows_in, rows_out=self.n_out, dev=ex.layer_device[-1],
-                                     group=hp.n_layer)
+            self.logits = self.graph(
+                lambda ctx, gf, act, act_out, inp: self.head(ctx, inp, self.outputs(ctx, inp, act)),
+                "head",
+                rows_in=rows_in,
+                rows_out=self.n_out,
+                dev=ex.layer_device[-1],
+                group=hp.n_layer,
+            )
 
     def hidden_rows(self, ctx: Any) -> Any:
         """The pass's rows of ex.hidden_buf (F32 [n_embd, n])."""
@@ -395,21 +502,40 @@ class GraphPlan:
         lb = vctx.view(shared[3], [hp.n_vocab, n_out], [shared[3].nb[1]], 0)
         self.keep += [shared, vctx]
         dev = ex.placement.head_dev
-        self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(
-            self.outputs(ctx, inp, ex.arch.build_output_norm(ctx, w, act)), head_in),
-            "head", rows_in=rows_in, rows_out=n_out, dev=dev)
+        self.graph(
+            lambda ctx, gf, act, act_out, inp: ctx.cpy(
+                self.outputs(ctx, inp, ex.arch.build_output_norm(ctx, w, act)), head_in
+            ),
+            "head",
+            rows_in=rows_in,
+            rows_out=n_out,
+            dev=dev,
+        )
         row0 = 0
         for c, name in enumerate(ex.placement.head_chunks):
             rows = w(name).ne[1]
 
-            def chunk(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs, name: str = name,
-                      r0: int = row0, rows: int = rows) -> Any:
+            def chunk(
+                ctx: Any,
+                gf: Any,
+                act: Any,
+                act_out: Any,
+                inp: StepInputs,
+                name: str = name,
+                r0: int = row0,
+                rows: int = rows,
+            ) -> Any:
                 dst = ctx.view(lb, [rows, n_out], [lb.nb[1]], r0 * lb.element_size)
                 return ctx.cpy(ctx.mul_mat(w(name), head_in), dst)
 
             self.graph(chunk, "head", rows_in=n_out, rows_out=n_out, key=HeadChunk(c), dev=dev)
             row0 += rows
-        if ex.arch.final_softcap:        # what follows the head's matmul, over all of its rows
-            self.graph(lambda ctx, gf, act, act_out, inp: ctx.cpy(ex.arch.build_logits(ctx, lb), lb), "head",
-                       rows_in=n_out, rows_out=n_out, dev=dev)
+        if ex.arch.final_softcap:  # what follows the head's matmul, over all of its rows
+            self.graph(
+                lambda ctx, gf, act, act_out, inp: ctx.cpy(ex.arch.build_logits(ctx, lb), lb),
+                "head",
+                rows_in=n_out,
+                rows_out=n_out,
+                dev=dev,
+            )
         self.logits = lb

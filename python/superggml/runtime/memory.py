@@ -29,8 +29,8 @@ from ..settings import KV_QUANTIZED, Settings
 from .pagers import merge_stats
 from .memory_plan import check_available, kv_type
 
-MAX_LANES = 64        # sequences one pass holds at most
-Lane = tuple[int, int, int]       # (sequence, rows valid before the step, rows valid after it)
+MAX_LANES = 64  # sequences one pass holds at most
+Lane = tuple[int, int, int]  # (sequence, rows valid before the step, rows valid after it)
 
 
 def attn_rot_size(head_dim: int, cache_type: str, *, largest: bool) -> int:
@@ -56,14 +56,18 @@ def check_latent_types(hp: Any, type_k: str, type_v: str) -> None:
     """ValueError unless a latent K/V (V read from K) can be held in these cache types: the same one for K and V
     (llama.cpp's rule), whose blocks divide V's values as well as K's."""
     if type_k != type_v:
-        raise ValueError(f"the latent K/V of {hp.arch} is one cache: cache_type_k ({type_k}) and cache_type_v "
-                         f"({type_v}) must be the same, as llama.cpp requires (kv_type sets both)")
+        raise ValueError(
+            f"the latent K/V of {hp.arch} is one cache: cache_type_k ({type_k}) and cache_type_v "
+            f"({type_v}) must be the same, as llama.cpp requires (kv_type sets both)"
+        )
     if hp.head_dim_v % native.blck_size(kv_type(type_k)):
-        raise ValueError(f"cache_type_k={type_k} stores blocks of {native.blck_size(kv_type(type_k))} values, which "
-                         f"this model's latent V of {hp.head_dim_v} does not divide into")
+        raise ValueError(
+            f"cache_type_k={type_k} stores blocks of {native.blck_size(kv_type(type_k))} values, which "
+            f"this model's latent V of {hp.head_dim_v} does not divide into"
+        )
 
 
-RECORD_ROWS = 16          # passes of one sequence of 2..this many rows leave their inputs (record_tensor)
+RECORD_ROWS = 16  # passes of one sequence of 2..this many rows leave their inputs (record_tensor)
 
 
 def records(n: int, one_sequence: bool) -> bool:
@@ -143,12 +147,16 @@ class KVLanes:
         c = settings.context
         self.n_layer = hp.n_layer
         self.types = (kv_type(c.cache_type_k), kv_type(c.cache_type_v))
-        for name, t, d in zip(("cache_type_k", "cache_type_v"), self.types, (hp.head_dim, hp.head_dim_v or hp.head_dim)):
+        for name, t, d in zip(
+            ("cache_type_k", "cache_type_v"), self.types, (hp.head_dim, hp.head_dim_v or hp.head_dim)
+        ):
             if d % native.blck_size(t):
-                raise ValueError(f"{name}={getattr(c, name)} stores blocks of {native.blck_size(t)} values, which "
-                                 f"this model's heads of {d} do not divide into")
+                raise ValueError(
+                    f"{name}={getattr(c, name)} stores blocks of {native.blck_size(t)} values, which "
+                    f"this model's heads of {d} do not divide into"
+                )
         self.shape = [hp.n_embd_gqa, c.ctx_size]
-        self.v_width = hp.n_embd_v_gqa        # 0: no V tensors (a latent K/V: V is read from K)
+        self.v_width = hp.n_embd_v_gqa  # 0: no V tensors (a latent K/V: V is read from K)
         self.k: list[list[Any]] = []
         self.v: list[list[Any]] = []
         self.keep: list[Any] = []
@@ -176,8 +184,10 @@ class KVLanes:
 
     def layer(self, il: int, n_lanes: int) -> tuple[Any, Any]:
         """Layer il's K and V of the first lane, or lists of n_lanes lanes' (V None for a latent K/V)."""
+
         def v(j: int) -> Any:
             return self.v[j][il] if self.v_width else None
+
         if not n_lanes:
             return self.k[0][il], v(0)
         self.ensure(n_lanes)
@@ -206,21 +216,22 @@ class ContiguousKV(LanedKV):
 
     RESERVED_SLOTS = 256
 
-    def __init__(self, settings: Settings, hp: Any, backends: Sequence[Any], layer_device: Sequence[int],
-                 kv_bytes: int):
+    def __init__(
+        self, settings: Settings, hp: Any, backends: Sequence[Any], layer_device: Sequence[int], kv_bytes: int
+    ):
         self.lanes = KVLanes(settings, hp)
         self.backends = backends
         self.layer_device = list(layer_device)
         self.kv_bytes = kv_bytes
         self.ctx_size = settings.context.ctx_size
         self.capacity = 0
-        self.pool: tuple[list[Any], list[Any], list[Any]] = ([], [], [])    # K and V per layer, what holds them
-        self.reservation: Any = None                # the host pools' address space (None: allocated pools)
-        self.offsets: list[int] = []                # where each pool tensor (K of every layer, then V) lies in it
-        self.slots: dict[int, int] = {}             # sequence -> slot
+        self.pool: tuple[list[Any], list[Any], list[Any]] = ([], [], [])  # K and V per layer, what holds them
+        self.reservation: Any = None  # the host pools' address space (None: allocated pools)
+        self.offsets: list[int] = []  # where each pool tensor (K of every layer, then V) lies in it
+        self.slots: dict[int, int] = {}  # sequence -> slot
         self.stream_views: dict[int, tuple[list[Any], list[Any], Any]] = {}  # lanes -> K, V [g, ctx * lanes]
-        self.bound: list[int | None] = []           # the slot each lane points at
-        self.bound_streams: dict[int, int] = {}     # lanes -> the first slot its stream tensors point at
+        self.bound: list[int | None] = []  # the slot each lane points at
+        self.bound_streams: dict[int, int] = {}  # lanes -> the first slot its stream tensors point at
         self.storage(0, check=False)
 
     def grow(self, check: bool) -> None:
@@ -242,9 +253,12 @@ class ContiguousKV(LanedKV):
             self.offsets = offsets
         else:
             if check:
-                check_available(self.backends[0], self.kv_bytes * (cap - self.capacity),
-                                f"the K/V of {cap} sequences (ctx_size {self.ctx_size} tokens each; paged_kv holds "
-                                f"only the pages a sequence uses)")
+                check_available(
+                    self.backends[0],
+                    self.kv_bytes * (cap - self.capacity),
+                    f"the K/V of {cap} sequences (ctx_size {self.ctx_size} tokens each; paged_kv holds "
+                    f"only the pages a sequence uses)",
+                )
             for i, b in enumerate(self.backends):
                 if i in self.layer_device:
                     buf = b.alloc_tensors(ctxs[i])
@@ -264,9 +278,13 @@ class ContiguousKV(LanedKV):
         if slot is None:
             used = set(self.slots.values())
             slot = next(i for i in range(len(used) + 1) if i not in used)
-            if check and self.reservation is not None:      # the pages this sequence may come to hold
-                check_available(self.backends[0], self.kv_bytes, f"the K/V of sequence {seq} (ctx_size "
-                                f"{self.ctx_size} tokens; paged_kv holds only the pages a sequence uses)")
+            if check and self.reservation is not None:  # the pages this sequence may come to hold
+                check_available(
+                    self.backends[0],
+                    self.kv_bytes,
+                    f"the K/V of sequence {seq} (ctx_size "
+                    f"{self.ctx_size} tokens; paged_kv holds only the pages a sequence uses)",
+                )
             if slot >= self.capacity:
                 self.grow(check)
             self.slots[seq] = slot
@@ -321,11 +339,11 @@ class ContiguousKV(LanedKV):
         native.tensor_alias(t, pool, slot * pool.nb[1] * self.ctx_size)
 
     def truncate(self, seq: int, n: int) -> None:
-        pass                      # rows past n are written again before any query reads them
+        pass  # rows past n are written again before any query reads them
 
     def drop(self, seq: int) -> None:
         slot = self.slots.pop(seq, None) if seq != 0 else None
-        if slot is not None and self.reservation is not None:      # its pages back to the system
+        if slot is not None and self.reservation is not None:  # its pages back to the system
             for t, at in zip(self.pool[0] + self.pool[1], self.offsets):
                 size = t.nb[1] * self.ctx_size
                 self.reservation.release(at + slot * size, size)
@@ -343,7 +361,7 @@ class KVPages:
         self.depth = depth
         self.n_swa = n_swa
         self.swa_layers = list(swa_layers) if n_swa > 0 else []
-        self.floor: dict[int, int] = {}     # seq -> first token the sliding-window layers still hold
+        self.floor: dict[int, int] = {}  # seq -> first token the sliding-window layers still hold
 
     def begin(self, seq: int, p0: int) -> None:
         """A pass of `seq` starts at position p0: its first query sees keys from p0 - n_swa + 1 on."""
@@ -395,8 +413,11 @@ class PagedKV(LanedKV):
         self.parts = [p for p, _ in parts]
         self.first = [f for _, f in parts]
         # each sequence of a pass needs a frame per layer at once: with fewer frames than layers, only one
-        self.max_lanes = 1 if any(p.n_frames < p.n_layer for p in self.parts) else min(
-            MAX_LANES, min(p.n_frames for p in self.parts))
+        self.max_lanes = (
+            1
+            if any(p.n_frames < p.n_layer for p in self.parts)
+            else min(MAX_LANES, min(p.n_frames for p in self.parts))
+        )
 
     def part(self, layer: int) -> tuple[KVPages, int]:
         for p, f in zip(reversed(self.parts), reversed(self.first)):
@@ -417,8 +438,13 @@ class PagedKV(LanedKV):
     def use(self, layer: int, lanes: Sequence[Lane]) -> contextlib.AbstractContextManager[None]:
         p, local = self.part(layer)
         k, v = self.lanes.k, self.lanes.v
-        return p.use(local, [(seq, n_valid, n_end, k[j][layer] if j else None, v[j][layer] if j and v[j] else None)
-                             for j, (seq, n_valid, n_end) in enumerate(lanes)])
+        return p.use(
+            local,
+            [
+                (seq, n_valid, n_end, k[j][layer] if j else None, v[j][layer] if j and v[j] else None)
+                for j, (seq, n_valid, n_end) in enumerate(lanes)
+            ],
+        )
 
     def truncate(self, seq: int, n: int) -> None:
         for p in self.parts:
@@ -429,19 +455,24 @@ class PagedKV(LanedKV):
         return {**merge_stats(per), "kv_per_device": per} if len(per) > 1 else per[0]
 
 
-def paged_kv(settings: Settings, arch: Any, backends: Sequence[Any], layer_device: Sequence[int],
-             n_split: int) -> PagedKV:
+def paged_kv(
+    settings: Settings, arch: Any, backends: Sequence[Any], layer_device: Sequence[int], n_split: int
+) -> PagedKV:
     """The paged K/V of settings.kv: each device pages the K/V of its own blocks."""
     hp, kvs = arch.hp, settings.kv
     host_budget = kvs.host_budget_bytes
     if host_budget is not None and host_budget > int(native.host_memory()["available"]):
         h = native.host_memory()
-        raise ValueError(f"host_budget of {host_budget} bytes is more than the "
-                         f"{h['available']} bytes of host memory available (total {h['total']} bytes)")
+        raise ValueError(
+            f"host_budget of {host_budget} bytes is more than the "
+            f"{h['available']} bytes of host memory available (total {h['total']} bytes)"
+        )
     n_frames = hp.n_layer if kvs.kv_device_layers is None else kvs.kv_device_layers
     if n_frames > 64 * hp.n_layer:
-        raise ValueError(f"kv_device_layers must be in 1..{64 * hp.n_layer} (n_layer per sequence "
-                         f"kept on the device), not {kvs.kv_device_layers}")
+        raise ValueError(
+            f"kv_device_layers must be in 1..{64 * hp.n_layer} (n_layer per sequence "
+            f"kept on the device), not {kvs.kv_device_layers}"
+        )
     lanes = KVLanes(settings, hp)
     parts = []
     for d in range(n_split):
@@ -450,10 +481,28 @@ def paged_kv(settings: Settings, arch: Any, backends: Sequence[Any], layer_devic
             continue
         frames = n_frames if len(ls) == hp.n_layer or kvs.kv_device_layers is not None else len(ls)
         host = host_budget if host_budget is None else host_budget * len(ls) // hp.n_layer
-        core = native.KVCache([lanes.k[0][il] for il in ls], [lanes.v[0][il] for il in ls if lanes.v_width],
-                              page_size=kvs.kv_page_size, n_frames=frames, host_budget=host,
-                              spill_dir=kvs.kv_spill_dir or "", v_trans=not settings.context.flash_attn,
-                              backend=backends[d], n_workers=1, n_stream=settings.paging.stream_slots)
-        parts.append((KVPages(core, len(ls), settings.paging.ahead, n_swa=0 if kvs.swa_full else arch.n_swa,
-                              swa_layers=[j for j, il in enumerate(ls) if arch.is_swa(il)]), ls[0]))
+        core = native.KVCache(
+            [lanes.k[0][il] for il in ls],
+            [lanes.v[0][il] for il in ls if lanes.v_width],
+            page_size=kvs.kv_page_size,
+            n_frames=frames,
+            host_budget=host,
+            spill_dir=kvs.kv_spill_dir or "",
+            v_trans=not settings.context.flash_attn,
+            backend=backends[d],
+            n_workers=1,
+            n_stream=settings.paging.stream_slots,
+        )
+        parts.append(
+            (
+                KVPages(
+                    core,
+                    len(ls),
+                    settings.paging.ahead,
+                    n_swa=0 if kvs.swa_full else arch.n_swa,
+                    swa_layers=[j for j, il in enumerate(ls) if arch.is_swa(il)],
+                ),
+                ls[0],
+            )
+        )
     return PagedKV(lanes, parts)

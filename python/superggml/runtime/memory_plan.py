@@ -24,27 +24,28 @@ from ..settings import Budget, ContextSettings, HostCache
 from ..telemetry import device_memory_fn, host_memory
 
 MiB = 1 << 20
-HEADROOM_MIN = 64 * MiB        # never planned: the allocator's slack, thread stacks, the interpreter's growth
-HEADROOM_SHARE = 0.05          # and this share of what is available
+HEADROOM_MIN = 64 * MiB  # never planned: the allocator's slack, thread stacks, the interpreter's growth
+HEADROOM_SHARE = 0.05  # and this share of what is available
 TOKENIZER_BYTES_PER_TOKEN = 256  # the tokenizer's tables, per vocabulary entry (Qwen2.5's 151,936: 31 MiB measured)
-SLOT_ALIGN_ROOM = 256 # bytes kept free in a slot for alignment padding
-STATE_CHECKPOINTS = 3          # copies of a sequence's recurrent states kept to go back to (runtime/recurrent.py)
+SLOT_ALIGN_ROOM = 256  # bytes kept free in a slot for alignment padding
+STATE_CHECKPOINTS = 3  # copies of a sequence's recurrent states kept to go back to (runtime/recurrent.py)
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
     """What a model may hold on its device, and why. Sizes in bytes."""
-    mode: str                 # "auto": chosen here; "explicit": the caller's size; "off": all resident
-    budget: int | None        # the blocks' pool (None: every weight resident)
-    available: int            # memory the process could still take when the model loaded
-    weights: int              # every tensor of the file
-    kv: int                   # the K/V cache at ctx_size, and a hybrid model's states with their checkpoints
-    compute: int              # compute buffers, at most (n_batch rows, a full context)
+
+    mode: str  # "auto": chosen here; "explicit": the caller's size; "off": all resident
+    budget: int | None  # the blocks' pool (None: every weight resident)
+    available: int  # memory the process could still take when the model loaded
+    weights: int  # every tensor of the file
+    kv: int  # the K/V cache at ctx_size, and a hybrid model's states with their checkpoints
+    compute: int  # compute buffers, at most (n_batch rows, a full context)
     tokenizer: int
-    reserve: int              # kept for something else (a draft model)
+    reserve: int  # kept for something else (a draft model)
     headroom: int
-    host_cache: int = 0       # the host tier of streamed blocks (a device that is not host memory)
-    host_available: int = 0   # host memory the process could still take (0: the device is the host)
+    host_cache: int = 0  # the host tier of streamed blocks (a device that is not host memory)
+    host_available: int = 0  # host memory the process could still take (0: the device is the host)
 
     @property
     def resident(self) -> bool:
@@ -71,15 +72,22 @@ class MemoryPlan:
             extra = f" ({self.reserve / 2**30:.1f} GiB kept for the draft model"
             if self.mode == "auto" and not self.resident:
                 n_streamed = self.weights - (self.budget or 0)
-                extra += (f", so {gib(n_streamed)} of weights stream instead of "
-                          f"{gib(max(0, n_streamed - self.reserve))}")    # the reserve would join the pool
+                extra += (
+                    f", so {gib(n_streamed)} of weights stream instead of "
+                    f"{gib(max(0, n_streamed - self.reserve))}"
+                )  # the reserve would join the pool
             extra += ")"
         if self.host_available and not self.resident:
-            extra += (f"; host tier {gib(self.host_cache)} of the host's {gib(self.host_available)} available"
-                      if self.host_cache else "; no host tier")
-        return (f"superggml: device budget {self.mode}: {what}{streamed}; {gib(self.available)} available, "
-                f"weights {gib(self.weights)}, K/V {gib(self.kv)}, compute {gib(self.compute)}, headroom "
-                f"{gib(self.headroom + self.tokenizer)}{extra}")
+            extra += (
+                f"; host tier {gib(self.host_cache)} of the host's {gib(self.host_available)} available"
+                if self.host_cache
+                else "; no host tier"
+            )
+        return (
+            f"superggml: device budget {self.mode}: {what}{streamed}; {gib(self.available)} available, "
+            f"weights {gib(self.weights)}, K/V {gib(self.kv)}, compute {gib(self.compute)}, headroom "
+            f"{gib(self.headroom + self.tokenizer)}{extra}"
+        )
 
 
 def gib(n: int) -> str:
@@ -93,8 +101,9 @@ def kv_type(name: str) -> Any:
 
 def kv_bytes_per_token(hp: HParams, type_k: str, type_v: str) -> int:
     """One token's K and V over every layer (K only for a latent K/V)."""
-    return (hp.n_layer_kv or hp.n_layer) * sum(int(native.row_size(kv_type(t), n)) for t, n in ((type_k, hp.n_embd_gqa),
-                                                                              (type_v, hp.n_embd_v_gqa)) if n)
+    return (hp.n_layer_kv or hp.n_layer) * sum(
+        int(native.row_size(kv_type(t), n)) for t, n in ((type_k, hp.n_embd_gqa), (type_v, hp.n_embd_v_gqa)) if n
+    )
 
 
 def kv_bytes(hp: HParams, ctx_size: int, type_k: str, type_v: str) -> int:
@@ -117,8 +126,9 @@ def compute_bytes(hp: HParams, n_batch: int, ctx_size: int, flash_attn: bool) ->
     return 4 * n_batch * (6 * hp.n_embd + 3 * n_ff + scores) + 4 * hp.n_vocab
 
 
-def plan_memory(hp: HParams, weights: int, c: ContextSettings, device_budget: Budget, available: int, *,
-                reserve: int = 0) -> MemoryPlan:
+def plan_memory(
+    hp: HParams, weights: int, c: ContextSettings, device_budget: Budget, available: int, *, reserve: int = 0
+) -> MemoryPlan:
     """The plan for a model whose tensors take `weights` bytes, with the context `c` and `device_budget` ("auto",
     "off", or bytes); `available` the memory the device has free for it. ValueError when auto finds no room for
     even the smallest pool."""
@@ -127,12 +137,21 @@ def plan_memory(hp: HParams, weights: int, c: ContextSettings, device_budget: Bu
     tokenizer = TOKENIZER_BYTES_PER_TOKEN * hp.n_vocab
     headroom = HEADROOM_MIN + int(HEADROOM_SHARE * available)
     mode = device_budget if device_budget in ("auto", "off") else "explicit"
-    p = MemoryPlan(mode=str(mode), budget=None, available=available, weights=weights, kv=kv, compute=compute,
-                   tokenizer=tokenizer, reserve=reserve, headroom=headroom)
+    p = MemoryPlan(
+        mode=str(mode),
+        budget=None,
+        available=available,
+        weights=weights,
+        kv=kv,
+        compute=compute,
+        tokenizer=tokenizer,
+        reserve=reserve,
+        headroom=headroom,
+    )
     if mode == "off" or (mode == "auto" and p.needed <= available):
         return p
     if mode == "explicit":
-        return MemoryPlan(**{**asdict(p), "budget": int(device_budget)})    # type: ignore[arg-type]
+        return MemoryPlan(**{**asdict(p), "budget": int(device_budget)})  # type: ignore[arg-type]
     return MemoryPlan(**{**asdict(p), "budget": max(0, available - p.beside)})
 
 
@@ -159,8 +178,9 @@ def file_shape(path: str) -> tuple[HParams, int]:
         f.close()
 
 
-def plan_on(path: str, device: str, c: ContextSettings, device_budget: Budget = "auto",
-            host_cache: HostCache = "auto") -> MemoryPlan:
+def plan_on(
+    path: str, device: str, c: ContextSettings, device_budget: Budget = "auto", host_cache: HostCache = "auto"
+) -> MemoryPlan:
     """The plan a model at `path` gets on a device of this machine (a ggml device name; "" or a CPU: the host)
     with the context `c`: what `superggml plan` and `analyze` show."""
     hp, weights = file_shape(path)
@@ -179,8 +199,12 @@ def model_bytes(path: str, c: ContextSettings, budget: int | None) -> int:
     leaves it."""
     hp, weights = file_shape(path)
     held = weights if budget is None else min(weights, int(budget))
-    return (held + sequence_bytes(hp, c.ctx_size, c.cache_type_k, c.cache_type_v) +
-            compute_bytes(hp, c.n_batch, c.ctx_size, c.flash_attn) + TOKENIZER_BYTES_PER_TOKEN * hp.n_vocab)
+    return (
+        held
+        + sequence_bytes(hp, c.ctx_size, c.cache_type_k, c.cache_type_v)
+        + compute_bytes(hp, c.n_batch, c.ctx_size, c.flash_attn)
+        + TOKENIZER_BYTES_PER_TOKEN * hp.n_vocab
+    )
 
 
 def too_small(p: MemoryPlan, smallest: int, what: str) -> ValueError:
@@ -188,10 +212,13 @@ def too_small(p: MemoryPlan, smallest: int, what: str) -> ValueError:
     return ValueError(
         f"not enough memory for this model: {gib(p.available)} available, and it needs {gib(p.beside)} besides "
         f"its weights (K/V cache {gib(p.kv)} at this ctx_size, compute {gib(p.compute)}, tokenizer and headroom "
-        f"{gib(p.tokenizer + p.headroom)}" + (f", draft model {gib(p.reserve)}" if p.reserve else "") +
-        "), which leaves " + (f"less than the {gib(smallest)} of {what}" if smallest else f"nothing for {what}") +
-        ": lower ctx_size (-c) or n_batch (-b), quantize the K/V cache (-ctk, -ctv), free memory or raise the memory "
-        "limit")
+        f"{gib(p.tokenizer + p.headroom)}"
+        + (f", draft model {gib(p.reserve)}" if p.reserve else "")
+        + "), which leaves "
+        + (f"less than the {gib(smallest)} of {what}" if smallest else f"nothing for {what}")
+        + ": lower ctx_size (-c) or n_batch (-b), quantize the K/V cache (-ctk, -ctv), free memory or raise the memory "
+        "limit"
+    )
 
 
 def off_error(p: MemoryPlan, cause: str) -> ValueError:
@@ -200,7 +227,8 @@ def off_error(p: MemoryPlan, cause: str) -> ValueError:
         f"{cause}: device_budget='off' keeps every weight resident, which needs {gib(p.needed)} "
         f"(weights {gib(p.weights)}, K/V cache {gib(p.kv)}, the rest {gib(p.needed - p.weights - p.kv)}), but "
         f"{gib(p.available)} is available; use device_budget='auto' (--device-budget auto) to stream the blocks "
-        f"that do not fit, or a size such as --device-budget {max(1, int(p.available * 0.7 / 2**30))}GiB")
+        f"that do not fit, or a size such as --device-budget {max(1, int(p.available * 0.7 / 2**30))}GiB"
+    )
 
 
 def plan_slots(budget: int, slot: int, n_keys: int, n_stream: int) -> tuple[int, int]:
@@ -213,20 +241,31 @@ def plan_slots(budget: int, slot: int, n_keys: int, n_stream: int) -> tuple[int,
     return n_slots, max(0, n_slots - min(n_slots, n_stream))
 
 
-def split_moe_budget(budget: int, *, dense: int, slot: int, n_stream: int, n_expert: int, n_expert_used: int,
-                     expert_bytes: int, n_batch: int) -> tuple[int, int]:
+def split_moe_budget(
+    budget: int,
+    *,
+    dense: int,
+    slot: int,
+    n_stream: int,
+    n_expert: int,
+    n_expert_used: int,
+    expert_bytes: int,
+    n_batch: int,
+) -> tuple[int, int]:
     """(dense budget, expert cache) of a MoE model's budget: its dense part (`dense` bytes in slots of `slot`)
     first, every block pinned if the expert cache can still hold what one batch routes to; otherwise the dense
     part streams through the fewest slots and the cache gets the rest, which must hold what one token routes to
     (a batch then runs its experts in chunks of rows)."""
     batch = min(n_expert, n_expert_used * n_batch) * expert_bytes
-    stream = min(n_stream, dense // slot) * slot      # the fewest slots the dense part streams through
+    stream = min(n_stream, dense // slot) * slot  # the fewest slots the dense part streams through
     dense_budget = dense if budget - batch >= dense else max(budget - batch, stream)
     if budget - dense_budget < n_expert_used * expert_bytes:
-        raise ValueError(f"device_budget of {budget} bytes cannot hold {stream // slot} blocks without their "
-                         f"experts ({slot} bytes each) and the {n_expert_used} experts a token is routed to "
-                         f"({expert_bytes} bytes each): give it at least {stream + n_expert_used * expert_bytes} "
-                         f"bytes")
+        raise ValueError(
+            f"device_budget of {budget} bytes cannot hold {stream // slot} blocks without their "
+            f"experts ({slot} bytes each) and the {n_expert_used} experts a token is routed to "
+            f"({expert_bytes} bytes each): give it at least {stream + n_expert_used * expert_bytes} "
+            f"bytes"
+        )
     return dense_budget, budget - dense_budget
 
 
@@ -239,7 +278,11 @@ def check_available(backend: Any, nbytes: int, what: str) -> None:
     free = total - used
     if nbytes > free:
         h = native.host_memory()
-        where = (f"the host (total {total} bytes" + (f", cgroup limit {h['cgroup_limit']} bytes"
-                                                     if h["cgroup_limit"] else "") + ")"
-                 if backend.device_type == "cpu" else f"{backend.name} (total {total} bytes)")
+        where = (
+            f"the host (total {total} bytes"
+            + (f", cgroup limit {h['cgroup_limit']} bytes" if h["cgroup_limit"] else "")
+            + ")"
+            if backend.device_type == "cpu"
+            else f"{backend.name} (total {total} bytes)"
+        )
         raise ValueError(f"{what} of {nbytes} bytes is more than the {free} bytes available on {where}")

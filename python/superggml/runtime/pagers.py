@@ -20,12 +20,14 @@ from .. import native
 @dataclass(frozen=True)
 class Block:
     """Transformer block b's weights."""
+
     b: int
 
 
 @dataclass(frozen=True)
 class HeadChunk:
     """Row chunk c of the lm head (streamed in slot-sized chunks)."""
+
     c: int
 
 
@@ -59,7 +61,7 @@ class WeightPager:
         self.n_keys = len(self.keys)
         self._index = {k: i for i, k in enumerate(self.keys)}
         self.depth = depth
-        self._released: dict[int, float] = {}     # core key -> when it was last released
+        self._released: dict[int, float] = {}  # core key -> when it was last released
 
     def index(self, key: Key) -> int:
         """The LayerPager's key."""
@@ -77,7 +79,7 @@ class WeightPager:
         self.core.acquire(i)
         try:
             for j in range(1, self.depth + 1):
-                self.core.prefetch((i + j) % self.n_keys)    # False when no slot is free: it loads on use
+                self.core.prefetch((i + j) % self.n_keys)  # False when no slot is free: it loads on use
             yield
         finally:
             self.core.release(i)
@@ -99,14 +101,24 @@ class WeightPager:
         """Where each block's weights are now: "pinned" (a slot they keep), "slot" (a slot until evicted) or
         "file" (read again on use). The native pager answers from any thread."""
         p = self.core
-        return {k.b: "pinned" if p.pinned(i) else "slot" if p.resident(i) else "file"
-                for i, k in enumerate(self.keys) if isinstance(k, Block)}
+        return {
+            k.b: "pinned" if p.pinned(i) else "slot" if p.resident(i) else "file"
+            for i, k in enumerate(self.keys)
+            if isinstance(k, Block)
+        }
 
     def stats(self) -> dict[str, Any]:
         p = self.core
-        return {**p.stats(), "n_slots": p.n_slots, "slot_size": p.slot_size, "direct_io": p.direct_io,
-                "staged_io": p.staged, "layers_pinned": sum(p.pinned(k) for k in range(p.n_layers)),
-                "host_slots": p.host_slots, "host_tier_bytes": p.host_bytes}
+        return {
+            **p.stats(),
+            "n_slots": p.n_slots,
+            "slot_size": p.slot_size,
+            "direct_io": p.direct_io,
+            "staged_io": p.staged,
+            "layers_pinned": sum(p.pinned(k) for k in range(p.n_layers)),
+            "host_slots": p.host_slots,
+            "host_tier_bytes": p.host_bytes,
+        }
 
 
 def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -125,7 +137,7 @@ def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-LOOKAHEAD_TRIAL = 256          # guessed experts before the lookahead's precision is judged
+LOOKAHEAD_TRIAL = 256  # guessed experts before the lookahead's precision is judged
 LOOKAHEAD_MIN_PRECISION = 0.5
 # expert_lookahead "auto": decoded tokens timed with the lookahead on and off, in phases on, off, off, on (after a
 # warm-up), the faster kept. Its guesses cost reads and evictions: bench/moe_limited.py measured it slower at
@@ -133,7 +145,7 @@ LOOKAHEAD_MIN_PRECISION = 0.5
 LOOKAHEAD_WARMUP = 8
 LOOKAHEAD_PHASE = 16
 LOOKAHEAD_PHASES = (True, False, False, True)
-LOOKAHEAD_MARGIN = 0.05        # kept only when faster by this much: its wrong guesses cost reads others may need
+LOOKAHEAD_MARGIN = 0.05  # kept only when faster by this much: its wrong guesses cost reads others may need
 
 
 class ExpertPager:
@@ -144,8 +156,18 @@ class ExpertPager:
     buffer as [K, M, n_slots] expert tensors (nb[2] = slot size), so the FFN graph runs ggml_mul_mat_id on
     them with the router's ids remapped to slots (map)."""
 
-    def __init__(self, store: Any, path: str, arch: Any, budget: int, backend: Any, *, n_workers: int = 2,
-                 direct_io: bool = False, lookahead: bool | None = True):
+    def __init__(
+        self,
+        store: Any,
+        path: str,
+        arch: Any,
+        budget: int,
+        backend: Any,
+        *,
+        n_workers: int = 2,
+        direct_io: bool = False,
+        lookahead: bool | None = True,
+    ):
         """`lookahead`: load the next router's guesses (lookahead()) always (True), never (False), or as a
         timed trial of the first decoded tokens finds faster (None)."""
         hp = arch.hp
@@ -155,12 +177,15 @@ class ExpertPager:
         n_slots = budget // slot
         need = hp.n_expert_used * 1
         if n_slots < need:
-            raise ValueError(f"expert_cache of {budget} bytes holds {n_slots} experts; a token is routed to "
-                             f"{hp.n_expert_used} of {slot} bytes each: give it at least {need * slot} bytes")
-        self.core = native.ExpertCache(path, n_slots=n_slots, slot_size=slot, backend=backend, n_workers=n_workers,
-                                      direct_io=direct_io)
+            raise ValueError(
+                f"expert_cache of {budget} bytes holds {n_slots} experts; a token is routed to "
+                f"{hp.n_expert_used} of {slot} bytes each: give it at least {need * slot} bytes"
+            )
+        self.core = native.ExpertCache(
+            path, n_slots=n_slots, slot_size=slot, backend=backend, n_workers=n_workers, direct_io=direct_io
+        )
         for il, parts in enumerate(self.parts):
-            if parts:                              # a block with a dense FFN has none
+            if parts:  # a block with a dense FFN has none
                 self.core.set_layer(il, hp.n_expert, parts)
         self.ctx = native.Context(max_tensors=3 * hp.n_layer)
         self.views: list[list[Any]] = []
@@ -174,12 +199,12 @@ class ExpertPager:
                 vs.append(v)
             self.views.append(vs)
         self._pinned: list[int] = []
-        self._guess: dict[int, set[int]] = {}     # layer -> experts the lookahead predicted for it
+        self._guess: dict[int, set[int]] = {}  # layer -> experts the lookahead predicted for it
         self.guessed = self.guessed_right = self.routed = 0
         self.lookahead_mode = lookahead
         self.lookahead_on = lookahead is not False
         self._trial_tokens = 0
-        self._trial = {True: [0.0, 0], False: [0.0, 0]}      # lookahead on/off -> [seconds, decoded tokens]
+        self._trial = {True: [0.0, 0], False: [0.0, 0]}  # lookahead on/off -> [seconds, decoded tokens]
 
     @staticmethod
     def layout(store: Any, arch: Any, *, direct: bool = False) -> list[list[tuple[int, int, int, int]]]:
@@ -202,7 +227,7 @@ class ExpertPager:
                     off += -(-(lead + stride) // blk) * blk
                 else:
                     parts.append((file_off, stride, stride, off))
-                    off += -(-stride // 64) * 64          # each matrix 64-byte aligned inside the slot
+                    off += -(-stride // 64) * 64  # each matrix 64-byte aligned inside the slot
             out.append(parts)
         return out
 
@@ -214,7 +239,7 @@ class ExpertPager:
     def map(self, layer: int, ids: Any) -> Any:
         """The slots of the experts `ids` (I32 [k, n]) of `layer`, loaded and pinned until release()."""
         guess = self._guess.pop(layer, None)
-        if guess is not None:                   # how good the lookahead was for this layer
+        if guess is not None:  # how good the lookahead was for this layer
             routed = {int(e) for e in ids}
             self.guessed += len(guess)
             self.routed += len(routed)
@@ -236,7 +261,10 @@ class ExpertPager:
 
     @property
     def lookahead_state(self) -> str:
-        if self.lookahead_mode is None and self._trial_tokens < LOOKAHEAD_WARMUP + len(LOOKAHEAD_PHASES) * LOOKAHEAD_PHASE:
+        if (
+            self.lookahead_mode is None
+            and self._trial_tokens < LOOKAHEAD_WARMUP + len(LOOKAHEAD_PHASES) * LOOKAHEAD_PHASE
+        ):
             return "trial"
         return "on" if self.lookahead_on else "off"
 

@@ -25,8 +25,8 @@ from .memory import MAX_LANES, RECORD_ROWS, ContiguousKV, Lane, SequenceMemory, 
 from .memory_plan import STATE_CHECKPOINTS
 
 F32 = native.GGMLType.F32
-CHECKPOINT_EVERY = 256    # tokens fed one pass at a time between two checkpoints at most
-REPLAY_NODES = 64         # graph nodes a layer's replay takes, at most
+CHECKPOINT_EVERY = 256  # tokens fed one pass at a time between two checkpoints at most
+REPLAY_NODES = 64  # graph nodes a layer's replay takes, at most
 
 
 class RecurrentStates:
@@ -34,31 +34,38 @@ class RecurrentStates:
     sequence's own, one on each layer's backend (`layer_backends`); lane j's tensors point at the sequence of the
     pass's lane j (bind)."""
 
-    def __init__(self, layer_backends: Sequence[Any], n_r: int, n_s: int, max_device: int | None = None,
-                 replay: Any = None, record_size: int = 0):
+    def __init__(
+        self,
+        layer_backends: Sequence[Any],
+        n_r: int,
+        n_s: int,
+        max_device: int | None = None,
+        replay: Any = None,
+        record_size: int = 0,
+    ):
         """`max_device`: sequences whose states stay in device buffers (None: all); the least recently bound
         others are paged to host memory (numpy copies) and back when they next run. `replay(ctx, gf, record, n,
         k, conv, state)` builds the graph that takes a layer's states k rows into a recorded pass of n rows;
         `record_size`: the F32 values a layer records for a pass of RECORD_ROWS rows."""
         self.n_layer, self.n_r, self.n_s = len(layer_backends), n_r, n_s
-        self.groups: list[tuple[Any, list[int]]] = []                      # backend, its layers
+        self.groups: list[tuple[Any, list[int]]] = []  # backend, its layers
         for il, b in enumerate(layer_backends):
             if not self.groups or self.groups[-1][0] is not b:
                 self.groups.append((b, []))
             self.groups[-1][1].append(il)
         self.max_device = max_device
-        self.host: dict[int, list[np.ndarray]] = {}                         # seq -> its paged-out states
+        self.host: dict[int, list[np.ndarray]] = {}  # seq -> its paged-out states
         self.paged_out = self.paged_in = 0
         self.lanes: list[tuple[list[Any], list[Any]]] = []
         self.lane_ctx: list[Any] = []
-        self.held: dict[int, tuple[list[Any], list[Any], list[Any], list[Any]]] = {}   # seq -> ctxs, buffers,
-        self.length: dict[int, int] = {}                                    # conv, state; seq -> its tokens
+        self.held: dict[int, tuple[list[Any], list[Any], list[Any], list[Any]]] = {}  # seq -> ctxs, buffers,
+        self.length: dict[int, int] = {}  # conv, state; seq -> its tokens
         self.checkpoints: dict[int, list[tuple[int, list[np.ndarray]]]] = {}
-        self.last_n: dict[int, int] = {}                                    # seq -> tokens its last pass fed
+        self.last_n: dict[int, int] = {}  # seq -> tokens its last pass fed
         self.replay_fn = replay
-        self.record: list[Any] = []                                         # per layer, where a pass records
-        self.record_keep: list[Any] = []                                    # their contexts and buffers
-        self.recorded: tuple[int, int, int] | None = None                  # seq, p0, n of the recording pass
+        self.record: list[Any] = []  # per layer, where a pass records
+        self.record_keep: list[Any] = []  # their contexts and buffers
+        self.recorded: tuple[int, int, int] | None = None  # seq, p0, n of the recording pass
         self.pass_seqs: set[int] = set()
         self.replays = 0
         if replay is not None and record_size:
@@ -101,8 +108,9 @@ class RecurrentStates:
                 self.paged_in += 1
         self.held[seq] = got
         if self.max_device is not None:
-            for other in [s for s in self.held if s != seq and s not in keep][:max(0, len(self.held) -
-                                                                                 self.max_device)]:
+            for other in [s for s in self.held if s != seq and s not in keep][
+                : max(0, len(self.held) - self.max_device)
+            ]:
                 _, _, conv, state = self.held.pop(other)
                 self.host[other] = [tensor_array(t).copy() for t in conv + state]
                 self.paged_out += 1
@@ -112,7 +120,7 @@ class RecurrentStates:
         """One sequence's states, zeroed, each layer's on its backend."""
         ctxs: list[native.Context] = []
         bufs: list[Any] = []
-        conv: list[native.Tensor | None] = [None] * self.n_layer      # every layer's filled below
+        conv: list[native.Tensor | None] = [None] * self.n_layer  # every layer's filled below
         state: list[native.Tensor | None] = [None] * self.n_layer
         for backend, layers in self.groups:
             cx = native.Context(max_tensors=2 * len(layers))
@@ -133,8 +141,10 @@ class RecurrentStates:
         self.ensure(len(seqs))
         self.pass_seqs = set(seqs)
         if self.max_device is not None and len(set(seqs)) > self.max_device:
-            raise ValueError(f"a pass over {len(set(seqs))} sequences needs their recurrent states on the device: "
-                             f"state_device_sequences is {self.max_device}")
+            raise ValueError(
+                f"a pass over {len(set(seqs))} sequences needs their recurrent states on the device: "
+                f"state_device_sequences is {self.max_device}"
+            )
         for j, seq in enumerate(seqs):
             _, _, conv, state = self.storage(seq, keep=seqs)
             for lane_t, t in zip(self.lanes[j][0] + self.lanes[j][1], conv + state):
@@ -186,8 +196,13 @@ class RecurrentStates:
         """Whether `seq` can go back to n inside its last pass by replaying the pass's record over the checkpoint
         where it began."""
         r = self.recorded
-        return (r is not None and r[0] == seq and self.length.get(seq, 0) == r[1] + r[2] and r[1] < n < r[1] + r[2]
-                and any(p == r[1] for p, _ in self.checkpoints.get(seq, [])))
+        return (
+            r is not None
+            and r[0] == seq
+            and self.length.get(seq, 0) == r[1] + r[2]
+            and r[1] < n < r[1] + r[2]
+            and any(p == r[1] for p, _ in self.checkpoints.get(seq, []))
+        )
 
     def truncate(self, seq: int, n: int) -> None:
         """`seq` goes back to position n: 0, its length, a checkpoint, or a row of its last recorded pass
@@ -237,17 +252,22 @@ class RecurrentStates:
 
     def stats(self) -> dict[str, Any]:
         marks = sum(len(v) for v in self.checkpoints.values())
-        return {"state_bytes_per_sequence": self.bytes_per_sequence, "state_sequences": len(self.held),
-                "state_sequences_host": len(self.host), "state_paged_out": self.paged_out,
-                "state_paged_in": self.paged_in, "state_checkpoints": marks, "state_replays": self.replays,
-                "state_checkpoint_bytes": marks * self.bytes_per_sequence,
-                "state_tier": ",".join(dict.fromkeys(b.name for b, _ in self.groups))}
+        return {
+            "state_bytes_per_sequence": self.bytes_per_sequence,
+            "state_sequences": len(self.held),
+            "state_sequences_host": len(self.host),
+            "state_paged_out": self.paged_out,
+            "state_paged_in": self.paged_in,
+            "state_checkpoints": marks,
+            "state_replays": self.replays,
+            "state_checkpoint_bytes": marks * self.bytes_per_sequence,
+            "state_tier": ",".join(dict.fromkeys(b.name for b, _ in self.groups)),
+        }
 
 
 class HybridMemory(SequenceMemory):
     """A K/V memory for the attention layers and RecurrentStates for the recurrent ones (`recurrent`: a flag per
     layer), each indexed by its own layers in order."""
-
 
     def __init__(self, kv: SequenceMemory, states: RecurrentStates, recurrent: Sequence[bool]):
         self.kv, self.states, self.recurrent = kv, states, list(recurrent)
@@ -304,8 +324,9 @@ class HybridMemory(SequenceMemory):
         return {**self.kv.stats(), **self.states.stats()}
 
 
-def sequence_memory(settings: Any, arch: Any, backends: Sequence[Any], layer_device: Sequence[int], n_split: int,
-                    kv_bytes: int) -> SequenceMemory:
+def sequence_memory(
+    settings: Any, arch: Any, backends: Sequence[Any], layer_device: Sequence[int], n_split: int, kv_bytes: int
+) -> SequenceMemory:
     """The memory the model's layers need: a K/V cache (contiguous, or paged_kv), or for a hybrid model
     (arch.is_recurrent) a K/V cache of its attention layers beside the recurrent states of the others."""
     hp = arch.hp
@@ -323,6 +344,12 @@ def sequence_memory(settings: Any, arch: Any, backends: Sequence[Any], layer_dev
     else:
         kv = ContiguousKV(settings, attn_hp, backends, devices, kv_bytes)
     n_r, n_s = arch.state_sizes
-    states = RecurrentStates([backends[layer_device[il]] for il in range(hp.n_layer) if recurrent[il]], n_r, n_s,
-                             settings.kv.state_device_sequences, arch.replay, arch.record_size(RECORD_ROWS))
+    states = RecurrentStates(
+        [backends[layer_device[il]] for il in range(hp.n_layer) if recurrent[il]],
+        n_r,
+        n_s,
+        settings.kv.state_device_sequences,
+        arch.replay,
+        arch.record_size(RECORD_ROWS),
+    )
     return HybridMemory(kv, states, recurrent)

@@ -24,15 +24,16 @@ from .memory_plan import MemoryPlan, plan_memory, too_small, with_host_tier
 class Devices:
     """The devices a model runs on: the split's devices first (n_split of them; block il runs on
     layer_device[il]), then this machine's CPU for the embedding if none of them is host memory (embed_dev)."""
-    backends: list[Any]                 # native.Backend
+
+    backends: list[Any]  # native.Backend
     n_split: int
     layer_device: list[int]
     embed_dev: int
-    endpoints: set[str]                 # the RPC servers among them
+    endpoints: set[str]  # the RPC servers among them
 
     @property
     def names(self) -> str:
-        return ", ".join(b.name for b in self.backends[:self.n_split])
+        return ", ".join(b.name for b in self.backends[: self.n_split])
 
 
 def open_devices(settings: Settings, store: Any, n_layer: int) -> Devices:
@@ -45,7 +46,7 @@ def open_devices(settings: Settings, store: Any, n_layer: int) -> Devices:
     n_split = len(backends)
     layer_device = [i for i, k in enumerate(layer_split(n_layer, n_split, shares)) for _ in range(k)]
     hosts = [i for i, b in enumerate(backends) if b.is_host]
-    if not hosts:      # the embedding rows come from the file mapping: its graph runs on the CPU
+    if not hosts:  # the embedding rows come from the file mapping: its graph runs on the CPU
         backends.append(native.Backend(DEFAULT_DEVICE, c.threads))
         hosts = [n_split]
     for b in backends:
@@ -60,8 +61,9 @@ def store_bytes(store: Any) -> int:
     return sum(int(store.file_range(n)[1]) for n in store.names())
 
 
-def resolve(settings: Settings, hp: HParams, weights: int, devices: Devices, *,
-            reserve: int = 0) -> tuple[Settings, MemoryPlan | None]:
+def resolve(
+    settings: Settings, hp: HParams, weights: int, devices: Devices, *, reserve: int = 0
+) -> tuple[Settings, MemoryPlan | None]:
     """The settings with device_budget and async_prefetch settled, and the memory plan they come from (None for
     a multi-device split or a budget per device: each device takes a size of its own, auto keeps their blocks
     resident). `weights`: the bytes of the model's tensors; `reserve`: what the device keeps for a draft."""
@@ -86,7 +88,7 @@ def device_plan(settings: Settings, hp: HParams, weights: int, devices: Devices,
     b = devices.backends[0]
     used, total = device_memory_fn(b.device_type, b.device_name)()
     plan = plan_memory(hp, weights, settings.context, p.device_budget, max(0, total - used), reserve=reserve)
-    if b.is_host or b.endpoint:        # the host is the device (an RPC server holds its own copy)
+    if b.is_host or b.endpoint:  # the host is the device (an RPC server holds its own copy)
         return plan
     h_used, h_total = host_memory()
     return with_host_tier(plan, p.host_cache, max(0, h_total - h_used))

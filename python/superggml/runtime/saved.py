@@ -24,7 +24,7 @@ from ..errors import SavedSequenceError
 
 MAGIC = b"SUPERSEQ"
 VERSION = 1
-SAMPLES, SAMPLE_BYTES = 16, 1 << 16       # of the tensor data, in the model's identity
+SAMPLES, SAMPLE_BYTES = 16, 1 << 16  # of the tensor data, in the model's identity
 HEAD = struct.Struct("<8sIQ")
 
 
@@ -53,7 +53,7 @@ def rows_of(t: Any, n: int, trans: bool) -> bytes:
     """Rows [0, n) of a K or V tensor [width, ctx], token by token (a transposed V holds channel by channel)."""
     b, row = tensor_bytes(t), int(t.nb[1])
     if not trans:
-        return b[:n * row].tobytes()
+        return b[: n * row].tobytes()
     width = int(t.ne[0])
     return b.reshape(width, -1, row // width)[:, :n].transpose(1, 0, 2).tobytes()
 
@@ -98,9 +98,17 @@ def save(ex: Any, path: str, identity: str) -> None:
     if seq.scores is not None:
         blobs.append(np.ascontiguousarray(seq.scores[-1], dtype=np.float32).tobytes())
         meta.append({"layer": -1, "kind": "logits", "bytes": 4 * ex.hp.n_vocab})
-    header = json.dumps({"model": identity, "arch": ex.hp.arch, "n_layer": ex.hp.n_layer,
-                         "cache_type_k": c.cache_type_k, "cache_type_v": c.cache_type_v,
-                         "tokens": list(seq.tokens), "blobs": meta}).encode()
+    header = json.dumps(
+        {
+            "model": identity,
+            "arch": ex.hp.arch,
+            "n_layer": ex.hp.n_layer,
+            "cache_type_k": c.cache_type_k,
+            "cache_type_v": c.cache_type_v,
+            "tokens": list(seq.tokens),
+            "blobs": meta,
+        }
+    ).encode()
     h = hashlib.sha256()
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
@@ -108,7 +116,7 @@ def save(ex: Any, path: str, identity: str) -> None:
             h.update(part)
             f.write(part)
         f.write(h.digest())
-    os.replace(tmp, path)          # a reader never sees half a file
+    os.replace(tmp, path)  # a reader never sees half a file
 
 
 def read(path: str) -> tuple[dict[str, Any], bytes]:
@@ -126,29 +134,30 @@ def read(path: str) -> tuple[dict[str, Any], bytes]:
     if hashlib.sha256(data[:-32]).digest() != data[-32:]:
         raise SavedSequenceError(f"{path!r} is damaged or truncated: its checksum does not match")
     try:
-        header = json.loads(data[HEAD.size:HEAD.size + n_head])
+        header = json.loads(data[HEAD.size : HEAD.size + n_head])
     except ValueError:
         raise SavedSequenceError(f"{path!r} has an unreadable header") from None
-    return header, data[HEAD.size + n_head:-32]
+    return header, data[HEAD.size + n_head : -32]
 
 
 def check(ex: Any, header: dict[str, Any], blobs: bytes, identity: str, path: str) -> list[int]:
     """The saved tokens, once the file is this model's, with this cache's types and sizes."""
     c = ex.settings.context
     if header.get("model") != identity:
-        raise SavedSequenceError(f"{path!r} was saved from another model ({header.get('arch')}, "
-                                 f"{header.get('n_layer')} layers); this is {ex.hp.arch} with {ex.hp.n_layer}")
+        raise SavedSequenceError(
+            f"{path!r} was saved from another model ({header.get('arch')}, "
+            f"{header.get('n_layer')} layers); this is {ex.hp.arch} with {ex.hp.n_layer}"
+        )
     for key in ("cache_type_k", "cache_type_v"):
         if header.get(key) != getattr(c, key):
-            raise SavedSequenceError(f"{path!r} holds a {key} of {header.get(key)}; this model runs "
-                                     f"{getattr(c, key)}")
+            raise SavedSequenceError(f"{path!r} holds a {key} of {header.get(key)}; this model runs {getattr(c, key)}")
     tokens = [int(t) for t in header.get("tokens", [])]
     if not tokens or len(tokens) > c.ctx_size:
         raise SavedSequenceError(f"{path!r} holds {len(tokens)} tokens; this model's ctx_size is {c.ctx_size}")
     want = [(il, kind, size) for il in range(ex.hp.n_layer) for kind, _, size, _ in layer_blobs(ex, il, len(tokens))]
     got = [(int(b["layer"]), str(b["kind"]), int(b["bytes"])) for b in header.get("blobs", [])]
     has_logits = got[-1:] == [(-1, "logits", 4 * ex.hp.n_vocab)]
-    if got[:len(got) - has_logits] != want or sum(b for _, _, b in got) != len(blobs):
+    if got[: len(got) - has_logits] != want or sum(b for _, _, b in got) != len(blobs):
         raise SavedSequenceError(f"{path!r} holds other tensors than this model's memory of {len(tokens)} tokens")
     return tokens
 
@@ -166,7 +175,7 @@ def load(ex: Any, path: str, identity: str) -> int:
         for il in range(ex.hp.n_layer):
             with memory.use(il, [(seq.id, 0, n)]):
                 for kind, t, size, trans in layer_blobs(ex, il, n):
-                    data, at = blobs[at:at + size], at + size
+                    data, at = blobs[at : at + size], at + size
                     if kind in ("k", "v"):
                         put_rows(t, data, n, trans)
                     else:

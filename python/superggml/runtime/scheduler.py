@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import SuperggmlError
 from ..telemetry import MemoryFn, host_memory
 
-HYSTERESIS = 0.05     # promote only below mem_pressure - HYSTERESIS
+HYSTERESIS = 0.05  # promote only below mem_pressure - HYSTERESIS
 
 
 class LayerScheduler:
@@ -37,8 +37,16 @@ class LayerScheduler:
     from PagingSettings. ``memory`` is the reading it acts on (tests replace it).
     """
 
-    def __init__(self, pager: Any, *, planned: list[int], n_keys: int, stream_slots: int,
-                 mem_pressure: float, memory: MemoryFn = host_memory):
+    def __init__(
+        self,
+        pager: Any,
+        *,
+        planned: list[int],
+        n_keys: int,
+        stream_slots: int,
+        mem_pressure: float,
+        memory: MemoryFn = host_memory,
+    ):
         self.pager = pager
         self.mem_pressure = mem_pressure
         self.memory = memory
@@ -58,9 +66,16 @@ class LayerScheduler:
         return n_pinned if n_pinned >= self.n_keys else n_pinned + self.stream_slots
 
     def _event(self, kind: str, key: int, used: int, total: int) -> None:
-        self.events.append({"event": kind, "layer": key, "t": time.time(),
-                            "pressure": round(used / total, 4) if total else 0.0,
-                            "n_slots": self.pager.n_slots, "pinned": self.n_pinned})
+        self.events.append(
+            {
+                "event": kind,
+                "layer": key,
+                "t": time.time(),
+                "pressure": round(used / total, 4) if total else 0.0,
+                "n_slots": self.pager.n_slots,
+                "pinned": self.n_pinned,
+            }
+        )
 
     def step(self) -> None:
         """Reads the pressure once and moves as many blocks as it calls for.
@@ -70,7 +85,7 @@ class LayerScheduler:
             return
         high = self.mem_pressure * total
         if used > high:
-            for key in [k for k in self.planned if self.pager.pinned(k)]:   # least recently used first
+            for key in [k for k in self.planned if self.pager.pinned(k)]:  # least recently used first
                 if used <= high:
                     break
                 self.pager.unpin(key)
@@ -91,11 +106,15 @@ class LayerScheduler:
                     self.pager.grow()
                     used += self.slot_bytes
             except SuperggmlError:
-                break                          # the device said no: the block stays streamed
+                break  # the device said no: the block stays streamed
             self.pager.pin(key)
             self.promotions += 1
             self._event("layer_promote", key, used, total)
 
     def stats(self) -> dict[str, int]:
-        return {"layers_demoted": self.demotions, "layers_promoted": self.promotions,
-                "layers_pinned": self.n_pinned, "n_slots": self.pager.n_slots}
+        return {
+            "layers_demoted": self.demotions,
+            "layers_promoted": self.promotions,
+            "layers_pinned": self.n_pinned,
+            "n_slots": self.pager.n_slots,
+        }

@@ -18,6 +18,7 @@ from .memory import SequenceMemory
 @dataclass
 class SequenceState:
     """One sequence's cached context: the tokens its K/V holds, and the logits of its last eval."""
+
     id: int
     tokens: list[int] = field(default_factory=list)
     scores: np.ndarray | None = None
@@ -127,8 +128,9 @@ class Sequences:
         if n == 0:
             raise ValueError("eval needs at least one token")
         if seq.n_past + n > self.ctx_size:
-            raise ContextLengthError(f"context overflow{where}: {seq.n_past} cached + {n} new tokens > ctx_size "
-                                     f"{self.ctx_size}")
+            raise ContextLengthError(
+                f"context overflow{where}: {seq.n_past} cached + {n} new tokens > ctx_size {self.ctx_size}"
+            )
         check_tokens(tokens, self.n_vocab)
 
 

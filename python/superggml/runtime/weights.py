@@ -22,7 +22,7 @@ from ..telemetry import MemoryFn, device_memory_fn
 F32 = native.GGMLType.F32
 I32 = native.GGMLType.I32
 DIRECT_ROOM = 3 * 4096  # kept free in a slot with direct_io, for widening a chunk to O_DIRECT alignment
-N_IO_WORKERS = 1      # threads reading streamed blocks
+N_IO_WORKERS = 1  # threads reading streamed blocks
 
 
 class WeightView:
@@ -67,8 +67,16 @@ class MoEScratch:
 class WeightPlacement:
     """The weights of one model over its devices: resident (start_loading) or paged (pagers, experts)."""
 
-    def __init__(self, arch: Any, store: Any, settings: Settings, devices: Devices, memory_plan: MemoryPlan | None,
-                 *, direct_io: bool):
+    def __init__(
+        self,
+        arch: Any,
+        store: Any,
+        settings: Settings,
+        devices: Devices,
+        memory_plan: MemoryPlan | None,
+        *,
+        direct_io: bool,
+    ):
         """`settings` and `memory_plan` as resolve.resolve gives them; `devices` as resolve.open_devices."""
         self.arch, self.hp, self.store = arch, arch.hp, store
         self.backends = devices.backends
@@ -80,17 +88,17 @@ class WeightPlacement:
         self.memory_plan = memory_plan
         self.view = WeightView(store)
         self.paged = settings.paging.paged(self.hp.n_layer)
-        self.loader: Any = None                        # background load of resident weights (start_loading)
-        self.pagers: list[WeightPager | NullPager] = [NullPager() for _ in self.backends]   # per device
-        self.experts: ExpertPager | None = None        # experts paged one by one (expert_cache)
+        self.loader: Any = None  # background load of resident weights (start_loading)
+        self.pagers: list[WeightPager | NullPager] = [NullPager() for _ in self.backends]  # per device
+        self.experts: ExpertPager | None = None  # experts paged one by one (expert_cache)
         self.moe: MoEScratch | None = None
         self.scheduler: LayerScheduler | None = None
         self.repacked_bytes = 0
-        self.remote_bytes = 0                          # weights copied to devices that are not host memory
+        self.remote_bytes = 0  # weights copied to devices that are not host memory
         self.n_pinned = 0
-        self.host_tier_used = 0                        # bytes of host tier the pools took
+        self.host_tier_used = 0  # bytes of host tier the pools took
         self.head_chunks: list[str] = []
-        self.decode_threads: int | None = None         # compute threads for single-token steps while streaming
+        self.decode_threads: int | None = None  # compute threads for single-token steps while streaming
         pg = settings.paging
         if pg.expert_cache is not None and not self.hp.n_expert:
             raise ValueError("expert_cache applies to mixture-of-experts models; this model is dense")
@@ -99,10 +107,10 @@ class WeightPlacement:
         self.expert_budget: int | None = pg.expert_cache_bytes
         # (on a device that is not host memory, or over a split, a MoE block streams whole, its experts with it)
         self.experts_paged = pg.expert_cache is not None or (
-            self.hp.n_expert > 0 and pg.budget_bytes is not None and self.n_split == 1 and self.backends[0].is_host)
+            self.hp.n_expert > 0 and pg.budget_bytes is not None and self.n_split == 1 and self.backends[0].is_host
+        )
         if self.experts_paged and (self.n_split > 1 or not self.backends[0].is_host):
-            raise ValueError("paged experts run on one host device for now, not a multi-device split or an RPC "
-                             "device")
+            raise ValueError("paged experts run on one host device for now, not a multi-device split or an RPC device")
         self.remote = self.plan_copies()
 
     def host_tier_bytes(self) -> int:
@@ -128,9 +136,12 @@ class WeightPlacement:
         """The tensors no block lists, but the output norm, the lm head, the token embedding and those the pass does
         not use (Architecture.is_unused)."""
         blocks = {n for il in range(self.hp.n_layer) for n in self.arch.block_tensors(il)}
-        return [n for n in self.store.names()
-                if n not in blocks | {self.arch.output_tensor(self.store.has), "output_norm.weight",
-                                      "token_embd.weight"} and not self.arch.is_unused(n)]
+        return [
+            n
+            for n in self.store.names()
+            if n not in blocks | {self.arch.output_tensor(self.store.has), "output_norm.weight", "token_embd.weight"}
+            and not self.arch.is_unused(n)
+        ]
 
     def load_groups(self) -> list[list[str]]:
         """The weights in the order a forward pass uses them: block 0 (with the global tensors every block
@@ -172,11 +183,17 @@ class WeightPlacement:
             raise RuntimeError("a paged model streams its blocks: nothing to load ahead")
         remote = {n for names in self.remote.values() for n in names}
         groups = [[n for n in g if n not in remote] for g in self.load_groups()]
-        paged = ({n for il in range(self.hp.n_layer) for n in self.arch.expert_tensors(il)} if self.experts_paged
-                 else set())                        # experts in the expert cache stay as in the file
+        paged = (
+            {n for il in range(self.hp.n_layer) for n in self.arch.expert_tensors(il)} if self.experts_paged else set()
+        )  # experts in the expert cache stay as in the file
         repacked = [n for n in self.arch.matmul_weights(self.store.has) if n not in remote | paged] if repack else []
-        self.loader = native.WeightLoader(self.store, groups, repacked, self.backends[embed_dev],
-                                          n_workers=max(1, min(2, self.settings.context.threads)))
+        self.loader = native.WeightLoader(
+            self.store,
+            groups,
+            repacked,
+            self.backends[embed_dev],
+            n_workers=max(1, min(2, self.settings.context.threads)),
+        )
         self.load_remote()
         self.repacked_bytes = int(self.loader.repacked_bytes)
         return self.repacked_bytes
@@ -228,8 +245,14 @@ class WeightPlacement:
             if blocks:
                 self.pagers[d] = self.make_pager(d, blocks)
         c, b, first = self.settings.context, self.backends[0], self.pagers[0]
-        if (c.n_threads is None and p.async_prefetch and self.n_split == 1 and isinstance(first, WeightPager)
-                and self.n_pinned < first.n_keys and b.device_type == "cpu"):
+        if (
+            c.n_threads is None
+            and p.async_prefetch
+            and self.n_split == 1
+            and isinstance(first, WeightPager)
+            and self.n_pinned < first.n_keys
+            and b.device_type == "cpu"
+        ):
             # blocks stream while others compute: when decoding, the prefetch worker needs a core of its own
             # (2 cores, Qwen2.5-1.5B at a 25% budget: 14.0 tok/s with 1 compute thread, 8.8 with 2); prefill
             # is compute-bound and keeps them all
@@ -238,9 +261,13 @@ class WeightPlacement:
             pager = self.pagers[0]
             assert isinstance(pager, WeightPager)
             self.scheduler = LayerScheduler(
-                pager.core, planned=list(range(self.n_pinned)), n_keys=pager.n_keys,
-                stream_slots=pager.core.n_slots - self.n_pinned, mem_pressure=p.mem_pressure,
-                memory=memory or device_memory_fn(b.device_type, b.device_name))
+                pager.core,
+                planned=list(range(self.n_pinned)),
+                n_keys=pager.n_keys,
+                stream_slots=pager.core.n_slots - self.n_pinned,
+                mem_pressure=p.mem_pressure,
+                memory=memory or device_memory_fn(b.device_type, b.device_name),
+            )
 
     def device_budget(self, d: int, slot: int, n_keys: int) -> int:
         """Device d's budget for slots of `slot` bytes (a MoE model's: its dense part; expert_budget the rest)."""
@@ -250,17 +277,23 @@ class WeightPlacement:
         if budget is None:
             if p.n_gpu_layers is not None:
                 return (p.n_gpu_layers + p.stream_slots) * slot
-            return n_keys * slot         # dynamic layers alone, or a device without a budget: all pinned
-        if plan is not None and plan.mode == "auto":     # within what is available by construction
+            return n_keys * slot  # dynamic layers alone, or a device without a budget: all pinned
+        if plan is not None and plan.mode == "auto":  # within what is available by construction
             if budget < p.stream_slots * slot:
                 raise too_small(plan, p.stream_slots * slot, f"{p.stream_slots} blocks of {slot} bytes streaming")
         else:
             check_available(b, budget, "device_budget" + (f" of {b.name}" if self.n_split > 1 else ""))
         if self.experts_paged and p.expert_cache is None:
             budget, self.expert_budget = split_moe_budget(
-                budget, dense=slot * n_keys, slot=slot, n_stream=p.stream_slots, n_expert=self.hp.n_expert,
-                n_expert_used=self.hp.n_expert_used, n_batch=self.settings.context.n_batch,
-                expert_bytes=ExpertPager.slot_bytes(self.store, self.arch, direct=self.direct_io))
+                budget,
+                dense=slot * n_keys,
+                slot=slot,
+                n_stream=p.stream_slots,
+                n_expert=self.hp.n_expert,
+                n_expert_used=self.hp.n_expert_used,
+                n_batch=self.settings.context.n_batch,
+                expert_bytes=ExpertPager.slot_bytes(self.store, self.arch, direct=self.direct_io),
+            )
         return budget
 
     def make_pager(self, d: int, blocks: list[int]) -> WeightPager:
@@ -280,16 +313,27 @@ class WeightPlacement:
         n_slots, n_pinned = plan_slots(budget, slot, len(layers), p.stream_slots)
         if n_slots < 1:
             big = blocks[sizes.index(slot)] if slot in sizes else blocks[0]
-            raise ValueError(f"device_budget{f' of {b.name}' if self.n_split > 1 else ''} of {budget} bytes is "
-                             f"smaller than one layer: block {big} needs {slot} bytes")
+            raise ValueError(
+                f"device_budget{f' of {b.name}' if self.n_split > 1 else ''} of {budget} bytes is "
+                f"smaller than one layer: block {big} needs {slot} bytes"
+            )
         if p.n_gpu_layers is not None:
             n_pinned = min(n_pinned, p.n_gpu_layers)
         host_slots = 0
-        if not b.is_host or p.staged_io:           # a host tier between the file and the pool's copies
+        if not b.is_host or p.staged_io:  # a host tier between the file and the pool's copies
             host_slots = max(0, min((self.host_tier_bytes() - self.host_tier_used) // slot, len(layers) - n_pinned))
             self.host_tier_used += host_slots * slot
-        core = native.LayerPager(store, layers, n_slots=n_slots, slot_size=slot, n_workers=N_IO_WORKERS,
-                                 backend=b, direct_io=self.direct_io, staged=p.staged_io, host_slots=host_slots)
+        core = native.LayerPager(
+            store,
+            layers,
+            n_slots=n_slots,
+            slot_size=slot,
+            n_workers=N_IO_WORKERS,
+            backend=b,
+            direct_io=self.direct_io,
+            staged=p.staged_io,
+            host_slots=host_slots,
+        )
         pager = WeightPager(core, keys, p.ahead)
         for i in range(n_pinned):
             pager.pin(keys[i])
@@ -301,8 +345,15 @@ class WeightPlacement:
         routed experts the cache can pin at once (a pass's experts graphs run over chunks of them)."""
         hp, c, p = self.hp, self.settings.context, self.settings.paging
         assert self.expert_budget is not None
-        self.experts = ExpertPager(self.store, self.store.path, self.arch, self.expert_budget, self.backends[0],
-                                   direct_io=self.direct_io, lookahead=p.expert_lookahead)
+        self.experts = ExpertPager(
+            self.store,
+            self.store.path,
+            self.arch,
+            self.expert_budget,
+            self.backends[0],
+            direct_io=self.direct_io,
+            lookahead=p.expert_lookahead,
+        )
         self.expert_rows = max(1, min(c.n_batch, self.experts.core.n_slots // hp.n_expert_used))
         # the next block's router's guess: only when every block is resident or pinned (its router is there)
         ahead = p.expert_lookahead is not False and (not self.paged or self.n_pinned >= hp.n_layer)

@@ -16,8 +16,16 @@ from .keys import RequireKey, check_bind
 from .routes import WEB, Routes
 
 
-def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, max_queue: int = 64,
-               batch_tokens: int = 512, api_keys: Sequence[str] = (), slot_save_path: str | None = None) -> FastAPI:
+def create_app(
+    model: Model,
+    *,
+    model_id: str | None = None,
+    parallel: int = 4,
+    max_queue: int = 64,
+    batch_tokens: int = 512,
+    api_keys: Sequence[str] = (),
+    slot_save_path: str | None = None,
+) -> FastAPI:
     """The FastAPI app serving `model` (closed with the app); with api_keys, every route but /health needs one;
     slots are saved to and restored from files of slot_save_path."""
     engine = Engine(model, parallel=parallel, max_queue=max_queue, batch_tokens=batch_tokens)
@@ -52,14 +60,30 @@ def create_app(model: Model, *, model_id: str | None = None, parallel: int = 4, 
     return app
 
 
-def serve(model: Model, *, host: str = "127.0.0.1", port: int = 8080, parallel: int = 4, max_queue: int = 64,
-          batch_tokens: int = 512, log_level: str = "info", api_keys: Sequence[str] = (),
-          insecure: bool = False, slot_save_path: str | None = None) -> None:
+def serve(
+    model: Model,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    parallel: int = 4,
+    max_queue: int = 64,
+    batch_tokens: int = 512,
+    log_level: str = "info",
+    api_keys: Sequence[str] = (),
+    insecure: bool = False,
+    slot_save_path: str | None = None,
+) -> None:
     import uvicorn
 
     check_bind(host, api_keys, insecure)
     if slot_save_path is not None and not os.path.isdir(slot_save_path):
         raise ValueError(f"--slot-save-path {slot_save_path!r} is not a directory")
-    app = create_app(model, parallel=parallel, max_queue=max_queue, batch_tokens=batch_tokens, api_keys=api_keys,
-                     slot_save_path=slot_save_path)
+    app = create_app(
+        model,
+        parallel=parallel,
+        max_queue=max_queue,
+        batch_tokens=batch_tokens,
+        api_keys=api_keys,
+        slot_save_path=slot_save_path,
+    )
     uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -49,8 +49,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Optional[Union[str, list[dict[str, Any]]]] = None
     name: Optional[str] = None
-    tool_calls: Optional[list[dict[str, Any]]] = None     # an assistant's earlier calls
-    tool_call_id: Optional[str] = None                     # a tool message: the call it answers
+    tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant's earlier calls
+    tool_call_id: Optional[str] = None  # a tool message: the call it answers
 
 
 class ChatBody(Body):

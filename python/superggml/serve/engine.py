@@ -22,9 +22,9 @@ class Job:
     reply: Reply
     out: "asyncio.Queue[Any]"
     loop: asyncio.AbstractEventLoop
-    echo_logprobs: bool = False                            # the echoed prompts' logprobs too
+    echo_logprobs: bool = False  # the echoed prompts' logprobs too
     running: list[Completion] = field(default_factory=list)
-    unstarted: list[int] = field(default_factory=list)     # choices not started yet
+    unstarted: list[int] = field(default_factory=list)  # choices not started yet
     opened: bool = False
     cancelled: bool = False
     t_submit: float = field(default_factory=time.perf_counter)
@@ -45,17 +45,17 @@ class Engine:
         self.scheduler = BatchScheduler(model, parallel=parallel, batch_tokens=max(1, batch_tokens), slots=True)
         self.parallel = self.scheduler.parallel
         self.waiting: "queue.Queue[Job]" = queue.Queue()
-        self.max_queue, self.queued = max_queue, 0            # choices waiting to start
+        self.max_queue, self.queued = max_queue, 0  # choices waiting to start
         self.active: list[Job] = []
-        self.pending: Job | None = None     # taken from the queue, waiting for sequences to free
+        self.pending: Job | None = None  # taken from the queue, waiting for sequences to free
         self.stopping = False
         self.wake = threading.Event()
-        self.lock = threading.Lock()          # the model, for requests outside the engine (metrics)
+        self.lock = threading.Lock()  # the model, for requests outside the engine (metrics)
         self.lock_queue = threading.Lock()
         self.served = 0
         self.steps = 0
         self.prompt_tokens = self.generated_tokens = self.cached_tokens = 0
-        self.prompt_seconds = self.generation_seconds = 0.0     # engine steps with prompt rows, and without
+        self.prompt_seconds = self.generation_seconds = 0.0  # engine steps with prompt rows, and without
         self.thread = threading.Thread(target=self.run, name="superggml-engine", daemon=True)
         self.thread.start()
 
@@ -63,9 +63,14 @@ class Engine:
         n = job.request.n_choices
         with self.lock_queue:
             if self.queued and self.queued + n > self.max_queue:
-                raise ApiError(503, f"the server is overloaded: {self.queued} completions are waiting to start "
-                               f"(--max-queue {self.max_queue}); retry later", "server_error", "overloaded",
-                               headers={"Retry-After": "1"})
+                raise ApiError(
+                    503,
+                    f"the server is overloaded: {self.queued} completions are waiting to start "
+                    f"(--max-queue {self.max_queue}); retry later",
+                    "server_error",
+                    "overloaded",
+                    headers={"Retry-After": "1"},
+                )
             self.queued += n
             job.unstarted = list(range(n))
             self.waiting.put_nowait(job)
@@ -127,15 +132,15 @@ class Engine:
         req = job.request
         try:
             with self.lock:
-                if job.echo_logprobs and not job.opened:    # one pass over each prompt, on a scratch sequence
+                if job.echo_logprobs and not job.opened:  # one pass over each prompt, on a scratch sequence
                     job.reply.prompt_lp = self.model.echo_logprobs(req.prompts, req.logprobs or 0, req.n)
                 new = self.scheduler.add(req, take)
             job.running += new
-            self.prompt_tokens += sum(len(c.pending) for c in new)      # fed: what their slots did not hold
+            self.prompt_tokens += sum(len(c.pending) for c in new)  # fed: what their slots did not hold
             self.cached_tokens += sum(c.kept for c in new)
             if not job.opened:
                 job.opened = True
-                for c in job.reply.opening():    # the echoed prompts (with their logprobs): the first chunks
+                for c in job.reply.opening():  # the echoed prompts (with their logprobs): the first chunks
                     self.send(job, c)
         except Exception as e:  # noqa: BLE001 - reaches the client as an error
             self.finish(job, e)
@@ -189,11 +194,17 @@ class Engine:
             self.prompt_seconds += seconds
 
     def counts(self) -> dict[str, Any]:
-        return {"prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
-                "cached_tokens": self.cached_tokens,
-                "decode_steps": self.steps, "requests": self.served, "processing": len(self.active),
-                "deferred": self.waiting.qsize() + (self.pending is not None),
-                "prompt_seconds": self.prompt_seconds, "generation_seconds": self.generation_seconds}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "cached_tokens": self.cached_tokens,
+            "decode_steps": self.steps,
+            "requests": self.served,
+            "processing": len(self.active),
+            "deferred": self.waiting.qsize() + (self.pending is not None),
+            "prompt_seconds": self.prompt_seconds,
+            "generation_seconds": self.generation_seconds,
+        }
 
     @staticmethod
     def chunk_args(c: Completion, piece: str) -> tuple[Any, ...]:

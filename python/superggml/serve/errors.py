@@ -9,22 +9,39 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
         self.headers = headers
 
 
 def model_not_found(name: str, served: str) -> ApiError:
-    return ApiError(404, f"the model {name!r} does not exist; this server has {served!r}", code="model_not_found",
-                    param="model")
+    return ApiError(
+        404, f"the model {name!r} does not exist; this server has {served!r}", code="model_not_found", param="model"
+    )
 
 
-def error_response(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
-                   param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
-                        status_code=status, headers=headers)
+def error_response(
+    status: int,
+    message: str,
+    type_: str = "invalid_request_error",
+    code: str | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": type_, "param": param, "code": code}},
+        status_code=status,
+        headers=headers,
+    )
 
 
 def add_error_handlers(app: FastAPI) -> None:
@@ -49,8 +66,9 @@ def add_error_handlers(app: FastAPI) -> None:
         if e.status_code == 404:
             return error_response(404, f"unknown route {request.method} {request.url.path}", code="not_found")
         if e.status_code == 405:
-            return error_response(405, f"method {request.method} not allowed on {request.url.path}",
-                                  code="method_not_allowed")
+            return error_response(
+                405, f"method {request.method} not allowed on {request.url.path}", code="method_not_allowed"
+            )
         return error_response(e.status_code, str(e.detail))
 
     @app.exception_handler(Exception)

@@ -11,8 +11,8 @@ import json
 import os
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
-OPEN_PATHS = ("/health", "/")       # answered without a key: the health check and the page
-OPEN_PREFIXES = ("/web/",)           # the page's static files
+OPEN_PATHS = ("/health", "/")  # answered without a key: the health check and the page
+OPEN_PREFIXES = ("/web/",)  # the page's static files
 
 
 class KeyFileError(ValueError):
@@ -49,9 +49,11 @@ def is_loopback(host: str) -> bool:
 def check_bind(host: str, keys: Sequence[str], insecure: bool) -> None:
     """Refuses to listen beyond loopback with no key (anyone who reaches the port could use the model)."""
     if not keys and not insecure and not is_loopback(host):
-        raise ValueError(f"refusing to listen on {host} with no API key: any machine that reaches it could use "
-                         "the model. Give --api-key (or --api-key-file, SUPERGGML_API_KEY), listen on "
-                         "127.0.0.1, or pass --insecure to serve it open")
+        raise ValueError(
+            f"refusing to listen on {host} with no API key: any machine that reaches it could use "
+            "the model. Give --api-key (or --api-key-file, SUPERGGML_API_KEY), listen on "
+            "127.0.0.1, or pass --insecure to serve it open"
+        )
 
 
 def allows(keys: Iterable[str], authorization: bytes) -> bool:
@@ -70,8 +72,9 @@ class RequireKey:
     def __init__(self, app: Any, keys: Sequence[str], open_paths: Sequence[str] = OPEN_PATHS):
         self.app, self.keys, self.open = app, list(keys), set(open_paths)
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
-                       send: Callable[[Any], Awaitable[None]]) -> None:
+    async def __call__(
+        self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
+    ) -> None:
         path = scope.get("path", "")
         if scope["type"] != "http" or not self.keys or path in self.open or path.startswith(OPEN_PREFIXES):
             await self.app(scope, receive, send)
@@ -81,8 +84,21 @@ class RequireKey:
             await self.app(scope, receive, send)
             return
         why = "a wrong API key" if auth else "no API key (send Authorization: Bearer <key>)"
-        body = json.dumps({"error": {"message": f"the request has {why}", "type": "invalid_request_error",
-                                     "param": None, "code": "invalid_api_key"}}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+        body = json.dumps(
+            {
+                "error": {
+                    "message": f"the request has {why}",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "invalid_api_key",
+                }
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

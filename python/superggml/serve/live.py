@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping
 from .. import native
 
 TICK_SECONDS = 0.5
-STREAM_SECONDS = 20.0        # a stream ends after this; the page reconnects (no stream outlives a shutdown long)
+STREAM_SECONDS = 20.0  # a stream ends after this; the page reconnects (no stream outlives a shutdown long)
 
 
 class LiveView:
@@ -18,7 +18,7 @@ class LiveView:
 
     def __init__(self, model: Any):
         self.model = model
-        self.last: tuple[float, int, int] | None = None        # time, bytes read, tokens generated
+        self.last: tuple[float, int, int] | None = None  # time, bytes read, tokens generated
 
     def snapshot(self, stats: Mapping[str, Any], counts: Mapping[str, Any]) -> dict[str, Any]:
         """`stats`: the model's stats() (taken between passes); `counts`: the engine's."""
@@ -36,12 +36,20 @@ class LiveView:
         return {
             "blocks": self.model.runtime.placement.block_places(),
             "expert_hit_rate": hits / (hits + misses) if hits + misses else None,
-            "kv_pages": {"device": int(stats.get("kv_pages_device", 0)), "host": int(stats.get("kv_pages_host", 0)),
-                         "disk": int(stats.get("kv_pages_disk", 0))},
-            "read_gb_s": round(gbps, 4), "tokens_per_s": round(tps, 3),
-            "memory_used": int(h["total"]) - int(h["available"]), "memory_total": int(h["total"]),
-            "budget": budget, "slots": stats.get("n_slots"), "layers_pinned": stats.get("layers_pinned"),
-            "requests_processing": counts.get("processing", 0), "requests_deferred": counts.get("deferred", 0),
+            "kv_pages": {
+                "device": int(stats.get("kv_pages_device", 0)),
+                "host": int(stats.get("kv_pages_host", 0)),
+                "disk": int(stats.get("kv_pages_disk", 0)),
+            },
+            "read_gb_s": round(gbps, 4),
+            "tokens_per_s": round(tps, 3),
+            "memory_used": int(h["total"]) - int(h["available"]),
+            "memory_total": int(h["total"]),
+            "budget": budget,
+            "slots": stats.get("n_slots"),
+            "layers_pinned": stats.get("layers_pinned"),
+            "requests_processing": counts.get("processing", 0),
+            "requests_deferred": counts.get("deferred", 0),
             "generated_tokens": made,
         }
 

@@ -39,6 +39,7 @@ def families(stats: Mapping[str, Any], serving: Mapping[str, Any], snapshot: Map
     """The metric families of one scrape: the model's stats(), the engine's counts (prompt_tokens,
     cached_tokens, generated_tokens, decode_steps, requests, processing, deferred, prompt_seconds,
     generation_seconds) and the metrics snapshot (K/V pages per tier, memory pressure)."""
+
     def counter(name: str, value: float, doc: str) -> Metric:
         c = CounterMetricFamily(P + name, doc)
         c.add_metric([], float(value))
@@ -55,11 +56,16 @@ def families(stats: Mapping[str, Any], serving: Mapping[str, Any], snapshot: Map
     yield counter("requests", s["requests"], "requests finished")
     yield gauge("requests_processing", s["processing"], "requests generating now")
     yield gauge("requests_deferred", s["deferred"], "requests waiting in the queue")
-    yield gauge("prompt_tokens_seconds", s["prompt_tokens"] / s["prompt_seconds"] if s["prompt_seconds"] else 0,
-                "average prompt throughput, tokens/s")
-    yield gauge("predicted_tokens_seconds",
-                s["generated_tokens"] / s["generation_seconds"] if s["generation_seconds"] else 0,
-                "average generation throughput, tokens/s")
+    yield gauge(
+        "prompt_tokens_seconds",
+        s["prompt_tokens"] / s["prompt_seconds"] if s["prompt_seconds"] else 0,
+        "average prompt throughput, tokens/s",
+    )
+    yield gauge(
+        "predicted_tokens_seconds",
+        s["generated_tokens"] / s["generation_seconds"] if s["generation_seconds"] else 0,
+        "average generation throughput, tokens/s",
+    )
     for name, key, doc in STAT_COUNTERS:
         if key in stats:
             yield counter(name, stats[key], doc)

@@ -29,7 +29,7 @@ from .errors import ApiError, model_not_found
 from .live import LiveView, events as live_events
 from .prometheus import CONTENT_TYPE, prometheus_text
 
-WEB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")     # the page's files
+WEB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")  # the page's files
 
 
 class Routes:
@@ -43,8 +43,12 @@ class Routes:
         self.last_stats: dict[str, Any] = {}
 
     async def health(self) -> dict[str, Any]:
-        return {"status": "ok", "model": self.mid, "active": len(self.engine.active),
-                "waiting": self.engine.waiting.qsize()}
+        return {
+            "status": "ok",
+            "model": self.mid,
+            "active": len(self.engine.active),
+            "waiting": self.engine.waiting.qsize(),
+        }
 
     async def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [self.card()]}
@@ -59,6 +63,7 @@ class Routes:
     def snapshot(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The model's stats() and the metrics snapshot, taken between the engine's passes."""
         from ..metrics import Metrics
+
         with self.engine.lock:
             st = self.model.stats()
             return st, Metrics(self.model, None).snapshot(stats=st)
@@ -66,9 +71,14 @@ class Routes:
     async def stats(self) -> dict[str, Any]:
         engine = self.engine
         _, snap = await asyncio.to_thread(self.snapshot)
-        snap.update(requests_active=len(engine.active), requests_waiting=engine.waiting.qsize(),
-                    requests_served=engine.served, engine_steps=engine.steps,
-                    prompt_tokens_processed=engine.prompt_tokens, prompt_tokens_cached=engine.cached_tokens)
+        snap.update(
+            requests_active=len(engine.active),
+            requests_waiting=engine.waiting.qsize(),
+            requests_served=engine.served,
+            engine_steps=engine.steps,
+            prompt_tokens_processed=engine.prompt_tokens,
+            prompt_tokens_cached=engine.cached_tokens,
+        )
         return snap
 
     async def metrics(self) -> Response:
@@ -80,10 +90,15 @@ class Routes:
 
     async def live_stream(self, request: Request) -> StreamingResponse:
         """The live view's snapshots as server-sent events (serve/live.py)."""
+
         async def take() -> tuple[dict[str, Any], dict[str, Any]]:
             return await asyncio.to_thread(self.live_stats)
-        return StreamingResponse(live_events(self.live, take, request.is_disconnected),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+        return StreamingResponse(
+            live_events(self.live, take, request.is_disconnected),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
 
     def live_stats(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The model's stats() between passes; during a long pass, the last ones (the page still ticks)."""
@@ -104,7 +119,7 @@ class Routes:
             try:
                 piece: Any = raw.decode("utf-8")
             except UnicodeDecodeError:
-                piece = list(raw)          # not UTF-8 on its own: its bytes, as llama-server gives them
+                piece = list(raw)  # not UTF-8 on its own: its bytes, as llama-server gives them
             out.append({"id": t, "piece": piece})
         return {"tokens": out}
 
@@ -143,17 +158,28 @@ class Routes:
         ms = round(1000 * (time.perf_counter() - t0), 3)
         size = os.path.getsize(path)
         if action == "save":
-            return {"id_slot": id_slot, "filename": body.filename, "n_saved": n, "n_written": size,
-                    "timings": {"save_ms": ms}}
-        return {"id_slot": id_slot, "filename": body.filename, "n_restored": n, "n_read": size,
-                "timings": {"restore_ms": ms}}
+            return {
+                "id_slot": id_slot,
+                "filename": body.filename,
+                "n_saved": n,
+                "n_written": size,
+                "timings": {"save_ms": ms},
+            }
+        return {
+            "id_slot": id_slot,
+            "filename": body.filename,
+            "n_restored": n,
+            "n_read": size,
+            "timings": {"restore_ms": ms},
+        }
 
     def slot_file(self, name: str) -> str:
         if self.save_dir is None:
             raise ApiError(501, "saving and restoring slots needs --slot-save-path", code="not_supported")
-        if (not name or name.startswith(".") or os.path.basename(name) != name or "\\" in name or "\0" in name):
-            raise ApiError(400, f"filename {name!r} is not a plain file name (it must stay in --slot-save-path)",
-                           param="filename")
+        if not name or name.startswith(".") or os.path.basename(name) != name or "\\" in name or "\0" in name:
+            raise ApiError(
+                400, f"filename {name!r} is not a plain file name (it must stay in --slot-save-path)", param="filename"
+            )
         return os.path.join(self.save_dir, name)
 
     def slot_sequence(self, sl: Any, id_slot: int, empty: bool = False) -> int:
@@ -214,29 +240,62 @@ class Routes:
             param = next((k for k, v in given.items() if v is not None), "tools")
             raise ApiError(400, str(e), param=param, code="invalid_constraint") from None
 
-    async def run(self, body: Body, prompts: list[list[int]], chat: bool, echo: list[str] | None = None,
-                  logprobs: int | None = None, echo_logprobs: bool = False, tools: ToolRequest | None = None) -> Any:
+    async def run(
+        self,
+        body: Body,
+        prompts: list[list[int]],
+        chat: bool,
+        echo: list[str] | None = None,
+        logprobs: int | None = None,
+        echo_logprobs: bool = False,
+        tools: ToolRequest | None = None,
+    ) -> Any:
         """Hands the request to the engine; the reply, or its stream of events."""
         model = self.model
         grammar = await self.constraint(body, tools)
-        reply = Reply(chat=chat, stream=body.stream, model=self.mid, n_choices=len(prompts) * body.n,
-                      n_prompt=sum(len(p) for p in prompts), echo=echo,
-                      token_bytes=model.token_bytes if logprobs is not None else None, tools=tools)
-        sampling = sampling_options(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                                    min_p=body.min_p, repeat_penalty=body.repeat_penalty,
-                                    frequency_penalty=body.frequency_penalty,
-                                    presence_penalty=body.presence_penalty, seed=body.seed)
-        req = BatchRequest(prompts, body.n, body.max_tokens, stop_list(body.stop), sampling, logprobs, grammar,
-                           model.marker_ids(tools), reuse=body.cache_prompt)
+        reply = Reply(
+            chat=chat,
+            stream=body.stream,
+            model=self.mid,
+            n_choices=len(prompts) * body.n,
+            n_prompt=sum(len(p) for p in prompts),
+            echo=echo,
+            token_bytes=model.token_bytes if logprobs is not None else None,
+            tools=tools,
+        )
+        sampling = sampling_options(
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            min_p=body.min_p,
+            repeat_penalty=body.repeat_penalty,
+            frequency_penalty=body.frequency_penalty,
+            presence_penalty=body.presence_penalty,
+            seed=body.seed,
+        )
+        req = BatchRequest(
+            prompts,
+            body.n,
+            body.max_tokens,
+            stop_list(body.stop),
+            sampling,
+            logprobs,
+            grammar,
+            model.marker_ids(tools),
+            reuse=body.cache_prompt,
+        )
         job = Job(req, reply, asyncio.Queue(), asyncio.get_running_loop(), echo_logprobs=echo_logprobs)
         self.engine.submit(job)
         if body.stream:
-            return StreamingResponse(self.events(job), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                self.events(job),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         try:
             item = await job.out.get()
         finally:
-            job.cancelled = True      # the single result came (or the client left): nothing more to do
+            job.cancelled = True  # the single result came (or the client left): nothing more to do
         if isinstance(item, Exception):
             raise item
         if item is END:
@@ -257,7 +316,7 @@ class Routes:
                     return
                 yield f"data: {json.dumps(item, separators=(',', ':'))}\n\n"
         finally:
-            job.cancelled = True          # done, failed or the client went away: free the sequences
+            job.cancelled = True  # done, failed or the client went away: free the sequences
             self.engine.wake.set()
 
     async def completions(self, body: CompletionBody) -> Any:
@@ -268,20 +327,29 @@ class Routes:
             raise ApiError(400, str(e), param="prompt") from None
         for tokens in token_lists:
             self.check_prompt(tokens)
-        return await self.run(body, token_lists, chat=False, echo=echo_texts(body.prompt, body.echo, body.n),
-                              logprobs=body.logprobs,
-                              echo_logprobs=body.echo and body.logprobs is not None)
+        return await self.run(
+            body,
+            token_lists,
+            chat=False,
+            echo=echo_texts(body.prompt, body.echo, body.n),
+            logprobs=body.logprobs,
+            echo_logprobs=body.echo and body.logprobs is not None,
+        )
 
     async def embeddings(self, body: EmbeddingBody) -> Any:
         model = self.model
         self.check_model(body.model)
         if body.dimensions is not None and body.dimensions != model.hparams.n_embd:
-            raise ApiError(400, f"this model's embeddings have {model.hparams.n_embd} dimensions, not "
-                           f"{body.dimensions}", param="dimensions")
+            raise ApiError(
+                400,
+                f"this model's embeddings have {model.hparams.n_embd} dimensions, not {body.dimensions}",
+                param="dimensions",
+            )
 
         def embed() -> dict[str, Any]:
-            with self.engine.lock:         # between the engine's passes, on scratch sequences of its own
+            with self.engine.lock:  # between the engine's passes, on scratch sequences of its own
                 return model.create_embedding(body.input)
+
         try:
             out = await asyncio.to_thread(embed)
         except ValueError as e:
@@ -308,5 +376,6 @@ class Routes:
         except ChatTemplateError as e:
             raise ApiError(400, f"the chat template rejected the messages: {e}", param="messages") from None
         self.check_prompt(tokens)
-        return await self.run(body, [tokens], chat=True, tools=tools,
-                              logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+        return await self.run(
+            body, [tokens], chat=True, tools=tools, logprobs=(body.top_logprobs or 0) if body.logprobs else None
+        )

@@ -16,25 +16,17 @@ from .unicode import BYTE_TO_CHAR, SplitRegex, byte_encode, byte_level_decode, d
 from .vocab import Vocab, meta_list, texts
 
 _RE_GPT2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
-_RE_LLAMA3 = (
-    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
-_RE_QWEN2 = (
-    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+_RE_LLAMA3 = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+_RE_QWEN2 = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
 # llm_tokenizer_bpe: pre-tokenizer regexes per LLAMA_VOCAB_PRE_TYPE_*, applied one after the other
 PRE_REGEXES: dict[str, tuple[str, ...]] = {
-    "LLAMA3": (
-        _RE_LLAMA3,
-    ),
+    "LLAMA3": (_RE_LLAMA3,),
     "JAIS2": (
         "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s{512}(?!\\S)|\\s{256}(?!\\S)|\\s{128}(?!\\S)|\\s{64}(?!\\S)|\\s{32}(?!\\S)|\\s{16}(?!\\S)|\\s{8}(?!\\S)|\\s{4}(?!\\S)|\\s{1,2}(?!\\S)|\\s{1}",
     ),
-    "DBRX": (
-        _RE_LLAMA3,
-    ),
-    "SMAUG": (
-        _RE_LLAMA3,
-    ),
+    "DBRX": (_RE_LLAMA3,),
+    "SMAUG": (_RE_LLAMA3,),
     "DEEPSEEK_LLM": (
         '[\r\n]',
         '\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+',
@@ -117,51 +109,23 @@ PRE_REGEXES: dict[str, tuple[str, ...]] = {
         '\\p{N}',
         _RE_GPT2,
     ),
-    "GPT2": (
-        _RE_GPT2,
-    ),
-    "MPT": (
-        _RE_GPT2,
-    ),
-    "OLMO": (
-        _RE_GPT2,
-    ),
-    "JAIS": (
-        _RE_GPT2,
-    ),
-    "TRILLION": (
-        _RE_GPT2,
-    ),
-    "GRANITE_DOCLING": (
-        _RE_GPT2,
-    ),
-    "STABLELM2": (
-        _RE_QWEN2,
-    ),
-    "QWEN2": (
-        _RE_QWEN2,
-    ),
-    "HUNYUAN": (
-        _RE_QWEN2,
-    ),
-    "SOLAR_OPEN": (
-        _RE_QWEN2,
-    ),
+    "GPT2": (_RE_GPT2,),
+    "MPT": (_RE_GPT2,),
+    "OLMO": (_RE_GPT2,),
+    "JAIS": (_RE_GPT2,),
+    "TRILLION": (_RE_GPT2,),
+    "GRANITE_DOCLING": (_RE_GPT2,),
+    "STABLELM2": (_RE_QWEN2,),
+    "QWEN2": (_RE_QWEN2,),
+    "HUNYUAN": (_RE_QWEN2,),
+    "SOLAR_OPEN": (_RE_QWEN2,),
     "QWEN35": (
         "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
     ),
-    "PORO": (
-        ' ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+',
-    ),
-    "BLOOM": (
-        ' ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+',
-    ),
-    "GPT3_FINNISH": (
-        ' ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+',
-    ),
-    "CHATGLM4": (
-        _RE_LLAMA3,
-    ),
+    "PORO": (' ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+',),
+    "BLOOM": (' ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+',),
+    "GPT3_FINNISH": (' ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+',),
+    "CHATGLM4": (_RE_LLAMA3,),
     "VIKING": (
         ' ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+',
         '\\p{N}',
@@ -192,12 +156,8 @@ PRE_REGEXES: dict[str, tuple[str, ...]] = {
     "SEED_CODER": (
         "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
     ),
-    "UFAKZEKA": (
-        '[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+',
-    ),
-    "GROK_2": (
-        _RE_QWEN2,
-    ),
+    "UFAKZEKA": ('[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+',),
+    "GROK_2": (_RE_QWEN2,),
     "LAGUNA": (
         '[^\\n]+|[\\n]+',
         _RE_QWEN2,
@@ -244,8 +204,9 @@ class BpeEncoder:
             raise GGUFError("tokenizer.ggml.merges is missing")
         # "left right" split at the first space after the first character; llama.cpp keeps the first rank of a pair
         # (dict.fromkeys: first occurrence, in order)
-        merges = list(dict.fromkeys((m[:p], m[p + 1:]) for m in texts(raw_merges)
-                                    for p in (m.find(" ", 1),) if p >= 0))
+        merges = list(
+            dict.fromkeys((m[:p], m[p + 1 :]) for m in texts(raw_merges) for p in (m.find(" ", 1),) if p >= 0)
+        )
         return cls(vocab, merges)
 
     def add_phantom(self, ids: dict[str, int], sym: str) -> None:

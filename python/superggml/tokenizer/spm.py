@@ -50,7 +50,7 @@ class TokenTexts(Sequence[str]):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         o = self._offsets
-        return self._data[o[i]:o[i + 1]].decode("utf-8", "surrogatepass")
+        return self._data[o[i] : o[i + 1]].decode("utf-8", "surrogatepass")
 
     def __iter__(self) -> Iterator[str]:
         return (self[i] for i in range(len(self)))
@@ -135,7 +135,7 @@ class SpmEncoder:
             if left < 0 or right < 0:
                 return
             length = size[left] + size[right]
-            tid = b2i.get(text[starts[left]:starts[left] + length])
+            tid = b2i.get(text[starts[left] : starts[left] + length])
             if tid is not None:
                 push(heap, (-scores[tid], left, right, length))
 
@@ -156,7 +156,7 @@ class SpmEncoder:
 
         i = 0
         while i != -1:
-            piece = text[starts[i]:starts[i] + size[i]]
+            piece = text[starts[i] : starts[i] + size[i]]
             tid = b2i.get(piece)
             if tid is not None:
                 out.append(tid)

@@ -60,8 +60,19 @@ class Tokenizer:
     """Text pieces to tokens, and the vocabulary's texts and ids."""
 
     def __init__(self, vocab: Vocab, encoder: BpeEncoder | SpmEncoder):
-        for name in ("model", "pre", "pre_type", "n_vocab", "add_bos", "add_eos", "add_sep", "add_space_prefix",
-                     "clean_spaces", "ignore_merges", "eog_ids"):
+        for name in (
+            "model",
+            "pre",
+            "pre_type",
+            "n_vocab",
+            "add_bos",
+            "add_eos",
+            "add_sep",
+            "add_space_prefix",
+            "clean_spaces",
+            "ignore_merges",
+            "eog_ids",
+        ):
             setattr(self, name, getattr(vocab, name))
         for name in SPECIAL_NAMES:
             setattr(self, f"{name}_id", vocab.ids[name])
@@ -117,8 +128,7 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ encoding
 
-    def encode(self, text: str | bytes, *, add_special: bool = True,
-               parse_special: bool = False) -> list[int]:
+    def encode(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of ``text``, as ``llama_tokenize(text, add_special, parse_special)``.
 
         ``add_special`` adds BOS/EOS when the vocabulary asks for them; ``parse_special`` turns
@@ -140,7 +150,7 @@ class Tokenizer:
                 out.append(frag)
                 after_special = True
             else:
-                self.encoder.encode(text[frag[0]:frag[1]], out, after_special)
+                self.encoder.encode(text[frag[0] : frag[1]], out, after_special)
                 after_special = False
         if add_special and self.add_eos:
             if self.eos_id is None:
@@ -229,8 +239,7 @@ class Tokenizer:
             lstrip -= 1
         return piece
 
-    def detokenize(self, ids: Sequence[int], *, remove_special: bool = False,
-                   unparse_special: bool = False) -> bytes:
+    def detokenize(self, ids: Sequence[int], *, remove_special: bool = False, unparse_special: bool = False) -> bytes:
         """Bytes of the text, as ``llama_detokenize(ids, remove_special, unparse_special)``."""
         ids = list(ids)
         remove_space = self.add_space_prefix
@@ -259,8 +268,10 @@ class Tokenizer:
         return self.n_vocab
 
     def __repr__(self) -> str:
-        return (f"Tokenizer(model={self.model!r}, pre={self.pre!r}, n_vocab={self.n_vocab}, "
-                f"bos_id={self.bos_id}, eos_id={self.eos_id}, add_bos={self.add_bos})")
+        return (
+            f"Tokenizer(model={self.model!r}, pre={self.pre!r}, n_vocab={self.n_vocab}, "
+            f"bos_id={self.bos_id}, eos_id={self.eos_id}, add_bos={self.add_bos})"
+        )
 
 
 def _clean_spaces(text: bytes) -> bytes:

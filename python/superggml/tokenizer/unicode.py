@@ -76,8 +76,24 @@ _CPT_RANGES = (
 
 # unicode_set_whitespace
 _WHITESPACE = frozenset(
-    [0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
-     0x2028, 0x2029, 0x202F, 0x205F, 0x3000])
+    [
+        0x09,
+        0x0A,
+        0x0B,
+        0x0C,
+        0x0D,
+        0x20,
+        0x85,
+        0xA0,
+        0x1680,
+        *range(0x2000, 0x200B),
+        0x2028,
+        0x2029,
+        0x202F,
+        0x205F,
+        0x3000,
+    ]
+)
 
 
 def _parse_ranges() -> tuple[list[int], str]:
@@ -125,8 +141,16 @@ COLLAPSE = _CollapseTable()
 WIDE = {cpt: 0x0B for cpt in _WHITESPACE if cpt > 0x7F}
 
 _UCAT_ENUM = {
-    "\\p{N}": "N", "\\p{L}": "L", "\\p{P}": "P", "\\p{M}": "M", "\\p{S}": "S",
-    "\\p{Lu}": "L", "\\p{Ll}": "L", "\\p{Lt}": "L", "\\p{Lm}": "L", "\\p{Lo}": "L",
+    "\\p{N}": "N",
+    "\\p{L}": "L",
+    "\\p{P}": "P",
+    "\\p{M}": "M",
+    "\\p{S}": "S",
+    "\\p{Lu}": "L",
+    "\\p{Ll}": "L",
+    "\\p{Lt}": "L",
+    "\\p{Lm}": "L",
+    "\\p{Lo}": "L",
 }
 # ASCII members of each category, as llama.cpp's k_ucat_map
 _UCAT_ASCII = {
@@ -159,7 +183,7 @@ def _collapse_regex(expr: str) -> str:
         if c == "\\" and i + 3 < n and expr[i + 1] == "p" and expr[i + 2] == "{":
             close = expr.find("}", i + 3)
             if close != -1 and close <= i + 10:
-                cat = _UCAT_ENUM.get(expr[i:close + 1])
+                cat = _UCAT_ENUM.get(expr[i : close + 1])
                 if cat is not None:
                     body = _COLLAPSED_CAT[cat] + _UCAT_ASCII[cat]
                     out.append(body if inside else "[" + body + "]")
@@ -178,7 +202,7 @@ def _ecma_to_python(expr: str) -> str:
     while i < len(expr):
         c = expr[i]
         if c == "\\":
-            out.append(expr[i:i + 2])
+            out.append(expr[i : i + 2])
             i += 2
             continue
         if inside:
@@ -202,8 +226,7 @@ class SplitRegex:
         self.collapsed = any(k in expr for k in _UCAT_ENUM)
         if self.collapsed:
             if any(ord(ch) >= 128 for ch in expr):
-                raise UnsupportedModelError(
-                    "regex with both unicode categories and non-ASCII characters")
+                raise UnsupportedModelError("regex with both unicode categories and non-ASCII characters")
             expr = _collapse_regex(expr)
         self.pattern = re.compile(_ecma_to_python(expr), re.ASCII)
 
@@ -354,4 +377,3 @@ def byte_level_decode(text: str) -> bytes:
         else:
             out += b"[UNK_BYTE_0x" + ch.encode("utf-8", "surrogatepass").hex().encode() + raw + b"]"
     return bytes(out)
-

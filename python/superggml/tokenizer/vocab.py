@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 from ..errors import GGUFError, UnsupportedModelError
 
+
 class TokenType:
     """Values of ``tokenizer.ggml.token_type`` (llama_token_type)."""
 
@@ -52,9 +53,20 @@ _TYPE_TO_ATTR = {
 _F = {"clean_spaces": False}
 _PRE_TYPES: dict[str, tuple[str, dict[str, bool]]] = {
     "default": ("DEFAULT", {}),
-    **{n: ("LLAMA3", {"ignore_merges": True, "add_bos": True})
-       for n in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-                 "midm-2.0", "lfm2", "jina-v5-nano")},
+    **{
+        n: ("LLAMA3", {"ignore_merges": True, "add_bos": True})
+        for n in (
+            "llama3",
+            "llama-v3",
+            "llama-bpe",
+            "falcon3",
+            "falcon-h1",
+            "pixtral",
+            "midm-2.0",
+            "lfm2",
+            "jina-v5-nano",
+        )
+    },
     "deepseek-llm": ("DEEPSEEK_LLM", _F),
     "deepseek-coder": ("DEEPSEEK_CODER", _F),
     "deepseek-v3": ("DEEPSEEK3_LLM", _F),
@@ -63,9 +75,22 @@ _PRE_TYPES: dict[str, tuple[str, dict[str, bool]]] = {
     "falcon": ("FALCON", {}),
     "mpt": ("MPT", {}),
     "starcoder": ("STARCODER", {}),
-    **{n: ("GPT2", {})
-       for n in ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
-                 "a.x-4.0", "mellum", "modern-bert", "exaone4")},
+    **{
+        n: ("GPT2", {})
+        for n in (
+            "gpt-2",
+            "phi-2",
+            "jina-es",
+            "jina-de",
+            "gigachat",
+            "jina-v2-es",
+            "jina-v2-de",
+            "a.x-4.0",
+            "mellum",
+            "modern-bert",
+            "exaone4",
+        )
+    },
     **{n: ("GPT2", {"add_sep": True}) for n in ("jina-v1-en", "jina-v2-code", "roberta-bpe")},
     "jais-2": ("JAIS2", {}),
     "refact": ("REFACT", {}),
@@ -113,25 +138,79 @@ _PRE_TYPES: dict[str, tuple[str, dict[str, bool]]] = {
 del _F
 
 # token texts llama.cpp recognises (llama_vocab::impl::load, "auto-detect special tokens by text")
-_EOT_NAMES = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-              "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
-              "<end_of_utterance>")
+_EOT_NAMES = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
+)
 _EOM_NAMES = ("<|eom_id|>",)
 _FIM_NAMES = {
-    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
-                "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
-    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>",
-                "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
-    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
-                "▁<MID>", "<|code_middle|>", "<|middle|>"),
+    "fim_pre": (
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<｜fim▁begin｜>",
+        "<PRE>",
+        "▁<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+    ),
+    "fim_suf": (
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<｜fim▁hole｜>",
+        "<SUF>",
+        "▁<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+    ),
+    "fim_mid": (
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<｜fim▁end｜>",
+        "<MID>",
+        "▁<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+    ),
     "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
     "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     "fim_sep": ("<|file_sep|>",),
 }
-_EOG_NAMES = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
-              "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
-              "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
-              "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
+_EOG_NAMES = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
+)
 
 # GGUF keys of the special token ids, in llama.cpp's order (later keys win for the FIM aliases)
 _SPECIAL_ID_KEYS = (
@@ -153,7 +232,6 @@ _SPECIAL_ID_KEYS = (
     ("fim_suf", "tokenizer.ggml.suffix_token_id"),
     ("fim_mid", "tokenizer.ggml.middle_token_id"),
 )
-
 
 
 def meta_int(meta: Mapping[str, Any], key: str) -> int | None:
@@ -220,8 +298,22 @@ class Vocab:
         return len(self.tokens)
 
 
-SPECIAL_NAMES: tuple[str, ...] = ("bos", "eos", "eot", "eom", "unk", "sep", "pad", "mask", "fim_pre", "fim_suf", "fim_mid",
-                 "fim_pad", "fim_rep", "fim_sep")
+SPECIAL_NAMES: tuple[str, ...] = (
+    "bos",
+    "eos",
+    "eot",
+    "eom",
+    "unk",
+    "sep",
+    "pad",
+    "mask",
+    "fim_pre",
+    "fim_suf",
+    "fim_mid",
+    "fim_pad",
+    "fim_rep",
+    "fim_sep",
+)
 
 
 def load_vocab(meta: Mapping[str, Any]) -> Vocab:
@@ -252,9 +344,15 @@ def _model_defaults(model: str, pre: str) -> Vocab:
             pre_type, flags = _PRE_TYPES[pre]
         else:
             raise UnsupportedModelError(f"unsupported pre-tokenizer type: {pre!r}")
-        vocab = Vocab(model, pre or "default", pre_type, clean_spaces=flags.get("clean_spaces", True),
-                      ignore_merges=flags.get("ignore_merges", False), add_bos=flags.get("add_bos", False),
-                      add_sep=flags.get("add_sep", False))
+        vocab = Vocab(
+            model,
+            pre or "default",
+            pre_type,
+            clean_spaces=flags.get("clean_spaces", True),
+            ignore_merges=flags.get("ignore_merges", False),
+            add_bos=flags.get("add_bos", False),
+            add_sep=flags.get("add_sep", False),
+        )
         vocab.ids.update(bos=None if flags.get("bos_null") else 11, eos=11)
         return vocab
     if model == "llama":
@@ -367,8 +465,9 @@ def _apply_model_attrs(vocab: Vocab, meta: Mapping[str, Any]) -> None:
     name = as_text(meta.get("general.name", "")).lower()
     arch = as_text(meta.get("general.architecture", ""))
     attrs, t2i = vocab.attrs, vocab.token_to_id
-    if (any(p in vocab.pre for p in ("jina-v2-de", "jina-v2-es", "jina-v2-code"))
-            or any(a in arch for a in ("nomic-bert-moe", "jina-bert-v3"))):
+    if any(p in vocab.pre for p in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(
+        a in arch for a in ("nomic-bert-moe", "jina-bert-v3")
+    ):
         if "<mask>" in t2i:
             attrs[t2i["<mask>"]] |= TokenAttr.LSTRIP
     elif "phi-3" in name or "phi3" in name:
