@@ -96,9 +96,7 @@ def resolve_devices(
     tensor_split, a split over RPC servers is balanced the same way."""
 
     def add(ep: str) -> list[dict[str, Any]]:
-        return list(
-            native.rpc_add_server(ep, connect_timeout=min(RPC_CONNECT_TIMEOUT, d.rpc_timeout), timeout=d.rpc_timeout)
-        )
+        return add_rpc_server(ep, connect_timeout=min(RPC_CONNECT_TIMEOUT, d.rpc_timeout), timeout=d.rpc_timeout)
 
     rpc: list[dict[str, Any]] = [x for ep in d.rpc for x in add(ep)]
     if d.devices:
@@ -158,17 +156,23 @@ def balanced(names: list[str], n_threads: int, weights_bytes: int) -> tuple[floa
 def devices_for(d: DeviceSettings, store: Any, n_threads: int) -> tuple[list[str], tuple[float, ...]]:
     """resolve_devices for the weights of `store` (a native.WeightStore); when a server speaks superggml's
     relay, the file's ranges are registered by content hash, so that it loads those it holds itself."""
-    names, shares = resolve_devices(
-        d, n_threads=n_threads, weights_bytes=sum(int(store.file_range(n)[1]) for n in store.names())
-    )
+    names, shares = resolve_devices(d, n_threads=n_threads, weights_bytes=store_bytes(store))
     if any(x["addressed"] for x in native.rpc_stats().values()):
         native.content_index_set(store.path, content_ranges(store.path))
     return names, shares
 
 
-def add_rpc_server(endpoint: str) -> list[dict[str, Any]]:
-    """Adds a ggml RPC server's devices to this process (DeviceError names a server that cannot be used)."""
-    return list(native.rpc_add_server(endpoint.strip()))
+def store_bytes(store: Any) -> int:
+    """The bytes of the tensors of a native.WeightStore."""
+    return sum(int(store.file_range(n)[1]) for n in store.names())
+
+
+def add_rpc_server(
+    endpoint: str, *, connect_timeout: float = RPC_CONNECT_TIMEOUT, timeout: float = 60.0
+) -> list[dict[str, Any]]:
+    """Adds a ggml RPC server's devices to this process (DeviceError names a server that cannot be used, or one
+    that takes longer than the timeouts, in seconds, to connect or to answer)."""
+    return list(native.rpc_add_server(endpoint.strip(), connect_timeout=connect_timeout, timeout=timeout))
 
 
 def start_rpc_server(

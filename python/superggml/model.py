@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from . import native
-from .devices import servers_failed
+from .devices import servers_failed, store_bytes
 from .api.chat import CHATML, ChatTemplate
 from .api.completions import Completions, Constraints, Embeddings
 from .api.tools import ToolFormat
@@ -29,7 +29,7 @@ from .metrics import Metrics, MetricsWriter
 from .runtime import saved
 from .runtime.executor import Executor
 from .runtime.memory_plan import MemoryPlan
-from .runtime.resolve import Devices, open_devices, resolve, store_bytes
+from .runtime.resolve import Devices, open_devices, resolve
 from .runtime.scheduler import LayerScheduler
 from .settings import Settings, options_doc, parse_size, signature
 from .tokenizer import Tokenizer

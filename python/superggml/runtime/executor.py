@@ -17,7 +17,7 @@ import numpy as np
 from .. import native
 from ..arch import Architecture
 from ..arch.mtp import MtpArch
-from ..devices import server_counters
+from ..devices import server_counters, store_bytes
 from ..errors import SuperggmlError
 from ..settings import Settings
 from ..telemetry import MemoryFn
@@ -27,7 +27,7 @@ from .memory import MAX_LANES, SequenceMemory, attn_rot_size, check_latent_types
 from .recurrent import sequence_memory
 from .pagers import WeightPager
 from .memory_plan import MemoryPlan, kv_bytes, off_error
-from .resolve import Devices, open_devices, resolve, store_bytes
+from .resolve import Devices, open_devices, resolve
 from .sequences import SequenceState, Sequences
 from .weights import WeightPlacement
 

@@ -56,11 +56,6 @@ def open_devices(settings: Settings, store: Any, n_layer: int) -> Devices:
     return devices
 
 
-def store_bytes(store: Any) -> int:
-    """The bytes of the tensors of a native.WeightStore."""
-    return sum(int(store.file_range(n)[1]) for n in store.names())
-
-
 def resolve(
     settings: Settings, hp: HParams, weights: int, devices: Devices, *, reserve: int = 0
 ) -> tuple[Settings, MemoryPlan | None]:
