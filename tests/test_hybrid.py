@@ -11,7 +11,7 @@ import llama_ref
 import synth_gguf
 from batching import alone_and_batched
 from superggml import Model
-from superggml.settings import layer_split
+from superggml.runtime.devices import layer_split
 from synth_gguf import VARIANTS, synth
 from test_multi_device import PROMPT, run_prompt
 

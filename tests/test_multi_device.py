@@ -7,7 +7,8 @@ import pytest
 
 from superggml import Model
 from superggml.commands import cli
-from superggml.settings import DeviceSettings, layer_split
+from superggml.runtime.devices import layer_split
+from superggml.settings import DeviceSettings
 
 PROMPT = list(range(300, 340))
 

@@ -4,6 +4,7 @@ decoding to generation/, the OpenAI shapes to api/ (inherited mixins)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import inspect
@@ -14,7 +15,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from . import native
-from .devices import servers_failed, store_bytes
+from .devices import servers_failed
 from .api.chat import CHATML, ChatTemplate
 from .api.completions import Completions, Constraints, Embeddings
 from .api.tools import ToolFormat
@@ -29,7 +30,7 @@ from .metrics import Metrics, MetricsWriter
 from .runtime import saved
 from .runtime.executor import Executor
 from .runtime.memory_plan import MemoryPlan
-from .runtime.resolve import Devices, open_devices, resolve
+from .runtime.resolve import reopen, resolve
 from .runtime.scheduler import LayerScheduler
 from .settings import Settings, options_doc, parse_size, signature
 from .tokenizer import Tokenizer
@@ -43,11 +44,6 @@ def return_free_memory() -> None:
     """Collect garbage and hand freed heap back to the OS (glibc), so peak RSS stays low."""
     gc.collect()
     native.host_memory_trim()
-
-
-def want_direct_io(path: str) -> bool:
-    """O_DIRECT pays off when the file cannot stay in the page cache: larger than what is available."""
-    return os.path.getsize(path) > int(native.host_memory()["available"])
 
 
 class Model(Completions, Embeddings, Constraints):
@@ -130,12 +126,11 @@ class Model(Completions, Embeddings, Constraints):
         self._grammar_vocab: GrammarVocab | None = None
         self._tool_format: ToolFormat | None = None
         self.file = native.GGUFFile(self.path)
-        try:
+        with contextlib.ExitStack() as undo:  # a load that fails lets go of what it took, the file last
+            undo.callback(self.file.close)
+            undo.callback(self.drop_runtime)
             self.load(s)
-        except BaseException:
-            self.drop_runtime()
-            self.file.close()
-            raise
+            undo.pop_all()
         self.closed = False
         report(self)
         ms = self.settings.metrics
@@ -153,7 +148,8 @@ class Model(Completions, Embeddings, Constraints):
         )
 
     def load(self, s: Settings) -> None:
-        """The architecture, the weights and the runtime, the tokenizer, the speculator."""
+        """The architecture, the weights and the runtime (the settings resolved once: runtime/resolve.py), the
+        tokenizer, the speculator."""
         self.metadata: dict[str, Any] = self.file.metadata()
         self.tensor_info = {name: (typ, tuple(shape), off, nb) for name, typ, shape, off, nb in self.file.tensors()}
         self.arch = get_architecture(self.metadata, self.tensor_info)
@@ -161,11 +157,11 @@ class Model(Completions, Embeddings, Constraints):
         self.arch.validate({n: v[1] for n, v in self.tensor_info.items()})
         self.file.drop_header()  # read into metadata: the C++ copy of the vocabulary (~17 MiB) goes
         self.store = native.WeightStore(self.file)
-        devices = open_devices(s, self.store, self.hparams.n_layer)
-        s, plan = resolve(s, self.hparams, store_bytes(self.store), devices, reserve=drafting.draft_bytes(self, s))
-        self.settings = s  # device_budget and async_prefetch resolved, once
-        self.memory_plan: MemoryPlan | None = plan
-        self.start_runtime(devices)
+        self.resolved = resolve(s, self.arch, self.store)
+        self.runtime = Executor(self.arch, self.store, self.resolved)
+        self.running = True
+        self.settings = self.resolved.settings
+        self.memory_plan: MemoryPlan | None = self.resolved.memory_plan
         self.repacked_bytes = self.runtime.repacked_bytes
         self.tokenizer = Tokenizer.from_metadata(self.metadata)
         for key in VOCAB_KEYS:  # held by the tokenizer now; tens of MB as lists
@@ -173,23 +169,8 @@ class Model(Completions, Embeddings, Constraints):
         return_free_memory()  # the vocabulary's transient objects
         if self.tokenizer.n_vocab != self.hparams.n_vocab:
             raise GGUFError(f"vocabulary has {self.tokenizer.n_vocab} tokens but the model {self.hparams.n_vocab}")
-        if s.speculative.enabled:
+        if self.settings.speculative.enabled:
             self.speculator = drafting.make_speculator(self, Model)
-
-    def start_runtime(self, devices: Devices) -> None:
-        """The executor on `devices`: resident weights load in the background, block by block, while the KV cache
-        and the tokenizer are built and the first pass computes; streamed ones go through the pager."""
-        s, direct = self.settings, self.settings.paging.direct_io
-        self.runtime = Executor(
-            self.arch,
-            self.store,
-            s,
-            devices,
-            self.memory_plan,
-            direct_io=want_direct_io(self.path) if direct is None else direct,
-            preload_repack=s.context.repack,
-        )
-        self.running = True
 
     def drop_runtime(self) -> None:
         """Closes the executor and lets go of it and the weights, before the file (they point into its tensors);
@@ -207,7 +188,9 @@ class Model(Completions, Embeddings, Constraints):
         self.drop_runtime()
         gc.collect()  # the buffers on the failed server, and with them ggml's connection to it
         self.store = native.WeightStore(self.file)
-        self.start_runtime(open_devices(self.settings, self.store, self.hparams.n_layer))
+        self.resolved = reopen(self.resolved, self.store, self.hparams.n_layer)
+        self.runtime = Executor(self.arch, self.store, self.resolved)
+        self.running = True
         if self.metrics is not None:
             self.runtime.record_timings = True
 

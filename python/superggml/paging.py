@@ -68,10 +68,9 @@ def _backend(device: str) -> Optional["native.Backend"]:
     if device.upper() == "CPU":
         return None
     if "[" in device:
-        from .devices import resolve_devices
-        from .settings import DeviceSettings
+        from .devices import rpc_device
 
-        device = resolve_devices(DeviceSettings(devices=(device,)))[0][0]
+        device = rpc_device(device)
     return native.Backend(device)
 
 

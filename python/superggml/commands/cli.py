@@ -340,7 +340,7 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 def _auto_plan(model: str) -> tuple[str, Any]:
     """(device, MemoryPlan): what device_budget auto gives the model on the device it runs on by default (the
     first GPU, else the CPU) with the default context options."""
-    from ..devices import default_device
+    from ..runtime.devices import default_device
     from ..runtime.memory_plan import plan_on
     from ..settings import ContextSettings
 
@@ -350,9 +350,9 @@ def _auto_plan(model: str) -> tuple[str, Any]:
 
 def _print_rpc_split(endpoints: Sequence[str], model: str, n_layer: int) -> None:
     """The split a model over this CPU and the servers gets: by free memory and measured speed."""
-    from ..devices import balance, free_memory, measure_speed, resolve_devices
     from ..gguf import open as open_gguf
-    from ..settings import DeviceSettings, default_threads, layer_split
+    from ..runtime.devices import balance, free_memory, layer_split, measure_speed, resolve_devices
+    from ..settings import DeviceSettings, default_threads
 
     with open_gguf(model) as g:
         total = sum(int(t.nbytes) for t in g.tensors.values())

@@ -5,36 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.memory_plan import model_bytes
 from ..settings import Settings
-from .mtp import MtpDrafter, mtp_bytes
-from .speculative import DRAFT_BATCH, DraftLength, LookupDrafter, ModelDrafter, Speculator
+from .mtp import MtpDrafter
+from .speculative import DraftLength, LookupDrafter, ModelDrafter, Speculator
+
+DRAFT_OPTIONS = ("ctx_size", "n_batch", "n_threads", "seed", "flash_attn", "repack", "batch_invariant")
 
 
 def draft_options(settings: Settings) -> dict[str, Any]:
-    """The draft model's options: the model's context and threads, at most DRAFT_BATCH rows a pass."""
-    c = settings.context
-    return dict(
-        ctx_size=c.ctx_size,
-        n_batch=min(c.n_batch, DRAFT_BATCH),
-        n_threads=c.n_threads,
-        seed=c.seed,
-        flash_attn=c.flash_attn,
-        repack=c.repack,
-        batch_invariant=c.batch_invariant,
-    )
-
-
-def draft_bytes(model: Any, settings: Settings) -> int:
-    """The memory the drafter `settings` ask of `model` (superggml.Model, loading) will hold: a draft model's
-    weights, or its draft_budget, and the rest; an MTP block's."""
-    sp = settings.speculative
-    if sp.draft_mtp:
-        return mtp_bytes(model, settings.context)
-    if not sp.draft_model:
-        return 0
-    draft = Settings.from_options(draft_options(settings)).context  # the draft's context, cache types f16
-    return model_bytes(sp.draft_model, draft, sp.draft_budget_bytes)
+    """The draft model's options: its context as settings.draft_context gives it (what the memory plan counted)."""
+    c = settings.draft_context
+    return {name: getattr(c, name) for name in DRAFT_OPTIONS}
 
 
 def make_speculator(model: Any, model_cls: Any) -> Speculator:

@@ -23,8 +23,8 @@ import numpy as np
 from .. import native
 from ..arch.mtp import MtpArch
 from ..runtime.executor import Executor
-from ..runtime.memory_plan import kv_bytes
-from ..settings import ContextSettings, PagingSettings, Settings
+from ..runtime.memory_plan import mtp_bytes
+from ..settings import PagingSettings, Settings
 from .speculative import Drafter, greedy_draft
 
 Model = Any  # superggml.Model (annotations only)
@@ -44,10 +44,7 @@ class MtpDrafter(Drafter):
         self.store = native.WeightStore(target.file)
         c = target.settings.context
         self.runtime = Executor.start(
-            self.arch,
-            self.store,
-            Settings(context=c, paging=PagingSettings(device_budget="off")),
-            preload_repack=c.repack,
+            self.arch, self.store, Settings(context=c, paging=PagingSettings(device_budget="off"))
         )
         self.rows: dict[int, dict[int, np.ndarray]] = {}  # the model's sequence -> position -> its hidden row
         self.own: np.ndarray | None = None  # the block's hidden row of its last pass
@@ -113,7 +110,7 @@ class MtpDrafter(Drafter):
     def stats(self) -> dict[str, Any]:
         return {
             "draft_mtp_block": self.arch.il,
-            "draft_resident_bytes": mtp_bytes(self.target, self.target.settings.context),
+            "draft_resident_bytes": mtp_bytes(self.target.arch, self.target.store, self.target.settings.context),
         }
 
     def close(self) -> None:
@@ -121,13 +118,3 @@ class MtpDrafter(Drafter):
         self.runtime.close()
         del self.runtime
         del self.store
-
-
-def mtp_bytes(model: Model, c: ContextSettings) -> int:
-    """What an MTP drafter holds: its block's tensors, the model's head when the block has none of its own (the
-    token embedding is read from the mapping), and a one-layer memory of ctx_size tokens."""
-    arch, info = MtpArch(model.arch), model.tensor_info
-    held = sum(int(v[3]) for name, v in info.items() if name.startswith(arch.p))
-    if not arch.head_w.startswith(arch.p) and arch.head_w != "token_embd.weight":
-        held += int(info[arch.head_w][3])
-    return held + kv_bytes(arch.hp, c.ctx_size, c.cache_type_k, c.cache_type_v)

@@ -31,7 +31,6 @@ Model = Any  # superggml.Model, which holds a Speculator (annotations only)
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_CHECK_START_TOKEN_ID = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
-DRAFT_BATCH = 64  # a draft model's rows per pass: Qwen2.5-0.5B's compute bound 152 -> 19 MiB
 CATCH_UP_ROWS = 16  # a draft model's new tokens fed row by row in one pass up to this many
 
 

@@ -17,17 +17,15 @@ import numpy as np
 from .. import native
 from ..arch import Architecture
 from ..arch.mtp import MtpArch
-from ..devices import server_counters, store_bytes
-from ..errors import SuperggmlError
+from ..devices import server_counters
 from ..settings import Settings
-from ..telemetry import MemoryFn
 from .arrays import tensor_array
 from .graph import LaneRows, GraphPlan, Step, lane_rows, padded_kv
 from .memory import MAX_LANES, SequenceMemory, attn_rot_size, check_latent_types, hadamard
 from .recurrent import sequence_memory
 from .pagers import WeightPager
-from .memory_plan import MemoryPlan, kv_bytes, off_error
-from .resolve import Devices, open_devices, resolve
+from .memory_plan import kv_bytes
+from .resolve import Resolved, resolve
 from .sequences import SequenceState, Sequences
 from .weights import WeightPlacement
 
@@ -71,30 +69,47 @@ class DeviceStreams:
             self.backends[self.queued.pop()].synchronize()
 
 
+def activations(hp: Any, c: Any, backends: Sequence[Any]) -> tuple[list[Any], list[dict[str, Any]], list[Any]]:
+    """Per device: the activations F32 [n_embd, n_batch] that persist between graphs, and the Walsh-Hadamard
+    rotations a quantized cache holds Q, K and V rotated by (none for a latent K/V: one type, V read from K, as
+    llama.cpp's); with what holds them."""
+    ctxs = [native.Context(max_tensors=4) for _ in backends]
+    acts = []
+    for i, cx in enumerate(ctxs):
+        a = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
+        a.name = f"act_d{i}"
+        acts.append(a)
+    if hp.latent_kv:
+        check_latent_types(hp, c.cache_type_k, c.cache_type_v)
+        n_rot = {"k": 0, "v": 0}
+    else:
+        n_rot = {
+            "k": attn_rot_size(hp.head_dim, c.cache_type_k, largest=True),
+            "v": attn_rot_size(hp.head_dim_v or hp.head_dim, c.cache_type_v, largest=False),
+        }
+    rot = [{x: cx.new_tensor(F32, [n, n]) for x, n in n_rot.items() if n} for cx in ctxs]
+    keep: list[Any] = ctxs + [b.alloc_tensors(cx) for b, cx in zip(backends, ctxs)]
+    for buf in keep[len(ctxs) :]:
+        buf.clear(0)
+    for r in rot:
+        for t in r.values():
+            native.tensor_set(t, hadamard(t.ne[0]), 0)
+    return acts, rot, keep
+
+
 class Executor:
     """Runs an architecture layer by layer on one or more backends (a pipeline by blocks), its weights
     resident or paged (placement), its sequences' memory contiguous or paged (memory, sequences)."""
 
-    def __init__(
-        self,
-        arch: Architecture | MtpArch,
-        store: Any,
-        settings: Settings,
-        devices: Devices,
-        memory_plan: MemoryPlan | None,
-        *,
-        direct_io: bool = False,
-        memory: MemoryFn | None = None,
-        preload_repack: bool | None = None,
-    ):
-        """`settings`, `devices` and `memory_plan` as runtime/resolve.py gives them (Executor.start does it all).
-        `direct_io` is the paging's read mode, resolved (settings.paging.direct_io may say "auto").
-        `preload_repack` (True/False: with or without ggml-cpu's re-laid weights) starts the background
-        load of resident weights as early as possible; None leaves it to the caller (placement.start_loading).
-        `memory`: the reading the dynamic_layers scheduler follows (default: the device's)."""
+    def __init__(self, arch: Architecture | MtpArch, store: Any, resolved: Resolved):
+        """On the devices, settings and memory plan that runtime/resolve.py gives (Executor.start does it all),
+        with the weights of `store` (a native.WeightStore): activations F32 [n_embd, n_batch] and the quantized
+        cache's rotations per device, the weights' placement (resident ones start loading in the background, so
+        the reads overlap the rest), the sequence memory."""
+        s, devices = resolved.settings, resolved.devices
         self.arch, self.hp = arch, arch.hp
-        arch.set_context(settings.context.ctx_size)
-        self.settings, self.memory_plan, self.devices = settings, memory_plan, devices
+        arch.set_context(s.context.ctx_size)
+        self.settings, self.memory_plan, self.devices = s, resolved.memory_plan, devices
         self.backends = devices.backends
         self.n_split = devices.n_split  # the devices the blocks are split over
         self.layer_device = devices.layer_device
@@ -102,69 +117,30 @@ class Executor:
         self.embed_dev = devices.embed_dev
         self.backend = self.backends[0]
         self.store = store  # the weights (a native.WeightStore)
-        self.placement = WeightPlacement(arch, store, settings, devices, memory_plan, direct_io=direct_io)
-        self.weights = self.placement.view
         self.plans: dict[tuple[Any, ...], GraphPlan] = {}  # by micro-batch shape, most recently used last
-        if preload_repack is not None and not self.placement.paged:
-            try:
-                self.placement.start_loading(preload_repack, self.embed_dev)  # reads overlap everything below
-            except SuperggmlError as e:
-                if self.memory_plan is None or "cannot allocate" not in str(e):
-                    raise
-                raise off_error(self.memory_plan, str(e)) from e
-        try:
-            self.setup(memory)
-        except BaseException:
-            self.close()  # the loader's threads must stop before the caller unmaps the file
-            raise
-
-    @classmethod
-    def start(cls, arch: Architecture | MtpArch, store: Any, settings: Settings, **kw: Any) -> "Executor":
-        """Opens the devices and resolves the settings (runtime/resolve.py), then starts on them."""
-        devices = open_devices(settings, store, arch.hp.n_layer)
-        resolved, plan = resolve(settings, arch.hp, store_bytes(store), devices)
-        return cls(arch, store, resolved, devices, plan, **kw)
-
-    def setup(self, memory: MemoryFn | None) -> None:
-        """Activations F32 [n_embd, n_batch] and the quantized cache's rotations per device, the sequence memory,
-        the pagers and the expert cache."""
-        hp, s = self.hp, self.settings
-        c = s.context
-        ctxs = [native.Context(max_tensors=4) for _ in self.backends]
-        self.acts = []
-        for i, cx in enumerate(ctxs):
-            a = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
-            a.name = f"act_d{i}"
-            self.acts.append(a)
-        if hp.latent_kv:  # one cache, V read from K: one type, no rotations (as llama.cpp's)
-            check_latent_types(hp, c.cache_type_k, c.cache_type_v)
-            n_rot = {"k": 0, "v": 0}
-        else:  # a quantized cache holds Q, K and V rotated by Walsh-Hadamard matrices
-            n_rot = {
-                "k": attn_rot_size(hp.head_dim, c.cache_type_k, largest=True),
-                "v": attn_rot_size(hp.head_dim_v or hp.head_dim, c.cache_type_v, largest=False),
-            }
-        self.rot = [{x: cx.new_tensor(F32, [n, n]) for x, n in n_rot.items() if n} for cx in ctxs]
-        self.keep: list[Any] = ctxs + [b.alloc_tensors(cx) for b, cx in zip(self.backends, ctxs)]
-        for buf in self.keep[len(ctxs) :]:
-            buf.clear(0)
-        for rot in self.rot:
-            for t in rot.values():
-                native.tensor_set(t, hadamard(t.ne[0]), 0)
-        self.memory: SequenceMemory = sequence_memory(
-            s, self.arch, self.backends, self.layer_device, self.n_split, self.kv_bytes
-        )
-        self.sequences = Sequences(self.memory, c.ctx_size, hp.n_vocab)
         self.n_passes = self.pass_sequences = self.pass_tokens = 0  # forward passes and what they held
         self.stream_passes = 0  # passes whose sequences attended at once (streams)
         self.graphs_per_pass = 0  # graphs the last pass computed
         self.record_timings = False  # fill self.timings on every forward pass (metrics)
         self.timings: list[dict[str, Any]] = []
-        self.streams = DeviceStreams(self.backends)  # graphs queued on the devices' streams
         self.head_buffers: tuple[int, list[Any]] | None = None  # rows, the streamed head's [ctx, buffer, in, out]
         self.hidden_buf: Any = None  # keep_hidden's rows, F32 [n_embd, n_batch]
         self.on_hidden: Any = None  # (sequence, first position, F32 [n, n_embd]) per pass item
-        self.placement.make_pools(memory)
+        self.streams = DeviceStreams(self.backends)  # graphs queued on the devices' streams
+        self.acts, self.rot, self.keep = activations(self.hp, s.context, self.backends)
+        self.placement = WeightPlacement(arch, store, resolved)
+        self.weights = self.placement.view
+        try:
+            self.memory: SequenceMemory = sequence_memory(s, arch, devices, self.kv_bytes)
+            self.sequences = Sequences(self.memory, s.context.ctx_size, self.hp.n_vocab)
+        except BaseException:
+            self.placement.close()  # the loader's threads must stop before the caller unmaps the file
+            raise
+
+    @classmethod
+    def start(cls, arch: Architecture | MtpArch, store: Any, settings: Settings) -> "Executor":
+        """Opens the devices and resolves the settings (runtime/resolve.py), then starts on them."""
+        return cls(arch, store, resolve(settings, arch, store))
 
     def close(self) -> None:
         """Stops the background load (before the file's mapping goes away) and drops the plans (they refer

@@ -27,7 +27,8 @@ import numpy as np
 from .. import native
 from ..settings import KV_QUANTIZED, Settings
 from .pagers import merge_stats
-from .memory_plan import check_available, kv_type
+from .devices import Devices
+from .memory_plan import kv_type
 
 MAX_LANES = 64  # sequences one pass holds at most
 Lane = tuple[int, int, int]  # (sequence, rows valid before the step, rows valid after it)
@@ -217,10 +218,18 @@ class ContiguousKV(LanedKV):
     RESERVED_SLOTS = 256
 
     def __init__(
-        self, settings: Settings, hp: Any, backends: Sequence[Any], layer_device: Sequence[int], kv_bytes: int
+        self,
+        settings: Settings,
+        hp: Any,
+        backends: Sequence[Any],
+        layer_device: Sequence[int],
+        kv_bytes: int,
+        check_available: Callable[[int, int, str], None],
     ):
+        """`check_available(device, nbytes, what)` refuses what a device has no room for (Devices')."""
         self.lanes = KVLanes(settings, hp)
         self.backends = backends
+        self.check_available = check_available
         self.layer_device = list(layer_device)
         self.kv_bytes = kv_bytes
         self.ctx_size = settings.context.ctx_size
@@ -253,8 +262,8 @@ class ContiguousKV(LanedKV):
             self.offsets = offsets
         else:
             if check:
-                check_available(
-                    self.backends[0],
+                self.check_available(
+                    0,
                     self.kv_bytes * (cap - self.capacity),
                     f"the K/V of {cap} sequences (ctx_size {self.ctx_size} tokens each; paged_kv holds "
                     f"only the pages a sequence uses)",
@@ -278,15 +287,15 @@ class ContiguousKV(LanedKV):
         if slot is None:
             used = set(self.slots.values())
             slot = next(i for i in range(len(used) + 1) if i not in used)
+            if slot >= self.capacity:
+                self.grow(check)
             if check and self.reservation is not None:  # the pages this sequence may come to hold
-                check_available(
-                    self.backends[0],
+                self.check_available(
+                    0,
                     self.kv_bytes,
                     f"the K/V of sequence {seq} (ctx_size "
                     f"{self.ctx_size} tokens; paged_kv holds only the pages a sequence uses)",
                 )
-            if slot >= self.capacity:
-                self.grow(check)
             self.slots[seq] = slot
         return slot
 
@@ -453,6 +462,21 @@ class PagedKV(LanedKV):
     def stats(self) -> dict[str, Any]:
         per = [p.stats() for p in self.parts]
         return {**merge_stats(per), "kv_per_device": per} if len(per) > 1 else per[0]
+
+
+def kv_cache(
+    settings: Settings,
+    arch: Any,
+    backends: Sequence[Any],
+    layer_device: Sequence[int],
+    devices: Devices,
+    kv_bytes: int,
+) -> SequenceMemory:
+    """The K/V of `arch`'s layers (each on its layer_device), paged (settings.kv.paged_kv) or contiguous;
+    `devices` (runtime/devices.Devices) splits the pages and checks what a contiguous cache takes."""
+    if settings.kv.paged_kv:
+        return paged_kv(settings, arch, backends, layer_device, devices.n_split)
+    return ContiguousKV(settings, arch.hp, backends, layer_device, kv_bytes, devices.check_available)
 
 
 def paged_kv(

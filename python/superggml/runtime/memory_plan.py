@@ -19,9 +19,10 @@ from typing import Any
 
 from .. import native
 from ..arch import get_architecture
+from ..arch.mtp import MtpArch
 from ..arch.common import HParams
-from ..settings import Budget, ContextSettings, HostCache
-from ..telemetry import device_memory_fn, host_memory
+from ..settings import Budget, ContextSettings, HostCache, PagingSettings, Settings
+from ..telemetry import host_memory
 
 MiB = 1 << 20
 HEADROOM_MIN = 64 * MiB  # never planned: the allocator's slack, thread stacks, the interpreter's growth
@@ -63,6 +64,14 @@ class MemoryPlan:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "resident": self.resident}
+
+    def too_small(self, smallest: int, what: str) -> ValueError:
+        """The error when the plan leaves less than `smallest` bytes for the weights' pool."""
+        return too_small(self, smallest, what)
+
+    def off_error(self, cause: str) -> ValueError:
+        """The error when resident weights (device_budget='off') cannot be allocated."""
+        return off_error(self, cause)
 
     def line(self, streamed: str = "") -> str:
         """One line for stderr."""
@@ -207,6 +216,28 @@ def model_bytes(path: str, c: ContextSettings, budget: int | None) -> int:
     )
 
 
+def draft_bytes(settings: Settings, arch: Any, store: Any) -> int:
+    """The memory the drafter `settings` ask for will hold beside the model `arch` (its weights in `store`, a
+    native.WeightStore): a draft model's weights, or its draft_budget, and the rest (settings.draft_context); an
+    MTP block's tensors and one layer's K/V."""
+    sp = settings.speculative
+    if sp.draft_mtp:
+        return mtp_bytes(arch, store, settings.context)
+    if not sp.draft_model:
+        return 0
+    return model_bytes(sp.draft_model, settings.draft_context, sp.draft_budget_bytes)
+
+
+def mtp_bytes(arch: Any, store: Any, c: ContextSettings) -> int:
+    """What an MTP drafter holds: its block's tensors, the model's head when the block has none of its own (the
+    token embedding is read from the mapping), and a one-layer memory of ctx_size tokens."""
+    mtp = MtpArch(arch)
+    held = sum(int(store.file_range(n)[1]) for n in store.names() if n.startswith(mtp.p))
+    if not mtp.head_w.startswith(mtp.p) and mtp.head_w != "token_embd.weight":
+        held += int(store.file_range(mtp.head_w)[1])
+    return held + kv_bytes(mtp.hp, c.ctx_size, c.cache_type_k, c.cache_type_v)
+
+
 def too_small(p: MemoryPlan, smallest: int, what: str) -> ValueError:
     """The error when the plan leaves less than `smallest` bytes for the weights' pool."""
     return ValueError(
@@ -229,6 +260,55 @@ def off_error(p: MemoryPlan, cause: str) -> ValueError:
         f"{gib(p.available)} is available; use device_budget='auto' (--device-budget auto) to stream the blocks "
         f"that do not fit, or a size such as --device-budget {max(1, int(p.available * 0.7 / 2**30))}GiB"
     )
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """One device's pool of slots for its blocks: how many, how many of them pinned, how many host tier slots
+    behind them, and what is left of a MoE model's budget for its expert cache (None: no expert cache)."""
+
+    n_slots: int
+    n_pinned: int
+    host_slots: int
+    expert_budget: int | None
+
+
+def plan_pool(
+    p: PagingSettings,
+    plan: MemoryPlan | None,
+    budget: int | None,
+    *,
+    slot: int,
+    n_keys: int,
+    host_tier: int,
+    moe: dict[str, int] | None = None,
+    name: str = "",
+    big: int = 0,
+) -> PoolPlan:
+    """The pool of n_keys keys of `slot` bytes within a device's budget (None: none given; n_gpu_layers pinned,
+    or all), with at most `host_tier` bytes of host tier slots. For a MoE model whose experts page (moe: its
+    n_expert, n_expert_used, expert_bytes and n_batch) the budget is split with the expert cache
+    (split_moe_budget). ValueError when the budget is smaller than one layer (block `big`), or than the
+    streaming slots of an automatic plan."""
+    expert_budget = p.expert_cache_bytes
+    if budget is None:
+        budget = (p.n_gpu_layers + p.stream_slots) * slot if p.n_gpu_layers is not None else n_keys * slot
+    else:
+        if plan is not None and plan.mode == "auto" and budget < p.stream_slots * slot:
+            raise too_small(plan, p.stream_slots * slot, f"{p.stream_slots} blocks of {slot} bytes streaming")
+        if moe is not None and expert_budget is None:
+            budget, expert_budget = split_moe_budget(
+                budget, dense=slot * n_keys, slot=slot, n_stream=p.stream_slots, **moe
+            )
+    n_slots, n_pinned = plan_slots(budget, slot, n_keys, p.stream_slots)
+    if n_slots < 1:
+        raise ValueError(
+            f"device_budget{name} of {budget} bytes is smaller than one layer: block {big} needs {slot} bytes"
+        )
+    if p.n_gpu_layers is not None:
+        n_pinned = min(n_pinned, p.n_gpu_layers)
+    host_slots = max(0, min(host_tier // slot, n_keys - n_pinned))
+    return PoolPlan(n_slots, n_pinned, host_slots, expert_budget)
 
 
 def plan_slots(budget: int, slot: int, n_keys: int, n_stream: int) -> tuple[int, int]:
@@ -267,22 +347,3 @@ def split_moe_budget(
             f"bytes"
         )
     return dense_budget, budget - dense_budget
-
-
-def check_available(backend: Any, nbytes: int, what: str) -> None:
-    """Refuses `nbytes` for `what` when it is more than the device has free now (host: as this process sees
-    it, cgroup limit included)."""
-    used, total = device_memory_fn(backend.device_type, backend.device_name)()
-    if total <= 0:
-        return
-    free = total - used
-    if nbytes > free:
-        h = native.host_memory()
-        where = (
-            f"the host (total {total} bytes"
-            + (f", cgroup limit {h['cgroup_limit']} bytes" if h["cgroup_limit"] else "")
-            + ")"
-            if backend.device_type == "cpu"
-            else f"{backend.name} (total {total} bytes)"
-        )
-        raise ValueError(f"{what} of {nbytes} bytes is more than the {free} bytes available on {where}")

@@ -21,7 +21,8 @@ import numpy as np
 
 from .. import native
 from .arrays import tensor_array
-from .memory import MAX_LANES, RECORD_ROWS, ContiguousKV, Lane, SequenceMemory, paged_kv, records
+from .devices import Devices
+from .memory import MAX_LANES, RECORD_ROWS, Lane, SequenceMemory, kv_cache, records
 from .memory_plan import STATE_CHECKPOINTS
 
 F32 = native.GGMLType.F32
@@ -324,28 +325,23 @@ class HybridMemory(SequenceMemory):
         return {**self.kv.stats(), **self.states.stats()}
 
 
-def sequence_memory(
-    settings: Any, arch: Any, backends: Sequence[Any], layer_device: Sequence[int], n_split: int, kv_bytes: int
-) -> SequenceMemory:
+def sequence_memory(settings: Any, arch: Any, devices: Devices, kv_bytes: int) -> SequenceMemory:
     """The memory the model's layers need: a K/V cache (contiguous, or paged_kv), or for a hybrid model
     (arch.is_recurrent) a K/V cache of its attention layers beside the recurrent states of the others."""
-    hp = arch.hp
+    hp, layer_device = arch.hp, devices.layer_device
     recurrent = [arch.is_recurrent(il) for il in range(hp.n_layer)]
-    if not any(recurrent):
-        if settings.kv.paged_kv:
-            return paged_kv(settings, arch, backends, layer_device, n_split)
-        return ContiguousKV(settings, hp, backends, layer_device, kv_bytes)
     attn = [il for il, r in enumerate(recurrent) if not r]
-    attn_hp = dataclasses.replace(hp, n_layer=len(attn))
-    devices = [layer_device[il] for il in attn]
-    if settings.kv.paged_kv:
-        view = types.SimpleNamespace(hp=attn_hp, n_swa=arch.n_swa, is_swa=lambda j: arch.is_swa(attn[j]))
-        kv: SequenceMemory = paged_kv(settings, view, backends, devices, n_split)
-    else:
-        kv = ContiguousKV(settings, attn_hp, backends, devices, kv_bytes)
+    view = arch
+    if any(recurrent):  # the attention layers alone, numbered 0.. in order
+        view = types.SimpleNamespace(
+            hp=dataclasses.replace(hp, n_layer=len(attn)), n_swa=arch.n_swa, is_swa=lambda j: arch.is_swa(attn[j])
+        )
+    kv = kv_cache(settings, view, devices.backends, [layer_device[il] for il in attn], devices, kv_bytes)
+    if not any(recurrent):
+        return kv
     n_r, n_s = arch.state_sizes
     states = RecurrentStates(
-        [backends[layer_device[il]] for il in range(hp.n_layer) if recurrent[il]],
+        [devices.backends[layer_device[il]] for il in range(hp.n_layer) if recurrent[il]],
         n_r,
         n_s,
         settings.kv.state_device_sequences,

@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from .. import native
-from ..settings import Settings
+from ..errors import SuperggmlError
+from ..telemetry import MemoryFn
+from .memory_plan import SLOT_ALIGN_ROOM, plan_pool
 from .pagers import Block, ExpertPager, HeadChunk, Key, NullPager, WeightPager, merge_stats
-from .memory_plan import SLOT_ALIGN_ROOM, MemoryPlan, check_available, plan_slots, split_moe_budget, too_small
-from .resolve import Devices
+from .resolve import Resolved
 from .scheduler import LayerScheduler
-from ..telemetry import MemoryFn, device_memory_fn
 
 F32 = native.GGMLType.F32
 I32 = native.GGMLType.I32
@@ -65,32 +65,26 @@ class MoEScratch:
 
 
 class WeightPlacement:
-    """The weights of one model over its devices: resident (start_loading) or paged (pagers, experts)."""
+    """The weights of one model over its devices: resident (loaded in the background from the start) or paged
+    (make_pools: pagers, experts), as resolve.resolve settled them."""
 
-    def __init__(
-        self,
-        arch: Any,
-        store: Any,
-        settings: Settings,
-        devices: Devices,
-        memory_plan: MemoryPlan | None,
-        *,
-        direct_io: bool,
-    ):
-        """`settings` and `memory_plan` as resolve.resolve gives them; `devices` as resolve.open_devices."""
+    def __init__(self, arch: Any, store: Any, resolved: Resolved):
         self.arch, self.hp, self.store = arch, arch.hp, store
+        devices = resolved.devices
         self.backends = devices.backends
         self.layer_device = devices.layer_device
         self.n_split = devices.n_split
         self.head_dev = self.layer_device[-1]
-        self.direct_io = direct_io
-        self.settings = settings
-        self.memory_plan = memory_plan
+        self.settings = resolved.settings
+        self.memory_plan = resolved.memory_plan
+        pg = self.settings.paging
+        self.direct_io = bool(pg.direct_io)
         self.view = WeightView(store)
-        self.paged = settings.paging.paged(self.hp.n_layer)
+        self.paged = pg.paged(self.hp.n_layer)
         self.loader: Any = None  # background load of resident weights (start_loading)
         self.pagers: list[WeightPager | NullPager] = [NullPager() for _ in self.backends]  # per device
         self.experts: ExpertPager | None = None  # experts paged one by one (expert_cache)
+        self.expert_rows = 0
         self.moe: MoEScratch | None = None
         self.scheduler: LayerScheduler | None = None
         self.repacked_bytes = 0
@@ -99,19 +93,20 @@ class WeightPlacement:
         self.host_tier_used = 0  # bytes of host tier the pools took
         self.head_chunks: list[str] = []
         self.decode_threads: int | None = None  # compute threads for single-token steps while streaming
-        pg = settings.paging
         if pg.expert_cache is not None and not self.hp.n_expert:
             raise ValueError("expert_cache applies to mixture-of-experts models; this model is dense")
         # a MoE model under a device_budget pages its experts too: its dense part is planned first, the rest of
-        # the budget is the expert cache (make_pager splits it)
-        self.expert_budget: int | None = pg.expert_cache_bytes
-        # (on a device that is not host memory, or over a split, a MoE block streams whole, its experts with it)
+        # the budget is the expert cache (plan_pool splits it); on a device that is not host memory, or over a
+        # split, a MoE block streams whole, its experts with it
         self.experts_paged = pg.expert_cache is not None or (
             self.hp.n_expert > 0 and pg.budget_bytes is not None and self.n_split == 1 and self.backends[0].is_host
         )
         if self.experts_paged and (self.n_split > 1 or not self.backends[0].is_host):
             raise ValueError("paged experts run on one host device for now, not a multi-device split or an RPC device")
         self.remote = self.plan_copies()
+        if not self.paged:
+            self.start_loading(self.settings.context.repack, devices.embed_dev)
+        self.make_pools(devices.memory[0])
 
     def host_tier_bytes(self) -> int:
         """Bytes of host memory for the host tier of the pools (a size given, or the plan's)."""
@@ -177,8 +172,9 @@ class WeightPlacement:
 
     def start_loading(self, repack: bool, embed_dev: int) -> int:
         """Resident weights: binds them to the file mapping, places the re-laid ones (ggml-cpu repack) and
-        starts worker threads that load them group by group (load_groups). The weights of devices that are
-        not host memory are copied there first. Returns the bytes of the re-laid buffers."""
+        starts worker threads that load them group by group (load_groups); the reads overlap everything after.
+        The weights of devices that are not host memory are copied there first. Returns the bytes of the
+        re-laid buffers."""
         if self.paged:
             raise RuntimeError("a paged model streams its blocks: nothing to load ahead")
         remote = {n for names in self.remote.values() for n in names}
@@ -187,14 +183,19 @@ class WeightPlacement:
             {n for il in range(self.hp.n_layer) for n in self.arch.expert_tensors(il)} if self.experts_paged else set()
         )  # experts in the expert cache stay as in the file
         repacked = [n for n in self.arch.matmul_weights(self.store.has) if n not in remote | paged] if repack else []
-        self.loader = native.WeightLoader(
-            self.store,
-            groups,
-            repacked,
-            self.backends[embed_dev],
-            n_workers=max(1, min(2, self.settings.context.threads)),
-        )
-        self.load_remote()
+        try:
+            self.loader = native.WeightLoader(
+                self.store,
+                groups,
+                repacked,
+                self.backends[embed_dev],
+                n_workers=max(1, min(2, self.settings.context.threads)),
+            )
+            self.load_remote()
+        except SuperggmlError as e:
+            if self.memory_plan is None or "cannot allocate" not in str(e):
+                raise
+            raise self.memory_plan.off_error(str(e)) from e
         self.repacked_bytes = int(self.loader.repacked_bytes)
         return self.repacked_bytes
 
@@ -225,139 +226,99 @@ class WeightPlacement:
         """The first device's pager (the only one of a model on one device)."""
         return self.pagers[0]
 
-    def make_pools(self, memory: MemoryFn | None) -> None:
-        """What pages: the blocks' pools (make_pagers), the expert cache (make_experts)."""
-        if self.paged:
-            self.make_pagers(memory)
-        if self.experts_paged:
-            self.make_experts()
+    def pool_keys(self, d: int) -> tuple[list[list[str]], list[Key], list[int], int]:
+        """Device d's pool: the tensors of each key (its blocks; on the head's device the lm head's row chunks,
+        a slot each, less the room a chunk's size may take when padded to the buffer alignment), the keys,
+        each block's bytes in a slot, and the slot's size."""
+        blocks, store = self.layers_on(d), self.store
+        layers = [self.block_tensors(il) for il in blocks]
+        keys: list[Key] = [Block(il) for il in blocks]
+        sizes = [store.slot_bytes(layer, self.backends[d], self.direct_io) for layer in layers]
+        slot = max(sizes)
+        if d == self.head_dev:  # the lm head is the largest tensor of small models
+            room = SLOT_ALIGN_ROOM + (DIRECT_ROOM if self.direct_io else 0)
+            self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - room)
+            layers += [[ch] for ch in self.head_chunks]
+            keys += [HeadChunk(i) for i in range(len(self.head_chunks))]
+        return layers, keys, sizes, slot
 
-    def make_pagers(self, memory: MemoryFn | None) -> None:
-        """Each device's blocks (the head's device: the lm head's row chunks too) go through a pool of slots
-        of its own, within its budget; the first ones that fit stay pinned. With dynamic_layers, the
-        scheduler that moves them."""
-        p = self.settings.paging
-        names = {n for il in range(self.hp.n_layer) for n in self.arch.block_tensors(il)}
-        self.store.bind_mmap([n for n in self.store.names() if n not in names])
-        self.load_remote()
-        for d in range(self.n_split):
-            blocks = self.layers_on(d)
-            if blocks:
-                self.pagers[d] = self.make_pager(d, blocks)
-        c, b, first = self.settings.context, self.backends[0], self.pagers[0]
-        if (
-            c.n_threads is None
-            and p.async_prefetch
-            and self.n_split == 1
-            and isinstance(first, WeightPager)
-            and self.n_pinned < first.n_keys
-            and b.device_type == "cpu"
-        ):
+    def make_pools(self, memory: MemoryFn) -> None:
+        """What pages: each device's blocks through a pool of slots of its own (pool_keys), within its budget,
+        the first ones that fit pinned, as memory_plan.plan_pool plans it; the expert cache; with
+        dynamic_layers, the scheduler that moves blocks, following `memory` (the device's reading)."""
+        p, c, b = self.settings.paging, self.settings.context, self.backends[0]
+        tier, bb, expert_budget = self.host_tier_bytes(), p.budget_bytes, p.expert_cache_bytes
+        if self.paged:
+            names = {n for il in range(self.hp.n_layer) for n in self.arch.block_tensors(il)}
+            self.store.bind_mmap([n for n in self.store.names() if n not in names])
+            self.load_remote()
+        moe = None
+        if self.experts_paged:
+            hp, expert_bytes = self.hp, ExpertPager.slot_bytes(self.store, self.arch, direct=self.direct_io)
+            moe = dict(
+                n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, n_batch=c.n_batch, expert_bytes=expert_bytes
+            )
+        for d in [d for d in range(self.n_split) if self.paged and d in self.layer_device]:
+            layers, keys, sizes, slot = self.pool_keys(d)
+            bd = self.backends[d]
+            pool = plan_pool(
+                p,
+                self.memory_plan,
+                bb[d] if isinstance(bb, tuple) else bb,
+                slot=slot,
+                n_keys=len(layers),
+                host_tier=tier - self.host_tier_used if not bd.is_host or p.staged_io else 0,
+                moe=moe,
+                name=f" of {bd.name}" if self.n_split > 1 else "",
+                big=self.layers_on(d)[sizes.index(slot)],
+            )
+            expert_budget, self.host_tier_used = pool.expert_budget, self.host_tier_used + pool.host_slots * slot
+            core = native.LayerPager(
+                self.store,
+                layers,
+                n_slots=pool.n_slots,
+                slot_size=slot,
+                n_workers=N_IO_WORKERS,
+                backend=bd,
+                direct_io=self.direct_io,
+                staged=p.staged_io,
+                host_slots=pool.host_slots,
+            )
+            pager = self.pagers[d] = WeightPager(core, keys, p.ahead)
+            for key in keys[: pool.n_pinned]:
+                pager.pin(key)
+            self.n_pinned += pool.n_pinned
+        first = self.pagers[0]
+        streams = isinstance(first, WeightPager) and self.n_pinned < first.n_keys
+        if c.n_threads is None and p.async_prefetch and self.n_split == 1 and streams and b.device_type == "cpu":
             # blocks stream while others compute: when decoding, the prefetch worker needs a core of its own
             # (2 cores, Qwen2.5-1.5B at a 25% budget: 14.0 tok/s with 1 compute thread, 8.8 with 2); prefill
             # is compute-bound and keeps them all
             self.decode_threads = max(1, c.threads - N_IO_WORKERS)
-        if p.dynamic_layers:
-            pager = self.pagers[0]
-            assert isinstance(pager, WeightPager)
+        if p.dynamic_layers and isinstance(first, WeightPager):
             self.scheduler = LayerScheduler(
-                pager.core,
+                first.core,
                 planned=list(range(self.n_pinned)),
-                n_keys=pager.n_keys,
-                stream_slots=pager.core.n_slots - self.n_pinned,
+                n_keys=first.n_keys,
+                stream_slots=first.core.n_slots - self.n_pinned,
                 mem_pressure=p.mem_pressure,
-                memory=memory or device_memory_fn(b.device_type, b.device_name),
+                memory=memory,
             )
+        if self.experts_paged:
+            assert expert_budget is not None
+            self.make_experts(expert_budget)
 
-    def device_budget(self, d: int, slot: int, n_keys: int) -> int:
-        """Device d's budget for slots of `slot` bytes (a MoE model's: its dense part; expert_budget the rest)."""
-        p, b, plan = self.settings.paging, self.backends[d], self.memory_plan
-        bb = p.budget_bytes
-        budget = bb[d] if isinstance(bb, tuple) else bb
-        if budget is None:
-            if p.n_gpu_layers is not None:
-                return (p.n_gpu_layers + p.stream_slots) * slot
-            return n_keys * slot  # dynamic layers alone, or a device without a budget: all pinned
-        if plan is not None and plan.mode == "auto":  # within what is available by construction
-            if budget < p.stream_slots * slot:
-                raise too_small(plan, p.stream_slots * slot, f"{p.stream_slots} blocks of {slot} bytes streaming")
-        else:
-            check_available(b, budget, "device_budget" + (f" of {b.name}" if self.n_split > 1 else ""))
-        if self.experts_paged and p.expert_cache is None:
-            budget, self.expert_budget = split_moe_budget(
-                budget,
-                dense=slot * n_keys,
-                slot=slot,
-                n_stream=p.stream_slots,
-                n_expert=self.hp.n_expert,
-                n_expert_used=self.hp.n_expert_used,
-                n_batch=self.settings.context.n_batch,
-                expert_bytes=ExpertPager.slot_bytes(self.store, self.arch, direct=self.direct_io),
-            )
-        return budget
-
-    def make_pager(self, d: int, blocks: list[int]) -> WeightPager:
-        p, b, store = self.settings.paging, self.backends[d], self.store
-        layers = [self.block_tensors(il) for il in blocks]
-        keys: list[Key] = [Block(il) for il in blocks]
-        sizes = [store.slot_bytes(layer, b, self.direct_io) for layer in layers]
-        slot = max(sizes)
-        if d == self.head_dev:
-            # the lm head (the largest tensor of small models) streams in row chunks of a slot each
-            # (less the room a chunk's size may take when padded to the buffer alignment)
-            room = SLOT_ALIGN_ROOM + (DIRECT_ROOM if self.direct_io else 0)
-            self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - room)
-            layers += [[c] for c in self.head_chunks]
-            keys += [HeadChunk(c) for c in range(len(self.head_chunks))]
-        budget = self.device_budget(d, slot, len(layers))
-        n_slots, n_pinned = plan_slots(budget, slot, len(layers), p.stream_slots)
-        if n_slots < 1:
-            big = blocks[sizes.index(slot)] if slot in sizes else blocks[0]
-            raise ValueError(
-                f"device_budget{f' of {b.name}' if self.n_split > 1 else ''} of {budget} bytes is "
-                f"smaller than one layer: block {big} needs {slot} bytes"
-            )
-        if p.n_gpu_layers is not None:
-            n_pinned = min(n_pinned, p.n_gpu_layers)
-        host_slots = 0
-        if not b.is_host or p.staged_io:  # a host tier between the file and the pool's copies
-            host_slots = max(0, min((self.host_tier_bytes() - self.host_tier_used) // slot, len(layers) - n_pinned))
-            self.host_tier_used += host_slots * slot
-        core = native.LayerPager(
-            store,
-            layers,
-            n_slots=n_slots,
-            slot_size=slot,
-            n_workers=N_IO_WORKERS,
-            backend=b,
-            direct_io=self.direct_io,
-            staged=p.staged_io,
-            host_slots=host_slots,
-        )
-        pager = WeightPager(core, keys, p.ahead)
-        for i in range(n_pinned):
-            pager.pin(keys[i])
-        self.n_pinned += n_pinned
-        return pager
-
-    def make_experts(self) -> None:
-        """The expert cache and the MoE blocks' scratch (MoEScratch); expert_rows: the rows of a pass whose
-        routed experts the cache can pin at once (a pass's experts graphs run over chunks of them)."""
-        hp, c, p = self.hp, self.settings.context, self.settings.paging
-        assert self.expert_budget is not None
-        self.experts = ExpertPager(
-            self.store,
-            self.store.path,
-            self.arch,
-            self.expert_budget,
-            self.backends[0],
-            direct_io=self.direct_io,
-            lookahead=p.expert_lookahead,
-        )
-        self.expert_rows = max(1, min(c.n_batch, self.experts.core.n_slots // hp.n_expert_used))
+    def make_experts(self, budget: int) -> None:
+        """The MoE blocks' scratch (MoEScratch) and the expert cache of `budget` bytes; expert_rows: the rows of a
+        pass whose routed experts the cache can pin at once (a pass's experts graphs run over chunks of them)."""
+        hp, c, p, b = self.hp, self.settings.context, self.settings.paging, self.backends[0]
         # the next block's router's guess: only when every block is resident or pinned (its router is there)
         ahead = p.expert_lookahead is not False and (not self.paged or self.n_pinned >= hp.n_layer)
-        self.moe = MoEScratch(self.arch, c.n_batch, self.backends[0], ahead)
+        self.moe = MoEScratch(self.arch, c.n_batch, b, ahead)
+        self.experts = ExpertPager(
+            self.store, self.store.path, self.arch, budget, b, direct_io=self.direct_io, lookahead=p.expert_lookahead
+        )
+        self.expert_rows = max(1, min(c.n_batch, self.experts.core.n_slots // hp.n_expert_used))
 
     def stats(self) -> dict[str, Any]:
         paged = [p.stats() for p in self.pagers if isinstance(p, WeightPager)]
