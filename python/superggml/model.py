@@ -157,11 +157,11 @@ class Model(Completions, Embeddings, Constraints):
         self.arch.validate({n: v[1] for n, v in self.tensor_info.items()})
         self.file.drop_header()  # read into metadata: the C++ copy of the vocabulary (~17 MiB) goes
         self.store = native.WeightStore(self.file)
-        self.resolved = resolve(s, self.arch, self.store)
-        self.runtime = Executor(self.arch, self.store, self.resolved)
+        resolved = resolve(s, self.arch, self.store)
+        self.runtime = Executor(self.arch, self.store, resolved)  # it holds the devices; the model what they settled
         self.running = True
-        self.settings = self.resolved.settings
-        self.memory_plan: MemoryPlan | None = self.resolved.memory_plan
+        self.settings = resolved.settings
+        self.memory_plan: MemoryPlan | None = resolved.memory_plan
         self.repacked_bytes = self.runtime.repacked_bytes
         self.tokenizer = Tokenizer.from_metadata(self.metadata)
         for key in VOCAB_KEYS:  # held by the tokenizer now; tens of MB as lists
@@ -188,8 +188,8 @@ class Model(Completions, Embeddings, Constraints):
         self.drop_runtime()
         gc.collect()  # the buffers on the failed server, and with them ggml's connection to it
         self.store = native.WeightStore(self.file)
-        self.resolved = reopen(self.resolved, self.store, self.hparams.n_layer)
-        self.runtime = Executor(self.arch, self.store, self.resolved)
+        resolved = reopen(self.settings, self.memory_plan, self.store, self.hparams.n_layer)
+        self.runtime = Executor(self.arch, self.store, resolved)
         self.running = True
         if self.metrics is not None:
             self.runtime.record_timings = True

@@ -331,8 +331,8 @@ class PagingSettings:
         """Slots (or KV frames) a streaming layer cycles through: the one computing, plus the prefetched ones."""
         return self.ahead + 1
 
-    def check_split(self, n_devices: int, names: str = "") -> None:
-        """ValueError unless these options suit blocks split over n_devices devices (named `names`)."""
+    def check_split(self, n_devices: int) -> None:
+        """ValueError unless these options suit blocks split over n_devices devices."""
         if n_devices > 1:
             _check(
                 not (self.dynamic_layers or self.n_gpu_layers is not None or self.expert_cache is not None),
@@ -342,7 +342,7 @@ class PagingSettings:
         _check(
             not isinstance(self.device_budget, tuple) or len(self.device_budget) == n_devices,
             f"device_budget gives {len(self.device_budget) if isinstance(self.device_budget, tuple) else 1} sizes "
-            f"for {n_devices} devices" + (f" ({names})" if names else ""),
+            f"for {n_devices} devices",
         )
 
 
@@ -546,12 +546,9 @@ class Settings:
         d = self.devices
         if d.devices:  # one backend per name
             self.paging.check_split(len(d.devices))
-        elif d.rpc:  # this machine's CPU and the servers' devices: two or more, how many once they answer
-            _check(
-                not isinstance(self.paging.device_budget, tuple),
-                "device_budget gives a size per device only with the devices named (devices=CPU,RPC[host:port],...)",
-            )
-            self.paging.check_split(2)
+        elif d.rpc:  # this machine's CPU and the servers' devices: two or more, counted once they answer
+            bb = self.paging.device_budget
+            self.paging.check_split(len(bb) if isinstance(bb, tuple) else 2)
         else:
             self.paging.check_split(1)
 

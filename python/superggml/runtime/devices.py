@@ -61,11 +61,13 @@ def where(backend: Any, total: int) -> str:
 def open_devices(settings: Settings, store: Any, n_layer: int) -> Devices:
     """The devices of settings.devices (devices_for) for a model of n_layer blocks whose weights are in `store`
     (a native.WeightStore), with their share of the blocks (settings.py checked that the paging options suit
-    the split)."""
+    a split, as far as the options tell how many devices it has)."""
     c = settings.context
     names, shares = devices_for(settings.devices, store, c.threads)
     backends = [native.Backend(d, c.threads) for d in names]
-    n_split = len(backends)
+    n_split, bb = len(backends), settings.paging.device_budget
+    if isinstance(bb, tuple) and len(bb) != n_split:  # the servers' devices counted (rpc without devices)
+        raise ValueError(f"device_budget gives {len(bb)} sizes for {n_split} devices ({', '.join(names)})")
     layer_device = [i for i, k in enumerate(layer_split(n_layer, n_split, shares)) for _ in range(k)]
     hosts = [i for i, b in enumerate(backends) if b.is_host]
     if not hosts:  # the embedding rows come from the file mapping: its graph runs on the CPU

@@ -39,9 +39,10 @@ def resolve(settings: Settings, arch: Any, store: Any) -> Resolved:
     devices = open_devices(settings, store, hp.n_layer)
     weights = store_bytes(store)
     bb = p.budget_bytes
-    for d, b in enumerate(devices.backends[: devices.n_split] if bb is not None else []):
-        budget = bb[d] if isinstance(bb, tuple) else bb
-        devices.check_available(d, budget, "device_budget" + (f" of {b.name}" if devices.n_split > 1 else ""))
+    if bb is not None:  # an explicit budget is refused before anything loads when the device lacks it
+        for d, b in enumerate(devices.backends[: devices.n_split]):
+            what = "device_budget" + (f" of {b.name}" if devices.n_split > 1 else "")
+            devices.check_available(d, bb[d] if isinstance(bb, tuple) else bb, what)
     plan = None
     if devices.n_split == 1 and not isinstance(p.device_budget, tuple):
         b = devices.backends[0]
@@ -62,6 +63,7 @@ def resolve(settings: Settings, arch: Any, store: Any) -> Resolved:
     return Resolved(dataclasses.replace(settings, paging=p), devices, plan)
 
 
-def reopen(r: Resolved, store: Any, n_layer: int) -> Resolved:
-    """The same settings and plan on the devices opened again (after an RPC server failed), for a new store."""
-    return dataclasses.replace(r, devices=open_devices(r.settings, store, n_layer))
+def reopen(settings: Settings, plan: MemoryPlan | None, store: Any, n_layer: int) -> Resolved:
+    """Settings and a memory plan that resolve gave, on the devices opened again (after an RPC server failed)
+    for a new store."""
+    return Resolved(settings, open_devices(settings, store, n_layer), plan)
