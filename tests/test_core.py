@@ -18,7 +18,7 @@ def _logits(path, bind):
     arch = get_architecture(f.metadata())
     store = native.WeightStore(f)
     bind(store, arch)
-    ex = Executor.start(arch, store, Settings.from_options(dict(n_ctx=64, n_threads=2)))
+    ex = Executor.start(arch, store, Settings.from_options(dict(n_ctx=64, n_threads=2)), load=False)
     return ex.eval(list(range(300, 332)), logits_all=True), store
 
 
@@ -42,7 +42,7 @@ def test_unbound_weight_is_an_error_not_a_crash(smollm2_path):
     store = native.WeightStore(f)
     store.bind_mmap([n for n, *_ in f.tensors() if n != "blk.3.ffn_up.weight"])
     assert store.home("blk.3.ffn_up.weight") == native.WeightHome.UNBOUND
-    ex = Executor.start(arch, store, Settings.from_options(dict(n_ctx=32, n_threads=1)))
+    ex = Executor.start(arch, store, Settings.from_options(dict(n_ctx=32, n_threads=1)), load=False)
     with pytest.raises(SuperggmlError, match="blk.3.ffn_up.weight' has no storage"):
         ex.eval([1, 2])
     with pytest.raises(SuperggmlError, match="no tensor 'nope'"):

@@ -101,11 +101,11 @@ class Executor:
     """Runs an architecture layer by layer on one or more backends (a pipeline by blocks), its weights
     resident or paged (placement), its sequences' memory contiguous or paged (memory, sequences)."""
 
-    def __init__(self, arch: Architecture | MtpArch, store: Any, resolved: Resolved):
+    def __init__(self, arch: Architecture | MtpArch, store: Any, resolved: Resolved, *, load: bool = True):
         """On the devices, settings and memory plan that runtime/resolve.py gives (Executor.start does it all),
         with the weights of `store` (a native.WeightStore): activations F32 [n_embd, n_batch] and the quantized
         cache's rotations per device, the weights' placement (resident ones start loading in the background, so
-        the reads overlap the rest), the sequence memory."""
+        the reads overlap the rest; not with `load` False: the caller has bound them), the sequence memory."""
         s, devices = resolved.settings, resolved.devices
         self.arch, self.hp = arch, arch.hp
         arch.set_context(s.context.ctx_size)
@@ -128,7 +128,7 @@ class Executor:
         self.on_hidden: Any = None  # (sequence, first position, F32 [n, n_embd]) per pass item
         self.streams = DeviceStreams(self.backends)  # graphs queued on the devices' streams
         self.acts, self.rot, self.keep = activations(self.hp, s.context, self.backends)
-        self.placement = WeightPlacement(arch, store, resolved)
+        self.placement = WeightPlacement(arch, store, resolved, load=load)
         self.weights = self.placement.view
         try:
             self.memory: SequenceMemory = sequence_memory(s, arch, devices, self.kv_bytes)
@@ -138,9 +138,9 @@ class Executor:
             raise
 
     @classmethod
-    def start(cls, arch: Architecture | MtpArch, store: Any, settings: Settings) -> "Executor":
+    def start(cls, arch: Architecture | MtpArch, store: Any, settings: Settings, *, load: bool = True) -> "Executor":
         """Opens the devices and resolves the settings (runtime/resolve.py), then starts on them."""
-        return cls(arch, store, resolve(settings, arch, store))
+        return cls(arch, store, resolve(settings, arch, store), load=load)
 
     def close(self) -> None:
         """Stops the background load (before the file's mapping goes away) and drops the plans (they refer

@@ -68,7 +68,8 @@ class WeightPlacement:
     """The weights of one model over its devices: resident (loaded in the background from the start) or paged
     (make_pools: pagers, experts), as resolve.resolve settled them."""
 
-    def __init__(self, arch: Any, store: Any, resolved: Resolved):
+    def __init__(self, arch: Any, store: Any, resolved: Resolved, *, load: bool = True):
+        """`load`: start the background load of resident weights (False: the caller has bound them)."""
         self.arch, self.hp, self.store = arch, arch.hp, store
         devices = resolved.devices
         self.backends = devices.backends
@@ -104,7 +105,7 @@ class WeightPlacement:
         if self.experts_paged and (self.n_split > 1 or not self.backends[0].is_host):
             raise ValueError("paged experts run on one host device for now, not a multi-device split or an RPC device")
         self.remote = self.plan_copies()
-        if not self.paged:
+        if load and not self.paged:
             self.start_loading(self.settings.context.repack, devices.embed_dev)
         self.make_pools(devices.memory[0])
 
