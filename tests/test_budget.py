@@ -80,6 +80,8 @@ def test_model_resolves_auto(smollm2_path):
         st = m.stats()
         assert st["budget"]["mode"] == "auto" and st["budget"]["resident"]
         assert "n_slots" not in st and m.settings.paging.async_prefetch is False
+        # the read mode settled too: the file fits in the memory available, so buffered
+        assert m.settings.paging.direct_io is False
     with Model(smollm2_path, ctx_size=256, device_budget="40MiB") as m:  # explicit wins; prefetch on
         st = m.stats()
         assert st["budget"]["mode"] == "explicit" and st["n_slots"] * st["slot_size"] <= 40 * MiB

@@ -235,6 +235,12 @@ def test_server_failing_mid_generation(lone_server, smollm2_path, how):
         Model(smollm2_path, **kw)
 
 
+def test_rpc_budget_per_device_counts_the_servers_devices(servers, smollm2_path):
+    """rpc without devices: a size per device is checked once the servers answer (CPU and one server: 2)."""
+    with pytest.raises(ValueError, match=r"device_budget gives 3 sizes for 2 devices \(CPU, RPC"):
+        Model(smollm2_path, **BASE, rpc=[servers[0].endpoint], device_budget="8MiB,8MiB,16MiB")
+
+
 def test_cli_generate_and_plan_with_rpc(servers, smollm2_path, capsys):
     a, b = servers[0].endpoint, servers[1].endpoint
     assert (

@@ -125,6 +125,7 @@ def test_aliases_unknown_names_and_normalisation():
         ({"devices": ["CPU", "CPU"], "dynamic_layers": True}, "device_budget per device"),
         ({"devices": ["CPU", "CPU"], "device_budget": "1GiB,2GiB,3GiB"}, "3 sizes for 2 devices"),
         ({"rpc": ["localhost:1"], "rpc_timeout": 0}, "rpc_timeout must be > 0"),
+        ({"rpc": ["localhost:1"], "dynamic_layers": True}, "device_budget per device"),  # CPU and a server: 2+
     ],
 )
 def test_each_check_names_its_option(options, match, smollm2_path):
