@@ -107,7 +107,11 @@ class WeightPlacement:
         self.remote = self.plan_copies()
         if load and not self.paged:
             self.start_loading(self.settings.context.repack, devices.embed_dev)
-        self.make_pools(devices.memory[0])
+        try:
+            self.make_pools(devices.memory[0])
+        except BaseException:
+            self.close()  # the loader's threads must stop before the caller unmaps the file
+            raise
 
     def host_tier_bytes(self) -> int:
         """Bytes of host memory for the host tier of the pools (a size given, or the plan's)."""
