@@ -31,6 +31,7 @@ from .runtime import saved
 from .runtime.executor import Executor
 from .runtime.memory_plan import MemoryPlan
 from .runtime.resolve import reopen, resolve
+from .runtime.routing import RoutingTrace
 from .runtime.scheduler import LayerScheduler
 from .settings import Settings, options_doc, parse_size, signature
 from .tokenizer import Tokenizer
@@ -296,6 +297,24 @@ class Model(Completions, Embeddings, Constraints):
         self.check_open()
         sch = self.runtime.scheduler
         return list(sch.events) if sch is not None else []
+
+    def record_routing(self, on: bool = True) -> RoutingTrace | None:
+        """Records the expert cache's requests (each layer's routed experts) and its loads per layer from now on
+        (on), or stops; returns the trace recorded until now. `trace.table()` holds the loads against Belady's
+        optimum for the same slots (runtime/routing.py). ValueError for a model whose experts do not page."""
+        self.check_open()
+        experts = self.runtime.placement.experts
+        if experts is None:
+            raise ValueError(
+                "record_routing: this model's experts do not page (a MoE model with expert_cache or a budget)"
+            )
+        return experts.record_routing(on)
+
+    def routing_trace(self) -> RoutingTrace | None:
+        """The trace being recorded (record_routing), None when none is."""
+        self.check_open()
+        experts = self.runtime.placement.experts
+        return experts.trace if experts is not None else None
 
     @property
     def scheduler(self) -> LayerScheduler | None:

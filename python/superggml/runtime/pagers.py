@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence, Union
 
 from .. import native
+from .routing import RoutingTrace
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,7 @@ class ExpertPager:
             self.views.append(vs)
         self._pinned: list[int] = []
         self._guess: dict[int, set[int]] = {}  # layer -> experts the lookahead predicted for it
+        self.trace: RoutingTrace | None = None  # the requests and loads while recording (record_routing)
         self.guessed = self.guessed_right = self.routed = 0
         self.lookahead_mode = lookahead
         self.lookahead_on = lookahead is not False
@@ -244,9 +246,22 @@ class ExpertPager:
             self.guessed += len(guess)
             self.routed += len(routed)
             self.guessed_right += len(guess & routed)
-        slots, pinned = self.core.map(layer, ids)
+        if self.trace is None:
+            slots, pinned = self.core.map(layer, ids)
+        else:  # the request, and the misses it cost
+            self.trace.requests.append((layer, tuple(int(e) for e in ids)))
+            missed = int(self.core.stats()["expert_misses"])
+            slots, pinned = self.core.map(layer, ids)
+            missed = int(self.core.stats()["expert_misses"]) - missed
+            self.trace.loads[layer] = self.trace.loads.get(layer, 0) + missed
         self._pinned += pinned
         return slots
+
+    def record_routing(self, on: bool) -> RoutingTrace | None:
+        """Starts recording a new trace (on) or stops; returns the trace recorded until now."""
+        trace = self.trace
+        self.trace = RoutingTrace(self.core.n_slots) if on else None
+        return trace
 
     def lookahead(self, layer: int, ids: Any) -> None:
         """Starts loading the experts `ids` that the next router is predicted to pick for `layer`; once enough
@@ -257,7 +272,9 @@ class ExpertPager:
             return
         guess = sorted({int(e) for e in ids})
         self._guess[layer] = set(guess)
-        self.core.prefetch(layer, guess)
+        started = self.core.prefetch(layer, guess)
+        if self.trace is not None:
+            self.trace.loads[layer] = self.trace.loads.get(layer, 0) + started
 
     @property
     def lookahead_state(self) -> str:

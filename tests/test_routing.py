@@ -1,0 +1,67 @@
+"""The expert cache against the optimum: a routing trace recorded while a MoE model runs (Model.record_routing),
+Belady's loads for the same requests and slots (runtime/routing.py), and the cache's loads beside them."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+import synth_gguf
+from superggml import Model
+from superggml.runtime.routing import optimal_loads
+
+
+def test_belady_evicts_what_comes_back_farthest():
+    # one layer, requests of one expert each: 1 2 3 1 2 4 1 2; with 3 slots Belady loads 1 2 3, and 4 in place of 3
+    # (never used again), where LRU would evict 1 and load it again
+    reqs = [(0, (e,)) for e in (1, 2, 3, 1, 2, 4, 1, 2)]
+    assert optimal_loads(reqs, 3) == {0: 4}
+    assert optimal_loads(reqs, 2) == {0: 6}  # 1 2, 3 (evicts 2), 1, 2 (evicts 3), 4 (evicts 1), 1 (evicts 4), 2
+    assert optimal_loads(reqs, 4) == {0: 4}  # only the compulsory loads
+
+
+def test_belady_keeps_a_requests_experts_together_and_counts_per_layer():
+    reqs = [(0, (1, 2, 1, 2)), (1, (1,)), (0, (3, 1)), (1, (1, 2))]  # layer 0 asks {1,2}, then {1,3}
+    assert optimal_loads(reqs, 3) == {0: 3, 1: 2}
+    with pytest.raises(ValueError, match="2 slots cannot hold"):
+        optimal_loads([(0, (1, 2, 3))], 2)
+
+
+def expert_bytes(path):
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if "_exps" in t.name)
+
+
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_a_recorded_trace_holds_the_caches_loads_against_the_optimum(tmp_path, smollm2_path, lookahead):
+    """4 layers x 8 experts, a cache of a quarter of them: every request is in the trace, the per-layer loads
+    add up to the cache's own counters, and none is below Belady's for the same slots."""
+    path = synth_gguf.synth(
+        tmp_path / "m.gguf",
+        synth_gguf.vocab_fields(smollm2_path),
+        **{**synth_gguf.VARIANTS["qwen3moe-8x2-q8_0"], "n_layer": 4},
+    )
+    prompt = [int(x) for x in np.random.default_rng(4).integers(0, 49152, 24)]
+    with Model(
+        path, ctx_size=128, n_threads=2, n_batch=8, expert_cache=expert_bytes(path) // 4, expert_lookahead=lookahead
+    ) as m:
+        with pytest.raises(ValueError, match="do not page"):
+            Model(smollm2_path, ctx_size=64).record_routing()
+        m.eval(prompt)
+        assert m.routing_trace() is None and m.record_routing() is None
+        st0 = m.stats()
+        for t in (5, 6, 7, 8, 9, 10):
+            m.eval([t])
+        st1 = m.stats()
+        trace = m.record_routing(False)
+        assert trace is not None and m.routing_trace() is None
+    k = 2
+    assert {il for il, _ in trace.requests} == {0, 1, 2, 3}
+    assert [len(ids) for _, ids in trace.requests] == [k] * 4 * 6  # each decoded token, each layer
+    loaded = sum(st1[c] - st0[c] for c in ("expert_misses", "expert_prefetches"))
+    assert sum(trace.loads.values()) == loaded
+    t = trace.table()
+    assert t["n_slots"] == trace.n_slots and t["total"]["loads"] == loaded
+    assert t["total"]["loads"] >= t["total"]["optimal"]  # a bound in total (per layer, the optimum may trade)
+    assert t["total"]["optimal"] >= len({(il, e) for il, ids in trace.requests for e in ids})  # compulsory
+    assert trace.table(n_slots=4 * 8)["total"]["optimal"] == len({(il, e) for il, ids in trace.requests for e in ids})
