@@ -131,26 +131,30 @@ std::vector<int> expert_cache::map(int layer, const int32_t * ids, size_t n, int
     std::unordered_map<int, int> slot_of;   // expert -> slot, this call
     auto unpin = [&] { for (int i : pinned) slots_[i].pins--; };
     try {
-        for (size_t j = 0; j < n; ++j) {
-            const int e = ids[j];
-            if (slot_of.count(e)) continue;
-            layer_of(layer, e);
-            auto it = where_.find(key(layer, e));
-            const bool hit = it != where_.end();
-            const int i = hit ? it->second : take_slot();
-            if (i < 0) {
-                throw Error("the expert cache has " + std::to_string(slots_.size()) + " slots, fewer than the " +
-                            "experts one pass routes to: give it more memory (expert_cache)");
+        // the experts held are pinned first, so that loading the others never evicts one this call uses
+        for (int pass = 0; pass < 2; ++pass) {
+            for (size_t j = 0; j < n; ++j) {
+                const int e = ids[j];
+                if (slot_of.count(e)) continue;
+                layer_of(layer, e);
+                auto it = where_.find(key(layer, e));
+                const bool hit = it != where_.end();
+                if (hit != (pass == 0)) continue;
+                const int i = hit ? it->second : take_slot();
+                if (i < 0) {
+                    throw Error("the expert cache has " + std::to_string(slots_.size()) + " slots, fewer than the " +
+                                "experts one pass routes to: give it more memory (expert_cache)");
+                }
+                if (!hit) start_load(i, layer, e);
+                slot & s = slots_[i];
+                if (hit) { st_.hits++; if (s.prefetched) st_.prefetch_hits++; } else { st_.misses++; }
+                s.prefetched = false;
+                s.pins++;
+                s.uses++;
+                s.last_use = ++clock_;
+                pinned.push_back(i);
+                slot_of[e] = i;
             }
-            if (!hit) start_load(i, layer, e);
-            slot & s = slots_[i];
-            if (hit) { st_.hits++; if (s.prefetched) st_.prefetch_hits++; } else { st_.misses++; }
-            s.prefetched = false;
-            s.pins++;
-            s.uses++;
-            s.last_use = ++clock_;
-            pinned.push_back(i);
-            slot_of[e] = i;
         }
         for (int i : pinned) wait(i);
     } catch (...) {

@@ -71,9 +71,10 @@ public:
     bool layer_direct(int layer) const;
 
     // The slots of layer's experts ids[0..n) (each in [0, n_expert)), loaded and pinned: out[i] is the slot of
-    // ids[i]. Every distinct expert is acquired first (its load started if absent), then all loads are waited
-    // for. Returns the pinned slots, one per distinct expert, for release(). Throws Error for an id out of
-    // range or when the distinct experts outnumber the slots that can be pinned; rethrows a failed read.
+    // ids[i]. The distinct experts held are pinned first, then the others' loads started (so none of this
+    // call's experts is evicted for another), then all loads are waited for. Returns the pinned slots, one per
+    // distinct expert, for release(). Throws Error for an id out of range or when the distinct experts
+    // outnumber the slots that can be pinned; rethrows a failed read.
     std::vector<int> map(int layer, const int32_t * ids, size_t n, int32_t * out);
     void release(const std::vector<int> & slots);
     // Starts loading layer's experts that are not held; returns how many were started (no slot free: fewer).

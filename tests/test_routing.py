@@ -65,3 +65,18 @@ def test_a_recorded_trace_holds_the_caches_loads_against_the_optimum(tmp_path, s
     assert t["total"]["loads"] >= t["total"]["optimal"]  # a bound in total (per layer, the optimum may trade)
     assert t["total"]["optimal"] >= len({(il, e) for il, ids in trace.requests for e in ids})  # compulsory
     assert trace.table(n_slots=4 * 8)["total"]["optimal"] == len({(il, e) for il, ids in trace.requests for e in ids})
+
+
+def test_a_request_never_evicts_its_own_held_experts(smollm2_path):
+    """Two slots holding experts 0 (older) and 1; a request for 2 and 0 loads 2 alone, in place of 1: the held
+    expert 0 is pinned before the load of 2 takes a slot (it was evicted for it, then loaded again)."""
+    from superggml import native
+
+    c = native.ExpertCache(smollm2_path, n_slots=2, slot_size=4096, n_workers=1)
+    c.set_layer(0, 4, [(0, 4096, 4096, 0)])
+    for ids in ([0], [1]):
+        c.release(c.map(0, np.array(ids, np.int32))[1])
+    before = c.stats()["expert_misses"]
+    c.release(c.map(0, np.array([2, 0], np.int32))[1])
+    assert c.stats()["expert_misses"] - before == 1
+    assert c.holds(0, 0) and c.holds(0, 2) and not c.holds(0, 1)
