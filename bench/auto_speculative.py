@@ -1,11 +1,11 @@
 """Default options in a memory cgroup: Qwen2.5-Coder-1.5B plain against speculative with the 0.5B draft.
 
-    python bench/auto_speculative.py [--limit 1280MiB] [--tokens 64] [--repeat 2]
+    python bench/auto_speculative.py [--limit 1280MiB] [--tokens 64] [--repeat 2] [--budget 256MiB]
 
 Each run is a child process in a new memory cgroup of --limit (tests/memcg.py), the model files' pages dropped from
 the page cache first. The target gets no paging option: device_budget is "auto", which leaves the draft model's
-memory to it. Prints the automatic plan's line, generation tokens/s (after the prompt; greedy), the draft's
-acceptance and VmHWM.
+memory to it (--budget: that device_budget instead). Prints the plan's line, the read mode it chose
+(direct_io), generation tokens/s (after the prompt; greedy), the draft's acceptance and VmHWM.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ st = m.stats()
 hwm = [l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
 print(json.dumps({"tok_s": (n - 1) / dt, "n": n, "vmhwm_mib": int(hwm) / 1024,
                   "accepted": st.get("draft_accepted"), "drafted": st.get("draft_tokens"),
-                  "budget": st.get("budget")}))
+                  "budget": st.get("budget"), "direct_io": m.settings.paging.direct_io}))
 """
 
 
@@ -55,11 +55,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--draft-k", type=int, help="also a row drafting exactly this many tokens per step")
+    ap.add_argument("--budget", help="the target's device_budget (default: auto)")
     a = ap.parse_args()
     target, draft = str(models.qwen_path()), str(models.qwen05_path())
-    rows = {"plain": {}, "speculative (0.5B draft)": {"draft_model": draft}}
+    base = {"device_budget": a.budget} if a.budget else {}
+    rows = {"plain": dict(base), "speculative (0.5B draft)": {**base, "draft_model": draft}}
     if a.draft_k:
-        rows[f"speculative, draft_k={a.draft_k}"] = {"draft_model": draft, "draft_k": a.draft_k}
+        rows[f"speculative, draft_k={a.draft_k}"] = {**base, "draft_model": draft, "draft_k": a.draft_k}
     out: dict[str, list[dict]] = {k: [] for k in rows}
     for _ in range(a.repeat):
         for name, options in rows.items():
@@ -74,11 +76,12 @@ def main() -> None:
             res = json.loads(r.stdout.strip().splitlines()[-1])
             out[name].append(res)
             print(
-                f"{name}: {res['tok_s']:.2f} tok/s, VmHWM {res['vmhwm_mib']:.0f} MiB, accepted "
+                f"{name}: {res['tok_s']:.2f} tok/s, direct_io {res.get('direct_io')}, VmHWM {res['vmhwm_mib']:.0f} MiB, accepted "
                 f"{res['accepted']}/{res['drafted']}; {line[0] if line else 'all resident'}",
                 flush=True,
             )
-    print(f"\n| {a.limit} cgroup, default options | tokens/s (median of {a.repeat}) |\n|---|---|")
+    what = f"device_budget {a.budget}" if a.budget else "default options"
+    print(f"\n| {a.limit} cgroup, {what} | tokens/s (median of {a.repeat}) |\n|---|---|")
     for name, rs in out.items():
         if rs:
             print(f"| {name} | {statistics.median(r['tok_s'] for r in rs):.2f} |")

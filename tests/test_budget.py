@@ -139,6 +139,29 @@ def test_draft_memory_is_reserved(smollm2_path):
         assert m.create_completion("Hello", max_tokens=4, temperature=0)["choices"][0]["text"]
 
 
+def test_a_draft_beside_streamed_blocks_reads_them_direct(smollm2_path, monkeypatch):
+    """direct_io left to the plan: with a draft model's weights beside streamed blocks, the blocks read with
+    O_DIRECT once the file outgrows what the plan leaves the page cache (buffered reads would evict the draft's
+    mapped weights); without the draft, or with room for both, buffered, as before."""
+    from superggml import native
+
+    size = os.path.getsize(smollm2_path)
+    kw = dict(ctx_size=256, device_budget="40MiB", draft_model=smollm2_path, draft_max=2)
+    with Model(smollm2_path, **kw) as m:  # this machine's memory: room for everything
+        assert m.settings.paging.direct_io is False
+        p = m.memory_plan
+    # what leaves the page cache half the file beside the plan (the headroom grows with what is available)
+    rest = p.kv + p.compute + p.tokenizer + p.reserve + budget.HEADROOM_MIN
+    avail = int((size // 2 + p.budget + rest) / (1 - budget.HEADROOM_SHARE))
+    real = native.host_memory
+    monkeypatch.setattr(native, "host_memory", lambda: {**real(), "available": avail})
+    with Model(smollm2_path, **kw) as m:
+        assert size < m.memory_plan.available and m.settings.paging.direct_io is True
+        assert m.create_completion("Hello", max_tokens=3, temperature=0)["choices"][0]["text"]
+    with Model(smollm2_path, ctx_size=256, device_budget="40MiB") as m:
+        assert m.settings.paging.direct_io is False
+
+
 @pytest.fixture(scope="module")
 def smollm2_f32(smollm2_path, tmp_path_factory):
     return str(dequantized_copy(smollm2_path, tmp_path_factory.mktemp("f32") / "smollm2-f32.gguf"))
