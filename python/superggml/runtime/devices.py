@@ -12,12 +12,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import native
+from ..devices import RPC_CONNECT_TIMEOUT
 from ..hashes import content_ranges
 from ..settings import DeviceSettings, Settings
 from ..telemetry import MemoryFn, device_memory_fn
 
 DEFAULT_DEVICE = ""  # this machine's CPU
-RPC_CONNECT_TIMEOUT = 5.0  # seconds to reach an RPC server and get its HELLO
 PROBE_ROWS = 2048  # the speed probe: a Q4_0 [2048 x 2048] weight times a vector,
 PROBE_CHAIN = 8  # 8 times in a row per graph, the median of 3 graphs
 
@@ -35,10 +35,6 @@ class Devices:
     endpoints: set[str]  # the RPC servers among them
     memory: list[MemoryFn]
     free: list[int]
-
-    @property
-    def names(self) -> str:
-        return ", ".join(b.name for b in self.backends[: self.n_split])
 
     def check_available(self, d: int, nbytes: int, what: str) -> None:
         """Refuses `nbytes` for `what` when it is more than device d has free now (host: as this process sees

@@ -465,18 +465,13 @@ class PagedKV(LanedKV):
 
 
 def kv_cache(
-    settings: Settings,
-    arch: Any,
-    backends: Sequence[Any],
-    layer_device: Sequence[int],
-    devices: Devices,
-    kv_bytes: int,
+    settings: Settings, arch: Any, layer_device: Sequence[int], devices: Devices, kv_bytes: int
 ) -> SequenceMemory:
-    """The K/V of `arch`'s layers (each on its layer_device), paged (settings.kv.paged_kv) or contiguous;
-    `devices` (runtime/devices.Devices) splits the pages and checks what a contiguous cache takes."""
+    """The K/V of `arch`'s layers (each on its layer_device, one of `devices`), paged (settings.kv.paged_kv) or
+    contiguous (its growth checked against the device's memory)."""
     if settings.kv.paged_kv:
-        return paged_kv(settings, arch, backends, layer_device, devices.n_split)
-    return ContiguousKV(settings, arch.hp, backends, layer_device, kv_bytes, devices.check_available)
+        return paged_kv(settings, arch, devices.backends, layer_device, devices.n_split)
+    return ContiguousKV(settings, arch.hp, devices.backends, layer_device, kv_bytes, devices.check_available)
 
 
 def paged_kv(

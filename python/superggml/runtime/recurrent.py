@@ -336,7 +336,7 @@ def sequence_memory(settings: Any, arch: Any, devices: Devices, kv_bytes: int) -
         view = types.SimpleNamespace(
             hp=dataclasses.replace(hp, n_layer=len(attn)), n_swa=arch.n_swa, is_swa=lambda j: arch.is_swa(attn[j])
         )
-    kv = kv_cache(settings, view, devices.backends, [layer_device[il] for il in attn], devices, kv_bytes)
+    kv = kv_cache(settings, view, [layer_device[il] for il in attn], devices, kv_bytes)
     if not any(recurrent):
         return kv
     n_r, n_s = arch.state_sizes
