@@ -39,15 +39,22 @@ expert_cache::~expert_cache() {
     if (buf_) ggml_backend_buffer_free(buf_);
 }
 
-int expert_cache::take_slot() {
+int expert_cache::take_slot(int64_t limit) {
     int best = -1;
-    double best_score = 0;
+    bool best_prefetched = false;
+    uint32_t best_uses = 0;
     for (int i = 0; i < (int) slots_.size(); ++i) {
         const slot & s = slots_[i];
         if (s.pins) continue;
         if (s.key < 0) return i;
-        const double score = (double) s.last_use + p_.freq_weight * (double) s.uses;
-        if (best < 0 || score < best_score) { best = i; best_score = score; }
+        if (s.prefetched && limit >= 0) continue;
+        const uint32_t u = uses_of(s.key);
+        if (limit >= 0 && (int64_t) u > limit) continue;
+        // unused prefetches last; then the fewest uses; then the latest use
+        const bool better = best < 0 || (best_prefetched && !s.prefetched) ||
+                            (best_prefetched == s.prefetched &&
+                             (u < best_uses || (u == best_uses && s.last_use > slots_[best].last_use)));
+        if (better) { best = i; best_prefetched = s.prefetched; best_uses = u; }
     }
     if (best >= 0) {
         slot & s = slots_[best];
@@ -57,6 +64,15 @@ int expert_cache::take_slot() {
         st_.evictions++;
     }
     return best;
+}
+
+void expert_cache::count_use(int layer, int expert) {
+    auto & u = layers_[layer].uses[expert];
+    if (u < UINT32_MAX) u++;
+    if (++since_halving_ >= (uint64_t) std::max(1, p_.freq_window) * slots_.size()) {
+        since_halving_ = 0;
+        for (auto & L : layers_) for (auto & c : L.uses) c /= 2;
+    }
 }
 
 void expert_cache::set_layer(int layer, int n_expert, const std::vector<part> & parts) {
@@ -81,7 +97,7 @@ void expert_cache::set_layer(int layer, int n_expert, const std::vector<part> & 
     std::sort(regions.begin(), regions.end());
     for (size_t i = 1; direct && i < regions.size(); ++i) direct = regions[i].first >= regions[i - 1].second;
     if ((int) layers_.size() <= layer) layers_.resize(layer + 1);
-    layers_[layer] = {n_expert, parts, direct};
+    layers_[layer] = {n_expert, parts, direct, std::vector<uint32_t>(n_expert, 0)};
 }
 
 bool expert_cache::layer_direct(int layer) const {
@@ -150,13 +166,16 @@ std::vector<int> expert_cache::map(int layer, const int32_t * ids, size_t n, int
                 if (hit) { st_.hits++; if (s.prefetched) st_.prefetch_hits++; } else { st_.misses++; }
                 s.prefetched = false;
                 s.pins++;
-                s.uses++;
                 s.last_use = ++clock_;
+                count_use(layer, e);
                 pinned.push_back(i);
                 slot_of[e] = i;
             }
         }
         for (int i : pinned) wait(i);
+        for (auto & s : slots_) {   // this layer's prefetches that missed lose their protection
+            if (s.prefetched && s.key >= 0 && s.key / 65536 == layer) s.prefetched = false;
+        }
     } catch (...) {
         unpin();
         throw;
@@ -193,8 +212,8 @@ int expert_cache::prefetch(int layer, const std::vector<int> & experts) {
     for (int e : experts) {
         layer_of(layer, e);
         if (where_.count(key(layer, e))) continue;
-        const int i = take_slot();
-        if (i < 0) break;
+        const int i = take_slot(layers_[layer].uses[e]);
+        if (i < 0) continue;
         start_load(i, layer, e);
         slots_[i].prefetched = true;
         slots_[i].last_use = ++clock_;

@@ -5,8 +5,8 @@
 // slot), so a 3-D tensor view with nb[2] = slot_size over the buffer is an
 // expert tensor whose "experts" are the slots (bind_view): ggml_mul_mat_id
 // reads it with ids remapped to slots. map(layer, ids) finds each expert's
-// slot (a hit) or takes one (a free slot, else the unpinned one with the
-// lowest score: last use plus a frequency term) and reads the expert's parts
+// slot (a hit) or takes one (a free slot, else an unpinned one by the
+// eviction rule below) and reads the expert's parts
 // into it on the prefetcher's workers, then waits for them; the slots stay
 // pinned until release(). A failed read empties its slot and is rethrown.
 // prefetch() starts loads without pinning. Driven by one thread; the reads
@@ -16,6 +16,16 @@
 // file offset modulo DIRECT_ALIGN, with room for the widened read: see
 // direct_layout) is read with O_DIRECT, bypassing the page cache; other
 // layers, and files O_DIRECT cannot open, read buffered.
+//
+// Eviction: frequency first, then most recent. Each (layer, expert) counts
+// the map() calls that used it, evicted or not, and every freq_window *
+// n_slots uses all counts halve (so the counts follow a changing workload).
+// The victim is the slot whose expert has the lowest count, and among equal
+// counts the one used last: a cycle longer than the cache (a repeated text)
+// keeps a fixed part of itself, where least-recently-used would miss every
+// time. Prefetched experts not yet used are evicted only when nothing else
+// is free, and a prefetch never evicts an expert used more than its own; a
+// map() of a layer ends the protection of its prefetches that missed.
 #pragma once
 
 #include "error.h"
@@ -39,7 +49,7 @@ struct expert_cache_params {
     int n_slots = 1;
     size_t slot_size = 0;                       // bytes per slot (rounded up to the buffer alignment)
     ggml_backend_buffer_type * buft = nullptr;  // nullptr: CPU
-    double freq_weight = 0.5;                   // score = last use + freq_weight * uses (in use ticks)
+    int freq_window = 8;                        // counts halve every freq_window * n_slots uses
     bool direct = false;                        // O_DIRECT reads where a layer's layout allows (host slots)
 };
 
@@ -93,12 +103,16 @@ private:
         int key = -1;
         int pins = 0;
         bool prefetched = false;          // loaded by prefetch() and not used since
-        uint64_t last_use = 0, uses = 0;
+        uint64_t last_use = 0;
         std::shared_future<void> load;
     };
-    struct layer_info { int n_expert = 0; std::vector<part> parts; bool direct = false; };
+    struct layer_info { int n_expert = 0; std::vector<part> parts; bool direct = false; std::vector<uint32_t> uses; };
     static int key(int layer, int expert) { return layer * 65536 + expert; }
-    int take_slot();                      // a free or evictable slot (its old key dropped), -1 if none
+    uint32_t uses_of(int k) const { return layers_[k / 65536].uses[k % 65536]; }
+    void count_use(int layer, int expert);
+    // A free slot, else the victim of the eviction rule (its old key dropped); -1 if none. With a limit (a
+    // prefetch), only a victim used at most `limit` times, and never a prefetch not yet used.
+    int take_slot(int64_t limit = -1);
     void start_load(int i, int layer, int expert);
     void wait(int i);                     // its bytes are there (rethrows a failed read, emptying the slot)
     const layer_info & layer_of(int layer, int expert) const;
@@ -112,6 +126,7 @@ private:
     std::unordered_map<int, int> where_;  // key -> slot
     std::vector<layer_info> layers_;
     uint64_t clock_ = 0;
+    uint64_t since_halving_ = 0;          // uses counted since the counts last halved
     expert_cache_stats st_;
 };
 

@@ -80,3 +80,61 @@ def test_a_request_never_evicts_its_own_held_experts(smollm2_path):
     c.release(c.map(0, np.array([2, 0], np.int32))[1])
     assert c.stats()["expert_misses"] - before == 1
     assert c.holds(0, 0) and c.holds(0, 2) and not c.holds(0, 1)
+
+
+def one_layer_cache(path, n_slots, n_expert=16, **kw):
+    from superggml import native
+
+    c = native.ExpertCache(path, n_slots=n_slots, slot_size=4096, n_workers=1, **kw)
+    c.set_layer(0, n_expert, [(0, 4096, 4096, 0)])
+    return c
+
+
+def use(c, *ids):
+    c.release(c.map(0, np.array(ids, np.int32))[1])
+
+
+def test_a_cycle_longer_than_the_cache_keeps_a_fixed_part_of_itself(smollm2_path):
+    """Experts 0..4 over and over with 3 slots: least-recently-used would miss all 30 requests; counting uses,
+    and evicting the latest among equals, keeps two of them and loads within 1.2x of Belady."""
+    c = one_layer_cache(smollm2_path, 3)
+    cycle = [0, 1, 2, 3, 4] * 6
+    for e in cycle:
+        use(c, e)
+    loads = c.stats()["expert_misses"]
+    best = optimal_loads([(0, (e,)) for e in cycle], 3)[0]
+    assert loads <= 1.2 * best < 30, (loads, best)
+
+
+def test_an_expert_used_often_outlives_a_run_of_experts_used_once(smollm2_path):
+    c = one_layer_cache(smollm2_path, 2)
+    for _ in range(4):
+        use(c, 0)
+    for e in range(1, 12):
+        use(c, e)
+    assert c.holds(0, 0)
+
+
+def test_counts_halve_so_an_old_favourite_is_evicted_in_the_end(smollm2_path):
+    """freq_window=1 with 2 slots: the counts halve every 2 uses, so expert 0's 8 old uses fade and the new
+    pair (1, 2), used in turn, takes both slots."""
+    c = one_layer_cache(smollm2_path, 2, freq_window=1)
+    for _ in range(8):
+        use(c, 0)
+    for _ in range(8):
+        use(c, 1)
+        use(c, 2)
+    assert c.holds(0, 1) and c.holds(0, 2) and not c.holds(0, 0)
+
+
+def test_a_prefetch_never_evicts_an_expert_used_more_or_another_prefetch(smollm2_path):
+    """A guess (prefetch) takes a free slot, or evicts an expert used no more than itself; it never evicts an
+    earlier guess not yet used. A miss may evict either."""
+    c = one_layer_cache(smollm2_path, 3)
+    use(c, 0)
+    assert c.prefetch(0, [5, 6]) == 2  # the free slots
+    assert c.prefetch(0, [7]) == 0  # 0 was used more than 7; 5 and 6 wait for their use
+    assert all(c.holds(0, e) for e in (0, 5, 6))
+    use(c, 5)  # a hit; 6, guessed for this layer and not routed to, loses its protection
+    assert c.prefetch(0, [7]) == 1 and c.holds(0, 7) and not c.holds(0, 6)
+    assert c.stats()["expert_prefetch_hits"] == 1
