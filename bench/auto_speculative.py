@@ -45,6 +45,9 @@ st = m.stats()
 hwm = [l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
 print(json.dumps({"tok_s": (n - 1) / dt, "n": n, "vmhwm_mib": int(hwm) / 1024,
                   "accepted": st.get("draft_accepted"), "drafted": st.get("draft_tokens"),
+                  "steps": st.get("draft_steps"), "pass_s": st.get("draft_pass_s"),
+                  "row_s": st.get("draft_pass_row_s"), "draft_token_s": st.get("draft_token_s"),
+                  "streamed": st.get("n_slots", 0) > 0,
                   "budget": st.get("budget"), "direct_io": m.settings.paging.direct_io}))
 """
 
@@ -77,7 +80,9 @@ def main() -> None:
             out[name].append(res)
             print(
                 f"{name}: {res['tok_s']:.2f} tok/s, direct_io {res.get('direct_io')}, VmHWM {res['vmhwm_mib']:.0f} MiB, accepted "
-                f"{res['accepted']}/{res['drafted']}; {line[0] if line else 'all resident'}",
+                f"{res['accepted']}/{res['drafted']} in {res['steps']} steps (pass {res['pass_s'] or 0:.3f} s + "
+                f"{res['row_s'] or 0:.3f} s/row, draft {res['draft_token_s'] or 0:.3f} s/token); "
+                f"{line[0] if line else ('blocks stream' if res['streamed'] else 'all resident')}",
                 flush=True,
             )
     what = f"device_budget {a.budget}" if a.budget else "default options"

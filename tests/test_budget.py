@@ -196,3 +196,21 @@ def test_bigger_than_memory_with_no_options(smollm2_f32):
     assert "device budget auto: blocks stream" in r.stderr
     snap = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     assert snap and snap[-1]["device_budget_mode"] == "auto" and snap[-1]["device_budget_mb"] < limit / MiB
+
+
+@pytest.mark.parametrize("variant", ["qwen2-bias", "qwen2moe-shared", "deepseek2-lite", "gpt-oss-8x2-q8_0"])
+def test_the_compute_bound_covers_a_full_batch(tmp_path, smollm2_path, variant):
+    """The plan's compute share (compute_bytes with the architecture's ffn_width: a MoE block's routed and shared
+    experts, not n_ff per expert) is at least what a pass of n_batch rows over the whole context allocates."""
+    import synth_gguf
+
+    path = synth_gguf.synth(tmp_path / "m.gguf", synth_gguf.vocab_fields(smollm2_path), **synth_gguf.VARIANTS[variant])
+    with Model(str(path), ctx_size=128, n_batch=64, n_threads=2) as m:
+        m.eval([int(x) for x in np.random.default_rng(0).integers(0, 49152, 128)])
+        used = m.runtime.backend.compute_buffer_size
+        plan = m.memory_plan
+        arch = m.runtime.arch
+    assert plan is not None and 0 < used <= plan.compute, (used, plan.compute)
+    if arch.hp.n_expert:  # the old bound, n_ff per expert used, was looser
+        old = budget.compute_bytes(arch.hp, 64, 128, False)
+        assert plan.compute < old or arch.hp.n_ff * arch.hp.n_expert_used <= arch.ffn_width

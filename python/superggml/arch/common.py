@@ -114,6 +114,15 @@ class Architecture:
         """Lines on what sets this model's layout apart (analyze prints them)."""
         return []
 
+    @property
+    def ffn_width(self) -> int:
+        """The widest FFN intermediate of one row: a dense block's n_ff, or a MoE block's routed experts' and
+        shared expert's together."""
+        hp = self.hp
+        moe = self.n_ff_exp * hp.n_expert_used + self.n_ff_shexp if hp.n_expert else 0
+        dense = hp.n_ff if not all(self.is_moe(il) for il in range(hp.n_layer)) else 0
+        return max(moe, dense, 1)
+
     def is_moe(self, il: int) -> bool:
         """Whether block il's FFN is the mixture of experts."""
         return self.hp.n_expert > 0 and il >= self.n_lead

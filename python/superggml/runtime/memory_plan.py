@@ -126,23 +126,32 @@ def sequence_bytes(hp: HParams, ctx_size: int, type_k: str, type_v: str) -> int:
     return kv_bytes(hp, ctx_size, type_k, type_v) + hp.state_bytes * (1 + STATE_CHECKPOINTS)
 
 
-def compute_bytes(hp: HParams, n_batch: int, ctx_size: int, flash_attn: bool) -> int:
+def compute_bytes(hp: HParams, n_batch: int, ctx_size: int, flash_attn: bool, n_ff: int | None = None) -> int:
     """An upper bound of one block's compute buffer for a pass of n_batch rows over a full context (F32
-    activations, the FFN's three intermediates, the attention scores unless flash attention tiles them), and
-    the logits of one row."""
-    n_ff = hp.n_ff * max(1, hp.n_expert_used)
+    activations, the FFN's three intermediates n_ff wide (the architecture's ffn_width; without it, n_ff per
+    expert used), a MoE block's routing, the attention scores unless flash attention tiles them), and the logits of
+    one row."""
+    n_ff = n_ff or hp.n_ff * max(1, hp.n_expert_used)
     scores = 0 if flash_attn else hp.n_head * ctx_size
-    return 4 * n_batch * (6 * hp.n_embd + 3 * n_ff + scores) + 4 * hp.n_vocab
+    routing = hp.n_expert_used * hp.n_embd + 3 * hp.n_expert  # each chosen expert's output, the router's scores
+    return 4 * n_batch * (6 * hp.n_embd + 3 * n_ff + routing + scores) + 4 * hp.n_vocab
 
 
 def plan_memory(
-    hp: HParams, weights: int, c: ContextSettings, device_budget: Budget, available: int, *, reserve: int = 0
+    hp: HParams,
+    weights: int,
+    c: ContextSettings,
+    device_budget: Budget,
+    available: int,
+    *,
+    reserve: int = 0,
+    n_ff: int | None = None,
 ) -> MemoryPlan:
     """The plan for a model whose tensors take `weights` bytes, with the context `c` and `device_budget` ("auto",
-    "off", or bytes); `available` the memory the device has free for it. ValueError when auto finds no room for
-    even the smallest pool."""
+    "off", or bytes); `available` the memory the device has free for it, n_ff its architecture's ffn_width.
+    ValueError when auto finds no room for even the smallest pool."""
     kv = sequence_bytes(hp, c.ctx_size, c.cache_type_k, c.cache_type_v)
-    compute = compute_bytes(hp, c.n_batch, c.ctx_size, c.flash_attn)
+    compute = compute_bytes(hp, c.n_batch, c.ctx_size, c.flash_attn, n_ff)
     tokenizer = TOKENIZER_BYTES_PER_TOKEN * hp.n_vocab
     headroom = HEADROOM_MIN + int(HEADROOM_SHARE * available)
     mode = device_budget if device_budget in ("auto", "off") else "explicit"
@@ -178,11 +187,11 @@ def with_host_tier(p: MemoryPlan, host_cache: HostCache, host_available: int) ->
     return MemoryPlan(**{**asdict(p), "host_cache": size, "host_available": host_available})
 
 
-def file_shape(path: str) -> tuple[HParams, int]:
-    """A GGUF's hyperparameters and the bytes of its tensors."""
+def file_shape(path: str) -> tuple[Any, int]:
+    """A GGUF's architecture and the bytes of its tensors."""
     f = native.GGUFFile(path)
     try:
-        return get_architecture(f.metadata()).hp, sum(int(nb) for _, _, _, _, nb in f.tensors())
+        return get_architecture(f.metadata()), sum(int(nb) for _, _, _, _, nb in f.tensors())
     finally:
         f.close()
 
@@ -192,13 +201,14 @@ def plan_on(
 ) -> MemoryPlan:
     """The plan a model at `path` gets on a device of this machine (a ggml device name; "" or a CPU: the host)
     with the context `c`: what `superggml plan` and `analyze` show."""
-    hp, weights = file_shape(path)
+    arch, weights = file_shape(path)
     used, total = host_memory()
     host_free = max(0, total - used)
     dev = next((d for d in native.devices() if d["name"] == device), None)
+    free = host_free if dev is None or dev["type"] == "cpu" else int(dev["memory_free"])
+    p = plan_memory(arch.hp, weights, c, device_budget, free, n_ff=arch.ffn_width)
     if dev is None or dev["type"] == "cpu":
-        return plan_memory(hp, weights, c, device_budget, host_free)
-    p = plan_memory(hp, weights, c, device_budget, int(dev["memory_free"]))
+        return p
     return with_host_tier(p, host_cache, host_free)
 
 
@@ -206,12 +216,13 @@ def model_bytes(path: str, c: ContextSettings, budget: int | None) -> int:
     """What a model at `path` holds while it runs with the context `c` and a budget (None: resident): its weights
     or its budget, its K/V cache, compute buffers and tokenizer. For a draft model, whose memory its target
     leaves it."""
-    hp, weights = file_shape(path)
+    arch, weights = file_shape(path)
+    hp = arch.hp
     held = weights if budget is None else min(weights, int(budget))
     return (
         held
         + sequence_bytes(hp, c.ctx_size, c.cache_type_k, c.cache_type_v)
-        + compute_bytes(hp, c.n_batch, c.ctx_size, c.flash_attn)
+        + compute_bytes(hp, c.n_batch, c.ctx_size, c.flash_attn, arch.ffn_width)
         + TOKENIZER_BYTES_PER_TOKEN * hp.n_vocab
     )
 

@@ -47,7 +47,9 @@ def resolve(settings: Settings, arch: Any, store: Any) -> Resolved:
     if devices.n_split == 1 and not isinstance(p.device_budget, tuple):
         b = devices.backends[0]
         reserve = draft_bytes(settings, arch, store)
-        plan = plan_memory(hp, weights, settings.context, p.device_budget, devices.free[0], reserve=reserve)
+        plan = plan_memory(
+            hp, weights, settings.context, p.device_budget, devices.free[0], reserve=reserve, n_ff=arch.ffn_width
+        )
         if not (b.is_host or b.endpoint):  # a host tier, unless the host is the device or an RPC server is
             used, total = host_memory()
             plan = with_host_tier(plan, p.host_cache, max(0, total - used))
