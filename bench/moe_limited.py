@@ -28,7 +28,9 @@ locality; as bench/moe.py). Timed: the decode only.
   read per token against the routed-experts floor (MoE layers * n_expert_used * bytes per expert: every routed
   expert read once per token, what paging experts without a cache costs), the router lookahead's
   precision/recall and whether its timed trial kept it (expert_lookahead auto, the default; --lookahead
-  auto,on,off adds runs with it forced on and off).
+  auto,on,off adds runs with it forced on and off). --budgets auto,0.75,0.9 runs superggml with no options
+  at all ("auto": the plan's own budget, default context) and with hand budgets of those shares of the limit
+  (nothing else set) instead.
 Both save the logits of the prompt's last token and of the last decoded token: their argmax and largest
 difference are reported (a check that both ran the same model).
 """
@@ -417,6 +419,7 @@ SG_REPORT = (
     "layers_pinned",
     "n_slots",
     "slot_size",
+    "budget",
 )
 
 
@@ -459,6 +462,11 @@ def main() -> int:
         type=int,
         default=0,
         help="superggml's n_threads (default: its own choice; llama.cpp always gets 2)",
+    )
+    ap.add_argument(
+        "--budgets",
+        help="instead of the runs above, superggml with no options but device_budget: 'auto' (none at all) or a "
+        "share of the limit, comma-separated (e.g. auto,0.75,0.9)",
     )
     ap.add_argument("--localities", default="0,0.5,0.9")
     ap.add_argument(
@@ -513,7 +521,14 @@ def main() -> int:
             runs = []
             if loc in llama_at:
                 runs.append(("llama.cpp", limited_run.LLAMA, dict(base, who="llama", n_threads=2, n_ctx=256)))
-            for mode in a.lookahead.split(","):
+            for share in a.budgets.split(",") if a.budgets else []:
+                # no options but the budget: the plan's own choice ("auto") against hand budgets of the limit
+                options = {} if share == "auto" else {"device_budget": int(float(share) * limit)}
+                who = f"sg-{share}"
+                runs.append(
+                    (who, limited_run.SUPERGGML, dict(base, who=who, options=options, diff=SG_DIFF, report=SG_REPORT))
+                )
+            for mode in a.lookahead.split(",") if not a.budgets else []:
                 who = "superggml" if mode == "auto" else f"sg-look-{mode}"
                 options = dict(
                     ctx_size=256,
@@ -571,6 +586,7 @@ def main() -> int:
                             expert_cache_bytes=r["expert_slots"] * r["expert_slot_size"],
                             layers_pinned=r["layers_pinned"],
                             dense_bytes=r["n_slots"] * r["slot_size"],
+                            plan=r["budget"],
                         )
                 rows.append(row)
                 print(
