@@ -48,6 +48,7 @@ print(json.dumps({"tok_s": (n - 1) / dt, "n": n, "vmhwm_mib": int(hwm) / 1024,
                   "steps": st.get("draft_steps"), "pass_s": st.get("draft_pass_s"),
                   "row_s": st.get("draft_pass_row_s"), "draft_token_s": st.get("draft_token_s"),
                   "streamed": st.get("n_slots", 0) > 0,
+                  "draft_dropped": bool((st.get("budget") or {}).get("draft_dropped")),
                   "budget": st.get("budget"), "direct_io": m.settings.paging.direct_io}))
 """
 
@@ -78,6 +79,9 @@ def main() -> None:
             line = [x for x in r.stderr.splitlines() if "device budget" in x]
             res = json.loads(r.stdout.strip().splitlines()[-1])
             out[name].append(res)
+            if res.get("draft_dropped"):
+                name_note = " (the plan did not use the draft: it cannot pay for its memory)"
+                print(f"{name}:{name_note}", flush=True)
             print(
                 f"{name}: {res['tok_s']:.2f} tok/s, direct_io {res.get('direct_io')}, VmHWM {res['vmhwm_mib']:.0f} MiB, accepted "
                 f"{res['accepted']}/{res['drafted']} in {res['steps']} steps (pass {res['pass_s'] or 0:.3f} s + "

@@ -146,7 +146,7 @@ def test_a_draft_beside_streamed_blocks_reads_them_direct(smollm2_path, monkeypa
     from superggml import native
 
     size = os.path.getsize(smollm2_path)
-    kw = dict(ctx_size=256, device_budget="40MiB", draft_model=smollm2_path, draft_max=2)
+    kw = dict(ctx_size=256, device_budget="40MiB", draft_model=smollm2_path, draft_k=2)  # draft_k: kept
     with Model(smollm2_path, **kw) as m:  # this machine's memory: room for everything
         assert m.settings.paging.direct_io is False
         p = m.memory_plan
@@ -160,6 +160,49 @@ def test_a_draft_beside_streamed_blocks_reads_them_direct(smollm2_path, monkeypa
         assert m.create_completion("Hello", max_tokens=3, temperature=0)["choices"][0]["text"]
     with Model(smollm2_path, ctx_size=256, device_budget="40MiB") as m:
         assert m.settings.paging.direct_io is False
+
+
+def test_a_draft_that_cannot_pay_for_its_memory_is_not_used(smollm2_path, monkeypatch, capfd):
+    """Where the draft's memory is what pushes the streamed blocks out of the page cache, the cost model weighs
+    plain decoding against drafting at best: a draft as large as its model never pays, so it is not loaded,
+    the plan says why, and the model decodes plainly with buffered reads."""
+    from superggml import native
+
+    size = os.path.getsize(smollm2_path)
+    kw = dict(ctx_size=256, device_budget="40MiB", draft_model=smollm2_path)
+    with Model(smollm2_path, **kw, draft_k=2) as m:
+        p = m.memory_plan
+    rest = p.kv + p.compute + p.tokenizer + p.reserve + budget.HEADROOM_MIN
+    avail = int((size // 2 + p.budget + rest) / (1 - budget.HEADROOM_SHARE))
+    real = native.host_memory
+    monkeypatch.setattr(native, "host_memory", lambda: {**real(), "available": avail})
+    capfd.readouterr()
+    with Model(smollm2_path, **kw) as m:
+        plan = m.memory_plan
+        assert plan.draft_dropped.startswith("superggml: the draft model is not used") and plan.reserve == 0
+        assert m.settings.paging.direct_io is False and not m.settings.speculative.enabled
+        assert m.stats()["budget"]["draft_dropped"] == plan.draft_dropped
+        assert "draft_tokens" not in m.stats()
+        assert m.create_completion("Hello", max_tokens=3, temperature=0)["choices"][0]["text"]
+    assert "the draft model is not used" in capfd.readouterr().err
+
+
+def test_the_draft_verdict_weighs_the_disk_against_the_draft():
+    from superggml.runtime.costs import Rates, draft_verdict
+
+    gb = 10**9
+    fast, slow = Rates(disk=20 * gb, compute=10 * gb), Rates(disk=0.5 * gb, compute=10 * gb)
+    v = draft_verdict(fast, weights=1 * gb, streamed=gb // 2, draft_weights=gb // 10)
+    assert v.plain == pytest.approx(10.0) and v.pays  # the reads hide behind the check's compute
+    v = draft_verdict(slow, weights=1 * gb, streamed=gb // 2, draft_weights=gb // 10)
+    assert not v.pays and "0.50 GB/s" in v.line()  # a second of reads per check: 5 tokens at best
+    assert not draft_verdict(fast, weights=gb, streamed=0, draft_weights=gb).pays  # as large as the model
+
+
+def test_disk_rate_reads_the_file(smollm2_path):
+    from superggml.runtime.costs import disk_rate
+
+    assert disk_rate(smollm2_path, 1 << 20) > 1e6
 
 
 @pytest.fixture(scope="module")

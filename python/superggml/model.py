@@ -499,6 +499,8 @@ Model.__doc__ = (Model.__doc__ or "").replace("{options}", options_doc())
 def report(model: Model) -> None:
     """The budget's line on stderr (an automatic budget that streams, or verbose), and verbose's summary."""
     plan, c = model.memory_plan, model.settings.context
+    if plan is not None and plan.draft_dropped:
+        print(plan.draft_dropped, file=sys.stderr)
     if plan is not None and (c.verbose or (plan.mode == "auto" and not plan.resident)):
         st = model.runtime.stats()
         pinned = (

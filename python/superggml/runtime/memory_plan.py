@@ -47,6 +47,7 @@ class MemoryPlan:
     headroom: int
     host_cache: int = 0  # the host tier of streamed blocks (a device that is not host memory)
     host_available: int = 0  # host memory the process could still take (0: the device is the host)
+    draft_dropped: str = ""  # why the draft model asked for is not used (runtime/costs.py), if it is not
 
     @property
     def resident(self) -> bool:
