@@ -55,6 +55,7 @@ class Layout:
     dense_bytes: int = 0  # the blocks without their experts
     dense_slot_bytes: int = 0  # a slot for the largest block without its experts
     dense_head_chunk_bytes: tuple[int, ...] = ()  # the lm head's row chunks of such a slot each
+    dense_held_bytes: int = 0  # what those blocks and chunks hold pinned in host slots (each its own bytes)
     block_shapes: tuple[tuple[int, ...], ...] = ()  # the blocks of each distinct shape (tensor names, types, sizes)
     n_moe_layers: int = 0  # blocks with experts (the others have a dense FFN)
     notes: tuple[str, ...] = ()  # the family's own layout (Architecture.describe)
@@ -106,17 +107,18 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
         chunks = tuple(store.file_range(c)[1] for c in store.add_row_chunks(head_name, slot - SLOT_ALIGN_ROOM))
         del store
         experts = [sum(sizes[n] for n in arch.expert_tensors(il)) for il in range(hp.n_layer)]
-        dense_slot = 0
+        dense_slot = dense_held = 0
         dense_chunks: tuple[int, ...] = ()
         if hp.n_expert:  # the executor's slots for the blocks without their experts, and its head chunks
             exp = {n for il in range(hp.n_layer) for n in arch.expert_tensors(il)}
             store = native.WeightStore(f)
-            dense_slot = max(
+            dense_sizes = [
                 store.slot_bytes([n for n in arch.block_tensors(il) if n not in exp]) for il in range(hp.n_layer)
-            )
-            dense_chunks = tuple(
-                store.file_range(c)[1] for c in store.add_row_chunks(head_name, dense_slot - SLOT_ALIGN_ROOM)
-            )
+            ]
+            dense_slot = max(dense_sizes)
+            head_chunks = store.add_row_chunks(head_name, dense_slot - SLOT_ALIGN_ROOM)
+            dense_chunks = tuple(store.file_range(c)[1] for c in head_chunks)
+            dense_held = sum(dense_sizes) + sum(store.slot_bytes([c]) for c in head_chunks)
             del store
         info = {name: (str(t), tuple(shape)) for name, t, shape, _o, _n in f.tensors()}
         shapes: dict[Any, list[int]] = {}
@@ -143,6 +145,7 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
             sum(blocks) - sum(experts),
             dense_slot,
             dense_chunks,
+            dense_held,
             tuple(tuple(v) for v in shapes.values()),
             n_moe_layers=sum(arch.is_moe(il) for il in range(hp.n_layer)),
             notes=tuple(arch.describe()) + mtp_note(hp, f),
@@ -307,17 +310,18 @@ class Analysis:
 def plan_moe_budget(
     lay: Layout, budget: int, *, hit_rate: float | None = None, n_batch: int = 512, async_prefetch: bool = True
 ) -> BudgetPlan:
-    """A MoE model's budget as the executor splits it (memory_plan.split_moe_budget): the blocks without their
-    experts first (pinned if the cache can still hold the experts one batch routes to, else streamed), the
+    """A MoE model's budget as the executor splits it on the host (memory_plan.plan_pool): the blocks without
+    their experts first, counted at what they hold (pinned if the cache can still hold the experts one batch routes to, else streamed), the
     rest the expert cache. Expert bytes read per token at `hit_rate`; None: the cache's share of all the
     experts, the hit rate of uniform routing (a router with temporal locality does better). Streamed dense
     bytes per token as plan_budget counts them. No predicted time (predicted_s is NaN)."""
     keys = [lay.dense_slot_bytes] * lay.n_layer + list(lay.dense_head_chunk_bytes)
     slot, es = lay.dense_slot_bytes, lay.expert_bytes
     stream_slots = PagingSettings(async_prefetch=async_prefetch).stream_slots
+    dense = lay.dense_held_bytes or slot * len(keys)
     dense_budget, cache = split_moe_budget(
         budget,
-        dense=slot * len(keys),
+        dense=dense,
         slot=slot,
         n_stream=stream_slots,
         n_expert=lay.n_expert,
@@ -325,7 +329,9 @@ def plan_moe_budget(
         expert_bytes=es,
         n_batch=n_batch,
     )
-    n_slots, pinned = plan_slots(dense_budget, slot, len(keys), stream_slots)
+    n_slots, pinned = (
+        (len(keys), len(keys)) if dense_budget >= dense else plan_slots(dense_budget, slot, len(keys), stream_slots)
+    )
     held = min(1.0, (cache // es) / (max(lay.n_moe_layers, 1) * lay.n_expert))
     h = held if hit_rate is None else hit_rate
     streamed = sum(keys[pinned:]) + lay.expert_stream_bytes(h)

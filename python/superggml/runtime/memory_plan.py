@@ -296,23 +296,25 @@ def plan_pool(
     moe: dict[str, int] | None = None,
     name: str = "",
     big: int = 0,
+    held: int | None = None,
 ) -> PoolPlan:
     """The pool of n_keys keys of `slot` bytes within a device's budget (None: none given; n_gpu_layers pinned,
     or all), with at most `host_tier` bytes of host tier slots. For a MoE model whose experts page (moe: its
     n_expert, n_expert_used, expert_bytes and n_batch) the budget is split with the expert cache
-    (split_moe_budget). ValueError when the budget is smaller than one layer (block `big`), or than the
-    streaming slots of an automatic plan."""
+    (split_moe_budget); `held`, given for host slots, is what the keys hold pinned (their own bytes, where a
+    slot's untouched rest costs nothing): the dense part counts that, not slot * n_keys (a MoE block without its
+    experts is much smaller than a dense lead block). ValueError when the budget is smaller than one layer
+    (block `big`), or than the streaming slots of an automatic plan."""
     expert_budget = p.expert_cache_bytes
+    dense = held if held is not None else slot * n_keys
     if budget is None:
         budget = (p.n_gpu_layers + p.stream_slots) * slot if p.n_gpu_layers is not None else n_keys * slot
     else:
         if plan is not None and plan.mode == "auto" and budget < p.stream_slots * slot:
             raise too_small(plan, p.stream_slots * slot, f"{p.stream_slots} blocks of {slot} bytes streaming")
         if moe is not None and expert_budget is None:
-            budget, expert_budget = split_moe_budget(
-                budget, dense=slot * n_keys, slot=slot, n_stream=p.stream_slots, **moe
-            )
-    n_slots, n_pinned = plan_slots(budget, slot, n_keys, p.stream_slots)
+            budget, expert_budget = split_moe_budget(budget, dense=dense, slot=slot, n_stream=p.stream_slots, **moe)
+    n_slots, n_pinned = (n_keys, n_keys) if budget >= dense else plan_slots(budget, slot, n_keys, p.stream_slots)
     if n_slots < 1:
         raise ValueError(
             f"device_budget{name} of {budget} bytes is smaller than one layer: block {big} needs {slot} bytes"

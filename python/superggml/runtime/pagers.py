@@ -117,6 +117,7 @@ class WeightPager:
             "direct_io": p.direct_io,
             "staged_io": p.staged,
             "layers_pinned": sum(p.pinned(k) for k in range(p.n_layers)),
+            "pinned_bytes": sum(p.layer_bytes(k) for k in range(p.n_layers) if p.pinned(k)),
             "host_slots": p.host_slots,
             "host_tier_bytes": p.host_bytes,
         }

@@ -247,6 +247,12 @@ class WeightPlacement:
             keys += [HeadChunk(i) for i in range(len(self.head_chunks))]
         return layers, keys, sizes, slot
 
+    def held_bytes(self, layers: list[list[str]], sizes: list[int], d: int) -> int:
+        """What device d's keys hold once all pinned in host slots: each block's own bytes and each head chunk's
+        (the rest of a slot is never touched, so never charged)."""
+        chunks = layers[len(sizes) :]
+        return sum(sizes) + sum(self.store.slot_bytes(ch, self.backends[d], self.direct_io) for ch in chunks)
+
     def make_pools(self, memory: MemoryFn) -> None:
         """What pages: each device's blocks through a pool of slots of its own (pool_keys), within its budget,
         the first ones that fit pinned, as memory_plan.plan_pool plans it; the expert cache; with
@@ -276,6 +282,7 @@ class WeightPlacement:
                 moe=moe,
                 name=f" of {bd.name}" if self.n_split > 1 else "",
                 big=self.layers_on(d)[sizes.index(slot)],
+                held=self.held_bytes(layers, sizes, d) if moe and bd.is_host and not p.staged_io else None,
             )
             expert_budget, self.host_tier_used = pool.expert_budget, self.host_tier_used + pool.host_slots * slot
             core = native.LayerPager(
