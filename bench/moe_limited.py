@@ -9,6 +9,8 @@ The model is synthetic, laid out as tests/synth_gguf.py writes its family (same 
 vocabulary, random quantized experts and attention, F32 norms, router and embedding, an untied quantized output).
 - qwen3moe (the default): 16 layers x 64 experts of n_ff_exp 768, 8 per token, n_embd 1024, Q8_0: 2.4 GiB of
   experts, 2.7 GiB in all.
+- qwen3moe-30b: Qwen3-30B-A3B's shape (48 layers, 128 experts of n_ff_exp 768, 8 per token, n_embd 2048, 32
+  heads and 4 K/V heads of 128), Q4_0: about 17 GB.
 - deepseek2: DeepSeek-V2-Lite's shape (27 layers, the first dense; multi-head latent attention with kv_lora_rank
   512, 16 heads, no q_lora; 64 experts of n_ff_exp 1408, 6 per token, 2 shared), Q4_0: about 15.5B weights,
   8.7 GB.
@@ -75,6 +77,20 @@ MODELS = {
         n_expert=32,
         n_expert_used=4,
         n_ff_exp=512,
+        n_lead=0,
+    ),
+    # Qwen3-30B-A3B: 48 layers, n_embd 2048, 32 heads (4 K/V) of 128, 128 experts of 768, 8 per token
+    "qwen3moe-30b": dict(
+        arch="qwen3moe",
+        wtype="q4_0",
+        n_layer=48,
+        n_embd=2048,
+        n_head=32,
+        n_head_kv=4,
+        head_dim=128,
+        n_expert=128,
+        n_expert_used=8,
+        n_ff_exp=768,
         n_lead=0,
     ),
     # DeepSeek-V2-Lite: 27 layers (the first dense, n_ff 10944), n_embd 2048, 16 heads, kv_lora_rank 512, rope 64,
@@ -451,7 +467,7 @@ def sequence_memory(path: str) -> dict[int, tuple[int, int]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", choices=("qwen3moe", "deepseek2", "qwen35moe"), default="qwen3moe")
+    ap.add_argument("--arch", choices=("qwen3moe", "qwen3moe-30b", "deepseek2", "qwen35moe"), default="qwen3moe")
     ap.add_argument("--small", action="store_true", help="a small model, superggml only (a functional run)")
     ap.add_argument("--tokens", type=int, default=16, help="decoded tokens per run")
     ap.add_argument("--limit", help="the cgroup limit (default: a quarter of the file's size)")

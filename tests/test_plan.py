@@ -71,6 +71,7 @@ def test_plan_command(smollm2_path, capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["devices"] and d["devices"][0]["type"] == "cpu"
     assert sum(p["n_layers"] for p in d["placements"]) + len(d["streamed"]) == 30
+    assert d["rates"]["disk"] > 0 and d["rates"]["compute"] > 0 and d["rates"]["links"] == {}  # measured
     assert cli.main(["plan", "--devices", "GPU9"]) == 1  # devices by name, as everywhere
     assert "no device GPU9" in capsys.readouterr().err
     assert (

@@ -275,6 +275,8 @@ def test_cli_generate_and_plan_with_rpc(servers, smollm2_path, capsys):
     split = out[out.index("split over this machine") :].splitlines()[1:]
     assert len(split) == 2 and split[0].split()[0] == "CPU" and split[1].startswith("  RPC")
     assert sum(int(x.split()[-2]) for x in split) == 30  # SmolLM2's blocks, all placed
+    measured = [x for x in out.splitlines() if x.startswith("measured: disk")]  # the cost model's rates
+    assert measured and "link to RPC" in measured[0]
 
 
 def test_rpc_server_warns_off_loopback():

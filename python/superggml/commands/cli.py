@@ -298,12 +298,26 @@ def _cmd_plan(a: argparse.Namespace) -> int:
         devs, sizes, reserve=a.reserve_mib << 20, min_budget=a.min_budget_mib << 20, order=a.device_order, select=select
     )
     mplan = _auto_plan(a.model) if a.model else None
+    rates = None
+    if a.model:  # the cost model's rates: the disk, the host, and the links to this GPU and the servers named
+        from ..runtime.costs import measure_rates
+        from ..runtime.devices import default_device, resolve_devices
+        from ..settings import DeviceSettings, default_threads
+
+        linked = resolve_devices(DeviceSettings(rpc=tuple(e.strip() for e in a.rpc or ())))[0]
+        linked = [n for n in dict.fromkeys([default_device(), *linked]) if n not in ("", "CPU")]
+        rates = measure_rates(a.model, default_threads(), linked)
     if a.json:
         print(
             json.dumps(
                 {
                     "devices": [asdict(d) for d in devs],
                     **({"memory_plan": mplan[1].as_dict(), "device": mplan[0]} if mplan else {}),
+                    **(
+                        {"rates": {"disk": rates.disk, "compute": rates.compute, "links": dict(rates.links)}}
+                        if rates
+                        else {}
+                    ),
                     "placements": [
                         {
                             "device": p.device.name,
@@ -332,6 +346,8 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     if mplan:
         print(f"\n{mplan[0] or 'CPU'}, device_budget auto (ctx 4096, batch 512, F16 K/V):")
         print(mplan[1].line().replace("superggml: ", "  "))
+    if rates:
+        print(f"measured: {rates.line()}")
     if a.rpc and a.model:
         _print_rpc_split(a.rpc, a.model, len(sizes))
     return 0

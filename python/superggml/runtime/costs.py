@@ -1,8 +1,9 @@
 """The cost model: rates measured on this machine, and the decisions they settle before a model loads.
 
-Rates (`measure_rates`): the disk's, an O_DIRECT read of part of the model's file (the page cache left out), and
-the host's compute, bytes of quantized weights per second through a matrix-vector product as a decoded token
-does them (runtime/devices.measure_speed's probe). A decoded token's pass costs about the larger of its
+Rates (`measure_rates`; `superggml plan -m MODEL` prints them): the disk's, an O_DIRECT read of part of the
+model's file (the page cache left out); the host's compute, bytes of quantized weights per second through a
+matrix-vector product as a decoded token does them (runtime/devices.measure_speed's probe); and the link into
+each device that is not host memory, a copy from pinned host memory (devices.transfer_rate). A decoded token's pass costs about the larger of its
 weights' compute and the bytes it reads from the disk, which prefetching overlaps.
 
 `draft_verdict` settles whether a draft model can pay where its memory pushes the model's streamed blocks out of
@@ -19,24 +20,30 @@ import mmap
 import os
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 from .. import native
+from ..devices import transfer_rate
 from .devices import PROBE_ROWS, measure_speed
 
 DISK_PROBE = 64 << 20  # bytes the disk's rate is timed on
+LINK_PROBE = 32 << 20  # bytes a link's rate is timed on (the best of 3 copies)
 DRAFT_ACCEPT_HIGH = 0.9  # the acceptance a draft is given the benefit of
 DRAFT_K_MAX = 32
 
 
 @dataclass(frozen=True)
 class Rates:
-    """Bytes per second: the disk's (O_DIRECT where the file system allows it) and the host's compute."""
+    """Bytes per second: the disk's (O_DIRECT where the file system allows it), the host's compute, and the
+    link into each device that is not host memory (a GPU's PCIe, an RPC server's network), by device name."""
 
     disk: float
     compute: float
+    links: tuple[tuple[str, float], ...] = ()
 
     def line(self) -> str:
-        return f"disk {self.disk / 1e9:.2f} GB/s, compute {self.compute / 1e9:.1f} GB/s of weights"
+        links = "".join(f", link to {name} {rate / 1e9:.2f} GB/s" for name, rate in self.links)
+        return f"disk {self.disk / 1e9:.2f} GB/s, compute {self.compute / 1e9:.1f} GB/s of weights{links}"
 
 
 def disk_rate(path: str, size: int = DISK_PROBE) -> float:
@@ -65,10 +72,12 @@ def disk_rate(path: str, size: int = DISK_PROBE) -> float:
         os.close(fd)
 
 
-def measure_rates(path: str, n_threads: int) -> Rates:
-    """The disk's rate on `path` and the host's compute rate with n_threads threads."""
+def measure_rates(path: str, n_threads: int, devices: Sequence[str] = ()) -> Rates:
+    """The disk's rate on `path`, the host's compute rate with n_threads threads, and the host-to-device copy
+    rate of each of `devices` (ggml device names)."""
     product = int(native.row_size(native.GGMLType.Q4_0, PROBE_ROWS)) * PROBE_ROWS
-    return Rates(disk=disk_rate(path), compute=measure_speed("CPU", n_threads) * product)
+    links = tuple((d, transfer_rate(d, LINK_PROBE, 3)) for d in devices)
+    return Rates(disk=disk_rate(path), compute=measure_speed("CPU", n_threads) * product, links=links)
 
 
 @dataclass(frozen=True)
