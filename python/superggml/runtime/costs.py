@@ -111,3 +111,8 @@ def draft_verdict(rates: Rates, weights: int, streamed: int, draft_weights: int)
     a = DRAFT_ACCEPT_HIGH
     best = max((1 - a ** (k + 1)) / (1 - a) / (check + k * draft) for k in range(1, DRAFT_K_MAX + 1))
     return DraftVerdict(plain=1 / compute, speculative=best, rates=rates)
+
+
+def judge_draft(path: str, n_threads: int, weights: int, streamed: int, draft_weights: int) -> DraftVerdict:
+    """draft_verdict on the rates measured now (measure_rates on the model's file at `path`)."""
+    return draft_verdict(measure_rates(path, n_threads), weights, streamed, draft_weights)

@@ -14,6 +14,7 @@ line on stderr says it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from ..arch.mtp import MtpArch
 from ..arch.common import HParams
 from ..settings import Budget, ContextSettings, HostCache, PagingSettings, Settings
 from ..telemetry import host_memory
+from .costs import judge_draft
 
 MiB = 1 << 20
 HEADROOM_MIN = 64 * MiB  # never planned: the allocator's slack, thread stacks, the interpreter's growth
@@ -172,6 +174,65 @@ def plan_memory(
     if mode == "explicit":
         return MemoryPlan(**{**asdict(p), "budget": int(device_budget)})  # type: ignore[arg-type]
     return MemoryPlan(**{**asdict(p), "budget": max(0, available - p.beside)})
+
+
+def device_plan(settings: Settings, arch: Any, store: Any, devices: Any, weights: int) -> MemoryPlan | None:
+    """The memory plan of the first of `devices` for `weights` bytes in `store`, the drafter's share included;
+    or, where a draft model cannot pay for its memory (draft_that_cannot_pay), the plan without it, saying why
+    in draft_dropped (the caller then does not load it)."""
+    plan = plan_of(settings, arch, store, devices, weights, draft_bytes(settings, arch, store))
+    alone = plan_of(settings, arch, store, devices, weights, 0) if plan is not None and plan.reserve else None
+    why = draft_that_cannot_pay(settings, store, plan, alone)
+    if not why or alone is None:
+        return plan
+    return MemoryPlan(**{**asdict(alone), "draft_dropped": why})
+
+
+def plan_of(settings: Settings, arch: Any, store: Any, devices: Any, weights: int, reserve: int) -> MemoryPlan | None:
+    """The memory plan of the first of `devices` (runtime/devices.Devices) with `reserve` bytes kept for a
+    drafter (None for a split or a budget per device)."""
+    p = settings.paging
+    if devices.n_split != 1 or isinstance(p.device_budget, tuple):
+        return None
+    b = devices.backends[0]
+    plan = plan_memory(
+        arch.hp, weights, settings.context, p.device_budget, devices.free[0], reserve=reserve, n_ff=arch.ffn_width
+    )
+    if not (b.is_host or b.endpoint):  # a host tier, unless the host is the device or an RPC server is
+        used, total = host_memory()
+        plan = with_host_tier(plan, p.host_cache, max(0, total - used))
+    return plan
+
+
+def draft_that_cannot_pay(settings: Settings, store: Any, plan: MemoryPlan | None, alone: MemoryPlan | None) -> str:
+    """Why the draft model cannot pay, or "": where its memory is what pushes the streamed blocks out of the page
+    cache (direct_reads chooses O_DIRECT for the plan with it and not for the plan without it, `alone`), the cost
+    model (costs.py) predicts plain decoding against speculative at best. An adaptive draft length only, and the
+    read mode left to the plan: draft_k or direct_io keep the draft."""
+    sp, p = settings.speculative, settings.paging
+    if not sp.draft_model or sp.draft_k is not None or p.direct_io is not None:
+        return ""
+    if plan is None or plan.budget is None or not plan.reserve or not direct_reads(store.path, plan):
+        return ""
+    if alone is None or direct_reads(store.path, alone):
+        return ""
+    draft_weights = file_shape(sp.draft_model)[1]
+    verdict = judge_draft(store.path, settings.context.threads, plan.weights, plan.weights - plan.budget, draft_weights)
+    return "" if verdict.pays else verdict.line()
+
+
+def direct_reads(path: str, plan: MemoryPlan | None) -> bool:
+    """Whether streamed blocks read with O_DIRECT: when the file cannot stay in the page cache, being larger than
+    the memory available; and when a drafter's weights stay beside blocks streamed on the host and the file is
+    larger than what the plan leaves the page cache: buffered reads would evict the drafter's mapped weights
+    (measured: Qwen2.5-1.5B at a 256 MiB budget beside its 0.5B draft in 1280 MiB, 1.34 tok/s buffered, 10.29
+    direct)."""
+    size = os.path.getsize(path)
+    if size > int(native.host_memory()["available"]):
+        return True
+    if plan is None or plan.budget is None or not plan.reserve or plan.host_available:
+        return False
+    return size > plan.available - plan.budget - plan.beside
 
 
 def with_host_tier(p: MemoryPlan, host_cache: HostCache, host_available: int) -> MemoryPlan:

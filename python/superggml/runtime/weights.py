@@ -231,10 +231,11 @@ class WeightPlacement:
         """The first device's pager (the only one of a model on one device)."""
         return self.pagers[0]
 
-    def pool_keys(self, d: int) -> tuple[list[list[str]], list[Key], list[int], int]:
+    def pool_keys(self, d: int) -> tuple[list[list[str]], list[Key], list[int], int, int]:
         """Device d's pool: the tensors of each key (its blocks; on the head's device the lm head's row chunks,
         a slot each, less the room a chunk's size may take when padded to the buffer alignment), the keys,
-        each block's bytes in a slot, and the slot's size."""
+        each block's bytes in a slot, the slot's size, and what the keys hold once all pinned (each its own
+        bytes: in host slots the rest of a slot is never touched, so never charged)."""
         blocks, store = self.layers_on(d), self.store
         layers = [self.block_tensors(il) for il in blocks]
         keys: list[Key] = [Block(il) for il in blocks]
@@ -245,13 +246,8 @@ class WeightPlacement:
             self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - room)
             layers += [[ch] for ch in self.head_chunks]
             keys += [HeadChunk(i) for i in range(len(self.head_chunks))]
-        return layers, keys, sizes, slot
-
-    def held_bytes(self, layers: list[list[str]], sizes: list[int], d: int) -> int:
-        """What device d's keys hold once all pinned in host slots: each block's own bytes and each head chunk's
-        (the rest of a slot is never touched, so never charged)."""
-        chunks = layers[len(sizes) :]
-        return sum(sizes) + sum(self.store.slot_bytes(ch, self.backends[d], self.direct_io) for ch in chunks)
+        held = sum(sizes) + sum(store.slot_bytes(ch, self.backends[d], self.direct_io) for ch in layers[len(sizes) :])
+        return layers, keys, sizes, slot, held
 
     def make_pools(self, memory: MemoryFn) -> None:
         """What pages: each device's blocks through a pool of slots of its own (pool_keys), within its budget,
@@ -270,7 +266,7 @@ class WeightPlacement:
                 n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, n_batch=c.n_batch, expert_bytes=expert_bytes
             )
         for d in [d for d in range(self.n_split) if self.paged and d in self.layer_device]:
-            layers, keys, sizes, slot = self.pool_keys(d)
+            layers, keys, sizes, slot, held = self.pool_keys(d)
             bd = self.backends[d]
             pool = plan_pool(
                 p,
@@ -282,7 +278,7 @@ class WeightPlacement:
                 moe=moe,
                 name=f" of {bd.name}" if self.n_split > 1 else "",
                 big=self.layers_on(d)[sizes.index(slot)],
-                held=self.held_bytes(layers, sizes, d) if moe and bd.is_host and not p.staged_io else None,
+                held=held if moe and bd.is_host and not p.staged_io else None,
             )
             expert_budget, self.host_tier_used = pool.expert_budget, self.host_tier_used + pool.host_slots * slot
             core = native.LayerPager(
