@@ -27,6 +27,7 @@ from ..devices import transfer_rate
 from .devices import PROBE_ROWS, measure_speed
 
 DISK_PROBE = 64 << 20  # bytes the disk's rate is timed on
+COMPUTE_PROBES = 3  # the compute rate is the best of these probes: one may land while other work holds the cores
 LINK_PROBE = 32 << 20  # bytes a link's rate is timed on (the best of 3 copies)
 DRAFT_ACCEPT_HIGH = 0.9  # the acceptance a draft is given the benefit of
 DRAFT_K_MAX = 32
@@ -77,7 +78,8 @@ def measure_rates(path: str, n_threads: int, devices: Sequence[str] = ()) -> Rat
     rate of each of `devices` (ggml device names)."""
     product = int(native.row_size(native.GGMLType.Q4_0, PROBE_ROWS)) * PROBE_ROWS
     links = tuple((d, transfer_rate(d, LINK_PROBE, 3)) for d in devices)
-    return Rates(disk=disk_rate(path), compute=measure_speed("CPU", n_threads) * product, links=links)
+    compute = max(measure_speed("CPU", n_threads) for _ in range(COMPUTE_PROBES)) * product
+    return Rates(disk=disk_rate(path), compute=compute, links=links)
 
 
 @dataclass(frozen=True)
