@@ -48,28 +48,38 @@ class Rates:
 
 
 def disk_rate(path: str, size: int = DISK_PROBE) -> float:
-    """Bytes per second of one read of `size` bytes from the middle of `path`, with O_DIRECT where it opens
-    (else buffered: what reads of that file cost anyway)."""
+    """Bytes per second of one read of `size` bytes from the middle of `path`, with O_DIRECT where the file
+    system takes it (else buffered: what reads of that file cost anyway)."""
     total = os.path.getsize(path)
     size = max(4096, min(size, total // 4096 * 4096))
     off = max(0, (total // 2 - size // 2)) // 4096 * 4096
-    flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        fd = os.open(path, os.O_RDONLY)
+    direct = getattr(os, "O_DIRECT", 0)
     buf = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT wants
+    try:
+        for flags in (os.O_RDONLY | direct, os.O_RDONLY) if direct else (os.O_RDONLY,):
+            try:
+                return timed_read(path, flags, buf, off)
+            except OSError:
+                if flags == os.O_RDONLY:
+                    raise
+        raise OSError(f"cannot read {path}")
+    finally:
+        buf.close()
+
+
+def timed_read(path: str, flags: int, buf: mmap.mmap, off: int) -> float:
+    """Bytes per second of reading len(buf) bytes of `path` from `off` into buf, the file opened with flags."""
+    fd = os.open(path, flags)
     try:
         t = time.perf_counter()
         got = 0
-        while got < size:
+        while got < len(buf):
             n = os.preadv(fd, [memoryview(buf)[got:]], off + got)
             if n <= 0:
                 break
             got += n
         return got / max(time.perf_counter() - t, 1e-9)
     finally:
-        buf.close()
         os.close(fd)
 
 
