@@ -311,8 +311,8 @@ def plan_moe_budget(
     lay: Layout, budget: int, *, hit_rate: float | None = None, n_batch: int = 512, async_prefetch: bool = True
 ) -> BudgetPlan:
     """A MoE model's budget as the executor splits it on the host (memory_plan.plan_pool): the blocks without
-    their experts first, counted at what they hold (pinned if the cache can still hold the experts one batch routes to, else streamed), the
-    rest the expert cache. Expert bytes read per token at `hit_rate`; None: the cache's share of all the
+    their experts first, counted at what they hold (pinned if the cache can still hold the experts one batch
+    routes to, else streamed), the rest the expert cache. Expert bytes read per token at `hit_rate`; None: the cache's share of all the
     experts, the hit rate of uniform routing (a router with temporal locality does better). Streamed dense
     bytes per token as plan_budget counts them. No predicted time (predicted_s is NaN)."""
     keys = [lay.dense_slot_bytes] * lay.n_layer + list(lay.dense_head_chunk_bytes)
@@ -329,9 +329,7 @@ def plan_moe_budget(
         expert_bytes=es,
         n_batch=n_batch,
     )
-    n_slots, pinned = (
-        (len(keys), len(keys)) if dense_budget >= dense else plan_slots(dense_budget, slot, len(keys), stream_slots)
-    )
+    n_slots, pinned = plan_slots(dense_budget, slot, len(keys), stream_slots, lay.dense_held_bytes or None)
     held = min(1.0, (cache // es) / (max(lay.n_moe_layers, 1) * lay.n_expert))
     h = held if hit_rate is None else hit_rate
     streamed = sum(keys[pinned:]) + lay.expert_stream_bytes(h)

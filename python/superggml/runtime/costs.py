@@ -3,8 +3,9 @@
 Rates (`measure_rates`; `superggml plan -m MODEL` prints them): the disk's, an O_DIRECT read of part of the
 model's file (the page cache left out); the host's compute, bytes of quantized weights per second through a
 matrix-vector product as a decoded token does them (runtime/devices.measure_speed's probe); and the link into
-each device that is not host memory, a copy from pinned host memory (devices.transfer_rate). A decoded token's pass costs about the larger of its
-weights' compute and the bytes it reads from the disk, which prefetching overlaps.
+each device that is not host memory, a copy from pinned host memory (devices.transfer_rate). A decoded token's
+pass costs about the larger of its weights' compute and the bytes it reads from the disk, which prefetching
+overlaps.
 
 `draft_verdict` settles whether a draft model can pay where its memory pushes the model's streamed blocks out of
 the page cache: then every checking pass reads them from the disk, where a plain pass found them in memory. With
@@ -56,13 +57,12 @@ def disk_rate(path: str, size: int = DISK_PROBE) -> float:
     direct = getattr(os, "O_DIRECT", 0)
     buf = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT wants
     try:
-        for flags in (os.O_RDONLY | direct, os.O_RDONLY) if direct else (os.O_RDONLY,):
+        if direct:
             try:
-                return timed_read(path, flags, buf, off)
-            except OSError:
-                if flags == os.O_RDONLY:
-                    raise
-        raise OSError(f"cannot read {path}")
+                return timed_read(path, os.O_RDONLY | direct, buf, off)
+            except OSError:  # a file system that refuses O_DIRECT (tmpfs)
+                pass
+        return timed_read(path, os.O_RDONLY, buf, off)
     finally:
         buf.close()
 

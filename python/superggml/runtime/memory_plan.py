@@ -375,7 +375,7 @@ def plan_pool(
             raise too_small(plan, p.stream_slots * slot, f"{p.stream_slots} blocks of {slot} bytes streaming")
         if moe is not None and expert_budget is None:
             budget, expert_budget = split_moe_budget(budget, dense=dense, slot=slot, n_stream=p.stream_slots, **moe)
-    n_slots, n_pinned = (n_keys, n_keys) if budget >= dense else plan_slots(budget, slot, n_keys, p.stream_slots)
+    n_slots, n_pinned = plan_slots(budget, slot, n_keys, p.stream_slots, held)
     if n_slots < 1:
         raise ValueError(
             f"device_budget{name} of {budget} bytes is smaller than one layer: block {big} needs {slot} bytes"
@@ -386,10 +386,12 @@ def plan_pool(
     return PoolPlan(n_slots, n_pinned, host_slots, expert_budget)
 
 
-def plan_slots(budget: int, slot: int, n_keys: int, n_stream: int) -> tuple[int, int]:
-    """(pool slots, pinned keys) for a budget: as many slots as fit (at most one per key); if not every key
-    has one, the last n_stream slots stream and the first keys keep the others. 0 slots: the budget is
-    smaller than one layer."""
+def plan_slots(budget: int, slot: int, n_keys: int, n_stream: int, held: int | None = None) -> tuple[int, int]:
+    """(pool slots, pinned keys) for a budget: a slot for every key once the budget covers what the keys hold
+    (`held`, host slots; else their slots); otherwise as many slots as fit, the last n_stream of them
+    streaming and the first keys keeping the others. 0 slots: the budget is smaller than one layer."""
+    if held is not None and budget >= held:
+        return n_keys, n_keys
     n_slots = min(budget // slot, n_keys)
     if n_slots >= n_keys:
         return n_slots, n_keys

@@ -2,9 +2,10 @@
 
 `resolve` opens the ggml devices the blocks split over (runtime/devices.py: RPC servers added and probed first),
 plans the memory of the model's device (memory_plan.device_plan: a draft's share included, or the draft dropped
-where it cannot pay for its memory) and settles what that plan decides: device_budget "auto" becomes a size when the blocks must stream, async_prefetch None becomes on when
-they stream, direct_io None becomes on when the file cannot stay in the page cache (direct_reads). The executor, the
-weights' placement and the sequence memory take the result and never rewrite it.
+where it cannot pay for its memory) and settles what that plan decides: device_budget "auto" becomes a size when
+the blocks must stream, async_prefetch None becomes on when they stream, direct_io None becomes on when the file
+cannot stay in the page cache (direct_reads). The executor, the weights' placement and the sequence memory take
+the result and never rewrite it.
 """
 
 from __future__ import annotations
