@@ -24,6 +24,7 @@ from typing import IO, Any, Callable, Iterator, Mapping, Union
 KV_PAGE_MIN, KV_PAGE_MAX = 16, 8192  # tokens per KV page (kv-cache.h; test_settings holds them to native's)
 Budget = Union[int, str, tuple[int, ...]]  # device_budget: "auto", "off", bytes, or bytes per device
 HostCache = Union[int, str]  # host_cache: "auto", "off" or bytes
+PLACEMENTS = ("auto", "device", "host")
 
 _UNITS = {
     "": 1,
@@ -262,6 +263,14 @@ class PagingSettings:
         parse=str,
         metavar="SIZE|auto|off",
     )
+    placement: str = option(
+        "auto",
+        "where a block streamed to a device that is not host memory computes: device (copied there, over the "
+        "link), host (on this machine's CPU, from the file mapping, the activations crossing the link), or auto "
+        "(per pass, by the cost model: decoded tokens where the link is slow on the host, long prompts on the "
+        "device)",
+        choices=PLACEMENTS,
+    )
     expert_cache: int | str | None = option(
         None,
         "bytes of device memory for the experts of a mixture-of-experts model, paged one by one through a "
@@ -295,6 +304,7 @@ class PagingSettings:
         _check(self.expert_cache_bytes is None or self.expert_cache_bytes > 0, "expert_cache must be a positive size")
         if self.n_gpu_layers is not None and self.n_gpu_layers < 0:
             _set(self, "n_gpu_layers", None)  # llama.cpp's -1: all that fit
+        _check(self.placement in PLACEMENTS, f"placement must be one of {', '.join(PLACEMENTS)}, not {self.placement!r}")
         _check(self.prefetch_depth >= 1, f"prefetch_depth must be >= 1, not {self.prefetch_depth}")
         _check(0.0 < self.mem_pressure <= 1.0, f"mem_pressure must be in (0, 1], not {self.mem_pressure}")
 

@@ -190,19 +190,21 @@ def probe_weight() -> np.ndarray:
     return native.quantize(native.GGMLType.Q4_0, rows)
 
 
-def measure_speed(device: str, n_threads: int) -> float:
-    """Matrix-vector products per second on `device`, as a decoded token does them (a quantized weight read
-    once per product), the round trip to an RPC server included: the speed the split balances."""
+def measure_speed(device: str, n_threads: int, rows: int = 1) -> float:
+    """Matrix products per second on `device` of the probe's weight by `rows` rows, as a pass of that many rows
+    does them (the weight read once per product), the round trip to an RPC server included. With one row (a
+    decoded token's matrix-vector products) it is the speed the split balances."""
     be = native.Backend(device, n_threads)
+    chain = PROBE_CHAIN if rows == 1 else 1  # a product over many rows is long enough to time alone
     wctx = native.Context(2)
     w = wctx.new_tensor(native.GGMLType.Q4_0, [PROBE_ROWS, PROBE_ROWS])
-    x = wctx.new_tensor(native.GGMLType.F32, [PROBE_ROWS, 1])
+    x = wctx.new_tensor(native.GGMLType.F32, [PROBE_ROWS, rows])
     keep = be.alloc_tensors(wctx)
     native.tensor_set(w, probe_weight())
-    native.tensor_set(x, np.ones(PROBE_ROWS, np.float32))
-    ctx = native.Context(4 * PROBE_CHAIN, 4 * PROBE_CHAIN)
+    native.tensor_set(x, np.ones((rows, PROBE_ROWS), np.float32))
+    ctx = native.Context(4 * chain, 4 * chain)
     g, y = ctx.new_graph(), x
-    for _ in range(PROBE_CHAIN):
+    for _ in range(chain):
         y = ctx.mul_mat(w, y)
     y.set_output()
     g.expand(y)
@@ -214,7 +216,7 @@ def measure_speed(device: str, n_threads: int) -> float:
         if i:
             times.append(time.perf_counter() - t0)
     del keep
-    return PROBE_CHAIN / max(statistics.median(times), 1e-9)
+    return chain / max(statistics.median(times), 1e-9)
 
 
 def balance(free: Sequence[int], speed: Sequence[float], total: int) -> tuple[float, ...]:

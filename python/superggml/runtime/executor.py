@@ -23,7 +23,8 @@ from .arrays import tensor_array
 from .graph import LaneRows, GraphPlan, Step, lane_rows, padded_kv
 from .memory import MAX_LANES, SequenceMemory, attn_rot_size, check_latent_types, hadamard
 from .recurrent import sequence_memory
-from .pagers import WeightPager
+from .pagers import Block, HeadChunk, WeightPager
+from .placement import Placer, measure_place_rates
 from .memory_plan import kv_bytes
 from .resolve import Resolved, resolve
 from .sequences import SequenceState, Sequences
@@ -136,6 +137,56 @@ class Executor:
         except BaseException:
             self.placement.close()  # the loader's threads must stop before the caller unmaps the file
             raise
+        self.placer: Placer | None = None
+        self.placer_note = ""  # why the streamed blocks do not switch, where that is the question
+        self.loads_seen: dict[int, float] = {}  # block -> the start of its last load the placer was told of
+        self.start_placement()
+
+    def start_placement(self) -> None:
+        """Per-pass placement (runtime/placement.py) where blocks stream to one device that is not host memory:
+        their tensors get copies on the host device, bound to the file mapping, and their K/V a host copy."""
+        pl, p = self.placement, self.settings.paging
+        pager = pl.pagers[0]
+        if not (pl.paged and self.n_split == 1 and not self.backends[0].is_host and isinstance(pager, WeightPager)):
+            return
+        why = (
+            "placement=device"
+            if p.placement == "device"
+            else "dynamic_layers moves the pinned blocks"
+            if pl.scheduler is not None
+            else ""
+        )
+        core = pager.core
+        blocks = [k.b for i, k in enumerate(pager.keys) if isinstance(k, Block) and not core.pinned(i)]
+        if not why and not blocks:
+            why = "every block is pinned on the device"
+        if not why and not self.memory.mirror(blocks, self.backends[self.embed_dev]):
+            why = "the sequence memory (paged_kv, recurrent states) stays on the device"
+        if why:
+            self.placer_note = f"streamed blocks compute on {self.backends[0].name} ({why})"
+            return
+        pl.host_copies(blocks, self.embed_dev)
+        sizes = [int(core.layer_bytes(pager.index(Block(il)))) for il in blocks]
+        head = sum(int(core.layer_bytes(pager.index(HeadChunk(c)))) for c in range(len(pl.head_chunks)))
+        rates = measure_place_rates(
+            self.backends[self.embed_dev].device_name, self.backends[0].device_name, self.settings.context.threads
+        )
+        self.placer = Placer(p.placement, blocks, sizes, head, self.hp.n_layer, self.hp.n_embd, rates)
+
+    def arrange(self, hosted: tuple[tuple[int, ...], bool]) -> None:
+        """Before a pass placed so (GraphPlan's `hosted`): the K/V of each streamed block where it computes, and
+        the device's pager prefetching only what the pass computes there."""
+        if self.placer is None:
+            return
+        on_host = set(hosted[0])
+        for il in self.placer.blocks:
+            self.memory.place(il, il in on_host)
+        pager = self.placement.pagers[0]
+        assert isinstance(pager, WeightPager)  # start_placement's condition
+        skip = {pager.index(Block(il)) for il in on_host}
+        if hosted[1]:
+            skip |= {pager.index(HeadChunk(c)) for c in range(len(self.placement.head_chunks))}
+        pager.skip = frozenset(skip)
 
     @classmethod
     def start(cls, arch: Architecture | MtpArch, store: Any, settings: Settings, *, load: bool = True) -> "Executor":
@@ -219,16 +270,17 @@ class Executor:
         streams: int = 0,
         chain: bool = False,
         merge: bool | None = None,
+        hosted: tuple[tuple[int, ...], bool] = ((), False),
     ) -> GraphPlan:
         """The graphs for micro-batches of this shape, built once and reused (embed: ending at the output norm,
         not the logits; streams, chain, merge: see GraphPlan; merge None: where nothing acts between blocks)."""
         hidden = self.hidden_buf is not None and not embed
         if merge is None:
             merge = self.merges()
-        key = (n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge)
+        key = (n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge, hosted)
         plan = self.plans.pop(key, None)
         if plan is None:
-            plan = GraphPlan(self, n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge)
+            plan = GraphPlan(self, n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge, hosted)
         self.plans[key] = plan  # most recently used last
         if len(self.plans) > PLAN_CACHE:
             while len(self.plans) > PLAN_CACHE:
@@ -275,6 +327,8 @@ class Executor:
             shapes = [(x, n_kv) for x, _ in shapes]
         rows = [self.lane_rows(p0, x, k) for p0, (x, k) in zip(starts, shapes)]
         lanes = tuple(shapes) if len(items) > 1 and not streams else None
+        choice = self.placer.choose(n, len(out_rows)) if self.placer is not None else None
+        hosted = (choice.hosted, choice.head_host) if choice is not None else ((), False)
         plan = self.plan(
             n,
             0 if lanes else shapes[0][1],
@@ -283,7 +337,9 @@ class Executor:
             embed,
             streams,
             chain=bool(lanes) and len(set(ids)) == 1,
+            hosted=hosted,
         )
+        self.arrange(hosted)
         plan.fill(np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items]), rows, out_rows, hidden)
         self.memory.bind(ids, streams=bool(streams))
         self.n_passes += 1
@@ -338,8 +394,12 @@ class Executor:
                 dev, tc = self.run_step(plan, step, dev, lanes, first)
                 if rec is not None:
                     rec.append(self.timing(i, step, t0, tc))
+                if self.placer is not None:
+                    self.observe(step, n, tc)
         finally:
             self.streams.synchronize()  # the host reads the logits next
+        if self.placer is not None:
+            self.placer.settle(n)
         self.placement.pass_done()
         if self.placement.experts is not None:
             self.placement.experts.pass_done(n, time.time() - t_pass)
@@ -389,6 +449,26 @@ class Executor:
                     assert pl.experts is not None
                     pl.experts.release()
         return dev, tc
+
+    def observe(self, step: Step, n: int, tc: float) -> None:
+        """A step's compute time (where it ran to its end: the host, an RPC server) and, for a streamed block
+        loaded for it, its load's, to the placer."""
+        placer = self.placer
+        assert placer is not None
+        host = step.dev == self.embed_dev
+        if step.kind != "block" or (not host and self.streams.queues(step.dev)):
+            return
+        size = dict(zip(placer.blocks, placer.sizes))
+        blocks = [b for b in (step.span or (step.group,)) if b in size]
+        if blocks:
+            placer.observe(n, host, sum(size[b] for b in blocks), time.time() - tc)
+        if not host and step.key is not None and step.key.b in size:
+            pager = self.placement.pagers[step.dev]
+            assert isinstance(pager, WeightPager)
+            last = pager.core.last_load(pager.index(step.key))
+            if last is not None and self.loads_seen.get(step.key.b) != last[0]:
+                self.loads_seen[step.key.b] = last[0]
+                placer.observe_load(size[step.key.b], last[1] - last[0])
 
     def before_pass(self, n: int) -> None:
         pl = self.placement
@@ -551,6 +631,7 @@ def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dic
         raise ValueError(f"blocks are in 0..{ex.hp.n_layer - 1}")
     n_kv = padded_kv(p0, 1, c.ctx_size)
     plan = ex.plan(1, n_kv, 1, merge=False)
+    ex.arrange(((), False))  # every block on its device
     plan.fill(np.zeros(1, dtype=np.int32), [ex.lane_rows(p0, 1, n_kv)], [0])
     ex.memory.bind([seq.id])
     ex.before_pass(1)  # the threads a decoded token computes with

@@ -122,6 +122,7 @@ class GraphPlan:
         hidden: bool = False,
         chain: bool = False,
         merge: bool = False,
+        hosted: tuple[tuple[int, ...], bool] = ((), False),
     ):
         """`ex`: the executor (its arch, weights, memory, acts, rot, backends). `lanes`: a pass over several
         sequences, (tokens, n_kv) of each in row order, each attending over its own K/V (its lane's
@@ -130,8 +131,11 @@ class GraphPlan:
         (embeddings), not the logits. `hidden`: the output norm of every row goes to ex.hidden_buf too (the
         last block keeps all rows; the head picks its rows after the norm, as llama.cpp with nextn
         embeddings). `chain`: the lanes are one sequence's tokens (a recurrent layer runs them as one chain).
-        `merge`: segments (see the module), where the executor has nothing to do between the blocks' graphs."""
+        `merge`: segments (see the module), where the executor has nothing to do between the blocks' graphs.
+        `hosted`: the streamed blocks that compute on the host device (ex.embed_dev) from the file mapping, and
+        whether the lm head does (runtime/placement.py)."""
         self.ex = ex
+        self.hosted, self.head_host = set(hosted[0]), hosted[1]
         self.merge = merge
         self.n, self.n_kv, self.n_out, self.lanes, self.embed = n, n_kv, n_out, lanes, embed
         self.hidden = hidden
@@ -334,7 +338,7 @@ class GraphPlan:
         pl = self.ex.placement
         if pl.experts is not None and self.ex.arch.is_moe(il):
             return False
-        if not pl.paged:
+        if not pl.paged or il in self.hosted:
             return True
         pager = pl.pagers[self.ex.layer_device[il]]
         return pl.scheduler is None and isinstance(pager, WeightPager) and pager.core.pinned(pager.index(Block(il)))
@@ -350,12 +354,16 @@ class GraphPlan:
                 and run
                 and self.stays(il)
                 and self.stays(run[-1])
-                and self.ex.layer_device[run[-1]] == self.ex.layer_device[il]
+                and self.block_dev(run[-1]) == self.block_dev(il)
             ):
                 run.append(il)
             else:
                 runs.append([il])
         return runs
+
+    def block_dev(self, il: int) -> int:
+        """The device block il computes on in this plan."""
+        return self.ex.embed_dev if il in self.hosted else self.ex.layer_device[il]
 
     def build(self) -> None:
         ex, hp, arch, w = self.ex, self.ex.hp, self.ex.arch, self.ex.weights
@@ -376,7 +384,7 @@ class GraphPlan:
         for run in self.segments():
             il = run[-1]
             rows = n_last if il == hp.n_layer - 1 else self.n
-            key = Block(il) if paged else None
+            key = Block(il) if paged and il not in self.hosted else None
             if len(run) == 1 and placement.experts is not None and arch.is_moe(il):
                 moe.build_paged_block(self, arch, w, il, rows, key, self.kv(il), placement)
                 continue
@@ -388,7 +396,7 @@ class GraphPlan:
                     rows_out=rows,
                     key=key,
                     layer=il,
-                    dev=ex.layer_device[il],
+                    dev=self.block_dev(il),
                     group=il,
                 )
                 continue
@@ -411,10 +419,10 @@ class GraphPlan:
                 segment,
                 "block",
                 rows_out=self.n_out if with_head else rows,
-                dev=ex.layer_device[il],
+                dev=self.block_dev(il),
                 blocks=len(run) + with_head,
                 span=tuple(run) + ((hp.n_layer,) if with_head else ()),
-                keys=tuple(Block(j) for j in run) if paged else (),
+                keys=tuple(Block(j) for j in run if j not in self.hosted) if paged else (),
             )
             if with_head:
                 self.logits = out
@@ -428,7 +436,7 @@ class GraphPlan:
                 dev=ex.placement.head_dev,
                 group=hp.n_layer,
             )
-        if self.n_out and paged and not self.embed:
+        if self.n_out and paged and not self.embed and not self.head_host:
             self.build_chunked_head(rows_in)
         elif self.n_out:
             self.logits = self.graph(
@@ -436,7 +444,7 @@ class GraphPlan:
                 "head",
                 rows_in=rows_in,
                 rows_out=self.n_out,
-                dev=ex.layer_device[-1],
+                dev=ex.embed_dev if self.head_host else ex.layer_device[-1],
                 group=hp.n_layer,
             )
 

@@ -120,6 +120,17 @@ class SequenceMemory(abc.ABC):
         """While a step of `layer` runs over `lanes` (the pass's, in lane order)."""
         return contextlib.nullcontext()
 
+    def mirror(self, layers: Sequence[int], backend: Any) -> bool:
+        """Keeps the memory of `layers` on `backend` (the host) too, so that their blocks can compute there or on
+        their own device, pass by pass (place); False where this memory cannot."""
+        return False
+
+    def place(self, layer: int, host: bool) -> int:
+        """Before a pass whose graph of `layer` runs on the host (host) or on the layer's device: its tensors
+        reach that copy, brought up to date from the other if that one was written last. Returns the bytes
+        moved."""
+        return 0
+
     def can_truncate(self, seq: int, n: int) -> bool:
         """Whether `seq` can go back to its first n tokens."""
         return True
@@ -241,6 +252,11 @@ class ContiguousKV(LanedKV):
         self.stream_views: dict[int, tuple[list[Any], list[Any], Any]] = {}  # lanes -> K, V [g, ctx * lanes]
         self.bound: list[int | None] = []  # the slot each lane points at
         self.bound_streams: dict[int, int] = {}  # lanes -> the first slot its stream tensors point at
+        self.host: Any = None  # the host backend of mirrored layers (mirror)
+        self.mirrored: dict[int, tuple[Any, Any]] = {}  # layer -> its K and V pools on the host
+        self.on_host: set[int] = set()  # mirrored layers whose host copy is the one written last
+        self.mirror_keep: list[Any] = []
+        self.moved_bytes = 0
         self.storage(0, check=False)
 
     def grow(self, check: bool) -> None:
@@ -279,7 +295,71 @@ class ContiguousKV(LanedKV):
                 native.tensor_copy(old, view.view(new, list(old.ne[:2]), [old.nb[1]], 0))
         self.pool, self.capacity, self.reservation = (ks, vs, keep), cap, reservation
         self.bound, self.bound_streams = [], {}
+        if self.mirrored:
+            self.grow_mirror(list(self.mirrored))
         native.host_memory_trim()
+
+    def mirror(self, layers: Sequence[int], backend: Any) -> bool:
+        if self.reservation is not None or not layers:
+            return False  # the pools are host memory already
+        self.host = backend
+        self.grow_mirror(list(layers))
+        return True
+
+    def grow_mirror(self, layers: list[int]) -> None:
+        """Host pools of `layers` as large as the device's, what the old ones held copied over."""
+        cx = native.Context(max_tensors=2 * len(layers))
+        k_pools, v_pools = self.pool[0], self.pool[1]
+        new = {
+            il: (
+                cx.new_tensor(k_pools[il].type, list(k_pools[il].ne[:2])),
+                cx.new_tensor(v_pools[il].type, list(v_pools[il].ne[:2])) if v_pools else None,
+            )
+            for il in layers
+        }
+        buf = self.host.alloc_tensors(cx)
+        buf.clear(0)
+        for il, (k, v) in self.mirrored.items():
+            for old, t in zip((k, v), new[il]):
+                if old is not None:
+                    view = native.Context(max_tensors=1)
+                    native.tensor_copy(old, view.view(t, list(old.ne[:2]), [old.nb[1]], 0))
+        self.mirrored, self.mirror_keep = new, [cx, buf]
+        self.bound, self.bound_streams = [], {}
+
+    def targets(self) -> list[Any]:
+        """Each layer's pool tensor that its lanes reach now, K of every layer, then V: a mirrored layer's on the
+        host where it computes there."""
+        n = self.lanes.n_layer
+        out = []
+        for i, t in enumerate(self.pool[0] + self.pool[1]):
+            il, kv = i % n, i // n
+            out.append(self.mirrored[il][kv] if il in self.on_host else t)
+        return out
+
+    def place(self, layer: int, host: bool) -> int:
+        if layer not in self.mirrored or (layer in self.on_host) == host:
+            return 0
+        here = [self.pool[0][layer]] + ([self.pool[1][layer]] if self.pool[1] else [])
+        there = [t for t in self.mirrored[layer] if t is not None]
+        moved = 0
+        for a, b in zip(here, there):
+            src, dst = (a, b) if host else (b, a)
+            size = src.nb[1] * self.ctx_size  # a slot's rows
+            for slot in sorted(set(self.slots.values())):
+                cx = native.Context(max_tensors=2)
+                shape = [src.ne[0], self.ctx_size]
+                native.tensor_copy(
+                    cx.view(src, shape, [src.nb[1]], slot * size), cx.view(dst, shape, [dst.nb[1]], slot * size)
+                )
+                moved += size
+        if host:
+            self.on_host.add(layer)
+        else:
+            self.on_host.discard(layer)
+        self.bound, self.bound_streams = [], {}
+        self.moved_bytes += moved
+        return moved
 
     def storage(self, seq: int, check: bool = True) -> int:
         """The slot of `seq`, taken when it first runs."""
@@ -330,16 +410,17 @@ class ContiguousKV(LanedKV):
             n = len(seqs)
             if self.bound_streams.get(n) != slots[0]:
                 ks, vs, _ = self.stream_tensors(n)
-                for t, pool in zip(ks + vs, self.pool[0] + self.pool[1]):
+                for t, pool in zip(ks + vs, self.targets()):
                     self.alias(t, pool, slots[0])
                 self.bound_streams[n] = slots[0]
             return
         self.lanes.ensure(len(seqs))
         self.bound += [None] * (len(seqs) - len(self.bound))
+        pools = self.targets()
         for j, slot in enumerate(slots):
             if self.bound[j] == slot:
                 continue
-            for t, pool in zip(self.lanes.k[j] + self.lanes.v[j], self.pool[0] + self.pool[1]):
+            for t, pool in zip(self.lanes.k[j] + self.lanes.v[j], pools):
                 self.alias(t, pool, slot)
             self.bound[j] = slot
 
@@ -349,6 +430,11 @@ class ContiguousKV(LanedKV):
 
     def truncate(self, seq: int, n: int) -> None:
         pass  # rows past n are written again before any query reads them
+
+    def stats(self) -> dict[str, Any]:
+        if not self.mirrored:
+            return {}
+        return {"kv_mirrored_layers": len(self.mirrored), "kv_on_host": len(self.on_host), "kv_moved_bytes": self.moved_bytes}
 
     def drop(self, seq: int) -> None:
         slot = self.slots.pop(seq, None) if seq != 0 else None

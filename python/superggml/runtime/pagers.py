@@ -62,6 +62,7 @@ class WeightPager:
         self.n_keys = len(self.keys)
         self._index = {k: i for i, k in enumerate(self.keys)}
         self.depth = depth
+        self.skip: frozenset[int] = frozenset()  # keys this pass computes elsewhere: not prefetched
         self._released: dict[int, float] = {}  # core key -> when it was last released
 
     def index(self, key: Key) -> int:
@@ -79,8 +80,13 @@ class WeightPager:
         i = self.index(key)
         self.core.acquire(i)
         try:
-            for j in range(1, self.depth + 1):
-                self.core.prefetch((i + j) % self.n_keys)  # False when no slot is free: it loads on use
+            ahead = 0
+            for j in range(1, self.n_keys):
+                if ahead == self.depth:
+                    break
+                if (i + j) % self.n_keys not in self.skip:
+                    self.core.prefetch((i + j) % self.n_keys)  # False when no slot is free: it loads on use
+                    ahead += 1
             yield
         finally:
             self.core.release(i)

@@ -169,6 +169,13 @@ class WeightPlacement:
             remote[d] = own + list(copies.values())
         return remote
 
+    def host_copies(self, blocks: list[int], host: int) -> None:
+        """Copies of the tensors of `blocks` bound to the file mapping, for the graphs the host device `host`
+        computes them in (per-pass placement): the originals stay bound to the device's slots."""
+        copies = {n: self.store.add_copy(n, "host") for il in blocks for n in self.block_tensors(il)}
+        self.store.bind_mmap(list(copies.values()))
+        self.view.copies.setdefault(host, {}).update(copies)
+
     def load_remote(self) -> None:
         """Copies each non-host device's weights (plan_copies) into a buffer of its own."""
         for d, names in self.remote.items():
