@@ -509,6 +509,11 @@ def report(model: Model) -> None:
             else ""
         )
         print(plan.line(pinned), file=sys.stderr)
+    placer = model.runtime.placer
+    if placer is not None:
+        print("\n".join(placer.lines((1, c.n_batch))), file=sys.stderr)
+    elif c.verbose and model.runtime.placer_note:
+        print(f"superggml: {model.runtime.placer_note}", file=sys.stderr)
     if c.verbose:
         hp = model.hparams
         print(

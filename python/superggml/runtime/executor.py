@@ -139,7 +139,6 @@ class Executor:
             raise
         self.placer: Placer | None = None
         self.placer_note = ""  # why the streamed blocks do not switch, where that is the question
-        self.loads_seen: dict[int, float] = {}  # block -> the start of its last load the placer was told of
         self.start_placement()
 
     def start_placement(self) -> None:
@@ -247,6 +246,8 @@ class Executor:
         if self.memory_plan is not None:
             d["budget"] = self.memory_plan.as_dict()
         d.update(self.placement.stats())
+        if self.placer is not None:
+            d["placement"] = self.placer.table()
         return d
 
     def keep_hidden(self, on_hidden: Any = None) -> None:
@@ -451,24 +452,15 @@ class Executor:
         return dev, tc
 
     def observe(self, step: Step, n: int, tc: float) -> None:
-        """A step's compute time (where it ran to its end: the host, an RPC server) and, for a streamed block
-        loaded for it, its load's, to the placer."""
+        """A host step's compute time over streamed blocks, to the placer."""
         placer = self.placer
         assert placer is not None
-        host = step.dev == self.embed_dev
-        if step.kind != "block" or (not host and self.streams.queues(step.dev)):
+        if step.kind != "block" or step.dev != self.embed_dev:
             return
         size = dict(zip(placer.blocks, placer.sizes))
         blocks = [b for b in (step.span or (step.group,)) if b in size]
         if blocks:
-            placer.observe(n, host, sum(size[b] for b in blocks), time.time() - tc)
-        if not host and step.key is not None and step.key.b in size:
-            pager = self.placement.pagers[step.dev]
-            assert isinstance(pager, WeightPager)
-            last = pager.core.last_load(pager.index(step.key))
-            if last is not None and self.loads_seen.get(step.key.b) != last[0]:
-                self.loads_seen[step.key.b] = last[0]
-                placer.observe_load(size[step.key.b], last[1] - last[0])
+            placer.observe(n, sum(size[b] for b in blocks), time.time() - tc)
 
     def before_pass(self, n: int) -> None:
         pl = self.placement

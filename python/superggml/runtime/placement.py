@@ -12,8 +12,10 @@ rows per second through many), and copies in B / link. A pass that puts k of the
 spread evenly, takes about max(compute, copies) (the copies of device blocks overlap the compute of the blocks
 before them) plus a crossing of the activations at each change of side. The placement takes the k of least
 time, per size of pass (rows rounded up to a power of two); the lm head, where it streams, by the same rule.
-Measured step times refine the rates: each side's compute time is scaled by what it measured over what the model
-said, and the link's rate is what the loads measured.
+Measured step times refine the model: a block's compute is more than its matrix products (attention, norms), and
+the host's block steps, which run to their end where they are called, measure by how much, per size class; both
+sides' compute times are scaled by that factor (a device's graphs are queued, or an RPC server's answered later,
+so its steps are not timed one by one). The link's rate is the probe's.
 """
 
 from __future__ import annotations
@@ -95,15 +97,14 @@ class Placer:
     n_layer: int
     n_embd: int
     rates: PlaceRates
-    factor: dict[tuple[bool, int], float] = field(default_factory=dict)  # (host, bucket) -> measured / model
-    link: float = 0.0  # the link's rate as loads measured it (0: the probe's)
+    factor: dict[int, float] = field(default_factory=dict)  # bucket -> the host's measured time / the model's
     choices: dict[int, Choice] = field(default_factory=dict)
 
     def link_rate(self) -> float:
-        return self.link or self.rates.link
+        return self.rates.link
 
     def compute(self, nbytes: int, n: int, host: bool) -> float:
-        return self.rates.compute(nbytes, n, host) * self.factor.get((host, bucket(n)), 1.0)
+        return self.rates.compute(nbytes, n, host) * self.factor.get(bucket(n), 1.0)
 
     def crossing(self, n: int) -> float:
         return n * self.n_embd * 4 / self.link_rate()
@@ -146,22 +147,15 @@ class Placer:
         hosted = tuple(il for il in self.blocks if il not in on_device)
         return Choice(hosted, head_host, self.pass_time(n, on_device), all_device, all_host, n_out)
 
-    def observe(self, n: int, host: bool, nbytes: int, seconds: float) -> None:
-        """A step of a pass of n rows computed nbytes of streamed weights on one side in `seconds`: the side's
-        factor for that size class moves towards measured / model."""
+    def observe(self, n: int, nbytes: int, seconds: float) -> None:
+        """A host step of a pass of n rows computed nbytes of streamed weights in `seconds`: the size class's
+        factor moves towards measured / model."""
         if nbytes <= 0 or seconds <= 0:
             return
-        key = (host, bucket(n))
-        ratio = seconds / max(self.rates.compute(nbytes, n, host), 1e-9)
+        key = bucket(n)
+        ratio = seconds / max(self.rates.compute(nbytes, n, True), 1e-9)
         old = self.factor.get(key)
         self.factor[key] = ratio if old is None else (1 - REFINE) * old + REFINE * ratio
-
-    def observe_load(self, nbytes: int, seconds: float) -> None:
-        """A streamed block's load of nbytes over the link took `seconds`."""
-        if nbytes <= 0 or seconds <= 0:
-            return
-        rate = nbytes / seconds
-        self.link = rate if not self.link else (1 - REFINE) * self.link + REFINE * rate
 
     def settle(self, n: int) -> None:
         """After a pass of n rows: its size class is decided again on what the pass measured (auto)."""
@@ -190,10 +184,20 @@ class Placer:
             )
         return out
 
-    def lines(self) -> list[str]:
-        """The table, a line per size class."""
-        out = [f"placement ({self.mode}) of {len(self.blocks)} streamed blocks: {self.rates.line()}"]
-        for r in self.table():
+    def lines(self, sizes: Sequence[int] = ()) -> list[str]:
+        """The table, a line per size class seen; with `sizes`, the choices for passes of those rows instead
+        (what the rates alone say, before any pass)."""
+        out = [f"superggml: placement ({self.mode}) of {len(self.blocks)} streamed blocks: {self.rates.line()}"]
+        rows = self.table()
+        if sizes:
+            seen, self.choices = self.choices, {}
+            try:
+                for n in sizes:
+                    self.choices[bucket(n)] = self.decide(bucket(n), 1)
+                rows = self.table()
+            finally:
+                self.choices = seen
+        for r in rows:
             out.append(
                 f"  {r['rows']:>5} rows: {len(r['device'])} on the device {compact(r['device'])}, {len(r['host'])} on "
                 f"the host {compact(r['host'])}, head on {r['head']}; predicted {r['predicted_s'] * 1e3:.1f} ms "

@@ -1,0 +1,166 @@
+"""Per-pass placement (runtime/placement.py): blocks streamed to a device behind a link (a loopback `superggml
+rpc-server`) compute there or on the host, pass by pass. Every placement gives the CPU's logits bit for bit (the
+server runs the same ggml CPU kernels), the K/V follows the blocks between the two, and the cost model sends
+decoded rows to the host on a slow link and long prompts to a fast device."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from superggml import Model
+from superggml.commands.analyze import model_layout
+from superggml.runtime.placement import PlaceRates, Placer, bucket, compact
+from test_multi_device import PROMPT, run_prompt as run  # the prompt's logits, then six greedy tokens'
+from test_rpc import Server, on
+
+BASE = dict(ctx_size=128, n_batch=16, n_threads=1, repack=False)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    s = Server()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_path: str) -> np.ndarray:
+    with Model(smollm2_path, **BASE) as m:
+        return run(m)
+
+
+def streamed(server: Server, path: str, **kw) -> Model:
+    """The model on the server's device, three slots of blocks there, the rest streamed."""
+    return Model(path, **BASE, devices=[on(server)], device_budget=3 * model_layout(path).slot_bytes, **kw)
+
+
+@pytest.mark.parametrize("mode", ["device", "host", "auto"])
+def test_every_placement_gives_the_cpus_logits(server, reference, smollm2_path, mode):
+    with streamed(server, smollm2_path, placement=mode) as m:
+        out = run(m)
+        st = m.stats()
+        placer = m.runtime.placer
+    assert np.array_equal(out, reference), float(np.abs(out - reference).max())
+    if mode == "device":
+        assert placer is None and st["loads"] > 0 and "placement" not in st
+        return
+    assert placer is not None and len(placer.blocks) == m.hparams.n_layer  # no block pinned in 3 slots
+    one = [r for r in st["placement"] if r["rows"] == 1][0]
+    assert one["passes"] == 6 and one["device"] == [] and one["head"] == "host"  # loopback: the host wins a row
+    if mode == "host":
+        assert st["loads"] == 0  # nothing crossed the link but activations
+        assert all(r["device"] == [] for r in st["placement"])
+
+
+def test_the_kv_follows_the_blocks_both_ways(server, smollm2_path):
+    """Prompts on the device, decoded tokens on the host, then a prompt on the device again: each switch moves
+    the K/V of the streamed blocks, and the logits stay the CPU's."""
+    feeds = [PROMPT[:24], [5], [6], PROMPT[24:40], [7], [8]]
+    with Model(smollm2_path, **BASE) as m:
+        ref = [m.eval(f, logits_all=True).copy() for f in feeds]
+    with streamed(server, smollm2_path, placement="auto") as m:
+        placer = m.runtime.placer
+        assert placer is not None
+        # a host that is fast on a row and slow on many, a link and device that are fast
+        placer.rates = PlaceRates(host_row=1e12, host_rows=1e6, dev_row=1e10, dev_rows=1e15, link=1e12)
+        moved = []
+        out = []
+        for f in feeds:
+            out.append(m.eval(f, logits_all=True).copy())
+            moved.append(m.stats()["kv_moved_bytes"])
+        table = {r["rows"]: r for r in m.stats()["placement"]}
+    for a, b in zip(out, ref):
+        assert np.array_equal(a, b)
+    assert table[1]["device"] == [] and table[16]["host"] == []
+    assert moved[0] == 0 and moved[1] > moved[0] and moved[2] == moved[1]  # to the host once
+    assert moved[3] > moved[2] and moved[4] > moved[3]  # back to the device, and to the host again
+
+
+def test_sequences_in_one_pass_and_saved_ones_on_the_host(server, smollm2_path, tmp_path):
+    prompts = [[300, 301, 302], [400, 401, 402, 403, 404], [500]]
+    with Model(smollm2_path, **BASE) as m:
+        alone = []
+        for i, p in enumerate(prompts):
+            m.runtime.sequences.use(10 + i)
+            alone.append(m.runtime.eval(p).copy())
+        m.runtime.sequences.use(0)
+        m.eval(PROMPT[:12])
+        want = m.eval([9]).copy()
+    with streamed(server, smollm2_path, placement="host") as m:
+        batch = m.runtime.eval_batch([(i + 1, p) for i, p in enumerate(prompts)])
+        m.eval(PROMPT[:12])
+        m.save_sequence(tmp_path / "seq")
+        m.reset()
+        m.eval([1, 2, 3])
+        m.load_sequence(tmp_path / "seq")
+        got = m.eval([9]).copy()
+    for x, y in zip(batch, alone):
+        assert np.array_equal(x, y)
+    assert np.array_equal(got, want)
+
+
+def test_no_placement_where_nothing_streams_to_a_device_behind_a_link(server, smollm2_path, capsys):
+    slot = model_layout(smollm2_path).slot_bytes
+    with Model(smollm2_path, **BASE, device_budget=3 * slot) as m:  # the CPU: the host itself
+        assert m.runtime.placer is None
+    with streamed(server, smollm2_path, paged_kv=True, kv_page_size=16, verbose=True) as m:
+        assert m.runtime.placer is None
+        assert "paged_kv" in m.runtime.placer_note
+    with streamed(server, smollm2_path) as m:
+        assert m.runtime.placer is not None
+    err = capsys.readouterr().err
+    assert "placement (auto) of 30 streamed blocks" in err and "    1 rows: 0 on the device" in err
+
+
+def rates(**kw: float) -> PlaceRates:
+    base = dict(host_row=20e9, host_rows=400e9, dev_row=1000e9, dev_rows=1e14, link=25e9)
+    base.update(kw)
+    return PlaceRates(**base)
+
+
+def placer(r: PlaceRates, mode: str = "auto", n: int = 24) -> Placer:
+    """A model of 32 blocks of 100 MB, the first 8 pinned on the device, a 400 MB head streamed."""
+    return Placer(mode, list(range(8, 32)), [100_000_000] * 24, 400_000_000, 32, 4096, r)
+
+
+def test_the_cost_model_splits_a_decoded_row_and_sends_prompts_to_the_device():
+    """A GPU behind PCIe (25 GB/s), a host of 20 GB/s: a decoded row's blocks go both ways, so the link's copies
+    overlap the host's compute; a prompt of 512 rows goes to the device."""
+    p = placer(rates())
+    one = p.choose(1, 1)
+    assert 0 < len(one.hosted) < 24
+    assert one.predicted < 0.8 * min(one.all_device, one.all_host)  # better than either pure placement
+    many = p.choose(512, 1)
+    assert many.hosted == () and not many.head_host
+    assert p.choose(1, 1) is one and one.passes == 2
+    # a link of 1 Gbit/s: a row never pays for a copy (0.8 s a block); a prompt's blocks mostly compute on the
+    # host (0.13 s), a few copied while the host computes the others
+    slow = placer(rates(link=0.125e9))
+    assert len(slow.choose(1, 1).hosted) == 24 and slow.choose(1, 1).head_host
+    assert 18 <= len(slow.choose(512, 1).hosted) <= 24
+    # a device no faster than the host (an RPC server on the same cores): the host, for every pass
+    same = placer(rates(link=0.125e9, dev_row=20e9, dev_rows=400e9))
+    assert all(len(same.choose(n, 1).hosted) == 24 for n in (1, 16, 512))
+    assert len(placer(rates(), mode="host").choose(512, 1).hosted) == 24
+
+
+def test_measured_steps_refine_the_choice():
+    p = placer(rates(link=0.25e9))
+    assert len(p.choose(1, 1).hosted) == 24  # a block's copy (0.4 s) is more than the host's whole pass (0.12 s)
+    for _ in range(20):  # the host measures 10 times slower than its probe on a decoded row
+        p.observe(1, 100_000_000, 10 * 100_000_000 / 20e9)
+    p.settle(1)
+    assert p.factor[1] == pytest.approx(10, rel=0.01)
+    assert len(p.choose(1, 1).hosted) < 24  # now a copy overlaps the host's compute of the others (1.2 s)
+
+
+def test_size_classes_and_compact_ranges():
+    assert [bucket(n) for n in (1, 2, 3, 16, 17, 512)] == [1, 2, 4, 16, 32, 512]
+    assert compact([3, 4, 5, 7, 9, 10]) == "[3-5, 7, 9-10]"
+    lines = placer(rates()).lines((1, 512))
+    assert "link 25.000 GB/s" in lines[0] and lines[2].strip().startswith("512 rows: 24 on the device [8-31]")
