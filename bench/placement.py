@@ -1,15 +1,20 @@
-"""The two pure placements of issue 49 on a device behind a link: a `superggml rpc-server` in a network namespace
-behind a veth link shaped to --rate (tests/netlab.py), its device budget a quarter of the model.
+"""Per-pass placement on a device behind a link: a `superggml rpc-server` in a network namespace behind a veth link
+shaped to --rate (tests/netlab.py), in a memory cgroup of a quarter of the model plus its own needs (as
+bench/peers.py holds its peers), the model's device budget a quarter of it. The placements of its streamed blocks:
 
-- copy: every streamed block is copied to the device and computed there (devices=[RPC], device_budget=1/4);
-- host: the device holds its quarter of the blocks, and the host computes the rest where their bytes are
-  (devices=[RPC, CPU], tensor_split 1:3), the activations crossing the link.
+- copy: every streamed block copied to the device and computed there (placement="device");
+- host: every streamed block computed on the host from the file mapping, the activations crossing the link
+  (placement="host");
+- auto: per pass, by the cost model (placement="auto", the default);
+- split: the device holds its quarter and the host the rest, resident (devices=[RPC, CPU], tensor_split 1:3): no
+  streaming at all, for reference.
 
-    python bench/placement.py [--rate 1gbit] [--delay-ms 1] [--decode 4] [--prefill 512]
+    python bench/placement.py [--rate 1gbit] [--delay-ms 1] [--decode 8] [--prefill 512] [--only copy,host,auto]
 
-Prints decode seconds per token and prefill seconds for n tokens, per placement. The per-pass choice between them
-(the issue's automatic placement) is not built: this measures the trade-off it would settle. The device here is a
-process on the same cores as the host, so computing on it is never faster; a GPU behind PCIe would be.
+Prints, per placement, the prefill seconds for n tokens and the decode seconds per token (the page cache dropped
+before each), and the auto placement's choices. The device here is a process on the same cores as the host, so
+computing on it is never faster than on the host: auto can match the better pure placement, not beat it; a GPU
+behind PCIe, faster than the host, is where it splits a pass (tests/test_placement.py has the model's choices).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
+import memcg  # noqa: E402
 import netlab  # noqa: E402
 
 from superggml import Model, models  # noqa: E402
@@ -46,8 +52,9 @@ def main() -> int:
     ap.add_argument("--model", default=None, help="a GGUF (default: Qwen2.5-Coder-1.5B Q4_K_M)")
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--delay-ms", type=float, default=1.0)
-    ap.add_argument("--decode", type=int, default=4)
+    ap.add_argument("--decode", type=int, default=8)
     ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--only", default="copy,host,auto,split")
     a = ap.parse_args()
     if not netlab.available():
         print("network namespaces are not available here (root and iproute2 are needed)")
@@ -55,27 +62,40 @@ def main() -> int:
     path = a.model or str(models.qwen_path())
     weights = os.path.getsize(path)
     prompt = [int(x) for x in np.random.default_rng(0).integers(100, 30000, a.prefill)]
+    cgroup = weights // 4 + (384 << 20)  # the device's quarter, its compute buffers and the server process
     with netlab.Lab(1, rate=a.rate, delay_ms=a.delay_ms) as lab:
         host = lab.hosts[0]
         ep, _ = host.serve(
             50300,
             [sys.executable, "-m", "superggml", "rpc-server", "--host", "{host}", "-p", "{port}", "-t", "2"],
+            memory=cgroup,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         netlab.wait_port(host, 50300)
         time.sleep(3)  # the forwarder answers first; the server behind it takes a moment to listen
         dev = f"RPC[{ep}]"
+        budget = weights // 4
         placements = {
-            "copy": dict(devices=[dev], device_budget=weights // 4),
-            "host": dict(devices=[dev, "CPU"], tensor_split=(1, 3)),
+            "copy": dict(devices=[dev], device_budget=budget, placement="device"),
+            "host": dict(devices=[dev], device_budget=budget, placement="host"),
+            "auto": dict(devices=[dev], device_budget=budget, placement="auto"),
+            "split": dict(devices=[dev, "CPU"], tensor_split=(1, 3)),
         }
-        print(f"{os.path.basename(path)}: {weights / 2**20:.0f} MiB; link {a.rate}, {a.delay_ms} ms each way")
+        print(
+            f"{os.path.basename(path)}: {weights / 2**20:.0f} MiB; link {a.rate}, {a.delay_ms} ms each way; "
+            f"server cgroup {cgroup >> 20} MiB, device budget {budget >> 20} MiB"
+        )
         print(f"{'placement':<10} {'prefill s':>9} {'decode s/token':>14}")
-        for name, options in placements.items():
-            with Model(path, ctx_size=a.prefill + a.decode + 16, n_batch=a.prefill, **options) as m:
+        for name in a.only.split(","):
+            memcg.drop_page_cache(path)
+            with Model(path, ctx_size=a.prefill + a.decode + 16, n_batch=a.prefill, **placements[name]) as m:
                 prefill, decode = timed(m, prompt, a.decode)
+                placer = m.runtime.placer
+                table = placer.lines() if placer is not None and name == "auto" else []
             print(f"{name:<10} {prefill:9.2f} {decode:14.3f}", flush=True)
+            for line in table:
+                print("    " + line, flush=True)
     return 0
 
 

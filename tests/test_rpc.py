@@ -97,7 +97,7 @@ def _configs(servers: list[Server], slot: int) -> dict[str, dict[str, Any]]:
     a, b = on(servers[0]), on(servers[1])
     return {
         "resident": dict(devices=[a]),
-        "budget_2_blocks": dict(devices=[a], device_budget=2 * slot),
+        "budget_2_blocks": dict(devices=[a], device_budget=2 * slot, placement="device"),
         "paged_kv": dict(devices=[a], paged_kv=True, kv_page_size=16, device_budget=4 * slot),
         "cpu_rpc_split": dict(devices=["CPU", a], device_budget=f"{3 * slot},{2 * slot}", paged_kv=True),
         "rpc_rpc_split": dict(

@@ -304,7 +304,9 @@ class PagingSettings:
         _check(self.expert_cache_bytes is None or self.expert_cache_bytes > 0, "expert_cache must be a positive size")
         if self.n_gpu_layers is not None and self.n_gpu_layers < 0:
             _set(self, "n_gpu_layers", None)  # llama.cpp's -1: all that fit
-        _check(self.placement in PLACEMENTS, f"placement must be one of {', '.join(PLACEMENTS)}, not {self.placement!r}")
+        _check(
+            self.placement in PLACEMENTS, f"placement must be one of {', '.join(PLACEMENTS)}, not {self.placement!r}"
+        )
         _check(self.prefetch_depth >= 1, f"prefetch_depth must be >= 1, not {self.prefetch_depth}")
         _check(0.0 < self.mem_pressure <= 1.0, f"mem_pressure must be in (0, 1], not {self.mem_pressure}")
 

@@ -321,7 +321,7 @@ class ContiguousKV(LanedKV):
         buf.clear(0)
         for il, (k, v) in self.mirrored.items():
             for old, t in zip((k, v), new[il]):
-                if old is not None:
+                if old is not None and t is not None:
                     view = native.Context(max_tensors=1)
                     native.tensor_copy(old, view.view(t, list(old.ne[:2]), [old.nb[1]], 0))
         self.mirrored, self.mirror_keep = new, [cx, buf]
@@ -434,7 +434,11 @@ class ContiguousKV(LanedKV):
     def stats(self) -> dict[str, Any]:
         if not self.mirrored:
             return {}
-        return {"kv_mirrored_layers": len(self.mirrored), "kv_on_host": len(self.on_host), "kv_moved_bytes": self.moved_bytes}
+        return {
+            "kv_mirrored_layers": len(self.mirrored),
+            "kv_on_host": len(self.on_host),
+            "kv_moved_bytes": self.moved_bytes,
+        }
 
     def drop(self, seq: int) -> None:
         slot = self.slots.pop(seq, None) if seq != 0 else None
