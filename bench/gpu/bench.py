@@ -6,7 +6,8 @@ resident: every weight on the device (device_budget "off"; llama.cpp -ngl 99): p
 from an empty context, the mean of 3 runs after a warm-up, as llama-bench measures (llama-bench itself where it was
 built, else llama_cpp's API). streamed: device_budget a quarter of the weights: decode ms/token and prefill-512 time,
 beside the bound (bytes streamed per token / the host-to-device rate of RATE.json) and llama.cpp with -ngl N, N the
-blocks that fit in the same bytes.
+blocks that fit in the same bytes; superggml streamed twice, with its default placement (auto: per pass, host or
+device) and with every streamed block copied to the device (placement "device"), the auto placement's table kept.
 """
 
 import json
@@ -56,7 +57,11 @@ def superggml_speed(path, n_gen, reps, **kw):
                 per_pass.append(c1 - c0)
                 per_token.append((c2 - c1) / n_gen)
         st = m.stats()
-        info = {k: st[k] for k in ("n_slots", "slot_size", "layers_pinned", "host_slots", "direct_io") if k in st}
+        info = {
+            k: st[k]
+            for k in ("n_slots", "slot_size", "layers_pinned", "host_slots", "direct_io", "placement")
+            if k in st
+        }
     per_pass, per_token = np.mean(per_pass, axis=0), np.mean(per_token, axis=0)
     return {
         "pp_tok_s": float(np.mean(pp)),
@@ -138,6 +143,12 @@ def main():
     except Exception as e:
         res["errors"]["superggml"] = error(e)
     save(res, out, "superggml")
+    if streamed:  # the default placement (auto) against every streamed block copied to the device
+        try:
+            res["superggml_copy"] = superggml_speed(path, n_gen, reps, device_budget=weights // 4, placement="device")
+        except Exception as e:
+            res["errors"]["superggml_copy"] = error(e)
+        save(res, out, "superggml_copy")
     try:
         res["llama.cpp"] = llama_speed(path, min(weights // 4 // block, 99) if streamed else 99, n_gen, reps)
     except Exception as e:
