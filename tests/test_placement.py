@@ -10,10 +10,12 @@ from typing import Iterator
 import numpy as np
 import pytest
 
+import synth_gguf
 from superggml import Model
 from superggml.commands.analyze import model_layout
 from superggml.runtime.placement import PlaceRates, Placer, bucket, compact
 from test_multi_device import PROMPT, run_prompt as run  # the prompt's logits, then six greedy tokens'
+from synth_gguf import VARIANTS, synth
 from test_rpc import Server, on
 
 BASE = dict(ctx_size=128, n_batch=16, n_threads=1, repack=False)
@@ -55,6 +57,36 @@ def test_every_placement_gives_the_cpus_logits(server, reference, smollm2_path, 
     if mode == "host":
         assert st["loads"] == 0  # nothing crossed the link but activations
         assert all(r["device"] == [] for r in st["placement"])
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(flash_attn=True, kv_type="q8_0"), dict(moe="qwen3moe-8x2-q8_0"), dict(moe="gpt-oss-8x2-mxfp4")],
+    ids=["flash_q8_0", "qwen3moe", "gpt_oss"],
+)
+def test_placed_runs_equal_the_cpu(server, smollm2_path, tmp_path, kw):
+    """A quantized K/V read by flash attention, and mixture-of-experts blocks (on a device that is not host
+    memory a MoE block streams whole, its experts with it): placed on the host, on the device, or switching."""
+    kw, path = dict(kw), smollm2_path
+    if "moe" in kw:
+        variant = kw.pop("moe")
+        fields = synth_gguf.vocab_fields(smollm2_path)
+        path = str(synth(tmp_path / f"{variant}.gguf", fields, **{**VARIANTS[variant], "n_layer": 4}))
+    feeds = [PROMPT[:20], [5], [6], PROMPT[20:36], [7]]
+    with Model(path, **BASE, **kw) as m:
+        ref = [m.eval(f, logits_all=True).copy() for f in feeds]
+    slot = model_layout(path).slot_bytes
+    for mode in ("host", "auto"):
+        with Model(path, **BASE, **kw, devices=[on(server)], device_budget=2 * slot, placement=mode) as m:
+            placer = m.runtime.placer
+            assert placer is not None
+            if mode == "auto":  # a device fast on many rows: prompts go there, decoded rows to the host
+                placer.rates = PlaceRates(host_row=1e12, host_rows=1e6, dev_row=1e10, dev_rows=1e15, link=1e12)
+            out = [m.eval(f, logits_all=True).copy() for f in feeds]
+            st = m.stats()
+        for a, b in zip(out, ref):
+            assert np.array_equal(a, b), (mode, float(np.abs(a - b).max()))
+        assert (st["kv_moved_bytes"] > 0) == (mode == "auto")
 
 
 def test_the_kv_follows_the_blocks_both_ways(server, smollm2_path):

@@ -257,6 +257,7 @@ class ContiguousKV(LanedKV):
         self.on_host: set[int] = set()  # mirrored layers whose host copy is the one written last
         self.mirror_keep: list[Any] = []
         self.moved_bytes = 0
+        self.written = False  # whether any K/V was written yet
         self.storage(0, check=False)
 
     def grow(self, check: bool) -> None:
@@ -340,6 +341,10 @@ class ContiguousKV(LanedKV):
     def place(self, layer: int, host: bool) -> int:
         if layer not in self.mirrored or (layer in self.on_host) == host:
             return 0
+        if not self.written:  # nothing to bring over yet
+            self.on_host ^= {layer}
+            self.bound, self.bound_streams = [], {}
+            return 0
         here = [self.pool[0][layer]] + ([self.pool[1][layer]] if self.pool[1] else [])
         there = [t for t in self.mirrored[layer] if t is not None]
         moved = 0
@@ -405,6 +410,7 @@ class ContiguousKV(LanedKV):
         return ks[il], vs[il] if vs else None
 
     def bind(self, seqs: Sequence[int], streams: bool = False) -> None:
+        self.written = True  # a pass (or a restored sequence) writes what it binds
         slots = [self.storage(s) for s in seqs]
         if streams:
             n = len(seqs)
