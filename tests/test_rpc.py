@@ -52,6 +52,12 @@ class Server:
                     raise
                 time.sleep(0.1)
 
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
@@ -73,11 +79,8 @@ def servers() -> Iterator[list[Server]]:
 
 @pytest.fixture
 def lone_server() -> Iterator[Server]:
-    s = Server()
-    try:
+    with Server() as s:
         yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture(scope="module")
