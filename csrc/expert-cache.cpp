@@ -142,7 +142,7 @@ void expert_cache::start_load(int i, int layer, int expert) {
     st_.bytes_loaded += n;
 }
 
-std::vector<int> expert_cache::map(int layer, const int32_t * ids, size_t n, int32_t * out) {
+std::vector<int> expert_cache::map(int layer, const int32_t * ids, size_t n, int32_t * out, bool held_only) {
     std::vector<int> pinned;
     std::unordered_map<int, int> slot_of;   // expert -> slot, this call
     auto unpin = [&] { for (int i : pinned) slots_[i].pins--; };
@@ -156,6 +156,12 @@ std::vector<int> expert_cache::map(int layer, const int32_t * ids, size_t n, int
                 auto it = where_.find(key(layer, e));
                 const bool hit = it != where_.end();
                 if (hit != (pass == 0)) continue;
+                if (!hit && held_only) {
+                    st_.host_misses++;
+                    count_use(layer, e);
+                    slot_of[e] = -1;
+                    continue;
+                }
                 const int i = hit ? it->second : take_slot();
                 if (i < 0) {
                     throw Error("the expert cache has " + std::to_string(slots_.size()) + " slots, fewer than the " +

@@ -60,6 +60,7 @@ struct expert_cache_stats {
     uint64_t evictions = 0;
     uint64_t bytes_loaded = 0;            // expert bytes (without the widening of direct reads)
     uint64_t direct_loads = 0;            // loads read with O_DIRECT (where the file system allowed it)
+    uint64_t host_misses = 0;             // experts a held_only map() left to the caller (not loaded)
     int n_slots = 0, slots_used = 0;
     size_t slot_size = 0;
 };
@@ -85,7 +86,9 @@ public:
     // call's experts is evicted for another), then all loads are waited for. Returns the pinned slots, one per
     // distinct expert, for release(). Throws Error for an id out of range or when the distinct experts
     // outnumber the slots that can be pinned; rethrows a failed read.
-    std::vector<int> map(int layer, const int32_t * ids, size_t n, int32_t * out);
+    // held_only: the experts not held are not loaded (out[i] = -1, counted as used and in host_misses): the caller
+    // computes them elsewhere.
+    std::vector<int> map(int layer, const int32_t * ids, size_t n, int32_t * out, bool held_only = false);
     void release(const std::vector<int> & slots);
     // Starts loading layer's experts that are not held; returns how many were started (no slot free: fewer).
     int prefetch(int layer, const std::vector<int> & experts);

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import gguf
 import numpy as np
 import pytest
 
 import synth_gguf
 from superggml import Model
 from superggml.commands.analyze import model_layout
-from superggml.runtime.placement import PlaceRates, Placer, bucket, compact
+from superggml.runtime.placement import ExpertPlacer, PlaceRates, Placer, bucket, compact
 from test_multi_device import PROMPT, run_prompt as run  # the prompt's logits, then six greedy tokens'
 from synth_gguf import VARIANTS, synth
 from test_rpc import Server, on
@@ -84,6 +85,38 @@ def test_placed_runs_equal_the_cpu(server, smollm2_path, tmp_path, kw):
         for a, b in zip(out, ref):
             assert np.array_equal(a, b), (mode, float(np.abs(a - b).max()))
         assert (st["kv_moved_bytes"] > 0) == (mode == "auto")
+
+
+@pytest.mark.parametrize("variant", ["qwen3moe-8x2-q8_0", "gpt-oss-8x2-mxfp4", "qwen2moe-shared"])
+def test_experts_the_device_cache_lacks_compute_on_the_host(server, smollm2_path, tmp_path, variant):
+    """An expert cache of a quarter of the experts on the server's device: the experts it holds compute there,
+    the others on the host (host), or loaded where the cost model says loading costs less (auto: here the
+    prompts' experts, routed many rows each, load; a decoded row's compute on the host). Each position's output
+    is computed on one side alone, so the sums are the CPU's bits."""
+    fields = synth_gguf.vocab_fields(smollm2_path)
+    path = str(synth(tmp_path / f"{variant}.gguf", fields, **{**VARIANTS[variant], "n_layer": 4}))
+    cache = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if "_exps" in t.name) // 4
+    prompt = [int(x) for x in np.random.default_rng(4).integers(0, 49152, 40)]
+
+    def run(**kw):
+        with Model(path, ctx_size=128, n_threads=2, n_batch=8, **kw) as m:
+            hx = m.runtime.placement.host_experts
+            if hx is not None and kw.get("placement") == "auto":
+                hx.rates = PlaceRates(host_row=1e12, host_rows=1e6, dev_row=1e10, dev_rows=1e15, link=1e12)
+            out = [m.eval(prompt, logits_all=True).copy()] + [m.eval([t]).copy() for t in (5, 6, 7, 8, 9)]
+            return np.concatenate(out), m.stats(), hx
+
+    ref, _, _ = run()
+    for mode in ("device", "host", "auto"):
+        got, st, hx = run(devices=[on(server)], expert_cache=cache, placement=mode)
+        assert np.array_equal(got, ref), (mode, float(np.abs(got - ref).max()))
+        assert (hx is None) == (mode == "device")
+        if mode == "device":
+            assert st["expert_misses"] > 0 and st["expert_host_misses"] == 0
+        elif mode == "host":
+            assert st["expert_misses"] == 0 and st["expert_host_misses"] > 0 and hx.loaded == 0
+        else:
+            assert st["expert_host_misses"] > 0 and hx.loaded > 0 and hx.hosted > 0  # loads go as prefetches
 
 
 def test_the_kv_follows_the_blocks_both_ways(server, smollm2_path):
@@ -186,6 +219,14 @@ def test_measured_steps_refine_the_choice():
     p.settle(1)
     assert p.factor[1] == pytest.approx(10, rel=0.01)
     assert len(p.choose(1, 1).hosted) < 24  # now a copy overlaps the host's compute of the others (1.2 s)
+
+
+def test_a_missed_expert_loads_where_that_costs_less_than_the_host():
+    """A 2 MB expert over a 10 GB/s link (200 us) against a host of 20 GB/s a row and 400 GB x rows/s: one or two
+    rows compute on the host (100 and 105 us), 64 rows load (the host would take 415 us)."""
+    x = ExpertPlacer("auto", rates(link=10e9), 2_000_000, 1)
+    assert x.loads({3: 1, 5: 64, 7: 2}) == [5] and (x.loaded, x.hosted) == (1, 2)
+    assert ExpertPlacer("host", rates(), 2_000_000, 1).loads({5: 64}) == []
 
 
 def test_size_classes_and_compact_ranges():

@@ -14,6 +14,7 @@ py::dict to_dict(const expert_cache_stats & s) {
     py::dict d;
     d["expert_hits"] = s.hits; d["expert_misses"] = s.misses; d["expert_prefetches"] = s.prefetches;
     d["expert_prefetch_hits"] = s.prefetch_hits; d["expert_evictions"] = s.evictions;
+    d["expert_host_misses"] = s.host_misses;
     d["expert_bytes_loaded"] = s.bytes_loaded; d["expert_slots"] = s.n_slots; d["expert_slots_used"] = s.slots_used;
     d["expert_slot_size"] = s.slot_size; d["expert_direct_loads"] = s.direct_loads;
     return d;
@@ -43,16 +44,18 @@ void init_expert_cache(py::module_ & m) {
             c.set_layer(layer, n_expert, ps);
         }, py::arg("layer"), py::arg("n_expert"), py::arg("parts"),
            "parts: (file_offset, stride, size, slot_offset) per matrix of an expert")
-        .def("map", [](expert_cache & c, int layer, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+        .def("map", [](expert_cache & c, int layer, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids,
+                       bool held_only) {
             py::array_t<int32_t> out(ids.request().shape);
             std::vector<int> pinned;
             {
                 py::gil_scoped_release nogil;
-                pinned = c.map(layer, ids.data(), (size_t) ids.size(), out.mutable_data());
+                pinned = c.map(layer, ids.data(), (size_t) ids.size(), out.mutable_data(), held_only);
             }
             return py::make_tuple(out, pinned);
-        }, py::arg("layer"), py::arg("ids"),
-           "(slots of ids, same shape; the pinned slots for release): each distinct expert loaded and waited for")
+        }, py::arg("layer"), py::arg("ids"), py::arg("held_only") = false,
+           "(slots of ids, same shape; the pinned slots for release): each distinct expert loaded and waited for "
+           "(held_only: those not held are not loaded, their slots -1)")
         .def("release", &expert_cache::release, py::arg("slots"))
         .def("prefetch", &expert_cache::prefetch, py::arg("layer"), py::arg("experts"),
              "Starts loading the experts not held; returns how many it started.")

@@ -8,6 +8,7 @@ family's moe_* attributes). A shared expert is added (qwen2moe's behind a sigmoi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
 import numpy as np
@@ -215,7 +216,38 @@ def build_experts(
     """The routed experts' gated FFNs, weighted and summed: cur F32 [n_embd, n], ids I32 [k, n] (indices into
     the expert tensors' third dimension: experts, or expert cache slots), experts_ids I32 [k, n] (the experts
     themselves, for their biases), weights F32 [1, k, n] -> F32 [n_embd, n]."""
-    n_embd, n, k = cur.ne[0], cur.ne[1], arch.hp.n_expert_used
+    return sum_experts(
+        ctx, build_expert_outputs(arch, ctx, w, p, cur, ids, experts_ids, weights, gate_exps, up_exps, down_exps)
+    )
+
+
+def sum_experts(ctx: Context, experts: Tensor) -> Tensor:
+    """The weighted outputs F32 [n_embd, k, n] of build_expert_outputs summed in order: F32 [n_embd, n]."""
+    n_embd, k, n = experts.ne[0], experts.ne[1], experts.ne[2]
+    out: Tensor | None = None
+    for i in range(k):  # the chosen experts' outputs, summed in order
+        view = ctx.view(experts, [n_embd, n], [experts.nb[2]], i * experts.nb[1])
+        out = view if out is None else ctx.add(out, view)
+    assert out is not None
+    return ctx.cont(out) if k == 1 else out
+
+
+def build_expert_outputs(
+    arch: Architecture,
+    ctx: Context,
+    w: Weights,
+    p: str,
+    cur: Tensor,
+    ids: Tensor,
+    experts_ids: Tensor,
+    weights: Tensor,
+    gate_exps: Tensor,
+    up_exps: Tensor,
+    down_exps: Tensor,
+) -> Tensor:
+    """Each routed expert's gated FFN, weighted (build_experts before the sum): F32 [n_embd, k, n]. Each of the k x n
+    outputs is computed on its own, so experts computed apart (on two devices) add up to the same bits."""
+    n_embd, n = cur.ne[0], cur.ne[1]
     x = ctx.reshape(cur, [n_embd, 1, n])
     up = ctx.mul_mat_id(up_exps, x, ids)  # F32 [n_ff_exp, k, n]
     if arch.moe_biases:
@@ -231,13 +263,7 @@ def build_experts(
     experts = ctx.mul_mat_id(down_exps, act, ids)  # F32 [n_embd, k, n]
     if arch.moe_biases:
         experts = ctx.add_id(experts, w(p + "ffn_down_exps.bias"), experts_ids)
-    experts = ctx.mul(experts, weights)
-    out: Tensor | None = None
-    for i in range(k):  # the chosen experts' outputs, summed in order
-        view = ctx.view(experts, [n_embd, n], [experts.nb[2]], i * experts.nb[1])
-        out = view if out is None else ctx.add(out, view)
-    assert out is not None
-    return ctx.cont(out) if k == 1 else out
+    return ctx.mul(experts, weights)
 
 
 def build_shared_expert(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor, out: Tensor) -> Tensor:
@@ -261,6 +287,48 @@ def build_shared_expert_only(arch: Architecture, ctx: Context, w: Weights, p: st
     g = ctx.mul_mat(w(p + "ffn_gate_inp_shexp.weight"), cur)  # F32 [1, n]
     gate_s = ctx.sigmoid(g) if arch.shexp_sigmoid else ctx.div(ctx.silu(g), g)  # as each llama.cpp graph writes it
     return ctx.mul(shared, gate_s)
+
+
+@dataclass
+class HostExperts:
+    """A row chunk's experts that the device's cache lacks, computed on the host: its graph reads cur_h (F32
+    [n_embd, n]), ids_h (I32 [k, n], the experts), w_h (F32 [1, k, n], the router's weights, 0 where the device
+    computes) and writes out_h (F32 [n_embd, k, n]), copied to part_d, which the device's experts graph adds to
+    its own outputs (weighted by w_d: 0 where the host computes) before the sum."""
+
+    graph: Any
+    cur_h: Tensor
+    ids_h: Tensor
+    w_h: Tensor
+    out_h: Tensor
+    w_d: Tensor
+    part_d: Tensor
+
+
+def host_experts(plan: Any, arch: Architecture, w: Weights, il: int, n: int, host: int) -> HostExperts:
+    """The host's graph and the buffers of a chunk of n rows of block il's experts (build_paged_block)."""
+    hp, k, f32 = arch.hp, arch.hp.n_expert_used, native.GGMLType.F32
+    ex = plan.ex
+    hctx, dctx = native.Context(max_tensors=4), native.Context(max_tensors=2)
+    cur_h = hctx.new_tensor(f32, [hp.n_embd, n])
+    ids_h = hctx.new_tensor(native.GGMLType.I32, [k, n])
+    w_h = hctx.new_tensor(f32, [1, k, n])
+    out_h = hctx.new_tensor(f32, [hp.n_embd, k, n])
+    w_d = dctx.new_tensor(f32, [1, k, n])
+    part_d = dctx.new_tensor(f32, [hp.n_embd, k, n])
+    plan.keep += [hctx, dctx, ex.backends[host].alloc_tensors(hctx), ex.backends[0].alloc_tensors(dctx)]
+    size = 64 + 16 * k
+    ctx = native.Context(max_tensors=size, graph_size=size)
+    gf = ctx.new_graph()
+    device, w.device = w.device, host  # the weights as the host holds them (the file mapping)
+    try:
+        names = arch.expert_tensors(il)
+        out = build_expert_outputs(arch, ctx, w, f"blk.{il}.", cur_h, ids_h, ids_h, w_h, *(w(x) for x in names))
+    finally:
+        w.device = device
+    gf.expand(ctx.cpy(out, out_h))
+    plan.keep.append(ctx)
+    return HostExperts(gf, cur_h, ids_h, w_h, out_h, w_d, part_d)
 
 
 def build_paged_block(
@@ -314,6 +382,7 @@ def build_paged_block(
         ids = ictx.new_tensor(native.GGMLType.I32, [k, n])
         ids.name = f"inp_expert_slots_l{il}_r{r0}"
         plan.keep += [ictx, placement.backends[0].alloc_tensors(ictx)]
+        hx = None if placement.host_experts is None else host_experts(plan, arch, w, il, n, placement.host_experts.host)
 
         def experts(
             ctx: Context,
@@ -324,8 +393,9 @@ def build_paged_block(
             r0: int = r0,
             n: int = n,
             ids: Tensor = ids,
+            hx: HostExperts | None = hx,
         ) -> Tensor:
-            out = build_experts(
+            outs = build_expert_outputs(
                 arch,
                 ctx,
                 w,
@@ -333,9 +403,10 @@ def build_paged_block(
                 rows_of(ctx, sc.cur, r0, n),
                 ids,
                 rows_of(ctx, sc.sel, r0, n),
-                weights_of(ctx, r0, n),
+                weights_of(ctx, r0, n) if hx is None else hx.w_d,
                 *placement.experts.views[il],
             )
+            out = sum_experts(ctx, outs if hx is None else ctx.add(outs, hx.part_d))
             if sc.shared is not None:
                 out = ctx.add(out, rows_of(ctx, sc.shared, r0, n))
             return ctx.cpy(arch.build_ffn_out(ctx, w, p, out, rows_of(ctx, sc.inp, r0, n)), rows_of(ctx, act, r0, n))
@@ -353,4 +424,5 @@ def build_paged_block(
             expert_ids=ids,
             expert_row0=r0,
             expert_ahead=ahead,
+            host_experts=hx,
         )

@@ -24,7 +24,7 @@ from .graph import LaneRows, GraphPlan, Step, lane_rows, padded_kv
 from .memory import MAX_LANES, SequenceMemory, attn_rot_size, check_latent_types, hadamard
 from .recurrent import sequence_memory
 from .pagers import Block, HeadChunk, WeightPager
-from .placement import Placer, measure_place_rates
+from .placement import ExpertPlacer, Placer, measure_place_rates
 from .memory_plan import kv_bytes
 from .resolve import Resolved, resolve
 from .sequences import SequenceState, Sequences
@@ -146,6 +146,8 @@ class Executor:
         their tensors get copies on the host device, bound to the file mapping, and their K/V a host copy."""
         pl, p = self.placement, self.settings.paging
         pager = pl.pagers[0]
+        if pl.experts is not None and not self.backends[0].is_host and p.placement != "device":
+            self.start_host_experts()
         if not (pl.paged and self.n_split == 1 and not self.backends[0].is_host and isinstance(pager, WeightPager)):
             return
         why = (
@@ -164,13 +166,67 @@ class Executor:
         if why:
             self.placer_note = f"streamed blocks compute on {self.backends[0].name} ({why})"
             return
-        pl.host_copies(blocks, self.embed_dev)
+        pl.host_copies([n for il in blocks for n in pl.block_tensors(il)], self.embed_dev)
         sizes = [int(core.layer_bytes(pager.index(Block(il)))) for il in blocks]
         head = sum(int(core.layer_bytes(pager.index(HeadChunk(c)))) for c in range(len(pl.head_chunks)))
         rates = measure_place_rates(
             self.backends[self.embed_dev].device_name, self.backends[0].device_name, self.settings.context.threads
         )
         self.placer = Placer(p.placement, blocks, sizes, head, self.hp.n_layer, self.hp.n_embd, rates)
+
+    def start_host_experts(self) -> None:
+        """The experts the device's expert cache lacks compute on the host where that costs less than loading
+        them (placement.ExpertPlacer): the host gets copies of the expert tensors (and their biases) bound to the
+        file mapping."""
+        pl, host = self.placement, self.embed_dev
+        assert pl.experts is not None
+        names = [
+            n
+            for il in range(self.hp.n_layer)
+            if self.arch.is_moe(il)
+            for n in self.arch.expert_tensors(il)
+            + [f"blk.{il}.ffn_{x}_exps.bias" for x in ("gate", "up", "down") if self.arch.moe_biases]
+        ]
+        pl.host_copies(names, host)
+        rates = measure_place_rates(
+            self.backends[host].device_name, self.backends[0].device_name, self.settings.context.threads
+        )
+        pl.host_experts = ExpertPlacer(self.settings.paging.placement, rates, pl.experts.expert_bytes, host)
+
+    def split_experts(self, step: Step, il: int, sel: np.ndarray) -> None:
+        """A row chunk's routed experts (sel, I32 [rows * k]): those the cache holds (or loads, where the placer
+        says loading costs less) compute on the device, the others on the host first (step.host_experts), each
+        position's output on one side and 0 on the other, so their sum is the device's alone."""
+        pl, hx, k = self.placement, step.host_experts, self.hp.n_expert_used
+        assert pl.experts is not None and pl.moe is not None and pl.host_experts is not None
+        ids = sel.reshape(-1, k)
+        rows, r0 = ids.shape[0], step.expert_row0
+        missed = {int(e) for e in np.unique(ids) if not pl.experts.core.holds(il, int(e))}
+        if missed:
+            per = {e: int((ids == e).any(axis=1).sum()) for e in missed}
+            pl.experts.load(il, pl.host_experts.loads(per))
+        slots = np.asarray(pl.experts.map(il, sel, held_only=True)).reshape(rows, k)
+        weights = tensor_array(pl.moe.w).reshape(-1)[r0 * k : (r0 + rows) * k].reshape(rows, k)
+        host = slots < 0
+        held = ~host
+
+        def fill(values: np.ndarray, use: np.ndarray, fallback: int) -> np.ndarray:
+            """values where `use`, else the row's first value used (else `fallback`): ids that exist, weight 0."""
+            first = np.where(use.any(axis=1), values[np.arange(rows), use.argmax(axis=1)], fallback)
+            return np.where(use, values, first[:, None]).astype(np.int32)
+
+        native.tensor_set(step.expert_ids, fill(slots, held, int(slots[held][0]) if held.any() else 0))
+        native.tensor_set(hx.w_d, np.where(held, weights, 0).astype(np.float32))
+        if not host.any():
+            native.tensor_set(hx.part_d, np.zeros((rows, k, self.hp.n_embd), np.float32))
+            return
+        native.tensor_set(hx.ids_h, fill(ids, host, int(ids[host][0])))
+        native.tensor_set(hx.w_h, np.where(host, weights, 0).astype(np.float32))
+        cx = native.Context(max_tensors=1)
+        cur = pl.moe.cur
+        native.tensor_copy(cx.view(cur, [self.hp.n_embd, rows], [cur.nb[1]], r0 * cur.nb[1]), hx.cur_h)
+        self.backends[pl.host_experts.host].compute(hx.graph)
+        native.tensor_copy(hx.out_h, hx.part_d)
 
     def arrange(self, hosted: tuple[tuple[int, ...], bool]) -> None:
         """Before a pass placed so (GraphPlan's `hosted`): the K/V of each streamed block where it computes, and
@@ -423,7 +479,10 @@ class Executor:
             k, il, r0 = self.hp.n_expert_used, step.experts, step.expert_row0
             rows = step.expert_ids.ne[1]
             sel = tensor_array(pl.moe.sel).reshape(-1)[r0 * k : (r0 + rows) * k]
-            native.tensor_set(step.expert_ids, pl.experts.map(il, sel))
+            if step.host_experts is None:
+                native.tensor_set(step.expert_ids, pl.experts.map(il, sel))
+            else:
+                self.split_experts(step, il, sel)
             if step.expert_ahead:  # the next block's first chunk loads while this computes
                 assert pl.moe.guess is not None  # the router's lookahead is what gives a step expert_ahead
                 pl.experts.lookahead(il + 1, tensor_array(pl.moe.guess).reshape(-1)[: step.expert_ahead * k])

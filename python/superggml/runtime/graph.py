@@ -51,6 +51,7 @@ class Step:
     expert_ids: Any = None  # I32 [k, rows]: the routed experts as cache slots (filled before it runs)
     expert_row0: int = 0  # the first of the pass's rows it computes (a pass splits into row chunks)
     expert_ahead: int = 0  # rows whose lookahead guess it starts loading once mapped (0: none)
+    host_experts: Any = None  # the experts the cache lacks, computed on the host first (moe.HostExperts)
     span: tuple[int, ...] = ()  # a segment: the blocks it computes (their groups are waited for)
     keys: tuple[Key, ...] = ()  # a segment's pinned paged blocks (acquired around it)
 

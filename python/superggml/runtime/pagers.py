@@ -245,8 +245,9 @@ class ExpertPager:
         """Bytes of one slot: the largest layer's expert, its matrices aligned (to whole blocks if direct)."""
         return expert_slot_size(ExpertPager.layout(store, arch, direct=direct), direct)
 
-    def map(self, layer: int, ids: Any) -> Any:
-        """The slots of the experts `ids` (I32 [k, n]) of `layer`, loaded and pinned until release()."""
+    def map(self, layer: int, ids: Any, held_only: bool = False) -> Any:
+        """The slots of the experts `ids` (I32 [k, n]) of `layer`, loaded and pinned until release() (held_only:
+        those not held are not loaded, their slots -1)."""
         guess = self._guess.pop(layer, None)
         if guess is not None:  # how good the lookahead was for this layer
             routed = {int(e) for e in ids}
@@ -254,15 +255,19 @@ class ExpertPager:
             self.routed += len(routed)
             self.guessed_right += len(guess & routed)
         if self.trace is None:
-            slots, pinned = self.core.map(layer, ids)
+            slots, pinned = self.core.map(layer, ids, held_only)
         else:  # the request, and the misses it cost
             self.trace.requests.append((layer, tuple(int(e) for e in ids)))
             missed = int(self.core.stats()["expert_misses"])
-            slots, pinned = self.core.map(layer, ids)
+            slots, pinned = self.core.map(layer, ids, held_only)
             missed = int(self.core.stats()["expert_misses"]) - missed
             self.trace.loads[layer] = self.trace.loads.get(layer, 0) + missed
         self._pinned += pinned
         return slots
+
+    def load(self, layer: int, experts: Sequence[int]) -> int:
+        """Starts loading `experts` of `layer` (a map() waits for them); returns how many it started."""
+        return int(self.core.prefetch(layer, sorted(experts))) if experts else 0
 
     def record_routing(self, on: bool) -> RoutingTrace | None:
         """Starts recording a new trace (on) or stops; returns the trace recorded until now."""

@@ -207,6 +207,32 @@ class Placer:
         return out
 
 
+@dataclass
+class ExpertPlacer:
+    """Where the experts a pass routes to and the device's expert cache lacks compute: loaded into the cache
+    (copied over the link) or on the host device `host` from the file mapping, by the cost model for the rows
+    routed to each (mode "auto"), or always on the host ("host"). The cache's experts compute on the device."""
+
+    mode: str
+    rates: PlaceRates
+    expert_bytes: int
+    host: int
+    loaded: int = 0  # misses loaded, and computed on the host
+    hosted: int = 0
+
+    def loads(self, rows: dict[int, int]) -> list[int]:
+        """Of the missed experts (expert -> rows routed to it in this pass), those cheaper to load."""
+        e, r = self.expert_bytes, self.rates
+        out = (
+            []
+            if self.mode == "host"
+            else [x for x, n in rows.items() if e / r.link + r.compute(e, n, False) < r.compute(e, n, True)]
+        )
+        self.loaded += len(out)
+        self.hosted += len(rows) - len(out)
+        return out
+
+
 def compact(blocks: Sequence[int]) -> str:
     """Block numbers as ranges: [3-7, 9]."""
     runs: list[list[int]] = []

@@ -85,6 +85,7 @@ class WeightPlacement:
         self.loader: Any = None  # background load of resident weights (start_loading)
         self.pagers: list[WeightPager | NullPager] = [NullPager() for _ in self.backends]  # per device
         self.experts: ExpertPager | None = None  # experts paged one by one (expert_cache)
+        self.host_experts: Any = None  # placement.ExpertPlacer: missed experts computed on the host
         self.expert_rows = 0
         self.moe: MoEScratch | None = None
         self.scheduler: LayerScheduler | None = None
@@ -102,8 +103,8 @@ class WeightPlacement:
         self.experts_paged = pg.expert_cache is not None or (
             self.hp.n_expert > 0 and pg.budget_bytes is not None and self.n_split == 1 and self.backends[0].is_host
         )
-        if self.experts_paged and (self.n_split > 1 or not self.backends[0].is_host):
-            raise ValueError("paged experts run on one host device for now, not a multi-device split or an RPC device")
+        if self.experts_paged and self.n_split > 1:
+            raise ValueError("paged experts run on one device for now, not a multi-device split")
         self.remote = self.plan_copies()
         if load and not self.paged:
             self.start_loading(self.settings.context.repack, devices.embed_dev)
@@ -169,10 +170,10 @@ class WeightPlacement:
             remote[d] = own + list(copies.values())
         return remote
 
-    def host_copies(self, blocks: list[int], host: int) -> None:
-        """Copies of the tensors of `blocks` bound to the file mapping, for the graphs the host device `host`
-        computes them in (per-pass placement): the originals stay bound to the device's slots."""
-        copies = {n: self.store.add_copy(n, "host") for il in blocks for n in self.block_tensors(il)}
+    def host_copies(self, names: list[str], host: int) -> None:
+        """Copies of the tensors `names` bound to the file mapping, for the graphs the host device `host` computes
+        them in (per-pass placement): the originals stay bound to the device's slots or buffers."""
+        copies = {n: self.store.add_copy(n, "host") for n in names}
         self.store.bind_mmap(list(copies.values()))
         self.view.copies.setdefault(host, {}).update(copies)
 
