@@ -305,10 +305,11 @@ class HostExperts:
     part_d: Tensor
 
 
-def host_experts(plan: Any, arch: Architecture, w: Weights, il: int, n: int, host: int) -> HostExperts:
+def host_experts(plan: Any, arch: Architecture, il: int, n: int, host: int) -> HostExperts:
     """The host's graph and the buffers of a chunk of n rows of block il's experts (build_paged_block)."""
     hp, k, f32 = arch.hp, arch.hp.n_expert_used, native.GGMLType.F32
     ex = plan.ex
+    w = ex.weights  # runtime.weights.WeightView: the weights as the device being built for holds them
     hctx, dctx = native.Context(max_tensors=4), native.Context(max_tensors=2)
     cur_h = hctx.new_tensor(f32, [hp.n_embd, n])
     ids_h = hctx.new_tensor(native.GGMLType.I32, [k, n])
@@ -322,7 +323,7 @@ def host_experts(plan: Any, arch: Architecture, w: Weights, il: int, n: int, hos
     gf = ctx.new_graph()
     device, w.device = w.device, host  # the weights as the host holds them (the file mapping)
     try:
-        names = arch.expert_tensors(il)
+        names = ex.arch.expert_tensors(il)
         out = build_expert_outputs(arch, ctx, w, f"blk.{il}.", cur_h, ids_h, ids_h, w_h, *(w(x) for x in names))
     finally:
         w.device = device
@@ -382,7 +383,7 @@ def build_paged_block(
         ids = ictx.new_tensor(native.GGMLType.I32, [k, n])
         ids.name = f"inp_expert_slots_l{il}_r{r0}"
         plan.keep += [ictx, placement.backends[0].alloc_tensors(ictx)]
-        hx = None if placement.host_experts is None else host_experts(plan, arch, w, il, n, placement.host_experts.host)
+        hx = None if placement.host_experts is None else host_experts(plan, arch, il, n, placement.host_experts.host)
 
         def experts(
             ctx: Context,
