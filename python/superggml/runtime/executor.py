@@ -23,8 +23,8 @@ from .arrays import tensor_array
 from .graph import LaneRows, GraphPlan, Step, lane_rows, padded_kv
 from .memory import MAX_LANES, SequenceMemory, attn_rot_size, check_latent_types, hadamard
 from .recurrent import sequence_memory
-from .pagers import Block, HeadChunk, WeightPager
-from .placement import ExpertPlacer, Placer, measure_place_rates
+from .pagers import WeightPager
+from .placement import Placements, Placer
 from .memory_plan import kv_bytes
 from .resolve import Resolved, resolve
 from .sequences import SequenceState, Sequences
@@ -137,111 +137,17 @@ class Executor:
         except BaseException:
             self.placement.close()  # the loader's threads must stop before the caller unmaps the file
             raise
-        self.placer: Placer | None = None
-        self.placer_note = ""  # why the streamed blocks do not switch, where that is the question
-        self.start_placement()
+        self.placements = Placements(self)  # where streamed blocks and missed experts compute, pass by pass
 
-    def start_placement(self) -> None:
-        """Per-pass placement (runtime/placement.py) where blocks stream to one device that is not host memory:
-        their tensors get copies on the host device, bound to the file mapping, and their K/V a host copy."""
-        pl, p = self.placement, self.settings.paging
-        pager = pl.pagers[0]
-        if pl.experts is not None and not self.backends[0].is_host and p.placement != "device":
-            self.start_host_experts()
-        if not (pl.paged and self.n_split == 1 and not self.backends[0].is_host and isinstance(pager, WeightPager)):
-            return
-        why = (
-            "placement=device"
-            if p.placement == "device"
-            else "dynamic_layers moves the pinned blocks"
-            if pl.scheduler is not None
-            else ""
-        )
-        core = pager.core
-        blocks = [k.b for i, k in enumerate(pager.keys) if isinstance(k, Block) and not core.pinned(i)]
-        if not why and not blocks:
-            why = "every block is pinned on the device"
-        if not why and not self.memory.mirror(blocks, self.backends[self.embed_dev]):
-            why = "the sequence memory (paged_kv, recurrent states) stays on the device"
-        if why:
-            self.placer_note = f"streamed blocks compute on {self.backends[0].name} ({why})"
-            return
-        pl.host_copies([n for il in blocks for n in pl.block_tensors(il)], self.embed_dev)
-        sizes = [int(core.layer_bytes(pager.index(Block(il)))) for il in blocks]
-        head = sum(int(core.layer_bytes(pager.index(HeadChunk(c)))) for c in range(len(pl.head_chunks)))
-        rates = measure_place_rates(
-            self.backends[self.embed_dev].device_name, self.backends[0].device_name, self.settings.context.threads
-        )
-        self.placer = Placer(p.placement, blocks, sizes, head, self.hp.n_layer, self.hp.n_embd, rates)
+    @property
+    def placer(self) -> Placer | None:
+        """The streamed blocks' placement (None where they do not switch)."""
+        return self.placements.placer
 
-    def start_host_experts(self) -> None:
-        """The experts the device's expert cache lacks compute on the host where that costs less than loading
-        them (placement.ExpertPlacer): the host gets copies of the expert tensors (and their biases) bound to the
-        file mapping."""
-        pl, host = self.placement, self.embed_dev
-        assert pl.experts is not None
-        names = [
-            n
-            for il in range(self.hp.n_layer)
-            if self.arch.is_moe(il)
-            for n in self.arch.expert_tensors(il)
-            + [f"blk.{il}.ffn_{x}_exps.bias" for x in ("gate", "up", "down") if self.arch.moe_biases]
-        ]
-        pl.host_copies(names, host)
-        rates = measure_place_rates(
-            self.backends[host].device_name, self.backends[0].device_name, self.settings.context.threads
-        )
-        pl.host_experts = ExpertPlacer(self.settings.paging.placement, rates, pl.experts.expert_bytes, host)
-
-    def split_experts(self, step: Step, il: int, sel: np.ndarray) -> None:
-        """A row chunk's routed experts (sel, I32 [rows * k]): those the cache holds (or loads, where the placer
-        says loading costs less) compute on the device, the others on the host first (step.host_experts), each
-        position's output on one side and 0 on the other, so their sum is the device's alone."""
-        pl, hx, k = self.placement, step.host_experts, self.hp.n_expert_used
-        assert pl.experts is not None and pl.moe is not None and pl.host_experts is not None
-        ids = sel.reshape(-1, k)
-        rows, r0 = ids.shape[0], step.expert_row0
-        missed = {int(e) for e in np.unique(ids) if not pl.experts.core.holds(il, int(e))}
-        if missed:
-            per = {e: int((ids == e).any(axis=1).sum()) for e in missed}
-            pl.experts.load(il, pl.host_experts.loads(per))
-        slots = np.asarray(pl.experts.map(il, sel, held_only=True)).reshape(rows, k)
-        weights = tensor_array(pl.moe.w).reshape(-1)[r0 * k : (r0 + rows) * k].reshape(rows, k)
-        host = slots < 0
-        held = ~host
-
-        def fill(values: np.ndarray, use: np.ndarray, fallback: int) -> np.ndarray:
-            """values where `use`, else the row's first value used (else `fallback`): ids that exist, weight 0."""
-            first = np.where(use.any(axis=1), values[np.arange(rows), use.argmax(axis=1)], fallback)
-            return np.where(use, values, first[:, None]).astype(np.int32)
-
-        native.tensor_set(step.expert_ids, fill(slots, held, int(slots[held][0]) if held.any() else 0))
-        native.tensor_set(hx.w_d, np.where(held, weights, 0).astype(np.float32))
-        if not host.any():
-            native.tensor_set(hx.part_d, np.zeros((rows, k, self.hp.n_embd), np.float32))
-            return
-        native.tensor_set(hx.ids_h, fill(ids, host, int(ids[host][0])))
-        native.tensor_set(hx.w_h, np.where(host, weights, 0).astype(np.float32))
-        cx = native.Context(max_tensors=1)
-        cur = pl.moe.cur
-        native.tensor_copy(cx.view(cur, [self.hp.n_embd, rows], [cur.nb[1]], r0 * cur.nb[1]), hx.cur_h)
-        self.backends[pl.host_experts.host].compute(hx.graph)
-        native.tensor_copy(hx.out_h, hx.part_d)
-
-    def arrange(self, hosted: tuple[tuple[int, ...], bool]) -> None:
-        """Before a pass placed so (GraphPlan's `hosted`): the K/V of each streamed block where it computes, and
-        the device's pager prefetching only what the pass computes there."""
-        if self.placer is None:
-            return
-        on_host = set(hosted[0])
-        for il in self.placer.blocks:
-            self.memory.place(il, il in on_host)
-        pager = self.placement.pagers[0]
-        assert isinstance(pager, WeightPager)  # start_placement's condition
-        skip = {pager.index(Block(il)) for il in on_host}
-        if hosted[1]:
-            skip |= {pager.index(HeadChunk(c)) for c in range(len(self.placement.head_chunks))}
-        pager.skip = frozenset(skip)
+    @property
+    def placer_note(self) -> str:
+        """Why the streamed blocks do not switch, where that is the question."""
+        return self.placements.note
 
     @classmethod
     def start(cls, arch: Architecture | MtpArch, store: Any, settings: Settings, *, load: bool = True) -> "Executor":
@@ -384,8 +290,7 @@ class Executor:
             shapes = [(x, n_kv) for x, _ in shapes]
         rows = [self.lane_rows(p0, x, k) for p0, (x, k) in zip(starts, shapes)]
         lanes = tuple(shapes) if len(items) > 1 and not streams else None
-        choice = self.placer.choose(n, len(out_rows)) if self.placer is not None else None
-        hosted = (choice.hosted, choice.head_host) if choice is not None else ((), False)
+        hosted = self.placements.choose(n, len(out_rows))
         plan = self.plan(
             n,
             0 if lanes else shapes[0][1],
@@ -396,7 +301,7 @@ class Executor:
             chain=bool(lanes) and len(set(ids)) == 1,
             hosted=hosted,
         )
-        self.arrange(hosted)
+        self.placements.arrange(hosted)
         plan.fill(np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items]), rows, out_rows, hidden)
         self.memory.bind(ids, streams=bool(streams))
         self.n_passes += 1
@@ -452,7 +357,7 @@ class Executor:
                 if rec is not None:
                     rec.append(self.timing(i, step, t0, tc))
                 if self.placer is not None:
-                    self.observe(step, n, tc)
+                    self.placements.observe(step, n, tc)
         finally:
             self.streams.synchronize()  # the host reads the logits next
         if self.placer is not None:
@@ -482,7 +387,7 @@ class Executor:
             if step.host_experts is None:
                 native.tensor_set(step.expert_ids, pl.experts.map(il, sel))
             else:
-                self.split_experts(step, il, sel)
+                self.placements.split_experts(step, il, sel)
             if step.expert_ahead:  # the next block's first chunk loads while this computes
                 assert pl.moe.guess is not None  # the router's lookahead is what gives a step expert_ahead
                 pl.experts.lookahead(il + 1, tensor_array(pl.moe.guess).reshape(-1)[: step.expert_ahead * k])
@@ -509,17 +414,6 @@ class Executor:
                     assert pl.experts is not None
                     pl.experts.release()
         return dev, tc
-
-    def observe(self, step: Step, n: int, tc: float) -> None:
-        """A host step's compute time over streamed blocks, to the placer."""
-        placer = self.placer
-        assert placer is not None
-        if step.kind != "block" or step.dev != self.embed_dev:
-            return
-        size = dict(zip(placer.blocks, placer.sizes))
-        blocks = [b for b in (step.span or (step.group,)) if b in size]
-        if blocks:
-            placer.observe(n, sum(size[b] for b in blocks), time.time() - tc)
 
     def before_pass(self, n: int) -> None:
         pl = self.placement
@@ -682,7 +576,7 @@ def time_blocks(ex: Executor, blocks: Sequence[int], *, repeats: int = 3) -> dic
         raise ValueError(f"blocks are in 0..{ex.hp.n_layer - 1}")
     n_kv = padded_kv(p0, 1, c.ctx_size)
     plan = ex.plan(1, n_kv, 1, merge=False)
-    ex.arrange(((), False))  # every block on its device
+    ex.placements.arrange(((), False))  # every block on its device
     plan.fill(np.zeros(1, dtype=np.int32), [ex.lane_rows(p0, 1, n_kv)], [0])
     ex.memory.bind([seq.id])
     ex.before_pass(1)  # the threads a decoded token computes with

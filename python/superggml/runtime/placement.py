@@ -20,12 +20,19 @@ so its steps are not timed one by one). The link's rate is the probe's.
 
 from __future__ import annotations
 
+import time
+import types
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
+
 from .. import native
 from ..devices import transfer_rate
+from .arrays import tensor_array
 from .devices import PROBE_ROWS, measure_speed
+from .graph import Step
+from .pagers import Block, HeadChunk, WeightPager
 
 ROWS_PROBE = 64  # rows of the many-rows probe
 LINK_PROBE = 16 << 20  # bytes of the link probe (the best of 2 copies)
@@ -242,3 +249,142 @@ def compact(blocks: Sequence[int]) -> str:
         else:
             runs.append([b])
     return "[" + ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs) + "]"
+
+
+class Placements:
+    """Per-pass placement in one executor (`ex`): set up at load (start), applied before each pass (arrange),
+    told the host's step times (observe), and splitting the routed experts of a device's expert cache
+    (split_experts). `placer`: the streamed blocks' Placer, None where they do not switch (`note` says why)."""
+
+    def __init__(self, ex: Any):
+        # what it reads of the executor, not the executor: a cycle would keep a closed model's devices open
+        names = ("placement", "settings", "backends", "n_split", "memory", "embed_dev", "hp", "arch")
+        self.ex = types.SimpleNamespace(**{n: getattr(ex, n) for n in names})
+        self.placer: Placer | None = None
+        self.note = ""
+        self.start()
+
+    def choose(self, n: int, n_out: int) -> tuple[tuple[int, ...], bool]:
+        """The hosted blocks and whether the head is hosted, for a pass of n rows (GraphPlan's `hosted`)."""
+        if self.placer is None:
+            return (), False
+        c = self.placer.choose(n, n_out)
+        return c.hosted, c.head_host
+
+    def start(self) -> None:
+        """Per-pass placement (runtime/placement.py) where blocks stream to one device that is not host memory:
+        their tensors get copies on the host device, bound to the file mapping, and their K/V a host copy."""
+        ex = self.ex
+        pl, p = ex.placement, ex.settings.paging
+        pager = pl.pagers[0]
+        if pl.experts is not None and not ex.backends[0].is_host and p.placement != "device":
+            self.start_host_experts()
+        if not (pl.paged and ex.n_split == 1 and not ex.backends[0].is_host and isinstance(pager, WeightPager)):
+            return
+        why = (
+            "placement=device"
+            if p.placement == "device"
+            else "dynamic_layers moves the pinned blocks"
+            if pl.scheduler is not None
+            else ""
+        )
+        core = pager.core
+        blocks = [k.b for i, k in enumerate(pager.keys) if isinstance(k, Block) and not core.pinned(i)]
+        if not why and not blocks:
+            why = "every block is pinned on the device"
+        if not why and not ex.memory.mirror(blocks, ex.backends[ex.embed_dev]):
+            why = "the sequence memory (paged_kv, recurrent states) stays on the device"
+        if why:
+            self.note = f"streamed blocks compute on {ex.backends[0].name} ({why})"
+            return
+        pl.host_copies([n for il in blocks for n in pl.block_tensors(il)], ex.embed_dev)
+        sizes = [int(core.layer_bytes(pager.index(Block(il)))) for il in blocks]
+        head = sum(int(core.layer_bytes(pager.index(HeadChunk(c)))) for c in range(len(pl.head_chunks)))
+        rates = measure_place_rates(
+            ex.backends[ex.embed_dev].device_name, ex.backends[0].device_name, ex.settings.context.threads
+        )
+        self.placer = Placer(p.placement, blocks, sizes, head, ex.hp.n_layer, ex.hp.n_embd, rates)
+
+    def start_host_experts(self) -> None:
+        """The experts the device's expert cache lacks compute on the host where that costs less than loading
+        them (placement.ExpertPlacer): the host gets copies of the expert tensors (and their biases) bound to the
+        file mapping."""
+        ex = self.ex
+        pl, host = ex.placement, ex.embed_dev
+        assert pl.experts is not None
+        names = [
+            n
+            for il in range(ex.hp.n_layer)
+            if ex.arch.is_moe(il)
+            for n in ex.arch.expert_tensors(il)
+            + [f"blk.{il}.ffn_{x}_exps.bias" for x in ("gate", "up", "down") if ex.arch.moe_biases]
+        ]
+        pl.host_copies(names, host)
+        rates = measure_place_rates(
+            ex.backends[host].device_name, ex.backends[0].device_name, ex.settings.context.threads
+        )
+        pl.host_experts = ExpertPlacer(ex.settings.paging.placement, rates, pl.experts.expert_bytes, host)
+
+    def split_experts(self, step: Step, il: int, sel: np.ndarray) -> None:
+        """A row chunk's routed experts (sel, I32 [rows * k]): those the cache holds (or loads, where the placer
+        says loading costs less) compute on the device, the others on the host first (step.host_experts), each
+        position's output on one side and 0 on the other, so their sum is the device's alone."""
+        ex = self.ex
+        pl, hx, k = ex.placement, step.host_experts, ex.hp.n_expert_used
+        assert pl.experts is not None and pl.moe is not None and pl.host_experts is not None
+        ids = sel.reshape(-1, k)
+        rows, r0 = ids.shape[0], step.expert_row0
+        missed = {int(e) for e in np.unique(ids) if not pl.experts.core.holds(il, int(e))}
+        if missed:
+            per = {e: int((ids == e).any(axis=1).sum()) for e in missed}
+            pl.experts.load(il, pl.host_experts.loads(per))
+        slots = np.asarray(pl.experts.map(il, sel, held_only=True)).reshape(rows, k)
+        weights = tensor_array(pl.moe.w).reshape(-1)[r0 * k : (r0 + rows) * k].reshape(rows, k)
+        host = slots < 0
+        held = ~host
+
+        def fill(values: np.ndarray, use: np.ndarray, fallback: int) -> np.ndarray:
+            """values where `use`, else the row's first value used (else `fallback`): ids that exist, weight 0."""
+            first = np.where(use.any(axis=1), values[np.arange(rows), use.argmax(axis=1)], fallback)
+            return np.where(use, values, first[:, None]).astype(np.int32)
+
+        native.tensor_set(step.expert_ids, fill(slots, held, int(slots[held][0]) if held.any() else 0))
+        native.tensor_set(hx.w_d, np.where(held, weights, 0).astype(np.float32))
+        if not host.any():
+            native.tensor_set(hx.part_d, np.zeros((rows, k, ex.hp.n_embd), np.float32))
+            return
+        native.tensor_set(hx.ids_h, fill(ids, host, int(ids[host][0])))
+        native.tensor_set(hx.w_h, np.where(host, weights, 0).astype(np.float32))
+        cx = native.Context(max_tensors=1)
+        cur = pl.moe.cur
+        native.tensor_copy(cx.view(cur, [ex.hp.n_embd, rows], [cur.nb[1]], r0 * cur.nb[1]), hx.cur_h)
+        ex.backends[pl.host_experts.host].compute(hx.graph)
+        native.tensor_copy(hx.out_h, hx.part_d)
+
+    def arrange(self, hosted: tuple[tuple[int, ...], bool]) -> None:
+        """Before a pass placed so (GraphPlan's `hosted`): the K/V of each streamed block where it computes, and
+        the device's pager prefetching only what the pass computes there."""
+        ex = self.ex
+        if self.placer is None:
+            return
+        on_host = set(hosted[0])
+        for il in self.placer.blocks:
+            ex.memory.place(il, il in on_host)
+        pager = ex.placement.pagers[0]
+        assert isinstance(pager, WeightPager)  # start's condition
+        skip = {pager.index(Block(il)) for il in on_host}
+        if hosted[1]:
+            skip |= {pager.index(HeadChunk(c)) for c in range(len(ex.placement.head_chunks))}
+        pager.skip = frozenset(skip)
+
+    def observe(self, step: Step, n: int, tc: float) -> None:
+        """A host step's compute time over streamed blocks, to the placer."""
+        ex = self.ex
+        placer = self.placer
+        assert placer is not None
+        if step.kind != "block" or step.dev != ex.embed_dev:
+            return
+        size = dict(zip(placer.blocks, placer.sizes))
+        blocks = [b for b in (step.span or (step.group,)) if b in size]
+        if blocks:
+            placer.observe(n, sum(size[b] for b in blocks), time.time() - tc)
