@@ -10,6 +10,13 @@ bench/peers.py holds its peers), the model's device budget a quarter of it. The 
   streaming at all, for reference.
 
     python bench/placement.py [--rate 1gbit] [--delay-ms 1] [--decode 8] [--prefill 512] [--only copy,host,auto]
+    python bench/placement.py --moe qwen3moe [--prefill 64]    # a MoE: its expert cache on the device
+
+With --moe ARCH (a bench/moe_limited.py model: qwen3moe, 2.7 GiB; qwen3moe-small, 0.3 GiB; written once under
+/work/tmp), the device holds the dense part and an expert cache of a quarter of the experts (expert_cache), and
+the placements are those of an expert the cache lacks: copy (loaded over the link, placement="device"), host
+(computed on the host from the file mapping, placement="host") and auto; "blocks" streams whole blocks with
+a device budget of a quarter of the model, placed on the host (placement="host"), for reference.
 
 Prints, per placement, the prefill seconds for n tokens and the decode seconds per token (the page cache dropped
 before each), and the auto placement's choices. The device here is a process on the same cores as the host, so
@@ -29,8 +36,11 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, HERE)
 
+import gguf  # noqa: E402
 import memcg  # noqa: E402
+import moe_limited  # noqa: E402
 import netlab  # noqa: E402
 
 from superggml import Model, models  # noqa: E402
@@ -54,12 +64,17 @@ def main() -> int:
     ap.add_argument("--delay-ms", type=float, default=1.0)
     ap.add_argument("--decode", type=int, default=8)
     ap.add_argument("--prefill", type=int, default=512)
-    ap.add_argument("--only", default="copy,host,auto,split")
+    ap.add_argument("--only", default=None, help="placements to run (default: all)")
+    ap.add_argument("--moe", default=None, help="a bench/moe_limited.py model instead (qwen3moe, qwen3moe-small)")
     a = ap.parse_args()
     if not netlab.available():
         print("network namespaces are not available here (root and iproute2 are needed)")
         return 1
-    path = a.model or str(models.qwen_path())
+    if a.moe:
+        path = moe_limited.model_path(moe_limited.MODELS[a.moe], "/work/tmp")
+        experts = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if "_exps" in t.name)
+    else:
+        path, experts = a.model or str(models.qwen_path()), 0
     weights = os.path.getsize(path)
     prompt = [int(x) for x in np.random.default_rng(0).integers(100, 30000, a.prefill)]
     cgroup = weights // 4 + (384 << 20)  # the device's quarter, its compute buffers and the server process
@@ -82,17 +97,31 @@ def main() -> int:
             "auto": dict(devices=[dev], device_budget=budget, placement="auto"),
             "split": dict(devices=[dev, "CPU"], tensor_split=(1, 3)),
         }
+        if a.moe:
+            cache = dict(devices=[dev], expert_cache=experts // 4)
+            placements = {
+                "copy": dict(cache, placement="device"),
+                "host": dict(cache, placement="host"),
+                "auto": dict(cache, placement="auto"),
+                "blocks": dict(devices=[dev], device_budget=budget, placement="host"),
+            }
         print(
             f"{os.path.basename(path)}: {weights / 2**20:.0f} MiB; link {a.rate}, {a.delay_ms} ms each way; "
             f"server cgroup {cgroup >> 20} MiB, device budget {budget >> 20} MiB"
         )
         print(f"{'placement':<10} {'prefill s':>9} {'decode s/token':>14}")
-        for name in a.only.split(","):
+        for name in a.only.split(",") if a.only else placements:
             memcg.drop_page_cache(path)
             with Model(path, ctx_size=a.prefill + a.decode + 16, n_batch=a.prefill, **placements[name]) as m:
                 prefill, decode = timed(m, prompt, a.decode)
                 placer = m.runtime.placer
                 table = placer.lines() if placer is not None and name == "auto" else []
+                st = m.stats()
+                if "expert_hits" in st:
+                    table.append(
+                        f"experts: {st['expert_hits']} hits, {st['expert_misses']} loaded on use, "
+                        f"{st['expert_prefetches']} loaded ahead, {st['expert_host_misses']} on the host"
+                    )
             print(f"{name:<10} {prefill:9.2f} {decode:14.3f}", flush=True)
             for line in table:
                 print("    " + line, flush=True)
