@@ -265,10 +265,10 @@ class PagingSettings:
     )
     placement: str = option(
         "auto",
-        "where a block streamed to a device that is not host memory computes: device (copied there, over the "
-        "link), host (on this machine's CPU, from the file mapping, the activations crossing the link), or auto "
-        "(per pass, by the cost model: decoded tokens where the link is slow on the host, long prompts on the "
-        "device)",
+        "where a block streamed to a device that is not host memory computes, and an expert that a device's "
+        "expert_cache lacks: device (copied there, over the link), host (on this machine's CPU, from the file "
+        "mapping, the activations crossing the link), or auto (per pass, by the cost model: decoded tokens on the "
+        "host where the link is slow, long prompts on a faster device)",
         choices=PLACEMENTS,
     )
     expert_cache: int | str | None = option(
