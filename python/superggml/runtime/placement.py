@@ -16,6 +16,10 @@ Measured step times refine the model: a block's compute is more than its matrix 
 the host's block steps, which run to their end where they are called, measure by how much, per size class; both
 sides' compute times are scaled by that factor (a device's graphs are queued, or an RPC server's answered later,
 so its steps are not timed one by one). The link's rate is the probe's.
+
+A MoE model whose expert cache is on such a device places the experts the cache lacks by the same rates
+(`ExpertPlacer`): loaded, or computed on the host. `Placements` does both in an executor: set up at load,
+applied before each pass.
 """
 
 from __future__ import annotations
