@@ -24,6 +24,7 @@ applied before each pass.
 
 from __future__ import annotations
 
+import functools
 import time
 import types
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from .pagers import Block, HeadChunk, WeightPager
 ROWS_PROBE = 64  # rows of the many-rows probe
 LINK_PROBE = 16 << 20  # bytes of the link probe (the best of 2 copies)
 REFINE = 0.3  # weight of a new measurement in a running estimate
+SETTLE = 0.1  # a size class is decided again when its factor moved by more than this
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Choice:
     all_device: float
     all_host: float
     n_out: int = 1
+    factor: float = 1.0  # the size class's factor it was decided with
     passes: int = 0
 
 
@@ -122,13 +125,32 @@ class Placer:
 
     def pass_time(self, n: int, on_device: set[int]) -> float:
         """Predicted seconds of the streamed blocks of a pass of n rows with `on_device` computing there."""
-        host = sum(self.compute(b, n, True) for il, b in zip(self.blocks, self.sizes) if il not in on_device)
-        dev = sum(self.compute(b, n, False) for il, b in zip(self.blocks, self.sizes) if il in on_device)
-        copies = sum(b for il, b in zip(self.blocks, self.sizes) if il in on_device) / self.link_rate()
-        streamed = set(self.blocks)
-        sides = [il not in streamed or il in on_device for il in range(self.n_layer)]
-        changes = sum(a != b for a, b in zip(sides, sides[1:])) + (not sides[-1])  # back to the device's head
-        return max(host + dev, copies) + changes * self.crossing(n)
+        return float(self.times(n, np.array([[il in on_device for il in self.blocks]], dtype=bool))[0])
+
+    def times(self, n: int, masks: np.ndarray) -> np.ndarray:
+        """pass_time of each row of `masks` (bool [m, len(blocks)]: the blocks on the device)."""
+        sizes = np.asarray(self.sizes, dtype=np.float64)
+        on_dev = masks @ sizes
+        per_byte = [self.rates.compute(1, n, host) * self.factor.get(bucket(n), 1.0) for host in (True, False)]
+        compute = per_byte[0] * (sizes.sum() - on_dev) + per_byte[1] * on_dev  # linear in the bytes
+        sides = np.ones((len(masks), self.n_layer), dtype=bool)  # the device's (pinned) blocks, and the streamed
+        sides[:, self.blocks] = masks
+        changes = np.count_nonzero(sides[:, 1:] != sides[:, :-1], axis=1) + ~sides[:, -1]  # and back to the head
+        return np.maximum(compute, on_dev / self.link_rate()) + changes * self.crossing(n)
+
+    @functools.cached_property
+    def size_of(self) -> dict[int, int]:
+        """Each streamed block's bytes."""
+        return dict(zip(self.blocks, self.sizes))
+
+    @functools.cached_property
+    def spreads(self) -> np.ndarray:
+        """Row k: spread(k) as a mask over `blocks`, for k in 0..len(blocks)."""
+        n = len(self.blocks)
+        out = np.zeros((n + 1, n), dtype=bool)
+        for k in range(1, n + 1):
+            out[k, np.minimum(n - 1, ((np.arange(k) + 0.5) * n / k).astype(int))] = True
+        return out
 
     def spread(self, k: int) -> set[int]:
         """k of the streamed blocks, evenly spread over them."""
@@ -145,18 +167,19 @@ class Placer:
         return c
 
     def decide(self, n: int, n_out: int) -> Choice:
-        every = set(self.blocks)
-        all_device, all_host = self.pass_time(n, every), self.pass_time(n, set())
+        masks = self.spreads
+        times = self.times(n, masks)
+        all_device, all_host = float(times[-1]), float(times[0])
+        factor = self.factor.get(bucket(n), 1.0)
         if self.mode == "host":
-            return Choice(tuple(self.blocks), bool(self.head_bytes), all_host, all_device, all_host, n_out)
-        best = min(range(len(self.blocks) + 1), key=lambda k: (self.pass_time(n, self.spread(k)), k))
-        on_device = self.spread(best)
+            return Choice(tuple(self.blocks), bool(self.head_bytes), all_host, all_device, all_host, n_out, factor)
+        best = int(np.argmin(times))  # the first of the least: the fewest copies
         h = self.head_bytes
         head_host = bool(h) and self.compute(h, n_out, True) + self.crossing(n_out) < max(
             self.compute(h, n_out, False), h / self.link_rate()
         )
-        hosted = tuple(il for il in self.blocks if il not in on_device)
-        return Choice(hosted, head_host, self.pass_time(n, on_device), all_device, all_host, n_out)
+        hosted = tuple(il for il, on in zip(self.blocks, masks[best]) if not on)
+        return Choice(hosted, head_host, float(times[best]), all_device, all_host, n_out, factor)
 
     def observe(self, n: int, nbytes: int, seconds: float) -> None:
         """A host step of a pass of n rows computed nbytes of streamed weights in `seconds`: the size class's
@@ -169,9 +192,10 @@ class Placer:
         self.factor[key] = ratio if old is None else (1 - REFINE) * old + REFINE * ratio
 
     def settle(self, n: int) -> None:
-        """After a pass of n rows: its size class is decided again on what the pass measured (auto)."""
+        """After a pass of n rows: its size class is decided again on what the pass measured (auto), where that
+        moved its factor by more than SETTLE since the class was last decided."""
         c = self.choices.get(bucket(n))
-        if c is not None and self.mode == "auto":
+        if c is not None and self.mode == "auto" and abs(self.factor.get(bucket(n), 1.0) / c.factor - 1) > SETTLE:
             new = self.decide(bucket(n), c.n_out)
             new.passes = c.passes
             self.choices[bucket(n)] = new
@@ -388,7 +412,7 @@ class Placements:
         assert placer is not None
         if step.kind != "block" or step.dev != ex.embed_dev:
             return
-        size = dict(zip(placer.blocks, placer.sizes))
+        size = placer.size_of
         blocks = [b for b in (step.span or (step.group,)) if b in size]
         if blocks:
             placer.observe(n, sum(size[b] for b in blocks), time.time() - tc)
