@@ -314,6 +314,8 @@ class Placements:
             if p.placement == "device"
             else "dynamic_layers moves the pinned blocks"
             if pl.scheduler is not None
+            else "its expert cache's blocks stay there; the experts it lacks are placed"
+            if pl.experts is not None
             else ""
         )
         core = pager.core
