@@ -8,6 +8,9 @@ built, else llama_cpp's API). streamed: device_budget a quarter of the weights: 
 beside the bound (bytes streamed per token / the host-to-device rate of RATE.json) and llama.cpp with -ngl N, N the
 blocks that fit in the same bytes; superggml streamed twice, with its default placement (auto: per pass, host or
 device) and with every streamed block copied to the device (placement "device"), the auto placement's table kept.
+A MoE model streamed also runs with its experts 4x the budget: superggml's expert cache on the device (the experts
+it lacks placed by the cost model), against llama.cpp with every expert on the CPU (-ot exps=CPU) and with the
+experts of the layers that do not fit there (--n-cpu-moe N).
 """
 
 import json
@@ -19,7 +22,7 @@ import time
 import numpy as np
 
 from common import THREADS, device_kw, device_name, error, reference, run_ref, sizes
-from superggml import Model
+from superggml import Model, native
 
 N_PROMPT, N_GEN, REPS = 512, 64, 3
 N_GEN_STREAMED, REPS_STREAMED = 16, 1
@@ -73,9 +76,22 @@ def superggml_speed(path, n_gen, reps, **kw):
     }
 
 
-def llama_speed(path, ngl, n_gen, reps):
-    """llama.cpp's pp and tg tok/s: llama-bench -o json where it was built, else ref.py (llama_cpp's API)."""
+def expert_bytes(path):
+    """(bytes of the expert tensors, MoE layers): 0 for a dense model."""
+    f = native.GGUFFile(path)
+    try:
+        t = [(name, int(nb)) for name, _, _, _, nb in f.tensors() if "_exps" in name]
+    finally:
+        f.close()
+    return sum(nb for _, nb in t), len({name.split(".")[1] for name, _ in t})
+
+
+def llama_speed(path, ngl, n_gen, reps, extra=()):
+    """llama.cpp's pp and tg tok/s: llama-bench -o json where it was built, else ref.py (llama_cpp's API); `extra`:
+    more llama-bench flags (-ot, --n-cpu-moe), llama-bench only."""
     ref = reference()
+    if extra and not ref["llama_bench"]:
+        raise RuntimeError(f"{' '.join(extra)} needs llama-bench, which this build lacks")
     if ref["llama_bench"]:
         cmd = [
             ref["llama_bench"],
@@ -95,6 +111,7 @@ def llama_speed(path, ngl, n_gen, reps):
             str(THREADS),
             "-o",
             "json",
+            *extra,
         ]
         p = subprocess.run(cmd, env=ref["env"], capture_output=True, text=True, timeout=300)
         if p.returncode:
@@ -102,7 +119,7 @@ def llama_speed(path, ngl, n_gen, reps):
         rows = json.loads(p.stdout)
         pp = next(r["avg_ts"] for r in rows if r["n_prompt"] and not r["n_gen"])
         tg = next(r["avg_ts"] for r in rows if r["n_gen"] and not r["n_prompt"])
-        return {"pp_tok_s": pp, "tg_tok_s": tg, "tool": "llama-bench", "ngl": ngl}
+        return {"pp_tok_s": pp, "tg_tok_s": tg, "tool": "llama-bench", "ngl": ngl, "extra": list(extra)}
     r = run_ref(
         ref,
         {"kind": "bench", "model": path, "ngl": ngl, "n_ctx": 1024, "n_prompt": N_PROMPT, "n_gen": n_gen, "reps": reps},
@@ -153,6 +170,24 @@ def main():
         res["llama.cpp"] = llama_speed(path, min(weights // 4 // block, 99) if streamed else 99, n_gen, reps)
     except Exception as e:
         res["errors"]["llama.cpp"] = error(e)
+    experts, moe_layers = expert_bytes(path)
+    if streamed and experts:  # the experts 4x the budget: superggml's expert cache on the device, llama.cpp's experts
+        budget = weights // 4  # on the CPU, all of them (-ot exps=CPU) or those of the layers that do not fit
+        dense = weights - experts
+        fit = max(0, min(moe_layers, (budget - dense) * moe_layers // max(experts, 1)))
+        runs = {
+            "superggml_experts": lambda: superggml_speed(
+                path, n_gen, reps, expert_cache=max(budget - dense, experts // 8)
+            ),
+            "llama.cpp_ot": lambda: llama_speed(path, 99, n_gen, reps, ("-ot", "exps=CPU")),
+            "llama.cpp_ncmoe": lambda: llama_speed(path, 99, n_gen, reps, ("--n-cpu-moe", str(moe_layers - fit))),
+        }
+        for name, fn in runs.items():
+            try:
+                res[name] = fn()
+            except Exception as e:
+                res["errors"][name] = error(e)
+            save(res, out, name)
     if "pp_tok_s" in res.get("superggml", {}) and "llama.cpp" in res:
         res["ratio_pp"] = res["superggml"]["pp_tok_s"] / res["llama.cpp"]["pp_tok_s"]
         res["ratio_tg"] = res["superggml"]["tg_tok_s"] / res["llama.cpp"]["tg_tok_s"]
