@@ -236,8 +236,8 @@ class Placer:
             out.append(
                 f"  {r['rows']:>5} rows: {len(r['device'])} on the device {compact(r['device'])}, {len(r['host'])} on "
                 f"the host {compact(r['host'])}, head on {r['head']}; predicted {r['predicted_s'] * 1e3:.1f} ms "
-                f"(all on the device {r['all_device_s'] * 1e3:.1f}, all on the host {r['all_host_s'] * 1e3:.1f}); "
-                f"{r['passes']} passes"
+                f"(all on the device {r['all_device_s'] * 1e3:.1f}, all on the host {r['all_host_s'] * 1e3:.1f})"
+                + ("" if sizes else f"; {r['passes']} passes")
             )
         return out
 
