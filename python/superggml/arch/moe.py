@@ -183,7 +183,7 @@ def build_router_lookahead(arch: Architecture, ctx: Context, w: Weights, il: int
 def build_moe_ffn(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
     """The normed input F32 [n_embd, n] -> F32 [n_embd, n], every expert resident."""
     selected, weights = build_router(arch, ctx, w, p, cur)
-    out = build_experts(
+    out = build_expert_outputs(
         arch,
         ctx,
         w,
@@ -194,31 +194,10 @@ def build_moe_ffn(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Ten
         weights,
         *(w(n) for n in (p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight", p + "ffn_down_exps.weight")),
     )
-    return build_shared_expert(arch, ctx, w, p, cur, out)
+    return build_shared_expert(arch, ctx, w, p, cur, sum_experts(ctx, out))
 
 
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU, as llama.cpp fixes them
-
-
-def build_experts(
-    arch: Architecture,
-    ctx: Context,
-    w: Weights,
-    p: str,
-    cur: Tensor,
-    ids: Tensor,
-    experts_ids: Tensor,
-    weights: Tensor,
-    gate_exps: Tensor,
-    up_exps: Tensor,
-    down_exps: Tensor,
-) -> Tensor:
-    """The routed experts' gated FFNs, weighted and summed: cur F32 [n_embd, n], ids I32 [k, n] (indices into
-    the expert tensors' third dimension: experts, or expert cache slots), experts_ids I32 [k, n] (the experts
-    themselves, for their biases), weights F32 [1, k, n] -> F32 [n_embd, n]."""
-    return sum_experts(
-        ctx, build_expert_outputs(arch, ctx, w, p, cur, ids, experts_ids, weights, gate_exps, up_exps, down_exps)
-    )
 
 
 def sum_experts(ctx: Context, experts: Tensor) -> Tensor:
@@ -245,8 +224,10 @@ def build_expert_outputs(
     up_exps: Tensor,
     down_exps: Tensor,
 ) -> Tensor:
-    """Each routed expert's gated FFN, weighted (build_experts before the sum): F32 [n_embd, k, n]. Each of the k x n
-    outputs is computed on its own, so experts computed apart (on two devices) add up to the same bits."""
+    """The routed experts' gated FFNs, each weighted, before sum_experts adds them: cur F32 [n_embd, n], ids I32 [k, n]
+    (indices into the expert tensors' third dimension: experts, or expert cache slots), experts_ids I32 [k, n] (the
+    experts themselves, for their biases), weights F32 [1, k, n] -> F32 [n_embd, k, n]. Each of the k x n outputs
+    is computed on its own, so experts computed apart (on two devices) add up to the same bits."""
     n_embd, n = cur.ne[0], cur.ne[1]
     x = ctx.reshape(cur, [n_embd, 1, n])
     up = ctx.mul_mat_id(up_exps, x, ids)  # F32 [n_ff_exp, k, n]

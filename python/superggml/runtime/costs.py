@@ -23,9 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from .. import native
 from ..devices import transfer_rate
-from .devices import PROBE_ROWS, measure_speed
+from .devices import measure_speed, probe_bytes
 
 DISK_PROBE = 64 << 20  # bytes the disk's rate is timed on
 COMPUTE_PROBES = 3  # the compute rate is the best of these probes: one may land while other work holds the cores
@@ -86,9 +85,8 @@ def timed_read(path: str, flags: int, buf: mmap.mmap, off: int) -> float:
 def measure_rates(path: str, n_threads: int, devices: Sequence[str] = ()) -> Rates:
     """The disk's rate on `path`, the host's compute rate with n_threads threads, and the host-to-device copy
     rate of each of `devices` (ggml device names)."""
-    product = int(native.row_size(native.GGMLType.Q4_0, PROBE_ROWS)) * PROBE_ROWS
     links = tuple((d, transfer_rate(d, LINK_PROBE, 3)) for d in devices)
-    compute = max(measure_speed("CPU", n_threads) for _ in range(COMPUTE_PROBES)) * product
+    compute = max(measure_speed("CPU", n_threads) for _ in range(COMPUTE_PROBES)) * probe_bytes()
     return Rates(disk=disk_rate(path), compute=compute, links=links)
 
 

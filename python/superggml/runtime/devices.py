@@ -190,6 +190,11 @@ def probe_weight() -> np.ndarray:
     return native.quantize(native.GGMLType.Q4_0, rows)
 
 
+def probe_bytes() -> int:
+    """Bytes of the speed probe's quantized weight: what one of its products reads."""
+    return int(native.row_size(native.GGMLType.Q4_0, PROBE_ROWS)) * PROBE_ROWS
+
+
 def measure_speed(device: str, n_threads: int, rows: int = 1) -> float:
     """Matrix products per second on `device` of the probe's weight by `rows` rows, as a pass of that many rows
     does them (the weight read once per product), the round trip to an RPC server included. With one row (a

@@ -341,14 +341,11 @@ class ContiguousKV(LanedKV):
     def place(self, layer: int, host: bool) -> int:
         if layer not in self.mirrored or (layer in self.on_host) == host:
             return 0
-        if not self.written:  # nothing to bring over yet
-            self.on_host ^= {layer}
-            self.bound, self.bound_streams = [], {}
-            return 0
         here = [self.pool[0][layer]] + ([self.pool[1][layer]] if self.pool[1] else [])
         there = [t for t in self.mirrored[layer] if t is not None]
+        pairs = list(zip(here, there)) if self.written else []  # before anything is written, nothing to bring over
         moved = 0
-        for a, b in zip(here, there):
+        for a, b in pairs:
             src, dst = (a, b) if host else (b, a)
             size = src.nb[1] * self.ctx_size  # a slot's rows
             for slot in sorted(set(self.slots.values())):
@@ -358,10 +355,7 @@ class ContiguousKV(LanedKV):
                     cx.view(src, shape, [src.nb[1]], slot * size), cx.view(dst, shape, [dst.nb[1]], slot * size)
                 )
                 moved += size
-        if host:
-            self.on_host.add(layer)
-        else:
-            self.on_host.discard(layer)
+        self.on_host ^= {layer}  # it was on the other side
         self.bound, self.bound_streams = [], {}
         self.moved_bytes += moved
         return moved

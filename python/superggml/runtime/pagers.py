@@ -267,7 +267,10 @@ class ExpertPager:
 
     def load(self, layer: int, experts: Sequence[int]) -> int:
         """Starts loading `experts` of `layer` (a map() waits for them); returns how many it started."""
-        return int(self.core.prefetch(layer, sorted(experts))) if experts else 0
+        started = int(self.core.prefetch(layer, sorted(experts))) if experts else 0
+        if self.trace is not None:
+            self.trace.loads[layer] = self.trace.loads.get(layer, 0) + started
+        return started
 
     def record_routing(self, on: bool) -> RoutingTrace | None:
         """Starts recording a new trace (on) or stops; returns the trace recorded until now."""

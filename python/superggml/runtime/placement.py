@@ -35,7 +35,7 @@ import numpy as np
 from .. import native
 from ..devices import transfer_rate
 from .arrays import tensor_array
-from .devices import PROBE_ROWS, measure_speed
+from .devices import measure_speed, probe_bytes
 from .graph import Step
 from .pagers import Block, HeadChunk, WeightPager
 
@@ -72,9 +72,8 @@ class PlaceRates:
 def measure_place_rates(host: str, device: str, n_threads: int) -> PlaceRates:
     """PlaceRates of the host device and the device (ggml device names) by the speed probe (measure_speed) at one
     row and at ROWS_PROBE rows, and the link by a copy into the device."""
-    product = int(native.row_size(native.GGMLType.Q4_0, PROBE_ROWS)) * PROBE_ROWS
-    one = [measure_speed(d, n_threads) * product for d in (host, device)]
-    many = [measure_speed(d, n_threads, ROWS_PROBE) * product * ROWS_PROBE for d in (host, device)]
+    one = [measure_speed(d, n_threads) * probe_bytes() for d in (host, device)]
+    many = [measure_speed(d, n_threads, ROWS_PROBE) * probe_bytes() * ROWS_PROBE for d in (host, device)]
     return PlaceRates(one[0], many[0], one[1], many[1], transfer_rate(device, LINK_PROBE, 2))
 
 
@@ -114,29 +113,22 @@ class Placer:
     factor: dict[int, float] = field(default_factory=dict)  # bucket -> the host's measured time / the model's
     choices: dict[int, Choice] = field(default_factory=dict)
 
-    def link_rate(self) -> float:
-        return self.rates.link
-
     def compute(self, nbytes: int, n: int, host: bool) -> float:
         return self.rates.compute(nbytes, n, host) * self.factor.get(bucket(n), 1.0)
 
     def crossing(self, n: int) -> float:
-        return n * self.n_embd * 4 / self.link_rate()
-
-    def pass_time(self, n: int, on_device: set[int]) -> float:
-        """Predicted seconds of the streamed blocks of a pass of n rows with `on_device` computing there."""
-        return float(self.times(n, np.array([[il in on_device for il in self.blocks]], dtype=bool))[0])
+        return n * self.n_embd * 4 / self.rates.link
 
     def times(self, n: int, masks: np.ndarray) -> np.ndarray:
-        """pass_time of each row of `masks` (bool [m, len(blocks)]: the blocks on the device)."""
+        """Predicted seconds of the streamed blocks of a pass of n rows, for each row of `masks` (bool
+        [m, len(blocks)]: the blocks that compute on the device)."""
         sizes = np.asarray(self.sizes, dtype=np.float64)
         on_dev = masks @ sizes
-        per_byte = [self.rates.compute(1, n, host) * self.factor.get(bucket(n), 1.0) for host in (True, False)]
-        compute = per_byte[0] * (sizes.sum() - on_dev) + per_byte[1] * on_dev  # linear in the bytes
+        compute = self.compute(1, n, True) * (sizes.sum() - on_dev) + self.compute(1, n, False) * on_dev  # per byte
         sides = np.ones((len(masks), self.n_layer), dtype=bool)  # the device's (pinned) blocks, and the streamed
         sides[:, self.blocks] = masks
         changes = np.count_nonzero(sides[:, 1:] != sides[:, :-1], axis=1) + ~sides[:, -1]  # and back to the head
-        return np.maximum(compute, on_dev / self.link_rate()) + changes * self.crossing(n)
+        return np.maximum(compute, on_dev / self.rates.link) + changes * self.crossing(n)
 
     @functools.cached_property
     def size_of(self) -> dict[int, int]:
@@ -176,7 +168,7 @@ class Placer:
         best = int(np.argmin(times))  # the first of the least: the fewest copies
         h = self.head_bytes
         head_host = bool(h) and self.compute(h, n_out, True) + self.crossing(n_out) < max(
-            self.compute(h, n_out, False), h / self.link_rate()
+            self.compute(h, n_out, False), h / self.rates.link
         )
         hosted = tuple(il for il, on in zip(self.blocks, masks[best]) if not on)
         return Choice(hosted, head_host, float(times[best]), all_device, all_host, n_out, factor)
@@ -330,10 +322,14 @@ class Placements:
         pl.host_copies([n for il in blocks for n in pl.block_tensors(il)], ex.embed_dev)
         sizes = [int(core.layer_bytes(pager.index(Block(il)))) for il in blocks]
         head = sum(int(core.layer_bytes(pager.index(HeadChunk(c)))) for c in range(len(pl.head_chunks)))
-        rates = measure_place_rates(
+        self.placer = Placer(p.placement, blocks, sizes, head, ex.hp.n_layer, ex.hp.n_embd, self.measure())
+
+    def measure(self) -> PlaceRates:
+        """The rates of the host device and the model's device."""
+        ex = self.ex
+        return measure_place_rates(
             ex.backends[ex.embed_dev].device_name, ex.backends[0].device_name, ex.settings.context.threads
         )
-        self.placer = Placer(p.placement, blocks, sizes, head, ex.hp.n_layer, ex.hp.n_embd, rates)
 
     def start_host_experts(self) -> None:
         """The experts the device's expert cache lacks compute on the host where that costs less than loading
@@ -350,10 +346,7 @@ class Placements:
             + [f"blk.{il}.ffn_{x}_exps.bias" for x in ("gate", "up", "down") if ex.arch.moe_biases]
         ]
         pl.host_copies(names, host)
-        rates = measure_place_rates(
-            ex.backends[host].device_name, ex.backends[0].device_name, ex.settings.context.threads
-        )
-        pl.host_experts = ExpertPlacer(ex.settings.paging.placement, rates, pl.experts.expert_bytes, host)
+        pl.host_experts = ExpertPlacer(ex.settings.paging.placement, self.measure(), pl.experts.expert_bytes, host)
 
     def split_experts(self, step: Step, il: int, sel: np.ndarray) -> None:
         """A row chunk's routed experts (sel, I32 [rows * k]): those the cache holds (or loads, where the placer
