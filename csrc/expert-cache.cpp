@@ -39,22 +39,36 @@ expert_cache::~expert_cache() {
     if (buf_) ggml_backend_buffer_free(buf_);
 }
 
-int expert_cache::take_slot(int64_t limit) {
+namespace {
+constexpr double ONCE = 1e30;    // expected() of an expert used once: later than any forecast
+constexpr double NEVER = 2e30;   // of one never used (a guess)
+}
+
+double expert_cache::expected(int k) const {
+    const use_history & h = layers_[k / 65536].uses[k % 65536];
+    if (h.n == 0) return NEVER;
+    if (h.n == 1) return ONCE;
+    const double last = (double) h.at[h.n - 1], now = (double) tick_;
+    if (now - h.next > 2 * (h.next - last)) return now + (now - last);   // overdue: away as long as it has been
+    return h.next;
+}
+
+int expert_cache::take_slot(double limit) {
     int best = -1;
     bool best_prefetched = false;
-    uint32_t best_uses = 0;
+    double best_at = 0;
     for (int i = 0; i < (int) slots_.size(); ++i) {
         const slot & s = slots_[i];
         if (s.pins) continue;
         if (s.key < 0) return i;
         if (s.prefetched && limit >= 0) continue;
-        const uint32_t u = uses_of(s.key);
-        if (limit >= 0 && (int64_t) u > limit) continue;
-        // unused prefetches last; then the fewest uses; then the latest use
+        const double at = expected(s.key);
+        if (limit >= 0 && at < limit) continue;
+        // unused prefetches last; then the one expected back farthest; then the latest use
         const bool better = best < 0 || (best_prefetched && !s.prefetched) ||
                             (best_prefetched == s.prefetched &&
-                             (u < best_uses || (u == best_uses && s.last_use > slots_[best].last_use)));
-        if (better) { best = i; best_prefetched = s.prefetched; best_uses = u; }
+                             (at > best_at || (at == best_at && s.last_use > slots_[best].last_use)));
+        if (better) { best = i; best_prefetched = s.prefetched; best_at = at; }
     }
     if (best >= 0) {
         slot & s = slots_[best];
@@ -67,11 +81,22 @@ int expert_cache::take_slot(int64_t limit) {
 }
 
 void expert_cache::count_use(int layer, int expert) {
-    auto & u = layers_[layer].uses[expert];
-    if (u < UINT32_MAX) u++;
-    if (++since_halving_ >= (uint64_t) std::max(1, p_.freq_window) * slots_.size()) {
-        since_halving_ = 0;
-        for (auto & L : layers_) for (auto & c : L.uses) c /= 2;
+    use_history & h = layers_[layer].uses[expert];
+    if (h.n == HISTORY) {
+        std::copy(h.at + 1, h.at + HISTORY, h.at);
+        h.n--;
+    }
+    h.at[h.n++] = tick_;
+    if (h.n < 2) return;
+    // the intervals; where they repeat with lag p, the next is the one p back, else their mean
+    const int m = h.n - 1;
+    uint64_t iv[HISTORY - 1];
+    for (int i = 0; i < m; ++i) iv[i] = h.at[i + 1] - h.at[i];
+    h.next = (double) h.at[m] + (double) (h.at[m] - h.at[0]) / m;
+    for (int p = 1; p < m; ++p) {
+        bool repeats = true;
+        for (int i = p; i < m && repeats; ++i) repeats = iv[i] == iv[i - p];
+        if (repeats) { h.next = (double) (h.at[m] + iv[m - p]); break; }
     }
 }
 
@@ -97,7 +122,7 @@ void expert_cache::set_layer(int layer, int n_expert, const std::vector<part> & 
     std::sort(regions.begin(), regions.end());
     for (size_t i = 1; direct && i < regions.size(); ++i) direct = regions[i].first >= regions[i - 1].second;
     if ((int) layers_.size() <= layer) layers_.resize(layer + 1);
-    layers_[layer] = {n_expert, parts, direct, std::vector<uint32_t>(n_expert, 0)};
+    layers_[layer] = {n_expert, parts, direct, std::vector<use_history>(n_expert)};
 }
 
 bool expert_cache::layer_direct(int layer) const {
@@ -145,6 +170,7 @@ void expert_cache::start_load(int i, int layer, int expert) {
 std::vector<int> expert_cache::map(int layer, const int32_t * ids, size_t n, int32_t * out, bool held_only) {
     std::vector<int> pinned;
     std::unordered_map<int, int> slot_of;   // expert -> slot, this call
+    ++tick_;
     auto unpin = [&] { for (int i : pinned) slots_[i].pins--; };
     try {
         // the experts held are pinned first, so that loading the others never evicts one this call uses
@@ -218,7 +244,7 @@ int expert_cache::prefetch(int layer, const std::vector<int> & experts) {
     for (int e : experts) {
         layer_of(layer, e);
         if (where_.count(key(layer, e))) continue;
-        const int i = take_slot(layers_[layer].uses[e]);
+        const int i = take_slot(expected(key(layer, e)));
         if (i < 0) continue;
         start_load(i, layer, e);
         slots_[i].prefetched = true;

@@ -17,15 +17,19 @@
 // direct_layout) is read with O_DIRECT, bypassing the page cache; other
 // layers, and files O_DIRECT cannot open, read buffered.
 //
-// Eviction: frequency first, then most recent. Each (layer, expert) counts
-// the map() calls that used it, evicted or not, and every freq_window *
-// n_slots uses all counts halve (so the counts follow a changing workload).
-// The victim is the slot whose expert has the lowest count, and among equal
-// counts the one used last: a cycle longer than the cache (a repeated text)
-// keeps a fixed part of itself, where least-recently-used would miss every
-// time. Prefetched experts not yet used are evicted only when nothing else
-// is free, and a prefetch never evicts an expert used more than its own; a
-// map() of a layer ends the protection of its prefetches that missed.
+// Eviction: the expert expected back farthest ahead (Belady's rule on a
+// forecast). Time counts map() calls. Each (layer, expert) keeps its last
+// HISTORY uses, evicted or not; its next use is forecast from their
+// intervals: where the intervals repeat with some lag (a repeated text walks
+// its experts in a cycle), the interval that lag back; else their mean. A
+// forecast overdue by twice its interval is pushed out as far as the expert
+// has been away. Experts used once are expected later than any with a
+// forecast, and those never used (guesses) later still; among equals, the
+// one used last goes first, so a cycle longer than the cache keeps a fixed
+// part of itself where least-recently-used would miss every time.
+// Prefetched experts not yet used are evicted only when nothing else is
+// free, and a prefetch never evicts an expert expected back sooner than its
+// own; a map() of a layer ends the protection of its prefetches that missed.
 #pragma once
 
 #include "error.h"
@@ -49,7 +53,6 @@ struct expert_cache_params {
     int n_slots = 1;
     size_t slot_size = 0;                       // bytes per slot (rounded up to the buffer alignment)
     ggml_backend_buffer_type * buft = nullptr;  // nullptr: CPU
-    int freq_window = 8;                        // counts halve every freq_window * n_slots uses
     bool direct = false;                        // O_DIRECT reads where a layer's layout allows (host slots)
 };
 
@@ -109,13 +112,20 @@ private:
         uint64_t last_use = 0;
         std::shared_future<void> load;
     };
-    struct layer_info { int n_expert = 0; std::vector<part> parts; bool direct = false; std::vector<uint32_t> uses; };
+    static constexpr int HISTORY = 8;
+    struct use_history {
+        uint64_t at[HISTORY] = {};        // map() ticks of the last uses, oldest first
+        int n = 0;
+        double next = 0;                  // the forecast next use (n >= 2)
+    };
+    struct layer_info { int n_expert = 0; std::vector<part> parts; bool direct = false; std::vector<use_history> uses; };
     static int key(int layer, int expert) { return layer * 65536 + expert; }
-    uint32_t uses_of(int k) const { return layers_[k / 65536].uses[k % 65536]; }
     void count_use(int layer, int expert);
+    // When the expert is expected back, as of now: larger is evicted first.
+    double expected(int k) const;
     // A free slot, else the victim of the eviction rule (its old key dropped); -1 if none. With a limit (a
-    // prefetch), only a victim used at most `limit` times, and never a prefetch not yet used.
-    int take_slot(int64_t limit = -1);
+    // prefetch), only a victim expected back no sooner than `limit`, and never a prefetch not yet used.
+    int take_slot(double limit = -1);
     void start_load(int i, int layer, int expert);
     void wait(int i);                     // its bytes are there (rethrows a failed read, emptying the slot)
     const layer_info & layer_of(int layer, int expert) const;
@@ -128,8 +138,8 @@ private:
     std::vector<slot> slots_;
     std::unordered_map<int, int> where_;  // key -> slot
     std::vector<layer_info> layers_;
-    uint64_t clock_ = 0;
-    uint64_t since_halving_ = 0;          // uses counted since the counts last halved
+    uint64_t clock_ = 0;                  // orders uses (ties of expected())
+    uint64_t tick_ = 0;                   // map() calls
     expert_cache_stats st_;
 };
 

@@ -115,10 +115,10 @@ def test_an_expert_used_often_outlives_a_run_of_experts_used_once(smollm2_path):
     assert c.holds(0, 0)
 
 
-def test_counts_halve_so_an_old_favourite_is_evicted_in_the_end(smollm2_path):
-    """freq_window=1 with 2 slots: the counts halve every 2 uses, so expert 0's 8 old uses fade and the new
-    pair (1, 2), used in turn, takes both slots."""
-    c = one_layer_cache(smollm2_path, 2, freq_window=1)
+def test_an_old_favourite_that_stops_coming_is_evicted_in_the_end(smollm2_path):
+    """Expert 0 used 8 times in a row, then a pair (1, 2) in turn with 2 slots: 0's forecast (the next tick) goes
+    overdue, it is pushed out as far as it has been away, and the pair takes both slots."""
+    c = one_layer_cache(smollm2_path, 2)
     for _ in range(8):
         use(c, 0)
     for _ in range(8):
@@ -127,13 +127,27 @@ def test_counts_halve_so_an_old_favourite_is_evicted_in_the_end(smollm2_path):
     assert c.holds(0, 1) and c.holds(0, 2) and not c.holds(0, 0)
 
 
+def test_a_period_in_the_intervals_is_what_the_eviction_expects(smollm2_path):
+    """Each expert's next use is forecast from its own intervals. Expert 1 comes back in a 2-then-6 rhythm (ticks
+    1, 3, 9, ... 19: next at 25, where the mean interval says 22.6) and expert 2 every 4 ticks (last at 20: next at
+    24); expert 9, in every request, fills the third slot. At tick 21 a new expert evicts 1, due last."""
+    c = one_layer_cache(smollm2_path, 3)
+    rhythm, every4 = {1, 3, 9, 11, 17, 19}, {4, 8, 12, 16, 20}
+    for t in range(1, 21):
+        use(c, 9, *([1] if t in rhythm else []), *([2] if t in every4 else []))
+    assert all(c.holds(0, e) for e in (1, 2, 9))
+    use(c, 9, 10)
+    assert c.holds(0, 2) and c.holds(0, 10) and not c.holds(0, 1)
+
+
 def test_a_prefetch_never_evicts_an_expert_used_more_or_another_prefetch(smollm2_path):
-    """A guess (prefetch) takes a free slot, or evicts an expert used no more than itself; it never evicts an
-    earlier guess not yet used. A miss may evict either."""
+    """A guess (prefetch) takes a free slot, or evicts an expert expected back no sooner than itself (one never
+    used is expected after one used once); it never evicts an earlier guess not yet used. A miss may evict
+    either."""
     c = one_layer_cache(smollm2_path, 3)
     use(c, 0)
     assert c.prefetch(0, [5, 6]) == 2  # the free slots
-    assert c.prefetch(0, [7]) == 0  # 0 was used more than 7; 5 and 6 wait for their use
+    assert c.prefetch(0, [7]) == 0  # 0 was used, 7 never; 5 and 6 wait for their use
     assert all(c.holds(0, e) for e in (0, 5, 6))
     use(c, 5)  # a hit; 6, guessed for this layer and not routed to, loses its protection
     assert c.prefetch(0, [7]) == 1 and c.holds(0, 7) and not c.holds(0, 6)

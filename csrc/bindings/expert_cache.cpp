@@ -24,19 +24,18 @@ void init_expert_cache(py::module_ & m) {
     py::class_<expert_cache, std::shared_ptr<expert_cache>>(m, "ExpertCache",
         "Mixture-of-experts experts paged one by one through slots of one buffer (see csrc/expert-cache.h).")
         .def(py::init([](const std::string & path, int n_slots, size_t slot_size, compute_backend * backend,
-                         int n_workers, int freq_window, bool direct_io) {
+                         int n_workers, bool direct_io) {
             expert_cache_params p;
             p.n_slots = n_slots;
             p.slot_size = slot_size;
             p.buft = backend ? backend->buffer_type() : nullptr;
-            p.freq_window = freq_window;
             p.direct = direct_io;
             auto io = std::make_shared<prefetcher>(path, n_workers, direct_io,
                                                    backend ? backend->device() : nullptr, false,
                                                    content_writer());
             return std::make_shared<expert_cache>(p, io);
         }), py::arg("path"), py::arg("n_slots"), py::arg("slot_size"), py::arg("backend") = nullptr,
-            py::arg("n_workers") = 2, py::arg("freq_window") = 8, py::arg("direct_io") = false)
+            py::arg("n_workers") = 2, py::arg("direct_io") = false)
         .def("set_layer", [](expert_cache & c, int layer, int n_expert,
                              const std::vector<std::tuple<uint64_t, size_t, size_t, size_t>> & parts) {
             std::vector<expert_cache::part> ps;
