@@ -8,6 +8,9 @@
 
 #include <algorithm>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 namespace superggml {
 
 expert_cache::expert_cache(const expert_cache_params & params, std::shared_ptr<prefetcher> io)
@@ -30,6 +33,7 @@ expert_cache::expert_cache(const expert_cache_params & params, std::shared_ptr<p
     }
     ggml_backend_buffer_clear(buf_, 0);   // slots never loaded are read by no graph, but keep them finite
     slots_.resize(p_.n_slots);
+    active_ = p_.n_slots;
 }
 
 expert_cache::~expert_cache() {
@@ -57,7 +61,7 @@ int expert_cache::take_slot(double limit) {
     int best = -1;
     bool best_prefetched = false;
     double best_at = 0;
-    for (int i = 0; i < (int) slots_.size(); ++i) {
+    for (int i = 0; i < active_; ++i) {
         const slot & s = slots_[i];
         if (s.pins) continue;
         if (s.key < 0) return i;
@@ -190,7 +194,7 @@ std::vector<int> expert_cache::map(int layer, const int32_t * ids, size_t n, int
                 }
                 const int i = hit ? it->second : take_slot();
                 if (i < 0) {
-                    throw Error("the expert cache has " + std::to_string(slots_.size()) + " slots, fewer than the " +
+                    throw Error("the expert cache has " + std::to_string(active_) + " slots, fewer than the " +
                                 "experts one pass routes to: give it more memory (expert_cache)");
                 }
                 if (!hit) start_load(i, layer, e);
@@ -231,6 +235,27 @@ void expert_cache::wait(int i) {
     s.load = {};
 }
 
+void expert_cache::set_active(int n) {
+    if (n < 1 || n > (int) slots_.size()) throw Error("expert cache: set_active out of range");
+    for (int i = n; i < active_; ++i) {
+        if (slots_[i].pins) throw Error("expert cache: a slot to set aside is pinned");
+    }
+    for (int i = n; i < active_; ++i) {
+        slot & s = slots_[i];
+        if (s.load.valid()) { try { s.load.get(); } catch (...) {} }
+        if (s.key >= 0) { where_.erase(s.key); st_.evictions++; }
+        s = slot{};
+    }
+    if (n < active_ && ggml_backend_buffer_is_host(buf_)) {
+        const uintptr_t page = (uintptr_t) sysconf(_SC_PAGESIZE);
+        const auto base = (uintptr_t) ggml_backend_buffer_get_base(buf_) + pad_;
+        const uintptr_t lo = (base + (size_t) n * slot_size_ + page - 1) / page * page;
+        const uintptr_t hi = (base + (size_t) active_ * slot_size_) / page * page;
+        if (hi > lo) madvise((void *) lo, hi - lo, MADV_DONTNEED);   // advice: a failure only keeps the pages
+    }
+    active_ = n;
+}
+
 void expert_cache::release(const std::vector<int> & slots) {
     for (int i : slots) {
         slot & s = slots_.at(i);
@@ -268,6 +293,7 @@ void expert_cache::bind_view(ggml_tensor * t, size_t offset) const {
 expert_cache_stats expert_cache::stats() const {
     expert_cache_stats s = st_;
     s.n_slots = (int) slots_.size();
+    s.n_active = active_;
     s.slot_size = slot_size_;
     for (const auto & x : slots_) if (x.key >= 0) s.slots_used++;
     return s;

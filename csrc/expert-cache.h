@@ -30,6 +30,10 @@
 // Prefetched experts not yet used are evicted only when nothing else is
 // free, and a prefetch never evicts an expert expected back sooner than its
 // own; a map() of a layer ends the protection of its prefetches that missed.
+//
+// set_active(n) lends the slots past the first n back: their experts are
+// evicted, no load takes them, and on host memory their pages are returned
+// to the system (MADV_DONTNEED) until set_active gives them back.
 #pragma once
 
 #include "error.h"
@@ -64,7 +68,7 @@ struct expert_cache_stats {
     uint64_t bytes_loaded = 0;            // expert bytes (without the widening of direct reads)
     uint64_t direct_loads = 0;            // loads read with O_DIRECT (where the file system allowed it)
     uint64_t host_misses = 0;             // experts a held_only map() left to the caller (not loaded)
-    int n_slots = 0, slots_used = 0;
+    int n_slots = 0, slots_used = 0, n_active = 0;
     size_t slot_size = 0;
 };
 
@@ -93,6 +97,10 @@ public:
     // computes them elsewhere.
     std::vector<int> map(int layer, const int32_t * ids, size_t n, int32_t * out, bool held_only = false);
     void release(const std::vector<int> & slots);
+    // Only slots [0, n) hold experts from now on (1 <= n <= n_slots); the others are emptied and, on host
+    // memory, their whole pages released. Throws Error when one of them is pinned or n is out of range.
+    void set_active(int n);
+    int n_active() const { return active_; }
     // Starts loading layer's experts that are not held; returns how many were started (no slot free: fewer).
     int prefetch(int layer, const std::vector<int> & experts);
     bool holds(int layer, int expert) const { return where_.count(key(layer, expert)) != 0; }
@@ -136,6 +144,7 @@ private:
     size_t pad_ = 0;                      // bytes from the buffer's base to slot 0 (DIRECT_ALIGN-aligned if direct)
     size_t slot_size_ = 0;
     std::vector<slot> slots_;
+    int active_ = 0;                      // slots [0, active_) take experts
     std::unordered_map<int, int> where_;  // key -> slot
     std::vector<layer_info> layers_;
     uint64_t clock_ = 0;                  // orders uses (ties of expected())

@@ -139,6 +139,46 @@ def test_device_budget_plans_the_dense_part_first_then_the_expert_cache(tmp_path
         Model(path, ctx_size=128, n_batch=8, device_budget=slot)
 
 
+def test_an_automatic_plan_lends_its_untouched_kv_and_compute_to_the_expert_cache(tmp_path, vocab_fields, monkeypatch):
+    """The automatic plan counts a full context's K/V and a full batch's compute, which a short decode never
+    touches: the expert cache holds that much more, in slots past its budget (never more than the experts),
+    and gives them back before a pass may touch the memory (here a 63-row prompt's compute). Logits stay
+    bit-identical to resident."""
+    from superggml import native
+    from superggml.runtime import memory_plan as mp
+
+    path = synth(
+        tmp_path / "moe.gguf", vocab_fields, **{**VARIANTS["qwen3moe-8x2-q8_0"], "n_layer": 4, "n_ff_exp": 256}
+    )
+    prompt = [int(x) for x in np.random.default_rng(7).integers(0, 49152, 64)]
+    kw = dict(ctx_size=1024, n_batch=32, n_threads=2)
+
+    def go(m):
+        out, lent = [m.eval(prompt[:1]).copy()], [m.stats().get("expert_slots_lent")]
+        out.append(m.eval(prompt[1:]).copy())
+        lent.append(m.stats().get("expert_slots_lent"))
+        out += [m.eval([t]).copy() for t in range(5, 12)]
+        return np.concatenate(out), lent
+
+    with Model(path, device_budget="off", **kw) as m:
+        p = m.memory_plan
+        ref, _ = go(m)
+    # half the weights fit
+    avail = int((p.weights // 2 + p.kv + p.compute + p.tokenizer + mp.HEADROOM_MIN) / (1 - mp.HEADROOM_SHARE))
+    real = native.host_memory
+    monkeypatch.setattr(native, "host_memory", lambda: {**real(), "available": avail})
+    with Model(path, **kw) as m:
+        plan, st = m.memory_plan, m.stats()
+        assert plan.mode == "auto" and not plan.resident
+        n, slot, lent = st["expert_slots"], st["expert_slot_size"], st["expert_slots_lent"]
+        assert n == 4 * 8 and 0 < lent <= (mp.kv_bytes(m.hparams, 1024, "f16", "f16") + plan.compute) // slot
+        got, lents = go(m)
+        st = m.stats()
+    assert np.array_equal(got, ref)
+    assert lents[0] == lent and 0 <= lents[1] < lent  # the prompt's compute was owed back
+    assert st["expert_slots_active"] == n - lent + lents[1] and st["expert_slots_used"] <= st["expert_slots_active"]
+
+
 LIMITED_MOE = r"""
 import resource, sys
 import numpy as np

@@ -9,6 +9,7 @@ import pytest
 
 import synth_gguf
 from superggml import Model
+from superggml.errors import SuperggmlError
 from superggml.runtime.routing import optimal_loads
 
 
@@ -152,3 +153,25 @@ def test_a_prefetch_never_evicts_an_expert_used_more_or_another_prefetch(smollm2
     use(c, 5)  # a hit; 6, guessed for this layer and not routed to, loses its protection
     assert c.prefetch(0, [7]) == 1 and c.holds(0, 7) and not c.holds(0, 6)
     assert c.stats()["expert_prefetch_hits"] == 1
+
+
+def test_slots_set_aside_are_emptied_and_given_back(smollm2_path):
+    """set_active(2) of 4 slots: the experts past slot 2 are evicted and no load takes their slots, so a request
+    for 3 experts fails until set_active(4) gives them back."""
+    c = one_layer_cache(smollm2_path, 4)
+    for e in range(4):
+        use(c, e)
+    c.set_active(2)
+    st = c.stats()
+    assert st["expert_slots_active"] == 2 and st["expert_slots_used"] == 2 and c.n_active == 2
+    assert sum(c.holds(0, e) for e in range(4)) == 2
+    for e in range(4, 8):
+        use(c, e)
+        assert c.stats()["expert_slots_used"] == 2
+    with pytest.raises(SuperggmlError, match="2 slots, fewer than"):
+        use(c, 1, 2, 3)
+    c.set_active(4)
+    use(c, 1, 2, 3)
+    assert all(c.holds(0, e) for e in (1, 2, 3))
+    with pytest.raises(SuperggmlError, match="out of range"):
+        c.set_active(5)

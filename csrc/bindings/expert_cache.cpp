@@ -15,7 +15,7 @@ py::dict to_dict(const expert_cache_stats & s) {
     d["expert_hits"] = s.hits; d["expert_misses"] = s.misses; d["expert_prefetches"] = s.prefetches;
     d["expert_prefetch_hits"] = s.prefetch_hits; d["expert_evictions"] = s.evictions;
     d["expert_host_misses"] = s.host_misses;
-    d["expert_bytes_loaded"] = s.bytes_loaded; d["expert_slots"] = s.n_slots; d["expert_slots_used"] = s.slots_used;
+    d["expert_bytes_loaded"] = s.bytes_loaded; d["expert_slots"] = s.n_slots; d["expert_slots_active"] = s.n_active; d["expert_slots_used"] = s.slots_used;
     d["expert_slot_size"] = s.slot_size; d["expert_direct_loads"] = s.direct_loads;
     return d;
 }
@@ -56,6 +56,9 @@ void init_expert_cache(py::module_ & m) {
            "(slots of ids, same shape; the pinned slots for release): each distinct expert loaded and waited for "
            "(held_only: those not held are not loaded, their slots -1)")
         .def("release", &expert_cache::release, py::arg("slots"))
+        .def("set_active", [](expert_cache & c, int n) { py::gil_scoped_release nogil; c.set_active(n); }, py::arg("n"),
+             "Only the first n slots hold experts; the others are emptied and, on host memory, their pages released.")
+        .def_property_readonly("n_active", &expert_cache::n_active)
         .def("prefetch", &expert_cache::prefetch, py::arg("layer"), py::arg("experts"),
              "Starts loading the experts not held; returns how many it started.")
         .def("layer_direct", &expert_cache::layer_direct, py::arg("layer"),

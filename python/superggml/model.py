@@ -508,6 +508,11 @@ def report(model: Model) -> None:
             if "layers_pinned" in st
             else ""
         )
+        if st.get("expert_slots_lent"):
+            pinned += (
+                f", expert cache {st['expert_slots']} slots ({st['expert_slots_lent']} lent by the K/V and compute "
+                f"until they are used)"
+            )
         print(plan.line(pinned), file=sys.stderr)
     placer = model.runtime.placer
     if placer is not None:

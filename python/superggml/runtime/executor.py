@@ -339,6 +339,7 @@ class Executor:
             rows[seq] = rows.get(seq, 0) + m
         for seq, p0 in first.items():
             self.memory.begin(seq, p0, rows[seq])
+        self.placement.lend({seq: p0 + rows[seq] for seq, p0 in first.items()}, n)
         if self.one_graph():
             self.graphs_per_pass = 1
             self.backend.compute(plan.whole())  # one graph per micro-batch, as llama.cpp runs it

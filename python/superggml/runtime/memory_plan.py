@@ -15,7 +15,7 @@ line on stderr says it.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .. import native
@@ -333,6 +333,43 @@ def off_error(p: MemoryPlan, cause: str) -> ValueError:
         f"{gib(p.available)} is available; use device_budget='auto' (--device-budget auto) to stream the blocks "
         f"that do not fit, or a size such as --device-budget {max(1, int(p.available * 0.7 / 2**30))}GiB"
     )
+
+
+@dataclass
+class ExpertLoan:
+    """An automatic plan's K/V and compute bytes that nothing holds yet, lent to an expert cache on host memory.
+
+    The plan counts a full context's K/V and a full batch's compute buffers, but both take their pages as they
+    are used: a short decode leaves them untouched. Until then the expert cache holds that much more in slots
+    past its budget. Before each pass, `owed` gives what the pass will have touched (each sequence's farthest
+    position, whole pages per layer, and the compute bound of the most rows a pass has had), and the cache
+    sets that many slots aside first (ExpertPager.lend), returning their pages: what the plan committed is
+    never exceeded."""
+
+    size: int  # the bytes lent
+    hp: HParams
+    c: ContextSettings
+    n_ff: int | None
+    reach: dict[int, int] = field(default_factory=dict)  # sequence -> the farthest position touched
+    rows: int = 0  # the most rows of a pass so far
+
+    @classmethod
+    def of(cls, plan: MemoryPlan | None, hp: HParams, c: ContextSettings, n_ff: int | None) -> "ExpertLoan | None":
+        """The loan of an automatic plan that streams (None otherwise): its K/V (without a hybrid's states,
+        which are held from the start) and its compute."""
+        if plan is None or plan.mode != "auto" or plan.resident:
+            return None
+        return cls(kv_bytes(hp, c.ctx_size, c.cache_type_k, c.cache_type_v) + plan.compute, hp, c, n_ff)
+
+    def owed(self, ends: dict[int, int], n: int) -> int:
+        """Bytes due once a pass of n rows ends sequence s at position ends[s]."""
+        for s, e in ends.items():
+            self.reach[s] = max(self.reach.get(s, 0), e)
+        self.rows = max(self.rows, n)
+        c, hp = self.c, self.hp
+        pages = 2 * hp.n_layer * 4096 * len(self.reach)  # a K and a V page per layer, begun
+        kv = kv_bytes_per_token(hp, c.cache_type_k, c.cache_type_v) * sum(self.reach.values()) + pages
+        return min(self.size, kv + compute_bytes(hp, self.rows, c.ctx_size, c.flash_attn, self.n_ff))
 
 
 @dataclass(frozen=True)

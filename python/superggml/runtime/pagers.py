@@ -175,20 +175,25 @@ class ExpertPager:
         n_workers: int = 2,
         direct_io: bool = False,
         lookahead: bool | None = True,
+        loan: int = 0,
     ):
         """`lookahead`: load the next router's guesses (lookahead()) always (True), never (False), or as a
-        timed trial of the first decoded tokens finds faster (None)."""
+        timed trial of the first decoded tokens finds faster (None). `loan`: bytes beyond the budget that the
+        cache holds until they are owed back (lend())."""
         hp = arch.hp
         self.n_layer = hp.n_layer
         self.parts = self.layout(store, arch, direct=direct_io)
         self.expert_bytes = slot = expert_slot_size(self.parts, direct_io)
-        n_slots = budget // slot
+        self.base_slots = n_slots = budget // slot
         need = hp.n_expert_used * 1
         if n_slots < need:
             raise ValueError(
                 f"expert_cache of {budget} bytes holds {n_slots} experts; a token is routed to "
                 f"{hp.n_expert_used} of {slot} bytes each: give it at least {need * slot} bytes"
             )
+        n_experts = hp.n_expert * sum(1 for parts in self.parts if parts)
+        n_slots = max(n_slots, min(n_slots + loan // slot, n_experts))  # never more slots than experts on loan
+        self.spare = loan - (n_slots - self.base_slots) * slot  # the loan's bytes no slot took: owed first
         self.core = native.ExpertCache(
             path, n_slots=n_slots, slot_size=slot, backend=backend, n_workers=n_workers, direct_io=direct_io
         )
@@ -275,7 +280,7 @@ class ExpertPager:
     def record_routing(self, on: bool) -> RoutingTrace | None:
         """Starts recording a new trace (on) or stops; returns the trace recorded until now."""
         trace = self.trace
-        self.trace = RoutingTrace(self.core.n_slots) if on else None
+        self.trace = RoutingTrace(self.core.n_active) if on else None
         return trace
 
     def lookahead(self, layer: int, ids: Any) -> None:
@@ -322,10 +327,19 @@ class ExpertPager:
         pinned, self._pinned = self._pinned, []
         self.core.release(pinned)
 
+    def lend(self, owed: int) -> None:
+        """`owed` bytes of the loan are due: the slots past the budget's that cover them are set aside (between
+        passes: nothing is pinned)."""
+        due = max(0, owed - self.spare)
+        n = max(self.base_slots, self.core.n_slots - -(-due // self.expert_bytes))
+        if n != self.core.n_active:
+            self.core.set_active(n)
+
     def stats(self) -> dict[str, Any]:
         """The cache's counters, and the lookahead's precision (predicted experts that were routed to) and
         recall (routed experts that were predicted), over the layers it predicted."""
         d = dict(self.core.stats())
+        d["expert_slots_lent"] = d["expert_slots_active"] - self.base_slots  # held on the plan's loan now
         d["expert_lookahead_precision"] = self.guessed_right / self.guessed if self.guessed else 0.0
         d["expert_lookahead_recall"] = self.guessed_right / self.routed if self.routed else 0.0
         d["expert_lookahead"] = self.lookahead_state

@@ -14,7 +14,7 @@ from typing import Any
 from .. import native
 from ..errors import SuperggmlError
 from ..telemetry import MemoryFn
-from .memory_plan import SLOT_ALIGN_ROOM, plan_pool
+from .memory_plan import SLOT_ALIGN_ROOM, ExpertLoan, plan_pool
 from .pagers import Block, ExpertPager, HeadChunk, Key, NullPager, WeightPager, merge_stats
 from .resolve import Resolved
 from .scheduler import LayerScheduler
@@ -85,6 +85,7 @@ class WeightPlacement:
         self.loader: Any = None  # background load of resident weights (start_loading)
         self.pagers: list[WeightPager | NullPager] = [NullPager() for _ in self.backends]  # per device
         self.experts: ExpertPager | None = None  # experts paged one by one (expert_cache)
+        self.loan: ExpertLoan | None = None  # the plan's untouched K/V and compute, lent to the expert cache
         self.host_experts: Any = None  # placement.ExpertPlacer: missed experts computed on the host
         self.expert_rows = 0
         self.moe: MoEScratch | None = None
@@ -331,10 +332,25 @@ class WeightPlacement:
         # the next block's router's guess: only when every block is resident or pinned (its router is there)
         ahead = p.expert_lookahead is not False and (not self.paged or self.n_pinned >= hp.n_layer)
         self.moe = MoEScratch(self.arch, c.n_batch, b, ahead)
+        host = b.is_host and not p.staged_io and p.expert_cache_bytes is None and self.n_split == 1
+        self.loan = ExpertLoan.of(self.memory_plan, hp, c, self.arch.ffn_width) if host else None
         self.experts = ExpertPager(
-            self.store, self.store.path, self.arch, budget, b, direct_io=self.direct_io, lookahead=p.expert_lookahead
+            self.store,
+            self.store.path,
+            self.arch,
+            budget,
+            b,
+            direct_io=self.direct_io,
+            lookahead=p.expert_lookahead,
+            loan=self.loan.size if self.loan else 0,
         )
-        self.expert_rows = max(1, min(c.n_batch, self.experts.core.n_slots // hp.n_expert_used))
+        self.expert_rows = max(1, min(c.n_batch, self.experts.base_slots // hp.n_expert_used))
+
+    def lend(self, ends: dict[int, int], n: int) -> None:
+        """Before a pass of n rows that ends sequence s at ends[s]: the expert cache gives back what of its loan
+        the pass's K/V and compute buffers may touch."""
+        if self.loan is not None and self.experts is not None:
+            self.experts.lend(self.loan.owed(ends, n))
 
     def stats(self) -> dict[str, Any]:
         paged = [p.stats() for p in self.pagers if isinstance(p, WeightPager)]
