@@ -140,6 +140,9 @@ def test_plan_of_a_device_with_a_host_tier(smollm2_path):
     assert "host tier" in t.line()
     small = with_host_tier(p, "auto", 2 << 30)
     assert 0 < small.host_cache < 2 << 30
+    # blocks placed on the host mirror their K/V there: the host tier leaves it room
+    copied = with_host_tier(p, "auto", 2 << 30, placed=False)
+    assert small.host_kv == p.kv and copied.host_kv == 0 and copied.host_cache - small.host_cache == p.kv
     assert with_host_tier(p, "off", 64 << 30).host_cache == 0
     assert with_host_tier(p, 1 << 30, 64 << 30).host_cache == 1 << 30
     resident = plan_memory(hp, 1 << 20, c, "auto", 4 << 30)

@@ -49,6 +49,7 @@ class MemoryPlan:
     headroom: int
     host_cache: int = 0  # the host tier of streamed blocks (a device that is not host memory)
     host_available: int = 0  # host memory the process could still take (0: the device is the host)
+    host_kv: int = 0  # host memory kept beside the host tier for a host copy of the K/V (per-pass placement)
     draft_dropped: str = ""  # why the draft model asked for is not used (runtime/costs.py), if it is not
 
     @property
@@ -200,7 +201,7 @@ def plan_of(settings: Settings, arch: Any, store: Any, devices: Any, weights: in
     )
     if not (b.is_host or b.endpoint):  # a host tier, unless the host is the device or an RPC server is
         used, total = host_memory()
-        plan = with_host_tier(plan, p.host_cache, max(0, total - used))
+        plan = with_host_tier(plan, p.host_cache, max(0, total - used), placed=p.placement != "device")
     return plan
 
 
@@ -235,18 +236,19 @@ def direct_reads(path: str, plan: MemoryPlan | None) -> bool:
     return size > plan.available - plan.budget - plan.beside
 
 
-def with_host_tier(p: MemoryPlan, host_cache: HostCache, host_available: int) -> MemoryPlan:
+def with_host_tier(p: MemoryPlan, host_cache: HostCache, host_available: int, *, placed: bool = True) -> MemoryPlan:
     """The plan of a device that is not host memory with its host tier: host_cache bytes, or ("auto") the
-    blocks that stream, within what the host has available less a headroom; none while every weight is
-    resident or with "off"."""
+    blocks that stream, within what the host has available less a headroom, and less the K/V (`placed`: blocks
+    may compute on the host, their K/V mirrored there); none while every weight is resident or with "off"."""
+    host_kv = p.kv if placed and p.budget is not None else 0
     if p.budget is None or host_cache == "off":
         size = 0
     elif isinstance(host_cache, int):
         size = host_cache
     else:
-        keep = HEADROOM_MIN + int(HEADROOM_SHARE * host_available) + p.tokenizer
+        keep = HEADROOM_MIN + int(HEADROOM_SHARE * host_available) + p.tokenizer + host_kv
         size = max(0, min(p.weights - p.budget, host_available - keep))
-    return MemoryPlan(**{**asdict(p), "host_cache": size, "host_available": host_available})
+    return MemoryPlan(**{**asdict(p), "host_cache": size, "host_available": host_available, "host_kv": host_kv})
 
 
 def file_shape(path: str) -> tuple[Any, int]:
