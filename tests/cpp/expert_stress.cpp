@@ -75,6 +75,8 @@ static int run(bool direct) {
             }
             if (rnd() % 2) cache.prefetch((l + 1) % n_layer, {(int) (rnd() % n_expert), (int) (rnd() % n_expert)});
             cache.release(pinned);
+            // slots set aside (their pages released) and given back, with prefetches in flight
+            if (step % 37 == 0) cache.set_active(3 + (int) (rnd() % 4));
         }
         expert_cache_stats st = cache.stats();
         std::printf("experts%s: hits %llu, misses %llu, prefetches %llu, prefetch hits %llu, evictions %llu, "
