@@ -174,9 +174,49 @@ def test_an_automatic_plan_lends_its_untouched_kv_and_compute_to_the_expert_cach
         assert n == 4 * 8 and 0 < lent <= (mp.kv_bytes(m.hparams, 1024, "f16", "f16") + plan.compute) // slot
         got, lents = go(m)
         st = m.stats()
+        m.save_sequence(tmp_path / "seq.bin")
+        nxt = m.eval([12]).copy()
     assert np.array_equal(got, ref)
     assert lents[0] == lent and 0 <= lents[1] < lent  # the prompt's compute was owed back
     assert st["expert_slots_active"] == n - lent + lents[1] and st["expert_slots_used"] <= st["expert_slots_active"]
+    with Model(path, **kw) as m:  # a saved sequence's K/V is owed back before it is written
+        assert m.stats()["expert_slots_lent"] == lent
+        m.load_sequence(tmp_path / "seq.bin")
+        assert m.stats()["expert_slots_lent"] <= lent
+        assert np.array_equal(m.eval([12]), nxt)
+
+
+def test_the_loan_owes_what_a_pass_may_touch():
+    """Each sequence's farthest position times the K/V per token, a begun page per layer, and the compute bound of
+    the most rows so far; never more than the loan, and once all of it is owed, all of it stays owed."""
+    from types import SimpleNamespace
+
+    from superggml.runtime import memory_plan as mp
+    from superggml.settings import ContextSettings
+
+    hp = SimpleNamespace(
+        n_layer=2,
+        n_layer_kv=0,
+        n_embd=64,
+        n_embd_gqa=32,
+        n_embd_v_gqa=32,
+        n_ff=128,
+        n_expert_used=2,
+        n_expert=8,
+        n_head=4,
+        n_vocab=100,
+        state_bytes=0,
+    )
+    c = ContextSettings(ctx_size=1024, n_batch=64, cache_type_k="f16", cache_type_v="f16", flash_attn=False)
+    plan = mp.plan_memory(hp, 1 << 30, c, "auto", 1 << 30)  # type: ignore[arg-type]
+    loan = mp.ExpertLoan.of(plan, hp, c, None)  # type: ignore[arg-type]
+    assert loan is not None and loan.size == mp.kv_bytes(hp, 1024, "f16", "f16") + plan.compute
+    per_token, page = 2 * 2 * 32 * 2, 2 * 2 * 4096
+    assert loan.owed({0: 10}, 1) == 10 * per_token + page + mp.compute_bytes(hp, 1, 1024, False)
+    assert loan.owed({0: 5, 1: 20}, 1) == 30 * per_token + 2 * page + mp.compute_bytes(hp, 1, 1024, False)
+    assert loan.owed({1: 20}, 64) == 30 * per_token + 2 * page + plan.compute
+    assert loan.owed({0: 100_000}, 1) == loan.size and loan.owed({}, 1) == loan.size
+    assert mp.ExpertLoan.of(mp.plan_memory(hp, 1 << 20, c, "auto", 1 << 30), hp, c, None) is None  # resident
 
 
 LIMITED_MOE = r"""

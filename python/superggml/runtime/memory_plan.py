@@ -354,6 +354,7 @@ class ExpertLoan:
     n_ff: int | None
     reach: dict[int, int] = field(default_factory=dict)  # sequence -> the farthest position touched
     rows: int = 0  # the most rows of a pass so far
+    repaid: bool = False
 
     @classmethod
     def of(cls, plan: MemoryPlan | None, hp: HParams, c: ContextSettings, n_ff: int | None) -> "ExpertLoan | None":
@@ -365,13 +366,17 @@ class ExpertLoan:
 
     def owed(self, ends: dict[int, int], n: int) -> int:
         """Bytes due once a pass of n rows ends sequence s at position ends[s]."""
+        if self.repaid:
+            return self.size
         for s, e in ends.items():
             self.reach[s] = max(self.reach.get(s, 0), e)
         self.rows = max(self.rows, n)
         c, hp = self.c, self.hp
         pages = 2 * hp.n_layer * 4096 * len(self.reach)  # a K and a V page per layer, begun
         kv = kv_bytes_per_token(hp, c.cache_type_k, c.cache_type_v) * sum(self.reach.values()) + pages
-        return min(self.size, kv + compute_bytes(hp, self.rows, c.ctx_size, c.flash_attn, self.n_ff))
+        due = kv + compute_bytes(hp, self.rows, c.ctx_size, c.flash_attn, self.n_ff)
+        self.repaid = due >= self.size  # for good: nothing is lent again
+        return min(self.size, due)
 
 
 @dataclass(frozen=True)

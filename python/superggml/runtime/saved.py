@@ -170,6 +170,7 @@ def load(ex: Any, path: str, identity: str) -> int:
     ex.sequences.truncate(0)
     memory.bind([seq.id])
     memory.restored(seq.id, n)
+    ex.placement.lend({seq.id: n}, 1)  # the K/V about to be written is owed back first
     at = 0
     try:
         for il in range(ex.hp.n_layer):
