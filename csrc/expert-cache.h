@@ -31,7 +31,7 @@
 // free, and a prefetch never evicts an expert expected back sooner than its
 // own; a map() of a layer ends the protection of its prefetches that missed.
 //
-// set_active(n) lends the slots past the first n back: their experts are
+// set_active(n) sets the slots past the first n aside: their experts are
 // evicted, no load takes them, and on host memory their pages are returned
 // to the system (MADV_DONTNEED) until set_active gives them back.
 #pragma once
