@@ -1,6 +1,7 @@
 """Synthetic GGUFs for the GPU check, with SmolLM2's real tokenizer (tokenizer-smollm2.gguf beside this file).
 
-    python3 bench/gpu/synth.py timing OUTDIR     l8b.gguf (Llama-3-8B's shape) and l1b.gguf (16 x 2048, 8192)
+    python3 bench/gpu/synth.py timing OUTDIR     l8b.gguf (Llama-3-8B's shape), l1b.gguf (16 x 2048, 8192) and
+                                                 m4g.gguf (a qwen3moe: 24 x 2048, 64 experts of 768, 8 per token)
     python3 bench/gpu/synth.py check OUTDIR      a small model per family: llama qwen3 qwen3moe gemma3 deepseek2 qwen35
 
 SIZE=small makes small timing models (for a CPU). Every matrix is Q4_0 (norms, routers and biases F32), zero-mean.
@@ -19,10 +20,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER = os.path.join(HERE, "tokenizer-smollm2.gguf")
 Q4_0 = gguf.GGMLQuantizationType.Q4_0
-# name: (layers, n_embd, n_ff); heads of 128, n_embd / 512 K/V heads
+# name: (layers, n_embd, n_ff[, (experts, experts per token, n_ff per expert)]); heads of 128, n_embd / 512 K/V heads
 TIMING = {
-    "big": {"l8b": (32, 4096, 14336), "l1b": (16, 2048, 8192)},
-    "small": {"l8b": (8, 512, 1536), "l1b": (4, 256, 1024)},
+    "big": {"l8b": (32, 4096, 14336), "m4g": (24, 2048, 6144, (64, 8, 768)), "l1b": (16, 2048, 8192)},
+    "small": {"l8b": (8, 512, 1536), "m4g": (4, 256, 768, (8, 2, 128)), "l1b": (4, 256, 1024)},
 }
 
 
@@ -35,16 +36,19 @@ def tokenizer_fields():
     return out
 
 
-def timing_model(path, n_layer, n_embd, n_ff, fields, seed=7):
-    """A llama-shaped Q4_0 GGUF whose matrices tile a pool of 65536 random blocks (nibbles 1..15: zero-mean)."""
+def timing_model(path, n_layer, n_embd, n_ff, moe, fields, seed=7):
+    """A llama-shaped Q4_0 GGUF whose matrices tile a pool of 65536 random blocks (nibbles 1..15: zero-mean); with
+    `moe` (experts, experts per token, n_ff per expert) a qwen3moe of that shape instead (F32 routers and Q/K
+    norms, every block's FFN its experts)."""
     rng = np.random.default_rng(seed)
     n_head, n_head_kv, hd = n_embd // 128, max(1, n_embd // 512), 128
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
     pool = np.empty((1 << 16, 18), np.uint8)
     nibbles = rng.integers(1, 16, (2, 1 << 16, 16), dtype=np.uint8)
     pool[:, 2:] = nibbles[0] | (nibbles[1] << 4)
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_name("synthetic-llama")
+    arch = "qwen3moe" if moe else "llama"
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name("synthetic-" + arch)
     w.add_block_count(n_layer)
     w.add_context_length(8192)
     w.add_embedding_length(n_embd)
@@ -55,6 +59,10 @@ def timing_model(path, n_layer, n_embd, n_ff, fields, seed=7):
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
     w.add_rope_dimension_count(hd)
+    if moe:
+        w.add_expert_count(moe[0])
+        w.add_expert_used_count(moe[1])
+        w.add_expert_feed_forward_length(moe[2])
     for k, v, t, sub in fields:
         w.add_key_value(k, v, t, sub_type=sub)
     plan = [
@@ -71,16 +79,33 @@ def timing_model(path, n_layer, n_embd, n_ff, fields, seed=7):
             (p + "attn_v.weight", (n_head_kv * hd, n_embd)),
             (p + "attn_output.weight", (n_embd, n_head * hd)),
             (p + "ffn_norm.weight", (n_embd,)),
-            (p + "ffn_gate.weight", (n_ff, n_embd)),
-            (p + "ffn_up.weight", (n_ff, n_embd)),
-            (p + "ffn_down.weight", (n_embd, n_ff)),
         ]
-    for name, shape in plan:
-        if len(shape) == 1:
-            w.add_tensor_info(name, shape, np.dtype(np.float32), shape[0] * 4)
+        if moe:
+            e, _, fe = moe
+            plan += [
+                (p + "attn_q_norm.weight", (hd,)),
+                (p + "attn_k_norm.weight", (hd,)),
+                (p + "ffn_gate_inp.weight", (e, n_embd)),
+                (p + "ffn_gate_exps.weight", (e, fe, n_embd)),
+                (p + "ffn_up_exps.weight", (e, fe, n_embd)),
+                (p + "ffn_down_exps.weight", (e, n_embd, fe)),
+            ]
         else:
-            raw = (shape[0], shape[1] // 32 * 18)
-            w.add_tensor_info(name, raw, np.dtype(np.uint8), raw[0] * raw[1], raw_dtype=Q4_0)
+            plan += [
+                (p + "ffn_gate.weight", (n_ff, n_embd)),
+                (p + "ffn_up.weight", (n_ff, n_embd)),
+                (p + "ffn_down.weight", (n_embd, n_ff)),
+            ]
+
+    def f32(name, shape):
+        return len(shape) == 1 or "ffn_gate_inp" in name
+
+    for name, shape in plan:
+        if f32(name, shape):
+            w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+        else:
+            raw = (*shape[:-1], shape[-1] // 32 * 18)
+            w.add_tensor_info(name, raw, np.dtype(np.uint8), int(np.prod(raw)), raw_dtype=Q4_0)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -88,9 +113,13 @@ def timing_model(path, n_layer, n_embd, n_ff, fields, seed=7):
         if len(shape) == 1:
             w.write_tensor_data((1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
             continue
-        pool[:, :2] = np.array([shape[1] ** -0.5 / 4.32], np.float16).view(np.uint8)  # std 1/sqrt(row length)
-        blocks = np.resize(np.roll(pool, int(rng.integers(1 << 16)), axis=0), (shape[0] * shape[1] // 32, 18))
-        w.write_tensor_data(blocks.reshape(shape[0], shape[1] // 32 * 18))
+        if f32(name, shape):  # a router: zero-mean, so the tokens spread over the experts
+            w.write_tensor_data((rng.standard_normal(shape) * shape[-1] ** -0.5).astype(np.float32))
+            continue
+        rows = int(np.prod(shape[:-1]))
+        pool[:, :2] = np.array([shape[-1] ** -0.5 / 4.32], np.float16).view(np.uint8)  # std 1/sqrt(row length)
+        blocks = np.resize(np.roll(pool, int(rng.integers(1 << 16)), axis=0), (rows * shape[-1] // 32, 18))
+        w.write_tensor_data(blocks.reshape(*shape[:-1], shape[-1] // 32 * 18))
     w.close()
 
 
@@ -150,7 +179,7 @@ def main():
     fields = tokenizer_fields()
     for name, shape in TIMING[os.environ.get("SIZE", "big")].items():
         path = os.path.join(out, name + ".gguf")
-        timing_model(path, *shape, fields)
+        timing_model(path, *shape[:3], shape[3] if len(shape) > 3 else None, fields)
         print(name, os.path.getsize(path), flush=True)
 
 
