@@ -5,6 +5,8 @@
 Both run the same ~32-token prompt (its logits, every row) and 64 greedy tokens after it; llama.cpp with every layer
 on the GPU (n_gpu_layers 99), flash attention off in both. Streamed: device_budget a quarter of the weights, against
 device_budget "off", repack off in both (the streamed path cannot re-lay weights for the CPU), bit for bit.
+On a GPU, each engine's own gap between the GPU and the CPU on the same prompt's logits (superggml's against
+llama.cpp's, with n_gpu_layers 0), and the two CPUs' against each other.
 """
 
 import itertools
@@ -25,9 +27,11 @@ TEXT = (
 N_GEN, CTX = 64, 256
 
 
-def superggml_run(path, prompt, **kw):
-    """The prompt's logits, the greedy ids after it, the run's stats; prompt None: TEXT's tokens (returned too)."""
-    with Model(path, ctx_size=CTX, n_batch=512, flash_attn=False, seed=0, **device_kw(), **kw) as m:
+def superggml_run(path, prompt, cpu=False, **kw):
+    """The prompt's logits, the greedy ids after it, the run's stats; prompt None: TEXT's tokens (returned too);
+    cpu: on the CPU whatever this build has."""
+    dev = {} if cpu else device_kw()
+    with Model(path, ctx_size=CTX, n_batch=512, flash_attn=False, seed=0, **dev, **kw) as m:
         prompt = prompt or m.tokenize(TEXT)
         logits = np.array(m.eval(prompt, logits_all=True), dtype=np.float32).reshape(len(prompt), -1)
         m.reset()
@@ -79,7 +83,21 @@ def main():
         res["greedy_same_prefix"] = next((i for i, (a, b) in enumerate(zip(ids, r["ids"])) if a != b), N_GEN)
     except Exception as e:
         res["errors"]["llama.cpp"] = error(e)
+        r = None
     save(res, out, t0, "llama.cpp")
+    if device_kw() and r is not None:  # on a GPU: what each engine's own GPU and CPU differ by
+        try:
+            _, c_logits, _, _ = superggml_run(path, prompt, cpu=True, device_budget="off")
+            req = {"kind": "check", "model": path, "prompt": prompt, "n_gen": 1, "ngl": 0, "n_ctx": CTX}
+            rc = run_ref(ref, req, timeout=120)["logits"]
+            res["cross_backend"] = {
+                "superggml_gpu_vs_cpu": float(np.abs(logits - c_logits).max()),
+                "llama.cpp_gpu_vs_cpu": float(np.abs(r["logits"] - rc).max()),
+                "cpu_superggml_vs_llama.cpp": float(np.abs(c_logits - rc).max()),
+            }
+        except Exception as e:
+            res["errors"]["cross_backend"] = error(e)
+        save(res, out, t0, "GPU against CPU")
     try:
         weights, _ = sizes(path)
         _, a_logits, a_ids, _ = superggml_run(path, prompt, device_budget="off", repack=False)

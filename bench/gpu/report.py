@@ -48,18 +48,26 @@ def problems(r, rc):
 def check_rows(runs):
     out = [
         "| model | max abs dlogit (max abs logit) | argmax agree | 64 greedy tokens equal | streamed = resident, "
-        "bit for bit (logits, greedy) | streamed pinned/slots | problems |",
-        "|---|---|---|---|---|---|---|",
+        "bit for bit (logits, greedy) | streamed pinned/slots | GPU vs CPU: superggml, llama.cpp (CPUs apart) | "
+        "problems |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, c, rc in runs:
         s = c.get("streamed", {})
         st = f"{fmt(s.get('logits_equal'))}, {fmt(s.get('greedy_equal'))}" if s else "-"
         eq = c.get("greedy_equal")
         greedy = "-" if eq is None else "yes" if eq else f"no (first {c['greedy_same_prefix']} equal)"
+        x = c.get("cross_backend", {})
+        gap = (
+            f"{fmt(x['superggml_gpu_vs_cpu'])}, {fmt(x['llama.cpp_gpu_vs_cpu'])} "
+            f"({fmt(x['cpu_superggml_vs_llama.cpp'])})"
+            if x
+            else "-"
+        )
         out.append(
             f"| {name} | {fmt(c.get('max_abs_dlogit'))} ({fmt(c.get('max_abs_logit'))}) | "
             f"{fmt(c.get('argmax_agree'))} | {greedy} | {st} | "
-            f"{fmt(s.get('layers_pinned'))}/{fmt(s.get('n_slots'))} | {problems(c, rc)} |"
+            f"{fmt(s.get('layers_pinned'))}/{fmt(s.get('n_slots'))} | {gap} | {problems(c, rc)} |"
         )
     return out
 
