@@ -66,6 +66,7 @@ def _synth(
     n_expert_used=0,
     n_ff_exp=None,
     n_ff_shexp=None,
+    qkv_bias=False,
 ):
     """A random-weight GGUF laid out as llama.cpp's converter writes `arch`; `wtype` (f32, f16, q8_0, q4_k) is
     the type of the matmul weights, as a quantized model has them (norms and the embedding stay F32).
@@ -74,7 +75,8 @@ def _synth(
     context) (LongRoPE's long and short factor tensors and attn_factor, as phi3's converter writes them);
     keys: more "{arch}.<key>" values (sliding window, soft caps...) as (value, GGUFValueType).
     n_expert > 0: a mixture of experts (3-D ffn_{gate,up,down}_exps of n_ff_exp, a router; a shared expert of
-    n_ff_shexp for qwen2moe), laid out as llama.cpp's converter writes qwen2moe, qwen3moe, olmoe and Mixtral."""
+    n_ff_shexp for qwen2moe), laid out as llama.cpp's converter writes qwen2moe, qwen3moe, olmoe and Mixtral.
+    qkv_bias: Q/K/V biases for seed_oss (qwen2's always has them)."""
     rng = np.random.default_rng(seed)
     hd = head_dim or n_embd // n_head
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
@@ -147,7 +149,7 @@ def _synth(
         w.add_tensor(name, value)
     for il in range(n_layer):
         p = f"blk.{il}."
-        for n in ("attn_norm", "post_attention_norm" if arch == "gpt-oss" else "ffn_norm"):
+        for n in ("attn_norm", "post_attention_norm" if arch in ("gpt-oss", "seed_oss") else "ffn_norm"):
             norm(p + n + ".weight")
         if n_expert:
             t(p + "attn_q.weight", n_head * hd, n_embd, scale=0.3)
@@ -200,7 +202,7 @@ def _synth(
         if arch.startswith("gemma"):
             norm(p + "post_attention_norm.weight")
             norm(p + "post_ffw_norm.weight")
-        if arch in ("qwen2", "qwen2moe"):
+        if arch in ("qwen2", "qwen2moe") or (arch == "seed_oss" and qkv_bias):
             for n, rows in (("q", n_head * hd), ("k", n_head_kv * hd), ("v", n_head_kv * hd)):
                 t(p + f"attn_{n}.bias", rows, scale=0.5)
     return finish(w, path)
@@ -657,6 +659,10 @@ VARIANTS = {
     "phi3-longrope-long": dict(arch="phi3", rope=("longrope", 64)),
     "phi3-longrope-short": dict(arch="phi3", rope=("longrope", 4096)),
     # mixtures of experts: 8 experts, 2 (or 1) per token
+    "smollm3-tied": dict(arch="smollm3", n_layer=8),
+    "smollm3-output-q8_0": dict(arch="smollm3", n_layer=4, tied=False, wtype="q8_0"),
+    "seed_oss-bias-headdim32": dict(arch="seed_oss", tied=False, head_dim=32, qkv_bias=True),
+    "seed_oss-nobias": dict(arch="seed_oss"),
     "qwen3moe-8x2": dict(arch="qwen3moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=48),
     "qwen3moe-8x2-q8_0": dict(arch="qwen3moe", n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="q8_0"),
     "qwen2moe-shared": dict(arch="qwen2moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64),

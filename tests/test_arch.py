@@ -80,6 +80,8 @@ def test_unsupported_rope_scaling(tmp_path):
         "qwen35-interval2",
         "qwen35moe-8x2-q8_0",
         "qwen3next-8x2",
+        "smollm3-tied",
+        "seed_oss-bias-headdim32",
     ],
 )
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
@@ -126,6 +128,8 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
         "qwen35-interval2",
         "qwen35moe-8x2-q8_0",
         "qwen3next-8x2",
+        "smollm3-tied",
+        "seed_oss-bias-headdim32",
     ],
 )
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
@@ -172,6 +176,8 @@ def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
         "olmoe-8x2-f16",
         "mixtral-8x1",
         "gpt-oss-8x2-q8_0",
+        "smollm3-tied",
+        "seed_oss-nobias",
     ],
 )
 def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):

@@ -25,6 +25,8 @@ from .qwen3moe import Qwen3MoeArch
 from .qwen35 import Qwen35Arch
 from .qwen35moe import Qwen35MoeArch
 from .qwen3next import Qwen3NextArch
+from .seed_oss import SeedOssArch
+from .smollm3 import SmolLM3Arch
 
 ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama": LlamaArch,
@@ -42,6 +44,8 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen35": Qwen35Arch,
     "qwen35moe": Qwen35MoeArch,
     "qwen3next": Qwen3NextArch,
+    "smollm3": SmolLM3Arch,
+    "seed_oss": SeedOssArch,
 }
 
 
