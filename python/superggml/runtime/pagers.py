@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence, Union
+from typing import Any, Collection, Iterator, Sequence, Union
 
 from .. import native
 from .routing import RoutingTrace
@@ -270,7 +270,7 @@ class ExpertPager:
         self._pinned += pinned
         return slots
 
-    def load(self, layer: int, experts: Sequence[int]) -> int:
+    def load(self, layer: int, experts: Collection[int]) -> int:
         """Starts loading `experts` of `layer` (a map() waits for them); returns how many it started."""
         started = int(self.core.prefetch(layer, sorted(experts))) if experts else 0
         if self.trace is not None:
@@ -290,11 +290,9 @@ class ExpertPager:
             return
         if self.guessed >= LOOKAHEAD_TRIAL and self.guessed_right < LOOKAHEAD_MIN_PRECISION * self.guessed:
             return
-        guess = sorted({int(e) for e in ids})
-        self._guess[layer] = set(guess)
-        started = self.core.prefetch(layer, guess)
-        if self.trace is not None:
-            self.trace.loads[layer] = self.trace.loads.get(layer, 0) + started
+        guess = {int(e) for e in ids}
+        self._guess[layer] = guess
+        self.load(layer, guess)
 
     @property
     def lookahead_state(self) -> str:
