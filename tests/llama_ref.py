@@ -116,6 +116,9 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
         n_batch=req.get("n_batch", 512),
         n_ubatch=req.get("n_batch", 512),
         flash_attn=req.get("flash_attn", False),
+        # llama.cpp's own default (common.h): the GGUF's YaRN betas; llama_cpp would pass 32 and 1 over them
+        yarn_beta_fast=-1.0,
+        yarn_beta_slow=-1.0,
     )
     if req.get("kv_type") == "f32":
         kw.update(type_k=0, type_v=0)

@@ -67,6 +67,7 @@ def _synth(
     n_ff_exp=None,
     n_ff_shexp=None,
     qkv_bias=False,
+    biases=False,
 ):
     """A random-weight GGUF laid out as llama.cpp's converter writes `arch`; `wtype` (f32, f16, q8_0, q4_k) is
     the type of the matmul weights, as a quantized model has them (norms and the embedding stay F32).
@@ -76,7 +77,8 @@ def _synth(
     keys: more "{arch}.<key>" values (sliding window, soft caps...) as (value, GGUFValueType).
     n_expert > 0: a mixture of experts (3-D ffn_{gate,up,down}_exps of n_ff_exp, a router; a shared expert of
     n_ff_shexp for qwen2moe), laid out as llama.cpp's converter writes qwen2moe, qwen3moe, olmoe and Mixtral.
-    qkv_bias: Q/K/V biases for seed_oss (qwen2's always has them)."""
+    qkv_bias: Q/K/V biases for seed_oss (qwen2's always has them); biases: attn_output's and the dense FFN's
+    (mistral3's optional ones)."""
     rng = np.random.default_rng(seed)
     hd = head_dim or n_embd // n_head
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
@@ -202,6 +204,12 @@ def _synth(
         if arch.startswith("gemma"):
             norm(p + "post_attention_norm.weight")
             norm(p + "post_ffw_norm.weight")
+        if biases:
+            t(p + "attn_output.bias", n_embd, scale=0.3)
+            if not n_expert:
+                t(p + "ffn_gate.bias", n_ff, scale=0.3)
+                t(p + "ffn_up.bias", n_ff, scale=0.3)
+                t(p + "ffn_down.bias", n_embd, scale=0.3)
         if arch in ("qwen2", "qwen2moe") or (arch == "seed_oss" and qkv_bias):
             for n, rows in (("q", n_head * hd), ("k", n_head_kv * hd), ("v", n_head_kv * hd)):
                 t(p + f"attn_{n}.bias", rows, scale=0.5)
@@ -663,6 +671,22 @@ VARIANTS = {
     "smollm3-output-q8_0": dict(arch="smollm3", n_layer=4, tied=False, wtype="q8_0"),
     "seed_oss-bias-headdim32": dict(arch="seed_oss", tied=False, head_dim=32, qkv_bias=True),
     "seed_oss-nobias": dict(arch="seed_oss"),
+    # Ministral 3: YaRN with a log multiplier and its own betas, the attention temperature over a short original
+    # context (16: it changes within the prompt)
+    "mistral3-yarn-temp-headdim32": dict(
+        arch="mistral3",
+        tied=False,
+        head_dim=32,
+        rope=("yarn", 16.0, 16),
+        keys={
+            "rope.scaling.yarn_log_multiplier": (1.0, F32V),
+            "rope.scaling.yarn_beta_fast": (16.0, F32V),
+            "rope.scaling.yarn_beta_slow": (2.0, F32V),
+            "attention.temperature_scale": (0.1, F32V),
+        },
+    ),
+    "mistral3-biases-q8_0": dict(arch="mistral3", wtype="q8_0", biases=True),
+    "mistral3-moe-8x2": dict(arch="mistral3", tied=False, n_expert=8, n_expert_used=2, biases=True),
     "qwen3moe-8x2": dict(arch="qwen3moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=48),
     "qwen3moe-8x2-q8_0": dict(arch="qwen3moe", n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="q8_0"),
     "qwen2moe-shared": dict(arch="qwen2moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64),

@@ -15,6 +15,7 @@ import pytest
 
 import llama_ref
 import synth_gguf
+from batching import alone_and_batched
 from superggml import Model, UnsupportedModelError
 from synth_gguf import N_LAYER, VARIANTS, synth
 
@@ -82,6 +83,8 @@ def test_unsupported_rope_scaling(tmp_path):
         "qwen3next-8x2",
         "smollm3-tied",
         "seed_oss-bias-headdim32",
+        "mistral3-yarn-temp-headdim32",
+        "mistral3-moe-8x2",
     ],
 )
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
@@ -130,6 +133,8 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
         "qwen3next-8x2",
         "smollm3-tied",
         "seed_oss-bias-headdim32",
+        "mistral3-yarn-temp-headdim32",
+        "mistral3-biases-q8_0",
     ],
 )
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
@@ -149,6 +154,23 @@ def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, va
             assert out["choices"][0]["text"] == str(ref[f"piece_text{i}"])
             if f"text{i}" in ref and all(len(m.tokenizer.token_to_piece(t)) <= 32 for t in ref_ids):
                 assert out["choices"][0]["text"] == str(ref[f"text{i}"])
+
+
+@pytest.mark.parametrize(
+    "variant", ["smollm3-tied", "seed_oss-bias-headdim32", "mistral3-yarn-temp-headdim32", "mistral3-moe-8x2"]
+)
+def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
+    """batch_invariant: sequences of 9, 17 and 5 tokens in shared passes, then greedy steps, each at its own
+    positions (mistral3's temperature is per position): the same tokens as each alone, the logits within 1e-3."""
+    path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
+    rng = np.random.default_rng(3)
+    prompts = [[int(x) for x in rng.integers(0, 49152, n)] for n in (9, 17, 5)]
+    with Model(path, ctx_size=128, n_threads=2, n_batch=16, batch_invariant=True) as m:
+        solo, got = alone_and_batched(m, prompts, 3)
+    worst = max(float(np.abs(g - a).max()) for g, a in zip(got, solo))
+    print(f"{variant}: max |dlogit| batch vs alone {worst:.2e}")
+    assert worst <= 1e-3
+    assert all((g.argmax(-1) == a.argmax(-1)).all() for g, a in zip(got, solo))
 
 
 def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
@@ -178,6 +200,8 @@ def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
         "gpt-oss-8x2-q8_0",
         "smollm3-tied",
         "seed_oss-nobias",
+        "mistral3-yarn-temp-headdim32",
+        "mistral3-moe-8x2",
     ],
 )
 def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):

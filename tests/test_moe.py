@@ -29,7 +29,15 @@ def run(path, prompt, **kw):
 
 @pytest.mark.parametrize(
     "variant",
-    ["qwen3moe-8x2-q8_0", "qwen2moe-shared", "olmoe-8x2-f16", "mixtral-8x1", "gpt-oss-8x2-mxfp4", "glm4moe-bias-mtp"],
+    [
+        "qwen3moe-8x2-q8_0",
+        "qwen2moe-shared",
+        "olmoe-8x2-f16",
+        "mixtral-8x1",
+        "gpt-oss-8x2-mxfp4",
+        "glm4moe-bias-mtp",
+        "mistral3-moe-8x2",
+    ],
 )
 def test_expert_cache_of_a_quarter_is_bit_identical_to_resident(tmp_path, vocab_fields, variant):
     """4 layers x 8 experts; a cache of 25% of the expert bytes (8 slots) evicts all the time."""

@@ -12,6 +12,7 @@ from ..errors import UnsupportedModelError
 from .common import Architecture, HParams
 from .deepseek2 import Deepseek2Arch
 from .llama import LlamaArch
+from .mistral3 import Mistral3Arch
 from .qwen2 import Qwen2Arch
 from .gemma2 import Gemma2Arch
 from .gemma3 import Gemma3Arch
@@ -46,6 +47,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen3next": Qwen3NextArch,
     "smollm3": SmolLM3Arch,
     "seed_oss": SeedOssArch,
+    "mistral3": Mistral3Arch,
 }
 
 

@@ -122,6 +122,20 @@ class HParams:
         return hp
 
 
+def yarn_attn_factor(freq_scale: SupportsFloat, mscale_all_dims: SupportsFloat | None = None) -> np.float32:
+    """YaRN's attn_factor as llama_context derives it, before rope.scaling.attn_factor: get_mscale(factor, 1), or
+    with rope.scaling.yarn_log_multiplier that over get_mscale(factor, mscale_all_dims); times the cancelling of
+    the factor ggml-cpu's rope applies."""
+    fac = f32(1.0) / f32(freq_scale)
+    log = logf(fac)
+
+    def get_mscale(m: SupportsFloat) -> np.float32:
+        return f32(1.0) if fac <= 1 else f32(0.1) * f32(m) * log + f32(1.0)
+
+    attn = get_mscale(1.0) if mscale_all_dims is None else get_mscale(1.0) / get_mscale(mscale_all_dims)
+    return attn * (f32(1.0) / (f32(1.0) + f32(0.1) * log))
+
+
 def _rope_scaling(meta: Mapping[str, Any], arch: str, n_ctx_train: int) -> dict[str, Any]:
     """RoPE scaling as llama.cpp's context derives it (llama_context's constructor): freq_scale, YaRN's
     ext_factor and attn_factor, the original context."""
@@ -136,12 +150,7 @@ def _rope_scaling(meta: Mapping[str, Any], arch: str, n_ctx_train: int) -> dict[
         raise GGUFError(f"'{arch}.rope.scaling.factor' is negative: {factor}")
     scale = f32(1.0) if factor == 0 or kind == "none" else f32(1.0) / factor
     ext = f32(1.0 if kind == "yarn" else 0.0)
-    attn = f32(1.0)
-    if ext != 0:
-        fac = f32(1.0) / scale
-        log = logf(fac)
-        attn = f32(1.0) if fac <= 1 else f32(0.1) * f32(1.0) * log + f32(1.0)
-        attn *= f32(1.0) / (f32(1.0) + f32(0.1) * log)  # cancels the factor ggml-cpu's rope applies
+    attn = yarn_attn_factor(scale) if ext != 0 else f32(1.0)
     attn *= f32(meta.get(f"{arch}.rope.scaling.attn_factor", 1.0))
     n_orig = int(meta.get(f"{arch}.rope.scaling.original_context_length") or n_ctx_train)
     return dict(
@@ -197,6 +206,7 @@ class StepInputs:
     keep_rows: bool = False  # the last block keeps every row (the output norm of each is wanted: an MTP drafter's)
     hidden: native.Tensor | None = None  # F32 [n_embd, n_tokens]: the hidden rows an MTP block reads
     chain: bool = False  # the lanes are one sequence's tokens, each its own lane (a recurrent layer: one chain)
+    attn_scale: native.Tensor | None = None  # F32 [1, 1, n_tokens]: the attention temperature (Architecture.attn_temp)
     # layer -> the tensor where a recurrent layer leaves its pass's inputs for replay, or None
     record: Callable[[int], native.Tensor | None] | None = None
 

@@ -19,7 +19,7 @@ F32 = native.GGMLType.F32
 F16 = native.GGMLType.F16
 ROPE_NORM = 0
 ROPE_NEOX = 2
-YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0  # llama.cpp's defaults; it reads no GGUF keys for them here
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0  # llama.cpp's defaults (rope.scaling.yarn_beta_* for mistral3)
 
 
 def row_size(t: native.GGMLType, n: int) -> int:
@@ -62,6 +62,9 @@ class Architecture:
         self.n_swa = 0  # sliding window (tokens) of the layers is_swa marks
         self.swa_layers: tuple[bool, ...] = (False,) * hp.n_layer
         self.rope_base_swa, self.rope_scale_swa = hp.rope_base, hp.rope_scale
+        self.yarn_beta = (YARN_BETA_FAST, YARN_BETA_SLOW)
+        # attention temperature (Llama 4, Mistral 3): Q times log(floor((pos + offset) / floor) + 1) * scale + 1
+        self.attn_temp: tuple[float, int, float] | None = None  # (scale, floor, offset)
         self.n_ctx_seq = hp.n_ctx_train  # the context the model runs with (set_context)
         meta = meta or {}
         # mixture of experts (hp.n_expert > 0): the experts' FFN size, a shared expert's (0: none)
@@ -137,6 +140,13 @@ class Architecture:
     def attn_output(self, il: int) -> str:
         """The matmul after block il's attention."""
         return f"blk.{il}.attn_output.weight"
+
+    def attn_scale_of(self, positions: np.ndarray) -> np.ndarray:
+        """The attention temperature of each position (llm_graph_input_attn_temp): F32 [n]."""
+        assert self.attn_temp is not None
+        scale, floor, offset = self.attn_temp
+        steps = np.floor((positions.astype(np.float32) + f32(offset)) / f32(floor))
+        return (np.log(steps.astype(np.float64) + 1.0) * float(f32(scale)) + 1.0).astype(np.float32)
 
     def set_context(self, n_ctx: int) -> None:
         """The context size the model runs with, padded as llama.cpp pads it (it picks LongRoPE's factors)."""
@@ -285,8 +295,7 @@ class Architecture:
             scale,
             hp.rope_ext_factor,
             hp.rope_attn_factor,
-            YARN_BETA_FAST,
-            YARN_BETA_SLOW,
+            *self.yarn_beta,
         )
 
     def norm(self, ctx: Context, w: Weights, x: Tensor, name: str) -> Tensor:
@@ -341,6 +350,8 @@ class Architecture:
         q, k, v = self.build_qkv(ctx, w, p, cur, inp.n_tokens)
         q, k = self.build_qk_norm(ctx, w, p, q, k)
         q, k = self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, k)
+        if inp.attn_scale is not None:
+            q = ctx.mul(q, inp.attn_scale)
         kq_scale = inv_sqrt(hp.head_dim)
         if self.q_scale is not None:  # Q scaled before attention, as some families' graphs do
             q, kq_scale = ctx.scale(q, self.q_scale), 1.0

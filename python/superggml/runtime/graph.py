@@ -157,7 +157,7 @@ class GraphPlan:
     def new_inputs(self, di: int, backend: Any) -> StepInputs:
         c, hp, n = self.ex.settings.context, self.ex.hp, self.n
         mtype = F16 if c.flash_attn else F32
-        ictx = native.Context(max_tensors=4 + 4 * max(self.n_lanes, 1))
+        ictx = native.Context(max_tensors=6 + 4 * max(self.n_lanes, 1))
 
         def named(tag: str, **t: Any) -> dict[str, Any]:
             for name, x in t.items():
@@ -183,6 +183,8 @@ class GraphPlan:
         )
         if self.ex.arch.reads_hidden:
             t.update(named("", hidden=ictx.new_tensor(F32, [hp.n_embd, n])))
+        if self.ex.arch.attn_temp:
+            t.update(named("", attn_scale=ictx.new_tensor(F32, [1, 1, n])))
         rot = {"k_rot": self.ex.rot[di].get("k"), "v_rot": self.ex.rot[di].get("v")}
         one = (self.lanes is None and not self.streams) or self.chain
         record = self.ex.memory.record_tensor if records(n, one) else None
@@ -240,6 +242,7 @@ class GraphPlan:
         """Sets every device's inputs: the pass's tokens, each lane's rows, the rows whose output is wanted,
         and the hidden rows an MTP block reads (F32 [n, n_embd])."""
         pos = np.concatenate([r.positions for r in rows])
+        temp = self.ex.arch.attn_scale_of(pos) if self.ex.arch.attn_temp else None
         if self.ex.arch.rope_sections:  # text positions for every section but the last (llama.cpp's)
             pos = np.concatenate([pos, pos, pos, np.zeros_like(pos)])
         out = np.asarray(out_rows or [0], dtype=np.int32)
@@ -250,6 +253,8 @@ class GraphPlan:
             native.tensor_set(inp.tokens, tokens)
             native.tensor_set(inp.positions, pos)
             native.tensor_set(inp.out_ids, out)
+            if inp.attn_scale is not None:
+                native.tensor_set(inp.attn_scale, temp)
             if inp.hidden is not None:
                 if hidden is None:
                     raise ValueError("an MTP pass needs the hidden rows its tokens follow")
