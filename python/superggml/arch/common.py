@@ -146,7 +146,8 @@ class Architecture:
         assert self.attn_temp is not None
         scale, floor, offset = self.attn_temp
         steps = np.floor((positions.astype(np.float32) + f32(offset)) / f32(floor))
-        return (np.log(steps.astype(np.float64) + 1.0) * float(f32(scale)) + 1.0).astype(np.float32)
+        out: np.ndarray = (np.log(steps.astype(np.float64) + 1.0) * float(f32(scale)) + 1.0).astype(np.float32)
+        return out
 
     def set_context(self, n_ctx: int) -> None:
         """The context size the model runs with, padded as llama.cpp pads it (it picks LongRoPE's factors)."""

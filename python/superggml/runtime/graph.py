@@ -253,7 +253,7 @@ class GraphPlan:
             native.tensor_set(inp.tokens, tokens)
             native.tensor_set(inp.positions, pos)
             native.tensor_set(inp.out_ids, out)
-            if inp.attn_scale is not None:
+            if inp.attn_scale is not None and temp is not None:
                 native.tensor_set(inp.attn_scale, temp)
             if inp.hidden is not None:
                 if hidden is None:
