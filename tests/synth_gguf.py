@@ -68,6 +68,8 @@ def _synth(
     n_ff_shexp=None,
     qkv_bias=False,
     biases=False,
+    n_lead=0,
+    probs_bias=False,
 ):
     """A random-weight GGUF laid out as llama.cpp's converter writes `arch`; `wtype` (f32, f16, q8_0, q4_k) is
     the type of the matmul weights, as a quantized model has them (norms and the embedding stay F32).
@@ -78,7 +80,8 @@ def _synth(
     n_expert > 0: a mixture of experts (3-D ffn_{gate,up,down}_exps of n_ff_exp, a router; a shared expert of
     n_ff_shexp for qwen2moe), laid out as llama.cpp's converter writes qwen2moe, qwen3moe, olmoe and Mixtral.
     qkv_bias: Q/K/V biases for seed_oss (qwen2's always has them); biases: attn_output's and the dense FFN's
-    (mistral3's optional ones)."""
+    (mistral3's optional ones). ernie4_5-moe: n_lead leading dense blocks, exp_probs_b where probs_bias, an
+    ungated shared expert of n_ff_shexp."""
     rng = np.random.default_rng(seed)
     hd = head_dim or n_embd // n_head
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
@@ -93,6 +96,10 @@ def _synth(
         w.add_expert_used_count(n_expert_used)
         if n_ff_exp:
             w.add_expert_feed_forward_length(n_ff_exp)
+        if arch == "ernie4_5-moe":
+            w.add_interleave_moe_layer_step(1)
+            w.add_leading_dense_block_count(n_lead)
+            w.add_expert_shared_count(1 if n_ff_shexp else 0)
         if n_ff_shexp:
             w.add_expert_shared_feed_forward_length(n_ff_shexp)
     if scaling:
@@ -153,12 +160,14 @@ def _synth(
         p = f"blk.{il}."
         for n in ("attn_norm", "post_attention_norm" if arch in ("gpt-oss", "seed_oss") else "ffn_norm"):
             norm(p + n + ".weight")
-        if n_expert:
+        if n_expert and il >= n_lead:
             t(p + "attn_q.weight", n_head * hd, n_embd, scale=0.3)
             t(p + "attn_k.weight", n_head_kv * hd, n_embd, scale=0.3)
             t(p + "attn_v.weight", n_head_kv * hd, n_embd)
             fe = n_ff_exp or n_ff
             t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=0.5)
+            if probs_bias:
+                t(p + "exp_probs_b.bias", n_expert, scale=0.1)
             t(p + "ffn_gate_exps.weight", n_expert, fe, n_embd)
             t(p + "ffn_up_exps.weight", n_expert, fe, n_embd)
             t(p + "ffn_down_exps.weight", n_expert, n_embd, fe)
@@ -171,8 +180,9 @@ def _synth(
                     t(p + f"attn_{n}.bias", rows, scale=0.5)
                 t(p + "attn_output.bias", n_embd, scale=0.3)
                 t(p + "attn_sinks.weight", n_head, scale=1.0)
-            if n_ff_shexp:
+            if n_ff_shexp and arch == "qwen2moe":
                 t(p + "ffn_gate_inp_shexp.weight", n_embd, scale=0.3)
+            if n_ff_shexp:
                 t(p + "ffn_gate_shexp.weight", n_ff_shexp, n_embd)
                 t(p + "ffn_up_shexp.weight", n_ff_shexp, n_embd)
                 t(p + "ffn_down_shexp.weight", n_embd, n_ff_shexp)
@@ -193,7 +203,7 @@ def _synth(
             t(p + "ffn_gate.weight", n_ff, n_embd)
             t(p + "ffn_up.weight", n_ff, n_embd)
         t(p + "attn_output.weight", n_embd, n_head * hd)
-        if not n_expert:
+        if not n_expert or il < n_lead:
             t(p + "ffn_down.weight", n_embd, n_ff)
         if arch in ("qwen3", "gemma3", "qwen3moe"):
             for n in ("attn_q_norm", "attn_k_norm"):
@@ -687,6 +697,18 @@ VARIANTS = {
     ),
     "mistral3-biases-q8_0": dict(arch="mistral3", wtype="q8_0", biases=True),
     "mistral3-moe-8x2": dict(arch="mistral3", tied=False, n_expert=8, n_expert_used=2, biases=True),
+    # ERNIE 4.5 MoE: a leading dense block, exp_probs_b, a shared expert
+    "ernie4_5-moe-lead-shared": dict(
+        arch="ernie4_5-moe",
+        tied=False,
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=32,
+        n_ff_shexp=48,
+        n_lead=1,
+        probs_bias=True,
+    ),
+    "ernie4_5-moe-q8_0": dict(arch="ernie4_5-moe", n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="q8_0"),
     "qwen3moe-8x2": dict(arch="qwen3moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=48),
     "qwen3moe-8x2-q8_0": dict(arch="qwen3moe", n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="q8_0"),
     "qwen2moe-shared": dict(arch="qwen2moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64),

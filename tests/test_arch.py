@@ -85,6 +85,7 @@ def test_unsupported_rope_scaling(tmp_path):
         "seed_oss-bias-headdim32",
         "mistral3-yarn-temp-headdim32",
         "mistral3-moe-8x2",
+        "ernie4_5-moe-lead-shared",
     ],
 )
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
@@ -135,6 +136,8 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
         "seed_oss-bias-headdim32",
         "mistral3-yarn-temp-headdim32",
         "mistral3-biases-q8_0",
+        "ernie4_5-moe-lead-shared",
+        "ernie4_5-moe-q8_0",
     ],
 )
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
@@ -157,7 +160,14 @@ def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, va
 
 
 @pytest.mark.parametrize(
-    "variant", ["smollm3-tied", "seed_oss-bias-headdim32", "mistral3-yarn-temp-headdim32", "mistral3-moe-8x2"]
+    "variant",
+    [
+        "smollm3-tied",
+        "seed_oss-bias-headdim32",
+        "mistral3-yarn-temp-headdim32",
+        "mistral3-moe-8x2",
+        "ernie4_5-moe-lead-shared",
+    ],
 )
 def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
     """batch_invariant: sequences of 9, 17 and 5 tokens in shared passes, then greedy steps, each at its own
@@ -202,6 +212,7 @@ def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
         "seed_oss-nobias",
         "mistral3-yarn-temp-headdim32",
         "mistral3-moe-8x2",
+        "ernie4_5-moe-q8_0",
     ],
 )
 def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):

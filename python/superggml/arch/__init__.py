@@ -11,6 +11,7 @@ from typing import Any, Iterable, Mapping
 from ..errors import UnsupportedModelError
 from .common import Architecture, HParams
 from .deepseek2 import Deepseek2Arch
+from .ernie4_5_moe import Ernie45MoeArch
 from .llama import LlamaArch
 from .mistral3 import Mistral3Arch
 from .qwen2 import Qwen2Arch
@@ -48,6 +49,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "smollm3": SmolLM3Arch,
     "seed_oss": SeedOssArch,
     "mistral3": Mistral3Arch,
+    "ernie4_5-moe": Ernie45MoeArch,
 }
 
 
