@@ -208,7 +208,7 @@ def _synth(
         if arch in ("qwen3", "gemma3", "qwen3moe"):
             for n in ("attn_q_norm", "attn_k_norm"):
                 norm(p + n + ".weight", hd, 0.2)
-        if arch == "olmoe":  # norms of the whole Q and K projections
+        if arch in ("olmoe", "minimax-m2"):  # norms of the whole Q and K projections
             norm(p + "attn_q_norm.weight", n_head * hd, 0.2)
             norm(p + "attn_k_norm.weight", n_head_kv * hd, 0.2)
         if arch.startswith("gemma"):
@@ -709,6 +709,33 @@ VARIANTS = {
         probs_bias=True,
     ),
     "ernie4_5-moe-q8_0": dict(arch="ernie4_5-moe", n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="q8_0"),
+    # MiniMax-M2: Q/K norms over all heads, RoPE over half of each head, sigmoid routing with exp_probs_b
+    "minimax-m2-8x2": dict(
+        arch="minimax-m2",
+        tied=False,
+        n_expert=8,
+        n_expert_used=2,
+        probs_bias=True,
+        keys={
+            "expert_feed_forward_length": (N_FF, U32),
+            "rope.dimension_count": (8, U32),
+            "expert_gating_func": (2, U32),
+        },
+    ),
+    "minimax-m2-8x2-q8_0-headdim32": dict(
+        arch="minimax-m2",
+        tied=False,
+        n_expert=8,
+        n_expert_used=2,
+        probs_bias=True,
+        head_dim=32,
+        wtype="q8_0",
+        keys={
+            "expert_feed_forward_length": (N_FF, U32),
+            "rope.dimension_count": (16, U32),
+            "expert_gating_func": (2, U32),
+        },
+    ),
     "qwen3moe-8x2": dict(arch="qwen3moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=48),
     "qwen3moe-8x2-q8_0": dict(arch="qwen3moe", n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="q8_0"),
     "qwen2moe-shared": dict(arch="qwen2moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64),

@@ -86,6 +86,7 @@ def test_unsupported_rope_scaling(tmp_path):
         "mistral3-yarn-temp-headdim32",
         "mistral3-moe-8x2",
         "ernie4_5-moe-lead-shared",
+        "minimax-m2-8x2",
     ],
 )
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
@@ -138,6 +139,8 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
         "mistral3-biases-q8_0",
         "ernie4_5-moe-lead-shared",
         "ernie4_5-moe-q8_0",
+        "minimax-m2-8x2",
+        "minimax-m2-8x2-q8_0-headdim32",
     ],
 )
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
@@ -167,6 +170,7 @@ def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, va
         "mistral3-yarn-temp-headdim32",
         "mistral3-moe-8x2",
         "ernie4_5-moe-lead-shared",
+        "minimax-m2-8x2",
     ],
 )
 def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
@@ -213,6 +217,7 @@ def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
         "mistral3-yarn-temp-headdim32",
         "mistral3-moe-8x2",
         "ernie4_5-moe-q8_0",
+        "minimax-m2-8x2",
     ],
 )
 def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):

@@ -38,6 +38,7 @@ def run(path, prompt, **kw):
         "glm4moe-bias-mtp",
         "mistral3-moe-8x2",
         "ernie4_5-moe-lead-shared",
+        "minimax-m2-8x2",
     ],
 )
 def test_expert_cache_of_a_quarter_is_bit_identical_to_resident(tmp_path, vocab_fields, variant):

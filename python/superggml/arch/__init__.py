@@ -13,6 +13,7 @@ from .common import Architecture, HParams
 from .deepseek2 import Deepseek2Arch
 from .ernie4_5_moe import Ernie45MoeArch
 from .llama import LlamaArch
+from .minimax_m2 import MiniMaxM2Arch
 from .mistral3 import Mistral3Arch
 from .qwen2 import Qwen2Arch
 from .gemma2 import Gemma2Arch
@@ -50,6 +51,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "seed_oss": SeedOssArch,
     "mistral3": Mistral3Arch,
     "ernie4_5-moe": Ernie45MoeArch,
+    "minimax-m2": MiniMaxM2Arch,
 }
 
 
