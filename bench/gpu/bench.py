@@ -62,7 +62,7 @@ def superggml_speed(path, n_gen, reps, **kw):
         st = m.stats()
         info = {
             k: st[k]
-            for k in ("n_slots", "slot_size", "layers_pinned", "host_slots", "direct_io", "placement")
+            for k in ("n_slots", "slot_size", "layers_pinned", "host_slots", "direct_io", "placement", "budget")
             if k in st
         }
     per_pass, per_token = np.mean(per_pass, axis=0), np.mean(per_token, axis=0)
