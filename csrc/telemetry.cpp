@@ -5,8 +5,12 @@
 #include "ggml-backend.h"
 
 #include <algorithm>
-#include <fstream>
+#include <cerrno>
+#include <fcntl.h>
 #include <sstream>
+#include <sys/resource.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
 #include <unordered_map>
 
 #if defined(__GLIBC__)
@@ -15,8 +19,24 @@
 
 namespace superggml {
 
+// A small file's text by read(2) until EOF (procfs and cgroupfs files report a size of 0).
+static std::string read_text(const std::string & path) {
+    std::string out;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return out;
+    char buf[16384];
+    for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n > 0) { out.append(buf, (size_t) n); continue; }
+        if (n < 0 && errno == EINTR) continue;
+        break;
+    }
+    ::close(fd);
+    return out;
+}
+
 static uint64_t read_u64(const std::string & path) {
-    std::ifstream f(path);
+    std::istringstream f(read_text(path));
     std::string s;
     if (!(f >> s) || s == "max") return 0;
     try { return std::stoull(s); } catch (...) { return 0; }
@@ -24,7 +44,7 @@ static uint64_t read_u64(const std::string & path) {
 
 // kB value of `key` in a /proc file of "Key:   123 kB" lines, in bytes
 static uint64_t proc_kb(const std::string & path, const std::string & key) {
-    std::ifstream f(path);
+    std::istringstream f(read_text(path));
     std::string line;
     while (std::getline(f, line)) {
         if (line.compare(0, key.size(), key) == 0 && line.size() > key.size() && line[key.size()] == ':') {
@@ -40,7 +60,7 @@ static uint64_t proc_kb(const std::string & path, const std::string & key) {
 // The `key value` lines of a cgroup memory.stat file (read once per call).
 static std::unordered_map<std::string, uint64_t> read_stat(const std::string & path) {
     std::unordered_map<std::string, uint64_t> m;
-    std::ifstream f(path);
+    std::istringstream f(read_text(path));
     std::string k;
     uint64_t v;
     while (f >> k >> v) m[k] = v;
@@ -62,7 +82,7 @@ static uint64_t clean_cache(const std::unordered_map<std::string, uint64_t> & st
 // anything else); streaming a file through read() would otherwise look like
 // memory pressure.
 static void cgroup_memory(uint64_t & limit, uint64_t & usage, uint64_t & cache) {
-    std::ifstream f("/proc/self/cgroup");
+    std::istringstream f(read_text("/proc/self/cgroup"));
     std::string line, v2;
     while (std::getline(f, line)) {
         auto a = line.find(':'), b = line.find(':', a + 1);
@@ -93,6 +113,13 @@ host_memory host_memory_info() {
     host_memory h;
     h.total = proc_kb("/proc/meminfo", "MemTotal");
     h.available = proc_kb("/proc/meminfo", "MemAvailable");
+    struct sysinfo si {};
+    if (h.total == 0 && ::sysinfo(&si) == 0) {
+        // a sandbox whose /proc this process cannot read (measured on a lent GPU machine: every reading 0, so no
+        // host tier was planned): the kernel's counters, free and buffer memory as available (page cache left out)
+        h.total = (uint64_t) si.totalram * si.mem_unit;
+        h.available = ((uint64_t) si.freeram + si.bufferram) * si.mem_unit;
+    }
     cgroup_memory(h.cgroup_limit, h.cgroup_usage, h.cgroup_cache);
     if (h.cgroup_limit) {
         h.total = std::min(h.total ? h.total : h.cgroup_limit, h.cgroup_limit);
@@ -102,6 +129,8 @@ host_memory host_memory_info() {
     }
     h.process_rss = proc_kb("/proc/self/status", "VmRSS");
     h.process_peak = proc_kb("/proc/self/status", "VmHWM");
+    struct rusage ru {};
+    if (h.process_peak == 0 && ::getrusage(RUSAGE_SELF, &ru) == 0) h.process_peak = (uint64_t) ru.ru_maxrss * 1024;
     return h;
 }
 

@@ -141,6 +141,21 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
             ids = llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=parse_special)
             out[f"ids{i}"] = np.asarray(ids, dtype=np.int64)
         return out
+    if kind == "loads":  # each model loaded and run in a forked child: a clean error and a crash told apart
+        return _loads(req, kw)
+    if kind == "tail":  # a long prompt's last logits, then greedy steps': no logits kept for the other rows
+        llm = llama_cpp.Llama(**kw)
+        n_vocab = llm.n_vocab()
+
+        def last() -> np.ndarray:
+            return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,)).copy()
+
+        llm.eval(req["prompt"])
+        rows = [last()]
+        for _ in range(req["n_decode"]):
+            llm.eval([int(np.argmax(rows[-1]))])
+            rows.append(last())
+        return {"logits": np.stack(rows)}
     if kind == "logits":
         llm = llama_cpp.Llama(logits_all=True, **kw)
         out = {}
@@ -220,6 +235,40 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
             res.setdefault("decode_s", []).append(t2 - t1)
         return {k: np.asarray(v) for k, v in res.items()}
     raise ValueError(f"unknown request kind {kind!r}")
+
+
+LOAD_OK, LOAD_ERROR, LOAD_CRASH = 0, 1, 2
+
+
+def _loads(req: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
+    """For each of req["models"], in a child forked for it: load it and evaluate req["prompt"] (every row's
+    logits). "status": LOAD_OK, LOAD_ERROR (llama_cpp raised: the loader refused the file) or LOAD_CRASH (the
+    child died: an abort); "logits{i}" for each model that ran."""
+    import llama_cpp
+
+    out: dict[str, Any] = {}
+    status = []
+    with tempfile.TemporaryDirectory() as d:
+        for i, path in enumerate(req["models"]):
+            dst = os.path.join(d, f"{i}.npy")
+            pid = os.fork()
+            if pid == 0:  # the child: never returns
+                code = LOAD_ERROR
+                try:
+                    llm = llama_cpp.Llama(logits_all=True, **{**kw, "model_path": path})
+                    llm.eval(req["prompt"])
+                    np.save(dst, np.array(llm.scores[: len(req["prompt"])], dtype=np.float32))
+                    code = LOAD_OK
+                except Exception:
+                    pass
+                os._exit(code)
+            _, st = os.waitpid(pid, 0)
+            code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else LOAD_CRASH
+            status.append(code if code in (LOAD_OK, LOAD_ERROR) else LOAD_CRASH)
+            if status[-1] == LOAD_OK:
+                out[f"logits{i}"] = np.load(dst)
+    out["status"] = np.array(status)
+    return out
 
 
 def last_logits(llm: Any) -> np.ndarray:

@@ -33,8 +33,8 @@ def synth(path, fields, arch="llama", **kw):
     """A random-weight GGUF of `arch` laid out as llama.cpp's converter writes it: deepseek2 (multi-head latent
     attention) by synth_deepseek2, glm4moe by synth_glm4moe, every other family by _synth (see each for the keyword
     arguments)."""
-    if arch == "deepseek2":
-        return synth_deepseek2(path, fields, **kw)
+    if arch in ("deepseek2", "mistral4"):
+        return synth_deepseek2(path, fields, arch=arch, **kw)
     if arch == "glm4moe":
         return synth_glm4moe(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
@@ -70,6 +70,7 @@ def _synth(
     biases=False,
     n_lead=0,
     probs_bias=False,
+    moe_step=0,
 ):
     """A random-weight GGUF laid out as llama.cpp's converter writes `arch`; `wtype` (f32, f16, q8_0, q4_k) is
     the type of the matmul weights, as a quantized model has them (norms and the embedding stay F32).
@@ -81,7 +82,8 @@ def _synth(
     n_ff_shexp for qwen2moe), laid out as llama.cpp's converter writes qwen2moe, qwen3moe, olmoe and Mixtral.
     qkv_bias: Q/K/V biases for seed_oss (qwen2's always has them); biases: attn_output's and the dense FFN's
     (mistral3's optional ones). ernie4_5-moe: n_lead leading dense blocks, exp_probs_b where probs_bias, an
-    ungated shared expert of n_ff_shexp."""
+    ungated shared expert of n_ff_shexp. llama4: experts in every moe_step-th block, with an ungated shared
+    expert of n_ff_shexp."""
     rng = np.random.default_rng(seed)
     hd = head_dim or n_embd // n_head
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
@@ -100,7 +102,9 @@ def _synth(
             w.add_interleave_moe_layer_step(1)
             w.add_leading_dense_block_count(n_lead)
             w.add_expert_shared_count(1 if n_ff_shexp else 0)
-        if n_ff_shexp:
+        if arch == "llama4":
+            w.add_interleave_moe_layer_step(moe_step)
+        elif n_ff_shexp:
             w.add_expert_shared_feed_forward_length(n_ff_shexp)
     if scaling:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -160,7 +164,8 @@ def _synth(
         p = f"blk.{il}."
         for n in ("attn_norm", "post_attention_norm" if arch in ("gpt-oss", "seed_oss") else "ffn_norm"):
             norm(p + n + ".weight")
-        if n_expert and il >= n_lead:
+        moe = n_expert and il >= n_lead and (not moe_step or (il + 1) % moe_step == 0)
+        if moe:
             t(p + "attn_q.weight", n_head * hd, n_embd, scale=0.3)
             t(p + "attn_k.weight", n_head_kv * hd, n_embd, scale=0.3)
             t(p + "attn_v.weight", n_head_kv * hd, n_embd)
@@ -203,7 +208,7 @@ def _synth(
             t(p + "ffn_gate.weight", n_ff, n_embd)
             t(p + "ffn_up.weight", n_ff, n_embd)
         t(p + "attn_output.weight", n_embd, n_head * hd)
-        if not n_expert or il < n_lead:
+        if not moe:
             t(p + "ffn_down.weight", n_embd, n_ff)
         if arch in ("qwen3", "gemma3", "qwen3moe"):
             for n in ("attn_q_norm", "attn_k_norm"):
@@ -297,9 +302,10 @@ def start_tensors(w, fields, rng, wtype, n_embd, tied):
     return put, t, norm
 
 
-def ffn_tensors(t, p, dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_bias):
+def ffn_tensors(t, p, dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_bias, fused=False):
     """Block p's FFN as deepseek2 and glm4moe lay it out: a dense one of n_ff, or a router (plus exp_probs_b),
-    n_expert experts of n_ff_exp and n_shared shared ones fused into one."""
+    n_expert experts of n_ff_exp (gate and up in one ffn_gate_up_exps where fused) and n_shared shared ones
+    fused into one."""
     if dense:
         t(p + "ffn_gate.weight", n_ff, n_embd)
         t(p + "ffn_up.weight", n_ff, n_embd)
@@ -308,8 +314,11 @@ def ffn_tensors(t, p, dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_b
     t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=0.5)
     if probs_bias:
         t(p + "exp_probs_b.bias", n_expert, scale=0.1)
-    t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd)
-    t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd)
+    if fused:
+        t(p + "ffn_gate_up_exps.weight", n_expert, 2 * n_ff_exp, n_embd)
+    else:
+        t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd)
+        t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd)
     t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp)
     if n_shared:
         t(p + "ffn_gate_shexp.weight", n_ff_exp * n_shared, n_embd)
@@ -351,6 +360,9 @@ def synth_deepseek2(
     path,
     fields,
     *,
+    arch="deepseek2",
+    fused=False,
+    temperature=None,
     n_embd=64,
     n_head=4,
     n_layer=3,
@@ -391,7 +403,8 @@ def synth_deepseek2(
     original context, mscale_all_dim) written as the converter writes DeepSeek's YaRN; mtp: a
     next-token-prediction block after them (nextn_predict_layers 1), as glm4moe's; legacy: the layout converters
     wrote before the absorbed one (one attn_kv_b, key/value_length per head, head_count_kv = n_head, no
-    key_length_mla).
+    key_length_mla). arch mistral4: the same layout under Mistral 4's name; fused: the experts' gate and up in one
+    ffn_gate_up_exps; temperature: (scale, length), the attention temperature's keys (Mistral-Large 3).
     wtype (f32, f16, q8_0) is the type of the matmul weights; norms, the embedding, the router and
     exp_probs_b stay F32."""
     rng = np.random.default_rng(seed)
@@ -399,7 +412,7 @@ def synth_deepseek2(
     U, F, B = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.BOOL
     # TextModel.set_gguf_parameters, then DeepseekV2Model's; the absorbed MLA is written as MQA: one latent "head"
     n_all = n_layer + (1 if mtp else 0)
-    w, key = start_header(path, "deepseek2", n_all, n_ctx_train, n_embd, n_ff, n_head, n_head if legacy else 1)
+    w, key = start_header(path, arch, n_all, n_ctx_train, n_embd, n_ff, n_head, n_head if legacy else 1)
     if yarn:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(yarn[0])
@@ -439,6 +452,9 @@ def synth_deepseek2(
         key("rope.scaling.yarn_log_multiplier", 0.1 * yarn[2], F)
     if mtp:
         key("nextn_predict_layers", 1, U)
+    if temperature:
+        key("attention.temperature_scale", float(temperature[0]), F)
+        key("attention.temperature_length", int(temperature[1]), U)
     _, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
     n_qk = qk_nope + qk_rope
     for il in range(n_all):
@@ -459,7 +475,7 @@ def synth_deepseek2(
             t(p + "attn_v_b.weight", n_head, v_head, kv_lora_rank, scale=0.15)  # ggml {kv_lora, v_head, n_head}
         t(p + "attn_output.weight", n_embd, n_head * v_head)
         norm(p + "ffn_norm.weight")
-        ffn_tensors(t, p, il < n_lead_dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_bias)
+        ffn_tensors(t, p, il < n_lead_dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_bias, fused)
         if il >= n_layer:
             mtp_tensors(t, norm, p, n_embd)
     return finish(w, path)
@@ -736,6 +752,24 @@ VARIANTS = {
             "expert_gating_func": (2, U32),
         },
     ),
+    # Llama 4: experts in every 2nd block (top 1, sigmoid, a shared expert), rope_freqs, chunked layers with their
+    # own RoPE base, the 4th without RoPE
+    "llama4-8x1-step2": dict(
+        arch="llama4",
+        tied=False,
+        n_layer=4,
+        n_expert=8,
+        n_expert_used=1,
+        n_ff_exp=32,
+        n_ff_shexp=32,
+        moe_step=2,
+        rope_freqs=True,
+        keys={"rope.freq_base_swa": (500.0, F32V)},
+    ),
+    # Maverick's 128 experts: no Q/K norm
+    "llama4-128x1-q8_0": dict(
+        arch="llama4", n_layer=4, n_expert=128, n_expert_used=1, n_ff_exp=32, n_ff_shexp=32, moe_step=1, wtype="q8_0"
+    ),
     "qwen3moe-8x2": dict(arch="qwen3moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=48),
     "qwen3moe-8x2-q8_0": dict(arch="qwen3moe", n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="q8_0"),
     "qwen2moe-shared": dict(arch="qwen2moe", tied=False, n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64),
@@ -819,6 +853,23 @@ VARIANTS = {
         n_group_used=1,
         n_shared=1,
     ),
+    # Mistral 4: deepseek2's layout with fused gate/up experts, YaRN and the attention temperature
+    "mistral4-fused-yarn-temp": dict(
+        arch="mistral4",
+        tied=False,
+        q_lora_rank=48,
+        n_expert=8,
+        n_expert_used=2,
+        n_shared=1,
+        weights_norm=True,
+        weights_scale=1.0,
+        yarn=(4.0, 128, 1.0),
+        fused=True,
+        temperature=(0.1, 16),
+    ),
+    "mistral4-lite-q8_0": dict(arch="mistral4", q_lora_rank=0, n_expert=8, n_expert_used=2, wtype="q8_0", fused=True),
+    # Mistral-Large 3: deepseek2 with the attention temperature, separate experts
+    "deepseek2-temp": dict(arch="deepseek2", q_lora_rank=48, n_expert=8, n_expert_used=2, temperature=(0.1, 16)),
     # qwen35: gated delta-net blocks and, every second block, gated full attention with interleaved M-RoPE
     "qwen35-interval2": dict(arch="qwen35"),
     "qwen35-mtp": dict(arch="qwen35", n_layer=3, interval=3, mtp=True),
@@ -841,6 +892,21 @@ VARIANTS = {
         arch="glm4moe", qkv_bias=False, qk_norm=True, n_expert=16, n_expert_used=4, wtype="q8_0"
     ),
 }
+
+
+def copy_without(src, dst, drop):
+    """`src` with the metadata key `drop` left out (everything else as it is: keys in order, tensors byte for
+    byte); returns dst."""
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", drop):
+            continue
+        vtype = f.types[0]
+        w.add_key_value(key, f.contents(), vtype, f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_shape=tuple(int(x) for x in reversed(t.shape)), raw_dtype=t.tensor_type)
+    return finish(w, dst)
 
 
 def dequantized_copy(src, dst):

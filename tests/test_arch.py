@@ -87,6 +87,8 @@ def test_unsupported_rope_scaling(tmp_path):
         "mistral3-moe-8x2",
         "ernie4_5-moe-lead-shared",
         "minimax-m2-8x2",
+        "llama4-8x1-step2",
+        "mistral4-fused-yarn-temp",
     ],
 )
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
@@ -141,6 +143,11 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
         "ernie4_5-moe-q8_0",
         "minimax-m2-8x2",
         "minimax-m2-8x2-q8_0-headdim32",
+        "llama4-8x1-step2",
+        "llama4-128x1-q8_0",
+        "mistral4-fused-yarn-temp",
+        "mistral4-lite-q8_0",
+        "deepseek2-temp",
     ],
 )
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
@@ -171,6 +178,8 @@ def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, va
         "mistral3-moe-8x2",
         "ernie4_5-moe-lead-shared",
         "minimax-m2-8x2",
+        "llama4-8x1-step2",
+        "mistral4-fused-yarn-temp",
     ],
 )
 def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
@@ -185,6 +194,40 @@ def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
     print(f"{variant}: max |dlogit| batch vs alone {worst:.2e}")
     assert worst <= 1e-3
     assert all((g.argmax(-1) == a.argmax(-1)).all() for g, a in zip(got, solo))
+
+
+@pytest.mark.parametrize(
+    "variant",
+    ["llama-tied", "gemma2-swa16-softcaps", "phi3-f16", "deepseek2-lite", "qwen35-interval2", "seed_oss-nobias"],
+)
+def test_a_prompts_last_logits_alone_match_llama_cpp(tmp_path, vocab_fields, variant):
+    """Only the last row's logits wanted: the last block keeps that row after its attention output's matmul, as
+    llama.cpp does (F32 and F16 matmuls round by their row count), so those logits and the greedy steps after them
+    are llama.cpp's bit for bit."""
+    path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
+    prompt = [int(x) for x in np.random.default_rng(6).integers(0, 49152, 200)]
+    ref = llama_ref.run({"kind": "tail", "model": path, "prompt": prompt, "n_decode": 2})["logits"]
+    with Model(path, ctx_size=512, n_threads=2) as m:
+        rows = [m.eval(prompt)[-1].copy()]
+        for _ in range(2):
+            rows.append(m.eval([int(rows[-1].argmax())])[-1].copy())
+    assert np.array_equal(np.stack(rows), ref)
+
+
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_llama4_attends_within_chunks_past_the_first(tmp_path, vocab_fields, flash_attn):
+    """8300 tokens: queries of the chunked layers past position 8191 see only their own chunk of 8192, and the
+    layers without RoPE scale Q by a temperature above 1 from there. The prompt's last logits and 3 greedy steps
+    are llama.cpp's, bit for bit."""
+    path = synth(tmp_path / "llama4.gguf", vocab_fields, **VARIANTS["llama4-8x1-step2"])
+    prompt = [int(x) for x in np.random.default_rng(5).integers(0, 49152, 8300)]
+    req = {"kind": "tail", "model": path, "prompt": prompt, "n_decode": 3, "n_ctx": 8448, "flash_attn": flash_attn}
+    ref = llama_ref.run(req)["logits"]
+    with Model(path, ctx_size=8448, n_threads=2, flash_attn=flash_attn) as m:
+        rows = [m.eval(prompt)[-1].copy()]
+        for _ in range(3):
+            rows.append(m.eval([int(rows[-1].argmax())])[-1].copy())
+    assert np.array_equal(np.stack(rows), ref)
 
 
 def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
@@ -218,6 +261,8 @@ def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
         "mistral3-moe-8x2",
         "ernie4_5-moe-q8_0",
         "minimax-m2-8x2",
+        "llama4-8x1-step2",
+        "mistral4-lite-q8_0",
     ],
 )
 def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
@@ -230,12 +275,16 @@ def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
     d = json.loads(capsys.readouterr().out)
     arch = VARIANTS[variant]["arch"]
     lay = d["layout"]
-    assert lay["arch"] == arch and lay["n_layer"] == VARIANTS[variant].get("n_layer", N_LAYER)
+    n_layer = VARIANTS[variant].get("n_layer", 3 if arch in ("deepseek2", "mistral4") else N_LAYER)
+    assert lay["arch"] == arch and lay["n_layer"] == n_layer
     assert all(b > 0 for b in lay["block_bytes"]) and d["plans"][0]["n_slots"] >= 1
-    assert lay["n_swa"] == (16 if "swa16" in variant or arch in ("gemma3", "gpt-oss") else 0)
+    assert lay["n_swa"] == (
+        16 if "swa16" in variant or arch in ("gemma3", "gpt-oss") else 8192 if arch == "llama4" else 0
+    )
     assert cli.main(["analyze", "-m", path, "--no-measure", "--device-budget", "1MiB"]) == 0
     out = capsys.readouterr().out
-    assert f": {arch}, " in out and ("sliding window: 1 of 2 layers over 16 tokens" in out) == (lay["n_swa"] > 0)
+    assert f": {arch}, " in out and ("sliding window: 1 of 2 layers over 16 tokens" in out) == (lay["n_swa"] == 16)
+    assert ("chunked attention: 3 of 4 layers over 8192 tokens" in out) == (arch == "llama4")
     moe = VARIANTS[variant].get("n_expert", 0)
     assert lay["n_expert"] == moe and ("mixture of experts: 8 experts per block" in out) == bool(moe)
     if moe:

@@ -39,6 +39,8 @@ def run(path, prompt, **kw):
         "mistral3-moe-8x2",
         "ernie4_5-moe-lead-shared",
         "minimax-m2-8x2",
+        "llama4-8x1-step2",
+        "mistral4-fused-yarn-temp",
     ],
 )
 def test_expert_cache_of_a_quarter_is_bit_identical_to_resident(tmp_path, vocab_fields, variant):

@@ -13,8 +13,10 @@ from .common import Architecture, HParams
 from .deepseek2 import Deepseek2Arch
 from .ernie4_5_moe import Ernie45MoeArch
 from .llama import LlamaArch
+from .llama4 import Llama4Arch
 from .minimax_m2 import MiniMaxM2Arch
 from .mistral3 import Mistral3Arch
+from .mistral4 import Mistral4Arch
 from .qwen2 import Qwen2Arch
 from .gemma2 import Gemma2Arch
 from .gemma3 import Gemma3Arch
@@ -52,6 +54,8 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "mistral3": Mistral3Arch,
     "ernie4_5-moe": Ernie45MoeArch,
     "minimax-m2": MiniMaxM2Arch,
+    "llama4": Llama4Arch,
+    "mistral4": Mistral4Arch,
 }
 
 

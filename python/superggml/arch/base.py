@@ -98,7 +98,7 @@ class HParams:
                 n_head=n_head,
                 n_head_kv=n_head_kv,
                 head_dim=head_dim,
-                n_ff=int(get("feed_forward_length")),
+                n_ff=int(get("feed_forward_length", 0)),  # optional in llama.cpp: a model of experts only
                 n_vocab=int(n_vocab),
                 n_ctx_train=n_ctx_train,
                 rms_eps=float(get("attention.layer_norm_rms_epsilon")),
@@ -113,7 +113,7 @@ class HParams:
             if isinstance(e, GGUFError):
                 raise
             raise GGUFError(f"GGUF hyperparameters are malformed: {e}") from e
-        if min(hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab) <= 0:
+        if min(hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_vocab) <= 0 or hp.n_ff < 0:
             raise GGUFError(f"GGUF hyperparameters are not positive: {hp}")
         if hp.n_head % hp.n_head_kv or hp.n_rot > hp.head_dim or hp.n_rot % 2:
             raise GGUFError(f"GGUF hyperparameters are inconsistent: {hp}")

@@ -60,6 +60,7 @@ class Architecture:
         self.attn_softcap = 0.0  # KQ -> c * tanh(KQ / c) before the softmax
         self.final_softcap = 0.0  # the same on the logits
         self.n_swa = 0  # sliding window (tokens) of the layers is_swa marks
+        self.swa_chunked = False  # those layers attend within chunks of n_swa tokens instead (llama4)
         self.swa_layers: tuple[bool, ...] = (False,) * hp.n_layer
         self.rope_base_swa, self.rope_scale_swa = hp.rope_base, hp.rope_scale
         self.yarn_beta = (YARN_BETA_FAST, YARN_BETA_SLOW)
@@ -77,10 +78,15 @@ class Architecture:
         self.moe_probs_bias = False  # exp_probs_b: added to the probabilities experts are chosen by
         self.moe_groups = (0, 0)  # expert groups, groups chosen per token (each scored by its top 2)
         self.moe_w_scale = 0.0  # the chosen weights scaled by this (0 or 1: not)
+        self.moe_select_logits = False  # experts chosen by the router's logits, not the probabilities (llama4)
+        self.moe_weight_before = False  # the weights scale each expert's input, not its output (llama4)
+        self.moe_fused_gate_up = False  # one ffn_gate_up_exps (gate rows, then up rows) for the two
         self.shexp_gate = True  # the shared expert behind a sigmoid gate (qwen2moe)
         self.shexp_sigmoid = False  # that gate as ggml_sigmoid, not silu(x) / x (qwen2moe's form)
         self.n_lead = 0  # leading blocks with a dense FFN
         self.load_hparams(meta)
+        if not self.hp.n_ff and not all(self.is_moe(il) for il in range(self.hp.n_layer)):
+            raise GGUFError(f"GGUF metadata lacks '{self.hp.arch}.feed_forward_length' (a block has a dense FFN)")
         if self.hp.head_dim_v and not self.hp.latent_kv and not self.own_v_heads:
             raise UnsupportedModelError(
                 f"'{self.hp.arch}.attention.value_length' ({self.hp.head_dim_v}) differs "
@@ -299,6 +305,10 @@ class Architecture:
             *self.yarn_beta,
         )
 
+    def temperature(self, ctx: Context, inp: StepInputs, il: int, q: Tensor) -> Tensor:
+        """Q after RoPE times the attention temperature of its position, where the family has one."""
+        return q if inp.attn_scale is None else ctx.mul(q, inp.attn_scale)
+
     def norm(self, ctx: Context, w: Weights, x: Tensor, name: str) -> Tensor:
         return ctx.mul(ctx.rms_norm(x, self.hp.rms_eps), w(name))
 
@@ -319,15 +329,17 @@ class Architecture:
         hp = self.hp
         p = f"blk.{il}."
         cur = self.build_attention(ctx, gf, w, inp, il, self.norm(ctx, w, x, p + "attn_norm.weight"), k_cache, v_cache)
-        if il == hp.n_layer - 1 and inp.n_outputs < inp.n_tokens and not inp.keep_rows:
-            assert inp.out_ids is not None
-            cur = ctx.get_rows(cur, inp.out_ids)
-            x = ctx.get_rows(x, inp.out_ids)
         cur = ctx.mul_mat(w(self.attn_output(il)), cur)
         if self.out_prec_f32:
             ctx.mul_mat_set_prec_f32(cur)
         if self.out_bias:
             cur = ctx.add(cur, w(p + "attn_output.bias"))
+        if il == hp.n_layer - 1 and inp.n_outputs < inp.n_tokens and not inp.keep_rows:
+            # after the output projection, as llama.cpp's build_attn: its matmul sees every row (F32 and F16
+            # kernels round by the number of rows)
+            assert inp.out_ids is not None
+            cur = ctx.get_rows(cur, inp.out_ids)
+            x = ctx.get_rows(x, inp.out_ids)
         if self.post_norms:
             cur = self.norm(ctx, w, cur, p + "post_attention_norm.weight")
         ffn_inp = ctx.add(cur, x)
@@ -351,8 +363,7 @@ class Architecture:
         q, k, v = self.build_qkv(ctx, w, p, cur, inp.n_tokens)
         q, k = self.build_qk_norm(ctx, w, p, q, k)
         q, k = self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, k)
-        if inp.attn_scale is not None:
-            q = ctx.mul(q, inp.attn_scale)
+        q = self.temperature(ctx, inp, il, q)
         kq_scale = inv_sqrt(hp.head_dim)
         if self.q_scale is not None:  # Q scaled before attention, as some families' graphs do
             q, kq_scale = ctx.scale(q, self.q_scale), 1.0
@@ -404,7 +415,8 @@ class Architecture:
         """Block il's 3-D expert tensors (gate, up, down), which an expert cache pages one expert at a time."""
         if not self.is_moe(il):
             return []
-        return [f"blk.{il}.ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
+        parts = ("gate_up", "down") if self.moe_fused_gate_up else ("gate", "up", "down")
+        return [f"blk.{il}.ffn_{n}_exps.weight" for n in parts]
 
     def build_qkv(self, ctx: Context, w: Weights, p: str, cur: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
         """cur F32 [n_embd, n] -> q F32 [head_dim, n_head, n], k F32 [head_dim, n_head_kv, n], v F32

@@ -59,8 +59,14 @@ class Deepseek2Arch(Architecture):
                 f"value_length {hp.head_dim_v}, kv_lora_rank {self.kv_lora}, rope {hp.n_rot}, "
                 f"key_length_mla {self.k_mla}, head_count_kv {hp.n_head_kv}"
             )
-        if float(self.key(meta, "attention.temperature_scale", 0.0)):
-            raise UnsupportedModelError(f"'{hp.arch}.attention.temperature_scale' (Mistral-Large) is not supported")
+        temp = float(self.key(meta, "attention.temperature_scale", 0.0))
+        if temp:  # Mistral-Large 3, Mistral 4: over temperature_length positions, as llama.cpp reads it
+            floor = int(self.key(meta, "attention.temperature_length", 0))
+            if not floor:  # llama.cpp asserts on it
+                raise GGUFError(
+                    f"'{hp.arch}.attention.temperature_scale' without '{hp.arch}.attention.temperature_length'"
+                )
+            self.attn_temp = (temp, floor, 0.0)
         ff = need("expert_feed_forward_length")
         ffs = {int(x) for x in ff} if isinstance(ff, (list, tuple)) else {int(ff)}
         if len(ffs) != 1:
@@ -69,6 +75,7 @@ class Deepseek2Arch(Architecture):
         # DeepSeek V2/V2.5 GGUFs lack expert_gating_func (softmax); GLM-4.7-Flash's are known by their shape
         load_routing(self, meta, 2 if hp.n_layer in (47, 48) and hp.n_vocab == 154880 else 1)
         self.moe_probs_bias = f"blk.{self.n_lead}.exp_probs_b.bias" in self.names
+        self.moe_fused_gate_up = f"blk.{self.n_lead}.ffn_gate_up_exps.weight" in self.names
         self.kq_scale = self.attention_scale(meta)
         self.hp = dataclasses.replace(self.hp, latent_kv=not self.legacy)
 
@@ -163,9 +170,10 @@ class Deepseek2Arch(Architecture):
         q_pe = ctx.view(q, [hp.n_rot, hp.n_head, n], [q.nb[1], q.nb[2]], self.n_nope * q.element_size)
         q_pe = self.rope(ctx, w, inp, il, q_pe)
         if self.legacy:
-            return self.attend_heads(ctx, gf, w, inp, p, q_nope, q_pe, kv, k_pe, k_cache, v_cache)
+            return self.attend_heads(ctx, gf, w, inp, il, q_nope, q_pe, kv, k_pe, k_cache, v_cache)
         absorbed = ctx.mul_mat(w(p + "attn_k_b.weight"), ctx.permute(q_nope, 0, 2, 1, 3))  # [kv_lora, n, n_head]
         q = ctx.concat(ctx.permute(absorbed, 0, 2, 1, 3), q_pe, 0)  # [kv_lora + n_rot, n_head, n]
+        q = self.temperature(ctx, inp, il, q)
         k = ctx.concat(ctx.reshape(kv, [self.kv_lora, 1, n]), k_pe, 0)  # [kv_lora + n_rot, 1, n]
         v_b = w(p + "attn_v_b.weight")
         if inp.lanes is None:
@@ -184,7 +192,7 @@ class Deepseek2Arch(Architecture):
         gf: Graph,
         w: Weights,
         inp: StepInputs,
-        p: str,
+        il: int,
         q_nope: Tensor,
         q_pe: Tensor,
         kv: Tensor,
@@ -195,7 +203,7 @@ class Deepseek2Arch(Architecture):
         """The legacy layout's plain path: attn_kv_b decompresses the normed latent kv [kv_lora, n] into every
         head's K (no-rope part) and V; K's rope part is the shared k_pe, repeated per head. Q's rope part is roped
         where it lies (llama.cpp's ggml_rope_set_offset: the same values)."""
-        hp, n = self.hp, inp.n_tokens
+        hp, n, p = self.hp, inp.n_tokens, f"blk.{il}."
         kvb = ctx.mul_mat(w(p + "attn_kv_b.weight"), kv)  # [n_head * (n_nope + v), n]
         es, head = kvb.element_size, (self.n_nope + self.v_mla) * kvb.element_size
         k_nope = ctx.view(kvb, [self.n_nope, hp.n_head, n], [head, kvb.nb[1]], 0)
@@ -203,7 +211,7 @@ class Deepseek2Arch(Architecture):
             ctx.cont(ctx.view(kvb, [self.v_mla, hp.n_head, n], [head, kvb.nb[1]], self.n_nope * es)),
             [self.v_mla * hp.n_head, n],
         )
-        q = ctx.concat(q_nope, q_pe, 0)  # [k_mla, n_head, n]
+        q = self.temperature(ctx, inp, il, ctx.concat(q_nope, q_pe, 0))  # [k_mla, n_head, n]
         k = ctx.concat(k_nope, ctx.repeat_4d(k_pe, [hp.n_rot, hp.n_head, n, 1]), 0)
         if inp.lanes is None:
             return build_attn(

@@ -35,8 +35,13 @@ class Architecture(Protocol):
     moe_probs_bias: bool
     moe_biases: bool
     moe_act: str
+    moe_select_logits: bool
+    moe_weight_before: bool
+    moe_fused_gate_up: bool
 
     def key(self, meta: Mapping[str, Any], name: str, default: Any) -> Any: ...
+    def is_moe(self, il: int) -> bool: ...
+    def expert_tensors(self, il: int) -> list[str]: ...
     def build_attn_part(
         self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
     ) -> tuple[Tensor, Tensor]: ...
@@ -101,8 +106,14 @@ def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]
     n_ff = arch.n_ff_exp
     shapes = {
         p + "ffn_gate_inp.weight": (hp.n_embd, hp.n_expert),
-        p + "ffn_gate_exps.weight": (hp.n_embd, n_ff, hp.n_expert),
-        p + "ffn_up_exps.weight": (hp.n_embd, n_ff, hp.n_expert),
+        **(
+            {p + "ffn_gate_up_exps.weight": (hp.n_embd, 2 * n_ff, hp.n_expert)}
+            if arch.moe_fused_gate_up
+            else {
+                p + "ffn_gate_exps.weight": (hp.n_embd, n_ff, hp.n_expert),
+                p + "ffn_up_exps.weight": (hp.n_embd, n_ff, hp.n_expert),
+            }
+        ),
         p + "ffn_down_exps.weight": (n_ff, hp.n_embd, hp.n_expert),
     }
     if arch.moe_biases:
@@ -145,6 +156,8 @@ def select_experts(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Te
         "softmax_weight": lambda: logits,
     }[arch.moe_gating]()
     chosen_by = ctx.add(probs, w(p + "exp_probs_b.bias")) if arch.moe_probs_bias else probs
+    if arch.moe_select_logits:  # llama4: the top k of the logits (sigmoid is applied after)
+        chosen_by = logits
     n_group, n_group_used = arch.moe_groups
     if n_group > 1:
         per = hp.n_expert // n_group
@@ -192,7 +205,7 @@ def build_moe_ffn(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Ten
         selected,
         selected,
         weights,
-        *(w(n) for n in (p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight", p + "ffn_down_exps.weight")),
+        *(w(n) for n in arch.expert_tensors(int(p.split(".")[1]))),
     )
     return build_shared_expert(arch, ctx, w, p, cur, sum_experts(ctx, out))
 
@@ -220,22 +233,47 @@ def build_expert_outputs(
     ids: Tensor,
     experts_ids: Tensor,
     weights: Tensor,
-    gate_exps: Tensor,
-    up_exps: Tensor,
-    down_exps: Tensor,
+    *exps: Tensor,
 ) -> Tensor:
     """The routed experts' gated FFNs, each weighted, before sum_experts adds them: cur F32 [n_embd, n], ids I32 [k, n]
     (indices into the expert tensors' third dimension: experts, or expert cache slots), experts_ids I32 [k, n] (the
     experts themselves, for their biases), weights F32 [1, k, n] -> F32 [n_embd, k, n]. Each of the k x n outputs
-    is computed on its own, so experts computed apart (on two devices) add up to the same bits."""
+    is computed on its own, so experts computed apart (on two devices) add up to the same bits. exps: the expert
+    tensors (or their cache slots) as arch.expert_tensors names them: gate, up and down, or gate_up and down."""
     n_embd, n = cur.ne[0], cur.ne[1]
     x = ctx.reshape(cur, [n_embd, 1, n])
+    if arch.moe_weight_before:  # llama4: each expert's input scaled by its weight, the output not
+        x = ctx.mul(ctx.repeat_4d(x, [n_embd, ids.ne[0], n, 1]), weights)
+    if len(exps) == 2:  # gate_up: its first n_ff_exp rows are the gate, the rest up (llama.cpp's views)
+        gate_up, down_exps = exps
+        both = ctx.mul_mat_id(gate_up, x, ids)  # F32 [2 * n_ff_exp, k, n]
+        f = both.ne[0] // 2
+        gate = ctx.view(both, [f, both.ne[1], both.ne[2]], [both.nb[1], both.nb[2]], 0)
+        up = ctx.view(both, [f, both.ne[1], both.ne[2]], [both.nb[1], both.nb[2]], f * both.nb[0])
+        return finish_experts(arch, ctx, w, p, gate, up, down_exps, ids, experts_ids, weights)
+    gate_exps, up_exps, down_exps = exps
     up = ctx.mul_mat_id(up_exps, x, ids)  # F32 [n_ff_exp, k, n]
     if arch.moe_biases:
         up = ctx.add_id(up, w(p + "ffn_up_exps.bias"), experts_ids)
     gate = ctx.mul_mat_id(gate_exps, x, ids)
     if arch.moe_biases:
         gate = ctx.add_id(gate, w(p + "ffn_gate_exps.bias"), experts_ids)
+    return finish_experts(arch, ctx, w, p, gate, up, down_exps, ids, experts_ids, weights)
+
+
+def finish_experts(
+    arch: Architecture,
+    ctx: Context,
+    w: Weights,
+    p: str,
+    gate: Tensor,
+    up: Tensor,
+    down_exps: Tensor,
+    ids: Tensor,
+    experts_ids: Tensor,
+    weights: Tensor,
+) -> Tensor:
+    """The experts' activation, down projection and weights (build_expert_outputs' end)."""
     act = (
         ctx.swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT)
         if arch.moe_act == "swiglu_oai"
@@ -244,7 +282,7 @@ def build_expert_outputs(
     experts = ctx.mul_mat_id(down_exps, act, ids)  # F32 [n_embd, k, n]
     if arch.moe_biases:
         experts = ctx.add_id(experts, w(p + "ffn_down_exps.bias"), experts_ids)
-    return ctx.mul(experts, weights)
+    return experts if arch.moe_weight_before else ctx.mul(experts, weights)
 
 
 def build_shared_expert(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor, out: Tensor) -> Tensor:
@@ -330,6 +368,7 @@ def build_paged_block(
     chunk)."""
     hp, sc = arch.hp, placement.moe
     k, p = hp.n_expert_used, f"blk.{il}."
+    ahead = sc.guess is not None and il + 1 < hp.n_layer and arch.is_moe(il + 1)  # the next block routes too
 
     def rows_of(ctx: Context, t: Tensor, r0: int = 0, n: int = rows) -> Tensor:  # columns [r0, r0+n) of a [*, n_batch]
         return ctx.view(t, [t.ne[0], n], [t.nb[1]], r0 * t.nb[1])
@@ -346,7 +385,7 @@ def build_paged_block(
             (sel, rows_of(ctx, sc.sel)),
             (weights, weights_of(ctx)),
         ]
-        if sc.guess is not None and il + 1 < hp.n_layer:
+        if ahead:
             pairs.insert(0, (build_router_lookahead(arch, ctx, w, il, cur), rows_of(ctx, sc.guess)))
         shared = build_shared_expert_only(arch, ctx, w, p, cur)  # over every row: a matmul's result
         if shared is not None:  # may depend on how many it has
@@ -394,7 +433,7 @@ def build_paged_block(
             return ctx.cpy(arch.build_ffn_out(ctx, w, p, out, rows_of(ctx, sc.inp, r0, n)), rows_of(ctx, act, r0, n))
 
         last = r0 + n >= rows
-        ahead = min(step, rows) if last and sc.guess is not None and il + 1 < hp.n_layer else 0
+        n_ahead = min(step, rows) if last and ahead else 0
         plan.graph(
             experts,
             "experts",
@@ -405,6 +444,6 @@ def build_paged_block(
             experts=il,
             expert_ids=ids,
             expert_row0=r0,
-            expert_ahead=ahead,
+            expert_ahead=n_ahead,
             host_experts=hx,
         )

@@ -58,6 +58,7 @@ class Layout:
     dense_held_bytes: int = 0  # what those blocks and chunks hold pinned in host slots (each its own bytes)
     block_shapes: tuple[tuple[int, ...], ...] = ()  # the blocks of each distinct shape (tensor names, types, sizes)
     n_moe_layers: int = 0  # blocks with experts (the others have a dense FFN)
+    swa_chunked: bool = False  # the layers that slide attend within chunks of n_swa tokens (llama4)
     notes: tuple[str, ...] = ()  # the family's own layout (Architecture.describe)
 
     def expert_stream_bytes(self, hit_rate: float) -> int:
@@ -148,6 +149,7 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
             dense_held,
             tuple(tuple(v) for v in shapes.values()),
             n_moe_layers=sum(arch.is_moe(il) for il in range(hp.n_layer)),
+            swa_chunked=arch.swa_chunked,
             notes=tuple(arch.describe()) + mtp_note(hp, f),
         )
     finally:
@@ -445,7 +447,8 @@ def format_analysis(a: Analysis) -> str:
         *lay.notes,
         *(
             [
-                f"sliding window: {lay.n_swa_layers} of {lay.n_layer} layers over {lay.n_swa} tokens; with paged_kv "
+                f"{'chunked attention' if lay.swa_chunked else 'sliding window'}: {lay.n_swa_layers} of "
+                f"{lay.n_layer} layers over {lay.n_swa} tokens; with paged_kv "
                 f"their K/V beyond it is freed: {lay.kv_bytes(8192, swa_freed=True) / mib:.0f} MiB at 8192 tokens "
                 f"instead of {lay.kv_bytes(8192) / mib:.0f}"
             ]

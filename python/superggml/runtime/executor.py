@@ -258,6 +258,7 @@ class Executor:
             n,
             n_kv,
             n_swa=self.arch.n_swa,
+            chunked=self.arch.swa_chunked,
             flash_attn=c.flash_attn,
             v_channels=self.hp.v_channels,
             ctx_size=c.ctx_size,

@@ -67,18 +67,31 @@ class LaneRows:
     v_idxs: np.ndarray
 
 
-def lane_rows(p0: int, n: int, n_kv: int, *, n_swa: int, flash_attn: bool, v_channels: int, ctx_size: int) -> LaneRows:
-    """The causal mask (and the sliding-window one: keys more than n_swa - 1 positions back are masked too,
-    llama.cpp's is_masked_swa), and the K rows and V indices a sequence's rows write."""
+def lane_rows(
+    p0: int,
+    n: int,
+    n_kv: int,
+    *,
+    n_swa: int,
+    flash_attn: bool,
+    v_channels: int,
+    ctx_size: int,
+    chunked: bool = False,
+) -> LaneRows:
+    """The causal mask (and the sliding-window one: keys more than n_swa - 1 positions back are masked too, or
+    with `chunked` keys outside the query's chunk of n_swa positions: llama.cpp's is_masked_swa), and the K rows
+    and V indices a sequence's rows write."""
     pos = np.arange(p0, p0 + n, dtype=np.int32)
     kv_pos = np.arange(n_kv)[None, :]
     mtype = np.float16 if flash_attn else np.float32
-    mask = np.where(kv_pos <= pos[:, None], 0.0, -np.inf).astype(mtype)
-    mask_swa = (
-        np.where((kv_pos <= pos[:, None]) & (pos[:, None] - kv_pos < n_swa), 0.0, -np.inf).astype(mtype)
-        if n_swa
-        else None
-    )
+    causal = kv_pos <= pos[:, None]
+    mask = np.where(causal, 0.0, -np.inf).astype(mtype)
+    if not n_swa:
+        mask_swa = None
+    elif chunked:
+        mask_swa = np.where(causal & (kv_pos // n_swa == pos[:, None] // n_swa), 0.0, -np.inf).astype(mtype)
+    else:
+        mask_swa = np.where(causal & (pos[:, None] - kv_pos < n_swa), 0.0, -np.inf).astype(mtype)
     if flash_attn:
         v_idxs = pos.astype(np.int64)
     else:

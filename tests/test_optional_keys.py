@@ -1,0 +1,82 @@
+"""Every family's hyperparameter keys read as llama.cpp reads them: required where it requires them, with its
+default where they are optional. For each family, its synthetic GGUF without one of its "{arch}." keys at a
+time: where llama.cpp loads and runs the file, superggml does too, with the same logits bit for bit; where
+llama.cpp refuses it, or aborts on it, superggml raises a clear error."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+import llama_ref
+import synth_gguf
+from superggml import Model
+from superggml.errors import SuperggmlError
+from synth_gguf import VARIANTS, copy_without, synth
+
+# one variant per family, the one with the most keys of its own
+FAMILIES = [
+    "llama-headdim32",
+    "mixtral-8x1",
+    "qwen2-bias",
+    "qwen3-qknorm-headdim32",
+    "phi3-longrope-long",
+    "gemma2-swa16-softcaps",
+    "gemma3-q4_k-output-softcap",
+    "qwen2moe-shared",
+    "qwen3moe-8x2",
+    "olmoe-8x2-f16",
+    "gpt-oss-8x2-swa16-yarn",
+    "deepseek2-v3-groups-yarn",
+    "glm4moe-bias-mtp",
+    "qwen35-interval2",
+    "qwen35moe-8x2-q8_0",
+    "qwen3next-8x2",
+    "smollm3-tied",
+    "seed_oss-bias-headdim32",
+    "mistral3-yarn-temp-headdim32",
+    "ernie4_5-moe-lead-shared",
+    "minimax-m2-8x2",
+    "llama4-8x1-step2",
+    "mistral4-fused-yarn-temp",
+]
+PROMPT = [1, 450, 4937, 17, 2210, 339, 90, 12, 3000, 77]
+
+
+@pytest.fixture(scope="module")
+def vocab_fields(smollm2_path):
+    return synth_gguf.vocab_fields(smollm2_path)
+
+
+def ours(path):
+    """superggml's logits for PROMPT, or the error it refused the file with."""
+    try:
+        with Model(path, ctx_size=128, n_threads=2) as m:
+            return m.eval(PROMPT, logits_all=True).copy()
+    except (SuperggmlError, ValueError) as e:
+        return e
+
+
+@pytest.mark.parametrize("variant", FAMILIES)
+def test_each_key_dropped_loads_or_is_refused_as_llama_cpp_does(tmp_path, vocab_fields, variant):
+    full = synth(tmp_path / "full.gguf", vocab_fields, **VARIANTS[variant])
+    arch = gguf.GGUFReader(full).fields["general.architecture"].contents()
+    keys = [k for k in gguf.GGUFReader(full).fields if k.startswith(arch + ".")]
+    paths = [copy_without(full, tmp_path / f"no-{i}.gguf", k) for i, k in enumerate(keys)]
+    ref = llama_ref.run({"kind": "loads", "model": full, "models": paths, "prompt": PROMPT})
+    wrong = []
+    for i, (key, path) in enumerate(zip(keys, paths)):
+        status, got = int(ref["status"][i]), ours(path)
+        if status == llama_ref.LOAD_OK:
+            if isinstance(got, Exception):
+                wrong.append(f"{key}: llama.cpp runs it, superggml refuses: {got}")
+            elif not np.array_equal(got, ref[f"logits{i}"]):
+                wrong.append(
+                    f"{key}: llama.cpp runs it, with other logits (max |d| {np.abs(got - ref[f'logits{i}']).max()})"
+                )
+        elif not isinstance(got, Exception):
+            what = "refuses" if status == llama_ref.LOAD_ERROR else "aborts on"
+            wrong.append(f"{key}: llama.cpp {what} it, superggml runs it")
+    print(f"\n{variant}: {len(keys)} keys, llama.cpp statuses {ref['status'].tolist()}")
+    assert not wrong, "\n".join(wrong)
