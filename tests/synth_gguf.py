@@ -8,6 +8,7 @@ superggml with llama.cpp on them; bench/ makes larger ones.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import gguf
@@ -894,19 +895,23 @@ VARIANTS = {
 }
 
 
-def copy_without(src, dst, drop):
-    """`src` with the metadata key `drop` left out (everything else as it is: keys in order, tensors byte for
-    byte); returns dst."""
-    r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", drop):
-            continue
-        vtype = f.types[0]
-        w.add_key_value(key, f.contents(), vtype, f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
-    for t in r.tensors:
-        w.add_tensor(t.name, t.data, raw_shape=tuple(int(x) for x in reversed(t.shape)), raw_dtype=t.tensor_type)
-    return finish(w, dst)
+@contextlib.contextmanager
+def keys_left_out(drop=(), seen=None):
+    """While active, every GGUFWriter leaves out the metadata keys in `drop`, and appends each key it is given to
+    `seen` (a list) when there is one: a synth() call under it writes its family's file without those keys."""
+    add = gguf.GGUFWriter.add_key_value
+
+    def add_some(self, key, val, vtype, sub_type=None):
+        if seen is not None:
+            seen.append(key)
+        if key not in drop:
+            add(self, key, val, vtype, sub_type)
+
+    gguf.GGUFWriter.add_key_value = add_some
+    try:
+        yield
+    finally:
+        gguf.GGUFWriter.add_key_value = add
 
 
 def dequantized_copy(src, dst):

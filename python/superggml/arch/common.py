@@ -84,6 +84,8 @@ class Architecture:
         self.shexp_gate = True  # the shared expert behind a sigmoid gate (qwen2moe)
         self.shexp_sigmoid = False  # that gate as ggml_sigmoid, not silu(x) / x (qwen2moe's form)
         self.n_lead = 0  # leading blocks with a dense FFN
+        if not hp.n_nextn and any(".nextn." in n for n in self.names):  # llama.cpp: tensors it did not load
+            raise GGUFError(f"GGUF has next-token-prediction tensors but no '{hp.arch}.nextn_predict_layers'")
         self.load_hparams(meta)
         if not self.hp.n_ff and not all(self.is_moe(il) for il in range(self.hp.n_layer)):
             raise GGUFError(f"GGUF metadata lacks '{self.hp.arch}.feed_forward_length' (a block has a dense FFN)")

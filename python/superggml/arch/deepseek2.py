@@ -45,14 +45,9 @@ class Deepseek2Arch(Architecture):
             self.k_mla, self.v_mla = hp.head_dim, hp.head_dim_v or hp.head_dim
             self.own_v_heads = True
         self.n_nope = self.k_mla - hp.n_rot
+        # the absorbed layout's V is the latent row: llama.cpp runs whatever value_length says
         if self.n_nope < 1 or (
-            hp.n_head_kv != hp.n_head
-            if self.legacy
-            else (
-                hp.n_head_kv != 1
-                or hp.head_dim != self.kv_lora + hp.n_rot
-                or (hp.head_dim_v or hp.head_dim) != self.kv_lora
-            )
+            hp.n_head_kv != hp.n_head if self.legacy else (hp.n_head_kv != 1 or hp.head_dim != self.kv_lora + hp.n_rot)
         ):
             raise GGUFError(
                 f"{hp.arch} MLA hyperparameters are inconsistent: key_length {hp.head_dim}, "
@@ -77,6 +72,8 @@ class Deepseek2Arch(Architecture):
         self.moe_probs_bias = f"blk.{self.n_lead}.exp_probs_b.bias" in self.names
         self.moe_fused_gate_up = f"blk.{self.n_lead}.ffn_gate_up_exps.weight" in self.names
         self.kq_scale = self.attention_scale(meta)
+        if not self.legacy:
+            self.hp = dataclasses.replace(self.hp, head_dim_v=self.kv_lora)
         self.hp = dataclasses.replace(self.hp, latent_kv=not self.legacy)
 
     def attention_scale(self, meta: Mapping[str, Any]) -> float:

@@ -26,6 +26,9 @@ class Ernie45MoeArch(Architecture):
             raise UnsupportedModelError(f"'{hp.arch}.expert_feed_forward_length' varies by layer: not supported")
         self.n_ff_exp = ffs.pop()
         self.n_ff_shexp = int(self.key(meta, "expert_shared_feed_forward_length", 0))
+        self.n_lead = int(self.key(meta, "leading_dense_block_count", 0))
+        if not self.n_ff_shexp and f"blk.{self.n_lead}.ffn_up_shexp.weight" in self.names:
+            raise GGUFError(f"GGUF has shared experts but no '{hp.arch}.expert_shared_feed_forward_length'")
         self.shexp_gate = False
         step = int(self.need(meta, "interleave_moe_layer_step"))
         if step < 1:
@@ -35,7 +38,6 @@ class Ernie45MoeArch(Architecture):
                 f"'{hp.arch}.interleave_moe_layer_step' {step}: dense blocks between the MoE ones have no weights "
                 "in llama.cpp's layout (it fails on them too)"
             )
-        self.n_lead = int(self.key(meta, "leading_dense_block_count", 0))
         self.moe_probs_bias = f"blk.{self.n_lead}.exp_probs_b.bias" in self.names
 
     def describe(self) -> list[str]:
