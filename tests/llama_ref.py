@@ -240,30 +240,37 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
 LOAD_OK, LOAD_ERROR, LOAD_CRASH = 0, 1, 2
 
 
+def _load_one(kw: dict[str, Any], path: str, prompt: list[int], dst: str) -> None:
+    """A forked child's work for _loads: exits LOAD_OK with the logits saved at dst, or LOAD_ERROR."""
+    import llama_cpp
+
+    try:
+        llm = llama_cpp.Llama(logits_all=True, **{**kw, "model_path": path})
+        llm.eval(prompt)
+        np.save(dst, np.array(llm.scores[: len(prompt)], dtype=np.float32))
+    except Exception:
+        sys.exit(LOAD_ERROR)
+    sys.exit(LOAD_OK)
+
+
 def _loads(req: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
     """For each of req["models"], in a child forked for it: load it and evaluate req["prompt"] (every row's
     logits). "status": LOAD_OK, LOAD_ERROR (llama_cpp raised: the loader refused the file) or LOAD_CRASH (the
     child died: an abort); "logits{i}" for each model that ran."""
-    import llama_cpp
+    import multiprocessing
 
+    import llama_cpp  # noqa: F401  (imported once, before the forks)
+
+    fork = multiprocessing.get_context("fork")
     out: dict[str, Any] = {}
     status = []
     with tempfile.TemporaryDirectory() as d:
         for i, path in enumerate(req["models"]):
             dst = os.path.join(d, f"{i}.npy")
-            pid = os.fork()
-            if pid == 0:  # the child: never returns
-                code = LOAD_ERROR
-                try:
-                    llm = llama_cpp.Llama(logits_all=True, **{**kw, "model_path": path})
-                    llm.eval(req["prompt"])
-                    np.save(dst, np.array(llm.scores[: len(req["prompt"])], dtype=np.float32))
-                    code = LOAD_OK
-                except Exception:
-                    pass
-                os._exit(code)
-            _, st = os.waitpid(pid, 0)
-            code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else LOAD_CRASH
+            child = fork.Process(target=_load_one, args=(kw, path, req["prompt"], dst))
+            child.start()
+            child.join()
+            code = child.exitcode
             status.append(code if code in (LOAD_OK, LOAD_ERROR) else LOAD_CRASH)
             if status[-1] == LOAD_OK:
                 out[f"logits{i}"] = np.load(dst)

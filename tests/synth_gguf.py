@@ -38,6 +38,8 @@ def synth(path, fields, arch="llama", **kw):
         return synth_deepseek2(path, fields, arch=arch, **kw)
     if arch == "glm4moe":
         return synth_glm4moe(path, fields, **kw)
+    if arch == "lfm2":
+        return synth_lfm2(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
@@ -289,7 +291,7 @@ def tensor_writers(w, rng, wtype, n_embd):
     return put, t, norm
 
 
-def start_tensors(w, fields, rng, wtype, n_embd, tied):
+def start_tensors(w, fields, rng, wtype, n_embd, tied, output_norm="output_norm.weight"):
     """The vocabulary's keys and the tensors outside the blocks (embedding, output norm, an untied output) into
     w; returns tensor_writers' put, t and norm."""
     for k, value, vtype, sub in fields:
@@ -297,7 +299,7 @@ def start_tensors(w, fields, rng, wtype, n_embd, tied):
     put, t, norm = tensor_writers(w, rng, wtype, n_embd)
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
     t("token_embd.weight", n_vocab, n_embd, scale=1.0)
-    norm("output_norm.weight")
+    norm(output_norm)
     if not tied:
         t("output.weight", n_vocab, n_embd, scale=0.2)
     return put, t, norm
@@ -554,6 +556,64 @@ def synth_glm4moe(
     return finish(w, path)
 
 
+def synth_lfm2(
+    path,
+    fields,
+    *,
+    layers="ccaccaca",
+    l_cache=3,
+    n_embd=64,
+    n_head=4,
+    n_head_kv=2,
+    n_ff=96,
+    n_swa=0,
+    tied=True,
+    wtype="f32",
+    seed=0,
+    n_ctx_train=512,
+):
+    """A random-weight lfm2 GGUF laid out as llama.cpp's converter (LFM2Model) writes it: `layers` names each
+    block, c a short convolution (head_count_kv 0) and a attention; l_cache: the conv's kernel; n_swa > 0: a
+    sliding window on the attention layers."""
+    rng = np.random.default_rng(seed)
+    n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
+    U = gguf.GGUFValueType.UINT32
+    w = gguf.GGUFWriter(str(path), "lfm2")
+    w.add_block_count(len(layers))
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_head_count(n_head)
+    w.add_head_count_kv([0 if k == "c" else n_head_kv for k in layers])
+    w.add_rope_freq_base(10000.0)
+    if n_swa:
+        w.add_sliding_window(n_swa)
+    w.add_key_value("lfm2.vocab_size", n_vocab, U)
+    w.add_key_value("lfm2.shortconv.l_cache", l_cache, U)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_feed_forward_length(n_ff)
+    _, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied, "token_embd_norm.weight")
+    hd = n_embd // n_head
+    for il, kind in enumerate(layers):
+        p = f"blk.{il}."
+        norm(p + "ffn_norm.weight")
+        t(p + "ffn_gate.weight", n_ff, n_embd)
+        t(p + "ffn_up.weight", n_ff, n_embd)
+        t(p + "ffn_down.weight", n_embd, n_ff)
+        norm(p + "attn_norm.weight")
+        if kind == "c":
+            t(p + "shortconv.conv.weight", n_embd, l_cache, scale=0.5)
+            t(p + "shortconv.in_proj.weight", 3 * n_embd, n_embd, scale=0.3)
+            t(p + "shortconv.out_proj.weight", n_embd, n_embd)
+        else:
+            norm(p + "attn_q_norm.weight", hd, 0.2)
+            norm(p + "attn_k_norm.weight", hd, 0.2)
+            t(p + "attn_q.weight", n_embd, n_embd, scale=0.3)
+            t(p + "attn_k.weight", n_head_kv * hd, n_embd, scale=0.3)
+            t(p + "attn_v.weight", n_head_kv * hd, n_embd)
+            t(p + "attn_output.weight", n_embd, n_embd)
+    return finish(w, path)
+
+
 def synth_qwen35(
     path,
     fields,
@@ -658,6 +718,15 @@ def synth_qwen35(
 
 U32, F32V = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
 SWA16 = {"attention.sliding_window": (16, U32)}
+# MiniMax-M2: experts of feed_forward_length with their own key, sigmoid routing with exp_probs_b
+MINIMAX_M2 = dict(
+    arch="minimax-m2",
+    tied=False,
+    n_expert=8,
+    n_expert_used=2,
+    probs_bias=True,
+    keys={"expert_feed_forward_length": (N_FF, U32), "expert_gating_func": (2, U32)},
+)
 VARIANTS = {
     "llama-tied": dict(arch="llama"),
     "llama-output-ropefreqs-linear": dict(arch="llama", tied=False, rope_freqs=True, scaling=4.0),
@@ -727,31 +796,9 @@ VARIANTS = {
     ),
     "ernie4_5-moe-q8_0": dict(arch="ernie4_5-moe", n_expert=8, n_expert_used=2, n_ff_exp=64, wtype="q8_0"),
     # MiniMax-M2: Q/K norms over all heads, RoPE over half of each head, sigmoid routing with exp_probs_b
-    "minimax-m2-8x2": dict(
-        arch="minimax-m2",
-        tied=False,
-        n_expert=8,
-        n_expert_used=2,
-        probs_bias=True,
-        keys={
-            "expert_feed_forward_length": (N_FF, U32),
-            "rope.dimension_count": (8, U32),
-            "expert_gating_func": (2, U32),
-        },
-    ),
+    "minimax-m2-8x2": dict(MINIMAX_M2, keys={**MINIMAX_M2["keys"], "rope.dimension_count": (8, U32)}),
     "minimax-m2-8x2-q8_0-headdim32": dict(
-        arch="minimax-m2",
-        tied=False,
-        n_expert=8,
-        n_expert_used=2,
-        probs_bias=True,
-        head_dim=32,
-        wtype="q8_0",
-        keys={
-            "expert_feed_forward_length": (N_FF, U32),
-            "rope.dimension_count": (16, U32),
-            "expert_gating_func": (2, U32),
-        },
+        MINIMAX_M2, head_dim=32, wtype="q8_0", keys={**MINIMAX_M2["keys"], "rope.dimension_count": (16, U32)}
     ),
     # Llama 4: experts in every 2nd block (top 1, sigmoid, a shared expert), rope_freqs, chunked layers with their
     # own RoPE base, the 4th without RoPE
@@ -871,6 +918,9 @@ VARIANTS = {
     "mistral4-lite-q8_0": dict(arch="mistral4", q_lora_rank=0, n_expert=8, n_expert_used=2, wtype="q8_0", fused=True),
     # Mistral-Large 3: deepseek2 with the attention temperature, separate experts
     "deepseek2-temp": dict(arch="deepseek2", q_lora_rank=48, n_expert=8, n_expert_used=2, temperature=(0.1, 16)),
+    # LFM2: short-convolution blocks beside attention ones (head_count_kv 0 marks a conv block)
+    "lfm2-ccaccaca": dict(arch="lfm2", tied=True),
+    "lfm2-swa16-q8_0": dict(arch="lfm2", layers="cacaca", l_cache=4, n_swa=16, wtype="q8_0", tied=False),
     # qwen35: gated delta-net blocks and, every second block, gated full attention with interleaved M-RoPE
     "qwen35-interval2": dict(arch="qwen35"),
     "qwen35-mtp": dict(arch="qwen35", n_layer=3, interval=3, mtp=True),

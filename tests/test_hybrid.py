@@ -15,7 +15,7 @@ from superggml.runtime.devices import layer_split
 from synth_gguf import VARIANTS, synth
 from test_multi_device import PROMPT, run_prompt
 
-HYBRID = ["qwen35-interval2", "qwen35moe-8x2-q8_0", "qwen3next-8x2"]
+HYBRID = ["qwen35-interval2", "qwen35moe-8x2-q8_0", "qwen3next-8x2", "lfm2-ccaccaca"]
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +40,15 @@ def test_chunks_and_single_tokens_match_llama_cpp(tmp_path, vocab_fields, varian
         rows = [m.eval(prompt[:40], logits_all=True).copy()] + [m.eval([t]).copy() for t in prompt[40:]]
     assert np.array_equal(np.concatenate(rows), stepped)
     hp = VARIANTS[variant]
-    d_state, n_v, n_k = hp.get("d_state", 16), 4, 2
-    conv = 3 * d_state * (n_v + 2 * n_k)
-    assert st["state_bytes_per_sequence"] == 4 * 2 * (conv + d_state * d_state * n_v)  # 2 recurrent layers of 4
+    if hp["arch"] == "lfm2":  # 5 conv layers of 8, each a window of 2 x 64; K/V of 3 attention layers
+        assert st["state_bytes_per_sequence"] == 4 * 5 * 2 * 64
+        assert kv == 256 * 2 * 2 * 2 * 16 * 3
+    else:
+        d_state, n_v, n_k = hp.get("d_state", 16), 4, 2
+        conv = 3 * d_state * (n_v + 2 * n_k)
+        assert st["state_bytes_per_sequence"] == 4 * 2 * (conv + d_state * d_state * n_v)  # 2 recurrent layers of 4
+        assert kv == 256 * 2 * 2 * 2 * hp.get("head_dim", 32) * 2  # K/V of 2 attention layers
     assert st["state_tier"] == "CPU" and st["state_sequences"] == 1
-    assert kv == 256 * 2 * 2 * 2 * hp.get("head_dim", 32) * 2  # K/V of 2 attention layers
     assert st["budget"]["kv"] == kv + 4 * st["state_bytes_per_sequence"]  # the plan: states and 3 checkpoints
 
 

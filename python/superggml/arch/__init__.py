@@ -13,6 +13,7 @@ from .common import Architecture, HParams
 from .deepseek2 import Deepseek2Arch
 from .ernie4_5_moe import Ernie45MoeArch
 from .llama import LlamaArch
+from .lfm2 import Lfm2Arch
 from .llama4 import Llama4Arch
 from .minimax_m2 import MiniMaxM2Arch
 from .mistral3 import Mistral3Arch
@@ -56,6 +57,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "minimax-m2": MiniMaxM2Arch,
     "llama4": Llama4Arch,
     "mistral4": Mistral4Arch,
+    "lfm2": Lfm2Arch,
 }
 
 

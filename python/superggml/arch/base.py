@@ -83,7 +83,13 @@ class HParams:
         try:
             n_embd = int(get("embedding_length"))
             n_head = int(get("attention.head_count"))
-            n_head_kv = int(get("attention.head_count_kv", n_head))
+            kv = get("attention.head_count_kv", n_head)
+            if isinstance(kv, (list, tuple)):  # per layer (LFM2: 0 in its conv layers): the attention layers' count
+                counts = {int(x) for x in kv if int(x)}
+                if len(counts) > 1:
+                    raise UnsupportedModelError(f"'{arch}.attention.head_count_kv' varies by layer: {sorted(counts)}")
+                kv = counts.pop() if counts else n_head
+            n_head_kv = int(kv)
             head_dim = int(get("attention.key_length", n_embd // max(n_head, 1)))
             v_dim = int(get("attention.value_length", n_embd // max(n_head, 1)))  # llama.cpp's n_embd_head_v
             n_vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])

@@ -46,6 +46,7 @@ class Architecture:
     attn_sinks = False  # a learned per-head logit in every attention row's softmax (gpt-oss)
     out_bias = False  # attn_output.bias (gpt-oss)
     ffn_norm = "ffn_norm"  # the FFN's pre-norm tensor (gpt-oss calls it post_attention_norm)
+    output_norm = "output_norm.weight"  # the norm before the lm head (lfm2 calls it token_embd_norm)
     ffn_glu = "swiglu"  # swiglu or geglu
     out_prec_f32 = False  # the attention output's matmul accumulates in F32 (glm4moe; on the CPU it always does)
     reads_hidden = False  # a pass reads hidden rows beside its tokens (StepInputs.hidden: an MTP block)
@@ -228,7 +229,7 @@ class Architecture:
         hp = self.hp
         shapes = {
             "token_embd.weight": (hp.n_embd, hp.n_vocab),
-            "output_norm.weight": (hp.n_embd,),
+            self.output_norm: (hp.n_embd,),
             self.output_tensor(has): (hp.n_embd, hp.n_vocab),
         }
         if self.rope_factors:
@@ -257,7 +258,7 @@ class Architecture:
 
     def build_output_norm(self, ctx: Context, w: Weights, x: Tensor) -> Tensor:
         """x F32 [n_embd, n_outputs] -> the normed input of the lm head, same shape"""
-        return ctx.mul(ctx.rms_norm(x, self.hp.rms_eps), w("output_norm.weight"))
+        return ctx.mul(ctx.rms_norm(x, self.hp.rms_eps), w(self.output_norm))
 
     def build_output(self, ctx: Context, w: Weights, inp: StepInputs, x: Tensor) -> Tensor:
         """x F32 [n_embd, n_outputs] (the last block kept only those rows) -> logits F32 [n_vocab, n_outputs]"""

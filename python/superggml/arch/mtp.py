@@ -57,7 +57,7 @@ class MtpArch:
         self.hp = dataclasses.replace(hp, n_layer=1, n_nextn=0, n_layer_kv=0, state_bytes=0)
         self.swa_layers = (False,)
         self.embed_w = self.own("embed_tokens", "token_embd.weight")
-        self.head_norm = self.own("shared_head_norm", "output_norm.weight")
+        self.head_norm = self.own("shared_head_norm", base.output_norm)
         self.head_w = self.own("shared_head_head", base.output_tensor(base.names.__contains__))
 
     def own(self, name: str, fallback: str) -> str:

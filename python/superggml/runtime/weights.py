@@ -141,7 +141,7 @@ class WeightPlacement:
         return [
             n
             for n in self.store.names()
-            if n not in blocks | {self.arch.output_tensor(self.store.has), "output_norm.weight", "token_embd.weight"}
+            if n not in blocks | {self.arch.output_tensor(self.store.has), self.arch.output_norm, "token_embd.weight"}
             and not self.arch.is_unused(n)
         ]
 
@@ -151,7 +151,7 @@ class WeightPlacement:
         prompt's rows, straight from the mapping) unless the head is tied to it."""
         groups = [self.block_tensors(il) for il in range(self.hp.n_layer)]
         groups[0] = self.outside_blocks() + groups[0]
-        groups.append(["output_norm.weight", self.arch.output_tensor(self.store.has)])
+        groups.append([self.arch.output_norm, self.arch.output_tensor(self.store.has)])
         return groups
 
     def plan_copies(self) -> dict[int, list[str]]:
@@ -164,7 +164,7 @@ class WeightPlacement:
         for d in range(self.n_split):
             if self.backends[d].is_host:
                 continue
-            head = ["output_norm.weight"] + ([] if self.paged else [out]) if d == self.head_dev else []
+            head = [self.arch.output_norm] + ([] if self.paged else [out]) if d == self.head_dev else []
             copies = {n: self.store.add_copy(n, f"dev{d}") for n in self.outside_blocks() + head}
             self.view.copies[d] = copies
             own = [] if self.paged else [n for il in self.layers_on(d) for n in self.block_tensors(il)]

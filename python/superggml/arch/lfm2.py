@@ -1,0 +1,156 @@
+"""lfm2 family: Liquid's LFM2, a hybrid of short-convolution blocks and attention blocks (llama.cpp's
+src/models/lfm2.cpp). The layers whose attention.head_count_kv is 0 are convolutions: in_proj gives B, C and X;
+B * X runs through a causal depthwise conv over the last shortconv.l_cache tokens (its window kept per sequence,
+as a recurrent state), is gated by C and projected by out_proj. The others attend with Q/K head norms and NeoX
+RoPE (a sliding window where attention.sliding_window is set). Every block has a SwiGLU FFN; the output norm is
+named token_embd_norm."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from ..errors import GGUFError
+from ..native import Context, Graph, Tensor
+from .base import Memory, StepInputs, Weights, lane_memory, one_memory
+from .common import ROPE_NEOX, Architecture, each_lane
+
+
+class Lfm2Arch(Architecture):
+    rope_mode = ROPE_NEOX
+    rope_factors = False
+    qk_norm = True
+    output_norm = "token_embd_norm.weight"
+
+    def load_hparams(self, meta: Mapping[str, Any]) -> None:
+        hp = self.hp
+        self.d_conv = int(self.need(meta, "shortconv.l_cache"))
+        if self.d_conv < 2:
+            raise GGUFError(f"'{hp.arch}.shortconv.l_cache' must be > 1, not {self.d_conv}")
+        kv = self.key(meta, "attention.head_count_kv", hp.n_head)
+        per = [int(x) for x in kv] if isinstance(kv, (list, tuple)) else [int(kv)] * hp.n_layer
+        if len(per) < hp.n_layer:
+            raise GGUFError(f"'{hp.arch}.attention.head_count_kv' has {len(per)} entries for {hp.n_layer} layers")
+        self.recurrent = tuple(x == 0 for x in per[: hp.n_layer])
+        n_swa = int(self.key(meta, "attention.sliding_window", 0))
+        if n_swa > 0:
+            self.n_swa, self.swa_layers = n_swa, tuple(not r for r in self.recurrent)
+        n_rec = sum(self.recurrent)
+        self.hp = dataclasses.replace(hp, n_layer_kv=hp.n_layer - n_rec, state_bytes=4 * n_rec * sum(self.state_sizes))
+
+    def describe(self) -> list[str]:
+        n = sum(self.recurrent)
+        return [
+            f"hybrid: {n} short-convolution layers (a window of {self.d_conv - 1} tokens: "
+            f"{self.hp.state_bytes / 2**10:.1f} KiB per sequence), {self.hp.n_layer - n} attention layers with a "
+            "K/V cache"
+        ]
+
+    # -- memory -------------------------------------------------------------
+    def is_moe(self, il: int) -> bool:
+        return False  # llama.cpp's lfm2 runs a dense FFN in every block
+
+    def is_recurrent(self, il: int) -> bool:
+        return self.recurrent[il]
+
+    @property
+    def state_sizes(self) -> tuple[int, int]:
+        """Values per sequence and conv layer: the window's; no second state."""
+        return (self.d_conv - 1) * self.hp.n_embd, 0
+
+    # -- tensors ---------------------------------------------------------
+    def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
+        hp, p = self.hp, f"blk.{il}."
+        shapes = super().block_tensor_shapes(il)
+        if not self.recurrent[il]:
+            return shapes
+        for n in ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm"):
+            del shapes[p + n + ".weight"]
+        shapes.update(
+            {
+                p + "shortconv.conv.weight": (self.d_conv, hp.n_embd),
+                p + "shortconv.in_proj.weight": (hp.n_embd, 3 * hp.n_embd),
+                p + "shortconv.out_proj.weight": (hp.n_embd, hp.n_embd),
+            }
+        )
+        return shapes
+
+    def attn_output(self, il: int) -> str:
+        return f"blk.{il}.{'shortconv.out_proj' if self.recurrent[il] else 'attn_output'}.weight"
+
+    # -- graphs ------------------------------------------------------------
+    def build_attention(
+        self,
+        ctx: Context,
+        gf: Graph,
+        w: Weights,
+        inp: StepInputs,
+        il: int,
+        cur: Tensor,
+        k_cache: Memory,
+        v_cache: Memory,
+    ) -> Tensor:
+        if not self.recurrent[il]:
+            return super().build_attention(ctx, gf, w, inp, il, cur, k_cache, v_cache)
+        p, n, E = f"blk.{il}.", inp.n_tokens, self.hp.n_embd
+        bcx = ctx.mul_mat(w(p + "shortconv.in_proj.weight"), cur)  # [3 * E, n]: B, C, X
+        es, row = bcx.element_size, bcx.nb[1]
+        b, c, x = (ctx.view(bcx, [E, n], [row], i * E * es) for i in range(3))
+        bx = ctx.mul(b, x)  # [E, n]
+        conv = k_cache  # the conv window per sequence (the second state is empty)
+        if inp.lanes is None or inp.chain:
+            window = lane_memory(conv, 0) if inp.chain else one_memory(conv)
+            record = inp.record(il) if inp.record is not None else None
+            out = self.short_conv(ctx, gf, w, p, bx, n, window, record)
+        else:
+            out = each_lane(
+                ctx,
+                inp,
+                lambda j, lane, rows: self.short_conv(ctx, gf, w, p, rows(bx, 2), lane.n_tokens, lane_memory(conv, j)),
+            )
+        return ctx.mul(c, out)
+
+    def short_conv(
+        self,
+        ctx: Context,
+        gf: Graph,
+        w: Weights,
+        p: str,
+        bx: Tensor,
+        n: int,
+        window: Tensor,
+        record: Tensor | None = None,
+    ) -> Tensor:
+        """One sequence's n rows of B * X [E, n] through the conv after its window (written back): F32 [E, n].
+        `record`: where the pass leaves the window and its rows for replay."""
+        E, dc = self.hp.n_embd, self.d_conv
+        if bx.nb[1] != E * bx.element_size:
+            bx = ctx.cont(bx)
+        win = ctx.reshape(window, [dc - 1, E, 1])
+        xx = ctx.concat(win, ctx.transpose(ctx.reshape(bx, [E, n, 1])), 0)  # [dc - 1 + n, E, 1]
+        if record is not None:
+            gf.expand(ctx.cpy(xx, self.record_view(ctx, record, n)))
+        self.slide(ctx, gf, xx, n, win)
+        return ctx.reshape(ctx.ssm_conv(xx, w(p + "shortconv.conv.weight")), [E, n])
+
+    def slide(self, ctx: Context, gf: Graph, xx: Tensor, k: int, win: Tensor) -> None:
+        """The window after k of xx's rows (xx: the window, then the rows) written back."""
+        gf.expand(
+            ctx.cpy(ctx.view(xx, [self.d_conv - 1, self.hp.n_embd, 1], [xx.nb[1], xx.nb[2]], k * xx.element_size), win)
+        )
+
+    # -- replay: a window after k rows of a recorded pass ---------------------
+    def record_size(self, n: int) -> int:
+        """Values a pass of n rows records per conv layer: the window and the rows after it."""
+        return (self.d_conv - 1 + n) * self.hp.n_embd
+
+    def record_view(self, ctx: Context, record: Tensor, n: int) -> Tensor:
+        t, es = self.d_conv - 1 + n, record.element_size
+        return ctx.view(record, [t, self.hp.n_embd, 1], [t * es, t * self.hp.n_embd * es], 0)
+
+    def replay(
+        self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv_state: Tensor, state: Tensor
+    ) -> None:
+        """The window after the first k of a recorded pass's n rows."""
+        win = ctx.reshape(conv_state, [self.d_conv - 1, self.hp.n_embd, 1])
+        self.slide(ctx, gf, self.record_view(ctx, record, n), k, win)
