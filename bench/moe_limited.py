@@ -66,6 +66,22 @@ MODELS = {
         n_ff_exp=768,
         n_lead=0,
     ),
+    # MiniMax-M2 (230B-A10B): n_embd 3072, 48 heads (8 K/V) of 128, RoPE over 64, 256 experts of 1536, 8 per
+    # token, sigmoid routing with exp_probs_b; 4 of its 62 layers (each 2 GiB of Q4_0 experts), to fit the disk
+    "minimax-m2": dict(
+        arch="minimax-m2",
+        wtype="q4_0",
+        n_layer=4,
+        n_embd=3072,
+        n_head=48,
+        n_head_kv=8,
+        head_dim=128,
+        n_rot=64,
+        n_expert=256,
+        n_expert_used=8,
+        n_ff_exp=1536,
+        n_lead=0,
+    ),
     "qwen3moe-small": dict(
         arch="qwen3moe",
         wtype="q8_0",
@@ -232,11 +248,12 @@ def tensor_specs(p: dict, n_vocab: int) -> list[tuple]:
             (b + "attn_v.weight", (p["n_head_kv"] * hd, e), "q", 0.08),
             (b + "ffn_gate_inp.weight", (ne, e), "f32", 0.5),
         ] + [(b + n, s, k, c) for n, s, k, c in experts]
+        whole = p["arch"] == "minimax-m2"  # its Q/K norms span every head, its router has exp_probs_b
         out += [
             (b + "attn_output.weight", (e, p["n_head"] * hd), "q", 0.08),
-            (b + "attn_q_norm.weight", (hd,), "norm", 0.2),
-            (b + "attn_k_norm.weight", (hd,), "norm", 0.2),
-        ]
+            (b + "attn_q_norm.weight", (p["n_head"] * hd if whole else hd,), "norm", 0.2),
+            (b + "attn_k_norm.weight", (p["n_head_kv"] * hd if whole else hd,), "norm", 0.2),
+        ] + ([(b + "exp_probs_b.bias", (ne,), "f32", 0.1)] if whole else [])
     return out
 
 
@@ -343,6 +360,9 @@ def write_keys(w: Any, p: dict, n_vocab: int) -> None:
     w.add_expert_count(p["n_expert"])
     w.add_expert_used_count(p["n_expert_used"])
     w.add_expert_feed_forward_length(p["n_ff_exp"])
+    if p["arch"] == "minimax-m2":
+        w.add_key_value("minimax-m2.rope.dimension_count", p["n_rot"], U)
+        w.add_key_value("minimax-m2.expert_gating_func", 2, U)
 
 
 def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
@@ -467,7 +487,9 @@ def sequence_memory(path: str) -> dict[int, tuple[int, int]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", choices=("qwen3moe", "qwen3moe-30b", "deepseek2", "qwen35moe"), default="qwen3moe")
+    ap.add_argument(
+        "--arch", choices=("qwen3moe", "qwen3moe-30b", "deepseek2", "qwen35moe", "minimax-m2"), default="qwen3moe"
+    )
     ap.add_argument("--small", action="store_true", help="a small model, superggml only (a functional run)")
     ap.add_argument("--tokens", type=int, default=16, help="decoded tokens per run")
     ap.add_argument("--limit", help="the cgroup limit (default: a quarter of the file's size)")
