@@ -246,7 +246,8 @@ def tensor_specs(p: dict, n_vocab: int) -> list[tuple]:
             (b + "attn_q.weight", (p["n_head"] * hd, e), "q", 0.3),
             (b + "attn_k.weight", (p["n_head_kv"] * hd, e), "q", 0.3),
             (b + "attn_v.weight", (p["n_head_kv"] * hd, e), "q", 0.08),
-            (b + "ffn_gate_inp.weight", (ne, e), "f32", 0.5),
+            # sigmoid routing saturates on logits of a large spread: MiniMax's router gets logits of unit spread
+            (b + "ffn_gate_inp.weight", (ne, e), "f32", e**-0.5 if p["arch"] == "minimax-m2" else 0.5),
         ] + [(b + n, s, k, c) for n, s, k, c in experts]
         whole = p["arch"] == "minimax-m2"  # its Q/K norms span every head, its router has exp_probs_b
         out += [
@@ -421,7 +422,7 @@ def model_path(p: dict, cache_dir: str) -> str:
     from superggml import models
 
     vocab = str(models.smollm2_path())
-    tag = hashlib.sha1(json.dumps([p, os.path.basename(vocab), 1], sort_keys=True).encode()).hexdigest()[:10]
+    tag = hashlib.sha1(json.dumps([p, os.path.basename(vocab), 2], sort_keys=True).encode()).hexdigest()[:10]
     path = os.path.join(cache_dir, f"moe_limited-{p['arch']}-{p['n_layer']}x{p['n_expert']}-{tag}.gguf")
     if not os.path.exists(path):
         os.makedirs(cache_dir, exist_ok=True)
