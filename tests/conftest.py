@@ -11,6 +11,14 @@ def smollm2_path():
 
 
 @pytest.fixture(scope="session")
+def vocab_fields(smollm2_path):
+    """SmolLM2's tokenizer keys, for the synthetic models of tests/synth_gguf.py."""
+    import synth_gguf
+
+    return synth_gguf.vocab_fields(smollm2_path)
+
+
+@pytest.fixture(scope="session")
 def qwen_path():
     return str(models.qwen_path())
 

@@ -14,15 +14,9 @@ import numpy as np
 import pytest
 
 import llama_ref
-import synth_gguf
 from batching import alone_and_batched
 from superggml import Model, UnsupportedModelError
 from synth_gguf import N_LAYER, VARIANTS, synth
-
-
-@pytest.fixture(scope="module")
-def vocab_fields(smollm2_path):
-    return synth_gguf.vocab_fields(smollm2_path)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import llama_ref
-import synth_gguf
 from batching import alone_and_batched
 from superggml import Model
 from superggml.runtime.devices import layer_split
@@ -16,11 +15,6 @@ from synth_gguf import VARIANTS, synth
 from test_multi_device import PROMPT, run_prompt
 
 HYBRID = ["qwen35-interval2", "qwen35moe-8x2-q8_0", "qwen3next-8x2", "lfm2-ccaccaca"]
-
-
-@pytest.fixture(scope="module")
-def vocab_fields(smollm2_path):
-    return synth_gguf.vocab_fields(smollm2_path)
 
 
 @pytest.mark.parametrize("variant", HYBRID)

@@ -8,17 +8,11 @@ import gguf
 import numpy as np
 import pytest
 
-import synth_gguf
 from batching import alone_and_batched
 from superggml import Model
 from synth_gguf import VARIANTS, synth
 
 MLA = [v for v in VARIANTS if VARIANTS[v]["arch"] == "deepseek2" and not VARIANTS[v].get("legacy")]
-
-
-@pytest.fixture(scope="module")
-def vocab_fields(smollm2_path):
-    return synth_gguf.vocab_fields(smollm2_path)
 
 
 def field(path, key):

@@ -7,14 +7,8 @@ import gguf
 import numpy as np
 import pytest
 
-import synth_gguf
 from superggml import Model
 from synth_gguf import VARIANTS, synth
-
-
-@pytest.fixture(scope="module")
-def vocab_fields(smollm2_path):
-    return synth_gguf.vocab_fields(smollm2_path)
 
 
 def expert_bytes(path):

@@ -8,17 +8,11 @@ import numpy as np
 import pytest
 
 import llama_ref
-import synth_gguf
 from superggml import Model, UnsupportedModelError
 from synth_gguf import VARIANTS, synth
 
 MTP = ["deepseek2-v3-groups-yarn", "glm4moe-bias-mtp", "qwen35-mtp", "qwen3next-mtp"]
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
-
-
-@pytest.fixture(scope="module")
-def vocab_fields(smollm2_path):
-    return synth_gguf.vocab_fields(smollm2_path)
 
 
 @pytest.mark.parametrize("flash_attn", [False, True])

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import llama_ref
-import synth_gguf
 from superggml import Model
 from superggml.errors import SuperggmlError
 from synth_gguf import VARIANTS, keys_left_out, synth
@@ -42,11 +41,6 @@ FAMILIES = [
     "lfm2-swa16-q8_0",
 ]
 PROMPT = [1, 450, 4937, 17, 2210, 339, 90, 12, 3000, 77]
-
-
-@pytest.fixture(scope="module")
-def vocab_fields(smollm2_path):
-    return synth_gguf.vocab_fields(smollm2_path)
 
 
 def ours(path):
