@@ -47,6 +47,7 @@ class Architecture:
     out_bias = False  # attn_output.bias (gpt-oss)
     ffn_norm = "ffn_norm"  # the FFN's pre-norm tensor (gpt-oss calls it post_attention_norm)
     output_norm = "output_norm.weight"  # the norm before the lm head (lfm2 calls it token_embd_norm)
+    rope_whole_heads = False  # RoPE must span each head (llama.cpp asserts n_rot == head_dim in the graph)
     ffn_glu = "swiglu"  # swiglu or geglu
     out_prec_f32 = False  # the attention output's matmul accumulates in F32 (glm4moe; on the CPU it always does)
     reads_hidden = False  # a pass reads hidden rows beside its tokens (StepInputs.hidden: an MTP block)
@@ -85,6 +86,8 @@ class Architecture:
         self.shexp_gate = True  # the shared expert behind a sigmoid gate (qwen2moe)
         self.shexp_sigmoid = False  # that gate as ggml_sigmoid, not silu(x) / x (qwen2moe's form)
         self.n_lead = 0  # leading blocks with a dense FFN
+        if self.rope_whole_heads and hp.n_rot != hp.head_dim:
+            raise GGUFError(f"{hp.arch} rotates whole heads: rope.dimension_count {hp.n_rot} != head_dim {hp.head_dim}")
         if not hp.n_nextn and any(".nextn." in n for n in self.names):  # llama.cpp: tensors it did not load
             raise GGUFError(f"GGUF has next-token-prediction tensors but no '{hp.arch}.nextn_predict_layers'")
         self.load_hparams(meta)

@@ -18,11 +18,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import GGUFError, UnsupportedModelError
+from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
 from .base import Memory, StepInputs, Weights, f32, lane_memory, logf, one_memory
 from .common import Architecture, attend_latent, build_attn, each_lane
-from .moe import load_routing, routing_note
+from .moe import load_routing, routing_note, uniform_expert_ff
 
 
 class Deepseek2Arch(Architecture):
@@ -62,19 +62,15 @@ class Deepseek2Arch(Architecture):
                     f"'{hp.arch}.attention.temperature_scale' without '{hp.arch}.attention.temperature_length'"
                 )
             self.attn_temp = (temp, floor, 0.0)
-        ff = need("expert_feed_forward_length")
-        ffs = {int(x) for x in ff} if isinstance(ff, (list, tuple)) else {int(ff)}
-        if len(ffs) != 1:
-            raise UnsupportedModelError(f"'{hp.arch}.expert_feed_forward_length' varies by layer: not supported")
-        self.n_ff_exp = ffs.pop()
+        self.n_ff_exp = uniform_expert_ff(self, meta)
         # DeepSeek V2/V2.5 GGUFs lack expert_gating_func (softmax); GLM-4.7-Flash's are known by their shape
         load_routing(self, meta, 2 if hp.n_layer in (47, 48) and hp.n_vocab == 154880 else 1)
         self.moe_probs_bias = f"blk.{self.n_lead}.exp_probs_b.bias" in self.names
         self.moe_fused_gate_up = f"blk.{self.n_lead}.ffn_gate_up_exps.weight" in self.names
         self.kq_scale = self.attention_scale(meta)
-        if not self.legacy:
-            self.hp = dataclasses.replace(self.hp, head_dim_v=self.kv_lora)
-        self.hp = dataclasses.replace(self.hp, latent_kv=not self.legacy)
+        self.hp = dataclasses.replace(  # the absorbed layout's V is the latent row
+            self.hp, latent_kv=not self.legacy, head_dim_v=self.hp.head_dim_v if self.legacy else self.kv_lora
+        )
 
     def attention_scale(self, meta: Mapping[str, Any]) -> float:
         """KQ's scale, as deepseek2.cpp pre-scales it for YaRN (mscale^2 / sqrt(key_length_mla)); with

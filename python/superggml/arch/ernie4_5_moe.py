@@ -8,23 +8,19 @@ from typing import Any, Mapping
 
 from ..errors import GGUFError, UnsupportedModelError
 from .common import ROPE_NORM, Architecture
+from .moe import uniform_expert_ff
 
 
 class Ernie45MoeArch(Architecture):
     rope_mode = ROPE_NORM
+    rope_whole_heads = True
     rope_factors = False
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
-        if hp.n_rot != hp.head_dim:
-            raise GGUFError(f"{hp.arch} rotates whole heads: rope.dimension_count {hp.n_rot} != head_dim {hp.head_dim}")
         if not hp.n_expert:
             raise GGUFError(f"GGUF metadata lacks '{hp.arch}.expert_count'")
-        ff = self.need(meta, "expert_feed_forward_length")
-        ffs = {int(x) for x in ff} if isinstance(ff, (list, tuple)) else {int(ff)}
-        if len(ffs) != 1:
-            raise UnsupportedModelError(f"'{hp.arch}.expert_feed_forward_length' varies by layer: not supported")
-        self.n_ff_exp = ffs.pop()
+        self.n_ff_exp = uniform_expert_ff(self, meta)
         self.n_ff_shexp = int(self.key(meta, "expert_shared_feed_forward_length", 0))
         self.n_lead = int(self.key(meta, "leading_dense_block_count", 0))
         if not self.n_ff_shexp and f"blk.{self.n_lead}.ffn_up_shexp.weight" in self.names:

@@ -12,6 +12,7 @@ from ..errors import GGUFError, UnsupportedModelError
 from ..native import Context, Tensor
 from .base import StepInputs, Weights
 from .common import ROPE_NORM, Architecture
+from .moe import uniform_expert_ff
 
 CHUNK = 8192  # llama.cpp fixes the chunk, the temperature's floor, scale and offset for llama4
 TEMPERATURE = (0.1, CHUNK, 1.0)
@@ -19,18 +20,13 @@ TEMPERATURE = (0.1, CHUNK, 1.0)
 
 class Llama4Arch(Architecture):
     rope_mode = ROPE_NORM
+    rope_whole_heads = True
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
         if not hp.n_expert:
             raise GGUFError("llama4 model cannot have zero experts")
-        if hp.n_rot != hp.head_dim:
-            raise GGUFError(f"llama4 rotates whole heads: rope.dimension_count {hp.n_rot} != head_dim {hp.head_dim}")
-        ff = self.need(meta, "expert_feed_forward_length")
-        ffs = {int(x) for x in ff} if isinstance(ff, (list, tuple)) else {int(ff)}
-        if len(ffs) != 1:
-            raise UnsupportedModelError("'llama4.expert_feed_forward_length' varies by layer: not supported")
-        self.n_ff_exp = self.n_ff_shexp = ffs.pop()
+        self.n_ff_exp = self.n_ff_shexp = uniform_expert_ff(self, meta)
         self.shexp_gate = False
         self.moe_step = int(self.need(meta, "interleave_moe_layer_step"))
         if int(self.key(meta, "attention.sliding_window", CHUNK)) == 0:

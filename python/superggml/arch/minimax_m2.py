@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import GGUFError, UnsupportedModelError
-from .moe import GATING
+from ..errors import GGUFError
+from .moe import set_gating
 from .olmoe import OlmoeArch
 
 
@@ -20,9 +20,7 @@ class MiniMaxM2Arch(OlmoeArch):
         gating = int(self.key(meta, "expert_gating_func", 0))
         if not gating:  # llama.cpp aborts in build_moe_ffn on gating "none"
             raise GGUFError(f"GGUF metadata lacks '{hp.arch}.expert_gating_func'")
-        if gating not in GATING:
-            raise UnsupportedModelError(f"'{hp.arch}.expert_gating_func' {gating} is not supported")
-        self.moe_gating = GATING[gating]
+        set_gating(self, gating)
         self.moe_probs_bias = True
 
     def describe(self) -> list[str]:

@@ -15,12 +15,11 @@ from .common import ROPE_NORM, Architecture
 
 class Mistral3Arch(Architecture):
     rope_mode = ROPE_NORM
+    rope_whole_heads = True
     ffn_bias = False  # ffn_{gate,up,down}.bias in the dense blocks
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
-        if hp.n_rot != hp.head_dim:
-            raise GGUFError(f"mistral3 rotates whole heads: rope.dimension_count {hp.n_rot} != head_dim {hp.head_dim}")
         self.yarn_beta = (
             float(self.key(meta, "rope.scaling.yarn_beta_fast", self.yarn_beta[0])),
             float(self.key(meta, "rope.scaling.yarn_beta_slow", self.yarn_beta[1])),

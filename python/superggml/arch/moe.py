@@ -59,6 +59,25 @@ def qwen_expert_ff(arch: Architecture, meta: Mapping[str, Any]) -> int:
 GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}  # llama_expert_gating_func_type
 
 
+def set_gating(arch: Architecture, gating: int) -> None:
+    """arch.moe_gating from llama_expert_gating_func_type `gating`; UnsupportedModelError for another."""
+    if gating not in GATING:
+        raise UnsupportedModelError(f"'{arch.hp.arch}.expert_gating_func' {gating} is not supported")
+    arch.moe_gating = GATING[gating]
+
+
+def uniform_expert_ff(arch: Architecture, meta: Mapping[str, Any]) -> int:
+    """expert_feed_forward_length, required (llama.cpp's get_key_or_arr): one size, or a per-layer array of one."""
+    hp = arch.hp
+    ff = arch.key(meta, "expert_feed_forward_length", None)
+    if ff is None:
+        raise GGUFError(f"GGUF metadata lacks '{hp.arch}.expert_feed_forward_length'")
+    ffs = {int(x) for x in ff} if isinstance(ff, (list, tuple)) else {int(ff)}
+    if len(ffs) != 1:
+        raise UnsupportedModelError(f"'{hp.arch}.expert_feed_forward_length' varies by layer: not supported")
+    return ffs.pop()
+
+
 def load_routing(arch: Architecture, meta: Mapping[str, Any], gating: int) -> None:
     """The expert keys deepseek2 and glm4moe share (llama.cpp's load_arch_hparams): leading dense blocks, shared
     experts (ungated, expert_shared_count of n_ff_exp), the chosen weights' norm and scale, the gating function
@@ -72,10 +91,7 @@ def load_routing(arch: Architecture, meta: Mapping[str, Any], gating: int) -> No
     arch.shexp_gate = False
     arch.moe_norm_w = bool(arch.key(meta, "expert_weights_norm", False))
     arch.moe_w_scale = float(np.float32(arch.key(meta, "expert_weights_scale", 0.0)))
-    gating = int(arch.key(meta, "expert_gating_func", 0)) or gating
-    if gating not in GATING:
-        raise UnsupportedModelError(f"'{hp.arch}.expert_gating_func' {gating} is not supported")
-    arch.moe_gating = GATING[gating]
+    set_gating(arch, int(arch.key(meta, "expert_gating_func", 0)) or gating)
     n_group, n_used = arch.moe_groups = (
         int(arch.key(meta, "expert_group_count", 0)),
         int(arch.key(meta, "expert_group_used_count", 0)),
