@@ -241,8 +241,13 @@ LOAD_OK, LOAD_ERROR, LOAD_CRASH = 0, 1, 2
 
 
 def _load_one(kw: dict[str, Any], path: str, prompt: list[int], dst: str) -> None:
-    """A forked child's work for _loads: exits LOAD_OK with the logits saved at dst, or LOAD_ERROR."""
+    """A forked child's work for _loads: exits LOAD_OK with the logits saved at dst, or LOAD_ERROR. Its aborts
+    leave no core file: where cores are on, each would be the size of the child's memory."""
+    import resource
+
     import llama_cpp
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
     try:
         llm = llama_cpp.Llama(logits_all=True, **{**kw, "model_path": path})
