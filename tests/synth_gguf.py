@@ -40,6 +40,8 @@ def synth(path, fields, arch="llama", **kw):
         return synth_glm4moe(path, fields, **kw)
     if arch == "lfm2":
         return synth_lfm2(path, fields, **kw)
+    if arch == "granitehybrid":
+        return synth_granitehybrid(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
@@ -614,6 +616,100 @@ def synth_lfm2(
     return finish(w, path)
 
 
+def synth_granitehybrid(
+    path,
+    fields,
+    *,
+    layers="mmamma",
+    n_layer=None,
+    n_embd=64,
+    n_head=4,
+    n_head_kv=2,
+    n_ff=96,
+    d_state=16,
+    n_ssm_head=8,
+    n_group=2,
+    d_conv=4,
+    rope=False,
+    scales=True,
+    n_expert=0,
+    n_expert_used=0,
+    n_ff_shexp=0,
+    tied=False,
+    wtype="f32",
+    seed=0,
+    n_ctx_train=512,
+):
+    """A random-weight granitehybrid GGUF laid out as llama.cpp's converter (GraniteHybridModel) writes it:
+    `layers` names each block, m a Mamba-2 mixer (head_count_kv 0: d_inner = 2 * n_embd, n_ssm_head heads,
+    n_group groups of B and C of d_state) and a attention (RoPE where `rope`: Bamba's rope.scaling.finetuned);
+    `scales`: Granite's embedding, residual, attention and logit scales; n_expert > 0: softmax-routed experts of
+    n_ff and a shared expert of n_ff_shexp. n_layer: `layers` repeated to that many blocks."""
+    rng = np.random.default_rng(seed)
+    arch = "granitehybrid"
+    layers = layers if n_layer is None else (layers * n_layer)[:n_layer]
+    U, F = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
+    d_inner, n_layer = 2 * n_embd, len(layers)
+    kv = [0 if k == "m" else n_head_kv for k in layers]
+    w, key = start_header(path, arch, n_layer, n_ctx_train, n_embd, n_ff, n_head, kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    if scales:
+        key("attention.scale", 0.0078125 * 16, F)
+        key("embedding_scale", 12.0, F)
+        key("residual_scale", 0.22, F)
+        key("logit_scale", 8.0, F)
+    if n_expert:
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
+        if n_ff_shexp:
+            key("expert_shared_feed_forward_length", n_ff_shexp, U)
+    key("ssm.conv_kernel", d_conv, U)
+    key("ssm.state_size", d_state, U)
+    key("ssm.group_count", n_group, U)
+    key("ssm.inner_size", d_inner, U)
+    key("ssm.time_step_rank", n_ssm_head, U)
+    key("rope.scaling.finetuned", bool(rope), gguf.GGUFValueType.BOOL)
+    _, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
+    hd, ch = n_embd // n_head, d_inner + 2 * n_group * d_state
+
+    def f32(name, a):  # the converter keeps these F32
+        w.add_tensor(name, a.astype(np.float32))
+
+    for il, kind in enumerate(layers):
+        p = f"blk.{il}."
+        norm(p + "attn_norm.weight")
+        if kind == "m":
+            t(p + "ssm_in.weight", 2 * d_inner + 2 * n_group * d_state + n_ssm_head, n_embd, scale=0.15)
+            f32(p + "ssm_conv1d.weight", rng.standard_normal((ch, d_conv)) * 0.4)
+            f32(p + "ssm_conv1d.bias", rng.standard_normal(ch) * 0.1)
+            f32(p + "ssm_dt.bias", rng.standard_normal(n_ssm_head) * 0.5)
+            f32(p + "ssm_a", -np.exp(rng.standard_normal((n_ssm_head, 1)) * 0.5))
+            f32(p + "ssm_d", 1 + rng.standard_normal((n_ssm_head, 1)) * 0.1)
+            f32(p + "ssm_norm.weight", 1 + rng.standard_normal((n_group, d_inner // n_group)) * 0.1)
+            t(p + "ssm_out.weight", n_embd, d_inner)
+        else:
+            t(p + "attn_q.weight", n_embd, n_embd, scale=0.3)
+            t(p + "attn_k.weight", n_head_kv * hd, n_embd, scale=0.3)
+            t(p + "attn_v.weight", n_head_kv * hd, n_embd)
+            t(p + "attn_output.weight", n_embd, n_embd)
+        norm(p + "ffn_norm.weight")
+        if n_expert:
+            t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=0.5)
+            t(p + "ffn_gate_exps.weight", n_expert, n_ff, n_embd)
+            t(p + "ffn_up_exps.weight", n_expert, n_ff, n_embd)
+            t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff)
+            if n_ff_shexp:
+                t(p + "ffn_gate_shexp.weight", n_ff_shexp, n_embd)
+                t(p + "ffn_up_shexp.weight", n_ff_shexp, n_embd)
+                t(p + "ffn_down_shexp.weight", n_embd, n_ff_shexp)
+        else:
+            t(p + "ffn_gate.weight", n_ff, n_embd)
+            t(p + "ffn_up.weight", n_ff, n_embd)
+            t(p + "ffn_down.weight", n_embd, n_ff)
+    return finish(w, path)
+
+
 def synth_qwen35(
     path,
     fields,
@@ -921,6 +1017,14 @@ VARIANTS = {
     # LFM2: short-convolution blocks beside attention ones (head_count_kv 0 marks a conv block)
     "lfm2-ccaccaca": dict(arch="lfm2", tied=True),
     "lfm2-swa16-q8_0": dict(arch="lfm2", layers="cacaca", l_cache=4, n_swa=16, wtype="q8_0", tied=False),
+    # granitehybrid: Mamba-2 mixers and attention, Granite's scales; Bamba's RoPE; MoE with a shared expert
+    "granitehybrid-mmamma": dict(arch="granitehybrid"),
+    "granitehybrid-rope-tied-q8_0": dict(
+        arch="granitehybrid", layers="mamam", rope=True, scales=False, tied=True, wtype="q8_0"
+    ),
+    "granitehybrid-8x2-shared": dict(
+        arch="granitehybrid", layers="amam", n_expert=8, n_expert_used=2, n_ff=32, n_ff_shexp=64
+    ),
     # qwen35: gated delta-net blocks and, every second block, gated full attention with interleaved M-RoPE
     "qwen35-interval2": dict(arch="qwen35"),
     "qwen35-mtp": dict(arch="qwen35", n_layer=3, interval=3, mtp=True),

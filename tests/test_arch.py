@@ -84,6 +84,8 @@ def test_unsupported_rope_scaling(tmp_path):
         "llama4-8x1-step2",
         "mistral4-fused-yarn-temp",
         "lfm2-swa16-q8_0",
+        "granitehybrid-rope-tied-q8_0",
+        "granitehybrid-8x2-shared",
     ],
 )
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
@@ -145,6 +147,9 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
         "deepseek2-temp",
         "lfm2-ccaccaca",
         "lfm2-swa16-q8_0",
+        "granitehybrid-mmamma",
+        "granitehybrid-rope-tied-q8_0",
+        "granitehybrid-8x2-shared",
     ],
 )
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
@@ -261,6 +266,7 @@ def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
         "llama4-8x1-step2",
         "mistral4-lite-q8_0",
         "lfm2-ccaccaca",
+        "granitehybrid-8x2-shared",
     ],
 )
 def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
@@ -274,8 +280,8 @@ def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
     arch = VARIANTS[variant]["arch"]
     lay = d["layout"]
     n_layer = VARIANTS[variant].get("n_layer", 3 if arch in ("deepseek2", "mistral4") else N_LAYER)
-    if arch == "lfm2":
-        n_layer = len(VARIANTS[variant].get("layers", "ccaccaca"))
+    if arch in ("lfm2", "granitehybrid"):
+        n_layer = len(VARIANTS[variant].get("layers", "ccaccaca" if arch == "lfm2" else "mmamma"))
     assert lay["arch"] == arch and lay["n_layer"] == n_layer
     assert all(b > 0 for b in lay["block_bytes"]) and d["plans"][0]["n_slots"] >= 1
     assert lay["n_swa"] == (

@@ -14,7 +14,7 @@ from superggml.runtime.devices import layer_split
 from synth_gguf import VARIANTS, synth
 from test_multi_device import PROMPT, run_prompt
 
-HYBRID = ["qwen35-interval2", "qwen35moe-8x2-q8_0", "qwen3next-8x2", "lfm2-ccaccaca"]
+HYBRID = ["qwen35-interval2", "qwen35moe-8x2-q8_0", "qwen3next-8x2", "lfm2-ccaccaca", "granitehybrid-mmamma"]
 
 
 @pytest.mark.parametrize("variant", HYBRID)
@@ -37,6 +37,9 @@ def test_chunks_and_single_tokens_match_llama_cpp(tmp_path, vocab_fields, varian
     if hp["arch"] == "lfm2":  # 5 conv layers of 8, each a window of 2 x 64; K/V of 3 attention layers
         assert st["state_bytes_per_sequence"] == 4 * 5 * 2 * 64
         assert kv == 256 * 2 * 2 * 2 * 16 * 3
+    elif hp["arch"] == "granitehybrid":  # 4 Mamba-2 layers: a window of 3 x 192, a state of 16 x 128; 2 attention
+        assert st["state_bytes_per_sequence"] == 4 * 4 * (3 * 192 + 16 * 128)
+        assert kv == 256 * 2 * 2 * 2 * 16 * 2
     else:
         d_state, n_v, n_k = hp.get("d_state", 16), 4, 2
         conv = 3 * d_state * (n_v + 2 * n_k)

@@ -35,6 +35,7 @@ def run(path, prompt, **kw):
         "minimax-m2-8x2",
         "llama4-8x1-step2",
         "mistral4-fused-yarn-temp",
+        "granitehybrid-8x2-shared",
     ],
 )
 def test_expert_cache_of_a_quarter_is_bit_identical_to_resident(tmp_path, vocab_fields, variant):

@@ -41,6 +41,7 @@ FAMILIES = [
     "llama4-8x1-step2",
     "mistral4-fused-yarn-temp",
     "lfm2-swa16-q8_0",
+    "granitehybrid-8x2-shared",
 ]
 PROMPT = [1, 450, 4937, 17, 2210, 339, 90, 12, 3000, 77]
 

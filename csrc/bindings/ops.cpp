@@ -235,6 +235,23 @@ void init_ops(py::module_ & m) {
         return wrap(c, ggml_ssm_conv(c->ctx(), sx.t, w.t));
     }, py::arg("sx"), py::arg("w"), "The causal depthwise conv1d of Mamba-style layers: [d_inner, n_t, n_s].");
 
+    ctx.def("ssm_scan", [](const ctx_ptr & c, const T & s, const T & x, const T & dt, const T & A, const T & B,
+                           const T & C, const T & ids) {
+        auto * st = s.t;
+        need(st->type == GGML_TYPE_F32 && x.t->type == GGML_TYPE_F32 && ggml_is_contiguous(st) &&
+             ggml_is_contiguous(dt.t) && ggml_is_contiguous(A.t) && x.t->nb[1] == x.t->ne[0] * x.t->nb[0] &&
+             B.t->nb[1] == B.t->ne[0] * B.t->nb[0] && ggml_are_same_shape(B.t, C.t) && st->ne[1] == x.t->ne[0] &&
+             st->ne[2] == x.t->ne[1] && B.t->ne[0] == st->ne[0] && B.t->ne[2] == x.t->ne[2] &&
+             dt.t->ne[0] == x.t->ne[1] && dt.t->ne[1] == x.t->ne[2] && A.t->ne[0] == 1 && A.t->ne[1] == x.t->ne[1] &&
+             ids.t->type == GGML_TYPE_I32 && ids.t->ne[0] == x.t->ne[3] && x.t->ne[1] % B.t->ne[1] == 0,
+             "ssm_scan", "s [d_state, head_dim, n_head, *], x [head_dim, n_head, t, s], dt [n_head, t, s], "
+             "A [1, n_head], B, C [d_state, n_group, t, s], ids I32 [s]");
+        c->check_room();
+        return wrap(c, ggml_ssm_scan(c->ctx(), st, x.t, dt.t, A.t, B.t, C.t, ids.t, 1));
+    }, py::arg("s"), py::arg("x"), py::arg("dt"), py::arg("A"), py::arg("B"), py::arg("C"), py::arg("ids"),
+       "Mamba-2's selective scan over t tokens from the states ids picks in s: the outputs [head_dim * n_head * "
+       "t * s], then the final states.");
+
     ctx.def("gated_delta_net", [](const ctx_ptr & c, const T & q, const T & k, const T & v, const T & g,
                                   const T & beta, const T & state, int64_t K) {
         const int64_t S = v.t->ne[0], H = v.t->ne[1];

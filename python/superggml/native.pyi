@@ -203,6 +203,9 @@ class Context(_pybind11_object):
         """Multi-section RoPE (M-RoPE, interleaved or not) of a [head_dim, n_head, n_tokens] at I32 [4 * n_tokens] positions (the sections' positions one after another)."""
     def ssm_conv(self, sx: Tensor, w: Tensor) -> Tensor:
         """The causal depthwise conv1d of Mamba-style layers: [d_inner, n_t, n_s]."""
+    def ssm_scan(self, s: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, ids: Tensor) -> Tensor:
+        """Mamba-2's selective scan over t tokens from the states ids picks in s: the outputs [head_dim * n_head *
+        t * s], then the final states."""
     def gated_delta_net(
         self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, K: int = 1
     ) -> Tensor:

@@ -23,6 +23,7 @@ from .gemma2 import Gemma2Arch
 from .gemma3 import Gemma3Arch
 from .glm4moe import Glm4MoeArch
 from .gpt_oss import GptOssArch
+from .granitehybrid import GraniteHybridArch
 from .olmoe import OlmoeArch
 from .phi3 import Phi3Arch
 from .qwen2moe import Qwen2MoeArch
@@ -58,6 +59,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama4": Llama4Arch,
     "mistral4": Mistral4Arch,
     "lfm2": Lfm2Arch,
+    "granitehybrid": GraniteHybridArch,
 }
 
 

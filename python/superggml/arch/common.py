@@ -61,6 +61,8 @@ class Architecture:
         self.q_scale: float | None = None  # Q scaled by this before attention (then KQ is not scaled)
         self.attn_softcap = 0.0  # KQ -> c * tanh(KQ / c) before the softmax
         self.final_softcap = 0.0  # the same on the logits
+        self.f_attention_scale = 0.0  # KQ's scale where the file sets one (attention.scale; 0: 1 / sqrt(head_dim))
+        self.residual_scale = 0.0  # attention's and FFN's outputs scaled by this before the residual (granite)
         self.n_swa = 0  # sliding window (tokens) of the layers is_swa marks
         self.swa_chunked = False  # those layers attend within chunks of n_swa tokens instead (llama4)
         self.swa_layers: tuple[bool, ...] = (False,) * hp.n_layer
@@ -267,6 +269,11 @@ class Architecture:
         """x F32 [n_embd, n_outputs] (the last block kept only those rows) -> logits F32 [n_vocab, n_outputs]"""
         return self.build_logits(ctx, ctx.mul_mat(w(self.output_tensor(w.has)), self.build_output_norm(ctx, w, x)))
 
+    @property
+    def reshapes_logits(self) -> bool:
+        """Whether build_logits changes what the lm head's matmul gives (a soft cap, a scale)."""
+        return bool(self.final_softcap)
+
     def build_logits(self, ctx: Context, logits: Tensor) -> Tensor:
         """What follows the lm head's matmul: the final soft cap where the family has one."""
         c = self.final_softcap
@@ -348,6 +355,8 @@ class Architecture:
             x = ctx.get_rows(x, inp.out_ids)
         if self.post_norms:
             cur = self.norm(ctx, w, cur, p + "post_attention_norm.weight")
+        if self.residual_scale:
+            cur = ctx.scale(cur, self.residual_scale)
         ffn_inp = ctx.add(cur, x)
         return ffn_inp, self.norm(ctx, w, ffn_inp, p + self.ffn_norm + ".weight")
 
@@ -370,7 +379,7 @@ class Architecture:
         q, k = self.build_qk_norm(ctx, w, p, q, k)
         q, k = self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, k)
         q = self.temperature(ctx, inp, il, q)
-        kq_scale = inv_sqrt(hp.head_dim)
+        kq_scale = self.f_attention_scale or inv_sqrt(hp.head_dim)
         if self.q_scale is not None:  # Q scaled before attention, as some families' graphs do
             q, kq_scale = ctx.scale(q, self.q_scale), 1.0
         sinks = w(p + "attn_sinks.weight") if self.attn_sinks else None
@@ -415,6 +424,8 @@ class Architecture:
         """The FFN's output joins the residual (after its post norm, where the family has one)."""
         if self.post_norms:
             ffn_out = self.norm(ctx, w, ffn_out, p + "post_ffw_norm.weight")
+        if self.residual_scale:
+            ffn_out = ctx.scale(ffn_out, self.residual_scale)
         return ctx.add(ffn_out, ffn_inp)
 
     def expert_tensors(self, il: int) -> list[str]:
@@ -606,3 +617,44 @@ def attend_latent(
         cur = ctx.mul_mat(ctx.cont(ctx.transpose(vp)), ctx.soft_max_ext(kq, mask, scale))  # [dv, t, n_head, S]
     cur = ctx.cont(ctx.permute(ctx.mul_mat(v_b, cur), 0, 2, 1, 3))  # [v_head, n_head, t, S]
     return ctx.reshape(cur, [cur.ne[0] * hp.n_head, n])
+
+
+def whole(t: Tensor, dims: int = 3) -> Tensor:
+    """Rows of a pass that is one sequence: all of t."""
+    return t
+
+
+def each_sequence(
+    ctx: Context,
+    inp: StepInputs,
+    il: int,
+    conv_state: Memory,
+    state: Memory,
+    run: Callable[[Rows, int, Tensor, Tensor, Tensor | None], Tensor],
+) -> Tensor:
+    """A recurrent layer's pass, sequence by sequence: run(rows, n, conv_state, state, record) over one chain of
+    rows from lane 0's states (one sequence, or its tokens as lanes: inp.chain; `record` where the layer leaves
+    the pass's inputs for replay), or over each lane's rows from its own states (record None); the results
+    joined along the tokens."""
+    if inp.lanes is None or inp.chain:
+        mem = (
+            (lane_memory(conv_state, 0), lane_memory(state, 0))
+            if inp.chain
+            else (one_memory(conv_state), one_memory(state))
+        )
+        return run(whole, inp.n_tokens, *mem, inp.record(il) if inp.record is not None else None)
+    return each_lane(
+        ctx,
+        inp,
+        lambda j, lane, rows: run(rows, lane.n_tokens, lane_memory(conv_state, j), lane_memory(state, j), None),
+    )
+
+
+def packed_views(ctx: Context, record: Tensor, shapes: list[list[int]]) -> list[Tensor]:
+    """Views of contiguous tensors of `shapes` (2-D or 3-D), one after another in record."""
+    views, off, es = [], 0, record.element_size
+    for shape in shapes:
+        nb = [shape[0] * es] + ([shape[0] * shape[1] * es] if len(shape) == 3 else [])
+        views.append(ctx.view(record, shape, nb, off))
+        off += shape[0] * shape[1] * es
+    return views

@@ -12,8 +12,8 @@ from typing import Any, Mapping
 
 from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
-from .base import Memory, StepInputs, Weights, lane_memory, one_memory
-from .common import ROPE_NEOX, Architecture, each_lane
+from .base import Memory, StepInputs, Weights
+from .common import ROPE_NEOX, Architecture, each_sequence
 
 
 class Lfm2Arch(Architecture):
@@ -97,17 +97,14 @@ class Lfm2Arch(Architecture):
         es, row = bcx.element_size, bcx.nb[1]
         b, c, x = (ctx.view(bcx, [E, n], [row], i * E * es) for i in range(3))
         bx = ctx.mul(b, x)  # [E, n]
-        conv = k_cache  # the conv window per sequence (the second state is empty)
-        if inp.lanes is None or inp.chain:
-            window = lane_memory(conv, 0) if inp.chain else one_memory(conv)
-            record = inp.record(il) if inp.record is not None else None
-            out = self.short_conv(ctx, gf, w, p, bx, n, window, record)
-        else:
-            out = each_lane(
-                ctx,
-                inp,
-                lambda j, lane, rows: self.short_conv(ctx, gf, w, p, rows(bx, 2), lane.n_tokens, lane_memory(conv, j)),
-            )
+        out = each_sequence(  # the conv window per sequence (the second state is empty)
+            ctx,
+            inp,
+            il,
+            k_cache,
+            k_cache,
+            lambda rows, n, window, _, record: self.short_conv(ctx, gf, w, p, rows(bx, 2), n, window, record),
+        )
         return ctx.mul(c, out)
 
     def short_conv(

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
 from .base import Memory, StepInputs, Weights, f32, lane_memory, one_memory
-from .common import Architecture, build_attn, each_lane, inv_sqrt
+from .common import Architecture, build_attn, each_lane, each_sequence, inv_sqrt, packed_views
 
 ROPE_IMROPE = 40  # GGML_ROPE_TYPE_IMROPE
 
@@ -204,31 +204,16 @@ class Qwen35Arch(Architecture):
         z = ctx.mul_mat(w(p + "attn_gate.weight"), cur)  # [d_inner, n]
         beta, alpha = self.beta_alpha(ctx, w, p, cur)
         g = ctx.mul(ctx.softplus(ctx.add(alpha, w(p + "ssm_dt.bias"))), w(p + "ssm_a"))  # [n_v_heads, n]
-        if inp.lanes is None or inp.chain:  # one sequence: one chain of its rows, from lane 0's state
-            conv, st = (
-                (lane_memory(conv_state, 0), lane_memory(state, 0))
-                if inp.chain
-                else (one_memory(conv_state), one_memory(state))
-            )
-            record = inp.record(il) if inp.record is not None else None
-            out = self.delta_rule(ctx, gf, w, p, qkv, beta, g, n, conv, st, record)
-        else:
-            out = each_lane(
-                ctx,
-                inp,
-                lambda j, lane, rows: self.delta_rule(
-                    ctx,
-                    gf,
-                    w,
-                    p,
-                    rows(qkv, 2),
-                    rows(beta, 2),
-                    rows(g, 2),
-                    lane.n_tokens,
-                    lane_memory(conv_state, j),
-                    lane_memory(state, j),
-                ),
-            )
+        out = each_sequence(
+            ctx,
+            inp,
+            il,
+            conv_state,
+            state,
+            lambda rows, n, conv, st, record: self.delta_rule(
+                ctx, gf, w, p, rows(qkv, 2), rows(beta, 2), rows(g, 2), n, conv, st, record
+            ),
+        )
         S, H = self.d_state, self.n_v_heads
         normed = self.norm(ctx, w, ctx.reshape(out, [S, H, n]), p + "ssm_norm.weight")
         gated = ctx.mul(normed, ctx.silu(ctx.reshape(z, [S, H, n])))
@@ -297,14 +282,8 @@ class Qwen35Arch(Architecture):
 
     def record_views(self, ctx: Context, record: Tensor, n: int) -> list[Tensor]:
         """x [dc - 1 + n, ch, 1], mixed [ch, n, 1], beta and g [n_v_heads, n], one after another in record."""
-        ch, dc, Hv, es = self.conv_channels, self.d_conv, self.n_v_heads, record.element_size
-        shapes = [[dc - 1 + n, ch, 1], [ch, n, 1], [Hv, n], [Hv, n]]
-        views, off = [], 0
-        for shape in shapes:
-            nb = [shape[0] * es] + ([shape[0] * shape[1] * es] if len(shape) == 3 else [])
-            views.append(ctx.view(record, shape, nb, off))
-            off += shape[0] * shape[1] * es
-        return views
+        ch, dc, Hv = self.conv_channels, self.d_conv, self.n_v_heads
+        return packed_views(ctx, record, [[dc - 1 + n, ch, 1], [ch, n, 1], [Hv, n], [Hv, n]])
 
     def replay(
         self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv_state: Tensor, state: Tensor

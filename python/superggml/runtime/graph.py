@@ -557,7 +557,7 @@ class GraphPlan:
 
             self.graph(chunk, "head", rows_in=n_out, rows_out=n_out, key=HeadChunk(c), dev=dev)
             row0 += rows
-        if ex.arch.final_softcap:  # what follows the head's matmul, over all of its rows
+        if ex.arch.reshapes_logits:  # what follows the head's matmul, over all of its rows
             self.graph(
                 lambda ctx, gf, act, act_out, inp: ctx.cpy(ex.arch.build_logits(ctx, lb), lb),
                 "head",
