@@ -42,6 +42,8 @@ def synth(path, fields, arch="llama", **kw):
         return synth_lfm2(path, fields, **kw)
     if arch == "granitehybrid":
         return synth_granitehybrid(path, fields, **kw)
+    if arch == "nemotron_h":
+        return synth_nemotron_h(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
@@ -616,6 +618,34 @@ def synth_lfm2(
     return finish(w, path)
 
 
+def mamba2_keys(key, d_conv, d_state, n_group, d_inner, n_ssm_head):
+    U = gguf.GGUFValueType.UINT32
+    key("ssm.conv_kernel", d_conv, U)
+    key("ssm.state_size", d_state, U)
+    key("ssm.group_count", n_group, U)
+    key("ssm.inner_size", d_inner, U)
+    key("ssm.time_step_rank", n_ssm_head, U)
+
+
+def mamba2_tensors(w, t, rng, p, n_embd, d_inner, d_state, n_ssm_head, n_group, d_conv, conv_bias=True):
+    """A Mamba-2 mixer's tensors as Mamba2Model's converter writes them (A = -exp(A_log), the conv, A, D and the
+    norm kept F32)."""
+    ch = d_inner + 2 * n_group * d_state
+
+    def f32(name, a):
+        w.add_tensor(name, a.astype(np.float32))
+
+    t(p + "ssm_in.weight", 2 * d_inner + 2 * n_group * d_state + n_ssm_head, n_embd, scale=0.15)
+    f32(p + "ssm_conv1d.weight", rng.standard_normal((ch, d_conv)) * 0.4)
+    if conv_bias:
+        f32(p + "ssm_conv1d.bias", rng.standard_normal(ch) * 0.1)
+    f32(p + "ssm_dt.bias", rng.standard_normal(n_ssm_head) * 0.5)
+    f32(p + "ssm_a", -np.exp(rng.standard_normal((n_ssm_head, 1)) * 0.5))
+    f32(p + "ssm_d", 1 + rng.standard_normal((n_ssm_head, 1)) * 0.1)
+    f32(p + "ssm_norm.weight", 1 + rng.standard_normal((n_group, d_inner // n_group)) * 0.1)
+    t(p + "ssm_out.weight", n_embd, d_inner)
+
+
 def synth_granitehybrid(
     path,
     fields,
@@ -664,30 +694,15 @@ def synth_granitehybrid(
         w.add_expert_used_count(n_expert_used)
         if n_ff_shexp:
             key("expert_shared_feed_forward_length", n_ff_shexp, U)
-    key("ssm.conv_kernel", d_conv, U)
-    key("ssm.state_size", d_state, U)
-    key("ssm.group_count", n_group, U)
-    key("ssm.inner_size", d_inner, U)
-    key("ssm.time_step_rank", n_ssm_head, U)
+    mamba2_keys(key, d_conv, d_state, n_group, d_inner, n_ssm_head)
     key("rope.scaling.finetuned", bool(rope), gguf.GGUFValueType.BOOL)
     _, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
-    hd, ch = n_embd // n_head, d_inner + 2 * n_group * d_state
-
-    def f32(name, a):  # the converter keeps these F32
-        w.add_tensor(name, a.astype(np.float32))
-
+    hd = n_embd // n_head
     for il, kind in enumerate(layers):
         p = f"blk.{il}."
         norm(p + "attn_norm.weight")
         if kind == "m":
-            t(p + "ssm_in.weight", 2 * d_inner + 2 * n_group * d_state + n_ssm_head, n_embd, scale=0.15)
-            f32(p + "ssm_conv1d.weight", rng.standard_normal((ch, d_conv)) * 0.4)
-            f32(p + "ssm_conv1d.bias", rng.standard_normal(ch) * 0.1)
-            f32(p + "ssm_dt.bias", rng.standard_normal(n_ssm_head) * 0.5)
-            f32(p + "ssm_a", -np.exp(rng.standard_normal((n_ssm_head, 1)) * 0.5))
-            f32(p + "ssm_d", 1 + rng.standard_normal((n_ssm_head, 1)) * 0.1)
-            f32(p + "ssm_norm.weight", 1 + rng.standard_normal((n_group, d_inner // n_group)) * 0.1)
-            t(p + "ssm_out.weight", n_embd, d_inner)
+            mamba2_tensors(w, t, rng, p, n_embd, d_inner, d_state, n_ssm_head, n_group, d_conv)
         else:
             t(p + "attn_q.weight", n_embd, n_embd, scale=0.3)
             t(p + "attn_k.weight", n_head_kv * hd, n_embd, scale=0.3)
@@ -707,6 +722,65 @@ def synth_granitehybrid(
             t(p + "ffn_gate.weight", n_ff, n_embd)
             t(p + "ffn_up.weight", n_ff, n_embd)
             t(p + "ffn_down.weight", n_embd, n_ff)
+    return finish(w, path)
+
+
+def synth_nemotron_h(
+    path,
+    fields,
+    *,
+    layers="M-M*-M-",
+    n_embd=64,
+    n_head=4,
+    n_head_kv=2,
+    head_dim=16,
+    n_ff=96,
+    d_state=16,
+    n_ssm_head=8,
+    ssm_head_dim=16,
+    n_group=2,
+    d_conv=4,
+    biases=False,
+    conv_bias=True,
+    tied=False,
+    wtype="f32",
+    seed=0,
+    n_ctx_train=512,
+):
+    """A random-weight nemotron_h GGUF laid out as llama.cpp's converter (NemotronHModel) writes it: `layers` is
+    the hybrid_override_pattern, M a Mamba-2 mixer (d_inner = n_ssm_head * ssm_head_dim), * attention, - an MLP
+    of n_ff (ReLU squared; with `biases`, up and down biases). conv_bias False: the mixers lack ssm_conv1d.bias
+    (llama.cpp loads the file and aborts in its graph)."""
+    rng = np.random.default_rng(seed)
+    arch = "nemotron_h"
+    F = gguf.GGUFValueType.FLOAT32
+    d_inner = n_ssm_head * ssm_head_dim
+    kv = [n_head_kv if k == "*" else 0 for k in layers]
+    ff = [n_ff if k == "-" else 0 for k in layers]
+    w, key = start_header(path, arch, len(layers), n_ctx_train, n_embd, ff, n_head, kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    key("attention.layer_norm_epsilon", 1e-5, F)
+    mamba2_keys(key, d_conv, d_state, n_group, d_inner, n_ssm_head)
+    key("rope.scaling.finetuned", False, gguf.GGUFValueType.BOOL)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    put, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
+    for il, kind in enumerate(layers):
+        p = f"blk.{il}."
+        norm(p + "attn_norm.weight")
+        if kind == "M":
+            mamba2_tensors(w, t, rng, p, n_embd, d_inner, d_state, n_ssm_head, n_group, d_conv, conv_bias)
+        elif kind == "*":
+            t(p + "attn_q.weight", n_head * head_dim, n_embd, scale=0.3)
+            t(p + "attn_k.weight", n_head_kv * head_dim, n_embd, scale=0.3)
+            t(p + "attn_v.weight", n_head_kv * head_dim, n_embd)
+            t(p + "attn_output.weight", n_embd, n_head * head_dim)
+        else:
+            t(p + "ffn_up.weight", n_ff, n_embd, scale=0.2)
+            t(p + "ffn_down.weight", n_embd, n_ff)
+            if biases:
+                put(p + "ffn_up.bias", (rng.standard_normal(n_ff) * 0.1).astype(np.float32))
+                put(p + "ffn_down.bias", (rng.standard_normal(n_embd) * 0.1).astype(np.float32))
     return finish(w, path)
 
 
@@ -1025,6 +1099,9 @@ VARIANTS = {
     "granitehybrid-8x2-shared": dict(
         arch="granitehybrid", layers="amam", n_expert=8, n_expert_used=2, n_ff=32, n_ff_shexp=64
     ),
+    # nemotron_h: Mamba-2 mixers, attention without RoPE and ReLU-squared MLP blocks, one kind per block
+    "nemotron_h-M-M*-M-": dict(arch="nemotron_h"),
+    "nemotron_h-biases-tied-q8_0": dict(arch="nemotron_h", layers="M*-M*-", biases=True, tied=True, wtype="q8_0"),
     # qwen35: gated delta-net blocks and, every second block, gated full attention with interleaved M-RoPE
     "qwen35-interval2": dict(arch="qwen35"),
     "qwen35-mtp": dict(arch="qwen35", n_layer=3, interval=3, mtp=True),

@@ -86,6 +86,7 @@ def test_unsupported_rope_scaling(tmp_path):
         "lfm2-swa16-q8_0",
         "granitehybrid-rope-tied-q8_0",
         "granitehybrid-8x2-shared",
+        "nemotron_h-biases-tied-q8_0",
     ],
 )
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
@@ -150,6 +151,8 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
         "granitehybrid-mmamma",
         "granitehybrid-rope-tied-q8_0",
         "granitehybrid-8x2-shared",
+        "nemotron_h-M-M*-M-",
+        "nemotron_h-biases-tied-q8_0",
     ],
 )
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
@@ -267,6 +270,7 @@ def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
         "mistral4-lite-q8_0",
         "lfm2-ccaccaca",
         "granitehybrid-8x2-shared",
+        "nemotron_h-M-M*-M-",
     ],
 )
 def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
@@ -280,8 +284,9 @@ def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
     arch = VARIANTS[variant]["arch"]
     lay = d["layout"]
     n_layer = VARIANTS[variant].get("n_layer", 3 if arch in ("deepseek2", "mistral4") else N_LAYER)
-    if arch in ("lfm2", "granitehybrid"):
-        n_layer = len(VARIANTS[variant].get("layers", "ccaccaca" if arch == "lfm2" else "mmamma"))
+    if arch in ("lfm2", "granitehybrid", "nemotron_h"):
+        default = {"lfm2": "ccaccaca", "granitehybrid": "mmamma", "nemotron_h": "M-M*-M-"}[arch]
+        n_layer = len(VARIANTS[variant].get("layers", default))
     assert lay["arch"] == arch and lay["n_layer"] == n_layer
     assert all(b > 0 for b in lay["block_bytes"]) and d["plans"][0]["n_slots"] >= 1
     assert lay["n_swa"] == (

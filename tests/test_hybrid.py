@@ -9,12 +9,19 @@ import pytest
 
 import llama_ref
 from batching import alone_and_batched
-from superggml import Model
+from superggml import GGUFError, Model
 from superggml.runtime.devices import layer_split
 from synth_gguf import VARIANTS, synth
 from test_multi_device import PROMPT, run_prompt
 
-HYBRID = ["qwen35-interval2", "qwen35moe-8x2-q8_0", "qwen3next-8x2", "lfm2-ccaccaca", "granitehybrid-mmamma"]
+HYBRID = [
+    "qwen35-interval2",
+    "qwen35moe-8x2-q8_0",
+    "qwen3next-8x2",
+    "lfm2-ccaccaca",
+    "granitehybrid-mmamma",
+    "nemotron_h-M-M*-M-",
+]
 
 
 @pytest.mark.parametrize("variant", HYBRID)
@@ -37,6 +44,9 @@ def test_chunks_and_single_tokens_match_llama_cpp(tmp_path, vocab_fields, varian
     if hp["arch"] == "lfm2":  # 5 conv layers of 8, each a window of 2 x 64; K/V of 3 attention layers
         assert st["state_bytes_per_sequence"] == 4 * 5 * 2 * 64
         assert kv == 256 * 2 * 2 * 2 * 16 * 3
+    elif hp["arch"] == "nemotron_h":  # 3 Mamba-2 layers: a window of 3 x 192, a state of 16 x 128; 1 attention
+        assert st["state_bytes_per_sequence"] == 4 * 3 * (3 * 192 + 16 * 128)
+        assert kv == 256 * 2 * 2 * 2 * 16 * 1
     elif hp["arch"] == "granitehybrid":  # 4 Mamba-2 layers: a window of 3 x 192, a state of 16 x 128; 2 attention
         assert st["state_bytes_per_sequence"] == 4 * 4 * (3 * 192 + 16 * 128)
         assert kv == 256 * 2 * 2 * 2 * 16 * 2
@@ -213,3 +223,13 @@ def test_states_live_on_each_layers_device(tmp_path, vocab_fields, split):
     assert st["blocks_per_device"] == list(layer_split(4, 2, tuple(split)))
     assert st["state_sequences"] >= 2
     assert np.array_equal(rows, ref) and np.array_equal(batch, ref_batch)
+
+
+def test_a_mixer_without_its_conv_bias_is_refused_where_llama_cpp_aborts(tmp_path, vocab_fields):
+    """llama.cpp loads a nemotron_h file whose Mamba-2 layers lack ssm_conv1d.bias (it is optional to its loader)
+    and then aborts in the graph; superggml refuses the file, naming the tensor."""
+    path = synth(tmp_path / "no-bias.gguf", vocab_fields, **{**VARIANTS["nemotron_h-M-M*-M-"], "conv_bias": False})
+    ref = llama_ref.run({"kind": "loads", "model": path, "models": [path], "prompt": PROMPT[:8]})
+    assert int(ref["status"][0]) == llama_ref.LOAD_CRASH
+    with pytest.raises(GGUFError, match="ssm_conv1d.bias"):
+        Model(path)

@@ -66,6 +66,8 @@ void init_ops(py::module_ & m) {
     ctx.def("silu", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_silu(c->ctx(), a.t)); });
     ctx.def("tanh", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_tanh(c->ctx(), a.t)); });
     ctx.def("sigmoid", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sigmoid(c->ctx(), a.t)); });
+    ctx.def("relu", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_relu(c->ctx(), a.t)); });
+    ctx.def("sqr", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sqr(c->ctx(), a.t)); });
     ctx.def("softplus", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_softplus(c->ctx(), a.t)); });
     ctx.def("sum_rows", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sum_rows(c->ctx(), a.t)); },
             "[n, ...] -> [1, ...]");

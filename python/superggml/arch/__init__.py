@@ -18,6 +18,7 @@ from .llama4 import Llama4Arch
 from .minimax_m2 import MiniMaxM2Arch
 from .mistral3 import Mistral3Arch
 from .mistral4 import Mistral4Arch
+from .nemotron_h import NemotronHArch
 from .qwen2 import Qwen2Arch
 from .gemma2 import Gemma2Arch
 from .gemma3 import Gemma3Arch
@@ -60,6 +61,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "mistral4": Mistral4Arch,
     "lfm2": Lfm2Arch,
     "granitehybrid": GraniteHybridArch,
+    "nemotron_h": NemotronHArch,
 }
 
 
@@ -71,7 +73,8 @@ def get_architecture(meta: Mapping[str, Any], names: Iterable[str] = ()) -> Arch
         raise UnsupportedModelError(
             f"unsupported model architecture {name!r}; supported: {', '.join(sorted(ARCHITECTURES))}"
         )
-    return ARCHITECTURES[name](HParams.from_metadata(meta, name), meta, names)
+    cls = ARCHITECTURES[name]
+    return cls(HParams.from_metadata(meta, name, cls.rms_eps_keys), meta, names)
 
 
 __all__ = ["ARCHITECTURES", "Architecture", "HParams", "get_architecture"]

@@ -73,7 +73,11 @@ class HParams:
         return self.n_embd_v_gqa or self.n_embd_gqa
 
     @classmethod
-    def from_metadata(cls, meta: Mapping[str, Any], arch: str) -> "HParams":
+    def from_metadata(
+        cls, meta: Mapping[str, Any], arch: str, rms_eps_keys: tuple[str, ...] = ("attention.layer_norm_rms_epsilon",)
+    ) -> "HParams":
+        """rms_eps_keys: where the family reads its RMS norms' epsilon, the first present (one is required)."""
+
         def get(key: str, default: Any = None) -> Any:
             v = meta.get(f"{arch}.{key}", default)
             if v is None:
@@ -96,6 +100,9 @@ class HParams:
             n_ctx_train = int(get("context_length"))
             rope = _rope_scaling(meta, arch, n_ctx_train)
             n_nextn = int(get("nextn_predict_layers", 0))
+            ff = get("feed_forward_length", 0)  # optional in llama.cpp: a model of experts only
+            # per layer (Nemotron-H: 0 in its mixer and attention blocks): the widest; the family reads the rest
+            n_ff = max((int(x) for x in ff), default=0) if isinstance(ff, (list, tuple)) else int(ff)
             hp = cls(
                 arch=arch,
                 n_layer=int(get("block_count")) - n_nextn,  # MTP blocks follow
@@ -104,10 +111,10 @@ class HParams:
                 n_head=n_head,
                 n_head_kv=n_head_kv,
                 head_dim=head_dim,
-                n_ff=int(get("feed_forward_length", 0)),  # optional in llama.cpp: a model of experts only
+                n_ff=n_ff,
                 n_vocab=int(n_vocab),
                 n_ctx_train=n_ctx_train,
-                rms_eps=float(get("attention.layer_norm_rms_epsilon")),
+                rms_eps=float(get(next((k for k in rms_eps_keys if f"{arch}.{k}" in meta), rms_eps_keys[0]))),
                 rope_base=float(get("rope.freq_base", 10000.0)),
                 n_rot=int(get("rope.dimension_count", head_dim)),
                 n_expert=int(get("expert_count", 0)),

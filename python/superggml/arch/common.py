@@ -54,6 +54,7 @@ class Architecture:
     own_v_heads = False  # V heads may be narrower than K's (head_dim_v: deepseek2's legacy MHA)
     late_gather = False  # the last block keeps every row; the head picks its rows after the output norm
     rope_sections: list[int] | None = None  # multi-section RoPE: positions [4 * n_tokens] (rope_multi)
+    rms_eps_keys: tuple[str, ...] = ("attention.layer_norm_rms_epsilon",)  # the norms' epsilon: the first present
 
     def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None, names: Iterable[str] = ()):
         self.hp = hp
@@ -149,6 +150,10 @@ class Architecture:
 
     def is_recurrent(self, il: int) -> bool:
         """Whether block il keeps a recurrent state instead of a K/V cache (a hybrid model's linear attention)."""
+        return False
+
+    def is_stateless(self, il: int) -> bool:
+        """Whether block il keeps nothing per sequence (a hybrid model's FFN-only blocks)."""
         return False
 
     def attn_output(self, il: int) -> str:

@@ -268,14 +268,24 @@ class RecurrentStates:
 
 class HybridMemory(SequenceMemory):
     """A K/V memory for the attention layers and RecurrentStates for the recurrent ones (`recurrent`: a flag per
-    layer), each indexed by its own layers in order."""
+    layer), each indexed by its own layers in order; `stateless` layers (a flag per layer) have neither."""
 
-    def __init__(self, kv: SequenceMemory, states: RecurrentStates, recurrent: Sequence[bool]):
+    def __init__(
+        self,
+        kv: SequenceMemory,
+        states: RecurrentStates,
+        recurrent: Sequence[bool],
+        stateless: Sequence[bool] | None = None,
+    ):
         self.kv, self.states, self.recurrent = kv, states, list(recurrent)
-        self.index = [sum(1 for r in self.recurrent[:il] if r == rec) for il, rec in enumerate(self.recurrent)]
+        none = list(stateless) if stateless is not None else [False] * len(self.recurrent)
+        self.kind = ["state" if r else "none" if s else "kv" for r, s in zip(self.recurrent, none)]
+        self.index = [sum(1 for k in self.kind[:il] if k == kind) for il, kind in enumerate(self.kind)]
         self.max_lanes = min(kv.max_lanes, MAX_LANES, states.max_device or MAX_LANES)
 
     def layer_tensors(self, il: int, n_lanes: int, streams: bool = False) -> tuple[Any, Any]:
+        if self.kind[il] == "none":
+            return None, None
         if self.recurrent[il]:
             return self.states.layer_tensors(self.index[il], n_lanes)
         return self.kv.layer_tensors(self.index[il], n_lanes, streams)
@@ -302,7 +312,7 @@ class HybridMemory(SequenceMemory):
         return self.states.record[self.index[il]] if self.recurrent[il] and self.states.record else None
 
     def use(self, layer: int, lanes: Sequence[Lane]) -> contextlib.AbstractContextManager[None]:
-        if self.recurrent[layer]:
+        if self.kind[layer] != "kv":
             return contextlib.nullcontext()
         return self.kv.use(self.index[layer], lanes)
 
@@ -330,14 +340,15 @@ def sequence_memory(settings: Any, arch: Any, devices: Devices, kv_bytes: int) -
     (arch.is_recurrent) a K/V cache of its attention layers beside the recurrent states of the others."""
     hp, layer_device = arch.hp, devices.layer_device
     recurrent = [arch.is_recurrent(il) for il in range(hp.n_layer)]
-    attn = [il for il, r in enumerate(recurrent) if not r]
+    stateless = [arch.is_stateless(il) for il in range(hp.n_layer)]
+    attn = [il for il in range(hp.n_layer) if not recurrent[il] and not stateless[il]]
     view = arch
-    if any(recurrent):  # the attention layers alone, numbered 0.. in order
+    if len(attn) < hp.n_layer:  # the attention layers alone, numbered 0.. in order
         view = types.SimpleNamespace(
             hp=dataclasses.replace(hp, n_layer=len(attn)), n_swa=arch.n_swa, is_swa=lambda j: arch.is_swa(attn[j])
         )
     kv = kv_cache(settings, view, [layer_device[il] for il in attn], devices, kv_bytes)
-    if not any(recurrent):
+    if len(attn) == hp.n_layer:
         return kv
     n_r, n_s = arch.state_sizes
     states = RecurrentStates(
@@ -348,4 +359,4 @@ def sequence_memory(settings: Any, arch: Any, devices: Devices, kv_bytes: int) -
         arch.replay,
         arch.record_size(RECORD_ROWS),
     )
-    return HybridMemory(kv, states, recurrent)
+    return HybridMemory(kv, states, recurrent, stateless)

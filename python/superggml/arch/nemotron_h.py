@@ -1,0 +1,129 @@
+"""nemotron_h family: NVIDIA's Nemotron-H and Nemotron Nano 2, hybrids whose every block is one of three kinds
+(llama.cpp's src/models/nemotron-h.cpp): a Mamba-2 mixer (arch/mamba2.py; attention.head_count_kv and
+feed_forward_length both 0 for the layer), attention without RoPE (feed_forward_length 0), or an MLP of
+up -> ReLU squared -> down (feed_forward_length > 0), each pre-normed by attn_norm and added to the residual.
+Only the attention blocks keep a K/V cache and only the mixers a state; the MLP blocks keep nothing per sequence.
+
+The norms' epsilon is attention.layer_norm_rms_epsilon, else attention.layer_norm_epsilon (which llama.cpp
+requires). Its mixture-of-experts sibling is the separate nemotron_h_moe architecture: a nemotron_h file with
+experts is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from ..errors import GGUFError, UnsupportedModelError
+from ..native import Context, Graph, Tensor
+from .base import Memory, StepInputs, Weights
+from .common import Architecture
+from .mamba2 import Mamba2Layers
+
+MIXER, ATTENTION, MLP = "mixer", "attention", "mlp"
+
+
+class NemotronHArch(Mamba2Layers):
+    rms_eps_keys = ("attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon")
+
+    def load_hparams(self, meta: Mapping[str, Any]) -> None:
+        hp = self.hp
+        self.need(meta, "attention.layer_norm_epsilon")  # required by llama.cpp (its MTP head's norm)
+        self.load_ssm(meta)
+        if hp.n_expert:
+            raise UnsupportedModelError(f"{hp.arch} with experts ({hp.n_expert}) is not supported")
+
+        def per_layer(name: str, default: Any) -> list[int]:
+            v = self.key(meta, name, default)
+            per = [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)] * hp.n_layer
+            if len(per) < hp.n_layer:
+                raise GGUFError(f"'{hp.arch}.{name}' has {len(per)} entries for {hp.n_layer} layers")
+            return per[: hp.n_layer]
+
+        kv, ff = per_layer("attention.head_count_kv", hp.n_head), per_layer("feed_forward_length", 0)
+        self.kinds = tuple(MLP if f else MIXER if not k else ATTENTION for k, f in zip(kv, ff))
+        self.n_ff_of = tuple(ff)
+        attn = next((il for il, k in enumerate(self.kinds) if k == ATTENTION), None)
+        if attn is not None:
+            p = f"blk.{attn}."
+            self.has_qkv_bias = all(p + n + ".bias" in self.names for n in ("attn_q", "attn_k", "attn_v"))
+            self.out_bias = p + "attn_output.bias" in self.names
+        self.f_attention_scale = float(self.key(meta, "attention.scale", 0.0))
+        if any(n.endswith(".attn_qkv.weight") for n in self.names):
+            raise UnsupportedModelError(f"{hp.arch}: a fused attn_qkv is not supported")
+        n_attn = self.kinds.count(ATTENTION)
+        self.hp = dataclasses.replace(
+            hp, n_layer_kv=n_attn, state_bytes=4 * self.kinds.count(MIXER) * sum(self.state_sizes)
+        )
+
+    def describe(self) -> list[str]:
+        k = self.kinds
+        return [
+            f"hybrid: {k.count(MIXER)} Mamba-2 layers (a state of {self.n_ssm_head} heads x "
+            f"{self.d_inner // self.n_ssm_head} x {self.d_state} and a conv window of {self.d_conv - 1} tokens: "
+            f"{self.hp.state_bytes / 2**20:.2f} MiB per sequence, whatever its length), {k.count(ATTENTION)} "
+            f"attention layers with a K/V cache and no RoPE, {k.count(MLP)} MLP layers (ReLU squared) that keep "
+            "nothing per sequence"
+        ]
+
+    @property
+    def ffn_width(self) -> int:
+        return max(self.n_ff_of + (1,))
+
+    # -- memory -------------------------------------------------------------
+    def is_moe(self, il: int) -> bool:
+        return False
+
+    def is_recurrent(self, il: int) -> bool:
+        return self.kinds[il] == MIXER
+
+    def is_stateless(self, il: int) -> bool:
+        return self.kinds[il] == MLP
+
+    # -- tensors ---------------------------------------------------------
+    def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
+        hp, p, kind = self.hp, f"blk.{il}.", self.kinds[il]
+        shapes: dict[str, tuple[int, ...]] = {p + "attn_norm.weight": (hp.n_embd,)}
+        if kind == MIXER:
+            shapes.update(self.ssm_tensor_shapes(p))
+        elif kind == ATTENTION:
+            every = Architecture.block_tensor_shapes(self, il)
+            shapes.update({n: s for n, s in every.items() if n.startswith(p + "attn_") and "norm" not in n})
+        else:
+            n_ff = self.n_ff_of[il]
+            shapes.update({p + "ffn_up.weight": (hp.n_embd, n_ff), p + "ffn_down.weight": (n_ff, hp.n_embd)})
+            for name, n in (("ffn_up.bias", n_ff), ("ffn_down.bias", hp.n_embd)):
+                if p + name in self.names:
+                    shapes[p + name] = (n,)
+        return shapes
+
+    def attn_output(self, il: int) -> str:
+        return f"blk.{il}.{'ssm_out' if self.kinds[il] == MIXER else 'attn_output'}.weight"
+
+    # -- graphs ------------------------------------------------------------
+    def rope(self, ctx: Context, w: Weights, inp: StepInputs, il: int, x: Tensor) -> Tensor:
+        return x
+
+    def build_block(
+        self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
+    ) -> Tensor:
+        p, kind = f"blk.{il}.", self.kinds[il]
+        cur = self.norm(ctx, w, x, p + "attn_norm.weight")
+        if kind == MIXER:
+            cur = ctx.mul_mat(w(p + "ssm_out.weight"), self.build_mamba2(ctx, gf, w, inp, il, cur, k_cache, v_cache))
+        elif kind == ATTENTION:
+            cur = ctx.mul_mat(
+                w(p + "attn_output.weight"), self.build_attention(ctx, gf, w, inp, il, cur, k_cache, v_cache)
+            )
+            if self.out_bias:
+                cur = ctx.add(cur, w(p + "attn_output.bias"))
+        else:
+            up = self.bias(ctx, w, p + "ffn_up", ctx.mul_mat(w(p + "ffn_up.weight"), cur))
+            cur = self.bias(ctx, w, p + "ffn_down", ctx.mul_mat(w(p + "ffn_down.weight"), ctx.sqr(ctx.relu(up))))
+        if il == self.hp.n_layer - 1 and inp.n_outputs < inp.n_tokens and not inp.keep_rows:
+            assert inp.out_ids is not None
+            cur, x = ctx.get_rows(cur, inp.out_ids), ctx.get_rows(x, inp.out_ids)
+        return ctx.add(cur, x)
+
+    def bias(self, ctx: Context, w: Weights, name: str, x: Tensor) -> Tensor:
+        """x plus the optional `name`.bias."""
+        return ctx.add(x, w(name + ".bias")) if name + ".bias" in self.names else x
