@@ -44,6 +44,8 @@ def synth(path, fields, arch="llama", **kw):
         return synth_granitehybrid(path, fields, **kw)
     if arch == "nemotron_h":
         return synth_nemotron_h(path, fields, **kw)
+    if arch == "step35":
+        return synth_step35(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
@@ -784,6 +786,73 @@ def synth_nemotron_h(
     return finish(w, path)
 
 
+def synth_step35(
+    path,
+    fields,
+    *,
+    swa="0101",
+    moe="0011",
+    n_layer=None,
+    n_embd=64,
+    n_head=4,
+    n_head_swa=6,
+    n_head_kv=2,
+    head_dim=16,
+    n_ff=96,
+    n_expert=8,
+    n_expert_used=2,
+    n_ff_exp=32,
+    n_swa=16,
+    clamps=True,
+    extras=True,
+    wtype="f32",
+    seed=0,
+    n_ctx_train=512,
+):
+    """A random-weight step35 GGUF laid out as llama.cpp's converter (Step3p5Model) writes it: `swa` and `moe` flag
+    each block's sliding window (n_head_swa heads, whole-head RoPE) and experts (a router with exp_probs_b, a shared
+    expert); `clamps`: per-layer SwiGLU clamps; `extras`: Q/K head norms and head-wise gates."""
+    rng = np.random.default_rng(seed)
+    if n_layer is not None:
+        swa, moe = (swa * n_layer)[:n_layer], (moe * n_layer)[:n_layer]
+    arch, n_layer = "step35", len(swa)
+    F = gguf.GGUFValueType.FLOAT32
+    heads = [n_head_swa if s == "1" else n_head for s in swa]
+    w, key = start_header(path, arch, n_layer, n_ctx_train, n_embd, n_ff, heads, [n_head_kv] * n_layer)
+    w.add_rope_freq_base(100000.0)
+    key("rope.freq_base_swa", 10000.0, F)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_sliding_window(n_swa)
+    w.add_array(f"{arch}.attention.sliding_window_pattern", [s == "1" for s in swa])
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_expert_used)
+    w.add_expert_feed_forward_length(n_ff_exp)
+    key("expert_shared_feed_forward_length", n_ff_exp, gguf.GGUFValueType.UINT32)
+    key("expert_weights_scale", 3.0, F)
+    key("expert_weights_norm", True, gguf.GGUFValueType.BOOL)
+    key("leading_dense_block_count", moe.index("1") if "1" in moe else n_layer, gguf.GGUFValueType.UINT32)
+    w.add_layer_norm_rms_eps(1e-5)
+    if clamps:
+        w.add_array(f"{arch}.swiglu_clamp_exp", [0.6 if m == "1" else 0.0 for m in moe])
+        w.add_array(f"{arch}.swiglu_clamp_shexp", [0.5, 0.0, 0.7, 0.4][:n_layer] + [0.0] * max(0, n_layer - 4))
+    _, t, norm = start_tensors(w, fields, rng, wtype, n_embd, False)
+    for il in range(n_layer):
+        p, h = f"blk.{il}.", heads[il]
+        norm(p + "attn_norm.weight")
+        t(p + "attn_q.weight", h * head_dim, n_embd, scale=0.3)
+        t(p + "attn_k.weight", n_head_kv * head_dim, n_embd, scale=0.3)
+        t(p + "attn_v.weight", n_head_kv * head_dim, n_embd)
+        t(p + "attn_output.weight", n_embd, h * head_dim)
+        if extras:
+            norm(p + "attn_q_norm.weight", head_dim, 0.2)
+            norm(p + "attn_k_norm.weight", head_dim, 0.2)
+            t(p + "attn_gate.weight", h, n_embd, scale=0.3)
+        norm(p + "ffn_norm.weight")
+        ffn_tensors(t, p, moe[il] == "0", n_embd, n_ff, n_expert, n_ff_exp, 1, True)
+    return finish(w, path)
+
+
 def synth_qwen35(
     path,
     fields,
@@ -1102,6 +1171,9 @@ VARIANTS = {
     # nemotron_h: Mamba-2 mixers, attention without RoPE and ReLU-squared MLP blocks, one kind per block
     "nemotron_h-M-M*-M-": dict(arch="nemotron_h"),
     "nemotron_h-biases-tied-q8_0": dict(arch="nemotron_h", layers="M*-M*-", biases=True, tied=True, wtype="q8_0"),
+    # step35: per-layer head counts, sliding layers with whole-head RoPE, head gates, experts and SwiGLU clamps
+    "step35-4": dict(arch="step35", n_expert=8),
+    "step35-plain-q8_0": dict(arch="step35", swa="1010", moe="0101", clamps=False, extras=False, wtype="q8_0"),
     # qwen35: gated delta-net blocks and, every second block, gated full attention with interleaved M-RoPE
     "qwen35-interval2": dict(arch="qwen35"),
     "qwen35-mtp": dict(arch="qwen35", n_layer=3, interval=3, mtp=True),

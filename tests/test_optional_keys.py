@@ -43,6 +43,7 @@ FAMILIES = [
     "lfm2-swa16-q8_0",
     "granitehybrid-8x2-shared",
     "nemotron_h-biases-tied-q8_0",
+    "step35-4",
 ]
 PROMPT = [1, 450, 4937, 17, 2210, 339, 90, 12, 3000, 77]
 

@@ -35,6 +35,7 @@ from .qwen35moe import Qwen35MoeArch
 from .qwen3next import Qwen3NextArch
 from .seed_oss import SeedOssArch
 from .smollm3 import SmolLM3Arch
+from .step35 import Step35Arch
 
 ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama": LlamaArch,
@@ -62,6 +63,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "lfm2": Lfm2Arch,
     "granitehybrid": GraniteHybridArch,
     "nemotron_h": NemotronHArch,
+    "step35": Step35Arch,
 }
 
 

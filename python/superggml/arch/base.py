@@ -31,6 +31,15 @@ def f32(x: SupportsFloat) -> np.float32:
     return np.float32(x)
 
 
+def swiglu(ctx: native.Context, gate: native.Tensor, up: native.Tensor, limit: float = 0.0) -> native.Tensor:
+    """silu(gate) * up; with a limit (Step 3.5's SwiGLU clamps, llama.cpp's build_ffn and build_moe_ffn), up
+    clamped to [-limit, limit] and silu(gate) to at most limit."""
+    if limit <= 1e-6:
+        return ctx.swiglu_split(gate, up)
+    up = ctx.clamp(up, -limit, limit)
+    return ctx.mul(ctx.clamp(ctx.silu(gate), float("-inf"), limit), up)
+
+
 @dataclass(frozen=True)
 class HParams:
     arch: str
@@ -57,6 +66,7 @@ class HParams:
     n_nextn: int = 0  # next-token-prediction (MTP) blocks after the n_layer of the model
     n_layer_kv: int = 0  # layers with a K/V cache where not all (a hybrid model's attention ones)
     state_bytes: int = 0  # a sequence's recurrent states over every layer (hybrid models)
+    n_head_per_layer: tuple[int, ...] = ()  # attention.head_count where it differs by layer (step35)
 
     @property
     def n_embd_gqa(self) -> int:
@@ -86,7 +96,9 @@ class HParams:
 
         try:
             n_embd = int(get("embedding_length"))
-            n_head = int(get("attention.head_count"))
+            heads = get("attention.head_count")
+            per_head = tuple(int(x) for x in heads) if isinstance(heads, (list, tuple)) else ()
+            n_head = per_head[0] if per_head else int(heads)  # llama.cpp's n_head(): the first layer's
             kv = get("attention.head_count_kv", n_head)
             if isinstance(kv, (list, tuple)):  # per layer (LFM2: 0 in its conv layers): the attention layers' count
                 counts = {int(x) for x in kv if int(x)}
@@ -120,6 +132,7 @@ class HParams:
                 n_expert=int(get("expert_count", 0)),
                 n_expert_used=int(get("expert_used_count", 0)),
                 head_dim_v=0 if v_dim == head_dim else v_dim,
+                n_head_per_layer=per_head if len(set(per_head)) > 1 else (),
                 **rope,
             )
         except (TypeError, ValueError) as e:

@@ -12,7 +12,7 @@ from ..errors import GGUFError, UnsupportedModelError
 from ..native import Context, Graph, Tensor
 from .base import HParams as HParams  # re-exported: the runtime imports both from here
 from .base import StepInputs as StepInputs
-from .base import Memory, Weights, f32, lane_memory, one_memory
+from .base import Memory, Weights, f32, lane_memory, one_memory, swiglu
 from .moe import build_moe_ffn, moe_tensor_shapes
 
 F32 = native.GGMLType.F32
@@ -55,6 +55,7 @@ class Architecture:
     late_gather = False  # the last block keeps every row; the head picks its rows after the output norm
     rope_sections: list[int] | None = None  # multi-section RoPE: positions [4 * n_tokens] (rope_multi)
     rms_eps_keys: tuple[str, ...] = ("attention.layer_norm_rms_epsilon",)  # the norms' epsilon: the first present
+    heads_per_layer = False  # reads attention.head_count per layer (HParams.n_head_per_layer)
 
     def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None, names: Iterable[str] = ()):
         self.hp = hp
@@ -93,6 +94,10 @@ class Architecture:
             raise GGUFError(f"{hp.arch} rotates whole heads: rope.dimension_count {hp.n_rot} != head_dim {hp.head_dim}")
         if not hp.n_nextn and any(".nextn." in n for n in self.names):  # llama.cpp: tensors it did not load
             raise GGUFError(f"GGUF has next-token-prediction tensors but no '{hp.arch}.nextn_predict_layers'")
+        if hp.n_head_per_layer and not self.heads_per_layer:
+            raise UnsupportedModelError(
+                f"'{hp.arch}.attention.head_count' varies by layer: {list(hp.n_head_per_layer)}"
+            )
         self.load_hparams(meta)
         if not self.hp.n_ff and not all(self.is_moe(il) for il in range(self.hp.n_layer)):
             raise GGUFError(f"GGUF metadata lacks '{self.hp.arch}.feed_forward_length' (a block has a dense FFN)")
@@ -378,7 +383,7 @@ class Architecture:
     ) -> Tensor:
         """Block il's attention over its normed input cur F32 [n_embd, n_tokens], before the output projection:
         F32 [head_dim * n_head, n_tokens]."""
-        hp = self.hp
+        hp = self.layer_hp(il)
         p = f"blk.{il}."
         q, k, v = self.build_qkv(ctx, w, p, cur, inp.n_tokens)
         q, k = self.build_qk_norm(ctx, w, p, q, k)
@@ -390,7 +395,7 @@ class Architecture:
         sinks = w(p + "attn_sinks.weight") if self.attn_sinks else None
         if inp.lanes is None:
             mask = inp.mask_swa if self.is_swa(il) else inp.mask
-            return build_attn(
+            out = build_attn(
                 ctx,
                 gf,
                 hp,
@@ -405,7 +410,8 @@ class Architecture:
                 self.attn_softcap,
                 sinks,
             )
-        return each_lane(
+            return self.gate_heads(ctx, w, il, cur, out)
+        out = each_lane(
             ctx,
             inp,
             lambda j, lane, rows: build_attn(  # each sequence over its own K/V
@@ -424,6 +430,16 @@ class Architecture:
                 sinks,
             ),
         )
+        return self.gate_heads(ctx, w, il, cur, out)
+
+    def layer_hp(self, il: int) -> HParams:
+        """The hyperparameters block il attends with (a family with per-layer head counts changes n_head)."""
+        return self.hp
+
+    def gate_heads(self, ctx: Context, w: Weights, il: int, cur: Tensor, out: Tensor) -> Tensor:
+        """Block il's attention output F32 [head_dim * n_head, n] gated per head, where the family gates it (cur:
+        the attention's normed input)."""
+        return out
 
     def build_ffn_out(self, ctx: Context, w: Weights, p: str, ffn_out: Tensor, ffn_inp: Tensor) -> Tensor:
         """The FFN's output joins the residual (after its post norm, where the family has one)."""
@@ -443,7 +459,7 @@ class Architecture:
     def build_qkv(self, ctx: Context, w: Weights, p: str, cur: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
         """cur F32 [n_embd, n] -> q F32 [head_dim, n_head, n], k F32 [head_dim, n_head_kv, n], v F32
         [n_embd_gqa, n] (v may be a strided view)."""
-        hp = self.hp
+        hp = self.layer_hp(int(p.split(".")[1]))
         q = ctx.mul_mat(w(p + "attn_q.weight"), cur)
         k = ctx.mul_mat(w(p + "attn_k.weight"), cur)
         v = ctx.mul_mat(w(p + "attn_v.weight"), cur)
@@ -460,10 +476,16 @@ class Architecture:
             return build_moe_ffn(self, ctx, w, p, cur)
         gate = ctx.mul_mat(w(p + "ffn_gate.weight"), cur)
         up = ctx.mul_mat(w(p + "ffn_up.weight"), cur)
-        return ctx.mul_mat(w(p + "ffn_down.weight"), self.glu(ctx, gate, up))
+        return ctx.mul_mat(
+            w(p + "ffn_down.weight"), self.glu(ctx, gate, up, self.swiglu_limits(int(p.split(".")[1]))[1])
+        )
 
-    def glu(self, ctx: Context, gate: Tensor, up: Tensor) -> Tensor:
-        return ctx.geglu_split(gate, up) if self.ffn_glu == "geglu" else ctx.swiglu_split(gate, up)
+    def glu(self, ctx: Context, gate: Tensor, up: Tensor, limit: float = 0.0) -> Tensor:
+        return ctx.geglu_split(gate, up) if self.ffn_glu == "geglu" else swiglu(ctx, gate, up, limit)
+
+    def swiglu_limits(self, il: int) -> tuple[float, float]:
+        """Block il's SwiGLU clamps (Step 3.5): the routed experts', the dense and shared FFNs'; 0: none."""
+        return 0.0, 0.0
 
 
 class Rows(Protocol):

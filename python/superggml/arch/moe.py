@@ -16,7 +16,7 @@ import numpy as np
 from .. import native
 from ..errors import GGUFError, UnsupportedModelError
 from ..native import Context, Graph, Tensor
-from .base import HParams, Memory, StepInputs, Weights
+from .base import HParams, Memory, StepInputs, Weights, swiglu
 
 
 class Architecture(Protocol):
@@ -40,6 +40,7 @@ class Architecture(Protocol):
     moe_fused_gate_up: bool
 
     def key(self, meta: Mapping[str, Any], name: str, default: Any) -> Any: ...
+    def swiglu_limits(self, il: int) -> tuple[float, float]: ...
     def is_moe(self, il: int) -> bool: ...
     def expert_tensors(self, il: int) -> list[str]: ...
     def build_attn_part(
@@ -293,7 +294,7 @@ def finish_experts(
     act = (
         ctx.swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT)
         if arch.moe_act == "swiglu_oai"
-        else ctx.swiglu_split(gate, up)
+        else swiglu(ctx, gate, up, arch.swiglu_limits(int(p.split(".")[1]))[0])
     )
     experts = ctx.mul_mat_id(down_exps, act, ids)  # F32 [n_embd, k, n]
     if arch.moe_biases:
@@ -311,12 +312,9 @@ def build_shared_expert_only(arch: Architecture, ctx: Context, w: Weights, p: st
     """The shared expert's output F32 [n_embd, n], gated where the family gates it (None without one)."""
     if not arch.n_ff_shexp:
         return None
-    shared = ctx.mul_mat(
-        w(p + "ffn_down_shexp.weight"),
-        ctx.swiglu_split(
-            ctx.mul_mat(w(p + "ffn_gate_shexp.weight"), cur), ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)
-        ),
-    )
+    gate, up = ctx.mul_mat(w(p + "ffn_gate_shexp.weight"), cur), ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)
+    limit = arch.swiglu_limits(int(p.split(".")[1]))[1]
+    shared = ctx.mul_mat(w(p + "ffn_down_shexp.weight"), swiglu(ctx, gate, up, limit))
     if not arch.shexp_gate:
         return shared
     g = ctx.mul_mat(w(p + "ffn_gate_inp_shexp.weight"), cur)  # F32 [1, n]

@@ -255,7 +255,8 @@ def file_shape(path: str) -> tuple[Any, int]:
     """A GGUF's architecture and the bytes of its tensors."""
     f = native.GGUFFile(path)
     try:
-        return get_architecture(f.metadata()), sum(int(nb) for _, _, _, _, nb in f.tensors())
+        tensors = f.tensors()
+        return get_architecture(f.metadata(), [t[0] for t in tensors]), sum(int(t[4]) for t in tensors)
     finally:
         f.close()
 
