@@ -42,8 +42,8 @@ def synth(path, fields, arch="llama", **kw):
         return synth_lfm2(path, fields, **kw)
     if arch == "granitehybrid":
         return synth_granitehybrid(path, fields, **kw)
-    if arch == "nemotron_h":
-        return synth_nemotron_h(path, fields, **kw)
+    if arch in ("nemotron_h", "nemotron_h_moe"):
+        return synth_nemotron_h(path, fields, arch, **kw)
     if arch == "step35":
         return synth_step35(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
@@ -730,6 +730,7 @@ def synth_granitehybrid(
 def synth_nemotron_h(
     path,
     fields,
+    arch="nemotron_h",
     *,
     layers="M-M*-M-",
     n_embd=64,
@@ -744,6 +745,10 @@ def synth_nemotron_h(
     d_conv=4,
     biases=False,
     conv_bias=True,
+    n_expert=0,
+    n_expert_used=0,
+    n_ff_shexp=48,
+    n_layer=None,
     tied=False,
     wtype="f32",
     seed=0,
@@ -752,13 +757,15 @@ def synth_nemotron_h(
     """A random-weight nemotron_h GGUF laid out as llama.cpp's converter (NemotronHModel) writes it: `layers` is
     the hybrid_override_pattern, M a Mamba-2 mixer (d_inner = n_ssm_head * ssm_head_dim), * attention, - an MLP
     of n_ff (ReLU squared; with `biases`, up and down biases). conv_bias False: the mixers lack ssm_conv1d.bias
-    (llama.cpp loads the file and aborts in its graph)."""
+    (llama.cpp loads the file and aborts in its graph). nemotron_h_moe (NemotronHModel with experts): E an MLP
+    block of n_expert experts of n_ff (up, ReLU squared, down; sigmoid routing with exp_probs_b) and a shared
+    expert of n_ff_shexp. n_layer: `layers` repeated to that many blocks."""
     rng = np.random.default_rng(seed)
-    arch = "nemotron_h"
-    F = gguf.GGUFValueType.FLOAT32
+    layers = layers if n_layer is None else (layers * n_layer)[:n_layer]
+    F, U = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.UINT32
     d_inner = n_ssm_head * ssm_head_dim
     kv = [n_head_kv if k == "*" else 0 for k in layers]
-    ff = [n_ff if k == "-" else 0 for k in layers]
+    ff = [n_ff if k in "-E" else 0 for k in layers]
     w, key = start_header(path, arch, len(layers), n_ctx_train, n_embd, ff, n_head, kv)
     w.add_layer_norm_rms_eps(1e-5)
     key("attention.layer_norm_epsilon", 1e-5, F)
@@ -766,6 +773,14 @@ def synth_nemotron_h(
     key("rope.scaling.finetuned", False, gguf.GGUFValueType.BOOL)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
+    if n_expert:
+        w.add_expert_used_count(n_expert_used)
+        w.add_expert_feed_forward_length(n_ff)
+        key("expert_shared_feed_forward_length", n_ff_shexp, U)
+        w.add_expert_count(n_expert)
+        key("expert_shared_count", 1, U)
+        key("expert_weights_norm", True, gguf.GGUFValueType.BOOL)
+        key("expert_weights_scale", 2.5, F)
     put, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
     for il, kind in enumerate(layers):
         p = f"blk.{il}."
@@ -777,6 +792,13 @@ def synth_nemotron_h(
             t(p + "attn_k.weight", n_head_kv * head_dim, n_embd, scale=0.3)
             t(p + "attn_v.weight", n_head_kv * head_dim, n_embd)
             t(p + "attn_output.weight", n_embd, n_head * head_dim)
+        elif kind == "E":
+            t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=0.5)
+            t(p + "exp_probs_b.bias", n_expert, scale=0.1)
+            t(p + "ffn_up_exps.weight", n_expert, n_ff, n_embd, scale=0.2)
+            t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff)
+            t(p + "ffn_up_shexp.weight", n_ff_shexp, n_embd, scale=0.2)
+            t(p + "ffn_down_shexp.weight", n_embd, n_ff_shexp)
         else:
             t(p + "ffn_up.weight", n_ff, n_embd, scale=0.2)
             t(p + "ffn_down.weight", n_embd, n_ff)
@@ -1171,6 +1193,7 @@ VARIANTS = {
     # nemotron_h: Mamba-2 mixers, attention without RoPE and ReLU-squared MLP blocks, one kind per block
     "nemotron_h-M-M*-M-": dict(arch="nemotron_h"),
     "nemotron_h-biases-tied-q8_0": dict(arch="nemotron_h", layers="M*-M*-", biases=True, tied=True, wtype="q8_0"),
+    "nemotron_h_moe-8x2": dict(arch="nemotron_h_moe", layers="ME*EM*", n_expert=8, n_expert_used=2, n_ff=32),
     # step35: per-layer head counts, sliding layers with whole-head RoPE, head gates, experts and SwiGLU clamps
     "step35-4": dict(arch="step35", n_expert=8),
     "step35-plain-q8_0": dict(arch="step35", swa="1010", moe="0101", clamps=False, extras=False, wtype="q8_0"),

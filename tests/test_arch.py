@@ -89,6 +89,7 @@ def test_unsupported_rope_scaling(tmp_path):
         "granitehybrid-rope-tied-q8_0",
         "granitehybrid-8x2-shared",
         "nemotron_h-biases-tied-q8_0",
+        "nemotron_h_moe-8x2",
         "step35-4",
     ],
 )
@@ -157,6 +158,7 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
         "nemotron_h-M-M*-M-",
         "nemotron_h-biases-tied-q8_0",
         "step35-4",
+        "nemotron_h_moe-8x2",
         "step35-plain-q8_0",
     ],
 )
@@ -279,6 +281,7 @@ def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
         "lfm2-ccaccaca",
         "granitehybrid-8x2-shared",
         "nemotron_h-M-M*-M-",
+        "nemotron_h_moe-8x2",
         "step35-4",
     ],
 )
@@ -293,9 +296,9 @@ def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
     arch = VARIANTS[variant]["arch"]
     lay = d["layout"]
     n_layer = VARIANTS[variant].get("n_layer", 3 if arch in ("deepseek2", "mistral4") else N_LAYER)
-    if arch in ("lfm2", "granitehybrid", "nemotron_h", "step35"):
+    if arch in ("lfm2", "granitehybrid", "nemotron_h", "nemotron_h_moe", "step35"):
         key = "swa" if arch == "step35" else "layers"
-        default = {"lfm2": "ccaccaca", "granitehybrid": "mmamma", "nemotron_h": "M-M*-M-", "step35": "0101"}[arch]
+        default = {"lfm2": "ccaccaca", "granitehybrid": "mmamma", "step35": "0101"}.get(arch, "M-M*-M-")
         n_layer = len(VARIANTS[variant].get(key, default))
     assert lay["arch"] == arch and lay["n_layer"] == n_layer
     assert all(b > 0 for b in lay["block_bytes"]) and d["plans"][0]["n_slots"] >= 1

@@ -21,6 +21,7 @@ HYBRID = [
     "lfm2-ccaccaca",
     "granitehybrid-mmamma",
     "nemotron_h-M-M*-M-",
+    "nemotron_h_moe-8x2",
 ]
 
 
@@ -44,9 +45,10 @@ def test_chunks_and_single_tokens_match_llama_cpp(tmp_path, vocab_fields, varian
     if hp["arch"] == "lfm2":  # 5 conv layers of 8, each a window of 2 x 64; K/V of 3 attention layers
         assert st["state_bytes_per_sequence"] == 4 * 5 * 2 * 64
         assert kv == 256 * 2 * 2 * 2 * 16 * 3
-    elif hp["arch"] == "nemotron_h":  # 3 Mamba-2 layers: a window of 3 x 192, a state of 16 x 128; 1 attention
-        assert st["state_bytes_per_sequence"] == 4 * 3 * (3 * 192 + 16 * 128)
-        assert kv == 256 * 2 * 2 * 2 * 16 * 1
+    elif hp["arch"].startswith("nemotron_h"):  # Mamba-2 layers (a window of 3 x 192, a state of 16 x 128), attention
+        layers = hp.get("layers", "M-M*-M-")
+        assert st["state_bytes_per_sequence"] == 4 * layers.count("M") * (3 * 192 + 16 * 128)
+        assert kv == 256 * 2 * 2 * 2 * 16 * layers.count("*")
     elif hp["arch"] == "granitehybrid":  # 4 Mamba-2 layers: a window of 3 x 192, a state of 16 x 128; 2 attention
         assert st["state_bytes_per_sequence"] == 4 * 4 * (3 * 192 + 16 * 128)
         assert kv == 256 * 2 * 2 * 2 * 16 * 2

@@ -37,6 +37,7 @@ def run(path, prompt, **kw):
         "mistral4-fused-yarn-temp",
         "granitehybrid-8x2-shared",
         "step35-4",
+        "nemotron_h_moe-8x2",
     ],
 )
 def test_expert_cache_of_a_quarter_is_bit_identical_to_resident(tmp_path, vocab_fields, variant):

@@ -44,6 +44,7 @@ FAMILIES = [
     "granitehybrid-8x2-shared",
     "nemotron_h-biases-tied-q8_0",
     "step35-4",
+    "nemotron_h_moe-8x2",
 ]
 PROMPT = [1, 450, 4937, 17, 2210, 339, 90, 12, 3000, 77]
 

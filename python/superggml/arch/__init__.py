@@ -63,6 +63,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "lfm2": Lfm2Arch,
     "granitehybrid": GraniteHybridArch,
     "nemotron_h": NemotronHArch,
+    "nemotron_h_moe": NemotronHArch,
     "step35": Step35Arch,
 }
 

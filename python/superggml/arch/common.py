@@ -87,6 +87,7 @@ class Architecture:
         self.moe_select_logits = False  # experts chosen by the router's logits, not the probabilities (llama4)
         self.moe_weight_before = False  # the weights scale each expert's input, not its output (llama4)
         self.moe_fused_gate_up = False  # one ffn_gate_up_exps (gate rows, then up rows) for the two
+        self.moe_relu2 = False  # experts and shared expert ungated: down(relu(up x)^2) (nemotron_h_moe)
         self.shexp_gate = True  # the shared expert behind a sigmoid gate (qwen2moe)
         self.shexp_sigmoid = False  # that gate as ggml_sigmoid, not silu(x) / x (qwen2moe's form)
         self.n_lead = 0  # leading blocks with a dense FFN
@@ -453,7 +454,13 @@ class Architecture:
         """Block il's 3-D expert tensors (gate, up, down), which an expert cache pages one expert at a time."""
         if not self.is_moe(il):
             return []
-        parts = ("gate_up", "down") if self.moe_fused_gate_up else ("gate", "up", "down")
+        parts = (
+            ("gate_up", "down")
+            if self.moe_fused_gate_up
+            else ("up", "down")
+            if self.moe_relu2
+            else ("gate", "up", "down")
+        )
         return [f"blk.{il}.ffn_{n}_exps.weight" for n in parts]
 
     def build_qkv(self, ctx: Context, w: Weights, p: str, cur: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:

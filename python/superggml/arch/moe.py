@@ -38,6 +38,7 @@ class Architecture(Protocol):
     moe_select_logits: bool
     moe_weight_before: bool
     moe_fused_gate_up: bool
+    moe_relu2: bool
 
     def key(self, meta: Mapping[str, Any], name: str, default: Any) -> Any: ...
     def swiglu_limits(self, il: int) -> tuple[float, float]: ...
@@ -67,10 +68,11 @@ def set_gating(arch: Architecture, gating: int) -> None:
     arch.moe_gating = GATING[gating]
 
 
-def uniform_expert_ff(arch: Architecture, meta: Mapping[str, Any]) -> int:
-    """expert_feed_forward_length, required (llama.cpp's get_key_or_arr): one size, or a per-layer array of one."""
+def uniform_expert_ff(arch: Architecture, meta: Mapping[str, Any], default: int | None = None) -> int:
+    """expert_feed_forward_length (llama.cpp's get_key_or_arr), required unless a default is given: one size, or a
+    per-layer array of one."""
     hp = arch.hp
-    ff = arch.key(meta, "expert_feed_forward_length", None)
+    ff = arch.key(meta, "expert_feed_forward_length", default)
     if ff is None:
         raise GGUFError(f"GGUF metadata lacks '{hp.arch}.expert_feed_forward_length'")
     ffs = {int(x) for x in ff} if isinstance(ff, (list, tuple)) else {int(ff)}
@@ -126,6 +128,8 @@ def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]
         **(
             {p + "ffn_gate_up_exps.weight": (hp.n_embd, 2 * n_ff, hp.n_expert)}
             if arch.moe_fused_gate_up
+            else {p + "ffn_up_exps.weight": (hp.n_embd, n_ff, hp.n_expert)}
+            if arch.moe_relu2
             else {
                 p + "ffn_gate_exps.weight": (hp.n_embd, n_ff, hp.n_expert),
                 p + "ffn_up_exps.weight": (hp.n_embd, n_ff, hp.n_expert),
@@ -154,6 +158,8 @@ def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]
                 p + "ffn_down_shexp.weight": (arch.n_ff_shexp, hp.n_embd),
             }
         )
+        if arch.moe_relu2:
+            del shapes[p + "ffn_gate_shexp.weight"]
     return shapes
 
 
@@ -261,6 +267,10 @@ def build_expert_outputs(
     x = ctx.reshape(cur, [n_embd, 1, n])
     if arch.moe_weight_before:  # llama4: each expert's input scaled by its weight, the output not
         x = ctx.mul(ctx.repeat_4d(x, [n_embd, ids.ne[0], n, 1]), weights)
+    if arch.moe_relu2:  # up and down, no gate
+        up_exps, down_exps = exps
+        act = ctx.sqr(ctx.relu(ctx.mul_mat_id(up_exps, x, ids)))  # F32 [n_ff_exp, k, n]
+        return ctx.mul(ctx.mul_mat_id(down_exps, act, ids), weights)
     if len(exps) == 2:  # gate_up: its first n_ff_exp rows are the gate, the rest up (llama.cpp's views)
         gate_up, down_exps = exps
         both = ctx.mul_mat_id(gate_up, x, ids)  # F32 [2 * n_ff_exp, k, n]
@@ -312,6 +322,10 @@ def build_shared_expert_only(arch: Architecture, ctx: Context, w: Weights, p: st
     """The shared expert's output F32 [n_embd, n], gated where the family gates it (None without one)."""
     if not arch.n_ff_shexp:
         return None
+    if arch.moe_relu2:
+        return ctx.mul_mat(
+            w(p + "ffn_down_shexp.weight"), ctx.sqr(ctx.relu(ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)))
+        )
     gate, up = ctx.mul_mat(w(p + "ffn_gate_shexp.weight"), cur), ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)
     limit = arch.swiglu_limits(int(p.split(".")[1]))[1]
     shared = ctx.mul_mat(w(p + "ffn_down_shexp.weight"), swiglu(ctx, gate, up, limit))

@@ -4,9 +4,13 @@ feed_forward_length both 0 for the layer), attention without RoPE (feed_forward_
 up -> ReLU squared -> down (feed_forward_length > 0), each pre-normed by attn_norm and added to the residual.
 Only the attention blocks keep a K/V cache and only the mixers a state; the MLP blocks keep nothing per sequence.
 
+nemotron_h_moe (Nemotron 3 Nano) is the same graph with experts in the MLP blocks: sigmoid routing chosen with
+exp_probs_b, ungated experts (up, ReLU squared, down) and an ungated shared expert of the same kind. The latent
+projections of the larger models (moe_latent_size) are not supported.
+
 The norms' epsilon is attention.layer_norm_rms_epsilon, else attention.layer_norm_epsilon (which llama.cpp
-requires). Its mixture-of-experts sibling is the separate nemotron_h_moe architecture: a nemotron_h file with
-experts is refused."""
+requires). The last block keeps every row and the head picks its rows, as llama.cpp gathers them after the
+block."""
 
 from __future__ import annotations
 
@@ -18,19 +22,21 @@ from ..native import Context, Graph, Tensor
 from .base import Memory, StepInputs, Weights
 from .common import Architecture
 from .mamba2 import Mamba2Layers
+from .moe import build_moe_ffn, moe_tensor_shapes, uniform_expert_ff
 
 MIXER, ATTENTION, MLP = "mixer", "attention", "mlp"
 
 
 class NemotronHArch(Mamba2Layers):
     rms_eps_keys = ("attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon")
+    late_gather = True
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
         self.need(meta, "attention.layer_norm_epsilon")  # required by llama.cpp (its MTP head's norm)
         self.load_ssm(meta)
         if hp.n_expert:
-            raise UnsupportedModelError(f"{hp.arch} with experts ({hp.n_expert}) is not supported")
+            self.load_experts(meta)
 
         def per_layer(name: str, default: Any) -> list[int]:
             v = self.key(meta, name, default)
@@ -55,6 +61,19 @@ class NemotronHArch(Mamba2Layers):
             hp, n_layer_kv=n_attn, state_bytes=4 * self.kinds.count(MIXER) * sum(self.state_sizes)
         )
 
+    def load_experts(self, meta: Mapping[str, Any]) -> None:
+        hp = self.hp
+        if self.key(meta, "moe_latent_size", 0):
+            raise UnsupportedModelError(f"{hp.arch}: experts in a latent space (moe_latent_size) are not supported")
+        self.n_ff_exp = uniform_expert_ff(self, meta, hp.n_ff // hp.n_expert_used)
+        self.n_ff_shexp = int(self.key(meta, "expert_shared_feed_forward_length", 0))
+        if not self.n_ff_shexp:
+            raise GGUFError(f"GGUF metadata lacks '{hp.arch}.expert_shared_feed_forward_length'")
+        self.shexp_gate, self.moe_relu2, self.moe_probs_bias = False, True, True
+        self.moe_gating = "sigmoid"
+        self.moe_norm_w = bool(self.key(meta, "expert_weights_norm", False))
+        self.moe_w_scale = float(self.key(meta, "expert_weights_scale", 0.0))
+
     def describe(self) -> list[str]:
         k = self.kinds
         return [
@@ -71,7 +90,7 @@ class NemotronHArch(Mamba2Layers):
 
     # -- memory -------------------------------------------------------------
     def is_moe(self, il: int) -> bool:
-        return False
+        return self.hp.n_expert > 0 and self.kinds[il] == MLP
 
     def is_recurrent(self, il: int) -> bool:
         return self.kinds[il] == MIXER
@@ -88,6 +107,8 @@ class NemotronHArch(Mamba2Layers):
         elif kind == ATTENTION:
             every = Architecture.block_tensor_shapes(self, il)
             shapes.update({n: s for n, s in every.items() if n.startswith(p + "attn_") and "norm" not in n})
+        elif self.is_moe(il):
+            shapes.update(moe_tensor_shapes(self, il))
         else:
             n_ff = self.n_ff_of[il]
             shapes.update({p + "ffn_up.weight": (hp.n_embd, n_ff), p + "ffn_down.weight": (n_ff, hp.n_embd)})
@@ -103,12 +124,21 @@ class NemotronHArch(Mamba2Layers):
     def rope(self, ctx: Context, w: Weights, inp: StepInputs, il: int, x: Tensor) -> Tensor:
         return x
 
+    def build_attn_part(
+        self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
+    ) -> tuple[Tensor, Tensor]:
+        """An expert block up to its experts (the expert cache's paged block): the residual and the normed input."""
+        assert self.is_moe(il)
+        return x, self.norm(ctx, w, x, f"blk.{il}.attn_norm.weight")
+
     def build_block(
         self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
     ) -> Tensor:
         p, kind = f"blk.{il}.", self.kinds[il]
         cur = self.norm(ctx, w, x, p + "attn_norm.weight")
-        if kind == MIXER:
+        if self.is_moe(il):
+            cur = build_moe_ffn(self, ctx, w, p, cur)
+        elif kind == MIXER:
             cur = ctx.mul_mat(w(p + "ssm_out.weight"), self.build_mamba2(ctx, gf, w, inp, il, cur, k_cache, v_cache))
         elif kind == ATTENTION:
             cur = ctx.mul_mat(
@@ -119,9 +149,6 @@ class NemotronHArch(Mamba2Layers):
         else:
             up = self.bias(ctx, w, p + "ffn_up", ctx.mul_mat(w(p + "ffn_up.weight"), cur))
             cur = self.bias(ctx, w, p + "ffn_down", ctx.mul_mat(w(p + "ffn_down.weight"), ctx.sqr(ctx.relu(up))))
-        if il == self.hp.n_layer - 1 and inp.n_outputs < inp.n_tokens and not inp.keep_rows:
-            assert inp.out_ids is not None
-            cur, x = ctx.get_rows(cur, inp.out_ids), ctx.get_rows(x, inp.out_ids)
         return ctx.add(cur, x)
 
     def bias(self, ctx: Context, w: Weights, name: str, x: Tensor) -> Tensor:
