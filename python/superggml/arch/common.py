@@ -121,6 +121,15 @@ class Architecture:
             raise GGUFError(f"GGUF metadata lacks '{self.hp.arch}.{name}'")
         return v
 
+    def per_layer(self, meta: Mapping[str, Any], name: str, default: float) -> list[float]:
+        """The family's key `name` per layer, as llama.cpp's get_key_or_arr reads it: one value for every layer, or
+        an array of at least n_layer (the first n_layer); `default` where the key is absent."""
+        n, v = self.hp.n_layer, self.key(meta, name, default)
+        per = [float(x) for x in v] if isinstance(v, (list, tuple)) else [float(v)] * n
+        if len(per) < n:
+            raise GGUFError(f"'{self.hp.arch}.{name}' has {len(per)} entries for {n} layers")
+        return per[:n]
+
     def set_swa_pattern(self, meta: Mapping[str, Any], n_pattern: int) -> None:
         """As llama.cpp's load_swa_pattern: attention.sliding_window_pattern is a per-layer array, or a period
         whose last layer is global (the others slide); n_pattern when absent."""

@@ -27,11 +27,7 @@ class GraniteHybridArch(Mamba2Layers):
         self.load_ssm(meta)
         if self.d_inner != 2 * hp.n_embd:  # llama.cpp asserts it
             raise GGUFError(f"{hp.arch}: ssm.inner_size {self.d_inner} must be twice embedding_length {hp.n_embd}")
-        kv = self.key(meta, "attention.head_count_kv", hp.n_head)
-        per = [int(x) for x in kv] if isinstance(kv, (list, tuple)) else [int(kv)] * hp.n_layer
-        if len(per) < hp.n_layer:
-            raise GGUFError(f"'{hp.arch}.attention.head_count_kv' has {len(per)} entries for {hp.n_layer} layers")
-        self.recurrent = tuple(x == 0 for x in per[: hp.n_layer])
+        self.recurrent = tuple(x == 0 for x in self.per_layer(meta, "attention.head_count_kv", hp.n_head))
         self.use_rope = bool(self.key(meta, "rope.scaling.finetuned", True))
 
         def scale(name: str) -> float:

@@ -27,11 +27,7 @@ class Lfm2Arch(Architecture):
         self.d_conv = int(self.need(meta, "shortconv.l_cache"))
         if self.d_conv < 2:
             raise GGUFError(f"'{hp.arch}.shortconv.l_cache' must be > 1, not {self.d_conv}")
-        kv = self.key(meta, "attention.head_count_kv", hp.n_head)
-        per = [int(x) for x in kv] if isinstance(kv, (list, tuple)) else [int(kv)] * hp.n_layer
-        if len(per) < hp.n_layer:
-            raise GGUFError(f"'{hp.arch}.attention.head_count_kv' has {len(per)} entries for {hp.n_layer} layers")
-        self.recurrent = tuple(x == 0 for x in per[: hp.n_layer])
+        self.recurrent = tuple(x == 0 for x in self.per_layer(meta, "attention.head_count_kv", hp.n_head))
         n_swa = int(self.key(meta, "attention.sliding_window", 0))
         if n_swa > 0:
             self.n_swa, self.swa_layers = n_swa, tuple(not r for r in self.recurrent)

@@ -37,15 +37,8 @@ class NemotronHArch(Mamba2Layers):
         self.load_ssm(meta)
         if hp.n_expert:
             self.load_experts(meta)
-
-        def per_layer(name: str, default: Any) -> list[int]:
-            v = self.key(meta, name, default)
-            per = [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)] * hp.n_layer
-            if len(per) < hp.n_layer:
-                raise GGUFError(f"'{hp.arch}.{name}' has {len(per)} entries for {hp.n_layer} layers")
-            return per[: hp.n_layer]
-
-        kv, ff = per_layer("attention.head_count_kv", hp.n_head), per_layer("feed_forward_length", 0)
+        kv = self.per_layer(meta, "attention.head_count_kv", hp.n_head)
+        ff = [int(x) for x in self.per_layer(meta, "feed_forward_length", 0)]
         self.kinds = tuple(MLP if f else MIXER if not k else ATTENTION for k, f in zip(kv, ff))
         self.n_ff_of = tuple(ff)
         attn = next((il for il, k in enumerate(self.kinds) if k == ATTENTION), None)

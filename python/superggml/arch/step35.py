@@ -57,18 +57,12 @@ class Step35Arch(Architecture):
         if len(biased) > 1:
             raise UnsupportedModelError(f"{hp.arch}: exp_probs_b in some expert blocks only")
         self.moe_probs_bias = biased == {True}
-        self.limits = tuple(zip(self.per_layer(meta, "swiglu_clamp_exp"), self.per_layer(meta, "swiglu_clamp_shexp")))
+        exp, shexp = self.per_layer(meta, "swiglu_clamp_exp", 0.0), self.per_layer(meta, "swiglu_clamp_shexp", 0.0)
+        self.limits = tuple(zip(exp, shexp))
         self.qk_norms = tuple(f"blk.{il}.attn_q_norm.weight" in self.names for il in range(n))
         self.gates = tuple(f"blk.{il}.attn_gate.weight" in self.names for il in range(n))
         self.hp = dataclasses.replace(hp, n_head=max(self.n_head_of))  # the widest layer, for the buffers' sizes
         self.layer_hps = tuple(dataclasses.replace(self.hp, n_head=h) for h in self.n_head_of)
-
-    def per_layer(self, meta: Mapping[str, Any], name: str) -> list[float]:
-        v = self.key(meta, name, 0.0)
-        per = [float(x) for x in v] if isinstance(v, (list, tuple)) else [float(v)] * self.hp.n_layer
-        if len(per) < self.hp.n_layer:
-            raise GGUFError(f"'{self.hp.arch}.{name}' has {len(per)} entries for {self.hp.n_layer} layers")
-        return per
 
     def describe(self) -> list[str]:
         n_moe = sum(self.moe_layers)
