@@ -311,6 +311,14 @@ def start_tensors(w, fields, rng, wtype, n_embd, tied, output_norm="output_norm.
     return put, t, norm
 
 
+def attention_tensors(t, p, n_embd, n_head, n_head_kv, head_dim):
+    """Block p's Q, K, V and output projections (heads of head_dim)."""
+    t(p + "attn_q.weight", n_head * head_dim, n_embd, scale=0.3)
+    t(p + "attn_k.weight", n_head_kv * head_dim, n_embd, scale=0.3)
+    t(p + "attn_v.weight", n_head_kv * head_dim, n_embd)
+    t(p + "attn_output.weight", n_embd, n_head * head_dim)
+
+
 def ffn_tensors(t, p, dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_bias, fused=False):
     """Block p's FFN as deepseek2 and glm4moe lay it out: a dense one of n_ff, or a router (plus exp_probs_b),
     n_expert experts of n_ff_exp (gate and up in one ffn_gate_up_exps where fused) and n_shared shared ones
@@ -613,10 +621,7 @@ def synth_lfm2(
         else:
             norm(p + "attn_q_norm.weight", hd, 0.2)
             norm(p + "attn_k_norm.weight", hd, 0.2)
-            t(p + "attn_q.weight", n_embd, n_embd, scale=0.3)
-            t(p + "attn_k.weight", n_head_kv * hd, n_embd, scale=0.3)
-            t(p + "attn_v.weight", n_head_kv * hd, n_embd)
-            t(p + "attn_output.weight", n_embd, n_embd)
+            attention_tensors(t, p, n_embd, n_head, n_head_kv, hd)
     return finish(w, path)
 
 
@@ -706,10 +711,7 @@ def synth_granitehybrid(
         if kind == "m":
             mamba2_tensors(w, t, rng, p, n_embd, d_inner, d_state, n_ssm_head, n_group, d_conv)
         else:
-            t(p + "attn_q.weight", n_embd, n_embd, scale=0.3)
-            t(p + "attn_k.weight", n_head_kv * hd, n_embd, scale=0.3)
-            t(p + "attn_v.weight", n_head_kv * hd, n_embd)
-            t(p + "attn_output.weight", n_embd, n_embd)
+            attention_tensors(t, p, n_embd, n_head, n_head_kv, hd)
         norm(p + "ffn_norm.weight")
         if n_expert:
             t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=0.5)
@@ -788,10 +790,7 @@ def synth_nemotron_h(
         if kind == "M":
             mamba2_tensors(w, t, rng, p, n_embd, d_inner, d_state, n_ssm_head, n_group, d_conv, conv_bias)
         elif kind == "*":
-            t(p + "attn_q.weight", n_head * head_dim, n_embd, scale=0.3)
-            t(p + "attn_k.weight", n_head_kv * head_dim, n_embd, scale=0.3)
-            t(p + "attn_v.weight", n_head_kv * head_dim, n_embd)
-            t(p + "attn_output.weight", n_embd, n_head * head_dim)
+            attention_tensors(t, p, n_embd, n_head, n_head_kv, head_dim)
         elif kind == "E":
             t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=0.5)
             t(p + "exp_probs_b.bias", n_expert, scale=0.1)
@@ -862,10 +861,7 @@ def synth_step35(
     for il in range(n_layer):
         p, h = f"blk.{il}.", heads[il]
         norm(p + "attn_norm.weight")
-        t(p + "attn_q.weight", h * head_dim, n_embd, scale=0.3)
-        t(p + "attn_k.weight", n_head_kv * head_dim, n_embd, scale=0.3)
-        t(p + "attn_v.weight", n_head_kv * head_dim, n_embd)
-        t(p + "attn_output.weight", n_embd, h * head_dim)
+        attention_tensors(t, p, n_embd, h, n_head_kv, head_dim)
         if extras:
             norm(p + "attn_q_norm.weight", head_dim, 0.2)
             norm(p + "attn_k_norm.weight", head_dim, 0.2)

@@ -56,6 +56,7 @@ class Architecture:
     rope_sections: list[int] | None = None  # multi-section RoPE: positions [4 * n_tokens] (rope_multi)
     rms_eps_keys: tuple[str, ...] = ("attention.layer_norm_rms_epsilon",)  # the norms' epsilon: the first present
     heads_per_layer = False  # reads attention.head_count per layer (HParams.n_head_per_layer)
+    recurrent_output = "ssm_out"  # the matmul after a recurrent block's mixer
 
     def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None, names: Iterable[str] = ()):
         self.hp = hp
@@ -91,6 +92,7 @@ class Architecture:
         self.shexp_gate = True  # the shared expert behind a sigmoid gate (qwen2moe)
         self.shexp_sigmoid = False  # that gate as ggml_sigmoid, not silu(x) / x (qwen2moe's form)
         self.n_lead = 0  # leading blocks with a dense FFN
+        self.recurrent: tuple[bool, ...] = ()  # per block: a recurrent mixer instead of attention (hybrids)
         if self.rope_whole_heads and hp.n_rot != hp.head_dim:
             raise GGUFError(f"{hp.arch} rotates whole heads: rope.dimension_count {hp.n_rot} != head_dim {hp.head_dim}")
         if not hp.n_nextn and any(".nextn." in n for n in self.names):  # llama.cpp: tensors it did not load
@@ -165,15 +167,29 @@ class Architecture:
 
     def is_recurrent(self, il: int) -> bool:
         """Whether block il keeps a recurrent state instead of a K/V cache (a hybrid model's linear attention)."""
-        return False
+        return il < len(self.recurrent) and self.recurrent[il]
 
     def is_stateless(self, il: int) -> bool:
         """Whether block il keeps nothing per sequence (a hybrid model's FFN-only blocks)."""
         return False
 
     def attn_output(self, il: int) -> str:
-        """The matmul after block il's attention."""
-        return f"blk.{il}.attn_output.weight"
+        """The matmul after block il's attention (or its recurrent mixer's)."""
+        return f"blk.{il}.{self.recurrent_output if self.is_recurrent(il) else 'attn_output'}.weight"
+
+    def build_recurrent(
+        self,
+        ctx: Context,
+        gf: Graph,
+        w: Weights,
+        inp: StepInputs,
+        il: int,
+        cur: Tensor,
+        conv_state: Memory,
+        state: Memory,
+    ) -> Tensor:
+        """A recurrent block's mixer over its normed input, before recurrent_output (hybrid families)."""
+        raise NotImplementedError(f"{self.hp.arch} has no recurrent mixer")
 
     def attn_scale_of(self, positions: np.ndarray) -> np.ndarray:
         """The attention temperature of each position (llm_graph_input_attn_temp): F32 [n]."""
@@ -392,7 +408,9 @@ class Architecture:
         v_cache: Memory,
     ) -> Tensor:
         """Block il's attention over its normed input cur F32 [n_embd, n_tokens], before the output projection:
-        F32 [head_dim * n_head, n_tokens]."""
+        F32 [head_dim * n_head, n_tokens]. A recurrent block runs its mixer instead."""
+        if self.is_recurrent(il):
+            return self.build_recurrent(ctx, gf, w, inp, il, cur, k_cache, v_cache)
         hp = self.layer_hp(il)
         p = f"blk.{il}."
         q, k, v = self.build_qkv(ctx, w, p, cur, inp.n_tokens)

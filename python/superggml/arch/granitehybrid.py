@@ -14,8 +14,8 @@ import dataclasses
 from typing import Any, Mapping
 
 from ..errors import GGUFError, UnsupportedModelError
-from ..native import Context, Graph, Tensor
-from .base import Memory, StepInputs, Weights, f32
+from ..native import Context, Tensor
+from .base import StepInputs, Weights, f32
 from .mamba2 import Mamba2Layers
 
 ATTENTION = ("attn_q", "attn_k", "attn_v", "attn_output")
@@ -59,10 +59,6 @@ class GraniteHybridArch(Mamba2Layers):
             + ("" if self.use_rope else " and no RoPE")
         ]
 
-    # -- memory -------------------------------------------------------------
-    def is_recurrent(self, il: int) -> bool:
-        return self.recurrent[il]
-
     # -- tensors ---------------------------------------------------------
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
         p = f"blk.{il}."
@@ -74,9 +70,6 @@ class GraniteHybridArch(Mamba2Layers):
                 shapes.pop(p + n + part, None)
         shapes.update(self.ssm_tensor_shapes(p))
         return shapes
-
-    def attn_output(self, il: int) -> str:
-        return f"blk.{il}.{'ssm_out' if self.recurrent[il] else 'attn_output'}.weight"
 
     # -- graphs ------------------------------------------------------------
     def build_embed(self, ctx: Context, w: Weights, inp: StepInputs) -> Tensor:
@@ -92,18 +85,3 @@ class GraniteHybridArch(Mamba2Layers):
 
     def rope(self, ctx: Context, w: Weights, inp: StepInputs, il: int, x: Tensor) -> Tensor:
         return super().rope(ctx, w, inp, il, x) if self.use_rope else x
-
-    def build_attention(
-        self,
-        ctx: Context,
-        gf: Graph,
-        w: Weights,
-        inp: StepInputs,
-        il: int,
-        cur: Tensor,
-        k_cache: Memory,
-        v_cache: Memory,
-    ) -> Tensor:
-        if self.recurrent[il]:
-            return self.build_mamba2(ctx, gf, w, inp, il, cur, k_cache, v_cache)
-        return super().build_attention(ctx, gf, w, inp, il, cur, k_cache, v_cache)

@@ -21,6 +21,7 @@ class Lfm2Arch(Architecture):
     rope_factors = False
     qk_norm = True
     output_norm = "token_embd_norm.weight"
+    recurrent_output = "shortconv.out_proj"
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
@@ -46,9 +47,6 @@ class Lfm2Arch(Architecture):
     def is_moe(self, il: int) -> bool:
         return False  # llama.cpp's lfm2 runs a dense FFN in every block
 
-    def is_recurrent(self, il: int) -> bool:
-        return self.recurrent[il]
-
     @property
     def state_sizes(self) -> tuple[int, int]:
         """Values per sequence and conv layer: the window's; no second state."""
@@ -71,11 +69,8 @@ class Lfm2Arch(Architecture):
         )
         return shapes
 
-    def attn_output(self, il: int) -> str:
-        return f"blk.{il}.{'shortconv.out_proj' if self.recurrent[il] else 'attn_output'}.weight"
-
     # -- graphs ------------------------------------------------------------
-    def build_attention(
+    def build_recurrent(
         self,
         ctx: Context,
         gf: Graph,
@@ -86,8 +81,6 @@ class Lfm2Arch(Architecture):
         k_cache: Memory,
         v_cache: Memory,
     ) -> Tensor:
-        if not self.recurrent[il]:
-            return super().build_attention(ctx, gf, w, inp, il, cur, k_cache, v_cache)
         p, n, E = f"blk.{il}.", inp.n_tokens, self.hp.n_embd
         bcx = ctx.mul_mat(w(p + "shortconv.in_proj.weight"), cur)  # [3 * E, n]: B, C, X
         es, row = bcx.element_size, bcx.nb[1]

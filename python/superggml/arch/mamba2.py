@@ -63,7 +63,7 @@ class Mamba2Layers(Architecture):
             p + "ssm_out.weight": (self.d_inner, E),
         }
 
-    def build_mamba2(
+    def build_recurrent(
         self,
         ctx: Context,
         gf: Graph,

@@ -110,9 +110,6 @@ class NemotronHArch(Mamba2Layers):
                     shapes[p + name] = (n,)
         return shapes
 
-    def attn_output(self, il: int) -> str:
-        return f"blk.{il}.{'ssm_out' if self.kinds[il] == MIXER else 'attn_output'}.weight"
-
     # -- graphs ------------------------------------------------------------
     def rope(self, ctx: Context, w: Weights, inp: StepInputs, il: int, x: Tensor) -> Tensor:
         return x
@@ -132,7 +129,7 @@ class NemotronHArch(Mamba2Layers):
         if self.is_moe(il):
             cur = build_moe_ffn(self, ctx, w, p, cur)
         elif kind == MIXER:
-            cur = ctx.mul_mat(w(p + "ssm_out.weight"), self.build_mamba2(ctx, gf, w, inp, il, cur, k_cache, v_cache))
+            cur = ctx.mul_mat(w(p + "ssm_out.weight"), self.build_recurrent(ctx, gf, w, inp, il, cur, k_cache, v_cache))
         elif kind == ATTENTION:
             cur = ctx.mul_mat(
                 w(p + "attn_output.weight"), self.build_attention(ctx, gf, w, inp, il, cur, k_cache, v_cache)

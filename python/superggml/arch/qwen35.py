@@ -87,9 +87,6 @@ class Qwen35Arch(Architecture):
         ]
 
     # -- memory -------------------------------------------------------------
-    def is_recurrent(self, il: int) -> bool:
-        return self.recurrent[il]
-
     @property
     def state_sizes(self) -> tuple[int, int]:
         """Values per sequence and recurrent layer: the conv window's, the delta rule's state."""
@@ -118,9 +115,6 @@ class Qwen35Arch(Architecture):
             }
         )
         return shapes
-
-    def attn_output(self, il: int) -> str:
-        return f"blk.{il}.{'ssm_out' if self.recurrent[il] else 'attn_output'}.weight"
 
     # -- graphs ------------------------------------------------------------
     def rope(self, ctx: Context, w: Weights, inp: StepInputs, il: int, x: Tensor) -> Tensor:
@@ -151,7 +145,7 @@ class Qwen35Arch(Architecture):
         v_cache: Memory,
     ) -> Tensor:
         if self.recurrent[il]:
-            return self.build_delta_net(ctx, gf, w, inp, il, cur, k_cache, v_cache)
+            return self.build_recurrent(ctx, gf, w, inp, il, cur, k_cache, v_cache)
         hp, p, n = self.hp, f"blk.{il}.", inp.n_tokens
         qg = ctx.mul_mat(w(p + "attn_q.weight"), cur)  # [2 * head_dim * n_head, n]
         es, d = qg.element_size, hp.head_dim
@@ -185,7 +179,7 @@ class Qwen35Arch(Architecture):
             )
         return ctx.mul(out, ctx.sigmoid(gate))
 
-    def build_delta_net(
+    def build_recurrent(
         self,
         ctx: Context,
         gf: Graph,
