@@ -46,6 +46,8 @@ def synth(path, fields, arch="llama", **kw):
         return synth_nemotron_h(path, fields, arch, **kw)
     if arch == "step35":
         return synth_step35(path, fields, **kw)
+    if arch == "gemma4":
+        return synth_gemma4(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
@@ -729,6 +731,111 @@ def synth_granitehybrid(
     return finish(w, path)
 
 
+def synth_gemma4(
+    path,
+    fields,
+    *,
+    layers="11101110",
+    n_shared=4,
+    n_embd=64,
+    n_head=4,
+    n_head_kv=2,
+    n_head_kv_full=1,
+    head_dim=16,
+    head_dim_full=32,
+    rot_factor=0.25,
+    n_ff=96,
+    n_pl=16,
+    n_expert=0,
+    n_expert_used=2,
+    n_ff_exp=32,
+    fused=False,
+    k_eq_v=False,
+    out_scale=True,
+    n_swa=16,
+    softcap=30.0,
+    tied=True,
+    wtype="f32",
+    seed=0,
+    n_ctx_train=512,
+):
+    """A random-weight gemma4 GGUF laid out as llama.cpp's converter (Gemma4Model) writes it: `layers` flags each
+    block's sliding window (heads of head_dim, n_head_kv K/V heads; the others: head_dim_full, n_head_kv_full), the
+    last n_shared blocks read earlier blocks' K/V (they keep their K/V projections, unused); n_pl > 0: per-layer
+    embeddings; n_expert > 0: every block's FFN is a dense MLP beside experts (a scaled router, per-expert scales;
+    gate and up fused where `fused`); k_eq_v: the full blocks have no V projection (V is K's input); out_scale:
+    layer_output_scale; full blocks rotate rot_factor of each head (rope_freqs of 1e30 for the rest)."""
+    rng = np.random.default_rng(seed)
+    arch, n_layer = "gemma4", len(layers)
+    swa = [c == "1" for c in layers]
+    kv = [n_head_kv if s else n_head_kv_full for s in swa]
+    w, key = start_header(path, arch, n_layer, n_ctx_train, n_embd, n_ff, n_head, kv)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_key_length(head_dim_full)
+    w.add_value_length(head_dim_full)
+    w.add_rope_freq_base(1000000.0)
+    w.add_rope_freq_base_swa(10000.0)
+    w.add_sliding_window(n_swa)
+    if softcap:
+        w.add_final_logit_softcapping(softcap)
+    w.add_shared_kv_layers(n_shared)
+    w.add_embedding_length_per_layer_input(n_pl)
+    w.add_sliding_window_pattern(swa)
+    w.add_key_length_swa(head_dim)
+    w.add_value_length_swa(head_dim)
+    if n_expert:
+        w.add_expert_feed_forward_length(n_ff_exp)
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
+    w.add_rope_dimension_count(head_dim_full)
+    w.add_rope_dimension_count_swa(head_dim)
+    put, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
+    n_rot = int(head_dim_full * rot_factor / 2)
+    put("rope_freqs.weight", np.array([1.0] * n_rot + [1e30] * (head_dim_full // 2 - n_rot), dtype=np.float32))
+    n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
+    if n_pl:
+        t("per_layer_token_embd.weight", n_vocab, n_pl * n_layer, scale=1.0)
+        t("per_layer_model_proj.weight", n_pl * n_layer, n_embd, scale=0.3)
+        norm("per_layer_proj_norm.weight", n_pl)
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        hd = head_dim if swa[il] else head_dim_full
+        norm(p + "attn_norm.weight")
+        t(p + "attn_q.weight", n_head * hd, n_embd, scale=0.3)
+        t(p + "attn_k.weight", kv[il] * hd, n_embd, scale=0.3)
+        if not (k_eq_v and not swa[il]):
+            t(p + "attn_v.weight", kv[il] * hd, n_embd)
+        t(p + "attn_output.weight", n_embd, n_head * hd)
+        norm(p + "attn_q_norm.weight", hd, 0.2)
+        norm(p + "attn_k_norm.weight", hd, 0.2)
+        norm(p + "post_attention_norm.weight")
+        if out_scale:
+            put(p + "layer_output_scale.weight", np.array([0.5 + 0.1 * il], dtype=np.float32))
+        norm(p + "ffn_norm.weight")
+        t(p + "ffn_gate.weight", n_ff, n_embd)
+        t(p + "ffn_up.weight", n_ff, n_embd)
+        t(p + "ffn_down.weight", n_embd, n_ff)
+        norm(p + "post_ffw_norm.weight")
+        if n_expert:
+            t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=0.5)
+            norm(p + "ffn_gate_inp.scale", spread=0.3)
+            norm(p + "pre_ffw_norm_2.weight")
+            norm(p + "post_ffw_norm_1.weight")
+            norm(p + "post_ffw_norm_2.weight")
+            if fused:
+                t(p + "ffn_gate_up_exps.weight", n_expert, 2 * n_ff_exp, n_embd)
+            else:
+                t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd)
+                t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd)
+            t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp)
+            norm(p + "ffn_down_exps.scale", n_expert, 0.3)
+        if n_pl:
+            t(p + "inp_gate.weight", n_pl, n_embd, scale=0.3)
+            t(p + "proj.weight", n_embd, n_pl)
+            norm(p + "post_norm.weight")
+    return finish(w, path)
+
+
 def synth_nemotron_h(
     path,
     fields,
@@ -1193,6 +1300,11 @@ VARIANTS = {
     # step35: per-layer head counts, sliding layers with whole-head RoPE, head gates, experts and SwiGLU clamps
     "step35-4": dict(arch="step35", n_expert=8),
     "step35-plain-q8_0": dict(arch="step35", swa="1010", moe="0101", clamps=False, extras=False, wtype="q8_0"),
+    # gemma4: per-layer K/V widths, shared K/V blocks, per-layer embeddings; the MoE one: a dense MLP beside experts
+    "gemma4-e-shared": dict(arch="gemma4"),
+    "gemma4-plain-q8_0": dict(arch="gemma4", layers="110110", n_shared=0, n_pl=0, out_scale=False, wtype="q8_0"),
+    "gemma4-8x2-kv": dict(arch="gemma4", layers="110110", n_shared=0, n_pl=0, n_expert=8, k_eq_v=True, tied=False),
+    "gemma4-8x2-fused-pl": dict(arch="gemma4", layers="1101", n_shared=0, n_expert=8, fused=True, wtype="q8_0"),
     # qwen35: gated delta-net blocks and, every second block, gated full attention with interleaved M-RoPE
     "qwen35-interval2": dict(arch="qwen35"),
     "qwen35-mtp": dict(arch="qwen35", n_layer=3, interval=3, mtp=True),

@@ -68,6 +68,14 @@ void init_ops(py::module_ & m) {
     ctx.def("sigmoid", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sigmoid(c->ctx(), a.t)); });
     ctx.def("relu", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_relu(c->ctx(), a.t)); });
     ctx.def("sqr", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sqr(c->ctx(), a.t)); });
+    ctx.def("gelu", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_gelu(c->ctx(), a.t)); });
+    ctx.def("pad", [](const ctx_ptr & c, const T & a, std::vector<int> p) {
+        need(p.size() >= 1 && p.size() <= 4, "pad", "1 to 4 sizes");
+        p.resize(4, 0);
+        for (int x : p) need(x >= 0, "pad", "sizes must not be negative");
+        c->check_room();
+        return wrap(c, ggml_pad(c->ctx(), a.t, p[0], p[1], p[2], p[3]));
+    }, py::arg("a"), py::arg("p"), "a with p[i] zeros appended along dim i");
     ctx.def("softplus", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_softplus(c->ctx(), a.t)); });
     ctx.def("sum_rows", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sum_rows(c->ctx(), a.t)); },
             "[n, ...] -> [1, ...]");

@@ -22,6 +22,7 @@ from .nemotron_h import NemotronHArch
 from .qwen2 import Qwen2Arch
 from .gemma2 import Gemma2Arch
 from .gemma3 import Gemma3Arch
+from .gemma4 import Gemma4Arch
 from .glm4moe import Glm4MoeArch
 from .gpt_oss import GptOssArch
 from .granitehybrid import GraniteHybridArch
@@ -44,6 +45,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "phi3": Phi3Arch,
     "gemma2": Gemma2Arch,
     "gemma3": Gemma3Arch,
+    "gemma4": Gemma4Arch,
     "qwen2moe": Qwen2MoeArch,
     "qwen3moe": Qwen3MoeArch,
     "olmoe": OlmoeArch,
@@ -77,7 +79,7 @@ def get_architecture(meta: Mapping[str, Any], names: Iterable[str] = ()) -> Arch
             f"unsupported model architecture {name!r}; supported: {', '.join(sorted(ARCHITECTURES))}"
         )
     cls = ARCHITECTURES[name]
-    return cls(HParams.from_metadata(meta, name, cls.rms_eps_keys), meta, names)
+    return cls(HParams.from_metadata(meta, name, cls.rms_eps_keys, cls.kv_heads_per_layer), meta, names)
 
 
 __all__ = ["ARCHITECTURES", "Architecture", "HParams", "get_architecture"]

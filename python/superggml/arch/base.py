@@ -67,15 +67,17 @@ class HParams:
     n_layer_kv: int = 0  # layers with a K/V cache where not all (a hybrid model's attention ones)
     state_bytes: int = 0  # a sequence's recurrent states over every layer (hybrid models)
     n_head_per_layer: tuple[int, ...] = ()  # attention.head_count where it differs by layer (step35)
+    n_head_kv_per_layer: tuple[int, ...] = ()  # attention.head_count_kv where it differs by layer (gemma4)
+    kv_width: int = 0  # K (and V) values per token and layer in the memory where layers differ: the widest
 
     @property
     def n_embd_gqa(self) -> int:
-        return self.head_dim * self.n_head_kv
+        return self.kv_width or self.head_dim * self.n_head_kv
 
     @property
     def n_embd_v_gqa(self) -> int:
         """V values per token and layer in the memory (0: none, V is read from K)."""
-        return 0 if self.latent_kv else (self.head_dim_v or self.head_dim) * self.n_head_kv
+        return 0 if self.latent_kv else self.kv_width or (self.head_dim_v or self.head_dim) * self.n_head_kv
 
     @property
     def v_channels(self) -> int:
@@ -84,9 +86,14 @@ class HParams:
 
     @classmethod
     def from_metadata(
-        cls, meta: Mapping[str, Any], arch: str, rms_eps_keys: tuple[str, ...] = ("attention.layer_norm_rms_epsilon",)
+        cls,
+        meta: Mapping[str, Any],
+        arch: str,
+        rms_eps_keys: tuple[str, ...] = ("attention.layer_norm_rms_epsilon",),
+        kv_heads_per_layer: bool = False,
     ) -> "HParams":
-        """rms_eps_keys: where the family reads its RMS norms' epsilon, the first present (one is required)."""
+        """rms_eps_keys: where the family reads its RMS norms' epsilon, the first present (one is required);
+        kv_heads_per_layer: the family reads attention.head_count_kv per layer (n_head_kv: the first layer's)."""
 
         def get(key: str, default: Any = None) -> Any:
             v = meta.get(f"{arch}.{key}", default)
@@ -100,7 +107,10 @@ class HParams:
             per_head = tuple(int(x) for x in heads) if isinstance(heads, (list, tuple)) else ()
             n_head = per_head[0] if per_head else int(heads)  # llama.cpp's n_head(): the first layer's
             kv = get("attention.head_count_kv", n_head)
-            if isinstance(kv, (list, tuple)):  # per layer (LFM2: 0 in its conv layers): the attention layers' count
+            per_kv = tuple(int(x) for x in kv) if isinstance(kv, (list, tuple)) and kv_heads_per_layer else ()
+            if per_kv:
+                kv = per_kv[0]
+            elif isinstance(kv, (list, tuple)):  # per layer (LFM2: 0 in its conv layers): the attention layers' count
                 counts = {int(x) for x in kv if int(x)}
                 if len(counts) > 1:
                     raise UnsupportedModelError(f"'{arch}.attention.head_count_kv' varies by layer: {sorted(counts)}")
@@ -133,6 +143,7 @@ class HParams:
                 n_expert_used=int(get("expert_used_count", 0)),
                 head_dim_v=0 if v_dim == head_dim else v_dim,
                 n_head_per_layer=per_head if len(set(per_head)) > 1 else (),
+                n_head_kv_per_layer=per_kv if len(set(per_kv)) > 1 else (),
                 **rope,
             )
         except (TypeError, ValueError) as e:
@@ -231,6 +242,9 @@ class StepInputs:
     n_streams: int = 1  # > 1: the rows are that many sequences' runs of equal length, attending at once
     keep_rows: bool = False  # the last block keeps every row (the output norm of each is wanted: an MTP drafter's)
     hidden: native.Tensor | None = None  # F32 [n_embd, n_tokens]: the hidden rows an MTP block reads
+    # F32 [n_embd_per_layer, n_tokens, n_layer]: each block's own input (gemma4's per-layer embeddings), written by
+    # the embedding's graph (Architecture.build_pass_inputs)
+    per_layer: native.Tensor | None = None
     chain: bool = False  # the lanes are one sequence's tokens, each its own lane (a recurrent layer: one chain)
     attn_scale: native.Tensor | None = None  # F32 [1, 1, n_tokens]: the attention temperature (Architecture.attn_temp)
     # layer -> the tensor where a recurrent layer leaves its pass's inputs for replay, or None

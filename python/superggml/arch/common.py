@@ -13,7 +13,7 @@ from ..native import Context, Graph, Tensor
 from .base import HParams as HParams  # re-exported: the runtime imports both from here
 from .base import StepInputs as StepInputs
 from .base import Memory, Weights, f32, lane_memory, one_memory, swiglu
-from .moe import build_moe_ffn, moe_tensor_shapes
+from .moe import build_moe_ffn, build_shared_expert_only, moe_tensor_shapes
 
 F32 = native.GGMLType.F32
 F16 = native.GGMLType.F16
@@ -56,6 +56,9 @@ class Architecture:
     rope_sections: list[int] | None = None  # multi-section RoPE: positions [4 * n_tokens] (rope_multi)
     rms_eps_keys: tuple[str, ...] = ("attention.layer_norm_rms_epsilon",)  # the norms' epsilon: the first present
     heads_per_layer = False  # reads attention.head_count per layer (HParams.n_head_per_layer)
+    kv_heads_per_layer = False  # reads attention.head_count_kv per layer (HParams.n_head_kv_per_layer)
+    embed_tensors: tuple[str, ...] = ("token_embd.weight",)  # read by the embedding's graph only, from the mapping
+    n_embd_per_layer = 0  # values of each block's own input per token (StepInputs.per_layer; gemma4)
     recurrent_output = "ssm_out"  # the matmul after a recurrent block's mixer
 
     def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None, names: Iterable[str] = ()):
@@ -80,7 +83,7 @@ class Architecture:
         self.n_ff_shexp = 0
         self.moe_norm_w = True  # the chosen experts' weights renormalised to sum to 1
         self.moe_gating = "softmax"  # or softmax_weight (gpt-oss)
-        self.moe_act = "swiglu"  # or swiglu_oai (gpt-oss)
+        self.moe_act = "swiglu"  # or swiglu_oai (gpt-oss), geglu (gemma4)
         self.moe_biases = False  # router and expert biases (gpt-oss)
         self.moe_probs_bias = False  # exp_probs_b: added to the probabilities experts are chosen by
         self.moe_groups = (0, 0)  # expert groups, groups chosen per token (each scored by its top 2)
@@ -89,6 +92,7 @@ class Architecture:
         self.moe_weight_before = False  # the weights scale each expert's input, not its output (llama4)
         self.moe_fused_gate_up = False  # one ffn_gate_up_exps (gate rows, then up rows) for the two
         self.moe_relu2 = False  # experts and shared expert ungated: down(relu(up x)^2) (nemotron_h_moe)
+        self.moe_down_scale = False  # each expert's output scaled by ffn_down_exps.scale (gemma4)
         self.shexp_gate = True  # the shared expert behind a sigmoid gate (qwen2moe)
         self.shexp_sigmoid = False  # that gate as ggml_sigmoid, not silu(x) / x (qwen2moe's form)
         self.n_lead = 0  # leading blocks with a dense FFN
@@ -172,6 +176,10 @@ class Architecture:
     def is_stateless(self, il: int) -> bool:
         """Whether block il keeps nothing per sequence (a hybrid model's FFN-only blocks)."""
         return False
+
+    def kv_source(self, il: int) -> int:
+        """The block whose K/V block il attends over: itself, or an earlier one whose memory it shares (gemma4)."""
+        return il
 
     def attn_output(self, il: int) -> str:
         """The matmul after block il's attention (or its recurrent mixer's)."""
@@ -297,6 +305,14 @@ class Architecture:
         assert inp.tokens is not None
         return ctx.get_rows(w("token_embd.weight"), inp.tokens)
 
+    def build_pass_inputs(self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, x: Tensor) -> None:
+        """In the embedding's graph, after the embedding x F32 [n_embd, n_tokens]: what the pass's blocks read
+        beside the activations (inp.per_layer, where the family has per-layer inputs)."""
+
+    def build_block_out(self, ctx: Context, w: Weights, inp: StepInputs, il: int, x: Tensor, r0: int = 0) -> Tensor:
+        """The end of block il after the FFN joined the residual: x F32 [n_embd, n] (the pass's rows r0..r0+n)."""
+        return x
+
     def build_output_norm(self, ctx: Context, w: Weights, x: Tensor) -> Tensor:
         """x F32 [n_embd, n_outputs] -> the normed input of the lm head, same shape"""
         return ctx.mul(ctx.rms_norm(x, self.hp.rms_eps), w(self.output_norm))
@@ -317,12 +333,15 @@ class Architecture:
             return logits
         return ctx.scale(ctx.tanh(ctx.scale(logits, float(f32(1.0) / f32(c)))), c)
 
-    def build_qk_norm(self, ctx: Context, w: Weights, p: str, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """Before RoPE: q F32 [head_dim, n_head, n_tokens], k F32 [head_dim, n_head_kv, n_tokens], each head
-        RMS-normed where the family has qk_norm."""
+    def build_qk_norm(
+        self, ctx: Context, w: Weights, p: str, q: Tensor, k: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Before RoPE: q F32 [head_dim, n_head, n_tokens], k F32 [head_dim, n_head_kv, n_tokens] (or None), each
+        head RMS-normed where the family has qk_norm."""
         if not self.qk_norm:
             return q, k
-        return self.norm(ctx, w, q, p + "attn_q_norm.weight"), self.norm(ctx, w, k, p + "attn_k_norm.weight")
+        q = self.norm(ctx, w, q, p + "attn_q_norm.weight")
+        return q, None if k is None else self.norm(ctx, w, k, p + "attn_k_norm.weight")
 
     def rope_factors_of(self, w: Weights) -> Tensor | None:
         """llama.cpp's get_rope_factors: Llama 3.1's rope_freqs, else LongRoPE's long factors when the context
@@ -368,7 +387,8 @@ class Architecture:
         block keeps only the rows whose logits are wanted ([n_embd, n_outputs], as llama.cpp)."""
         p = f"blk.{il}."
         ffn_inp, cur = self.build_attn_part(ctx, gf, w, inp, il, x, k_cache, v_cache)
-        return self.build_ffn_out(ctx, w, p, self.build_ffn(ctx, w, p, cur), ffn_inp)
+        out = self.build_ffn_out(ctx, w, p, self.build_ffn(ctx, w, p, cur), ffn_inp)
+        return self.build_block_out(ctx, w, inp, il, out)
 
     def build_attn_part(
         self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
@@ -413,9 +433,10 @@ class Architecture:
             return self.build_recurrent(ctx, gf, w, inp, il, cur, k_cache, v_cache)
         hp = self.layer_hp(il)
         p = f"blk.{il}."
-        q, k, v = self.build_qkv(ctx, w, p, cur, inp.n_tokens)
+        q, k, v = self.build_qkv(ctx, w, p, cur, inp.n_tokens)  # k, v None: the block reads another's K/V
         q, k = self.build_qk_norm(ctx, w, p, q, k)
-        q, k = self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, k)
+        q = self.rope(ctx, w, inp, il, q)
+        k = None if k is None else self.rope(ctx, w, inp, il, k)
         q = self.temperature(ctx, inp, il, q)
         kq_scale = self.f_attention_scale or inv_sqrt(hp.head_dim)
         if self.q_scale is not None:  # Q scaled before attention, as some families' graphs do
@@ -448,8 +469,8 @@ class Architecture:
                 hp,
                 lane,
                 rows(q),
-                rows(k),
-                rows(v, 2),
+                None if k is None else rows(k),
+                None if v is None else rows(v, 2),
                 lane_memory(k_cache, j),
                 lane_memory(v_cache, j),
                 kq_scale,
@@ -490,9 +511,11 @@ class Architecture:
         )
         return [f"blk.{il}.ffn_{n}_exps.weight" for n in parts]
 
-    def build_qkv(self, ctx: Context, w: Weights, p: str, cur: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    def build_qkv(
+        self, ctx: Context, w: Weights, p: str, cur: Tensor, n: int
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """cur F32 [n_embd, n] -> q F32 [head_dim, n_head, n], k F32 [head_dim, n_head_kv, n], v F32
-        [n_embd_gqa, n] (v may be a strided view)."""
+        [n_embd_gqa, n] (v may be a strided view); k and v None where the block reads another's K/V."""
         hp = self.layer_hp(int(p.split(".")[1]))
         q = ctx.mul_mat(w(p + "attn_q.weight"), cur)
         k = ctx.mul_mat(w(p + "attn_k.weight"), cur)
@@ -520,6 +543,23 @@ class Architecture:
     def swiglu_limits(self, il: int) -> tuple[float, float]:
         """Block il's SwiGLU clamps (Step 3.5): the routed experts', the dense and shared FFNs'; 0: none."""
         return 0.0, 0.0
+
+    # -- mixture-of-experts hooks (arch/moe.py calls them) ----------------------
+    def router_input(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
+        """What block p's router multiplies, from the FFN's input cur."""
+        return cur
+
+    def expert_input(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
+        """What block p's routed experts read, from the FFN's input cur."""
+        return cur
+
+    def experts_out(self, ctx: Context, w: Weights, p: str, out: Tensor) -> Tensor:
+        """Block p's routed experts' weighted sum, before the shared expert's output joins it."""
+        return out
+
+    def shared_ffn(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor | None:
+        """What runs beside block p's routed experts over the FFN's input cur (a shared expert; None: nothing)."""
+        return build_shared_expert_only(self, ctx, w, p, cur)
 
 
 class Rows(Protocol):
@@ -550,8 +590,8 @@ def build_attn(
     hp: HParams,
     inp: StepInputs,
     q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
     k_cache: Tensor,
     v_cache: Tensor,
     scale: float,
@@ -565,14 +605,16 @@ def build_attn(
     q F32 [head_dim, n_head, n_tokens], k F32 [head_dim, n_head_kv, n_tokens],
     v F32 [n_embd_v_gqa, n_tokens] (rows may be strided); k_cache F16 [n_embd_gqa, n_ctx];
     v_cache F16 [n_embd_v_gqa, n_ctx] (stored transposed: [n_ctx, n_embd_v_gqa] when not flash_attn).
+    The caches may be wider than the layer's K and V (hp.kv_width: layers differ); k and v None: the layer
+    writes nothing and attends over another's K/V (Architecture.kv_source).
     Returns F32 [head_dim_v*n_head, n_tokens] (head_dim_v: head_dim unless V heads are narrower).
     """
     if inp.k_rot is not None:
-        q, k = ctx.mul_mat_hadamard(q, inp.k_rot), ctx.mul_mat_hadamard(k, inp.k_rot)
+        q = ctx.mul_mat_hadamard(q, inp.k_rot)
+        k = None if k is None else ctx.mul_mat_hadamard(k, inp.k_rot)
     if inp.v_rot is not None:
-        cur = attend(
-            ctx, gf, hp, inp, q, k, ctx.mul_mat_hadamard(v, inp.v_rot), k_cache, v_cache, scale, mask, softcap, sinks
-        )
+        v = None if v is None else ctx.mul_mat_hadamard(v, inp.v_rot)
+        cur = attend(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, scale, mask, softcap, sinks)
         return ctx.mul_mat_hadamard(cur, inp.v_rot)
     return attend(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, scale, mask, softcap, sinks)
 
@@ -583,8 +625,8 @@ def attend(
     hp: HParams,
     inp: StepInputs,
     q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
     k_cache: Tensor,
     v_cache: Tensor,
     scale: float,
@@ -602,33 +644,41 @@ def attend(
     t = n // S
     n_ctx = k_cache.shape[1] // S
     es = v_cache.element_size  # a transposed V is of whole elements (F32, F16, BF16)
-    assert inp.k_idxs is not None and inp.v_idxs is not None
-    gf.expand(ctx.set_rows(k_cache, ctx.reshape(k, [g, n]), inp.k_idxs))
-    if inp.flash_attn:
-        gf.expand(ctx.set_rows(v_cache, v, inp.v_idxs))
-    else:
-        if v.nb[1] != gv * v.element_size:
-            v = ctx.cont(v)  # a view into a fused QKV: rows made contiguous, as llama.cpp
-        flat = ctx.reshape(v_cache, [1, gv * n_ctx * S])
-        gf.expand(ctx.set_rows(flat, ctx.reshape(v, [1, gv * n]), inp.v_idxs))
+    gw = v_cache.ne[0]  # the V cache's width (wider than gv where layers differ)
 
-    def heads(cache: Tensor, d: int, g: int) -> Tensor:  # [d, n_head_kv, n_kv, S]
-        rs = row_size(cache.type, g)
+    def cols(cache: Tensor, g: int) -> Tensor:  # the first g values of every row of a cache
+        return cache if g == cache.ne[0] else ctx.view(cache, [g, cache.ne[1]], [cache.nb[1]], 0)
+
+    if k is not None and v is not None:
+        assert inp.k_idxs is not None and inp.v_idxs is not None
+        gf.expand(ctx.set_rows(cols(k_cache, g), ctx.reshape(k, [g, n]), inp.k_idxs))
+        if inp.flash_attn:
+            gf.expand(ctx.set_rows(cols(v_cache, gv), v, inp.v_idxs))
+        else:
+            if v.nb[1] != gv * v.element_size:
+                v = ctx.cont(v)  # a view into a fused QKV: rows made contiguous, as llama.cpp
+            if gv < gw:  # the indices run over the cache's width: zeros after the layer's values, as llama.cpp pads
+                v = ctx.pad(ctx.reshape(v, [gv, n]), [gw - gv])
+            flat = ctx.reshape(v_cache, [1, gw * n_ctx * S])
+            gf.expand(ctx.set_rows(flat, ctx.reshape(v, [1, gw * n]), inp.v_idxs))
+
+    def heads(cache: Tensor, d: int) -> Tensor:  # [d, n_head_kv, n_kv, S]
+        rs = cache.nb[1]
         return ctx.view(cache, [d, hp.n_head_kv, n_kv, S], [row_size(cache.type, d), rs, rs * n_ctx], 0)
 
     if S > 1:
         q = ctx.reshape(q, [d, hp.n_head, t, S])
     qp = ctx.permute(q, 0, 2, 1, 3)  # [d, t, n_head, S]
-    kp = ctx.permute(heads(k_cache, d, g), 0, 2, 1, 3)  # [d, n_kv, n_head_kv, S]
+    kp = ctx.permute(heads(k_cache, d), 0, 2, 1, 3)  # [d, n_kv, n_head_kv, S]
     if inp.flash_attn:
-        vp = ctx.permute(heads(v_cache, dv, gv), 0, 2, 1, 3)  # [dv, n_kv, n_head_kv, S]
+        vp = ctx.permute(heads(v_cache, dv), 0, 2, 1, 3)  # [dv, n_kv, n_head_kv, S]
         if k_cache.type == F32:  # flash attention reads F16 K/V: an F32 cache is cast, as llama.cpp does
             kp = ctx.cast(kp, F16)
         if v_cache.type == F32:
             vp = ctx.cast(vp, F16)
         cur = ctx.flash_attn_ext(qp, kp, vp, mask, scale, softcap=softcap, sinks=sinks)  # [dv, n_head, t, S]
         return ctx.reshape(cur, [dv * hp.n_head, n])
-    vt = ctx.view(v_cache, [n_kv, hp.n_head_kv, dv, S], [n_ctx * dv * es, n_ctx * es, n_ctx * gv * es], 0)
+    vt = ctx.view(v_cache, [n_kv, hp.n_head_kv, dv, S], [n_ctx * dv * es, n_ctx * es, n_ctx * gw * es], 0)
     vp = ctx.permute(vt, 0, 2, 1, 3)  # [n_kv, dv, n_head_kv, S]
     kq = ctx.mul_mat(kp, qp)  # [n_kv, t, n_head, S]
     ctx.mul_mat_set_prec_f32(kq)

@@ -39,6 +39,7 @@ class Architecture(Protocol):
     moe_weight_before: bool
     moe_fused_gate_up: bool
     moe_relu2: bool
+    moe_down_scale: bool
 
     def key(self, meta: Mapping[str, Any], name: str, default: Any) -> Any: ...
     def swiglu_limits(self, il: int) -> tuple[float, float]: ...
@@ -48,6 +49,11 @@ class Architecture(Protocol):
         self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
     ) -> tuple[Tensor, Tensor]: ...
     def build_ffn_out(self, ctx: Context, w: Weights, p: str, ffn_out: Tensor, ffn_inp: Tensor) -> Tensor: ...
+    def build_block_out(self, ctx: Context, w: Weights, inp: StepInputs, il: int, x: Tensor, r0: int = 0) -> Tensor: ...
+    def router_input(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor: ...
+    def expert_input(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor: ...
+    def experts_out(self, ctx: Context, w: Weights, p: str, out: Tensor) -> Tensor: ...
+    def shared_ffn(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor | None: ...
 
 
 WEIGHTS_SUM_MIN = 6.103515625e-5  # llama.cpp clamps the sum of the chosen weights to the smallest F16 normal
@@ -170,7 +176,7 @@ def select_experts(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Te
     within the expert groups whose top two score highest."""
     hp = arch.hp
     n, k = cur.ne[1], hp.n_expert_used
-    logits = ctx.mul_mat(w(p + "ffn_gate_inp.weight"), cur)  # F32 [n_expert, n]
+    logits = ctx.mul_mat(w(p + "ffn_gate_inp.weight"), arch.router_input(ctx, w, p, cur))  # F32 [n_expert, n]
     if arch.moe_biases:
         logits = ctx.add(logits, w(p + "ffn_gate_inp.bias"))
     probs = {
@@ -230,7 +236,7 @@ def build_moe_ffn(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Ten
         weights,
         *(w(n) for n in arch.expert_tensors(int(p.split(".")[1]))),
     )
-    return build_shared_expert(arch, ctx, w, p, cur, sum_experts(ctx, out))
+    return build_shared_expert(arch, ctx, w, p, cur, arch.experts_out(ctx, w, p, sum_experts(ctx, out)))
 
 
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU, as llama.cpp fixes them
@@ -264,7 +270,7 @@ def build_expert_outputs(
     is computed on its own, so experts computed apart (on two devices) add up to the same bits. exps: the expert
     tensors (or their cache slots) as arch.expert_tensors names them: gate, up and down, or gate_up and down."""
     n_embd, n = cur.ne[0], cur.ne[1]
-    x = ctx.reshape(cur, [n_embd, 1, n])
+    x = ctx.reshape(arch.expert_input(ctx, w, p, cur), [n_embd, 1, n])
     if arch.moe_weight_before:  # llama4: each expert's input scaled by its weight, the output not
         x = ctx.mul(ctx.repeat_4d(x, [n_embd, ids.ne[0], n, 1]), weights)
     if arch.moe_relu2:  # up and down, no gate
@@ -304,17 +310,25 @@ def finish_experts(
     act = (
         ctx.swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT)
         if arch.moe_act == "swiglu_oai"
+        else ctx.geglu_split(gate, up)
+        if arch.moe_act == "geglu"
         else swiglu(ctx, gate, up, arch.swiglu_limits(int(p.split(".")[1]))[0])
     )
     experts = ctx.mul_mat_id(down_exps, act, ids)  # F32 [n_embd, k, n]
+    if arch.moe_down_scale:  # each expert's output times its own scale (ffn_down_exps.scale, F32 [n_expert])
+        k, n = experts_ids.ne[0], experts_ids.ne[1]
+        scales = w(p + "ffn_down_exps.scale")
+        per = ctx.repeat_4d(ctx.reshape(scales, [1, scales.ne[0], 1]), [1, scales.ne[0], n])
+        experts = ctx.mul(experts, ctx.get_rows(per, experts_ids))  # [1, k, n] broadcast
     if arch.moe_biases:
         experts = ctx.add_id(experts, w(p + "ffn_down_exps.bias"), experts_ids)
     return experts if arch.moe_weight_before else ctx.mul(experts, weights)
 
 
 def build_shared_expert(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor, out: Tensor) -> Tensor:
-    """qwen2moe's shared expert behind its sigmoid gate, added to the routed experts' output `out`."""
-    shared = build_shared_expert_only(arch, ctx, w, p, cur)
+    """What runs beside the experts (qwen2moe's shared expert behind its sigmoid gate) added to the routed experts'
+    output `out`."""
+    shared = arch.shared_ffn(ctx, w, p, cur)
     return out if shared is None else ctx.add(out, shared)
 
 
@@ -415,7 +429,7 @@ def build_paged_block(
         ]
         if ahead:
             pairs.insert(0, (build_router_lookahead(arch, ctx, w, il, cur), rows_of(ctx, sc.guess)))
-        shared = build_shared_expert_only(arch, ctx, w, p, cur)  # over every row: a matmul's result
+        shared = arch.shared_ffn(ctx, w, p, cur)  # over every row: a matmul's result
         if shared is not None:  # may depend on how many it has
             pairs.insert(0, (shared, rows_of(ctx, sc.shared)))
         outs = [ctx.cpy(src, dst) for src, dst in pairs]
@@ -455,10 +469,11 @@ def build_paged_block(
                 weights_of(ctx, r0, n) if hx is None else hx.w_d,
                 *placement.experts.views[il],
             )
-            out = sum_experts(ctx, outs if hx is None else ctx.add(outs, hx.part_d))
+            out = arch.experts_out(ctx, w, p, sum_experts(ctx, outs if hx is None else ctx.add(outs, hx.part_d)))
             if sc.shared is not None:
                 out = ctx.add(out, rows_of(ctx, sc.shared, r0, n))
-            return ctx.cpy(arch.build_ffn_out(ctx, w, p, out, rows_of(ctx, sc.inp, r0, n)), rows_of(ctx, act, r0, n))
+            out = arch.build_ffn_out(ctx, w, p, out, rows_of(ctx, sc.inp, r0, n))
+            return ctx.cpy(arch.build_block_out(ctx, w, inp, il, out, r0), rows_of(ctx, act, r0, n))
 
         last = r0 + n >= rows
         n_ahead = min(step, rows) if last and ahead else 0

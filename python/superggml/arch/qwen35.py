@@ -154,8 +154,9 @@ class Qwen35Arch(Architecture):
         gate = ctx.reshape(gate, [d * hp.n_head, n])
         k = ctx.reshape(ctx.mul_mat(w(p + "attn_k.weight"), cur), [d, hp.n_head_kv, n])
         v = ctx.mul_mat(w(p + "attn_v.weight"), cur)
-        q, k = self.build_qk_norm(ctx, w, p, q, k)
-        q, k = self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, k)
+        q, kn = self.build_qk_norm(ctx, w, p, q, k)
+        assert kn is not None
+        q, k = self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, kn)
         scale = inv_sqrt(d)
         if inp.lanes is None:
             out = build_attn(ctx, gf, hp, inp, q, k, v, one_memory(k_cache), one_memory(v_cache), scale, inp.mask)

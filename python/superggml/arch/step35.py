@@ -123,10 +123,13 @@ class Step35Arch(Architecture):
     def layer_hp(self, il: int) -> HParams:
         return self.layer_hps[il]
 
-    def build_qk_norm(self, ctx: Context, w: Weights, p: str, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    def build_qk_norm(
+        self, ctx: Context, w: Weights, p: str, q: Tensor, k: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
         if not self.qk_norms[int(p.split(".")[1])]:
             return q, k
-        return self.norm(ctx, w, q, p + "attn_q_norm.weight"), self.norm(ctx, w, k, p + "attn_k_norm.weight")
+        q = self.norm(ctx, w, q, p + "attn_q_norm.weight")
+        return q, None if k is None else self.norm(ctx, w, k, p + "attn_k_norm.weight")
 
     def gate_heads(self, ctx: Context, w: Weights, il: int, cur: Tensor, out: Tensor) -> Tensor:
         if not self.gates[il]:

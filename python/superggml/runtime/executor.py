@@ -379,7 +379,8 @@ class Executor:
             pl.loaded(g)
         if step.dev != dev:  # a pipeline by blocks: the activations move along
             self.streams.wait(dev)
-            native.tensor_copy(*plan.move(dev, step.dev, step.rows_in))
+            for src, dst in plan.move(dev, step.dev, step.rows_in):
+                native.tensor_copy(src, dst)
             dev = step.dev
         if step.experts is not None:  # the router's choice for its rows, as cache slots
             assert pl.experts is not None and pl.moe is not None

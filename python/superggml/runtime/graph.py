@@ -170,7 +170,7 @@ class GraphPlan:
     def new_inputs(self, di: int, backend: Any) -> StepInputs:
         c, hp, n = self.ex.settings.context, self.ex.hp, self.n
         mtype = F16 if c.flash_attn else F32
-        ictx = native.Context(max_tensors=6 + 4 * max(self.n_lanes, 1))
+        ictx = native.Context(max_tensors=7 + 4 * max(self.n_lanes, 1))
 
         def named(tag: str, **t: Any) -> dict[str, Any]:
             for name, x in t.items():
@@ -198,6 +198,8 @@ class GraphPlan:
             t.update(named("", hidden=ictx.new_tensor(F32, [hp.n_embd, n])))
         if self.ex.arch.attn_temp:
             t.update(named("", attn_scale=ictx.new_tensor(F32, [1, 1, n])))
+        if self.ex.arch.n_embd_per_layer:
+            t.update(named("", per_layer=ictx.new_tensor(F32, [self.ex.arch.n_embd_per_layer, n, hp.n_layer])))
         rot = {"k_rot": self.ex.rot[di].get("k"), "v_rot": self.ex.rot[di].get("v")}
         one = (self.lanes is None and not self.streams) or self.chain
         record = self.ex.memory.record_tensor if records(n, one) else None
@@ -301,9 +303,9 @@ class GraphPlan:
         return self.ex.memory.layer_tensors(il, self.n_lanes)
 
     # -- graphs ---------------------------------------------------------------
-    def move(self, a: int, b: int, rows: int) -> tuple[Any, Any]:
-        """The first `rows` activation rows of device a and of device b (F32 [n_embd, rows] views): what
-        moves from a to b when the pass changes device."""
+    def move(self, a: int, b: int, rows: int) -> list[tuple[Any, Any]]:
+        """What moves from device a to device b when the pass changes device, as (source, destination) pairs: the
+        first `rows` activation rows (F32 [n_embd, rows] views), and the blocks' own inputs (per_layer)."""
         v = self.moves.get((a, b, rows))
         if v is None:
             cx = native.Context(max_tensors=2)
@@ -313,7 +315,11 @@ class GraphPlan:
                 cx.view(dst, [n_embd, rows], [dst.nb[1]], 0),
                 cx,
             )
-        return v[0], v[1]
+        pairs = [(v[0], v[1])]
+        per_a, per_b = self.all_inputs[a].per_layer, self.all_inputs[b].per_layer
+        if per_a is not None and per_b is not None:
+            pairs.append((per_a, per_b))
+        return pairs
 
     def graph(
         self,
@@ -388,9 +394,13 @@ class GraphPlan:
         ex, hp, arch, w = self.ex, self.ex.hp, self.ex.arch, self.ex.weights
         n_last = self.n if self.keep_rows else min(self.n, max(self.n_out, 1))  # rows the last block keeps
         paged, placement = ex.placement.paged, ex.placement
-        self.graph(
-            lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_embed(ctx, w, inp), act), "embed", dev=ex.embed_dev
-        )
+
+        def embed(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs) -> Any:
+            x = arch.build_embed(ctx, w, inp)
+            arch.build_pass_inputs(ctx, gf, w, inp, x)
+            return ctx.cpy(x, act)
+
+        self.graph(embed, "embed", dev=ex.embed_dev)
         rows_in = n_last if self.keep_rows else self.n_out
         # the head joins the last segment where it is one graph on the last block's device
         head_joins = (
@@ -506,6 +516,7 @@ class GraphPlan:
             ctx = native.Context(max_tensors=size, graph_size=size)
             gf = ctx.new_graph()
             x = ex.arch.build_embed(ctx, ex.weights, inp)
+            ex.arch.build_pass_inputs(ctx, gf, ex.weights, inp, x)
             for il in range(ex.hp.n_layer):
                 x = self.block(ctx, gf, inp, il, x)
             if self.hidden:

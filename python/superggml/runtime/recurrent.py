@@ -22,7 +22,7 @@ import numpy as np
 from .. import native
 from .arrays import tensor_array
 from .devices import Devices
-from .memory import MAX_LANES, RECORD_ROWS, Lane, SequenceMemory, kv_cache, records
+from .memory import MAX_LANES, RECORD_ROWS, Lane, SequenceMemory, SharedKV, kv_cache, records
 from .memory_plan import STATE_CHECKPOINTS
 
 F32 = native.GGMLType.F32
@@ -341,13 +341,23 @@ def sequence_memory(settings: Any, arch: Any, devices: Devices, kv_bytes: int) -
     hp, layer_device = arch.hp, devices.layer_device
     recurrent = [arch.is_recurrent(il) for il in range(hp.n_layer)]
     stateless = [arch.is_stateless(il) for il in range(hp.n_layer)]
-    attn = [il for il in range(hp.n_layer) if not recurrent[il] and not stateless[il]]
+    own = [arch.kv_source(il) == il for il in range(hp.n_layer)]
+    attn = [il for il in range(hp.n_layer) if not recurrent[il] and not stateless[il] and own[il]]
     view = arch
     if len(attn) < hp.n_layer:  # the attention layers alone, numbered 0.. in order
         view = types.SimpleNamespace(
             hp=dataclasses.replace(hp, n_layer=len(attn)), n_swa=arch.n_swa, is_swa=lambda j: arch.is_swa(attn[j])
         )
     kv = kv_cache(settings, view, [layer_device[il] for il in attn], devices, kv_bytes)
+    if not all(own):  # layers reading an earlier layer's K/V
+        assert not any(recurrent), "shared K/V in a hybrid model"
+        apart = [il for il in range(hp.n_layer) if layer_device[il] != layer_device[arch.kv_source(il)]]
+        if apart:
+            raise ValueError(
+                f"block {apart[0]} reads the K/V of block {arch.kv_source(apart[0])}, which the split puts on another "
+                "device: split the blocks so that each shares a device with the block it reads"
+            )
+        return SharedKV(kv, [attn.index(arch.kv_source(il)) for il in range(hp.n_layer)], own)
     if len(attn) == hp.n_layer:
         return kv
     n_r, n_s = arch.state_sizes

@@ -72,7 +72,7 @@ def layer_blobs(ex: Any, il: int, n: int) -> list[tuple[str, Any, int, bool]]:
     """Layer il's pieces of the current sequence's memory: (kind, tensor, bytes, transposed); its tensors are
     bound to the sequence while the caller is inside memory.use."""
     k, v = ex.memory.layer_tensors(il, 0)
-    if k is None:  # a block that keeps nothing
+    if k is None or ex.arch.kv_source(il) != il:  # a block that keeps nothing, or reads another's K/V
         return []
     if ex.arch.is_recurrent(il):
         return [("conv", k, int(k.ne[0]) * 4, False), ("state", v, int(v.ne[0]) * 4, False)]

@@ -141,7 +141,8 @@ class WeightPlacement:
         return [
             n
             for n in self.store.names()
-            if n not in blocks | {self.arch.output_tensor(self.store.has), self.arch.output_norm, "token_embd.weight"}
+            if n
+            not in blocks | {self.arch.output_tensor(self.store.has), self.arch.output_norm, *self.arch.embed_tensors}
             and not self.arch.is_unused(n)
         ]
 
