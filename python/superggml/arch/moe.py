@@ -316,9 +316,8 @@ def finish_experts(
     )
     experts = ctx.mul_mat_id(down_exps, act, ids)  # F32 [n_embd, k, n]
     if arch.moe_down_scale:  # each expert's output times its own scale (ffn_down_exps.scale, F32 [n_expert])
-        k, n = experts_ids.ne[0], experts_ids.ne[1]
         scales = w(p + "ffn_down_exps.scale")
-        per = ctx.repeat_4d(ctx.reshape(scales, [1, scales.ne[0], 1]), [1, scales.ne[0], n])
+        per = ctx.repeat_4d(ctx.reshape(scales, [1, scales.ne[0], 1]), [1, scales.ne[0], experts_ids.ne[1]])
         experts = ctx.mul(experts, ctx.get_rows(per, experts_ids))  # [1, k, n] broadcast
     if arch.moe_biases:
         experts = ctx.add_id(experts, w(p + "ffn_down_exps.bias"), experts_ids)
