@@ -736,6 +736,7 @@ def synth_gemma4(
     fields,
     *,
     layers="11101110",
+    n_layer=None,
     n_shared=4,
     n_embd=64,
     n_head=4,
@@ -766,6 +767,8 @@ def synth_gemma4(
     gate and up fused where `fused`); k_eq_v: the full blocks have no V projection (V is K's input); out_scale:
     layer_output_scale; full blocks rotate rot_factor of each head (rope_freqs of 1e30 for the rest)."""
     rng = np.random.default_rng(seed)
+    if n_layer is not None:
+        layers = (layers * n_layer)[:n_layer]
     arch, n_layer = "gemma4", len(layers)
     swa = [c == "1" for c in layers]
     kv = [n_head_kv if s else n_head_kv_full for s in swa]

@@ -91,6 +91,8 @@ def test_unsupported_rope_scaling(tmp_path):
         "nemotron_h-biases-tied-q8_0",
         "nemotron_h_moe-8x2",
         "step35-4",
+        "gemma4-e-shared",
+        "gemma4-8x2-kv",
     ],
 )
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
@@ -160,6 +162,9 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
         "step35-4",
         "nemotron_h_moe-8x2",
         "step35-plain-q8_0",
+        "gemma4-e-shared",
+        "gemma4-plain-q8_0",
+        "gemma4-8x2-fused-pl",
     ],
 )
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
@@ -193,6 +198,8 @@ def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, va
         "llama4-8x1-step2",
         "mistral4-fused-yarn-temp",
         "step35-4",
+        "gemma4-e-shared",
+        "gemma4-8x2-kv",
     ],
 )
 def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
@@ -283,6 +290,8 @@ def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
         "nemotron_h-M-M*-M-",
         "nemotron_h_moe-8x2",
         "step35-4",
+        "gemma4-e-shared",
+        "gemma4-8x2-kv",
     ],
 )
 def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
@@ -296,20 +305,24 @@ def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
     arch = VARIANTS[variant]["arch"]
     lay = d["layout"]
     n_layer = VARIANTS[variant].get("n_layer", 3 if arch in ("deepseek2", "mistral4") else N_LAYER)
-    if arch in ("lfm2", "granitehybrid", "nemotron_h", "nemotron_h_moe", "step35"):
+    if arch in ("lfm2", "granitehybrid", "nemotron_h", "nemotron_h_moe", "step35", "gemma4"):
         key = "swa" if arch == "step35" else "layers"
-        default = {"lfm2": "ccaccaca", "granitehybrid": "mmamma", "step35": "0101"}.get(arch, "M-M*-M-")
-        n_layer = len(VARIANTS[variant].get(key, default))
+        default = {"lfm2": "ccaccaca", "granitehybrid": "mmamma", "step35": "0101", "gemma4": "11101110"}
+        n_layer = len(VARIANTS[variant].get(key, default.get(arch, "M-M*-M-")))
     assert lay["arch"] == arch and lay["n_layer"] == n_layer
     assert all(b > 0 for b in lay["block_bytes"]) and d["plans"][0]["n_slots"] >= 1
     assert lay["n_swa"] == (
-        16 if "swa16" in variant or arch in ("gemma3", "gpt-oss", "step35") else 8192 if arch == "llama4" else 0
+        16
+        if "swa16" in variant or arch in ("gemma3", "gpt-oss", "step35", "gemma4")
+        else 8192
+        if arch == "llama4"
+        else 0
     )
     assert cli.main(["analyze", "-m", path, "--no-measure", "--device-budget", "1MiB"]) == 0
     out = capsys.readouterr().out
     swa = re.search(r"sliding window: (\d+) of (\d+) layers over 16 tokens", out)
     assert f": {arch}, " in out and bool(swa) == (lay["n_swa"] == 16)
-    assert swa is None or int(swa[2]) == 2 * int(swa[1])
+    assert swa is None or int(swa[2]) == 2 * int(swa[1]) or arch == "gemma4"
     assert ("chunked attention: 3 of 4 layers over 8192 tokens" in out) == (arch == "llama4")
     moe = VARIANTS[variant].get("n_expert", 0)
     assert lay["n_expert"] == moe and ("mixture of experts: 8 experts per block" in out) == bool(moe)

@@ -609,9 +609,10 @@ def build_attn(
     writes nothing and attends over another's K/V (Architecture.kv_source).
     Returns F32 [head_dim_v*n_head, n_tokens] (head_dim_v: head_dim unless V heads are narrower).
     """
-    if inp.k_rot is not None:
-        q = ctx.mul_mat_hadamard(q, inp.k_rot)
-        k = None if k is None else ctx.mul_mat_hadamard(k, inp.k_rot)
+    k_rot = inp.k_rots.get(hp.head_dim, inp.k_rot) if inp.k_rots else inp.k_rot
+    if k_rot is not None:
+        q = ctx.mul_mat_hadamard(q, k_rot)
+        k = None if k is None else ctx.mul_mat_hadamard(k, k_rot)
     if inp.v_rot is not None:
         v = None if v is None else ctx.mul_mat_hadamard(v, inp.v_rot)
         cur = attend(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, scale, mask, softcap, sinks)

@@ -107,9 +107,7 @@ class Gemma4Arch(Architecture):
                     raise UnsupportedModelError(f"{hp.arch}: {name} in some expert blocks only")
                 setattr(self, attr, has.pop())
         widths = {self.layer_hps[il].n_embd_gqa for il in range(n_own)}
-        self.hp = dataclasses.replace(
-            hp, kv_width=max(widths) if len(widths) > 1 else 0, n_layer_kv=n_own if n_shared else 0
-        )
+        self.hp = dataclasses.replace(hp, kv_width=max(widths), n_layer_kv=n_own if n_shared else 0)
         self.layer_hps = tuple(dataclasses.replace(h, n_layer_kv=self.hp.n_layer_kv) for h in self.layer_hps)
 
     def describe(self) -> list[str]:

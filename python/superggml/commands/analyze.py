@@ -101,7 +101,9 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
         hp = arch.hp
         blocks = [sum(sizes[n] for n in arch.block_tensors(il)) for il in range(hp.n_layer)]
         in_blocks = {n for il in range(hp.n_layer) for n in arch.block_tensors(il)}
-        other = sorted(((n, b) for n, b in sizes.items() if n not in in_blocks), key=lambda x: -x[1])
+        other = sorted(
+            ((n, b) for n, b in sizes.items() if n not in in_blocks and not arch.is_unused(n)), key=lambda x: -x[1]
+        )
         head_name = arch.output_tensor(lambda n: n in sizes)
         store = native.WeightStore(f)
         slot = max(store.slot_bytes(arch.block_tensors(il)) for il in range(hp.n_layer))

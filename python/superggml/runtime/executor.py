@@ -25,7 +25,7 @@ from .memory import MAX_LANES, SequenceMemory, attn_rot_size, check_latent_types
 from .recurrent import sequence_memory
 from .pagers import WeightPager
 from .placement import Placements, Placer
-from .memory_plan import kv_bytes
+from .memory_plan import kv_bytes, kv_type
 from .resolve import Resolved, resolve
 from .sequences import SequenceState, Sequences
 from .weights import WeightPlacement
@@ -70,11 +70,22 @@ class DeviceStreams:
             self.backends[self.queued.pop()].synchronize()
 
 
-def activations(hp: Any, c: Any, backends: Sequence[Any]) -> tuple[list[Any], list[dict[str, Any]], list[Any]]:
+def activations(
+    hp: Any, c: Any, backends: Sequence[Any], head_dims: Sequence[int] = ()
+) -> tuple[list[Any], list[dict[str, Any]], list[Any]]:
     """Per device: the activations F32 [n_embd, n_batch] that persist between graphs, and the Walsh-Hadamard
     rotations a quantized cache holds Q, K and V rotated by (none for a latent K/V: one type, V read from K, as
-    llama.cpp's); with what holds them."""
-    ctxs = [native.Context(max_tensors=4) for _ in backends]
+    llama.cpp's; with layers of other head sizes, `head_dims`, K's rotation of each size too, "k<size>", as
+    llama.cpp's caches of each kind of layer); with what holds them."""
+    for name in ("cache_type_k", "cache_type_v"):
+        block = native.blck_size(kv_type(getattr(c, name)))
+        odd = [d for d in head_dims if d % block]
+        if odd:
+            raise ValueError(
+                f"{name}={getattr(c, name)} stores blocks of {block} values, which this model's heads of "
+                f"{odd[0]} do not divide into"
+            )
+    ctxs = [native.Context(max_tensors=4 + len(head_dims)) for _ in backends]
     acts = []
     for i, cx in enumerate(ctxs):
         a = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
@@ -88,6 +99,13 @@ def activations(hp: Any, c: Any, backends: Sequence[Any]) -> tuple[list[Any], li
             "k": attn_rot_size(hp.head_dim, c.cache_type_k, largest=True),
             "v": attn_rot_size(hp.head_dim_v or hp.head_dim, c.cache_type_v, largest=False),
         }
+        for d in sorted(set(head_dims) - {hp.head_dim}) if n_rot["k"] else ():
+            n_rot[f"k{d}"] = attn_rot_size(d, c.cache_type_k, largest=True)
+            if not n_rot[f"k{d}"]:
+                raise ValueError(
+                    f"cache_type_k={c.cache_type_k} rotates heads by a multiple of 64 values: this model also has "
+                    f"heads of {d}"
+                )
     rot = [{x: cx.new_tensor(F32, [n, n]) for x, n in n_rot.items() if n} for cx in ctxs]
     keep: list[Any] = ctxs + [b.alloc_tensors(cx) for b, cx in zip(backends, ctxs)]
     for buf in keep[len(ctxs) :]:
@@ -128,7 +146,8 @@ class Executor:
         self.hidden_buf: Any = None  # keep_hidden's rows, F32 [n_embd, n_batch]
         self.on_hidden: Any = None  # (sequence, first position, F32 [n, n_embd]) per pass item
         self.streams = DeviceStreams(self.backends)  # graphs queued on the devices' streams
-        self.acts, self.rot, self.keep = activations(self.hp, s.context, self.backends)
+        head_dims = {arch.layer_hp(il).head_dim for il in range(self.hp.n_layer)}
+        self.acts, self.rot, self.keep = activations(self.hp, s.context, self.backends, tuple(head_dims))
         self.placement = WeightPlacement(arch, store, resolved, load=load)
         self.weights = self.placement.view
         try:

@@ -200,7 +200,12 @@ class GraphPlan:
             t.update(named("", attn_scale=ictx.new_tensor(F32, [1, 1, n])))
         if self.ex.arch.n_embd_per_layer:
             t.update(named("", per_layer=ictx.new_tensor(F32, [self.ex.arch.n_embd_per_layer, n, hp.n_layer])))
-        rot = {"k_rot": self.ex.rot[di].get("k"), "v_rot": self.ex.rot[di].get("v")}
+        rots = self.ex.rot[di]
+        rot = {
+            "k_rot": rots.get("k"),
+            "v_rot": rots.get("v"),
+            "k_rots": {int(x[1:]): t for x, t in rots.items() if x[1:].isdigit()},
+        }
         one = (self.lanes is None and not self.streams) or self.chain
         record = self.ex.memory.record_tensor if records(n, one) else None
         if self.lanes is None:
