@@ -34,7 +34,7 @@ def synth(path, fields, arch="llama", **kw):
     """A random-weight GGUF of `arch` laid out as llama.cpp's converter writes it: deepseek2 (multi-head latent
     attention) by synth_deepseek2, glm4moe by synth_glm4moe, every other family by _synth (see each for the keyword
     arguments)."""
-    if arch in ("deepseek2", "mistral4"):
+    if arch in ("deepseek2", "mistral4", "deepseek32", "glm-dsa"):
         return synth_deepseek2(path, fields, arch=arch, **kw)
     if arch == "glm4moe":
         return synth_glm4moe(path, fields, **kw)
@@ -277,7 +277,11 @@ def tensor_writers(w, rng, wtype, n_embd):
 
     def put(name, a):
         matrix = (
-            a.ndim >= 2 and name != "token_embd.weight" and "ffn_gate_inp" not in name and not name.endswith(".bias")
+            a.ndim >= 2
+            and name != "token_embd.weight"
+            and "ffn_gate_inp" not in name
+            and "indexer.proj" not in name  # the converter keeps DeepSeek's indexer weights F32
+            and not name.endswith(".bias")
         )
         block = gguf.GGML_QUANT_SIZES[quant][0] if quant is not None else 1
         if matrix and wtype == "f16":
@@ -405,6 +409,8 @@ def synth_deepseek2(
     yarn=None,
     mtp=False,
     legacy=False,
+    indexer=None,
+    indexer_types=None,
     tied=True,
     wtype="f32",
     seed=0,
@@ -427,6 +433,8 @@ def synth_deepseek2(
     wtype (f32, f16, q8_0) is the type of the matmul weights; norms, the embedding, the router and
     exp_probs_b stay F32."""
     rng = np.random.default_rng(seed)
+    if indexer_types is not None:  # repeated over n_layer
+        indexer_types = [indexer_types[il % len(indexer_types)] for il in range(n_layer)]
     n_vocab = next(len(v) for k, v, *_ in fields if k == "tokenizer.ggml.tokens")
     U, F, B = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.BOOL
     # TextModel.set_gguf_parameters, then DeepseekV2Model's; the absorbed MLA is written as MQA: one latent "head"
@@ -474,6 +482,12 @@ def synth_deepseek2(
     if temperature:
         key("attention.temperature_scale", float(temperature[0]), F)
         key("attention.temperature_length", int(temperature[1]), U)
+    if indexer:  # DeepSeek sparse attention (deepseek32, glm-dsa): (heads, head size, top k)
+        key("attention.indexer.head_count", indexer[0], U)
+        key("attention.indexer.key_length", indexer[1], U)
+        key("attention.indexer.top_k", indexer[2], U)
+        if indexer_types is not None:
+            w.add_array(f"{arch}.attention.indexer.types", [bool(x) for x in indexer_types])
     _, t, norm = start_tensors(w, fields, rng, wtype, n_embd, tied)
     n_qk = qk_nope + qk_rope
     for il in range(n_all):
@@ -495,6 +509,13 @@ def synth_deepseek2(
         t(p + "attn_output.weight", n_embd, n_head * v_head)
         norm(p + "ffn_norm.weight")
         ffn_tensors(t, p, il < n_lead_dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_bias, fused)
+        if indexer and (indexer_types is None or il >= n_layer or indexer_types[il]):
+            n_idx, d_idx, _ = indexer
+            norm(p + "indexer.k_norm.weight", d_idx, 0.2)
+            t(p + "indexer.k_norm.bias", d_idx, scale=0.1)
+            t(p + "indexer.proj.weight", n_idx, n_embd, scale=0.5)
+            t(p + "indexer.attn_k.weight", d_idx, n_embd, scale=0.3)
+            t(p + "indexer.attn_q_b.weight", n_idx * d_idx, q_lora_rank, scale=0.3)
         if il >= n_layer:
             mtp_tensors(t, norm, p, n_embd)
     return finish(w, path)
@@ -1308,6 +1329,17 @@ VARIANTS = {
     "gemma4-plain-q8_0": dict(arch="gemma4", layers="110110", n_shared=0, n_pl=0, out_scale=False, wtype="q8_0"),
     "gemma4-8x2-kv": dict(arch="gemma4", layers="110110", n_shared=0, n_pl=0, n_expert=8, k_eq_v=True, tied=False),
     "gemma4-8x2-fused-pl": dict(arch="gemma4", layers="1101", n_shared=0, n_expert=8, fused=True, wtype="q8_0"),
+    # DeepSeek sparse attention: a lightning indexer picks each query's top-k keys (fewer than the prompt's)
+    "deepseek32-dsa": dict(
+        arch="deepseek32", n_expert=8, q_lora_rank=48, indexer=(4, 64, 24), gating=2, probs_bias=True
+    ),
+    "deepseek32-yarn-q8_0": dict(
+        arch="deepseek32", q_lora_rank=64, indexer=(2, 64, 16), gating=2, yarn=(4.0, 128, 1.0), wtype="q8_0"
+    ),
+    "glm-dsa-shared": dict(
+        arch="glm-dsa", n_expert=8, q_lora_rank=48, indexer=(4, 64, 24), indexer_types=[1, 0, 1], n_layer=3
+    ),
+    "glm-dsa-full-mtp": dict(arch="glm-dsa", q_lora_rank=48, indexer=(2, 128, 20), probs_bias=True, mtp=True),
     # qwen35: gated delta-net blocks and, every second block, gated full attention with interleaved M-RoPE
     "qwen35-interval2": dict(arch="qwen35"),
     "qwen35-mtp": dict(arch="qwen35", n_layer=3, interval=3, mtp=True),

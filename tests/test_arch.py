@@ -93,6 +93,8 @@ def test_unsupported_rope_scaling(tmp_path):
         "step35-4",
         "gemma4-e-shared",
         "gemma4-8x2-kv",
+        "deepseek32-dsa",
+        "glm-dsa-shared",
     ],
 )
 def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, vocab_fields, variant):
@@ -165,6 +167,9 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
         "gemma4-e-shared",
         "gemma4-plain-q8_0",
         "gemma4-8x2-fused-pl",
+        "deepseek32-dsa",
+        "deepseek32-yarn-q8_0",
+        "glm-dsa-shared",
     ],
 )
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):
@@ -200,6 +205,8 @@ def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, va
         "step35-4",
         "gemma4-e-shared",
         "gemma4-8x2-kv",
+        "deepseek32-dsa",
+        "glm-dsa-shared",
     ],
 )
 def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
@@ -292,6 +299,8 @@ def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
         "step35-4",
         "gemma4-e-shared",
         "gemma4-8x2-kv",
+        "deepseek32-dsa",
+        "glm-dsa-shared",
     ],
 )
 def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
@@ -304,7 +313,9 @@ def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
     d = json.loads(capsys.readouterr().out)
     arch = VARIANTS[variant]["arch"]
     lay = d["layout"]
-    n_layer = VARIANTS[variant].get("n_layer", 3 if arch in ("deepseek2", "mistral4") else N_LAYER)
+    n_layer = VARIANTS[variant].get(
+        "n_layer", 3 if arch in ("deepseek2", "mistral4", "deepseek32", "glm-dsa") else N_LAYER
+    )
     if arch in ("lfm2", "granitehybrid", "nemotron_h", "nemotron_h_moe", "step35", "gemma4"):
         key = "swa" if arch == "step35" else "layers"
         default = {"lfm2": "ccaccaca", "granitehybrid": "mmamma", "step35": "0101", "gemma4": "11101110"}

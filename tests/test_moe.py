@@ -40,6 +40,8 @@ def run(path, prompt, **kw):
         "nemotron_h_moe-8x2",
         "gemma4-8x2-kv",
         "gemma4-8x2-fused-pl",
+        "deepseek32-dsa",
+        "glm-dsa-shared",
     ],
 )
 def test_expert_cache_of_a_quarter_is_bit_identical_to_resident(tmp_path, vocab_fields, variant):

@@ -47,6 +47,8 @@ FAMILIES = [
     "nemotron_h_moe-8x2",
     "gemma4-8x2-fused-pl",
     "gemma4-e-shared",
+    "deepseek32-yarn-q8_0",
+    "glm-dsa-shared",
 ]
 PROMPT = [1, 450, 4937, 17, 2210, 339, 90, 12, 3000, 77]
 

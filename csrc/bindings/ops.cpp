@@ -62,12 +62,31 @@ void init_ops(py::module_ & m) {
     binary("add_inplace", ggml_add_inplace);
 
     ctx.def("scale", [](const ctx_ptr & c, const T & a, float s) { c->check_room(); return wrap(c, ggml_scale(c->ctx(), a.t, s)); });
+    ctx.def("norm", [](const ctx_ptr & c, const T & a, float eps) { c->check_room(); return wrap(c, ggml_norm(c->ctx(), a.t, eps)); },
+            "each row less its mean, over its standard deviation (a layer norm without weight or bias)");
     ctx.def("rms_norm", [](const ctx_ptr & c, const T & a, float eps) { c->check_room(); return wrap(c, ggml_rms_norm(c->ctx(), a.t, eps)); });
     ctx.def("silu", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_silu(c->ctx(), a.t)); });
     ctx.def("tanh", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_tanh(c->ctx(), a.t)); });
     ctx.def("sigmoid", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sigmoid(c->ctx(), a.t)); });
     ctx.def("relu", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_relu(c->ctx(), a.t)); });
     ctx.def("sqr", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sqr(c->ctx(), a.t)); });
+    ctx.def("top_k", [](const ctx_ptr & c, const T & a, int k) {
+        need(a.t->type == GGML_TYPE_F32 && k > 0 && k <= a.t->ne[0], "top_k", "need F32 rows of at least k values");
+        c->check_room();
+        return wrap(c, ggml_top_k(c->ctx(), a.t, k));
+    }, py::arg("a"), py::arg("k"), "I32 indices of the k largest of each row, in no particular order");
+    ctx.def("lightning_indexer", [](const ctx_ptr & c, const T & q, const T & k, const T & w, const T & mask) {
+        need(q.t->type == GGML_TYPE_F32 && w.t->type == GGML_TYPE_F32 && mask.t->type == GGML_TYPE_F16 &&
+             q.t->ne[0] == k.t->ne[0] && mask.t->ne[0] == k.t->ne[2] && q.t->ne[1] == w.t->ne[0] && k.t->ne[1] == 1 &&
+             mask.t->ne[1] == q.t->ne[2] && q.t->ne[2] == w.t->ne[1] && w.t->ne[2] == 1 && mask.t->ne[2] == 1 &&
+             q.t->ne[3] == k.t->ne[3] && k.t->ne[3] == w.t->ne[3] && w.t->ne[3] % mask.t->ne[3] == 0,
+             "lightning_indexer", "shapes or types do not fit (see ggml.h)");
+        c->check_room();
+        return wrap(c, ggml_lightning_indexer(c->ctx(), q.t, k.t, w.t, mask.t));
+    }, py::arg("q"), py::arg("k"), py::arg("weights"), py::arg("mask"),
+       "DeepSeek's sparse-attention scores: q F32 [d, n_head, n, S], k [d, 1, n_kv, S], weights F32 [n_head, n, 1, S] "
+       "(prescaled), mask F16 [n_kv, n, 1, S'] -> F32 [n_kv, n, 1, S]: sum over heads of relu(q.k) * weight, plus "
+       "the mask");
     ctx.def("gelu", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_gelu(c->ctx(), a.t)); });
     ctx.def("pad", [](const ctx_ptr & c, const T & a, std::vector<int> p) {
         need(p.size() >= 1 && p.size() <= 4, "pad", "1 to 4 sizes");
@@ -80,7 +99,8 @@ void init_ops(py::module_ & m) {
     ctx.def("sum_rows", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sum_rows(c->ctx(), a.t)); },
             "[n, ...] -> [1, ...]");
     ctx.def("fill", [](const ctx_ptr & c, const T & a, float v) {
-        need(a.t->type == GGML_TYPE_F32, "fill", "need an F32 tensor");
+        need((a.t->type == GGML_TYPE_F32 || a.t->type == GGML_TYPE_F16) && ggml_is_contiguous(a.t), "fill",
+             "need a contiguous F32 or F16 tensor");
         c->check_room();
         return wrap(c, ggml_fill(c->ctx(), a.t, v));
     }, "A new tensor of a's shape, every element v.");

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Mapping
 from ..errors import UnsupportedModelError
 from .common import Architecture, HParams
 from .deepseek2 import Deepseek2Arch
+from .deepseek32 import Deepseek32Arch, GlmDsaArch
 from .ernie4_5_moe import Ernie45MoeArch
 from .llama import LlamaArch
 from .lfm2 import Lfm2Arch
@@ -51,6 +52,8 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "olmoe": OlmoeArch,
     "gpt-oss": GptOssArch,
     "deepseek2": Deepseek2Arch,
+    "deepseek32": Deepseek32Arch,
+    "glm-dsa": GlmDsaArch,
     "glm4moe": Glm4MoeArch,
     "qwen35": Qwen35Arch,
     "qwen35moe": Qwen35MoeArch,

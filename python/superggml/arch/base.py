@@ -240,6 +240,8 @@ class StepInputs:
     k_rot: native.Tensor | None = None  # F32 [n, n] Walsh-Hadamard matrices Q and K (k_rot), V and the output
     v_rot: native.Tensor | None = None  # (v_rot) are rotated by for a quantized K (V) cache, as llama.cpp does
     k_rots: Mapping[int, native.Tensor] | None = None  # k_rot of the layers whose heads differ, by head size
+    indexer_rot: native.Tensor | None = None  # F32 [n, n]: the Walsh-Hadamard matrix a sparse-attention indexer uses
+    kept_mask: native.Tensor | None = None  # like mask: the last sparse-attention mask, for blocks that reuse it
     n_streams: int = 1  # > 1: the rows are that many sequences' runs of equal length, attending at once
     keep_rows: bool = False  # the last block keeps every row (the output norm of each is wanted: an MTP drafter's)
     hidden: native.Tensor | None = None  # F32 [n_embd, n_tokens]: the hidden rows an MTP block reads

@@ -59,6 +59,8 @@ class Architecture:
     kv_heads_per_layer = False  # reads attention.head_count_kv per layer (HParams.n_head_kv_per_layer)
     embed_tensors: tuple[str, ...] = ("token_embd.weight",)  # read by the embedding's graph only, from the mapping
     n_embd_per_layer = 0  # values of each block's own input per token (StepInputs.per_layer; gemma4)
+    indexer_rot_size = 0  # a sparse-attention indexer's rotation (StepInputs.indexer_rot; deepseek32)
+    keeps_mask = False  # blocks reuse an earlier block's sparse-attention mask (StepInputs.kept_mask; glm-dsa)
     recurrent_output = "ssm_out"  # the matmul after a recurrent block's mixer
 
     def __init__(self, hp: HParams, meta: Mapping[str, Any] | None = None, names: Iterable[str] = ()):
@@ -712,8 +714,9 @@ def attend_latent(
     n, n_kv, g, dv = inp.n_tokens, inp.n_kv, hp.n_embd_gqa, hp.head_dim_v
     n_ctx = k_cache.shape[1] // S
     assert inp.k_idxs is not None
-    gf.expand(ctx.set_rows(k_cache, ctx.reshape(k, [g, n]), inp.k_idxs))
-    rs = row_size(k_cache.type, g)
+    rows = k_cache if g == k_cache.ne[0] else ctx.view(k_cache, [g, k_cache.ne[1]], [k_cache.nb[1]], 0)
+    gf.expand(ctx.set_rows(rows, ctx.reshape(k, [g, n]), inp.k_idxs))
+    rs = k_cache.nb[1]  # wider than g where the rows hold more (deepseek32's indexer keys)
     kp = ctx.permute(ctx.view(k_cache, [g, 1, n_kv, S], [rs, rs, rs * n_ctx], 0), 0, 2, 1, 3)  # [g, n_kv, 1, S]
     vp = ctx.permute(ctx.view(k_cache, [dv, 1, n_kv, S], [rs, rs, rs * n_ctx], 0), 0, 2, 1, 3)  # [dv, n_kv, 1, S]
     if S > 1:

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
 from .base import Memory, StepInputs, Weights, f32, lane_memory, logf, one_memory
-from .common import Architecture, attend_latent, build_attn, each_lane
+from .common import Architecture, Rows, attend_latent, build_attn, each_lane, whole
 from .moe import load_routing, routing_note, uniform_expert_ff
 
 
@@ -145,13 +145,13 @@ class Deepseek2Arch(Architecture):
         v_cache: Memory,
     ) -> Tensor:
         hp, p, n = self.hp, f"blk.{il}.", inp.n_tokens
+        qr = None  # the low-rank queries, normed
         if self.q_lora:
-            q = ctx.mul_mat(
-                w(p + "attn_q_b.weight"),
-                self.norm(ctx, w, ctx.mul_mat(w(p + "attn_q_a.weight"), cur), p + "attn_q_a_norm.weight"),
-            )
+            qr = self.norm(ctx, w, ctx.mul_mat(w(p + "attn_q_a.weight"), cur), p + "attn_q_a_norm.weight")
+            q = ctx.mul_mat(w(p + "attn_q_b.weight"), qr)
         else:
             q = ctx.mul_mat(w(p + "attn_q.weight"), cur)
+        sparse = self.build_indexer(ctx, w, inp, il, cur, qr)
         q = ctx.reshape(q, [self.k_mla, hp.n_head, n])
         kv_pe = ctx.mul_mat(w(p + "attn_kv_a_mqa.weight"), cur)  # [kv_lora + n_rot, n]
         row = kv_pe.nb[1]
@@ -169,15 +169,28 @@ class Deepseek2Arch(Architecture):
         q = self.temperature(ctx, inp, il, q)
         k = ctx.concat(ctx.reshape(kv, [self.kv_lora, 1, n]), k_pe, 0)  # [kv_lora + n_rot, 1, n]
         v_b = w(p + "attn_v_b.weight")
+        lhp = self.layer_hp(il)
+
+        def attend(lane: StepInputs, rows: Rows, cache: Tensor) -> Tensor:
+            mask = lane.mask if sparse is None else self.sparse_mask(ctx, gf, lane, sparse, rows, cache)
+            return attend_latent(ctx, gf, lhp, lane, rows(q), rows(k), cache, self.kq_scale, mask, v_b)
+
         if inp.lanes is None:
-            return attend_latent(ctx, gf, hp, inp, q, k, one_memory(k_cache), self.kq_scale, inp.mask, v_b)
-        return each_lane(
-            ctx,
-            inp,
-            lambda j, lane, rows: attend_latent(  # each over its own latent K/V
-                ctx, gf, hp, lane, rows(q), rows(k), lane_memory(k_cache, j), self.kq_scale, lane.mask, v_b
-            ),
-        )
+            return attend(inp, whole, one_memory(k_cache))
+        return each_lane(ctx, inp, lambda j, lane, rows: attend(lane, rows, lane_memory(k_cache, j)))
+
+    def build_indexer(
+        self, ctx: Context, w: Weights, inp: StepInputs, il: int, cur: Tensor, qr: Tensor | None
+    ) -> tuple[Tensor, ...] | None:
+        """What picks the keys each query of block il attends to, over the pass's rows (DeepSeek sparse attention:
+        deepseek32); None: every key."""
+        return None
+
+    def sparse_mask(
+        self, ctx: Context, gf: Graph, inp: StepInputs, sparse: tuple[Tensor, ...], rows: Rows, k_cache: Tensor
+    ) -> Tensor:
+        """The mask of a pass (or lane) whose queries attend only to the keys build_indexer's output picks."""
+        raise NotImplementedError
 
     def attend_heads(
         self,

@@ -71,12 +71,12 @@ class DeviceStreams:
 
 
 def activations(
-    hp: Any, c: Any, backends: Sequence[Any], head_dims: Sequence[int] = ()
+    hp: Any, c: Any, backends: Sequence[Any], head_dims: Sequence[int] = (), indexer_rot: int = 0
 ) -> tuple[list[Any], list[dict[str, Any]], list[Any]]:
     """Per device: the activations F32 [n_embd, n_batch] that persist between graphs, and the Walsh-Hadamard
     rotations a quantized cache holds Q, K and V rotated by (none for a latent K/V: one type, V read from K, as
     llama.cpp's; with layers of other head sizes, `head_dims`, K's rotation of each size too, "k<size>", as
-    llama.cpp's caches of each kind of layer); with what holds them."""
+    llama.cpp's caches of each kind of layer; a sparse-attention indexer's, "indexer"); with what holds them."""
     for name in ("cache_type_k", "cache_type_v"):
         block = native.blck_size(kv_type(getattr(c, name)))
         odd = [d for d in head_dims if d % block]
@@ -106,6 +106,7 @@ def activations(
                     f"cache_type_k={c.cache_type_k} rotates heads by a multiple of 64 values: this model also has "
                     f"heads of {d}"
                 )
+    n_rot["indexer"] = indexer_rot
     rot = [{x: cx.new_tensor(F32, [n, n]) for x, n in n_rot.items() if n} for cx in ctxs]
     keep: list[Any] = ctxs + [b.alloc_tensors(cx) for b, cx in zip(backends, ctxs)]
     for buf in keep[len(ctxs) :]:
@@ -147,7 +148,9 @@ class Executor:
         self.on_hidden: Any = None  # (sequence, first position, F32 [n, n_embd]) per pass item
         self.streams = DeviceStreams(self.backends)  # graphs queued on the devices' streams
         head_dims = {arch.layer_hp(il).head_dim for il in range(self.hp.n_layer)}
-        self.acts, self.rot, self.keep = activations(self.hp, s.context, self.backends, tuple(head_dims))
+        self.acts, self.rot, self.keep = activations(
+            self.hp, s.context, self.backends, tuple(head_dims), arch.indexer_rot_size
+        )
         self.placement = WeightPlacement(arch, store, resolved, load=load)
         self.weights = self.placement.view
         try:

@@ -170,7 +170,7 @@ class GraphPlan:
     def new_inputs(self, di: int, backend: Any) -> StepInputs:
         c, hp, n = self.ex.settings.context, self.ex.hp, self.n
         mtype = F16 if c.flash_attn else F32
-        ictx = native.Context(max_tensors=7 + 4 * max(self.n_lanes, 1))
+        ictx = native.Context(max_tensors=8 + 5 * max(self.n_lanes, 1))
 
         def named(tag: str, **t: Any) -> dict[str, Any]:
             for name, x in t.items():
@@ -183,6 +183,7 @@ class GraphPlan:
                 tag,
                 mask=ictx.new_tensor(mtype, mshape),
                 **({"mask_swa": ictx.new_tensor(mtype, mshape)} if self.ex.arch.n_swa else {}),
+                **({"kept_mask": ictx.new_tensor(mtype, mshape)} if self.ex.arch.keeps_mask else {}),
                 k_idxs=ictx.new_tensor(I64, [n]),
                 v_idxs=ictx.new_tensor(I64, [n] if c.flash_attn else [n * hp.v_channels]),
             )
@@ -205,6 +206,7 @@ class GraphPlan:
             "k_rot": rots.get("k"),
             "v_rot": rots.get("v"),
             "k_rots": {int(x[1:]): t for x, t in rots.items() if x[1:].isdigit()},
+            "indexer_rot": rots.get("indexer"),
         }
         one = (self.lanes is None and not self.streams) or self.chain
         record = self.ex.memory.record_tensor if records(n, one) else None
@@ -248,6 +250,7 @@ class GraphPlan:
                 k_idxs=None,
                 v_idxs=None,
                 lanes=lane_inputs,
+                indexer_rot=rot["indexer_rot"],  # the indexer runs over the whole pass before its lanes attend
                 keep_rows=self.keep_rows,
                 chain=self.chain,
                 record=record,
@@ -321,9 +324,12 @@ class GraphPlan:
                 cx,
             )
         pairs = [(v[0], v[1])]
-        per_a, per_b = self.all_inputs[a].per_layer, self.all_inputs[b].per_layer
-        if per_a is not None and per_b is not None:
-            pairs.append((per_a, per_b))
+        ia, ib = self.all_inputs[a], self.all_inputs[b]
+        if ia.per_layer is not None and ib.per_layer is not None:
+            pairs.append((ia.per_layer, ib.per_layer))
+        for la, lb in zip(ia.lanes or [ia], ib.lanes or [ib]):
+            if la.kept_mask is not None and lb.kept_mask is not None:
+                pairs.append((la.kept_mask, lb.kept_mask))
         return pairs
 
     def graph(
