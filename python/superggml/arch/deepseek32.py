@@ -110,7 +110,7 @@ class Deepseek32Arch(Deepseek2Arch):
         F32 [heads, n], prescaled; () where the block reuses the last full indexer's choice."""
         if not self.idx_full[il]:
             return ()
-        hp, p, n, d = self.hp, f"blk.{il}.", inp.n_tokens, self.idx_dim
+        p, n, d = f"blk.{il}.", inp.n_tokens, self.idx_dim
         assert qr is not None and inp.indexer_rot is not None
         iq = ctx.reshape(ctx.mul_mat(w(p + "indexer.attn_q_b.weight"), qr), [d, self.idx_heads, n])
         ik = ctx.norm(ctx.mul_mat(w(p + "indexer.attn_k.weight"), cur), self.indexer_norm_eps)
