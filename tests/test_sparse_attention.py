@@ -9,6 +9,7 @@ import pytest
 
 import llama_ref
 from superggml import Model, native
+from saving import assert_restored_continues
 from synth_gguf import VARIANTS, synth
 
 PROMPT = [int(x) for x in np.random.default_rng(1).integers(0, 49152, 60)]
@@ -47,16 +48,8 @@ def test_reused_choices_over_two_devices(tmp_path, vocab_fields):
 @pytest.mark.parametrize("kw", [{}, dict(paged_kv=True, kv_page_size=16, kv_device_layers=1)])
 def test_a_restored_sequence_continues_bit_identically(tmp_path, vocab_fields, kw):
     """The indexer's keys are saved with the latent rows they share."""
-    path = synth(tmp_path / "dsa.gguf", vocab_fields, **VARIANTS["deepseek32-dsa"])
-    more = [7, 8, 9, 10]
-    with Model(path, ctx_size=128, n_threads=2, **kw) as m:
-        m.eval(PROMPT)
-        m.save_sequence(tmp_path / "s.seq")
-        ref = m.eval(more, logits_all=True).copy()
-    with Model(path, ctx_size=128, n_threads=2, **kw) as m:
-        m.eval([1, 2, 3])
-        assert m.load_sequence(tmp_path / "s.seq") == len(PROMPT)
-        assert np.array_equal(m.eval(more, logits_all=True), ref)
+    path = synth(tmp_path / "m.gguf", vocab_fields, **VARIANTS["deepseek32-dsa"])
+    assert_restored_continues(path, tmp_path, PROMPT, **kw)
 
 
 def test_a_missing_indexer_key_and_a_first_reusing_block_are_refused(tmp_path, vocab_fields):

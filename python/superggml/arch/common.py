@@ -13,7 +13,7 @@ from ..native import Context, Graph, Tensor
 from .base import HParams as HParams  # re-exported: the runtime imports both from here
 from .base import StepInputs as StepInputs
 from .base import Memory, Weights, f32, lane_memory, one_memory, swiglu
-from .moe import build_moe_ffn, build_shared_expert_only, moe_tensor_shapes
+from .moe import ExpertHooks, build_moe_ffn, build_shared_expert_only, moe_tensor_shapes
 
 F32 = native.GGMLType.F32
 F16 = native.GGMLType.F16
@@ -32,7 +32,7 @@ def inv_sqrt(x: float) -> float:
     return float(f32(1.0) / np.sqrt(f32(x)))
 
 
-class Architecture:
+class Architecture(ExpertHooks):
     """One model family: names its tensors and builds the block graph.
 
     The block is llama's (pre-norm attention and a gated FFN, each added to the residual); families change
@@ -500,19 +500,6 @@ class Architecture:
             ffn_out = ctx.scale(ffn_out, self.residual_scale)
         return ctx.add(ffn_out, ffn_inp)
 
-    def expert_tensors(self, il: int) -> list[str]:
-        """Block il's 3-D expert tensors (gate, up, down), which an expert cache pages one expert at a time."""
-        if not self.is_moe(il):
-            return []
-        parts = (
-            ("gate_up", "down")
-            if self.moe_fused_gate_up
-            else ("up", "down")
-            if self.moe_relu2
-            else ("gate", "up", "down")
-        )
-        return [f"blk.{il}.ffn_{n}_exps.weight" for n in parts]
-
     def build_qkv(
         self, ctx: Context, w: Weights, p: str, cur: Tensor, n: int
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
@@ -542,23 +529,7 @@ class Architecture:
     def glu(self, ctx: Context, gate: Tensor, up: Tensor, limit: float = 0.0) -> Tensor:
         return ctx.geglu_split(gate, up) if self.ffn_glu == "geglu" else swiglu(ctx, gate, up, limit)
 
-    def swiglu_limits(self, il: int) -> tuple[float, float]:
-        """Block il's SwiGLU clamps (Step 3.5): the routed experts', the dense and shared FFNs'; 0: none."""
-        return 0.0, 0.0
-
-    # -- mixture-of-experts hooks (arch/moe.py calls them) ----------------------
-    def router_input(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
-        """What block p's router multiplies, from the FFN's input cur."""
-        return cur
-
-    def expert_input(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
-        """What block p's routed experts read, from the FFN's input cur."""
-        return cur
-
-    def experts_out(self, ctx: Context, w: Weights, p: str, out: Tensor) -> Tensor:
-        """Block p's routed experts' weighted sum, before the shared expert's output joins it."""
-        return out
-
+    # -- mixture of experts (the other hooks: moe.ExpertHooks) ------------------
     def shared_ffn(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor | None:
         """What runs beside block p's routed experts over the FFN's input cur (a shared expert; None: nothing)."""
         return build_shared_expert_only(self, ctx, w, p, cur)

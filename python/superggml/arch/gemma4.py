@@ -64,17 +64,7 @@ class Gemma4Arch(Architecture):
         if n_rot_swa > hd_swa or n_rot_swa % 2:
             raise GGUFError(f"'{hp.arch}.rope.dimension_count_swa' ({n_rot_swa}) does not fit heads of {hd_swa}")
         ff = [int(x) for x in self.per_layer(meta, "feed_forward_length", hp.n_ff)]
-        self.layer_hps = tuple(
-            dataclasses.replace(
-                hp,
-                head_dim=hd_swa if swa[il] else hp.head_dim,
-                n_head_kv=kv[il],
-                n_rot=n_rot_swa if swa[il] else hp.n_rot,
-                n_ff=ff[il],
-                n_head_kv_per_layer=(),
-            )
-            for il in range(n)
-        )
+        heads = [(hd_swa if swa[il] else hp.head_dim, kv[il]) for il in range(n)]  # (head size, K/V heads)
         n_shared = int(self.key(meta, "attention.shared_kv_layers", 0))
         n_own = n - n_shared
         if n_shared and n_own < 2:
@@ -82,9 +72,22 @@ class Gemma4Arch(Architecture):
         # llama.cpp's reuse: a sliding block reads block n_own - 2, a full one block n_own - 1
         self.sources = tuple(il if il < n_own else n_own - (2 if swa[il] else 1) for il in range(n))
         for il, src in enumerate(self.sources):
-            a, b = self.layer_hps[il], self.layer_hps[src]
-            if swa[src] != swa[il] or (a.head_dim, a.n_head_kv) != (b.head_dim, b.n_head_kv):
+            if swa[src] != swa[il] or heads[src] != heads[il]:
                 raise GGUFError(f"gemma4 block {il} would read the K/V of block {src}, which is of another kind")
+        width = max(d * k for d, k in heads[:n_own])
+        hp = self.hp = dataclasses.replace(hp, kv_width=width, n_layer_kv=n_own if n_shared else 0)
+        self.layer_hps = tuple(
+            dataclasses.replace(
+                hp,
+                head_dim=heads[il][0],
+                n_head_kv=heads[il][1],
+                n_rot=n_rot_swa if swa[il] else hp.n_rot,
+                n_ff=ff[il],
+                n_head_kv_per_layer=(),
+                kv_width=0,
+            )
+            for il in range(n)
+        )
         self.n_embd_per_layer = int(self.need(meta, "embedding_length_per_layer_input"))
         if self.n_embd_per_layer:
             self.embed_tensors = ("token_embd.weight", *PER_LAYER_TENSORS)
@@ -106,9 +109,6 @@ class Gemma4Arch(Architecture):
                 if len(has) > 1:
                     raise UnsupportedModelError(f"{hp.arch}: {name} in some expert blocks only")
                 setattr(self, attr, has.pop())
-        widths = {self.layer_hps[il].n_embd_gqa for il in range(n_own)}
-        self.hp = dataclasses.replace(hp, kv_width=max(widths), n_layer_kv=n_own if n_shared else 0)
-        self.layer_hps = tuple(dataclasses.replace(h, n_layer_kv=self.hp.n_layer_kv) for h in self.layer_hps)
 
     def describe(self) -> list[str]:
         hp = self.hp
@@ -179,11 +179,7 @@ class Gemma4Arch(Architecture):
 
     def global_tensor_shapes(self, has: Callable[[str], bool]) -> dict[str, tuple[int, ...]]:
         hp = self.hp
-        shapes = {
-            "token_embd.weight": (hp.n_embd, hp.n_vocab),
-            self.output_norm: (hp.n_embd,),
-            self.output_tensor(has): (hp.n_embd, hp.n_vocab),
-        }
+        shapes = super().global_tensor_shapes(has)
         if not all(self.is_swa(il) for il in range(hp.n_layer)):
             shapes["rope_freqs.weight"] = (hp.head_dim // 2,)
         if self.n_embd_per_layer:
