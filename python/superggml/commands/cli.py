@@ -85,7 +85,7 @@ def _generate_many(m: Any, a: argparse.Namespace) -> int:
                 bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.1f}")
     if a.verbose:
         print(f"[superggml] {len(prompts)} prompts, {n_tok} tokens, {time.perf_counter() - t0:.2f} s", file=sys.stderr)
-        print(f"[superggml] stats: {_format_stats(m.stats())}", file=sys.stderr)
+        print(f"[superggml] stats: {format_stats(m.stats())}", file=sys.stderr)
     return 0
 
 
@@ -105,18 +105,7 @@ def _cmd_generate(a: argparse.Namespace) -> int:
     with Model(_model_path(a.model), **options_from_args(a)) as m:
         if a.prompts_file is not None:
             return _generate_many(m, a)
-        kw = dict(
-            max_tokens=a.n_predict if a.n_predict >= 0 else None,
-            temperature=a.temp,
-            top_k=a.top_k,
-            top_p=a.top_p,
-            min_p=a.min_p,
-            repeat_penalty=a.repeat_penalty,
-            seed=a.seed,
-            stop=a.stop or None,
-            stream=True,
-            **_constraint(a),
-        )
+        kw = dict(**_sampling(a), stream=True, **_constraint(a))
         t0 = time.perf_counter()
         n = 0
         if a.chat:
@@ -134,7 +123,7 @@ def _cmd_generate(a: argparse.Namespace) -> int:
         if a.verbose:
             dt = time.perf_counter() - t0
             print(f"[superggml] {m.n_tokens} tokens in context, {dt:.2f} s", file=sys.stderr)
-            print(f"[superggml] stats: {_format_stats(m.stats())}", file=sys.stderr)
+            print(f"[superggml] stats: {format_stats(m.stats())}", file=sys.stderr)
     return 0
 
 
@@ -207,7 +196,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         print(f"{res['model']}: {res['n_threads']} threads, median of {a.repetitions}")
         print(f"  prefill {a.n_prompt} tokens: {res['prefill_tok_s']:.2f} tok/s")
         print(f"  decode  {a.n_gen} tokens: {res['decode_tok_s']:.2f} tok/s")
-        print(f"  stats: {_format_stats(res['stats'])}")
+        print(f"  stats: {format_stats(res['stats'])}")
     return 0
 
 
@@ -441,7 +430,7 @@ def _held_models(folder: str) -> list[tuple[str, list[tuple[int, int, int]]]]:
     return out
 
 
-def _format_stats(st: dict[str, Any]) -> str:
+def format_stats(st: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in st.items())
 
 
@@ -450,6 +439,39 @@ def _cmd_plot(a: argparse.Namespace) -> int:
 
     print(plot_metrics(a.metrics, a.output, tokens=a.tokens))
     return 0
+
+
+def _add_sampling_args(p: argparse.ArgumentParser, n_predict: int) -> None:
+    p.add_argument(
+        "-n", "--n-predict", type=int, default=n_predict, help=f"tokens to generate (-1: until EOS; {n_predict})"
+    )
+    p.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+
+
+def _sampling(a: argparse.Namespace) -> dict[str, Any]:
+    return dict(
+        max_tokens=a.n_predict if a.n_predict >= 0 else None,
+        temperature=a.temp,
+        top_k=a.top_k,
+        top_p=a.top_p,
+        min_p=a.min_p,
+        repeat_penalty=a.repeat_penalty,
+        seed=a.seed,
+        stop=a.stop or None,
+    )
+
+
+def _cmd_chat(a: argparse.Namespace) -> int:
+    from ..model import Model
+    from . import chat
+
+    with Model(_model_path(a.model), **options_from_args(a)) as m:
+        return chat.main(m, a, _sampling(a))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -469,13 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--parallel", type=int, default=16, help="with --prompts-file: prompts generating at once (default 16)"
     )
-    g.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate (-1: until EOS)")
-    g.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
-    g.add_argument("--top-k", type=int, default=40)
-    g.add_argument("--top-p", type=float, default=0.95)
-    g.add_argument("--min-p", type=float, default=0.05)
-    g.add_argument("--repeat-penalty", type=float, default=1.0)
-    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    _add_sampling_args(g, n_predict=64)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     c = g.add_mutually_exclusive_group()
     c.add_argument("--grammar", metavar="TEXT", help="constrain the text: a GBNF (root ::= ...) or Lark grammar")
@@ -483,6 +499,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-j", "--json-schema", metavar="JSON", help="constrain the text: JSON valid against this schema")
     c.add_argument("--regex", metavar="RE", help="constrain the text: a match of this regex")
     g.set_defaults(func=_cmd_generate)
+
+    ch = sub.add_parser("chat", help="a conversation in the terminal, through the model's chat template")
+    _add_model_args(ch)
+    _add_sampling_args(ch, n_predict=-1)
+    ch.add_argument("--system", help="system prompt (/system changes it)")
+    ch.set_defaults(func=_cmd_chat)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP API (completions, chat, streaming)")
     _add_model_args(sv)
