@@ -44,7 +44,11 @@ class MissingExtra(SuperggmlError, ImportError):
     """An optional dependency of a feature is not installed; the message names the extra that installs it."""
 
 
-EXTRAS = {"server": ("fastapi", "uvicorn", "pydantic", "prometheus_client"), "plot": ("matplotlib",)}
+EXTRAS = {
+    "server": ("fastapi", "uvicorn", "pydantic", "prometheus_client"),
+    "plot": ("matplotlib",),
+    "hub": ("huggingface_hub",),
+}
 
 
 def require_extra(extra: str, what: str) -> None:

@@ -148,6 +148,25 @@ class Model(Completions, Embeddings, Constraints):
             eos_token=tk.token_to_piece(tk.eos_id).decode("utf-8", "replace") if tk.eos_id is not None else "",
         )
 
+    @classmethod
+    def from_pretrained(
+        cls,
+        repo_id: str,
+        filename: str | None = None,
+        *,
+        local_files_only: bool | None = None,
+        cache_dir: str | None = None,
+        **options: Any,
+    ) -> "Model":
+        """A Hugging Face Hub repository's GGUF, as ``llama_cpp.Llama.from_pretrained`` opens it: ``filename`` a
+        glob of the repo's files (None: its Q4_K_M file, else its first GGUF), taken from the hub's cache, or
+        downloaded into it (needs the ``hub`` extra). Offline (``HF_HUB_OFFLINE=1`` or ``local_files_only``) only
+        the cache is read; a file it lacks is a ``FileNotFoundError`` naming the repo and the pattern.
+        ``options`` are the constructor's."""
+        from . import hub
+
+        return cls(hub.download(repo_id, filename, local_files_only=local_files_only, cache_dir=cache_dir), **options)
+
     def load(self, s: Settings) -> None:
         """The architecture, the weights and the runtime (the settings resolved once: runtime/resolve.py), the
         tokenizer, the speculator."""

@@ -16,21 +16,39 @@ def _env_default(name: str, default: str | None) -> str | None:
     return os.environ.get(f"SUPERGGML_{name}", default)
 
 
-def _model_path(arg: str | None) -> str:
-    if arg:
-        return arg
+def _model_path(a: argparse.Namespace) -> str:
+    """-m's file, -hf's from the Hugging Face cache (downloaded there unless already in it), or the bundled
+    SmolLM2."""
+    hf = getattr(a, "hf_repo", None)
+    if hf and a.model:
+        raise ValueError("give a model file (-m) or a Hugging Face repo (-hf), not both")
+    if hf:
+        from .. import hub
+
+        repo, pattern = hub.parse_spec(hf)
+        return hub.download(repo, a.hf_file or pattern)
+    if a.model:
+        return str(a.model)
     from ..models import smollm2_path
 
     return str(smollm2_path())
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _add_source_args(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("-m", "--model", default=_env_default("MODEL", None), help=f"{help} [SUPERGGML_MODEL]")
     p.add_argument(
-        "-m",
-        "--model",
-        default=_env_default("MODEL", None),
-        help="GGUF file (default: the bundled SmolLM2-135M test model) [SUPERGGML_MODEL]",
+        "-hf",
+        "--hf-repo",
+        metavar="REPO[:QUANT]",
+        default=_env_default("HF_REPO", None),
+        help="a Hugging Face repo's GGUF (its QUANT file, else Q4_K_M or the first), from the hub's cache or "
+        "downloaded into it; HF_HUB_OFFLINE=1: the cache only [SUPERGGML_HF_REPO]",
     )
+    p.add_argument("--hf-file", metavar="GLOB", default=None, help="with -hf: the repo's file (a glob)")
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    _add_source_args(p, "GGUF file (default: the bundled SmolLM2-135M test model)")
     add_arguments(p)
 
 
@@ -102,7 +120,7 @@ def _cmd_generate(a: argparse.Namespace) -> int:
 
     if (a.prompt is None) == (a.prompts_file is None):
         raise SuperggmlError("generate needs a prompt (-p) or a prompts file (--prompts-file), not both")
-    with Model(_model_path(a.model), **options_from_args(a)) as m:
+    with Model(_model_path(a), **options_from_args(a)) as m:
         if a.prompts_file is not None:
             return _generate_many(m, a)
         kw = dict(**_sampling(a), stream=True, **_constraint(a))
@@ -135,13 +153,14 @@ def _cmd_serve(a: argparse.Namespace) -> int:
     keys = load_keys(a.api_key or (), a.api_key_file)
     check_bind(a.host, keys, a.insecure)  # before the model loads
     kw = options_from_args(a)
+    path = _model_path(a)
     if kw["seed"] is None:
         kw["seed"] = 0
     if kw.get("paged_kv") and a.parallel > 1 and kw.get("kv_device_layers") is None:
         from .analyze import model_layout  # each request in flight a sequence of the paged KV cache
 
-        kw["kv_device_layers"] = model_layout(_model_path(a.model)).n_layer * a.parallel  # all on the device
-    with Model(_model_path(a.model), **kw) as m:
+        kw["kv_device_layers"] = model_layout(path).n_layer * a.parallel  # all on the device
+    with Model(path, **kw) as m:
         serve(
             m,
             host=a.host,
@@ -166,7 +185,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
     prompt = [(i * 37) % 1000 + 100 for i in range(a.n_prompt)]
     if a.n_prompt + a.n_gen + 1 > a.ctx_size:
         raise ValueError(f"-p {a.n_prompt} + -n {a.n_gen} tokens do not fit ctx_size {a.ctx_size}")
-    with Model(_model_path(a.model), **options_from_args(a)) as m:
+    with Model(_model_path(a), **options_from_args(a)) as m:
         pp, tg = [], []
         for _ in range(a.repetitions):
             m.reset()
@@ -206,7 +225,7 @@ def _cmd_analyze(a: argparse.Namespace) -> int:
     from .analyze import analyze, format_analysis, model_layout
     from ..settings import parse_size
 
-    path = _model_path(a.model)
+    path = _model_path(a)
     if a.device_budget:  # the model option's flag, given once per budget to plan: sizes only
         if any(b in ("auto", "off") or "," in b for b in a.device_budget):
             raise ValueError("analyze's --device-budget takes one size per budget to plan")
@@ -470,8 +489,36 @@ def _cmd_chat(a: argparse.Namespace) -> int:
     from ..model import Model
     from . import chat
 
-    with Model(_model_path(a.model), **options_from_args(a)) as m:
+    with Model(_model_path(a), **options_from_args(a)) as m:
         return chat.main(m, a, _sampling(a))
+
+
+def _cmd_models(a: argparse.Namespace) -> int:
+    """The GGUFs in the Hugging Face cache: size, family, and what superggml does with each on this machine."""
+    import json
+
+    from .. import hub
+    from ..runtime.memory_plan import file_shape, gib, plan_on
+    from ..settings import ContextSettings
+
+    rows = []
+    for cm in hub.cached_models(a.cache_dir):
+        try:
+            arch = file_shape(cm.path)[0].hp.arch
+            p = plan_on(cm.path, "", ContextSettings(ctx_size=a.ctx_size))
+            fit = "fits" if p.resident else f"streams (budget {gib(p.budget or 0)})"
+        except (SuperggmlError, ValueError, OSError) as e:  # an architecture superggml does not run, no room
+            fit, arch = f"no: {e}".splitlines()[0][:100], "-"
+        rows.append({"repo": cm.repo_id, "file": cm.filename, "bytes": cm.size, "arch": arch, "here": fit})
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print("no GGUF files in the Hugging Face cache (superggml generate -hf org/name downloads one)")
+        return 0
+    for r in rows:
+        print(f"{r['repo']}:{r['file']}  {gib(r['bytes'])}  {r['arch']}  {r['here']}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -505,6 +552,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(ch, n_predict=-1)
     ch.add_argument("--system", help="system prompt (/system changes it)")
     ch.set_defaults(func=_cmd_chat)
+
+    mo = sub.add_parser("models", help="the GGUF files in the Hugging Face cache, and whether each fits here")
+    mo.add_argument("--cache-dir", default=None, help="the hub's cache (default: HF_HUB_CACHE)")
+    mo.add_argument("-c", "--ctx-size", type=int, default=4096, help="the context to plan for (default 4096)")
+    mo.add_argument("--json", action="store_true", help="a JSON list")
+    mo.set_defaults(func=_cmd_models)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP API (completions, chat, streaming)")
     _add_model_args(sv)
@@ -559,7 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.set_defaults(func=_cmd_bench)
 
     an = sub.add_parser("analyze", help="layer sizes, KV bytes per token and the predicted cost of budgets")
-    an.add_argument("-m", "--model", default=_env_default("MODEL", None), help="GGUF file (default: SmolLM2)")
+    _add_source_args(an, "GGUF file (default: SmolLM2)")
     add_arguments(an, only=("device_budget", "direct_io", "n_threads", "rpc", "devices"), repeat=("device_budget",))
     an.add_argument("--no-measure", action="store_true", help="sizes and plans only; no bandwidth or compute runs")
     an.add_argument(
