@@ -50,68 +50,69 @@ def return_free_memory() -> None:
 class Model(Completions, Embeddings, Constraints):
     """A GGUF language model run layer by layer over ggml.
 
-        Weights are used in place from the read-only mapping of the file, except
-        that with ``repack`` (default, as llama.cpp) the matmul weights the CPU
-        has faster re-laid kernels for are copied into that layout at load.
+    Weights are used in place from the read-only mapping of the file, except
+    that with ``repack`` (default, as llama.cpp) the matmul weights the CPU
+    has faster re-laid kernels for are copied into that layout at load.
 
-        With ``device_budget`` (bytes, or a string such as ``"128MiB"``) the
-        transformer blocks are paged from the file through a pool of slots that
-        never holds more than the budget: the first blocks that fit stay pinned,
-        the rest stream through the remaining slots, loaded by a worker thread
-        (``async_prefetch``: ``prefetch_depth`` blocks ahead of the computation).
-        ``n_gpu_layers`` (llama.cpp's meaning) caps how many blocks stay resident
-        on the device; the others stream (with no budget, the pool then has room
-        for exactly those plus the streaming slots).
-        ``dynamic_layers`` re-plans while running: when the device's memory
-        pressure (used / total, cgroup-aware on the host) rises above
-        ``mem_pressure``, the least recently used pinned blocks are demoted to
-        streamed and their slots freed; when it falls, they are promoted again
-        (never beyond the static plan; without a budget the plan pins every block).
-        ``stats()`` counts the moves and ``layer_events()`` lists them.
-        ``direct_io`` reads streamed blocks with O_DIRECT (the disk writes into
-        the slot; no page cache, no CPU copy); None picks it when the file is
-        larger than the memory available to this process, so it could not stay
-        in the page cache anyway. ``staged_io`` loads host slots the way device
-        slots are loaded (staging buffers, async copies, events), so the CPU runs
-        the GPU code path; it is slower and meant for testing.
+    With ``device_budget`` (bytes, or a string such as ``"128MiB"``) the
+    transformer blocks are paged from the file through a pool of slots that
+    never holds more than the budget: the first blocks that fit stay pinned,
+    the rest stream through the remaining slots, loaded by a worker thread
+    (``async_prefetch``: ``prefetch_depth`` blocks ahead of the computation).
+    ``n_gpu_layers`` (llama.cpp's meaning) caps how many blocks stay resident
+    on the device; the others stream (with no budget, the pool then has room
+    for exactly those plus the streaming slots).
+    ``dynamic_layers`` re-plans while running: when the device's memory
+    pressure (used / total, cgroup-aware on the host) rises above
+    ``mem_pressure``, the least recently used pinned blocks are demoted to
+    streamed and their slots freed; when it falls, they are promoted again
+    (never beyond the static plan; without a budget the plan pins every block).
+    ``stats()`` counts the moves and ``layer_events()`` lists them.
+    ``direct_io`` reads streamed blocks with O_DIRECT (the disk writes into
+    the slot; no page cache, no CPU copy); None picks it when the file is
+    larger than the memory available to this process, so it could not stay
+    in the page cache anyway. ``staged_io`` loads host slots the way device
+    slots are loaded (staging buffers, async copies, events), so the CPU runs
+    the GPU code path; it is slower and meant for testing.
 
-        ``paged_kv`` keeps K/V in pages of ``kv_page_size`` tokens (16-8192).
-        The device holds ``kv_device_layers`` frames of one layer's K/V each
-        (default: one per layer, nothing moves). With fewer, the first layers keep
-        a frame of their own and the others' pages live in host memory
-        (``host_budget`` bytes) and beyond it in a spill file in ``kv_spill_dir``,
-        coming into one of s streaming frames while their layer runs (s = 1, or
-        ``prefetch_depth`` + 1 with ``async_prefetch``, which fills them ahead).
-        Logits are bit-identical to the contiguous cache.
+    ``paged_kv`` keeps K/V in pages of ``kv_page_size`` tokens (16-8192).
+    The device holds ``kv_device_layers`` frames of one layer's K/V each
+    (default: one per layer, nothing moves). With fewer, the first layers keep
+    a frame of their own and the others' pages live in host memory
+    (``host_budget`` bytes) and beyond it in a spill file in ``kv_spill_dir``,
+    coming into one of s streaming frames while their layer runs (s = 1, or
+    ``prefetch_depth`` + 1 with ``async_prefetch``, which fills them ahead).
+    Logits are bit-identical to the contiguous cache.
 
-        ``devices`` (ggml device names, e.g. ``["CUDA0", "CUDA1"]``; the same
-        name twice gives two backend instances) splits the blocks over several
-        devices in contiguous ranges, ``tensor_split`` giving their shares (as
-        llama.cpp's; default even): each runs its blocks and their K/V, and the
-        activations are copied where the device changes. ``device_budget`` may
-        give one size per device, each device paging its own blocks (and, with
-        ``paged_kv``, its own K/V frames).
+    ``devices`` (ggml device names, e.g. ``["CUDA0", "CUDA1"]``; the same
+    name twice gives two backend instances) splits the blocks over several
+    devices in contiguous ranges, ``tensor_split`` giving their shares (as
+    llama.cpp's; default even): each runs its blocks and their K/V, and the
+    activations are copied where the device changes. ``device_budget`` may
+    give one size per device, each device paging its own blocks (and, with
+    ``paged_kv``, its own K/V frames).
 
-        ``rpc`` (``["host:port", ...]``) adds ggml RPC servers' devices
-        (``superggml rpc-server``, llama.cpp's ``rpc-server``): without ``devices``
-        the blocks split over this machine's CPU and them by free memory;
-        ``devices=["RPC[host:port]"]`` names a server's device. A server that
-        cannot be reached, or fails or stops answering for ``rpc_timeout``
-        seconds, raises ``superggml.DeviceError`` naming it.
+    ``rpc`` (``["host:port", ...]``) adds ggml RPC servers' devices
+    (``superggml rpc-server``, llama.cpp's ``rpc-server``): without ``devices``
+    the blocks split over this machine's CPU and them by free memory;
+    ``devices=["RPC[host:port]"]`` names a server's device. A server that
+    cannot be reached, or fails or stops answering for ``rpc_timeout``
+    seconds, raises ``superggml.DeviceError`` naming it.
 
-        ``metrics`` (or a ``metrics_file``, a path or a text stream) writes
-        JSON-lines metrics (docs/design.md's schema, ``superggml.metrics.schema()``):
-        a snapshot every ``metrics_interval`` generated tokens, per-layer timing
-        lines and the scheduler's moves; stderr unless a file is given.
-        Streamed and resident runs give bit-identical logits (with repack off).
+    ``metrics`` (or a ``metrics_file``, a path or a text stream) writes
+    JSON-lines metrics (docs/design.md's schema, ``superggml.metrics.schema()``):
+    a snapshot every ``metrics_interval`` generated tokens, per-layer timing
+    lines and the scheduler's moves; stderr unless a file is given.
+    Streamed and resident runs give bit-identical logits (with repack off).
 
-        Every option is keyword-only (``n_ctx`` is accepted for ``ctx_size``); they are defined, with their
-        checks, in ``superggml.settings``, and ``Model.settings`` holds them:
+    Every option is keyword-only (``n_ctx`` is accepted for ``ctx_size``); they are defined, with their
+    checks, in ``superggml.settings``, and ``Model.settings`` holds them (the documentation's command line
+    page lists every one; so does ``help(Model)``, after this example).
 
-    {options}
-
-        >>> with Model(path, ctx_size=2048) as m:
-        ...     print(m.create_completion("Once upon a time", max_tokens=16)["choices"][0]["text"])
+    ```python
+    with Model(path, ctx_size=2048) as m:
+        print(m.create_completion("Once upon a time", max_tokens=16)["choices"][0]["text"])
+    ```
     """
 
     def __init__(self, path: str | os.PathLike[str], **options: Any):
@@ -512,7 +513,7 @@ class Model(Completions, Embeddings, Constraints):
 Model.__init__.__signature__ = signature(  # type: ignore[attr-defined]
     inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="str | os.PathLike[str]")
 )
-Model.__doc__ = (Model.__doc__ or "").replace("{options}", options_doc())
+Model.__doc__ = (Model.__doc__ or "").rstrip() + "\n\n    The options:\n\n" + options_doc() + "\n"
 
 
 def report(model: Model) -> None:

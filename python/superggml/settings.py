@@ -696,3 +696,23 @@ def options_doc() -> str:
         for f in dataclasses.fields(cls):
             lines.append(f"      ``{f.name}`` (default {f.default!r}): {f.metadata['help']}")
     return "\n".join(lines)
+
+
+def options_markdown() -> str:
+    """Every option as Markdown tables, a table per group: its keyword, flags, environment variable, default and
+    help (the documentation's command line page)."""
+    out = []
+    for cls in GROUPS.values():
+        out += [f"### {(cls.__doc__ or '').strip().splitlines()[0]}", "", "| keyword | flags | variable | default | |"]
+        out.append("|---|---|---|---|---|")
+        for f in dataclasses.fields(cls):
+            md = f.metadata
+            flags = [cli_flag(f.name)] + [x for x in md["flags"] if x != cli_flag(f.name)]
+            default = md["cli_default"] if md["cli_default"] is not None else f.default
+            help = str(md["help"]).replace("|", "\\|")
+            out.append(
+                f"| `{f.name}` | {', '.join(f'`{x}`' for x in sorted(flags, key=len))} | `{env_name(f.name)}` | "
+                f"`{default!r}` | {help} |"
+            )
+        out.append("")
+    return "\n".join(out)

@@ -47,9 +47,10 @@ def _add_source_args(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--hf-file", metavar="GLOB", default=None, help="with -hf: the repo's file (a glob)")
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, options: bool = True) -> None:
     _add_source_args(p, "GGUF file (default: the bundled SmolLM2-135M test model)")
-    add_arguments(p)
+    if options:
+        add_arguments(p)
 
 
 def _generate_many(m: Any, a: argparse.Namespace) -> int:
@@ -521,10 +522,23 @@ def _cmd_models(a: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line: model options come from superggml.settings (flags and SUPERGGML_* defaults)."""
+def command_helps() -> dict[str, str]:
+    """Each command's --help without the model options (the documentation lists those once)."""
+    commands: dict[str, argparse.ArgumentParser] = {}
+    build_parser(commands, model_options=False)
+    return {name: p.format_help() for name, p in commands.items()}
+
+
+def build_parser(
+    commands: dict[str, argparse.ArgumentParser] | None = None, *, model_options: bool = True
+) -> argparse.ArgumentParser:
+    """The command line: model options come from superggml.settings (flags and SUPERGGML_* defaults). `commands`
+    gets each command's parser; without `model_options` they lack the model options' flags."""
     parser = argparse.ArgumentParser(prog="superggml", description="Run GGUF models layer by layer over ggml.")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def _add_model_args(p: argparse.ArgumentParser) -> None:
+        add_model_args(p, model_options)
 
     g = sub.add_parser("generate", help="complete a prompt")
     _add_model_args(g)
@@ -688,6 +702,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--tokens", type=int, default=3, help="forward passes in the per-layer chart (default 3)")
     pl.set_defaults(func=_cmd_plot)
 
+    if commands is not None:
+        commands.update(sub.choices)
     return parser
 
 
