@@ -86,13 +86,17 @@ def read_turn(ask: Callable[[str], str]) -> str:
     return "\n".join(lines).strip()
 
 
+def format_stats(st: dict[str, Any]) -> str:
+    """A model's stats() on one line."""
+    return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in st.items())
+
+
 def history_file() -> str:
     return os.environ.get("SUPERGGML_CHAT_HISTORY") or os.path.expanduser("~/.superggml_chat_history")
 
 
 def run(chat: Chat, *, ask: Callable[[str], str] = input, out: TextIO = sys.stdout) -> int:
     """The conversation loop: commands and turns until /exit or end of input."""
-    from .cli import format_stats
 
     def write(s: str) -> None:
         out.write(s)

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from ..errors import MissingExtra, SuperggmlError
 from ..settings import add_arguments, default_threads, options_from_args
+from .chat import format_stats
 
 
 def _env_default(name: str, default: str | None) -> str | None:
@@ -448,10 +449,6 @@ def _held_models(folder: str) -> list[tuple[str, list[tuple[int, int, int]]]]:
             except (GGUFError, OSError) as e:
                 print(f"superggml rpc-server: skipping {path}: {e}", file=sys.stderr)
     return out
-
-
-def format_stats(st: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in st.items())
 
 
 def _cmd_plot(a: argparse.Namespace) -> int:
