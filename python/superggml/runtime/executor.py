@@ -77,7 +77,7 @@ def activations(
     rotations a quantized cache holds Q, K and V rotated by (none for a latent K/V: one type, V read from K, as
     llama.cpp's; with layers of other head sizes, `head_dims`, K's rotation of each size too, "k<size>", as
     llama.cpp's caches of each kind of layer; a sparse-attention indexer's, "indexer"); with what holds them."""
-    for name in ("cache_type_k", "cache_type_v"):
+    for name in ("cache_type_k", "cache_type_v") if not hp.latent_kv else ():  # check_latent_types' own rules
         block = native.blck_size(kv_type(getattr(c, name)))
         odd = [d for d in head_dims if d % block]
         if odd:
