@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+import superggml
 from superggml import Model
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
-ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = str(Path(superggml.__file__).resolve().parents[1])  # the superggml under test
 U1, U2 = "My name is Ada and I live in Paris.", "Where do I live?"
 
 
@@ -26,7 +27,7 @@ class Terminal:
     def __init__(self, tmp: Path, name: str, argv: list[str]):
         self.sock, self.name = str(tmp / f"{name}.sock"), name
         env = {
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONPATH": os.pathsep.join([PACKAGE_DIR, os.environ.get("PYTHONPATH", "")]),
             "SUPERGGML_CHAT_HISTORY": str(tmp / "history"),
         }
         cmd = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv)

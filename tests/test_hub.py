@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from fake_hub import FakeHub
+import superggml
 from superggml import Model
 
 hf = pytest.importorskip("huggingface_hub")
-ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = str(Path(superggml.__file__).resolve().parents[1])  # the superggml under test
 REPO = "someone/SmolLM2-135M-GGUF"
 FILE = "SmolLM2-135M-Q4_1.gguf"
 
@@ -38,7 +39,7 @@ def cache(tmp_path_factory, smollm2_path):
 
 def cli(cache: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_CACHE": cache, "HF_HUB_OFFLINE": "1"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([PACKAGE_DIR, env.get("PYTHONPATH", "")])
     return subprocess.run(
         [sys.executable, "-m", "superggml", *args], env=env, capture_output=True, text=True, timeout=300
     )
