@@ -593,6 +593,11 @@ def build_attn(
     return attend(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, scale, mask, softcap, sinks)
 
 
+def leading(ctx: Context, cache: Tensor, g: int) -> Tensor:
+    """The first g values of every row of a cache (all of it where g is its width)."""
+    return cache if g == cache.ne[0] else ctx.view(cache, [g, cache.ne[1]], [cache.nb[1]], 0)
+
+
 def attend(
     ctx: Context,
     gf: Graph,
@@ -619,15 +624,11 @@ def attend(
     n_ctx = k_cache.shape[1] // S
     es = v_cache.element_size  # a transposed V is of whole elements (F32, F16, BF16)
     gw = v_cache.ne[0]  # the V cache's width (wider than gv where layers differ)
-
-    def cols(cache: Tensor, g: int) -> Tensor:  # the first g values of every row of a cache
-        return cache if g == cache.ne[0] else ctx.view(cache, [g, cache.ne[1]], [cache.nb[1]], 0)
-
     if k is not None and v is not None:
         assert inp.k_idxs is not None and inp.v_idxs is not None
-        gf.expand(ctx.set_rows(cols(k_cache, g), ctx.reshape(k, [g, n]), inp.k_idxs))
+        gf.expand(ctx.set_rows(leading(ctx, k_cache, g), ctx.reshape(k, [g, n]), inp.k_idxs))
         if inp.flash_attn:
-            gf.expand(ctx.set_rows(cols(v_cache, gv), v, inp.v_idxs))
+            gf.expand(ctx.set_rows(leading(ctx, v_cache, gv), v, inp.v_idxs))
         else:
             if v.nb[1] != gv * v.element_size:
                 v = ctx.cont(v)  # a view into a fused QKV: rows made contiguous, as llama.cpp
@@ -685,8 +686,7 @@ def attend_latent(
     n, n_kv, g, dv = inp.n_tokens, inp.n_kv, hp.n_embd_gqa, hp.head_dim_v
     n_ctx = k_cache.shape[1] // S
     assert inp.k_idxs is not None
-    rows = k_cache if g == k_cache.ne[0] else ctx.view(k_cache, [g, k_cache.ne[1]], [k_cache.nb[1]], 0)
-    gf.expand(ctx.set_rows(rows, ctx.reshape(k, [g, n]), inp.k_idxs))
+    gf.expand(ctx.set_rows(leading(ctx, k_cache, g), ctx.reshape(k, [g, n]), inp.k_idxs))
     rs = k_cache.nb[1]  # wider than g where the rows hold more (deepseek32's indexer keys)
     kp = ctx.permute(ctx.view(k_cache, [g, 1, n_kv, S], [rs, rs, rs * n_ctx], 0), 0, 2, 1, 3)  # [g, n_kv, 1, S]
     vp = ctx.permute(ctx.view(k_cache, [dv, 1, n_kv, S], [rs, rs, rs * n_ctx], 0), 0, 2, 1, 3)  # [dv, n_kv, 1, S]
