@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import pytest
+import synth_gguf
 
 from superggml import models
+
+synth_gguf.enable_cache()  # the families' synthetic files are written once per run, then copied
 
 
 @pytest.fixture(scope="session")
@@ -13,8 +16,6 @@ def smollm2_path():
 @pytest.fixture(scope="session")
 def vocab_fields(smollm2_path):
     """SmolLM2's tokenizer keys, for the synthetic models of tests/synth_gguf.py."""
-    import synth_gguf
-
     return synth_gguf.vocab_fields(smollm2_path)
 
 

@@ -14,6 +14,7 @@ Otherwise the pip-installed llama-cpp-python with its own libllama and ggml ("pi
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import importlib.util
 import json
@@ -433,6 +434,15 @@ def run(
             raise ChildFailed(name, proc.returncode, proc.stderr)
         with np.load(out, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
+
+
+_STARTED = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="llama_ref")
+
+
+def start(request: dict[str, Any], **kw: Any) -> concurrent.futures.Future:
+    """run(request, **kw) in a thread: llama.cpp's child computes while the caller computes superggml's side;
+    .result() gives run's arrays or raises what run raised."""
+    return _STARTED.submit(run, request, **kw)
 
 
 if __name__ == "__main__":

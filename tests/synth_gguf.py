@@ -8,8 +8,16 @@ superggml with llama.cpp on them; bench/ makes larger ones.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
+import functools
+import hashlib
+import os
+import pickle
+import shutil
+import struct
 import sys
+import tempfile
 
 import gguf
 import numpy as np
@@ -19,8 +27,10 @@ from superggml import native
 N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYER = 64, 4, 2, 96, 2
 
 
+@functools.lru_cache(maxsize=4)
 def vocab_fields(path):
-    """The tokenizer.* keys of a GGUF, as (key, value, type, element type) for GGUFWriter.add_key_value."""
+    """The tokenizer.* keys of a GGUF, as (key, value, type, element type) for GGUFWriter.add_key_value; read once
+    per path (the reader takes seconds over a 49k-token vocabulary), so callers must not change the list."""
     fields = []
     for key, f in gguf.GGUFReader(path).fields.items():
         if key.startswith("tokenizer.") and key != "tokenizer.chat_template":
@@ -30,10 +40,91 @@ def vocab_fields(path):
     return fields
 
 
+class _Cache:
+    """The files synth() has written, by their arguments, in a directory of their own: a second call with the same
+    arguments copies the first's file instead of drawing and quantizing its weights again, and a call under
+    keys_left_out(drop=...) cuts the keys out of the cached file. Off until enable_cache(); bounded in bytes."""
+
+    def __init__(self):
+        self.dir: str | None = None
+        self.limit = 0
+        self.entries: dict[bytes, tuple[str, list[str], object]] = {}  # insertion order: least recently used first
+
+    def enable(self, limit: int) -> None:
+        if self.dir is None:
+            self.dir = tempfile.mkdtemp(prefix="superggml-synth-")
+            atexit.register(shutil.rmtree, self.dir, True)
+        self.limit = limit
+
+    def key(self, fields, arch, kw) -> bytes | None:
+        try:
+            blob = pickle.dumps((id(fields), len(fields), arch, sorted(kw.items())), protocol=4)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            return None
+        return hashlib.sha256(blob).digest()
+
+    def get(self, key: bytes):
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            self.entries[key] = entry
+        return entry
+
+    def put(self, key: bytes, path: str, keys: list[str], fields) -> None:
+        assert self.dir is not None
+        dst = os.path.join(self.dir, key.hex()[:32] + ".gguf")
+        shutil.copyfile(path, dst)
+        self.entries[key] = (dst, keys, fields)  # fields held, so that their id is not reused
+        total = sum(os.path.getsize(p) for p, _, _ in self.entries.values())
+        while total > self.limit and len(self.entries) > 1:
+            old = next(iter(self.entries))
+            victim = self.entries.pop(old)[0]
+            total -= os.path.getsize(victim)
+            os.unlink(victim)
+
+
+_CACHE = _Cache()
+_ADD_KEY_VALUE = gguf.GGUFWriter.add_key_value
+_LEFT_OUT: list[tuple[frozenset[str], list[str] | None]] = []  # keys_left_out's, innermost last
+
+
+def enable_cache(limit: int = 2 << 30) -> None:
+    """Makes synth() keep up to `limit` bytes of the files it writes, for the rest of the process (the tests')."""
+    _CACHE.enable(limit)
+
+
 def synth(path, fields, arch="llama", **kw):
     """A random-weight GGUF of `arch` laid out as llama.cpp's converter writes it: deepseek2 (multi-head latent
     attention) by synth_deepseek2, glm4moe by synth_glm4moe, every other family by _synth (see each for the keyword
-    arguments)."""
+    arguments). Where enable_cache() was called, a file with the same arguments is copied from the cache."""
+    key = _CACHE.key(fields, arch, kw) if _CACHE.dir is not None else None
+    if key is None:
+        return _synth_any(path, fields, arch, **kw)
+    entry = _CACHE.get(key)
+    if entry is None:
+        full = os.path.join(_CACHE.dir, "writing.gguf")
+        keys: list[str] = []
+        active, gguf.GGUFWriter.add_key_value = gguf.GGUFWriter.add_key_value, _ADD_KEY_VALUE  # every key written
+        try:
+            with keys_left_out(seen=keys, outer=False):
+                _synth_any(full, fields, arch, **kw)
+        finally:
+            gguf.GGUFWriter.add_key_value = active
+        _CACHE.put(key, full, keys, fields)
+        os.unlink(full)
+        entry = _CACHE.get(key)
+    cached, keys, _ = entry
+    drop = frozenset().union(*(d for d, _ in _LEFT_OUT))
+    for _, seen in _LEFT_OUT:
+        if seen is not None:
+            seen.extend(keys)
+    if drop & set(keys):
+        without_keys(cached, path, drop)
+    else:
+        shutil.copyfile(cached, path)
+    return str(path)
+
+
+def _synth_any(path, fields, arch="llama", **kw):
     if arch in ("deepseek2", "mistral4", "deepseek32", "glm-dsa"):
         return synth_deepseek2(path, fields, arch=arch, **kw)
     if arch == "glm4moe":
@@ -1364,11 +1455,35 @@ VARIANTS = {
 }
 
 
+def expert_bytes(path):
+    """The bytes of a GGUF's expert tensors (superggml's reader: gguf's reads the whole vocabulary in Python)."""
+    with sg_open(path) as f:
+        return sum(t.nbytes for t in f.tensors.values() if "_exps" in t.name)
+
+
+def tensor_names(path):
+    with sg_open(path) as f:
+        return list(f.tensors)
+
+
+def metadata_value(path, key):
+    with sg_open(path) as f:
+        return f.metadata()[key]
+
+
+def sg_open(path):
+    from superggml import gguf as sg
+
+    return sg.open(path)
+
+
 @contextlib.contextmanager
-def keys_left_out(drop=(), seen=None):
+def keys_left_out(drop=(), seen=None, outer=True):
     """While active, every GGUFWriter leaves out the metadata keys in `drop`, and appends each key it is given to
     `seen` (a list) when there is one: a synth() call under it writes its family's file without those keys."""
     add = gguf.GGUFWriter.add_key_value
+    if outer:
+        _LEFT_OUT.append((frozenset(drop), seen))
 
     def add_some(self, key, val, vtype, sub_type=None):
         if seen is not None:
@@ -1381,6 +1496,93 @@ def keys_left_out(drop=(), seen=None):
         yield
     finally:
         gguf.GGUFWriter.add_key_value = add
+        if outer:
+            _LEFT_OUT.pop()
+
+
+_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def without_keys(src, dst, drop):
+    """`src` (a GGUF v3 file, little-endian) written to `dst` without the metadata keys in `drop`: their bytes cut
+    from the metadata, the count lowered and the tensor data realigned; everything else byte for byte."""
+    with open(src, "rb") as f:
+        head = f.read(24)
+        magic, version, n_tensors, n_kv = struct.unpack("<4sIQQ", head)
+        assert magic == b"GGUF" and version == 3, (magic, version)
+        buf = bytearray(f.read(1 << 20))
+        pos = 0
+
+        def need(n):
+            nonlocal buf
+            while pos + n > len(buf):
+                more = f.read(max(n, 1 << 20))
+                assert more, "truncated GGUF"
+                buf += more
+
+        def take(fmt):
+            nonlocal pos
+            n = struct.calcsize(fmt)
+            need(n)
+            out = struct.unpack_from(fmt, buf, pos)
+            pos += n
+            return out[0] if len(out) == 1 else out
+
+        def skip_value(vtype):
+            nonlocal pos
+            if vtype == 8:
+                n = take("<Q")
+                need(n)
+                pos += n
+            elif vtype == 9:
+                sub, count = take("<IQ")
+                if sub in _SCALAR:
+                    n = struct.calcsize("<" + _SCALAR[sub]) * count
+                    need(n)
+                    pos += n
+                else:
+                    for _ in range(count):
+                        skip_value(sub)
+            else:
+                take("<" + _SCALAR[vtype])
+
+        kept, alignment, n_left = [], 32, 0
+        for _ in range(n_kv):
+            start = pos
+            n = take("<Q")
+            need(n)
+            name = bytes(buf[pos : pos + n]).decode()
+            pos += n
+            vtype = take("<I")
+            value_at = pos
+            skip_value(vtype)
+            if name == "general.alignment":
+                assert name not in drop
+                alignment = struct.unpack_from("<I", buf, value_at)[0]
+            if name not in drop:
+                kept.append(bytes(buf[start:pos]))
+                n_left += 1
+        infos_at = pos
+        for _ in range(n_tensors):
+            n = take("<Q")
+            need(n)
+            pos += n
+            dims = take("<I")
+            need(8 * dims + 12)
+            pos += 8 * dims + 12
+        infos = bytes(buf[infos_at:pos])
+        end = 24 + pos
+        data_at = (end + alignment - 1) // alignment * alignment
+        with open(dst, "wb") as out:
+            out.write(struct.pack("<4sIQQ", magic, version, n_tensors, n_left))
+            for kv in kept:
+                out.write(kv)
+            out.write(infos)
+            written = 24 + sum(map(len, kept)) + len(infos)
+            out.write(b"\0" * ((written + alignment - 1) // alignment * alignment - written))
+            f.seek(data_at)
+            shutil.copyfileobj(f, out, 1 << 22)
+    return str(dst)
 
 
 def dequantized_copy(src, dst):

@@ -22,16 +22,21 @@ from synth_gguf import N_LAYER, VARIANTS, synth
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("flash_attn", [False, True])
-def test_synthetic_model_matches_llama_cpp(tmp_path, vocab_fields, variant, flash_attn):
+def test_synthetic_model_matches_llama_cpp(tmp_path, vocab_fields, variant):
+    """Flash attention off and on: one llama.cpp child for both."""
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
     prompt = [int(x) for x in np.random.default_rng(1).integers(0, 49152, 80)]
-    ref = llama_ref.run({"kind": "logits", "model": path, "prompts": [prompt], "flash_attn": flash_attn})["logits0"]
-    with Model(path, ctx_size=256, n_threads=2, flash_attn=flash_attn) as m:
-        ours = m.eval(prompt, logits_all=True)
-    diff = float(np.abs(ours - ref).max())
-    print(f"\n{variant} flash_attn={flash_attn}: max|dlogit| = {diff:.5f}")
-    assert np.array_equal(ours, ref)  # the same ggml, the same graph: the same bits
+    configs = [(1, 1, False), (1, 1, True)]  # F16 K and V, as llama.cpp's default
+    ref = llama_ref.start({"kind": "kv_types", "model": path, "prompt": prompt, "configs": configs, "n_decode": 0})
+    ours = []
+    for flash_attn in (False, True):
+        with Model(path, ctx_size=256, n_threads=2, flash_attn=flash_attn) as m:
+            ours.append(m.eval(prompt, logits_all=True).copy())
+    refs = ref.result()
+    for i, flash_attn in enumerate((False, True)):
+        diff = float(np.abs(ours[i] - refs[f"logits{i}"]).max())
+        print(f"\n{variant} flash_attn={flash_attn}: max|dlogit| = {diff:.5f}")
+        assert np.array_equal(ours[i], refs[f"logits{i}"]), flash_attn  # the same ggml, the same graph: the same bits
 
 
 def test_unsupported_rope_scaling(tmp_path):

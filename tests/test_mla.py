@@ -4,19 +4,18 @@ speculative rollback over the latent memory."""
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
 
 from batching import alone_and_batched
 from superggml import Model
-from synth_gguf import VARIANTS, synth
+from synth_gguf import VARIANTS, expert_bytes, metadata_value, synth
 
 MLA = [v for v in VARIANTS if VARIANTS[v]["arch"] == "deepseek2" and not VARIANTS[v].get("legacy")]
 
 
 def field(path, key):
-    return gguf.GGUFReader(path).fields[f"deepseek2.{key}"].contents()
+    return metadata_value(path, f"deepseek2.{key}")
 
 
 @pytest.mark.parametrize("variant", MLA)
@@ -35,7 +34,7 @@ def test_streamed_blocks_and_expert_cache_are_bit_identical_to_resident(tmp_path
     both at once under a small device budget."""
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **{**VARIANTS[variant], "n_layer": 4})
     prompt = [int(x) for x in np.random.default_rng(2).integers(0, 49152, 40)]
-    experts = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if "_exps" in t.name)
+    experts = expert_bytes(path)
 
     def run(**kw):
         with Model(path, ctx_size=128, n_threads=2, n_batch=8, repack=False, **kw) as m:

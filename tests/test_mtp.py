@@ -3,13 +3,12 @@ for the model, checked against llama.cpp's MTP context (load_mtp, LLAMA_CONTEXT_
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
 
 import llama_ref
 from superggml import Model, UnsupportedModelError
-from synth_gguf import VARIANTS, synth
+from synth_gguf import VARIANTS, expert_bytes, synth
 
 MTP = ["deepseek2-v3-groups-yarn", "glm4moe-bias-mtp", "qwen35-mtp", "qwen3next-mtp"]
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
@@ -41,7 +40,7 @@ def test_the_mtp_block_matches_llama_cpps_mtp_context(tmp_path, vocab_fields, va
 
 
 def streamed_options(path):
-    experts = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if "_exps" in t.name)
+    experts = expert_bytes(path)
     return dict(n_gpu_layers=0, prefetch_depth=1, **({"expert_cache": experts // 4} if experts else {}))
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Iterator
 
-import gguf
 import numpy as np
 import pytest
 
@@ -95,7 +94,7 @@ def test_experts_the_device_cache_lacks_compute_on_the_host(server, smollm2_path
     is computed on one side alone, so the sums are the CPU's bits."""
     fields = synth_gguf.vocab_fields(smollm2_path)
     path = str(synth(tmp_path / f"{variant}.gguf", fields, **{**VARIANTS[variant], "n_layer": 4}))
-    cache = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if "_exps" in t.name) // 4
+    cache = synth_gguf.expert_bytes(path) // 4
     prompt = [int(x) for x in np.random.default_rng(4).integers(0, 49152, 40)]
 
     def run(**kw):

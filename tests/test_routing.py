@@ -3,11 +3,11 @@ Belady's loads for the same requests and slots (runtime/routing.py), and the cac
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
 
 import synth_gguf
+from synth_gguf import expert_bytes
 from superggml import Model
 from superggml.errors import SuperggmlError
 from superggml.runtime.routing import optimal_loads
@@ -27,10 +27,6 @@ def test_belady_keeps_a_requests_experts_together_and_counts_per_layer():
     assert optimal_loads(reqs, 3) == {0: 3, 1: 2}
     with pytest.raises(ValueError, match="2 slots cannot hold"):
         optimal_loads([(0, (1, 2, 3))], 2)
-
-
-def expert_bytes(path):
-    return sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if "_exps" in t.name)
 
 
 @pytest.mark.parametrize("lookahead", [False, True])

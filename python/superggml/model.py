@@ -42,8 +42,8 @@ VOCAB_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.
 
 
 def return_free_memory() -> None:
-    """Collect garbage and hand freed heap back to the OS (glibc), so peak RSS stays low."""
-    gc.collect()
+    """Hand freed heap back to the OS (glibc), so peak RSS stays low. The vocabulary's lists have gone by
+    reference counting: a full collection (tens of ms in a large process) would find nothing more."""
     native.host_memory_trim()
 
 

@@ -20,6 +20,19 @@ from .unicode import C_SPACE, hex_byte
 from .vocab import SPECIAL_NAMES, TokenAttr, Vocab, load_vocab
 
 
+def vocabulary_key(meta: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a tokenizer is built from: the ``tokenizer.ggml.*`` keys (lists as tuples), ``general.name`` and
+    ``general.architecture``; equal keys give equal tokenizers."""
+    return tuple(
+        (k, tuple(v) if isinstance(v, list) else v)
+        for k, v in sorted(meta.items())
+        if k.startswith("tokenizer.ggml.") or k in ("general.name", "general.architecture")
+    )
+
+
+_LAST: dict[tuple[Any, ...], "Tokenizer"] = {}  # the last tokenizer built, by its vocabulary_key
+
+
 class Tokenizer:
     """A GGUF vocabulary with llama.cpp's tokenization (``llama_tokenize``/``llama_detokenize``).
 
@@ -89,10 +102,24 @@ class Tokenizer:
         when present (llama.cpp sets a few token attributes by model name). Raises
         UnsupportedModelError for a ``tokenizer.ggml.model`` or ``tokenizer.ggml.pre``
         this module does not implement, GGUFError for missing or inconsistent metadata.
+
+        The last tokenizer built is kept: metadata with the same vocabulary (a draft beside its target, the same
+        model loaded again) gets that one back instead of a new one.
         """
+        key = vocabulary_key(meta)
+        try:
+            last = _LAST.get(key)
+        except TypeError:  # a value that cannot be compared as a key: built afresh
+            key, last = None, None
+        if last is not None:
+            return last
         vocab = load_vocab(meta)
         encoder = BpeEncoder.from_metadata(meta, vocab) if vocab.model == "gpt2" else SpmEncoder(vocab)
-        return cls(vocab, encoder)
+        made = cls(vocab, encoder)
+        if key is not None:
+            _LAST.clear()
+            _LAST[key] = made
+        return made
 
     # ------------------------------------------------------------------ vocabulary queries
 
