@@ -11,6 +11,8 @@ llama.cpp's ``tokenizer_st_partition``: USER_DEFINED tokens always, CONTROL and 
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 from typing import Any, Mapping, Sequence
 
 from ..errors import GGUFError
@@ -20,17 +22,15 @@ from .unicode import C_SPACE, hex_byte
 from .vocab import SPECIAL_NAMES, TokenAttr, Vocab, load_vocab
 
 
-def vocabulary_key(meta: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What a tokenizer is built from: the ``tokenizer.ggml.*`` keys (lists as tuples), ``general.name`` and
-    ``general.architecture``; equal keys give equal tokenizers."""
-    return tuple(
-        (k, tuple(v) if isinstance(v, list) else v)
-        for k, v in sorted(meta.items())
-        if k.startswith("tokenizer.ggml.") or k in ("general.name", "general.architecture")
-    )
+def vocabulary_key(meta: Mapping[str, Any]) -> bytes:
+    """A digest of what a tokenizer is built from: the ``tokenizer.ggml.*`` keys, ``general.name`` and
+    ``general.architecture``. Equal digests give equal tokenizers; nothing of the metadata is kept."""
+    used = sorted((k, v) for k, v in meta.items() if k.startswith("tokenizer.ggml.") or k in NAME_KEYS)
+    return hashlib.sha256(pickle.dumps(used, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
-_LAST: dict[tuple[Any, ...], "Tokenizer"] = {}  # the last tokenizer built, by its vocabulary_key
+NAME_KEYS = ("general.name", "general.architecture")
+_LAST: dict[bytes, "Tokenizer"] = {}  # the last tokenizer built, by its vocabulary_key
 
 
 class Tokenizer:
@@ -107,18 +107,13 @@ class Tokenizer:
         model loaded again) gets that one back instead of a new one.
         """
         key = vocabulary_key(meta)
-        try:
-            last = _LAST.get(key)
-        except TypeError:  # a value that cannot be compared as a key: built afresh
-            key, last = None, None
-        if last is not None:
-            return last
+        if key in _LAST:
+            return _LAST[key]
         vocab = load_vocab(meta)
         encoder = BpeEncoder.from_metadata(meta, vocab) if vocab.model == "gpt2" else SpmEncoder(vocab)
         made = cls(vocab, encoder)
-        if key is not None:
-            _LAST.clear()
-            _LAST[key] = made
+        _LAST.clear()
+        _LAST[key] = made
         return made
 
     # ------------------------------------------------------------------ vocabulary queries
