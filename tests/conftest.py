@@ -8,6 +8,17 @@ from superggml import models
 synth_gguf.enable_cache()  # the families' synthetic files are written once per run, then copied
 
 
+def pytest_collection_modifyitems(config, items):
+    """The quick loop, `pytest -m "not slow"`: the first case of each parametrized test stands for its matrix;
+    the other cases, like the tests marked slow, run in the full suite only."""
+    seen = set()
+    for item in items:
+        name = item.nodeid.split("[")[0]
+        if name in seen:
+            item.add_marker(pytest.mark.slow)
+        seen.add(name)
+
+
 @pytest.fixture(scope="session")
 def smollm2_path():
     return str(models.smollm2_path())

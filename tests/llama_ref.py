@@ -14,14 +14,17 @@ Otherwise the pip-installed llama-cpp-python with its own libllama and ggml ("pi
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import ctypes
 import importlib.util
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -408,30 +411,104 @@ class ChildFailed(RuntimeError):
         return f"exit {self.returncode}" + (" (OOM-killed)" if self.returncode == -9 else "")
 
 
+ONE_SHOT = ("decode", "bench", "loads", "libs")  # timed, measured, forking, or about the process itself
+
+
+class _Server:
+    """A long-lived reference child: requests as JSON lines on its stdin, "ok" back once each .npz is written. A
+    child that fails a request (an exception, an abort) exits; the caller sees its exit code and stderr."""
+
+    def __init__(self, env: dict[str, str]):
+        self.err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            env=env,
+            text=True,
+        )
+
+    def request(self, name: str, request: dict[str, Any], out: str, timeout: float) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.err.seek(0)
+        self.err.truncate()
+        try:
+            self.proc.stdin.write(json.dumps({**request, "_out": out}) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died: the read below says how
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            self.close()
+            raise subprocess.TimeoutExpired(self.proc.args, timeout)
+        if self.proc.stdout.readline().strip() != "ok":
+            code = self.proc.wait()
+            self.err.seek(0)
+            stderr = self.err.read().decode(errors="replace")
+            self.close()
+            raise ChildFailed(name, code, stderr)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout, self.err):
+            if f is not None:
+                f.close()
+
+
+_IDLE: dict[tuple[tuple[str, str], ...], list[_Server]] = {}  # by environment
+_IDLE_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_servers() -> None:
+    with _IDLE_LOCK:
+        for servers in _IDLE.values():
+            for server in servers:
+                server.close()
+        _IDLE.clear()
+
+
 def run(
     request: dict[str, Any], timeout: float = 1800, which: str | None = None, limit: int | None = None
 ) -> dict[str, Any]:
     """Runs one request in a child process and returns its arrays; `which` as for `reference`. With `limit`
     (bytes), the child runs in a new memory cgroup of that size (tests/memcg.py), request["model"]'s pages dropped
-    from the page cache first. A failed child raises ChildFailed (a RuntimeError)."""
+    from the page cache first. A failed child raises ChildFailed (a RuntimeError). A request that needs a process
+    of its own (a limit, ONE_SHOT kinds, repack off) gets a new child; the others go to a child kept for the next
+    ones with the same environment (a Python start and llama_cpp's import spared)."""
     name, changes = reference(which)
+    env = dict(os.environ)
+    env.pop("LLAMA_CPP_LIB_PATH", None)
+    env.update(changes)
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out.npz")
-        env = dict(os.environ)
-        env.pop("LLAMA_CPP_LIB_PATH", None)
-        env.update(changes)
-        argv = [sys.executable, os.path.abspath(__file__), out]
-        kw: dict[str, Any] = dict(input=json.dumps(request), text=True, capture_output=True, timeout=timeout, env=env)
-        if limit:
-            import memcg
+        if limit or request["kind"] in ONE_SHOT or request.get("repack") is False:
+            argv = [sys.executable, os.path.abspath(__file__), out]
+            kw: dict[str, Any] = dict(
+                input=json.dumps(request), text=True, capture_output=True, timeout=timeout, env=env
+            )
+            if limit:
+                import memcg
 
-            memcg.drop_page_cache(request["model"])
-            with memcg.limited(limit) as enter:
-                proc = subprocess.run(argv, preexec_fn=enter, **kw)
+                memcg.drop_page_cache(request["model"])
+                with memcg.limited(limit) as enter:
+                    proc = subprocess.run(argv, preexec_fn=enter, **kw)
+            else:
+                proc = subprocess.run(argv, **kw)
+            if proc.returncode != 0:
+                raise ChildFailed(name, proc.returncode, proc.stderr)
         else:
-            proc = subprocess.run(argv, **kw)
-        if proc.returncode != 0:
-            raise ChildFailed(name, proc.returncode, proc.stderr)
+            key = tuple(sorted(env.items()))
+            with _IDLE_LOCK:
+                idle = _IDLE.setdefault(key, [])
+                server = idle.pop() if idle else None
+            server = server or _Server(env)
+            server.request(name, request, out, timeout)  # a failed one is closed, not kept
+            with _IDLE_LOCK:
+                _IDLE.setdefault(key, []).append(server)
         with np.load(out, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
 
@@ -446,5 +523,13 @@ def start(request: dict[str, Any], **kw: Any) -> concurrent.futures.Future:
 
 
 if __name__ == "__main__":
-    req = json.loads(sys.stdin.read())
-    np.savez(sys.argv[1], **_serve(req))
+    if sys.argv[1] == "--serve":  # _Server's child: an exception ends it, with its traceback on stderr
+        replies = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)  # what llama.cpp prints goes with stderr, not into the replies
+        for line in sys.stdin:
+            req = json.loads(line)
+            np.savez(req.pop("_out"), **_serve(req))
+            print("ok", file=replies, flush=True)
+    else:
+        req = json.loads(sys.stdin.read())
+        np.savez(sys.argv[1], **_serve(req))

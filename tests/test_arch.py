@@ -248,6 +248,7 @@ def test_a_prompts_last_logits_alone_match_llama_cpp(tmp_path, vocab_fields, var
     assert np.array_equal(np.stack(rows), ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flash_attn", [False, True])
 def test_llama4_attends_within_chunks_past_the_first(tmp_path, vocab_fields, flash_attn):
     """8300 tokens: queries of the chunked layers past position 8191 see only their own chunk of 8192, and the

@@ -203,6 +203,7 @@ def test_prompts_file_writes_a_json_line_per_prompt(smollm2_path, tmp_path):
     assert r.returncode == 1 and "no prompts" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", [None, "128MiB"])
 @pytest.mark.parametrize("invariant", [True, False])
 def test_qwen_batch_matches_each_sequence_alone(qwen_path, budget, invariant):

@@ -150,6 +150,7 @@ def test_tokenize_and_detokenize(keyed, model):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
+@pytest.mark.slow
 def test_a_prompt_list_beyond_parallel_is_queued_choice_by_choice(smollm2_path):
     """300 prompts against --parallel 4 (batch_invariant): 300 choices, each its prompt's completion alone; a
     second request while they wait gets 503 with Retry-After (--max-queue bounds the waiting choices)."""

@@ -168,6 +168,7 @@ with Model(path, ctx_size=256, n_threads=2, repack=False, device_budget="384MiB"
 """
 
 
+@pytest.mark.slow
 def test_qwen_survives_a_growing_ballast_in_a_640mib_cgroup(qwen_path):
     """A 384 MiB plan plus 180 MiB of other allocations exceeds 640 MiB (the static plan is
     OOM-killed there); with dynamic_layers the blocks step down to streaming and come back."""

@@ -101,6 +101,7 @@ def test_example_on_the_quantized_file(example, smollm2_path, tmp_path):
     assert min(np.corrcoef(a, b)[0, 1] for a, b in zip(logits, ref)) > 0.99
 
 
+@pytest.mark.slow
 def test_examples_pass_mypy_strict():
     """Both examples type-check under --strict against superggml's stubs (python/superggml/native.pyi); without
     torch installed, torch is Any (pyproject's [tool.mypy])."""

@@ -249,6 +249,7 @@ print("maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "anon
 """
 
 
+@pytest.mark.slow
 def test_peak_rss_in_a_cgroup_stays_under_budget_plus_128_mib(tmp_path, vocab_fields):
     """A 334 MiB MoE GGUF (204 MiB of experts) decodes with a 64 MiB device budget inside a memory cgroup of
     64 + 128 MiB without being OOM-killed, and its logits equal an unlimited resident run's. Everything the

@@ -265,6 +265,7 @@ def contiguous_8k(model_8k):
         return _run_8k(m), m.kv_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page_size", [16, 8192])
 def test_8k_context_with_a_quarter_of_the_kv_in_host_memory(model_8k, contiguous_8k, tmp_path, page_size):
     """8k tokens of context; 2 of 8 layers keep K/V on the device, the rest page through a host budget of a

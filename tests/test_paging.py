@@ -166,6 +166,7 @@ print(hwm)
 """
 
 
+@pytest.mark.slow
 def test_qwen_runs_in_256mib_with_a_128mib_budget(qwen_path):
     """llama.cpp is OOM-killed below ~720 MB here; superggml streams within the budget."""
     import sys

@@ -166,6 +166,7 @@ def test_rpc_batched_sequences_equal_alone(servers, smollm2_path):
         assert np.array_equal(x, y)
 
 
+@pytest.mark.slow
 def test_qwen_split_cpu_rpc_equals_cpu(servers, qwen_path):
     kw = dict(ctx_size=64, n_batch=16, n_threads=2, repack=False)
     with Model(qwen_path, **kw) as m:

@@ -99,6 +99,7 @@ def test_prompt_lookup_is_plain_greedy(smollm2_path, config):
         assert st["draft"] == "lookup" and st["draft_tokens"] > 0 and st["draft_accepted"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", [None, "256MiB"])
 def test_qwen_with_its_05b_draft_is_plain_greedy(qwen_path, budget):
     kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
@@ -169,6 +170,7 @@ def test_accept_keeps_the_target_distribution(q_kind):
     assert chi2 < chi2_critical(5)
 
 
+@pytest.mark.slow
 def test_speculative_sampling_keeps_the_model_distribution(tmp_path, smollm2_path):
     """A tiny random model drafted by another: the first two sampled tokens (the second checked against a draft)
     follow the plain model's joint distribution (chi-square over the pairs)."""

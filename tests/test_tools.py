@@ -62,6 +62,7 @@ def smol(smollm2_path: str) -> Iterator[openai.OpenAI]:
     yield from serve(smollm2_path)
 
 
+@pytest.mark.slow
 def test_qwen_required_gives_a_valid_call(qwen):
     assert qwen.model.tool_format.name == "hermes"
     for temp in (0.0, 0.8):
@@ -107,6 +108,7 @@ def test_qwen_streamed_call(qwen):
     assert not "".join(ch.choices[0].delta.content or "" for ch in chunks)  # no call text leaks as content
 
 
+@pytest.mark.slow
 def test_qwen_round_trip(qwen):
     """The call, the tool's result as a role "tool" message, and the model's answer that uses it (tool_choice
     auto: the model chooses to answer)."""

@@ -145,6 +145,7 @@ def test_paging_and_gguf_pass_mypy_strict(mypy_cache):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_the_package_passes_mypy(mypy_cache):
     # No files named: the config's (the package's every module, counted to show that they were checked)
     r = _run("mypy", "--config-file", str(CONFIG), "--cache-dir", str(mypy_cache))
