@@ -501,8 +501,12 @@ def run(
             if proc.returncode != 0:
                 raise ChildFailed(name, proc.returncode, proc.stderr)
         else:
+            env.pop("PYTEST_CURRENT_TEST", None)  # pytest's name of the running test: not the child's business
             key = tuple(sorted(env.items()))
             with _IDLE_LOCK:
+                for other in [k for k in _IDLE if k != key]:  # one environment's children kept at a time
+                    for stale in _IDLE.pop(other):
+                        stale.close()
                 idle = _IDLE.setdefault(key, [])
                 server = idle.pop() if idle else None
             server = server or _Server(env)

@@ -182,12 +182,14 @@ def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, va
     prompts = ["Once upon a time", "def fibonacci(n):"]
     ref = llama_ref.run({"kind": "generate", "model": path, "prompts": prompts, "max_tokens": 48})
     with Model(path, ctx_size=256, n_threads=2) as m:
-        for i, prompt in enumerate(prompts):
+        runs = []
+        for prompt in prompts:
             n_prompt = len(m.tokenize(prompt))
             out = m.create_completion(prompt, max_tokens=48, temperature=0.0, repeat_penalty=1.0)
+            runs.append((out, m.tokens[n_prompt:]))  # the last one sampled is not evaluated
+        for i, (out, ids) in enumerate(runs):
             assert out["usage"]["completion_tokens"] == 48 and len(out["choices"][0]["text"]) > 48
             ref_ids = [int(x) for x in ref[f"ids{i}"]]
-            ids = m.tokens[n_prompt:]  # the last one sampled is not evaluated
             assert len(ref_ids) == 48 and len(ids) >= 47 and ids == ref_ids[: len(ids)]
             # their text as llama.cpp's llama_detokenize gives it; llama-cpp-python's own text drops any piece
             # longer than its 32-byte buffer, and equals it where there is none
