@@ -31,6 +31,12 @@ def vocab_fields(smollm2_path):
 
 
 @pytest.fixture(scope="session")
+def small_vocab(vocab_fields):
+    """SmolLM2's first 1024 tokens, for the tests of a family's numbers rather than its text."""
+    return synth_gguf.small_vocab_fields(vocab_fields, 1024)
+
+
+@pytest.fixture(scope="session")
 def qwen_path():
     return str(models.qwen_path())
 

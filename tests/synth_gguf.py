@@ -40,6 +40,28 @@ def vocab_fields(path):
     return fields
 
 
+def small_vocab_fields(fields, n):
+    """`fields` cut to the first n tokens: their types and scores, the merges of those tokens into those tokens;
+    the special ids must lie below n. A file of 1024 tokens loads in a fraction of a 49k-token file's time."""
+    tokens = next(v for k, v, *_ in fields if k == "tokenizer.ggml.tokens")[:n]
+    known = set(tokens)
+    out = []
+    for key, value, vtype, sub in fields:
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+            value = value[:n]
+        elif key == "tokenizer.ggml.merges":
+            kept = []
+            for m in value:
+                a, _, b = m.partition(" ")
+                if a in known and b in known and a + b in known:
+                    kept.append(m)
+            value = kept or value[:1]
+        elif key.endswith("_token_id"):
+            assert value < n, (key, value)
+        out.append((key, value, vtype, sub))
+    return out
+
+
 class _Cache:
     """The files synth() has written, by their arguments, in a directory of their own: a second call with the same
     arguments copies the first's file instead of drawing and quantizing its weights again, and a call under
