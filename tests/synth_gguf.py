@@ -22,6 +22,7 @@ import tempfile
 import gguf
 import numpy as np
 
+from superggml import gguf as sg
 from superggml import native
 
 N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYER = 64, 4, 2, 96, 2
@@ -1479,24 +1480,18 @@ VARIANTS = {
 
 def expert_bytes(path):
     """The bytes of a GGUF's expert tensors (superggml's reader: gguf's reads the whole vocabulary in Python)."""
-    with sg_open(path) as f:
+    with sg.open(path) as f:
         return sum(t.nbytes for t in f.tensors.values() if "_exps" in t.name)
 
 
 def tensor_names(path):
-    with sg_open(path) as f:
+    with sg.open(path) as f:
         return list(f.tensors)
 
 
 def metadata_value(path, key):
-    with sg_open(path) as f:
+    with sg.open(path) as f:
         return f.metadata()[key]
-
-
-def sg_open(path):
-    from superggml import gguf as sg
-
-    return sg.open(path)
 
 
 @contextlib.contextmanager
@@ -1568,7 +1563,7 @@ def without_keys(src, dst, drop):
             else:
                 take("<" + _SCALAR[vtype])
 
-        kept, alignment, n_left = [], 32, 0
+        kept, alignment = [], 32
         for _ in range(n_kv):
             start = pos
             n = take("<Q")
@@ -1583,7 +1578,6 @@ def without_keys(src, dst, drop):
                 alignment = struct.unpack_from("<I", buf, value_at)[0]
             if name not in drop:
                 kept.append(bytes(buf[start:pos]))
-                n_left += 1
         infos_at = pos
         for _ in range(n_tensors):
             n = take("<Q")
@@ -1596,7 +1590,7 @@ def without_keys(src, dst, drop):
         end = 24 + pos
         data_at = (end + alignment - 1) // alignment * alignment
         with open(dst, "wb") as out:
-            out.write(struct.pack("<4sIQQ", magic, version, n_tensors, n_left))
+            out.write(struct.pack("<4sIQQ", magic, version, n_tensors, len(kept)))
             for kv in kept:
                 out.write(kv)
             out.write(infos)
@@ -1610,8 +1604,6 @@ def without_keys(src, dst, drop):
 def dequantized_copy(src, dst):
     """`src` with every tensor dequantized to F32 by ggml's type traits (the same numbers, no quantization left),
     its metadata kept but general.file_type (ALL_F32); written tensor by tensor, never held whole."""
-    from superggml import gguf as sg
-
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
     for key, f in r.fields.items():

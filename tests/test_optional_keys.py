@@ -5,7 +5,6 @@ llama.cpp refuses it, or aborts on it, superggml raises a clear error."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 
 import numpy as np
@@ -72,28 +71,27 @@ def test_each_key_dropped_loads_or_is_refused_as_llama_cpp_does(tmp_path, small_
     arch = VARIANTS[variant]["arch"]
     keys = [k for k in written if k.startswith(arch + ".")]
     wrong, statuses = [], []
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        for at in range(0, len(keys), CHUNK):  # llama.cpp's children load a chunk while superggml loads it too
-            chunk = keys[at : at + CHUNK]
-            paths = []
-            for i, key in enumerate(chunk, at):  # the same file but one key: the same seed, the same tensors
-                with keys_left_out(drop={key}):
-                    paths.append(synth(tmp_path / f"no-{i}.gguf", small_vocab, **VARIANTS[variant]))
-            pending = pool.submit(llama_ref.run, {"kind": "loads", "model": full, "models": paths, "prompt": PROMPT})
-            got = [ours(path) for path in paths]
-            ref = pending.result()
-            for i, (key, path) in enumerate(zip(chunk, paths)):
-                status = int(ref["status"][i])
-                statuses.append(status)
-                os.unlink(path)  # 300 files in all: none is kept past its check
-                if status == llama_ref.LOAD_OK:
-                    if isinstance(got[i], Exception):
-                        wrong.append(f"{key}: llama.cpp runs it, superggml refuses: {got[i]}")
-                    elif not np.array_equal(got[i], ref[f"logits{i}"]):
-                        d = np.abs(got[i] - ref[f"logits{i}"]).max()
-                        wrong.append(f"{key}: llama.cpp runs it, with other logits (max |d| {d})")
-                elif not isinstance(got[i], Exception):
-                    what = "refuses" if status == llama_ref.LOAD_ERROR else "aborts on"
-                    wrong.append(f"{key}: llama.cpp {what} it, superggml runs it")
+    for at in range(0, len(keys), CHUNK):  # llama.cpp's children load a chunk while superggml loads it too
+        chunk = keys[at : at + CHUNK]
+        paths = []
+        for i, key in enumerate(chunk, at):  # the same file but one key: the same seed, the same tensors
+            with keys_left_out(drop={key}):
+                paths.append(synth(tmp_path / f"no-{i}.gguf", small_vocab, **VARIANTS[variant]))
+        pending = llama_ref.start({"kind": "loads", "model": full, "models": paths, "prompt": PROMPT})
+        got = [ours(path) for path in paths]
+        ref = pending.result()
+        for i, (key, path) in enumerate(zip(chunk, paths)):
+            status = int(ref["status"][i])
+            statuses.append(status)
+            os.unlink(path)  # 300 files in all: none is kept past its check
+            if status == llama_ref.LOAD_OK:
+                if isinstance(got[i], Exception):
+                    wrong.append(f"{key}: llama.cpp runs it, superggml refuses: {got[i]}")
+                elif not np.array_equal(got[i], ref[f"logits{i}"]):
+                    d = np.abs(got[i] - ref[f"logits{i}"]).max()
+                    wrong.append(f"{key}: llama.cpp runs it, with other logits (max |d| {d})")
+            elif not isinstance(got[i], Exception):
+                what = "refuses" if status == llama_ref.LOAD_ERROR else "aborts on"
+                wrong.append(f"{key}: llama.cpp {what} it, superggml runs it")
     print(f"\n{variant}: {len(keys)} keys, llama.cpp statuses {statuses}")
     assert not wrong, "\n".join(wrong)

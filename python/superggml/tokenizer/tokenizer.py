@@ -22,6 +22,9 @@ from .unicode import C_SPACE, hex_byte
 from .vocab import SPECIAL_NAMES, TokenAttr, Vocab, load_vocab
 
 
+NAME_KEYS = ("general.name", "general.architecture")
+
+
 def vocabulary_key(meta: Mapping[str, Any]) -> bytes:
     """A digest of what a tokenizer is built from: the ``tokenizer.ggml.*`` keys, ``general.name`` and
     ``general.architecture``. Equal digests give equal tokenizers; nothing of the metadata is kept."""
@@ -29,7 +32,6 @@ def vocabulary_key(meta: Mapping[str, Any]) -> bytes:
     return hashlib.sha256(pickle.dumps(used, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
-NAME_KEYS = ("general.name", "general.architecture")
 _LAST: dict[bytes, "Tokenizer"] = {}  # the last tokenizer built, by its vocabulary_key
 
 
