@@ -11,7 +11,9 @@
 #include "error.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -53,6 +55,7 @@ private:
     ggml_context * ctx_ = nullptr;
     size_t graph_size_;
     std::unordered_map<const ggml_cgraph *, std::unordered_set<const ggml_tensor *>> reached_;
+    std::vector<const ggml_cgraph *> graphs_;
 };
 
 // RAII owner of a backend buffer.
@@ -66,6 +69,24 @@ struct buffer_handle {
 // Allocates every unallocated tensor of `ctx` in one new buffer of `buft`
 // (nullptr: CPU). Throws Error if the allocation fails.
 std::shared_ptr<buffer_handle> alloc_tensors(const graph_context & ctx, ggml_backend_buffer_type * buft);
+
+// What a backend's graphs cost, counted since the backend was made (compute_backend::stats). Host seconds are the
+// host's own work; on the CPU the computation itself is `launch_s` (ggml computes as it is called), on a device with
+// a stream of its own (a GPU) `launch_s` is the host queuing kernels (or replaying a CUDA graph) and `wait_s` the host
+// waiting for the device. `device_s` is the device's span from the start of each graph to its end, from backend
+// events (a GPU, with timing on; 0 elsewhere).
+struct compute_stats {
+    uint64_t graphs = 0;     // graphs computed
+    uint64_t reused = 0;     // of them, the same graph again with nothing changed: no checks, no allocation, same uid
+    uint64_t nodes = 0;      // operations computed (views and reshapes left out)
+    double prepare_s = 0;    // host: leaves checked, views refreshed, intermediates allocated
+    double launch_s = 0;     // in ggml's graph compute
+    double wait_s = 0;       // in synchronize (and a blocking compute's own wait)
+    double device_s = 0;     // device span (events; timing on)
+    uint64_t device_graphs = 0;   // graphs device_s covers
+};
+
+struct event_timer;
 
 struct backend_params {
     std::string device;   // ggml device name ("" = CPU)
@@ -102,12 +123,32 @@ public:
     // Waits for every graph and copy queued on this backend.
     void synchronize();
 
+    // The counters above; `timing` on records a pair of backend events around each graph (where the device has
+    // events) and a watcher thread adds up the spans.
+    compute_stats stats() const;
+    void set_timing(bool on);
+    bool timing() const { return timer_ != nullptr; }
+    // Forgets a graph about to be freed (graph_context's destructor): never computed again as it was.
+    void forget(const ggml_cgraph * graph);
+
     // Bytes of the compute buffer (intermediates) allocated so far.
     size_t compute_buffer_size() const;
 
 private:
+    void release_kept();   // the kept graph's intermediates forget their addresses (before the allocator runs again)
+
     ggml_backend * backend_ = nullptr;
     ggml_gallocr * galloc_ = nullptr;
+    // The last graph computed keeps its intermediates' addresses (and its uid) while the allocator placed nothing
+    // else and no storage moved: computing it again then goes straight to the device (llama.cpp's graph reuse).
+    ggml_cgraph * kept_ = nullptr;
+    uint64_t kept_epoch_ = 0;
+    int kept_nodes_ = 0;
+    int kept_ops_ = 0;
+    std::vector<ggml_tensor *> kept_placed_;   // its nodes the allocator placed (found while its buffer was alive)
+    compute_stats stats_;
+    mutable std::mutex stats_mutex_;   // stats() may be read while another thread computes
+    std::unique_ptr<event_timer> timer_;
     ggml_threadpool * threadpool_ = nullptr;   // CPU: kept across graphs (no thread start per graph)
     int n_threads_;
     bool use_ref_ = false;

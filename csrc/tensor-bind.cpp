@@ -6,10 +6,16 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
 namespace superggml {
+
+static std::atomic<uint64_t> g_storage_epoch{1};
+
+uint64_t storage_epoch() { return g_storage_epoch.load(std::memory_order_acquire); }
+void storage_moved() { g_storage_epoch.fetch_add(1, std::memory_order_acq_rel); }
 
 size_t tensor_padded_size(ggml_backend_buffer_type * buft, const ggml_tensor * t) {
     return GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
@@ -22,6 +28,8 @@ void tensor_bind(ggml_tensor * t, ggml_backend_buffer * buffer, void * addr) {
     if (p < base || p + need > base + ggml_backend_buffer_get_size(buffer)) {
         throw Error(std::string("tensor_bind: '") + t->name + "' does not fit in the buffer at that address");
     }
+    if (t->buffer == buffer && t->data == addr) return;   // bound there already
+    storage_moved();
     t->buffer = nullptr;
     t->data = nullptr;
     if (ggml_backend_tensor_alloc(buffer, t, addr) != GGML_STATUS_SUCCESS) {
@@ -37,6 +45,7 @@ ggml_tensor * tensor_bytes(ggml_context * ctx, ggml_backend_buffer * buffer, voi
 }
 
 void tensor_unbind(ggml_tensor * t) {
+    storage_moved();
     t->buffer = nullptr;
     t->data = nullptr;
     t->extra = nullptr;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 struct ggml_context;
 struct ggml_tensor;
@@ -27,6 +28,10 @@ void tensor_bind(ggml_tensor * t, ggml_backend_buffer * buffer, void * addr);
 ggml_tensor * tensor_bytes(ggml_context * ctx, ggml_backend_buffer * buffer, void * addr, size_t n);
 // Detaches `t` from its storage (data = nullptr); computing it then fails.
 void tensor_unbind(ggml_tensor * t);
+// Bumped whenever a tensor's storage moves (tensor_bind to another address, tensor_unbind, a new buffer of
+// tensors): a graph computed again with the same epoch finds every leaf and view where they were.
+uint64_t storage_epoch();
+void storage_moved();
 // Bytes `t` takes in a buffer of `buft`, padded so the next tensor stays aligned.
 size_t tensor_padded_size(ggml_backend_buffer_type * buft, const ggml_tensor * t);
 

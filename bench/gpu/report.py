@@ -110,6 +110,54 @@ def streamed_rows(runs):
     return out
 
 
+def pass_rows(runs):
+    """Per pass, ms: superggml's host and device parts beside llama.cpp's call, wait and copy (passes.py)."""
+    out = [
+        "| model | pass | superggml wall | host (python, build, prepare, launch) | compute wait | device span | "
+        "graphs (reused) | ops | llama.cpp wall | decode call | synchronize | logits copy | problems |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r, rc in runs:
+        s, ll = r.get("superggml", {}), r.get("llama.cpp", {})
+        for kind in ("decode", "prefill"):
+            p, q = s.get("pass_profile", {}).get(kind, {}), ll.get(kind, {})
+            host = (
+                f"{fmt(p.get('host_ms'), '.3f')} ({fmt(p.get('python_ms'), '.3f')}, {fmt(p.get('build_ms'), '.3f')}, "
+                f"{fmt(p.get('prepare_ms'), '.3f')}, {fmt(p.get('launch_ms'), '.3f')})"
+                if p
+                else "-"
+            )
+            out.append(
+                f"| {name} | {kind} | {fmt(p.get('wall_ms'), '.3f')} | {host} | {fmt(p.get('compute_ms'), '.3f')} | "
+                f"{fmt(p.get('device_ms'), '.3f')} | {fmt(p.get('graphs_per_pass'))} ({fmt(p.get('reused_per_pass'))}) | "
+                f"{fmt(p.get('ops_per_pass'))} | {fmt(q.get('wall_ms'), '.3f')} | {fmt(q.get('decode_call_ms'), '.3f')} | "
+                f"{fmt(q.get('synchronize_ms'), '.3f')} | {fmt(q.get('logits_copy_ms'), '.3f')} | {problems(r, rc)} |"
+            )
+    for name, r, _ in runs:
+        words = {e: r.get(e, {}).get("cuda_graph_log") for e in ("superggml", "llama.cpp")}
+        if any(words.values()):
+            out += ["", f"{name}, ggml-cuda's words on CUDA graphs (message: times): {json.dumps(words)}"]
+        perf = r.get("llama.cpp", {}).get("perf_context")
+        if perf:
+            out += ["", f"{name}, llama_perf_context: {json.dumps(perf)}"]
+    return out
+
+
+def kernel_rows(d, steps):
+    """The first rows of each kernels step's side-by-side table (kernels.py)."""
+    out = []
+    for s in steps:
+        if s["step"].startswith("kernels_"):
+            path = os.path.join(d, s["step"], "kernels.md")
+            if os.path.exists(path):
+                with open(path) as f:
+                    rows = f.read().splitlines()
+                out += [""] + rows[:30] + ([f"... ({len(rows) - 30} more rows in logs)"] if len(rows) > 30 else [])
+            else:
+                out += ["", f"{s['step']}: rc {s['rc']}, no table ({last_line(os.path.join(d, s['step'] + '.log'))})"]
+    return out
+
+
 def main():
     out = sys.argv[1]
     d = os.path.join(out, "logs")
@@ -127,6 +175,7 @@ def main():
         ]
 
     checks, resident, streamed = runs("check_"), runs("bench_resident_"), runs("bench_streamed_")
+    passes = runs("passes_")
     ref = next((c["reference"] for _, c, _ in checks if "reference" in c), {})
     res = {
         "env": env,
@@ -135,6 +184,7 @@ def main():
         "steps": steps,
         "checks": [c for _, c, _ in checks],
         "bench": [b for _, b, _ in resident + streamed],
+        "passes": [p for _, p, _ in passes],
     }
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
@@ -162,6 +212,9 @@ def main():
         "",
     ]
     md += streamed_rows(streamed)
+    md += ["", "Resident passes, ms per pass (the mean of 3 after a warm-up; passes.py):", ""]
+    md += pass_rows(passes)
+    md += kernel_rows(d, steps)
     md += ["", "Steps:", "", "| step | rc | seconds | limit |", "|---|---|---|---|"]
     md += [f"| {s['step']} | {s['rc']} | {s['seconds']} | {s['limit']} |" for s in steps]
     failed = [s["step"] for s in steps if s["rc"] not in ("0", "skipped")]

@@ -1,8 +1,8 @@
 """Synthetic GGUFs for the GPU check, with SmolLM2's real tokenizer (tokenizer-smollm2.gguf beside this file).
 
-    python3 bench/gpu/synth.py timing OUTDIR     l8b.gguf (Llama-3-8B's shape), l1b.gguf (16 x 2048, 8192) and
+    python3 bench/gpu/synth.py timing OUTDIR [NAME...]     l8b.gguf (Llama-3-8B's shape), l1b.gguf (16 x 2048, 8192) and
                                                  m4g.gguf (a qwen3moe: 24 x 2048, 64 experts of 768, 8 per token)
-    python3 bench/gpu/synth.py check OUTDIR      a small model per family: llama qwen3 qwen3moe gemma3 deepseek2 qwen35
+    python3 bench/gpu/synth.py check OUTDIR [NAME...]      a small model per family: llama qwen3 qwen3moe gemma3 deepseek2 qwen35
 
 SIZE=small makes small timing models (for a CPU). Every matrix is Q4_0 (norms, routers and biases F32), zero-mean.
 The timing models tile a pool of random quant blocks (disk speed, rows repeat: for speed only; no superggml needed);
@@ -149,8 +149,8 @@ class Q4Writer(gguf.GGUFWriter):
         return super().add_tensor(name, tensor, *args, **kw)
 
 
-def check_models(out):
-    """tests/synth_gguf.py's models, each written through Q4Writer."""
+def check_models(out, names=()):
+    """tests/synth_gguf.py's models (those named, else all), each written through Q4Writer."""
     sys.path.insert(0, os.path.join(HERE, "..", "..", "tests"))
     import common  # noqa: F401  (refuses a superggml that is not run.sh's build)
     import synth_gguf as sg
@@ -166,18 +166,22 @@ def check_models(out):
     }
     gguf.GGUFWriter = Q4Writer  # the writer synth_gguf's generators make
     for name, kw in specs.items():
+        if names and name not in names:
+            continue
         path = sg.synth(os.path.join(out, name + ".gguf"), fields, **kw)
         print(name, os.path.getsize(path), flush=True)
 
 
 def main():
-    what, out = sys.argv[1], sys.argv[2]
+    what, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
     os.makedirs(out, exist_ok=True)
     if what == "check":
-        check_models(out)
+        check_models(out, names)
         return
     fields = tokenizer_fields()
     for name, shape in TIMING[os.environ.get("SIZE", "big")].items():
+        if names and name not in names:
+            continue
         path = os.path.join(out, name + ".gguf")
         timing_model(path, *shape[:3], shape[3] if len(shape) > 3 else None, fields)
         print(name, os.path.getsize(path), flush=True)

@@ -120,6 +120,23 @@ void init_graph(py::module_ & m) {
                       "CPU: ggml-cpu's reference matmul path (no tiled K-quant kernels from 8 rows on, no fused "
                       "ops): a row's result does not depend on how many rows the op has. Other devices: ignored.")
         .def_property_readonly("compute_buffer_size", &compute_backend::compute_buffer_size)
+        .def("stats", [](const compute_backend & b) {
+            compute_stats s;
+            {
+                py::gil_scoped_release nogil;   // with timing on, waits for the watcher's last spans
+                s = b.stats();
+            }
+            py::dict d;
+            d["graphs"] = s.graphs; d["reused"] = s.reused; d["nodes"] = s.nodes;
+            d["prepare_s"] = s.prepare_s; d["launch_s"] = s.launch_s; d["wait_s"] = s.wait_s;
+            d["device_s"] = s.device_s; d["device_graphs"] = s.device_graphs;
+            return d;
+        }, "What the graphs cost so far: graphs, reused (computed again unchanged: no allocation, ggml-cuda's CUDA "
+           "graph replayed as it was), nodes (operations), prepare_s (host: checks, allocation), launch_s (ggml's "
+           "graph compute: the CPU computing, a GPU being queued kernels), wait_s (synchronize), device_s and "
+           "device_graphs (the device's span per graph from its events, with timing on; 0 where it has none).")
+        .def_property("timing", &compute_backend::timing, &compute_backend::set_timing,
+            "Records events around each graph, where the device has them (a GPU), for stats()['device_s'].")
         .def("compute", [](compute_backend & b, const graph_ref & g, bool sync) {
             {
                 py::gil_scoped_release nogil;

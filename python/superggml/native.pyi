@@ -287,6 +287,13 @@ class Backend(_pybind11_object):
     def use_ref(self, value: bool, /) -> None: ...
     @property
     def compute_buffer_size(self) -> int: ...
+    def stats(self) -> dict[str, float]:
+        """What the graphs cost so far: graphs, reused, nodes, prepare_s, launch_s, wait_s, device_s, device_graphs."""
+    @property
+    def timing(self) -> bool:
+        """Events around each graph where the device has them (a GPU), for stats()['device_s']."""
+    @timing.setter
+    def timing(self, value: bool, /) -> None: ...
     def compute(self, graph: Graph, sync: bool = True) -> None:
         """Allocates intermediates and runs the graph (sync=False: queued on the device's stream, see
         synchronize); the GIL is released."""
@@ -707,6 +714,9 @@ class _DeviceMemory(TypedDict):
 
 def host_memory() -> _HostMemory:
     """Host memory as this process sees it: /proc/meminfo clipped by its memory cgroup (bytes)."""
+
+def ggml_log_counts() -> dict[str, int]:
+    """How often ggml logged each message about CUDA graphs (digits as #): captured, reused, reset, disabled."""
 
 def host_memory_trim() -> bool:
     """Returns freed heap memory to the system (glibc malloc_trim); whether any was released."""

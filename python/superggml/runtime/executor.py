@@ -25,6 +25,7 @@ from .memory import MAX_LANES, SequenceMemory, attn_rot_size, check_latent_types
 from .recurrent import sequence_memory
 from .pagers import WeightPager
 from .placement import Placements, Placer
+from .profile import PassProfile, timing
 from .memory_plan import kv_bytes, kv_type
 from .resolve import Resolved, resolve
 from .sequences import SequenceState, Sequences
@@ -147,6 +148,7 @@ class Executor:
         self.hidden_buf: Any = None  # keep_hidden's rows, F32 [n_embd, n_batch]
         self.on_hidden: Any = None  # (sequence, first position, F32 [n, n_embd]) per pass item
         self.streams = DeviceStreams(self.backends)  # graphs queued on the devices' streams
+        self.profile = PassProfile(self.backends)  # where each pass's time goes (host, device)
         head_dims = {arch.layer_hp(il).head_dim for il in range(self.hp.n_layer)}
         self.acts, self.rot, self.keep = activations(
             self.hp, s.context, self.backends, tuple(head_dims), arch.indexer_rot_size
@@ -223,6 +225,7 @@ class Executor:
             "tokens_per_pass": self.pass_tokens / n,
             "stream_passes": self.stream_passes,
             "graphs_per_pass": self.graphs_per_pass,
+            "pass_profile": self.profile.as_dict(),
         }
         if self.endpoints:
             d.update(server_counters(self.endpoints), remote_bytes=self.placement.remote_bytes)
@@ -233,6 +236,10 @@ class Executor:
         if self.placer is not None:
             d["placement"] = self.placer.table()
         return d
+
+    def device_timing(self, on: bool = True) -> bool:
+        """Device events around every graph from now on (pass_profile's device_ms); whether a device has them."""
+        return timing(self.backends, on)
 
     def keep_hidden(self, on_hidden: Any = None) -> None:
         """Every pass (but embeddings) keeps the output norm of all its rows (hidden_buf) and gives each
@@ -265,7 +272,9 @@ class Executor:
         key = (n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge, hosted)
         plan = self.plans.pop(key, None)
         if plan is None:
+            t0 = time.perf_counter()
             plan = GraphPlan(self, n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge, hosted)
+            self.profile.built(time.perf_counter() - t0)
         self.plans[key] = plan  # most recently used last
         if len(self.plans) > PLAN_CACHE:
             while len(self.plans) > PLAN_CACHE:
@@ -293,6 +302,7 @@ class Executor:
         """One forward pass over the tokens of one or more sequences (each in its own lane, its rows after the
         previous one's); returns the logits of out_rows (rows of the whole pass), or None. embed: the output
         norm's rows (F32 [n_out, n_embd]) instead. hidden: an MTP block's rows beside the tokens."""
+        self.profile.start()
         c = self.settings.context
         shapes: list[tuple[int, int]] = []
         starts: list[int] = []
@@ -338,9 +348,11 @@ class Executor:
             h = plan.hidden_out()
             for (seq, toks), p0, at in zip(items, starts, np.cumsum([0] + [len(t) for _, t in items])):
                 self.on_hidden(seq.id, p0, h[at : at + len(toks)])
-        if not out_rows:
-            return None
-        return tensor_array(logits).reshape(len(out_rows), self.hp.n_embd if embed else self.hp.n_vocab)
+        out = None
+        if out_rows:
+            out = tensor_array(logits).reshape(len(out_rows), self.hp.n_embd if embed else self.hp.n_vocab)
+        self.profile.done(n)
+        return out
 
     def merges(self) -> bool:
         """Whether plans merge the blocks that stay into segments: the weights are loaded (the first pass

@@ -416,6 +416,8 @@ class ContiguousKV(LanedKV):
             return
         self.lanes.ensure(len(seqs))
         self.bound += [None] * (len(seqs) - len(self.bound))
+        if all(self.bound[j] == slot for j, slot in enumerate(slots)):
+            return  # a decoded token: nothing moves, nothing to do per layer
         pools = self.targets()
         for j, slot in enumerate(slots):
             if self.bound[j] == slot:

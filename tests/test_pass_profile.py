@@ -1,0 +1,106 @@
+"""The pass profile (runtime/profile.py): host time apart from the computation, graphs computed again unchanged,
+and a host cost per decoded token that does not grow with the model's depth."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import synth_gguf
+
+from superggml import Model, native
+
+N_DECODE = 48
+# The host's own time per decoded token may grow by this much from 2 to 24 blocks (a fixed bound, not per block: a
+# resident pass is one graph computed again as it was, so the host does no work per block)
+HOST_GROWTH_MS = 0.25
+
+
+def decode_profile(path, **kw):
+    """The decode part of the pass profile over N_DECODE tokens after a short prompt (its plans built before), the
+    graphs of the last pass, and each pass's host milliseconds."""
+    with Model(path, ctx_size=256, n_threads=1, **kw) as m:
+        m.eval([1, 2, 3, 4])
+        m.eval([5])
+        hosts = []
+        for t in range(N_DECODE):
+            m.runtime.profile.reset()
+            m.eval([6 + t])
+            hosts.append(m.stats()["pass_profile"]["decode"]["host_ms"])
+        m.runtime.profile.reset()
+        for t in range(N_DECODE):
+            m.eval([6 + N_DECODE + t])
+        st = m.stats()
+        return st["pass_profile"]["decode"], st["graphs_per_pass"], hosts
+
+
+@pytest.fixture(scope="module")
+def depths(tmp_path_factory, small_vocab):
+    d = tmp_path_factory.mktemp("depth")
+    return {
+        n: synth_gguf.synth(d / f"llama{n}.gguf", small_vocab, arch="llama", n_layer=n, n_embd=64, n_ff=128)
+        for n in (2, 24)
+    }
+
+
+def test_resident_decode_reuses_its_graph(depths):
+    """Everything resident: one graph per decoded token, computed again unchanged (no allocation, the same uid),
+    its operations counted, the host's time and the computation's adding up to the pass."""
+    prof, graphs, _ = decode_profile(depths[24])
+    assert graphs == 1
+    assert prof["passes"] == N_DECODE
+    assert prof["graphs_per_pass"] == 1 and prof["reused_per_pass"] == 1
+    assert prof["ops_per_pass"] > 24 * 10  # every block's operations, views left out
+    assert prof["compute_ms"] > 0 and prof["host_ms"] > 0
+    assert prof["host_ms"] + prof["compute_ms"] == pytest.approx(prof["wall_ms"], rel=1e-3, abs=1e-3)
+    assert prof["device_ms"] == 0  # the CPU has no events
+
+
+def test_host_time_per_decoded_token_does_not_grow_with_depth(depths):
+    """The host's own time per decoded token, 24 blocks against 2, within HOST_GROWTH_MS (the median pass, so
+    that a busy machine's pauses do not count)."""
+    host = {n: float(np.median(decode_profile(p)[2])) for n, p in depths.items()}
+    assert host[24] - host[2] < HOST_GROWTH_MS, host
+
+
+def test_a_graph_computed_again_after_its_storage_moved_is_prepared_again(smollm2_path):
+    """Streamed blocks rebind their slots between passes: a graph whose weights moved is never computed again
+    as it was, and the logits stay the resident ones."""
+    with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False) as m:
+        ref = [m.eval([1, 2, 3])[-1].copy()] + [m.eval([t])[-1].copy() for t in (4, 5, 6)]
+    with Model(smollm2_path, ctx_size=128, n_threads=2, repack=False, device_budget=24 << 20) as m:
+        out = [m.eval([1, 2, 3])[-1].copy()] + [m.eval([t])[-1].copy() for t in (4, 5, 6)]
+        prof = m.stats()["pass_profile"]["decode"]
+        assert prof["graphs_per_pass"] > 1
+        assert prof["reused_per_pass"] < prof["graphs_per_pass"]
+    for a, b in zip(ref, out):
+        assert np.array_equal(a, b)
+
+
+def test_backend_stats_count_reuse_and_storage_moves():
+    """native.Backend.stats: the same graph again is reused; after a tensor it reads is bound elsewhere it is
+    prepared again (and reads the new storage)."""
+    b = native.Backend("", 1)
+    ctx = native.Context(max_tensors=8)
+    x = ctx.new_tensor(native.GGMLType.F32, [4])
+    y = ctx.new_tensor(native.GGMLType.F32, [4])
+    keep = b.alloc_tensors(ctx)
+    native.tensor_set(x, np.arange(4, dtype=np.float32))
+    native.tensor_set(y, np.full(4, 10, dtype=np.float32))
+    gctx = native.Context(max_tensors=8, graph_size=8)
+    v = gctx.new_tensor(native.GGMLType.F32, [4])
+    native.tensor_alias(v, x)
+    g = gctx.new_graph()
+    out = gctx.scale(v, 2.0)
+    out.set_output()
+    g.expand(out)
+    s0 = b.stats()
+    b.compute(g)
+    b.compute(g)
+    assert native.tensor_get(out).tolist() == [0, 2, 4, 6]
+    native.tensor_alias(v, y)  # the storage moved: prepared again, reading y
+    b.compute(g)
+    assert native.tensor_get(out).tolist() == [20, 20, 20, 20]
+    s1 = b.stats()
+    assert s1["graphs"] - s0["graphs"] == 3 and s1["reused"] - s0["reused"] == 1
+    assert s1["nodes"] - s0["nodes"] == 3
+    del keep
