@@ -46,8 +46,9 @@ def token_llama(path):
     import llama_cpp
 
     start, stop = profiler()
-    llm = llama_cpp.Llama(model_path=path, n_gpu_layers=99, n_ctx=1024, n_batch=512, n_ubatch=512,
-                          flash_attn=False, verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=path, n_gpu_layers=99, n_ctx=1024, n_batch=512, n_ubatch=512, flash_attn=False, verbose=False
+    )
     llm.eval(list(range(100, 100 + N_PROMPT)))
     for t in range(N_WARM):
         llm.eval([200 + t])
@@ -78,8 +79,12 @@ def parse(text):
         if r.get("Metric Name") == "gpu__time_duration.sum":
             v = float(r["Metric Value"].replace(",", ""))
             unit = r.get("Metric Unit", "ns")
-            rows.append((short(r["Kernel Name"]), v * {"ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6,
-                                                       "msecond": 1e6}.get(unit, 1)))
+            rows.append(
+                (
+                    short(r["Kernel Name"]),
+                    v * {"ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6}.get(unit, 1),
+                )
+            )
     return rows
 
 
@@ -107,9 +112,25 @@ def main():
     per, errors = {}, {}
     for eng in ENGINES:
         env = ref["env"] if eng == "llama.cpp" else dict(os.environ)
-        cmd = ["ncu", "--profile-from-start", "off", "--csv", "--metrics", "gpu__time_duration.sum",
-               "--clock-control", "none", "--cache-control", "none", "--graph-profiling", "node",
-               sys.executable, os.path.abspath(__file__), "--token", eng, path]
+        cmd = [
+            "ncu",
+            "--profile-from-start",
+            "off",
+            "--csv",
+            "--metrics",
+            "gpu__time_duration.sum",
+            "--clock-control",
+            "none",
+            "--cache-control",
+            "none",
+            "--graph-profiling",
+            "node",
+            sys.executable,
+            os.path.abspath(__file__),
+            "--token",
+            eng,
+            path,
+        ]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150, cwd=HERE)
         with open(os.path.join(out, f"{eng}.csv"), "w") as f:
             f.write(p.stdout)
@@ -118,14 +139,24 @@ def main():
             errors[eng] = f"ncu rc {p.returncode}: {p.stderr[-1200:]}"
     rows = table(per)
     tot = {e: (len(per[e]), sum(ns for _, ns in per[e]) / 1e3) for e in ENGINES}
-    res = {"model": os.path.basename(path), "totals": tot, "errors": errors,
-           "kernels": [{"kernel": k, **{e: v.get(e, (0, 0.0)) for e in ENGINES}} for k, v in rows]}
+    res = {
+        "model": os.path.basename(path),
+        "totals": tot,
+        "errors": errors,
+        "kernels": [{"kernel": k, **{e: v.get(e, (0, 0.0)) for e in ENGINES}} for k, v in rows],
+    }
     with open(os.path.join(out, "kernels.json"), "w") as f:
         json.dump(res, f, indent=1)
-    md = [f"# One decoded token's kernels: {os.path.basename(path)} (ncu, gpu__time_duration)", "",
-          "| kernel | superggml n | superggml us | llama.cpp n | llama.cpp us |", "|---|---|---|---|---|"]
-    md.append(f"| **all** | {tot['superggml'][0]} | {tot['superggml'][1]:.1f} | {tot['llama.cpp'][0]} | "
-              f"{tot['llama.cpp'][1]:.1f} |")
+    md = [
+        f"# One decoded token's kernels: {os.path.basename(path)} (ncu, gpu__time_duration)",
+        "",
+        "| kernel | superggml n | superggml us | llama.cpp n | llama.cpp us |",
+        "|---|---|---|---|---|",
+    ]
+    md.append(
+        f"| **all** | {tot['superggml'][0]} | {tot['superggml'][1]:.1f} | {tot['llama.cpp'][0]} | "
+        f"{tot['llama.cpp'][1]:.1f} |"
+    )
     for k, v in rows:
         a, b = v.get("superggml", (0, 0.0)), v.get("llama.cpp", (0, 0.0))
         md.append(f"| `{k[:90]}` | {a[0]} | {a[1]:.1f} | {b[0]} | {b[1]:.1f} |")

@@ -24,8 +24,9 @@ N_PROMPT, N_GEN, REPS = 512, 64, 3
 def superggml_passes(path):
     prompt = np.random.default_rng(1).integers(100, 40000, N_PROMPT).tolist()
     logs0 = native.ggml_log_counts()
-    with Model(path, ctx_size=1024, n_batch=512, n_threads=THREADS, flash_attn=False, device_budget="off",
-               **device_kw()) as m:
+    with Model(
+        path, ctx_size=1024, n_batch=512, n_threads=THREADS, flash_attn=False, device_budget="off", **device_kw()
+    ) as m:
         ex = m.runtime
         events = ex.device_timing(True)
         for rep in range(REPS + 1):
@@ -57,8 +58,19 @@ def main():
     except Exception as e:
         res["errors"]["superggml"] = error(e)
     try:
-        r = run_ref(reference(), {"kind": "profile", "model": path, "ngl": 99, "n_ctx": 1024, "n_prompt": N_PROMPT,
-                                  "n_gen": N_GEN, "reps": REPS}, timeout=300)
+        r = run_ref(
+            reference(),
+            {
+                "kind": "profile",
+                "model": path,
+                "ngl": 99,
+                "n_ctx": 1024,
+                "n_prompt": N_PROMPT,
+                "n_gen": N_GEN,
+                "reps": REPS,
+            },
+            timeout=300,
+        )
         res["llama.cpp"] = json.loads(str(r["profile"]))
     except Exception as e:
         res["errors"]["llama.cpp"] = error(e)

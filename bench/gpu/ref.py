@@ -66,10 +66,18 @@ def profile(llm, req):
     perf = llama_cpp.llama_perf_context(ctx)
     llama_cpp.llama_batch_free(batch)
     out = {
-        k: dict(zip(("wall_ms", "decode_call_ms", "synchronize_ms", "logits_copy_ms"), (1e3 * np.mean(v, 0)).round(4).tolist()))
+        k: dict(
+            zip(
+                ("wall_ms", "decode_call_ms", "synchronize_ms", "logits_copy_ms"),
+                (1e3 * np.mean(v, 0)).round(4).tolist(),
+            )
+        )
         for k, v in kinds.items()
     }
-    out["perf_context"] = {f: getattr(perf, f) for f, _ in perf._fields_}
+    out["perf_context"] = {
+        f: getattr(perf, f)
+        for f in ("t_start_ms", "t_load_ms", "t_p_eval_ms", "t_eval_ms", "n_p_eval", "n_eval", "n_reused")
+    }
     out["cuda_graph_log"] = words
     return out
 
