@@ -104,3 +104,19 @@ def test_backend_stats_count_reuse_and_storage_moves():
     assert s1["graphs"] - s0["graphs"] == 3 and s1["reused"] - s0["reused"] == 1
     assert s1["nodes"] - s0["nodes"] == 3
     del keep
+
+
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_masks_are_llama_cpps(flash_attn):
+    """lane_rows' masks (a window per row for long passes, a compare for short ones) are the causal and sliding
+    ones, element for element, in the mask's type."""
+    from superggml.runtime.graph import lane_rows
+
+    mtype = np.float16 if flash_attn else np.float32
+    for p0, n, n_kv, n_swa in ((0, 512, 512, 0), (37, 20, 256, 0), (300, 1, 512, 0), (5, 64, 256, 16), (0, 15, 256, 4)):
+        r = lane_rows(p0, n, n_kv, n_swa=n_swa, flash_attn=flash_attn, v_channels=3, ctx_size=1024)
+        pos, kv = np.arange(p0, p0 + n)[:, None], np.arange(n_kv)[None, :]
+        assert r.mask.dtype == mtype and r.mask.flags.c_contiguous
+        assert np.array_equal(r.mask, np.where(kv <= pos, 0, -np.inf).astype(mtype))
+        if n_swa:
+            assert np.array_equal(r.mask_swa, np.where((kv <= pos) & (pos - kv < n_swa), 0, -np.inf).astype(mtype))

@@ -146,6 +146,24 @@ void init_graph(py::module_ & m) {
         }, py::arg("graph"), py::arg("sync") = true,
            "Allocates intermediates and runs the graph (sync=False: queued on the device's stream, see "
            "synchronize); the GIL is released.")
+        .def("tensor_set_async", [](compute_backend & b, tensor_ref & r, py::buffer data) {
+            py::buffer_info info = data.request();
+            size_t n = (size_t) info.size * (size_t) info.itemsize;
+            need_storage(r.t, "tensor_set_async");
+            if (n > ggml_nbytes(r.t)) throw Error("tensor_set_async: data larger than the tensor");
+            ggml_backend_buffer * buf = r.t->buffer ? r.t->buffer : r.t->view_src->buffer;
+            // the device's own memory: queued on its stream (a GPU copies the bytes out before it returns);
+            // anything else (host memory, another device's): copied at once
+            const bool queue = ggml_backend_buffer_get_type(buf) == b.buffer_type() && !ggml_backend_buffer_is_host(buf);
+            {
+                py::gil_scoped_release nogil;
+                if (queue) ggml_backend_tensor_set_async(b.backend(), r.t, info.ptr, 0, n);
+                else ggml_backend_tensor_set(r.t, info.ptr, 0, n);
+            }
+            check_device(r.t);
+        }, py::arg("tensor"), py::arg("data"),
+           "Copies a contiguous buffer into the tensor: queued on this device's stream where the tensor is in the "
+           "device's own memory (ordered with its graphs, no wait for them), else at once.")
         .def("synchronize", [](compute_backend & b) {
             {
                 py::gil_scoped_release nogil;

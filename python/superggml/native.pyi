@@ -294,6 +294,9 @@ class Backend(_pybind11_object):
         """Events around each graph where the device has them (a GPU), for stats()['device_s']."""
     @timing.setter
     def timing(self, value: bool, /) -> None: ...
+    def tensor_set_async(self, tensor: Tensor, data: _BufferLike) -> None:
+        """Copies a contiguous buffer into the tensor: queued on this device's stream where the tensor is in the
+        device's own memory (ordered with its graphs, no wait for them), else at once."""
     def compute(self, graph: Graph, sync: bool = True) -> None:
         """Allocates intermediates and runs the graph (sync=False: queued on the device's stream, see
         synchronize); the GIL is released."""

@@ -82,22 +82,32 @@ def lane_rows(
     with `chunked` keys outside the query's chunk of n_swa positions: llama.cpp's is_masked_swa), and the K rows
     and V indices a sequence's rows write."""
     pos = np.arange(p0, p0 + n, dtype=np.int32)
-    kv_pos = np.arange(n_kv)[None, :]
     mtype = np.float16 if flash_attn else np.float32
-    causal = kv_pos <= pos[:, None]
-    mask = np.where(causal, 0.0, -np.inf).astype(mtype)
+    mask = causal_mask(p0, n, n_kv, mtype)
     if not n_swa:
         mask_swa = None
-    elif chunked:
-        mask_swa = np.where(causal & (kv_pos // n_swa == pos[:, None] // n_swa), 0.0, -np.inf).astype(mtype)
     else:
-        mask_swa = np.where(causal & (pos[:, None] - kv_pos < n_swa), 0.0, -np.inf).astype(mtype)
+        kv_pos = np.arange(n_kv)[None, :]
+        inside = (kv_pos // n_swa == pos[:, None] // n_swa) if chunked else (pos[:, None] - kv_pos < n_swa)
+        mask_swa = np.where((mask == 0) & inside, mtype(0), mtype(-np.inf))
     if flash_attn:
         v_idxs = pos.astype(np.int64)
     else:
         chan = np.arange(v_channels, dtype=np.int64)
         v_idxs = (chan[None, :] * ctx_size + pos[:, None]).reshape(-1)
     return LaneRows(pos, mask, mask_swa, pos.astype(np.int64), v_idxs)
+
+
+def causal_mask(p0: int, n: int, n_kv: int, mtype: Any) -> np.ndarray:
+    """[n, n_kv]: 0 where key j is at or before row i's position p0 + i, -inf after. Row i is a window of one
+    row of n_kv zeros then n_kv -infs, starting one value earlier per row: one copy, no per-element compare (for
+    a few rows, where the window's own cost is more, the compare)."""
+    if n < 16:
+        return np.where(np.arange(n_kv)[None, :] <= np.arange(p0, p0 + n)[:, None], mtype(0), mtype(-np.inf))
+    z = np.concatenate([np.zeros(n_kv, mtype), np.full(n_kv, -np.inf, mtype)])
+    start = n_kv - p0 - 1  # row 0 keeps p0 + 1 zeros
+    windows = np.lib.stride_tricks.sliding_window_view(z, n_kv)
+    return np.ascontiguousarray(windows[start - n + 1 : start + 1][::-1])
 
 
 def head_out(ex: Any, n_out: int) -> list[Any]:
@@ -271,25 +281,26 @@ class GraphPlan:
         out = np.asarray(out_rows or [0], dtype=np.int32)
         if self.streams:
             rows = [self.stacked(rows)]
-        for inp in self.all_inputs:  # a pass's inputs (new_inputs) have what only its lanes lack
+        for inp, backend in zip(self.all_inputs, self.ex.backends):  # a pass's inputs (new_inputs) have what only
+            put = backend.tensor_set_async  # its lanes lack; queued on a GPU's stream, before the pass's graphs
             assert inp.tokens is not None and inp.positions is not None and inp.out_ids is not None
-            native.tensor_set(inp.tokens, tokens)
-            native.tensor_set(inp.positions, pos)
-            native.tensor_set(inp.out_ids, out)
+            put(inp.tokens, tokens)
+            put(inp.positions, pos)
+            put(inp.out_ids, out)
             if inp.attn_scale is not None and temp is not None:
-                native.tensor_set(inp.attn_scale, temp)
+                put(inp.attn_scale, temp)
             if inp.hidden is not None:
                 if hidden is None:
                     raise ValueError("an MTP pass needs the hidden rows its tokens follow")
-                native.tensor_set(inp.hidden, np.ascontiguousarray(hidden, dtype=np.float32))
+                put(inp.hidden, np.ascontiguousarray(hidden, dtype=np.float32))
             for lane, r in zip(inp.lanes or [inp], rows):  # each with its own masks and K/V indices (kv)
                 assert lane.mask is not None and lane.k_idxs is not None and lane.v_idxs is not None
-                native.tensor_set(lane.mask, r.mask)
+                put(lane.mask, r.mask)
                 if r.mask_swa is not None:
                     assert lane.mask_swa is not None  # both there with sliding-window layers
-                    native.tensor_set(lane.mask_swa, r.mask_swa)
-                native.tensor_set(lane.k_idxs, r.k_idxs)
-                native.tensor_set(lane.v_idxs, r.v_idxs)
+                    put(lane.mask_swa, r.mask_swa)
+                put(lane.k_idxs, r.k_idxs)
+                put(lane.v_idxs, r.v_idxs)
 
     def stacked(self, rows: Sequence[LaneRows]) -> LaneRows:
         """The streams' rows as one: masks one after another, K/V indices into the stream j's part of the
