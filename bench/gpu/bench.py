@@ -3,8 +3,8 @@
     python3 bench/gpu/bench.py MODEL.gguf resident|streamed OUT.json [RATE.json (streamed)]
 
 resident: every weight on the device (device_budget "off"; llama.cpp -ngl 99): prefill 512 tokens and decode 64, each
-from an empty context, the mean of 3 runs after a warm-up, as llama-bench measures (llama-bench itself where it was
-built, else llama_cpp's API). streamed: device_budget a quarter of the weights: decode ms/token and prefill-512 time,
+from an empty context, the mean of 3 runs after a warm-up, as llama-bench measures (the prefill runs, then the decode
+runs; llama-bench itself where it was built, else llama_cpp's API). streamed: device_budget a quarter of the weights: decode ms/token and prefill-512 time,
 beside the bound (bytes streamed per token / the host-to-device rate of RATE.json) and llama.cpp with -ngl N, N the
 blocks that fit in the same bytes; superggml streamed twice, with its default placement (auto: per pass, host or
 device) and with every streamed block copied to the device (placement "device"), the auto placement's table kept.
@@ -39,7 +39,8 @@ def counters(m):
 
 
 def superggml_speed(path, n_gen, reps, **kw):
-    """pp and tg tok/s (means over reps, after a warm-up), and the pager's counters per pass and per token."""
+    """pp and tg tok/s (means over reps, after a warm-up), and the pager's counters per pass and per token. As
+    llama-bench runs them: the prefill reps one after another, then the decode reps, each from an empty context."""
     prompt = prompt_tokens(N_PROMPT)
     t0 = time.perf_counter()
     with Model(path, ctx_size=1024, n_batch=512, n_threads=THREADS, flash_attn=False, **device_kw(), **kw) as m:
@@ -49,22 +50,24 @@ def superggml_speed(path, n_gen, reps, **kw):
             m.reset()
             c0, t0 = counters(m), time.perf_counter()
             m.eval(prompt)
-            c1, t1 = counters(m), time.perf_counter()
+            if rep:
+                pp.append(N_PROMPT / (time.perf_counter() - t0))
+                per_pass.append(counters(m) - c0)
+        for rep in range(reps + 1):
             m.reset()
+            c1, t1 = counters(m), time.perf_counter()
             for t in prompt[:n_gen]:
                 m.eval([t])
-            c2, t2 = counters(m), time.perf_counter()
             if rep:
-                pp.append(N_PROMPT / (t1 - t0))
-                tg.append(n_gen / (t2 - t1))
-                per_pass.append(c1 - c0)
-                per_token.append((c2 - c1) / n_gen)
+                tg.append(n_gen / (time.perf_counter() - t1))
+                per_token.append((counters(m) - c1) / n_gen)
         st = m.stats()
         info = {
             k: st[k]
             for k in ("n_slots", "slot_size", "layers_pinned", "host_slots", "direct_io", "placement", "budget")
             if k in st
         }
+        info["pass_profile"] = st.get("pass_profile")
     per_pass, per_token = np.mean(per_pass, axis=0), np.mean(per_token, axis=0)
     return {
         "pp_tok_s": float(np.mean(pp)),

@@ -59,6 +59,7 @@ def reference():
     if lib:
         env["LLAMA_CPP_LIB_PATH"] = os.path.dirname(lib[0])
         env["LD_LIBRARY_PATH"] = ":".join([os.path.dirname(lib[0]), pkg] + env.get("LD_LIBRARY_PATH", "").split(":"))
+    py = py if lib else []  # the cached package only with the libllama built beside superggml
     if py:
         env["PYTHONPATH"] = os.path.dirname(os.path.dirname(py[0])) + ":" + env.get("PYTHONPATH", "")
     return {

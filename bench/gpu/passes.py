@@ -2,8 +2,8 @@
 
     python3 bench/gpu/passes.py MODEL.gguf OUT.json
 
-superggml: the executor's pass profile (runtime/profile.py) over a 512-token prefill and 64 decoded tokens, the mean
-of 3 after a warm-up, with device events on (a GPU's span per graph), and what ggml-cuda said of its CUDA graphs.
+superggml: the executor's pass profile (runtime/profile.py) over 512-token prefills, then 64 decoded tokens from an
+empty context, as llama-bench runs them, the mean of 3 after the warm-ups, with device events on (a GPU's span per graph), and what ggml-cuda said of its CUDA graphs.
 llama.cpp (ref.py "profile"): the same passes through its C API, each llama_decode timed apart from the wait for its
 results (llama_synchronize) and the logits' copy, with llama_perf_context's own figures and the same CUDA-graph words.
 """
@@ -29,21 +29,26 @@ def superggml_passes(path):
     ) as m:
         ex = m.runtime
         events = ex.device_timing(True)
-        for rep in range(REPS + 1):
-            if rep == 1:
-                ex.profile.reset()  # the warm-up builds the plans; the reps reuse them
+        for rep in range(REPS + 2):  # as llama-bench: the prefill runs, then the decode runs
+            if rep == 2:
+                ex.profile.reset()  # two warm-ups: the plans before and after the weights' load are built
             m.reset()
             m.eval(prompt)
+        profile = {"prefill": ex.profile.as_dict()["prefill"]}
+        for rep in range(REPS + 1):
+            if rep == 1:
+                ex.profile.reset()
             m.reset()
             t0 = time.perf_counter()
             for t in prompt[:N_GEN]:
                 m.eval([t])
             tg = time.perf_counter() - t0
+        profile["decode"] = ex.profile.as_dict()["decode"]
         st = m.stats()
     logs = {k: v - logs0.get(k, 0) for k, v in native.ggml_log_counts().items() if v != logs0.get(k, 0)}
     return {
         "device_events": events,
-        "pass_profile": st["pass_profile"],
+        "pass_profile": profile,
         "graphs_per_pass": st["graphs_per_pass"],
         "last_rep_decode_ms_per_token": 1e3 * tg / N_GEN,
         "cuda_graph_log": logs,

@@ -52,19 +52,21 @@ def profile(llm, req):
         t3 = time.perf_counter()
         return np.array([t3 - t0, t1 - t0, t2 - t1, t3 - t2])
 
-    kinds = {"prefill": [], "decode": []}
+    kinds = {"prefill": [], "decode": []}  # as llama-bench: the prefill runs, then the decode runs
     for rep in range(req["reps"] + 1):
-        if rep == 1:
-            llama_cpp.llama_perf_context_reset(ctx)
         fresh(llm)
         p = one_pass(prompt, 0)
+        if rep:
+            kinds["prefill"].append(p)
+    llama_cpp.llama_perf_context_reset(ctx)
+    for rep in range(req["reps"] + 1):
         fresh(llm)
         d = [one_pass([t], i) for i, t in enumerate(prompt[: req["n_gen"]])]
         if rep:
-            kinds["prefill"].append(p)
             kinds["decode"] += d
     perf = llama_cpp.llama_perf_context(ctx)
     llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_log_set(ctypes.cast(None, llama_cpp.llama_log_callback), ctypes.c_void_p())  # on_log goes
     out = {
         k: dict(
             zip(

@@ -377,6 +377,10 @@ class Executor:
         self.placement.lend({seq: p0 + rows[seq] for seq, p0 in first.items()}, n)
         if self.one_graph():
             self.graphs_per_pass = 1
+            if plan.whole_graph is None:
+                t0 = time.perf_counter()
+                plan.whole()
+                self.profile.built(time.perf_counter() - t0)
             self.backend.compute(plan.whole())  # one graph per micro-batch, as llama.cpp runs it
             return plan.whole_logits
         self.graphs_per_pass = len(plan.steps)
