@@ -101,9 +101,12 @@ def lane_rows(
 def causal_mask(p0: int, n: int, n_kv: int, mtype: Any) -> np.ndarray:
     """[n, n_kv]: 0 where key j is at or before row i's position p0 + i, -inf after. Row i is a window of one
     row of n_kv zeros then n_kv -infs, starting one value earlier per row: one copy, no per-element compare (for
-    a few rows, where the window's own cost is more, the compare)."""
+    a few rows, where the window's own cost is more, a fill per row)."""
     if n < 16:
-        return np.where(np.arange(n_kv)[None, :] <= np.arange(p0, p0 + n)[:, None], mtype(0), mtype(-np.inf))
+        mask = np.full((n, n_kv), -np.inf, dtype=mtype)
+        for i in range(n):
+            mask[i, : p0 + i + 1] = 0
+        return mask
     z = np.concatenate([np.zeros(n_kv, mtype), np.full(n_kv, -np.inf, mtype)])
     start = n_kv - p0 - 1  # row 0 keeps p0 + 1 zeros
     windows = np.lib.stride_tricks.sliding_window_view(z, n_kv)
