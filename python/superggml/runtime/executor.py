@@ -401,7 +401,7 @@ class Executor:
         finally:
             self.streams.synchronize()  # the host reads the logits next
         if self.placer is not None:
-            self.placer.settle(n)
+            self.placer.settle(n, time.time() - t_pass)
         self.placement.pass_done()
         if self.placement.experts is not None:
             self.placement.experts.pass_done(n, time.time() - t_pass)

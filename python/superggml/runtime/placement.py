@@ -15,7 +15,9 @@ time, per size of pass (rows rounded up to a power of two); the lm head, where i
 Measured step times refine the model: a block's compute is more than its matrix products (attention, norms), and
 the host's block steps, which run to their end where they are called, measure by how much, per size class; both
 sides' compute times are scaled by that factor (a device's graphs are queued, or an RPC server's answered later,
-so its steps are not timed one by one). The link's rate is the probe's.
+so its steps are not timed one by one). The link's rate is the probe's. A size class is decided again when its factor moved, and changes its placement
+only for one predicted to be HYSTERESIS faster than the one it has, so that it settles rather than swings. Each
+class keeps its passes' measured time beside its prediction.
 
 A MoE model whose expert cache is on such a device places the experts the cache lacks by the same rates
 (`ExpertPlacer`): loaded, or computed on the host. `Placements` does both in an executor: set up at load,
@@ -43,6 +45,7 @@ ROWS_PROBE = 64  # rows of the many-rows probe
 LINK_PROBE = 16 << 20  # bytes of the link probe (the best of 2 copies)
 REFINE = 0.3  # weight of a new measurement in a running estimate
 SETTLE = 0.1  # a size class is decided again when its factor moved by more than this
+HYSTERESIS = 0.1  # and takes a new placement only if predicted this much faster than its own, re-predicted
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,9 @@ class Choice:
     n_out: int = 1
     factor: float = 1.0  # the size class's factor it was decided with
     passes: int = 0
+    measured: float = 0.0  # the mean measured seconds of its passes (whole passes)
+    timed: int = 0  # passes measured
+    changes: int = 0  # times a new factor changed where its blocks go
 
 
 @dataclass
@@ -183,14 +189,28 @@ class Placer:
         old = self.factor.get(key)
         self.factor[key] = ratio if old is None else (1 - REFINE) * old + REFINE * ratio
 
-    def settle(self, n: int) -> None:
-        """After a pass of n rows: its size class is decided again on what the pass measured (auto), where that
-        moved its factor by more than SETTLE since the class was last decided."""
-        c = self.choices.get(bucket(n))
-        if c is not None and self.mode == "auto" and abs(self.factor.get(bucket(n), 1.0) / c.factor - 1) > SETTLE:
-            new = self.decide(bucket(n), c.n_out)
-            new.passes = c.passes
-            self.choices[bucket(n)] = new
+    def settle(self, n: int, seconds: float = 0.0) -> None:
+        """After a pass of n rows that took `seconds` (0: not timed): its size class is decided again on what the
+        pass measured (auto), where that moved its factor by more than SETTLE since the class was last decided;
+        it keeps its blocks where they are unless the new placement is predicted HYSTERESIS faster."""
+        key = bucket(n)
+        c = self.choices.get(key)
+        if c is None:
+            return
+        if seconds > 0:
+            c.timed += 1
+            c.measured += (seconds - c.measured) / c.timed
+        if self.mode != "auto" or abs(self.factor.get(key, 1.0) / c.factor - 1) <= SETTLE:
+            return
+        new = self.decide(key, c.n_out)
+        on_dev = np.array([il not in set(c.hosted) for il in self.blocks], dtype=bool)
+        now = float(self.times(key, on_dev[None, :])[0])  # the blocks where they are, under the new factor
+        if (new.hosted, new.head_host) != (c.hosted, c.head_host) and new.predicted < (1 - HYSTERESIS) * now:
+            new.changes = c.changes + 1
+        else:
+            new.hosted, new.head_host, new.predicted, new.changes = c.hosted, c.head_host, now, c.changes
+        new.passes, new.measured, new.timed = c.passes, c.measured, c.timed
+        self.choices[key] = new
 
     def table(self) -> list[dict[str, Any]]:
         """Per size class seen: where the streamed blocks went, and the predictions that sent them there."""
@@ -205,8 +225,10 @@ class Placer:
                     device=[il for il in self.blocks if il not in hosted],
                     head="host" if c.head_host else "device" if self.head_bytes else "-",
                     predicted_s=c.predicted,
+                    measured_s=c.measured if c.timed else None,
                     all_device_s=c.all_device,
                     all_host_s=c.all_host,
+                    changes=c.changes,
                 )
             )
         return out
@@ -230,6 +252,8 @@ class Placer:
                 f"the host {compact(r['host'])}, head on {r['head']}; predicted {r['predicted_s'] * 1e3:.1f} ms "
                 f"(all on the device {r['all_device_s'] * 1e3:.1f}, all on the host {r['all_host_s'] * 1e3:.1f})"
                 + ("" if sizes else f"; {r['passes']} passes")
+                + (f", measured {r['measured_s'] * 1e3:.1f} ms a pass" if r["measured_s"] is not None else "")
+                + (f", placed again {r['changes']} times" if r["changes"] else "")
             )
         return out
 
