@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import statistics
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -442,3 +444,22 @@ def test_the_old_module_path_warns_and_re_exports():
     with pytest.warns(DeprecationWarning, match="superggml.serve"):
         old = importlib.import_module("superggml.server")
     assert old.create_app is create_app
+
+
+def test_the_readmes_curl_runs_as_written(server, reference):
+    """`curl -d '{...}'` sends its JSON body as application/x-www-form-urlencoded; the server reads every POST
+    body as JSON, as llama-server does."""
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0}
+    for ctype in ("application/x-www-form-urlencoded", None):
+        headers = {"Content-Type": ctype} if ctype else {}
+        r = httpx.post(server.url + "/v1/completions", content=json.dumps(body), headers=headers)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == reference[0]
+    if shutil.which("curl"):
+        out = subprocess.run(
+            ["curl", "-s", server.url + "/v1/completions", "-d", json.dumps(body)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+        assert json.loads(out)["choices"][0]["text"] == reference[0]

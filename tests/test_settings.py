@@ -149,3 +149,14 @@ def test_kv_page_bounds_are_the_cores():
     from superggml import native
 
     assert (settings.KV_PAGE_MIN, settings.KV_PAGE_MAX) == (native.KV_PAGE_MIN, native.KV_PAGE_MAX)
+
+
+def test_version(capsys):
+    """`superggml --version`: the package's version and ggml's."""
+    from superggml import __version__, native
+    from superggml.commands import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"superggml {__version__} (ggml {native.GGML_VERSION})"

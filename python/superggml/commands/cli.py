@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any, Sequence
 
+from .. import __version__, native
 from ..errors import MissingExtra, SuperggmlError
 from ..settings import add_arguments, default_threads, options_from_args
 from .chat import format_stats
@@ -532,6 +533,7 @@ def build_parser(
     """The command line: model options come from superggml.settings (flags and SUPERGGML_* defaults). `commands`
     gets each command's parser; without `model_options` they lack the model options' flags."""
     parser = argparse.ArgumentParser(prog="superggml", description="Run GGUF models layer by layer over ggml.")
+    parser.add_argument("--version", action="version", version=f"superggml {__version__} (ggml {native.GGML_VERSION})")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def _add_model_args(p: argparse.ArgumentParser) -> None:

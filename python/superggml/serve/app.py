@@ -16,6 +16,20 @@ from .keys import RequireKey, check_bind
 from .routes import WEB, Routes
 
 
+class JsonBodies:
+    """Reads every POST body as JSON, whatever its Content-Type says, as llama-server does: `curl -d '{...}'`
+    sends form encoding's type with a JSON body."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+            scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
 def create_app(
     model: Model,
     *,
@@ -57,6 +71,7 @@ def create_app(
     app.post("/v1/chat/completions")(routes.chat)
     if api_keys:
         app.add_middleware(RequireKey, keys=list(api_keys))
+    app.add_middleware(JsonBodies)
     return app
 
 
