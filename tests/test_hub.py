@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -78,3 +80,22 @@ def test_hf_flag_and_models_command(cache, smollm2_path):
     assert rows == [
         {"repo": REPO, "file": FILE, "bytes": os.path.getsize(smollm2_path), "arch": "llama", "here": "fits"}
     ]
+
+
+def test_an_unreachable_hub_fails_fast_with_the_reason(cache, monkeypatch):
+    """-hf without a network: under 2 s, saying the Hub is unreachable and the file is not in the cache; a file the
+    cache holds still opens."""
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    t0 = time.monotonic()
+    with pytest.raises(FileNotFoundError, match=r"'nobody/none'.*the Hub \(http://127\.0\.0\.1:\d+\) is unreachable"):
+        Model.from_pretrained("nobody/none", cache_dir=cache)
+    assert time.monotonic() - t0 < 2
+    with Model.from_pretrained(REPO, "*Q4_1.gguf", cache_dir=cache, ctx_size=64, n_threads=1) as m:
+        assert m.path.endswith(FILE)

@@ -10,12 +10,16 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import socket
+import threading
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import UnsupportedModelError, require_extra
 
 DEFAULT_QUANT = "Q4_K_M"  # llama.cpp's -hf default
+PROBE_SECONDS = 1.5  # the Hub answers a connection within this, or it is taken as unreachable
 
 
 def hub() -> Any:
@@ -44,6 +48,26 @@ def cached_files(repo_id: str, cache_dir: str | None = None) -> list[str]:
         if rev is not None:
             return sorted(str(f.file_path.relative_to(rev.snapshot_path)) for f in rev.files)
     return []
+
+
+def reachable(timeout: float = PROBE_SECONDS) -> bool:
+    """Whether the Hub's endpoint (HF_ENDPOINT) takes a TCP connection within `timeout` seconds (name lookup
+    included): without a network, huggingface_hub would retry for half a minute."""
+    url = urllib.parse.urlsplit(hub().constants.ENDPOINT)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    ok: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout)
+    return bool(ok)
 
 
 def repo_files(repo_id: str, *, local_files_only: bool | None = None, cache_dir: str | None = None) -> list[str]:
@@ -95,15 +119,18 @@ def download(
     already. FileNotFoundError naming the repository and what was looked for where there is none."""
     h = hub()
     local = offline(local_files_only)
-    files = repo_files(repo_id, local_files_only=local, cache_dir=cache_dir)
+    unreachable = not local and not reachable()
+    files = repo_files(repo_id, local_files_only=local or unreachable, cache_dir=cache_dir)
     if not files:
         where = "the Hugging Face cache" + (" (offline)" if local else " or on the Hub")
+        if unreachable:
+            where = f"the Hugging Face cache, and the Hub ({h.constants.ENDPOINT}) is unreachable"
         raise FileNotFoundError(
             f"Hugging Face repo {repo_id!r}: no {filename or 'GGUF'!r} file in {where} "
             f"({h.constants.HF_HUB_CACHE if cache_dir is None else cache_dir})"
         )
     name = choose(repo_id, files, filename)
-    return str(h.hf_hub_download(repo_id, name, local_files_only=local, cache_dir=cache_dir))
+    return str(h.hf_hub_download(repo_id, name, local_files_only=local or unreachable, cache_dir=cache_dir))
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
