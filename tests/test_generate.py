@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -63,6 +64,10 @@ def test_cli_default_model_and_errors(tmp_path):
         timeout=300,
     )
     assert r.returncode == 0 and r.stdout.strip()
+    # it ends with the prompt's and the generation's tokens/s, as llama-cli does (stderr: stdout is the text)
+    speed = re.search(r"prompt (\d+) tokens, ([\d.]+) tok/s; generation (\d+) tokens, ([\d.]+) tok/s", r.stderr)
+    assert speed, r.stderr
+    assert int(speed[1]) >= 1 and float(speed[2]) > 0 and int(speed[3]) == 3 and float(speed[4]) > 0
     r = subprocess.run(
         [sys.executable, "-m", "superggml.commands.cli", "generate", "-m", str(tmp_path / "none.gguf"), "-p", "x"],
         capture_output=True,

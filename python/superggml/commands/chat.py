@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
+from ..runtime.profile import speed
+
 HELP = """commands:
   /system TEXT   set the system prompt (and start over)
   /clear         forget the conversation
@@ -42,9 +44,12 @@ class Chat:
         """The model's answer to `text`, written piece by piece as it is sampled; Ctrl-C ends it early."""
         self.messages.append({"role": "user", "content": text})
         pieces: list[str] = []
+        prof = self.model.runtime.profile
+        start = first = prof.mark()
         chunks = self.model.create_chat_completion(list(self.messages), stream=True, **self.sampling)
         try:
-            for c in chunks:
+            for i, c in enumerate(chunks):
+                first = prof.mark() if i == 0 else first
                 piece = c["choices"][0]["delta"].get("content") or ""
                 pieces.append(piece)
                 write(piece)
@@ -52,6 +57,7 @@ class Chat:
             write(" [stopped]")
         finally:
             chunks.close()
+        write(f"\n[{format_speed(speed(start, first, prof.mark()))}]")
         answer = "".join(pieces)
         self.messages.append({"role": "assistant", "content": answer})
         return answer
@@ -87,8 +93,25 @@ def read_turn(ask: Callable[[str], str]) -> str:
 
 
 def format_stats(st: dict[str, Any]) -> str:
-    """A model's stats() on one line."""
-    return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in st.items())
+    """A model's stats() as a short table: a line per figure (lists and tables left out), the pass profile's
+    decode and prefill as a line each."""
+
+    def num(v: Any) -> str:
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    rows = [(k, num(v)) for k, v in st.items() if not isinstance(v, (dict, list, tuple))]
+    for kind, p in st.get("pass_profile", {}).items():
+        rows.append((f"{kind} pass", f"{p['wall_ms']:.2f} ms ({p['host_ms']:.2f} host), {p['passes']} passes"))
+    width = max((len(k) for k, _ in rows), default=0)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def format_speed(speed: dict[str, float]) -> str:
+    """Prompt and generation tokens and tokens/s (PassProfile.speed) on one line, as llama-cli ends a run."""
+    return (
+        f"prompt {speed['prompt_tokens']:.0f} tokens, {speed['prompt_tok_s']:.1f} tok/s; "
+        f"generation {speed['generation_tokens']:.0f} tokens, {speed['generation_tok_s']:.1f} tok/s"
+    )
 
 
 def history_file() -> str:

@@ -11,7 +11,8 @@ from typing import Any, Sequence
 from .. import __version__, native
 from ..errors import MissingExtra, SuperggmlError
 from ..settings import add_arguments, default_threads, options_from_args
-from .chat import format_stats
+from ..runtime.profile import speed as pass_speed
+from .chat import format_speed, format_stats
 
 
 def _env_default(name: str, default: str | None) -> str | None:
@@ -106,7 +107,7 @@ def _generate_many(m: Any, a: argparse.Namespace) -> int:
                 bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.1f}")
     if a.verbose:
         print(f"[superggml] {len(prompts)} prompts, {n_tok} tokens, {time.perf_counter() - t0:.2f} s", file=sys.stderr)
-        print(f"[superggml] stats: {format_stats(m.stats())}", file=sys.stderr)
+        print(f"[superggml] stats:\n{format_stats(m.stats())}", file=sys.stderr)
     return 0
 
 
@@ -127,24 +128,29 @@ def _cmd_generate(a: argparse.Namespace) -> int:
         if a.prompts_file is not None:
             return _generate_many(m, a)
         kw = dict(**_sampling(a), stream=True, **_constraint(a))
+        prof = m.runtime.profile
+        start = first = prof.mark()
         t0 = time.perf_counter()
         n = 0
         if a.chat:
             chunks = m.create_chat_completion([{"role": "user", "content": a.prompt}], **kw)
-            for c in chunks:
+            for i, c in enumerate(chunks):
+                first = prof.mark() if i == 0 else first
                 piece = c["choices"][0]["delta"].get("content", "")
                 n += 1 if piece else 0
                 sys.stdout.write(piece)
                 sys.stdout.flush()
         else:
-            for c in m.create_completion(a.prompt, **kw):
+            for i, c in enumerate(m.create_completion(a.prompt, **kw)):
+                first = prof.mark() if i == 0 else first
                 sys.stdout.write(c["choices"][0]["text"])
                 sys.stdout.flush()
         sys.stdout.write("\n")
+        print(f"[superggml] {format_speed(pass_speed(start, first, prof.mark()))}", file=sys.stderr)
         if a.verbose:
             dt = time.perf_counter() - t0
             print(f"[superggml] {m.n_tokens} tokens in context, {dt:.2f} s", file=sys.stderr)
-            print(f"[superggml] stats: {format_stats(m.stats())}", file=sys.stderr)
+            print(f"[superggml] stats:\n{format_stats(m.stats())}", file=sys.stderr)
     return 0
 
 
@@ -218,7 +224,7 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         print(f"{res['model']}: {res['n_threads']} threads, median of {a.repetitions}")
         print(f"  prefill {a.n_prompt} tokens: {res['prefill_tok_s']:.2f} tok/s")
         print(f"  decode  {a.n_gen} tokens: {res['decode_tok_s']:.2f} tok/s")
-        print(f"  stats: {format_stats(res['stats'])}")
+        print(f"  stats:\n{format_stats(res['stats'])}")
     return 0
 
 

@@ -106,6 +106,10 @@ class PassProfile:
     def reset(self) -> None:
         self.decode, self.other = PassTimes(), PassTimes()
 
+    def mark(self) -> tuple[int, float]:
+        """Rows and seconds of every pass so far: what speed() measures between."""
+        return self.decode.rows + self.other.rows, self.decode.wall_s + self.other.wall_s
+
     def as_dict(self) -> dict[str, dict[str, float]]:
         """Per pass, by kind: {"decode": {...}, "prefill": {...}} (PassTimes.per_pass), the kinds that ran."""
         out = {}
@@ -120,3 +124,14 @@ def timing(backends: Sequence[native.Backend], on: bool) -> bool:
     for b in backends:
         b.timing = on
     return any(b.timing for b in backends)
+
+
+def speed(start: tuple[int, float], first: tuple[int, float], end: tuple[int, float]) -> dict[str, float]:
+    """Tokens and tokens/s of the prompt (the passes from `start` to the first token, PassProfile.mark) and of the
+    generation (from there to `end`), each over the passes' own time, as llama.cpp's perf lines count them."""
+    out: dict[str, float] = {}
+    for name, a, b in (("prompt", start, first), ("generation", first, end)):
+        rows, secs = b[0] - a[0], b[1] - a[1]
+        out[f"{name}_tokens"] = rows
+        out[f"{name}_tok_s"] = rows / secs if secs > 0 else 0.0
+    return out
