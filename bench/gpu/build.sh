@@ -4,7 +4,8 @@
 # llama-bench, stripped) and build-KIND.json (the stamp of the native sources it was built from); run.sh unpacks it
 # where the stamp matches the checkout's, and compiles there only where it does not.
 # cuda (default): sm_90, CUDA 13.0 from NVIDIA's wheels (toolkit.sh), Python 3.12 (the GPU machine's), GGML_NATIVE off.
-# cpu: the same steps for this machine's python3, to test run.sh here.
+# cpu: the same steps for this machine's python3, to test run.sh here. FA=0: ggml-cuda without flash attention's
+# kernels (GGML_CUDA_FA=OFF), about 25 minutes less to compile; the check runs with flash attention off anyway.
 # The build folder is kept in the cache ($SUPERGGML_CACHE, else ~/.cache/superggml), keyed by the pinned source and
 # the options: the first CUDA build is about 40 minutes on 2 cores, later ones recompile only what changed.
 set -euo pipefail
@@ -19,7 +20,8 @@ case $KIND in
         CUDA=$(bash "$G/toolkit.sh" "$C/cuda-13.0") && el "toolkit: $CUDA"
         link="-Wl,-rpath-link,$CUDA/lib:$CUDA/lib/stubs"
         ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_COMPILER=$CUDA/bin/nvcc"
-        ARGS="$ARGS -DCUDAToolkit_ROOT=$CUDA -DCMAKE_EXE_LINKER_FLAGS=$link -DCMAKE_SHARED_LINKER_FLAGS=$link" ;;
+        ARGS="$ARGS -DCUDAToolkit_ROOT=$CUDA -DCMAKE_EXE_LINKER_FLAGS=$link -DCMAKE_SHARED_LINKER_FLAGS=$link"
+        [ "${FA:-1}" = 0 ] && ARGS="$ARGS -DGGML_CUDA_FA=OFF" ;;
   cpu)  PY=${PY:-$(command -v python3)}; ARGS="" ;;
   *)    echo "usage: build.sh [cuda|cpu]" >&2; exit 2 ;;
 esac
