@@ -6,9 +6,10 @@
 # decoded token of each engine (per-pass host and device times, CUDA graphs; with ncu, a kernel table), and leaves in
 # RESULTS_DIR results.json, results.md, run.log and logs.tar.gz (every step's log). Every step has a time limit
 # inside DEADLINE seconds (default 540); a failed step is recorded and the others still run.
-# --quick: the logits check on two families, resident and streamed l8b, the profile (DEADLINE 150).
+# --quick: the logits check on two families, resident and streamed l8b, the pass profile, no ncu (DEADLINE 150).
 # Needs bench/gpu/carry (prep.sh, build.sh). Environment: SIZE=big|small (timing models; default big with CUDA, else
-# small), W (work folder: build, models), CUDA=0|1 (default: a GPU), BUILD_LIMIT (s, 420), NCU=0 (no kernel table).
+# small), W (work folder: build, models), CUDA=0|1 (default: a GPU), BUILD_LIMIT (s, 420), NCU=0|1 (the kernel table;
+# default 1, 0 with --quick).
 set -u
 T0=$(date +%s)
 QUICK=0; [ "${1:-}" = --quick ] && { QUICK=1; shift; }
@@ -118,7 +119,7 @@ bench() {  # bench KIND MODEL LIMIT
 }
 profile() {  # profile MODEL: per-pass host and device times of both engines, then ncu's kernel table of one token
   step passes_$1 60 python3 "$G/passes.py" "$W/models/$1.gguf" "$L/passes_$1.json"
-  if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
+  if [ "${NCU:-$((1 - QUICK))}" = 1 ] && command -v ncu > /dev/null; then
     step kernels_$1 100 python3 "$G/kernels.py" "$W/models/$1.gguf" "$L/kernels_$1"
   fi
 }
