@@ -272,6 +272,8 @@ void compute_backend::compute(ggml_cgraph * graph, bool sync) {
     std::unique_lock<std::mutex> lk(g_kept_mutex);
     const bool reuse = graph == kept_ && kept_epoch_ == storage_epoch() && kept_nodes_ == n;
     if (!reuse) {
+        auto other = g_kept.find(graph);   // kept by another backend: its addresses are that backend's
+        if (other != g_kept.end() && other->second != this) other->second->release_kept();
         release_kept();
         check_leaves(graph);
         for (int i = 0; i < n; ++i) {
@@ -281,6 +283,7 @@ void compute_backend::compute(ggml_cgraph * graph, bool sync) {
             for (int j = 0; j < GGML_MAX_SRC; ++j) if (t->src[j]) refresh_view(t->src[j]);
         }
         if (!ggml_gallocr_alloc_graph(galloc_, graph)) throw Error("cannot allocate the compute buffer");
+        storage_moved();   // a node another backend's kept graph shares would have moved: it is prepared again
         graph->uid = ggml_graph_next_uid();   // a new graph to ggml-cuda: it compares the nodes once
         kept_ = graph;
         kept_epoch_ = storage_epoch();

@@ -139,8 +139,9 @@ private:
 
     ggml_backend * backend_ = nullptr;
     ggml_gallocr * galloc_ = nullptr;
-    // The last graph computed keeps its intermediates' addresses (and its uid) while the allocator placed nothing
-    // else and no storage moved: computing it again then goes straight to the device (llama.cpp's graph reuse).
+    // The last graph computed keeps its intermediates' addresses (and its uid) while no allocator placed anything
+    // and no storage moved since: computing it again then goes straight to the device (llama.cpp's graph reuse).
+    // A graph another backend keeps is released there before this one allocates it.
     ggml_cgraph * kept_ = nullptr;
     uint64_t kept_epoch_ = 0;
     int kept_nodes_ = 0;

@@ -120,3 +120,24 @@ def test_masks_are_llama_cpps(flash_attn):
         assert np.array_equal(r.mask, np.where(kv <= pos, 0, -np.inf).astype(mtype))
         if n_swa:
             assert np.array_equal(r.mask_swa, np.where((kv <= pos) & (pos - kv < n_swa), 0, -np.inf).astype(mtype))
+
+
+def test_a_graph_moving_between_backends_is_prepared_again_on_each():
+    """One graph computed on one backend, then another, then the first: never reused with the other backend's
+    addresses (each releases what the other kept), and right each time."""
+    b1, b2 = native.Backend("", 1), native.Backend("", 1)
+    ctx = native.Context(max_tensors=4)
+    x = ctx.new_tensor(native.GGMLType.F32, [4])
+    keep = b1.alloc_tensors(ctx)
+    native.tensor_set(x, np.arange(4, dtype=np.float32))
+    gctx = native.Context(max_tensors=8, graph_size=8)
+    g = gctx.new_graph()
+    out = gctx.scale(gctx.scale(x, 2.0), 3.0)
+    out.set_output()
+    g.expand(out)
+    r1, r2 = b1.stats()["reused"], b2.stats()["reused"]
+    for b in (b1, b2, b1, b1):
+        b.compute(g)
+        assert native.tensor_get(out).tolist() == [0, 6, 12, 18]
+    assert b1.stats()["reused"] - r1 == 1 and b2.stats()["reused"] - r2 == 0  # only b1's last, after its own
+    del keep
