@@ -23,38 +23,33 @@ ENGINES = ("superggml", "llama.cpp")
 N_PROMPT, N_WARM = 32, 8
 
 
-def profiler():
+def profiled_token(feed):
+    """A prompt and N_WARM decoded tokens through `feed` (an engine's eval), then one more token between
+    cudaProfilerStart and Stop: the range ncu profiles."""
     lib = ctypes.CDLL("libcudart.so.13")
-    return lib.cudaProfilerStart, lib.cudaProfilerStop
+    feed(list(range(100, 100 + N_PROMPT)))
+    for t in range(N_WARM):
+        feed([200 + t])
+    lib.cudaProfilerStart()
+    feed([300])
+    lib.cudaProfilerStop()
 
 
 def token_superggml(path):
     from common import device_kw
     from superggml import Model
 
-    start, stop = profiler()
     with Model(path, ctx_size=1024, n_batch=512, flash_attn=False, device_budget="off", **device_kw()) as m:
-        m.eval(list(range(100, 100 + N_PROMPT)))
-        for t in range(N_WARM):
-            m.eval([200 + t])
-        start()
-        m.eval([300])
-        stop()
+        profiled_token(m.eval)
 
 
 def token_llama(path):
     import llama_cpp
 
-    start, stop = profiler()
     llm = llama_cpp.Llama(
         model_path=path, n_gpu_layers=99, n_ctx=1024, n_batch=512, n_ubatch=512, flash_attn=False, verbose=False
     )
-    llm.eval(list(range(100, 100 + N_PROMPT)))
-    for t in range(N_WARM):
-        llm.eval([200 + t])
-    start()
-    llm.eval([300])
-    stop()
+    profiled_token(llm.eval)
 
 
 def short(name):
