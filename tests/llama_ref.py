@@ -221,6 +221,8 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
         return out
     if kind == "mtp":
         return _mtp(req, kw)
+    if kind == "batch":
+        return _batch(req, kw)
     if kind == "bench":
         llm = llama_cpp.Llama(**kw)
         toks = req["prompt_tokens"] if "prompt_tokens" in req else llm.tokenize(req["prompt"].encode())
@@ -330,6 +332,61 @@ def _decode(req: dict[str, Any]) -> dict[str, Any]:
         "load_s": np.array(t_load),
         "maxrss": np.array(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
     }
+
+
+def _batch(req: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's batch against its own sequences alone, as tests/batching.py's alone_and_batched: each of
+    req["prompts"] alone (an empty memory, greedy for req["steps"] steps), then all of them in shared batches of
+    req["n_batch"] tokens (one unified K/V), teacher-forced by the alone's tokens. "alone{i}" and "batched{i}": F32
+    [steps + 1, n_vocab]."""
+    import llama_cpp as L
+
+    prompts, steps = req["prompts"], req["steps"]
+    mp = L.llama_model_default_params()
+    mp.use_extra_bufts = req.get("repack", True) is not False
+    model = L.llama_model_load_from_file(req["model"].encode(), mp)
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = kw["n_ctx"], kw["n_ctx"], kw["n_ubatch"]
+    cp.n_threads = cp.n_threads_batch = kw["n_threads"]
+    cp.n_seq_max, cp.kv_unified, cp.flash_attn_type = len(prompts), True, int(kw["flash_attn"])
+    cp.yarn_beta_fast = cp.yarn_beta_slow = -1.0
+    ctx = L.llama_init_from_model(model, cp)
+    batch = L.llama_batch_init(cp.n_ctx, 0, 1)
+
+    def decode(items: list[tuple[int, int, int, bool]]) -> list[np.ndarray]:
+        """One llama_decode of (seq, pos, token, wants logits) items; the logits of those that want them."""
+        batch.n_tokens = len(items)
+        for j, (seq, pos, tok, out) in enumerate(items):
+            batch.token[j], batch.pos[j], batch.n_seq_id[j], batch.logits[j] = tok, pos, 1, out
+            batch.seq_id[j][0] = seq
+        assert L.llama_decode(ctx, batch) == 0
+        return [
+            np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, j), shape=(n_vocab,)).astype(np.float32)
+            for j, it in enumerate(items)
+            if it[3]
+        ]
+
+    out: dict[str, Any] = {}
+    for i, p in enumerate(prompts):
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        rows = decode([(0, j, t, j == len(p) - 1) for j, t in enumerate(p)])
+        for s in range(steps):
+            rows += decode([(0, len(p) + s, int(np.argmax(rows[-1])), True)])
+        out[f"alone{i}"] = np.stack(rows)
+    L.llama_memory_clear(L.llama_get_memory(ctx), True)
+    first = decode([(i, j, t, j == len(p) - 1) for i, p in enumerate(prompts) for j, t in enumerate(p)])
+    got = [[r] for r in first]
+    for s in range(steps):
+        step = [(i, len(p) + s, int(np.argmax(out[f"alone{i}"][s])), True) for i, p in enumerate(prompts)]
+        for g, r in zip(got, decode(step)):
+            g.append(r)
+    for i, g in enumerate(got):
+        out[f"batched{i}"] = np.stack(g)
+    L.llama_batch_free(batch)
+    L.llama_free(ctx)
+    L.llama_model_free(model)
+    return out
 
 
 def _mtp(req: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:

@@ -219,17 +219,28 @@ def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, va
 )
 def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
     """batch_invariant: sequences of 9, 17 and 5 tokens in shared passes, then greedy steps, each at its own
-    positions (mistral3's temperature is per position): the same tokens as each alone, the logits within 1e-3 of
-    their largest magnitude (mistral4's latent attention differs by 2e-4 of it on an AVX-512 machine)."""
+    positions (mistral3's temperature is per position): the same tokens as each alone, and the logits as close to
+    each alone as llama.cpp's batch (one unified K/V, the same passes) is to its own sequences alone, measured on
+    this machine. The gap is rounding that the model amplifies: gemma4-e-shared's is 4e-2 of 27 on an AVX2
+    machine, in llama.cpp as in superggml, whose alone equals llama.cpp's alone."""
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
     rng = np.random.default_rng(3)
     prompts = [[int(x) for x in rng.integers(0, 49152, n)] for n in (9, 17, 5)]
     with Model(path, ctx_size=128, n_threads=2, n_batch=16, batch_invariant=True) as m:
         solo, got = alone_and_batched(m, prompts, 3)
+    ref = llama_ref.run(
+        {"kind": "batch", "model": path, "prompts": prompts, "steps": 3, "n_ctx": 128, "n_batch": 16, "repack": False}
+    )
+    ref_alone = [ref[f"alone{i}"] for i in range(len(prompts))]
+    ref_gap = max(float(np.abs(ref[f"batched{i}"] - a).max()) for i, a in enumerate(ref_alone))
     worst = max(float(np.abs(g - a).max()) for g, a in zip(got, solo))
     scale = max(float(np.abs(a).max()) for a in solo)
-    print(f"{variant}: max |dlogit| batch vs alone {worst:.2e} of {scale:.2f}")
-    assert worst <= 1e-3 * scale
+    to_ref = max(float(np.abs(s - a).max()) for s, a in zip(solo, ref_alone))
+    print(
+        f"{variant}: max |dlogit| batch vs alone {worst:.2e} (llama.cpp {ref_gap:.2e}) of {scale:.2f}; alone vs llama.cpp {to_ref:.2e}"
+    )
+    assert worst <= max(2 * ref_gap, 1e-4 * scale)
+    assert to_ref <= 1e-4 * scale
     assert all((g.argmax(-1) == a.argmax(-1)).all() for g, a in zip(got, solo))
 
 
