@@ -73,7 +73,12 @@ layer_pager::layer_pager(std::shared_ptr<weight_store> store, const std::vector<
                          const pager_params & params) : store_(std::move(store)) {
     ggml_backend_buffer_type * buft = params.buft ? params.buft : ggml_backend_cpu_buffer_type();
     direct_ = params.direct_io && !params.staged && ggml_backend_buft_is_host(buft);
-    size_t largest = 0;
+    const bool tier = params.host_slots > 0 && (params.staged || !ggml_backend_buft_is_host(buft));
+    tier_direct_ = tier && params.direct_io;
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);   // none for ggml-cpu's own buffer type
+    ggml_backend_buffer_type * host_buft = dev ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
+    if (!host_buft) host_buft = ggml_backend_cpu_buffer_type();
+    size_t largest = 0, host_largest = 0;
     int largest_layer = 0;
     for (const auto & names : layers) {
         layer L;
@@ -82,6 +87,12 @@ layer_pager::layer_pager(std::shared_ptr<weight_store> store, const std::vector<
         L.offsets = std::move(lay.offsets);
         L.ranges = std::move(lay.ranges);
         L.bytes = lay.bytes;
+        if (tier_direct_) {
+            slot_layout hl = layout_layer(*store_, names, host_buft, true);
+            L.host_ranges = std::move(hl.ranges);
+            L.host_offsets = std::move(hl.offsets);
+            host_largest = std::max(host_largest, hl.bytes);
+        }
         if (L.bytes > largest) { largest = L.bytes; largest_layer = (int) layers_.size(); }
         layers_.push_back(std::move(L));
     }
@@ -98,16 +109,14 @@ layer_pager::layer_pager(std::shared_ptr<weight_store> store, const std::vector<
     pool_ = std::make_unique<buffer_pool>(pp);
     host_filled_ = std::make_unique<std::atomic<bool>[]>(layers_.size());
     for (size_t i = 0; i < layers_.size(); ++i) host_filled_[i] = false;
-    if (p.host_slots > 0 && (p.staged || !pool_->is_host())) {
+    if (tier) {
         pool_params hp;
-        hp.slot_size = p.slot_size;
+        hp.slot_size = std::max(p.slot_size, host_largest);
         hp.n_slots = p.host_slots;
-        ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);   // none for ggml-cpu's own buffer type
-        hp.buft = dev ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
-        if (!hp.buft) hp.buft = ggml_backend_cpu_buffer_type();
+        hp.buft = host_buft;
         host_ = std::make_unique<buffer_pool>(hp);
     }
-    io_ = std::make_unique<prefetcher>(store_->file().path(), p.n_workers, direct_,
+    io_ = std::make_unique<prefetcher>(store_->file().path(), p.n_workers, direct_ || tier_direct_,
                                        ggml_backend_buft_get_device(buft), p.staged, p.writer);
 }
 
@@ -189,6 +198,16 @@ void layer_pager::host_take(int l, load_job & job) {
     }
     if (h.evicted >= 0) host_filled_[h.evicted] = false;
     job.host = host_->base(h.slot);
+    if (tier_direct_) {   // the host slot in the file's layout: read it with O_DIRECT, copy tensor by tensor
+        const layer & L = layers_.at(l);
+        job.host += slot_pad(host_->buffer(h.slot), true);
+        job.direct = true;
+        job.host_ranges = L.host_ranges;
+        const size_t pad = job.ranges.empty() ? 0 : job.ranges[0].dst_offset - L.ranges[0].dst_offset;
+        for (size_t i = 0; i < L.tensors.size(); ++i) {
+            job.copies.push_back({L.host_offsets[i], L.ranges[i].dst_offset + pad, L.ranges[i].size});
+        }
+    }
     job.host_filled = h.hit && host_filled_[l];
     host_filled_[l] = false;        // until this job ends well
     buffer_pool * host = host_.get();

@@ -65,7 +65,10 @@ struct pager_stats {
 // the device slot without a file read; an empty one is read into from the
 // file and copied on from there, and is filled once that load succeeds. The
 // load holds its host slot until it ends, so the tier never evicts a copy in
-// use; a failed load empties it.
+// use; a failed load empties it. With direct_io the tier's slots take the
+// file's layout (widened to O_DIRECT alignment): a layer is read into its host
+// slot with O_DIRECT, several reads in flight, and copied tensor by tensor to
+// the device slot; its bytes never pass through the page cache.
 class layer_pager {
 public:
     // Throws Error naming the bytes needed if a layer does not fit a slot.
@@ -74,7 +77,7 @@ public:
     ~layer_pager();
 
     int n_layers() const { return (int) layers_.size(); }
-    bool direct_io() const { return direct_ && io_->direct(); }   // O_DIRECT reads in use
+    bool direct_io() const { return (direct_ || tier_direct_) && io_->direct(); }   // O_DIRECT reads in use
     bool staged() const { return io_->staged() || !pool_->is_host(); }
     int host_slots() const { return host_ ? host_->n_slots() : 0; }
     size_t host_bytes() const { return host_ ? host_->bytes() : 0; }
@@ -110,6 +113,8 @@ private:
         std::vector<size_t> offsets;   // in the slot
         std::vector<read_range> ranges;
         size_t bytes = 0;
+        std::vector<read_range> host_ranges;   // tier_direct_: the reads that fill its host slot (file layout)
+        std::vector<size_t> host_offsets;      // tier_direct_: each tensor in its host slot
         bool bound = false;            // tensors point into the slot (loaded, acquired since)
         std::shared_future<void> ready;
     };
@@ -119,7 +124,8 @@ private:
     void host_take(int l, load_job & job);   // the job reads through l's host slot, if one can be had
 
     std::shared_ptr<weight_store> store_;
-    bool direct_ = false;
+    bool direct_ = false;                                   // host slots in the file's layout, O_DIRECT reads
+    bool tier_direct_ = false;                              // host tier slots in it (a staged pool with a tier)
     std::vector<layer> layers_;
     std::unique_ptr<buffer_pool> pool_;
     std::unique_ptr<buffer_pool> host_;                     // the host tier, or none

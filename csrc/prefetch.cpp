@@ -16,6 +16,8 @@
 namespace superggml {
 
 constexpr size_t STAGING_CHUNK = 8u << 20;
+constexpr size_t READ_CHUNK = 4u << 20;    // read_parallel's unit (a multiple of DIRECT_ALIGN)
+constexpr int N_READERS = 4;               // read_parallel's reads in flight
 
 struct prefetcher::stager {
     ggml_backend_t backend = nullptr;
@@ -153,6 +155,9 @@ void prefetcher::load(const load_job & job) {
         if (r.dst_offset + r.size > cap) throw Error("load range does not fit in the slot");
         if (r.need > r.size) throw Error("load range needs more bytes than it reads");
     }
+    for (const auto & c : job.copies) {
+        if (c.dst + c.size > cap) throw Error("load copy does not fit in the slot");
+    }
     if (ggml_backend_buffer_is_host(job.dst) && !staged_) {
         auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(job.dst));
         for (const auto & r : job.ranges) {
@@ -186,7 +191,59 @@ static ggml_context * chunk_views(const std::vector<read_range> & ranges) {
     return ctx;
 }
 
+void prefetcher::read_parallel(const std::vector<read_range> & ranges, uint8_t * base, bool direct) {
+    struct chunk { uint64_t off; size_t size, need; uint8_t * dst; };
+    std::vector<chunk> chunks;
+    for (const auto & r : ranges) {
+        const size_t need = r.need ? r.need : r.size;
+        for (size_t done = 0; done < need; done += READ_CHUNK) {
+            const size_t n = std::min(READ_CHUNK, r.size - done);
+            chunks.push_back({r.file_offset + done, n, std::min(n, need - done), base + r.dst_offset + done});
+        }
+    }
+    auto read_one = [this, direct](const chunk & c) {
+        const bool aligned = (uintptr_t) c.dst % DIRECT_ALIGN == 0 && c.off % DIRECT_ALIGN == 0 &&
+                             c.size % DIRECT_ALIGN == 0;
+        if (direct && fd_direct_.valid() && aligned && read_direct(fd_direct_.get(), c.dst, c.size, c.need, c.off)) {
+            direct_bytes_ += c.size;
+            return;
+        }
+        read_exact(fd_.get(), c.dst, c.need, c.off);
+    };
+    if (chunks.size() < 2) {
+        for (const auto & c : chunks) read_one(c);
+        return;
+    }
+    std::call_once(readers_once_, [this] { readers_ = std::make_unique<task_pool>(N_READERS, "read"); });
+    std::vector<std::shared_future<void>> inflight;
+    inflight.reserve(chunks.size());
+    for (const auto & c : chunks) inflight.push_back(readers_->submit(-1, 0, [c, read_one] { read_one(c); }).done);
+    std::exception_ptr err;
+    for (auto & f : inflight) {   // every chunk ends before the caller may reuse the buffer
+        try { f.get(); } catch (...) { if (!err) err = std::current_exception(); }
+    }
+    if (err) std::rethrow_exception(err);
+}
+
+void prefetcher::load_via_tier(const load_job & job, stager & st) {
+    if (!job.host_filled) read_parallel(job.host_ranges, job.host, job.direct);
+    ggml_init_params p = { (job.copies.size() + 1) * ggml_tensor_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(p);
+    if (!ctx) throw Error("cannot allocate staging views");
+    auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(job.dst));
+    for (const auto & c : job.copies) {
+        ggml_tensor * t = tensor_bytes(ctx, job.dst, base + c.dst, c.size);
+        ggml_backend_tensor_set_async(st.backend, t, job.host + c.src, 0, c.size);
+    }
+    ggml_backend_synchronize(st.backend);
+    ggml_free(ctx);
+}
+
 void prefetcher::load_through_host(const load_job & job, stager & st) {
+    if (!job.copies.empty()) {
+        load_via_tier(job, st);
+        return;
+    }
     ggml_context * ctx = chunk_views(job.ranges);
     auto * base = static_cast<uint8_t *>(ggml_backend_buffer_get_base(job.dst));
     try {

@@ -22,6 +22,12 @@
 // on to the slot from there (the host copy is the staging buffer). `done`
 // runs once: on the worker after the job, with whether it succeeded, or with
 // false where a cancelled job is dropped.
+// A host copy may have a layout of its own (`copies` given): the file's,
+// widened to DIRECT_ALIGN (`host_ranges` read it), so the disk DMAs into the
+// host copy with O_DIRECT; then each copy moves one tensor from the host copy
+// to the slot. Its reads are split into chunks and several are in flight at
+// once (a reader pool of the prefetcher's own), so a first load runs at the
+// disk's rate, not one thread's.
 // A staged job's ranges that are read whole are first offered to the
 // prefetcher's range_writer, if it was given one (remote.h: content-addressed
 // writes to an RPC peer); the worker reads the ranges it leaves.
@@ -41,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -59,6 +66,12 @@ struct read_range {
     size_t need = 0;     // bytes that must arrive (0: size); a direct read may stop short at EOF past them
 };
 
+struct copy_range {
+    size_t src;          // bytes from the host copy's start
+    size_t dst;          // bytes from the slot's start
+    size_t size;
+};
+
 struct load_job {
     int key = -1;                     // names the job for cancel() and last_job()
     int priority = 0;                 // larger runs first
@@ -67,6 +80,8 @@ struct load_job {
     ggml_backend_buffer * dst = nullptr;
     uint8_t * host = nullptr;         // a host copy of the slot's bytes (same offsets), or none
     bool host_filled = false;         // it holds them already: copy, do not read
+    std::vector<read_range> host_ranges;   // with copies: the reads that fill the host copy (its own layout)
+    std::vector<copy_range> copies;        // the host copy's own layout to the slot's (none: the same layout)
     std::function<void(bool ok)> done;   // after the job, on the worker (ok: it succeeded)
 };
 
@@ -113,6 +128,10 @@ private:
     void load(const load_job & job);
     void load_staged(const load_job & job, stager & st);
     void load_through_host(const load_job & job, stager & st);
+    void load_via_tier(const load_job & job, stager & st);
+    // Reads `ranges` into base + dst_offset in chunks, several in flight on the reader pool; O_DIRECT where
+    // `direct`, the descriptor and the alignment allow, else buffered. Throws the first read's error.
+    void read_parallel(const std::vector<read_range> & ranges, uint8_t * base, bool direct);
 
     std::string path_;
     io_fd fd_;
@@ -124,6 +143,8 @@ private:
     std::atomic<uint64_t> direct_bytes_{0};
     std::atomic<uint64_t> host_bytes_{0};
     std::vector<std::unique_ptr<stager>> stagers_;   // per worker, made on its first staged job
+    std::once_flag readers_once_;
+    std::unique_ptr<task_pool> readers_;             // read_parallel's chunks (made on first use)
     std::unique_ptr<task_pool> pool_;                // declared last: its workers stop first
 };
 

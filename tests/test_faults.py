@@ -35,6 +35,8 @@ STREAMED = {
     "prefetch": dict(device_budget="10MiB", async_prefetch=True),
     "o_direct": dict(device_budget="6MiB", direct_io=True),
     "staged": dict(device_budget="6MiB", staged_io=True),
+    # a host tier of 4 blocks in the file's layout, read with O_DIRECT in chunks several at once
+    "tier_direct": dict(device_budget="6MiB", staged_io=True, host_cache="14MiB", direct_io=True),
 }
 
 

@@ -70,6 +70,26 @@ def test_host_tier_reads_the_file_once(smollm2_path, resident, async_prefetch):
     assert st["bytes_loaded"] == st["file_bytes"] + st["host_bytes"]
 
 
+@pytest.mark.parametrize("depth", [1, 3])
+def test_host_tier_reads_the_file_with_o_direct(smollm2_path, resident, depth):
+    """direct_io with a host tier: the tier's slots take the file's layout, each block is read into one with
+    O_DIRECT in chunks several at once, then copied tensor by tensor to its device slot; the file is read once,
+    none of it through the page cache, and the logits are the resident ones."""
+    ref, slot, _ = resident
+    kw = dict(ctx_size=128, n_threads=2, device_budget=int(4 * slot * 1.05), staged_io=True, async_prefetch=True)
+    with Model(smollm2_path, host_cache="512MiB", direct_io=True, prefetch_depth=depth, **kw) as m:
+        m.eval(FEED_PROMPT[:4])
+        first = m.stats()
+        m.reset()
+        out = feed_logits(m)
+        st = m.stats()
+    assert np.array_equal(out, ref)
+    assert st["host_slots"] > 0 and st["failed"] == 0 and st["host_hits"] > 0
+    assert st["file_bytes"] == first["file_bytes"] > 0
+    if st["direct_io"]:  # the file system took O_DIRECT (tmpfs does not)
+        assert st["direct_bytes"] >= st["file_bytes"]  # the reads are widened to the O_DIRECT alignment
+
+
 def test_host_tier_smaller_than_the_streamed_blocks(smollm2_path, resident):
     """A tier of 3 blocks: some loads come from it, the rest from the file; still the resident logits."""
     ref, slot, _ = resident

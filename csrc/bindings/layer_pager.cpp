@@ -125,7 +125,7 @@ void init_pager(py::module_ & m) {
         .def("stats", [](const layer_pager & p) {
             py::dict d = to_dict(p.stats());
             py::dict io = to_dict(p.io_stats());
-            for (const char * k : {"read_seconds", "pending", "failed", "completed"}) d[k] = io[k];
+            for (const char * k : {"read_seconds", "pending", "failed", "completed", "direct_bytes"}) d[k] = io[k];
             return d;
         });
 }

@@ -244,7 +244,7 @@ class PagingSettings:
     direct_io: bool | None = option(
         None,
         "read streamed blocks with O_DIRECT (on), through the page cache (off), or O_DIRECT when the file is "
-        "larger than the memory available (auto)",
+        "larger than the memory available or a host tier keeps the streamed blocks (auto)",
         parse=_parse_tristate,
         choices=("auto", "on", "off"),
         cli_default="auto",

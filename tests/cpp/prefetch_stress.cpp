@@ -23,7 +23,9 @@ using namespace superggml;
 // Four threads acquire random keys, load them (sometimes cancelling the load),
 // wait, check the bytes and release; a fifth shrinks and grows the pool.
 // mode 0: pread into the slot; 1: staged (staging buffers + async copies); 2: O_DIRECT; 3: staged through a
-// host tier of 3 slots (a filled copy is copied, not read; jobs release their host slot when done or dropped).
+// host tier of 3 slots (a filled copy is copied, not read; jobs release their host slot when done or dropped);
+// 4: mode 3 with the host copy in a layout of its own, read in 4 ranges at once (O_DIRECT where allowed) and
+// copied to the slot in 4 pieces, in reverse order.
 static int stress(const char * path, const std::vector<uint8_t> & data, size_t chunk, size_t n_keys, int mode) {
     pool_params pp;
     pp.slot_size = chunk;
@@ -39,7 +41,8 @@ static int stress(const char * path, const std::vector<uint8_t> & data, size_t c
     std::atomic<int> ok{0}, cancelled{0}, exhausted{0}, bad{0}, resized{0};
     std::atomic<bool> done{false};
     {
-        prefetcher io(path, 3, mode == 2, nullptr, mode == 1 || mode == 3);
+        const bool tier = mode == 3 || mode == 4;
+        prefetcher io(path, 3, mode == 2 || mode == 4, nullptr, mode == 1 || tier);
         // the fill of each slot, shared by every thread that holds the slot's key
         std::mutex mu;
         std::vector<std::shared_future<void>> fill(pp.n_slots);
@@ -49,8 +52,15 @@ static int stress(const char * path, const std::vector<uint8_t> & data, size_t c
             j.priority = prio;
             j.ranges = {{key * chunk, chunk, 0}};
             j.dst = pool.buffer(slot);
-            j.direct = mode == 2;
-            if (mode == 3) {
+            j.direct = mode == 2 || mode == 4;
+            if (mode == 4) {
+                const size_t q = chunk / 4;
+                for (size_t i = 0; i < 4; ++i) {
+                    j.host_ranges.push_back({key * chunk + i * q, q, i * q, 0});
+                    j.copies.push_back({(3 - i) * q, (3 - i) * q, q});
+                }
+            }
+            if (tier) {
                 try {
                     auto h = host.acquire(key);       // held until the job ends or is dropped
                     if (h.evicted >= 0) filled[h.evicted] = false;
@@ -73,7 +83,7 @@ static int stress(const char * path, const std::vector<uint8_t> & data, size_t c
             ts.emplace_back([&, t] {
                 std::mt19937 rnd(100 + t);
                 for (int i = 0; i < 2000; ++i) {
-                    int key = (int) (rnd() % (mode == 3 ? 8 : n_keys));   // few keys: host copies get reused
+                    int key = (int) (rnd() % (tier ? 8 : n_keys));   // few keys: host copies get reused
                     buffer_pool::acquired a;
                     std::shared_future<void> f;
                     {
@@ -133,7 +143,7 @@ static int stress(const char * path, const std::vector<uint8_t> & data, size_t c
     std::printf("mode %d: ok %d cancelled %d exhausted %d resized %d bad %d host copies %d, host holds left %d\n",
                 mode, ok.load(), cancelled.load(), exhausted.load(), resized.load(), bad.load(), host_copies.load(),
                 held);
-    return bad.load() == 0 && ok.load() > 1000 && held == 0 && (mode != 3 || host_copies > 0) ? 0 : 1;
+    return bad.load() == 0 && ok.load() > 1000 && held == 0 && (mode < 3 || host_copies > 0) ? 0 : 1;
 }
 
 // Views of slots: valid while held; after release, eviction or shrink view_data throws SlotReleased
@@ -205,7 +215,7 @@ int main() {
     if (write(fd, data.data(), data.size()) != (ssize_t) data.size()) return 2;
     close(fd);
     int rc = views(0) | views(4096);
-    for (int mode = 0; mode < 4; ++mode) rc |= stress(path, data, chunk, n_keys, mode);
+    for (int mode = 0; mode < 5; ++mode) rc |= stress(path, data, chunk, n_keys, mode);
     unlink(path);
     return rc;
 }

@@ -227,7 +227,10 @@ def direct_reads(path: str, plan: MemoryPlan | None) -> bool:
     the memory available; and when a drafter's weights stay beside blocks streamed on the host and the file is
     larger than what the plan leaves the page cache: buffered reads would evict the drafter's mapped weights
     (measured: Qwen2.5-1.5B at a 256 MiB budget beside its 0.5B draft in 1280 MiB, 1.34 tok/s buffered, 10.29
-    direct)."""
+    direct). And where a host tier keeps the streamed blocks for a device: the page cache would hold them twice,
+    and the tier reads with several O_DIRECT reads in flight at the disk's rate."""
+    if plan is not None and plan.host_cache:
+        return True
     size = os.path.getsize(path)
     if size > int(native.host_memory()["available"]):
         return True
