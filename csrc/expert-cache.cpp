@@ -18,7 +18,8 @@ expert_cache::expert_cache(const expert_cache_params & params, std::shared_ptr<p
     if (p_.n_slots < 1 || p_.slot_size == 0) throw Error("expert cache needs at least one slot of nonzero size");
     if (!io_) throw Error("expert cache needs a prefetcher");
     if (!p_.buft) p_.buft = ggml_backend_cpu_buffer_type();
-    p_.direct = p_.direct && ggml_backend_buft_is_host(p_.buft);
+    want_direct_ = p_.direct;
+    p_.direct = p_.direct && ggml_backend_buft_is_host(p_.buft) && !io_->staged();
     const size_t align = p_.direct ? DIRECT_ALIGN : ggml_backend_buft_get_alignment(p_.buft);
     slot_size_ = (p_.slot_size + align - 1) / align * align;
     const size_t total = slot_size_ * (size_t) p_.n_slots + (p_.direct ? DIRECT_ALIGN : 0);
@@ -34,6 +35,16 @@ expert_cache::expert_cache(const expert_cache_params & params, std::shared_ptr<p
     ggml_backend_buffer_clear(buf_, 0);   // slots never loaded are read by no graph, but keep them finite
     slots_.resize(p_.n_slots);
     active_ = p_.n_slots;
+    if (p_.host_slots > 0 && (io_->staged() || !ggml_backend_buft_is_host(p_.buft))) {
+        pool_params hp;
+        hp.slot_size = slot_size_;
+        hp.n_slots = p_.host_slots;
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(p_.buft);
+        hp.buft = dev ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
+        if (!hp.buft) hp.buft = ggml_backend_cpu_buffer_type();
+        hp.align = DIRECT_ALIGN;
+        tier_ = std::make_unique<buffer_pool>(hp);
+    }
 }
 
 expert_cache::~expert_cache() {
@@ -41,6 +52,52 @@ expert_cache::~expert_cache() {
         if (s.load.valid()) { try { s.load.get(); } catch (...) {} }
     }
     if (buf_) ggml_backend_buffer_free(buf_);
+}
+
+void expert_cache::tier_take(load_job & job, const layer_info & L, uint64_t expert, size_t dst, size_t n) {
+    buffer_pool::acquired h;
+    try {
+        h = tier_->acquire(job.key);   // held until the job ends
+    } catch (const PoolExhausted &) {
+        st_.file_bytes += n;
+        return;                        // every host slot is being loaded through: this load reads the file
+    }
+    bool filled;
+    {
+        std::lock_guard<std::mutex> lk(tier_mu_);
+        if (h.evicted >= 0) tier_filled_.erase(h.evicted);
+        filled = h.hit && tier_filled_.count(job.key);
+        tier_filled_.erase(job.key);   // until this job ends well
+    }
+    job.host = tier_->base(h.slot);
+    job.host_filled = filled;
+    job.direct = L.aligned;
+    job.ranges.clear();
+    for (const auto & q : L.parts) {
+        const uint64_t off = q.file_offset + expert * q.stride;
+        if (L.aligned) {
+            const size_t lead = off % DIRECT_ALIGN;
+            const size_t span = (lead + q.size + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
+            job.host_ranges.push_back({off - lead, span, q.slot_offset - lead, lead + q.size});
+        } else {
+            job.host_ranges.push_back({off, q.size, q.slot_offset, 0});
+        }
+        job.copies.push_back({q.slot_offset, dst + q.slot_offset, q.size});
+        job.ranges.push_back({off, q.size, dst + q.slot_offset, 0});
+    }
+    if (filled) { st_.tier_hits++; st_.tier_bytes += n; } else { st_.file_bytes += n; }
+    buffer_pool * tier = tier_.get();
+    std::mutex * mu = &tier_mu_;
+    std::unordered_set<int> * set = &tier_filled_;
+    const int slot = h.slot, k = job.key;
+    job.done = [tier, mu, set, slot, k](bool ok) {
+        {
+            std::lock_guard<std::mutex> lk(*mu);
+            if (ok) set->insert(k); else set->erase(k);
+        }
+        tier->release(slot);
+        if (!ok) tier->drop(k);
+    };
 }
 
 namespace {
@@ -112,7 +169,7 @@ void expert_cache::set_layer(int layer, int n_expert, const std::vector<part> & 
     // O_DIRECT reads each part from its file offset rounded down to whole blocks: the lead before it lands
     // in front of it in the slot, so the part's region [slot_offset - lead, + rounded size) must be aligned,
     // inside the slot and apart from the other parts', for every expert (a stride of whole blocks)
-    bool direct = p_.direct;
+    bool direct = true;
     std::vector<std::pair<size_t, size_t>> regions;
     for (const auto & q : parts) {
         const size_t lead = q.file_offset % DIRECT_ALIGN;
@@ -126,7 +183,7 @@ void expert_cache::set_layer(int layer, int n_expert, const std::vector<part> & 
     std::sort(regions.begin(), regions.end());
     for (size_t i = 1; direct && i < regions.size(); ++i) direct = regions[i].first >= regions[i - 1].second;
     if ((int) layers_.size() <= layer) layers_.resize(layer + 1);
-    layers_[layer] = {n_expert, parts, direct, std::vector<use_history>(n_expert)};
+    layers_[layer] = {n_expert, parts, direct && p_.direct, direct && want_direct_, std::vector<use_history>(n_expert)};
 }
 
 bool expert_cache::layer_direct(int layer) const {
@@ -163,7 +220,9 @@ void expert_cache::start_load(int i, int layer, int expert) {
         }
         n += q.size;
     }
-    if (L.direct && io_->direct()) st_.direct_loads++;
+    if (tier_) tier_take(job, L, (uint64_t) expert, pad_ + (size_t) i * slot_size_, n);
+    else st_.file_bytes += n;
+    if (job.direct && io_->direct()) st_.direct_loads++;
     slot & s = slots_[i];
     s.key = job.key;
     s.load = io_->submit(std::move(job)).done;
@@ -295,6 +354,7 @@ expert_cache_stats expert_cache::stats() const {
     s.n_slots = (int) slots_.size();
     s.n_active = active_;
     s.slot_size = slot_size_;
+    s.tier_slots = tier_ ? tier_->n_slots() : 0;
     for (const auto & x : slots_) if (x.key >= 0) s.slots_used++;
     return s;
 }

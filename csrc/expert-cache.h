@@ -31,20 +31,31 @@
 // free, and a prefetch never evicts an expert expected back sooner than its
 // own; a map() of a layer ends the protection of its prefetches that missed.
 //
+// The host tier (host_slots > 0, slots that are not host memory or a staged
+// prefetcher): a buffer_pool of host slots (the device's pinned host memory
+// where it has one), keyed by expert. A load takes the expert's host slot: a
+// filled one is copied to the device slot without a file read; an empty one
+// is read into (O_DIRECT where the layer's layout allows, several reads in
+// flight) and copied on, and is filled once the load succeeds. The load holds
+// its host slot until it ends; a failed load empties it.
+//
 // set_active(n) sets the slots past the first n aside: their experts are
 // evicted, no load takes them, and on host memory their pages are returned
 // to the system (MADV_DONTNEED) until set_active gives them back.
 #pragma once
 
 #include "error.h"
+#include "buffer-pool.h"
 #include "prefetch.h"
 
 #include <cstddef>
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 struct ggml_tensor;
@@ -58,6 +69,7 @@ struct expert_cache_params {
     size_t slot_size = 0;                       // bytes per slot (rounded up to the buffer alignment)
     ggml_backend_buffer_type * buft = nullptr;  // nullptr: CPU
     bool direct = false;                        // O_DIRECT reads where a layer's layout allows (host slots)
+    int host_slots = 0;                         // a host tier of this many experts (device or staged slots)
 };
 
 struct expert_cache_stats {
@@ -68,6 +80,9 @@ struct expert_cache_stats {
     uint64_t bytes_loaded = 0;            // expert bytes (without the widening of direct reads)
     uint64_t direct_loads = 0;            // loads read with O_DIRECT (where the file system allowed it)
     uint64_t host_misses = 0;             // experts a held_only map() left to the caller (not loaded)
+    uint64_t tier_hits = 0;               // loads copied from the host tier (no file read)
+    uint64_t tier_bytes = 0, file_bytes = 0;   // expert bytes copied from the host tier / read from the file
+    int tier_slots = 0;
     int n_slots = 0, slots_used = 0, n_active = 0;
     size_t slot_size = 0;
 };
@@ -126,7 +141,13 @@ private:
         int n = 0;
         double next = 0;                  // the forecast next use (n >= 2)
     };
-    struct layer_info { int n_expert = 0; std::vector<part> parts; bool direct = false; std::vector<use_history> uses; };
+    struct layer_info {
+        int n_expert = 0;
+        std::vector<part> parts;
+        bool direct = false;              // O_DIRECT into the slots
+        bool aligned = false;             // the parts' layout allows O_DIRECT (into the host tier's slots)
+        std::vector<use_history> uses;
+    };
     static int key(int layer, int expert) { return layer * 65536 + expert; }
     void count_use(int layer, int expert);
     // When the expert is expected back, as of now: larger is evicted first.
@@ -136,9 +157,12 @@ private:
     int take_slot(double limit = -1);
     void start_load(int i, int layer, int expert);
     void wait(int i);                     // its bytes are there (rethrows a failed read, emptying the slot)
+    // The job reads through its expert's host slot, if the tier has one to give: then `n` bytes are counted.
+    void tier_take(load_job & job, const layer_info & L, uint64_t expert, size_t dst, size_t n);
     const layer_info & layer_of(int layer, int expert) const;
 
     expert_cache_params p_;
+    bool want_direct_ = false;            // direct as asked (O_DIRECT into the host tier where layouts allow)
     std::shared_ptr<prefetcher> io_;
     ggml_backend_buffer * buf_ = nullptr;
     size_t pad_ = 0;                      // bytes from the buffer's base to slot 0 (DIRECT_ALIGN-aligned if direct)
@@ -150,6 +174,9 @@ private:
     uint64_t clock_ = 0;                  // orders uses (ties of expected())
     uint64_t tick_ = 0;                   // map() calls
     expert_cache_stats st_;
+    std::unique_ptr<buffer_pool> tier_;   // the host tier, or none
+    std::mutex tier_mu_;
+    std::unordered_set<int> tier_filled_; // keys whose host slot holds their bytes (the workers' done writes it)
 };
 
 }  // namespace superggml

@@ -319,6 +319,35 @@ def test_expert_cache_reads_with_o_direct(tmp_path, vocab_fields, variant):
     assert st["expert_slot_size"] % 4096 == 0
 
 
+@pytest.mark.parametrize("direct_io", [False, True])
+@pytest.mark.parametrize("variant", ["qwen3moe-8x2", "olmoe-8x2-f16"])
+def test_expert_cache_fed_from_the_host_tier(tmp_path, vocab_fields, variant, direct_io):
+    """staged_io (the device path on the CPU) with a host tier that holds every expert: the experts are read from
+    the file once, into the tier (O_DIRECT where the layout allows), and copied from there on every later miss;
+    bit-identical to resident. The second run of the prompt reads nothing from the file."""
+    path = synth(
+        tmp_path / "moe.gguf",
+        vocab_fields,
+        **{**VARIANTS[variant], "n_layer": 4, "n_embd": 256, "n_ff": 64, "n_ff_exp": 64},
+    )
+    prompt = [int(x) for x in np.random.default_rng(9).integers(0, 49152, 20)]
+    ref, _ = run(path, prompt)
+    kw = dict(expert_cache=expert_bytes(path) // 4, staged_io=True, host_cache="256MiB", direct_io=direct_io)
+    with Model(path, ctx_size=128, n_threads=2, n_batch=8, **kw) as m:
+        first = [m.eval(prompt, logits_all=True).copy()] + [m.eval([t]).copy() for t in (5, 6, 7, 8, 9)]
+        st1 = m.stats()
+        m.reset()
+        again = [m.eval(prompt, logits_all=True).copy()] + [m.eval([t]).copy() for t in (5, 6, 7, 8, 9)]
+        st = m.stats()
+    assert np.array_equal(np.concatenate(first), ref) and np.array_equal(np.concatenate(again), ref)
+    assert st["expert_tier_slots"] == 8 * 4  # every expert of the 4 MoE blocks
+    assert st["expert_misses"] > st1["expert_misses"] and st["expert_tier_hits"] > 0
+    assert st["expert_file_bytes"] == st1["expert_file_bytes"] > 0  # nothing read from the file again
+    assert st["expert_bytes_loaded"] == st["expert_file_bytes"] + st["expert_tier_bytes"]
+    if direct_io:
+        assert st["expert_direct_loads"] > 0
+
+
 def test_analyze_predicts_a_moe_budget_as_the_executor_splits_it(tmp_path, vocab_fields):
     """analyze's MoE plan: the expert cache and pinned blocks the executor gives a device_budget, and the bytes
     per token at a hit rate (uniform routing's by default: the cache's share of the experts)."""

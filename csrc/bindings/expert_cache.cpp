@@ -17,6 +17,8 @@ py::dict to_dict(const expert_cache_stats & s) {
     d["expert_host_misses"] = s.host_misses;
     d["expert_bytes_loaded"] = s.bytes_loaded; d["expert_slots"] = s.n_slots; d["expert_slots_active"] = s.n_active; d["expert_slots_used"] = s.slots_used;
     d["expert_slot_size"] = s.slot_size; d["expert_direct_loads"] = s.direct_loads;
+    d["expert_tier_hits"] = s.tier_hits; d["expert_tier_bytes"] = s.tier_bytes; d["expert_file_bytes"] = s.file_bytes;
+    d["expert_tier_slots"] = s.tier_slots;
     return d;
 }
 
@@ -24,18 +26,22 @@ void init_expert_cache(py::module_ & m) {
     py::class_<expert_cache, std::shared_ptr<expert_cache>>(m, "ExpertCache",
         "Mixture-of-experts experts paged one by one through slots of one buffer (see csrc/expert-cache.h).")
         .def(py::init([](const std::string & path, int n_slots, size_t slot_size, compute_backend * backend,
-                         int n_workers, bool direct_io) {
+                         int n_workers, bool direct_io, bool staged, int host_slots) {
             expert_cache_params p;
             p.n_slots = n_slots;
             p.slot_size = slot_size;
             p.buft = backend ? backend->buffer_type() : nullptr;
             p.direct = direct_io;
+            p.host_slots = host_slots;
             auto io = std::make_shared<prefetcher>(path, n_workers, direct_io,
-                                                   backend ? backend->device() : nullptr, false,
+                                                   backend ? backend->device() : nullptr, staged,
                                                    content_writer());
             return std::make_shared<expert_cache>(p, io);
         }), py::arg("path"), py::arg("n_slots"), py::arg("slot_size"), py::arg("backend") = nullptr,
-            py::arg("n_workers") = 2, py::arg("direct_io") = false)
+            py::arg("n_workers") = 2, py::arg("direct_io") = false, py::arg("staged") = false,
+            py::arg("host_slots") = 0,
+            "staged: host slots too load through staging and async copies (the device path); host_slots: a host "
+            "tier of that many experts between the file and slots that are not host memory (or staged ones)")
         .def("set_layer", [](expert_cache & c, int layer, int n_expert,
                              const std::vector<std::tuple<uint64_t, size_t, size_t, size_t>> & parts) {
             std::vector<expert_cache::part> ps;

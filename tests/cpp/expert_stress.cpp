@@ -17,8 +17,9 @@
 using namespace superggml;
 
 // direct: parts of whole O_DIRECT blocks behind a 100-byte header, each at its file offset's place inside a
-// block of its own region of the slot (what ExpertPager.layout gives), read with O_DIRECT where /tmp allows it
-static int run(bool direct) {
+// block of its own region of the slot (what ExpertPager.layout gives), read with O_DIRECT where /tmp allows it.
+// tier: staged loads through a host tier of 20 experts (of 64), its done callbacks on the workers.
+static int run(bool direct, bool tier = false) {
     const int n_layer = 4, n_expert = 16;
     const size_t head = direct ? 100 : 0;
     const size_t parts_b[3] = {1000, 1000, 1200}, off_b[3] = {0, 1024, 2048};
@@ -37,11 +38,12 @@ static int run(bool direct) {
     close(fd);
     int bad = 0;
     {
-        auto io = std::make_shared<prefetcher>(path, 2, direct);
+        auto io = std::make_shared<prefetcher>(path, 2, direct, nullptr, tier);
         expert_cache_params p;
         p.n_slots = 6;
         p.slot_size = slot_size;
         p.direct = direct;
+        p.host_slots = tier ? 20 : 0;
         expert_cache cache(p, io);
         auto base = [&](int l, int j) {   // file offset of part j's expert 0 in layer l
             size_t off = head + (size_t) l * layer_bytes;
@@ -52,7 +54,7 @@ static int run(bool direct) {
             std::vector<expert_cache::part> ps;
             for (int j = 0; j < 3; ++j) ps.push_back({base(l, j), parts[j], parts[j], part_off[j]});
             cache.set_layer(l, n_expert, ps);
-            if (cache.layer_direct(l) != (direct && io->direct())) bad++;
+            if (cache.layer_direct(l) != (direct && io->direct() && !tier)) bad++;
         }
         // the slots' bytes, read back through a view of the whole buffer
         ggml_init_params ip = { ggml_tensor_overhead(), nullptr, true };
@@ -79,13 +81,15 @@ static int run(bool direct) {
             if (step % 37 == 0) cache.set_active(3 + (int) (rnd() % 4));
         }
         expert_cache_stats st = cache.stats();
-        std::printf("experts%s: hits %llu, misses %llu, prefetches %llu, prefetch hits %llu, evictions %llu, "
-                    "direct loads %llu, bad %d\n", direct ? " (O_DIRECT)" : "",
+        std::printf("experts%s%s: hits %llu, misses %llu, prefetches %llu, prefetch hits %llu, evictions %llu, "
+                    "direct loads %llu, tier hits %llu, bad %d\n", direct ? " (O_DIRECT)" : "", tier ? " (tier)" : "",
                     (unsigned long long) st.hits, (unsigned long long) st.misses,
                     (unsigned long long) st.prefetches, (unsigned long long) st.prefetch_hits,
-                    (unsigned long long) st.evictions, (unsigned long long) st.direct_loads, bad);
+                    (unsigned long long) st.evictions, (unsigned long long) st.direct_loads,
+                    (unsigned long long) st.tier_hits, bad);
         if (st.misses == 0 || st.prefetch_hits == 0 || st.evictions == 0) bad++;
-        if (direct && io->direct() && st.direct_loads != st.misses + st.prefetches) bad++;
+        if (direct && io->direct() && !tier && st.direct_loads != st.misses + st.prefetches) bad++;
+        if (tier && (st.tier_hits == 0 || st.tier_slots != 20)) bad++;
         ggml_free(ctx);
     }
     unlink(path);
@@ -93,5 +97,5 @@ static int run(bool direct) {
 }
 
 int main() {
-    return run(false) == 0 && run(true) == 0 ? 0 : 1;
+    return run(false) == 0 && run(true) == 0 && run(false, true) == 0 && run(true, true) == 0 ? 0 : 1;
 }

@@ -176,10 +176,14 @@ class ExpertPager:
         direct_io: bool = False,
         lookahead: bool | None = True,
         loan: int = 0,
+        staged: bool = False,
+        host_tier: int = 0,
     ):
         """`lookahead`: load the next router's guesses (lookahead()) always (True), never (False), or as a
         timed trial of the first decoded tokens finds faster (None). `loan`: bytes beyond the budget that the
-        cache holds until they are owed back (lend())."""
+        cache holds until they are owed back (lend()). `staged`: loads go through staging buffers and async
+        copies, as into a device; `host_tier`: bytes of host memory that keep experts between the file and a
+        device (or staged) cache."""
         hp = arch.hp
         self.n_layer = hp.n_layer
         self.parts = self.layout(store, arch, direct=direct_io)
@@ -194,8 +198,16 @@ class ExpertPager:
         n_experts = hp.n_expert * sum(1 for parts in self.parts if parts)
         n_slots = max(n_slots, min(n_slots + loan // slot, n_experts))  # never more slots than experts on loan
         self.spare = loan - (n_slots - self.base_slots) * slot  # the loan's bytes no slot took: owed first
+        self.tier_slots = min(host_tier // slot, n_experts) if staged or not backend.is_host else 0
         self.core = native.ExpertCache(
-            path, n_slots=n_slots, slot_size=slot, backend=backend, n_workers=n_workers, direct_io=direct_io
+            path,
+            n_slots=n_slots,
+            slot_size=slot,
+            backend=backend,
+            n_workers=n_workers,
+            direct_io=direct_io,
+            staged=staged,
+            host_slots=self.tier_slots,
         )
         for il, parts in enumerate(self.parts):
             if parts:  # a block with a dense FFN has none

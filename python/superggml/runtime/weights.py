@@ -99,10 +99,13 @@ class WeightPlacement:
         if pg.expert_cache is not None and not self.hp.n_expert:
             raise ValueError("expert_cache applies to mixture-of-experts models; this model is dense")
         # a MoE model under a device_budget pages its experts too: its dense part is planned first, the rest of
-        # the budget is the expert cache (plan_pool splits it); on a device that is not host memory, or over a
-        # split, a MoE block streams whole, its experts with it
+        # the budget is the expert cache (plan_pool splits it), fed on a GPU from the host tier; over a split or
+        # to an RPC server, a MoE block streams whole, its experts with it
         self.experts_paged = pg.expert_cache is not None or (
-            self.hp.n_expert > 0 and pg.budget_bytes is not None and self.n_split == 1 and self.backends[0].is_host
+            self.hp.n_expert > 0
+            and pg.budget_bytes is not None
+            and self.n_split == 1
+            and not self.backends[0].endpoint
         )
         if self.experts_paged and self.n_split > 1:
             raise ValueError("paged experts run on one device for now, not a multi-device split")
@@ -344,7 +347,10 @@ class WeightPlacement:
             direct_io=self.direct_io,
             lookahead=p.expert_lookahead,
             loan=self.loan.size if self.loan else 0,
+            staged=p.staged_io,
+            host_tier=max(0, self.host_tier_bytes() - self.host_tier_used),
         )
+        self.host_tier_used += self.experts.tier_slots * self.experts.expert_bytes
         self.expert_rows = max(1, min(c.n_batch, self.experts.base_slots // hp.n_expert_used))
 
     def lend(self, ends: dict[int, int], n: int) -> None:
