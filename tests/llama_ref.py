@@ -223,6 +223,10 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
         return _mtp(req, kw)
     if kind == "batch":
         return _batch(req, kw)
+    if kind == "bodies":  # a ported llama-cpp-python test body (llama_cpp_bodies.py) on llama_cpp itself
+        import llama_cpp_bodies
+
+        return {"json": np.array(json.dumps(llama_cpp_bodies.BODIES[req["body"]](llama_cpp, req["model"])))}
     if kind == "bench":
         llm = llama_cpp.Llama(**kw)
         toks = req["prompt_tokens"] if "prompt_tokens" in req else llm.tokenize(req["prompt"].encode())

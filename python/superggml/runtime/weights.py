@@ -102,10 +102,7 @@ class WeightPlacement:
         # the budget is the expert cache (plan_pool splits it), fed on a GPU from the host tier; over a split or
         # to an RPC server, a MoE block streams whole, its experts with it
         self.experts_paged = pg.expert_cache is not None or (
-            self.hp.n_expert > 0
-            and pg.budget_bytes is not None
-            and self.n_split == 1
-            and not self.backends[0].endpoint
+            self.hp.n_expert > 0 and pg.budget_bytes is not None and self.n_split == 1 and not self.backends[0].endpoint
         )
         if self.experts_paged and self.n_split > 1:
             raise ValueError("paged experts run on one device for now, not a multi-device split")
