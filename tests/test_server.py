@@ -100,6 +100,46 @@ def test_completion_equals_generate(client, reference, server):
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
 
 
+def test_any_model_name_an_alias_and_the_usage_chunk(model, reference):
+    """--alias names the model in /v1/models and the replies; a request may name any model (llama-server serves
+    its one model whatever the name); stream_options.include_usage ends the stream with a chunk of the usage."""
+    for client in openai_client(model, model_id="smol"):
+        assert [m.id for m in client.models.list().data] == ["smol"]
+        r = client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=24, temperature=0)
+        assert r.model == "smol" and r.choices[0].text == reference[0]
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("gpt-4")
+        for kind in ("completions", "chat"):
+            if kind == "completions":
+                chunks = list(
+                    client.completions.create(
+                        model="x",
+                        prompt=PROMPT,
+                        max_tokens=8,
+                        temperature=0,
+                        stream=True,
+                        stream_options={"include_usage": True},
+                    )
+                )
+            else:
+                chunks = list(
+                    client.chat.completions.create(
+                        model="x",
+                        messages=[{"role": "user", "content": "Hi"}],
+                        max_tokens=8,
+                        temperature=0,
+                        stream=True,
+                        stream_options={"include_usage": True},
+                    )
+                )
+            last = chunks[-1]
+            assert last.choices == [] and last.usage.completion_tokens == 8, kind
+            assert last.usage.total_tokens == last.usage.prompt_tokens + 8
+            assert all(c.usage is None for c in chunks[:-1])
+        plain = list(client.completions.create(model="x", prompt=PROMPT, max_tokens=4, temperature=0, stream=True))
+        assert all(c.choices for c in plain)
+
+
 def test_completion_stream(client, reference):
     parts = []
     for c in client.completions.create(
@@ -159,7 +199,6 @@ def test_health_models_metrics(server):
         ({"prompt": "hi", "bogus_field": 1}, 400, "invalid_value"),
         ({"prompt": "hi", "temperature": "hot"}, 400, "invalid_value"),
         ({"prompt": "word " * 600}, 400, "context_length_exceeded"),
-        ({"prompt": "hi", "model": "gpt-4"}, 404, "model_not_found"),
         ({"prompt": [999999]}, 400, None),
         ({"prompt": []}, 400, None),
         ({"prompt": [[1, 2], []]}, 400, None),
@@ -463,3 +502,11 @@ def test_the_readmes_curl_runs_as_written(server, reference):
             timeout=120,
         ).stdout
         assert json.loads(out)["choices"][0]["text"] == reference[0]
+
+
+def test_the_startup_line_names_the_model_the_context_and_the_plan(model):
+    from superggml.serve.app import startup_line
+
+    line = startup_line(model, "smol", "127.0.0.1", 8080)
+    assert "'smol'" in line and "ctx 512" in line and "30 blocks" in line and "resident" in line
+    assert "http://127.0.0.1:8080" in line and "CPU" in line

@@ -150,10 +150,18 @@ class Reply:
             return None
         return self._chunk(index, piece, finish, self._lp(index, entries, offset), self.calls[index] if finish else ())
 
+    def usage(self) -> dict[str, int]:
+        n = sum(self.used)
+        return {"prompt_tokens": self.n_prompt, "completion_tokens": n, "total_tokens": self.n_prompt + n}
+
+    def usage_chunk(self) -> dict[str, Any]:
+        """A stream's last chunk with stream_options.include_usage (OpenAI's): no choices, the usage."""
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._head(obj), "choices": [], "usage": self.usage()}
+
     def final(self) -> dict[str, Any]:
         """The whole response (not streaming): every choice and the usage."""
-        n = sum(self.used)
-        usage = {"prompt_tokens": self.n_prompt, "completion_tokens": n, "total_tokens": self.n_prompt + n}
+        usage = self.usage()
         finish = [f or "length" for f in self.finish]
         if not self.chat:
             return {

@@ -181,6 +181,7 @@ def _cmd_serve(a: argparse.Namespace) -> int:
             api_keys=keys,
             insecure=a.insecure,
             slot_save_path=a.slot_save_path,
+            model_id=a.alias,
         )
     return 0
 
@@ -611,6 +612,14 @@ def build_parser(
         "SUPERGGML_API_KEY. /health stays open",
     )
     sv.add_argument("--api-key-file", metavar="F", help="keys, one per line (# comments)")
+    sv.add_argument(
+        "-a",
+        "--alias",
+        metavar="NAME",
+        default=_env_default("ALIAS", None),
+        help="the model's name in /v1/models and in replies (default: the file's name); requests may name any "
+        "model, as llama-server's",
+    )
     sv.add_argument(
         "--insecure", action="store_true", help="listen beyond loopback with no API key (refused otherwise)"
     )

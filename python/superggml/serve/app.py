@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Any, Sequence
 
 from fastapi import FastAPI
@@ -87,6 +88,7 @@ def serve(
     api_keys: Sequence[str] = (),
     insecure: bool = False,
     slot_save_path: str | None = None,
+    model_id: str | None = None,
 ) -> None:
     import uvicorn
 
@@ -100,5 +102,18 @@ def serve(
         batch_tokens=batch_tokens,
         api_keys=api_keys,
         slot_save_path=slot_save_path,
+        model_id=model_id,
     )
+    print(startup_line(model, model_id or os.path.basename(model.path), host, port), file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def startup_line(model: Model, model_id: str, host: str, port: int) -> str:
+    """What the server serves: the model's name and file, its context, and the memory plan (resident, or the
+    budget the blocks stream through)."""
+    b = (model.stats().get("budget") or {}).get("budget")
+    plan = "resident" if b is None else f"streaming through a {b / 2**20:.0f} MiB budget"
+    return (
+        f"superggml: serving {model_id!r} ({model.path}) on http://{host}:{port}: "
+        f"ctx {model.n_ctx}, {model.hparams.n_layer} blocks, {plan}, on {model.device[1]}"
+    )

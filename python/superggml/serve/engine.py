@@ -23,6 +23,7 @@ class Job:
     out: "asyncio.Queue[Any]"
     loop: asyncio.AbstractEventLoop
     echo_logprobs: bool = False  # the echoed prompts' logprobs too
+    include_usage: bool = False  # a stream ends with a chunk of the usage (stream_options.include_usage)
     running: list[Completion] = field(default_factory=list)
     unstarted: list[int] = field(default_factory=list)  # choices not started yet
     opened: bool = False
@@ -182,6 +183,8 @@ class Engine:
                 if not job.running and not job.unstarted and job in self.active:
                     if not job.reply.stream:
                         self.send(job, job.reply.final())
+                    elif job.include_usage:
+                        self.send(job, job.reply.usage_chunk())
                     self.finish(job)
 
     def count_step(self, generated: int, seconds: float) -> None:

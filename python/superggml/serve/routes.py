@@ -54,7 +54,8 @@ class Routes:
         return {"object": "list", "data": [self.card()]}
 
     async def model_info(self, name: str) -> dict[str, Any]:
-        self.check_model(name)
+        if name != self.mid:
+            raise model_not_found(name, self.mid)
         return self.card()
 
     def card(self) -> dict[str, Any]:
@@ -215,10 +216,6 @@ class Routes:
         finally:
             self.model.use_sequence(prev)
 
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.mid:
-            raise model_not_found(name, self.mid)
-
     def check_prompt(self, tokens: list[int]) -> None:
         """400 for an empty prompt or one that leaves no room in the context (the model's own checks)."""
         try:
@@ -284,7 +281,10 @@ class Routes:
             model.marker_ids(tools),
             reuse=body.cache_prompt,
         )
-        job = Job(req, reply, asyncio.Queue(), asyncio.get_running_loop(), echo_logprobs=echo_logprobs)
+        usage = bool(body.stream and (body.stream_options or {}).get("include_usage"))
+        job = Job(
+            req, reply, asyncio.Queue(), asyncio.get_running_loop(), echo_logprobs=echo_logprobs, include_usage=usage
+        )
         self.engine.submit(job)
         if body.stream:
             return StreamingResponse(
@@ -320,7 +320,6 @@ class Routes:
             self.engine.wake.set()
 
     async def completions(self, body: CompletionBody) -> Any:
-        self.check_model(body.model)
         try:
             _, token_lists = self.model.input_tokens(body.prompt, "prompt", add_bos=True, special=True)
         except ValueError as e:
@@ -338,7 +337,6 @@ class Routes:
 
     async def embeddings(self, body: EmbeddingBody) -> Any:
         model = self.model
-        self.check_model(body.model)
         if body.dimensions is not None and body.dimensions != model.hparams.n_embd:
             raise ApiError(
                 400,
@@ -362,7 +360,6 @@ class Routes:
 
     async def chat(self, body: ChatBody) -> Any:
         model = self.model
-        self.check_model(body.model)
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         try:
