@@ -161,7 +161,8 @@ std::shared_ptr<buffer_handle> alloc_tensors(const graph_context & ctx, ggml_bac
     return std::make_shared<buffer_handle>(b);
 }
 
-compute_backend::compute_backend(const backend_params & params) : n_threads_(params.n_threads) {
+compute_backend::compute_backend(const backend_params & params) : n_threads_(params.n_threads), poll_(params.poll) {
+    if (params.poll < 0 || params.poll > 100) throw Error("poll must be in [0, 100]");
     ggml_backend_dev_t dev = params.device.empty()
         ? ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
         : ggml_backend_dev_by_name(params.device.c_str());
@@ -198,6 +199,12 @@ void compute_backend::set_use_ref(bool on) {
     use_ref_ = on;
 }
 
+void compute_backend::set_poll(int poll) {
+    if (poll < 0 || poll > 100) throw Error("poll must be in [0, 100]");
+    poll_ = poll;
+    set_n_threads(n_threads_);   // a new pool with this level
+}
+
 void compute_backend::set_n_threads(int n) {
     if (n < 1) throw Error("n_threads must be >= 1");
     n_threads_ = n;
@@ -206,6 +213,7 @@ void compute_backend::set_n_threads(int n) {
     if (fn) fn(backend_, n);
     if (ggml_backend_is_cpu(backend_)) {
         ggml_threadpool_params tpp = ggml_threadpool_params_default(n);
+        tpp.poll = (uint32_t) poll_;
         ggml_threadpool * tp = ggml_threadpool_new(&tpp);
         if (!tp) throw Error("cannot start a thread pool of " + std::to_string(n) + " threads");
         ggml_backend_cpu_set_threadpool(backend_, tp);

@@ -91,6 +91,7 @@ struct event_timer;
 struct backend_params {
     std::string device;   // ggml device name ("" = CPU)
     int n_threads = 4;
+    int poll = 0;         // CPU: how long idle workers spin for the next graph before sleeping (0-100, llama.cpp's --poll)
 };
 
 // One ggml backend (device) with a graph allocator for intermediates.
@@ -109,6 +110,9 @@ public:
 
     void set_n_threads(int n);
     int n_threads() const { return n_threads_; }
+    // CPU: the thread pool's poll level (0: workers sleep between graphs; 1-100: they spin that long first).
+    void set_poll(int poll);
+    int poll() const { return poll_; }
     // CPU: ggml-cpu's reference paths (ggml_backend_cpu_set_use_ref): no tiled matmuls, no fusion, so a
     // row's result does not depend on the other rows of the op. Ignored on other devices.
     void set_use_ref(bool on);
@@ -152,6 +156,7 @@ private:
     std::unique_ptr<event_timer> timer_;
     ggml_threadpool * threadpool_ = nullptr;   // CPU: kept across graphs (no thread start per graph)
     int n_threads_;
+    int poll_ = 0;
     bool use_ref_ = false;
 };
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import inspect
 
 import pytest
@@ -160,3 +161,27 @@ def test_version(capsys):
         cli.main(["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == f"superggml {__version__} (ggml {native.GGML_VERSION})"
+
+
+def test_default_threads_are_the_physical_cores_within_the_cpu_quota(tmp_path):
+    """As llama.cpp counts them: one per core (hyperthreads share one), and no more than the cgroup's quota."""
+    from superggml.settings import cpu_quota, default_threads, physical_cores
+
+    (tmp_path / "cgroup").write_text("0::/job\n")
+    (tmp_path / "job").mkdir()
+    for text, want in (("max 100000\n", None), ("150000 100000\n", 2), ("50000 100000\n", 1)):
+        (tmp_path / "job" / "cpu.max").write_text(text)
+        assert cpu_quota(str(tmp_path / "cgroup"), str(tmp_path)) == want
+    assert cpu_quota(str(tmp_path / "missing"), str(tmp_path)) is None
+    assert physical_cores([0]) == 1 and physical_cores([10**6]) == 1  # an unreadable CPU counts once
+    assert 1 <= default_threads() <= len(os.sched_getaffinity(0))
+
+
+def test_poll_reaches_the_thread_pool(smollm2_path):
+    from superggml import Model
+
+    with Model(smollm2_path, ctx_size=64, poll=50) as m:
+        assert m.runtime.backend.poll == 50
+        m.eval([1, 2, 3])
+    with pytest.raises(ValueError, match="poll"):
+        Model(smollm2_path, poll=101)

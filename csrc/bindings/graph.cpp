@@ -93,10 +93,10 @@ void init_graph(py::module_ & m) {
 
     py::class_<compute_backend, std::shared_ptr<compute_backend>>(m, "Backend",
         "A ggml device plus the allocator of graph intermediates.")
-        .def(py::init([](const std::string & device, int n_threads) {
-            backend_params p; p.device = device; p.n_threads = n_threads;
+        .def(py::init([](const std::string & device, int n_threads, int poll) {
+            backend_params p; p.device = device; p.n_threads = n_threads; p.poll = poll;
             return std::make_shared<compute_backend>(p);
-        }), py::arg("device") = "", py::arg("n_threads") = 4)
+        }), py::arg("device") = "", py::arg("n_threads") = 4, py::arg("poll") = 0)
         .def_property_readonly("name", &compute_backend::name)
         .def_property_readonly("device_name", [](const compute_backend & b) {
             return std::string(ggml_backend_dev_name(b.device()));
@@ -115,6 +115,8 @@ void init_graph(py::module_ & m) {
             return ggml_backend_buft_is_host(b.buffer_type());
         }, "Whether the device's buffers are host memory (the CPU) or its own (a GPU, an RPC server).")
         .def_property("n_threads", &compute_backend::n_threads, &compute_backend::set_n_threads)
+        .def_property("poll", &compute_backend::poll, &compute_backend::set_poll,
+                      "CPU: the thread pool's poll level (0: idle workers sleep between graphs; 1-100: they spin first)")
         .def_property("use_ref", [](const compute_backend & b) { return b.use_ref(); },
                       [](compute_backend & b, bool on) { b.set_use_ref(on); },
                       "CPU: ggml-cpu's reference matmul path (no tiled K-quant kernels from 8 rows on, no fused "

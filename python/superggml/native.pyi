@@ -261,7 +261,7 @@ class HostReservation(_pybind11_object):
 class Backend(_pybind11_object):
     """A ggml device plus the allocator of graph intermediates."""
 
-    def __init__(self, device: str = "", n_threads: int = 4) -> None: ...
+    def __init__(self, device: str = "", n_threads: int = 4, poll: int = 0) -> None: ...
     @property
     def name(self) -> str: ...
     @property
@@ -279,6 +279,11 @@ class Backend(_pybind11_object):
     def n_threads(self) -> int: ...
     @n_threads.setter
     def n_threads(self, value: int, /) -> None: ...
+    @property
+    def poll(self) -> int:
+        """CPU: the thread pool's poll level (0: idle workers sleep between graphs; 1-100: they spin first)"""
+    @poll.setter
+    def poll(self, value: int, /) -> None: ...
     @property
     def use_ref(self) -> bool:
         """CPU: ggml-cpu's reference matmul path (no tiled K-quant kernels from 8 rows on, no fused ops): a row's

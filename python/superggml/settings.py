@@ -82,11 +82,39 @@ def parse_budget(v: Any) -> int | str | tuple[int, ...]:
 
 
 def default_threads() -> int:
-    """Compute threads when none are asked for: the cores this process may run on."""
+    """Compute threads when none are asked for, as llama.cpp counts them: the physical cores among the CPUs this
+    process may run on (one thread per core, not per hyperthread), within its cgroup's CPU quota."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = sorted(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
+    return max(1, min(physical_cores(cpus), cpu_quota() or len(cpus)))
+
+
+def physical_cores(cpus: list[int]) -> int:
+    """How many distinct cores `cpus` run on (sysfs topology; each CPU its own where it is not readable)."""
+    cores = set()
+    for c in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") as f:
+                cores.add(f.read().strip())
+        except OSError:
+            cores.add(str(c))
+    return len(cores)
+
+
+def cpu_quota(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """The CPUs the cgroup v2 quota (cpu.max) allows this process, rounded up; None without a quota."""
+    try:
+        with open(proc) as f:
+            rel = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), None)
+        if rel is None:
+            return None
+        with open(os.path.join(root, rel.lstrip("/"), "cpu.max")) as f:
+            quota, period = f.read().split()
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else max(1, -(-int(quota) // int(period)))
 
 
 def _parse_bool(s: str) -> bool:
@@ -172,6 +200,12 @@ class ContextSettings:
     kv_type: str | None = option(
         None, "K and V cache type at once (sets cache_type_k and cache_type_v)", parse=str, choices=KV_CACHE_TYPES
     )
+    poll: int = option(
+        0,
+        "how long idle compute threads spin for the next graph before they sleep, 0-100 (llama.cpp's --poll; 0: "
+        "they sleep at once and leave the cores to other work: a pass is several graphs with host work between)",
+        parse=int,
+    )
     repack: bool = option(True, "re-lay matmul weights for ggml-cpu's faster kernels at load, as llama.cpp")
     batch_invariant: bool = option(
         False,
@@ -186,6 +220,7 @@ class ContextSettings:
         _check(self.ctx_size >= 1, f"ctx_size must be >= 1, not {self.ctx_size}")
         _check(self.n_batch >= 1, f"n_batch must be >= 1, not {self.n_batch}")
         _check(self.n_threads is None or self.n_threads >= 1, f"n_threads must be >= 1, not {self.n_threads}")
+        _check(0 <= self.poll <= 100, f"poll must be in [0, 100], not {self.poll}")
         for name in ("cache_type_k", "cache_type_v", "kv_type"):
             t = getattr(self, name)
             _check(t is None or t in KV_CACHE_TYPES, f"{name} must be one of {', '.join(KV_CACHE_TYPES)}, not {t!r}")

@@ -60,14 +60,14 @@ def open_devices(settings: Settings, store: Any, n_layer: int) -> Devices:
     a split, as far as the options tell how many devices it has)."""
     c = settings.context
     names, shares = devices_for(settings.devices, store, c.threads)
-    backends = [native.Backend(d, c.threads) for d in names]
+    backends = [native.Backend(d, c.threads, c.poll) for d in names]
     n_split, bb = len(backends), settings.paging.device_budget
     if isinstance(bb, tuple) and len(bb) != n_split:  # the servers' devices counted (rpc without devices)
         raise ValueError(f"device_budget gives {len(bb)} sizes for {n_split} devices ({', '.join(names)})")
     layer_device = [i for i, k in enumerate(layer_split(n_layer, n_split, shares)) for _ in range(k)]
     hosts = [i for i, b in enumerate(backends) if b.is_host]
     if not hosts:  # the embedding rows come from the file mapping: its graph runs on the CPU
-        backends.append(native.Backend(DEFAULT_DEVICE, c.threads))
+        backends.append(native.Backend(DEFAULT_DEVICE, c.threads, c.poll))
         hosts = [n_split]
     memory = [device_memory_fn(b.device_type, b.device_name) for b in backends]
     free = [max(0, total - used) for used, total in (m() for m in memory)]
