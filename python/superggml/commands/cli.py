@@ -467,15 +467,30 @@ def _cmd_plot(a: argparse.Namespace) -> int:
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, n_predict: int) -> None:
-    p.add_argument(
-        "-n", "--n-predict", type=int, default=n_predict, help=f"tokens to generate (-1: until EOS; {n_predict})"
+    """The sampling flags, in a group of their own that --help shows before the model options."""
+    g = p.add_argument_group("sampling")
+    until = "until the end of the context or an end-of-generation token"
+    g.add_argument(
+        "-n", "--n-predict", type=int, default=n_predict, help=f"tokens to generate (-1: {until}; default {n_predict})"
     )
-    p.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--temp", type=float, default=0.8, help="temperature (0: greedy; default 0.8)")
+    g.add_argument("--top-k", type=int, default=40, help="draw among the k likeliest tokens (0: all; default 40)")
+    g.add_argument(
+        "--top-p", type=float, default=0.95, help="then among the likeliest whose probabilities sum to p (default 0.95)"
+    )
+    g.add_argument(
+        "--min-p",
+        type=float,
+        default=0.05,
+        help="then those at least p times the likeliest's probability (default 0.05)",
+    )
+    g.add_argument(
+        "--repeat-penalty",
+        type=float,
+        default=1.0,
+        help="divide the logits of the last 64 tokens by this (default 1.0)",
+    )
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
 
 
 def _sampling(a: argparse.Namespace) -> dict[str, Any]:
@@ -547,8 +562,9 @@ def build_parser(
         add_model_args(p, model_options)
 
     g = sub.add_parser("generate", help="complete a prompt")
-    _add_model_args(g)
     g.add_argument("-p", "--prompt", help="prompt text")
+    _add_sampling_args(g, n_predict=64)
+    _add_model_args(g)
     g.add_argument(
         "--prompts-file",
         metavar="F",
@@ -558,7 +574,6 @@ def build_parser(
     g.add_argument(
         "--parallel", type=int, default=16, help="with --prompts-file: prompts generating at once (default 16)"
     )
-    _add_sampling_args(g, n_predict=64)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     c = g.add_mutually_exclusive_group()
     c.add_argument("--grammar", metavar="TEXT", help="constrain the text: a GBNF (root ::= ...) or Lark grammar")
@@ -568,8 +583,8 @@ def build_parser(
     g.set_defaults(func=_cmd_generate)
 
     ch = sub.add_parser("chat", help="a conversation in the terminal, through the model's chat template")
-    _add_model_args(ch)
     _add_sampling_args(ch, n_predict=-1)
+    _add_model_args(ch)
     ch.add_argument("--system", help="system prompt (/system changes it)")
     ch.set_defaults(func=_cmd_chat)
 
