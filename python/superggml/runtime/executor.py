@@ -26,6 +26,7 @@ from .recurrent import sequence_memory
 from .pagers import WeightPager
 from .placement import Placements, Placer
 from .profile import PassProfile, timing
+from .threads import ThreadTuner
 from .memory_plan import kv_bytes, kv_type
 from .resolve import Resolved, resolve
 from .sequences import SequenceState, Sequences
@@ -155,6 +156,7 @@ class Executor:
         )
         self.placement = WeightPlacement(arch, store, resolved, load=load)
         self.weights = self.placement.view
+        self.tuner = self.thread_tuner()
         try:
             self.memory: SequenceMemory = sequence_memory(s, arch, devices, self.kv_bytes)
             self.sequences = Sequences(self.memory, s.context.ctx_size, self.hp.n_vocab)
@@ -203,6 +205,15 @@ class Executor:
         """Sequences one pass may hold."""
         return min(MAX_LANES, self.memory.max_lanes)
 
+    def thread_tuner(self) -> ThreadTuner | None:
+        """Where the threads were not given (nor batch_invariant) and one CPU computes: a tuner of the decode
+        thread count, up to the threads decode may use (one fewer than all while blocks stream, for the prefetch
+        worker)."""
+        c = self.settings.context
+        if c.n_threads is not None or c.batch_invariant or self.n_split != 1 or self.backend.device_type != "cpu":
+            return None
+        return ThreadTuner(self.placement.decode_threads or c.threads)
+
     @property
     def kv_bytes(self) -> int:
         """Bytes of a contiguous K/V cache for the whole context (what paged_kv pages)."""
@@ -227,6 +238,8 @@ class Executor:
             "graphs_per_pass": self.graphs_per_pass,
             "pass_profile": self.profile.as_dict(),
         }
+        if self.tuner is not None:
+            d.update(self.tuner.stats())
         if self.endpoints:
             d.update(server_counters(self.endpoints), remote_bytes=self.placement.remote_bytes)
         d.update(self.memory.stats())
@@ -303,6 +316,7 @@ class Executor:
         previous one's); returns the logits of out_rows (rows of the whole pass), or None. embed: the output
         norm's rows (F32 [n_out, n_embd]) instead. hidden: an MTP block's rows beside the tokens."""
         self.profile.start()
+        t0 = time.perf_counter()
         c = self.settings.context
         shapes: list[tuple[int, int]] = []
         starts: list[int] = []
@@ -352,6 +366,8 @@ class Executor:
         if out_rows:
             out = tensor_array(logits).reshape(len(out_rows), self.hp.n_embd if embed else self.hp.n_vocab)
         self.profile.done(n)
+        if self.tuner is not None and n == 1:
+            self.tuner.observe(time.perf_counter() - t0)
         return out
 
     def merges(self) -> bool:
@@ -375,6 +391,7 @@ class Executor:
         for seq, p0 in first.items():
             self.memory.begin(seq, p0, rows[seq])
         self.placement.lend({seq: p0 + rows[seq] for seq, p0 in first.items()}, n)
+        self.before_pass(n)
         if self.one_graph():
             self.graphs_per_pass = 1
             if plan.whole_graph is None:
@@ -384,7 +401,6 @@ class Executor:
             self.backend.compute(plan.whole())  # one graph per micro-batch, as llama.cpp runs it
             return plan.whole_logits
         self.graphs_per_pass = len(plan.steps)
-        self.before_pass(n)
         rec = self.timings if self.record_timings else None
         if rec is not None:
             rec.clear()
@@ -460,10 +476,13 @@ class Executor:
         pl = self.placement
         if pl.scheduler is not None:
             pl.scheduler.step()
-        if pl.decode_threads is not None:
+        want = None
+        if self.tuner is not None:
+            want = self.tuner.threads() if n == 1 else self.settings.context.threads
+        elif pl.decode_threads is not None:
             want = pl.decode_threads if n == 1 else self.settings.context.threads
-            if self.backend.n_threads != want:
-                self.backend.n_threads = want
+        if want is not None and self.backend.n_threads != want:
+            self.backend.n_threads = want
 
     def timing(self, i: int, step: Step, t0: float, tc: float) -> dict[str, Any]:
         t1 = time.time()
