@@ -125,6 +125,7 @@ def test_prometheus_metrics_count_what_a_request_did(model):
     assert after["superggml:n_decode_total"] > before["superggml:n_decode_total"]
     assert after["superggml:requests_processing"] == 0 and after["superggml:requests_deferred"] == 0
     assert after["superggml:predicted_tokens_seconds"] > 0 and after["superggml:passes_total"] > 0
+    assert after["superggml:prompt_tokens_seconds"] > 0  # a prompt's step counts as prompt processing
     assert {
         "superggml:kv_pages{tier=device}",
         "superggml:kv_pages{tier=host}",

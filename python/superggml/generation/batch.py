@@ -75,6 +75,7 @@ class BatchScheduler:
         self.batch_tokens = batch_tokens
         self.running: list[Completion] = []
         self.slots = Slots(lambda: model.runtime.sequences, self.parallel) if slots else None
+        self.prompt_rows = 0  # prompt tokens the last step fed (its time counts as prompt processing)
 
     @property
     def free(self) -> int:
@@ -129,6 +130,7 @@ class BatchScheduler:
         """One forward pass: (completion, text to send) for each that sampled a token. Finished ones (finish
         set) are ended (finish()) before it returns."""
         live = [c for c in self.running if c.pending and not c.finish]
+        self.prompt_rows = 0
         spec = self.model.speculator
         if (
             spec is not None
@@ -159,10 +161,11 @@ class BatchScheduler:
         if not items:
             return []
         logits = ex.eval_batch(items)
+        prefill = sum(k for c, k in fed if c.choice.n == 0 and k > 1)
+        self.prompt_rows = prefill
         metrics = m.metrics
         if metrics is not None:
             metrics.on_layer_timings(ex.timings)
-            prefill = sum(k for c, k in fed if c.choice.n == 0 and k > 1)
             if prefill:
                 metrics.on_prompt(prefill)
         out = []

@@ -188,13 +188,14 @@ class Engine:
                     self.finish(job)
 
     def count_step(self, generated: int, seconds: float) -> None:
-        """A step's tokens and time: a step that generated nothing only fed prompt rows."""
+        """A step's tokens and time: the time of a step that fed prompt rows is prompt processing (as
+        llama-server's, which counts the prompt's batch and the first token's sampling there), else generation."""
         self.steps += 1
         self.generated_tokens += generated
-        if generated:
-            self.generation_seconds += seconds
-        else:
+        if self.scheduler.prompt_rows:
             self.prompt_seconds += seconds
+        else:
+            self.generation_seconds += seconds
 
     def counts(self) -> dict[str, Any]:
         return {
