@@ -68,8 +68,7 @@ def test_bad_requests(client, model):
         with pytest.raises(openai.BadRequestError) as e:
             client.embeddings.create(model="m", **kw)
         assert e.value.body["param"] == param
-    with pytest.raises(openai.NotFoundError):
-        client.embeddings.create(model="other", input="x")
+    assert client.embeddings.create(model="other", input="x").data  # any model name: the one served
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])

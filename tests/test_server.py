@@ -227,7 +227,7 @@ def test_client_errors_via_the_openai_client(client):
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="SmolLM2-135M-Instruct.Q4_1.gguf", prompt="hi", max_tokens=-5)
     with pytest.raises(openai.NotFoundError):
-        client.completions.create(model="nope", prompt="hi")
+        client.models.retrieve("nope")
 
 
 def assert_slots_erased(server: Server, model: Model) -> None:
