@@ -189,7 +189,12 @@ class ContextSettings:
     ctx_size: int = option(4096, "context size in tokens (alias n_ctx)", flags=("-c",))
     n_batch: int = option(512, "prompt tokens per forward pass (at most ctx_size)", flags=("-b", "--batch-size"))
     n_threads: int | None = option(
-        None, "compute threads (default: the cores this process may use)", flags=("-t", "--threads"), parse=int
+        None,
+        "compute threads (default: the physical cores this process may use; decoding leaves out the cores other "
+        "programs keep busy, timed as it runs. Give a count for logits that do not depend on the machine's load: "
+        "flash attention splits a long K/V by threads, as llama.cpp's)",
+        flags=("-t", "--threads"),
+        parse=int,
     )
     seed: int | None = option(None, "sampling seed (default: random)", parse=int)
     flash_attn: bool = option(False, "use ggml's flash attention")
