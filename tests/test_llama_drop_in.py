@@ -73,6 +73,10 @@ def test_what_is_not_there_says_so(smollm2_path):
         llm.create_completion("Hi", mirostat_mode=2)
     with pytest.raises(NotImplementedError, match="pooling"):
         Llama(smollm2_path, pooling_type=0)
+    with pytest.raises(NotImplementedError, match="chat_format"):
+        Llama(smollm2_path, chat_format="llama-2")
+    chatml = Llama(smollm2_path, n_ctx=64, chat_format="chatml", verbose=False)
+    assert "<|im_start|>user" in chatml.loaded.apply_chat_template([{"role": "user", "content": "Hi"}])
     with pytest.raises(ValueError, match="vocab_only"):
         Llama(smollm2_path, vocab_only=True, verbose=False).create_completion("Hi")
 

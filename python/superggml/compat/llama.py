@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import native
+from ..api.chat import CHATML, ChatTemplate
 from ..generation.decode import pick
 from ..generation.grammar import Matcher
 from ..generation.sampling import Sampler, SamplingParams
@@ -54,6 +55,10 @@ class Llama:
         self.model: Model | None = None
         if vocab is None:
             self.model = Model(self.model_path, **{**p.model_options(self.model_path, self.metadata), **own})
+            if p.chat_format == "chatml":  # the template llama_cpp's chat_format names, over the GGUF's
+                tk = self.model.tokenizer
+                piece = lambda t: "" if t is None else tk.token_to_piece(t).decode("utf-8", "replace")  # noqa: E731
+                self.model.chat_template = ChatTemplate(CHATML, bos_token=piece(tk.bos_id), eos_token=piece(tk.eos_id))
         self.n_batch = min(p.n_batch, p.n_ubatch)
         self.cache: LlamaRAMCache | None = None
         self._seed = p.seed

@@ -100,6 +100,11 @@ class LlamaParams:
                 raise NotImplementedError(f"{name}={getattr(self, name)}: superggml uses the GGUF's RoPE settings")
         if self.rope_scaling_type not in (None, -1):
             raise NotImplementedError("rope_scaling_type: superggml uses the GGUF's RoPE scaling")
+        if self.chat_format not in (None, "chatml"):
+            raise NotImplementedError(
+                f"chat_format={self.chat_format!r}: superggml formats chats with the GGUF's own template, or "
+                "chatml's (chat_format='chatml')"
+            )
         if self.pooling_type not in POOLING:
             raise NotImplementedError(
                 f"pooling_type={self.pooling_type}: superggml pools embeddings by mean (1) or last token (3)"
