@@ -56,9 +56,7 @@ class Llama:
         if vocab is None:
             self.model = Model(self.model_path, **{**p.model_options(self.model_path, self.metadata), **own})
             if p.chat_format == "chatml":  # the template llama_cpp's chat_format names, over the GGUF's
-                tk = self.model.tokenizer
-                piece = lambda t: "" if t is None else tk.token_to_piece(t).decode("utf-8", "replace")  # noqa: E731
-                self.model.chat_template = ChatTemplate(CHATML, bos_token=piece(tk.bos_id), eos_token=piece(tk.eos_id))
+                self.model.chat_template = chatml(self.model.tokenizer)
         self.n_batch = min(p.n_batch, p.n_ubatch)
         self.cache: LlamaRAMCache | None = None
         self._seed = p.seed
@@ -412,3 +410,12 @@ class Llama:
                 f.write(state.llama_state)
             m.load_sequence(path)
         self._n, self._fresh, self._seed = m.n_tokens, True, state.seed
+
+
+def chatml(tk: Tokenizer) -> ChatTemplate:
+    """chatml's template, with the vocabulary's BOS and EOS texts."""
+
+    def piece(t: int | None) -> str:
+        return "" if t is None else tk.token_to_piece(t).decode("utf-8", "replace")
+
+    return ChatTemplate(CHATML, bos_token=piece(tk.bos_id), eos_token=piece(tk.eos_id))
