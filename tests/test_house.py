@@ -17,7 +17,7 @@ TABLES = {
     ("commands/cli.py", "build_parser"),
 }  # argument tables: one line per option
 PRIMITIVES = ("paging", "gguf")  # the public paging API
-RUNTIME = ("runtime", "generation", "api", "model", "arch", "serve", "server", "commands")
+RUNTIME = ("runtime", "generation", "api", "model", "arch", "serve", "commands", "compat")
 
 
 def module_name(path: Path) -> str:

@@ -475,14 +475,12 @@ def test_echo_prompt_list_and_stream(server):
     assert texts == whole
 
 
-def test_the_old_module_path_warns_and_re_exports():
+def test_the_old_module_path_is_gone():
+    """superggml.server (a deprecated alias of superggml.serve, whose re-exports included internals) is gone."""
     import importlib
-    import sys
 
-    sys.modules.pop("superggml.server", None)
-    with pytest.warns(DeprecationWarning, match="superggml.serve"):
-        old = importlib.import_module("superggml.server")
-    assert old.create_app is create_app
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("superggml.server")
 
 
 def test_the_readmes_curl_runs_as_written(server, reference):
