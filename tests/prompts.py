@@ -36,3 +36,9 @@ def feed_logits(m) -> np.ndarray:
     out = [m.eval(FEED_PROMPT, logits_all=True).copy()]
     out += [m.eval([t]).copy() for t in FEED_DECODE]
     return np.concatenate(out)
+
+
+# the shared prompts of the tests that compare runs of one model: a sentence, token ids, random token ids
+CAPITAL = "The capital of France is"
+TOKENS_40 = list(range(300, 340))
+RANDOM_60 = [int(x) for x in np.random.default_rng(1).integers(0, 49152, 60)]

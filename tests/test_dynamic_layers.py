@@ -13,7 +13,8 @@ from superggml import Model
 from superggml.commands import cli
 from superggml.settings import PagingSettings
 
-PROMPT = list(range(300, 340))
+from prompts import TOKENS_40 as PROMPT  # noqa: E402
+
 DECODE = [7, 11, 13, 17]
 MiB = 1 << 20
 

@@ -12,7 +12,8 @@ from superggml import Model, native
 from saving import assert_restored_continues
 from synth_gguf import VARIANTS, synth
 
-PROMPT = [int(x) for x in np.random.default_rng(1).integers(0, 49152, 60)]
+from prompts import RANDOM_60 as PROMPT  # noqa: E402
+
 # heads of 64 (sliding) and 128 (full) values: the quantized caches' rotations are of 64 and 128
 WIDE = {**VARIANTS["gemma4-e-shared"], "head_dim": 64, "head_dim_full": 128, "n_head": 2}
 

@@ -14,7 +14,7 @@ import pytest
 from superggml import Model
 from test_server import openai_client
 
-PROMPT = "The capital of France is"
+from prompts import CAPITAL as PROMPT  # noqa: E402
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ from superggml.commands import cli
 from superggml.runtime.devices import layer_split
 from superggml.settings import DeviceSettings
 
-PROMPT = list(range(300, 340))
+from prompts import TOKENS_40 as PROMPT  # noqa: E402
 
 
 def run_prompt(m: Model) -> np.ndarray:

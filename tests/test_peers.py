@@ -29,7 +29,8 @@ import netlab
 pytestmark = pytest.mark.skipif(not netlab.available(), reason="needs network namespaces (root, iproute2)")
 
 BASE = dict(ctx_size=128, n_batch=16, n_threads=1, repack=False)
-PROMPT = "The capital of France is"
+from prompts import CAPITAL as PROMPT  # noqa: E402
+
 PORT = 50052
 PEER_MEMORY = 768 << 20  # each peer's cgroup
 LIBS = Path(native.__file__).parent

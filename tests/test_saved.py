@@ -11,7 +11,8 @@ import synth_gguf
 from superggml import Model, SavedSequenceError
 from synth_gguf import VARIANTS, synth
 
-PROMPT = list(range(300, 340))
+from prompts import TOKENS_40 as PROMPT  # noqa: E402
+
 MORE = [7, 8, 9, 10]
 
 LAYOUTS = {

@@ -21,7 +21,7 @@ import uvicorn
 from superggml import Model
 from superggml.serve import create_app
 
-PROMPT = "The capital of France is"
+from prompts import CAPITAL as PROMPT  # noqa: E402
 
 
 def _free_port() -> int:

@@ -12,7 +12,7 @@ from superggml import Model, native
 from saving import assert_restored_continues
 from synth_gguf import VARIANTS, synth
 
-PROMPT = [int(x) for x in np.random.default_rng(1).integers(0, 49152, 60)]
+from prompts import RANDOM_60 as PROMPT  # noqa: E402
 
 
 def steps(m: Model, n: int = 2) -> np.ndarray:
