@@ -7,7 +7,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator, Protocol, Sequence
+from typing import Any, Callable, Generator, Iterator, Protocol, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -37,32 +37,14 @@ class Llama(Protocol):
     def set_seed(self, seed: int) -> None: ...
     def save_state(self) -> LlamaState: ...
     def load_state(self, state: LlamaState) -> None: ...
-    def new_sampler(self, **kw: Any) -> Sampler: ...
+    @property
+    def new_sampler(self) -> Callable[..., Sampler]: ...
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]: ...
     def detokenize(
         self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None, special: bool = False
     ) -> bytes: ...
-    def generate(
-        self,
-        tokens: Sequence[int],
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        typical_p: float = 1.0,
-        temp: float = 0.80,
-        repeat_penalty: float = 1.0,
-        reset: bool = True,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        tfs_z: float = 1.0,
-        mirostat_mode: int = 0,
-        mirostat_tau: float = 5.0,
-        mirostat_eta: float = 0.1,
-        penalize_nl: bool = True,
-        logits_processor: LogitsProcessorList | None = None,
-        stopping_criteria: StoppingCriteriaList | None = None,
-        grammar: LlamaGrammar | None = None,
-    ) -> Generator[int, Sequence[int] | None, None]: ...
+    @property
+    def generate(self) -> Callable[..., Generator[int, Sequence[int] | None, None]]: ...
 
 
 @dataclass

@@ -216,20 +216,35 @@ class Llama:
         self.cache = cache
 
     # -- sampling ------------------------------------------------------------------------------------------------
-    def new_sampler(self, **kw: Any) -> Sampler:
+    def new_sampler(
+        self,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        temp: float = 0.80,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+    ) -> Sampler:
         """llama_cpp's sampling keywords as superggml's sampler, drawing with this Llama's seed."""
-        unsupported = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0}
-        for name, default in unsupported.items():
-            if kw.get(name, default) != default:
-                raise NotImplementedError(f"{name}={kw[name]}: superggml samples with top-k, top-p, min-p and temp")
+        for name, value, default in (
+            ("typical_p", typical_p, 1.0),
+            ("tfs_z", tfs_z, 1.0),
+            ("mirostat_mode", mirostat_mode, 0),
+        ):
+            if value != default:
+                raise NotImplementedError(f"{name}={value}: superggml samples with top-k, top-p, min-p and temp")
         params = SamplingParams(
-            temperature=kw.get("temp", 0.8),
-            top_k=kw.get("top_k", 40),
-            top_p=kw.get("top_p", 0.95),
-            min_p=kw.get("min_p", 0.05),
-            repeat_penalty=kw.get("repeat_penalty", 1.0),
-            frequency_penalty=kw.get("frequency_penalty", 0.0),
-            presence_penalty=kw.get("presence_penalty", 0.0),
+            temperature=temp,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
         )
         return Sampler(params, seed=self._seed)
 
@@ -269,9 +284,18 @@ class Llama:
         m = self.sync()
         if self._n == 0:
             raise ValueError("sample() needs evaluated tokens")
-        kw = dict(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp, tfs_z=tfs_z)
-        kw.update(repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty, mirostat_mode=mirostat_mode)
-        sampler = self.new_sampler(presence_penalty=presence_penalty, **kw)
+        sampler = self.new_sampler(
+            top_k,
+            top_p,
+            min_p,
+            typical_p,
+            temp,
+            repeat_penalty,
+            frequency_penalty,
+            presence_penalty,
+            tfs_z,
+            mirostat_mode,
+        )
         rows = m.scores
         row = rows[idx] if idx is not None and rows is not None and idx < self._n - 1 else m.logits
         return self.draw(sampler, self.matcher(grammar), row, logits_processor)
@@ -299,9 +323,18 @@ class Llama:
     ) -> Generator[int, Sequence[int] | None, None]:
         """Tokens after `tokens`, forever (as llama_cpp's: reset reuses the longest prefix evaluated; a value
         sent into the generator is evaluated after the token)."""
-        kw = dict(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp, tfs_z=tfs_z)
-        kw.update(repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty, mirostat_mode=mirostat_mode)
-        sampler = self.new_sampler(presence_penalty=presence_penalty, **kw)
+        sampler = self.new_sampler(
+            top_k,
+            top_p,
+            min_p,
+            typical_p,
+            temp,
+            repeat_penalty,
+            frequency_penalty,
+            presence_penalty,
+            tfs_z,
+            mirostat_mode,
+        )
         matcher = self.matcher(grammar)
         todo = self.reuse(list(tokens)) if reset else list(tokens)
         while True:
