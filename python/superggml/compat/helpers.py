@@ -10,6 +10,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from ..generation.slots import shared_prefix
+
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's "pick one at random"
 
 LogitsProcessor = Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], npt.NDArray[np.single]]
@@ -99,7 +101,7 @@ class LlamaRAMCache:
         """The state sharing the longest prefix with `key`, if any shares one."""
         best, best_n = None, 0
         for k, state in self.states.items():
-            n = common_prefix(k, key)
+            n = shared_prefix(k, key)
             if n > best_n:
                 best, best_n = state, n
         return best
@@ -121,16 +123,6 @@ class LlamaRAMCache:
 
 
 LlamaCache = LlamaRAMCache
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens a and b share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 GGML_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 20: "iq4_nl", 30: "bf16"}

@@ -14,7 +14,8 @@ import numpy.typing as npt
 
 from ..generation.sampling import Sampler
 from ..model import Model
-from .helpers import LlamaGrammar, LlamaRAMCache, LlamaState, LogitsProcessorList, StoppingCriteriaList, common_prefix
+from ..generation.slots import shared_prefix
+from .helpers import LlamaGrammar, LlamaRAMCache, LlamaState, LogitsProcessorList, StoppingCriteriaList
 
 
 class Llama(Protocol):
@@ -121,7 +122,7 @@ def complete(llama: Llama, r: CompletionRequest) -> Any:
     tokens = prompt_tokens(llama, r.prompt)
     if llama.cache is not None:
         state = llama.cache.longest(tokens)
-        if state is not None and common_prefix(state.input_ids[: state.n_tokens].tolist(), tokens) > common_prefix(
+        if state is not None and shared_prefix(state.input_ids[: state.n_tokens].tolist(), tokens) > shared_prefix(
             m.tokens[: llama.n_tokens], tokens
         ):
             llama.load_state(state)

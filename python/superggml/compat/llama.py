@@ -18,13 +18,13 @@ from ..generation.grammar import Matcher
 from ..generation.sampling import Sampler, SamplingParams
 from ..model import Model
 from ..tokenizer import Tokenizer
+from ..generation.slots import shared_prefix
 from .helpers import (
     LlamaGrammar,
     LlamaRAMCache,
     LlamaState,
     LogitsProcessorList,
     StoppingCriteriaList,
-    common_prefix,
 )
 from .hooked import CompletionRequest, chat_request, complete
 from .params import POOLING, LlamaParams, NotInSuperggml
@@ -351,7 +351,7 @@ class Llama:
         """What of `tokens` is left to evaluate once the context keeps its longest prefix of them (the last token
         again where its logits are not the model's last)."""
         have = self.loaded.tokens[: self._n]
-        n = common_prefix(have, tokens)
+        n = shared_prefix(have, tokens)
         if n == len(tokens) == self._n and self._fresh:
             return []
         n = n - 1 if n == len(tokens) else n
