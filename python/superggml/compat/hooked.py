@@ -119,7 +119,10 @@ def complete(llama: Llama, r: CompletionRequest) -> Any:
     if r.suffix is not None:
         raise NotImplementedError("suffix (fill-in-the-middle): superggml completes after the prompt only")
     m = llama.sync()
-    tokens = prompt_tokens(llama, r.prompt)
+    processors = r.processors()
+    hooks = processors is not None or r.stopping_criteria is not None
+    # Model tokenizes the prompt itself: here only where the cache or the hooked loop needs its tokens
+    tokens = prompt_tokens(llama, r.prompt) if llama.cache is not None or hooks else []
     if llama.cache is not None:
         state = llama.cache.longest(tokens)
         if state is not None and shared_prefix(state.input_ids[: state.n_tokens].tolist(), tokens) > shared_prefix(
@@ -127,8 +130,7 @@ def complete(llama: Llama, r: CompletionRequest) -> Any:
         ):
             llama.load_state(state)
     llama.set_seed(r.seed if r.seed is not None else random.Random(llama.seed).randint(0, 2**32))
-    processors = r.processors()
-    if processors is None and r.stopping_criteria is None:
+    if not hooks:
         llama.new_sampler(**r.sampling())  # refuses what superggml does not sample with
         grammar = r.grammar.options() if r.grammar is not None else {}
         out = llama.sync().create_completion(

@@ -47,8 +47,9 @@ class Llama:
         self.params, self.verbose, self.chat_format = p, p.verbose, p.chat_format
         f = native.GGUFFile(self.model_path)
         try:
-            self.metadata: dict[str, Any] = {k: v for k, v in f.metadata().items() if not isinstance(v, list)}
-            vocab = Tokenizer.from_metadata(f.metadata()) if p.vocab_only else None
+            md = f.metadata()
+            self.metadata: dict[str, Any] = {k: v for k, v in md.items() if not isinstance(v, list)}
+            vocab = Tokenizer.from_metadata(md) if p.vocab_only else None
         finally:
             f.close()
         self.vocab = vocab
