@@ -54,6 +54,15 @@ expert_cache::~expert_cache() {
     if (buf_) ggml_backend_buffer_free(buf_);
 }
 
+// The read of a part's `size` bytes at file offset `off` to `dst`: with `direct` widened to whole blocks (the
+// lead before it lands in front of dst; past the end of the file only `need` bytes must arrive).
+static read_range part_read(uint64_t off, size_t size, size_t dst, bool direct) {
+    if (!direct) return {off, size, dst, 0};
+    const size_t lead = off % DIRECT_ALIGN;
+    const size_t span = (lead + size + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
+    return {off - lead, span, dst - lead, lead + size};
+}
+
 void expert_cache::tier_take(load_job & job, const layer_info & L, uint64_t expert, size_t dst, size_t n) {
     buffer_pool::acquired h;
     try {
@@ -75,13 +84,7 @@ void expert_cache::tier_take(load_job & job, const layer_info & L, uint64_t expe
     job.ranges.clear();
     for (const auto & q : L.parts) {
         const uint64_t off = q.file_offset + expert * q.stride;
-        if (L.aligned) {
-            const size_t lead = off % DIRECT_ALIGN;
-            const size_t span = (lead + q.size + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
-            job.host_ranges.push_back({off - lead, span, q.slot_offset - lead, lead + q.size});
-        } else {
-            job.host_ranges.push_back({off, q.size, q.slot_offset, 0});
-        }
+        job.host_ranges.push_back(part_read(off, q.size, q.slot_offset, L.aligned));
         job.copies.push_back({q.slot_offset, dst + q.slot_offset, q.size});
         job.ranges.push_back({off, q.size, dst + q.slot_offset, 0});
     }
@@ -211,13 +214,7 @@ void expert_cache::start_load(int i, int layer, int expert) {
     for (const auto & q : L.parts) {
         const uint64_t off = q.file_offset + (uint64_t) expert * q.stride;
         const size_t dst = pad_ + (size_t) i * slot_size_ + q.slot_offset;
-        if (L.direct) {   // widened to whole blocks; past the end of the file only `need` bytes must arrive
-            const size_t lead = off % DIRECT_ALIGN;
-            const size_t span = (lead + q.size + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
-            job.ranges.push_back({off - lead, span, dst - lead, lead + q.size});
-        } else {
-            job.ranges.push_back({off, q.size, dst});
-        }
+        job.ranges.push_back(part_read(off, q.size, dst, L.direct));
         n += q.size;
     }
     if (tier_) tier_take(job, L, (uint64_t) expert, pad_ + (size_t) i * slot_size_, n);
