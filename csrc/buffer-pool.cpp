@@ -114,7 +114,7 @@ int buffer_pool::grow() {
     return i;
 }
 
-buffer_pool::acquired buffer_pool::acquire(int key) {
+buffer_pool::acquired buffer_pool::acquire(int key, bool evict) {
     std::lock_guard<std::mutex> lk(mu_);
     ++clock_;
     for (int i = 0; i < (int) slots_.size(); ++i) {
@@ -131,6 +131,7 @@ buffer_pool::acquired buffer_pool::acquire(int key) {
         for (const auto & t : slots_) live += t.buf != nullptr;
         throw PoolExhausted("all " + std::to_string(live) + " pool slots are in use or pinned");
     }
+    if (!evict && slots_[best].key >= 0) throw PoolExhausted("no empty slot");
     slot & s = slots_[best];
     int evicted = s.key;
     if (evicted >= 0) stats_.evictions++;

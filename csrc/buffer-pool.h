@@ -68,8 +68,10 @@ public:
         int evicted;   // key whose bytes were dropped to make room, or -1
     };
     // Marks the slot in use (a count: acquire twice, release twice).
-    // Throws PoolExhausted if nothing can be evicted.
-    acquired acquire(int key);
+    // Throws PoolExhausted if nothing can be evicted, or (evict false) if
+    // `key` has no slot and none is empty: a cache read in cycles larger than
+    // it keeps what it holds instead of evicting each key before its reuse.
+    acquired acquire(int key, bool evict = true);
     void release(int slot);
     void set_pinned(int slot, bool pinned);
     // Drops `key` from its slot if the slot is not in use; returns whether it did.

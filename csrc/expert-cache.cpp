@@ -341,6 +341,11 @@ void expert_cache::bind_view(ggml_tensor * t, size_t offset) const {
     if (offset + ggml_row_size(t->type, t->ne[0]) * (size_t) t->ne[1] > slot_size_) {
         throw Error("expert view: the matrix does not fit the slot at that offset");
     }
+    // a GPU's kernels take the expert stride in whole blocks of the type (ggml-cuda: nb[2] / type size)
+    if ((!ggml_backend_buffer_is_host(buf_) || io_->staged()) && slot_size_ % ggml_type_size(t->type) != 0) {
+        throw Error("expert view: the slot (" + std::to_string(slot_size_) + " bytes) is not a multiple of " +
+                    ggml_type_name(t->type) + "'s block (" + std::to_string(ggml_type_size(t->type)) + " bytes)");
+    }
     t->nb[2] = slot_size_;
     t->nb[3] = slot_size_ * (size_t) t->ne[2];
     tensor_bind(t, buf_, static_cast<char *>(ggml_backend_buffer_get_base(buf_)) + pad_ + offset);

@@ -291,18 +291,24 @@ void compute_backend::compute(ggml_cgraph * graph, bool sync) {
             for (int j = 0; j < GGML_MAX_SRC; ++j) if (t->src[j]) refresh_view(t->src[j]);
         }
         if (!ggml_gallocr_alloc_graph(galloc_, graph)) throw Error("cannot allocate the compute buffer");
-        storage_moved();   // a node another backend's kept graph shares would have moved: it is prepared again
+        kept_ops_ = 0;
+        std::vector<std::pair<const ggml_tensor *, void *>> at;
+        for (int i = 0; i < n; ++i) {
+            ggml_tensor * t = ggml_graph_node(graph, i);
+            kept_ops_ += is_op(t);
+            if (placed_by_allocator(t)) { kept_placed_.push_back(t); at.emplace_back(t, t->data); }
+        }
+        // a node another backend's kept graph shares may have moved: that graph is prepared again
+        // (the uid tells a graph made since at a freed one's address: this one gave it)
+        if (graph != placed_graph_ || graph->uid != placed_uid_ || at != placed_at_) storage_moved();
         graph->uid = ggml_graph_next_uid();   // a new graph to ggml-cuda: it compares the nodes once
+        placed_graph_ = graph;
+        placed_uid_ = graph->uid;
+        placed_at_ = std::move(at);
         kept_ = graph;
         kept_epoch_ = storage_epoch();
         kept_nodes_ = n;
         g_kept[graph] = this;
-        kept_ops_ = 0;
-        for (int i = 0; i < n; ++i) {
-            ggml_tensor * t = ggml_graph_node(graph, i);
-            kept_ops_ += is_op(t);
-            if (placed_by_allocator(t)) kept_placed_.push_back(t);
-        }
     }
     const int ops = kept_ops_;
     lk.unlock();

@@ -151,6 +151,12 @@ private:
     int kept_nodes_ = 0;
     int kept_ops_ = 0;
     std::vector<ggml_tensor *> kept_placed_;   // its nodes the allocator placed (found while its buffer was alive)
+    // Where the allocator last placed a graph's nodes here: the same graph placed at the same addresses again
+    // moves nothing that another backend's kept graph reads (a pass's embedding graph on the CPU beside its
+    // device graph would otherwise unsettle each other at every pass).
+    const ggml_cgraph * placed_graph_ = nullptr;
+    uint64_t placed_uid_ = 0;
+    std::vector<std::pair<const ggml_tensor *, void *>> placed_at_;
     compute_stats stats_;
     mutable std::mutex stats_mutex_;   // stats() may be read while another thread computes
     std::unique_ptr<event_timer> timer_;

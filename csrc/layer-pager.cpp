@@ -192,9 +192,9 @@ void layer_pager::host_take(int l, load_job & job) {
     if (!host_ || direct_) return;
     buffer_pool::acquired h;
     try {
-        h = host_->acquire(l);      // held until the job ends
-    } catch (const PoolExhausted &) {
-        return;                     // every host slot is being loaded through: this load reads the file
+        h = host_->acquire(l, false);   // held until the job ends; a full tier evicts nothing (a pass reads
+    } catch (const PoolExhausted &) {   // the blocks in a cycle: LRU would drop each one before its reuse)
+        return;                     // the tier is full or every slot is being loaded through: this load reads the file
     }
     if (h.evicted >= 0) host_filled_[h.evicted] = false;
     job.host = host_->base(h.slot);
@@ -269,6 +269,7 @@ void layer_pager::pin(int l) {
     acquire(l);
     pool_->set_pinned(slot_of(l), true);
     release(l);
+    if (host_ && host_->drop(l)) host_filled_[l] = false;   // a full tier evicts nothing: leave room to blocks that stream
 }
 
 void layer_pager::unpin(int l) {

@@ -63,9 +63,12 @@ struct pager_stats {
 // memory (the device's pinned host buffers where it has them), keyed by
 // layer too. A load takes the layer's host slot: a filled one is copied to
 // the device slot without a file read; an empty one is read into from the
-// file and copied on from there, and is filled once that load succeeds. The
-// load holds its host slot until it ends, so the tier never evicts a copy in
-// use; a failed load empties it. With direct_io the tier's slots take the
+// file and copied on from there, and is filled once that load succeeds. Once
+// every host slot holds a layer, a layer without one is read from the file
+// past the tier: nothing is evicted (passes read the blocks in a cycle, and
+// LRU would drop each one before its reuse). The load holds its host slot
+// until it ends, so the tier never evicts a copy in use; a failed load
+// empties it. With direct_io the tier's slots take the
 // file's layout (widened to O_DIRECT alignment): a layer is read into its host
 // slot with O_DIRECT, several reads in flight, and copied tensor by tensor to
 // the device slot; its bytes never pass through the page cache.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from superggml import Model
+from superggml import Model, native
 from synth_gguf import VARIANTS, expert_bytes, synth, tensor_names
 
 
@@ -154,7 +154,6 @@ def test_an_automatic_plan_lends_its_untouched_kv_and_compute_to_the_expert_cach
     touches: the expert cache holds that much more, in slots past its budget (never more than the experts),
     and gives them back before a pass may touch the memory (here a 63-row prompt's compute). Logits stay
     bit-identical to resident."""
-    from superggml import native
     from superggml.runtime import memory_plan as mp
 
     path = synth(
@@ -232,7 +231,7 @@ def test_the_loan_owes_what_a_pass_may_touch():
 LIMITED_MOE = r"""
 import resource, sys
 import numpy as np
-from superggml import Model
+from superggml import Model, native
 path, budget, out = sys.argv[1], sys.argv[2], sys.argv[3]
 kw = dict(ctx_size=256, n_threads=2, n_batch=32)
 if budget != "none":
@@ -346,6 +345,12 @@ def test_expert_cache_fed_from_the_host_tier(tmp_path, vocab_fields, variant, di
     assert st["expert_bytes_loaded"] == st["expert_file_bytes"] + st["expert_tier_bytes"]
     if direct_io:
         assert st["expert_direct_loads"] > 0
+    # ggml-cuda reads the expert stride (the slot) in whole blocks of each matrix's type: staged slots, as a GPU's
+    f = native.GGUFFile(path)
+    types = {t[1] for t in f.tensors() if "_exps." in t[0]}
+    assert all(st["expert_slot_size"] % native.type_size(getattr(native.GGMLType, t.upper())) == 0 for t in types), (
+        types
+    )
 
 
 def test_analyze_predicts_a_moe_budget_as_the_executor_splits_it(tmp_path, vocab_fields):

@@ -141,3 +141,30 @@ def test_a_graph_moving_between_backends_is_prepared_again_on_each():
         assert native.tensor_get(out).tolist() == [0, 6, 12, 18]
     assert b1.stats()["reused"] - r1 == 1 and b2.stats()["reused"] - r2 == 0  # only b1's last, after its own
     del keep
+
+
+def test_two_backends_graphs_each_reused():
+    """A pass as on a GPU: the embedding's graph on one backend, the blocks' graph on another, reading the
+    first's output. Each computed again unchanged is reused, pass after pass: an allocation that places a graph's
+    nodes where they were moves nothing (it used to count as a move, so the two unsettled each other at every
+    pass, and ggml-cuda never replayed its CUDA graph)."""
+    b1, b2 = native.Backend("", 1), native.Backend("", 1)
+    ctx = native.Context(max_tensors=4)
+    x = ctx.new_tensor(native.GGMLType.F32, [4])
+    keep = b1.alloc_tensors(ctx)
+    native.tensor_set(x, np.arange(4, dtype=np.float32))
+    g1ctx, g2ctx = native.Context(max_tensors=8, graph_size=8), native.Context(max_tensors=8, graph_size=8)
+    g1, g2 = g1ctx.new_graph(), g2ctx.new_graph()
+    mid = g1ctx.scale(g1ctx.scale(x, 2.0), 1.0)
+    mid.set_output()
+    g1.expand(mid)
+    out = g2ctx.scale(g2ctx.scale(mid, 3.0), 1.0)
+    out.set_output()
+    g2.expand(out)
+    r1, r2 = b1.stats()["reused"], b2.stats()["reused"]
+    for _ in range(5):
+        b1.compute(g1)
+        b2.compute(g2)
+        assert native.tensor_get(out).tolist() == [0, 6, 12, 18]
+    assert b1.stats()["reused"] - r1 >= 3 and b2.stats()["reused"] - r2 >= 3
+    del keep

@@ -19,7 +19,8 @@ case $KIND in
   cuda) PY=${PY:-$(ls "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -1)}; PY=${PY:-python3.12}
         CUDA=$(bash "$G/toolkit.sh" "$C/cuda-13.0") && el "toolkit: $CUDA"
         link="-Wl,-rpath-link,$CUDA/lib:$CUDA/lib/stubs"
-        ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_COMPILER=$CUDA/bin/nvcc"
+        ARGS="-DGGML_CUDA=ON -DGGML_CUDA_GRAPHS=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_NCCL=OFF"
+        ARGS="$ARGS -DCMAKE_CUDA_COMPILER=$CUDA/bin/nvcc"
         ARGS="$ARGS -DCUDAToolkit_ROOT=$CUDA -DCMAKE_EXE_LINKER_FLAGS=$link -DCMAKE_SHARED_LINKER_FLAGS=$link"
         [ "${FA:-1}" = 0 ] && ARGS="$ARGS -DGGML_CUDA_FA=OFF" ;;
   cpu)  PY=${PY:-$(command -v python3)}; ARGS="" ;;

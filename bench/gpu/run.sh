@@ -9,7 +9,9 @@
 # --quick: the logits check on two families, resident and streamed l8b, the pass profile, no ncu (DEADLINE 150).
 # Needs bench/gpu/carry (prep.sh, build.sh). Environment: SIZE=big|small (timing models; default big with CUDA, else
 # small), W (work folder: build, models), CUDA=0|1 (default: a GPU), BUILD_LIMIT (s, 420), NCU=0|1 (the kernel table;
-# default 1, 0 with --quick).
+# default 1, 0 with --quick), FAMILIES (the check's, instead of the default), DIAG_MOE=1 (moe_diag.py on the MoE
+# families among them), TIMING (the timing models to make, e.g. "m4g") and BENCHES (KIND:MODEL pairs, e.g.
+# "streamed:m4g", instead of the default benches).
 set -u
 T0=$(date +%s)
 QUICK=0; [ "${1:-}" = --quick ] && { QUICK=1; shift; }
@@ -72,7 +74,7 @@ unpack() {  # the checkout's Python package, with the carried native build in it
 }
 build() {
   local args="-DSUPERGGML_BUILD_LLAMA=ON"
-  [ $kind = cuda ] && args="$args -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_NCCL=OFF"
+  [ $kind = cuda ] && args="$args -DGGML_CUDA=ON -DGGML_CUDA_GRAPHS=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_NCCL=OFF"
   rm -rf "$W/sg" && cd "$R" &&
   CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install \
     -v --no-build-isolation --no-deps --no-compile --config-settings=build-dir="$W/build" --target "$W/sg" . &&
@@ -103,12 +105,13 @@ EOF
 export -f setup unpack build smoke; export W G R A kind
 
 step setup 60 bash -c setup
-step models_timing 400 python3 "$G/synth.py" timing "$W/models" $( ((QUICK)) && echo l8b) &
+step models_timing 400 python3 "$G/synth.py" timing "$W/models" ${TIMING:-$( ((QUICK)) && echo l8b)} &
 timing=$!
 if [ "$carried" = yes ]; then step unpack 60 bash -c unpack; else step build "${BUILD_LIMIT:-420}" bash -c build; fi
 step smoke 30 bash -c smoke
 wait $timing
 families="llama qwen3 qwen3moe gemma3 deepseek2 qwen35"; ((QUICK)) && families="llama gemma3"
+families=${FAMILIES:-$families}
 step models_check 90 python3 "$G/synth.py" check "$W/models" $families
 step rate 30 python3 "$G/rate.py" "$L/rate.json"
 for m in $families; do
@@ -124,11 +127,18 @@ profile() {  # profile MODEL: per-pass host and device times of both engines, th
   fi
 }
 # what the issue asks first: resident at llama.cpp's speed (and why not: the profile), the dense 8B at 1/4
-bench resident l8b 100
-if ((QUICK)); then
+[ -z "${BENCHES:-}" ] && bench resident l8b 100
+if [ -n "${BENCHES:-}" ]; then  # KIND:MODEL ... instead of the default benches (their models in TIMING)
+  for b in $BENCHES; do bench "${b%%:*}" "${b#*:}" 150; done
+elif ((QUICK)); then
   profile l8b; bench streamed l8b 120
 else
   bench resident l1b 100; profile l1b; bench streamed l8b 120; bench streamed m4g 150; bench streamed l1b 120
+fi
+if [ "${DIAG_MOE:-0}" = 1 ]; then  # the MoE families streamed, one setting changed at a time (moe_diag.py)
+  for m in $families; do
+    case $m in *moe*|deepseek*) step moe_diag_$m 90 python3 "$G/moe_diag.py" "$W/models/$m.gguf" "$L/moe_diag_$m.json" 25 ;; esac
+  done
 fi
 timeout 15 python3 "$G/report.py" "$OUT" > "$L/report.log" 2>&1; el "report: rc $?"
 tar czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$L"

@@ -31,7 +31,13 @@ from typing import Any, Sequence
 
 from .. import native
 from ..arch import get_architecture
-from ..runtime.memory_plan import SLOT_ALIGN_ROOM, kv_bytes_per_token, plan_slots, split_moe_budget
+from ..runtime.memory_plan import (
+    SLOT_ALIGN_ROOM,
+    head_chunk_bytes,
+    kv_bytes_per_token,
+    plan_slots,
+    split_moe_budget,
+)
 from ..settings import PagingSettings
 
 
@@ -107,7 +113,10 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
         head_name = arch.output_tensor(lambda n: n in sizes)
         store = native.WeightStore(f)
         slot = max(store.slot_bytes(arch.block_tensors(il)) for il in range(hp.n_layer))
-        chunks = tuple(store.file_range(c)[1] for c in store.add_row_chunks(head_name, slot - SLOT_ALIGN_ROOM))
+        head_bytes = store.file_range(head_name)[1]
+        chunk = head_chunk_bytes(slot, SLOT_ALIGN_ROOM, head_bytes)
+        slot = max(slot, chunk + SLOT_ALIGN_ROOM)
+        chunks = tuple(store.file_range(c)[1] for c in store.add_row_chunks(head_name, chunk))
         del store
         experts = [sum(sizes[n] for n in arch.expert_tensors(il)) for il in range(hp.n_layer)]
         dense_slot = dense_held = 0
@@ -118,8 +127,9 @@ def model_layout(path: str | os.PathLike[str]) -> Layout:
             dense_sizes = [
                 store.slot_bytes([n for n in arch.block_tensors(il) if n not in exp]) for il in range(hp.n_layer)
             ]
-            dense_slot = max(dense_sizes)
-            head_chunks = store.add_row_chunks(head_name, dense_slot - SLOT_ALIGN_ROOM)
+            chunk = head_chunk_bytes(max(dense_sizes), SLOT_ALIGN_ROOM, head_bytes)
+            dense_slot = max(max(dense_sizes), chunk + SLOT_ALIGN_ROOM)
+            head_chunks = store.add_row_chunks(head_name, chunk)
             dense_chunks = tuple(store.file_range(c)[1] for c in head_chunks)
             dense_held = sum(dense_sizes) + sum(store.slot_bytes([c]) for c in head_chunks)
             del store

@@ -438,6 +438,7 @@ class Executor:
             dev = step.dev
         if step.experts is not None:  # the router's choice for its rows, as cache slots
             assert pl.experts is not None and pl.moe is not None
+            self.streams.wait(dev)  # its graph may be queued: the host reads what it chose
             k, il, r0 = self.hp.n_expert_used, step.experts, step.expert_row0
             rows = step.expert_ids.ne[1]
             sel = tensor_array(pl.moe.sel).reshape(-1)[r0 * k : (r0 + rows) * k]

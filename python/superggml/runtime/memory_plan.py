@@ -31,6 +31,7 @@ HEADROOM_MIN = 64 * MiB  # never planned: the allocator's slack, thread stacks, 
 HEADROOM_SHARE = 0.05  # and this share of what is available
 TOKENIZER_BYTES_PER_TOKEN = 256  # the tokenizer's tables, per vocabulary entry (Qwen2.5's 151,936: 31 MiB measured)
 SLOT_ALIGN_ROOM = 256  # bytes kept free in a slot for alignment padding
+HEAD_CHUNKS_MAX = 1000  # the lm head in at most this many row chunks (the store holds 1024 views)
 STATE_CHECKPOINTS = 3  # copies of a sequence's recurrent states kept to go back to (runtime/recurrent.py)
 
 
@@ -250,7 +251,9 @@ def with_host_tier(p: MemoryPlan, host_cache: HostCache, host_available: int, *,
         size = host_cache
     else:
         keep = HEADROOM_MIN + int(HEADROOM_SHARE * host_available) + p.tokenizer + host_kv
-        size = max(0, min(p.weights - p.budget, host_available - keep))
+        # the weights, not weights - budget: streamed blocks take whole slots, and a pool pins fewer blocks than
+        # its budget holds (some of it streams); plan_pool gives the tier no more slots than blocks stream
+        size = max(0, min(p.weights, host_available - keep))
     return MemoryPlan(**{**asdict(p), "host_cache": size, "host_available": host_available, "host_kv": host_kv})
 
 
@@ -472,3 +475,10 @@ def split_moe_budget(
             f"bytes"
         )
     return dense_budget, budget - dense_budget
+
+
+def head_chunk_bytes(slot: int, room: int, head_bytes: int) -> int:
+    """The bytes of one of the lm head's row chunks at most: a block's slot less `room`, or, where the blocks are
+    smaller than that leaves (a MoE's blocks without their experts), a HEAD_CHUNKS_MAX-th of the head; the
+    pool's slot is then widened to chunk + room."""
+    return max(slot - room, -(-head_bytes // HEAD_CHUNKS_MAX))

@@ -10,6 +10,7 @@ does nothing. The K/V a step reads is the sequence memory's (memory.py).
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Collection, Iterator, Sequence, Union
@@ -145,6 +146,8 @@ def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+SLOT_QUANTUM = 256  # a GPU's expert slots: a multiple of this (any backend's buffer alignment) and of the types
+MATRIX_ROW_PADDING = 512  # ggml-cuda's (common.cuh): quantized rows are read in multiples of it
 LOOKAHEAD_TRIAL = 256  # guessed experts before the lookahead's precision is judged
 LOOKAHEAD_MIN_PRECISION = 0.5
 # expert_lookahead "auto": decoded tokens timed with the lookahead on and off, in phases on, off, off, on (after a
@@ -186,8 +189,9 @@ class ExpertPager:
         device (or staged) cache."""
         hp = arch.hp
         self.n_layer = hp.n_layer
-        self.parts = self.layout(store, arch, direct=direct_io)
-        self.expert_bytes = slot = expert_slot_size(self.parts, direct_io)
+        strided = staged or not backend.is_host
+        self.parts = self.layout(store, arch, direct=direct_io, strided=strided)
+        self.expert_bytes = slot = self.slot_bytes(store, arch, direct=direct_io, strided=strided)
         self.base_slots = n_slots = budget // slot
         need = hp.n_expert_used * 1
         if n_slots < need:
@@ -233,34 +237,48 @@ class ExpertPager:
         self._trial = {True: [0.0, 0], False: [0.0, 0]}  # lookahead on/off -> [seconds, decoded tokens]
 
     @staticmethod
-    def layout(store: Any, arch: Any, *, direct: bool = False) -> list[list[tuple[int, int, int, int]]]:
+    def layout(
+        store: Any, arch: Any, *, direct: bool = False, strided: bool = False
+    ) -> list[list[tuple[int, int, int, int]]]:
         """Per layer, its expert matrices: (file offset of expert 0, stride, bytes, offset inside a slot).
         Packed 64-byte aligned; with `direct`, where every stride is whole O_DIRECT blocks, each matrix gets a
         region of whole blocks and sits in it at its file offset's place inside a block, so O_DIRECT reads the
-        blocks around it straight into the slot (csrc/expert-cache.h)."""
+        blocks around it straight into the slot (csrc/expert-cache.h). `strided` (a cache a GPU reads): each
+        matrix followed by the row padding ggml-cuda reads past it (row_padding)."""
         blk = native.DIRECT_ALIGN
         out = []
         for il in range(arch.hp.n_layer):
-            ranges = [store.file_range(name) for name in arch.expert_tensors(il)]
+            names = arch.expert_tensors(il)
+            ranges = [store.file_range(name) for name in names]
             strides = [nbytes // arch.hp.n_expert for _, nbytes in ranges]
             aligned = direct and all(s % blk == 0 for s in strides)
-            parts, off = [], 0
-            for (file_off, _), stride in zip(ranges, strides):
+            parts: list[tuple[int, int, int, int]] = []
+            off = 0
+            for name, (file_off, _), stride in zip(names, ranges, strides):
+                room = stride + (row_padding(store.get(name)) if strided else 0)
                 if aligned:
                     lead = file_off % blk
                     off = -(-off // blk) * blk
                     parts.append((file_off, stride, stride, off + lead))
-                    off += -(-(lead + stride) // blk) * blk
+                    off += -(-(lead + room) // blk) * blk
                 else:
                     parts.append((file_off, stride, stride, off))
-                    off += -(-stride // 64) * 64  # each matrix 64-byte aligned inside the slot
+                    off += -(-room // 64) * 64  # each matrix 64-byte aligned inside the slot
             out.append(parts)
         return out
 
     @staticmethod
-    def slot_bytes(store: Any, arch: Any, *, direct: bool = False) -> int:
-        """Bytes of one slot: the largest layer's expert, its matrices aligned (to whole blocks if direct)."""
-        return expert_slot_size(ExpertPager.layout(store, arch, direct=direct), direct)
+    def slot_bytes(store: Any, arch: Any, *, direct: bool = False, strided: bool = False) -> int:
+        """Bytes of one slot: the largest layer's expert, its matrices aligned (to whole blocks if direct);
+        strided (a cache a GPU reads): a multiple of every expert matrix's type size (expert_slot_size)."""
+        layout = ExpertPager.layout(store, arch, direct=direct, strided=strided)
+        end = max(
+            off + size + (row_padding(store.get(name)) if strided else 0)
+            for il, parts in enumerate(layout)
+            for name, (_, _, size, off) in zip(arch.expert_tensors(il), parts)
+        )
+        types = {store.get(n).type for il in range(arch.hp.n_layer) for n in arch.expert_tensors(il)}
+        return expert_slot_size(end, direct, [native.type_size(t) for t in types] if strided else [])
 
     def map(self, layer: int, ids: Any, held_only: bool = False) -> Any:
         """The slots of the experts `ids` (I32 [k, n]) of `layer`, loaded and pinned until release() (held_only:
@@ -359,7 +377,20 @@ class ExpertPager:
         return d
 
 
-def expert_slot_size(layout: list[list[tuple[int, int, int, int]]], direct: bool) -> int:
-    """Bytes of a slot holding one expert of each layer's `layout` (rounded to whole O_DIRECT blocks if direct)."""
-    size = max(off + size for parts in layout for _, _, size, off in parts)
-    return -(-size // native.DIRECT_ALIGN) * native.DIRECT_ALIGN if direct else size
+def row_padding(t: Any) -> int:
+    """Bytes a GPU's kernels may read past a quantized matrix's last row (ggml-cuda pads rows to
+    MATRIX_ROW_PADDING elements, and allocates and zeroes that much after each such tensor): kept free after
+    each expert matrix in a slot, so that the reads stay inside the cache's zeroed buffer."""
+    q = native.blck_size(t.type) > 1
+    extra = -t.ne[0] % MATRIX_ROW_PADDING
+    return native.row_size(t.type, extra) if q and extra else 0
+
+
+def expert_slot_size(end: int, direct: bool, type_sizes: Sequence[int] = ()) -> int:
+    """Bytes of a slot whose expert ends at `end` (rounded to whole O_DIRECT blocks if direct). With the type
+    sizes of the expert matrices (a cache a GPU reads): a multiple of each, and of SLOT_QUANTUM, since ggml-cuda
+    takes a matrix's expert stride (the slot) in whole blocks of its type (nb[2] / type size)."""
+    unit = native.DIRECT_ALIGN if direct else 1
+    if type_sizes:
+        unit = math.lcm(unit, SLOT_QUANTUM, *type_sizes)
+    return -(-end // unit) * unit

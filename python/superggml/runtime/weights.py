@@ -14,7 +14,7 @@ from typing import Any
 from .. import native
 from ..errors import SuperggmlError
 from ..telemetry import MemoryFn
-from .memory_plan import SLOT_ALIGN_ROOM, ExpertLoan, plan_pool
+from .memory_plan import SLOT_ALIGN_ROOM, ExpertLoan, head_chunk_bytes, plan_pool
 from .pagers import Block, ExpertPager, HeadChunk, Key, NullPager, WeightPager, merge_stats
 from .resolve import Resolved
 from .scheduler import LayerScheduler
@@ -99,10 +99,11 @@ class WeightPlacement:
         if pg.expert_cache is not None and not self.hp.n_expert:
             raise ValueError("expert_cache applies to mixture-of-experts models; this model is dense")
         # a MoE model under a device_budget pages its experts too: its dense part is planned first, the rest of
-        # the budget is the expert cache (plan_pool splits it), fed on a GPU from the host tier; over a split or
-        # to an RPC server, a MoE block streams whole, its experts with it
+        # the budget is the expert cache (plan_pool splits it). On a GPU (expert_cache given: fed from the host
+        # tier), over a split or to an RPC server, a MoE block streams whole by default, its experts with it: the
+        # device cache is not yet bit-identical on a card (bench/gpu/results/2026-11-28-h200-notes.md)
         self.experts_paged = pg.expert_cache is not None or (
-            self.hp.n_expert > 0 and pg.budget_bytes is not None and self.n_split == 1 and not self.backends[0].endpoint
+            self.hp.n_expert > 0 and pg.budget_bytes is not None and self.n_split == 1 and self.backends[0].is_host
         )
         if self.experts_paged and self.n_split > 1:
             raise ValueError("paged experts run on one device for now, not a multi-device split")
@@ -252,8 +253,10 @@ class WeightPlacement:
         sizes = [store.slot_bytes(layer, self.backends[d], self.direct_io) for layer in layers]
         slot = max(sizes)
         if d == self.head_dev:  # the lm head is the largest tensor of small models
-            room = SLOT_ALIGN_ROOM + (DIRECT_ROOM if self.direct_io else 0)
-            self.head_chunks = store.add_row_chunks(self.arch.output_tensor(store.has), slot - room)
+            room, head = SLOT_ALIGN_ROOM + (DIRECT_ROOM if self.direct_io else 0), self.arch.output_tensor(store.has)
+            chunk = head_chunk_bytes(slot, room, store.file_range(head)[1])
+            slot = max(slot, chunk + room)
+            self.head_chunks = store.add_row_chunks(head, chunk)
             layers += [[ch] for ch in self.head_chunks]
             keys += [HeadChunk(i) for i in range(len(self.head_chunks))]
         held = sum(sizes) + sum(store.slot_bytes(ch, self.backends[d], self.direct_io) for ch in layers[len(sizes) :])
@@ -271,7 +274,9 @@ class WeightPlacement:
             self.load_remote()
         moe = None
         if self.experts_paged:
-            hp, expert_bytes = self.hp, ExpertPager.slot_bytes(self.store, self.arch, direct=self.direct_io)
+            strided = p.staged_io or not b.is_host
+            hp = self.hp
+            expert_bytes = ExpertPager.slot_bytes(self.store, self.arch, direct=self.direct_io, strided=strided)
             moe = dict(
                 n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, n_batch=c.n_batch, expert_bytes=expert_bytes
             )
@@ -287,7 +292,7 @@ class WeightPlacement:
                 host_tier=tier - self.host_tier_used if not bd.is_host or p.staged_io else 0,
                 moe=moe,
                 name=f" of {bd.name}" if self.n_split > 1 else "",
-                big=self.layers_on(d)[sizes.index(slot)],
+                big=self.layers_on(d)[sizes.index(max(sizes))],
                 held=held if moe and bd.is_host and not p.staged_io else None,
             )
             expert_budget, self.host_tier_used = pool.expert_budget, self.host_tier_used + pool.host_slots * slot
