@@ -771,9 +771,11 @@ def mamba2_keys(key, d_conv, d_state, n_group, d_inner, n_ssm_head):
     key("ssm.time_step_rank", n_ssm_head, U)
 
 
-def mamba2_tensors(w, t, rng, p, n_embd, d_inner, d_state, n_ssm_head, n_group, d_conv, conv_bias=True):
+def mamba2_tensors(
+    w, t, rng, p, n_embd, d_inner, d_state, n_ssm_head, n_group, d_conv, conv_bias=True, flat_norm=False
+):
     """A Mamba-2 mixer's tensors as Mamba2Model's converter writes them (A = -exp(A_log), the conv, A, D and the
-    norm kept F32)."""
+    norm kept F32); flat_norm: the norm written 1-D ([d_inner], one group), as some converters do."""
     ch = d_inner + 2 * n_group * d_state
 
     def f32(name, a):
@@ -786,7 +788,8 @@ def mamba2_tensors(w, t, rng, p, n_embd, d_inner, d_state, n_ssm_head, n_group, 
     f32(p + "ssm_dt.bias", rng.standard_normal(n_ssm_head) * 0.5)
     f32(p + "ssm_a", -np.exp(rng.standard_normal((n_ssm_head, 1)) * 0.5))
     f32(p + "ssm_d", 1 + rng.standard_normal((n_ssm_head, 1)) * 0.1)
-    f32(p + "ssm_norm.weight", 1 + rng.standard_normal((n_group, d_inner // n_group)) * 0.1)
+    norm_shape = (d_inner,) if flat_norm else (n_group, d_inner // n_group)
+    f32(p + "ssm_norm.weight", 1 + rng.standard_normal(norm_shape) * 0.1)
     t(p + "ssm_out.weight", n_embd, d_inner)
 
 
@@ -813,6 +816,7 @@ def synth_granitehybrid(
     wtype="f32",
     seed=0,
     n_ctx_train=512,
+    flat_norm=False,
 ):
     """A random-weight granitehybrid GGUF laid out as llama.cpp's converter (GraniteHybridModel) writes it:
     `layers` names each block, m a Mamba-2 mixer (head_count_kv 0: d_inner = 2 * n_embd, n_ssm_head heads,
@@ -846,7 +850,7 @@ def synth_granitehybrid(
         p = f"blk.{il}."
         norm(p + "attn_norm.weight")
         if kind == "m":
-            mamba2_tensors(w, t, rng, p, n_embd, d_inner, d_state, n_ssm_head, n_group, d_conv)
+            mamba2_tensors(w, t, rng, p, n_embd, d_inner, d_state, n_ssm_head, n_group, d_conv, flat_norm=flat_norm)
         else:
             attention_tensors(t, p, n_embd, n_head, n_head_kv, hd)
         norm(p + "ffn_norm.weight")
@@ -1063,6 +1067,7 @@ def synth_step35(
     n_head=4,
     n_head_swa=6,
     n_head_kv=2,
+    n_head_kv_swa=None,
     head_dim=16,
     n_ff=96,
     n_expert=8,
@@ -1077,14 +1082,16 @@ def synth_step35(
 ):
     """A random-weight step35 GGUF laid out as llama.cpp's converter (Step3p5Model) writes it: `swa` and `moe` flag
     each block's sliding window (n_head_swa heads, whole-head RoPE) and experts (a router with exp_probs_b, a shared
-    expert); `clamps`: per-layer SwiGLU clamps; `extras`: Q/K head norms and head-wise gates."""
+    expert); `clamps`: per-layer SwiGLU clamps; `extras`: Q/K head norms and head-wise gates; n_head_kv_swa: the
+    sliding blocks' K/V heads where they differ (attention.head_count_kv per layer)."""
     rng = np.random.default_rng(seed)
     if n_layer is not None:
         swa, moe = (swa * n_layer)[:n_layer], (moe * n_layer)[:n_layer]
     arch, n_layer = "step35", len(swa)
     F = gguf.GGUFValueType.FLOAT32
     heads = [n_head_swa if s == "1" else n_head for s in swa]
-    w, key = start_header(path, arch, n_layer, n_ctx_train, n_embd, n_ff, heads, [n_head_kv] * n_layer)
+    kv = [n_head_kv_swa if s == "1" and n_head_kv_swa else n_head_kv for s in swa]
+    w, key = start_header(path, arch, n_layer, n_ctx_train, n_embd, n_ff, heads, kv)
     w.add_rope_freq_base(100000.0)
     key("rope.freq_base_swa", 10000.0, F)
     w.add_key_length(head_dim)
@@ -1106,7 +1113,7 @@ def synth_step35(
     for il in range(n_layer):
         p, h = f"blk.{il}.", heads[il]
         norm(p + "attn_norm.weight")
-        attention_tensors(t, p, n_embd, h, n_head_kv, head_dim)
+        attention_tensors(t, p, n_embd, h, kv[il], head_dim)
         if extras:
             norm(p + "attn_q_norm.weight", head_dim, 0.2)
             norm(p + "attn_k_norm.weight", head_dim, 0.2)
@@ -1425,6 +1432,7 @@ VARIANTS = {
     "lfm2-swa16-q8_0": dict(arch="lfm2", layers="cacaca", l_cache=4, n_swa=16, wtype="q8_0", tied=False),
     # granitehybrid: Mamba-2 mixers and attention, Granite's scales; Bamba's RoPE; MoE with a shared expert
     "granitehybrid-mmamma": dict(arch="granitehybrid"),
+    "granitehybrid-1group-flat-norm": dict(arch="granitehybrid", n_group=1, flat_norm=True),
     "granitehybrid-rope-tied-q8_0": dict(
         arch="granitehybrid", layers="mamam", rope=True, scales=False, tied=True, wtype="q8_0"
     ),
@@ -1437,6 +1445,7 @@ VARIANTS = {
     "nemotron_h_moe-8x2": dict(arch="nemotron_h_moe", layers="ME*EM*", n_expert=8, n_expert_used=2, n_ff=32),
     # step35: per-layer head counts, sliding layers with whole-head RoPE, head gates, experts and SwiGLU clamps
     "step35-4": dict(arch="step35", n_expert=8),
+    "step35-kv-per-layer": dict(arch="step35", n_head_kv_swa=3),
     "step35-plain-q8_0": dict(arch="step35", swa="1010", moe="0101", clamps=False, extras=False, wtype="q8_0"),
     # gemma4: per-layer K/V widths, shared K/V blocks, per-layer embeddings; the MoE one: a dense MLP beside experts
     "gemma4-e-shared": dict(arch="gemma4"),

@@ -97,6 +97,7 @@ def test_unsupported_rope_scaling(tmp_path):
         "nemotron_h-biases-tied-q8_0",
         "nemotron_h_moe-8x2",
         "step35-4",
+        "step35-kv-per-layer",
         "gemma4-e-shared",
         "gemma4-8x2-kv",
         "deepseek32-dsa",
@@ -176,6 +177,7 @@ def test_streamed_and_paged_kv_are_bit_identical_for_every_family(tmp_path, voca
         "deepseek32-dsa",
         "deepseek32-yarn-q8_0",
         "glm-dsa-shared",
+        "granitehybrid-1group-flat-norm",
     ],
 )
 def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, variant):

@@ -3,7 +3,7 @@ step's inputs: arch/base.py)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -298,7 +298,7 @@ class Architecture(ExpertHooks):
             got = table.get(name)
             if got is None:
                 raise GGUFError(f"GGUF lacks tensor '{name}' required by {self.hp.arch}")
-            if tuple(got) != tuple(shape):
+            if padded(got) != padded(shape):  # as llama.cpp compares: trailing dimensions of 1 are equal
                 raise GGUFError(f"tensor '{name}' has shape {list(got)}, expected {list(shape)}")
 
     # -- graphs ------------------------------------------------------------
@@ -744,3 +744,8 @@ def packed_views(ctx: Context, record: Tensor, shapes: list[list[int]]) -> list[
         views.append(ctx.view(record, shape, nb, off))
         off += shape[0] * shape[1] * es
     return views
+
+
+def padded(shape: Sequence[int]) -> tuple[int, ...]:
+    """A shape as ggml's 4 dimensions, the missing ones 1."""
+    return (*shape, *(1,) * (4 - len(shape)))

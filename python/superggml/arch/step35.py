@@ -24,13 +24,22 @@ from .moe import set_gating, uniform_expert_ff
 class Step35Arch(Architecture):
     rope_mode = ROPE_NEOX
     heads_per_layer = True
+    kv_heads_per_layer = True
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
         n = hp.n_layer
         self.n_head_of = hp.n_head_per_layer[:n] if hp.n_head_per_layer else (hp.n_head,) * n
-        if len(self.n_head_of) < n or any(h % hp.n_head_kv for h in self.n_head_of):
-            raise GGUFError(f"'{hp.arch}.attention.head_count' does not fit {n} layers of {hp.n_head_kv} K/V heads")
+        self.n_head_kv_of = hp.n_head_kv_per_layer[:n] if hp.n_head_kv_per_layer else (hp.n_head_kv,) * n
+        if (
+            len(self.n_head_of) < n
+            or len(self.n_head_kv_of) < n
+            or any(not k or h % k for h, k in zip(self.n_head_of, self.n_head_kv_of))
+        ):
+            raise GGUFError(
+                f"'{hp.arch}.attention.head_count' ({list(self.n_head_of)}) does not fit {n} layers of "
+                f"{list(self.n_head_kv_of)} K/V heads"
+            )
         self.n_swa = int(self.need(meta, "attention.sliding_window"))
         pattern = self.need(meta, "attention.sliding_window_pattern")
         if not isinstance(pattern, (list, tuple)) or len(pattern) < n:
@@ -61,13 +70,23 @@ class Step35Arch(Architecture):
         self.limits = tuple(zip(exp, shexp))
         self.qk_norms = tuple(f"blk.{il}.attn_q_norm.weight" in self.names for il in range(n))
         self.gates = tuple(f"blk.{il}.attn_gate.weight" in self.names for il in range(n))
-        self.hp = dataclasses.replace(hp, n_head=max(self.n_head_of))  # the widest layer, for the buffers' sizes
-        self.layer_hps = tuple(dataclasses.replace(self.hp, n_head=h) for h in self.n_head_of)
+        # the widest layer, for the buffers' sizes; K/V heads that differ by layer share a memory as wide as the
+        # widest layer's (HParams.kv_width), each layer writing and reading its own leading values
+        width = 0
+        if len(set(self.n_head_kv_of)) > 1:
+            if (hp.head_dim_v or hp.head_dim) != hp.head_dim:
+                raise UnsupportedModelError(f"{hp.arch}: K/V heads per layer with value heads of another size")
+            width = hp.head_dim * max(self.n_head_kv_of)
+        self.hp = dataclasses.replace(hp, n_head=max(self.n_head_of), kv_width=width)
+        self.layer_hps = tuple(
+            dataclasses.replace(self.hp, n_head=h, n_head_kv=k, n_head_kv_per_layer=(), kv_width=0)
+            for h, k in zip(self.n_head_of, self.n_head_kv_of)
+        )
 
     def describe(self) -> list[str]:
         n_moe = sum(self.moe_layers)
         return [
-            f"attention heads per layer: {sorted(set(self.n_head_of))}; RoPE over {self.n_rot_full} of "
+            f"attention heads per layer: {sorted(set(self.n_head_of))}, K/V heads {sorted(set(self.n_head_kv_of))}; RoPE over {self.n_rot_full} of "
             f"{self.hp.head_dim} head values in the full layers, {self.n_rot_swa} in the sliding ones",
             f"experts in {n_moe} of {self.hp.n_layer} blocks, each with a shared expert",
         ]
@@ -85,8 +104,10 @@ class Step35Arch(Architecture):
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
         hp, p = self.hp, f"blk.{il}."
         shapes = super().block_tensor_shapes(il)
-        q = self.n_head_of[il] * hp.head_dim
+        q, kv = self.n_head_of[il] * hp.head_dim, self.n_head_kv_of[il]
         shapes[p + "attn_q.weight"] = (hp.n_embd, q)
+        shapes[p + "attn_k.weight"] = (hp.n_embd, hp.head_dim * kv)
+        shapes[p + "attn_v.weight"] = (hp.n_embd, (hp.head_dim_v or hp.head_dim) * kv)
         shapes[p + "attn_output.weight"] = (q, hp.n_embd)
         if self.qk_norms[il]:
             shapes[p + "attn_q_norm.weight"] = shapes[p + "attn_k_norm.weight"] = (hp.head_dim,)
