@@ -108,6 +108,7 @@ class _Cache:
 _CACHE = _Cache()
 _ADD_KEY_VALUE = gguf.GGUFWriter.add_key_value
 _LEFT_OUT: list[tuple[frozenset[str], list[str] | None]] = []  # keys_left_out's, innermost last
+_LAYOUT_CHANGED: list[bool] = []  # layout_changes active: synth() writes its files itself
 
 
 def enable_cache(limit: int = 2 << 30) -> None:
@@ -115,11 +116,44 @@ def enable_cache(limit: int = 2 << 30) -> None:
     _CACHE.enable(limit)
 
 
+@contextlib.contextmanager
+def layout_changes(arrays=(), flatten=()):
+    """While active, synth() writes its file itself (no cache) with each metadata key in `arrays` as an array of
+    its value per block (block_count copies), and each tensor in `flatten` without its last dimension of 1 (ggml's
+    order: numpy's first), as some converters write them."""
+    add_kv, add_tensor = gguf.GGUFWriter.add_key_value, gguf.GGUFWriter.add_tensor
+    n_block = [0]
+
+    def add_kv_arrays(self, key, val, vtype, sub_type=None):
+        if key.endswith(".block_count"):
+            n_block[0] = int(val)
+        if key in arrays and vtype != gguf.GGUFValueType.ARRAY:
+            assert n_block[0], f"{key} written before block_count"
+            return add_kv(self, key, [val] * n_block[0], gguf.GGUFValueType.ARRAY, sub_type=vtype)
+        return add_kv(self, key, val, vtype, sub_type)
+
+    def add_tensor_flat(self, name, tensor, raw_shape=None, raw_dtype=None, **kw):
+        if name in flatten:
+            if raw_shape is not None and len(raw_shape) > 1 and raw_shape[0] == 1:
+                raw_shape = raw_shape[1:]
+            elif raw_shape is None and tensor.ndim > 1 and tensor.shape[0] == 1:
+                tensor = tensor.reshape(tensor.shape[1:])
+        return add_tensor(self, name, tensor, raw_shape=raw_shape, raw_dtype=raw_dtype, **kw)
+
+    gguf.GGUFWriter.add_key_value, gguf.GGUFWriter.add_tensor = add_kv_arrays, add_tensor_flat
+    _LAYOUT_CHANGED.append(True)
+    try:
+        yield
+    finally:
+        gguf.GGUFWriter.add_key_value, gguf.GGUFWriter.add_tensor = add_kv, add_tensor
+        _LAYOUT_CHANGED.pop()
+
+
 def synth(path, fields, arch="llama", **kw):
     """A random-weight GGUF of `arch` laid out as llama.cpp's converter writes it: deepseek2 (multi-head latent
     attention) by synth_deepseek2, glm4moe by synth_glm4moe, every other family by _synth (see each for the keyword
     arguments). Where enable_cache() was called, a file with the same arguments is copied from the cache."""
-    key = _CACHE.key(fields, arch, kw) if _CACHE.dir is not None else None
+    key = _CACHE.key(fields, arch, kw) if _CACHE.dir is not None and not _LAYOUT_CHANGED else None
     if key is None:
         return _synth_any(path, fields, arch, **kw)
     entry = _CACHE.get(key)
@@ -1432,6 +1466,7 @@ VARIANTS = {
     "lfm2-swa16-q8_0": dict(arch="lfm2", layers="cacaca", l_cache=4, n_swa=16, wtype="q8_0", tied=False),
     # granitehybrid: Mamba-2 mixers and attention, Granite's scales; Bamba's RoPE; MoE with a shared expert
     "granitehybrid-mmamma": dict(arch="granitehybrid"),
+    "granitehybrid-1group": dict(arch="granitehybrid", n_group=1),
     "granitehybrid-1group-flat-norm": dict(arch="granitehybrid", n_group=1, flat_norm=True),
     "granitehybrid-rope-tied-q8_0": dict(
         arch="granitehybrid", layers="mamam", rope=True, scales=False, tied=True, wtype="q8_0"
@@ -1501,6 +1536,43 @@ def tensor_names(path):
 def metadata_value(path, key):
     with sg.open(path) as f:
         return f.metadata()[key]
+
+
+# one variant per family, the one with the most keys of its own
+ONE_PER_FAMILY = [
+    "llama-headdim32",
+    "mixtral-8x1",
+    "qwen2-bias",
+    "qwen3-qknorm-headdim32",
+    "phi3-longrope-long",
+    "gemma2-swa16-softcaps",
+    "gemma3-q4_k-output-softcap",
+    "qwen2moe-shared",
+    "qwen3moe-8x2",
+    "olmoe-8x2-f16",
+    "gpt-oss-8x2-swa16-yarn",
+    "deepseek2-v3-groups-yarn",
+    "glm4moe-bias-mtp",
+    "qwen35-interval2",
+    "qwen35moe-8x2-q8_0",
+    "qwen3next-8x2",
+    "smollm3-tied",
+    "seed_oss-bias-headdim32",
+    "mistral3-yarn-temp-headdim32",
+    "ernie4_5-moe-lead-shared",
+    "minimax-m2-8x2",
+    "llama4-8x1-step2",
+    "mistral4-fused-yarn-temp",
+    "lfm2-swa16-q8_0",
+    "granitehybrid-8x2-shared",
+    "nemotron_h-biases-tied-q8_0",
+    "step35-4",
+    "nemotron_h_moe-8x2",
+    "gemma4-8x2-fused-pl",
+    "gemma4-e-shared",
+    "deepseek32-yarn-q8_0",
+    "glm-dsa-shared",
+]
 
 
 @contextlib.contextmanager
