@@ -257,3 +257,19 @@ def test_the_placement_settles_rather_than_swings():
     p.settle(1, 0.05)
     moved = p.choose(1, 1)
     assert len(moved.hosted) < len(first.hosted) and moved.changes == 1
+
+
+def test_hosted_blocks_compute_from_re_laid_copies(server, smollm2_path, tmp_path):
+    """repack (the default): the host's copies of the streamed blocks are re-laid for its faster kernels where
+    its memory holds them, as a resident model's weights on the CPU are; placed on the host, the logits are that
+    model's, bit for bit."""
+    fields = synth_gguf.vocab_fields(smollm2_path)
+    path = str(synth(tmp_path / "q4_k.gguf", fields, arch="llama", n_layer=4, n_embd=256, n_ff=512, wtype="q4_k"))
+    kw = {**BASE, "repack": True}
+    with Model(path, **kw) as m:
+        ref, resident_relaid = run(m), m.repacked_bytes
+    slot = model_layout(path).slot_bytes
+    with Model(path, **kw, devices=[on(server)], device_budget=2 * slot, placement="host") as m:
+        out, relaid = run(m), m.repacked_bytes
+    assert resident_relaid > 0 and relaid > 0
+    assert np.array_equal(out, ref), float(np.abs(out - ref).max())

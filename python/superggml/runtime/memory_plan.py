@@ -257,6 +257,18 @@ def with_host_tier(p: MemoryPlan, host_cache: HostCache, host_available: int, *,
     return MemoryPlan(**{**asdict(p), "host_cache": size, "host_available": host_available, "host_kv": host_kv})
 
 
+def host_room(p: MemoryPlan, used: int) -> int:
+    """Host bytes a plan leaves beside `used` bytes of host tier: what the host had available (where the plan
+    has no host tier, as for an RPC server's device: what it has now) less the K/V mirrored there, the tokenizer
+    and the headroom."""
+    avail = p.host_available
+    if not avail:
+        in_use, total = host_memory()
+        avail = max(0, total - in_use)
+    keep = HEADROOM_MIN + int(HEADROOM_SHARE * avail) + p.tokenizer + p.host_kv
+    return max(0, avail - keep - used)
+
+
 def file_shape(path: str) -> tuple[Any, int]:
     """A GGUF's architecture and the bytes of its tensors."""
     f = native.GGUFFile(path)

@@ -317,7 +317,8 @@ class Placements:
 
     def start(self) -> None:
         """Per-pass placement (runtime/placement.py) where blocks stream to one device that is not host memory:
-        their tensors get copies on the host device, bound to the file mapping, and their K/V a host copy."""
+        their tensors get copies on the host device, bound to the file mapping (the matrices re-laid for its
+        faster kernels with `repack`, where its memory holds them), and their K/V a host copy."""
         ex = self.ex
         pl, p = ex.placement, ex.settings.paging
         pager = pl.pagers[0]
@@ -343,7 +344,7 @@ class Placements:
         if why:
             self.note = f"streamed blocks compute on {ex.backends[0].name} ({why})"
             return
-        pl.host_copies([n for il in blocks for n in pl.block_tensors(il)], ex.embed_dev)
+        pl.host_copies([n for il in blocks for n in pl.block_tensors(il)], ex.embed_dev, ex.settings.context.repack)
         sizes = [int(core.layer_bytes(pager.index(Block(il)))) for il in blocks]
         head = sum(int(core.layer_bytes(pager.index(HeadChunk(c)))) for c in range(len(pl.head_chunks)))
         self.placer = Placer(p.placement, blocks, sizes, head, ex.hp.n_layer, ex.hp.n_embd, self.measure())

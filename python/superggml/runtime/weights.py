@@ -14,7 +14,7 @@ from typing import Any
 from .. import native
 from ..errors import SuperggmlError
 from ..telemetry import MemoryFn
-from .memory_plan import SLOT_ALIGN_ROOM, ExpertLoan, head_chunk_bytes, plan_pool
+from .memory_plan import SLOT_ALIGN_ROOM, ExpertLoan, head_chunk_bytes, host_room, plan_pool
 from .pagers import Block, ExpertPager, HeadChunk, Key, NullPager, WeightPager, merge_stats
 from .resolve import Resolved
 from .scheduler import LayerScheduler
@@ -173,12 +173,20 @@ class WeightPlacement:
             remote[d] = own + list(copies.values())
         return remote
 
-    def host_copies(self, names: list[str], host: int) -> None:
+    def host_copies(self, names: list[str], host: int, repack: bool = False) -> None:
         """Copies of the tensors `names` bound to the file mapping, for the graphs the host device `host` computes
-        them in (per-pass placement): the originals stay bound to the device's slots or buffers."""
+        them in (per-pass placement): the originals stay bound to the device's slots or buffers. repack: the
+        matrices re-laid for the host's faster kernels (ggml-cpu repack, as a resident model's), where the host's
+        memory holds them beside the host tier; the others stay on the mapping."""
         copies = {n: self.store.add_copy(n, "host") for n in names}
         self.store.bind_mmap(list(copies.values()))
         self.view.copies.setdefault(host, {}).update(copies)
+        if repack and self.memory_plan is not None:
+            matmul = set(self.arch.matmul_weights(self.store.has))
+            want = [n for n in names if n in matmul]
+            need = sum(self.store.file_range(n)[1] for n in want)
+            if want and need <= host_room(self.memory_plan, self.host_tier_used):
+                self.repacked_bytes += int(self.store.load_repacked([copies[n] for n in want], self.backends[host]))
 
     def load_remote(self) -> None:
         """Copies each non-host device's weights (plan_copies) into a buffer of its own."""
