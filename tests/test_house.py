@@ -177,6 +177,21 @@ def test_public_primitives_import_no_runtime_module():
         assert bad == [], f"superggml.{prim} imports {bad}"
 
 
+def test_arch_builds_graphs_only():
+    """arch/ sees tensors and hyperparameters: it never allocates a backend buffer, reaches for the devices or
+    makes a runtime step (those are runtime/'s: runtime/expert_steps.py builds a paged MoE block's steps)."""
+    import re
+
+    bad = re.compile(r"\balloc_tensors\b|\bbackends\b|\bStep\b(?! 3)")
+    found = [
+        f"{path.name}:{i}: {line.strip()}"
+        for path in sorted((ROOT / "python" / "superggml" / "arch").glob("*.py"))
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if bad.search(line)
+    ]
+    assert found == [], "\n".join(found)
+
+
 def floors() -> list[set[str]]:
     """The rooms floor by floor, top first, as docs/design.md writes them (its block after "Floors, top first")."""
     text = (ROOT / "docs" / "design.md").read_text()

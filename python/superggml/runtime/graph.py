@@ -17,10 +17,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import native
-from ..arch import moe
 from ..arch.common import StepInputs
 from ..errors import SuperggmlError
 from .arrays import tensor_array
+from .expert_steps import build_paged_block
 from .memory import records
 from .pagers import Block, HeadChunk, Key, WeightPager
 
@@ -51,7 +51,7 @@ class Step:
     expert_ids: Any = None  # I32 [k, rows]: the routed experts as cache slots (filled before it runs)
     expert_row0: int = 0  # the first of the pass's rows it computes (a pass splits into row chunks)
     expert_ahead: int = 0  # rows whose lookahead guess it starts loading once mapped (0: none)
-    host_experts: Any = None  # the experts the cache lacks, computed on the host first (moe.HostExperts)
+    host_experts: Any = None  # the experts the cache lacks, computed on the host first (expert_steps.HostExperts)
     span: tuple[int, ...] = ()  # a segment: the blocks it computes (their groups are waited for)
     keys: tuple[Key, ...] = ()  # a segment's pinned paged blocks (acquired around it)
 
@@ -440,7 +440,7 @@ class GraphPlan:
             rows = n_last if il == hp.n_layer - 1 else self.n
             key = Block(il) if paged and il not in self.hosted else None
             if len(run) == 1 and placement.experts is not None and arch.is_moe(il):
-                moe.build_paged_block(self, arch, w, il, rows, key, self.kv(il), placement)
+                build_paged_block(self, arch, w, il, rows, key, self.kv(il), placement)
                 continue
             with_head = head_joins and il == hp.n_layer - 1
             if len(run) == 1 and not with_head:
