@@ -248,6 +248,7 @@ def _serve(req: dict[str, Any]) -> dict[str, Any]:
 
 
 LOAD_OK, LOAD_ERROR, LOAD_CRASH = 0, 1, 2
+LOAD_HANG_S = 15  # a load and one prompt of a small file past this is counted a crash (LOAD_CRASH)
 
 
 def _load_one(kw: dict[str, Any], path: str, prompt: list[int], dst: str) -> None:
@@ -271,7 +272,7 @@ def _load_one(kw: dict[str, Any], path: str, prompt: list[int], dst: str) -> Non
 def _loads(req: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
     """For each of req["models"], in a child forked for it: load it and evaluate req["prompt"] (every row's
     logits). "status": LOAD_OK, LOAD_ERROR (llama_cpp raised: the loader refused the file) or LOAD_CRASH (the
-    child died: an abort); "logits{i}" for each model that ran."""
+    child died, an abort, or hung past LOAD_HANG_S); "logits{i}" for each model that ran."""
     import multiprocessing
 
     import llama_cpp  # noqa: F401  (imported once, before the forks)
@@ -284,7 +285,10 @@ def _loads(req: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
             dst = os.path.join(d, f"{i}.npy")
             child = fork.Process(target=_load_one, args=(kw, path, req["prompt"], dst))
             child.start()
-            child.join()
+            child.join(LOAD_HANG_S)
+            if child.is_alive():  # a hang (llama.cpp spins on some files): a crash as far as a user can tell
+                child.kill()
+                child.join()
             code = child.exitcode
             status.append(code if code in (LOAD_OK, LOAD_ERROR) else LOAD_CRASH)
             if status[-1] == LOAD_OK:

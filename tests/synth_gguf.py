@@ -117,16 +117,20 @@ def enable_cache(limit: int = 2 << 30) -> None:
 
 
 @contextlib.contextmanager
-def layout_changes(arrays=(), flatten=()):
+def layout_changes(arrays=(), flatten=(), values=None):
     """While active, synth() writes its file itself (no cache) with each metadata key in `arrays` as an array of
-    its value per block (block_count copies), and each tensor in `flatten` without its last dimension of 1 (ggml's
-    order: numpy's first), as some converters write them."""
+    its value per block (block_count copies), each tensor in `flatten` without its last dimension of 1 (ggml's
+    order: numpy's first), as some converters write them, and each key in `values` with that value instead (an
+    array's: a list, of its element type)."""
+    values = values or {}
     add_kv, add_tensor = gguf.GGUFWriter.add_key_value, gguf.GGUFWriter.add_tensor
     n_block = [0]
 
     def add_kv_arrays(self, key, val, vtype, sub_type=None):
         if key.endswith(".block_count"):
             n_block[0] = int(val)
+        if key in values:
+            val = values[key]
         if key in arrays and vtype != gguf.GGUFValueType.ARRAY:
             assert n_block[0], f"{key} written before block_count"
             return add_kv(self, key, [val] * n_block[0], gguf.GGUFValueType.ARRAY, sub_type=vtype)

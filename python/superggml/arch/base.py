@@ -152,7 +152,7 @@ class HParams:
             raise GGUFError(f"GGUF hyperparameters are malformed: {e}") from e
         if min(hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_vocab) <= 0 or hp.n_ff < 0:
             raise GGUFError(f"GGUF hyperparameters are not positive: {hp}")
-        if hp.n_head % hp.n_head_kv or hp.n_rot > hp.head_dim or hp.n_rot % 2:
+        if hp.n_head % hp.n_head_kv or not 0 < hp.n_rot <= hp.head_dim or hp.n_rot % 2:  # 0: llama.cpp hangs
             raise GGUFError(f"GGUF hyperparameters are inconsistent: {hp}")
         if hp.n_expert and not 0 < hp.n_expert_used <= hp.n_expert:
             raise GGUFError(f"expert_used_count ({hp.n_expert_used}) must be in 1..expert_count ({hp.n_expert})")
@@ -269,3 +269,20 @@ def lane_memory(m: Memory, j: int) -> native.Tensor:
     """Lane j's memory in a pass with lanes."""
     assert m is not None and not isinstance(m, native.Tensor)
     return m[j]
+
+
+def check_sizes(hp: HParams, meta: Mapping[str, Any], own_v_heads: bool, sliding: bool) -> None:
+    """The value heads' size and the sliding window, once a family read its keys: GGUFError for a value length
+    of 0 (a latent K/V reads its own key instead) and, where blocks slide, a window of 0 (they would attend to
+    nothing: llama.cpp computes NaN, or gpt-oss's sinks alone); UnsupportedModelError for value heads narrower
+    than the keys' in a family that has none."""
+    v_len = meta.get(f"{hp.arch}.attention.value_length")
+    if v_len is not None and int(v_len) <= 0 and not hp.latent_kv:
+        raise GGUFError(f"'{hp.arch}.attention.value_length' is {v_len}: value heads need a size")
+    if hp.head_dim_v and not hp.latent_kv and not own_v_heads:
+        raise UnsupportedModelError(
+            f"'{hp.arch}.attention.value_length' ({hp.head_dim_v}) differs from the key length ({hp.head_dim}): "
+            "not supported"
+        )
+    if sliding and meta.get(f"{hp.arch}.attention.sliding_window") == 0:
+        raise GGUFError(f"'{hp.arch}.attention.sliding_window' is 0: the sliding blocks would attend to nothing")

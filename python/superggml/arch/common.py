@@ -12,7 +12,7 @@ from ..errors import GGUFError, UnsupportedModelError
 from ..native import Context, Graph, Tensor
 from .base import HParams as HParams  # re-exported: the runtime imports both from here
 from .base import StepInputs as StepInputs
-from .base import Memory, Weights, f32, lane_memory, one_memory, swiglu
+from .base import Memory, Weights, check_sizes, f32, lane_memory, one_memory, swiglu
 from .moe import ExpertHooks, build_moe_ffn, build_shared_expert_only, moe_tensor_shapes
 
 F32 = native.GGMLType.F32
@@ -104,17 +104,11 @@ class Architecture(ExpertHooks):
         if not hp.n_nextn and any(".nextn." in n for n in self.names):  # llama.cpp: tensors it did not load
             raise GGUFError(f"GGUF has next-token-prediction tensors but no '{hp.arch}.nextn_predict_layers'")
         if hp.n_head_per_layer and not self.heads_per_layer:
-            raise UnsupportedModelError(
-                f"'{hp.arch}.attention.head_count' varies by layer: {list(hp.n_head_per_layer)}"
-            )
+            raise UnsupportedModelError(f"{hp.arch}: attention.head_count varies by layer: {list(hp.n_head_per_layer)}")
         self.load_hparams(meta)
         if not self.hp.n_ff and not all(self.is_moe(il) for il in range(self.hp.n_layer)):
             raise GGUFError(f"GGUF metadata lacks '{self.hp.arch}.feed_forward_length' (a block has a dense FFN)")
-        if self.hp.head_dim_v and not self.hp.latent_kv and not self.own_v_heads:
-            raise UnsupportedModelError(
-                f"'{self.hp.arch}.attention.value_length' ({self.hp.head_dim_v}) differs "
-                f"from the key length ({self.hp.head_dim}): not supported"
-            )
+        check_sizes(self.hp, meta, self.own_v_heads, any(self.swa_layers))
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         """Family keys beyond HParams (llama.cpp's load_arch_hparams)."""

@@ -61,7 +61,7 @@ class Gemma4Arch(Architecture):
         kv = hp.n_head_kv_per_layer or (hp.n_head_kv,) * n
         if len(kv) < n or any(not h or hp.n_head % h for h in kv[:n]):
             raise GGUFError(f"'{hp.arch}.attention.head_count_kv' does not fit {n} layers of {hp.n_head} heads")
-        if n_rot_swa > hd_swa or n_rot_swa % 2:
+        if not 0 < n_rot_swa <= hd_swa or n_rot_swa % 2:  # 0: llama.cpp hangs
             raise GGUFError(f"'{hp.arch}.rope.dimension_count_swa' ({n_rot_swa}) does not fit heads of {hd_swa}")
         ff = [int(x) for x in self.per_layer(meta, "feed_forward_length", hp.n_ff)]
         heads = [(hd_swa if swa[il] else hp.head_dim, kv[il]) for il in range(n)]  # (head size, K/V heads)
@@ -89,6 +89,8 @@ class Gemma4Arch(Architecture):
             for il in range(n)
         )
         self.n_embd_per_layer = int(self.need(meta, "embedding_length_per_layer_input"))
+        if not self.n_embd_per_layer and any(n in self.names for n in PER_LAYER_TENSORS):  # as llama.cpp refuses
+            raise GGUFError(f"'{hp.arch}.embedding_length_per_layer_input' is 0, but the GGUF has per-layer embeddings")
         if self.n_embd_per_layer:
             self.embed_tensors = ("token_embd.weight", *PER_LAYER_TENSORS)
         self.f_attention_scale = 1.0

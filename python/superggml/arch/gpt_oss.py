@@ -22,9 +22,12 @@ class GptOssArch(Architecture):
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         if not self.hp.n_expert:
             raise GGUFError("gpt-oss GGUF lacks 'gpt-oss.expert_count'")
-        self.n_swa = int(self.key(meta, "attention.sliding_window", 0))
+        self.n_swa = int(self.need(meta, "attention.sliding_window"))
         if self.n_swa <= 0:
-            raise GGUFError("gpt-oss GGUF lacks 'gpt-oss.attention.sliding_window'")
+            raise GGUFError(
+                "'gpt-oss.attention.sliding_window' is 0: the sliding blocks would attend to nothing "
+                "(llama.cpp computes them so, from the sinks alone)"
+            )
         self.set_swa_pattern(meta, 2)
         self.rope_base_swa = float(self.key(meta, "rope.freq_base_swa", self.hp.rope_base))
         self.n_ff_exp = int(self.key(meta, "expert_feed_forward_length", 0)) or self.hp.n_ff

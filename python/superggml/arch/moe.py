@@ -21,6 +21,7 @@ class Architecture(Protocol):
     """What this module reads and sets of an arch.common.Architecture (which imports this module)."""
 
     hp: HParams
+    names: frozenset[str]
     n_lead: int
     n_ff_exp: int
     n_ff_shexp: int
@@ -132,6 +133,10 @@ def load_routing(arch: Architecture, meta: Mapping[str, Any], gating: int) -> No
     shared = arch.key(meta, "expert_shared_count", None)
     if shared is None:
         raise GGUFError(f"GGUF metadata lacks '{hp.arch}.expert_shared_count'")
+    # llama.cpp's deepseek2 loads shared experts of 0 columns; glm4moe none, and then refuses a file that has them
+    shexp = any("_shexp." in n for n in arch.names)
+    if int(shared) <= 0 and (hp.arch != "glm4moe" or shexp):
+        raise GGUFError(f"'{hp.arch}.expert_shared_count' is {shared}, but its blocks have shared experts")
     arch.n_lead = int(arch.key(meta, "leading_dense_block_count", 0))
     arch.n_ff_shexp = arch.n_ff_exp * int(shared)
     arch.shexp_gate = False

@@ -49,6 +49,10 @@ class Step35Arch(Architecture):
         self.rope_scale_swa = 1.0
         self.n_rot_full = hp.n_rot // 2  # full layers rotate half of what rope.dimension_count says
         self.n_rot_swa = int(self.key(meta, "rope.dimension_count_swa", hp.n_rot))
+        if not 0 < self.n_rot_swa <= hp.head_dim or self.n_rot_swa % 2:  # 0: llama.cpp hangs
+            raise GGUFError(
+                f"'{hp.arch}.rope.dimension_count_swa' ({self.n_rot_swa}) does not fit heads of {hp.head_dim}"
+            )
         self.moe_layers = tuple(f"blk.{il}.ffn_gate_inp.weight" in self.names for il in range(n))
         self.n_ff_exp = uniform_expert_ff(self, meta)
         self.n_ff_shexp = int(self.key(meta, "expert_shared_feed_forward_length", 0))
