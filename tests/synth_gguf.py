@@ -1537,9 +1537,13 @@ def tensor_names(path):
         return list(f.tensors)
 
 
-def metadata_value(path, key):
+def metadata(path):
     with sg.open(path) as f:
-        return f.metadata()[key]
+        return f.metadata()
+
+
+def metadata_value(path, key):
+    return metadata(path)[key]
 
 
 # one variant per family, the one with the most keys of its own

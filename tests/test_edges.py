@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import llama_ref
-from superggml import Model, native
+from superggml import Model
 from superggml.errors import SuperggmlError
-from synth_gguf import VARIANTS, layout_changes, synth
+from synth_gguf import VARIANTS, layout_changes, metadata, synth
 
 PROMPT = [1, 450, 937, 17, 210, 339, 90, 12, 300, 77]
 CHUNK = 12
@@ -86,11 +86,7 @@ def ours(path):
 
 def edges(path, arch):
     """(what, values) for each integer key of ZEROED the file has (set to 0) and each array key (emptied)."""
-    f = native.GGUFFile(str(path))
-    try:
-        meta = f.metadata()
-    finally:
-        f.close()
+    meta = metadata(path)
     out = []
     for k in ZEROED:
         v = meta.get(f"{arch}.{k}")

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import llama_ref
-from superggml import Model, native
+from superggml import Model
 from superggml.errors import SuperggmlError
-from synth_gguf import ONE_PER_FAMILY, VARIANTS, layout_changes, synth
+from synth_gguf import ONE_PER_FAMILY, VARIANTS, layout_changes, metadata, synth
 
 PROMPT = [1, 450, 937, 17, 210, 339, 90, 12, 300, 77]
 PER_LAYER = ("attention.head_count", "attention.head_count_kv", "feed_forward_length")
@@ -32,11 +32,7 @@ def ours(path):
 def changes(path, arch):
     """The changes this file allows: (what, arrays, flatten) for each scalar per-layer key and each tensor whose
     last dimension is 1."""
-    f = native.GGUFFile(str(path))
-    try:
-        meta = f.metadata()
-    finally:
-        f.close()
+    meta = metadata(path)
     out = []
     for k in PER_LAYER:
         key = f"{arch}.{k}"
