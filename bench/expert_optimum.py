@@ -1,4 +1,4 @@
-"""The expert cache against Belady's optimum, on a routing trace (Model.record_routing, runtime/routing.py).
+"""The expert cache against Belady's optimum, on a routing trace (Model.record_routing, runtime/weights/routing.py).
 
     python bench/expert_optimum.py [--shape qwen3-30b-a3b|deepseek-v2-lite] [--layers 8] [--cache 0.25] [--tokens 48]
 

@@ -4,7 +4,7 @@
 
 A synthetic qwen35moe (tests/synth_gguf.py: Q8_0, SmolLM2's vocabulary) streams its blocks through `slots` pool
 slots and decodes `tokens` greedy tokens, plainly and with a draft model of other weights (every draft rejected).
-A rejected draft goes back into the check's pass: with the pass's record replayed (runtime/recurrent.py), the
+A rejected draft goes back into the check's pass: with the pass's record replayed (runtime/memory/recurrent.py), the
 step costs one pass of the model; feeding the kept tokens again would cost two. Prints passes, the weight bytes
 streamed per generated token and the replays; the texts must be equal.
 """

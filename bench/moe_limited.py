@@ -467,7 +467,7 @@ def sequence_memory(path: str) -> dict[int, tuple[int, int]]:
 
     from superggml import native
     from superggml.arch import get_architecture
-    from superggml.runtime.memory_plan import kv_bytes
+    from superggml.runtime.plan.memory_plan import kv_bytes
 
     f = native.GGUFFile(path)
     try:

@@ -1,4 +1,4 @@
-"""The automatic device budget (superggml.runtime.memory_plan): the arithmetic, the options, and a model bigger than its memory
+"""The automatic device budget (superggml.runtime.plan.memory_plan): the arithmetic, the options, and a model bigger than its memory
 limit that generates with no options."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 import memcg
 from superggml import Model
-from superggml.runtime import memory_plan as budget
+from superggml.runtime.plan import memory_plan as budget
 from superggml.arch import get_architecture
 from superggml.settings import ContextSettings, Settings
 from synth_gguf import dequantized_copy
@@ -188,7 +188,7 @@ def test_a_draft_that_cannot_pay_for_its_memory_is_not_used(smollm2_path, monkey
 
 
 def test_the_draft_verdict_weighs_the_disk_against_the_draft():
-    from superggml.runtime.costs import Rates, draft_verdict
+    from superggml.runtime.plan.costs import Rates, draft_verdict
 
     gb = 10**9
     fast, slow = Rates(disk=20 * gb, compute=10 * gb), Rates(disk=0.5 * gb, compute=10 * gb)
@@ -200,7 +200,7 @@ def test_the_draft_verdict_weighs_the_disk_against_the_draft():
 
 
 def test_disk_rate_reads_the_file(smollm2_path, tmp_path):
-    from superggml.runtime.costs import disk_rate
+    from superggml.runtime.plan.costs import disk_rate
 
     assert disk_rate(smollm2_path, 1 << 20) > 1e6
     shm = "/dev/shm"  # tmpfs refuses O_DIRECT: the read goes buffered

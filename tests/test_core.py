@@ -7,7 +7,7 @@ import pytest
 
 from superggml import SuperggmlError, native
 from superggml.arch import get_architecture
-from superggml.runtime.executor import Executor
+from superggml.runtime.exec.executor import Executor
 from superggml.settings import Settings
 
 F32 = native.GGMLType.F32

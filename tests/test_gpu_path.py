@@ -9,7 +9,7 @@ import pytest
 from prompts import FEED_PROMPT, feed_logits
 from superggml import Model, native
 from superggml.devices import transfer_rate
-from superggml.runtime.memory_plan import plan_memory, with_host_tier
+from superggml.runtime.plan.memory_plan import plan_memory, with_host_tier
 from superggml.settings import ContextSettings
 
 
@@ -191,7 +191,7 @@ def test_queued_graphs_path(smollm2_path, resident, monkeypatch, kw):
     """The executor as it drives a GPU (graphs queued, waited for before a streamed slot is released, before
     activations move and at the end of a pass), run on the CPU, where queueing computes at once: the same logits,
     and nothing left queued after a pass."""
-    from superggml.runtime.executor import DeviceStreams
+    from superggml.runtime.exec.streams import DeviceStreams
 
     monkeypatch.setattr(DeviceStreams, "queues", lambda self, dev: True)
     ref, _, _ = resident

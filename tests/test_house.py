@@ -179,7 +179,7 @@ def test_public_primitives_import_no_runtime_module():
 
 def test_arch_builds_graphs_only():
     """arch/ sees tensors and hyperparameters: it never allocates a backend buffer, reaches for the devices or
-    makes a runtime step (those are runtime/'s: runtime/expert_steps.py builds a paged MoE block's steps)."""
+    makes a runtime step (those are runtime/'s: runtime/exec/expert_steps.py builds a paged MoE block's steps)."""
     import re
 
     bad = re.compile(r"\balloc_tensors\b|\bbackends\b|\bStep\b(?! 3)")
@@ -205,7 +205,11 @@ def floors() -> list[set[str]]:
 
 
 def room_of(module: str) -> str:
+    """A module's room: the package's folder or module it lies in (runtime's floors are rooms of their own,
+    runtime/exec and so on)."""
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "runtime":
+        return f"runtime/{parts[2]}"
     return parts[1] if len(parts) > 1 else parts[0]
 
 
@@ -227,8 +231,74 @@ def test_no_arrow_runs_up_a_floor():
 
 
 def test_the_floor_check_finds_an_arrow_up():
-    graph = {"superggml.model": {"superggml.runtime.executor"}, "superggml.runtime.executor": {"superggml.model"}}
-    assert arrows_up(graph, {"model": 0, "runtime": 1}) == ["superggml.runtime.executor -> superggml.model"]
+    graph = {
+        "superggml.model": {"superggml.runtime.exec.executor"},
+        "superggml.runtime.exec.executor": {"superggml.model"},
+        "superggml.runtime.plan.devices": {"superggml.runtime.memory.base"},
+    }
+    assert arrows_up(graph, {"model": 0, "runtime/exec": 1, "runtime/memory": 2, "runtime/plan": 3}) == [
+        "superggml.runtime.exec.executor -> superggml.model",
+        "superggml.runtime.plan.devices -> superggml.runtime.memory.base",
+    ]
+
+
+def test_runtime_is_four_floors():
+    """runtime/ is four folders, exec above memory above weights above plan (design.md's floors), and holds no
+    module of its own beside them."""
+    fl = floors()
+    order = [
+        next(i for i, rooms in enumerate(fl) if f"runtime/{f}" in rooms) for f in ("exec", "memory", "weights", "plan")
+    ]
+    assert order == sorted(order) and len(set(order)) == 4, order
+    loose = sorted(p.name for p in (PKG / "runtime").glob("*.py") if p.name != "__init__.py")
+    assert loose == []
+    assert {p.name for p in (PKG / "runtime").iterdir() if p.is_dir() and p.name != "__pycache__"} == {
+        "exec",
+        "memory",
+        "weights",
+        "plan",
+    }
+
+
+def memory_kinds() -> dict[str, list[str]]:
+    """runtime/memory's files -> the SequenceMemory implementations each defines (classes whose bases name
+    SequenceMemory or one of its subclasses)."""
+    files = sorted((PKG / "runtime" / "memory").glob("*.py"))
+    trees = {p.name: ast.parse(p.read_text()) for p in files}
+    kinds = {"SequenceMemory"}
+    while True:
+        found = {
+            node.name
+            for tree in trees.values()
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ClassDef) and any(getattr(b, "id", "") in kinds for b in node.bases)
+        }
+        if found <= kinds:
+            break
+        kinds |= found
+    return {
+        name: [n.name for n in tree.body if isinstance(n, ast.ClassDef) and n.name in kinds - {"SequenceMemory"}]
+        for name, tree in trees.items()
+    }
+
+
+def test_one_sequence_memory_per_file_and_one_factory():
+    """Each sequence-memory kind has its own file in runtime/memory (base.py keeps the interface and the laned
+    K/V both kinds of K/V share), and only memory/factory.py constructs the kinds (a kind's own file aside: paged.py's
+    paged_kv builds its PagedKV)."""
+    kinds = memory_kinds()
+    per_file = {f: ks for f, ks in kinds.items() if ks and f != "base.py"}
+    assert all(len(ks) == 1 for ks in per_file.values()), per_file
+    names = {k for ks in kinds.values() for k in ks} - {"LanedKV"}
+    makers = []
+    for p in sorted(PKG.rglob("*.py")):
+        if p.parent.name == "memory" and p.name == "factory.py":
+            continue
+        own = set(kinds.get(p.name, [])) if p.parent.name == "memory" else set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") in names - own:
+                makers.append(f"{p.relative_to(PKG)}:{node.lineno}: {node.func.id}")  # type: ignore[attr-defined]
+    assert makers == [], makers
 
 
 def is_replace(f: ast.expr) -> bool:
@@ -250,10 +320,10 @@ def replaced(path: Path) -> list[str]:
 
 
 def test_settings_are_not_rewritten_after_resolve():
-    """Settings are built in settings.py and settled once in runtime/resolve.py: nothing else replaces a field,
+    """Settings are built in settings.py and settled once in runtime/plan/resolve.py: nothing else replaces a field,
     and an object keeps the settings it is given (an attribute `settings` is assigned a plain name, or the
     settings another object holds)."""
-    once = {PKG / "settings.py", PKG / "runtime" / "resolve.py"}
+    once = {PKG / "settings.py", PKG / "runtime" / "plan" / "resolve.py"}
     found = [r for p in sorted(PKG.rglob("*.py")) if p not in once for r in replaced(p)]
     for p in sorted(PKG.rglob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):

@@ -10,7 +10,7 @@ import pytest
 import llama_ref
 from batching import alone_and_batched
 from superggml import GGUFError, Model
-from superggml.runtime.devices import layer_split
+from superggml.runtime.plan.devices import layer_split
 from synth_gguf import VARIANTS, synth
 from test_multi_device import PROMPT, run_prompt
 

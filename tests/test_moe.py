@@ -154,7 +154,7 @@ def test_an_automatic_plan_lends_its_untouched_kv_and_compute_to_the_expert_cach
     touches: the expert cache holds that much more, in slots past its budget (never more than the experts),
     and gives them back before a pass may touch the memory (here a 63-row prompt's compute). Logits stay
     bit-identical to resident."""
-    from superggml.runtime import memory_plan as mp
+    from superggml.runtime.plan import memory_plan as mp
 
     path = synth(
         tmp_path / "moe.gguf", vocab_fields, **{**VARIANTS["qwen3moe-8x2-q8_0"], "n_layer": 4, "n_ff_exp": 256}
@@ -200,7 +200,7 @@ def test_the_loan_owes_what_a_pass_may_touch():
     the most rows so far; never more than the loan, and once all of it is owed, all of it stays owed."""
     from types import SimpleNamespace
 
-    from superggml.runtime import memory_plan as mp
+    from superggml.runtime.plan import memory_plan as mp
     from superggml.settings import ContextSettings
 
     hp = SimpleNamespace(
@@ -377,7 +377,7 @@ def test_analyze_predicts_a_moe_budget_as_the_executor_splits_it(tmp_path, vocab
 def test_lookahead_auto_times_both_and_keeps_the_faster(tmp_path, vocab_fields, monkeypatch):
     """expert_lookahead "auto" (the default): the first decoded tokens run in phases with the lookahead on and off,
     timed; then the faster stays. The logits never change."""
-    from superggml.runtime import pagers as layers
+    from superggml.runtime.weights import pagers as layers
 
     monkeypatch.setattr(layers, "LOOKAHEAD_WARMUP", 2)
     monkeypatch.setattr(layers, "LOOKAHEAD_PHASE", 3)

@@ -7,7 +7,7 @@ import pytest
 
 from superggml import Model
 from superggml.commands import cli
-from superggml.runtime.devices import layer_split
+from superggml.runtime.plan.devices import layer_split
 from superggml.settings import DeviceSettings
 
 from prompts import TOKENS_40 as PROMPT  # noqa: E402

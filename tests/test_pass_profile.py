@@ -1,4 +1,4 @@
-"""The pass profile (runtime/profile.py): host time apart from the computation, graphs computed again unchanged,
+"""The pass profile (runtime/exec/profile.py): host time apart from the computation, graphs computed again unchanged,
 and a host cost per decoded token that does not grow with the model's depth."""
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def test_backend_stats_count_reuse_and_storage_moves():
 def test_masks_are_llama_cpps(flash_attn):
     """lane_rows' masks (a window per row for long passes, a compare for short ones) are the causal and sliding
     ones, element for element, in the mask's type."""
-    from superggml.runtime.graph import lane_rows
+    from superggml.runtime.exec.graph import lane_rows
 
     mtype = np.float16 if flash_attn else np.float32
     for p0, n, n_kv, n_swa in ((0, 512, 512, 0), (37, 20, 256, 0), (300, 1, 512, 0), (5, 64, 256, 16), (0, 15, 256, 4)):

@@ -21,7 +21,7 @@ import pytest
 
 from superggml import DeviceError, Model, native
 from superggml.commands.analyze import model_layout
-from superggml.runtime.devices import balance
+from superggml.runtime.plan.devices import balance
 from superggml.hashes import content_ranges
 
 import netlab

@@ -1,4 +1,4 @@
-"""Per-pass placement (runtime/placement.py): blocks streamed to a device behind a link (a loopback `superggml
+"""Per-pass placement (runtime/exec/placement.py): blocks streamed to a device behind a link (a loopback `superggml
 rpc-server`) compute there or on the host, pass by pass. Every placement gives the CPU's logits bit for bit (the
 server runs the same ggml CPU kernels), the K/V follows the blocks between the two, and the cost model sends
 decoded rows to the host on a slow link and long prompts to a fast device."""
@@ -13,7 +13,7 @@ import pytest
 import synth_gguf
 from superggml import Model
 from superggml.commands.analyze import model_layout
-from superggml.runtime.placement import ExpertPlacer, PlaceRates, Placer, bucket, compact
+from superggml.runtime.exec.placement import ExpertPlacer, PlaceRates, Placer, bucket, compact
 from test_multi_device import PROMPT, run_prompt as run  # the prompt's logits, then six greedy tokens'
 from synth_gguf import VARIANTS, synth
 from test_rpc import Server, on

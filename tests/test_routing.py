@@ -1,5 +1,5 @@
 """The expert cache against the optimum: a routing trace recorded while a MoE model runs (Model.record_routing),
-Belady's loads for the same requests and slots (runtime/routing.py), and the cache's loads beside them."""
+Belady's loads for the same requests and slots (runtime/weights/routing.py), and the cache's loads beside them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import synth_gguf
 from synth_gguf import expert_bytes
 from superggml import Model
 from superggml.errors import SuperggmlError
-from superggml.runtime.routing import optimal_loads
+from superggml.runtime.weights.routing import optimal_loads
 
 
 def test_belady_evicts_what_comes_back_farthest():

@@ -1,5 +1,5 @@
 """The decode thread count: the cores other programs keep busy are left out, and timed trials keep the faster
-count (runtime/threads.py)."""
+count (runtime/exec/threads.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from superggml import Model
-from superggml.runtime.threads import PHASE, RECHECK, WARMUP, CpuSample, ThreadTuner
+from superggml.runtime.exec.threads import PHASE, RECHECK, WARMUP, CpuSample, ThreadTuner
 
 
 def run(tuner: ThreadTuner, seconds_at: dict[int, float], tokens: int) -> list[int]:

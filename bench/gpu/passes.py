@@ -2,7 +2,7 @@
 
     python3 bench/gpu/passes.py MODEL.gguf OUT.json
 
-superggml: the executor's pass profile (runtime/profile.py) over 512-token prefills, then 64 decoded tokens from an
+superggml: the executor's pass profile (runtime/exec/profile.py) over 512-token prefills, then 64 decoded tokens from an
 empty context, as llama-bench runs them, the mean of 3 after the warm-ups, with device events on (a GPU's span per graph), and what ggml-cuda said of its CUDA graphs.
 llama.cpp (ref.py "profile"): the same passes through its C API, each llama_decode timed apart from the wait for its
 results (llama_synchronize) and the logits' copy, with llama_perf_context's own figures and the same CUDA-graph words.

@@ -1,5 +1,5 @@
 """ggml RPC servers from this process: added (a device name that names its server resolved), served, watched;
-and the pinned host-to-device copy rate. How a model's blocks split over devices is runtime/devices.py."""
+and the pinned host-to-device copy rate. How a model's blocks split over devices is runtime/plan/devices.py."""
 
 from __future__ import annotations
 

@@ -224,7 +224,7 @@ class Metrics:
             tokens_per_pass=round(float(st.get("tokens_per_pass", 0.0)), 3),
             bytes_streamed_per_token=round(int(st.get("bytes_loaded", 0)) / max(self.generated_tokens, 1)),
         )
-        if "budget" in st:  # the memory plan (superggml.runtime.memory_plan)
+        if "budget" in st:  # the memory plan (superggml.runtime.plan.memory_plan)
             b = st["budget"]
             line.update(
                 device_budget_mode=b["mode"],

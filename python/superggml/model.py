@@ -27,12 +27,12 @@ from .generation.sampling import Sampler, SamplingParams
 from .generation import drafting
 from .generation.speculative import Speculator
 from .metrics import Metrics, MetricsWriter
-from .runtime import saved
-from .runtime.executor import Executor
-from .runtime.memory_plan import MemoryPlan
-from .runtime.resolve import reopen, resolve
-from .runtime.routing import RoutingTrace
-from .runtime.scheduler import LayerScheduler
+from .runtime.memory import saved
+from .runtime.exec.executor import Executor
+from .runtime.plan.memory_plan import MemoryPlan
+from .runtime.plan.resolve import reopen, resolve
+from .runtime.weights.routing import RoutingTrace
+from .runtime.weights.pressure import LayerScheduler
 from .settings import Settings, options_doc, parse_size, signature
 from .tokenizer import Tokenizer
 
@@ -169,7 +169,7 @@ class Model(Completions, Embeddings, Constraints):
         return cls(hub.download(repo_id, filename, local_files_only=local_files_only, cache_dir=cache_dir), **options)
 
     def load(self, s: Settings) -> None:
-        """The architecture, the weights and the runtime (the settings resolved once: runtime/resolve.py), the
+        """The architecture, the weights and the runtime (the settings resolved once: runtime/plan/resolve.py), the
         tokenizer, the speculator."""
         self.metadata: dict[str, Any] = self.file.metadata()
         self.tensor_info = {name: (typ, tuple(shape), off, nb) for name, typ, shape, off, nb in self.file.tensors()}
@@ -321,7 +321,7 @@ class Model(Completions, Embeddings, Constraints):
     def record_routing(self, on: bool = True) -> RoutingTrace | None:
         """Records the expert cache's requests (each layer's routed experts) and its loads per layer from now on
         (on), or stops; returns the trace recorded until now. `trace.table()` holds the loads against Belady's
-        optimum for the same slots (runtime/routing.py). ValueError for a model whose experts do not page."""
+        optimum for the same slots (runtime/weights/routing.py). ValueError for a model whose experts do not page."""
         self.check_open()
         experts = self.runtime.placement.experts
         if experts is None:
@@ -401,7 +401,7 @@ class Model(Completions, Embeddings, Constraints):
         self.truncate(0)
 
     def save_sequence(self, path: str | os.PathLike[str]) -> None:
-        """Writes the current sequence (its tokens, last logits and memory) to `path` (runtime/saved.py)."""
+        """Writes the current sequence (its tokens, last logits and memory) to `path` (runtime/memory/saved.py)."""
         self.check_open()
         saved.save(self.runtime, os.fspath(path), self.identity)
 

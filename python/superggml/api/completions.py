@@ -14,7 +14,7 @@ from ..generation.choices import Choice, LogprobEntry, logprob_entry
 from ..generation.decode import generate_step
 from ..generation.grammar import Grammar, GrammarError, GrammarVocab, grammar_from
 from ..generation.sampling import log_softmax
-from ..runtime.sequences import check_tokens
+from ..runtime.memory.sequences import check_tokens
 from .chat import text_content
 from .fields import check_logprobs, sampling_options, stop_list
 from .reply import Reply
@@ -22,7 +22,7 @@ from .tools import ToolFormat, ToolRequest, parse_tools, resolve_tool_choice, to
 
 if TYPE_CHECKING:
     from ..generation.sampling import Sampler
-    from ..runtime.executor import Executor
+    from ..runtime.exec.executor import Executor
     from ..tokenizer import Tokenizer
     from .chat import ChatTemplate
 

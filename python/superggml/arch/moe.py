@@ -3,7 +3,7 @@
 experts per token, their FFNs run through ggml_mul_mat_id over 3-D expert tensors, and the outputs are summed with
 the router's weights (gating, selection bias, expert groups, renormalisation, scale and activation per the
 family's moe_* attributes). A shared expert is added (qwen2moe's behind a sigmoid gate). With the experts paged
-(the expert cache), the runtime builds a block in parts from these pieces (runtime/expert_steps.py).
+(the expert cache), the runtime builds a block in parts from these pieces (runtime/exec/expert_steps.py).
 """
 
 from __future__ import annotations

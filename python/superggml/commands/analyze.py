@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from .. import native
 from ..arch import get_architecture
-from ..runtime.memory_plan import (
+from ..runtime.plan.memory_plan import (
     SLOT_ALIGN_ROOM,
     head_chunk_bytes,
     kv_bytes_per_token,

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
-from ..runtime.profile import speed
+from ..runtime.exec.profile import speed
 
 HELP = """commands:
   /system TEXT   set the system prompt (and start over)

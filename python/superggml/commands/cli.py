@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from .. import __version__, native
 from ..errors import MissingExtra, SuperggmlError
 from ..settings import add_arguments, default_threads, options_from_args
-from ..runtime.profile import speed as pass_speed
+from ..runtime.exec.profile import speed as pass_speed
 from .chat import format_speed, format_stats
 
 
@@ -318,8 +318,8 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     mplan = _auto_plan(a.model) if a.model else None
     rates = None
     if a.model:  # the cost model's rates: the disk, the host, and the links to this GPU and the servers named
-        from ..runtime.costs import measure_rates
-        from ..runtime.devices import default_device, resolve_devices
+        from ..runtime.plan.costs import measure_rates
+        from ..runtime.plan.devices import default_device, resolve_devices
         from ..settings import DeviceSettings, default_threads
 
         linked = resolve_devices(DeviceSettings(rpc=tuple(e.strip() for e in a.rpc or ())))[0]
@@ -374,8 +374,8 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 def _auto_plan(model: str) -> tuple[str, Any]:
     """(device, MemoryPlan): what device_budget auto gives the model on the device it runs on by default (the
     first GPU, else the CPU) with the default context options."""
-    from ..runtime.devices import default_device
-    from ..runtime.memory_plan import plan_on
+    from ..runtime.plan.devices import default_device
+    from ..runtime.plan.memory_plan import plan_on
     from ..settings import ContextSettings
 
     dev = default_device()
@@ -385,7 +385,7 @@ def _auto_plan(model: str) -> tuple[str, Any]:
 def _print_rpc_split(endpoints: Sequence[str], model: str, n_layer: int) -> None:
     """The split a model over this CPU and the servers gets: by free memory and measured speed."""
     from ..gguf import open as open_gguf
-    from ..runtime.devices import balance, free_memory, layer_split, measure_speed, resolve_devices
+    from ..runtime.plan.devices import balance, free_memory, layer_split, measure_speed, resolve_devices
     from ..settings import DeviceSettings, default_threads
 
     with open_gguf(model) as g:
@@ -519,7 +519,7 @@ def _cmd_models(a: argparse.Namespace) -> int:
     import json
 
     from .. import hub
-    from ..runtime.memory_plan import file_shape, gib, plan_on
+    from ..runtime.plan.memory_plan import file_shape, gib, plan_on
     from ..settings import ContextSettings
 
     rows = []

@@ -22,8 +22,8 @@ import numpy as np
 
 from .. import native
 from ..arch.mtp import MtpArch
-from ..runtime.executor import Executor
-from ..runtime.memory_plan import mtp_bytes
+from ..runtime.exec.executor import Executor
+from ..runtime.plan.memory_plan import mtp_bytes
 from ..settings import PagingSettings, Settings
 from .speculative import Drafter, greedy_draft
 

@@ -22,7 +22,7 @@ from ..errors import ContextLengthError, SavedSequenceError
 from ..generation.batch import Request as BatchRequest
 from ..generation.grammar import Grammar, GrammarError
 from ..model import Model
-from ..runtime.sequences import check_tokens
+from ..runtime.memory.sequences import check_tokens
 from .bodies import Body, ChatBody, CompletionBody, DetokenizeBody, EmbeddingBody, SlotBody, TokenizeBody
 from .engine import END, Engine, Job
 from .errors import ApiError, model_not_found

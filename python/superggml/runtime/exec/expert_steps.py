@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import native
-from ..arch.base import Memory, StepInputs, Weights
-from ..arch.moe import Architecture, build_expert_outputs, build_router, build_router_lookahead, sum_experts
-from ..native import Context, Graph, Tensor
+from ... import native
+from ...arch.base import Memory, StepInputs, Weights
+from ...arch.moe import Architecture, build_expert_outputs, build_router, build_router_lookahead, sum_experts
+from ...native import Context, Graph, Tensor
 
 
 @dataclass

@@ -11,8 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import ContextLengthError
-from .memory import SequenceMemory
+from ...errors import ContextLengthError
+from .base import SequenceMemory
 
 
 @dataclass

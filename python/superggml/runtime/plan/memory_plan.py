@@ -18,12 +18,12 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .. import native
-from ..arch import get_architecture
-from ..arch.mtp import MtpArch
-from ..arch.common import HParams
-from ..settings import Budget, ContextSettings, HostCache, PagingSettings, Settings
-from ..telemetry import host_memory
+from ... import native
+from ...arch import get_architecture
+from ...arch.mtp import MtpArch
+from ...arch.common import HParams
+from ...settings import Budget, ContextSettings, HostCache, PagingSettings, Settings
+from ...telemetry import host_memory
 from .costs import judge_draft
 
 MiB = 1 << 20

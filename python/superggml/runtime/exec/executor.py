@@ -14,109 +14,28 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .. import native
-from ..arch import Architecture
-from ..arch.mtp import MtpArch
-from ..devices import server_counters
-from ..settings import Settings
-from .arrays import tensor_array
+from ... import native
+from ...arch import Architecture
+from ...arch.mtp import MtpArch
+from ...devices import server_counters
+from ...settings import Settings
+from ..memory.arrays import tensor_array
 from .graph import LaneRows, GraphPlan, Step, lane_rows, padded_kv
-from .memory import MAX_LANES, SequenceMemory, attn_rot_size, check_latent_types, hadamard
-from .recurrent import sequence_memory
-from .pagers import WeightPager
+from ..memory.base import MAX_LANES, SequenceMemory
+from ..memory.factory import sequence_memory
+from ..weights.pagers import WeightPager
 from .placement import Placements, Placer
 from .profile import PassProfile, timing
+from .streams import DeviceStreams, activations
 from .threads import ThreadTuner
-from .memory_plan import kv_bytes, kv_type
-from .resolve import Resolved, resolve
-from .sequences import SequenceState, Sequences
-from .weights import WeightPlacement
+from ..plan.memory_plan import kv_bytes
+from ..plan.resolve import Resolved, resolve
+from ..memory.sequences import SequenceState, Sequences
+from ..weights.placement import WeightPlacement
 
 F32 = native.GGMLType.F32
 PLAN_CACHE = 6  # micro-batch shapes whose graphs are kept
 Item = tuple[SequenceState, Sequence[int]]
-
-
-class DeviceStreams:
-    """Graphs queued on the devices' streams: a device of this machine with a stream of its own (a GPU) gets a
-    graph queued (compute(sync=False)) and the host goes on; the CPU computes as it is called, and an RPC
-    server's replies keep its calls in order. The executor waits for a device where the host needs its work
-    done (wait, synchronize)."""
-
-    def __init__(self, backends: Sequence[Any]):
-        self.backends = backends
-        self.queued: set[int] = set()  # devices with graphs queued since the last wait
-
-    def queues(self, dev: int) -> bool:
-        b = self.backends[dev]
-        return not b.is_host and not b.endpoint
-
-    def compute(self, dev: int, graph: Any, may_queue: bool) -> None:
-        """Runs a graph on device dev: queued where the device queues and the caller allows it."""
-        queue = may_queue and self.queues(dev)
-        try:
-            self.backends[dev].compute(graph, sync=not queue)
-        finally:
-            if queue:
-                self.queued.add(dev)
-
-    def wait(self, dev: int) -> None:
-        """Waits for device dev's queued graphs."""
-        if dev in self.queued:
-            self.queued.discard(dev)
-            self.backends[dev].synchronize()
-
-    def synchronize(self) -> None:
-        """Waits for every queued graph."""
-        while self.queued:
-            self.backends[self.queued.pop()].synchronize()
-
-
-def activations(
-    hp: Any, c: Any, backends: Sequence[Any], head_dims: Sequence[int] = (), indexer_rot: int = 0
-) -> tuple[list[Any], list[dict[str, Any]], list[Any]]:
-    """Per device: the activations F32 [n_embd, n_batch] that persist between graphs, and the Walsh-Hadamard
-    rotations a quantized cache holds Q, K and V rotated by (none for a latent K/V: one type, V read from K, as
-    llama.cpp's; with layers of other head sizes, `head_dims`, K's rotation of each size too, "k<size>", as
-    llama.cpp's caches of each kind of layer; a sparse-attention indexer's, "indexer"); with what holds them."""
-    for name in ("cache_type_k", "cache_type_v") if not hp.latent_kv else ():  # check_latent_types' own rules
-        block = native.blck_size(kv_type(getattr(c, name)))
-        odd = [d for d in head_dims if d % block]
-        if odd:
-            raise ValueError(
-                f"{name}={getattr(c, name)} stores blocks of {block} values, which this model's heads of "
-                f"{odd[0]} do not divide into"
-            )
-    ctxs = [native.Context(max_tensors=4 + len(head_dims)) for _ in backends]
-    acts = []
-    for i, cx in enumerate(ctxs):
-        a = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
-        a.name = f"act_d{i}"
-        acts.append(a)
-    if hp.latent_kv:
-        check_latent_types(hp, c.cache_type_k, c.cache_type_v)
-        n_rot = {"k": 0, "v": 0}
-    else:
-        n_rot = {
-            "k": attn_rot_size(hp.head_dim, c.cache_type_k, largest=True),
-            "v": attn_rot_size(hp.head_dim_v or hp.head_dim, c.cache_type_v, largest=False),
-        }
-        for d in sorted(set(head_dims) - {hp.head_dim}) if n_rot["k"] else ():
-            n_rot[f"k{d}"] = attn_rot_size(d, c.cache_type_k, largest=True)
-            if not n_rot[f"k{d}"]:
-                raise ValueError(
-                    f"cache_type_k={c.cache_type_k} rotates heads by a multiple of 64 values: this model also has "
-                    f"heads of {d}"
-                )
-    n_rot["indexer"] = indexer_rot
-    rot = [{x: cx.new_tensor(F32, [n, n]) for x, n in n_rot.items() if n} for cx in ctxs]
-    keep: list[Any] = ctxs + [b.alloc_tensors(cx) for b, cx in zip(backends, ctxs)]
-    for buf in keep[len(ctxs) :]:
-        buf.clear(0)
-    for r in rot:
-        for t in r.values():
-            native.tensor_set(t, hadamard(t.ne[0]), 0)
-    return acts, rot, keep
 
 
 class Executor:

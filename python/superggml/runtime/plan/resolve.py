@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..settings import Settings
+from ...settings import Settings
 from .devices import Devices, open_devices, store_bytes
 from .memory_plan import MemoryPlan, device_plan, direct_reads
 

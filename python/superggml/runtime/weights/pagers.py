@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Collection, Iterator, Sequence, Union
 
-from .. import native
+from ... import native
 from .routing import RoutingTrace
 
 

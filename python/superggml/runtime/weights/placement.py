@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import native
-from ..errors import SuperggmlError
-from ..telemetry import MemoryFn
-from .memory_plan import SLOT_ALIGN_ROOM, ExpertLoan, head_chunk_bytes, host_room, plan_pool
+from ... import native
+from ...errors import SuperggmlError
+from ...telemetry import MemoryFn
+from ..plan.memory_plan import SLOT_ALIGN_ROOM, ExpertLoan, head_chunk_bytes, host_room, plan_pool
 from .pagers import Block, ExpertPager, HeadChunk, Key, NullPager, WeightPager, merge_stats
-from .resolve import Resolved
-from .scheduler import LayerScheduler
+from ..plan.resolve import Resolved
+from .pressure import LayerScheduler
 
 F32 = native.GGMLType.F32
 I32 = native.GGMLType.I32

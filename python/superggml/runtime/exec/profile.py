@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .. import native
+from ... import native
 
 STAT_KEYS = ("graphs", "reused", "nodes", "prepare_s", "launch_s", "wait_s", "device_s", "device_graphs")
 

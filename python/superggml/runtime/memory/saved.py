@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import native
-from ..errors import SavedSequenceError
+from ... import native
+from ...errors import SavedSequenceError
 
 MAGIC = b"SUPERSEQ"
 VERSION = 1

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .. import native
+from ... import native
 
 
 def tensor_array(t: native.Tensor) -> npt.NDArray[Any]:

@@ -11,11 +11,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import native
-from ..devices import RPC_CONNECT_TIMEOUT
-from ..hashes import content_ranges
-from ..settings import DeviceSettings, Settings
-from ..telemetry import MemoryFn, device_memory_fn
+from ... import native
+from ...devices import RPC_CONNECT_TIMEOUT
+from ...hashes import content_ranges
+from ...settings import DeviceSettings, Settings
+from ...telemetry import MemoryFn, device_memory_fn
 
 DEFAULT_DEVICE = ""  # this machine's CPU
 PROBE_ROWS = 2048  # the speed probe: a Q4_0 [2048 x 2048] weight times a vector,

@@ -34,12 +34,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import native
-from ..devices import transfer_rate
-from .arrays import tensor_array
-from .devices import measure_speed, probe_bytes
+from ... import native
+from ...devices import transfer_rate
+from ..memory.arrays import tensor_array
+from ..plan.devices import measure_speed, probe_bytes
 from .graph import Step
-from .pagers import Block, HeadChunk, WeightPager
+from ..weights.pagers import Block, HeadChunk, WeightPager
 
 ROWS_PROBE = 64  # rows of the many-rows probe
 LINK_PROBE = 16 << 20  # bytes of the link probe (the best of 2 copies)

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..devices import transfer_rate
+from ...devices import transfer_rate
 from .devices import measure_speed, probe_bytes
 
 DISK_PROBE = 64 << 20  # bytes the disk's rate is timed on

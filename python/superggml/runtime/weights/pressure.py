@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..errors import SuperggmlError
-from ..telemetry import MemoryFn, host_memory
+from ...errors import SuperggmlError
+from ...telemetry import MemoryFn, host_memory
 
 HYSTERESIS = 0.05  # promote only below mem_pressure - HYSTERESIS
 

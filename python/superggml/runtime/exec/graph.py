@@ -16,13 +16,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import native
-from ..arch.common import StepInputs
-from ..errors import SuperggmlError
-from .arrays import tensor_array
+from ... import native
+from ...arch.common import StepInputs
+from ...errors import SuperggmlError
+from ..memory.arrays import tensor_array
 from .expert_steps import build_paged_block
-from .memory import records
-from .pagers import Block, HeadChunk, Key, WeightPager
+from ..memory.base import records
+from ..weights.pagers import Block, HeadChunk, Key, WeightPager
 
 F16 = native.GGMLType.F16
 F32 = native.GGMLType.F32

@@ -1,5 +1,5 @@
-"""Recurrent state: the sequence memory of gated delta-net layers (llama.cpp's llama_memory_recurrent), and the
-hybrid memory of models that mix them with attention layers (llama_memory_hybrid).
+"""Recurrent state: the sequence memory of gated delta-net, mamba2 and short-conv layers (llama.cpp's
+llama_memory_recurrent).
 
 A recurrent layer keeps, per sequence, a fixed-size state that each pass reads and overwrites: the conv window
 (the last conv_kernel - 1 inputs) and the delta rule's state. It cannot forget its last tokens the way a K/V
@@ -12,18 +12,14 @@ come back before their next pass.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import types
 from typing import Any, Sequence
 
 import numpy as np
 
-from .. import native
+from ... import native
+from ..plan.memory_plan import STATE_CHECKPOINTS
 from .arrays import tensor_array
-from .devices import Devices
-from .memory import MAX_LANES, RECORD_ROWS, Lane, SequenceMemory, SharedKV, kv_cache, records
-from .memory_plan import STATE_CHECKPOINTS
+from .base import records
 
 F32 = native.GGMLType.F32
 CHECKPOINT_EVERY = 256  # tokens fed one pass at a time between two checkpoints at most
@@ -264,109 +260,3 @@ class RecurrentStates:
             "state_checkpoint_bytes": marks * self.bytes_per_sequence,
             "state_tier": ",".join(dict.fromkeys(b.name for b, _ in self.groups)),
         }
-
-
-class HybridMemory(SequenceMemory):
-    """A K/V memory for the attention layers and RecurrentStates for the recurrent ones (`recurrent`: a flag per
-    layer), each indexed by its own layers in order; `stateless` layers (a flag per layer) have neither."""
-
-    def __init__(
-        self,
-        kv: SequenceMemory,
-        states: RecurrentStates,
-        recurrent: Sequence[bool],
-        stateless: Sequence[bool] | None = None,
-    ):
-        self.kv, self.states, self.recurrent = kv, states, list(recurrent)
-        none = list(stateless) if stateless is not None else [False] * len(self.recurrent)
-        self.kind = ["state" if r else "none" if s else "kv" for r, s in zip(self.recurrent, none)]
-        self.index = [sum(1 for k in self.kind[:il] if k == kind) for il, kind in enumerate(self.kind)]
-        self.max_lanes = min(kv.max_lanes, MAX_LANES, states.max_device or MAX_LANES)
-
-    def layer_tensors(self, il: int, n_lanes: int, streams: bool = False) -> tuple[Any, Any]:
-        if self.kind[il] == "none":
-            return None, None
-        if self.recurrent[il]:
-            return self.states.layer_tensors(self.index[il], n_lanes)
-        return self.kv.layer_tensors(self.index[il], n_lanes, streams)
-
-    def bind(self, seqs: Sequence[int], streams: bool = False) -> None:
-        self.kv.bind(seqs, streams)
-        self.states.bind(seqs)
-
-    def order(self, seq: int) -> int:
-        return self.kv.order(seq)
-
-    def begin(self, seq: int, p0: int, n: int = 1) -> None:
-        self.kv.begin(seq, p0, n)
-        self.states.begin(seq, p0, n)
-
-    def checkpoint(self, seq: int) -> None:
-        self.states.checkpoint(seq)
-
-    def restored(self, seq: int, n: int) -> None:
-        self.kv.restored(seq, n)
-        self.states.restored(seq, n)
-
-    def record_tensor(self, il: int) -> Any:
-        return self.states.record[self.index[il]] if self.recurrent[il] and self.states.record else None
-
-    def use(self, layer: int, lanes: Sequence[Lane]) -> contextlib.AbstractContextManager[None]:
-        if self.kind[layer] != "kv":
-            return contextlib.nullcontext()
-        return self.kv.use(self.index[layer], lanes)
-
-    def truncate_point(self, seq: int, n: int) -> int:
-        p = self.states.truncate_point(seq, n)
-        return p if self.kv.can_truncate(seq, p) else 0
-
-    def can_truncate(self, seq: int, n: int) -> bool:
-        return self.truncate_point(seq, n) == n
-
-    def truncate(self, seq: int, n: int) -> None:
-        self.kv.truncate(seq, n)
-        self.states.truncate(seq, n)
-
-    def drop(self, seq: int) -> None:
-        self.kv.drop(seq)
-        self.states.drop(seq)
-
-    def stats(self) -> dict[str, Any]:
-        return {**self.kv.stats(), **self.states.stats()}
-
-
-def sequence_memory(settings: Any, arch: Any, devices: Devices, kv_bytes: int) -> SequenceMemory:
-    """The memory the model's layers need: a K/V cache (contiguous, or paged_kv), or for a hybrid model
-    (arch.is_recurrent) a K/V cache of its attention layers beside the recurrent states of the others."""
-    hp, layer_device = arch.hp, devices.layer_device
-    recurrent = [arch.is_recurrent(il) for il in range(hp.n_layer)]
-    stateless = [arch.is_stateless(il) for il in range(hp.n_layer)]
-    own = [arch.kv_source(il) == il for il in range(hp.n_layer)]
-    attn = [il for il in range(hp.n_layer) if not recurrent[il] and not stateless[il] and own[il]]
-    view = arch
-    if len(attn) < hp.n_layer:  # the attention layers alone, numbered 0.. in order
-        view = types.SimpleNamespace(
-            hp=dataclasses.replace(hp, n_layer=len(attn)), n_swa=arch.n_swa, is_swa=lambda j: arch.is_swa(attn[j])
-        )
-    kv = kv_cache(settings, view, [layer_device[il] for il in attn], devices, kv_bytes)
-    if not all(own):  # layers reading an earlier layer's K/V
-        assert not any(recurrent), "shared K/V in a hybrid model"
-        apart = [il for il in range(hp.n_layer) if layer_device[il] != layer_device[arch.kv_source(il)]]
-        if apart:
-            raise ValueError(
-                f"block {apart[0]} reads the K/V of block {arch.kv_source(apart[0])}, which the split puts on another "
-                "device: split the blocks so that each shares a device with the block it reads"
-            )
-        return SharedKV(kv, [attn.index(arch.kv_source(il)) for il in range(hp.n_layer)], own)
-    if len(attn) == hp.n_layer:
-        return kv
-    n_r, n_s = arch.state_sizes
-    states = RecurrentStates(
-        [devices.backends[layer_device[il]] for il in range(hp.n_layer) if recurrent[il]],
-        n_r,
-        n_s,
-        settings.kv.state_device_sequences,
-        arch.replay,
-        arch.record_size(RECORD_ROWS),
-    )
-    return HybridMemory(kv, states, recurrent, stateless)

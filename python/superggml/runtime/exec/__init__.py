@@ -1,0 +1,1 @@
+"""The runtime's top floor: the executor, its graph plans, per-pass placement and profiles."""

@@ -1,0 +1,1 @@
+"""The runtime's first floor: what a load decides once (devices, the memory plan, measured costs)."""

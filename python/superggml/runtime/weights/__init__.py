@@ -1,0 +1,1 @@
+"""The runtime's second floor: where the weights live (placement, pagers, memory pressure, expert routing)."""
