@@ -26,6 +26,7 @@ from ..memory.factory import sequence_memory
 from ..weights.pagers import WeightPager
 from .placement import Placements, Placer
 from .profile import PassProfile, timing
+from .context import HeadBuffers, PassContext
 from .streams import DeviceStreams, activations
 from .threads import ThreadTuner
 from ..plan.memory_plan import kv_bytes
@@ -64,8 +65,6 @@ class Executor:
         self.graphs_per_pass = 0  # graphs the last pass computed
         self.record_timings = False  # fill self.timings on every forward pass (metrics)
         self.timings: list[dict[str, Any]] = []
-        self.head_buffers: tuple[int, list[Any]] | None = None  # rows, the streamed head's [ctx, buffer, in, out]
-        self.hidden_buf: Any = None  # keep_hidden's rows, F32 [n_embd, n_batch]
         self.on_hidden: Any = None  # (sequence, first position, F32 [n, n_embd]) per pass item
         self.streams = DeviceStreams(self.backends)  # graphs queued on the devices' streams
         self.profile = PassProfile(self.backends)  # where each pass's time goes (host, device)
@@ -82,7 +81,21 @@ class Executor:
         except BaseException:
             self.placement.close()  # the loader's threads must stop before the caller unmaps the file
             raise
-        self.placements = Placements(self)  # where streamed blocks and missed experts compute, pass by pass
+        self.pc = PassContext(
+            arch,
+            s,
+            self.weights,
+            self.placement,
+            self.memory,
+            self.backends,
+            self.embed_dev,
+            self.layer_device,
+            self.n_split,
+            self.acts,
+            self.rot,
+            HeadBuffers(self.hp.n_embd, self.hp.n_vocab, self.backends[self.placement.head_dev]),
+        )
+        self.placements = Placements(self.pc)  # where streamed blocks and missed experts compute, pass by pass
 
     @property
     def placer(self) -> Placer | None:
@@ -174,13 +187,9 @@ class Executor:
         return timing(self.backends, on)
 
     def keep_hidden(self, on_hidden: Any = None) -> None:
-        """Every pass (but embeddings) keeps the output norm of all its rows (hidden_buf) and gives each
+        """Every pass (but embeddings) keeps the output norm of all its rows (buffers.hidden) and gives each
         sequence's to on_hidden: what an MTP drafter reads (llama.cpp's unmasked nextn embeddings)."""
-        if self.hidden_buf is None:
-            cx = native.Context(max_tensors=1)
-            self.hidden_buf = cx.new_tensor(F32, [self.hp.n_embd, self.settings.context.n_batch])
-            self.keep += [cx, self.backends[self.placement.head_dev].alloc_tensors(cx)]
-            self.plans.clear()
+        self.pc.buffers.keep_hidden(self.settings.context.n_batch)
         self.on_hidden = on_hidden
 
     # -- plans ------------------------------------------------------------------
@@ -198,15 +207,19 @@ class Executor:
     ) -> GraphPlan:
         """The graphs for micro-batches of this shape, built once and reused (embed: ending at the output norm,
         not the logits; streams, chain, merge: see GraphPlan; merge None: where nothing acts between blocks)."""
-        hidden = self.hidden_buf is not None and not embed
+        buffers = self.pc.buffers
+        hidden = buffers.hidden is not None and not embed
         if merge is None:
             merge = self.merges()
         key = (n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge, hosted)
         plan = self.plans.pop(key, None)
-        if plan is None:
+        if plan is None or plan.generation != buffers.generation:
             t0 = time.perf_counter()
-            plan = GraphPlan(self, n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge, hosted)
+            plan = GraphPlan(self.pc, n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge, hosted)
             self.profile.built(time.perf_counter() - t0)
+            stale = [k for k, p in self.plans.items() if p.generation != plan.generation]
+            for k in stale:  # built over buffers that have since grown
+                del self.plans[k]
         self.plans[key] = plan  # most recently used last
         if len(self.plans) > PLAN_CACHE:
             while len(self.plans) > PLAN_CACHE:

@@ -5,12 +5,34 @@ the cache lacks computed on the host first (HostExperts). The graph pieces are a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from ... import native
 from ...arch.base import Memory, StepInputs, Weights
 from ...arch.moe import Architecture, build_expert_outputs, build_router, build_router_lookahead, sum_experts
 from ...native import Context, Graph, Tensor
+from .context import PassContext
+
+GraphFn = Callable[[Context, Graph, Tensor, Tensor, StepInputs], Tensor]
+
+
+class StepBuilder(Protocol):
+    """What a paged MoE block's steps are added to (GraphPlan): its PassContext, the buffers its graphs keep
+    alive, and a step per graph."""
+
+    pc: PassContext
+    keep: list[Any]
+
+    def graph(
+        self,
+        build: GraphFn,
+        kind: str,
+        rows_in: int | None = None,
+        rows_out: int | None = None,
+        dev: int = 0,
+        blocks: int = 1,
+        **step: Any,
+    ) -> Any: ...
 
 
 @dataclass
@@ -29,11 +51,11 @@ class HostExperts:
     part_d: Tensor
 
 
-def host_experts(plan: Any, arch: Architecture, il: int, n: int, host: int) -> HostExperts:
+def host_experts(plan: StepBuilder, arch: Architecture, il: int, n: int, host: int) -> HostExperts:
     """The host's graph and the buffers of a chunk of n rows of block il's experts (build_paged_block)."""
     hp, k, f32 = arch.hp, arch.hp.n_expert_used, native.GGMLType.F32
-    ex = plan.ex
-    w = ex.weights  # runtime.weights.WeightView: the weights as the device being built for holds them
+    pc = plan.pc
+    w = pc.weights  # the weights as the device being built for holds them
     hctx, dctx = native.Context(max_tensors=4), native.Context(max_tensors=2)
     cur_h = hctx.new_tensor(f32, [hp.n_embd, n])
     ids_h = hctx.new_tensor(native.GGMLType.I32, [k, n])
@@ -41,13 +63,13 @@ def host_experts(plan: Any, arch: Architecture, il: int, n: int, host: int) -> H
     out_h = hctx.new_tensor(f32, [hp.n_embd, k, n])
     w_d = dctx.new_tensor(f32, [1, k, n])
     part_d = dctx.new_tensor(f32, [hp.n_embd, k, n])
-    plan.keep += [hctx, dctx, ex.backends[host].alloc_tensors(hctx), ex.backends[0].alloc_tensors(dctx)]
+    plan.keep += [hctx, dctx, pc.backends[host].alloc_tensors(hctx), pc.backends[0].alloc_tensors(dctx)]
     size = 64 + 16 * k
     ctx = native.Context(max_tensors=size, graph_size=size)
     gf = ctx.new_graph()
     device, w.device = w.device, host  # the weights as the host holds them (the file mapping)
     try:
-        names = ex.arch.expert_tensors(il)
+        names = arch.expert_tensors(il)
         out = build_expert_outputs(arch, ctx, w, f"blk.{il}.", cur_h, ids_h, ids_h, w_h, *(w(x) for x in names))
     finally:
         w.device = device
@@ -57,21 +79,22 @@ def host_experts(plan: Any, arch: Architecture, il: int, n: int, host: int) -> H
 
 
 def build_paged_block(
-    plan: Any,
+    plan: StepBuilder,
     arch: Architecture,
     w: Weights,
     il: int,
     rows: int,
     key: object,
     kv: tuple[Memory, Memory],
-    placement: Any,
 ) -> None:
     """A block whose experts come from the expert cache, as steps of `plan` (runtime.graph.GraphPlan): attention and
     router in one graph (its state kept in placement.moe, a MoEScratch), then the routed experts, with their ids
     remapped to cache slots in between (Step.experts), in graphs over chunks of placement.expert_rows rows (the
     experts one chunk routes to fit the cache at once; each row's result does not depend on the others in its
     chunk)."""
-    hp, sc = arch.hp, placement.moe
+    placement = plan.pc.placement
+    hp, sc, cache = arch.hp, placement.moe, placement.experts
+    assert sc is not None and cache is not None, "a paged-experts block without the expert cache"
     k, p = hp.n_expert_used, f"blk.{il}."
     ahead = sc.guess is not None and il + 1 < hp.n_layer and arch.is_moe(il + 1)  # the next block routes too
 
@@ -90,10 +113,11 @@ def build_paged_block(
             (sel, rows_of(ctx, sc.sel)),
             (weights, weights_of(ctx)),
         ]
-        if ahead:
+        if ahead and sc.guess is not None:
             pairs.insert(0, (build_router_lookahead(arch, ctx, w, il, cur), rows_of(ctx, sc.guess)))
         shared = arch.shared_ffn(ctx, w, p, cur)  # over every row: a matmul's result
         if shared is not None:  # may depend on how many it has
+            assert sc.shared is not None, "a shared expert without its scratch rows"
             pairs.insert(0, (shared, rows_of(ctx, sc.shared)))
         outs = [ctx.cpy(src, dst) for src, dst in pairs]
         for o in outs[:-1]:
@@ -130,7 +154,7 @@ def build_paged_block(
                 ids,
                 rows_of(ctx, sc.sel, r0, n),
                 weights_of(ctx, r0, n) if hx is None else hx.w_d,
-                *placement.experts.views[il],
+                *cache.views[il],
             )
             out = arch.experts_out(ctx, w, p, sum_experts(ctx, outs if hx is None else ctx.add(outs, hx.part_d)))
             if sc.shared is not None:

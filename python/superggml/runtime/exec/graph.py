@@ -20,6 +20,7 @@ from ... import native
 from ...arch.common import StepInputs
 from ...errors import SuperggmlError
 from ..memory.arrays import tensor_array
+from .context import PassContext
 from .expert_steps import build_paged_block
 from ..memory.base import records
 from ..weights.pagers import Block, HeadChunk, Key, WeightPager
@@ -113,22 +114,6 @@ def causal_mask(p0: int, n: int, n_kv: int, mtype: Any) -> np.ndarray:
     return np.ascontiguousarray(windows[start - n + 1 : start + 1][::-1])
 
 
-def head_out(ex: Any, n_out: int) -> list[Any]:
-    """The streamed head's input and output buffers, shared by every plan of the executor: [context, buffer,
-    head_in (F32 [n_embd, rows]), logits (F32 [n_vocab, rows])] for at least n_out rows. Grown (to a power of two
-    up to 16 rows, a multiple of 16 above) when a plan needs more rows; the cached plans then go."""
-    if ex.head_buffers is None or ex.head_buffers[0] < n_out:
-        rows = 1 << (n_out - 1).bit_length() if n_out <= 16 else -(-n_out // 16) * 16
-        ex.plans.clear()
-        ex.head_buffers = None
-        native.host_memory_trim()
-        hctx = native.Context(max_tensors=2)
-        head_in = hctx.new_tensor(F32, [ex.hp.n_embd, rows])
-        lb = hctx.new_tensor(F32, [ex.hp.n_vocab, rows])
-        ex.head_buffers = (rows, [hctx, ex.backends[ex.placement.head_dev].alloc_tensors(hctx), head_in, lb])
-    return ex.head_buffers[1]
-
-
 def padded_kv(p0: int, n: int, ctx_size: int) -> int:
     """The K/V rows a pass ending at p0 + n attends over: padded to KV_PAD, within the context."""
     return min(ctx_size, -(-(p0 + n) // KV_PAD) * KV_PAD)
@@ -139,7 +124,7 @@ class GraphPlan:
 
     def __init__(
         self,
-        ex: Any,
+        pc: PassContext,
         n: int,
         n_kv: int,
         n_out: int,
@@ -151,22 +136,22 @@ class GraphPlan:
         merge: bool = False,
         hosted: tuple[tuple[int, ...], bool] = ((), False),
     ):
-        """`ex`: the executor (its arch, weights, memory, acts, rot, backends). `lanes`: a pass over several
+        """`pc`: what the graphs are built from (the arch, weights, memory, activations, rotations, devices). `lanes`: a pass over several
         sequences, (tokens, n_kv) of each in row order, each attending over its own K/V (its lane's
         tensors). `streams`: a pass over that many sequences of n / streams rows each, whose memory is one
         tensor per layer, attending at once over n_kv rows of each. `embed`: ending at the output norm
-        (embeddings), not the logits. `hidden`: the output norm of every row goes to ex.hidden_buf too (the
+        (embeddings), not the logits. `hidden`: the output norm of every row goes to pc.buffers.hidden too (the
         last block keeps all rows; the head picks its rows after the norm, as llama.cpp with nextn
         embeddings). `chain`: the lanes are one sequence's tokens (a recurrent layer runs them as one chain).
         `merge`: segments (see the module), where the executor has nothing to do between the blocks' graphs.
-        `hosted`: the streamed blocks that compute on the host device (ex.embed_dev) from the file mapping, and
-        whether the lm head does (runtime/placement.py)."""
-        self.ex = ex
+        `hosted`: the streamed blocks that compute on the host device (pc.embed_dev) from the file mapping, and
+        whether the lm head does (runtime/exec/placement.py)."""
+        self.pc = pc
         self.hosted, self.head_host = set(hosted[0]), hosted[1]
         self.merge = merge
         self.n, self.n_kv, self.n_out, self.lanes, self.embed = n, n_kv, n_out, lanes, embed
         self.hidden = hidden
-        self.keep_rows = hidden or ex.arch.late_gather  # the last block keeps every row
+        self.keep_rows = hidden or pc.arch.late_gather  # the last block keeps every row
         self.chain = chain
         self.streams = streams
         self.n_lanes = len(lanes) if lanes else 0
@@ -176,12 +161,13 @@ class GraphPlan:
         self.whole_logits: Any = None
         self.logits: Any = None
         self.moves: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}
-        self.all_inputs = [self.new_inputs(di, b) for di, b in enumerate(ex.backends)]  # one set per device
+        self.all_inputs = [self.new_inputs(di, b) for di, b in enumerate(pc.backends)]  # one set per device
         self.build()
+        self.generation = pc.buffers.generation  # the shared buffers it was built over
 
     # -- inputs ---------------------------------------------------------------
     def new_inputs(self, di: int, backend: Any) -> StepInputs:
-        c, hp, n = self.ex.settings.context, self.ex.hp, self.n
+        c, hp, n = self.pc.settings.context, self.pc.hp, self.n
         mtype = F16 if c.flash_attn else F32
         ictx = native.Context(max_tensors=8 + 5 * max(self.n_lanes, 1))
 
@@ -195,34 +181,34 @@ class GraphPlan:
             return named(
                 tag,
                 mask=ictx.new_tensor(mtype, mshape),
-                **({"mask_swa": ictx.new_tensor(mtype, mshape)} if self.ex.arch.n_swa else {}),
-                **({"kept_mask": ictx.new_tensor(mtype, mshape)} if self.ex.arch.keeps_mask else {}),
+                **({"mask_swa": ictx.new_tensor(mtype, mshape)} if self.pc.arch.n_swa else {}),
+                **({"kept_mask": ictx.new_tensor(mtype, mshape)} if self.pc.arch.keeps_mask else {}),
                 k_idxs=ictx.new_tensor(I64, [n]),
                 v_idxs=ictx.new_tensor(I64, [n] if c.flash_attn else [n * hp.v_channels]),
             )
 
-        n_pos = 4 * n if self.ex.arch.rope_sections else n
+        n_pos = 4 * n if self.pc.arch.rope_sections else n
         t = named(
             "",
             tokens=ictx.new_tensor(I32, [n]),
             positions=ictx.new_tensor(I32, [n_pos]),
             out_ids=ictx.new_tensor(I32, [max(self.n_out, 1)]),
         )
-        if self.ex.arch.reads_hidden:
+        if self.pc.arch.reads_hidden:
             t.update(named("", hidden=ictx.new_tensor(F32, [hp.n_embd, n])))
-        if self.ex.arch.attn_temp:
+        if self.pc.arch.attn_temp:
             t.update(named("", attn_scale=ictx.new_tensor(F32, [1, 1, n])))
-        if self.ex.arch.n_embd_per_layer:
-            t.update(named("", per_layer=ictx.new_tensor(F32, [self.ex.arch.n_embd_per_layer, n, hp.n_layer])))
-        rots = self.ex.rot[di]
-        rot = {
+        if self.pc.arch.n_embd_per_layer:
+            t.update(named("", per_layer=ictx.new_tensor(F32, [self.pc.arch.n_embd_per_layer, n, hp.n_layer])))
+        rots = self.pc.rot[di]
+        rot: dict[str, Any] = {
             "k_rot": rots.get("k"),
             "v_rot": rots.get("v"),
             "k_rots": {int(x[1:]): t for x, t in rots.items() if x[1:].isdigit()},
             "indexer_rot": rots.get("indexer"),
         }
         one = (self.lanes is None and not self.streams) or self.chain
-        record = self.ex.memory.record_tensor if records(n, one) else None
+        record = self.pc.memory.record_tensor if records(n, one) else None
         if self.lanes is None:
             inp = StepInputs(
                 n_tokens=n,
@@ -278,13 +264,13 @@ class GraphPlan:
         """Sets every device's inputs: the pass's tokens, each lane's rows, the rows whose output is wanted,
         and the hidden rows an MTP block reads (F32 [n, n_embd])."""
         pos = np.concatenate([r.positions for r in rows])
-        temp = self.ex.arch.attn_scale_of(pos) if self.ex.arch.attn_temp else None
-        if self.ex.arch.rope_sections:  # text positions for every section but the last (llama.cpp's)
+        temp = self.pc.arch.attn_scale_of(pos) if self.pc.arch.attn_temp else None
+        if self.pc.arch.rope_sections:  # text positions for every section but the last (llama.cpp's)
             pos = np.concatenate([pos, pos, pos, np.zeros_like(pos)])
         out = np.asarray(out_rows or [0], dtype=np.int32)
         if self.streams:
             rows = [self.stacked(rows)]
-        for inp, backend in zip(self.all_inputs, self.ex.backends):  # a pass's inputs (new_inputs) have what only
+        for inp, backend in zip(self.all_inputs, self.pc.backends):  # a pass's inputs (new_inputs) have what only
             put = backend.tensor_set_async  # its lanes lack; queued on a GPU's stream, before the pass's graphs
             assert inp.tokens is not None and inp.positions is not None and inp.out_ids is not None
             put(inp.tokens, tokens)
@@ -308,7 +294,7 @@ class GraphPlan:
     def stacked(self, rows: Sequence[LaneRows]) -> LaneRows:
         """The streams' rows as one: masks one after another, K/V indices into the stream j's part of the
         memory tensor (j * ctx_size rows on)."""
-        c, g = self.ex.settings.context, self.ex.hp.v_channels
+        c, g = self.pc.settings.context, self.pc.hp.v_channels
         v_stride = c.ctx_size if c.flash_attn else g * c.ctx_size
         return LaneRows(
             np.concatenate([r.positions for r in rows]),
@@ -321,8 +307,8 @@ class GraphPlan:
     def kv(self, il: int) -> tuple[Any, Any]:
         """Layer il's memory tensors for this plan's graphs."""
         if self.streams:
-            return self.ex.memory.layer_tensors(il, self.streams, streams=True)
-        return self.ex.memory.layer_tensors(il, self.n_lanes)
+            return self.pc.memory.layer_tensors(il, self.streams, streams=True)
+        return self.pc.memory.layer_tensors(il, self.n_lanes)
 
     # -- graphs ---------------------------------------------------------------
     def move(self, a: int, b: int, rows: int) -> list[tuple[Any, Any]]:
@@ -331,7 +317,7 @@ class GraphPlan:
         v = self.moves.get((a, b, rows))
         if v is None:
             cx = native.Context(max_tensors=2)
-            src, dst, n_embd = self.ex.acts[a], self.ex.acts[b], self.ex.hp.n_embd
+            src, dst, n_embd = self.pc.acts[a], self.pc.acts[b], self.pc.hp.n_embd
             v = self.moves[(a, b, rows)] = (
                 cx.view(src, [n_embd, rows], [src.nb[1]], 0),
                 cx.view(dst, [n_embd, rows], [dst.nb[1]], 0),
@@ -359,17 +345,17 @@ class GraphPlan:
         """A step's graph: build(ctx, gf, act, act_out, inp) over the device's activations (rows_in read,
         rows_out written) gives its output; in a context as small as the graph allows (room for `blocks`
         blocks to start with), grown on overflow."""
-        ex, n = self.ex, self.n
+        pc, n = self.pc, self.n
         rows_in = n if rows_in is None else rows_in
         rows_out = n if rows_out is None else rows_out
         nodes = (GRAPH_NODES + LANE_NODES * self.n_lanes) * blocks
         while True:
             ctx = native.Context(max_tensors=nodes, graph_size=nodes)
             gf = ctx.new_graph()
-            a = ex.acts[dev]
-            ex.weights.device = dev  # the weights as this device holds them
-            act = ctx.view(a, [ex.hp.n_embd, rows_in], [a.nb[1]], 0)
-            act_out = act if rows_out == rows_in else ctx.view(a, [ex.hp.n_embd, rows_out], [a.nb[1]], 0)
+            a = pc.acts[dev]
+            pc.weights.device = dev  # the weights as this device holds them
+            act = ctx.view(a, [pc.hp.n_embd, rows_in], [a.nb[1]], 0)
+            act_out = act if rows_out == rows_in else ctx.view(a, [pc.hp.n_embd, rows_out], [a.nb[1]], 0)
             try:
                 out = build(ctx, gf, act, act_out, self.all_inputs[dev])
                 gf.expand(out)
@@ -385,19 +371,19 @@ class GraphPlan:
     def stays(self, il: int) -> bool:
         """Whether block il's weights stay where they are from pass to pass (resident, or pinned in a slot that
         nothing moves) and nothing acts between its graph and the next (no paged experts)."""
-        pl = self.ex.placement
-        if pl.experts is not None and self.ex.arch.is_moe(il):
+        pl = self.pc.placement
+        if pl.experts is not None and self.pc.arch.is_moe(il):
             return False
         if not pl.paged or il in self.hosted:
             return True
-        pager = pl.pagers[self.ex.layer_device[il]]
+        pager = pl.pagers[self.pc.layer_device[il]]
         return pl.scheduler is None and isinstance(pager, WeightPager) and pager.core.pinned(pager.index(Block(il)))
 
     def segments(self) -> list[list[int]]:
         """The blocks in order, in runs that one graph computes: consecutive blocks that stay, on one device,
         where the plan merges; one block a run otherwise."""
         runs: list[list[int]] = []
-        for il in range(self.ex.hp.n_layer):
+        for il in range(self.pc.hp.n_layer):
             run = runs[-1] if runs else None
             if (
                 self.merge
@@ -413,19 +399,19 @@ class GraphPlan:
 
     def block_dev(self, il: int) -> int:
         """The device block il computes on in this plan."""
-        return self.ex.embed_dev if il in self.hosted else self.ex.layer_device[il]
+        return self.pc.embed_dev if il in self.hosted else self.pc.layer_device[il]
 
     def build(self) -> None:
-        ex, hp, arch, w = self.ex, self.ex.hp, self.ex.arch, self.ex.weights
+        pc, hp, arch, w = self.pc, self.pc.hp, self.pc.arch, self.pc.weights
         n_last = self.n if self.keep_rows else min(self.n, max(self.n_out, 1))  # rows the last block keeps
-        paged, placement = ex.placement.paged, ex.placement
+        paged, placement = pc.placement.paged, pc.placement
 
         def embed(ctx: Any, gf: Any, act: Any, act_out: Any, inp: StepInputs) -> Any:
             x = arch.build_embed(ctx, w, inp)
             arch.build_pass_inputs(ctx, gf, w, inp, x)
             return ctx.cpy(x, act)
 
-        self.graph(embed, "embed", dev=ex.embed_dev)
+        self.graph(embed, "embed", dev=pc.embed_dev)
         rows_in = n_last if self.keep_rows else self.n_out
         # the head joins the last segment where it is one graph on the last block's device
         head_joins = (
@@ -440,7 +426,7 @@ class GraphPlan:
             rows = n_last if il == hp.n_layer - 1 else self.n
             key = Block(il) if paged and il not in self.hosted else None
             if len(run) == 1 and placement.experts is not None and arch.is_moe(il):
-                build_paged_block(self, arch, w, il, rows, key, self.kv(il), placement)
+                build_paged_block(self, arch, w, il, rows, key, self.kv(il))
                 continue
             with_head = head_joins and il == hp.n_layer - 1
             if len(run) == 1 and not with_head:
@@ -487,7 +473,7 @@ class GraphPlan:
                 "head",
                 rows_in=rows_in,
                 rows_out=rows_in,
-                dev=ex.placement.head_dev,
+                dev=pc.placement.head_dev,
                 group=hp.n_layer,
             )
         if self.n_out and paged and not self.embed and not self.head_host:
@@ -498,19 +484,20 @@ class GraphPlan:
                 "head",
                 rows_in=rows_in,
                 rows_out=self.n_out,
-                dev=ex.embed_dev if self.head_host else ex.layer_device[-1],
+                dev=pc.embed_dev if self.head_host else pc.layer_device[-1],
                 group=hp.n_layer,
             )
 
     def hidden_rows(self, ctx: Any) -> Any:
-        """The pass's rows of ex.hidden_buf (F32 [n_embd, n])."""
-        h = self.ex.hidden_buf
-        return ctx.view(h, [self.ex.hp.n_embd, self.n], [h.nb[1]], 0)
+        """The pass's rows of pc.buffers.hidden (F32 [n_embd, n])."""
+        h = self.pc.buffers.hidden
+        assert h is not None, "a plan reading the hidden rows without keep_hidden"
+        return ctx.view(h, [self.pc.hp.n_embd, self.n], [h.nb[1]], 0)
 
     def hidden_out(self) -> np.ndarray:
         """After the pass (hidden): its rows' output norm, F32 [n, n_embd]."""
         cx = native.Context(max_tensors=1)
-        return tensor_array(self.hidden_rows(cx)).reshape(self.n, self.ex.hp.n_embd)
+        return tensor_array(self.hidden_rows(cx)).reshape(self.n, self.pc.hp.n_embd)
 
     def outputs(self, ctx: Any, inp: StepInputs, x: Any) -> Any:
         """x's rows whose output is wanted: all of x, unless the last block kept every row (keep_rows)."""
@@ -518,12 +505,12 @@ class GraphPlan:
 
     def block(self, ctx: Any, gf: Any, inp: StepInputs, il: int, x: Any) -> Any:
         """Block il's output over x: the family's graph, over the layer's sequence memory."""
-        ex = self.ex
-        return ex.arch.build_block(ctx, gf, ex.weights, inp, il, x, *self.kv(il))
+        pc = self.pc
+        return pc.arch.build_block(ctx, gf, pc.weights, inp, il, x, *self.kv(il))
 
     def head(self, ctx: Any, inp: StepInputs, x: Any) -> Any:
         """The output rows x to logits (or, embedding, to the output norm), marked as the graph's output."""
-        arch, w = self.ex.arch, self.ex.weights
+        arch, w = self.pc.arch, self.pc.weights
         out = arch.build_output_norm(ctx, w, x) if self.embed else arch.build_output(ctx, w, inp, x)
         out.set_output()
         return out
@@ -534,18 +521,18 @@ class GraphPlan:
         launch per step. The same operations as the per-block graphs: the same results. Only for resident
         weights on one device (the paged paths need to act between blocks); whole_logits holds the logits."""
         if self.whole_graph is None:
-            ex = self.ex
+            pc = self.pc
             inp = self.all_inputs[0]
-            ex.weights.device = 0
+            pc.weights.device = 0
             size = 2 * sum(s.graph.n_nodes for s in self.steps) + 512
             ctx = native.Context(max_tensors=size, graph_size=size)
             gf = ctx.new_graph()
-            x = ex.arch.build_embed(ctx, ex.weights, inp)
-            ex.arch.build_pass_inputs(ctx, gf, ex.weights, inp, x)
-            for il in range(ex.hp.n_layer):
+            x = pc.arch.build_embed(ctx, pc.weights, inp)
+            pc.arch.build_pass_inputs(ctx, gf, pc.weights, inp, x)
+            for il in range(pc.hp.n_layer):
                 x = self.block(ctx, gf, inp, il, x)
             if self.hidden:
-                gf.expand(ctx.cpy(ex.arch.build_output_norm(ctx, ex.weights, x), self.hidden_rows(ctx)))
+                gf.expand(ctx.cpy(pc.arch.build_output_norm(ctx, pc.weights, x), self.hidden_rows(ctx)))
             if inp.n_outputs:
                 x = self.whole_logits = self.head(ctx, inp, self.outputs(ctx, inp, x))
             gf.expand(x)
@@ -557,17 +544,17 @@ class GraphPlan:
         """Output norm into head_in (F32 [n_embd, n_out]), then one graph per streamed row chunk
         of the lm head, each writing its rows of the logits (F32 [n_vocab, n_out]). rows_in: the rows the last
         block kept."""
-        ex, n_out = self.ex, self.n_out
-        hp, w = ex.hp, ex.weights
-        shared = head_out(ex, n_out)
+        pc, n_out = self.pc, self.n_out
+        hp, w = pc.hp, pc.weights
+        shared = pc.buffers.head_out(n_out)
         vctx = native.Context(max_tensors=2)
         head_in = vctx.view(shared[2], [hp.n_embd, n_out], [shared[2].nb[1]], 0)
         lb = vctx.view(shared[3], [hp.n_vocab, n_out], [shared[3].nb[1]], 0)
         self.keep += [shared, vctx]
-        dev = ex.placement.head_dev
+        dev = pc.placement.head_dev
         self.graph(
             lambda ctx, gf, act, act_out, inp: ctx.cpy(
-                self.outputs(ctx, inp, ex.arch.build_output_norm(ctx, w, act)), head_in
+                self.outputs(ctx, inp, pc.arch.build_output_norm(ctx, w, act)), head_in
             ),
             "head",
             rows_in=rows_in,
@@ -575,7 +562,7 @@ class GraphPlan:
             dev=dev,
         )
         row0 = 0
-        for c, name in enumerate(ex.placement.head_chunks):
+        for c, name in enumerate(pc.placement.head_chunks):
             rows = w(name).ne[1]
 
             def chunk(
@@ -593,9 +580,9 @@ class GraphPlan:
 
             self.graph(chunk, "head", rows_in=n_out, rows_out=n_out, key=HeadChunk(c), dev=dev)
             row0 += rows
-        if ex.arch.reshapes_logits:  # what follows the head's matmul, over all of its rows
+        if pc.arch.reshapes_logits:  # what follows the head's matmul, over all of its rows
             self.graph(
-                lambda ctx, gf, act, act_out, inp: ctx.cpy(ex.arch.build_logits(ctx, lb), lb),
+                lambda ctx, gf, act, act_out, inp: ctx.cpy(pc.arch.build_logits(ctx, lb), lb),
                 "head",
                 rows_in=n_out,
                 rows_out=n_out,

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import time
-import types
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -38,6 +37,7 @@ from ... import native
 from ...devices import transfer_rate
 from ..memory.arrays import tensor_array
 from ..plan.devices import measure_speed, probe_bytes
+from .context import PassContext
 from .graph import Step
 from ..weights.pagers import Block, HeadChunk, WeightPager
 
@@ -296,14 +296,12 @@ def compact(blocks: Sequence[int]) -> str:
 
 
 class Placements:
-    """Per-pass placement in one executor (`ex`): set up at load (start), applied before each pass (arrange),
+    """Per-pass placement over one executor's PassContext (`pc`): set up at load (start), applied before each pass (arrange),
     told the host's step times (observe), and splitting the routed experts of a device's expert cache
     (split_experts). `placer`: the streamed blocks' Placer, None where they do not switch (`note` says why)."""
 
-    def __init__(self, ex: Any):
-        # what it reads of the executor, not the executor: a cycle would keep a closed model's devices open
-        names = ("placement", "settings", "backends", "n_split", "memory", "embed_dev", "hp", "arch")
-        self.ex = types.SimpleNamespace(**{n: getattr(ex, n) for n in names})
+    def __init__(self, pc: PassContext):
+        self.pc = pc
         self.placer: Placer | None = None
         self.note = ""
         self.start()
@@ -316,15 +314,15 @@ class Placements:
         return c.hosted, c.head_host
 
     def start(self) -> None:
-        """Per-pass placement (runtime/placement.py) where blocks stream to one device that is not host memory:
+        """Per-pass placement (runtime/exec/placement.py) where blocks stream to one device that is not host memory:
         their tensors get copies on the host device, bound to the file mapping (the matrices re-laid for its
         faster kernels with `repack`, where its memory holds them), and their K/V a host copy."""
-        ex = self.ex
-        pl, p = ex.placement, ex.settings.paging
+        pc = self.pc
+        pl, p = pc.placement, pc.settings.paging
         pager = pl.pagers[0]
-        if pl.experts is not None and not ex.backends[0].is_host and p.placement != "device":
+        if pl.experts is not None and not pc.backends[0].is_host and p.placement != "device":
             self.start_host_experts()
-        if not (pl.paged and ex.n_split == 1 and not ex.backends[0].is_host and isinstance(pager, WeightPager)):
+        if not (pl.paged and pc.n_split == 1 and not pc.backends[0].is_host and isinstance(pager, WeightPager)):
             return
         why = (
             "placement=device"
@@ -339,46 +337,46 @@ class Placements:
         blocks = [k.b for i, k in enumerate(pager.keys) if isinstance(k, Block) and not core.pinned(i)]
         if not why and not blocks:
             why = "every block is pinned on the device"
-        if not why and not ex.memory.mirror(blocks, ex.backends[ex.embed_dev]):
+        if not why and not pc.memory.mirror(blocks, pc.backends[pc.embed_dev]):
             why = "the sequence memory (paged_kv, recurrent states) stays on the device"
         if why:
-            self.note = f"streamed blocks compute on {ex.backends[0].name} ({why})"
+            self.note = f"streamed blocks compute on {pc.backends[0].name} ({why})"
             return
-        pl.host_copies([n for il in blocks for n in pl.block_tensors(il)], ex.embed_dev, ex.settings.context.repack)
+        pl.host_copies([n for il in blocks for n in pl.block_tensors(il)], pc.embed_dev, pc.settings.context.repack)
         sizes = [int(core.layer_bytes(pager.index(Block(il)))) for il in blocks]
         head = sum(int(core.layer_bytes(pager.index(HeadChunk(c)))) for c in range(len(pl.head_chunks)))
-        self.placer = Placer(p.placement, blocks, sizes, head, ex.hp.n_layer, ex.hp.n_embd, self.measure())
+        self.placer = Placer(p.placement, blocks, sizes, head, pc.hp.n_layer, pc.hp.n_embd, self.measure())
 
     def measure(self) -> PlaceRates:
         """The rates of the host device and the model's device."""
-        ex = self.ex
+        pc = self.pc
         return measure_place_rates(
-            ex.backends[ex.embed_dev].device_name, ex.backends[0].device_name, ex.settings.context.threads
+            pc.backends[pc.embed_dev].device_name, pc.backends[0].device_name, pc.settings.context.threads
         )
 
     def start_host_experts(self) -> None:
         """The experts the device's expert cache lacks compute on the host where that costs less than loading
         them (placement.ExpertPlacer): the host gets copies of the expert tensors (and their biases) bound to the
         file mapping."""
-        ex = self.ex
-        pl, host = ex.placement, ex.embed_dev
+        pc = self.pc
+        pl, host = pc.placement, pc.embed_dev
         assert pl.experts is not None
         names = [
             n
-            for il in range(ex.hp.n_layer)
-            if ex.arch.is_moe(il)
-            for n in ex.arch.expert_tensors(il)
-            + [f"blk.{il}.ffn_{x}_exps.bias" for x in ("gate", "up", "down") if ex.arch.moe_biases]
+            for il in range(pc.hp.n_layer)
+            if pc.arch.is_moe(il)
+            for n in pc.arch.expert_tensors(il)
+            + [f"blk.{il}.ffn_{x}_exps.bias" for x in ("gate", "up", "down") if pc.arch.moe_biases]
         ]
         pl.host_copies(names, host)
-        pl.host_experts = ExpertPlacer(ex.settings.paging.placement, self.measure(), pl.experts.expert_bytes, host)
+        pl.host_experts = ExpertPlacer(pc.settings.paging.placement, self.measure(), pl.experts.expert_bytes, host)
 
     def split_experts(self, step: Step, il: int, sel: np.ndarray) -> None:
         """A row chunk's routed experts (sel, I32 [rows * k]): those the cache holds (or loads, where the placer
         says loading costs less) compute on the device, the others on the host first (step.host_experts), each
         position's output on one side and 0 on the other, so their sum is the device's alone."""
-        ex = self.ex
-        pl, hx, k = ex.placement, step.host_experts, ex.hp.n_expert_used
+        pc = self.pc
+        pl, hx, k = pc.placement, step.host_experts, pc.hp.n_expert_used
         assert pl.experts is not None and pl.moe is not None and pl.host_experts is not None
         ids = sel.reshape(-1, k)
         rows, r0 = ids.shape[0], step.expert_row0
@@ -399,38 +397,38 @@ class Placements:
         native.tensor_set(step.expert_ids, fill(slots, held, int(slots[held][0]) if held.any() else 0))
         native.tensor_set(hx.w_d, np.where(held, weights, 0).astype(np.float32))
         if not host.any():
-            native.tensor_set(hx.part_d, np.zeros((rows, k, ex.hp.n_embd), np.float32))
+            native.tensor_set(hx.part_d, np.zeros((rows, k, pc.hp.n_embd), np.float32))
             return
         native.tensor_set(hx.ids_h, fill(ids, host, int(ids[host][0])))
         native.tensor_set(hx.w_h, np.where(host, weights, 0).astype(np.float32))
         cx = native.Context(max_tensors=1)
         cur = pl.moe.cur
-        native.tensor_copy(cx.view(cur, [ex.hp.n_embd, rows], [cur.nb[1]], r0 * cur.nb[1]), hx.cur_h)
-        ex.backends[pl.host_experts.host].compute(hx.graph)
+        native.tensor_copy(cx.view(cur, [pc.hp.n_embd, rows], [cur.nb[1]], r0 * cur.nb[1]), hx.cur_h)
+        pc.backends[pl.host_experts.host].compute(hx.graph)
         native.tensor_copy(hx.out_h, hx.part_d)
 
     def arrange(self, hosted: tuple[tuple[int, ...], bool]) -> None:
         """Before a pass placed so (GraphPlan's `hosted`): the K/V of each streamed block where it computes, and
         the device's pager prefetching only what the pass computes there."""
-        ex = self.ex
+        pc = self.pc
         if self.placer is None:
             return
         on_host = set(hosted[0])
         for il in self.placer.blocks:
-            ex.memory.place(il, il in on_host)
-        pager = ex.placement.pagers[0]
+            pc.memory.place(il, il in on_host)
+        pager = pc.placement.pagers[0]
         assert isinstance(pager, WeightPager)  # start's condition
         skip = {pager.index(Block(il)) for il in on_host}
         if hosted[1]:
-            skip |= {pager.index(HeadChunk(c)) for c in range(len(ex.placement.head_chunks))}
+            skip |= {pager.index(HeadChunk(c)) for c in range(len(pc.placement.head_chunks))}
         pager.skip = frozenset(skip)
 
     def observe(self, step: Step, n: int, tc: float) -> None:
         """A host step's compute time over streamed blocks, to the placer."""
-        ex = self.ex
+        pc = self.pc
         placer = self.placer
         assert placer is not None
-        if step.kind != "block" or step.dev != ex.embed_dev:
+        if step.kind != "block" or step.dev != pc.embed_dev:
             return
         size = placer.size_of
         blocks = [b for b in (step.span or (step.group,)) if b in size]
