@@ -403,13 +403,13 @@ class Model(Completions, Embeddings, Constraints):
     def save_sequence(self, path: str | os.PathLike[str]) -> None:
         """Writes the current sequence (its tokens, last logits and memory) to `path` (runtime/memory/saved.py)."""
         self.check_open()
-        saved.save(self.runtime, os.fspath(path), self.identity)
+        saved.save(self.runtime.saving, os.fspath(path), self.identity)
 
     def load_sequence(self, path: str | os.PathLike[str]) -> int:
         """Makes the current sequence the one saved at `path`; returns its tokens. SavedSequenceError if the
         file is another model's or cache type's, or damaged."""
         self.check_open()
-        return saved.load(self.runtime, os.fspath(path), self.identity)
+        return saved.load(self.runtime.saving, os.fspath(path), self.identity)
 
     @functools.cached_property
     def identity(self) -> str:

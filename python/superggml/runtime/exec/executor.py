@@ -31,6 +31,7 @@ from .streams import DeviceStreams, activations
 from .threads import ThreadTuner
 from ..plan.memory_plan import kv_bytes
 from ..plan.resolve import Resolved, resolve
+from ..memory.saved import SavedSource
 from ..memory.sequences import SequenceState, Sequences
 from ..weights.placement import WeightPlacement
 
@@ -43,7 +44,9 @@ class Executor:
     """Runs an architecture layer by layer on one or more backends (a pipeline by blocks), its weights
     resident or paged (placement), its sequences' memory contiguous or paged (memory, sequences)."""
 
-    def __init__(self, arch: Architecture | MtpArch, store: Any, resolved: Resolved, *, load: bool = True):
+    def __init__(
+        self, arch: Architecture | MtpArch, store: native.WeightStore, resolved: Resolved, *, load: bool = True
+    ):
         """On the devices, settings and memory plan that runtime/resolve.py gives (Executor.start does it all),
         with the weights of `store` (a native.WeightStore): activations F32 [n_embd, n_batch] and the quantized
         cache's rotations per device, the weights' placement (resident ones start loading in the background, so
@@ -95,6 +98,7 @@ class Executor:
             self.rot,
             HeadBuffers(self.hp.n_embd, self.hp.n_vocab, self.backends[self.placement.head_dev]),
         )
+        self.saving = SavedSource(arch, s.context, self.memory, self.sequences, self.placement)  # save_sequence's
         self.placements = Placements(self.pc)  # where streamed blocks and missed experts compute, pass by pass
 
     @property
@@ -108,7 +112,9 @@ class Executor:
         return self.placements.note
 
     @classmethod
-    def start(cls, arch: Architecture | MtpArch, store: Any, settings: Settings, *, load: bool = True) -> "Executor":
+    def start(
+        cls, arch: Architecture | MtpArch, store: native.WeightStore, settings: Settings, *, load: bool = True
+    ) -> "Executor":
         """Opens the devices and resolves the settings (runtime/resolve.py), then starts on them."""
         return cls(arch, store, resolve(settings, arch, store), load=load)
 

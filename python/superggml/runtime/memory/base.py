@@ -16,15 +16,29 @@ from __future__ import annotations
 
 import abc
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ... import native
+from ...arch.common import HParams
 from ...settings import Settings
 from ..plan.memory_plan import kv_type
 from .rotation import check_blocks
 
 MAX_LANES = 64  # sequences one pass holds at most
 Lane = tuple[int, int, int]  # (sequence, rows valid before the step, rows valid after it)
+
+
+@dataclass(frozen=True)
+class KVLayers:
+    """The layers a K/V memory holds, numbered 0.. in order: their hyperparameters (n_layer the count) and which
+    of them slide over a window of n_swa tokens."""
+
+    hp: HParams
+    n_swa: int
+    swa: Sequence[bool]
+
+
 RECORD_ROWS = 16  # passes of one sequence of 2..this many rows leave their inputs (record_tensor)
 
 

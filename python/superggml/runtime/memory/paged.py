@@ -9,7 +9,7 @@ from typing import Any, Iterator, Sequence
 from ... import native
 from ...settings import Settings
 from ..weights.pagers import merge_stats
-from .base import MAX_LANES, Lane, LanedKV, KVLanes
+from .base import MAX_LANES, KVLanes, KVLayers, Lane, LanedKV
 
 
 class KVPages:
@@ -119,10 +119,10 @@ class PagedKV(LanedKV):
 
 
 def paged_kv(
-    settings: Settings, arch: Any, backends: Sequence[Any], layer_device: Sequence[int], n_split: int
+    settings: Settings, layers: KVLayers, backends: Sequence[native.Backend], layer_device: Sequence[int], n_split: int
 ) -> PagedKV:
     """The paged K/V of settings.kv: each device pages the K/V of its own blocks."""
-    hp, kvs = arch.hp, settings.kv
+    hp, kvs = layers.hp, settings.kv
     host_budget = kvs.host_budget_bytes
     if host_budget is not None and host_budget > int(native.host_memory()["available"]):
         h = native.host_memory()
@@ -162,8 +162,8 @@ def paged_kv(
                     core,
                     len(ls),
                     settings.paging.ahead,
-                    n_swa=0 if kvs.swa_full else arch.n_swa,
-                    swa_layers=[j for j, il in enumerate(ls) if arch.is_swa(il)],
+                    n_swa=0 if kvs.swa_full else layers.n_swa,
+                    swa_layers=[j for j, il in enumerate(ls) if layers.swa[il]],
                 ),
                 ls[0],
             )

@@ -12,7 +12,7 @@ come back before their next pass.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -24,6 +24,20 @@ from .base import records
 F32 = native.GGMLType.F32
 CHECKPOINT_EVERY = 256  # tokens fed one pass at a time between two checkpoints at most
 REPLAY_NODES = 64  # graph nodes a layer's replay takes, at most
+
+
+@runtime_checkable
+class RecurrentFamily(Protocol):
+    """What the recurrent states read of a family with recurrent layers (qwen35, lfm2, mamba2): each layer's
+    state sizes, the F32 values a layer records for a pass of n rows, and the graph that replays a recorded
+    pass (RecurrentStates' `replay`)."""
+
+    @property
+    def state_sizes(self) -> tuple[int, int]: ...
+
+    def record_size(self, n: int) -> int: ...
+
+    def replay(self, *args: Any, **kwargs: Any) -> None: ...
 
 
 class RecurrentStates:

@@ -15,17 +15,46 @@ import hashlib
 import json
 import os
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ... import native
+from ...arch import Architecture
+from ...arch.common import HParams
+from ...arch.mtp import MtpArch
 from ...errors import SavedSequenceError
+from ...settings import ContextSettings
+from ..weights.placement import WeightPlacement
+from .base import SequenceMemory
+from .sequences import SequenceState, Sequences
 
 MAGIC = b"SUPERSEQ"
 VERSION = 1
 SAMPLES, SAMPLE_BYTES = 16, 1 << 16  # of the tensor data, in the model's identity
 HEAD = struct.Struct("<8sIQ")
+
+
+@dataclass(frozen=True)
+class SavedSource:
+    """What saving and loading a sequence reads: the architecture (which layers keep what), the context
+    settings, the sequence memory, the sequences and the weights' placement (the K/V a loaded sequence writes is
+    owed back first)."""
+
+    arch: Architecture | MtpArch
+    context: ContextSettings
+    memory: SequenceMemory
+    sequences: Sequences
+    placement: WeightPlacement
+
+    @property
+    def hp(self) -> HParams:
+        return self.arch.hp
+
+    @property
+    def seq(self) -> SequenceState:
+        return self.sequences.current
 
 
 def model_identity(path: str) -> str:
@@ -68,43 +97,43 @@ def put_rows(t: Any, data: bytes, n: int, trans: bool) -> None:
     native.tensor_set(t, whole)
 
 
-def layer_blobs(ex: Any, il: int, n: int) -> list[tuple[str, Any, int, bool]]:
+def layer_blobs(src: SavedSource, il: int, n: int) -> list[tuple[str, Any, int, bool]]:
     """Layer il's pieces of the current sequence's memory: (kind, tensor, bytes, transposed); its tensors are
     bound to the sequence while the caller is inside memory.use."""
-    k, v = ex.memory.layer_tensors(il, 0)
-    if k is None or ex.arch.kv_source(il) != il:  # a block that keeps nothing, or reads another's K/V
+    k, v = src.memory.layer_tensors(il, 0)
+    if k is None or src.arch.kv_source(il) != il:  # a block that keeps nothing, or reads another's K/V
         return []
-    if ex.arch.is_recurrent(il):
+    if src.arch.is_recurrent(il):
         return [("conv", k, int(k.ne[0]) * 4, False), ("state", v, int(v.ne[0]) * 4, False)]
-    trans = not ex.settings.context.flash_attn
+    trans = not src.context.flash_attn
     out = [("k", k, n * int(k.nb[1]), False)]
     if v is not None:
         out.append(("v", v, n * int(v.nb[1]), trans))
     return out
 
 
-def save(ex: Any, path: str, identity: str) -> None:
-    """Writes the executor's current sequence to `path`."""
-    seq, c = ex.seq, ex.settings.context
+def save(src: SavedSource, path: str, identity: str) -> None:
+    """Writes the current sequence to `path`."""
+    seq, c = src.seq, src.context
     n = seq.n_past
     if not n:
         raise ValueError("save_sequence: the current sequence is empty")
     blobs, meta = [], []
-    ex.memory.bind([seq.id])
-    for il in range(ex.hp.n_layer):
-        with ex.memory.use(il, [(seq.id, n, n)]):
-            for kind, t, size, trans in layer_blobs(ex, il, n):
+    src.memory.bind([seq.id])
+    for il in range(src.hp.n_layer):
+        with src.memory.use(il, [(seq.id, n, n)]):
+            for kind, t, size, trans in layer_blobs(src, il, n):
                 data = rows_of(t, n, trans) if kind in ("k", "v") else tensor_bytes(t).tobytes()
                 blobs.append(data)
                 meta.append({"layer": il, "kind": kind, "bytes": size})
     if seq.scores is not None:
         blobs.append(np.ascontiguousarray(seq.scores[-1], dtype=np.float32).tobytes())
-        meta.append({"layer": -1, "kind": "logits", "bytes": 4 * ex.hp.n_vocab})
+        meta.append({"layer": -1, "kind": "logits", "bytes": 4 * src.hp.n_vocab})
     header = json.dumps(
         {
             "model": identity,
-            "arch": ex.hp.arch,
-            "n_layer": ex.hp.n_layer,
+            "arch": src.hp.arch,
+            "n_layer": src.hp.n_layer,
             "cache_type_k": c.cache_type_k,
             "cache_type_v": c.cache_type_v,
             "tokens": list(seq.tokens),
@@ -142,13 +171,13 @@ def read(path: str) -> tuple[dict[str, Any], bytes]:
     return header, data[HEAD.size + n_head : -32]
 
 
-def check(ex: Any, header: dict[str, Any], blobs: bytes, identity: str, path: str) -> list[int]:
+def check(src: SavedSource, header: dict[str, Any], blobs: bytes, identity: str, path: str) -> list[int]:
     """The saved tokens, once the file is this model's, with this cache's types and sizes."""
-    c = ex.settings.context
+    c = src.context
     if header.get("model") != identity:
         raise SavedSequenceError(
             f"{path!r} was saved from another model ({header.get('arch')}, "
-            f"{header.get('n_layer')} layers); this is {ex.hp.arch} with {ex.hp.n_layer}"
+            f"{header.get('n_layer')} layers); this is {src.hp.arch} with {src.hp.n_layer}"
         )
     for key in ("cache_type_k", "cache_type_v"):
         if header.get(key) != getattr(c, key):
@@ -156,35 +185,35 @@ def check(ex: Any, header: dict[str, Any], blobs: bytes, identity: str, path: st
     tokens = [int(t) for t in header.get("tokens", [])]
     if not tokens or len(tokens) > c.ctx_size:
         raise SavedSequenceError(f"{path!r} holds {len(tokens)} tokens; this model's ctx_size is {c.ctx_size}")
-    want = [(il, kind, size) for il in range(ex.hp.n_layer) for kind, _, size, _ in layer_blobs(ex, il, len(tokens))]
+    want = [(il, kind, size) for il in range(src.hp.n_layer) for kind, _, size, _ in layer_blobs(src, il, len(tokens))]
     got = [(int(b["layer"]), str(b["kind"]), int(b["bytes"])) for b in header.get("blobs", [])]
-    has_logits = got[-1:] == [(-1, "logits", 4 * ex.hp.n_vocab)]
+    has_logits = got[-1:] == [(-1, "logits", 4 * src.hp.n_vocab)]
     if got[: len(got) - has_logits] != want or sum(b for _, _, b in got) != len(blobs):
         raise SavedSequenceError(f"{path!r} holds other tensors than this model's memory of {len(tokens)} tokens")
     return tokens
 
 
-def load(ex: Any, path: str, identity: str) -> int:
-    """Makes the executor's current sequence the one saved at `path`; returns its tokens."""
+def load(src: SavedSource, path: str, identity: str) -> int:
+    """Makes the current sequence the one saved at `path`; returns its tokens."""
     header, blobs = read(path)
-    tokens = check(ex, header, blobs, identity, path)
-    n, seq, memory = len(tokens), ex.seq, ex.memory
-    ex.sequences.truncate(0)
+    tokens = check(src, header, blobs, identity, path)
+    n, seq, memory = len(tokens), src.seq, src.memory
+    src.sequences.truncate(0)
     memory.bind([seq.id])
     memory.restored(seq.id, n)
-    ex.placement.lend({seq.id: n}, 1)  # the K/V about to be written is owed back first
+    src.placement.lend({seq.id: n}, 1)  # the K/V about to be written is owed back first
     at = 0
     try:
-        for il in range(ex.hp.n_layer):
+        for il in range(src.hp.n_layer):
             with memory.use(il, [(seq.id, 0, n)]):
-                for kind, t, size, trans in layer_blobs(ex, il, n):
+                for kind, t, size, trans in layer_blobs(src, il, n):
                     data, at = blobs[at : at + size], at + size
                     if kind in ("k", "v"):
                         put_rows(t, data, n, trans)
                     else:
                         native.tensor_set(t, np.frombuffer(data, dtype=np.uint8))
     except BaseException:
-        ex.sequences.truncate(0)
+        src.sequences.truncate(0)
         raise
     seq.tokens[:] = tokens
     seq.scores = np.frombuffer(blobs[at:], dtype=np.float32).reshape(1, -1).copy() if at < len(blobs) else None

@@ -54,7 +54,7 @@ def where(backend: Any, total: int) -> str:
     return f"the host (total {total} bytes" + (f", cgroup limit {limit} bytes" if limit else "") + ")"
 
 
-def open_devices(settings: Settings, store: Any, n_layer: int) -> Devices:
+def open_devices(settings: Settings, store: native.WeightStore, n_layer: int) -> Devices:
     """The devices of settings.devices (devices_for) for a model of n_layer blocks whose weights are in `store`
     (a native.WeightStore), with their share of the blocks (settings.py checked that the paging options suit
     a split, as far as the options tell how many devices it has)."""
@@ -92,7 +92,7 @@ def layer_split(n_layer: int, n_dev: int, shares: tuple[float, ...] = ()) -> tup
     return tuple(out)
 
 
-def devices_for(d: DeviceSettings, store: Any, n_threads: int) -> tuple[list[str], tuple[float, ...]]:
+def devices_for(d: DeviceSettings, store: native.WeightStore, n_threads: int) -> tuple[list[str], tuple[float, ...]]:
     """resolve_devices for the weights of `store` (a native.WeightStore); when a server speaks superggml's
     relay, the file's ranges are registered by content hash, so that it loads those it holds itself."""
     names, shares = resolve_devices(d, n_threads=n_threads, weights_bytes=store_bytes(store))
@@ -101,7 +101,7 @@ def devices_for(d: DeviceSettings, store: Any, n_threads: int) -> tuple[list[str
     return names, shares
 
 
-def store_bytes(store: Any) -> int:
+def store_bytes(store: native.WeightStore) -> int:
     """The bytes of the tensors of a native.WeightStore."""
     return sum(int(store.file_range(n)[1]) for n in store.names())
 

@@ -25,6 +25,8 @@ from ...arch.common import HParams
 from ...settings import Budget, ContextSettings, HostCache, PagingSettings, Settings
 from ...telemetry import host_memory
 from .costs import judge_draft
+from ...arch import Architecture
+from .devices import Devices
 
 MiB = 1 << 20
 HEADROOM_MIN = 64 * MiB  # never planned: the allocator's slack, thread stacks, the interpreter's growth
@@ -178,7 +180,9 @@ def plan_memory(
     return MemoryPlan(**{**asdict(p), "budget": max(0, available - p.beside)})
 
 
-def device_plan(settings: Settings, arch: Any, store: Any, devices: Any, weights: int) -> MemoryPlan | None:
+def device_plan(
+    settings: Settings, arch: Architecture | MtpArch, store: native.WeightStore, devices: Devices, weights: int
+) -> MemoryPlan | None:
     """The memory plan of the first of `devices` for `weights` bytes in `store`, the drafter's share included;
     or, where a draft model cannot pay for its memory (draft_that_cannot_pay), the plan without it, saying why
     in draft_dropped (the caller then does not load it)."""
@@ -190,7 +194,14 @@ def device_plan(settings: Settings, arch: Any, store: Any, devices: Any, weights
     return MemoryPlan(**{**asdict(alone), "draft_dropped": why})
 
 
-def plan_of(settings: Settings, arch: Any, store: Any, devices: Any, weights: int, reserve: int) -> MemoryPlan | None:
+def plan_of(
+    settings: Settings,
+    arch: Architecture | MtpArch,
+    store: native.WeightStore,
+    devices: Devices,
+    weights: int,
+    reserve: int,
+) -> MemoryPlan | None:
     """The memory plan of the first of `devices` (runtime/devices.Devices) with `reserve` bytes kept for a
     drafter (None for a split or a budget per device)."""
     p = settings.paging
@@ -206,7 +217,9 @@ def plan_of(settings: Settings, arch: Any, store: Any, devices: Any, weights: in
     return plan
 
 
-def draft_that_cannot_pay(settings: Settings, store: Any, plan: MemoryPlan | None, alone: MemoryPlan | None) -> str:
+def draft_that_cannot_pay(
+    settings: Settings, store: native.WeightStore, plan: MemoryPlan | None, alone: MemoryPlan | None
+) -> str:
     """Why the draft model cannot pay, or "": where its memory is what pushes the streamed blocks out of the page
     cache (direct_reads chooses O_DIRECT for the plan with it and not for the plan without it, `alone`), the cost
     model (costs.py) predicts plain decoding against speculative at best. An adaptive draft length only, and the
@@ -310,19 +323,20 @@ def model_bytes(path: str, c: ContextSettings, budget: int | None) -> int:
     )
 
 
-def draft_bytes(settings: Settings, arch: Any, store: Any) -> int:
+def draft_bytes(settings: Settings, arch: Architecture | MtpArch, store: native.WeightStore) -> int:
     """The memory the drafter `settings` ask for will hold beside the model `arch` (its weights in `store`, a
     native.WeightStore): a draft model's weights, or its draft_budget, and the rest (settings.draft_context); an
     MTP block's tensors and one layer's K/V."""
     sp = settings.speculative
     if sp.draft_mtp:
+        assert isinstance(arch, Architecture), "an MTP block drafts for a model, not for another MTP block"
         return mtp_bytes(arch, store, settings.context)
     if not sp.draft_model:
         return 0
     return model_bytes(sp.draft_model, settings.draft_context, sp.draft_budget_bytes)
 
 
-def mtp_bytes(arch: Any, store: Any, c: ContextSettings) -> int:
+def mtp_bytes(arch: Architecture, store: native.WeightStore, c: ContextSettings) -> int:
     """What an MTP drafter holds: its block's tensors, the model's head when the block has none of its own (the
     token embedding is read from the mapping), and a one-layer memory of ctx_size tokens."""
     mtp = MtpArch(arch)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from ...settings import Settings
 from .devices import Devices, open_devices, store_bytes
 from .memory_plan import MemoryPlan, device_plan, direct_reads
+from ... import native
+from ...arch import Architecture
+from ...arch.mtp import MtpArch
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class Resolved:
     memory_plan: MemoryPlan | None
 
 
-def resolve(settings: Settings, arch: Any, store: Any) -> Resolved:
+def resolve(settings: Settings, arch: Architecture | MtpArch, store: native.WeightStore) -> Resolved:
     """The devices of settings.devices opened for `arch`'s blocks, and the settings settled against the memory
     plan of the first one for the weights of `store` (a native.WeightStore) and the drafter settings ask for."""
     p, hp = settings.paging, arch.hp
@@ -58,7 +60,7 @@ def resolve(settings: Settings, arch: Any, store: Any) -> Resolved:
     return Resolved(dataclasses.replace(settings, paging=p), devices, plan)
 
 
-def reopen(settings: Settings, plan: MemoryPlan | None, store: Any, n_layer: int) -> Resolved:
+def reopen(settings: Settings, plan: MemoryPlan | None, store: native.WeightStore, n_layer: int) -> Resolved:
     """Settings and a memory plan that resolve gave, on the devices opened again (after an RPC server failed)
     for a new store."""
     return Resolved(settings, open_devices(settings, store, n_layer), plan)

@@ -17,6 +17,8 @@ from typing import Any, Collection, Iterator, Sequence, Union
 
 from ... import native
 from .routing import RoutingTrace
+from ...arch import Architecture
+from ...arch.mtp import MtpArch
 
 
 @dataclass(frozen=True)
@@ -169,9 +171,9 @@ class ExpertPager:
 
     def __init__(
         self,
-        store: Any,
+        store: native.WeightStore,
         path: str,
-        arch: Any,
+        arch: Architecture | MtpArch,
         budget: int,
         backend: Any,
         *,
@@ -238,7 +240,7 @@ class ExpertPager:
 
     @staticmethod
     def layout(
-        store: Any, arch: Any, *, direct: bool = False, strided: bool = False
+        store: native.WeightStore, arch: Architecture | MtpArch, *, direct: bool = False, strided: bool = False
     ) -> list[list[tuple[int, int, int, int]]]:
         """Per layer, its expert matrices: (file offset of expert 0, stride, bytes, offset inside a slot).
         Packed 64-byte aligned; with `direct`, where every stride is whole O_DIRECT blocks, each matrix gets a
@@ -268,7 +270,9 @@ class ExpertPager:
         return out
 
     @staticmethod
-    def slot_bytes(store: Any, arch: Any, *, direct: bool = False, strided: bool = False) -> int:
+    def slot_bytes(
+        store: native.WeightStore, arch: Architecture | MtpArch, *, direct: bool = False, strided: bool = False
+    ) -> int:
         """Bytes of one slot: the largest layer's expert, its matrices aligned (to whole blocks if direct);
         strided (a cache a GPU reads): a multiple of every expert matrix's type size (expert_slot_size)."""
         layout = ExpertPager.layout(store, arch, direct=direct, strided=strided)

@@ -18,6 +18,8 @@ from ..plan.memory_plan import SLOT_ALIGN_ROOM, ExpertLoan, head_chunk_bytes, ho
 from .pagers import Block, ExpertPager, HeadChunk, Key, NullPager, WeightPager, merge_stats
 from ..plan.resolve import Resolved
 from .pressure import LayerScheduler
+from ...arch import Architecture
+from ...arch.mtp import MtpArch
 
 F32 = native.GGMLType.F32
 I32 = native.GGMLType.I32
@@ -30,7 +32,7 @@ class WeightView:
     device that is not host memory reads its own copies of the weights other devices read too (`copies`:
     device -> name -> the copy's name)."""
 
-    def __init__(self, store: Any):
+    def __init__(self, store: native.WeightStore):
         self.store = store
         self.cache: dict[str, Any] = {}
         self.copies: dict[int, dict[str, str]] = {}
@@ -52,7 +54,7 @@ class MoEScratch:
     [*, n_batch]: the FFN's input (inp) and normed input (cur), the routed experts (sel) and their weights (w,
     [1, k, n_batch]), the shared expert's output, and the next block's router's guess (None: no lookahead)."""
 
-    def __init__(self, arch: Any, n_batch: int, backend: Any, lookahead: bool):
+    def __init__(self, arch: Architecture | MtpArch, n_batch: int, backend: native.Backend, lookahead: bool):
         hp, k = arch.hp, arch.hp.n_expert_used
         cx = native.Context(max_tensors=6)
         self.guess = cx.new_tensor(I32, [k, n_batch]) if lookahead else None
@@ -68,7 +70,9 @@ class WeightPlacement:
     """The weights of one model over its devices: resident (loaded in the background from the start) or paged
     (make_pools: pagers, experts), as resolve.resolve settled them."""
 
-    def __init__(self, arch: Any, store: Any, resolved: Resolved, *, load: bool = True):
+    def __init__(
+        self, arch: Architecture | MtpArch, store: native.WeightStore, resolved: Resolved, *, load: bool = True
+    ):
         """`load`: start the background load of resident weights (False: the caller has bound them)."""
         self.arch, self.hp, self.store = arch, arch.hp, store
         devices = resolved.devices
