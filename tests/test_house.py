@@ -428,3 +428,27 @@ def test_binding_files_are_named_after_their_sources():
     ]
     assert odd == [], odd
     assert all((CSRC / "bindings" / f"{n}.cpp").exists() for n in BINDING_ONLY)
+
+
+SEAMS = ("ex", "model", "plan", "placement", "arch")  # collaborators that must say what they are
+
+
+def untyped_seams(path: Path) -> list[str]:
+    """Parameters named like a collaborator (SEAMS) and typed Any (or not typed) in one file."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        a = node.args
+        for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs]:
+            if arg.arg in SEAMS and (arg.annotation is None or ast.unparse(arg.annotation) == "Any"):
+                out.append(f"{path.relative_to(PKG)}:{node.lineno}: {node.name}({arg.arg})")
+    return out
+
+
+def test_collaborators_are_typed():
+    """A collaborator handed to runtime/, arch/, generation/ or metrics.py says what it is: no parameter named
+    ex, model, plan, placement or arch is typed Any (a call that climbs back up shows in its type)."""
+    files = [p for d in ("runtime", "arch", "generation") for p in sorted((PKG / d).rglob("*.py"))]
+    found = [f for p in [*files, PKG / "metrics.py"] for f in untyped_seams(p)]
+    assert found == [], "\n".join(found)

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from datetime import datetime, timezone
 from importlib import resources
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from . import native
 from .telemetry import device_memory_fn
@@ -109,10 +109,29 @@ class MetricsWriter:
             self._f.close()
 
 
+class HasLayers(Protocol):
+    @property
+    def n_layer(self) -> int: ...
+
+
+class Observed(Protocol):
+    """What the lines read of the model they describe (superggml.Model is one)."""
+
+    @property
+    def hparams(self) -> HasLayers: ...
+
+    @property
+    def device(self) -> tuple[str, str]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def layer_events(self) -> list[dict[str, Any]]: ...
+
+
 class Metrics:
     """Builds the lines for one Model: a snapshot line per `interval` tokens and event lines."""
 
-    def __init__(self, model: Any, writer: MetricsWriter | None, *, interval: int = 1):
+    def __init__(self, model: Observed, writer: MetricsWriter | None, *, interval: int = 1):
         """`interval` comes checked from MetricsSettings. `writer` None: snapshots only (the server's stats)."""
         self.model = model
         self.writer = writer

@@ -25,7 +25,7 @@ from .generation.decode import generate_step
 from .generation.grammar import Grammar, GrammarVocab
 from .generation.sampling import Sampler, SamplingParams
 from .generation import drafting
-from .generation.speculative import Speculator
+from .generation.engine import Stepper
 from .metrics import Metrics, MetricsWriter
 from .runtime.memory import saved
 from .runtime.exec.executor import Executor
@@ -121,7 +121,7 @@ class Model(Completions, Embeddings, Constraints):
         self.path = os.fspath(path)
         self.verbose, self.seed, self.logits_all = c.verbose, c.seed, c.logits_all
         self.metrics: Metrics | None = None
-        self.speculator: Speculator | None = None
+        self.speculator: Stepper | None = None
         self.closed = True
         self.running = False  # a runtime is up (restart_runtime brings one back after a failure)
         self.store: Any = None  # the weights (native.WeightStore) while running

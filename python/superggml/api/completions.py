@@ -12,7 +12,8 @@ from ..errors import ContextLengthError
 from ..generation.batch import BatchScheduler, Request
 from ..generation.choices import Choice, LogprobEntry, logprob_entry
 from ..generation.decode import generate_step
-from ..generation.grammar import Grammar, GrammarError, GrammarVocab, grammar_from
+from ..generation.engine import Engine
+from ..generation.grammar import Grammar, GrammarError, GrammarVocab, Matcher, grammar_from
 from ..generation.sampling import log_softmax
 from ..runtime.memory.sequences import check_tokens
 from .chat import text_content
@@ -21,26 +22,18 @@ from .reply import Reply
 from .tools import ToolFormat, ToolRequest, parse_tools, resolve_tool_choice, tool_format
 
 if TYPE_CHECKING:
-    from ..generation.sampling import Sampler
-    from ..runtime.exec.executor import Executor
-    from ..tokenizer import Tokenizer
     from .chat import ChatTemplate
 
 EMBED_BATCH = 16  # texts per forward pass in embed()
 
 
-class ModelBase(Protocol):
-    """What the mixins below use of the Model they are mixed into (superggml.Model): its own attributes and
-    methods, and those one mixin calls of another. For the type checker only: at run time the mixins derive from
-    object."""
+class ModelBase(Engine, Protocol):
+    """What the mixins below use of the Model they are mixed into (superggml.Model): what generation reads of
+    it (Engine), its own attributes and methods, and those one mixin calls of another. For the type checker
+    only: at run time the mixins derive from object."""
 
     path: str
-    tokenizer: Tokenizer
-    runtime: Executor
     chat_template: ChatTemplate
-
-    @property
-    def n_ctx(self) -> int: ...
 
     @property
     def n_vocab(self) -> int: ...
@@ -48,22 +41,6 @@ class ModelBase(Protocol):
     def check_open(self) -> None: ...
 
     def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]: ...
-
-    def completion_limit(self, prompt_tokens: Sequence[int], max_tokens: int | None) -> int: ...
-
-    def sampler(
-        self,
-        *,
-        temp: float,
-        top_k: int,
-        top_p: float,
-        min_p: float,
-        repeat_penalty: float,
-        frequency_penalty: float,
-        presence_penalty: float,
-        seed: int | None,
-        repeat_last_n: int = 64,
-    ) -> Sampler: ...
 
     # Embeddings' and Constraints', which Completions calls
     def input_tokens(self, x: Any, what: str, *, add_bos: bool, special: bool) -> tuple[bool, list[list[int]]]: ...
@@ -86,8 +63,6 @@ class ModelBase(Protocol):
     def marker_ids(self, tools: ToolRequest | None) -> frozenset[int]: ...
 
     def chat_constraint(self, tools: ToolRequest | None, **constraint: Any) -> Grammar | None: ...
-
-    def matcher(self, grammar: Grammar | None) -> Any: ...
 
 
 if TYPE_CHECKING:
@@ -506,6 +481,6 @@ class Constraints(Mixin):
             return g or tools.grammar
         return g
 
-    def matcher(self, grammar: Grammar | None) -> Any:
+    def matcher(self, grammar: Grammar | None) -> Matcher | None:
         """A fresh state of `grammar` over this model's vocabulary (None: free text)."""
         return None if grammar is None else grammar.matcher(self.grammar_vocab)

@@ -18,6 +18,7 @@ import numpy as np
 
 from .choices import Choice, LogprobEntry
 from .decode import pick
+from .engine import Engine
 from .grammar import Grammar, Matcher
 from .sampling import Sampler
 from .slots import Slots
@@ -69,7 +70,7 @@ class Completion:
 class BatchScheduler:
     """Continuous batching over `model` (superggml.Model): up to `parallel` completions at once."""
 
-    def __init__(self, model: Any, *, parallel: int = 64, batch_tokens: int | None = None, slots: bool = False):
+    def __init__(self, model: Engine, *, parallel: int = 64, batch_tokens: int | None = None, slots: bool = False):
         self.model = model
         self.parallel = max(1, parallel)
         self.batch_tokens = batch_tokens
@@ -192,9 +193,10 @@ class BatchScheduler:
     def speculative_step(self, c: Completion) -> tuple[Completion, str]:
         """step() for one decoding completion with a speculator: its sequence becomes the model's current one
         for one speculative step (the pending token and a draft in one pass, the accepted tokens kept)."""
-        m = self.model
+        m, spec = self.model, self.model.speculator
+        assert spec is not None, "a speculative step without a speculator"
         m.runtime.sequences.use(c.seq)
-        toks = m.speculator.step(m, c.pending[0], c.sampler)
+        toks = spec.step(m, c.pending[0], c.sampler)
         piece = ""
         for tok in toks:
             piece += c.choice.push(tok)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
+from .engine import Engine
 from .grammar import Matcher
 from .sampling import Sampler
 
@@ -22,7 +23,7 @@ def pick(
     return tok, logp
 
 
-def prefill(model: Any, tokens: Sequence[int]) -> np.ndarray:
+def prefill(model: Engine, tokens: Sequence[int]) -> np.ndarray:
     """Brings the model's current sequence to `tokens`, reusing the longest cached prefix; returns last logits."""
     tokens = list(tokens)
     if not tokens:
@@ -32,7 +33,7 @@ def prefill(model: Any, tokens: Sequence[int]) -> np.ndarray:
 
 
 def generate_step(
-    model: Any,
+    model: Engine,
     tokens: Sequence[int],
     sampler: Sampler,
     *,

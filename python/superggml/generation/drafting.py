@@ -3,9 +3,10 @@ memory it holds, which the automatic budget leaves it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ..settings import Settings
+from .engine import Engine
 from .mtp import MtpDrafter
 from .speculative import DraftLength, LookupDrafter, ModelDrafter, Speculator
 
@@ -18,7 +19,7 @@ def draft_options(settings: Settings) -> dict[str, Any]:
     return {name: getattr(c, name) for name in DRAFT_OPTIONS}
 
 
-def make_speculator(model: Any, model_cls: Any) -> Speculator:
+def make_speculator(model: Engine, model_cls: Callable[..., Engine]) -> Speculator:
     """The drafter the speculative settings ask for: a draft model (a `model_cls`, resident, or streamed within
     its own draft_budget), the MTP block, or prompt lookup."""
     sp = model.settings.speculative

@@ -25,9 +25,9 @@ from ..arch.mtp import MtpArch
 from ..runtime.exec.executor import Executor
 from ..runtime.plan.memory_plan import mtp_bytes
 from ..settings import PagingSettings, Settings
+from .engine import Engine
 from .speculative import Drafter, greedy_draft
 
-Model = Any  # superggml.Model (annotations only)
 MAX_SEQUENCES = 16  # sequences whose hidden rows and block memory are kept (the least recently drafted go)
 
 
@@ -37,7 +37,7 @@ class MtpDrafter(Drafter):
 
     name = "mtp"
 
-    def __init__(self, target: Model, *, p_min: float = 0.0):
+    def __init__(self, target: Engine, *, p_min: float = 0.0):
         self.target = target
         self.p_min = p_min
         self.arch = MtpArch(target.arch)

@@ -25,9 +25,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .engine import Engine
 from .sampling import Sampler
 
-Model = Any  # superggml.Model, which holds a Speculator (annotations only)
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_CHECK_START_TOKEN_ID = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
@@ -83,7 +83,7 @@ class ModelDrafter(Drafter):
 
     name = "model"
 
-    def __init__(self, draft: Model, target: Model, *, p_min: float = 0.0):
+    def __init__(self, draft: Engine, target: Engine, *, p_min: float = 0.0):
         check_compatible(target, draft)
         self.model = draft
         self.p_min = p_min
@@ -131,7 +131,7 @@ def greedy_draft(logits: np.ndarray, k: int, p_min: float, is_eog: Any, after: A
     return out
 
 
-def check_compatible(target: Model, draft: Model) -> None:
+def check_compatible(target: Engine, draft: Engine) -> None:
     """llama.cpp's rule for a draft model: the same vocabulary type, BOS/EOS and add-BOS, sizes within 128 and
     the same token text from id 5 on; ValueError naming the first difference."""
     a, b = target.tokenizer, draft.tokenizer
@@ -334,7 +334,7 @@ class Speculator:
     def close(self) -> None:
         self.drafter.close()
 
-    def step(self, model: Model, tok: int, sampler: Sampler) -> list[int]:
+    def step(self, model: Engine, tok: int, sampler: Sampler) -> list[int]:
         """One speculative step of the model's current sequence after `tok` (chosen, not yet fed): it drafts k
         tokens, feeds `tok` and the draft in one pass (eval_check), keeps the drafted
         tokens the sampler accepts (accept) and one of the model's own, and truncates the rest from the K/V.
