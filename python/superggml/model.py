@@ -450,15 +450,17 @@ class Model(Completions, Embeddings, Constraints):
         `Model.grammar`) only tokens it allows, an end-of-generation token once it is complete."""
         self.check_open()
         sampler = self.sampler(
-            temp=temp,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            repeat_penalty=repeat_penalty,
-            repeat_last_n=repeat_last_n,
-            frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty,
-            seed=seed,
+            SamplingParams(
+                temperature=temp,
+                top_k=top_k,
+                top_p=top_p,
+                min_p=min_p,
+                repeat_penalty=repeat_penalty,
+                repeat_last_n=repeat_last_n,
+                frequency_penalty=frequency_penalty,
+                presence_penalty=presence_penalty,
+                seed=seed,
+            )
         )
         matcher = self.matcher(grammar)
         for tok, _ in generate_step(self, tokens, sampler, reset=reset, matcher=matcher):
@@ -475,33 +477,10 @@ class Model(Completions, Embeddings, Constraints):
             limit = min(limit, max_tokens)
         return limit
 
-    def sampler(
-        self,
-        *,
-        temp: float,
-        top_k: int,
-        top_p: float,
-        min_p: float,
-        repeat_penalty: float,
-        frequency_penalty: float,
-        presence_penalty: float,
-        seed: int | None,
-        repeat_last_n: int = 64,
-    ) -> Sampler:
-        """A sampler with these settings (generate's keywords); seed None: the model's."""
-        return Sampler(
-            SamplingParams(
-                temperature=temp,
-                top_k=top_k,
-                top_p=top_p,
-                min_p=min_p,
-                repeat_penalty=repeat_penalty,
-                repeat_last_n=repeat_last_n,
-                frequency_penalty=frequency_penalty,
-                presence_penalty=presence_penalty,
-            ),
-            seed=self.seed if seed is None else seed,
-        )
+    def sampler(self, params: SamplingParams, seed: int | None = None) -> Sampler:
+        """A sampler of `params`, drawing from `seed` (None: params.seed, and if that is None the model's)."""
+        seed = params.seed if seed is None else seed
+        return Sampler(params, seed=self.seed if seed is None else seed)
 
     def eval_batch(self, batch: Sequence[tuple[int, Sequence[int]]], *, logits_all: bool = False) -> list[np.ndarray]:
         """Appends tokens to several sequences (distinct ids) in shared forward passes, as llama.cpp's

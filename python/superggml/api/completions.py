@@ -14,10 +14,10 @@ from ..generation.choices import Choice, LogprobEntry, logprob_entry
 from ..generation.decode import generate_step
 from ..generation.engine import Engine
 from ..generation.grammar import Grammar, GrammarError, GrammarVocab, Matcher, grammar_from
-from ..generation.sampling import log_softmax
+from ..generation.sampling import SamplingParams, log_softmax
 from ..runtime.memory.sequences import check_tokens
 from .chat import text_content
-from .fields import check_logprobs, sampling_options, stop_list
+from .fields import check_logprobs, stop_list
 from .reply import Reply
 from .tools import ToolFormat, ToolRequest, parse_tools, resolve_tool_choice, tool_format
 
@@ -133,16 +133,7 @@ class Completions(Mixin):
         )
         _, tokens = self.input_tokens(prompt, "prompt", add_bos=add_bos, special=True)
         stops = stop_list(stop)
-        sampling = sampling_options(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            min_p=min_p,
-            repeat_penalty=repeat_penalty,
-            frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty,
-            seed=seed,
-        )
+        sampling = SamplingParams.pick(locals())
         prompt_lp = self.echo_logprobs(tokens, logprobs, n) if echo and logprobs is not None else None
         return self.complete(
             tokens,
@@ -201,16 +192,7 @@ class Completions(Mixin):
         )
         tokens = self.chat_tokens(messages, req)
         stops = stop_list(stop)
-        sampling = sampling_options(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            min_p=min_p,
-            repeat_penalty=repeat_penalty,
-            frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty,
-            seed=seed,
-        )
+        sampling = SamplingParams.pick(locals())
         return self.complete(
             [tokens],
             1,
@@ -234,7 +216,7 @@ class Completions(Mixin):
         n: int,
         max_tokens: int | None,
         stops: list[str],
-        sampling: dict[str, Any],
+        sampling: SamplingParams,
         *,
         stream: bool,
         chat: bool,
@@ -282,7 +264,7 @@ class Completions(Mixin):
         prompt_tokens: list[int],
         max_tokens: int | None,
         stop: Sequence[str],
-        sampling: Mapping[str, Any],
+        sampling: SamplingParams,
         logprobs: int | None = None,
         grammar: Grammar | None = None,
         keep: frozenset[int] = frozenset(),
@@ -291,7 +273,7 @@ class Completions(Mixin):
         self.check_open()
         choice = Choice(self.tokenizer, self.completion_limit(prompt_tokens, max_tokens), stop, logprobs, keep)
         for tok, logp in generate_step(
-            self, prompt_tokens, self.sampler(**sampling), logprobs=logprobs is not None, matcher=self.matcher(grammar)
+            self, prompt_tokens, self.sampler(sampling), logprobs=logprobs is not None, matcher=self.matcher(grammar)
         ):
             piece = choice.push(tok, logp)
             if choice.finish:

@@ -64,6 +64,7 @@ def _generate_many(m: Any, a: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..generation.batch import BatchScheduler, Request
+    from ..generation.sampling import SamplingParams
 
     f = sys.stdin if a.prompts_file == "-" else open(a.prompts_file, encoding="utf-8")  # noqa: SIM115
     try:
@@ -76,16 +77,7 @@ def _generate_many(m: Any, a: argparse.Namespace) -> int:
     texts = [m.apply_chat_template([{"role": "user", "content": p}]) if a.chat else p for p in prompts]
     grammar = m.grammar(**_constraint(a))
     tokens = [m.tokenize(t, add_bos=True, special=True) for t in texts]
-    sampling = dict(
-        temp=a.temp,
-        top_p=a.top_p,
-        top_k=a.top_k,
-        min_p=a.min_p,
-        repeat_penalty=a.repeat_penalty,
-        frequency_penalty=0.0,
-        presence_penalty=0.0,
-        seed=a.seed,
-    )
+    sampling = SamplingParams.pick(_sampling(a))
     out: dict[int, list[str]] = {}
     t0 = time.perf_counter()
     n_tok = 0

@@ -12,7 +12,7 @@ model's current sequence is left alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from .choices import Choice, LogprobEntry
 from .decode import pick
 from .engine import Engine
 from .grammar import Grammar, Matcher
-from .sampling import Sampler
+from .sampling import Sampler, SamplingParams
 from .slots import Slots
 
 
@@ -32,7 +32,7 @@ class Request:
     n: int
     max_tokens: int | None
     stop: Sequence[str]
-    sampling: dict[str, Any]
+    sampling: SamplingParams
     logprobs: int | None = None  # alternatives per token to report (None: no logprobs)
     grammar: Grammar | None = None  # the constraint on each choice's text
     keep: frozenset[int] = frozenset()  # control tokens kept in the text (tool-call markers)
@@ -93,11 +93,11 @@ class BatchScheduler:
         try:
             for i in indices:
                 prompt = list(req.prompts[i // req.n])
-                seed = m.seed if req.sampling.get("seed") is None else req.sampling["seed"]
+                seed = m.seed if req.sampling.seed is None else req.sampling.seed
                 if seed is not None and seed >= 0:
                     seed += i % req.n
                 choice = Choice(m.tokenizer, limits[i], req.stop, req.logprobs, req.keep)
-                sampler, matcher = m.sampler(**{**req.sampling, "seed": seed}), m.matcher(req.grammar)
+                sampler, matcher = m.sampler(req.sampling, seed), m.matcher(req.grammar)
                 if self.slots is not None:
                     slot, seq, kept = self.slots.take(prompt, reuse=req.reuse)
                 else:

@@ -14,7 +14,7 @@ from ..runtime.exec.executor import Executor
 from ..settings import Settings
 from ..tokenizer import Tokenizer
 from .grammar import Grammar, Matcher
-from .sampling import Sampler
+from .sampling import Sampler, SamplingParams
 
 
 class Stepper(Protocol):
@@ -54,19 +54,7 @@ class Engine(Protocol):
 
     def completion_limit(self, prompt_tokens: Sequence[int], max_tokens: int | None) -> int: ...
 
-    def sampler(
-        self,
-        *,
-        temp: float,
-        top_k: int,
-        top_p: float,
-        min_p: float,
-        repeat_penalty: float,
-        frequency_penalty: float,
-        presence_penalty: float,
-        seed: int | None,
-        repeat_last_n: int = 64,
-    ) -> Sampler: ...
+    def sampler(self, params: SamplingParams, seed: int | None = None) -> Sampler: ...
 
     def matcher(self, grammar: Grammar | None) -> Matcher | None: ...
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -17,6 +17,9 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How a completion samples, the one place its options are defined: each field is named as OpenAI's request
+    field (and the server's, the Python API's); `seed` None: the model's."""
+
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
@@ -25,6 +28,12 @@ class SamplingParams:
     repeat_last_n: int = 64
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    seed: int | None = None
+
+    @classmethod
+    def pick(cls, values: Mapping[str, Any]) -> SamplingParams:
+        """The sampling fields among `values` (a request's fields, a call's keywords); the rest by default."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

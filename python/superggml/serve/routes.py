@@ -15,7 +15,8 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from ..api.chat import ChatTemplateError
 from ..api.completions import echo_texts
-from ..api.fields import sampling_options, stop_list
+from ..api.fields import stop_list
+from ..generation.sampling import SamplingParams
 from ..api.reply import Reply
 from ..api.tools import ToolError, ToolRequest
 from ..errors import ContextLengthError, SavedSequenceError
@@ -260,16 +261,7 @@ class Routes:
             token_bytes=model.token_bytes if logprobs is not None else None,
             tools=tools,
         )
-        sampling = sampling_options(
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-            min_p=body.min_p,
-            repeat_penalty=body.repeat_penalty,
-            frequency_penalty=body.frequency_penalty,
-            presence_penalty=body.presence_penalty,
-            seed=body.seed,
-        )
+        sampling = SamplingParams.pick(dict(body))
         req = BatchRequest(
             prompts,
             body.n,
