@@ -13,7 +13,7 @@ from ..native import Context, Graph, Tensor
 from .base import HParams as HParams  # re-exported: the runtime imports both from here
 from .base import StepInputs as StepInputs
 from .base import Memory, Weights, check_sizes, f32, lane_memory, one_memory, swiglu
-from .moe import ExpertHooks, build_moe_ffn, build_shared_expert_only, moe_tensor_shapes
+from .moe import ExpertHooks, MoeConfig, build_moe_ffn, build_shared_expert_only, moe_tensor_shapes
 
 F32 = native.GGMLType.F32
 F16 = native.GGMLType.F16
@@ -83,18 +83,7 @@ class Architecture(ExpertHooks):
         # mixture of experts (hp.n_expert > 0): the experts' FFN size, a shared expert's (0: none)
         self.n_ff_exp = hp.n_ff
         self.n_ff_shexp = 0
-        self.moe_norm_w = True  # the chosen experts' weights renormalised to sum to 1
-        self.moe_gating = "softmax"  # or softmax_weight (gpt-oss)
-        self.moe_act = "swiglu"  # or swiglu_oai (gpt-oss), geglu (gemma4)
-        self.moe_biases = False  # router and expert biases (gpt-oss)
-        self.moe_probs_bias = False  # exp_probs_b: added to the probabilities experts are chosen by
-        self.moe_groups = (0, 0)  # expert groups, groups chosen per token (each scored by its top 2)
-        self.moe_w_scale = 0.0  # the chosen weights scaled by this (0 or 1: not)
-        self.moe_select_logits = False  # experts chosen by the router's logits, not the probabilities (llama4)
-        self.moe_weight_before = False  # the weights scale each expert's input, not its output (llama4)
-        self.moe_fused_gate_up = False  # one ffn_gate_up_exps (gate rows, then up rows) for the two
-        self.moe_relu2 = False  # experts and shared expert ungated: down(relu(up x)^2) (nemotron_h_moe)
-        self.moe_down_scale = False  # each expert's output scaled by ffn_down_exps.scale (gemma4)
+        self.moe = MoeConfig()  # how its experts route and compute (the family sets what differs)
         self.shexp_gate = True  # the shared expert behind a sigmoid gate (qwen2moe)
         self.shexp_sigmoid = False  # that gate as ggml_sigmoid, not silu(x) / x (qwen2moe's form)
         self.n_lead = 0  # leading blocks with a dense FFN

@@ -65,8 +65,8 @@ class Deepseek2Arch(Architecture):
         self.n_ff_exp = uniform_expert_ff(self, meta)
         # DeepSeek V2/V2.5 GGUFs lack expert_gating_func (softmax); GLM-4.7-Flash's are known by their shape
         load_routing(self, meta, 2 if hp.n_layer in (47, 48) and hp.n_vocab == 154880 else 1)
-        self.moe_probs_bias = f"blk.{self.n_lead}.exp_probs_b.bias" in self.names
-        self.moe_fused_gate_up = f"blk.{self.n_lead}.ffn_gate_up_exps.weight" in self.names
+        self.moe.probs_bias = f"blk.{self.n_lead}.exp_probs_b.bias" in self.names
+        self.moe.fused_gate_up = f"blk.{self.n_lead}.ffn_gate_up_exps.weight" in self.names
         self.kq_scale = self.attention_scale(meta)
         self.hp = dataclasses.replace(  # the absorbed layout's V is the latent row
             self.hp, latent_kv=not self.legacy, head_dim_v=self.hp.head_dim_v if self.legacy else self.kv_lora

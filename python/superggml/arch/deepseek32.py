@@ -48,7 +48,7 @@ class Deepseek32Arch(Deepseek2Arch):
         if self.default_gating and not self.key(meta, "expert_gating_func", 0):
             set_gating(self, self.default_gating)
         self.attn_temp = None  # llama.cpp reads no temperature keys here
-        self.moe_fused_gate_up = False
+        self.moe.fused_gate_up = False
         self.idx_heads = int(self.need(meta, "attention.indexer.head_count"))
         self.idx_dim = int(self.need(meta, "attention.indexer.key_length"))
         self.idx_top_k = int(self.need(meta, "attention.indexer.top_k"))

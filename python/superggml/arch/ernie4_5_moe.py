@@ -34,9 +34,9 @@ class Ernie45MoeArch(Architecture):
                 f"'{hp.arch}.interleave_moe_layer_step' {step}: dense blocks between the MoE ones have no weights "
                 "in llama.cpp's layout (it fails on them too)"
             )
-        self.moe_probs_bias = f"blk.{self.n_lead}.exp_probs_b.bias" in self.names
+        self.moe.probs_bias = f"blk.{self.n_lead}.exp_probs_b.bias" in self.names
 
     def describe(self) -> list[str]:
         shared = f"a shared expert of {self.n_ff_shexp}" if self.n_ff_shexp else "no shared expert"
-        bias = " with exp_probs_b" if self.moe_probs_bias else ""
+        bias = " with exp_probs_b" if self.moe.probs_bias else ""
         return [f"routing: softmax gating{bias}; {shared}; the first {self.n_lead} block(s) dense"]

@@ -101,16 +101,16 @@ class Gemma4Arch(Architecture):
                 raise GGUFError(f"GGUF has expert routers but no '{hp.arch}.expert_count'")
             self.n_ff_exp = uniform_expert_ff(self, meta)
             self.n_ff_shexp = max(ff)  # the MLP beside the experts
-            self.moe_act = "geglu"
+            self.moe.act = "geglu"
             moe = [il for il in range(n) if self.moe_layers[il]]
             for attr, name in (
-                ("moe_fused_gate_up", "ffn_gate_up_exps.weight"),
-                ("moe_down_scale", "ffn_down_exps.scale"),
+                ("fused_gate_up", "ffn_gate_up_exps.weight"),
+                ("down_scale", "ffn_down_exps.scale"),
             ):
                 has = {f"blk.{il}.{name}" in self.names for il in moe}
                 if len(has) > 1:
                     raise UnsupportedModelError(f"{hp.arch}: {name} in some expert blocks only")
-                setattr(self, attr, has.pop())
+                setattr(self.moe, attr, has.pop())
 
     def describe(self) -> list[str]:
         hp = self.hp
@@ -163,7 +163,7 @@ class Gemma4Arch(Architecture):
             for name in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
                 shapes[p + name + ".weight"] = (e,)
             shapes[p + "ffn_gate_inp.scale"] = (e,)
-            if self.moe_down_scale:
+            if self.moe.down_scale:
                 shapes[p + "ffn_down_exps.scale"] = (h.n_expert,)
         if self.n_embd_per_layer:
             shapes[p + "inp_gate.weight"] = (e, self.n_embd_per_layer)

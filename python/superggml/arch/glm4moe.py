@@ -33,7 +33,7 @@ class Glm4MoeArch(Architecture):
         self.qk_norm = "blk.0.attn_q_norm.weight" in self.names
         self.n_ff_exp = int(self.key(meta, "expert_feed_forward_length", 0)) or hp.n_ff // hp.n_expert_used
         load_routing(self, meta, 2)  # llama.cpp's default here: sigmoid
-        self.moe_probs_bias = True
+        self.moe.probs_bias = True
 
     def describe(self) -> list[str]:
         hp = self.hp

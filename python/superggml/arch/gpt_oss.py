@@ -31,10 +31,10 @@ class GptOssArch(Architecture):
         self.set_swa_pattern(meta, 2)
         self.rope_base_swa = float(self.key(meta, "rope.freq_base_swa", self.hp.rope_base))
         self.n_ff_exp = int(self.key(meta, "expert_feed_forward_length", 0)) or self.hp.n_ff
-        self.moe_norm_w = False
-        self.moe_gating = "softmax_weight"
-        self.moe_act = "swiglu_oai"
-        self.moe_biases = True
+        self.moe.norm_w = False
+        self.moe.gating = "softmax_weight"
+        self.moe.act = "swiglu_oai"
+        self.moe.biases = True
 
     def output_tensor(self, has: Callable[[str], bool]) -> str:
         return "output.weight"

@@ -40,9 +40,9 @@ class Llama4Arch(Architecture):
         self.rope_base_swa = float(self.key(meta, "rope.freq_base_swa", hp.rope_base))
         self.attn_temp = TEMPERATURE
         self.kq_norm = hp.n_expert != 128  # Maverick (128 experts) has none
-        self.moe_gating = "sigmoid"
-        self.moe_norm_w = False
-        self.moe_select_logits = self.moe_weight_before = True
+        self.moe.gating = "sigmoid"
+        self.moe.norm_w = False
+        self.moe.select_logits = self.moe.weight_before = True
 
     def is_moe(self, il: int) -> bool:
         return self.moe_step > 0 and (il + 1) % self.moe_step == 0

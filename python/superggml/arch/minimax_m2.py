@@ -21,11 +21,11 @@ class MiniMaxM2Arch(OlmoeArch):
         if not gating:  # llama.cpp aborts in build_moe_ffn on gating "none"
             raise GGUFError(f"GGUF metadata lacks '{hp.arch}.expert_gating_func'")
         set_gating(self, gating)
-        self.moe_probs_bias = True
+        self.moe.probs_bias = True
 
     def describe(self) -> list[str]:
         hp = self.hp
         return [
             f"Q/K norms over all heads; RoPE over {hp.n_rot} of {hp.head_dim} head values",
-            f"routing: {self.moe_gating} gating with exp_probs_b, in every block",
+            f"routing: {self.moe.gating} gating with exp_probs_b, in every block",
         ]

@@ -2,12 +2,13 @@
 (qwen2moe, qwen3moe, olmoe, Mixtral-style llama, gpt-oss, deepseek2): a router picks n_expert_used of n_expert
 experts per token, their FFNs run through ggml_mul_mat_id over 3-D expert tensors, and the outputs are summed with
 the router's weights (gating, selection bias, expert groups, renormalisation, scale and activation per the
-family's moe_* attributes). A shared expert is added (qwen2moe's behind a sigmoid gate). With the experts paged
+family's MoeConfig). A shared expert is added (qwen2moe's behind a sigmoid gate). With the experts paged
 (the expert cache), the runtime builds a block in parts from these pieces (runtime/exec/expert_steps.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
 import numpy as np
@@ -15,6 +16,25 @@ import numpy as np
 from ..errors import GGUFError, UnsupportedModelError
 from ..native import Context, Graph, Tensor
 from .base import HParams, Memory, StepInputs, Weights, swiglu
+
+
+@dataclass
+class MoeConfig:
+    """How a family's experts route and compute (llama.cpp's build_moe_ffn arguments); a family sets what
+    differs from these defaults when it loads."""
+
+    norm_w: bool = True  # the chosen experts' weights renormalised to sum to 1
+    gating: str = "softmax"  # or softmax_weight (gpt-oss), sigmoid
+    act: str = "swiglu"  # or swiglu_oai (gpt-oss), geglu (gemma4)
+    biases: bool = False  # router and expert biases (gpt-oss)
+    probs_bias: bool = False  # exp_probs_b: added to the probabilities experts are chosen by
+    groups: tuple[int, int] = (0, 0)  # expert groups, groups chosen per token (each scored by its top 2)
+    w_scale: float = 0.0  # the chosen weights scaled by this (0 or 1: not)
+    select_logits: bool = False  # experts chosen by the router's logits, not the probabilities (llama4)
+    weight_before: bool = False  # the weights scale each expert's input, not its output (llama4)
+    fused_gate_up: bool = False  # one ffn_gate_up_exps (gate rows, then up rows) for the two
+    relu2: bool = False  # experts and shared expert ungated: down(relu(up x)^2) (nemotron_h_moe)
+    down_scale: bool = False  # each expert's output scaled by ffn_down_exps.scale (gemma4)
 
 
 class Architecture(Protocol):
@@ -27,18 +47,7 @@ class Architecture(Protocol):
     n_ff_shexp: int
     shexp_gate: bool
     shexp_sigmoid: bool
-    moe_norm_w: bool
-    moe_w_scale: float
-    moe_gating: str
-    moe_groups: tuple[int, int]
-    moe_probs_bias: bool
-    moe_biases: bool
-    moe_act: str
-    moe_select_logits: bool
-    moe_weight_before: bool
-    moe_fused_gate_up: bool
-    moe_relu2: bool
-    moe_down_scale: bool
+    moe: MoeConfig
 
     def key(self, meta: Mapping[str, Any], name: str, default: Any) -> Any: ...
     def swiglu_limits(self, il: int) -> tuple[float, float]: ...
@@ -58,8 +67,7 @@ class Architecture(Protocol):
 class ExpertHooks:
     """What a family may change of its mixture of experts (arch/common.Architecture's defaults)."""
 
-    moe_fused_gate_up: bool
-    moe_relu2: bool
+    moe: MoeConfig
 
     def is_moe(self, il: int) -> bool:
         raise NotImplementedError
@@ -70,9 +78,9 @@ class ExpertHooks:
             return []
         parts = (
             ("gate_up", "down")
-            if self.moe_fused_gate_up
+            if self.moe.fused_gate_up
             else ("up", "down")
-            if self.moe_relu2
+            if self.moe.relu2
             else ("gate", "up", "down")
         )
         return [f"blk.{il}.ffn_{n}_exps.weight" for n in parts]
@@ -106,10 +114,10 @@ GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}  # llama_expert_gatin
 
 
 def set_gating(arch: Architecture, gating: int) -> None:
-    """arch.moe_gating from llama_expert_gating_func_type `gating`; UnsupportedModelError for another."""
+    """arch.moe.gating from llama_expert_gating_func_type `gating`; UnsupportedModelError for another."""
     if gating not in GATING:
         raise UnsupportedModelError(f"'{arch.hp.arch}.expert_gating_func' {gating} is not supported")
-    arch.moe_gating = GATING[gating]
+    arch.moe.gating = GATING[gating]
 
 
 def uniform_expert_ff(arch: Architecture, meta: Mapping[str, Any], default: int | None = None) -> int:
@@ -140,10 +148,10 @@ def load_routing(arch: Architecture, meta: Mapping[str, Any], gating: int) -> No
     arch.n_lead = int(arch.key(meta, "leading_dense_block_count", 0))
     arch.n_ff_shexp = arch.n_ff_exp * int(shared)
     arch.shexp_gate = False
-    arch.moe_norm_w = bool(arch.key(meta, "expert_weights_norm", False))
-    arch.moe_w_scale = float(np.float32(arch.key(meta, "expert_weights_scale", 0.0)))
+    arch.moe.norm_w = bool(arch.key(meta, "expert_weights_norm", False))
+    arch.moe.w_scale = float(np.float32(arch.key(meta, "expert_weights_scale", 0.0)))
     set_gating(arch, int(arch.key(meta, "expert_gating_func", 0)) or gating)
-    n_group, n_used = arch.moe_groups = (
+    n_group, n_used = arch.moe.groups = (
         int(arch.key(meta, "expert_group_count", 0)),
         int(arch.key(meta, "expert_group_used_count", 0)),
     )
@@ -158,10 +166,10 @@ def load_routing(arch: Architecture, meta: Mapping[str, Any], gating: int) -> No
 
 def routing_note(arch: Architecture) -> str:
     """analyze's line on load_routing's families' experts."""
-    n_group, n_used = arch.moe_groups
+    n_group, n_used = arch.moe.groups
     groups = f", chosen within {n_used} of {n_group} expert groups" if n_group > 1 else ""
     return (
-        f"routing: {arch.moe_gating} gating{' with exp_probs_b' if arch.moe_probs_bias else ''}{groups}; "
+        f"routing: {arch.moe.gating} gating{' with exp_probs_b' if arch.moe.probs_bias else ''}{groups}; "
         f"{arch.n_ff_shexp // max(arch.n_ff_exp, 1)} shared expert(s); the first {arch.n_lead} block(s) dense"
     )
 
@@ -175,9 +183,9 @@ def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]
         p + "ffn_gate_inp.weight": (hp.n_embd, hp.n_expert),
         **(
             {p + "ffn_gate_up_exps.weight": (hp.n_embd, 2 * n_ff, hp.n_expert)}
-            if arch.moe_fused_gate_up
+            if arch.moe.fused_gate_up
             else {p + "ffn_up_exps.weight": (hp.n_embd, n_ff, hp.n_expert)}
-            if arch.moe_relu2
+            if arch.moe.relu2
             else {
                 p + "ffn_gate_exps.weight": (hp.n_embd, n_ff, hp.n_expert),
                 p + "ffn_up_exps.weight": (hp.n_embd, n_ff, hp.n_expert),
@@ -185,7 +193,7 @@ def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]
         ),
         p + "ffn_down_exps.weight": (n_ff, hp.n_embd, hp.n_expert),
     }
-    if arch.moe_biases:
+    if arch.moe.biases:
         shapes.update(
             {
                 p + "ffn_gate_inp.bias": (hp.n_expert,),
@@ -194,7 +202,7 @@ def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]
                 p + "ffn_down_exps.bias": (hp.n_embd, hp.n_expert),
             }
         )
-    if arch.moe_probs_bias:
+    if arch.moe.probs_bias:
         shapes[p + "exp_probs_b.bias"] = (hp.n_expert,)
     if arch.n_ff_shexp and arch.shexp_gate:
         shapes[p + "ffn_gate_inp_shexp.weight"] = (hp.n_embd,)
@@ -206,7 +214,7 @@ def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]
                 p + "ffn_down_shexp.weight": (arch.n_ff_shexp, hp.n_embd),
             }
         )
-        if arch.moe_relu2:
+        if arch.moe.relu2:
             del shapes[p + "ffn_gate_shexp.weight"]
     return shapes
 
@@ -219,17 +227,17 @@ def select_experts(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Te
     hp = arch.hp
     n, k = cur.ne[1], hp.n_expert_used
     logits = ctx.mul_mat(w(p + "ffn_gate_inp.weight"), arch.router_input(ctx, w, p, cur))  # F32 [n_expert, n]
-    if arch.moe_biases:
+    if arch.moe.biases:
         logits = ctx.add(logits, w(p + "ffn_gate_inp.bias"))
     probs = {
         "softmax": lambda: ctx.soft_max_ext(logits, None, 1.0),
         "sigmoid": lambda: ctx.sigmoid(logits),
         "softmax_weight": lambda: logits,
-    }[arch.moe_gating]()
-    chosen_by = ctx.add(probs, w(p + "exp_probs_b.bias")) if arch.moe_probs_bias else probs
-    if arch.moe_select_logits:  # llama4: the top k of the logits (sigmoid is applied after)
+    }[arch.moe.gating]()
+    chosen_by = ctx.add(probs, w(p + "exp_probs_b.bias")) if arch.moe.probs_bias else probs
+    if arch.moe.select_logits:  # llama4: the top k of the logits (sigmoid is applied after)
         chosen_by = logits
-    n_group, n_group_used = arch.moe_groups
+    n_group, n_group_used = arch.moe.groups
     if n_group > 1:
         per = hp.n_expert // n_group
         groups = ctx.reshape(chosen_by, [per, n_group, n])
@@ -247,14 +255,14 @@ def build_router(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tens
     n, k = cur.ne[1], hp.n_expert_used
     selected, probs = select_experts(arch, ctx, w, p, cur)
     weights = ctx.get_rows(ctx.reshape(probs, [1, hp.n_expert, n]), selected)  # F32 [1, k, n]
-    if arch.moe_gating == "softmax_weight":  # gpt-oss: the chosen experts' logits, softmaxed among themselves
+    if arch.moe.gating == "softmax_weight":  # gpt-oss: the chosen experts' logits, softmaxed among themselves
         weights = ctx.reshape(ctx.soft_max_ext(ctx.reshape(weights, [k, n]), None, 1.0), [1, k, n])
-    if arch.moe_norm_w:
+    if arch.moe.norm_w:
         weights = ctx.reshape(weights, [k, n])
         total = ctx.clamp(ctx.sum_rows(weights), WEIGHTS_SUM_MIN, float("inf"))  # [1, n]
         weights = ctx.reshape(ctx.div(weights, total), [1, k, n])
-    if arch.moe_w_scale not in (0.0, 1.0):
-        weights = ctx.scale(weights, arch.moe_w_scale)
+    if arch.moe.w_scale not in (0.0, 1.0):
+        weights = ctx.scale(weights, arch.moe.w_scale)
     return selected, weights
 
 
@@ -313,9 +321,9 @@ def build_expert_outputs(
     tensors (or their cache slots) as arch.expert_tensors names them: gate, up and down, or gate_up and down."""
     n_embd, n = cur.ne[0], cur.ne[1]
     x = ctx.reshape(arch.expert_input(ctx, w, p, cur), [n_embd, 1, n])
-    if arch.moe_weight_before:  # llama4: each expert's input scaled by its weight, the output not
+    if arch.moe.weight_before:  # llama4: each expert's input scaled by its weight, the output not
         x = ctx.mul(ctx.repeat_4d(x, [n_embd, ids.ne[0], n, 1]), weights)
-    if arch.moe_relu2:  # up and down, no gate
+    if arch.moe.relu2:  # up and down, no gate
         up_exps, down_exps = exps
         act = ctx.sqr(ctx.relu(ctx.mul_mat_id(up_exps, x, ids)))  # F32 [n_ff_exp, k, n]
         return ctx.mul(ctx.mul_mat_id(down_exps, act, ids), weights)
@@ -328,10 +336,10 @@ def build_expert_outputs(
         return finish_experts(arch, ctx, w, p, gate, up, down_exps, ids, experts_ids, weights)
     gate_exps, up_exps, down_exps = exps
     up = ctx.mul_mat_id(up_exps, x, ids)  # F32 [n_ff_exp, k, n]
-    if arch.moe_biases:
+    if arch.moe.biases:
         up = ctx.add_id(up, w(p + "ffn_up_exps.bias"), experts_ids)
     gate = ctx.mul_mat_id(gate_exps, x, ids)
-    if arch.moe_biases:
+    if arch.moe.biases:
         gate = ctx.add_id(gate, w(p + "ffn_gate_exps.bias"), experts_ids)
     return finish_experts(arch, ctx, w, p, gate, up, down_exps, ids, experts_ids, weights)
 
@@ -351,19 +359,19 @@ def finish_experts(
     """The experts' activation, down projection and weights (build_expert_outputs' end)."""
     act = (
         ctx.swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT)
-        if arch.moe_act == "swiglu_oai"
+        if arch.moe.act == "swiglu_oai"
         else ctx.geglu_split(gate, up)
-        if arch.moe_act == "geglu"
+        if arch.moe.act == "geglu"
         else swiglu(ctx, gate, up, arch.swiglu_limits(int(p.split(".")[1]))[0])
     )
     experts = ctx.mul_mat_id(down_exps, act, ids)  # F32 [n_embd, k, n]
-    if arch.moe_down_scale:  # each expert's output times its own scale (ffn_down_exps.scale, F32 [n_expert])
+    if arch.moe.down_scale:  # each expert's output times its own scale (ffn_down_exps.scale, F32 [n_expert])
         scales = w(p + "ffn_down_exps.scale")
         per = ctx.repeat_4d(ctx.reshape(scales, [1, scales.ne[0], 1]), [1, scales.ne[0], experts_ids.ne[1]])
         experts = ctx.mul(experts, ctx.get_rows(per, experts_ids))  # [1, k, n] broadcast
-    if arch.moe_biases:
+    if arch.moe.biases:
         experts = ctx.add_id(experts, w(p + "ffn_down_exps.bias"), experts_ids)
-    return experts if arch.moe_weight_before else ctx.mul(experts, weights)
+    return experts if arch.moe.weight_before else ctx.mul(experts, weights)
 
 
 def build_shared_expert(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor, out: Tensor) -> Tensor:
@@ -377,7 +385,7 @@ def build_shared_expert_only(arch: Architecture, ctx: Context, w: Weights, p: st
     """The shared expert's output F32 [n_embd, n], gated where the family gates it (None without one)."""
     if not arch.n_ff_shexp:
         return None
-    if arch.moe_relu2:
+    if arch.moe.relu2:
         return ctx.mul_mat(
             w(p + "ffn_down_shexp.weight"), ctx.sqr(ctx.relu(ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)))
         )

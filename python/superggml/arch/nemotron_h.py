@@ -62,10 +62,10 @@ class NemotronHArch(Mamba2Layers):
         self.n_ff_shexp = int(self.key(meta, "expert_shared_feed_forward_length", 0))
         if not self.n_ff_shexp:
             raise GGUFError(f"GGUF metadata lacks '{hp.arch}.expert_shared_feed_forward_length'")
-        self.shexp_gate, self.moe_relu2, self.moe_probs_bias = False, True, True
-        self.moe_gating = "sigmoid"
-        self.moe_norm_w = bool(self.key(meta, "expert_weights_norm", False))
-        self.moe_w_scale = float(self.key(meta, "expert_weights_scale", 0.0))
+        self.shexp_gate, self.moe.relu2, self.moe.probs_bias = False, True, True
+        self.moe.gating = "sigmoid"
+        self.moe.norm_w = bool(self.key(meta, "expert_weights_norm", False))
+        self.moe.w_scale = float(self.key(meta, "expert_weights_scale", 0.0))
 
     def describe(self) -> list[str]:
         k = self.kinds

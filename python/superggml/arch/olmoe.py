@@ -15,7 +15,7 @@ class OlmoeArch(Architecture):
     rope_factors = False
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
-        self.moe_norm_w = False
+        self.moe.norm_w = False
 
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
         shapes = super().block_tensor_shapes(il)

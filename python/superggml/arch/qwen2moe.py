@@ -14,6 +14,6 @@ class Qwen2MoeArch(Qwen2Arch):
     rope_factors = False
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
-        self.moe_norm_w = False
+        self.moe.norm_w = False
         self.n_ff_exp = qwen_expert_ff(self, meta)
         self.n_ff_shexp = int(self.key(meta, "expert_shared_feed_forward_length", 0)) or self.hp.n_ff

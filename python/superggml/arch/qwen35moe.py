@@ -15,5 +15,5 @@ class Qwen35MoeArch(Qwen35Arch):
         super().load_hparams(meta)
         self.n_ff_exp = qwen_expert_ff(self, meta)
         self.n_ff_shexp = int(self.key(meta, "expert_shared_feed_forward_length", 0)) or self.hp.n_ff
-        self.moe_w_scale = float(self.key(meta, "expert_weights_scale", 0.0))
+        self.moe.w_scale = float(self.key(meta, "expert_weights_scale", 0.0))
         self.shexp_sigmoid = True

@@ -58,8 +58,8 @@ class Step35Arch(Architecture):
         self.n_ff_shexp = int(self.key(meta, "expert_shared_feed_forward_length", 0))
         self.shexp_gate = False
         set_gating(self, int(self.key(meta, "expert_gating_func", 0)) or 2)  # none: sigmoid
-        self.moe_w_scale = float(self.key(meta, "expert_weights_scale", 0.0))
-        self.moe_norm_w = bool(self.key(meta, "expert_weights_norm", False))
+        self.moe.w_scale = float(self.key(meta, "expert_weights_scale", 0.0))
+        self.moe.norm_w = bool(self.key(meta, "expert_weights_norm", False))
         moe = [il for il in range(n) if self.moe_layers[il]]
         if moe and not (hp.n_expert and self.n_ff_shexp):
             raise GGUFError(
@@ -69,7 +69,7 @@ class Step35Arch(Architecture):
         biased = {f"blk.{il}.exp_probs_b.bias" in self.names for il in moe}
         if len(biased) > 1:
             raise UnsupportedModelError(f"{hp.arch}: exp_probs_b in some expert blocks only")
-        self.moe_probs_bias = biased == {True}
+        self.moe.probs_bias = biased == {True}
         exp, shexp = self.per_layer(meta, "swiglu_clamp_exp", 0.0), self.per_layer(meta, "swiglu_clamp_shexp", 0.0)
         self.limits = tuple(zip(exp, shexp))
         self.qk_norms = tuple(f"blk.{il}.attn_q_norm.weight" in self.names for il in range(n))

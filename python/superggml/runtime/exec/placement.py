@@ -366,7 +366,7 @@ class Placements:
             for il in range(pc.hp.n_layer)
             if pc.arch.is_moe(il)
             for n in pc.arch.expert_tensors(il)
-            + [f"blk.{il}.ffn_{x}_exps.bias" for x in ("gate", "up", "down") if pc.arch.moe_biases]
+            + [f"blk.{il}.ffn_{x}_exps.bias" for x in ("gate", "up", "down") if pc.arch.moe.biases]
         ]
         pl.host_copies(names, host)
         pl.host_experts = ExpertPlacer(pc.settings.paging.placement, self.measure(), pl.experts.expert_bytes, host)
