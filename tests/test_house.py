@@ -452,3 +452,29 @@ def test_collaborators_are_typed():
     files = [p for d in ("runtime", "arch", "generation") for p in sorted((PKG / d).rglob("*.py"))]
     found = [f for p in [*files, PKG / "metrics.py"] for f in untyped_seams(p)]
     assert found == [], "\n".join(found)
+
+
+def split_off(path: Path) -> list[str]:
+    """Module-level functions whose first parameter is a class with behaviour defined in the same file (not a
+    dataclass or a Protocol): a method moved out to keep the class short, instead of a class split by
+    responsibility."""
+    tree = ast.parse(path.read_text())
+    classes = {
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.ClassDef)
+        and not any("dataclass" in ast.unparse(d) for d in n.decorator_list)
+        and not any(ast.unparse(b) in ("Protocol", "typing.Protocol") for b in n.bases)
+    }
+    out = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.args.args:
+            ann = node.args.args[0].annotation
+            if ann is not None and ast.unparse(ann).strip("'\"") in classes:
+                out.append(f"{path.relative_to(PKG)}:{node.lineno}: {node.name}({ast.unparse(ann)})")
+    return out
+
+
+def test_no_function_takes_the_class_it_was_split_from():
+    found = [f for p in sorted(PKG.rglob("*.py")) for f in split_off(p)]
+    assert found == [], "\n".join(found)

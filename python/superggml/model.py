@@ -9,7 +9,6 @@ import functools
 import gc
 import inspect
 import os
-import sys
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -134,13 +133,13 @@ class Model(Completions, Embeddings, Constraints):
             self.load(s)
             undo.pop_all()
         self.closed = False
-        report(self)
+        self.runtime.report(self.path)
         ms = self.settings.metrics
         if ms.enabled:
             self.metrics = Metrics(
                 self, MetricsWriter(ms.metrics_file, pretty=ms.metrics_pretty), interval=ms.metrics_interval
             )
-            self.runtime.record_timings = True
+            self.runtime.passes.record_timings = True
         tmpl = self.metadata.get("tokenizer.chat_template")
         tk = self.tokenizer
         self.chat_template = ChatTemplate(
@@ -213,7 +212,7 @@ class Model(Completions, Embeddings, Constraints):
         self.runtime = Executor(self.arch, self.store, resolved)
         self.running = True
         if self.metrics is not None:
-            self.runtime.record_timings = True
+            self.runtime.passes.record_timings = True
 
     # -- lifecycle ---------------------------------------------------------
     def close(self) -> None:
@@ -344,17 +343,17 @@ class Model(Completions, Embeddings, Constraints):
     @property
     def record_timings(self) -> bool:
         """Whether every forward pass records per-layer timings (``timings``); on with metrics."""
-        return self.runtime.record_timings
+        return self.runtime.passes.record_timings
 
     @record_timings.setter
     def record_timings(self, on: bool) -> None:
-        self.runtime.record_timings = bool(on)
+        self.runtime.passes.record_timings = bool(on)
 
     @property
     def timings(self) -> list[dict[str, Any]]:
         """Per-step timings of the last forward pass (with record_timings): layer, kind ("embed", "block",
         "head"), t_start, t_end, wait_ms, load_ms, compute_ms."""
-        return [dict(t) for t in self.runtime.timings]
+        return [dict(t) for t in self.runtime.passes.timings]
 
     # -- tokens ------------------------------------------------------------
     def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -423,7 +422,7 @@ class Model(Completions, Embeddings, Constraints):
         tokens = [int(t) for t in tokens]
         scores = self.runtime.eval(tokens, logits_all=self.logits_all if logits_all is None else logits_all)
         if self.metrics is not None:
-            self.metrics.on_layer_timings(self.runtime.timings)
+            self.metrics.on_layer_timings(self.runtime.passes.timings)
             if len(tokens) == 1 and self.metrics.prompt_tokens:
                 self.metrics.on_token()
             else:
@@ -493,36 +492,3 @@ Model.__init__.__signature__ = signature(  # type: ignore[attr-defined]
     inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="str | os.PathLike[str]")
 )
 Model.__doc__ = (Model.__doc__ or "").rstrip() + "\n\n    The options:\n\n" + options_doc() + "\n"
-
-
-def report(model: Model) -> None:
-    """The budget's line on stderr (an automatic budget that streams, or verbose), and verbose's summary."""
-    plan, c = model.memory_plan, model.settings.context
-    if plan is not None and plan.draft_dropped:
-        print(plan.draft_dropped, file=sys.stderr)
-    if plan is not None and (c.verbose or (plan.mode == "auto" and not plan.resident)):
-        st = model.runtime.stats()
-        pinned = (
-            f", {min(st['layers_pinned'], model.hparams.n_layer)} of {model.hparams.n_layer} blocks pinned"
-            if "layers_pinned" in st
-            else ""
-        )
-        if st.get("expert_slots_lent"):
-            pinned += (
-                f", expert cache {st['expert_slots']} slots ({st['expert_slots_lent']} lent by the K/V and compute "
-                f"until they are used)"
-            )
-        print(plan.line(pinned), file=sys.stderr)
-    placer = model.runtime.placer
-    if placer is not None:
-        print("\n".join(placer.lines((1, c.n_batch))), file=sys.stderr)
-    elif c.verbose and model.runtime.placer_note:
-        print(f"superggml: {model.runtime.placer_note}", file=sys.stderr)
-    if c.verbose:
-        hp = model.hparams
-        print(
-            f"superggml: {model.path}: {hp.arch}, {hp.n_layer} blocks, n_embd {hp.n_embd}, "
-            f"vocab {hp.n_vocab}; ctx {c.ctx_size}, {model.n_threads} threads, "
-            f"{model.repacked_bytes / 2**20:.0f} MiB re-laid, KV {model.runtime.kv_bytes / 2**20:.0f} MiB",
-            file=sys.stderr,
-        )

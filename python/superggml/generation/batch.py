@@ -166,7 +166,7 @@ class BatchScheduler:
         self.prompt_rows = prefill
         metrics = m.metrics
         if metrics is not None:
-            metrics.on_layer_timings(ex.timings)
+            metrics.on_layer_timings(ex.passes.timings)
             if prefill:
                 metrics.on_prompt(prefill)
         out = []

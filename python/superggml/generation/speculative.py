@@ -353,7 +353,7 @@ class Speculator:
         pass_s = time.perf_counter() - t
         self.length.on_pass(len(draft) + 1, pass_s)
         if model.metrics is not None:
-            model.metrics.on_layer_timings(ex.timings)
+            model.metrics.on_layer_timings(ex.passes.timings)
         out: list[int] = []
         nxt = None
         for i, d in enumerate(draft):

@@ -53,16 +53,15 @@ class LiveView:
             "generated_tokens": made,
         }
 
+    async def events(self, take: Callable[[], Any], disconnected: Callable[[], Any]) -> Any:
+        """Server-sent events: a snapshot every TICK_SECONDS (`take`: awaitable of (stats, counts)), until the
+        client goes away or STREAM_SECONDS pass."""
+        import asyncio
+        import json
 
-async def events(view: LiveView, take: Callable[[], Any], disconnected: Callable[[], Any]) -> Any:
-    """Server-sent events: a snapshot every TICK_SECONDS (`take`: awaitable of (stats, counts)), until the
-    client goes away or STREAM_SECONDS pass."""
-    import asyncio
-    import json
-
-    yield "retry: 500\n\n"
-    end = time.monotonic() + STREAM_SECONDS
-    while time.monotonic() < end and not await disconnected():
-        stats, counts = await take()
-        yield f"data: {json.dumps(view.snapshot(stats, counts), separators=(',', ':'))}\n\n"
-        await asyncio.sleep(TICK_SECONDS)
+        yield "retry: 500\n\n"
+        end = time.monotonic() + STREAM_SECONDS
+        while time.monotonic() < end and not await disconnected():
+            stats, counts = await take()
+            yield f"data: {json.dumps(self.snapshot(stats, counts), separators=(',', ':'))}\n\n"
+            await asyncio.sleep(TICK_SECONDS)

@@ -27,7 +27,7 @@ from ..runtime.memory.sequences import check_tokens
 from .bodies import Body, ChatBody, CompletionBody, DetokenizeBody, EmbeddingBody, SlotBody, TokenizeBody
 from .engine import END, Engine, Job
 from .errors import ApiError, model_not_found
-from .live import LiveView, events as live_events
+from .live import LiveView
 from .prometheus import CONTENT_TYPE, prometheus_text
 
 WEB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")  # the page's files
@@ -97,7 +97,7 @@ class Routes:
             return await asyncio.to_thread(self.live_stats)
 
         return StreamingResponse(
-            live_events(self.live, take, request.is_disconnected),
+            self.live.events(take, request.is_disconnected),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
