@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TESTS = os.path.join(HERE, "..", "tests")
+SUPPORT = os.path.join(HERE, "..", "tests", "support")
 MiB, GiB = 1 << 20, 1 << 30
 PROMPT = 16
 
@@ -169,7 +169,7 @@ def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
 
 def model_path(p: dict, cache_dir: str) -> str:
     """The GGUF for these parameters under cache_dir, written first if it is not there."""
-    sys.path.insert(0, TESTS)
+    sys.path.insert(0, SUPPORT)
     import synth_gguf
 
     from superggml import models

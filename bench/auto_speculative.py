@@ -2,8 +2,8 @@
 
     python bench/auto_speculative.py [--limit 1280MiB] [--tokens 64] [--repeat 2] [--budget 256MiB]
 
-Each run is a child process in a new memory cgroup of --limit (tests/memcg.py), the model files' pages dropped from
-the page cache first. The target gets no paging option: device_budget is "auto", which leaves the draft model's
+Each run is a child process in a new memory cgroup of --limit (tests/support/memcg.py), the model files' pages
+dropped from the page cache first. The target gets no paging option: device_budget is "auto", which leaves the draft model's
 memory to it (--budget: that device_budget instead). Prints the plan's line, the read mode it chose
 (direct_io), generation tokens/s (after the prompt; greedy), the draft's acceptance and VmHWM.
 """
@@ -17,7 +17,7 @@ import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 
 import memcg  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Fuzz superggml's GGUF loading path: N structure-aware mutations of a seed GGUF (tests/fuzz_gguf.py).
+"""Fuzz superggml's GGUF loading path: N structure-aware mutations of a seed GGUF (tests/support/fuzz_gguf.py).
 
     python bench/fuzz.py [--inputs 100000] [--seed 0] [--jobs 2]
 
@@ -18,7 +18,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FUZZER = os.path.join(HERE, "..", "tests", "fuzz_gguf.py")
+FUZZER = os.path.join(HERE, "..", "tests", "support", "fuzz_gguf.py")
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 
     python bench/hybrid_rollback.py [--layers 8] [--tokens 32] [--draft-k 3] [--slots 2]
 
-A synthetic qwen35moe (tests/synth_gguf.py: Q8_0, SmolLM2's vocabulary) streams its blocks through `slots` pool
+A synthetic qwen35moe (tests/support/synth_gguf.py: Q8_0, SmolLM2's vocabulary) streams its blocks through `slots` pool
 slots and decodes `tokens` greedy tokens, plainly and with a draft model of other weights (every draft rejected).
 A rejected draft goes back into the check's pass: with the pass's record replayed (runtime/memory/recurrent.py), the
 step costs one pass of the model; feeding the kept tokens again would cost two. Prints passes, the weight bytes
@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
 
 import synth_gguf  # noqa: E402
 from superggml import Model, models  # noqa: E402

@@ -18,7 +18,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 
 import llama_ref  # noqa: E402
 import memcg  # noqa: E402
@@ -51,7 +51,7 @@ def run(code: str, path: str, budget: str, n: int, limit: int, io: str = "") -> 
 
 
 def run_llama(path: str, n: int, limit: int) -> str:
-    """llama.cpp's default (mmap, CPU repack) in tests/llama_ref.py's child (its "bench" request): the prompt,
+    """llama.cpp's default (mmap, CPU repack) in tests/support/llama_ref.py's child (its "bench" request): the prompt,
     then n greedy tokens timed."""
     req = {"kind": "bench", "model": path, "prompt": PROMPT, "n_decode": n, "n_ctx": 256, "n_threads": 2}
     try:

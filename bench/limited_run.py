@@ -1,12 +1,12 @@
-"""One bench run in a child process under a real RAM limit: a new child memory cgroup (tests/memcg.py), the model
-file's pages dropped from the page cache first, for bench/at_scale.py and bench/moe_limited.py.
+"""One bench run in a child process under a real RAM limit: a new child memory cgroup (tests/support/memcg.py), the
+model file's pages dropped from the page cache first, for bench/at_scale.py and bench/moe_limited.py.
 
 - superggml (SUPERGGML): `Model(path, **req["options"])`, the prompt in one eval then the rest of the tokens one
   by one, teacher-forced, the decode timed; it reports the decode's change of the stats in req["diff"] ("decode")
   and the stats in req["report"] after it (or any child script that reads the request file in argv[1], saves its
   logits to req["out"] (.npy) and prints a JSON line last);
-- llama.cpp (LLAMA): tests/llama_ref.py's child, the one the tests use, with its "decode" request: mmap, no repack,
-  the prompt in one batch then the rest teacher-forced, the decode timed (the pip-installed llama-cpp-python).
+- llama.cpp (LLAMA): tests/support/llama_ref.py's child, the one the tests use, with its "decode" request: mmap, no
+  repack, the prompt in one batch then the rest teacher-forced, the decode timed (the pip-installed llama-cpp-python).
 
 Either way: the JSON line's figures, "logits", "wall_s" (the run's seconds) and "stderr" (its lines that start
 "superggml:"), or {"error": ...} (exit -9: OOM-killed).
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
+SUPPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support")
 LLAMA = "llama.cpp"  # the `code` that runs llama.cpp
 
 SUPERGGML = r"""
@@ -53,8 +53,8 @@ print(json.dumps(dict(decode_s=dt, load_s=t_load, ctx_size=m.settings.context.ct
 def run(code: str, req: dict, path: str, limit: int, timeout: float, workdir: str, name: str) -> dict[str, Any]:
     """One run of `code` (a superggml child script, or LLAMA) over the model at `path` in a memory cgroup of
     `limit` bytes; `name` names its files in `workdir`."""
-    if TESTS not in sys.path:
-        sys.path.insert(0, TESTS)
+    if SUPPORT not in sys.path:
+        sys.path.insert(0, SUPPORT)
     if code == LLAMA:
         return _llama(req, path, limit, timeout)
     import memcg

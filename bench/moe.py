@@ -2,7 +2,7 @@
 
     python bench/moe.py [--layers 8] [--experts 32] [--used 4] [--cache 0.25] [--tokens 64] [--json PATH]
 
-A synthetic qwen3moe (tests/synth_gguf.py: random Q8_0 experts, SmolLM2's vocabulary) decodes `tokens`
+A synthetic qwen3moe (tests/support/synth_gguf.py: random Q8_0 experts, SmolLM2's vocabulary) decodes `tokens`
 teacher-forced tokens one at a time after a 16-token prompt, with an expert cache of `cache` of the expert
 bytes. The token stream has a set temporal locality: each token repeats the previous one with probability
 0, 0.5 or 0.9 (a repeated token routes to the same experts, as real text's runs of related tokens route to
@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
 
 import synth_gguf  # noqa: E402
 from superggml import Model, models  # noqa: E402

@@ -5,7 +5,7 @@ under the same real RAM limit (a child memory cgroup of a quarter of the file's 
     python bench/moe_limited.py --small          # a ~340 MB model, superggml only: a quick functional run
                                                  # (limit: a quarter of the file + the overhead)
 
-The model is synthetic, laid out as tests/synth_gguf.py writes its family (same tensor names and keys, SmolLM2's
+The model is synthetic, laid out as tests/support/synth_gguf.py writes its family (same tensor names and keys, SmolLM2's
 vocabulary, random quantized experts and attention, F32 norms, router and embedding, an untied quantized output).
 - qwen3moe (the default): 16 layers x 64 experts of n_ff_exp 768, 8 per token, n_embd 1024, Q8_0: 2.4 GiB of
   experts, 2.7 GiB in all.
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TESTS = os.path.join(HERE, "..", "tests")
+SUPPORT = os.path.join(HERE, "..", "tests", "support")
 
 MODELS = {
     "qwen3moe": dict(
@@ -195,7 +195,7 @@ MiB = 1 << 20
 
 
 def tensor_specs(p: dict, n_vocab: int) -> list[tuple]:
-    """(name, numpy shape, kind, scale) in tests/synth_gguf.py's order for p["arch"], untied: kind "q" (a matrix
+    """(name, numpy shape, kind, scale) in tests/support/synth_gguf.py's order for p["arch"], untied: kind "q" (a matrix
     quantized to p["wtype"]), "f32" (random F32), "norm" (1 + scale * N(0, 1))."""
     e, fe, ne = p["n_embd"], p["n_ff_exp"], p["n_expert"]
     out = [
@@ -259,7 +259,7 @@ def tensor_specs(p: dict, n_vocab: int) -> list[tuple]:
 
 
 def qwen35_block(p: dict, b: str, attention: bool) -> list[tuple]:
-    """A qwen35moe block's tensors but its experts, in tests/synth_gguf.py's order."""
+    """A qwen35moe block's tensors but its experts, in tests/support/synth_gguf.py's order."""
     e, hd, S = p["n_embd"], p["head_dim"], p["d_state"]
     out = [(b + "attn_norm.weight", (e,), "norm", 0.1), (b + "post_attention_norm.weight", (e,), "norm", 0.1)]
     if attention:
@@ -295,7 +295,7 @@ def qwen35_block(p: dict, b: str, attention: bool) -> list[tuple]:
 
 
 def write_keys(w: Any, p: dict, n_vocab: int) -> None:
-    """The family's keys, as tests/synth_gguf.py writes them."""
+    """The family's keys, as tests/support/synth_gguf.py writes them."""
     import gguf
 
     U = gguf.GGUFValueType.UINT32
@@ -416,7 +416,7 @@ def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
 
 def model_path(p: dict, cache_dir: str) -> str:
     """The cached GGUF for these parameters, written first if it is not there."""
-    sys.path.insert(0, TESTS)
+    sys.path.insert(0, SUPPORT)
     import synth_gguf
 
     from superggml import models

@@ -1,7 +1,7 @@
 """Peers that page their own share, on a real network on one machine: 1, 2 and 3 RPC servers, each in a network
 namespace behind a veth link shaped to --rate (tc tbf) and --delay-ms each way (a forwarder: this kernel has no
 sch_netem), each in a memory cgroup smaller than its share of the model, each with its own copy of the file
-(tests/netlab.py). Decode tokens/s and the bytes that crossed the links per token, for:
+(tests/support/netlab.py). Decode tokens/s and the bytes that crossed the links per token, for:
 
 - superggml, peers holding the file (`superggml rpc-server --models`): only hashes, activations and graphs cross
   (and again without a memory limit: the shares resident on the peers);
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 
 import memcg  # noqa: E402
 import netlab  # noqa: E402

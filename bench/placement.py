@@ -1,5 +1,5 @@
 """Per-pass placement on a device behind a link: a `superggml rpc-server` in a network namespace behind a veth link
-shaped to --rate (tests/netlab.py), in a memory cgroup of a quarter of the model plus its own needs (as
+shaped to --rate (tests/support/netlab.py), in a memory cgroup of a quarter of the model plus its own needs (as
 bench/peers.py holds its peers), the model's device budget a quarter of it. The placements of its streamed blocks:
 
 - copy: every streamed block copied to the device and computed there (placement="device");
@@ -21,7 +21,7 @@ a device budget of a quarter of the model, placed on the host (placement="host")
 Prints, per placement, the prefill seconds for n tokens and the decode seconds per token (the page cache dropped
 before each), and the auto placement's choices. The device here is a process on the same cores as the host, so
 computing on it is never faster than on the host: auto can match the better pure placement, not beat it; a GPU
-behind PCIe, faster than the host, is where it splits a pass (tests/test_placement.py has the model's choices).
+behind PCIe, faster than the host, is where it splits a pass (tests/runtime/test_placement.py has the model's choices).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 sys.path.insert(0, HERE)
 
 import gguf  # noqa: E402

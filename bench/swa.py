@@ -4,7 +4,7 @@
 
 A synthetic Gemma 3 with Gemma 3 1B's K/V shape (26 layers, one KV head of 256 dims, a 512-token window
 on five layers of every six; small matmuls and SmolLM2's vocabulary, random Q8_0 weights, written by
-tests/synth_gguf.py) prefills ctx - tokens tokens and decodes `tokens` more, with paged_kv: four device
+tests/support/synth_gguf.py) prefills ctx - tokens tokens and decodes `tokens` more, with paged_kv: four device
 frames, the other layers' pages in host memory. Once with swa_full (every page kept, as without sliding
 windows), once as default (pages that left every window freed). Reports the K/V held in pages (host +
 frames' share), the pages freed, the pages loaded into frames during the decode, decode tok/s, and whether
@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
 
 import synth_gguf  # noqa: E402
 from superggml import Model, models  # noqa: E402

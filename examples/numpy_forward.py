@@ -9,7 +9,7 @@ traits.
 It computes what ggml-cpu computes: activations rounded as ggml-cpu rounds them for a quantized matmul
 (`gguf.quantize_activations`, with the Q4_1 block minimums apart: `gguf.block_mins`), and Q, K, V and the
 attention probabilities rounded to F16 as an F16 K/V cache makes ggml round them (kv_type="f32": not).
-On a file with F32 weights (tests/synth_gguf.py's dequantized_copy writes one) and an F32 K/V cache it
+On a file with F32 weights (tests/support/synth_gguf.py's dequantized_copy writes one) and an F32 K/V cache it
 agrees with `superggml.Model` to float rounding (6e-5 on SmolLM2). On quantized weights it cannot: ggml's
 Q8_1 activation blocks store their sums in F16, which turns float rounding differences into steps of up to
 ~0.1 now and then, so the logits agree to about 1, and the next token wherever the top two logits are

@@ -1,9 +1,19 @@
+"""The suite's fixtures and the quick loop's marks. The helper modules the tests import by name (synth_gguf,
+llama_ref, prompts, ...) live in tests/support/, put on sys.path here for every test folder (and for the benches,
+which do the same in their own files)."""
+
 from __future__ import annotations
 
-import pytest
-import synth_gguf
+import sys
+from pathlib import Path
 
-from superggml import models
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+
+import synth_gguf  # noqa: E402
+
+from superggml import models  # noqa: E402
 
 synth_gguf.enable_cache()  # the families' synthetic files are written once per run, then copied
 
@@ -26,7 +36,7 @@ def smollm2_path():
 
 @pytest.fixture(scope="session")
 def vocab_fields(smollm2_path):
-    """SmolLM2's tokenizer keys, for the synthetic models of tests/synth_gguf.py."""
+    """SmolLM2's tokenizer keys, for the synthetic models of tests/support/synth_gguf.py."""
     return synth_gguf.vocab_fields(smollm2_path)
 
 

@@ -6,7 +6,7 @@
 
 SIZE=small makes small timing models (for a CPU). Every matrix is Q4_0 (norms, routers and biases F32), zero-mean.
 The timing models tile a pool of random quant blocks (disk speed, rows repeat: for speed only; no superggml needed);
-the check models are tests/synth_gguf.py's, their matrices quantized by ggml as they are written.
+the check models are tests/support/synth_gguf.py's, their matrices quantized by ggml as they are written.
 """
 
 from __future__ import annotations
@@ -150,8 +150,8 @@ class Q4Writer(gguf.GGUFWriter):
 
 
 def check_models(out, names=()):
-    """tests/synth_gguf.py's models (those named, else all), each written through Q4Writer."""
-    sys.path.insert(0, os.path.join(HERE, "..", "..", "tests"))
+    """tests/support/synth_gguf.py's models (those named, else all), each written through Q4Writer."""
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "support"))
     import common  # noqa: F401  (refuses a superggml that is not run.sh's build)
     import synth_gguf as sg
 

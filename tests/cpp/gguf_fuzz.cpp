@@ -1,7 +1,7 @@
 // Loads every file of a directory through the C++ GGUF path (parse, validate,
 // map, bind every tensor to the mapping, read its bytes back): built with
 // AddressSanitizer + UndefinedBehaviorSanitizer, it proves the mutated inputs
-// of tests/fuzz_gguf.py neither crash nor read out of bounds. Every input must
+// of tests/support/fuzz_gguf.py neither crash nor read out of bounds. Every input must
 // load or throw superggml::Error.
 #include "gguf-file.h"
 #include "weight-store.h"

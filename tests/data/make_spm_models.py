@@ -11,7 +11,7 @@ same sentencepiece (0.2.3) gives the same files::
     pip install sentencepiece==0.2.3
     python3 tests/data/make_spm_models.py
 
-The tests read the models without sentencepiece (tests/test_tokenizer.py, read_spm_model).
+The tests read the models without sentencepiece (tests/api/test_tokenizer.py, read_spm_model).
 """
 
 from __future__ import annotations
