@@ -23,7 +23,7 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum())
 
 
-def greedy(m: Model, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
+def greedy_with_logprobs(m: Model, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
     """n greedy tokens with Model.eval, and log_softmax of the logits each was picked from (F64 [n, n_vocab])."""
     m.reset()
     logits = m.eval(prompt)[-1]
@@ -50,7 +50,7 @@ def test_completion_logprobs_equal_eval(client, model):
     r = client.completions.create(model=model_id(client), prompt=PROMPT, max_tokens=5, temperature=0, logprobs=3)
     lp = r.choices[0].logprobs
     toks = model.tokenize(PROMPT, add_bos=True, special=True)
-    ids, want = greedy(model, toks, len(lp.tokens))
+    ids, want = greedy_with_logprobs(model, toks, len(lp.tokens))
     assert lp.tokens == [model.token_bytes(t).decode("utf-8", "replace") for t in ids]
     for i, tok in enumerate(ids):
         assert abs(lp.token_logprobs[i] - want[i, tok]) < 1e-4

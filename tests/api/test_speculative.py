@@ -14,6 +14,8 @@ from superggml import Model, models
 from superggml.generation.sampling import Sampler, SamplingParams
 from superggml.generation.speculative import DraftLength, LookupDrafter, accept
 
+from prompts import greedy
+
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 REWRITE = (
     "Rewrite this function with type hints:\n\ndef add(a, b):\n    total = a + b\n    return total\n\n"
@@ -26,10 +28,6 @@ CONFIGS = {
     "streamed": dict(device_budget="24MiB", async_prefetch=True),
     "streamed-paged16": dict(device_budget="24MiB", async_prefetch=True, paged_kv=True, kv_page_size=16),
 }
-
-
-def greedy(m, prompt, n):
-    return m.create_completion(prompt, max_tokens=n, temperature=0)["choices"][0]["text"]
 
 
 def chi2_critical(df: int, z: float = 3.09) -> float:

@@ -16,6 +16,8 @@ import pytest
 import superggml
 from superggml import Model
 
+from prompts import greedy
+
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 PACKAGE_DIR = str(Path(superggml.__file__).resolve().parents[1])  # the superggml under test
 U1, U2 = "My name is Ada and I live in Paris.", "Where do I live?"
@@ -66,11 +68,6 @@ class Terminal:
 
 def chat(tmp: Path, name: str, *args: str) -> Terminal:
     return Terminal(tmp, name, [sys.executable, "-m", "superggml", "chat", "--temp", "0", "-c", "1024", *args])
-
-
-def greedy(m: Model, messages: list[dict[str, str]], n: int) -> str:
-    out = m.create_chat_completion(messages, temperature=0.0, max_tokens=n)
-    return str(out["choices"][0]["message"]["content"])
 
 
 def test_two_turns_save_clear_load_and_stats(tmp_path, smollm2_path):

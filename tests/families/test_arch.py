@@ -19,6 +19,7 @@ import llama_ref
 from batching import alone_and_batched
 from superggml import Model, UnsupportedModelError
 from synth_gguf import N_LAYER, VARIANTS, synth
+from cli_runner import run_cli
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -328,11 +329,8 @@ def test_gemma3_vision_tower_is_refused(tmp_path, vocab_fields):
 def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
     import json
 
-    from superggml.commands import cli
-
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
-    assert cli.main(["analyze", "-m", path, "--json", "--no-measure", "--device-budget", "1MiB"]) == 0
-    d = json.loads(capsys.readouterr().out)
+    d = json.loads(run_cli(capsys, "analyze", "-m", path, "--json", "--no-measure", "--device-budget", "1MiB").out)
     arch = VARIANTS[variant]["arch"]
     lay = d["layout"]
     n_layer = VARIANTS[variant].get(
@@ -351,8 +349,7 @@ def test_analyze_works_on_every_family(tmp_path, vocab_fields, variant, capsys):
         if arch == "llama4"
         else 0
     )
-    assert cli.main(["analyze", "-m", path, "--no-measure", "--device-budget", "1MiB"]) == 0
-    out = capsys.readouterr().out
+    out = run_cli(capsys, "analyze", "-m", path, "--no-measure", "--device-budget", "1MiB").out
     swa = re.search(r"sliding window: (\d+) of (\d+) layers over 16 tokens", out)
     assert f": {arch}, " in out and bool(swa) == (lay["n_swa"] == 16)
     assert swa is None or int(swa[2]) == 2 * int(swa[1]) or arch == "gemma4"

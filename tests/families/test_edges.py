@@ -17,8 +17,8 @@ import llama_ref
 from superggml import Model
 from superggml.errors import SuperggmlError
 from synth_gguf import VARIANTS, layout_changes, metadata, synth
+from prompts import TOKENS_10 as PROMPT
 
-PROMPT = [1, 450, 937, 17, 210, 339, 90, 12, 300, 77]
 CHUNK = 12
 # where llama.cpp runs a file and superggml refuses it on purpose, and why
 REFUSED = {

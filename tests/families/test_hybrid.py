@@ -12,7 +12,7 @@ from batching import alone_and_batched
 from superggml import GGUFError, Model
 from superggml.runtime.plan.devices import layer_split
 from synth_gguf import VARIANTS, synth
-from prompts import TOKENS_40 as PROMPT, run_prompt
+from prompts import TOKENS_40 as PROMPT, greedy, run_prompt
 
 HYBRID = [
     "qwen35-interval2",
@@ -107,14 +107,11 @@ def test_speculative_decoding_keeps_the_greedy_text(tmp_path, vocab_fields, vari
     other = synth(tmp_path / "other.gguf", vocab_fields, **{**VARIANTS[variant], "seed": 1})
     kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
 
-    def greedy(m):
-        return m.create_completion("The quick brown fox", max_tokens=40, temperature=0.0)["choices"][0]["text"]
-
     with Model(path, **kw) as m:
-        plain = greedy(m)
+        plain = greedy(m, "The quick brown fox", 40)
     for draft, kept in ((path, True), (other, False)):
         with Model(path, draft_model=draft, draft_k=3, **kw) as m:
-            assert greedy(m) == plain
+            assert greedy(m, "The quick brown fox", 40) == plain
             st = m.stats()
         assert st["draft_tokens"] > 0 and (st["draft_accepted"] == st["draft_tokens"]) == kept
 
@@ -148,14 +145,11 @@ def test_a_rejected_draft_is_replayed_not_fed_again(tmp_path, vocab_fields):
     other = synth(tmp_path / "other.gguf", vocab_fields, **{**VARIANTS["qwen35moe-8x2-q8_0"], "seed": 1})
     kw = dict(ctx_size=256, n_threads=2)
 
-    def greedy(m):
-        return m.create_completion("The quick brown fox", max_tokens=24, temperature=0.0)["choices"][0]["text"]
-
     with Model(path, **kw) as m:
-        plain = greedy(m)
+        plain = greedy(m, "The quick brown fox", 24)
         plain_passes = m.stats()["passes"]
     with Model(path, draft_model=other, draft_k=3, **kw) as m:
-        assert greedy(m) == plain
+        assert greedy(m, "The quick brown fox", 24) == plain
         st = m.stats()
     assert st["draft_tokens"] > 0 and st["draft_accepted"] < st["draft_tokens"]
     assert st["state_replays"] > 0 and st["passes"] <= plain_passes
@@ -195,13 +189,10 @@ def test_prompt_lookup_keeps_the_greedy_text(tmp_path, vocab_fields):
     path = synth(tmp_path / "echo.gguf", vocab_fields, **{**VARIANTS["qwen35-interval2"], "echo": True, "tied": True})
     kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
 
-    def greedy(m):
-        return m.create_completion("The quick brown fox", max_tokens=40, temperature=0.0)["choices"][0]["text"]
-
     with Model(path, **kw) as m:
-        plain = greedy(m)
+        plain = greedy(m, "The quick brown fox", 40)
     with Model(path, lookup_ngram=2, draft_k=4, **kw) as m:
-        assert greedy(m) == plain
+        assert greedy(m, "The quick brown fox", 40) == plain
         st = m.stats()
     assert st["draft_tokens"] >= 20 and st["draft_accepted"] == st["draft_tokens"]
 

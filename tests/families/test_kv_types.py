@@ -9,6 +9,7 @@ import pytest
 import llama_ref
 from superggml import Model, native, models
 from superggml.settings import KV_CACHE_TYPES, KV_QUANTIZED, Settings
+from cli_runner import run_cli
 
 N_DECODE = 3
 KW = dict(ctx_size=256, n_batch=64, n_threads=2)  # CPU repack on, as llama.cpp's default
@@ -108,34 +109,28 @@ def test_options():
 
 
 def test_cli_flags(model_kwargs, smollm2_path, capsys):
-    from superggml.commands.cli import main
-
-    assert (
-        main(
-            [
-                "generate",
-                "-m",
-                smollm2_path,
-                "-p",
-                "Hi",
-                "-n",
-                "2",
-                "--temp",
-                "0",
-                "-c",
-                "64",
-                "-ctk",
-                "q8_0",
-                "-ctv",
-                "q5_0",
-                "--flash-attn",
-            ]
-        )
-        == 0
+    run_cli(
+        capsys,
+        "generate",
+        "-m",
+        smollm2_path,
+        "-p",
+        "Hi",
+        "-n",
+        "2",
+        "--temp",
+        "0",
+        "-c",
+        "64",
+        "-ctk",
+        "q8_0",
+        "-ctv",
+        "q5_0",
+        "--flash-attn",
     )
     assert model_kwargs["cache_type_k"] == "q8_0" and model_kwargs["cache_type_v"] == "q5_0"
-    assert main(["generate", "-m", smollm2_path, "-p", "Hi", "-n", "2", "-ctv", "q8_0"]) == 1
-    assert "requires flash_attn" in capsys.readouterr().err
+    err = run_cli(capsys, "generate", "-m", smollm2_path, "-p", "Hi", "-n", "2", "-ctv", "q8_0", rc=1).err
+    assert "requires flash_attn" in err
 
 
 def test_batch_and_speculative_with_quantized_kv(smollm2_path):

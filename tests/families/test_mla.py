@@ -10,6 +10,8 @@ import pytest
 from batching import alone_and_batched
 from superggml import Model
 from synth_gguf import VARIANTS, expert_bytes, metadata_value, synth
+from prompts import greedy
+from cli_runner import run_cli
 
 MLA = [v for v in VARIANTS if VARIANTS[v]["arch"] == "deepseek2" and not VARIANTS[v].get("legacy")]
 
@@ -78,13 +80,10 @@ def test_speculative_rollback_over_the_latent_memory_is_exact(tmp_path, vocab_fi
     prompt = "a b c d e f g a b c d e f g a b c d"
     kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
 
-    def greedy(m):
-        return m.create_completion(prompt, max_tokens=32, temperature=0.0)["choices"][0]["text"]
-
     with Model(path, **kw) as m:
-        plain = greedy(m)
+        plain = greedy(m, prompt, 32)
     with Model(path, lookup_ngram=2, draft_k=4, **kw) as m:
-        assert greedy(m) == plain
+        assert greedy(m, prompt, 32) == plain
         st = m.stats()
         assert st["draft_tokens"] > 0 and st["draft_accepted"] < st["draft_tokens"]  # rollbacks happened
 
@@ -140,14 +139,11 @@ def test_the_legacy_layout_caches_every_heads_k_and_v(tmp_path, vocab_fields):
 def test_analyze_shows_the_latent_layout_the_groups_and_the_cache_per_token(tmp_path, vocab_fields, capsys):
     import json
 
-    from superggml.commands import cli
-
     path = synth(tmp_path / "v3.gguf", vocab_fields, **VARIANTS["deepseek2-v3-groups-yarn"])
-    assert cli.main(["analyze", "-m", path, "--json", "--no-measure", "--device-budget", "1MiB"]) == 0
-    lay = json.loads(capsys.readouterr().out)["layout"]
+    out = run_cli(capsys, "analyze", "-m", path, "--json", "--no-measure", "--device-budget", "1MiB").out
+    lay = json.loads(out)["layout"]
     assert lay["kv_bytes_per_token"] == 3 * (32 + 16) * 2 and lay["n_moe_layers"] == 2
-    assert cli.main(["analyze", "-m", path, "--no-measure", "--device-budget", "1MiB"]) == 0
-    out = capsys.readouterr().out
+    out = run_cli(capsys, "analyze", "-m", path, "--no-measure", "--device-budget", "1MiB").out
     assert "multi-head latent attention: 4 heads of 48 (K) and 32 (V)" in out and "kv_lora_rank 32 + rope 16" in out
     assert "sigmoid gating with exp_probs_b, chosen within 2 of 4 expert groups" in out
 

@@ -9,6 +9,7 @@ import pytest
 import llama_ref
 from superggml import Model, UnsupportedModelError
 from synth_gguf import VARIANTS, expert_bytes, synth
+from prompts import greedy
 
 MTP = ["deepseek2-v3-groups-yarn", "glm4moe-bias-mtp", "qwen35-mtp", "qwen3next-mtp"]
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
@@ -54,13 +55,10 @@ def test_mtp_drafting_keeps_the_greedy_text(tmp_path, vocab_fields, variant, str
         ctx_size=256, n_threads=2, n_batch=16, batch_invariant=True, **(streamed_options(path) if streamed else {})
     )
 
-    def greedy(m):
-        return m.create_completion(PROMPT, max_tokens=48, temperature=0.0)["choices"][0]["text"]
-
     with Model(path, **kw) as m:
-        plain = greedy(m)
+        plain = greedy(m, PROMPT, 48)
     with Model(path, draft_mtp=True, draft_k=3, **kw) as m:
-        assert greedy(m) == plain
+        assert greedy(m, PROMPT, 48) == plain
         st = m.stats()
     print(
         f"{variant}: drafted {st['draft_tokens']}, accepted {st['draft_accepted']}, "

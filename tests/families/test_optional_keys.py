@@ -14,9 +14,9 @@ import llama_ref
 from superggml import Model
 from superggml.errors import SuperggmlError
 from synth_gguf import ONE_PER_FAMILY, VARIANTS, keys_left_out, synth
+from prompts import TOKENS_10 as PROMPT
 
 CHUNK = 12
-PROMPT = [1, 450, 937, 17, 210, 339, 90, 12, 300, 77]
 
 
 def ours(path):

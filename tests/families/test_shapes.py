@@ -16,8 +16,8 @@ import llama_ref
 from superggml import Model
 from superggml.errors import SuperggmlError
 from synth_gguf import ONE_PER_FAMILY, VARIANTS, layout_changes, metadata, synth
+from prompts import TOKENS_10 as PROMPT
 
-PROMPT = [1, 450, 937, 17, 210, 339, 90, 12, 300, 77]
 PER_LAYER = ("attention.head_count", "attention.head_count_kv", "feed_forward_length")
 
 

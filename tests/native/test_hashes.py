@@ -11,9 +11,9 @@ import numpy as np
 
 import synth_gguf
 from superggml import gguf, native
-from superggml.commands import cli
 from superggml.hashes import content_hashes, content_ranges, sidecar_path
 from synth_gguf import VARIANTS, synth
+from cli_runner import run_cli
 
 
 def fnv1a(data: bytes) -> int:
@@ -93,7 +93,6 @@ def test_a_stale_index_is_not_used(smollm2_path, tmp_path):
 
 def test_analyze_prints_them(smollm2_path, tmp_path, capsys):
     path = synth(tmp_path / "d.gguf", synth_gguf.vocab_fields(smollm2_path), "llama")
-    assert cli.main(["analyze", "-m", path, "--no-measure", "--hashes"]) == 0
-    out = capsys.readouterr().out
+    out = run_cli(capsys, "analyze", "-m", path, "--no-measure", "--hashes").out
     h = content_hashes(path)
     assert f"model {h.model}" in out and f"block   0  {h.blocks[0]}" in out

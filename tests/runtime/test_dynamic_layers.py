@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from superggml import Model
-from superggml.commands import cli
 from superggml.settings import PagingSettings
 
 from prompts import TOKENS_40 as PROMPT  # noqa: E402
+from cli_runner import run_cli
 
 DECODE = [7, 11, 13, 17]
 MiB = 1 << 20
@@ -121,28 +121,24 @@ def test_cli_flags_and_environment(monkeypatch, model_kwargs, smollm2_path, caps
     seen = model_kwargs
     monkeypatch.setenv("SUPERGGML_DYNAMIC_LAYERS", "1")
     monkeypatch.setenv("SUPERGGML_MEM_PRESSURE", "0.7")
-    assert cli.main(["generate", "-m", smollm2_path, "-p", "Hi", "-n", "2", "--temp", "0", "-c", "64", "-v"]) == 0
+    err = run_cli(capsys, "generate", "-m", smollm2_path, "-p", "Hi", "-n", "2", "--temp", "0", "-c", "64", "-v").err
     assert seen["dynamic_layers"] is True and seen["mem_pressure"] == 0.7
-    assert "layers_demoted" in capsys.readouterr().err
-    assert (
-        cli.main(
-            [
-                "generate",
-                "-m",
-                smollm2_path,
-                "-p",
-                "Hi",
-                "-n",
-                "1",
-                "-c",
-                "64",
-                "--mem-pressure",
-                "0.6",
-                "--direct-io",
-                "on",
-            ]
-        )
-        == 0
+    assert "layers_demoted" in err
+    run_cli(
+        capsys,
+        "generate",
+        "-m",
+        smollm2_path,
+        "-p",
+        "Hi",
+        "-n",
+        "1",
+        "-c",
+        "64",
+        "--mem-pressure",
+        "0.6",
+        "--direct-io",
+        "on",
     )
     assert seen["mem_pressure"] == 0.6 and seen["direct_io"] is True
 

@@ -11,6 +11,7 @@ from superggml import Model, native
 from superggml.devices import transfer_rate
 from superggml.runtime.plan.memory_plan import plan_memory, with_host_tier
 from superggml.settings import ContextSettings
+from cli_runner import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -176,13 +177,9 @@ def test_plan_of_a_device_with_a_host_tier(smollm2_path):
 def test_plan_and_analyze_show_the_auto_plan(smollm2_path, capsys):
     import json
 
-    from superggml.commands import cli
-
-    assert cli.main(["plan", "-m", smollm2_path]) == 0
-    out = capsys.readouterr().out
+    out = run_cli(capsys, "plan", "-m", smollm2_path).out
     assert "device_budget auto" in out and "all weights resident" in out
-    assert cli.main(["plan", "-m", smollm2_path, "--json"]) == 0
-    d = json.loads(capsys.readouterr().out)
+    d = json.loads(run_cli(capsys, "plan", "-m", smollm2_path, "--json").out)
     assert d["memory_plan"]["resident"] and d["memory_plan"]["weights"] > 0
 
 

@@ -9,11 +9,11 @@ import threading
 import pytest
 
 from superggml import Model
-from superggml.commands import cli
 from superggml.metrics import MetricsWriter
 from superggml.commands.plot import read_metrics
 
 from metrics_lines import valid_lines
+from cli_runner import run_cli
 
 
 class FakeMemory:
@@ -105,27 +105,23 @@ def test_writer_never_interleaves_lines():
     assert len(lines) == 2000 and all(json.loads(x)["pad"] == "x" * 200 for x in lines)
 
 
-def test_cli_metrics_file(smollm2_path, tmp_path):
+def test_cli_metrics_file(smollm2_path, tmp_path, capsys):
     path = tmp_path / "cli.jsonl"
-    assert (
-        cli.main(
-            [
-                "generate",
-                "-m",
-                smollm2_path,
-                "-p",
-                "Hello",
-                "-n",
-                "5",
-                "--temp",
-                "0",
-                "-c",
-                "128",
-                "--metrics-file",
-                str(path),
-            ]
-        )
-        == 0
+    run_cli(
+        capsys,
+        "generate",
+        "-m",
+        smollm2_path,
+        "-p",
+        "Hello",
+        "-n",
+        "5",
+        "--temp",
+        "0",
+        "-c",
+        "128",
+        "--metrics-file",
+        str(path),
     )
     lines = valid_lines(path)
     assert max(x["generated_tokens"] for x in lines if "event" not in x) >= 4
@@ -136,7 +132,7 @@ def test_bad_interval(smollm2_path):
         Model(smollm2_path, metrics=True, metrics_interval=0)
 
 
-def test_plot_renders_a_timeline_png(smollm2_path, tmp_path):
+def test_plot_renders_a_timeline_png(smollm2_path, tmp_path, capsys):
     import numpy as np
     from PIL import Image
 
@@ -146,10 +142,10 @@ def test_plot_renders_a_timeline_png(smollm2_path, tmp_path):
     ) as m:
         m.create_completion("Once upon a time", max_tokens=8, temperature=0)
     png = tmp_path / "timeline.png"
-    assert cli.main(["plot", str(path), "-o", str(png)]) == 0
+    run_cli(capsys, "plot", str(path), "-o", str(png))
     img = np.asarray(Image.open(png).convert("L"))
     assert img.shape[0] > 500 and img.shape[1] > 800
     assert img.std() > 10 and (img < 128).mean() > 0.01  # drawn, not blank
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    assert cli.main(["plot", str(empty), "-o", str(tmp_path / "x.png")]) == 1
+    run_cli(capsys, "plot", str(empty), "-o", str(tmp_path / "x.png"), rc=1)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from superggml import Model
-from superggml.commands import cli
 from superggml.runtime.plan.devices import layer_split
 from superggml.settings import DeviceSettings
 
 from prompts import run_prompt  # noqa: E402
+from cli_runner import run_cli
 
 
 @pytest.mark.parametrize("split", [None, [1, 3], [1, 0]])
@@ -46,25 +46,21 @@ def test_layer_split_rounding_and_errors(smollm2_path):
 
 
 def test_cli_devices(smollm2_path, capsys):
-    assert (
-        cli.main(
-            [
-                "generate",
-                "-m",
-                smollm2_path,
-                "-p",
-                "Hello",
-                "-n",
-                "3",
-                "--temp",
-                "0",
-                "-c",
-                "64",
-                "--devices",
-                "CPU,CPU",
-                "--tensor-split",
-                "2,1",
-            ]
-        )
-        == 0
+    run_cli(
+        capsys,
+        "generate",
+        "-m",
+        smollm2_path,
+        "-p",
+        "Hello",
+        "-n",
+        "3",
+        "--temp",
+        "0",
+        "-c",
+        "64",
+        "--devices",
+        "CPU,CPU",
+        "--tensor-split",
+        "2,1",
     )

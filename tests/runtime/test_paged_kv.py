@@ -13,6 +13,7 @@ import pytest
 import synth_gguf
 from superggml import Model
 from superggml.errors import SuperggmlError
+from cli_runner import run_cli
 
 PROMPT = [(i * 37) % 4000 + 300 for i in range(200)]  # crosses pages of 16 mid-batch (n_batch 48)
 N_DECODE = 24
@@ -344,41 +345,38 @@ def test_kv_cache_random_traffic_matches_a_shadow(tmp_path):
 
 
 def test_cli_paged_kv_flags(monkeypatch, model_kwargs, smollm2_path, tmp_path, capsys):
-    from superggml.commands import cli
 
     seen = model_kwargs
     monkeypatch.setenv("SUPERGGML_KV_PAGE_SIZE", "32")
-    assert (
-        cli.main(
-            [
-                "generate",
-                "-m",
-                smollm2_path,
-                "-p",
-                "Hello",
-                "-n",
-                "4",
-                "--temp",
-                "0",
-                "-c",
-                "128",
-                "--paged-kv",
-                "--kv-device-layers",
-                "2",
-                "--host-budget",
-                "64KiB",
-                "--kv-spill-dir",
-                str(tmp_path),
-                "-v",
-            ]
-        )
-        == 0
-    )
+    err = run_cli(
+        capsys,
+        "generate",
+        "-m",
+        smollm2_path,
+        "-p",
+        "Hello",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "-c",
+        "128",
+        "--paged-kv",
+        "--kv-device-layers",
+        "2",
+        "--host-budget",
+        "64KiB",
+        "--kv-spill-dir",
+        str(tmp_path),
+        "-v",
+    ).err
     assert seen["paged_kv"] is True and seen["kv_page_size"] == 32 and seen["kv_device_layers"] == 2
     assert seen["host_budget"] == "64KiB" and seen["kv_spill_dir"] == str(tmp_path)
-    assert "kv_pages_disk" in capsys.readouterr().err
-    assert cli.main(["generate", "-m", smollm2_path, "-p", "Hi", "-n", "1", "--paged-kv", "--kv-page-size", "8"]) == 1
-    assert "kv_page_size must be in 16..8192" in capsys.readouterr().err
+    assert "kv_pages_disk" in err
+    err = run_cli(
+        capsys, "generate", "-m", smollm2_path, "-p", "Hi", "-n", "1", "--paged-kv", "--kv-page-size", "8", rc=1
+    ).err
+    assert "kv_page_size must be in 16..8192" in err
 
 
 def test_paged_kv_with_streamed_weights(smollm2_path, tmp_path):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from superggml.commands import cli
 from superggml.commands.allocation import Device, allocate
+from cli_runner import run_cli
 
 GiB = 1 << 30
 A = Device(0, "GPU-A 8G", free=8 * GiB, total=8 * GiB)
@@ -67,25 +67,21 @@ def test_bad_arguments():
 
 
 def test_plan_command(smollm2_path, capsys):
-    assert cli.main(["plan", "-m", smollm2_path, "--reserve-mib", "64", "--min-budget-mib", "64", "--json"]) == 0
-    d = json.loads(capsys.readouterr().out)
+    out = run_cli(capsys, "plan", "-m", smollm2_path, "--reserve-mib", "64", "--min-budget-mib", "64", "--json").out
+    d = json.loads(out)
     assert d["devices"] and d["devices"][0]["type"] == "cpu"
     assert sum(p["n_layers"] for p in d["placements"]) + len(d["streamed"]) == 30
     assert d["rates"]["disk"] > 0 and d["rates"]["compute"] > 0 and d["rates"]["links"] == {}  # measured
-    assert cli.main(["plan", "--devices", "GPU9"]) == 1  # devices by name, as everywhere
-    assert "no device GPU9" in capsys.readouterr().err
-    assert (
-        cli.main(
-            ["plan", "-m", smollm2_path, "--devices", "CPU", "--reserve-mib", "0", "--min-budget-mib", "0", "--json"]
-        )
-        == 0
-    )
-    assert [p["device"] for p in json.loads(capsys.readouterr().out)["placements"]] == ["CPU"]
+    err = run_cli(capsys, "plan", "--devices", "GPU9", rc=1).err  # devices by name, as everywhere
+    assert "no device GPU9" in err
+    out = run_cli(
+        capsys, "plan", "-m", smollm2_path, "--devices", "CPU", "--reserve-mib", "0", "--min-budget-mib", "0", "--json"
+    ).out
+    assert [p["device"] for p in json.loads(out)["placements"]] == ["CPU"]
 
 
 def test_analyze_command(smollm2_path, capsys):
-    assert cli.main(["analyze", "-m", smollm2_path, "--json", "-t", "2"]) == 0
-    d = json.loads(capsys.readouterr().out)
+    d = json.loads(run_cli(capsys, "analyze", "-m", smollm2_path, "--json", "-t", "2").out)
     lay = d["layout"]
     assert lay["n_layer"] == 30 and len(lay["block_bytes"]) == 30
     assert lay["kv_bytes_per_token"] == 2 * 30 * 192 * 2
@@ -93,8 +89,7 @@ def test_analyze_command(smollm2_path, capsys):
     plans = d["plans"]
     assert plans[0]["streamed_bytes"] == 0 and plans[0]["predicted_s"] == pytest.approx(d["t_compute_s"])
     assert plans[1]["streamed_bytes"] > 0 and plans[-1]["n_slots"] == 1
-    assert cli.main(["analyze", "-m", smollm2_path, "--no-measure", "--device-budget", "8MiB"]) == 0
-    out = capsys.readouterr().out
+    out = run_cli(capsys, "analyze", "-m", smollm2_path, "--no-measure", "--device-budget", "8MiB").out
     assert "KV cache (F16): 22.5 KiB per token" in out and "blocks: min" in out
 
 
@@ -149,29 +144,25 @@ def test_analyze_plan_matches_the_executor(smollm2_path):
 
 
 def test_bench_command(smollm2_path, capsys):
-    assert (
-        cli.main(
-            [
-                "bench",
-                "-m",
-                smollm2_path,
-                "-p",
-                "32",
-                "-n",
-                "4",
-                "-r",
-                "1",
-                "-c",
-                "64",
-                "--json",
-                "--device-budget",
-                "8MiB",
-                "--async-prefetch",
-            ]
-        )
-        == 0
-    )
-    d = json.loads(capsys.readouterr().out)
+    out = run_cli(
+        capsys,
+        "bench",
+        "-m",
+        smollm2_path,
+        "-p",
+        "32",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "-c",
+        "64",
+        "--json",
+        "--device-budget",
+        "8MiB",
+        "--async-prefetch",
+    ).out
+    d = json.loads(out)
     assert d["prefill_tok_s"] > 0 and d["decode_tok_s"] > 0 and d["stats"]["loads"] > 0
-    assert cli.main(["bench", "-m", smollm2_path, "-p", "100", "-n", "4", "-c", "64"]) == 1
-    assert "do not fit ctx_size" in capsys.readouterr().err
+    err = run_cli(capsys, "bench", "-m", smollm2_path, "-p", "100", "-n", "4", "-c", "64", rc=1).err
+    assert "do not fit ctx_size" in err

@@ -11,10 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import synth_gguf
 from superggml import Model
-from superggml.commands import cli
 from superggml.serve import serve
 from superggml.serve.keys import allows, check_bind, is_loopback, load_keys
 from http_server import Server
+from cli_runner import run_cli
 
 KEYS = ["first-key", "second-key"]
 
@@ -86,8 +86,8 @@ def test_no_key_binds_loopback_only(model, capsys, monkeypatch):
     check_bind("0.0.0.0", [], True)
     with pytest.raises(ValueError, match="refusing to listen on 0.0.0.0 with no API key"):
         serve(model, host="0.0.0.0", port=1)
-    assert cli.main(["serve", "-m", "smollm2", "--host", "0.0.0.0"]) == 1  # before the model loads
-    assert "--insecure" in capsys.readouterr().err
+    err = run_cli(capsys, "serve", "-m", "smollm2", "--host", "0.0.0.0", rc=1).err  # before the model loads
+    assert "--insecure" in err
 
 
 def test_prometheus_metrics_count_what_a_request_did(model):

@@ -1,6 +1,6 @@
 """The prompts the tests share, and the runs they put them through: PROMPTS for the teacher-forced logit comparison
 (varied, each at least 64 tokens); the token feed the streamed-against-resident tests compare (a 40-token prompt,
-then 3 decoded tokens); the prompts of the tests that compare runs of one model."""
+then 3 decoded tokens); the prompts of the tests that compare runs of one model; greedy text."""
 
 import numpy as np
 
@@ -43,6 +43,8 @@ def feed_logits(m) -> np.ndarray:
 CAPITAL = "The capital of France is"
 TOKENS_40 = list(range(300, 340))
 RANDOM_60 = [int(x) for x in np.random.default_rng(1).integers(0, 49152, 60)]
+# the tests that load a family's synthetic GGUF once per changed key or shape, here and in llama.cpp
+TOKENS_10 = [1, 450, 937, 17, 210, 339, 90, 12, 300, 77]
 
 
 def run_prompt(m) -> np.ndarray:
@@ -53,3 +55,12 @@ def run_prompt(m) -> np.ndarray:
         out.append(m.eval([t]).copy())
         t = int(np.argmax(out[-1][-1]))
     return np.concatenate(out)
+
+
+def greedy(m, prompt, n: int) -> str:
+    """n greedy tokens' text (temperature 0) after `prompt`: a text or token ids through create_completion, a list
+    of chat messages ({"role": ..., "content": ...}) through create_chat_completion."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        out = m.create_chat_completion(prompt, temperature=0.0, max_tokens=n)
+        return str(out["choices"][0]["message"]["content"])
+    return m.create_completion(prompt, max_tokens=n, temperature=0.0)["choices"][0]["text"]
