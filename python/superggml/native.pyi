@@ -2,7 +2,7 @@
 
 # Type stubs of the pybind11 module (csrc/bindings/*.cpp), docstrings as bound. The paging API (leases, pools,
 # prefetch, the layer pager, the KV cache, GGUF files, ggml graphs) is typed; the internals (weight loader, expert
-# cache, RPC, I/O fault hooks) resolve to Any through the module-level __getattr__ at the end. tests/test_typing.py
+# cache, RPC, I/O fault hooks) resolve to Any through the module-level __getattr__ at the end. tests/house/test_typing.py
 # checks the stub against the built module (mypy.stubtest, allowlist: tests/stubtest-allowlist.txt).
 
 from collections.abc import Sequence
