@@ -286,3 +286,27 @@ def check_sizes(hp: HParams, meta: Mapping[str, Any], own_v_heads: bool, sliding
         )
     if sliding and meta.get(f"{hp.arch}.attention.sliding_window") == 0:
         raise GGUFError(f"'{hp.arch}.attention.sliding_window' is 0: the sliding blocks would attend to nothing")
+
+
+def padded(shape: Sequence[int]) -> tuple[int, ...]:
+    """A shape as ggml's 4 dimensions, the missing ones 1."""
+    return (*shape, *(1,) * (4 - len(shape)))
+
+
+def attn_scale(attn_temp: tuple[float, int, float], positions: np.ndarray) -> np.ndarray:
+    """The attention temperature (scale, floor, offset) of each position (llm_graph_input_attn_temp): F32 [n]."""
+    scale, floor, offset = attn_temp
+    steps = np.floor((positions.astype(np.float32) + f32(offset)) / f32(floor))
+    out: np.ndarray = (np.log(steps.astype(np.float64) + 1.0) * float(f32(scale)) + 1.0).astype(np.float32)
+    return out
+
+
+def check_shapes(arch: str, expected: Mapping[str, tuple[int, ...]], table: Mapping[str, tuple[int, ...]]) -> None:
+    """GGUFError naming the first tensor of `expected` that `table` lacks or holds in another shape (as llama.cpp
+    compares: trailing dimensions of 1 are equal)."""
+    for name, shape in expected.items():
+        got = table.get(name)
+        if got is None:
+            raise GGUFError(f"GGUF lacks tensor '{name}' required by {arch}")
+        if padded(got) != padded(shape):
+            raise GGUFError(f"tensor '{name}' has shape {list(got)}, expected {list(shape)}")

@@ -3,7 +3,7 @@ step's inputs: arch/base.py)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import numpy as np
 
@@ -12,8 +12,8 @@ from ..errors import GGUFError, UnsupportedModelError
 from ..native import Context, Graph, Tensor
 from .base import HParams as HParams  # re-exported: the runtime imports both from here
 from .base import StepInputs as StepInputs
-from .base import Memory, Weights, check_sizes, f32, lane_memory, one_memory, swiglu
-from .moe import ExpertHooks, MoeConfig, build_moe_ffn, build_shared_expert_only, moe_tensor_shapes
+from .base import Memory, Weights, attn_scale, check_shapes, check_sizes, f32, lane_memory, one_memory, swiglu
+from .moe import MoeConfig, build_moe_ffn, build_shared_expert_only, moe_tensor_shapes
 
 F32 = native.GGMLType.F32
 F16 = native.GGMLType.F16
@@ -32,7 +32,7 @@ def inv_sqrt(x: float) -> float:
     return float(f32(1.0) / np.sqrt(f32(x)))
 
 
-class Architecture(ExpertHooks):
+class Architecture:
     """One model family: names its tensors and builds the block graph.
 
     The block is llama's (pre-norm attention and a gated FFN, each added to the residual); families change
@@ -151,6 +151,24 @@ class Architecture(ExpertHooks):
         """Whether block il's FFN is the mixture of experts."""
         return self.hp.n_expert > 0 and il >= self.n_lead
 
+    # -- mixture of experts: what a family may change (arch/moe.py builds it) --
+    def expert_tensors(self, il: int) -> list[str]:
+        """Block il's 3-D expert tensors, which an expert cache pages one expert at a time."""
+        return [f"blk.{il}.ffn_{n}_exps.weight" for n in self.moe.parts] if self.is_moe(il) else []
+
+    def swiglu_limits(self, il: int) -> tuple[float, float]:
+        """Block il's SwiGLU clamps (Step 3.5): the routed experts', the dense and shared FFNs'; 0: none."""
+        return 0.0, 0.0
+
+    def router_input(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
+        return cur  # what block p's router multiplies
+
+    def expert_input(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
+        return cur  # what block p's routed experts read
+
+    def experts_out(self, ctx: Context, w: Weights, p: str, out: Tensor) -> Tensor:
+        return out  # the routed experts' weighted sum, before the shared expert's output joins it
+
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and self.swa_layers[il]
 
@@ -185,12 +203,8 @@ class Architecture(ExpertHooks):
         raise NotImplementedError(f"{self.hp.arch} has no recurrent mixer")
 
     def attn_scale_of(self, positions: np.ndarray) -> np.ndarray:
-        """The attention temperature of each position (llm_graph_input_attn_temp): F32 [n]."""
         assert self.attn_temp is not None
-        scale, floor, offset = self.attn_temp
-        steps = np.floor((positions.astype(np.float32) + f32(offset)) / f32(floor))
-        out: np.ndarray = (np.log(steps.astype(np.float64) + 1.0) * float(f32(scale)) + 1.0).astype(np.float32)
-        return out
+        return attn_scale(self.attn_temp, positions)
 
     def set_context(self, n_ctx: int) -> None:
         """The context size the model runs with, padded as llama.cpp pads it (it picks LongRoPE's factors)."""
@@ -277,12 +291,7 @@ class Architecture(ExpertHooks):
         expected = dict(self.global_tensor_shapes(lambda n: n in table))
         for il in range(self.hp.n_layer):
             expected.update(self.block_tensor_shapes(il))
-        for name, shape in expected.items():
-            got = table.get(name)
-            if got is None:
-                raise GGUFError(f"GGUF lacks tensor '{name}' required by {self.hp.arch}")
-            if padded(got) != padded(shape):  # as llama.cpp compares: trailing dimensions of 1 are equal
-                raise GGUFError(f"tensor '{name}' has shape {list(got)}, expected {list(shape)}")
+        check_shapes(self.hp.arch, expected, table)
 
     # -- graphs ------------------------------------------------------------
     def build_embed(self, ctx: Context, w: Weights, inp: StepInputs) -> Tensor:
@@ -512,7 +521,7 @@ class Architecture(ExpertHooks):
     def glu(self, ctx: Context, gate: Tensor, up: Tensor, limit: float = 0.0) -> Tensor:
         return ctx.geglu_split(gate, up) if self.ffn_glu == "geglu" else swiglu(ctx, gate, up, limit)
 
-    # -- mixture of experts (the other hooks: moe.ExpertHooks) ------------------
+    # -- mixture of experts: the FFN (its hooks are above, beside is_moe) ------------
     def shared_ffn(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor | None:
         """What runs beside block p's routed experts over the FFN's input cur (a shared expert; None: nothing)."""
         return build_shared_expert_only(self, ctx, w, p, cur)
@@ -727,8 +736,3 @@ def packed_views(ctx: Context, record: Tensor, shapes: list[list[int]]) -> list[
         views.append(ctx.view(record, shape, nb, off))
         off += shape[0] * shape[1] * es
     return views
-
-
-def padded(shape: Sequence[int]) -> tuple[int, ...]:
-    """A shape as ggml's 4 dimensions, the missing ones 1."""
-    return (*shape, *(1,) * (4 - len(shape)))

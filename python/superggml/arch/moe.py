@@ -36,6 +36,11 @@ class MoeConfig:
     relu2: bool = False  # experts and shared expert ungated: down(relu(up x)^2) (nemotron_h_moe)
     down_scale: bool = False  # each expert's output scaled by ffn_down_exps.scale (gemma4)
 
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The 3-D expert tensors of a block, by the middle of their names (ffn_<part>_exps)."""
+        return ("gate_up", "down") if self.fused_gate_up else ("up", "down") if self.relu2 else ("gate", "up", "down")
+
 
 class Architecture(Protocol):
     """What this module reads and sets of an arch.common.Architecture (which imports this module)."""
@@ -62,44 +67,6 @@ class Architecture(Protocol):
     def expert_input(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor: ...
     def experts_out(self, ctx: Context, w: Weights, p: str, out: Tensor) -> Tensor: ...
     def shared_ffn(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor | None: ...
-
-
-class ExpertHooks:
-    """What a family may change of its mixture of experts (arch/common.Architecture's defaults)."""
-
-    moe: MoeConfig
-
-    def is_moe(self, il: int) -> bool:
-        raise NotImplementedError
-
-    def expert_tensors(self, il: int) -> list[str]:
-        """Block il's 3-D expert tensors (gate, up, down), which an expert cache pages one expert at a time."""
-        if not self.is_moe(il):
-            return []
-        parts = (
-            ("gate_up", "down")
-            if self.moe.fused_gate_up
-            else ("up", "down")
-            if self.moe.relu2
-            else ("gate", "up", "down")
-        )
-        return [f"blk.{il}.ffn_{n}_exps.weight" for n in parts]
-
-    def swiglu_limits(self, il: int) -> tuple[float, float]:
-        """Block il's SwiGLU clamps (Step 3.5): the routed experts', the dense and shared FFNs'; 0: none."""
-        return 0.0, 0.0
-
-    def router_input(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
-        """What block p's router multiplies, from the FFN's input cur."""
-        return cur
-
-    def expert_input(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
-        """What block p's routed experts read, from the FFN's input cur."""
-        return cur
-
-    def experts_out(self, ctx: Context, w: Weights, p: str, out: Tensor) -> Tensor:
-        """Block p's routed experts' weighted sum, before the shared expert's output joins it."""
-        return out
 
 
 WEIGHTS_SUM_MIN = 6.103515625e-5  # llama.cpp clamps the sum of the chosen weights to the smallest F16 normal
