@@ -16,7 +16,7 @@ after it (`SlotReleased`), so a view never reads memory that was freed or given 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional, Union, cast
+from typing import Any, Optional, TypeVar, Union, cast
 
 import numpy as np
 
@@ -82,7 +82,30 @@ def view(lease: Any, dtype: Any, shape: Sequence[int], offset: int = 0) -> np.nd
     return np.frombuffer(lease, dtype=dt, count=count, offset=offset).reshape(tuple(shape))
 
 
-class BufferPool:
+H = TypeVar("H", bound="Handle")
+
+
+class Handle:
+    """A handle on a native object (`core`): its counters (stats), and a context that closes it."""
+
+    @property
+    def core(self) -> Any:
+        raise NotImplementedError
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.core.stats())
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: H) -> H:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BufferPool(Handle):
     """`n_slots` slots of `slot_size` bytes on `device` ("CPU", a ggml device name or "RPC[host:port]"), allocated
     at once, so the pool's bytes are its budget. Host slots start on a page (DIRECT_ALIGN) and their size is
     rounded up to one, so a Prefetcher's O_DIRECT reads land in them; device slots use the device's alignment
@@ -139,14 +162,8 @@ class BufferPool:
         """Drops the pool; slots still held keep its memory until they are released."""
         self._pool = None
 
-    def __enter__(self) -> "BufferPool":
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class Prefetcher:
+class Prefetcher(Handle):
     """`n_workers` threads reading byte ranges of the file at `path` into slots, highest priority first.
     direct_io: True or None (default) opens the file with O_DIRECT too, where the file system allows it
     (aligned ranges then go disk to slot without the page cache); False reads through the page cache."""
@@ -181,21 +198,12 @@ class Prefetcher:
         """Cancels every queued load into the slot of `key` (their futures raise LoadCancelled)."""
         return self.core.cancel(key)
 
-    def stats(self) -> dict[str, Any]:
-        return dict(self.core.stats())
-
     def close(self) -> None:
         """Cancels queued loads and stops the workers once loads in flight finish."""
         self._io = None
 
-    def __enter__(self) -> "Prefetcher":
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class LayerPager:
+class LayerPager(Handle):
     """Groups of a GGUF file's tensors (`layers`: lists of tensor names) streamed through `n_slots` slots
     (each the size of the largest layer unless `slot_size` is given) by `n_workers` prefetch threads.
     prefetch(l) starts loading layer l; acquire(l) waits for it and returns a `Layer` whose tensors are
@@ -259,17 +267,8 @@ class LayerPager:
     def unpin(self, layer: int) -> None:
         self.core.unpin(layer)
 
-    def stats(self) -> dict[str, Any]:
-        return dict(self.core.stats())
-
     def close(self) -> None:
         self._pager = None
-
-    def __enter__(self) -> "LayerPager":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def layer_array(layer: "native.Layer", name: str) -> np.ndarray:
@@ -286,7 +285,7 @@ def layer_array(layer: "native.Layer", name: str) -> np.ndarray:
     return view(layer, np.uint8, [t.nbytes // row_bytes, row_bytes], off)
 
 
-class KVCache:
+class KVCache(Handle):
     """A paged K/V cache for `n_layers` layers of `n_embd_kv` channels and up to `n_ctx` tokens per sequence:
     pages of `page_size` tokens live in device frames (`n_frames`, 0: one per layer), host memory
     (`host_budget` bytes, None: no limit) and a spill file in `spill_dir`. acquire(seq, layer, n_valid)
@@ -359,17 +358,8 @@ class KVCache:
     def page_bytes(self) -> int:
         return self.core.page_bytes
 
-    def stats(self) -> dict[str, Any]:
-        return dict(self.core.stats())
-
     def close(self) -> None:
         self._kv = None
-
-    def __enter__(self) -> "KVCache":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def memory(*, nvml: bool = True) -> MemorySnapshot:

@@ -24,12 +24,11 @@ CHUNK = 12
 REFUSED = {
     ".attention.sliding_window = 0": "its sliding blocks attend to nothing: llama.cpp gives NaN logits (gemma2), "
     "or gpt-oss's from its sinks alone",
+    ".attention.indexer.top_k = 0": "the sparse attention's indexer keeps no key: llama.cpp's attention sees "
+    "nothing and every logit is NaN (deepseek32, glm-dsa)",
 }
-# where the two differ and superggml is not settled yet (issue 65): left out, and printed
-KNOWN = {
-    "deepseek32.attention.indexer.top_k = 0": "llama.cpp runs it; superggml refuses a top 0",
-    "glm-dsa.attention.indexer.top_k = 0": "llama.cpp runs it; superggml refuses a top 0",
-}
+# where the two differ and superggml is not settled yet: left out, and printed (none today)
+KNOWN: dict[str, str] = {}
 # the families whose edges found something, and one plain family; every family passed once (stop 68), and the
 # whole matrix costs minutes the suite does not have
 EDGE_FAMILIES = [
