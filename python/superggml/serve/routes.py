@@ -159,20 +159,13 @@ class Routes:
         n = await asyncio.to_thread(self.save_slot if action == "save" else self.restore_slot, sl, id_slot, path)
         ms = round(1000 * (time.perf_counter() - t0), 3)
         size = os.path.getsize(path)
-        if action == "save":
-            return {
-                "id_slot": id_slot,
-                "filename": body.filename,
-                "n_saved": n,
-                "n_written": size,
-                "timings": {"save_ms": ms},
-            }
+        done, moved = ("saved", "written") if action == "save" else ("restored", "read")  # llama-server's names
         return {
             "id_slot": id_slot,
             "filename": body.filename,
-            "n_restored": n,
-            "n_read": size,
-            "timings": {"restore_ms": ms},
+            f"n_{done}": n,
+            f"n_{moved}": size,
+            "timings": {f"{action}_ms": ms},
         }
 
     def slot_file(self, name: str) -> str:
