@@ -29,6 +29,12 @@ REFUSED = {
 }
 # where the two differ and superggml is not settled yet: left out, and printed (none today)
 KNOWN: dict[str, str] = {}
+# where the pinned llama.cpp hangs (measured: past LOAD_HANG_S, in every family that has the key): superggml must
+# refuse, and llama.cpp is not asked again (each would cost the suite LOAD_HANG_S)
+HANGS = {
+    ".rope.dimension_count = 0": "no rotary dimensions: llama.cpp's RoPE loops without end",
+    ".rope.dimension_count_swa = 0": "no rotary dimensions in the sliding layers: llama.cpp's RoPE loops without end",
+}
 # the families whose edges found something, and one plain family; every family passed once (stop 68), and the
 # whole matrix costs minutes the suite does not have
 EDGE_FAMILIES = [
@@ -99,7 +105,7 @@ def edges(path, arch):
 @pytest.mark.parametrize("variant", EDGE_FAMILIES)
 def test_edge_values_run_or_are_refused_as_llama_cpp_does(tmp_path, small_vocab, variant):
     full = synth(tmp_path / "full.gguf", small_vocab, **VARIANTS[variant])
-    todo, paths = [], []
+    todo, paths, refused = [], [], []
     for what, values in edges(full, VARIANTS[variant]["arch"]):
         with warnings.catch_warnings():  # a writer the generator gave up on is collected here, unclosed
             warnings.simplefilter("ignore", ResourceWarning)
@@ -109,8 +115,16 @@ def test_edge_values_run_or_are_refused_as_llama_cpp_does(tmp_path, small_vocab,
             except (ValueError, ZeroDivisionError, AssertionError, IndexError):
                 gc.collect()
                 continue  # the generator itself cannot lay the model out so (a zero-sized tensor)
+        if any(what.endswith(h) for h in HANGS):
+            refused.append((what, ours(paths.pop())))
+            continue
         todo.append(what)
     wrong, statuses = [], []
+    for what, g in refused:
+        if not isinstance(g, (SuperggmlError, ValueError)):
+            wrong.append(
+                f"{what}: llama.cpp hangs on it, superggml {'runs it' if not isinstance(g, Exception) else g!r}"
+            )
     for at in range(0, len(paths), CHUNK):
         chunk = paths[at : at + CHUNK]
         pending = llama_ref.start({"kind": "loads", "model": full, "models": chunk, "prompt": PROMPT})
