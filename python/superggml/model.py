@@ -139,7 +139,7 @@ class Model(Completions, Embeddings, Constraints):
             self.metrics = Metrics(
                 self, MetricsWriter(ms.metrics_file, pretty=ms.metrics_pretty), interval=ms.metrics_interval
             )
-            self.runtime.passes.record_timings = True
+            self.runtime.passes.observe(self.metrics.on_layer_timings)
         tmpl = self.metadata.get("tokenizer.chat_template")
         tk = self.tokenizer
         self.chat_template = ChatTemplate(
@@ -212,7 +212,7 @@ class Model(Completions, Embeddings, Constraints):
         self.runtime = Executor(self.arch, self.store, resolved)
         self.running = True
         if self.metrics is not None:
-            self.runtime.passes.record_timings = True
+            self.runtime.passes.observe(self.metrics.on_layer_timings)
 
     # -- lifecycle ---------------------------------------------------------
     def close(self) -> None:
@@ -422,7 +422,6 @@ class Model(Completions, Embeddings, Constraints):
         tokens = [int(t) for t in tokens]
         scores = self.runtime.eval(tokens, logits_all=self.logits_all if logits_all is None else logits_all)
         if self.metrics is not None:
-            self.metrics.on_layer_timings(self.runtime.passes.timings)
             if len(tokens) == 1 and self.metrics.prompt_tokens:
                 self.metrics.on_token()
             else:

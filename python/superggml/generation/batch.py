@@ -165,10 +165,8 @@ class BatchScheduler:
         prefill = sum(k for c, k in fed if c.choice.n == 0 and k > 1)
         self.prompt_rows = prefill
         metrics = m.metrics
-        if metrics is not None:
-            metrics.on_layer_timings(ex.passes.timings)
-            if prefill:
-                metrics.on_prompt(prefill)
+        if metrics is not None and prefill:
+            metrics.on_prompt(prefill)
         out = []
         for (c, k), lg in zip(fed, logits):
             del c.pending[:k]

@@ -352,8 +352,6 @@ class Speculator:
         rows = ex.eval_check([tok] + draft) if draft else ex.eval([tok])
         pass_s = time.perf_counter() - t
         self.length.on_pass(len(draft) + 1, pass_s)
-        if model.metrics is not None:
-            model.metrics.on_layer_timings(ex.passes.timings)
         out: list[int] = []
         nxt = None
         for i, d in enumerate(draft):

@@ -48,6 +48,13 @@ class PassRunner:
         self.record_timings = False  # fill self.timings on every forward pass (metrics)
         self.timings: list[dict[str, Any]] = []
         self.on_hidden: Callable[[int, int, np.ndarray], None] | None = None  # keep_hidden's receiver
+        self.on_pass: Callable[[list[dict[str, Any]]], None] | None = None  # each pass's timings (metrics)
+
+    def observe(self, on_pass: Callable[[list[dict[str, Any]]], None]) -> None:
+        """Every pass from now on records its per-step timings and hands them to on_pass (the metrics), whoever
+        asked for the pass: the one place passes are observed."""
+        self.record_timings = True
+        self.on_pass = on_pass
 
     @property
     def placer(self) -> Placer | None:
@@ -157,6 +164,8 @@ class PassRunner:
         if out_rows:
             out = tensor_array(logits).reshape(len(out_rows), self.hp.n_embd if embed else self.hp.n_vocab)
         self.profile.done(n)
+        if self.on_pass is not None and self.record_timings:
+            self.on_pass(self.timings)
         if self.tuner is not None and n == 1:
             self.tuner.observe(time.perf_counter() - t0)
         return out
