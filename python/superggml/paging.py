@@ -15,6 +15,7 @@ after it (`SlotReleased`), so a view never reads memory that was freed or given 
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from typing import Any, Optional, TypeVar, Union, cast
 
@@ -85,18 +86,18 @@ def view(lease: Any, dtype: Any, shape: Sequence[int], offset: int = 0) -> np.nd
 H = TypeVar("H", bound="Handle")
 
 
-class Handle:
+class Handle(abc.ABC):
     """A handle on a native object (`core`): its counters (stats), and a context that closes it."""
 
     @property
-    def core(self) -> Any:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def core(self) -> Any: ...
 
     def stats(self) -> dict[str, Any]:
         return dict(self.core.stats())
 
-    def close(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def close(self) -> None: ...
 
     def __enter__(self: H) -> H:
         return self

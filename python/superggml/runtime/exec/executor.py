@@ -1,9 +1,6 @@
-"""The executor: forward passes, step by step, over the weights' placement, the sequence memory and the plans.
-
-A forward pass of n tokens runs the steps of a plan (runtime/graph.py) in order: an embedding graph, one
-graph per transformer block, an output graph. Before each step its weights are in (the placement's pager), its
-layer's memory is bound (the sequence memory's `use`) and, with paged experts, the routed ones are mapped to
-cache slots. Activations persist between graphs in a device buffer per device.
+"""The executor: builds what a model runs on (the weights' placement, the sequence memory, the PassContext) and
+feeds tokens through it, in micro-batches of n_batch from one or more sequences; its PassRunner (passes.py) runs
+each forward pass step by step.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from ..memory.factory import sequence_memory
 from .placement import Placements, Placer
 from .profile import PassProfile, timing
 from .context import HeadBuffers, PassContext
-from .passes import PassRunner
+from .passes import Item, PassRunner
 from .streams import DeviceStreams, activations
 from .threads import ThreadTuner
 from ..plan.memory_plan import kv_bytes
@@ -31,9 +28,6 @@ from ..plan.resolve import Resolved, resolve
 from ..memory.saved import SavedSource
 from ..memory.sequences import SequenceState, Sequences
 from ..weights.placement import WeightPlacement
-
-F32 = native.GGMLType.F32
-Item = tuple[SequenceState, Sequence[int]]
 
 
 class Executor:

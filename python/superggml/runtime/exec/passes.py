@@ -38,9 +38,6 @@ class PassRunner:
         tuner: ThreadTuner | None,
     ):
         self.pc, self.placements, self.streams, self.profile, self.tuner = pc, placements, streams, profile, tuner
-        self.arch, self.hp, self.settings = pc.arch, pc.hp, pc.settings
-        self.memory, self.placement, self.backends = pc.memory, pc.placement, pc.backends
-        self.backend = pc.backends[0]
         self.plans: dict[tuple[Any, ...], GraphPlan] = {}
         self.n_passes = self.pass_sequences = self.pass_tokens = 0  # forward passes and what they held
         self.stream_passes = 0  # passes whose sequences attended at once (streams)
@@ -95,15 +92,15 @@ class PassRunner:
         return plan
 
     def lane_rows(self, p0: int, n: int, n_kv: int) -> LaneRows:
-        c = self.settings.context
+        c = self.pc.settings.context
         return lane_rows(
             p0,
             n,
             n_kv,
-            n_swa=self.arch.n_swa,
-            chunked=self.arch.swa_chunked,
+            n_swa=self.pc.arch.n_swa,
+            chunked=self.pc.arch.swa_chunked,
             flash_attn=c.flash_attn,
-            v_channels=self.hp.v_channels,
+            v_channels=self.pc.hp.v_channels,
             ctx_size=c.ctx_size,
         )
 
@@ -115,7 +112,7 @@ class PassRunner:
         norm's rows (F32 [n_out, n_embd]) instead. hidden: an MTP block's rows beside the tokens."""
         self.profile.start()
         t0 = time.perf_counter()
-        c = self.settings.context
+        c = self.pc.settings.context
         shapes: list[tuple[int, int]] = []
         starts: list[int] = []
         ahead: dict[int, int] = {}
@@ -128,7 +125,7 @@ class PassRunner:
         ids = [seq.id for seq, _ in items]
         # sequences of as many rows each whose memory is one tensor: one attention over all of them
         streams = (
-            len(items) if (len(items) > 1 and len({x for x, _ in shapes}) == 1 and self.memory.streams(ids)) else 0
+            len(items) if (len(items) > 1 and len({x for x, _ in shapes}) == 1 and self.pc.memory.streams(ids)) else 0
         )
         if streams:
             n_kv = max(k for _, k in shapes)
@@ -148,7 +145,7 @@ class PassRunner:
         )
         self.placements.arrange(hosted)
         plan.fill(np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items]), rows, out_rows, hidden)
-        self.memory.bind(ids, streams=bool(streams))
+        self.pc.memory.bind(ids, streams=bool(streams))
         self.n_passes += 1
         self.stream_passes += bool(streams)
         self.pass_sequences += len(items)
@@ -162,7 +159,7 @@ class PassRunner:
                 self.on_hidden(seq.id, p0, h[at : at + len(toks)])
         out = None
         if out_rows:
-            out = tensor_array(logits).reshape(len(out_rows), self.hp.n_embd if embed else self.hp.n_vocab)
+            out = tensor_array(logits).reshape(len(out_rows), self.pc.hp.n_embd if embed else self.pc.hp.n_vocab)
         self.profile.done(n)
         if self.on_pass is not None and self.record_timings:
             self.on_pass(self.timings)
@@ -174,11 +171,16 @@ class PassRunner:
         """Whether plans merge the blocks that stay into segments: the weights are loaded (the first pass
         computes each block as it arrives), the K/V is not paged (its frames are bound per layer) and the pass
         is not timed block by block."""
-        return self.placement.loader is None and not self.record_timings and not self.settings.kv.paged_kv
+        return self.pc.placement.loader is None and not self.record_timings and not self.pc.settings.kv.paged_kv
 
     def one_graph(self) -> bool:
         """Everything resident on one device, loaded, untimed: nothing to do between blocks."""
-        return len(self.backends) == 1 and self.merges() and not self.placement.paged and self.placement.experts is None
+        return (
+            len(self.pc.backends) == 1
+            and self.merges()
+            and not self.pc.placement.paged
+            and self.pc.placement.experts is None
+        )
 
     def compute(self, plan: GraphPlan, n: int, lanes: Sequence[tuple[int, int, int]]) -> Any:
         """Runs the micro-batch's graphs in order; returns the tensor that holds its logits (if any). lanes:
@@ -189,8 +191,8 @@ class PassRunner:
             first[seq] = min(first.get(seq, p0), p0)
             rows[seq] = rows.get(seq, 0) + m
         for seq, p0 in first.items():
-            self.memory.begin(seq, p0, rows[seq])
-        self.placement.lend({seq: p0 + rows[seq] for seq, p0 in first.items()}, n)
+            self.pc.memory.begin(seq, p0, rows[seq])
+        self.pc.placement.lend({seq: p0 + rows[seq] for seq, p0 in first.items()}, n)
         self.before_pass(n)
         if self.one_graph():
             self.graphs_per_pass = 1
@@ -198,7 +200,7 @@ class PassRunner:
                 t0 = time.perf_counter()
                 plan.whole()
                 self.profile.built(time.perf_counter() - t0)
-            self.backend.compute(plan.whole())  # one graph per micro-batch, as llama.cpp runs it
+            self.pc.backends[0].compute(plan.whole())  # one graph per micro-batch, as llama.cpp runs it
             return plan.whole_logits
         self.graphs_per_pass = len(plan.steps)
         rec = self.timings if self.record_timings else None
@@ -218,9 +220,9 @@ class PassRunner:
             self.streams.synchronize()  # the host reads the logits next
         if self.placer is not None:
             self.placer.settle(n, time.time() - t_pass)
-        self.placement.pass_done()
-        if self.placement.experts is not None:
-            self.placement.experts.pass_done(n, time.time() - t_pass)
+        self.pc.placement.pass_done()
+        if self.pc.placement.experts is not None:
+            self.pc.placement.experts.pass_done(n, time.time() - t_pass)
         return plan.logits
 
     def run_step(
@@ -228,7 +230,7 @@ class PassRunner:
     ) -> tuple[int, float]:
         """Runs one graph of a pass once its weights, experts and K/V are in; returns the device the activations
         are on after it and when its computation started."""
-        pl = self.placement
+        pl = self.pc.placement
         for g in step.span or (step.group,):
             pl.loaded(g)
         if step.dev != dev:  # a pipeline by blocks: the activations move along
@@ -239,7 +241,7 @@ class PassRunner:
         if step.experts is not None:  # the router's choice for its rows, as cache slots
             assert pl.experts is not None and pl.moe is not None
             self.streams.wait(dev)  # its graph may be queued: the host reads what it chose
-            k, il, r0 = self.hp.n_expert_used, step.experts, step.expert_row0
+            k, il, r0 = self.pc.hp.n_expert_used, step.experts, step.expert_row0
             rows = step.expert_ids.ne[1]
             sel = tensor_array(pl.moe.sel).reshape(-1)[r0 * k : (r0 + rows) * k]
             if step.host_experts is None:
@@ -252,14 +254,14 @@ class PassRunner:
         mem = (
             contextlib.nullcontext()
             if step.layer is None
-            else self.memory.use(step.layer, [(seq, first[seq], p0 + m) for seq, p0, m in lanes])
+            else self.pc.memory.use(step.layer, [(seq, first[seq], p0 + m) for seq, p0, m in lanes])
         )
         # a streamed slot or a paged K/V frame may be refilled once released: its graph must have run by then
         queue = (
             not self.record_timings
             and step.key is None
             and step.experts is None
-            and (step.layer is None or not self.settings.kv.paged_kv)
+            and (step.layer is None or not self.pc.settings.kv.paged_kv)
         )
         with contextlib.ExitStack() as held, mem:
             for key in step.keys or (step.key,):
@@ -274,16 +276,16 @@ class PassRunner:
         return dev, tc
 
     def before_pass(self, n: int) -> None:
-        pl = self.placement
+        pl = self.pc.placement
         if pl.scheduler is not None:
             pl.scheduler.step()
         want = None
         if self.tuner is not None:
-            want = self.tuner.threads() if n == 1 else self.settings.context.threads
+            want = self.tuner.threads() if n == 1 else self.pc.settings.context.threads
         elif pl.decode_threads is not None:
-            want = pl.decode_threads if n == 1 else self.settings.context.threads
-        if want is not None and self.backend.n_threads != want:
-            self.backend.n_threads = want
+            want = pl.decode_threads if n == 1 else self.pc.settings.context.threads
+        if want is not None and self.pc.backends[0].n_threads != want:
+            self.pc.backends[0].n_threads = want
 
     def timing(self, i: int, step: Step, t0: float, tc: float) -> dict[str, Any]:
         t1 = time.time()
@@ -296,7 +298,7 @@ class PassRunner:
             load_ms=0.0,
             compute_ms=(t1 - tc) * 1e3,
         )
-        last = self.placement.pagers[step.dev].last_load(step.key)
+        last = self.pc.placement.pagers[step.dev].last_load(step.key)
         if last is not None:
             r.update(load_start=last[0], load_end=last[1], load_ms=(last[1] - last[0]) * 1e3)
         return r
@@ -306,22 +308,22 @@ class PassRunner:
         `seq`: the median of `repeats` runs after one that brings the weights in. Only their
         weights are read (nothing is prefetched meanwhile). The sequence keeps its tokens; the K/V row after
         them is written (the next eval writes it again). What analyze scales by the blocks of each shape."""
-        c = self.settings.context
+        c = self.pc.settings.context
         p0 = seq.n_past
         if p0 >= c.ctx_size:
             raise ValueError("time_blocks needs a free position in the context")
-        if any(not 0 <= il < self.hp.n_layer for il in blocks):
-            raise ValueError(f"blocks are in 0..{self.hp.n_layer - 1}")
+        if any(not 0 <= il < self.pc.hp.n_layer for il in blocks):
+            raise ValueError(f"blocks are in 0..{self.pc.hp.n_layer - 1}")
         n_kv = padded_kv(p0, 1, c.ctx_size)
         plan = self.plan(1, n_kv, 1, merge=False)
         self.placements.arrange(((), False))  # every block on its device
         plan.fill(np.zeros(1, dtype=np.int32), [self.lane_rows(p0, 1, n_kv)], [0])
-        self.memory.bind([seq.id])
+        self.pc.memory.bind([seq.id])
         self.before_pass(1)  # the threads a decoded token computes with
         lanes, first = [(seq.id, p0, 1)], {seq.id: p0}
-        self.memory.checkpoint(seq.id)  # a recurrent state comes back after
-        self.memory.begin(seq.id, p0)
-        pagers = [pg for pg in self.placement.pagers if isinstance(pg, WeightPager)]
+        self.pc.memory.checkpoint(seq.id)  # a recurrent state comes back after
+        self.pc.memory.begin(seq.id, p0)
+        pagers = [pg for pg in self.pc.placement.pagers if isinstance(pg, WeightPager)]
         depths = [pg.depth for pg in pagers]
         for pg in pagers:
             pg.depth = 0
@@ -348,5 +350,5 @@ class PassRunner:
             self.streams.synchronize()
             for pg, d in zip(pagers, depths):
                 pg.depth = d
-            self.memory.truncate(seq.id, p0)
+            self.pc.memory.truncate(seq.id, p0)
         return out
