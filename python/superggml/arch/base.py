@@ -254,6 +254,18 @@ class StepInputs:
     record: Callable[[int], native.Tensor | None] | None = None
 
 
+@dataclass(frozen=True)
+class BlockGraph:
+    """Block il's graph under construction, as its mixer hooks (build_attention, build_recurrent) take it: the
+    ggml context, the graph that cache writes join, the weights and the step's inputs."""
+
+    ctx: native.Context
+    gf: native.Graph
+    w: Weights
+    inp: StepInputs
+    il: int
+
+
 # A layer's memory as its graph reads it: a tensor (K, V, or a recurrent state), a list of them, one per lane
 # of a pass with lanes (StepInputs.lanes), or None (a latent K/V's V).
 Memory = Union[native.Tensor, Sequence[native.Tensor], None]

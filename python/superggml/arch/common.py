@@ -12,7 +12,18 @@ from ..errors import GGUFError, UnsupportedModelError
 from ..native import Context, Graph, Tensor
 from .base import HParams as HParams  # re-exported: the runtime imports both from here
 from .base import StepInputs as StepInputs
-from .base import Memory, Weights, attn_scale, check_shapes, check_sizes, f32, lane_memory, one_memory, swiglu
+from .base import (
+    BlockGraph,
+    Memory,
+    Weights,
+    attn_scale,
+    check_shapes,
+    check_sizes,
+    f32,
+    lane_memory,
+    one_memory,
+    swiglu,
+)
 from .moe import MoeConfig, build_moe_ffn, build_shared_expert_only, moe_tensor_shapes
 
 F32 = native.GGMLType.F32
@@ -188,17 +199,7 @@ class Architecture:
         """The matmul after block il's attention (or its recurrent mixer's)."""
         return f"blk.{il}.{self.recurrent_output if self.is_recurrent(il) else 'attn_output'}.weight"
 
-    def build_recurrent(
-        self,
-        ctx: Context,
-        gf: Graph,
-        w: Weights,
-        inp: StepInputs,
-        il: int,
-        cur: Tensor,
-        conv_state: Memory,
-        state: Memory,
-    ) -> Tensor:
+    def build_recurrent(self, blk: BlockGraph, cur: Tensor, conv_state: Memory, state: Memory) -> Tensor:
         """A recurrent block's mixer over its normed input, before recurrent_output (hybrid families)."""
         raise NotImplementedError(f"{self.hp.arch} has no recurrent mixer")
 
@@ -391,7 +392,8 @@ class Architecture:
         normed input, same shape). rows: n_tokens, or n_outputs in the last block."""
         hp = self.hp
         p = f"blk.{il}."
-        cur = self.build_attention(ctx, gf, w, inp, il, self.norm(ctx, w, x, p + "attn_norm.weight"), k_cache, v_cache)
+        cur = self.norm(ctx, w, x, p + "attn_norm.weight")
+        cur = self.build_attention(BlockGraph(ctx, gf, w, inp, il), cur, k_cache, v_cache)
         cur = ctx.mul_mat(w(self.attn_output(il)), cur)
         if self.out_prec_f32:
             ctx.mul_mat_set_prec_f32(cur)
@@ -410,21 +412,12 @@ class Architecture:
         ffn_inp = ctx.add(cur, x)
         return ffn_inp, self.norm(ctx, w, ffn_inp, p + self.ffn_norm + ".weight")
 
-    def build_attention(
-        self,
-        ctx: Context,
-        gf: Graph,
-        w: Weights,
-        inp: StepInputs,
-        il: int,
-        cur: Tensor,
-        k_cache: Memory,
-        v_cache: Memory,
-    ) -> Tensor:
+    def build_attention(self, blk: BlockGraph, cur: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:
         """Block il's attention over its normed input cur F32 [n_embd, n_tokens], before the output projection:
         F32 [head_dim * n_head, n_tokens]. A recurrent block runs its mixer instead."""
-        if self.is_recurrent(il):
-            return self.build_recurrent(ctx, gf, w, inp, il, cur, k_cache, v_cache)
+        if self.is_recurrent(blk.il):
+            return self.build_recurrent(blk, cur, k_cache, v_cache)
+        ctx, w, inp, il = blk.ctx, blk.w, blk.inp, blk.il
         hp = self.layer_hp(il)
         p = f"blk.{il}."
         q, k, v = self.build_qkv(ctx, w, p, cur, inp.n_tokens)  # k, v None: the block reads another's K/V
@@ -436,43 +429,7 @@ class Architecture:
         if self.q_scale is not None:  # Q scaled before attention, as some families' graphs do
             q, kq_scale = ctx.scale(q, self.q_scale), 1.0
         sinks = w(p + "attn_sinks.weight") if self.attn_sinks else None
-        if inp.lanes is None:
-            mask = inp.mask_swa if self.is_swa(il) else inp.mask
-            out = build_attn(
-                ctx,
-                gf,
-                hp,
-                inp,
-                q,
-                k,
-                v,
-                one_memory(k_cache),
-                one_memory(v_cache),
-                kq_scale,
-                mask,
-                self.attn_softcap,
-                sinks,
-            )
-            return self.gate_heads(ctx, w, il, cur, out)
-        out = each_lane(
-            ctx,
-            inp,
-            lambda j, lane, rows: build_attn(  # each sequence over its own K/V
-                ctx,
-                gf,
-                hp,
-                lane,
-                rows(q),
-                None if k is None else rows(k),
-                None if v is None else rows(v, 2),
-                lane_memory(k_cache, j),
-                lane_memory(v_cache, j),
-                kq_scale,
-                lane.mask_swa if self.is_swa(il) else lane.mask,
-                self.attn_softcap,
-                sinks,
-            ),
-        )
+        out = attend_lanes(blk, hp, q, k, v, k_cache, v_cache, kq_scale, self.is_swa(il), self.attn_softcap, sinks)
         return self.gate_heads(ctx, w, il, cur, out)
 
     def layer_hp(self, il: int) -> HParams:
@@ -700,6 +657,35 @@ def attend_latent(
 def whole(t: Tensor, dims: int = 3) -> Tensor:
     """Rows of a pass that is one sequence: all of t."""
     return t
+
+
+def attend_lanes(
+    blk: BlockGraph,
+    hp: HParams,
+    q: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
+    k_cache: Memory,
+    v_cache: Memory,
+    scale: float,
+    swa: bool = False,
+    softcap: float = 0.0,
+    sinks: Tensor | None = None,
+) -> Tensor:
+    """build_attn over the pass's K/V, or, in a pass with lanes, each sequence's rows over its own; each with its
+    own mask (its sliding-window one where swa)."""
+
+    def attend_one(lane: StepInputs, rows: Rows, kc: Tensor, vc: Tensor) -> Tensor:
+        kr = None if k is None else rows(k)
+        vr = None if v is None else rows(v, 2)
+        mask = lane.mask_swa if swa else lane.mask
+        return build_attn(blk.ctx, blk.gf, hp, lane, rows(q), kr, vr, kc, vc, scale, mask, softcap, sinks)
+
+    if blk.inp.lanes is None:
+        return attend_one(blk.inp, whole, one_memory(k_cache), one_memory(v_cache))
+    return each_lane(
+        blk.ctx, blk.inp, lambda j, lane, rows: attend_one(lane, rows, lane_memory(k_cache, j), lane_memory(v_cache, j))
+    )
 
 
 def each_sequence(

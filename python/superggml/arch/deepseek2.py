@@ -20,8 +20,8 @@ import numpy as np
 
 from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
-from .base import Memory, StepInputs, Weights, f32, lane_memory, logf, one_memory
-from .common import Architecture, Rows, attend_latent, build_attn, each_lane, whole
+from .base import BlockGraph, Memory, StepInputs, Weights, f32, lane_memory, logf, one_memory
+from .common import Architecture, Rows, attend_lanes, attend_latent, each_lane, whole
 from .moe import load_routing, routing_note, uniform_expert_ff
 
 
@@ -133,17 +133,8 @@ class Deepseek2Arch(Architecture):
         return shapes
 
     # -- graphs ------------------------------------------------------------
-    def build_attention(
-        self,
-        ctx: Context,
-        gf: Graph,
-        w: Weights,
-        inp: StepInputs,
-        il: int,
-        cur: Tensor,
-        k_cache: Memory,
-        v_cache: Memory,
-    ) -> Tensor:
+    def build_attention(self, blk: BlockGraph, cur: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:
+        ctx, gf, w, inp, il = blk.ctx, blk.gf, blk.w, blk.inp, blk.il
         hp, p, n = self.hp, f"blk.{il}.", inp.n_tokens
         qr = None  # the low-rank queries, normed
         if self.q_lora:
@@ -163,7 +154,7 @@ class Deepseek2Arch(Architecture):
         q_pe = ctx.view(q, [hp.n_rot, hp.n_head, n], [q.nb[1], q.nb[2]], self.n_nope * q.element_size)
         q_pe = self.rope(ctx, w, inp, il, q_pe)
         if self.legacy:
-            return self.attend_heads(ctx, gf, w, inp, il, q_nope, q_pe, kv, k_pe, k_cache, v_cache)
+            return self.attend_heads(blk, q_nope, q_pe, kv, k_pe, k_cache, v_cache)
         absorbed = ctx.mul_mat(w(p + "attn_k_b.weight"), ctx.permute(q_nope, 0, 2, 1, 3))  # [kv_lora, n, n_head]
         q = ctx.concat(ctx.permute(absorbed, 0, 2, 1, 3), q_pe, 0)  # [kv_lora + n_rot, n_head, n]
         q = self.temperature(ctx, inp, il, q)
@@ -193,22 +184,12 @@ class Deepseek2Arch(Architecture):
         raise NotImplementedError
 
     def attend_heads(
-        self,
-        ctx: Context,
-        gf: Graph,
-        w: Weights,
-        inp: StepInputs,
-        il: int,
-        q_nope: Tensor,
-        q_pe: Tensor,
-        kv: Tensor,
-        k_pe: Tensor,
-        k_cache: Memory,
-        v_cache: Memory,
+        self, blk: BlockGraph, q_nope: Tensor, q_pe: Tensor, kv: Tensor, k_pe: Tensor, k_cache: Memory, v_cache: Memory
     ) -> Tensor:
         """The legacy layout's plain path: attn_kv_b decompresses the normed latent kv [kv_lora, n] into every
         head's K (no-rope part) and V; K's rope part is the shared k_pe, repeated per head. Q's rope part is roped
         where it lies (llama.cpp's ggml_rope_set_offset: the same values)."""
+        ctx, w, inp, il = blk.ctx, blk.w, blk.inp, blk.il
         hp, n, p = self.hp, inp.n_tokens, f"blk.{il}."
         kvb = ctx.mul_mat(w(p + "attn_kv_b.weight"), kv)  # [n_head * (n_nope + v), n]
         es, head = kvb.element_size, (self.n_nope + self.v_mla) * kvb.element_size
@@ -219,24 +200,4 @@ class Deepseek2Arch(Architecture):
         )
         q = self.temperature(ctx, inp, il, ctx.concat(q_nope, q_pe, 0))  # [k_mla, n_head, n]
         k = ctx.concat(k_nope, ctx.repeat_4d(k_pe, [hp.n_rot, hp.n_head, n, 1]), 0)
-        if inp.lanes is None:
-            return build_attn(
-                ctx, gf, hp, inp, q, k, v, one_memory(k_cache), one_memory(v_cache), self.kq_scale, inp.mask
-            )
-        return each_lane(
-            ctx,
-            inp,
-            lambda j, lane, rows: build_attn(
-                ctx,
-                gf,
-                hp,
-                lane,
-                rows(q),
-                rows(k),
-                rows(v, 2),
-                lane_memory(k_cache, j),
-                lane_memory(v_cache, j),
-                self.kq_scale,
-                lane.mask,
-            ),
-        )
+        return attend_lanes(blk, hp, q, k, v, k_cache, v_cache, self.kq_scale)

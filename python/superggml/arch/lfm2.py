@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
-from .base import Memory, StepInputs, Weights
+from .base import BlockGraph, Memory, Weights
 from .common import ROPE_NEOX, Architecture, each_sequence
 
 
@@ -70,17 +70,8 @@ class Lfm2Arch(Architecture):
         return shapes
 
     # -- graphs ------------------------------------------------------------
-    def build_recurrent(
-        self,
-        ctx: Context,
-        gf: Graph,
-        w: Weights,
-        inp: StepInputs,
-        il: int,
-        cur: Tensor,
-        k_cache: Memory,
-        v_cache: Memory,
-    ) -> Tensor:
+    def build_recurrent(self, blk: BlockGraph, cur: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:
+        ctx, gf, w, inp, il = blk.ctx, blk.gf, blk.w, blk.inp, blk.il
         p, n, E = f"blk.{il}.", inp.n_tokens, self.hp.n_embd
         bcx = ctx.mul_mat(w(p + "shortconv.in_proj.weight"), cur)  # [3 * E, n]: B, C, X
         es, row = bcx.element_size, bcx.nb[1]

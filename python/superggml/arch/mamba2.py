@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from .. import native
 from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
-from .base import Memory, StepInputs, Weights
+from .base import BlockGraph, Memory, Weights
 from .common import Architecture, each_sequence, packed_views
 
 
@@ -63,20 +63,11 @@ class Mamba2Layers(Architecture):
             p + "ssm_out.weight": (self.d_inner, E),
         }
 
-    def build_recurrent(
-        self,
-        ctx: Context,
-        gf: Graph,
-        w: Weights,
-        inp: StepInputs,
-        il: int,
-        cur: Tensor,
-        conv_state: Memory,
-        state: Memory,
-    ) -> Tensor:
+    def build_recurrent(self, blk: BlockGraph, cur: Tensor, conv_state: Memory, state: Memory) -> Tensor:
         """Layer il's mixer over its normed input cur F32 [n_embd, n], before ssm_out: F32 [d_inner, n]. The conv
         window F32 [(d_conv - 1) * conv_channels] and the scan's state F32 [d_state * d_inner] (or lists, one per
         lane) are read and written back."""
+        ctx, gf, w, inp, il = blk.ctx, blk.gf, blk.w, blk.inp, blk.il
         p, n, es = f"blk.{il}.", inp.n_tokens, 4
         zxbcdt = ctx.mul_mat(w(p + "ssm_in.weight"), cur)  # [d_inner + conv_channels + n_head, n]
         row, di, ch = zxbcdt.nb[1], self.d_inner, self.conv_channels

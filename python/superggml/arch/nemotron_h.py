@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from ..errors import GGUFError, UnsupportedModelError
 from ..native import Context, Graph, Tensor
-from .base import Memory, StepInputs, Weights
+from .base import BlockGraph, Memory, StepInputs, Weights
 from .common import Architecture
 from .mamba2 import Mamba2Layers
 from .moe import build_moe_ffn, moe_tensor_shapes, uniform_expert_ff
@@ -124,16 +124,14 @@ class NemotronHArch(Mamba2Layers):
     def build_block(
         self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
     ) -> Tensor:
-        p, kind = f"blk.{il}.", self.kinds[il]
+        p, kind, blk = f"blk.{il}.", self.kinds[il], BlockGraph(ctx, gf, w, inp, il)
         cur = self.norm(ctx, w, x, p + "attn_norm.weight")
         if self.is_moe(il):
             cur = build_moe_ffn(self, ctx, w, p, cur)
         elif kind == MIXER:
-            cur = ctx.mul_mat(w(p + "ssm_out.weight"), self.build_recurrent(ctx, gf, w, inp, il, cur, k_cache, v_cache))
+            cur = ctx.mul_mat(w(p + "ssm_out.weight"), self.build_recurrent(blk, cur, k_cache, v_cache))
         elif kind == ATTENTION:
-            cur = ctx.mul_mat(
-                w(p + "attn_output.weight"), self.build_attention(ctx, gf, w, inp, il, cur, k_cache, v_cache)
-            )
+            cur = ctx.mul_mat(w(p + "attn_output.weight"), self.build_attention(blk, cur, k_cache, v_cache))
             if self.out_bias:
                 cur = ctx.add(cur, w(p + "attn_output.bias"))
         else:

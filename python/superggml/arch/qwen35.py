@@ -21,8 +21,8 @@ from typing import Any, Mapping
 
 from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
-from .base import Memory, StepInputs, Weights, f32, lane_memory, one_memory
-from .common import Architecture, build_attn, each_lane, each_sequence, inv_sqrt, packed_views
+from .base import BlockGraph, Memory, StepInputs, Weights, f32
+from .common import Architecture, attend_lanes, each_sequence, inv_sqrt, packed_views
 
 ROPE_IMROPE = 40  # GGML_ROPE_TYPE_IMROPE
 
@@ -133,19 +133,10 @@ class Qwen35Arch(Architecture):
             hp.rope_attn_factor,
         )
 
-    def build_attention(
-        self,
-        ctx: Context,
-        gf: Graph,
-        w: Weights,
-        inp: StepInputs,
-        il: int,
-        cur: Tensor,
-        k_cache: Memory,
-        v_cache: Memory,
-    ) -> Tensor:
-        if self.recurrent[il]:
-            return self.build_recurrent(ctx, gf, w, inp, il, cur, k_cache, v_cache)
+    def build_attention(self, blk: BlockGraph, cur: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:
+        if self.recurrent[blk.il]:
+            return self.build_recurrent(blk, cur, k_cache, v_cache)
+        ctx, w, inp, il = blk.ctx, blk.w, blk.inp, blk.il
         hp, p, n = self.hp, f"blk.{il}.", inp.n_tokens
         qg = ctx.mul_mat(w(p + "attn_q.weight"), cur)  # [2 * head_dim * n_head, n]
         es, d = qg.element_size, hp.head_dim
@@ -157,43 +148,14 @@ class Qwen35Arch(Architecture):
         q, kn = self.build_qk_norm(ctx, w, p, q, k)
         assert kn is not None
         q, k = self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, kn)
-        scale = inv_sqrt(d)
-        if inp.lanes is None:
-            out = build_attn(ctx, gf, hp, inp, q, k, v, one_memory(k_cache), one_memory(v_cache), scale, inp.mask)
-        else:
-            out = each_lane(
-                ctx,
-                inp,
-                lambda j, lane, rows: build_attn(
-                    ctx,
-                    gf,
-                    hp,
-                    lane,
-                    rows(q),
-                    rows(k),
-                    rows(v, 2),
-                    lane_memory(k_cache, j),
-                    lane_memory(v_cache, j),
-                    scale,
-                    lane.mask,
-                ),
-            )
+        out = attend_lanes(blk, hp, q, k, v, k_cache, v_cache, inv_sqrt(d))
         return ctx.mul(out, ctx.sigmoid(gate))
 
-    def build_recurrent(
-        self,
-        ctx: Context,
-        gf: Graph,
-        w: Weights,
-        inp: StepInputs,
-        il: int,
-        cur: Tensor,
-        conv_state: Memory,
-        state: Memory,
-    ) -> Tensor:
+    def build_recurrent(self, blk: BlockGraph, cur: Tensor, conv_state: Memory, state: Memory) -> Tensor:
         """A gated delta-net layer over the normed input cur F32 [n_embd, n], before ssm_out: F32 [d_inner, n].
         conv_state F32 [(d_conv - 1) * conv_channels] and state F32 [S * S * n_v_heads] (or lists, one per lane)
         are read and written back."""
+        ctx, gf, w, inp, il = blk.ctx, blk.gf, blk.w, blk.inp, blk.il
         p, n = f"blk.{il}.", inp.n_tokens
         qkv = ctx.mul_mat(w(p + "attn_qkv.weight"), cur)  # [conv_channels, n]
         z = ctx.mul_mat(w(p + "attn_gate.weight"), cur)  # [d_inner, n]
