@@ -221,7 +221,7 @@ class StepInputs:
     [row0, row0 + n_tokens), its n_kv, masks and K/V indices; no tokens, positions or out_ids), and attends
     over its own K/V (the k_cache/v_cache given to the block are then lists, one per lane). Or, when the
     sequences have as many rows each and their memory is one tensor, n_streams of them attend at once (see
-    attend): mask [n_kv, n_tokens / n_streams, 1, n_streams], K/V indices into the whole tensor.
+    build_attn): mask [n_kv, n_tokens / n_streams, 1, n_streams], K/V indices into the whole tensor.
     """
 
     n_tokens: int

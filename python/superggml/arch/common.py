@@ -506,6 +506,11 @@ def each_lane(ctx: Context, inp: StepInputs, attend_one: Callable[[int, StepInpu
     return cur
 
 
+def leading(ctx: Context, cache: Tensor, g: int) -> Tensor:
+    """The first g values of every row of a cache (all of it where g is its width)."""
+    return cache if g == cache.ne[0] else ctx.view(cache, [g, cache.ne[1]], [cache.nb[1]], 0)
+
+
 def build_attn(
     ctx: Context,
     gf: Graph,
@@ -530,42 +535,17 @@ def build_attn(
     The caches may be wider than the layer's K and V (hp.kv_width: layers differ); k and v None: the layer
     writes nothing and attends over another's K/V (Architecture.kv_source).
     Returns F32 [head_dim_v*n_head, n_tokens] (head_dim_v: head_dim unless V heads are narrower).
+
+    With inp.n_streams = S > 1 the caches hold S sequences one after another ([n_embd_gqa, n_ctx * S]), the rows
+    are S runs of n / S tokens, one per sequence, and the mask is [n_kv, n / S, 1, S]: one attention over the S
+    sequences, each over its own rows of the cache (a 4-D batch, as llama.cpp's K/V streams).
     """
     k_rot = inp.k_rots.get(hp.head_dim, inp.k_rot) if inp.k_rots else inp.k_rot
-    if k_rot is not None:
+    if k_rot is not None:  # a quantized cache's rotations: Q, K and V turned before, the output back after
         q = ctx.mul_mat_hadamard(q, k_rot)
         k = None if k is None else ctx.mul_mat_hadamard(k, k_rot)
-    if inp.v_rot is not None:
-        v = None if v is None else ctx.mul_mat_hadamard(v, inp.v_rot)
-        cur = attend(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, scale, mask, softcap, sinks)
-        return ctx.mul_mat_hadamard(cur, inp.v_rot)
-    return attend(ctx, gf, hp, inp, q, k, v, k_cache, v_cache, scale, mask, softcap, sinks)
-
-
-def leading(ctx: Context, cache: Tensor, g: int) -> Tensor:
-    """The first g values of every row of a cache (all of it where g is its width)."""
-    return cache if g == cache.ne[0] else ctx.view(cache, [g, cache.ne[1]], [cache.nb[1]], 0)
-
-
-def attend(
-    ctx: Context,
-    gf: Graph,
-    hp: HParams,
-    inp: StepInputs,
-    q: Tensor,
-    k: Tensor | None,
-    v: Tensor | None,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    scale: float,
-    mask: Tensor | None,
-    softcap: float,
-    sinks: Tensor | None,
-) -> Tensor:
-    """build_attn without the rotations. With inp.n_streams = S > 1 the caches hold S sequences one after another
-    ([n_embd_gqa, n_ctx * S]), the rows are S runs of n / S tokens, one per sequence, and the mask is
-    [n_kv, n / S, 1, S]: one attention over the S sequences, each over its own rows of the cache (a 4-D batch,
-    as llama.cpp's K/V streams)."""
+    if inp.v_rot is not None and v is not None:
+        v = ctx.mul_mat_hadamard(v, inp.v_rot)
     S = inp.n_streams
     n, n_kv, d, g = inp.n_tokens, inp.n_kv, hp.head_dim, hp.n_embd_gqa
     dv, gv = hp.head_dim_v or d, hp.n_embd_v_gqa
@@ -601,7 +581,7 @@ def attend(
         if v_cache.type == F32:
             vp = ctx.cast(vp, F16)
         cur = ctx.flash_attn_ext(qp, kp, vp, mask, scale, softcap=softcap, sinks=sinks)  # [dv, n_head, t, S]
-        return ctx.reshape(cur, [dv * hp.n_head, n])
+        return unrotated(ctx, inp, ctx.reshape(cur, [dv * hp.n_head, n]))
     vt = ctx.view(v_cache, [n_kv, hp.n_head_kv, dv, S], [n_ctx * dv * es, n_ctx * es, n_ctx * gw * es], 0)
     vp = ctx.permute(vt, 0, 2, 1, 3)  # [n_kv, dv, n_head_kv, S]
     kq = ctx.mul_mat(kp, qp)  # [n_kv, t, n_head, S]
@@ -611,7 +591,12 @@ def attend(
     kq = ctx.soft_max_ext(kq, mask, scale, sinks=sinks)
     kqv = ctx.mul_mat(vp, kq)  # [dv, t, n_head, S]
     cur = ctx.cont(ctx.permute(kqv, 0, 2, 1, 3))  # [dv, n_head, t, S]
-    return ctx.reshape(cur, [dv * hp.n_head, n])
+    return unrotated(ctx, inp, ctx.reshape(cur, [dv * hp.n_head, n]))
+
+
+def unrotated(ctx: Context, inp: StepInputs, out: Tensor) -> Tensor:
+    """An attention's output turned back by the V cache's rotation, where it has one."""
+    return out if inp.v_rot is None else ctx.mul_mat_hadamard(out, inp.v_rot)
 
 
 def attend_latent(
@@ -630,7 +615,7 @@ def attend_latent(
     v_mla): writes k F32 [g, 1, n] (g = kv_lora_rank + n_rot) into this step's rows of k_cache [g, n_ctx * S];
     q F32 [g, n_head, n] attends as MQA over the first n_kv rows, V being the first head_dim_v (kv_lora_rank)
     values of each row; the result is decompressed per head by v_b [kv_lora_rank, v_head, n_head]. Streams as in
-    attend. Returns F32 [v_head * n_head, n]."""
+    build_attn. Returns F32 [v_head * n_head, n]."""
     S = inp.n_streams
     n, n_kv, g, dv = inp.n_tokens, inp.n_kv, hp.n_embd_gqa, hp.head_dim_v
     n_ctx = k_cache.shape[1] // S
