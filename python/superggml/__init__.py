@@ -15,53 +15,34 @@ from .generation.grammar import Grammar, GrammarError
 from .model import Model
 from .generation.sampling import SamplingParams
 from .api.tools import ToolError
-from .compat import (
-    LLAMA_DEFAULT_SEED,
-    Llama,
-    LlamaCache,
-    LlamaGrammar,
-    LlamaRAMCache,
-    LlamaState,
-    LogitsProcessorList,
-    MinTokensLogitsProcessor,
-    NotInSuperggml,
-    StoppingCriteriaList,
-)
+from . import compat
+from .compat import *  # noqa: F403  (llama_cpp's high-level names: `import superggml as llama_cpp`)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "LLAMA_DEFAULT_SEED",
     "ContextLengthError",
     "DeviceError",
     "GGUFError",
     "Grammar",
     "GrammarError",
-    "Llama",
-    "LlamaCache",
-    "LlamaGrammar",
-    "LlamaRAMCache",
-    "LlamaState",
-    "LogitsProcessorList",
-    "MinTokensLogitsProcessor",
     "MissingExtra",
     "Model",
     "SamplingParams",
-    "NotInSuperggml",
     "SavedSequenceError",
-    "StoppingCriteriaList",
     "SuperggmlError",
     "ToolError",
     "UnsupportedModelError",
     "__version__",
 ]
+__all__ += compat.__all__
 
 
 def __getattr__(name: str) -> object:
     """llama_cpp's low-level bindings (llama_*) are not in superggml: NotImplementedError (an AttributeError too)
     saying so, rather than a bare AttributeError."""
     if name.startswith(("llama_", "LLAMA_")):
-        raise NotInSuperggml(
+        raise compat.NotInSuperggml(
             f"{name}: superggml has llama-cpp-python's high-level API (Llama), not its low-level llama_* bindings"
         )
     raise AttributeError(f"module 'superggml' has no attribute {name!r}")

@@ -547,24 +547,14 @@ def build_attn(
     if inp.v_rot is not None and v is not None:
         v = ctx.mul_mat_hadamard(v, inp.v_rot)
     S = inp.n_streams
-    n, n_kv, d, g = inp.n_tokens, inp.n_kv, hp.head_dim, hp.n_embd_gqa
-    dv, gv = hp.head_dim_v or d, hp.n_embd_v_gqa
+    n, n_kv, d = inp.n_tokens, inp.n_kv, hp.head_dim
+    dv = hp.head_dim_v or d
     t = n // S
     n_ctx = k_cache.shape[1] // S
     es = v_cache.element_size  # a transposed V is of whole elements (F32, F16, BF16)
     gw = v_cache.ne[0]  # the V cache's width (wider than gv where layers differ)
     if k is not None and v is not None:
-        assert inp.k_idxs is not None and inp.v_idxs is not None
-        gf.expand(ctx.set_rows(leading(ctx, k_cache, g), ctx.reshape(k, [g, n]), inp.k_idxs))
-        if inp.flash_attn:
-            gf.expand(ctx.set_rows(leading(ctx, v_cache, gv), v, inp.v_idxs))
-        else:
-            if v.nb[1] != gv * v.element_size:
-                v = ctx.cont(v)  # a view into a fused QKV: rows made contiguous, as llama.cpp
-            if gv < gw:  # the indices run over the cache's width: zeros after the layer's values, as llama.cpp pads
-                v = ctx.pad(ctx.reshape(v, [gv, n]), [gw - gv])
-            flat = ctx.reshape(v_cache, [1, gw * n_ctx * S])
-            gf.expand(ctx.set_rows(flat, ctx.reshape(v, [1, gw * n]), inp.v_idxs))
+        write_kv(ctx, gf, hp, inp, k, v, k_cache, v_cache)
 
     def heads(cache: Tensor, d: int) -> Tensor:  # [d, n_head_kv, n_kv, S]
         rs = cache.nb[1]
@@ -592,6 +582,25 @@ def build_attn(
     kqv = ctx.mul_mat(vp, kq)  # [dv, t, n_head, S]
     cur = ctx.cont(ctx.permute(kqv, 0, 2, 1, 3))  # [dv, n_head, t, S]
     return unrotated(ctx, inp, ctx.reshape(cur, [dv * hp.n_head, n]))
+
+
+def write_kv(
+    ctx: Context, gf: Graph, hp: HParams, inp: StepInputs, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor
+) -> None:
+    """This step's K and V rows into their caches, at inp.k_idxs and inp.v_idxs (V transposed without flash
+    attention)."""
+    n, g, gv, gw = inp.n_tokens, hp.n_embd_gqa, hp.n_embd_v_gqa, v_cache.ne[0]
+    assert inp.k_idxs is not None and inp.v_idxs is not None
+    gf.expand(ctx.set_rows(leading(ctx, k_cache, g), ctx.reshape(k, [g, n]), inp.k_idxs))
+    if inp.flash_attn:
+        gf.expand(ctx.set_rows(leading(ctx, v_cache, gv), v, inp.v_idxs))
+        return
+    if v.nb[1] != gv * v.element_size:
+        v = ctx.cont(v)  # a view into a fused QKV: rows made contiguous, as llama.cpp
+    if gv < gw:  # the indices run over the cache's width: zeros after the layer's values, as llama.cpp pads
+        v = ctx.pad(ctx.reshape(v, [gv, n]), [gw - gv])
+    flat = ctx.reshape(v_cache, [1, gw * k_cache.shape[1]])  # every stream's rows
+    gf.expand(ctx.set_rows(flat, ctx.reshape(v, [1, gw * n]), inp.v_idxs))
 
 
 def unrotated(ctx: Context, inp: StepInputs, out: Tensor) -> Tensor:

@@ -10,7 +10,6 @@ residual_scale before the residual, KQ times attention.scale, the logits divided
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping
 
 from ..errors import GGUFError, UnsupportedModelError
@@ -47,29 +46,21 @@ class GraniteHybridArch(Mamba2Layers):
         unused = next((n for n in self.names if n.endswith(("ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"))), None)
         if unused is not None:
             raise UnsupportedModelError(f"{hp.arch}: FFN biases ('{unused}') are not supported")
-        n_rec = sum(self.recurrent)
-        self.hp = dataclasses.replace(hp, n_layer_kv=hp.n_layer - n_rec, state_bytes=4 * n_rec * sum(self.state_sizes))
+        self.count_states()
 
-    def describe(self) -> list[str]:
-        n = sum(self.recurrent)
-        return [
-            f"hybrid: {n} Mamba-2 layers (a state of {self.n_ssm_head} heads x {self.d_inner // self.n_ssm_head} x "
-            f"{self.d_state} and a conv window of {self.d_conv - 1} tokens: {self.hp.state_bytes / 2**20:.2f} MiB "
-            f"per sequence, whatever its length), {self.hp.n_layer - n} attention layers with a K/V cache"
-            + ("" if self.use_rope else " and no RoPE")
-        ]
+    def mixer_note(self) -> str:
+        return (
+            f"Mamba-2 layers (a state of {self.n_ssm_head} heads x {self.d_inner // self.n_ssm_head} x {self.d_state} "
+            f"and a conv window of {self.d_conv - 1} tokens: {self.hp.state_bytes / 2**20:.2f} MiB per sequence, "
+            "whatever its length)"
+        )
+
+    def attention_note(self) -> str:
+        return "attention layers with a K/V cache" + ("" if self.use_rope else " and no RoPE")
 
     # -- tensors ---------------------------------------------------------
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
-        p = f"blk.{il}."
-        shapes = super().block_tensor_shapes(il)
-        if not self.recurrent[il]:
-            return shapes
-        for n in ATTENTION:
-            for part in (".weight", ".bias"):
-                shapes.pop(p + n + part, None)
-        shapes.update(self.ssm_tensor_shapes(p))
-        return shapes
+        return self.mixer_shapes(il, super().block_tensor_shapes(il), self.ssm_tensor_shapes(f"blk.{il}."))
 
     # -- graphs ------------------------------------------------------------
     def build_embed(self, ctx: Context, w: Weights, inp: StepInputs) -> Tensor:

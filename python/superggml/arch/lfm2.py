@@ -7,16 +7,16 @@ named token_embd_norm."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping
 
 from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
 from .base import BlockGraph, Memory, Weights
-from .common import ROPE_NEOX, Architecture, each_sequence
+from .common import ROPE_NEOX, each_sequence
+from .hybrid import HybridArch, Shapes
 
 
-class Lfm2Arch(Architecture):
+class Lfm2Arch(HybridArch):
     rope_mode = ROPE_NEOX
     rope_factors = False
     qk_norm = True
@@ -32,16 +32,13 @@ class Lfm2Arch(Architecture):
         n_swa = int(self.key(meta, "attention.sliding_window", 0))
         if n_swa > 0:
             self.n_swa, self.swa_layers = n_swa, tuple(not r for r in self.recurrent)
-        n_rec = sum(self.recurrent)
-        self.hp = dataclasses.replace(hp, n_layer_kv=hp.n_layer - n_rec, state_bytes=4 * n_rec * sum(self.state_sizes))
+        self.count_states()
 
-    def describe(self) -> list[str]:
-        n = sum(self.recurrent)
-        return [
-            f"hybrid: {n} short-convolution layers (a window of {self.d_conv - 1} tokens: "
-            f"{self.hp.state_bytes / 2**10:.1f} KiB per sequence), {self.hp.n_layer - n} attention layers with a "
-            "K/V cache"
-        ]
+    def mixer_note(self) -> str:
+        return (
+            f"short-convolution layers (a window of {self.d_conv - 1} tokens: {self.hp.state_bytes / 2**10:.1f} KiB "
+            "per sequence)"
+        )
 
     # -- memory -------------------------------------------------------------
     def is_moe(self, il: int) -> bool:
@@ -54,20 +51,13 @@ class Lfm2Arch(Architecture):
 
     # -- tensors ---------------------------------------------------------
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
-        hp, p = self.hp, f"blk.{il}."
-        shapes = super().block_tensor_shapes(il)
-        if not self.recurrent[il]:
-            return shapes
-        for n in ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm"):
-            del shapes[p + n + ".weight"]
-        shapes.update(
-            {
-                p + "shortconv.conv.weight": (self.d_conv, hp.n_embd),
-                p + "shortconv.in_proj.weight": (hp.n_embd, 3 * hp.n_embd),
-                p + "shortconv.out_proj.weight": (hp.n_embd, hp.n_embd),
-            }
-        )
-        return shapes
+        E, p = self.hp.n_embd, f"blk.{il}."
+        conv: Shapes = {
+            p + "shortconv.conv.weight": (self.d_conv, E),
+            p + "shortconv.in_proj.weight": (E, 3 * E),
+            p + "shortconv.out_proj.weight": (E, E),
+        }
+        return self.mixer_shapes(il, super().block_tensor_shapes(il), conv)
 
     # -- graphs ------------------------------------------------------------
     def build_recurrent(self, blk: BlockGraph, cur: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:

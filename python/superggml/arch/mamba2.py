@@ -16,10 +16,11 @@ from .. import native
 from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
 from .base import BlockGraph, Memory, Weights
-from .common import Architecture, each_sequence, packed_views
+from .common import each_sequence, packed_views
+from .hybrid import HybridArch
 
 
-class Mamba2Layers(Architecture):
+class Mamba2Layers(HybridArch):
     """The Mamba-2 half of a hybrid family: its keys, state, tensors, layer graph and replay."""
 
     def load_ssm(self, meta: Mapping[str, Any]) -> None:

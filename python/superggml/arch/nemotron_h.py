@@ -14,7 +14,6 @@ block."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping
 
 from ..errors import GGUFError, UnsupportedModelError
@@ -49,10 +48,7 @@ class NemotronHArch(Mamba2Layers):
         self.f_attention_scale = float(self.key(meta, "attention.scale", 0.0))
         if any(n.endswith(".attn_qkv.weight") for n in self.names):
             raise UnsupportedModelError(f"{hp.arch}: a fused attn_qkv is not supported")
-        n_attn = self.kinds.count(ATTENTION)
-        self.hp = dataclasses.replace(
-            hp, n_layer_kv=n_attn, state_bytes=4 * self.kinds.count(MIXER) * sum(self.state_sizes)
-        )
+        self.count_states(self.kinds.count(MIXER), self.kinds.count(ATTENTION))
 
     def load_experts(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp

@@ -16,18 +16,18 @@ layers (linear attention over a fixed-size recurrent state) and gated full atten
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping
 
 from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
 from .base import BlockGraph, Memory, StepInputs, Weights, f32
-from .common import Architecture, attend_lanes, each_sequence, inv_sqrt, packed_views
+from .common import attend_lanes, each_sequence, inv_sqrt, packed_views
+from .hybrid import HybridArch, Shapes
 
 ROPE_IMROPE = 40  # GGML_ROPE_TYPE_IMROPE
 
 
-class Qwen35Arch(Architecture):
+class Qwen35Arch(HybridArch):
     rope_factors = False
     qk_norm = True
     ffn_norm = "post_attention_norm"
@@ -74,17 +74,16 @@ class Qwen35Arch(Architecture):
             if every < 1:
                 raise GGUFError(f"full_attention_interval must be >= 1, not {every}")
             self.recurrent = tuple((il + 1) % every != 0 for il in range(hp.n_layer)) + (False,) * hp.n_nextn
-        self.hp = dataclasses.replace(
-            hp, n_layer_kv=hp.n_layer - sum(self.recurrent), state_bytes=4 * sum(self.recurrent) * sum(self.state_sizes)
-        )
+        self.count_states()
 
-    def describe(self) -> list[str]:
-        n = sum(self.recurrent)
-        return [
-            f"hybrid: {n} gated delta-net layers (a state of {self.n_v_heads} x {self.d_state}^2 values and a "
-            f"conv window of {self.d_conv - 1} tokens: {self.hp.state_bytes / 2**20:.2f} MiB per sequence, "
-            f"whatever its length), {self.hp.n_layer - n} gated full-attention layers with a K/V cache"
-        ]
+    def attention_note(self) -> str:
+        return "gated full-attention layers with a K/V cache"
+
+    def mixer_note(self) -> str:
+        return (
+            f"gated delta-net layers (a state of {self.n_v_heads} x {self.d_state}^2 values and a conv window of "
+            f"{self.d_conv - 1} tokens: {self.hp.state_bytes / 2**20:.2f} MiB per sequence, whatever its length)"
+        )
 
     # -- memory -------------------------------------------------------------
     @property
@@ -97,24 +96,18 @@ class Qwen35Arch(Architecture):
         hp, p = self.hp, f"blk.{il}."
         shapes = super().block_tensor_shapes(il)
         shapes[p + "attn_q.weight"] = (hp.n_embd, hp.head_dim * hp.n_head * 2)  # each head's query and gate
-        if not self.recurrent[il]:
-            return shapes
-        for n in ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm"):
-            del shapes[p + n + ".weight"]
-        shapes.update(
-            {
-                p + "attn_qkv.weight": (hp.n_embd, self.conv_channels),
-                p + "attn_gate.weight": (hp.n_embd, self.d_inner),
-                p + "ssm_conv1d.weight": (self.d_conv, self.conv_channels),
-                p + "ssm_dt.bias": (self.n_v_heads,),
-                p + "ssm_a": (self.n_v_heads,),
-                p + "ssm_beta.weight": (hp.n_embd, self.n_v_heads),
-                p + "ssm_alpha.weight": (hp.n_embd, self.n_v_heads),
-                p + "ssm_norm.weight": (self.d_state,),
-                p + "ssm_out.weight": (self.d_inner, hp.n_embd),
-            }
-        )
-        return shapes
+        delta_net: Shapes = {
+            p + "attn_qkv.weight": (hp.n_embd, self.conv_channels),
+            p + "attn_gate.weight": (hp.n_embd, self.d_inner),
+            p + "ssm_conv1d.weight": (self.d_conv, self.conv_channels),
+            p + "ssm_dt.bias": (self.n_v_heads,),
+            p + "ssm_a": (self.n_v_heads,),
+            p + "ssm_beta.weight": (hp.n_embd, self.n_v_heads),
+            p + "ssm_alpha.weight": (hp.n_embd, self.n_v_heads),
+            p + "ssm_norm.weight": (self.d_state,),
+            p + "ssm_out.weight": (self.d_inner, hp.n_embd),
+        }
+        return self.mixer_shapes(il, shapes, delta_net)
 
     # -- graphs ------------------------------------------------------------
     def rope(self, ctx: Context, w: Weights, inp: StepInputs, il: int, x: Tensor) -> Tensor:

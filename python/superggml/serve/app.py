@@ -17,6 +17,24 @@ from .keys import RequireKey, check_bind
 from .routes import WEB, Routes
 
 
+PATHS = (  # (method, path, the Routes method that answers it)
+    ("get", "/health", "health"),
+    ("get", "/v1/models", "models"),
+    ("get", "/v1/models/{name}", "model_info"),
+    ("get", "/metrics", "metrics"),
+    ("get", "/v1/stats", "stats"),
+    ("post", "/tokenize", "tokenize"),
+    ("post", "/detokenize", "detokenize"),
+    ("get", "/", "page"),
+    ("get", "/v1/events", "live_stream"),
+    ("get", "/slots", "slots"),
+    ("post", "/slots/{id_slot}", "slot_action"),
+    ("post", "/v1/completions", "completions"),
+    ("post", "/v1/embeddings", "embeddings"),
+    ("post", "/v1/chat/completions", "chat"),
+)
+
+
 class JsonBodies:
     """Reads every POST body as JSON, whatever its Content-Type says, as llama-server does: `curl -d '{...}'`
     sends form encoding's type with a JSON body."""
@@ -55,21 +73,9 @@ def create_app(
     app.state.engine = engine
     app.state.model = model
     add_error_handlers(app)
-    app.get("/health")(routes.health)
-    app.get("/v1/models")(routes.models)
-    app.get("/v1/models/{name}")(routes.model_info)
-    app.get("/metrics")(routes.metrics)
-    app.get("/v1/stats")(routes.stats)
-    app.post("/tokenize")(routes.tokenize)
-    app.post("/detokenize")(routes.detokenize)
-    app.get("/")(routes.page)
+    for method, path, name in PATHS:
+        getattr(app, method)(path)(getattr(routes, name))
     app.mount("/web", StaticFiles(directory=WEB), name="web")
-    app.get("/v1/events")(routes.live_stream)
-    app.get("/slots")(routes.slots)
-    app.post("/slots/{id_slot}")(routes.slot_action)
-    app.post("/v1/completions")(routes.completions)
-    app.post("/v1/embeddings")(routes.embeddings)
-    app.post("/v1/chat/completions")(routes.chat)
     if api_keys:
         app.add_middleware(RequireKey, keys=list(api_keys))
     app.add_middleware(JsonBodies)

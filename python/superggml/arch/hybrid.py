@@ -1,0 +1,47 @@
+"""Hybrid families: blocks with a recurrent mixer (a state per sequence, whatever its length) beside blocks that
+attend with a K/V cache. What they share: which blocks are recurrent, the bytes of one sequence's states, and a
+recurrent block's tensors in place of the attention's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .common import Architecture
+
+Shapes = dict[str, tuple[int, ...]]
+ATTENTION_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm")
+
+
+class HybridArch(Architecture):
+    @property
+    def state_sizes(self) -> tuple[int, int]:
+        """Values per sequence and recurrent block: its conv window's and its mixer's state."""
+        raise NotImplementedError
+
+    def attention_note(self) -> str:
+        """What describe says of the blocks that attend."""
+        return "attention layers with a K/V cache"
+
+    def mixer_note(self) -> str:
+        """What describe says of the recurrent blocks: their kind and state."""
+        raise NotImplementedError
+
+    def describe(self) -> list[str]:
+        n = sum(self.recurrent)
+        return [f"hybrid: {n} {self.mixer_note()}, {self.hp.n_layer - n} {self.attention_note()}"]
+
+    def count_states(self, n_recurrent: int | None = None, n_layer_kv: int | None = None) -> None:
+        """Sets what the memory plans from, once the blocks' kinds are known: the blocks with a K/V cache (all
+        but the recurrent ones unless given), and one sequence's states in bytes (F32)."""
+        n = sum(self.recurrent) if n_recurrent is None else n_recurrent
+        n_kv = self.hp.n_layer - n if n_layer_kv is None else n_layer_kv
+        self.hp = dataclasses.replace(self.hp, n_layer_kv=n_kv, state_bytes=4 * n * sum(self.state_sizes))
+
+    def mixer_shapes(self, il: int, shapes: Shapes, mixer: Shapes) -> Shapes:
+        """Block il's tensors: the attention's where it attends, else the mixer's in their place."""
+        if not self.is_recurrent(il):
+            return shapes
+        for n in ATTENTION_TENSORS:
+            for part in (".weight", ".bias"):
+                shapes.pop(f"blk.{il}.{n}{part}", None)
+        return shapes | mixer
