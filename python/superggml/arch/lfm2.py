@@ -28,6 +28,7 @@ class Lfm2Arch(HybridArch):
         self.d_conv = int(self.need(meta, "shortconv.l_cache"))
         if self.d_conv < 2:
             raise GGUFError(f"'{hp.arch}.shortconv.l_cache' must be > 1, not {self.d_conv}")
+        self.conv_channels = hp.n_embd
         self.recurrent = tuple(x == 0 for x in self.per_layer(meta, "attention.head_count_kv", hp.n_head))
         n_swa = int(self.key(meta, "attention.sliding_window", 0))
         if n_swa > 0:
@@ -90,21 +91,10 @@ class Lfm2Arch(HybridArch):
     ) -> Tensor:
         """One sequence's n rows of B * X [E, n] through the conv after its window (written back): F32 [E, n].
         `record`: where the pass leaves the window and its rows for replay."""
-        E, dc = self.hp.n_embd, self.d_conv
-        if bx.nb[1] != E * bx.element_size:
-            bx = ctx.cont(bx)
-        win = ctx.reshape(window, [dc - 1, E, 1])
-        xx = ctx.concat(win, ctx.transpose(ctx.reshape(bx, [E, n, 1])), 0)  # [dc - 1 + n, E, 1]
+        xx = self.conv_window(ctx, gf, bx, n, window)  # [d_conv - 1 + n, E, 1]
         if record is not None:
             gf.expand(ctx.cpy(xx, self.record_view(ctx, record, n)))
-        self.slide(ctx, gf, xx, n, win)
-        return ctx.reshape(ctx.ssm_conv(xx, w(p + "shortconv.conv.weight")), [E, n])
-
-    def slide(self, ctx: Context, gf: Graph, xx: Tensor, k: int, win: Tensor) -> None:
-        """The window after k of xx's rows (xx: the window, then the rows) written back."""
-        gf.expand(
-            ctx.cpy(ctx.view(xx, [self.d_conv - 1, self.hp.n_embd, 1], [xx.nb[1], xx.nb[2]], k * xx.element_size), win)
-        )
+        return ctx.reshape(ctx.ssm_conv(xx, w(p + "shortconv.conv.weight")), [self.hp.n_embd, n])
 
     # -- replay: a window after k rows of a recorded pass ---------------------
     def record_size(self, n: int) -> int:
@@ -119,5 +109,4 @@ class Lfm2Arch(HybridArch):
         self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv_state: Tensor, state: Tensor
     ) -> None:
         """The window after the first k of a recorded pass's n rows."""
-        win = ctx.reshape(conv_state, [self.d_conv - 1, self.hp.n_embd, 1])
-        self.slide(ctx, gf, self.record_view(ctx, record, n), k, win)
+        self.slide(ctx, gf, self.record_view(ctx, record, n), k, conv_state)

@@ -106,12 +106,7 @@ class Mamba2Layers(HybridArch):
         """One sequence's n rows of xBC [conv_channels, n] and dt [n_head, n]: the conv over its window (written
         back), then the scan from its state (written back); y + x * D, F32 [d_inner, n]. `record`: where the
         pass leaves the scan's inputs for replay."""
-        ch, dc = self.conv_channels, self.d_conv
-        if xbc.nb[1] != ch * xbc.element_size:
-            xbc = ctx.cont(xbc)
-        window = ctx.reshape(conv_state, [dc - 1, ch, 1])
-        xx = ctx.concat(window, ctx.transpose(ctx.reshape(xbc, [ch, n, 1])), 0)  # [dc - 1 + n, ch, 1]
-        self.slide(ctx, gf, xx, n, window)
+        xx = self.conv_window(ctx, gf, xbc, n, conv_state)  # [d_conv - 1 + n, ch, 1]
         mixed = ctx.add(ctx.ssm_conv(xx, w(p + "ssm_conv1d.weight")), w(p + "ssm_conv1d.bias"))
         mixed = ctx.silu(mixed)  # [ch, n, 1]
         dt = ctx.add(ctx.cont(dt), w(p + "ssm_dt.bias"))  # [n_head, n]
@@ -121,11 +116,6 @@ class Mamba2Layers(HybridArch):
                 gf.expand(ctx.cpy(src, dst))
         y, x = self.scan(ctx, gf, mixed, dt, a, n, state)
         return ctx.reshape(ctx.add(y, ctx.mul(x, w(p + "ssm_d"))), [self.d_inner, n])
-
-    def slide(self, ctx: Context, gf: Graph, xx: Tensor, k: int, window: Tensor) -> None:
-        """The conv window after k of xx's rows (xx: the window, then the rows) written back."""
-        ch, dc = self.conv_channels, self.d_conv
-        gf.expand(ctx.cpy(ctx.view(xx, [dc - 1, ch, 1], [xx.nb[1], xx.nb[2]], k * xx.element_size), window))
 
     def scan(
         self, ctx: Context, gf: Graph, mixed: Tensor, dt: Tensor, a: Tensor, n: int, state: Tensor
@@ -161,6 +151,6 @@ class Mamba2Layers(HybridArch):
         slides k rows, and the scan runs the first k rows again."""
         xx, mixed, dt, a = self.record_views(ctx, record, n)
         ch, H, es = self.conv_channels, self.n_ssm_head, record.element_size
-        self.slide(ctx, gf, xx, k, ctx.reshape(conv, [self.d_conv - 1, ch, 1]))
+        self.slide(ctx, gf, xx, k, conv)
         mixed = ctx.view(mixed, [ch, k, 1], [mixed.nb[1], mixed.nb[1] * k], 0)
         self.scan(ctx, gf, mixed, ctx.view(dt, [H, k], [H * es], 0), a, k, state)

@@ -190,12 +190,7 @@ class Qwen35Arch(HybridArch):
         """One sequence's n rows: the conv over its window (the window written back), then the delta rule from
         its state (the state written back); F32 [S * n_v_heads, n]. `record` (F32, record_size(n) values or
         more): where the pass leaves the rule's inputs for replay."""
-        ch, dc = self.conv_channels, self.d_conv
-        if qkv.nb[1] != ch * qkv.element_size:
-            qkv = ctx.cont(qkv)
-        window = ctx.reshape(conv_state, [dc - 1, ch, 1])
-        x = ctx.concat(window, ctx.transpose(ctx.reshape(qkv, [ch, n, 1])), 0)  # [dc - 1 + n, ch, 1]
-        self.slide(ctx, gf, x, n, window)
+        x = self.conv_window(ctx, gf, qkv, n, conv_state)  # [d_conv - 1 + n, ch, 1]
         mixed = ctx.silu(ctx.ssm_conv(x, w(p + "ssm_conv1d.weight")))  # [ch, n, 1]
         if beta.nb[1] != self.n_v_heads * beta.element_size:
             beta, g = ctx.cont(beta), ctx.cont(g)
@@ -203,11 +198,6 @@ class Qwen35Arch(HybridArch):
             for src, dst in zip((x, mixed, beta, g), self.record_views(ctx, record, n)):
                 gf.expand(ctx.cpy(src, dst))
         return self.rule(ctx, gf, mixed, beta, g, n, state)
-
-    def slide(self, ctx: Context, gf: Graph, x: Tensor, k: int, window: Tensor) -> None:
-        """The conv window after k of x's rows (x: the window, then the rows) written back."""
-        ch, dc, xs = self.conv_channels, self.d_conv, x.element_size
-        gf.expand(ctx.cpy(ctx.view(x, [dc - 1, ch, 1], [x.nb[1], x.nb[2]], k * xs), window))
 
     def rule(self, ctx: Context, gf: Graph, mixed: Tensor, beta: Tensor, g: Tensor, n: int, state: Tensor) -> Tensor:
         """The delta rule over n rows of the conv's output mixed [ch, n] from `state` (written back)."""
@@ -242,7 +232,7 @@ class Qwen35Arch(HybridArch):
         slides k rows, and the delta rule runs the first k rows again (the same arithmetic, row by row)."""
         x, mixed, beta, g = self.record_views(ctx, record, n)
         ch, Hv, es = self.conv_channels, self.n_v_heads, record.element_size
-        self.slide(ctx, gf, x, k, ctx.reshape(conv_state, [self.d_conv - 1, ch, 1]))
+        self.slide(ctx, gf, x, k, conv_state)
         mixed = ctx.view(mixed, [ch, k, 1], [mixed.nb[1], mixed.nb[1] * k], 0)
         beta, g = (ctx.view(t, [Hv, k], [Hv * es], 0) for t in (beta, g))
         self.rule(ctx, gf, mixed, beta, g, k, state)
