@@ -15,9 +15,8 @@ after it (`SlotReleased`), so a view never reads memory that was freed or given 
 
 from __future__ import annotations
 
-import abc
 from collections.abc import Sequence
-from typing import Any, Optional, TypeVar, Union, cast
+from typing import Any, Generic, Optional, TypeVar, Union, cast
 
 import numpy as np
 
@@ -83,21 +82,29 @@ def view(lease: Any, dtype: Any, shape: Sequence[int], offset: int = 0) -> np.nd
     return np.frombuffer(lease, dtype=dt, count=count, offset=offset).reshape(tuple(shape))
 
 
-H = TypeVar("H", bound="Handle")
+H = TypeVar("H", bound="Handle[Any]")
+C = TypeVar("C")
 
 
-class Handle(abc.ABC):
-    """A handle on a native object (`core`): its counters (stats), and a context that closes it."""
+class Handle(Generic[C]):
+    """A handle on a native object (`core`, until close): its counters (stats), and a context that closes it."""
+
+    kind = "handle"  # what the error of a closed one calls it
+
+    def __init__(self, core: C) -> None:
+        self._core: C | None = core
 
     @property
-    @abc.abstractmethod
-    def core(self) -> Any: ...
+    def core(self) -> C:
+        if self._core is None:
+            raise ValueError(f"the {self.kind} is closed")
+        return self._core
 
     def stats(self) -> dict[str, Any]:
-        return dict(self.core.stats())
+        return dict(cast(Any, self.core).stats())
 
-    @abc.abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        self._core = None
 
     def __enter__(self: H) -> H:
         return self
@@ -106,23 +113,19 @@ class Handle(abc.ABC):
         self.close()
 
 
-class BufferPool(Handle):
+class BufferPool(Handle["native.BufferPool"]):
     """`n_slots` slots of `slot_size` bytes on `device` ("CPU", a ggml device name or "RPC[host:port]"), allocated
     at once, so the pool's bytes are its budget. Host slots start on a page (DIRECT_ALIGN) and their size is
     rounded up to one, so a Prefetcher's O_DIRECT reads land in them; device slots use the device's alignment
     and give tensors, not host views."""
 
+    kind = "pool"
+
     def __init__(self, slot_size: int, n_slots: int, device: str = "CPU") -> None:
         self.device = device
         self._backend = _backend(device)
         # host slots page-aligned: a Prefetcher's O_DIRECT reads land in them without a bounce
-        self._pool: Optional[native.BufferPool] = native.BufferPool(slot_size, n_slots, self._backend, DIRECT_ALIGN)
-
-    @property
-    def core(self) -> "native.BufferPool":
-        if self._pool is None:
-            raise ValueError("the pool is closed")
-        return self._pool
+        super().__init__(native.BufferPool(slot_size, n_slots, self._backend, DIRECT_ALIGN))
 
     def acquire(self, key: int, *, writable: bool = True) -> "native.Slot":
         """Holds the slot of `key` (slot.hit: it already holds key's bytes) or takes one, evicting the least
@@ -161,23 +164,19 @@ class BufferPool(Handle):
 
     def close(self) -> None:
         """Drops the pool; slots still held keep its memory until they are released."""
-        self._pool = None
+        super().close()
 
 
-class Prefetcher(Handle):
+class Prefetcher(Handle["native.Prefetcher"]):
     """`n_workers` threads reading byte ranges of the file at `path` into slots, highest priority first.
     direct_io: True or None (default) opens the file with O_DIRECT too, where the file system allows it
     (aligned ranges then go disk to slot without the page cache); False reads through the page cache."""
 
+    kind = "prefetcher"
+
     def __init__(self, path: str, n_workers: int = 1, direct_io: Optional[bool] = None) -> None:
         self.path = str(path)
-        self._io: Optional[native.Prefetcher] = native.Prefetcher(self.path, n_workers, direct_io is not False)
-
-    @property
-    def core(self) -> "native.Prefetcher":
-        if self._io is None:
-            raise ValueError("the prefetcher is closed")
-        return self._io
+        super().__init__(native.Prefetcher(self.path, n_workers, direct_io is not False))
 
     @property
     def direct_io(self) -> bool:
@@ -201,14 +200,16 @@ class Prefetcher(Handle):
 
     def close(self) -> None:
         """Cancels queued loads and stops the workers once loads in flight finish."""
-        self._io = None
+        super().close()
 
 
-class LayerPager(Handle):
+class LayerPager(Handle["native.LayerPager"]):
     """Groups of a GGUF file's tensors (`layers`: lists of tensor names) streamed through `n_slots` slots
     (each the size of the largest layer unless `slot_size` is given) by `n_workers` prefetch threads.
     prefetch(l) starts loading layer l; acquire(l) waits for it and returns a `Layer` whose tensors are
     bound to its slot (views: layer.array(name)); release it to let its slot go to another layer."""
+
+    kind = "pager"
 
     def __init__(
         self,
@@ -224,15 +225,11 @@ class LayerPager(Handle):
         self.path = str(path)
         self.store = native.WeightStore(native.GGUFFile(self.path))
         self._backend = _backend(device)
-        self._pager: Optional[native.LayerPager] = native.LayerPager(
-            self.store, [list(x) for x in layers], n_slots, slot_size, n_workers, self._backend, direct_io
+        super().__init__(
+            native.LayerPager(
+                self.store, [list(x) for x in layers], n_slots, slot_size, n_workers, self._backend, direct_io
+            )
         )
-
-    @property
-    def core(self) -> "native.LayerPager":
-        if self._pager is None:
-            raise ValueError("the pager is closed")
-        return self._pager
 
     @property
     def n_layers(self) -> int:
@@ -268,9 +265,6 @@ class LayerPager(Handle):
     def unpin(self, layer: int) -> None:
         self.core.unpin(layer)
 
-    def close(self) -> None:
-        self._pager = None
-
 
 def layer_array(layer: "native.Layer", name: str) -> np.ndarray:
     """A zero-copy read-only numpy view of tensor `name` of an acquired layer: F32/F16/I32 as numbers in
@@ -286,12 +280,14 @@ def layer_array(layer: "native.Layer", name: str) -> np.ndarray:
     return view(layer, np.uint8, [t.nbytes // row_bytes, row_bytes], off)
 
 
-class KVCache(Handle):
+class KVCache(Handle["native.KVCache"]):
     """A paged K/V cache for `n_layers` layers of `n_embd_kv` channels and up to `n_ctx` tokens per sequence:
     pages of `page_size` tokens live in device frames (`n_frames`, 0: one per layer), host memory
     (`host_budget` bytes, None: no limit) and a spill file in `spill_dir`. acquire(seq, layer, n_valid)
     returns a KVFrame holding rows [0, n_valid) of K ([n_ctx, n_embd_kv]) and V (the same, or transposed
     with v_trans); frame.written(n_end) then release() marks the new rows' pages dirty."""
+
+    kind = "KV cache"
 
     def __init__(
         self,
@@ -318,7 +314,7 @@ class KVCache(Handle):
         k = [self._ctx.new_tensor(t, [n_embd_kv, n_ctx]) for _ in range(n_layers)]
         v = [self._ctx.new_tensor(t, [n_ctx, n_embd_kv] if v_trans else [n_embd_kv, n_ctx]) for _ in range(n_layers)]
         self._backend = _backend(device)
-        self._kv: Optional[native.KVCache] = native.KVCache(
+        kv = native.KVCache(
             k,
             v,
             page_size,
@@ -330,12 +326,7 @@ class KVCache(Handle):
             n_workers,
             1 if n_stream < 1 else n_stream,
         )
-
-    @property
-    def core(self) -> "native.KVCache":
-        if self._kv is None:
-            raise ValueError("the KV cache is closed")
-        return self._kv
+        super().__init__(kv)
 
     def acquire(self, seq: int, layer: int, n_valid: int) -> "native.KVFrame":
         return self.core.acquire_frame(seq, layer, n_valid)
@@ -358,9 +349,6 @@ class KVCache(Handle):
     @property
     def page_bytes(self) -> int:
         return self.core.page_bytes
-
-    def close(self) -> None:
-        self._kv = None
 
 
 def memory(*, nvml: bool = True) -> MemorySnapshot:
