@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import tempfile
@@ -249,6 +250,10 @@ class Llama:
         )
         return Sampler(params, seed=self._seed)
 
+    def sampler_of(self, args: dict[str, Any]) -> Sampler:
+        """new_sampler over the sampling keywords among a method's arguments (sample's, generate's)."""
+        return self.new_sampler(**{k: args[k] for k in inspect.signature(self.new_sampler).parameters})
+
     def matcher(self, grammar: LlamaGrammar | None) -> Matcher | None:
         m = self.loaded
         return None if grammar is None else m.matcher(m.grammar(**grammar.options()))
@@ -285,18 +290,7 @@ class Llama:
         m = self.sync()
         if self._n == 0:
             raise ValueError("sample() needs evaluated tokens")
-        sampler = self.new_sampler(
-            top_k,
-            top_p,
-            min_p,
-            typical_p,
-            temp,
-            repeat_penalty,
-            frequency_penalty,
-            presence_penalty,
-            tfs_z,
-            mirostat_mode,
-        )
+        sampler = self.sampler_of(locals())
         rows = m.scores
         row = rows[idx] if idx is not None and rows is not None and idx < self._n - 1 else m.logits
         return self.draw(sampler, self.matcher(grammar), row, logits_processor)
@@ -324,18 +318,7 @@ class Llama:
     ) -> Generator[int, Sequence[int] | None, None]:
         """Tokens after `tokens`, forever (as llama_cpp's: reset reuses the longest prefix evaluated; a value
         sent into the generator is evaluated after the token)."""
-        sampler = self.new_sampler(
-            top_k,
-            top_p,
-            min_p,
-            typical_p,
-            temp,
-            repeat_penalty,
-            frequency_penalty,
-            presence_penalty,
-            tfs_z,
-            mirostat_mode,
-        )
+        sampler = self.sampler_of(locals())
         matcher = self.matcher(grammar)
         todo = self.reuse(list(tokens)) if reset else list(tokens)
         while True:
