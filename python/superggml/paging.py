@@ -16,7 +16,7 @@ after it (`SlotReleased`), so a view never reads memory that was freed or given 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Generic, Optional, TypeVar, Union, cast
+from typing import Any, Generic, Optional, Protocol, TypeVar, Union, cast
 
 import numpy as np
 
@@ -113,7 +113,30 @@ class Handle(Generic[C]):
         self.close()
 
 
-class BufferPool(Handle["native.BufferPool"]):
+class Slots(Protocol):
+    @property
+    def n_slots(self) -> int: ...
+    @property
+    def slot_size(self) -> int: ...
+
+
+S = TypeVar("S", bound=Slots)
+
+
+class SlotHandle(Handle[S]):
+    """A handle on slots of one size."""
+
+    @property
+    def n_slots(self) -> int:
+        return self.core.n_slots
+
+    @property
+    def slot_size(self) -> int:
+        """Bytes of each slot: the most it holds in memory is n_slots * slot_size."""
+        return self.core.slot_size
+
+
+class BufferPool(SlotHandle["native.BufferPool"]):
     """`n_slots` slots of `slot_size` bytes on `device` ("CPU", a ggml device name or "RPC[host:port]"), allocated
     at once, so the pool's bytes are its budget. Host slots start on a page (DIRECT_ALIGN) and their size is
     rounded up to one, so a Prefetcher's O_DIRECT reads land in them; device slots use the device's alignment
@@ -142,14 +165,6 @@ class BufferPool(Handle["native.BufferPool"]):
 
     def slot_of(self, key: int) -> int:
         return self.core.slot_of(key)
-
-    @property
-    def n_slots(self) -> int:
-        return self.core.n_slots
-
-    @property
-    def slot_size(self) -> int:
-        return self.core.slot_size
 
     @property
     def nbytes(self) -> int:
@@ -203,7 +218,7 @@ class Prefetcher(Handle["native.Prefetcher"]):
         super().close()
 
 
-class LayerPager(Handle["native.LayerPager"]):
+class LayerPager(SlotHandle["native.LayerPager"]):
     """Groups of a GGUF file's tensors (`layers`: lists of tensor names) streamed through `n_slots` slots
     (each the size of the largest layer unless `slot_size` is given) by `n_workers` prefetch threads.
     prefetch(l) starts loading layer l; acquire(l) waits for it and returns a `Layer` whose tensors are
@@ -234,15 +249,6 @@ class LayerPager(Handle["native.LayerPager"]):
     @property
     def n_layers(self) -> int:
         return self.core.n_layers
-
-    @property
-    def n_slots(self) -> int:
-        return self.core.n_slots
-
-    @property
-    def slot_size(self) -> int:
-        """Bytes of each slot: the most the pager holds in memory is n_slots * slot_size."""
-        return self.core.slot_size
 
     def layer_bytes(self, layer: int) -> int:
         return self.core.layer_bytes(layer)
