@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import llama_ref
-from batching import alone_and_batched
+from batching import batch_gap
 from superggml import Model, UnsupportedModelError
 from synth_gguf import N_LAYER, VARIANTS, synth
 from cli_runner import run_cli
@@ -230,21 +230,8 @@ def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
     rng = np.random.default_rng(3)
     prompts = [[int(x) for x in rng.integers(0, 49152, n)] for n in (9, 17, 5)]
     with Model(path, ctx_size=128, n_threads=2, n_batch=16, batch_invariant=True) as m:
-        solo, got = alone_and_batched(m, prompts, 3)
-    ref = llama_ref.run(
-        {"kind": "batch", "model": path, "prompts": prompts, "steps": 3, "n_ctx": 128, "n_batch": 16, "repack": False}
-    )
-    ref_alone = [ref[f"alone{i}"] for i in range(len(prompts))]
-    ref_gap = max(float(np.abs(ref[f"batched{i}"] - a).max()) for i, a in enumerate(ref_alone))
-    worst = max(float(np.abs(g - a).max()) for g, a in zip(got, solo))
-    scale = max(float(np.abs(a).max()) for a in solo)
-    to_ref = max(float(np.abs(s - a).max()) for s, a in zip(solo, ref_alone))
-    print(
-        f"{variant}: max |dlogit| batch vs alone {worst:.2e} (llama.cpp {ref_gap:.2e}) of {scale:.2f}; alone vs llama.cpp {to_ref:.2e}"
-    )
-    assert worst <= max(2 * ref_gap, 1e-4 * scale)
-    assert to_ref <= 1e-4 * scale
-    assert all((g.argmax(-1) == a.argmax(-1)).all() for g, a in zip(got, solo))
+        gap = batch_gap(m, path, prompts, 3)
+    gap.check(variant)
 
 
 @pytest.mark.parametrize(

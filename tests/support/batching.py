@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+
+import llama_ref
 
 
 def alone(m: Any, prompts: Sequence[Sequence[int]], steps: int) -> list[Any]:
@@ -31,3 +34,45 @@ def alone_and_batched(m: Any, prompts: Sequence[Sequence[int]], steps: int) -> t
         for g, r in zip(got, m.eval_batch(step)):
             g.append(r[-1].copy())
     return solo, [np.stack(g) for g in got]
+
+
+@dataclass
+class BatchGap:
+    """A batch against each sequence alone, in superggml and in llama.cpp (one unified K/V, the same passes of
+    n_batch), all measured on the machine that runs the test: max |dlogit| of superggml's batch from its alone
+    (`worst`), of llama.cpp's (`ref_gap`), of superggml's alone from llama.cpp's (`to_ref`), and the largest
+    logit (`scale`)."""
+
+    worst: float
+    ref_gap: float
+    to_ref: float
+    scale: float
+
+    def check(self, label: str) -> None:
+        """The batch as close to each alone as llama.cpp's own batch is (twice its gap, or 1e-4 of the logits,
+        whichever is more: the gap is rounding the kernels do by the shape of a pass), and each alone at
+        llama.cpp's alone within 1e-4 of the logits."""
+        print(
+            f"{label}: max |dlogit| batch vs alone {self.worst:.2e} (llama.cpp {self.ref_gap:.2e}) of "
+            f"{self.scale:.2f}; alone vs llama.cpp {self.to_ref:.2e}"
+        )
+        assert self.worst <= max(2 * self.ref_gap, 1e-4 * self.scale)
+        assert self.to_ref <= 1e-4 * self.scale
+
+
+def batch_gap(
+    m: Any, path: str, prompts: Sequence[Sequence[int]], steps: int, *, n_ctx: int = 128, n_batch: int = 16
+) -> BatchGap:
+    """alone_and_batched on `m` (a Model of the file at `path`, batch_invariant), beside llama.cpp's batch of the
+    same prompts; the greedy tokens of the batch are each alone's."""
+    solo, got = alone_and_batched(m, prompts, steps)
+    assert all((g.argmax(-1) == a.argmax(-1)).all() for g, a in zip(got, solo))
+    req = {"kind": "batch", "model": path, "prompts": [list(p) for p in prompts], "steps": steps}
+    ref = llama_ref.run({**req, "n_ctx": n_ctx, "n_batch": n_batch, "repack": False})
+    ref_alone = [ref[f"alone{i}"] for i in range(len(prompts))]
+    return BatchGap(
+        worst=max(float(np.abs(g - a).max()) for g, a in zip(got, solo)),
+        ref_gap=max(float(np.abs(ref[f"batched{i}"] - a).max()) for i, a in enumerate(ref_alone)),
+        to_ref=max(float(np.abs(s - a).max()) for s, a in zip(solo, ref_alone)),
+        scale=max(float(np.abs(a).max()) for a in solo),
+    )
