@@ -552,7 +552,7 @@ def build_attn(
     t = n // S
     n_ctx = k_cache.shape[1] // S
     es = v_cache.element_size  # a transposed V is of whole elements (F32, F16, BF16)
-    gw = v_cache.ne[0]  # the V cache's width (wider than gv where layers differ)
+    gw = v_cache.ne[0]  # the V cache's width (wider than the layer's V where layers differ)
     if k is not None and v is not None:
         write_kv(ctx, gf, hp, inp, k, v, k_cache, v_cache)
 

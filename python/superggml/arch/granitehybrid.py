@@ -15,9 +15,8 @@ from typing import Any, Mapping
 from ..errors import GGUFError, UnsupportedModelError
 from ..native import Context, Tensor
 from .base import StepInputs, Weights, f32
+from .hybrid import ATTENTION_TENSORS
 from .mamba2 import Mamba2Layers
-
-ATTENTION = ("attn_q", "attn_k", "attn_v", "attn_output")
 
 
 class GraniteHybridArch(Mamba2Layers):
@@ -41,19 +40,12 @@ class GraniteHybridArch(Mamba2Layers):
         attn = next((il for il in range(hp.n_layer) if not self.recurrent[il]), None)
         if attn is not None:
             p = f"blk.{attn}."
-            self.has_qkv_bias = all(p + n + ".bias" in self.names for n in ATTENTION[:3])
+            self.has_qkv_bias = all(p + n + ".bias" in self.names for n in ATTENTION_TENSORS[:3])
             self.out_bias = p + "attn_output.bias" in self.names
         unused = next((n for n in self.names if n.endswith(("ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"))), None)
         if unused is not None:
             raise UnsupportedModelError(f"{hp.arch}: FFN biases ('{unused}') are not supported")
         self.count_states()
-
-    def mixer_note(self) -> str:
-        return (
-            f"Mamba-2 layers (a state of {self.n_ssm_head} heads x {self.d_inner // self.n_ssm_head} x {self.d_state} "
-            f"and a conv window of {self.d_conv - 1} tokens: {self.hp.state_bytes / 2**20:.2f} MiB per sequence, "
-            "whatever its length)"
-        )
 
     def attention_note(self) -> str:
         return "attention layers with a K/V cache" + ("" if self.use_rope else " and no RoPE")

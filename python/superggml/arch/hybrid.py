@@ -4,6 +4,7 @@ recurrent block's tensors in place of the attention's."""
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 
 from ..native import Context, Graph, Tensor
@@ -13,22 +14,22 @@ Shapes = dict[str, tuple[int, ...]]
 ATTENTION_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm")
 
 
-class HybridArch(Architecture):
+class HybridArch(Architecture, abc.ABC):
     d_conv: int  # the conv's kernel: its window keeps the last d_conv - 1 rows of each sequence
     conv_channels: int  # the conv's channels
 
     @property
+    @abc.abstractmethod
     def state_sizes(self) -> tuple[int, int]:
         """Values per sequence and recurrent block: its conv window's and its mixer's state."""
-        raise NotImplementedError
 
     def attention_note(self) -> str:
         """What describe says of the blocks that attend."""
         return "attention layers with a K/V cache"
 
+    @abc.abstractmethod
     def mixer_note(self) -> str:
         """What describe says of the recurrent blocks: their kind and state."""
-        raise NotImplementedError
 
     def describe(self) -> list[str]:
         n = sum(self.recurrent)

@@ -46,6 +46,13 @@ class Mamba2Layers(HybridArch):
             )
         self.conv_channels = self.d_inner + 2 * self.n_group * self.d_state
 
+    def mixer_note(self) -> str:
+        return (
+            f"Mamba-2 layers (a state of {self.n_ssm_head} heads x {self.d_inner // self.n_ssm_head} x {self.d_state} "
+            f"and a conv window of {self.d_conv - 1} tokens: {self.hp.state_bytes / 2**20:.2f} MiB per sequence, "
+            "whatever its length)"
+        )
+
     @property
     def state_sizes(self) -> tuple[int, int]:
         """Values per sequence and Mamba-2 layer: the conv window's, the scan's state."""

@@ -66,11 +66,8 @@ class NemotronHArch(Mamba2Layers):
     def describe(self) -> list[str]:
         k = self.kinds
         return [
-            f"hybrid: {k.count(MIXER)} Mamba-2 layers (a state of {self.n_ssm_head} heads x "
-            f"{self.d_inner // self.n_ssm_head} x {self.d_state} and a conv window of {self.d_conv - 1} tokens: "
-            f"{self.hp.state_bytes / 2**20:.2f} MiB per sequence, whatever its length), {k.count(ATTENTION)} "
-            f"attention layers with a K/V cache and no RoPE, {k.count(MLP)} MLP layers (ReLU squared) that keep "
-            "nothing per sequence"
+            f"hybrid: {k.count(MIXER)} {self.mixer_note()}, {k.count(ATTENTION)} attention layers with a K/V cache "
+            f"and no RoPE, {k.count(MLP)} MLP layers (ReLU squared) that keep nothing per sequence"
         ]
 
     @property
