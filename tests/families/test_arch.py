@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import llama_ref
-from batching import batch_gap
+from batching import batch_gap, batch_prompts
 from superggml import Model, UnsupportedModelError
 from synth_gguf import N_LAYER, VARIANTS, synth
 from cli_runner import run_cli
@@ -227,8 +227,7 @@ def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
     this machine. The gap is rounding that the model amplifies: gemma4-e-shared's is 4e-2 of 27 on an AVX2
     machine, in llama.cpp as in superggml, whose alone equals llama.cpp's alone."""
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
-    rng = np.random.default_rng(3)
-    prompts = [[int(x) for x in rng.integers(0, 49152, n)] for n in (9, 17, 5)]
+    prompts = batch_prompts()
     with Model(path, ctx_size=128, n_threads=2, n_batch=16, batch_invariant=True) as m:
         gap = batch_gap(m, path, prompts, 3)
     gap.check(variant)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import llama_ref
-from batching import batch_gap
+from batching import batch_gap, batch_prompts
 from superggml import GGUFError, Model
 from superggml.runtime.plan.devices import layer_split
 from synth_gguf import VARIANTS, synth
@@ -88,8 +88,7 @@ def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
     its own (BatchGap.check). ggml-cpu's kernels round by the shape of a pass: qwen3next's decode steps of three
     sequences in one pass are 1.7e-4 from each alone with AVX2 kernels."""
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
-    rng = np.random.default_rng(3)
-    prompts = [[int(x) for x in rng.integers(0, 49152, n)] for n in (9, 17, 5)]
+    prompts = batch_prompts()
     with Model(path, ctx_size=128, n_threads=2, n_batch=16, batch_invariant=True) as m:
         gap = batch_gap(m, path, prompts, 3)
         assert m.stats()["state_sequences"] >= 3

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batching import batch_gap
+from batching import batch_gap, batch_prompts
 from superggml import Model
 from synth_gguf import VARIANTS, expert_bytes, metadata_value, synth
 from prompts import greedy
@@ -63,8 +63,7 @@ def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):
     shared passes, and ggml-cpu's kernels round by the shape of a pass: 6.5e-4 at its last token with AVX2
     kernels (1.9e-6 with n_batch=64, where both cuts are whole)."""
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
-    rng = np.random.default_rng(3)
-    prompts = [[int(x) for x in rng.integers(0, 49152, n)] for n in (9, 17, 5)]
+    prompts = batch_prompts()
     with Model(path, ctx_size=128, n_threads=2, n_batch=16, batch_invariant=True) as m:
         gap = batch_gap(m, path, prompts, 4)
         assert m.stats()["stream_passes"] > 0

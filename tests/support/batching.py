@@ -10,6 +10,12 @@ import numpy as np
 import llama_ref
 
 
+def batch_prompts() -> list[list[int]]:
+    """The batch tests' three prompts: 9, 17 and 5 random tokens (the 17 cut across passes of 16)."""
+    rng = np.random.default_rng(3)
+    return [[int(x) for x in rng.integers(0, 49152, n)] for n in (9, 17, 5)]
+
+
 def alone(m: Any, prompts: Sequence[Sequence[int]], steps: int) -> list[Any]:
     """Each prompt fed alone from an empty memory, then `steps` greedy tokens: per prompt, the last logits of the
     prompt and of each step, F32 [steps + 1, n_vocab]. The model is reset after."""
