@@ -1,5 +1,6 @@
-"""The pinned host-to-device copy rate, the streamed bound's divisor: superggml.devices.transfer_rate where it exists,
-torch's pinned copy on CUDA, else (no GPU) numpy's memcpy. Its own process (torch brings a CUDA runtime of its own).
+"""The pinned host-to-device copy rate, the streamed bound's divisor: superggml's transfer_rate
+(runtime/plan/devices.py) where it exists, torch's pinned copy on CUDA, else (no GPU) numpy's memcpy. Its own
+process (torch brings a CUDA runtime of its own).
 
     python3 bench/gpu/rate.py OUT.json
 """
@@ -13,10 +14,15 @@ import numpy as np
 N = 512 << 20
 out = {}
 try:
-    from superggml import devices, native
+    from superggml import native
+
+    try:
+        from superggml.runtime.plan.devices import transfer_rate
+    except ImportError:  # a superggml from before the move (stop 71)
+        from superggml.devices import transfer_rate
 
     dev = next((d["name"] for d in native.devices() if d["name"] == "CUDA0"), native.devices()[0]["name"])
-    out["superggml"] = float(devices.transfer_rate(dev))
+    out["superggml"] = float(transfer_rate(dev))
 except Exception as e:
     out["superggml_error"] = f"{type(e).__name__}: {e}"
 try:

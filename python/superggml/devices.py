@@ -1,5 +1,5 @@
-"""ggml RPC servers from this process: added (a device name that names its server resolved), served, watched;
-and the pinned host-to-device copy rate. How a model's blocks split over devices is runtime/plan/devices.py."""
+"""ggml RPC servers from this process: added (a device name that names its server resolved), served, watched.
+How a model's blocks split over devices, and what each device measures, is runtime/plan/devices.py."""
 
 from __future__ import annotations
 
@@ -8,12 +8,6 @@ from typing import Any, Sequence
 from . import native
 
 RPC_CONNECT_TIMEOUT = 5.0  # seconds to reach an RPC server and get its HELLO
-
-
-def transfer_rate(device: str, nbytes: int = 256 << 20, repeats: int = 5) -> float:
-    """Bytes per second from the device's pinned host memory into the device (the best of `repeats` copies of
-    nbytes): the bound of a streamed block's load once its bytes are in host memory."""
-    return float(native.host_to_device_rate(native.Backend(device, 1), nbytes, repeats))
 
 
 def add_rpc_server(

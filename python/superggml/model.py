@@ -182,7 +182,7 @@ class Model(Completions, Embeddings, Constraints):
         self.running = True
         self.settings = resolved.settings
         self.memory_plan: MemoryPlan | None = resolved.memory_plan
-        self.repacked_bytes = self.runtime.repacked_bytes
+        self.repacked_bytes = self.runtime.placement.repacked_bytes
         self.tokenizer = Tokenizer.from_metadata(self.metadata)
         for key in VOCAB_KEYS:  # held by the tokenizer now; tens of MB as lists
             self.metadata.pop(key, None)
@@ -314,7 +314,7 @@ class Model(Completions, Embeddings, Constraints):
         """The scheduler's moves so far: {"event": "layer_demote"|"layer_promote", "layer", "t",
         "pressure", "n_slots", "pinned"}; empty without dynamic_layers."""
         self.check_open()
-        sch = self.runtime.scheduler
+        sch = self.runtime.placement.scheduler
         return list(sch.events) if sch is not None else []
 
     def record_routing(self, on: bool = True) -> RoutingTrace | None:
@@ -338,7 +338,7 @@ class Model(Completions, Embeddings, Constraints):
     @property
     def scheduler(self) -> LayerScheduler | None:
         """The memory-pressure scheduler with dynamic_layers (its ``memory`` reading may be replaced)."""
-        return self.runtime.scheduler
+        return self.runtime.placement.scheduler
 
     @property
     def record_timings(self) -> bool:
@@ -447,19 +447,7 @@ class Model(Completions, Embeddings, Constraints):
         """Yields sampled tokens after `tokens`, forever (stop by leaving the loop); with `grammar` (see
         `Model.grammar`) only tokens it allows, an end-of-generation token once it is complete."""
         self.check_open()
-        sampler = self.sampler(
-            SamplingParams(
-                temperature=temp,
-                top_k=top_k,
-                top_p=top_p,
-                min_p=min_p,
-                repeat_penalty=repeat_penalty,
-                repeat_last_n=repeat_last_n,
-                frequency_penalty=frequency_penalty,
-                presence_penalty=presence_penalty,
-                seed=seed,
-            )
-        )
+        sampler = self.sampler(SamplingParams.pick(dict(locals(), temperature=temp)))
         matcher = self.matcher(grammar)
         for tok, _ in generate_step(self, tokens, sampler, reset=reset, matcher=matcher):
             yield tok

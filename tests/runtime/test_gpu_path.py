@@ -8,7 +8,7 @@ import pytest
 
 from prompts import FEED_PROMPT, feed_logits
 from superggml import Model, native
-from superggml.devices import transfer_rate
+from superggml.runtime.plan.devices import transfer_rate
 from superggml.runtime.plan.memory_plan import plan_memory, with_host_tier
 from superggml.settings import ContextSettings
 from cli_runner import run_cli

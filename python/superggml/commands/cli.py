@@ -10,13 +10,18 @@ from typing import Any, Sequence
 
 from .. import __version__, native
 from ..errors import MissingExtra, SuperggmlError
-from ..settings import add_arguments, default_threads, options_from_args
+from ..settings import add_arguments, default_threads, env_name, options_from_args
 from ..runtime.exec.profile import speed as pass_speed
 from .chat import format_speed, format_stats
 
 
-def _env_default(name: str, default: str | None) -> str | None:
-    return os.environ.get(f"SUPERGGML_{name}", default)
+def _env_arg(
+    p: argparse.ArgumentParser, *flags: str, env: str, help: str, default: Any = None, type: Any = str, **kw: Any
+) -> None:
+    """A flag whose default SUPERGGML_<env> gives when set (named at the end of its help)."""
+    raw = os.environ.get(env_name(env))
+    default = type(raw) if raw else default
+    p.add_argument(*flags, type=type, default=default, help=f"{help} [{env_name(env)}]", **kw)
 
 
 def _model_path(a: argparse.Namespace) -> str:
@@ -38,14 +43,15 @@ def _model_path(a: argparse.Namespace) -> str:
 
 
 def _add_source_args(p: argparse.ArgumentParser, help: str) -> None:
-    p.add_argument("-m", "--model", default=_env_default("MODEL", None), help=f"{help} [SUPERGGML_MODEL]")
-    p.add_argument(
+    _env_arg(p, "-m", "--model", env="model", help=help)
+    _env_arg(
+        p,
         "-hf",
         "--hf-repo",
+        env="hf_repo",
         metavar="REPO[:QUANT]",
-        default=_env_default("HF_REPO", None),
         help="a Hugging Face repo's GGUF (its QUANT file, else Q4_K_M or the first), from the hub's cache or "
-        "downloaded into it; HF_HUB_OFFLINE=1: the cache only [SUPERGGML_HF_REPO]",
+        "downloaded into it; HF_HUB_OFFLINE=1: the cache only",
     )
     p.add_argument("--hf-file", metavar="GLOB", default=None, help="with -hf: the repo's file (a glob)")
 
@@ -465,7 +471,7 @@ def _add_sampling_args(p: argparse.ArgumentParser, n_predict: int) -> None:
     g.add_argument(
         "-n", "--n-predict", type=int, default=n_predict, help=f"tokens to generate (-1: {until}; default {n_predict})"
     )
-    g.add_argument("--temp", type=float, default=0.8, help="temperature (0: greedy; default 0.8)")
+    g.add_argument("--temp", dest="temperature", type=float, default=0.8, help="temperature (0: greedy; default 0.8)")
     g.add_argument("--top-k", type=int, default=40, help="draw among the k likeliest tokens (0: all; default 40)")
     g.add_argument(
         "--top-p", type=float, default=0.95, help="then among the likeliest whose probabilities sum to p (default 0.95)"
@@ -486,15 +492,11 @@ def _add_sampling_args(p: argparse.ArgumentParser, n_predict: int) -> None:
 
 
 def _sampling(a: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags (named as SamplingParams' fields) as create_completion's keywords."""
+    from ..generation.sampling import SamplingParams
+
     return dict(
-        max_tokens=a.n_predict if a.n_predict >= 0 else None,
-        temperature=a.temp,
-        top_k=a.top_k,
-        top_p=a.top_p,
-        min_p=a.min_p,
-        repeat_penalty=a.repeat_penalty,
-        seed=a.seed,
-        stop=a.stop or None,
+        SamplingParams.named_in(vars(a)), max_tokens=a.n_predict if a.n_predict >= 0 else None, stop=a.stop or None
     )
 
 
@@ -588,27 +590,33 @@ def build_parser(
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP API (completions, chat, streaming)")
     _add_model_args(sv)
-    sv.add_argument("--host", default=_env_default("HOST", "127.0.0.1"), help="address (default 127.0.0.1)")
-    sv.add_argument("--port", type=int, default=int(_env_default("PORT", "8080") or 8080), help="default 8080")
-    sv.add_argument(
+    _env_arg(sv, "--host", env="host", default="127.0.0.1", help="address (default 127.0.0.1)")
+    _env_arg(sv, "--port", env="port", type=int, default=8080, help="default 8080")
+    _env_arg(
+        sv,
         "--parallel",
+        env="parallel",
         type=int,
-        default=int(_env_default("PARALLEL", "4") or 4),
+        default=4,
         help="sequences generating at once, each a sequence of its own K/V (contiguous: host pages "
         "held as written; --paged-kv: pages of the paged cache), batched in shared forward passes "
         "(default 4)",
     )
-    sv.add_argument(
+    _env_arg(
+        sv,
         "--batch-tokens",
+        env="batch_tokens",
         type=int,
-        default=int(_env_default("BATCH_TOKENS", "512") or 512),
+        default=512,
         help="tokens per engine step: the next token of every running request, then prompt chunks "
         "of new ones (default 512)",
     )
-    sv.add_argument(
+    _env_arg(
+        sv,
         "--max-queue",
+        env="max_queue",
         type=int,
-        default=int(_env_default("MAX_QUEUE", "64") or 64),
+        default=64,
         help="requests waiting beyond those; more get 503 (default 64)",
     )
     sv.add_argument(
@@ -619,11 +627,12 @@ def build_parser(
         "SUPERGGML_API_KEY. /health stays open",
     )
     sv.add_argument("--api-key-file", metavar="F", help="keys, one per line (# comments)")
-    sv.add_argument(
+    _env_arg(
+        sv,
         "-a",
         "--alias",
+        env="alias",
         metavar="NAME",
-        default=_env_default("ALIAS", None),
         help="the model's name in /v1/models and in replies (default: the file's name); requests may name any "
         "model, as llama-server's",
     )

@@ -12,7 +12,7 @@ from typing import Any, Callable, Generator, Iterator, Protocol, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ..generation.sampling import Sampler
+from ..generation.sampling import Sampler, SamplingParams
 from ..model import Model
 from ..generation.slots import shared_prefix
 from .helpers import LlamaGrammar, LlamaRAMCache, LlamaState, LogitsProcessorList, StoppingCriteriaList
@@ -82,20 +82,13 @@ class CompletionRequest:
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    SAMPLING = ("top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "frequency_penalty", "presence_penalty")
+
     def sampling(self) -> dict[str, Any]:
-        """Llama.generate's sampling keywords."""
-        return dict(
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            typical_p=self.typical_p,
-            temp=self.temperature,
-            repeat_penalty=self.repeat_penalty,
-            frequency_penalty=self.frequency_penalty,
-            presence_penalty=self.presence_penalty,
-            tfs_z=self.tfs_z,
-            mirostat_mode=self.mirostat_mode,
-        )
+        """Llama.new_sampler's keywords (and generate's), as llama_cpp names them: the temperature is `temp`."""
+        return {"temp": self.temperature, "tfs_z": self.tfs_z, "mirostat_mode": self.mirostat_mode} | {
+            n: getattr(self, n) for n in self.SAMPLING
+        }
 
     def processors(self) -> LogitsProcessorList | None:
         """The logits processors, the logit bias last (as llama_cpp adds it)."""
@@ -136,15 +129,8 @@ def complete(llama: Llama, r: CompletionRequest) -> Any:
         out = llama.sync().create_completion(
             r.prompt,
             max_tokens=r.max_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            min_p=r.min_p,
-            repeat_penalty=r.repeat_penalty,
-            frequency_penalty=r.frequency_penalty,
-            presence_penalty=r.presence_penalty,
+            **{**SamplingParams.named_in(vars(r)), "seed": llama.seed},
             stop=r.stops or None,
-            seed=llama.seed,
             stream=r.stream,
             echo=r.echo,
             logprobs=r.logprobs,

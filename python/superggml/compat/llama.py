@@ -239,16 +239,7 @@ class Llama:
         ):
             if value != default:
                 raise NotImplementedError(f"{name}={value}: superggml samples with top-k, top-p, min-p and temp")
-        params = SamplingParams(
-            temperature=temp,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            repeat_penalty=repeat_penalty,
-            frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty,
-        )
-        return Sampler(params, seed=self._seed)
+        return Sampler(SamplingParams.pick(dict(locals(), temperature=temp)), seed=self._seed)
 
     def sampler_of(self, args: dict[str, Any]) -> Sampler:
         """new_sampler over the sampling keywords among a method's arguments (sample's, generate's)."""

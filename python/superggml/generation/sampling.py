@@ -31,9 +31,14 @@ class SamplingParams:
     seed: int | None = None
 
     @classmethod
+    def named_in(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The sampling fields among `values` (a request's fields, a call's keywords, the CLI's flags)."""
+        return {f.name: values[f.name] for f in fields(cls) if f.name in values}
+
+    @classmethod
     def pick(cls, values: Mapping[str, Any]) -> SamplingParams:
-        """The sampling fields among `values` (a request's fields, a call's keywords); the rest by default."""
-        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+        """The sampling fields among `values`; the rest by default."""
+        return cls(**cls.named_in(values))
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

@@ -115,14 +115,6 @@ class Executor:
         return self.sequences.current
 
     @property
-    def scheduler(self) -> Any:
-        return self.placement.scheduler
-
-    @property
-    def repacked_bytes(self) -> int:
-        return self.placement.repacked_bytes
-
-    @property
     def max_lanes(self) -> int:
         """Sequences one pass may hold."""
         return min(MAX_LANES, self.memory.max_lanes)
@@ -202,7 +194,7 @@ class Executor:
             print(
                 f"superggml: {path}: {hp.arch}, {hp.n_layer} blocks, n_embd {hp.n_embd}, "
                 f"vocab {hp.n_vocab}; ctx {c.ctx_size}, {self.backend.n_threads} threads, "
-                f"{self.repacked_bytes / 2**20:.0f} MiB re-laid, KV {self.kv_bytes / 2**20:.0f} MiB",
+                f"{self.placement.repacked_bytes / 2**20:.0f} MiB re-laid, KV {self.kv_bytes / 2**20:.0f} MiB",
                 file=sys.stderr,
             )
 

@@ -24,14 +24,7 @@ class StepBuilder(Protocol):
     keep: list[Any]
 
     def graph(
-        self,
-        build: GraphFn,
-        kind: str,
-        rows_in: int | None = None,
-        rows_out: int | None = None,
-        dev: int = 0,
-        blocks: int = 1,
-        **step: Any,
+        self, build: GraphFn, kind: str, *, rows_in: int | None = None, rows_out: int | None = None, **step: Any
     ) -> Any: ...
 
 

@@ -21,7 +21,7 @@ from ...arch.common import StepInputs
 from ...errors import SuperggmlError
 from ..memory.arrays import tensor_array
 from .context import PassContext
-from .expert_steps import build_paged_block
+from .expert_steps import GraphFn, build_paged_block
 from ..memory.base import records
 from ..weights.pagers import Block, HeadChunk, Key, WeightPager
 
@@ -334,7 +334,7 @@ class GraphPlan:
 
     def graph(
         self,
-        build: Any,
+        build: GraphFn,
         kind: str,
         rows_in: int | None = None,
         rows_out: int | None = None,
@@ -411,6 +411,9 @@ class GraphPlan:
             arch.build_pass_inputs(ctx, gf, w, inp, x)
             return ctx.cpy(x, act)
 
+        def alone(il: int) -> GraphFn:  # block il, a graph of its own
+            return lambda ctx, gf, act, act_out, inp: ctx.cpy(self.block(ctx, gf, inp, il, act), act_out)
+
         self.graph(embed, "embed", dev=pc.embed_dev)
         rows_in = n_last if self.keep_rows else self.n_out
         # the head joins the last segment where it is one graph on the last block's device
@@ -431,7 +434,7 @@ class GraphPlan:
             with_head = head_joins and il == hp.n_layer - 1
             if len(run) == 1 and not with_head:
                 self.graph(
-                    lambda ctx, gf, act, act_out, inp, il=il: ctx.cpy(self.block(ctx, gf, inp, il, act), act_out),
+                    alone(il),
                     "block",
                     rows_out=rows,
                     key=key,
@@ -561,24 +564,16 @@ class GraphPlan:
             rows_out=n_out,
             dev=dev,
         )
+
+        def chunk(name: str, r0: int, rows: int) -> GraphFn:  # the head's rows [r0, r0 + rows) of the logits
+            return lambda ctx, gf, act, act_out, inp: ctx.cpy(
+                ctx.mul_mat(w(name), head_in), ctx.view(lb, [rows, n_out], [lb.nb[1]], r0 * lb.element_size)
+            )
+
         row0 = 0
         for c, name in enumerate(pc.placement.head_chunks):
             rows = w(name).ne[1]
-
-            def chunk(
-                ctx: Any,
-                gf: Any,
-                act: Any,
-                act_out: Any,
-                inp: StepInputs,
-                name: str = name,
-                r0: int = row0,
-                rows: int = rows,
-            ) -> Any:
-                dst = ctx.view(lb, [rows, n_out], [lb.nb[1]], r0 * lb.element_size)
-                return ctx.cpy(ctx.mul_mat(w(name), head_in), dst)
-
-            self.graph(chunk, "head", rows_in=n_out, rows_out=n_out, key=HeadChunk(c), dev=dev)
+            self.graph(chunk(name, row0, rows), "head", rows_in=n_out, rows_out=n_out, key=HeadChunk(c), dev=dev)
             row0 += rows
         if pc.arch.reshapes_logits:  # what follows the head's matmul, over all of its rows
             self.graph(

@@ -34,9 +34,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import native
-from ...devices import transfer_rate
 from ..memory.arrays import tensor_array
-from ..plan.devices import measure_speed, probe_bytes
+from ..plan.devices import measure_speed, probe_bytes, transfer_rate
 from .context import PassContext
 from .graph import Step
 from ..weights.pagers import Block, HeadChunk, WeightPager

@@ -28,7 +28,7 @@ from ...errors import SavedSequenceError
 from ...settings import ContextSettings
 from ..weights.placement import WeightPlacement
 from .base import SequenceMemory
-from .sequences import SequenceState, Sequences
+from .sequences import Sequences
 
 MAGIC = b"SUPERSEQ"
 VERSION = 1
@@ -51,10 +51,6 @@ class SavedSource:
     @property
     def hp(self) -> HParams:
         return self.arch.hp
-
-    @property
-    def seq(self) -> SequenceState:
-        return self.sequences.current
 
 
 def model_identity(path: str) -> str:
@@ -114,7 +110,7 @@ def layer_blobs(src: SavedSource, il: int, n: int) -> list[tuple[str, Any, int, 
 
 def save(src: SavedSource, path: str, identity: str) -> None:
     """Writes the current sequence to `path`."""
-    seq, c = src.seq, src.context
+    seq, c = src.sequences.current, src.context
     n = seq.n_past
     if not n:
         raise ValueError("save_sequence: the current sequence is empty")
@@ -197,7 +193,7 @@ def load(src: SavedSource, path: str, identity: str) -> int:
     """Makes the current sequence the one saved at `path`; returns its tokens."""
     header, blobs = read(path)
     tokens = check(src, header, blobs, identity, path)
-    n, seq, memory = len(tokens), src.seq, src.memory
+    n, seq, memory = len(tokens), src.sequences.current, src.memory
     src.sequences.truncate(0)
     memory.bind([seq.id])
     memory.restored(seq.id, n)

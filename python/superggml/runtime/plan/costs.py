@@ -2,8 +2,8 @@
 
 Rates (`measure_rates`; `superggml plan -m MODEL` prints them): the disk's, an O_DIRECT read of part of the
 model's file (the page cache left out); the host's compute, bytes of quantized weights per second through a
-matrix-vector product as a decoded token does them (runtime/devices.measure_speed's probe); and the link into
-each device that is not host memory, a copy from pinned host memory (devices.transfer_rate). A decoded token's
+matrix-vector product as a decoded token does them (plan/devices.measure_speed's probe); and the link into
+each device that is not host memory, a copy from pinned host memory (plan/devices.transfer_rate). A decoded token's
 pass costs about the larger of its weights' compute and the bytes it reads from the disk, which prefetching
 overlaps.
 
@@ -23,8 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from ...devices import transfer_rate
-from .devices import measure_speed, probe_bytes
+from .devices import measure_speed, probe_bytes, transfer_rate
 
 DISK_PROBE = 64 << 20  # bytes the disk's rate is timed on
 COMPUTE_PROBES = 3  # the compute rate is the best of these probes: one may land while other work holds the cores

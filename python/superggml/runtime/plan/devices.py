@@ -195,6 +195,12 @@ def probe_bytes() -> int:
     return int(native.row_size(native.GGMLType.Q4_0, PROBE_ROWS)) * PROBE_ROWS
 
 
+def transfer_rate(device: str, nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Bytes per second from the device's pinned host memory into the device (the best of `repeats` copies of
+    nbytes): the bound of a streamed block's load once its bytes are in host memory."""
+    return float(native.host_to_device_rate(native.Backend(device, 1), nbytes, repeats))
+
+
 def measure_speed(device: str, n_threads: int, rows: int = 1) -> float:
     """Matrix products per second on `device` of the probe's weight by `rows` rows, as a pass of that many rows
     does them (the weight read once per product), the round trip to an RPC server included. With one row (a
