@@ -4,6 +4,7 @@ which do the same in their own files)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,26 @@ import synth_gguf  # noqa: E402
 from superggml import models  # noqa: E402
 
 synth_gguf.enable_cache()  # the families' synthetic files are written once per run, then copied
+
+MAX_WORKERS = 4  # each worker holds its own references, models and llama.cpp process
+
+
+def pytest_xdist_auto_num_workers(config):
+    """-n auto (the suite's default, pyproject's addopts): a worker per core, at most MAX_WORKERS."""
+    from superggml.settings import default_threads
+
+    return max(1, min(MAX_WORKERS, default_threads()))
+
+
+def pytest_configure(config):
+    """With workers, ggml's compute threads (OpenMP's, in superggml and in the llama.cpp reference alike) are the
+    cores shared out among them: two workers of two threads on two cores would spin at ggml's barriers waiting
+    for each other. Set here, before the workers start, so that they and every process they run inherit it."""
+    n = int(getattr(config.option, "numprocesses", 0) or 0)
+    if n > 1 and "PYTEST_XDIST_WORKER" not in os.environ and "OMP_THREAD_LIMIT" not in os.environ:
+        from superggml.settings import default_threads
+
+        os.environ["OMP_THREAD_LIMIT"] = str(max(1, default_threads() // n))
 
 
 def pytest_collection_modifyitems(config, items):

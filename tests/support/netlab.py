@@ -15,6 +15,7 @@ forwards to 127.0.0.1:TARGET_PORT, each chunk delivered MS milliseconds after it
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import shutil
@@ -109,17 +110,26 @@ class Lab:
     """`n` hosts, each on its own link of `rate` and `delay_ms` (each way; one per host, or one for all) to this
     namespace."""
 
-    made = 0
+    LOCK = "/tmp/superggml-netlab.lock"  # labs of several processes (the suite's workers) choose subnets in turn
 
     def __init__(self, n: int, *, rate: Optional[str] = "1gbit", delay_ms: Union[float, Sequence[float]] = 0):
         self.token = secrets.token_hex(3)
-        Lab.made += 1  # a subnet per lab of this process, apart from other processes'
-        self.net = 100 + (os.getpid() * 13 + Lab.made) % 150
+        self.net = 0  # 10.net.0.0/16, one no other lab uses: chosen on entry
         self.rate, self.delay_ms = rate, delay_ms
-        self.hosts = [Host(self, i) for i in range(n)]
+        self.n = n
+        self.hosts: list[Host] = []
         self.stack = contextlib.ExitStack()
 
     def __enter__(self) -> "Lab":
+        with open(self.LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released with the file, once the subnet's addresses exist
+            used = {int(a.split(".")[1]) for a in ip("-o", "-4", "addr").stdout.split() if a.startswith("10.")}
+            self.net = next(k for k in range(100, 250) if k not in used)
+            self.hosts = [Host(self, i) for i in range(self.n)]
+            self.build()
+        return self
+
+    def build(self) -> None:
         try:
             for h in self.hosts:
                 outer, inner = f"sgh{self.token}{h.i}", f"sgp{self.token}{h.i}"
@@ -137,7 +147,6 @@ class Lab:
         except BaseException:
             self.__exit__()
             raise
-        return self
 
     def __exit__(self, *exc: Any) -> None:
         for h in self.hosts:
