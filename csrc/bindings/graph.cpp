@@ -140,9 +140,12 @@ void init_graph(py::module_ & m) {
         .def_property("timing", &compute_backend::timing, &compute_backend::set_timing,
             "Records events around each graph, where the device has them (a GPU), for stats()['device_s'].")
         .def("compute", [](compute_backend & b, const graph_ref & g, bool sync) {
-            {
+            try {
                 py::gil_scoped_release nogil;
                 b.compute(g.g, sync);
+            } catch (const Error &) {
+                remote_device_check(b.device());   // a failed server's empty answers fail the allocation: its DeviceError
+                throw;
             }
             remote_device_check(b.device());
         }, py::arg("graph"), py::arg("sync") = true,

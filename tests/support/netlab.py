@@ -111,6 +111,7 @@ class Lab:
     namespace."""
 
     LOCK = "/tmp/superggml-netlab.lock"  # labs of several processes (the suite's workers) choose subnets in turn
+    taken: set[int] = set()  # this process's subnets so far: never reused (its RPC registry remembers endpoints)
 
     def __init__(self, n: int, *, rate: Optional[str] = "1gbit", delay_ms: Union[float, Sequence[float]] = 0):
         self.token = secrets.token_hex(3)
@@ -124,7 +125,8 @@ class Lab:
         with open(self.LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released with the file, once the subnet's addresses exist
             used = {int(a.split(".")[1]) for a in ip("-o", "-4", "addr").stdout.split() if a.startswith("10.")}
-            self.net = next(k for k in range(100, 250) if k not in used)
+            self.net = next(k for k in range(100, 250) if k not in used | Lab.taken)
+            Lab.taken.add(self.net)
             self.hosts = [Host(self, i) for i in range(self.n)]
             self.build()
         return self
