@@ -70,6 +70,11 @@ void init_ops(py::module_ & m) {
     ctx.def("sigmoid", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sigmoid(c->ctx(), a.t)); });
     ctx.def("relu", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_relu(c->ctx(), a.t)); });
     ctx.def("sqr", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sqr(c->ctx(), a.t)); });
+    ctx.def("sqrt", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sqrt(c->ctx(), a.t)); });
+    ctx.def("scale_bias", [](const ctx_ptr & c, const T & a, float s, float b) {
+        c->check_room();
+        return wrap(c, ggml_scale_bias(c->ctx(), a.t, s, b));
+    }, "s * a + b");
     ctx.def("top_k", [](const ctx_ptr & c, const T & a, int k) {
         need(a.t->type == GGML_TYPE_F32 && k > 0 && k <= a.t->ne[0], "top_k", "need F32 rows of at least k values");
         c->check_room();
@@ -132,6 +137,12 @@ void init_ops(py::module_ & m) {
         c->check_room();
         return wrap(c, ggml_swiglu_oai(c->ctx(), gate.t, up.t, alpha, limit));
     }, "gpt-oss's clamped SwiGLU");
+    ctx.def("swiglu_clamp", [](const ctx_ptr & c, const T & gate, const T & up, float limit) {
+        need(ggml_are_same_shape(gate.t, up.t) && gate.t->type == up.t->type && ggml_is_contiguous_1(gate.t) &&
+             ggml_is_contiguous_1(up.t), "swiglu_clamp", "gate and up differ in shape or type, or are not contiguous rows");
+        c->check_room();
+        return wrap(c, ggml_swiglu_clamp(c->ctx(), gate.t, up.t, limit));
+    }, "silu(min(gate, limit)) * clamp(up, -limit, limit) (DeepSeek V4's SwiGLU)");
     ctx.def("div", [](const ctx_ptr & c, const T & a, const T & b) {
         need(ggml_can_repeat(b.t, a.t), "div", "b does not broadcast to a");
         c->check_room();
@@ -227,20 +238,27 @@ void init_ops(py::module_ & m) {
         return wrap(c, ggml_set_rows(c->ctx(), dst.t, src.t, idx.t));
     }, "dst[idx[i], :] = src[i, :] (rows of ne[0] elements, converting type).");
 
-    ctx.def("rope_ext", [](const ctx_ptr & c, const T & a, const T & pos, std::optional<T> freq_factors,
-                           int n_dims, int mode, int n_ctx_orig, float freq_base, float freq_scale,
-                           float ext_factor, float attn_factor, float beta_fast, float beta_slow) {
-        need(pos.t->type == GGML_TYPE_I32 && pos.t->ne[0] == a.t->ne[2], "rope_ext", "positions must be I32 [n_tokens]");
-        need(n_dims <= a.t->ne[0] && n_dims % 2 == 0, "rope_ext", "n_dims must be even and <= head_dim");
-        need(!freq_factors || (freq_factors->t->type == GGML_TYPE_F32 && freq_factors->t->ne[0] >= n_dims / 2),
-             "rope_ext", "freq_factors must be F32 [n_dims/2]");
-        c->check_room();
-        return wrap(c, ggml_rope_ext(c->ctx(), a.t, pos.t, freq_factors ? freq_factors->t : nullptr, n_dims, mode,
-                                     n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow));
-    }, py::arg("a"), py::arg("pos"), py::arg("freq_factors"), py::arg("n_dims"), py::arg("mode"),
-       py::arg("n_ctx_orig"), py::arg("freq_base"), py::arg("freq_scale") = 1.0f, py::arg("ext_factor") = 0.0f,
-       py::arg("attn_factor") = 1.0f, py::arg("beta_fast") = 32.0f, py::arg("beta_slow") = 1.0f,
-       "RoPE of a [head_dim, n_head, n_tokens] at I32 positions; freq_factors (F32 [n_dims/2]) or None.");
+    using rope_fn = ggml_tensor * (*)(ggml_context *, ggml_tensor *, ggml_tensor *, ggml_tensor *, int, int, int, float,
+                                      float, float, float, float, float);
+    auto rope = [&](const char * name, rope_fn f, const char * doc) {
+        ctx.def(name, [f, name](const ctx_ptr & c, const T & a, const T & pos, std::optional<T> freq_factors, int n_dims,
+                                int mode, int n_ctx_orig, float freq_base, float freq_scale, float ext_factor,
+                                float attn_factor, float beta_fast, float beta_slow) {
+            need(pos.t->type == GGML_TYPE_I32 && pos.t->ne[0] == a.t->ne[2], name, "positions must be I32 [n_tokens]");
+            need(n_dims <= a.t->ne[0] && n_dims % 2 == 0, name, "n_dims must be even and <= head_dim");
+            need(!freq_factors || (freq_factors->t->type == GGML_TYPE_F32 && freq_factors->t->ne[0] >= n_dims / 2),
+                 name, "freq_factors must be F32 [n_dims/2]");
+            c->check_room();
+            return wrap(c, f(c->ctx(), a.t, pos.t, freq_factors ? freq_factors->t : nullptr, n_dims, mode, n_ctx_orig,
+                             freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow));
+        }, py::arg("a"), py::arg("pos"), py::arg("freq_factors"), py::arg("n_dims"), py::arg("mode"),
+           py::arg("n_ctx_orig"), py::arg("freq_base"), py::arg("freq_scale") = 1.0f, py::arg("ext_factor") = 0.0f,
+           py::arg("attn_factor") = 1.0f, py::arg("beta_fast") = 32.0f, py::arg("beta_slow") = 1.0f, doc);
+    };
+    rope("rope_ext", ggml_rope_ext,
+         "RoPE of a [head_dim, n_head, n_tokens] at I32 positions; freq_factors (F32 [n_dims/2]) or None.");
+    rope("rope_ext_back", ggml_rope_ext_back,
+         "rope_ext's inverse: rotated back by the same angles (DeepSeek V4's attention output, whose V is its roped K).");
 
     ctx.def("rope_multi", [](const ctx_ptr & c, const T & a, const T & pos, int n_dims, std::vector<int> sections,
                              int mode, int n_ctx_orig, float freq_base, float freq_scale, float ext_factor,
@@ -305,7 +323,8 @@ void init_ops(py::module_ & m) {
        "softmax(a * scale + mask) over rows; sinks (F32 [n_head]): a per-head logit that joins each row's sum");
 
     ctx.def("flash_attn_ext", [](const ctx_ptr & c, const T & q, const T & k, const T & v, std::optional<T> mask,
-                                 float scale, float max_bias, float softcap, std::optional<T> sinks) {
+                                 float scale, float max_bias, float softcap, std::optional<T> sinks, int n_kv_max) {
+        need(n_kv_max >= 0 && (n_kv_max == 0 || mask), "flash_attn_ext", "n_kv_max must be >= 0, and > 0 only with a mask");
         need(q.t->ne[0] == k.t->ne[0] && k.t->ne[1] == v.t->ne[1] && q.t->ne[2] % k.t->ne[2] == 0,
              "flash_attn_ext", "q/k/v shapes do not match");
         need(!mask || mask->t->type == GGML_TYPE_F16, "flash_attn_ext", "mask must be F16");
@@ -313,11 +332,49 @@ void init_ops(py::module_ & m) {
         c->check_room();
         ggml_tensor * r = ggml_flash_attn_ext(c->ctx(), q.t, k.t, v.t, mask ? mask->t : nullptr, scale, max_bias, softcap);
         if (sinks) ggml_flash_attn_ext_add_sinks(r, sinks->t);
+        if (n_kv_max) ggml_flash_attn_ext_set_n_kv_max(r, n_kv_max);
         ggml_prec_set_acc(r, GGML_PREC_F32);   // as llama.cpp sets it
         return wrap(c, r);
     }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"),
-       py::arg("max_bias") = 0.0f, py::arg("softcap") = 0.0f, py::arg("sinks") = py::none(),
-       "q [d, n_tokens, n_head], k/v [d, n_kv, n_head_kv], mask F16 [n_kv, n_tokens] -> [d, n_head, n_tokens]");
+       py::arg("max_bias") = 0.0f, py::arg("softcap") = 0.0f, py::arg("sinks") = py::none(), py::arg("n_kv_max") = 0,
+       "q [d, n_tokens, n_head], k/v [d, n_kv, n_head_kv], mask F16 [n_kv, n_tokens] -> [d, n_head, n_tokens]; "
+       "n_kv_max > 0: the mask's finite entries are a sparse K/V set, at most n_kv_max in any row");
+
+    // DeepSeek V4's hyper-connections: hc residual streams in place of one (ggml.h)
+    ctx.def("dsv4_hc_comb", [](const ctx_ptr & c, const T & mixes, const T & scale, const T & base, float eps,
+                               int n_iter) {
+        const int64_t hc = 4, dim = (2 + hc) * hc;
+        need(mixes.t->type == GGML_TYPE_F32 && scale.t->type == GGML_TYPE_F32 && base.t->type == GGML_TYPE_F32,
+             "dsv4_hc_comb", "mixes, scale and base must be F32");
+        need(mixes.t->ne[0] == dim && mixes.t->ne[2] == 1 && mixes.t->ne[3] == 1 && ggml_nrows(scale.t) == 1 &&
+             scale.t->ne[0] >= 3 && base.t->ne[0] == dim && ggml_nrows(base.t) == 1,
+             "dsv4_hc_comb", "mixes [24, n_tokens] (4 streams), scale [3], base [24]");
+        need(n_iter > 0, "dsv4_hc_comb", "n_iter must be > 0");
+        c->check_room();
+        return wrap(c, ggml_dsv4_hc_comb(c->ctx(), mixes.t, scale.t, base.t, eps, n_iter));
+    }, py::arg("mixes"), py::arg("scale"), py::arg("base"), py::arg("eps"), py::arg("n_iter"),
+       "The streams' mixing matrices F32 [hc, hc, n_tokens]: Sinkhorn-normalized softmax of mixes' last hc*hc rows");
+    ctx.def("dsv4_hc_pre", [](const ctx_ptr & c, const T & x, const T & weights) {
+        need(x.t->type == GGML_TYPE_F32 && weights.t->type == GGML_TYPE_F32 && x.t->ne[3] == 1 &&
+             weights.t->ne[0] == x.t->ne[1] && weights.t->ne[1] == x.t->ne[2] && weights.t->ne[2] == 1 &&
+             weights.t->ne[3] == 1, "dsv4_hc_pre", "x F32 [n_embd, hc, n_tokens], weights F32 [hc, n_tokens]");
+        c->check_room();
+        return wrap(c, ggml_dsv4_hc_pre(c->ctx(), x.t, weights.t));
+    }, py::arg("x"), py::arg("weights"), "The streams summed by weight: F32 [n_embd, n_tokens]");
+    ctx.def("dsv4_hc_post", [](const ctx_ptr & c, const T & x, const T & residual, const T & post, std::optional<T> comb) {
+        const int64_t n = x.t->ne[1], hc = residual.t->ne[1];
+        need(x.t->type == GGML_TYPE_F32 && residual.t->type == GGML_TYPE_F32 && post.t->type == GGML_TYPE_F32 &&
+             x.t->ne[2] == 1 && x.t->ne[3] == 1 && residual.t->ne[0] == x.t->ne[0] && residual.t->ne[2] == n &&
+             residual.t->ne[3] == 1 && post.t->ne[0] == hc && post.t->ne[1] == n && ggml_nrows(post.t) == n,
+             "dsv4_hc_post", "x F32 [n_embd, n_tokens], residual F32 [n_embd, hc, n_tokens], post F32 [hc, n_tokens]");
+        need(!comb || (comb->t->type == GGML_TYPE_F32 && comb->t->ne[0] == hc && comb->t->ne[1] == hc &&
+                       comb->t->ne[2] == n && comb->t->ne[3] == 1),
+             "dsv4_hc_post", "comb F32 [hc, hc, n_tokens]");
+        c->check_room();
+        return wrap(c, ggml_dsv4_hc_post(c->ctx(), x.t, residual.t, post.t, comb ? comb->t : nullptr));
+    }, py::arg("x"), py::arg("residual"), py::arg("post"), py::arg("comb") = py::none(),
+       "The streams after a block: x * post[dst] + sum over src of residual[src] * comb[dst, src] (comb None: the "
+       "identity) -> F32 [n_embd, hc, n_tokens]");
 }
 
 }  // namespace superggml

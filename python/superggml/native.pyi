@@ -138,6 +138,9 @@ class Context(_pybind11_object):
     def sigmoid(self, a: Tensor, /) -> Tensor: ...
     def relu(self, a: Tensor, /) -> Tensor: ...
     def sqr(self, a: Tensor, /) -> Tensor: ...
+    def sqrt(self, a: Tensor, /) -> Tensor: ...
+    def scale_bias(self, a: Tensor, s: float, b: float, /) -> Tensor:
+        """s * a + b"""
     def top_k(self, a: Tensor, k: int) -> Tensor:
         """I32 indices of the k largest of each row, in no particular order"""
     def lightning_indexer(self, q: Tensor, k: Tensor, weights: Tensor, mask: Tensor) -> Tensor:
@@ -160,6 +163,8 @@ class Context(_pybind11_object):
         """a + b[:, ids] (per-expert biases)"""
     def swiglu_oai(self, gate: Tensor, up: Tensor, alpha: float, limit: float, /) -> Tensor:
         """gpt-oss's clamped SwiGLU"""
+    def swiglu_clamp(self, gate: Tensor, up: Tensor, limit: float, /) -> Tensor:
+        """silu(min(gate, limit)) * clamp(up, -limit, limit) (DeepSeek V4's SwiGLU)"""
     def swiglu_split(self, gate: Tensor, up: Tensor, /) -> Tensor:
         """silu(gate) * up"""
     def geglu_split(self, gate: Tensor, up: Tensor, /) -> Tensor:
@@ -196,6 +201,22 @@ class Context(_pybind11_object):
         beta_slow: float = 1.0,
     ) -> Tensor:
         """RoPE of a [head_dim, n_head, n_tokens] at I32 positions; freq_factors (F32 [n_dims/2]) or None."""
+    def rope_ext_back(
+        self,
+        a: Tensor,
+        pos: Tensor,
+        freq_factors: Tensor | None,
+        n_dims: int,
+        mode: int,
+        n_ctx_orig: int,
+        freq_base: float,
+        freq_scale: float = 1.0,
+        ext_factor: float = 0.0,
+        attn_factor: float = 1.0,
+        beta_fast: float = 32.0,
+        beta_slow: float = 1.0,
+    ) -> Tensor:
+        """rope_ext's inverse: rotated back by the same angles (DeepSeek V4's attention output, whose V is its roped K)."""
     def rope_multi(
         self,
         a: Tensor,
@@ -235,8 +256,15 @@ class Context(_pybind11_object):
         max_bias: float = 0.0,
         softcap: float = 0.0,
         sinks: Tensor | None = None,
+        n_kv_max: int = 0,
     ) -> Tensor:
-        """q [d, n_tokens, n_head], k/v [d, n_kv, n_head_kv], mask F16 [n_kv, n_tokens] -> [d, n_head, n_tokens]"""
+        """q [d, n_tokens, n_head], k/v [d, n_kv, n_head_kv], mask F16 [n_kv, n_tokens] -> [d, n_head, n_tokens]; n_kv_max > 0: the mask's finite entries are a sparse K/V set, at most n_kv_max in any row"""
+    def dsv4_hc_comb(self, mixes: Tensor, scale: Tensor, base: Tensor, eps: float, n_iter: int) -> Tensor:
+        """The streams' mixing matrices F32 [hc, hc, n_tokens]: Sinkhorn-normalized softmax of mixes' last hc*hc rows"""
+    def dsv4_hc_pre(self, x: Tensor, weights: Tensor) -> Tensor:
+        """The streams summed by weight: F32 [n_embd, n_tokens]"""
+    def dsv4_hc_post(self, x: Tensor, residual: Tensor, post: Tensor, comb: Tensor | None = None) -> Tensor:
+        """The streams after a block: x * post[dst] + sum over src of residual[src] * comb[dst, src] (comb None: the identity) -> F32 [n_embd, hc, n_tokens]"""
 
 class Buffer(_pybind11_object):
     """A backend buffer (owned)."""
