@@ -50,7 +50,17 @@ def test_env_vars_give_the_flags_defaults_and_flags_win(monkeypatch):
     assert s.paging.device_budget == 64 << 20 and s.context.ctx_size == 12
 
 
-@pytest.mark.parametrize("name, value", [("CTX_SIZE", "lots"), ("DIRECT_IO", "sometimes"), ("KV_TYPE", "q4")])
+def test_env_vars_give_the_server_flags_defaults(monkeypatch):
+    monkeypatch.setenv("SUPERGGML_PORT", "9999")
+    monkeypatch.setenv("SUPERGGML_ALIAS", "m")
+    a = cli.build_parser().parse_args(["serve"])
+    assert (a.port, a.alias, a.parallel) == (9999, "m", 4)
+    assert cli.build_parser().parse_args(["serve", "--port", "1234"]).port == 1234
+
+
+@pytest.mark.parametrize(
+    "name, value", [("CTX_SIZE", "lots"), ("DIRECT_IO", "sometimes"), ("KV_TYPE", "q4"), ("PORT", "eighty")]
+)
 def test_a_bad_env_value_is_a_usage_error(monkeypatch, capsys, name, value):
     monkeypatch.setenv("SUPERGGML_" + name, value)
     with pytest.raises(SystemExit) as e:

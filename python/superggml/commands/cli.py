@@ -20,7 +20,10 @@ def _env_arg(
 ) -> None:
     """A flag whose default SUPERGGML_<env> gives when set (named at the end of its help)."""
     raw = os.environ.get(env_name(env))
-    default = type(raw) if raw else default
+    try:
+        default = type(raw) if raw else default
+    except ValueError as e:
+        p.error(f"{env_name(env)}={raw!r}: {e}")
     p.add_argument(*flags, type=type, default=default, help=f"{help} [{env_name(env)}]", **kw)
 
 
