@@ -21,11 +21,22 @@ synth_gguf.enable_cache()  # the families' synthetic files are written once per 
 MAX_WORKERS = 4  # each worker holds its own references, models and llama.cpp process
 
 
+def openmp() -> bool:
+    """Whether ggml's CPU threads here are OpenMP's (the library mapped): only then does OMP_THREAD_LIMIT share
+    the cores among workers; ggml's own thread pool would not heed it."""
+    try:
+        with open("/proc/self/maps") as f:
+            return any("libgomp" in line or "libomp" in line for line in f)
+    except OSError:
+        return False
+
+
 def pytest_xdist_auto_num_workers(config):
-    """-n auto (the suite's default, pyproject's addopts): a worker per core, at most MAX_WORKERS."""
+    """-n auto (the suite's default, pyproject's addopts): a worker per core, at most MAX_WORKERS; one without
+    OpenMP."""
     from superggml.settings import default_threads
 
-    return max(1, min(MAX_WORKERS, default_threads()))
+    return max(1, min(MAX_WORKERS, default_threads())) if openmp() else 1
 
 
 def pytest_configure(config):
