@@ -1,5 +1,5 @@
 """The pinned host-to-device copy rate, the streamed bound's divisor: superggml's transfer_rate
-(runtime/plan/devices.py) where it exists, torch's pinned copy on CUDA, else (no GPU) numpy's memcpy. Its own
+(runtime/plan/devices.py), torch's pinned copy on CUDA, else (no GPU) numpy's memcpy. Its own
 process (torch brings a CUDA runtime of its own).
 
     python3 bench/gpu/rate.py OUT.json
@@ -15,11 +15,7 @@ N = 512 << 20
 out = {}
 try:
     from superggml import native
-
-    try:
-        from superggml.runtime.plan.devices import transfer_rate
-    except ImportError:  # a superggml from before the move (stop 71)
-        from superggml.devices import transfer_rate
+    from superggml.runtime.plan.devices import transfer_rate
 
     dev = next((d["name"] for d in native.devices() if d["name"] == "CUDA0"), native.devices()[0]["name"])
     out["superggml"] = float(transfer_rate(dev))

