@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 import synth_gguf  # noqa: E402
 
 from superggml import models  # noqa: E402
+from superggml.settings import default_threads  # noqa: E402
 
 synth_gguf.enable_cache()  # the families' synthetic files are written once per run, then copied
 
@@ -34,8 +35,6 @@ def openmp() -> bool:
 def pytest_xdist_auto_num_workers(config):
     """-n auto (the suite's default, pyproject's addopts): a worker per core, at most MAX_WORKERS; one without
     OpenMP."""
-    from superggml.settings import default_threads
-
     return max(1, min(MAX_WORKERS, default_threads())) if openmp() else 1
 
 
@@ -45,8 +44,6 @@ def pytest_configure(config):
     for each other. Set here, before the workers start, so that they and every process they run inherit it."""
     n = int(getattr(config.option, "numprocesses", 0) or 0)
     if n > 1 and "PYTEST_XDIST_WORKER" not in os.environ and "OMP_THREAD_LIMIT" not in os.environ:
-        from superggml.settings import default_threads
-
         os.environ["OMP_THREAD_LIMIT"] = str(max(1, default_threads() // n))
 
 
