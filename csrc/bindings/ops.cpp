@@ -243,20 +243,28 @@ void init_ops(py::module_ & m) {
     auto rope = [&](const char * name, rope_fn f, const char * doc) {
         ctx.def(name, [f, name](const ctx_ptr & c, const T & a, const T & pos, std::optional<T> freq_factors, int n_dims,
                                 int mode, int n_ctx_orig, float freq_base, float freq_scale, float ext_factor,
-                                float attn_factor, float beta_fast, float beta_slow) {
+                                float attn_factor, float beta_fast, float beta_slow, int offset) {
             need(pos.t->type == GGML_TYPE_I32 && pos.t->ne[0] == a.t->ne[2], name, "positions must be I32 [n_tokens]");
             need(n_dims <= a.t->ne[0] && n_dims % 2 == 0, name, "n_dims must be even and <= head_dim");
+            need(offset >= 0 && offset + n_dims <= a.t->ne[0], name, "offset + n_dims must be <= head_dim");
             need(!freq_factors || (freq_factors->t->type == GGML_TYPE_F32 && freq_factors->t->ne[0] >= n_dims / 2),
                  name, "freq_factors must be F32 [n_dims/2]");
             c->check_room();
-            return wrap(c, f(c->ctx(), a.t, pos.t, freq_factors ? freq_factors->t : nullptr, n_dims, mode, n_ctx_orig,
-                             freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow));
+            ggml_tensor * r = f(c->ctx(), a.t, pos.t, freq_factors ? freq_factors->t : nullptr, n_dims, mode, n_ctx_orig,
+                                freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow);
+            if (offset) {
+                need(mode != GGML_ROPE_TYPE_VISION, name, "an offset does not apply to vision RoPE");
+                ggml_rope_set_offset(r, offset);
+            }
+            return wrap(c, r);
         }, py::arg("a"), py::arg("pos"), py::arg("freq_factors"), py::arg("n_dims"), py::arg("mode"),
            py::arg("n_ctx_orig"), py::arg("freq_base"), py::arg("freq_scale") = 1.0f, py::arg("ext_factor") = 0.0f,
-           py::arg("attn_factor") = 1.0f, py::arg("beta_fast") = 32.0f, py::arg("beta_slow") = 1.0f, doc);
+           py::arg("attn_factor") = 1.0f, py::arg("beta_fast") = 32.0f, py::arg("beta_slow") = 1.0f, py::kw_only(),
+           py::arg("offset") = 0, doc);
     };
     rope("rope_ext", ggml_rope_ext,
-         "RoPE of a [head_dim, n_head, n_tokens] at I32 positions; freq_factors (F32 [n_dims/2]) or None.");
+         "RoPE of a [head_dim, n_head, n_tokens] at I32 positions; freq_factors (F32 [n_dims/2]) or None; offset: "
+         "the rotated dims are [offset, offset + n_dims) (ggml_rope_set_offset), the others pass.");
     rope("rope_ext_back", ggml_rope_ext_back,
          "rope_ext's inverse: rotated back by the same angles (DeepSeek V4's attention output, whose V is its roped K).");
 

@@ -199,8 +199,11 @@ class Context(_pybind11_object):
         attn_factor: float = 1.0,
         beta_fast: float = 32.0,
         beta_slow: float = 1.0,
+        *,
+        offset: int = 0,
     ) -> Tensor:
-        """RoPE of a [head_dim, n_head, n_tokens] at I32 positions; freq_factors (F32 [n_dims/2]) or None."""
+        """RoPE of a [head_dim, n_head, n_tokens] at I32 positions; freq_factors (F32 [n_dims/2]) or None; offset:
+        the rotated dims are [offset, offset + n_dims) (ggml_rope_set_offset), the others pass."""
     rope_ext_back = rope_ext  # the same arguments; rotates back by the same angles (DeepSeek V4's attention output)
     def rope_multi(
         self,

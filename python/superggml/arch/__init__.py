@@ -12,6 +12,7 @@ from ..errors import UnsupportedModelError
 from .common import Architecture, HParams
 from .deepseek2 import Deepseek2Arch
 from .deepseek32 import Deepseek32Arch, GlmDsaArch
+from .deepseek4 import Deepseek4Arch
 from .ernie4_5_moe import Ernie45MoeArch
 from .llama import LlamaArch
 from .lfm2 import Lfm2Arch
@@ -54,6 +55,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "deepseek2": Deepseek2Arch,
     "deepseek32": Deepseek32Arch,
     "glm-dsa": GlmDsaArch,
+    "deepseek4": Deepseek4Arch,
     "glm4moe": Glm4MoeArch,
     "qwen35": Qwen35Arch,
     "qwen35moe": Qwen35MoeArch,

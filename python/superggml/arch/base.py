@@ -31,11 +31,16 @@ def f32(x: SupportsFloat) -> np.float32:
     return np.float32(x)
 
 
-def swiglu(ctx: native.Context, gate: native.Tensor, up: native.Tensor, limit: float = 0.0) -> native.Tensor:
+def swiglu(
+    ctx: native.Context, gate: native.Tensor, up: native.Tensor, limit: float = 0.0, fused: bool = False
+) -> native.Tensor:
     """silu(gate) * up; with a limit (Step 3.5's SwiGLU clamps, llama.cpp's build_ffn and build_moe_ffn), up
-    clamped to [-limit, limit] and silu(gate) to at most limit."""
+    clamped to [-limit, limit] and silu(gate) to at most limit (fused: in one op, ggml_swiglu_clamp, as llama.cpp
+    computes DeepSeek V4's)."""
     if limit <= 1e-6:
         return ctx.swiglu_split(gate, up)
+    if fused:
+        return ctx.swiglu_clamp(gate, up, limit)
     up = ctx.clamp(up, -limit, limit)
     return ctx.mul(ctx.clamp(ctx.silu(gate), float("-inf"), limit), up)
 
@@ -69,6 +74,13 @@ class HParams:
     n_head_per_layer: tuple[int, ...] = ()  # attention.head_count where it differs by layer (step35)
     n_head_kv_per_layer: tuple[int, ...] = ()  # attention.head_count_kv where it differs by layer (gemma4)
     kv_width: int = 0  # K (and V) values per token and layer in the memory where layers differ: the widest
+    n_residual: int = 0  # values per token of the residual between blocks where it is not n_embd (DeepSeek V4's
+    # hyper-connections: 4 streams of n_embd)
+
+    @property
+    def residual_width(self) -> int:
+        """F32 values per token of the activations a block reads and writes."""
+        return self.n_residual or self.n_embd
 
     @property
     def n_embd_gqa(self) -> int:
@@ -252,6 +264,62 @@ class StepInputs:
     attn_scale: native.Tensor | None = None  # F32 [1, 1, n_tokens]: the attention temperature (Architecture.attn_temp)
     # layer -> the tensor where a recurrent layer leaves its pass's inputs for replay, or None
     record: Callable[[int], native.Tensor | None] | None = None
+    compressed: Mapping[int, CompressorInputs] | None = None  # by ratio: a compressed K/V's inputs (deepseek4)
+
+
+@dataclass(frozen=True)
+class CompressorShape:
+    """One compression ratio's part of a pass's shape (deepseek4): blocks completed in it and the sources they
+    read, ring rows written, compressed rows attended, and whether a lightning indexer reads them too."""
+
+    ratio: int
+    blocks: int
+    reads: int
+    persist: int
+    width: int
+    indexed: bool
+
+
+@dataclass
+class CompressorInputs:
+    """One compression ratio's inputs of a pass over one sequence (DeepSeek V4's compressed K/V; see
+    arch/deepseek4.py): each row's slot in the ratio's position biases, the compressor's sources and the rows it
+    writes (None where no block of `ratio` tokens completes in the pass), the rows its ring keeps, and which
+    compressed rows each row sees.
+
+    state_pos   I32 [n]           position mod ratio
+    read_idxs   I32 [r * blocks]  sources in [ring rows | the pass's rows | a zero row] (CSA: 2 r per block)
+    write_rows  I64 [blocks]      the compressed rows written (block index)
+    comp_pos    I32 [blocks]      each block's first position (its RoPE position)
+    persist_src I32 [m]           the pass's rows the ring keeps ...
+    persist_dst I64 [m]           ... at these ring rows
+    mask        [n_comp, n]       0 where the row sees compressed row j, -inf elsewhere (F16 with flash_attn)
+    lid_mask    F16 [n_comp, n]   the same for the lightning indexer (ratio 4)
+    """
+
+    ratio: int
+    state_pos: native.Tensor
+    read_idxs: native.Tensor | None
+    write_rows: native.Tensor | None
+    comp_pos: native.Tensor | None
+    persist_src: native.Tensor
+    persist_dst: native.Tensor
+    mask: native.Tensor
+    lid_mask: native.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class CompressedLayer:
+    """A block's compressed memory beside its raw K (DeepSeek V4): compressed rows [head_dim, rows] and the
+    indexer's [indexer head, rows] (ratio 4), of the cache's K type; the compressors' rings of recent tokens'
+    values and scores, F32 [width, ring rows] (the indexer's for ratio 4). None where the block has none."""
+
+    comp: native.Tensor | None
+    lid: native.Tensor | None
+    ring_kv: native.Tensor | None
+    ring_score: native.Tensor | None
+    lid_kv: native.Tensor | None
+    lid_score: native.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -268,7 +336,7 @@ class BlockGraph:
 
 # A layer's memory as its graph reads it: a tensor (K, V, or a recurrent state), a list of them, one per lane
 # of a pass with lanes (StepInputs.lanes), or None (a latent K/V's V).
-Memory = Union[native.Tensor, Sequence[native.Tensor], None]
+Memory = Union[native.Tensor, Sequence[native.Tensor], CompressedLayer, None]
 
 
 def one_memory(m: Memory) -> native.Tensor:
@@ -279,7 +347,7 @@ def one_memory(m: Memory) -> native.Tensor:
 
 def lane_memory(m: Memory, j: int) -> native.Tensor:
     """Lane j's memory in a pass with lanes."""
-    assert m is not None and not isinstance(m, native.Tensor)
+    assert m is not None and not isinstance(m, (native.Tensor, CompressedLayer))
     return m[j]
 
 

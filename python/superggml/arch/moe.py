@@ -35,6 +35,9 @@ class MoeConfig:
     fused_gate_up: bool = False  # one ffn_gate_up_exps (gate rows, then up rows) for the two
     relu2: bool = False  # experts and shared expert ungated: down(relu(up x)^2) (nemotron_h_moe)
     down_scale: bool = False  # each expert's output scaled by ffn_down_exps.scale (gemma4)
+    clamp_fused: bool = False  # SwiGLU limits computed by ggml_swiglu_clamp (deepseek4), not clamp, silu and mul
+    # blocks whose experts a table picks by token id (deepseek4's hash-routed blocks: ffn_gate_tid2eid, I32 [k, vocab])
+    token_table: frozenset[int] = frozenset()
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -77,7 +80,7 @@ def qwen_expert_ff(arch: Architecture, meta: Mapping[str, Any]) -> int:
     return int(arch.key(meta, "expert_feed_forward_length", 0)) or arch.hp.n_ff // max(arch.hp.n_expert_used, 1)
 
 
-GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}  # llama_expert_gating_func_type
+GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight", 4: "sqrt_softplus"}  # llama_expert_gating_func_type
 
 
 def set_gating(arch: Architecture, gating: int) -> None:
@@ -186,11 +189,14 @@ def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]
     return shapes
 
 
-def select_experts(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor) -> tuple[Tensor, Tensor]:
+def select_experts(
+    arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor, tokens: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """cur F32 [n_embd, n] -> (the experts block p's router picks, I32 [k, n] (a view); the probabilities their
-    weights come from, F32 [n_expert, n]), as llama.cpp's build_moe_ffn: softmax or sigmoid gating (or the
-    logits, softmax_weight); the choice made on the probabilities plus exp_probs_b where the family has it, and
-    within the expert groups whose top two score highest."""
+    weights come from, F32 [n_expert, n]), as llama.cpp's build_moe_ffn: softmax, sigmoid or sqrt-softplus gating
+    (or the logits, softmax_weight); the choice made on the probabilities plus exp_probs_b where the family has
+    it, and within the expert groups whose top two score highest; or, in a block routed by token id, the table's
+    row of each of `tokens` (I32 [n])."""
     hp = arch.hp
     n, k = cur.ne[1], hp.n_expert_used
     logits = ctx.mul_mat(w(p + "ffn_gate_inp.weight"), arch.router_input(ctx, w, p, cur))  # F32 [n_expert, n]
@@ -200,7 +206,12 @@ def select_experts(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Te
         "softmax": lambda: ctx.soft_max_ext(logits, None, 1.0),
         "sigmoid": lambda: ctx.sigmoid(logits),
         "softmax_weight": lambda: logits,
+        "sqrt_softplus": lambda: ctx.sqrt(ctx.softplus(logits)),
     }[arch.moe.gating]()
+    if int(p.split(".")[1]) in arch.moe.token_table:
+        if tokens is None:
+            raise ValueError(f"{p}ffn_gate_tid2eid routes by token id: the pass's tokens are needed")
+        return ctx.get_rows(w(p + "ffn_gate_tid2eid.weight"), tokens), probs  # I32 [k, n]
     chosen_by = ctx.add(probs, w(p + "exp_probs_b.bias")) if arch.moe.probs_bias else probs
     if arch.moe.select_logits:  # llama4: the top k of the logits (sigmoid is applied after)
         chosen_by = logits
@@ -216,11 +227,14 @@ def select_experts(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Te
     return ctx.argsort_top_k(chosen_by, k), probs
 
 
-def build_router(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor) -> tuple[Tensor, Tensor]:
-    """cur F32 [n_embd, n] -> (selected experts I32 [k, n], their weights F32 [1, k, n])."""
+def build_router(
+    arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor, tokens: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """cur F32 [n_embd, n] -> (selected experts I32 [k, n], their weights F32 [1, k, n]); tokens: the rows' token
+    ids, for a block routed by them."""
     hp = arch.hp
     n, k = cur.ne[1], hp.n_expert_used
-    selected, probs = select_experts(arch, ctx, w, p, cur)
+    selected, probs = select_experts(arch, ctx, w, p, cur, tokens)
     weights = ctx.get_rows(ctx.reshape(probs, [1, hp.n_expert, n]), selected)  # F32 [1, k, n]
     if arch.moe.gating == "softmax_weight":  # gpt-oss: the chosen experts' logits, softmaxed among themselves
         weights = ctx.reshape(ctx.soft_max_ext(ctx.reshape(weights, [k, n]), None, 1.0), [1, k, n])
@@ -329,7 +343,7 @@ def finish_experts(
         if arch.moe.act == "swiglu_oai"
         else ctx.geglu_split(gate, up)
         if arch.moe.act == "geglu"
-        else swiglu(ctx, gate, up, arch.swiglu_limits(int(p.split(".")[1]))[0])
+        else swiglu(ctx, gate, up, arch.swiglu_limits(int(p.split(".")[1]))[0], arch.moe.clamp_fused)
     )
     experts = ctx.mul_mat_id(down_exps, act, ids)  # F32 [n_embd, k, n]
     if arch.moe.down_scale:  # each expert's output times its own scale (ffn_down_exps.scale, F32 [n_expert])
@@ -358,7 +372,7 @@ def build_shared_expert_only(arch: Architecture, ctx: Context, w: Weights, p: st
         )
     gate, up = ctx.mul_mat(w(p + "ffn_gate_shexp.weight"), cur), ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)
     limit = arch.swiglu_limits(int(p.split(".")[1]))[1]
-    shared = ctx.mul_mat(w(p + "ffn_down_shexp.weight"), swiglu(ctx, gate, up, limit))
+    shared = ctx.mul_mat(w(p + "ffn_down_shexp.weight"), swiglu(ctx, gate, up, limit, arch.moe.clamp_fused))
     if not arch.shexp_gate:
         return shared
     g = ctx.mul_mat(w(p + "ffn_gate_inp_shexp.weight"), cur)  # F32 [1, n]

@@ -99,7 +99,7 @@ def build_paged_block(
 
     def attn_router(ctx: Context, gf: Graph, act: Tensor, act_out: Tensor, inp: StepInputs) -> Tensor:
         ffn_inp, cur = arch.build_attn_part(ctx, gf, w, inp, il, act, *kv)
-        sel, weights = build_router(arch, ctx, w, p, cur)
+        sel, weights = build_router(arch, ctx, w, p, cur, inp.tokens)
         pairs = [
             (ffn_inp, rows_of(ctx, sc.inp)),
             (cur, rows_of(ctx, sc.cur)),

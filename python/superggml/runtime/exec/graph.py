@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import native
+from ...arch.base import CompressorInputs, CompressorShape
 from ...arch.common import StepInputs
 from ...errors import SuperggmlError
 from ..memory.arrays import tensor_array
@@ -135,6 +136,7 @@ class GraphPlan:
         chain: bool = False,
         merge: bool = False,
         hosted: tuple[tuple[int, ...], bool] = ((), False),
+        compressed: tuple[CompressorShape, ...] = (),
     ):
         """`pc`: what the graphs are built from (the arch, weights, memory, activations, rotations, devices). `lanes`: a pass over several
         sequences, (tokens, n_kv) of each in row order, each attending over its own K/V (its lane's
@@ -155,6 +157,7 @@ class GraphPlan:
         self.chain = chain
         self.streams = streams
         self.n_lanes = len(lanes) if lanes else 0
+        self.compressed = compressed  # a compressed K/V's work per ratio (one sequence: arch.pass_shape)
         self.keep: list[Any] = []  # contexts and buffers the graphs point into
         self.steps: list[Step] = []
         self.whole_graph: Any = None
@@ -169,7 +172,7 @@ class GraphPlan:
     def new_inputs(self, di: int, backend: Any) -> StepInputs:
         c, hp, n = self.pc.settings.context, self.pc.hp, self.n
         mtype = F16 if c.flash_attn else F32
-        ictx = native.Context(max_tensors=8 + 5 * max(self.n_lanes, 1))
+        ictx = native.Context(max_tensors=8 + 5 * max(self.n_lanes, 1) + 8 * len(self.compressed))
 
         def named(tag: str, **t: Any) -> dict[str, Any]:
             for name, x in t.items():
@@ -207,6 +210,8 @@ class GraphPlan:
             "k_rots": {int(x[1:]): t for x, t in rots.items() if x[1:].isdigit()},
             "indexer_rot": rots.get("indexer"),
         }
+        if self.compressed:
+            t["compressed"] = {s.ratio: self.compressor_inputs(ictx, s, mtype) for s in self.compressed}
         one = (self.lanes is None and not self.streams) or self.chain
         record = self.pc.memory.record_tensor if records(n, one) else None
         if self.lanes is None:
@@ -258,6 +263,20 @@ class GraphPlan:
         self.keep += [ictx, backend.alloc_tensors(ictx)]
         return inp
 
+    def compressor_inputs(self, ictx: Any, s: CompressorShape, mtype: Any) -> CompressorInputs:
+        n, nb = self.n, s.blocks
+        return CompressorInputs(
+            ratio=s.ratio,
+            state_pos=ictx.new_tensor(I32, [n]),
+            read_idxs=ictx.new_tensor(I32, [s.reads]) if nb else None,
+            write_rows=ictx.new_tensor(I64, [nb]) if nb else None,
+            comp_pos=ictx.new_tensor(I32, [nb]) if nb else None,
+            persist_src=ictx.new_tensor(I32, [s.persist]),
+            persist_dst=ictx.new_tensor(I64, [s.persist]),
+            mask=ictx.new_tensor(mtype, [s.width, n]),
+            lid_mask=ictx.new_tensor(F16, [s.width, n]) if s.indexed else None,
+        )
+
     def fill(
         self, tokens: np.ndarray, rows: Sequence[LaneRows], out_rows: Sequence[int], hidden: np.ndarray | None = None
     ) -> None:
@@ -282,6 +301,12 @@ class GraphPlan:
                 if hidden is None:
                     raise ValueError("an MTP pass needs the hidden rows its tokens follow")
                 put(inp.hidden, np.ascontiguousarray(hidden, dtype=np.float32))
+            for shape in self.compressed:
+                assert inp.compressed is not None
+                arrays = self.pc.arch.compressor_rows(shape, int(pos[0]), self.n, self.pc.settings.context.flash_attn)
+                for name, tensor in vars(inp.compressed[shape.ratio]).items():
+                    if isinstance(tensor, native.Tensor):
+                        put(tensor, arrays[name])
             for lane, r in zip(inp.lanes or [inp], rows):  # each with its own masks and K/V indices (kv)
                 assert lane.mask is not None and lane.k_idxs is not None and lane.v_idxs is not None
                 put(lane.mask, r.mask)
@@ -317,7 +342,7 @@ class GraphPlan:
         v = self.moves.get((a, b, rows))
         if v is None:
             cx = native.Context(max_tensors=2)
-            src, dst, n_embd = self.pc.acts[a], self.pc.acts[b], self.pc.hp.n_embd
+            src, dst, n_embd = self.pc.acts[a], self.pc.acts[b], self.pc.hp.residual_width
             v = self.moves[(a, b, rows)] = (
                 cx.view(src, [n_embd, rows], [src.nb[1]], 0),
                 cx.view(dst, [n_embd, rows], [dst.nb[1]], 0),
@@ -354,8 +379,9 @@ class GraphPlan:
             gf = ctx.new_graph()
             a = pc.acts[dev]
             pc.weights.device = dev  # the weights as this device holds them
-            act = ctx.view(a, [pc.hp.n_embd, rows_in], [a.nb[1]], 0)
-            act_out = act if rows_out == rows_in else ctx.view(a, [pc.hp.n_embd, rows_out], [a.nb[1]], 0)
+            width = pc.hp.residual_width
+            act = ctx.view(a, [width, rows_in], [a.nb[1]], 0)
+            act_out = act if rows_out == rows_in else ctx.view(a, [width, rows_out], [a.nb[1]], 0)
             try:
                 out = build(ctx, gf, act, act_out, self.all_inputs[dev])
                 gf.expand(out)

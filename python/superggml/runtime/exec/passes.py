@@ -68,6 +68,7 @@ class PassRunner:
         chain: bool = False,
         merge: bool | None = None,
         hosted: tuple[tuple[int, ...], bool] = ((), False),
+        p0: int = 0,
     ) -> GraphPlan:
         """The graphs for micro-batches of this shape, built once and reused (embed: ending at the output norm,
         not the logits; streams, chain, merge: see GraphPlan; merge None: where nothing acts between blocks)."""
@@ -75,11 +76,13 @@ class PassRunner:
         hidden = buffers.hidden is not None and not embed
         if merge is None:
             merge = self.merges()
-        key = (n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge, hosted)
+        # a compressed K/V's work depends on where the pass starts (p0: its one sequence's first position)
+        compressed = self.pc.arch.pass_shape(p0, n) if self.pc.arch.compressed_layout() else ()
+        key = (n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge, hosted, compressed)
         plan = self.plans.pop(key, None)
         if plan is None or plan.generation != buffers.generation:
             t0 = time.perf_counter()
-            plan = GraphPlan(self.pc, n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge, hosted)
+            plan = GraphPlan(self.pc, n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge, hosted, compressed)
             self.profile.built(time.perf_counter() - t0)
             stale = [k for k, p in self.plans.items() if p.generation != plan.generation]
             for k in stale:  # built over buffers that have since grown
@@ -142,6 +145,7 @@ class PassRunner:
             streams,
             chain=bool(lanes) and len(set(ids)) == 1,
             hosted=hosted,
+            p0=starts[0],
         )
         self.placements.arrange(hosted)
         plan.fill(np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items]), rows, out_rows, hidden)
@@ -315,7 +319,7 @@ class PassRunner:
         if any(not 0 <= il < self.pc.hp.n_layer for il in blocks):
             raise ValueError(f"blocks are in 0..{self.pc.hp.n_layer - 1}")
         n_kv = padded_kv(p0, 1, c.ctx_size)
-        plan = self.plan(1, n_kv, 1, merge=False)
+        plan = self.plan(1, n_kv, 1, merge=False, p0=p0)
         self.placements.arrange(((), False))  # every block on its device
         plan.fill(np.zeros(1, dtype=np.int32), [self.lane_rows(p0, 1, n_kv)], [0])
         self.pc.memory.bind([seq.id])

@@ -49,7 +49,7 @@ class DeviceStreams:
 def activations(
     hp: Any, c: Any, backends: Sequence[Any], head_dims: Sequence[int] = (), indexer_rot: int = 0
 ) -> tuple[list[Any], list[dict[str, Any]], list[Any]]:
-    """Per device: the activations F32 [n_embd, n_batch] that persist between graphs, and the Walsh-Hadamard
+    """Per device: the activations F32 [residual_width, n_batch] that persist between graphs, and the Walsh-Hadamard
     rotations a quantized cache holds Q, K and V rotated by (none for a latent K/V: one type, V read from K, as
     llama.cpp's; with layers of other head sizes, `head_dims`, K's rotation of each size too, "k<size>", as
     llama.cpp's caches of each kind of layer; a sparse-attention indexer's, "indexer"); with what holds them."""
@@ -57,7 +57,7 @@ def activations(
     ctxs = [native.Context(max_tensors=4 + len(head_dims)) for _ in backends]
     acts = []
     for i, cx in enumerate(ctxs):
-        a = cx.new_tensor(F32, [hp.n_embd, c.n_batch])
+        a = cx.new_tensor(F32, [hp.residual_width, c.n_batch])
         a.name = f"act_d{i}"
         acts.append(a)
     n_rot["indexer"] = indexer_rot

@@ -11,6 +11,7 @@ from ...arch.mtp import MtpArch
 from ...settings import Settings
 from ..plan.devices import Devices
 from .base import RECORD_ROWS, KVLayers, SequenceMemory
+from .compressed import CompressedKV
 from .contiguous import ContiguousKV
 from .hybrid import HybridMemory
 from .paged import paged_kv
@@ -34,6 +35,12 @@ def sequence_memory(
     """The memory the model's layers need: a K/V cache (contiguous, or paged_kv), or for a hybrid model
     (arch.is_recurrent) a K/V cache of its attention layers beside the recurrent states of the others."""
     hp, layer_device = arch.hp, devices.layer_device
+    layout = arch.compressed_layout() if isinstance(arch, Architecture) else None
+    if layout is not None:
+        ratios, idx_dim = layout
+        return CompressedKV(
+            settings, ratios, hp.head_dim, idx_dim, devices.backends, layer_device, devices.check_available
+        )
     recurrent = [arch.is_recurrent(il) for il in range(hp.n_layer)]
     stateless = [arch.is_stateless(il) for il in range(hp.n_layer)]
     own = [arch.kv_source(il) == il for il in range(hp.n_layer)]

@@ -1,0 +1,549 @@
+"""deepseek4 family: DeepSeek V4 (llama.cpp's src/models/deepseek4.cpp; docs/dev/deepseek4.md cites it line by line).
+
+- The residual is 4 streams of n_embd per token (hyper-connections): before each sublayer the streams are mixed
+  into its input by weights computed from them (dsv4_hc_pre), after it they are recombined by a Sinkhorn-normalized
+  matrix (dsv4_hc_comb, dsv4_hc_post); the head mixes them once more.
+- Attention has one K=V head shared by every query head, RoPE on the last n_rot values of a head, per-head sinks,
+  and a sliding window over the raw keys. A block of ratio 128 (HCA) also attends over one compressed key per 128
+  tokens; a block of ratio 4 (CSA) over one per 4 tokens (overlapping windows of 8), of which a lightning indexer
+  picks each query's top k. A compressor turns each window into a key: a softmax over the window's tokens of
+  learned scores, per channel, then an RMS norm and RoPE at the window's first position. The output is rotated
+  back (rope_ext_back), then projected in groups through a low rank.
+- Mixture of experts with sqrt-softplus routing and a selection bias, a shared expert, SwiGLU clamped by a fused
+  op; the first hash_layer_count blocks route each token by a table of its id.
+
+The memory (runtime/memory/compressed.py) keeps per block the raw K, the compressed rows, the indexer's rows and
+the compressors' rings of recent tokens; each pass gets the rows its compressors read and write from the positions
+alone (compressor_rows). MTP blocks are not run (drafting refuses this family).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import GGUFError, UnsupportedModelError
+from ..native import Context, Graph, Tensor
+from .base import (
+    BlockGraph,
+    CompressedLayer,
+    CompressorInputs,
+    CompressorShape,
+    Memory,
+    StepInputs,
+    Weights,
+    f32,
+    logf,
+    one_memory,
+)
+from .common import F16, ROPE_NORM, Architecture, inv_sqrt
+from .moe import build_expert_outputs, build_router, build_shared_expert_only, moe_tensor_shapes, sum_experts
+
+CSA, HCA = 4, 128  # the compression ratios llama.cpp knows
+HC = 4  # residual streams (hyper_connection.count): llama.cpp's graph asserts 4
+RING_SPARE = 16  # tokens a sequence can go back by while its compressors' rings still hold what they need
+
+
+def ring_rows(ratio: int) -> int:
+    """Rows of a compressor's ring: the tokens its next block reads (CSA: two windows), and RING_SPARE more."""
+    return (2 * ratio if ratio == CSA else ratio) + RING_SPARE
+
+
+def comp_rows(ctx_size: int, ratio: int) -> int:
+    """Compressed rows of a sequence of ctx_size tokens, padded to 256 as llama.cpp sizes its caches."""
+    return -(-(-(-ctx_size // ratio)) // 256) * 256
+
+
+def comp_width(p_end: int, ratio: int) -> int:
+    """The compressed rows a pass ending at position p_end - 1 attends over (llama.cpp's plan.n_kv)."""
+    return max(-(-(p_end // ratio) // 256) * 256, 256)
+
+
+class Deepseek4Arch(Architecture):
+    rope_mode = ROPE_NORM
+    rope_factors = False
+    attn_sinks = True
+
+    def load_hparams(self, meta: Mapping[str, Any]) -> None:
+        hp = self.hp
+        n_all = hp.n_layer + hp.n_nextn
+        if hp.n_nextn and f"blk.{hp.n_layer}.nextn.eh_proj.weight" not in self.names and self.names:
+            hp = self.hp = dataclasses.replace(hp, n_layer=n_all, n_nextn=0)  # llama.cpp runs them as trunk blocks
+        if not 0 < n_all <= 512:
+            raise GGUFError(f"deepseek4: block_count {n_all} is not in 1..512")
+        if hp.n_head_kv != 1:
+            raise GGUFError(f"deepseek4 has one K=V head: attention.head_count_kv is {hp.n_head_kv}")
+        if hp.head_dim_v:
+            raise GGUFError("deepseek4: attention.key_length and value_length differ")
+        self.q_lora = int(self.need(meta, "attention.q_lora_rank"))
+        self.n_swa = int(self.need(meta, "attention.sliding_window"))
+        self.swa_layers = (True,) * hp.n_layer
+        self.o_groups = int(self.need(meta, "attention.output_group_count"))
+        self.o_rank = int(self.need(meta, "attention.output_lora_rank"))
+        if self.o_groups <= 0 or hp.n_head % self.o_groups or min(self.q_lora, self.o_rank) <= 0:
+            raise GGUFError(
+                f"deepseek4: {hp.n_head} heads in {self.o_groups} output groups of rank {self.o_rank}, "
+                f"q_lora_rank {self.q_lora}"
+            )
+        ratios = self.need(meta, "attention.compress_ratios")
+        ratios = [int(r) for r in ratios] if isinstance(ratios, (list, tuple)) else []
+        if len(ratios) < n_all:
+            raise GGUFError(f"'deepseek4.attention.compress_ratios' has {len(ratios)} entries for {n_all} blocks")
+        if any(r not in (0, CSA, HCA) for r in ratios[:n_all]):
+            raise GGUFError(f"deepseek4: compression ratios must be 0, 4 or 128: {ratios[:n_all]}")
+        self.ratios = tuple(ratios[: hp.n_layer])
+        if CSA not in ratios[:n_all]:
+            # llama.cpp's empty indexer cache divides by zero creating the context (SIGFPE)
+            raise UnsupportedModelError("deepseek4 without a ratio-4 block: llama.cpp cannot run such a file either")
+        self.comp_base = float(self.need(meta, "attention.compress_rope_freq_base"))
+        self.idx_heads = int(self.need(meta, "attention.indexer.head_count"))
+        self.idx_dim = int(self.need(meta, "attention.indexer.key_length"))
+        self.idx_top_k = int(self.need(meta, "attention.indexer.top_k"))
+        if (
+            min(self.idx_heads, self.idx_top_k) <= 0
+            or self.idx_dim < 64
+            or self.idx_dim % 64
+            or hp.n_rot > self.idx_dim
+        ):
+            raise GGUFError(
+                f"deepseek4 indexer: {self.idx_heads} heads of {self.idx_dim} (a multiple of 64, at least "
+                f"rope.dimension_count {hp.n_rot}), top {self.idx_top_k}"
+            )
+        if self.idx_dim == hp.head_dim:
+            raise UnsupportedModelError(
+                "deepseek4 with an indexer head as wide as the attention head (llama.cpp then rotates every cache): "
+                "not supported yet"
+            )
+        n = 64
+        while self.idx_dim % (2 * n) == 0:
+            n *= 2
+        self.indexer_rot_size = n
+        gating = int(self.need(meta, "expert_gating_func"))
+        if gating != 4:
+            raise GGUFError(f"deepseek4 routes by sqrt-softplus (expert_gating_func 4), not {gating}")
+        self.n_ff_exp = self.uniform(meta, "expert_feed_forward_length", None)
+        self.n_ff_shexp = self.n_ff_exp * int(self.need(meta, "expert_shared_count"))
+        if self.n_ff_shexp <= 0:
+            raise GGUFError("deepseek4 needs a shared expert (expert_shared_count > 0)")
+        used = self.key(meta, "expert_used_count", hp.n_expert_used)
+        if isinstance(used, (list, tuple)) and len({int(x) for x in used}) > 1:
+            raise UnsupportedModelError("'deepseek4.expert_used_count' varies by layer: not supported")
+        self.shexp_gate = False
+        self.moe.gating = "sqrt_softplus"
+        self.moe.probs_bias = True
+        self.moe.clamp_fused = True
+        self.moe.norm_w = bool(self.need(meta, "expert_weights_norm"))
+        self.moe.w_scale = float(f32(self.need(meta, "expert_weights_scale")))
+        self.n_hash = int(self.need(meta, "hash_layer_count"))
+        self.moe.token_table = frozenset(range(min(self.n_hash, hp.n_layer)))
+        exp = self.per_layer(meta, "swiglu_clamp_exp", 0.0) if self.need(meta, "swiglu_clamp_exp") is not None else []
+        sh = self.per_layer(meta, "swiglu_clamp_shexp", 0.0) if self.key(meta, "swiglu_clamp_shexp", None) else exp
+        self.limits = list(zip((float(f32(x)) for x in exp), (float(f32(x)) for x in sh)))
+        if int(self.need(meta, "hyper_connection.count")) != HC:
+            raise GGUFError(f"deepseek4 has {HC} residual streams (hyper_connection.count)")
+        self.hc_iters = int(self.need(meta, "hyper_connection.sinkhorn_iterations"))
+        if self.hc_iters <= 0:
+            raise GGUFError("deepseek4: hyper_connection.sinkhorn_iterations must be > 0")
+        self.hc_eps = float(f32(self.need(meta, "hyper_connection.epsilon")))
+        scale = hp.rope_scale
+        self.comp_attn_factor = (
+            float(f32(1.0) / (f32(1.0) + f32(0.1) * logf(f32(1.0) / f32(scale)))) if (hp.rope_ext_factor) else 1.0
+        )
+        self.hp = dataclasses.replace(hp, latent_kv=True, n_residual=HC * hp.n_embd)
+
+    def uniform(self, meta: Mapping[str, Any], name: str, default: Any) -> int:
+        v = self.need(meta, name) if default is None else self.key(meta, name, default)
+        vals = {int(x) for x in v} if isinstance(v, (list, tuple)) else {int(v)}
+        if len(vals) != 1:
+            raise UnsupportedModelError(f"'deepseek4.{name}' varies by layer: not supported")
+        return vals.pop()
+
+    def describe(self) -> list[str]:
+        counts = {r: self.ratios.count(r) for r in (0, CSA, HCA)}
+        return [
+            f"hyper-connections: {HC} residual streams of {self.hp.n_embd}",
+            f"compressed K/V: {counts[CSA]} block(s) of ratio 4 (CSA, top {self.idx_top_k} by a lightning indexer "
+            f"of {self.idx_heads} heads of {self.idx_dim}), {counts[HCA]} of ratio 128 (HCA), {counts[0]} raw only; "
+            f"a sliding window of {self.n_swa} raw keys",
+            f"routing: sqrt-softplus with exp_probs_b; the first {self.n_hash} block(s) by token id",
+        ]
+
+    def is_moe(self, il: int) -> bool:
+        return True
+
+    def swiglu_limits(self, il: int) -> tuple[float, float]:
+        return self.limits[il] if il < len(self.limits) else (0.0, 0.0)
+
+    # -- tensors ---------------------------------------------------------
+    def global_tensor_shapes(self, has: Any) -> dict[str, tuple[int, ...]]:
+        hp = self.hp
+        return {
+            "token_embd.weight": (hp.n_embd, hp.n_vocab),
+            "output_norm.weight": (hp.n_embd,),
+            "output.weight": (hp.n_embd, hp.n_vocab),
+            "output_hc_fn.weight": (HC * hp.n_embd, HC),
+            "output_hc_base.weight": (HC,),
+            "output_hc_scale.weight": (1,),
+        }
+
+    def output_tensor(self, has: Any) -> str:
+        return "output.weight"
+
+    def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
+        hp, p, r = self.hp, f"blk.{il}.", self.ratios[il]
+        E, H, D, mix = hp.n_embd, hp.n_head, hp.head_dim, (2 + HC) * HC
+        s = {
+            p + "attn_norm.weight": (E,),
+            p + "attn_sinks.weight": (H,),
+            p + "attn_q_a.weight": (E, self.q_lora),
+            p + "attn_q_a_norm.weight": (self.q_lora,),
+            p + "attn_q_b.weight": (self.q_lora, H * D),
+            p + "attn_kv.weight": (E, D),
+            p + "attn_kv_a_norm.weight": (D,),
+            p + "attn_output_a.weight": (H * D // self.o_groups, self.o_groups * self.o_rank),
+            p + "attn_output_b.weight": (self.o_groups * self.o_rank, E),
+            p + "ffn_norm.weight": (E,),
+        }
+        for part in ("attn", "ffn"):
+            s.update(
+                {
+                    p + f"hc_{part}_fn.weight": (HC * E, mix),
+                    p + f"hc_{part}_base.weight": (mix,),
+                    p + f"hc_{part}_scale.weight": (3,),
+                }
+            )
+        if r:
+            c = 2 if r == CSA else 1
+            s.update(
+                {
+                    p + "attn_compressor_kv.weight": (E, c * D),
+                    p + "attn_compressor_gate.weight": (E, c * D),
+                    p + "attn_compressor_ape.weight": (c * D, r),
+                    p + "attn_compressor_norm.weight": (D,),
+                }
+            )
+        if r == CSA:
+            d = self.idx_dim
+            s.update(
+                {
+                    p + "indexer.proj.weight": (E, self.idx_heads),
+                    p + "indexer.attn_q_b.weight": (self.q_lora, self.idx_heads * d),
+                    p + "indexer_compressor_kv.weight": (E, 2 * d),
+                    p + "indexer_compressor_gate.weight": (E, 2 * d),
+                    p + "indexer_compressor_ape.weight": (2 * d, CSA),
+                    p + "indexer_compressor_norm.weight": (d,),
+                }
+            )
+        s.update(moe_tensor_shapes(self, il))
+        if il in self.moe.token_table:
+            del s[p + "exp_probs_b.bias"]
+            s[p + "ffn_gate_tid2eid.weight"] = (hp.n_expert_used, hp.n_vocab)
+        return s
+
+    def matmul_weights(self, has: Any) -> list[str]:
+        out = super().matmul_weights(has)
+        skip = ("attn_output_a.weight", "ffn_gate_tid2eid.weight", "_ape.weight", "hc_")
+        return [n for n in out if not any(x in n for x in skip)]
+
+    # -- the compressed memory's layout and a pass's rows --------------------------
+    def compressed_layout(self) -> tuple[tuple[int, ...], int] | None:
+        return self.ratios, self.idx_dim
+
+    def pass_shape(self, p0: int, n: int) -> tuple[CompressorShape, ...]:
+        """What a pass of one sequence over positions p0..p0+n-1 computes per compression ratio."""
+        out = []
+        for r in sorted({x for x in self.ratios if x}):
+            blocks = sum(1 for p in range(p0, p0 + n) if (p + 1) % r == 0)
+            reads = (2 if r == CSA else 1) * r * blocks
+            out.append(CompressorShape(r, blocks, reads, min(n, ring_rows(r)), comp_width(p0 + n, r), r == CSA))
+        return tuple(out)
+
+    def compressor_rows(self, shape: CompressorShape, p0: int, n: int, flash_attn: bool) -> dict[str, np.ndarray]:
+        """The arrays of CompressorInputs for a pass over p0..p0+n-1 (llama.cpp's dsv4_build_comp_plan): sources
+        index [ring rows R | the pass's n rows | a zero row]."""
+        r, R = shape.ratio, ring_rows(shape.ratio)
+        pos = np.arange(p0, p0 + n)
+
+        def source(t: int) -> int:
+            return R + n if t < 0 else R + (t - p0) if t >= p0 else t % R
+
+        ends = [p for p in pos if (p + 1) % r == 0]
+        starts = [int(p) + 1 - r for p in ends]
+        if r == CSA:
+            reads = [source(s - r + j) for s in starts for j in range(r)] + [
+                source(s + j) for s in starts for j in range(r)
+            ]
+        else:
+            reads = [source(s + j) for s in starts for j in range(r)]
+        last: dict[int, int] = {}
+        for i, p in enumerate(pos):
+            last[int(p) % R] = i
+        dst = sorted(last)
+        mtype = np.float16 if flash_attn else np.float32
+        visible = (pos + 1) // r
+        cols = np.arange(shape.width)[None, :]
+        mask = np.where(cols < visible[:, None], 0.0, -np.inf)
+        return dict(
+            state_pos=(pos % r).astype(np.int32),
+            read_idxs=np.asarray(reads, dtype=np.int32),
+            write_rows=np.asarray([s // r for s in starts], dtype=np.int64),
+            comp_pos=np.asarray(starts, dtype=np.int32),
+            persist_src=np.asarray([last[d] for d in dst], dtype=np.int32),
+            persist_dst=np.asarray(dst, dtype=np.int64),
+            mask=mask.astype(mtype),
+            lid_mask=mask.astype(np.float16),
+        )
+
+    # -- graphs ------------------------------------------------------------
+    def build_embed(self, ctx: Context, w: Weights, inp: StepInputs) -> Tensor:
+        """The embedding repeated in every stream: F32 [4 * n_embd, n_tokens]."""
+        x = super().build_embed(ctx, w, inp)
+        E, n = self.hp.n_embd, inp.n_tokens
+        x = ctx.repeat_4d(ctx.reshape(x, [E, 1, n]), [E, HC, n, 1])
+        return ctx.reshape(x, [HC * E, n])
+
+    def hc_mix(self, ctx: Context, w: Weights, x: Tensor, name: str) -> Tensor:
+        """The mixes of the streams x F32 [n_embd, 4, n]: fn times their RMS norm over all streams."""
+        E, n = self.hp.n_embd, x.ne[2]
+        flat = ctx.rms_norm(ctx.reshape(x, [HC * E, n]), self.hp.rms_eps)
+        return ctx.mul_mat(w(name), flat)
+
+    def affine_sigmoid(self, ctx: Context, m: Tensor, scale: Tensor, base: Tensor) -> Tensor:
+        return ctx.sigmoid(ctx.add(ctx.mul(m, scale), base))
+
+    def hc_pre(self, ctx: Context, w: Weights, x: Tensor, p: str) -> tuple[Tensor, Tensor, Tensor]:
+        """(the sublayer's input F32 [n_embd, n], post F32 [4, n], comb F32 [4, 4, n]) of streams x [n_embd, 4, n]
+        (llama.cpp's build_hc_pre with the fused ops)."""
+        n = x.ne[2]
+        scale, base = w(p + "_scale.weight"), w(p + "_base.weight")
+        m = self.hc_mix(ctx, w, x, p + "_fn.weight")  # [(2 + 4) * 4, n]
+        es = m.element_size
+
+        def part(t: Tensor, n0: int, at: int) -> Tensor:
+            return ctx.view(t, [n0], [], at * t.element_size)
+
+        pre = self.affine_sigmoid(ctx, ctx.view(m, [HC, n], [m.nb[1]], 0), part(scale, 1, 0), part(base, HC, 0))
+        pre = ctx.scale_bias(pre, 1.0, self.hc_eps)
+        post = self.affine_sigmoid(ctx, ctx.view(m, [HC, n], [m.nb[1]], HC * es), part(scale, 1, 1), part(base, HC, HC))
+        post = ctx.scale(post, 2.0)
+        comb = ctx.dsv4_hc_comb(m, scale, base, self.hc_eps, self.hc_iters)
+        return ctx.dsv4_hc_pre(x, pre), post, comb
+
+    def build_block(
+        self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
+    ) -> Tensor:
+        hp, p = self.hp, f"blk.{il}."
+        E, n = hp.n_embd, inp.n_tokens
+        assert isinstance(v_cache, CompressedLayer)
+        x = ctx.reshape(x, [E, HC, n])
+        cur, post, comb = self.hc_pre(ctx, w, x, p + "hc_attn")
+        cur = self.norm(ctx, w, cur, p + "attn_norm.weight")
+        cur = self.attention(BlockGraph(ctx, gf, w, inp, il), cur, one_memory(k_cache), v_cache)
+        x = ctx.dsv4_hc_post(cur, x, post, comb)
+        cur, post, comb = self.hc_pre(ctx, w, x, p + "hc_ffn")
+        cur = self.norm(ctx, w, cur, p + "ffn_norm.weight")
+        sel, weights = build_router(self, ctx, w, p, cur, inp.tokens)
+        exps = [w(name) for name in self.expert_tensors(il)]
+        out = sum_experts(ctx, build_expert_outputs(self, ctx, w, p, cur, sel, sel, weights, *exps))
+        shared = build_shared_expert_only(self, ctx, w, p, cur)
+        assert shared is not None
+        x = ctx.dsv4_hc_post(ctx.add(out, shared), x, post, comb)
+        flat = ctx.reshape(x, [HC * E, n])
+        if il == hp.n_layer - 1 and inp.n_outputs < n and not inp.keep_rows:
+            assert inp.out_ids is not None
+            flat = ctx.get_rows(flat, inp.out_ids)
+        return flat
+
+    def build_output_norm(self, ctx: Context, w: Weights, x: Tensor) -> Tensor:
+        """The streams x F32 [4 * n_embd, n] mixed by the head's weights, RMS-normed: F32 [n_embd, n]."""
+        E, n = self.hp.n_embd, x.ne[1]
+        x3 = ctx.reshape(x, [E, HC, n])
+        m = self.hc_mix(ctx, w, x3, "output_hc_fn.weight")  # [4, n]
+        pre = self.affine_sigmoid(ctx, m, w("output_hc_scale.weight"), w("output_hc_base.weight"))
+        pre = ctx.scale_bias(pre, 1.0, self.hc_eps)
+        out: Tensor | None = None
+        for h in range(HC):  # llama.cpp's unfused build_hc_pre (the head has no fused node)
+            xh = ctx.view(x3, [E, n], [x3.nb[2]], h * x3.nb[1])
+            wh = ctx.view(pre, [1, n], [pre.nb[1]], h * pre.element_size)
+            t = ctx.mul(xh, wh)
+            out = t if out is None else ctx.add(out, t)
+        assert out is not None
+        return ctx.mul(ctx.rms_norm(out, self.hp.rms_eps), w("output_norm.weight"))
+
+    def roped(self, ctx: Context, inp: StepInputs, il: int, x: Tensor, back: bool = False) -> Tensor:
+        """RoPE of the last n_rot values of each head of x [d, heads, n] with block il's parameters: the
+        compressed blocks' base and YaRN, or plain rope.freq_base in a raw block."""
+        assert inp.positions is not None
+        return self.rope_at(ctx, x, inp.positions, self.ratios[il] != 0, back)
+
+    def rope_at(self, ctx: Context, x: Tensor, pos: Tensor, compressed: bool, back: bool = False) -> Tensor:
+        """RoPE (or its inverse) of the last n_rot values of x's rows at `pos`: the compressed parameters, or
+        rope.freq_base alone."""
+        hp = self.hp
+        f = ctx.rope_ext_back if back else ctx.rope_ext
+        if compressed:
+            args = (hp.n_ctx_orig, self.comp_base, hp.rope_scale, hp.rope_ext_factor, self.comp_attn_factor)
+            beta = self.yarn_beta
+        else:
+            args = (0, hp.rope_base, 1.0, 0.0, 1.0)
+            beta = (0.0, 0.0)
+        return f(x, pos, None, hp.n_rot, ROPE_NORM, *args, *beta, offset=x.ne[0] - hp.n_rot)
+
+    def attention(self, blk: BlockGraph, cur: Tensor, raw_k: Tensor, mem: CompressedLayer) -> Tensor:
+        """Block il's attention over its normed input cur F32 [n_embd, n] -> F32 [n_embd, n] (after the
+        output projection)."""
+        ctx, gf, w, inp, il = blk.ctx, blk.gf, blk.w, blk.inp, blk.il
+        hp, p, r = self.hp, f"blk.{il}.", self.ratios[il]
+        D, H, n = hp.head_dim, hp.n_head, inp.n_tokens
+        qr = self.norm(ctx, w, ctx.mul_mat(w(p + "attn_q_a.weight"), cur), p + "attn_q_a_norm.weight")
+        q = ctx.reshape(ctx.mul_mat(w(p + "attn_q_b.weight"), qr), [D, H, n])
+        q = self.roped(ctx, inp, il, ctx.rms_norm(q, hp.rms_eps))
+        kv = self.norm(ctx, w, ctx.mul_mat(w(p + "attn_kv.weight"), cur), p + "attn_kv_a_norm.weight")
+        kv = self.roped(ctx, inp, il, ctx.reshape(kv, [D, 1, n]))
+        comp = inp.compressed[r] if r and inp.compressed is not None else None
+        if comp is not None:
+            self.compress(blk, cur, comp, mem, "attn_compressor", D, mem.comp, mem.ring_kv, mem.ring_score, False)
+            if r == CSA:
+                self.compress(
+                    blk, cur, comp, mem, "indexer_compressor", self.idx_dim, mem.lid, mem.lid_kv, mem.lid_score, True
+                )
+        assert inp.k_idxs is not None and inp.mask_swa is not None
+        n_kv = inp.n_kv
+        gf.expand(ctx.set_rows(raw_k, ctx.reshape(kv, [D, n]), inp.k_idxs))
+        rs = raw_k.nb[1]
+        k_all = ctx.view(raw_k, [D, 1, n_kv], [rs, rs], 0)
+        mask = inp.mask_swa
+        n_kv_max = 0
+        if comp is not None:
+            assert mem.comp is not None
+            cs = mem.comp.nb[1]
+            ck = ctx.view(mem.comp, [D, 1, comp.mask.ne[0]], [cs, cs], 0)
+            cmask = comp.mask
+            if r == CSA:
+                top, scores = self.lid_top_k(blk, qr, cur, comp, mem)
+                cmask = self.top_k_mask(ctx, comp.mask, top, scores)
+                n_kv_max = min(n_kv, self.n_swa) + top.ne[0]
+            k_all = ctx.concat(k_all, ck, 2)
+            mask = ctx.concat(mask, cmask, 0)
+        out = self.attend(ctx, inp, q, k_all, mask, w(p + "attn_sinks.weight"), n_kv_max)
+        out = self.roped(ctx, inp, il, ctx.reshape(out, [D, H, n]), back=True)
+        g = self.o_groups
+        out = ctx.permute(ctx.reshape(out, [H * D // g, g, n]), 0, 2, 1, 3)  # [H*D/g, n, g]
+        wo_a = w(p + "attn_output_a.weight")
+        oa = ctx.mul_mat(ctx.reshape(wo_a, [H * D // g, self.o_rank, g]), out)  # [o_rank, n, g]
+        oa = ctx.reshape(ctx.cont(ctx.permute(oa, 0, 2, 1, 3)), [self.o_rank * g, n])
+        return ctx.mul_mat(w(p + "attn_output_b.weight"), oa)
+
+    def attend(
+        self, ctx: Context, inp: StepInputs, q: Tensor, k: Tensor, mask: Tensor, sinks: Tensor, n_kv_max: int
+    ) -> Tensor:
+        """llama.cpp's build_attn_mha with K = V = k [D, 1, n_kv]: q [D, H, n] -> F32 [D * H, n]."""
+        D, H, n = q.ne[0], q.ne[1], q.ne[2]
+        scale = inv_sqrt(D)
+        qp = ctx.permute(q, 0, 2, 1, 3)  # [D, n, H]
+        kp = ctx.permute(k, 0, 2, 1, 3)  # [D, n_kv, 1]
+        if inp.flash_attn:
+            kf = ctx.cast(kp, F16) if kp.type != F16 else kp
+            cur = ctx.flash_attn_ext(qp, kf, kf, mask, scale, sinks=sinks, n_kv_max=n_kv_max)  # [D, H, n]
+            return ctx.reshape(cur, [D * H, n])
+        kq = ctx.mul_mat(kp, qp)  # [n_kv, n, H]
+        ctx.mul_mat_set_prec_f32(kq)
+        kq = ctx.soft_max_ext(kq, mask, scale, sinks=sinks)
+        v = ctx.cont(ctx.transpose(kp))  # [n_kv, D, 1]
+        kqv = ctx.mul_mat(v, kq)  # [D, n, H]
+        return ctx.reshape(ctx.cont(ctx.permute(kqv, 0, 2, 1, 3)), [D * H, n])
+
+    def compress(
+        self,
+        blk: BlockGraph,
+        cur: Tensor,
+        comp: CompressorInputs,
+        mem: CompressedLayer,
+        name: str,
+        d: int,
+        rows: Tensor | None,
+        ring_kv: Tensor | None,
+        ring_score: Tensor | None,
+        rotate: bool,
+    ) -> None:
+        """One compressor of block il over the pass's normed input cur: this pass's values and scores, the blocks
+        that complete in it compressed into `rows`, then the pass's values and scores kept in the rings."""
+        ctx, gf, w, inp, il = blk.ctx, blk.gf, blk.w, blk.inp, blk.il
+        p, r = f"blk.{il}.{name}", comp.ratio
+        assert rows is not None and ring_kv is not None and ring_score is not None
+        kv = ctx.mul_mat(w(p + "_kv.weight"), cur)  # [c * d, n]
+        score = ctx.add(ctx.mul_mat(w(p + "_gate.weight"), cur), ctx.get_rows(w(p + "_ape.weight"), comp.state_pos))
+        if comp.read_idxs is not None:
+            assert comp.write_rows is not None and comp.comp_pos is not None
+            src_kv, src_score = ctx.concat(ring_kv, kv, 1), ctx.concat(ring_score, score, 1)
+            nb = comp.comp_pos.ne[0]
+            if r == CSA:
+                src_kv, src_score = self.zero_row(ctx, src_kv, False), self.zero_row(ctx, src_score, True)
+                kr, sr = ctx.get_rows(src_kv, comp.read_idxs), ctx.get_rows(src_score, comp.read_idxs)
+
+                def halves(t: Tensor) -> Tensor:
+                    m = r * nb
+                    prev = ctx.reshape(ctx.cont(ctx.view(t, [d, m], [t.nb[1]], 0)), [d, r, nb])
+                    off = m * t.nb[1] + d * t.element_size
+                    now = ctx.reshape(ctx.cont(ctx.view(t, [d, m], [t.nb[1]], off)), [d, r, nb])
+                    return ctx.concat(prev, now, 1)
+
+                values, scores = halves(kr), halves(sr)
+            else:
+                values = ctx.reshape(ctx.get_rows(src_kv, comp.read_idxs), [d, r, nb])
+                scores = ctx.reshape(ctx.get_rows(src_score, comp.read_idxs), [d, r, nb])
+            values = ctx.cont(ctx.permute(values, 1, 0, 2, 3))
+            scores = ctx.cont(ctx.permute(scores, 1, 0, 2, 3))
+            c = ctx.sum_rows(ctx.mul(values, ctx.soft_max_ext(scores, None, 1.0)))
+            c = ctx.cont(ctx.permute(c, 1, 0, 2, 3))  # [d, 1, nb]
+            c = self.norm(ctx, w, c, p + "_norm.weight")
+            c = self.rope_at(ctx, c, comp.comp_pos, True)
+            if rotate:
+                assert inp.indexer_rot is not None
+                c = ctx.mul_mat_hadamard(c, inp.indexer_rot)
+            gf.expand(ctx.set_rows(rows, ctx.reshape(c, [d, nb]), comp.write_rows))
+        gf.expand(ctx.set_rows(ring_kv, ctx.get_rows(kv, comp.persist_src), comp.persist_dst))
+        gf.expand(ctx.set_rows(ring_score, ctx.get_rows(score, comp.persist_src), comp.persist_dst))
+
+    def zero_row(self, ctx: Context, t: Tensor, neg_inf: bool) -> Tensor:
+        """t with a row of zeros (-inf) after its rows, as llama.cpp's dsv4_append_zero_row makes it."""
+        row = ctx.view(t, [t.ne[0]], [], 0)
+        row = ctx.scale_bias(row, 0.0, float("-inf")) if neg_inf else ctx.scale(row, 0.0)
+        return ctx.concat(t, ctx.reshape(row, [t.ne[0], 1]), 1)
+
+    def lid_top_k(
+        self, blk: BlockGraph, qr: Tensor, cur: Tensor, comp: CompressorInputs, mem: CompressedLayer
+    ) -> tuple[Tensor, Tensor]:
+        """The lightning indexer's choice of compressed rows for each query, I32 [k, n], and its scores F32
+        [n_comp, n]."""
+        ctx, w, inp, il = blk.ctx, blk.w, blk.inp, blk.il
+        p, d, h, n = f"blk.{il}.", self.idx_dim, self.idx_heads, inp.n_tokens
+        assert inp.positions is not None and inp.indexer_rot is not None and mem.lid is not None
+        assert comp.lid_mask is not None
+        q = ctx.reshape(ctx.mul_mat(w(p + "indexer.attn_q_b.weight"), qr), [d, h, n])
+        q = ctx.mul_mat_hadamard(self.rope_at(ctx, q, inp.positions, True), inp.indexer_rot)
+        iw = ctx.mul_mat(w(p + "indexer.proj.weight"), cur)
+        iw = ctx.scale(iw, float(f32(1.0) / np.sqrt(f32(d * h))))
+        n_lid = comp.lid_mask.ne[0]
+        ls = mem.lid.nb[1]
+        k = ctx.view(mem.lid, [d, 1, n_lid, 1], [ls, ls, ls * n_lid], 0)
+        q4 = ctx.view(q, [d, h, n, 1], [q.nb[1], q.nb[2], q.nb[2] * n], 0)
+        w4 = ctx.view(iw, [h, n, 1, 1], [iw.nb[1], iw.nb[1] * n, iw.nb[1] * n], 0)
+        m4 = ctx.reshape(comp.lid_mask, [n_lid, n, 1, 1])
+        scores = ctx.lightning_indexer(q4, k, w4, m4)
+        return ctx.cont(ctx.top_k(scores, min(n_lid, self.idx_top_k))), scores
+
+    def top_k_mask(self, ctx: Context, mask: Tensor, top: Tensor, scores: Tensor) -> Tensor:
+        """-inf but at each query's chosen rows, plus the visibility mask (llama.cpp's build_top_k_mask; its zeros
+        filled over a view of the indexer's scores, at least as many)."""
+        n_c, n, k = mask.ne[0], mask.ne[1], top.ne[0]
+        shut = ctx.fill(mask, float("-inf"))
+        es = shut.element_size
+        shut = ctx.view(shut, [1, n_c, n, 1], [es, es * n_c, es * n_c * n], 0)
+        tk = ctx.view(top, [k, n, 1], [top.nb[1], top.nb[2]], 0)
+        zeros = ctx.fill(ctx.view(scores, [1, k, n, 1], [4, 4 * k, 4 * k * n], 0), 0.0)
+        opened = ctx.set_rows(shut, zeros, tk)
+        opened = ctx.view(opened, [n_c, n], [es * n_c], 0)
+        return ctx.add(opened, mask)
