@@ -14,7 +14,6 @@ from .base import HParams as HParams  # re-exported: the runtime imports both fr
 from .base import StepInputs as StepInputs
 from .base import (
     BlockGraph,
-    CompressorShape,
     Memory,
     Weights,
     attn_scale,
@@ -193,18 +192,8 @@ class Architecture:
         return False
 
     def compressed_layout(self) -> tuple[tuple[int, ...], int] | None:
-        """A compressed K/V's layout (deepseek4): each block's compression ratio and the indexer's head size; None
-        for a K/V of every token."""
+        """A compressed K/V's ratio per block and indexer head size (deepseek4); None: a K/V of every token."""
         return None
-
-    def pass_shape(self, p0: int, n: int) -> tuple[CompressorShape, ...]:
-        """What a compressed K/V computes in a pass of one sequence over positions p0..p0+n-1, per ratio (the pass's
-        graphs depend on it); () without one."""
-        return ()
-
-    def compressor_rows(self, shape: CompressorShape, p0: int, n: int, flash_attn: bool) -> dict[str, np.ndarray]:
-        """The arrays a pass over p0..p0+n-1 fills its CompressorInputs of `shape` with, by field name."""
-        raise NotImplementedError(f"{self.hp.arch} has no compressed K/V")
 
     def kv_source(self, il: int) -> int:
         """The block whose K/V block il attends over: itself, or an earlier one whose memory it shares (gemma4)."""

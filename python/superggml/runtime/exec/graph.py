@@ -19,6 +19,7 @@ import numpy as np
 from ... import native
 from ...arch.base import CompressorInputs, CompressorShape
 from ...arch.common import StepInputs
+from ...arch.deepseek4_attention import compressor_rows
 from ...errors import SuperggmlError
 from ..memory.arrays import tensor_array
 from .context import PassContext
@@ -303,7 +304,7 @@ class GraphPlan:
                 put(inp.hidden, np.ascontiguousarray(hidden, dtype=np.float32))
             for shape in self.compressed:
                 assert inp.compressed is not None
-                arrays = self.pc.arch.compressor_rows(shape, int(pos[0]), self.n, self.pc.settings.context.flash_attn)
+                arrays = compressor_rows(shape, int(pos[0]), self.n, self.pc.settings.context.flash_attn)
                 for name, tensor in vars(inp.compressed[shape.ratio]).items():
                     if isinstance(tensor, native.Tensor):
                         put(tensor, arrays[name])

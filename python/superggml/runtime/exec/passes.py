@@ -14,6 +14,7 @@ from ..memory.arrays import tensor_array
 from ..memory.sequences import SequenceState
 from ..weights.pagers import WeightPager
 from .context import PassContext
+from ...arch.deepseek4_attention import pass_shape
 from .graph import GraphPlan, LaneRows, Step, lane_rows, padded_kv
 from .placement import Placements, Placer
 from .profile import PassProfile
@@ -77,7 +78,8 @@ class PassRunner:
         if merge is None:
             merge = self.merges()
         # a compressed K/V's work depends on where the pass starts (p0: its one sequence's first position)
-        compressed = self.pc.arch.pass_shape(p0, n) if self.pc.arch.compressed_layout() else ()
+        layout = self.pc.arch.compressed_layout()
+        compressed = pass_shape(layout[0], p0, n) if layout else ()
         key = (n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge, hosted, compressed)
         plan = self.plans.pop(key, None)
         if plan is None or plan.generation != buffers.generation:

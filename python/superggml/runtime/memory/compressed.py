@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from ... import native
 from ...arch.base import CompressedLayer
-from ...arch.deepseek4 import CSA, RING_SPARE, comp_rows, ring_rows
+from ...arch.deepseek4_attention import CSA, RING_SPARE, comp_rows, ring_rows
 from ...settings import Settings
 from ..plan.memory_plan import kv_type
 from .base import SequenceMemory
