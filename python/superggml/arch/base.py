@@ -77,10 +77,18 @@ class HParams:
     n_residual: int = 0  # values per token of the residual between blocks where it is not n_embd (DeepSeek V4's
     # hyper-connections: 4 streams of n_embd)
 
+    n_ffn_inp: int = 0  # values per token a block keeps across its FFN where not residual_width (deepseek4's
+    # streams, their post weights and mixing matrix)
+
     @property
     def residual_width(self) -> int:
         """F32 values per token of the activations a block reads and writes."""
         return self.n_residual or self.n_embd
+
+    @property
+    def ffn_inp_width(self) -> int:
+        """F32 values per token of what a block's FFN output joins (build_attn_part's ffn_inp)."""
+        return self.n_ffn_inp or self.residual_width
 
     @property
     def n_embd_gqa(self) -> int:

@@ -28,7 +28,7 @@ from ..native import Context, Graph, Tensor
 from .base import BlockGraph, CompressedLayer, Memory, StepInputs, Weights, f32, logf, one_memory
 from .common import ROPE_NORM, Architecture
 from .deepseek4_attention import CSA, HCA, AttentionShape, CompressedAttention
-from .moe import build_expert_outputs, build_router, build_shared_expert_only, moe_tensor_shapes, sum_experts
+from .moe import build_expert_outputs, build_router, moe_tensor_shapes, sum_experts
 
 HC = 4  # residual streams (hyper_connection.count): llama.cpp's graph asserts 4
 
@@ -37,6 +37,7 @@ class Deepseek4Arch(Architecture):
     rope_mode = ROPE_NORM
     rope_factors = False
     attn_sinks = True
+    late_gather = True  # the head picks its rows from the last block's streams, as llama.cpp
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
@@ -95,7 +96,9 @@ class Deepseek4Arch(Architecture):
         self.load_ffn_keys(meta)
         self.load_hc_keys(meta)
         comp_attn = f32(1.0) / (f32(1.0) + f32(0.1) * logf(f32(1.0) / f32(hp.rope_scale)))
-        self.hp = dataclasses.replace(hp, latent_kv=True, n_residual=HC * hp.n_embd)
+        self.hp = dataclasses.replace(
+            hp, latent_kv=True, n_residual=HC * hp.n_embd, n_ffn_inp=HC * hp.n_embd + HC + HC * HC
+        )
         self.attn = CompressedAttention(
             AttentionShape(
                 self.hp,
@@ -282,6 +285,21 @@ class Deepseek4Arch(Architecture):
     def build_block(
         self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
     ) -> Tensor:
+        """Block il over the streams x F32 [4 * n_embd, n] -> same shape (every row: the head picks its rows)."""
+        p = f"blk.{il}."
+        ffn_inp, cur = self.build_attn_part(ctx, gf, w, inp, il, x, k_cache, v_cache)
+        sel, weights = build_router(self, ctx, w, p, cur, inp.tokens)
+        exps = [w(name) for name in self.expert_tensors(il)]
+        out = sum_experts(ctx, build_expert_outputs(self, ctx, w, p, cur, sel, sel, weights, *exps))
+        shared = self.shared_ffn(ctx, w, p, cur)
+        assert shared is not None
+        return self.build_ffn_out(ctx, w, p, ctx.add(out, shared), ffn_inp)
+
+    def build_attn_part(
+        self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
+    ) -> tuple[Tensor, Tensor]:
+        """(the streams after attention with the FFN's post weights and mixing matrix, F32 [4 * n_embd + 4 + 16,
+        n]; the FFN's normed input F32 [n_embd, n])."""
         hp, p = self.hp, f"blk.{il}."
         E, n = hp.n_embd, inp.n_tokens
         assert isinstance(v_cache, CompressedLayer)
@@ -291,18 +309,16 @@ class Deepseek4Arch(Architecture):
         cur = self.attn.attention(BlockGraph(ctx, gf, w, inp, il), cur, one_memory(k_cache), v_cache)
         x = ctx.dsv4_hc_post(cur, x, post, comb)
         cur, post, comb = self.hc_pre(ctx, w, x, p + "hc_ffn")
-        cur = self.norm(ctx, w, cur, p + "ffn_norm.weight")
-        sel, weights = build_router(self, ctx, w, p, cur, inp.tokens)
-        exps = [w(name) for name in self.expert_tensors(il)]
-        out = sum_experts(ctx, build_expert_outputs(self, ctx, w, p, cur, sel, sel, weights, *exps))
-        shared = build_shared_expert_only(self, ctx, w, p, cur)
-        assert shared is not None
-        x = ctx.dsv4_hc_post(ctx.add(out, shared), x, post, comb)
-        flat = ctx.reshape(x, [HC * E, n])
-        if il == hp.n_layer - 1 and inp.n_outputs < n and not inp.keep_rows:
-            assert inp.out_ids is not None
-            flat = ctx.get_rows(flat, inp.out_ids)
-        return flat
+        kept = ctx.concat(ctx.concat(ctx.reshape(x, [HC * E, n]), post, 0), ctx.reshape(comb, [HC * HC, n]), 0)
+        return kept, self.norm(ctx, w, cur, p + "ffn_norm.weight")
+
+    def build_ffn_out(self, ctx: Context, w: Weights, p: str, ffn_out: Tensor, ffn_inp: Tensor) -> Tensor:
+        """The FFN's output F32 [n_embd, n] recombined with the streams build_attn_part kept: F32 [4 * n_embd, n]."""
+        E, n, rs, es = self.hp.n_embd, ffn_inp.ne[1], ffn_inp.nb[1], ffn_inp.element_size
+        streams = ctx.cont(ctx.view(ffn_inp, [E, HC, n], [E * es, rs], 0))
+        post = ctx.cont(ctx.view(ffn_inp, [HC, n], [rs], HC * E * es))
+        comb = ctx.cont(ctx.view(ffn_inp, [HC, HC, n], [HC * es, rs], (HC * E + HC) * es))
+        return ctx.reshape(ctx.dsv4_hc_post(ffn_out, streams, post, comb), [HC * E, n])
 
     def build_output_norm(self, ctx: Context, w: Weights, x: Tensor) -> Tensor:
         """The streams x F32 [4 * n_embd, n] mixed by the head's weights, RMS-normed: F32 [n_embd, n]."""

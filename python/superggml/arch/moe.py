@@ -247,10 +247,12 @@ def build_router(
     return selected, weights
 
 
-def build_router_lookahead(arch: Architecture, ctx: Context, w: Weights, il: int, cur: Tensor) -> Tensor:
+def build_router_lookahead(
+    arch: Architecture, ctx: Context, w: Weights, il: int, cur: Tensor, tokens: Tensor | None = None
+) -> Tensor:
     """Block il+1's router applied to block il's FFN input: the experts it would pick, I32 [k, n] (a guess of
-    what block il+1 will route to, made a whole block early)."""
-    return select_experts(arch, ctx, w, f"blk.{il + 1}.", cur)[0]
+    what block il+1 will route to, made a whole block early; exact where it routes by the rows' tokens)."""
+    return select_experts(arch, ctx, w, f"blk.{il + 1}.", cur, tokens)[0]
 
 
 def build_moe_ffn(arch: Architecture, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:

@@ -107,7 +107,7 @@ def build_paged_block(
             (weights, weights_of(ctx)),
         ]
         if ahead and sc.guess is not None:
-            pairs.insert(0, (build_router_lookahead(arch, ctx, w, il, cur), rows_of(ctx, sc.guess)))
+            pairs.insert(0, (build_router_lookahead(arch, ctx, w, il, cur, inp.tokens), rows_of(ctx, sc.guess)))
         shared = arch.shared_ffn(ctx, w, p, cur)  # over every row: a matmul's result
         if shared is not None:  # may depend on how many it has
             assert sc.shared is not None, "a shared expert without its scratch rows"

@@ -58,7 +58,7 @@ class MoEScratch:
         hp, k = arch.hp, arch.hp.n_expert_used
         cx = native.Context(max_tensors=6)
         self.guess = cx.new_tensor(I32, [k, n_batch]) if lookahead else None
-        self.inp = cx.new_tensor(F32, [hp.n_embd, n_batch])
+        self.inp = cx.new_tensor(F32, [hp.ffn_inp_width, n_batch])
         self.cur = cx.new_tensor(F32, [hp.n_embd, n_batch])
         self.sel = cx.new_tensor(I32, [k, n_batch])
         self.w = cx.new_tensor(F32, [1, k, n_batch])
