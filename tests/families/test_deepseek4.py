@@ -104,3 +104,18 @@ def test_files_llama_cpp_cannot_run_are_refused(tmp_path, small_vocab):
     path = synth_deepseek4(str(tmp_path / "c.gguf"), small_vocab, mtp=False)
     with pytest.raises(ValueError, match="not paged yet"):
         Model(path, paged_kv=True)
+
+
+def test_a_restored_sequence_continues_bit_identically(ds4, tmp_path):
+    """The raw K, the compressed and indexer rows of the blocks completed, and the compressors' rings are saved; a
+    sequence restored into a model that ran another continues as the saved one did (past the next HCA block)."""
+    prompt, more = prompt_of(150, 5), prompt_of(120, 6)
+    kw = dict(ctx_size=512, n_batch=32, n_threads=2)
+    with Model(ds4, **kw) as m:
+        m.eval(prompt)
+        m.save_sequence(tmp_path / "s.seq")
+        ref = m.eval(more, logits_all=True).copy()
+    with Model(ds4, **kw) as m:
+        m.eval(prompt_of(40, 7))
+        assert m.load_sequence(tmp_path / "s.seq") == len(prompt)
+        assert np.array_equal(m.eval(more, logits_all=True), ref)

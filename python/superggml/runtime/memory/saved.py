@@ -22,6 +22,7 @@ import numpy as np
 
 from ... import native
 from ...arch import Architecture
+from ...arch.base import CompressedLayer
 from ...arch.common import HParams
 from ...arch.mtp import MtpArch
 from ...errors import SavedSequenceError
@@ -103,9 +104,21 @@ def layer_blobs(src: SavedSource, il: int, n: int) -> list[tuple[str, Any, int, 
         return [("conv", k, int(k.ne[0]) * 4, False), ("state", v, int(v.ne[0]) * 4, False)]
     trans = not src.context.flash_attn
     out = [("k", k, n * int(k.nb[1]), False)]
-    if v is not None:
+    layout = src.arch.compressed_layout() if isinstance(src.arch, Architecture) else None
+    if isinstance(v, CompressedLayer) and layout is not None:  # the rows of blocks completed, the rings whole
+        done = n // max(layout[0][il], 1)
+        for kind, t in vars(v).items():
+            if t is not None:
+                whole = kind.startswith(("ring", "lid_"))
+                out.append((kind, t, int(t.nb[1]) * (int(t.ne[1]) if whole else done), False))
+    elif v is not None:
         out.append(("v", v, n * int(v.nb[1]), trans))
     return out
+
+
+def is_rows(kind: str) -> bool:
+    """Whether a blob holds a tensor's first rows (K, V, compressed rows), not the whole tensor."""
+    return kind in ("k", "v", "comp", "lid")
 
 
 def save(src: SavedSource, path: str, identity: str) -> None:
@@ -119,7 +132,7 @@ def save(src: SavedSource, path: str, identity: str) -> None:
     for il in range(src.hp.n_layer):
         with src.memory.use(il, [(seq.id, n, n)]):
             for kind, t, size, trans in layer_blobs(src, il, n):
-                data = rows_of(t, n, trans) if kind in ("k", "v") else tensor_bytes(t).tobytes()
+                data = rows_of(t, size // int(t.nb[1]), trans) if is_rows(kind) else tensor_bytes(t).tobytes()
                 blobs.append(data)
                 meta.append({"layer": il, "kind": kind, "bytes": size})
     if seq.scores is not None:
@@ -204,8 +217,8 @@ def load(src: SavedSource, path: str, identity: str) -> int:
             with memory.use(il, [(seq.id, 0, n)]):
                 for kind, t, size, trans in layer_blobs(src, il, n):
                     data, at = blobs[at : at + size], at + size
-                    if kind in ("k", "v"):
-                        put_rows(t, data, n, trans)
+                    if is_rows(kind):
+                        put_rows(t, data, size // int(t.nb[1]), trans)
                     else:
                         native.tensor_set(t, np.frombuffer(data, dtype=np.uint8))
     except BaseException:
