@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 from .. import native
 from ..arch import get_architecture
+from ..arch.mtp import MTP_FAMILIES
 from ..runtime.plan.memory_plan import (
     SLOT_ALIGN_ROOM,
     head_chunk_bytes,
@@ -91,10 +92,12 @@ def mtp_note(hp: Any, f: Any) -> tuple[str, ...]:
         for name, _t, _s, _o, nb in f.tensors()
         if name.startswith("blk.") and int(name.split(".")[1]) >= hp.n_layer
     )
-    return (
-        f"MTP: {hp.n_nextn} next-token-prediction block(s) after the {hp.n_layer}, {held / 2**20:.1f} MiB: a "
-        "drafter with no second model (--draft-mtp), held resident",
+    use = (
+        "a drafter with no second model (--draft-mtp), held resident"
+        if hp.arch in MTP_FAMILIES
+        else f"not run (superggml drafts with them in {', '.join(MTP_FAMILIES)} models)"
     )
+    return (f"MTP: {hp.n_nextn} next-token-prediction block(s) after the {hp.n_layer}, {held / 2**20:.1f} MiB: {use}",)
 
 
 def model_layout(path: str | os.PathLike[str]) -> Layout:
@@ -280,12 +283,14 @@ def _calibration_model(path: str, n_threads: int, **model_kw: Any) -> Any:
     from ..model import Model
 
     lay = model_layout(path)
+    # two slots; a MoE's dense part streams through three and its cache holds what a token routes to
+    moe = 3 * lay.dense_slot_bytes + lay.n_expert_used * lay.expert_bytes if lay.n_expert else 0
     return Model(
         path,
         ctx_size=128,
         n_threads=n_threads,
         repack=False,
-        device_budget=2 * lay.slot_bytes,
+        device_budget=max(2 * lay.slot_bytes, moe),
         direct_io=False,
         **model_kw,
     )
@@ -410,12 +415,17 @@ def analyze(
     if direct_io is None:
         direct_io = lay.file_bytes > int(native.host_memory()["available"])
     plans = []
+    too_small: list[ValueError] = []
     for b in budgets:
-        moe = plan_moe_budget(lay, b, hit_rate=hit_rate, async_prefetch=async_prefetch) if lay.n_expert else None
-        if moe is not None:
-            n_slots, pinned, streamed = moe.n_slots, moe.pinned_blocks, moe.streamed_bytes
-        else:
-            n_slots, pinned, streamed = plan_budget(lay, b, async_prefetch=async_prefetch)
+        try:
+            moe = plan_moe_budget(lay, b, hit_rate=hit_rate, async_prefetch=async_prefetch) if lay.n_expert else None
+            if moe is not None:
+                n_slots, pinned, streamed = moe.n_slots, moe.pinned_blocks, moe.streamed_bytes
+            else:
+                n_slots, pinned, streamed = plan_budget(lay, b, async_prefetch=async_prefetch)
+        except ValueError as e:  # a budget below what one token needs: left out of the table
+            too_small.append(e)
+            continue
         if direct_io:  # the disk works while the CPU computes
             pred = max(tc, streamed / w_dir) if async_prefetch else tc + streamed / w_dir
         else:  # a memory copy on the same cores and memory bus as the computation: they add up
@@ -430,6 +440,8 @@ def analyze(
                 *((moe.expert_cache_bytes, moe.expert_hit_rate) if moe else ()),
             )
         )
+    if too_small and not plans:
+        raise too_small[0]
     return Analysis(
         lay,
         tc,
