@@ -47,6 +47,7 @@ EDGE_FAMILIES = [
     "gemma4-8x2-fused-pl",
     "gemma4-e-shared",
     "deepseek32-yarn-q8_0",
+    "deepseek4-csa-hca",
 ]
 ZEROED = (  # the integer keys that size or switch something, where 0 is an edge a file can hold
     "attention.sliding_window",
@@ -77,6 +78,14 @@ ZEROED = (  # the integer keys that size or switch something, where 0 is an edge
     "attention.indexer.head_count",
     "attention.shared_kv_layers",
     "embedding_length_per_layer_input",
+    "attention.output_group_count",
+    "attention.output_lora_rank",
+    "attention.indexer.key_length",
+    "attention.compress_ratios",
+    "hash_layer_count",
+    "hyper_connection.count",
+    "hyper_connection.sinkhorn_iterations",
+    "swiglu_clamp_exp",
 )
 
 

@@ -200,6 +200,10 @@ def _synth_any(path, fields, arch="llama", **kw):
         return synth_step35(path, fields, **kw)
     if arch == "gemma4":
         return synth_gemma4(path, fields, **kw)
+    if arch == "deepseek4":
+        from synth_deepseek4 import synth_deepseek4  # it imports this module's writers
+
+        return synth_deepseek4(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
@@ -1505,6 +1509,8 @@ VARIANTS = {
         arch="glm-dsa", n_expert=8, q_lora_rank=48, indexer=(4, 64, 24), indexer_types=[1, 0, 1], n_layer=3
     ),
     "glm-dsa-full-mtp": dict(arch="glm-dsa", q_lora_rank=48, indexer=(2, 128, 20), probs_bias=True, mtp=True),
+    # deepseek4: hyper-connections, raw sliding-window keys, CSA (ratio 4, the indexer's top 8) and HCA (ratio 128)
+    "deepseek4-csa-hca": dict(arch="deepseek4"),
     # qwen35: gated delta-net blocks and, every second block, gated full attention with interleaved M-RoPE
     "qwen35-interval2": dict(arch="qwen35"),
     "qwen35-mtp": dict(arch="qwen35", n_layer=3, interval=3, mtp=True),
@@ -1583,6 +1589,7 @@ ONE_PER_FAMILY = [
     "gemma4-e-shared",
     "deepseek32-yarn-q8_0",
     "glm-dsa-shared",
+    "deepseek4-csa-hca",
 ]
 
 
