@@ -119,3 +119,28 @@ def test_a_restored_sequence_continues_bit_identically(ds4, tmp_path):
         m.eval(prompt_of(40, 7))
         assert m.load_sequence(tmp_path / "s.seq") == len(prompt)
         assert np.array_equal(m.eval(more, logits_all=True), ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_invariant", [True, False])
+def test_speculative_decoding_rolls_the_compressed_memory_back(ds4, tmp_path, small_vocab, batch_invariant):
+    """A draft model of other weights: nearly every draft is rejected, so each check takes the sequence back by up to
+    4 tokens (its rings and compressed rows included), and the greedy text is the plain one."""
+    draft = synth_deepseek4(str(tmp_path / "draft.gguf"), small_vocab, seed=1)
+    prompt = prompt_of(150, 8)
+    kw = dict(ctx_size=512, n_threads=2, batch_invariant=batch_invariant)
+
+    def greedy_text(m: Model) -> list[int]:
+        out: list[int] = []
+        for t in m.generate(prompt, temp=0.0):
+            out.append(t)
+            if len(out) == 40:
+                return out
+        return out
+
+    with Model(ds4, **kw) as m:
+        plain = greedy_text(m)
+    with Model(ds4, draft_model=draft, draft_k=4, **kw) as m:
+        assert greedy_text(m) == plain
+        st = m.stats()
+        assert st["draft_tokens"] > 4 * st["draft_accepted"]

@@ -245,7 +245,7 @@ class Executor:
         seq = self.seq
         self.sequences.check_feed(seq, tokens)
         start, outs = seq.n_past, []
-        step = min(MAX_LANES, self.settings.context.n_batch)
+        step = min(MAX_LANES, self.settings.context.n_batch, self.memory.max_lanes)
         try:
             for i in range(0, len(tokens), step):
                 chunk = tokens[i : i + step]
