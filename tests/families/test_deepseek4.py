@@ -144,3 +144,19 @@ def test_speculative_decoding_rolls_the_compressed_memory_back(ds4, tmp_path, sm
         assert greedy_text(m) == plain
         st = m.stats()
         assert st["draft_tokens"] > 4 * st["draft_accepted"]
+
+
+@pytest.mark.parametrize(
+    "kv_type, flash_attn",
+    [("q8_0", True), pytest.param("q4_0", True, marks=pytest.mark.slow), ("bf16", False), ("f32", False)],
+)
+def test_cache_types_equal_llama_cpp(ds4, kv_type, flash_attn):
+    """A quantized cache rotates Q, the raw keys and the compressed rows by a Walsh-Hadamard matrix and the output
+    back, as llama.cpp (quantized V: flash attention only, as llama.cpp); the indexer's keys are rotated always."""
+    ggml = {"q8_0": 8, "q4_0": 2, "bf16": 30, "f32": 0}[kv_type]
+    prompt = prompt_of(200)
+    req = {"kind": "kv_types", "model": ds4, "prompt": prompt, "n_decode": 3, "n_ctx": 512, "n_batch": 64}
+    ref = llama_ref.start({**req, "configs": [[ggml, ggml, flash_attn]]})
+    with Model(ds4, ctx_size=512, n_batch=64, n_threads=2, flash_attn=flash_attn, kv_type=kv_type) as m:
+        got = greedy(m, prompt, 3)
+    assert np.array_equal(got, ref.result()["logits0"])

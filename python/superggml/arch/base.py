@@ -77,6 +77,7 @@ class HParams:
     n_residual: int = 0  # values per token of the residual between blocks where it is not n_embd (DeepSeek V4's
     # hyper-connections: 4 streams of n_embd)
 
+    k_only_rot: bool = False  # a latent (K-only) cache that a quantized type rotates as a K cache (deepseek4)
     n_ffn_inp: int = 0  # values per token a block keeps across its FFN where not residual_width (deepseek4's
     # streams, their post weights and mixing matrix)
 

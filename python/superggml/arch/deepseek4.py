@@ -97,7 +97,7 @@ class Deepseek4Arch(Architecture):
         self.load_hc_keys(meta)
         comp_attn = f32(1.0) / (f32(1.0) + f32(0.1) * logf(f32(1.0) / f32(hp.rope_scale)))
         self.hp = dataclasses.replace(
-            hp, latent_kv=True, n_residual=HC * hp.n_embd, n_ffn_inp=HC * hp.n_embd + HC + HC * HC
+            hp, latent_kv=True, k_only_rot=True, n_residual=HC * hp.n_embd, n_ffn_inp=HC * hp.n_embd + HC + HC * HC
         )
         self.attn = CompressedAttention(
             AttentionShape(

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..native import Context, Tensor
 from .base import BlockGraph, CompressedLayer, CompressorInputs, CompressorShape, HParams, StepInputs, Weights, f32
-from .common import F16, ROPE_NORM, inv_sqrt
+from .common import F16, F32, ROPE_NORM, inv_sqrt
 
 CSA, HCA = 4, 128  # the compression ratios llama.cpp knows
 RING_SPARE = 16  # tokens a sequence can go back by while its compressors' rings still hold what they need
@@ -139,6 +139,8 @@ class CompressedAttention:
         q = self.roped(ctx, inp, il, ctx.rms_norm(q, hp.rms_eps))
         kv = self.norm(ctx, w, ctx.mul_mat(w(p + "attn_kv.weight"), cur), p + "attn_kv_a_norm.weight")
         kv = self.roped(ctx, inp, il, ctx.reshape(kv, [D, 1, n]))
+        if inp.k_rot is not None:  # a quantized cache: Q and K turned, the output turned back (llama.cpp's k_rot)
+            q, kv = ctx.mul_mat_hadamard(q, inp.k_rot), ctx.mul_mat_hadamard(kv, inp.k_rot)
         comp = inp.compressed[r] if r and inp.compressed is not None else None
         if comp is not None:
             self.compress(blk, cur, comp, mem, "attn_compressor", D, mem.comp, mem.ring_kv, mem.ring_score, False)
@@ -165,6 +167,8 @@ class CompressedAttention:
             k_all = ctx.concat(k_all, ck, 2)
             mask = ctx.concat(mask, cmask, 0)
         out = self.attend(ctx, inp, q, k_all, mask, w(p + "attn_sinks.weight"), n_kv_max)
+        if inp.k_rot is not None:
+            out = ctx.mul_mat_hadamard(out, inp.k_rot)
         out = self.roped(ctx, inp, il, ctx.reshape(out, [D, H, n]), back=True)
         g = self.o_groups
         out = ctx.permute(ctx.reshape(out, [H * D // g, g, n]), 0, 2, 1, 3)  # [H*D/g, n, g]
@@ -182,7 +186,7 @@ class CompressedAttention:
         qp = ctx.permute(q, 0, 2, 1, 3)  # [D, n, H]
         kp = ctx.permute(k, 0, 2, 1, 3)  # [D, n_kv, 1]
         if inp.flash_attn:
-            kf = ctx.cast(kp, F16) if kp.type != F16 else kp
+            kf = ctx.cast(kp, F16) if kp.type == F32 else kp  # as llama.cpp: an F32 cache is cast, others read
             cur = ctx.flash_attn_ext(qp, kf, kf, mask, scale, sinks=sinks, n_kv_max=n_kv_max)  # [D, H, n]
             return ctx.reshape(cur, [D * H, n])
         kq = ctx.mul_mat(kp, qp)  # [n_kv, n, H]
@@ -237,9 +241,9 @@ class CompressedAttention:
             c = ctx.cont(ctx.permute(c, 1, 0, 2, 3))  # [d, 1, nb]
             c = self.norm(ctx, w, c, p + "_norm.weight")
             c = self.rope_at(ctx, c, comp.comp_pos, True)
-            if rotate:
-                assert inp.indexer_rot is not None
-                c = ctx.mul_mat_hadamard(c, inp.indexer_rot)
+            rot = inp.indexer_rot if rotate else inp.k_rot  # the indexer's keys always, others in a quantized cache
+            if rot is not None:
+                c = ctx.mul_mat_hadamard(c, rot)
             gf.expand(ctx.set_rows(rows, ctx.reshape(c, [d, nb]), comp.write_rows))
         gf.expand(ctx.set_rows(ring_kv, ctx.get_rows(kv, comp.persist_src), comp.persist_dst))
         gf.expand(ctx.set_rows(ring_score, ctx.get_rows(score, comp.persist_src), comp.persist_dst))

@@ -53,10 +53,8 @@ class CompressedKV(SequenceMemory):
         if settings.kv.paged_kv:
             raise ValueError("deepseek4's compressed K/V is not paged yet: leave paged_kv off")
         t = kv_type(c.cache_type_k)
-        if t not in (native.GGMLType.F16, F32, native.GGMLType.BF16):
-            raise ValueError(
-                f"deepseek4's compressed K/V keeps F16, BF16 or F32 rows, not cache_type_k {c.cache_type_k}"
-            )
+        if head_dim % native.blck_size(t) or idx_dim % native.blck_size(t):
+            raise ValueError(f"cache_type_k={c.cache_type_k} stores blocks that do not divide deepseek4's heads")
         self.ctx_size, self.backends, self.layer_device = c.ctx_size, backends, list(layer_device)
         self.check_available = check_available
         self.shapes = []

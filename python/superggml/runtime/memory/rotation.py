@@ -64,7 +64,7 @@ def cache_rotations(hp: Any, c: Any, head_dims: Sequence[int] = ()) -> dict[str,
     and with layers of other head sizes (`head_dims`) K's rotation of each size, "k<size>"."""
     if hp.latent_kv:
         check_latent_types(hp, c.cache_type_k, c.cache_type_v)
-        return {"k": 0, "v": 0}
+        return {"k": attn_rot_size(hp.head_dim, c.cache_type_k, largest=True) if hp.k_only_rot else 0, "v": 0}
     for name in ("cache_type_k", "cache_type_v"):
         check_blocks(c, name, head_dims)
     n_rot = {
