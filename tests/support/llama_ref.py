@@ -414,7 +414,8 @@ def _mtp(req: dict[str, Any], kw: dict[str, Any]) -> dict[str, Any]:
     mp = L.llama_model_default_params()
     mp.load_mtp = True
     model = L.llama_model_load_from_file(req["model"].encode(), mp)
-    n_embd, n_vocab = L.llama_model_n_embd(model), L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    # the nextn rows are n_embd_out wide (deepseek4: its 4 residual streams)
+    n_embd, n_vocab = L.llama_model_n_embd_out(model), L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
 
     def context(ctx_type: int) -> Any:
         cp = L.llama_context_default_params()

@@ -13,8 +13,10 @@ from .common import Architecture, HParams
 from .deepseek2 import Deepseek2Arch
 from .deepseek32 import Deepseek32Arch, GlmDsaArch
 from .deepseek4 import Deepseek4Arch
+from .deepseek4_mtp import Deepseek4Mtp
 from .ernie4_5_moe import Ernie45MoeArch
 from .llama import LlamaArch
+from .mtp import MtpArch
 from .lfm2 import Lfm2Arch
 from .llama4 import Llama4Arch
 from .minimax_m2 import MiniMaxM2Arch
@@ -87,4 +89,9 @@ def get_architecture(meta: Mapping[str, Any], names: Iterable[str] = ()) -> Arch
     return cls(HParams.from_metadata(meta, name, cls.rms_eps_keys, cls.kv_heads_per_layer), meta, names)
 
 
-__all__ = ["ARCHITECTURES", "Architecture", "HParams", "get_architecture"]
+def mtp_arch(base: Architecture) -> MtpArch:
+    """`base`'s MTP block as a model of one block (UnsupportedModelError where superggml does not draft with it)."""
+    return Deepseek4Mtp(base) if isinstance(base, Deepseek4Arch) else MtpArch(base)
+
+
+__all__ = ["ARCHITECTURES", "Architecture", "HParams", "get_architecture", "mtp_arch"]

@@ -75,7 +75,8 @@ class HParams:
     n_head_kv_per_layer: tuple[int, ...] = ()  # attention.head_count_kv where it differs by layer (gemma4)
     kv_width: int = 0  # K (and V) values per token and layer in the memory where layers differ: the widest
     n_residual: int = 0  # values per token of the residual between blocks where it is not n_embd (DeepSeek V4's
-    # hyper-connections: 4 streams of n_embd)
+    # hyper-connections: 4 streams of n_embd); an MTP block then reads the last block's residual rows, not their
+    # output norm (llama.cpp's n_embd_out)
 
     k_only_rot: bool = False  # a latent (K-only) cache that a quantized type rotates as a K cache (deepseek4)
     n_ffn_inp: int = 0  # values per token a block keeps across its FFN where not residual_width (deepseek4's

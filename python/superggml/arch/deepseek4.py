@@ -67,6 +67,7 @@ class Deepseek4Arch(Architecture):
         if any(r not in (0, CSA, HCA) for r in ratios[:n_all]):
             raise GGUFError(f"deepseek4: compression ratios must be 0, 4 or 128: {ratios[:n_all]}")
         self.ratios = tuple(ratios[: hp.n_layer])
+        self.all_ratios = tuple(ratios[:n_all])  # the MTP blocks' too
         if CSA not in ratios[:n_all]:
             # llama.cpp's empty indexer cache divides by zero creating the context (SIGFPE)
             raise UnsupportedModelError("deepseek4 without a ratio-4 block: llama.cpp cannot run such a file either")
@@ -102,7 +103,7 @@ class Deepseek4Arch(Architecture):
         self.attn = CompressedAttention(
             AttentionShape(
                 self.hp,
-                self.ratios,
+                self.all_ratios,
                 self.n_swa,
                 self.o_groups,
                 self.o_rank,
@@ -136,9 +137,20 @@ class Deepseek4Arch(Architecture):
         self.moe.w_scale = float(f32(self.need(meta, "expert_weights_scale")))
         self.n_hash = int(self.need(meta, "hash_layer_count"))
         self.moe.token_table = frozenset(range(min(self.n_hash, hp.n_layer)))
-        exp = self.per_layer(meta, "swiglu_clamp_exp", 0.0) if self.need(meta, "swiglu_clamp_exp") is not None else []
-        sh = self.per_layer(meta, "swiglu_clamp_shexp", 0.0) if self.key(meta, "swiglu_clamp_shexp", None) else exp
-        self.limits = list(zip((float(f32(x)) for x in exp), (float(f32(x)) for x in sh)))
+        exp = self.every_block(meta, "swiglu_clamp_exp", self.need(meta, "swiglu_clamp_exp"))
+        sh = self.every_block(meta, "swiglu_clamp_shexp", self.key(meta, "swiglu_clamp_shexp", None)) or exp
+        self.limits = list(zip(exp, sh))
+
+    def every_block(self, meta: Mapping[str, Any], name: str, v: Any) -> list[float]:
+        """A float key per block, the MTP blocks' included (llama.cpp's get_key_or_arr over n_layer_all); [] where
+        absent."""
+        n = self.hp.n_layer + self.hp.n_nextn
+        if v is None:
+            return []
+        per = [float(f32(x)) for x in v] if isinstance(v, (list, tuple)) else [float(f32(v))] * n
+        if len(per) < n:
+            raise GGUFError(f"'deepseek4.{name}' has {len(per)} entries for {n} blocks")
+        return per[:n]
 
     def load_hc_keys(self, meta: Mapping[str, Any]) -> None:
         """The hyper-connections' keys: 4 streams, Sinkhorn iterations (> 0: llama.cpp aborts on 0), epsilon."""
@@ -188,7 +200,7 @@ class Deepseek4Arch(Architecture):
         return "output.weight"
 
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
-        hp, p, r = self.hp, f"blk.{il}.", self.ratios[il]
+        hp, p, r = self.hp, f"blk.{il}.", self.all_ratios[il]
         E, H, D, mix = hp.n_embd, hp.n_head, hp.head_dim, (2 + HC) * HC
         s = {
             p + "attn_norm.weight": (E,),
@@ -322,6 +334,10 @@ class Deepseek4Arch(Architecture):
 
     def build_output_norm(self, ctx: Context, w: Weights, x: Tensor) -> Tensor:
         """The streams x F32 [4 * n_embd, n] mixed by the head's weights, RMS-normed: F32 [n_embd, n]."""
+        return self.hc_head(ctx, w, x, "output_norm.weight")
+
+    def hc_head(self, ctx: Context, w: Weights, x: Tensor, norm: str) -> Tensor:
+        """build_output_norm with the norm `norm` (an MTP block's shared_head_norm)."""
         E, n = self.hp.n_embd, x.ne[1]
         x3 = ctx.reshape(x, [E, HC, n])
         m = self.hc_mix(ctx, w, x3, "output_hc_fn.weight")  # [4, n]
@@ -334,4 +350,4 @@ class Deepseek4Arch(Architecture):
             t = ctx.mul(xh, wh)
             out = t if out is None else ctx.add(out, t)
         assert out is not None
-        return ctx.mul(ctx.rms_norm(out, self.hp.rms_eps), w("output_norm.weight"))
+        return ctx.mul(ctx.rms_norm(out, self.hp.rms_eps), w(norm))

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import native
-from ..arch.mtp import MtpArch
+from ..arch import mtp_arch
 from ..runtime.exec.executor import Executor
 from ..runtime.plan.memory_plan import mtp_bytes
 from ..settings import PagingSettings, Settings
@@ -40,7 +40,7 @@ class MtpDrafter(Drafter):
     def __init__(self, target: Engine, *, p_min: float = 0.0):
         self.target = target
         self.p_min = p_min
-        self.arch = MtpArch(target.arch)
+        self.arch = mtp_arch(target.arch)
         self.store = native.WeightStore(target.file)
         c = target.settings.context
         self.runtime = Executor.start(
@@ -50,7 +50,7 @@ class MtpDrafter(Drafter):
         self.own: np.ndarray | None = None  # the block's hidden row of its last pass
         self.runtime.keep_hidden(self.on_own)
         target.runtime.keep_hidden(self.on_hidden)
-        self.zero = np.zeros(self.arch.hp.n_embd, dtype=np.float32)
+        self.zero = np.zeros(self.arch.hp.residual_width, dtype=np.float32)
 
     def on_hidden(self, seq: int, p0: int, h: np.ndarray) -> None:
         """The model's pass gave sequence `seq` the hidden rows h of positions p0..; the block catches up on

@@ -25,7 +25,7 @@ class HeadBuffers:
         self.n_embd, self.n_vocab, self.backend = n_embd, n_vocab, backend
         self.generation = 0
         self.head: tuple[int, list[Any]] | None = None  # rows, [ctx, buffer, head_in, logits]
-        self.hidden: native.Tensor | None = None  # keep_hidden's rows, F32 [n_embd, n_batch]
+        self.hidden: native.Tensor | None = None  # keep_hidden's rows, F32 [width, n_batch]
         self.keep: list[Any] = []
 
     def head_out(self, n_out: int) -> list[Any]:
@@ -42,11 +42,12 @@ class HeadBuffers:
             self.head = (rows, [hctx, self.backend.alloc_tensors(hctx), head_in, lb])
         return self.head[1]
 
-    def keep_hidden(self, n_batch: int) -> None:
-        """Rows for the output norm of every row of a pass (made once)."""
+    def keep_hidden(self, n_batch: int, width: int) -> None:
+        """Rows for the hidden rows (`width` values: the output norm, or the residual) of every row of a pass (made
+        once)."""
         if self.hidden is None:
             cx = native.Context(max_tensors=1)
-            self.hidden = cx.new_tensor(F32, [self.n_embd, n_batch])
+            self.hidden = cx.new_tensor(F32, [width, n_batch])
             self.keep += [cx, self.backend.alloc_tensors(cx)]
             self.generation += 1
 

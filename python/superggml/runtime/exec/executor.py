@@ -205,7 +205,7 @@ class Executor:
     def keep_hidden(self, on_hidden: Callable[[int, int, np.ndarray], None] | None = None) -> None:
         """Every pass (but embeddings) keeps the output norm of all its rows (buffers.hidden) and gives each
         sequence's to on_hidden: what an MTP drafter reads (llama.cpp's unmasked nextn embeddings)."""
-        self.pc.buffers.keep_hidden(self.settings.context.n_batch)
+        self.pc.buffers.keep_hidden(self.settings.context.n_batch, self.hp.residual_width)
         self.passes.on_hidden = on_hidden
 
     # -- one pass -----------------------------------------------------------------

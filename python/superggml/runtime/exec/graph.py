@@ -199,7 +199,7 @@ class GraphPlan:
             out_ids=ictx.new_tensor(I32, [max(self.n_out, 1)]),
         )
         if self.pc.arch.reads_hidden:
-            t.update(named("", hidden=ictx.new_tensor(F32, [hp.n_embd, n])))
+            t.update(named("", hidden=ictx.new_tensor(F32, [hp.residual_width, n])))
         if self.pc.arch.attn_temp:
             t.update(named("", attn_scale=ictx.new_tensor(F32, [1, 1, n])))
         if self.pc.arch.n_embd_per_layer:
@@ -499,7 +499,7 @@ class GraphPlan:
                 return
         if self.hidden:
             self.graph(
-                lambda ctx, gf, act, act_out, inp: ctx.cpy(arch.build_output_norm(ctx, w, act), self.hidden_rows(ctx)),
+                lambda ctx, gf, act, act_out, inp: ctx.cpy(self.hidden_of(ctx, act), self.hidden_rows(ctx)),
                 "head",
                 rows_in=rows_in,
                 rows_out=rows_in,
@@ -518,16 +518,21 @@ class GraphPlan:
                 group=hp.n_layer,
             )
 
+    def hidden_of(self, ctx: Any, x: Any) -> Any:
+        """The hidden rows an MTP block reads of the last block's rows x: their output norm, or x itself where the
+        residual is wider than n_embd (deepseek4's streams, as llama.cpp's nextn embeddings)."""
+        return x if self.pc.hp.n_residual else self.pc.arch.build_output_norm(ctx, self.pc.weights, x)
+
     def hidden_rows(self, ctx: Any) -> Any:
-        """The pass's rows of pc.buffers.hidden (F32 [n_embd, n])."""
+        """The pass's rows of pc.buffers.hidden (F32 [residual_width, n])."""
         h = self.pc.buffers.hidden
         assert h is not None, "a plan reading the hidden rows without keep_hidden"
-        return ctx.view(h, [self.pc.hp.n_embd, self.n], [h.nb[1]], 0)
+        return ctx.view(h, [self.pc.hp.residual_width, self.n], [h.nb[1]], 0)
 
     def hidden_out(self) -> np.ndarray:
-        """After the pass (hidden): its rows' output norm, F32 [n, n_embd]."""
+        """After the pass (hidden): its rows' hidden rows, F32 [n, residual_width]."""
         cx = native.Context(max_tensors=1)
-        return tensor_array(self.hidden_rows(cx)).reshape(self.n, self.pc.hp.n_embd)
+        return tensor_array(self.hidden_rows(cx)).reshape(self.n, self.pc.hp.residual_width)
 
     def outputs(self, ctx: Any, inp: StepInputs, x: Any) -> Any:
         """x's rows whose output is wanted: all of x, unless the last block kept every row (keep_rows)."""
@@ -562,7 +567,7 @@ class GraphPlan:
             for il in range(pc.hp.n_layer):
                 x = self.block(ctx, gf, inp, il, x)
             if self.hidden:
-                gf.expand(ctx.cpy(pc.arch.build_output_norm(ctx, pc.weights, x), self.hidden_rows(ctx)))
+                gf.expand(ctx.cpy(self.hidden_of(ctx, x), self.hidden_rows(ctx)))
             if inp.n_outputs:
                 x = self.whole_logits = self.head(ctx, inp, self.outputs(ctx, inp, x))
             gf.expand(x)

@@ -35,7 +35,7 @@ def sequence_memory(
     """The memory the model's layers need: a K/V cache (contiguous, or paged_kv), or for a hybrid model
     (arch.is_recurrent) a K/V cache of its attention layers beside the recurrent states of the others."""
     hp, layer_device = arch.hp, devices.layer_device
-    layout = arch.compressed_layout() if isinstance(arch, Architecture) else None
+    layout = arch.compressed_layout()
     if layout is not None:
         ratios, idx_dim = layout
         return CompressedKV(
