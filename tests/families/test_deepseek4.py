@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import llama_ref
-from superggml import GGUFError, Model, UnsupportedModelError
+from superggml import Model, UnsupportedModelError
 from synth_deepseek4 import synth_deepseek4
 
 
@@ -76,6 +76,29 @@ def test_streamed_cached_and_split_equal_resident(ds4):
     assert np.array_equal(split, ref)
 
 
+def test_paged_raw_keys_equal_contiguous(ds4):
+    """paged_kv: the raw keys in pages of 16 tokens (on the device for every block, or one block's frame at a time
+    with the rest paged to the host), the pages the sliding window left freed unless swa_full; the compressed rows
+    and rings beside them. The same bits as the contiguous memory, going back 3 tokens included."""
+    prompt = prompt_of(140, 2)
+
+    def run(**kw):
+        with Model(ds4, ctx_size=256, n_threads=2, n_batch=32, **kw) as m:
+            out = [m.eval(prompt, logits_all=True).copy()] + [m.eval([t]).copy() for t in (5, 6, 7)]
+            assert m.truncate(140) == 140
+            out.append(m.eval([9, 10], logits_all=True).copy())
+            return np.concatenate(out), m.stats()
+
+    ref, _ = run()
+    paged, st = run(paged_kv=True, kv_page_size=16)
+    full, st_full = run(paged_kv=True, kv_page_size=16, swa_full=True)
+    assert st["kv_tokens"] < st_full["kv_tokens"] == 4 * 142  # the window freed what no query sees again
+    one, st = run(paged_kv=True, kv_page_size=16, kv_device_layers=1, async_prefetch=True)
+    assert st["kv_frames"] == 1 and st["kv_pages_loaded"] > 0
+    for got in (paged, full, one):
+        assert np.array_equal(got, ref)
+
+
 def test_going_back_a_few_tokens_recomputes_the_same(ds4):
     """A sequence taken back by 10 tokens (into a CSA window, past an HCA block's end) and fed other tokens gives
     the logits of a fresh run of the same tokens; taken back by 40 (more than its compressors' rings keep) it
@@ -95,22 +118,21 @@ def test_going_back_a_few_tokens_recomputes_the_same(ds4):
 
 
 def test_files_llama_cpp_cannot_run_are_refused(tmp_path, small_vocab):
-    """No ratio-4 block (llama.cpp dies of a division by zero creating its context), an indexer head narrower than
-    64, a K/V head count other than one; a paged K/V is not offered yet."""
+    """No ratio-4 block (llama.cpp dies of a division by zero creating its context); an MTP block that compresses
+    (llama.cpp's graph_mtp asserts) drafts nothing."""
     with pytest.raises(UnsupportedModelError, match="ratio-4"):
         Model(synth_deepseek4(str(tmp_path / "a.gguf"), small_vocab, compress_ratios=(0, 128)))
-    with pytest.raises((GGUFError, AssertionError)):
-        Model(synth_deepseek4(str(tmp_path / "b.gguf"), small_vocab, indexer=(4, 32, 8)))
     path = synth_deepseek4(str(tmp_path / "c.gguf"), small_vocab, mtp=False)
-    with pytest.raises(ValueError, match="not paged yet"):
-        Model(path, paged_kv=True)
+    with pytest.raises(UnsupportedModelError, match="no next-token-prediction"):
+        Model(path, draft_mtp=True)
 
 
-def test_a_restored_sequence_continues_bit_identically(ds4, tmp_path):
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_restored_sequence_continues_bit_identically(ds4, tmp_path, paged):
     """The raw K, the compressed and indexer rows of the blocks completed, and the compressors' rings are saved; a
     sequence restored into a model that ran another continues as the saved one did (past the next HCA block)."""
     prompt, more = prompt_of(150, 5), prompt_of(120, 6)
-    kw = dict(ctx_size=512, n_batch=32, n_threads=2)
+    kw = dict(ctx_size=512, n_batch=32, n_threads=2, **(dict(paged_kv=True, kv_page_size=16) if paged else {}))
     with Model(ds4, **kw) as m:
         m.eval(prompt)
         m.save_sequence(tmp_path / "s.seq")

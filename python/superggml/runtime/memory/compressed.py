@@ -6,12 +6,16 @@ indexer's rows (ratio 4), and the compressors' rings: F32 values and scores of t
 token p at row p mod ring_rows, which the next blocks' compressors read. Every tensor of a sequence lies in one
 zeroed buffer per device; a pass's graphs read lane tensors that bind points at the sequence.
 
+With paged_kv the raw keys, the bulk of it, are a PagedKV's pages (the sliding window frees those no query sees
+again, unless swa_full); the rest stays in each sequence's buffers.
+
 A sequence goes back by up to RING_SPARE tokens (the rings still hold what its next blocks read; stale compressed
 rows are masked until written again) or to its start; further back it is fed again from its start.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -20,7 +24,8 @@ from ...arch.base import CompressedLayer
 from ...arch.deepseek4_attention import CSA, RING_SPARE, comp_rows, ring_rows
 from ...settings import Settings
 from ..plan.memory_plan import kv_type
-from .base import SequenceMemory
+from .base import Lane, SequenceMemory
+from .paged import PagedKV
 
 F32 = native.GGMLType.F32
 
@@ -48,10 +53,11 @@ class CompressedKV(SequenceMemory):
         backends: Sequence[Any],
         layer_device: Sequence[int],
         check_available: Callable[[int, int, str], None],
+        raw: PagedKV | None = None,
     ):
+        """`raw`: the raw keys in pages (paged_kv), else in each sequence's buffers with the rest."""
         c = settings.context
-        if settings.kv.paged_kv:
-            raise ValueError("deepseek4's compressed K/V is not paged yet: leave paged_kv off")
+        self.raw = raw
         t = kv_type(c.cache_type_k)
         if head_dim % native.blck_size(t) or idx_dim % native.blck_size(t):
             raise ValueError(f"cache_type_k={c.cache_type_k} stores blocks that do not divide deepseek4's heads")
@@ -76,20 +82,20 @@ class CompressedKV(SequenceMemory):
                 )
             )
         self.lane_ctx = native.Context(max_tensors=7 * len(self.shapes))
-        self.lanes = [self.new_layer(self.lane_ctx, s) for s in self.shapes]
+        self.lanes = [self.new_layer(self.lane_ctx, s, raw is None) for s in self.shapes]
         self.storage: dict[int, tuple[list[tuple[Any, CompressedLayer]], list[Any]]] = {}
         self.length: dict[int, int] = {}
         self.bound: int | None = None
 
     @staticmethod
-    def new_layer(cx: Any, s: LayerShapes) -> tuple[Any, CompressedLayer]:
+    def new_layer(cx: Any, s: LayerShapes, with_raw: bool) -> tuple[Any, CompressedLayer]:
         parts = [None if p is None else cx.new_tensor(p[0], p[1]) for p in s.parts]
-        return cx.new_tensor(*s.raw), CompressedLayer(*parts)
+        return (cx.new_tensor(*s.raw) if with_raw else None), CompressedLayer(*parts)
 
     def sequence_bytes(self) -> int:
         total = 0
         for s in self.shapes:
-            for p in (s.raw, *s.parts):
+            for p in ((s.raw,) if self.raw is None else ()) + s.parts:
                 if p is not None:
                     total += int(native.row_size(p[0], p[1][0])) * p[1][1]
         return total
@@ -100,7 +106,7 @@ class CompressedKV(SequenceMemory):
         if got is None:
             self.check_available(0, self.sequence_bytes(), f"the compressed K/V of sequence {seq}")
             ctxs = {d: native.Context(max_tensors=7 * len(self.shapes)) for d in set(self.layer_device)}
-            layers = [self.new_layer(ctxs[d], s) for d, s in zip(self.layer_device, self.shapes)]
+            layers = [self.new_layer(ctxs[d], s, self.raw is None) for d, s in zip(self.layer_device, self.shapes)]
             keep: list[Any] = list(ctxs.values())
             for d, cx in ctxs.items():
                 buf = self.backends[d].alloc_tensors(cx)
@@ -113,16 +119,21 @@ class CompressedKV(SequenceMemory):
         if n_lanes > 1 or streams:
             raise ValueError("deepseek4's compressed K/V runs one sequence a pass")
         raw, comp = self.lanes[il]
+        if self.raw is not None:
+            raw = self.raw.lanes.layer(il, 0)[0]
         return ([raw] if n_lanes else raw), comp
 
     def bind(self, seqs: Sequence[int], streams: bool = False) -> None:
         if len(seqs) != 1 or streams:
             raise ValueError("deepseek4's compressed K/V runs one sequence a pass")
         seq = seqs[0]
+        if self.raw is not None:
+            self.raw.bind(seqs)
         if self.bound == seq and seq in self.storage:
             return
         for (raw, comp), (sraw, scomp) in zip(self.lanes, self.tensors(seq)):
-            native.tensor_alias(raw, sraw)
+            if raw is not None:
+                native.tensor_alias(raw, sraw)
             for a, b in zip(vars(comp).values(), vars(scomp).values()):
                 if a is not None:
                     native.tensor_alias(a, b)
@@ -130,14 +141,22 @@ class CompressedKV(SequenceMemory):
 
     def begin(self, seq: int, p0: int, n: int = 1) -> None:
         self.length[seq] = p0 + n
+        if self.raw is not None:
+            self.raw.begin(seq, p0, n)
+
+    def use(self, layer: int, lanes: Sequence[Lane]) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext() if self.raw is None else self.raw.use(layer, lanes)
 
     def can_truncate(self, seq: int, n: int) -> bool:
-        return n == 0 or n >= self.length.get(seq, 0) - RING_SPARE
+        back = n >= self.length.get(seq, 0) - RING_SPARE and (self.raw is None or self.raw.can_truncate(seq, n))
+        return n == 0 or back
 
     def truncate(self, seq: int, n: int) -> None:
         if not self.can_truncate(seq, n):
             raise ValueError(f"sequence {seq} can go back by {RING_SPARE} tokens at most, or to its start")
         self.length[seq] = min(n, self.length.get(seq, 0))
+        if self.raw is not None:
+            self.raw.truncate(seq, n)
         if n == 0 and seq in self.storage:
             self.drop(seq)
 
@@ -148,4 +167,5 @@ class CompressedKV(SequenceMemory):
             self.bound = None
 
     def stats(self) -> dict[str, Any]:
-        return {"compressed_kv_sequences": len(self.storage)}
+        raw = self.raw.stats() if self.raw is not None else {}
+        return {**raw, "compressed_kv_sequences": len(self.storage)}

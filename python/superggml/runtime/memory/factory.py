@@ -38,8 +38,12 @@ def sequence_memory(
     layout = arch.compressed_layout()
     if layout is not None:
         ratios, idx_dim = layout
+        raw = None
+        if settings.kv.paged_kv:  # the raw keys of every block in pages: a K-only K/V sliding over n_swa
+            every = KVLayers(hp, arch.n_swa, [True] * hp.n_layer)
+            raw = paged_kv(settings, every, devices.backends, layer_device, devices.n_split)
         return CompressedKV(
-            settings, ratios, hp.head_dim, idx_dim, devices.backends, layer_device, devices.check_available
+            settings, ratios, hp.head_dim, idx_dim, devices.backends, layer_device, devices.check_available, raw
         )
     recurrent = [arch.is_recurrent(il) for il in range(hp.n_layer)]
     stateless = [arch.is_stateless(il) for il in range(hp.n_layer)]
