@@ -169,6 +169,51 @@ MODELS = {
         n_ff_shexp=256,
         n_lead=0,
     ),
+    # DeepSeek V4's layout (hyper-connections, one K=V head of 512 with sinks, CSA and HCA compressed K/V, a
+    # lightning indexer, hash-routed and sqrt-softplus experts with a shared one) at dimensions of our choosing:
+    # n_embd 4096, 64 heads, 128 experts of 2048, 6 per token, 5 blocks (ratios 4, 128, 4, 128, 4), Q4_0: ~9 GB
+    "deepseek4": dict(
+        arch="deepseek4",
+        wtype="q4_0",
+        n_layer=5,
+        n_embd=4096,
+        n_head=64,
+        head_dim=512,
+        n_rot=64,
+        q_lora=1024,
+        o_groups=8,
+        o_rank=1024,
+        n_swa=128,
+        ratios=(4, 128, 4, 128, 4),
+        indexer=(64, 128, 512),
+        n_hash=1,
+        n_expert=128,
+        n_expert_used=6,
+        n_ff_exp=2048,
+        n_shared=1,
+        n_lead=0,
+    ),
+    "deepseek4-small": dict(
+        arch="deepseek4",
+        wtype="q4_0",
+        n_layer=4,
+        n_embd=512,
+        n_head=8,
+        head_dim=128,
+        n_rot=32,
+        q_lora=256,
+        o_groups=2,
+        o_rank=128,
+        n_swa=64,
+        ratios=(4, 128, 4, 0),
+        indexer=(8, 64, 64),
+        n_hash=1,
+        n_expert=32,
+        n_expert_used=4,
+        n_ff_exp=512,
+        n_shared=1,
+        n_lead=0,
+    ),
     "deepseek2-small": dict(
         arch="deepseek2",
         wtype="q4_0",
@@ -208,6 +253,8 @@ def tensor_specs(p: dict, n_vocab: int) -> list[tuple]:
         ("ffn_up_exps.weight", (ne, fe, e), "q", 0.08),
         ("ffn_down_exps.weight", (ne, e, fe), "q", 0.08),
     ]
+    if p["arch"] == "deepseek4":
+        return deepseek4_specs(p, n_vocab)
     for il in range(p["n_layer"]):
         b = f"blk.{il}."
         if p["arch"] == "qwen35moe":
@@ -256,6 +303,80 @@ def tensor_specs(p: dict, n_vocab: int) -> list[tuple]:
             (b + "attn_k_norm.weight", (p["n_head_kv"] * hd if whole else hd,), "norm", 0.2),
         ] + ([(b + "exp_probs_b.bias", (ne,), "f32", 0.1)] if whole else [])
     return out
+
+
+def deepseek4_specs(p: dict, n_vocab: int) -> list[tuple]:
+    """A deepseek4 model's tensors in tests/support/synth_deepseek4.py's order (no MTP block): kind "i32" is the
+    token-id to expert table of a hash-routed block."""
+    e, ne, fe, hd, qr = p["n_embd"], p["n_expert"], p["n_ff_exp"], p["head_dim"], p["q_lora"]
+    h, hc, g, o = p["n_head"], 4, p["o_groups"], p["o_rank"]
+    mix, (ih, idim, _) = (2 + hc) * hc, p["indexer"]
+    out: list[tuple] = [
+        (f"blk.{il}.ffn_gate_tid2eid.weight", (n_vocab, p["n_expert_used"]), "i32", 0) for il in range(p["n_hash"])
+    ]
+    for il in range(p["n_layer"]):
+        b = f"blk.{il}."
+        out += [
+            (b + "ffn_gate_exps.weight", (ne, fe, e), "q", e**-0.5),
+            (b + "ffn_down_exps.weight", (ne, e, fe), "q", fe**-0.5),
+            (b + "ffn_up_exps.weight", (ne, fe, e), "q", e**-0.5),
+        ]
+    out += [("token_embd.weight", (n_vocab, e), "f32", 1.0)]
+    for il, r in enumerate(p["ratios"]):
+        b = f"blk.{il}."
+        out += [
+            (b + "hc_attn_fn.weight", (mix, hc * e), "f32", 0.5 * (hc * e) ** -0.5),
+            (b + "hc_attn_base.weight", (mix,), "f32", 0.5),
+            (b + "hc_attn_scale.weight", (3,), "f32", 0.3),
+            (b + "attn_norm.weight", (e,), "norm", 0.1),
+            (b + "attn_sinks.weight", (h,), "f32", 0.5),
+            (b + "attn_q_a.weight", (qr, e), "q", e**-0.5),
+            (b + "attn_q_a_norm.weight", (qr,), "norm", 0.1),
+            (b + "attn_q_b.weight", (h * hd, qr), "q", qr**-0.5),
+            (b + "attn_kv.weight", (hd, e), "q", e**-0.5),
+            (b + "attn_kv_a_norm.weight", (hd,), "norm", 0.1),
+            (b + "attn_output_a.weight", (g * o, h * hd // g), "q", 0.05),
+            (b + "attn_output_b.weight", (e, g * o), "q", 0.1 * (g * o / 64) ** -0.5),
+        ]
+        if r:
+            c = 2 if r == 4 else 1
+            out += [
+                (b + "attn_compressor_kv.weight", (c * hd, e), "q", e**-0.5),
+                (b + "attn_compressor_gate.weight", (c * hd, e), "q", e**-0.5),
+                (b + "attn_compressor_ape.weight", (r, c * hd), "f32", 0.3),
+                (b + "attn_compressor_norm.weight", (hd,), "norm", 0.1),
+            ]
+        if r == 4:
+            out += [
+                (b + "indexer.attn_q_b.weight", (ih * idim, qr), "q", qr**-0.5),
+                (b + "indexer.proj.weight", (ih, e), "f32", e**-0.5),
+                (b + "indexer_compressor_kv.weight", (2 * idim, e), "q", e**-0.5),
+                (b + "indexer_compressor_gate.weight", (2 * idim, e), "q", e**-0.5),
+                (b + "indexer_compressor_ape.weight", (r, 2 * idim), "f32", 0.3),
+                (b + "indexer_compressor_norm.weight", (idim,), "norm", 0.1),
+            ]
+        fs = fe * p["n_shared"]
+        out += [
+            (b + "hc_ffn_fn.weight", (mix, hc * e), "f32", 0.5 * (hc * e) ** -0.5),
+            (b + "hc_ffn_base.weight", (mix,), "f32", 0.5),
+            (b + "hc_ffn_scale.weight", (3,), "f32", 0.3),
+            (b + "ffn_norm.weight", (e,), "norm", 0.1),
+            (b + "ffn_gate_inp.weight", (ne, e), "f32", 0.5),
+        ]
+        if il >= p["n_hash"]:
+            out += [(b + "exp_probs_b.bias", (ne,), "f32", 0.1)]
+        out += [
+            (b + "ffn_gate_shexp.weight", (fs, e), "q", e**-0.5),
+            (b + "ffn_up_shexp.weight", (fs, e), "q", e**-0.5),
+            (b + "ffn_down_shexp.weight", (e, fs), "q", fs**-0.5),
+        ]
+    return out + [
+        ("output_hc_fn.weight", (hc, hc * e), "f32", 0.5 * (hc * e) ** -0.5),
+        ("output_hc_base.weight", (hc,), "f32", 0.5),
+        ("output_hc_scale.weight", (1,), "f32", 0.3),
+        ("output_norm.weight", (e,), "norm", 0.1),
+        ("output.weight", (n_vocab, e), "q", 0.2),
+    ]
 
 
 def qwen35_block(p: dict, b: str, attention: bool) -> list[tuple]:
@@ -327,6 +448,9 @@ def write_keys(w: Any, p: dict, n_vocab: int) -> None:
         ):
             w.add_key_value(f"qwen35moe.{name}", value, U)
         return
+    if p["arch"] == "deepseek4":
+        deepseek4_keys(w, p, n_vocab)
+        return
     if p["arch"] == "deepseek2":
 
         def key(name: str, value: Any) -> None:
@@ -366,6 +490,49 @@ def write_keys(w: Any, p: dict, n_vocab: int) -> None:
         w.add_key_value("minimax-m2.expert_gating_func", 2, U)
 
 
+def deepseek4_keys(w: Any, p: dict, n_vocab: int) -> None:
+    """deepseek4's keys after write_keys' first ones, as tests/support/synth_deepseek4.py writes them."""
+    import gguf
+
+    U, F, B = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.BOOL
+
+    def key(name: str, value: Any, vtype: Any = U) -> None:
+        w.add_key_value(f"deepseek4.{name}", value, vtype)
+
+    w.add_feed_forward_length(p["n_ff_exp"])
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_key_length(p["head_dim"])
+    w.add_value_length(p["head_dim"])
+    ih, idim, top = p["indexer"]
+    for name, value in (
+        ("expert_used_count", p["n_expert_used"]),
+        ("expert_gating_func", 4),
+        ("vocab_size", n_vocab),
+        ("rope.dimension_count", p["n_rot"]),
+        ("attention.q_lora_rank", p["q_lora"]),
+        ("attention.output_lora_rank", p["o_rank"]),
+        ("attention.output_group_count", p["o_groups"]),
+        ("expert_feed_forward_length", p["n_ff_exp"]),
+        ("expert_count", p["n_expert"]),
+        ("expert_shared_count", p["n_shared"]),
+        ("hash_layer_count", p["n_hash"]),
+        ("attention.sliding_window", p["n_swa"]),
+        ("attention.indexer.head_count", ih),
+        ("attention.indexer.key_length", idim),
+        ("attention.indexer.top_k", top),
+        ("hyper_connection.count", 4),
+        ("hyper_connection.sinkhorn_iterations", 20),
+    ):
+        key(name, value)
+    w.add_array("deepseek4.attention.compress_ratios", list(p["ratios"]))
+    key("attention.compress_rope_freq_base", 160000.0, F)
+    key("expert_weights_scale", 1.5, F)
+    key("expert_weights_norm", True, B)
+    key("hyper_connection.epsilon", 1e-6, F)
+    w.add_array("deepseek4.swiglu_clamp_exp", [10.0] * p["n_layer"])
+
+
 def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
     """Streams the GGUF: every tensor's info first, then header, keys and tensor infos, then each tensor's data,
     generated (and quantized in chunks of rows) only when it is written."""
@@ -386,6 +553,8 @@ def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
             row = shape[-1] // block * block_bytes
             bshape = (*shape[:-1], row)
             w.add_tensor_info(name, bshape, np.dtype(np.uint8), int(np.prod(bshape)), raw_dtype=qtype)
+        elif kind == "i32":
+            w.add_tensor_info(name, shape, np.dtype(np.int32), int(np.prod(shape)) * 4)
         else:
             w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
     w.write_header_to_file()
@@ -399,6 +568,8 @@ def write_model(path: str, p: dict, fields: list, seed: int = 0) -> None:
             a = (-np.exp(scale * rng.standard_normal(shape))).astype(np.float32)
         elif kind == "f32":
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+        elif kind == "i32":  # distinct experts for each token id
+            a = np.argsort(rng.random((shape[0], p["n_expert"])), axis=1)[:, : shape[1]].astype(np.int32)
         else:
             rows, k = int(np.prod(shape[:-1])), shape[-1]
             a = np.empty((rows, k // block * block_bytes), np.uint8)
@@ -489,7 +660,9 @@ def sequence_memory(path: str) -> dict[int, tuple[int, int]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "--arch", choices=("qwen3moe", "qwen3moe-30b", "deepseek2", "qwen35moe", "minimax-m2"), default="qwen3moe"
+        "--arch",
+        choices=("qwen3moe", "qwen3moe-30b", "deepseek2", "deepseek4", "qwen35moe", "minimax-m2"),
+        default="qwen3moe",
     )
     ap.add_argument("--small", action="store_true", help="a small model, superggml only (a functional run)")
     ap.add_argument("--tokens", type=int, default=16, help="decoded tokens per run")
