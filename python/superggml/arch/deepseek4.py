@@ -48,7 +48,8 @@ class Deepseek4Arch(Architecture):
             raise GGUFError(f"deepseek4: block_count {n_all} is not in 1..512")
         if hp.n_head_kv != 1:
             raise GGUFError(f"deepseek4 has one K=V head: attention.head_count_kv is {hp.n_head_kv}")
-        if int(self.key(meta, "attention.value_length", hp.head_dim)) != hp.head_dim:  # llama.cpp asserts it
+        # llama.cpp asserts them equal; an absent value_length is n_embd / n_head there
+        if int(self.key(meta, "attention.value_length", hp.n_embd // hp.n_head)) != hp.head_dim:
             raise GGUFError("deepseek4: attention.key_length and value_length differ")
         self.q_lora = int(self.need(meta, "attention.q_lora_rank"))
         self.n_swa = int(self.need(meta, "attention.sliding_window"))
