@@ -45,6 +45,15 @@ def swiglu(
     return ctx.mul(ctx.clamp(ctx.silu(gate), float("-inf"), limit), up)
 
 
+def situ(ctx: native.Context, gate: native.Tensor, up: native.Tensor, beta: float, linear_beta: float) -> native.Tensor:
+    """kimi-k3's situ activation: beta tanh(gate / beta) sigmoid(gate) times up, up through linear_beta tanh(up /
+    linear_beta) where linear_beta > 0 (llama.cpp's kimi_k3_situ, in its op order)."""
+    a = ctx.mul(ctx.scale(ctx.tanh(ctx.scale(gate, float(f32(1.0) / f32(beta)))), beta), ctx.sigmoid(gate))
+    if linear_beta > 0:
+        up = ctx.scale(ctx.tanh(ctx.scale(up, float(f32(1.0) / f32(linear_beta)))), linear_beta)
+    return ctx.mul(a, up)
+
+
 @dataclass(frozen=True)
 class HParams:
     arch: str

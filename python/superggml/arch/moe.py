@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import GGUFError, UnsupportedModelError
 from ..native import Context, Graph, Tensor
-from .base import HParams, Memory, StepInputs, Weights, swiglu
+from .base import HParams, Memory, StepInputs, Weights, situ, swiglu
 
 
 @dataclass
@@ -25,7 +25,8 @@ class MoeConfig:
 
     norm_w: bool = True  # the chosen experts' weights renormalised to sum to 1
     gating: str = "softmax"  # or softmax_weight (gpt-oss), sigmoid
-    act: str = "swiglu"  # or swiglu_oai (gpt-oss), geglu (gemma4)
+    act: str = "swiglu"  # or swiglu_oai (gpt-oss), geglu (gemma4), situ (kimi-k3)
+    situ: tuple[float, float] = (0.0, 0.0)  # situ's beta and linear beta
     biases: bool = False  # router and expert biases (gpt-oss)
     probs_bias: bool = False  # exp_probs_b: added to the probabilities experts are chosen by
     groups: tuple[int, int] = (0, 0)  # expert groups, groups chosen per token (each scored by its top 2)
@@ -302,8 +303,9 @@ def build_expert_outputs(
     experts themselves, for their biases), weights F32 [1, k, n] -> F32 [n_embd, k, n]. Each of the k x n outputs
     is computed on its own, so experts computed apart (on two devices) add up to the same bits. exps: the expert
     tensors (or their cache slots) as arch.expert_tensors names them: gate, up and down, or gate_up and down."""
-    n_embd, n = cur.ne[0], cur.ne[1]
-    x = ctx.reshape(arch.expert_input(ctx, w, p, cur), [n_embd, 1, n])
+    x = arch.expert_input(ctx, w, p, cur)  # [n_embd, n], or a latent width (kimi-k3)
+    n_embd, n = x.ne[0], x.ne[1]
+    x = ctx.reshape(x, [n_embd, 1, n])
     if arch.moe.weight_before:  # llama4: each expert's input scaled by its weight, the output not
         x = ctx.mul(ctx.repeat_4d(x, [n_embd, ids.ne[0], n, 1]), weights)
     if arch.moe.relu2:  # up and down, no gate
@@ -345,6 +347,8 @@ def finish_experts(
         if arch.moe.act == "swiglu_oai"
         else ctx.geglu_split(gate, up)
         if arch.moe.act == "geglu"
+        else situ(ctx, gate, up, *arch.moe.situ)
+        if arch.moe.act == "situ"
         else swiglu(ctx, gate, up, arch.swiglu_limits(int(p.split(".")[1]))[0], arch.moe.clamp_fused)
     )
     experts = ctx.mul_mat_id(down_exps, act, ids)  # F32 [n_embd, k, n]

@@ -1,0 +1,121 @@
+"""KDA, kimi delta attention (llama.cpp's kimi-k3.cpp build_kda_layer and kimi_k3_conv1d): the recurrent mixer of
+kimi-k3's (and kimi-linear's) KDA blocks.
+
+Q, K and V each through a causal depthwise conv over the last d_conv - 1 tokens (three windows, q|k|v, in one
+conv state per sequence: the bytes of llama.cpp's three parts), SiLU; Q and K L2-normed per head; the gated delta
+rule (ggml_gated_delta_net) with a decay per channel and beta per head, from a state of head_dim^2 per head; the
+output RMS-normed per head (ssm_norm) and gated by sigmoid(ssm_g)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..native import Context, Graph, Tensor
+from .base import BlockGraph, Memory, Weights, f32
+from .common import each_sequence, inv_sqrt
+
+
+@dataclass(frozen=True)
+class KdaShape:
+    n_head: int
+    head_dim: int
+    d_conv: int
+    lower_bound: float | None  # kda.gate_lower_bound: the bounded-sigmoid decay (K3); None: softplus (kimi-linear)
+    eps: float
+
+    @property
+    def d_inner(self) -> int:
+        return self.n_head * self.head_dim
+
+
+class KdaMixer:
+    """A KDA block's graph over its normed input, before attn_output."""
+
+    def __init__(self, shape: KdaShape):
+        self.shape = shape
+
+    @property
+    def state_sizes(self) -> tuple[int, int]:
+        """Values per sequence and block: the three conv windows', the delta rule's state."""
+        s = self.shape
+        return 3 * (s.d_conv - 1) * s.d_inner, s.head_dim * s.d_inner
+
+    def tensor_shapes(self, p: str, n_embd: int) -> dict[str, tuple[int, ...]]:
+        s = self.shape
+        Di, Dk = s.d_inner, s.head_dim
+        shapes: dict[str, tuple[int, ...]] = {}
+        for x in "qkv":
+            shapes[p + f"ssm_conv1d_{x}.weight"] = (s.d_conv, 1, Di)
+            shapes[p + f"attn_{x}.weight"] = (n_embd, Di)
+        return shapes | {
+            p + "ssm_f_a.weight": (n_embd, Dk),
+            p + "ssm_f_b.weight": (Dk, Di),
+            p + "ssm_beta.weight": (n_embd, s.n_head),
+            p + "ssm_a": (s.n_head,),
+            p + "ssm_dt.bias": (Di,),
+            p + "ssm_g.weight": (n_embd, Di),
+            p + "ssm_norm.weight": (Dk,),
+            p + "attn_output.weight": (Di, n_embd),
+        }
+
+    def build(self, blk: BlockGraph, cur: Tensor, conv_state: Memory, state: Memory) -> Tensor:
+        """cur F32 [n_embd, n] -> F32 [d_inner, n]; each sequence's windows and state read and written back."""
+        ctx, gf, w, inp, il = blk.ctx, blk.gf, blk.w, blk.inp, blk.il
+        s, p, n = self.shape, f"blk.{il}.", inp.n_tokens
+        Dk, H = s.head_dim, s.n_head
+        xs = [ctx.mul_mat(w(p + f"attn_{x}.weight"), cur) for x in "qkv"]  # [d_inner, n] each
+        g = ctx.add(
+            ctx.mul_mat(w(p + "ssm_f_b.weight"), ctx.mul_mat(w(p + "ssm_f_a.weight"), cur)), w(p + "ssm_dt.bias")
+        )
+        a = ctx.reshape(w(p + "ssm_a"), [1, H, 1])
+        if s.lower_bound is not None:  # lb * sigmoid(exp(A_log) * f): ssm_a holds -exp(A_log)
+            g = ctx.sigmoid(ctx.scale(ctx.mul(ctx.reshape(g, [Dk, H, n]), a), -1.0))
+            g = ctx.scale(g, s.lower_bound)
+        else:
+            g = ctx.mul(ctx.reshape(ctx.softplus(g), [Dk, H, n]), a)
+        beta = ctx.sigmoid(ctx.reshape(ctx.mul_mat(w(p + "ssm_beta.weight"), cur), [1, H, n]))
+
+        def run(rows, m: int, conv: Tensor, st: Tensor, record: Tensor | None) -> Tensor:  # type: ignore[no-untyped-def]
+            qkv = [self.conv(ctx, gf, w, p, i, rows(x, 2), m, conv) for i, x in enumerate(xs)]
+            return self.rule(ctx, gf, qkv, rows(g), rows(beta), m, st)
+
+        out = each_sequence(ctx, inp, il, conv_state, state, run)  # [d_inner, n]
+        g2 = ctx.reshape(ctx.mul_mat(w(p + "ssm_g.weight"), cur), [Dk, H, n])
+        normed = ctx.mul(ctx.rms_norm(ctx.reshape(out, [Dk, H, n]), s.eps), w(p + "ssm_norm.weight"))
+        return ctx.reshape(ctx.cont(ctx.mul(normed, ctx.sigmoid(g2))), [s.d_inner, n])
+
+    def conv(self, ctx: Context, gf: Graph, w: Weights, p: str, part: int, x: Tensor, n: int, conv: Tensor) -> Tensor:
+        """Part `part` (q, k, v) of one sequence's n rows x [d_inner, n] through its causal conv, SiLU'd: F32
+        [head_dim, n_head, n, 1]; its window after the rows written back."""
+        s = self.shape
+        Di, c = s.d_inner, s.d_conv - 1
+        es = conv.element_size
+        window = ctx.view(conv, [c, Di, 1], [c * es, c * Di * es], part * c * Di * es)
+        if x.nb[1] != Di * x.element_size:
+            x = ctx.cont(x)
+        xx = ctx.concat(window, ctx.transpose(ctx.reshape(x, [Di, n, 1])), 0)  # [c + n, Di, 1]
+        gf.expand(ctx.cpy(ctx.view(xx, [c, Di, 1], [xx.nb[1], xx.nb[2]], n * xx.element_size), window))
+        weight = ctx.reshape(w(p + f"ssm_conv1d_{'qkv'[part]}.weight"), [s.d_conv, Di])
+        y = ctx.silu(ctx.reshape(ctx.ssm_conv(xx, weight), [Di, n]))
+        return ctx.reshape(y, [s.head_dim, s.n_head, n, 1])
+
+    def rule(
+        self, ctx: Context, gf: Graph, qkv: list[Tensor], g: Tensor, beta: Tensor, n: int, state: Tensor
+    ) -> Tensor:
+        """The gated delta rule over one sequence's n rows from `state` (written back): F32 [d_inner, n]."""
+        s = self.shape
+        Dk, H = s.head_dim, s.n_head
+        q, k = (self.l2_norm(ctx, t) for t in qkv[:2])
+        if g.nb[2] != Dk * H * g.element_size:
+            g, beta = ctx.cont(g), ctx.cont(beta)
+        s0 = ctx.reshape(state, [Dk, Dk, H, 1])
+        out = ctx.gated_delta_net(q, k, qkv[2], ctx.reshape(g, [Dk, H, n, 1]), ctx.reshape(beta, [1, H, n, 1]), s0, 1)
+        oe = out.element_size
+        new = ctx.view(out, [Dk, Dk, H, 1], [Dk * oe, Dk * Dk * oe, Dk * Dk * H * oe], Dk * H * n * oe)
+        gf.expand(ctx.cpy(new, s0))
+        return ctx.view(out, [Dk * H, n], [Dk * H * oe], 0)
+
+    def l2_norm(self, ctx: Context, x: Tensor) -> Tensor:
+        """llama.cpp's build_gdn_l2_norm: x / |x| per head, an RMS norm of eps / d scaled by 1 / sqrt(d)."""
+        d = x.ne[0]
+        return ctx.scale(ctx.rms_norm(x, float(f32(self.shape.eps) / f32(d))), inv_sqrt(d))
