@@ -228,6 +228,16 @@ class KimiK3Arch(HybridArch):
     def build_block(
         self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
     ) -> Tensor:
+        """Block il over the residual rows x F32 [residual_width, n] -> same shape (every row: the head picks)."""
+        p = f"blk.{il}."
+        ffn_inp, cur = self.build_attn_part(ctx, gf, w, inp, il, x, k_cache, v_cache)
+        return self.build_ffn_out(ctx, w, p, self.build_ffn(ctx, w, p, cur), ffn_inp)
+
+    def build_attn_part(
+        self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
+    ) -> tuple[Tensor, Tensor]:
+        """(the residual after the mixer, the stack with this block's checkpoint included, in the residual's
+        layout; the FFN's normed input F32 [n_embd, n])."""
         p, B = f"blk.{il}.", self.res_block
         stream, stack = self.split(ctx, x, self.banked_before(il))
         cur = self.mix(ctx, w, stream, stack, p + "attn_res_score.weight") if B else stream
@@ -239,8 +249,13 @@ class KimiK3Arch(HybridArch):
         cur = self.mixer(BlockGraph(ctx, gf, w, inp, il), cur, k_cache, v_cache)
         stream = cur if banked else ctx.add(stream, cur)
         cur = self.mix(ctx, w, stream, stack, p + "ffn_res_score.weight") if B else stream
-        cur = self.build_ffn(ctx, w, p, self.norm(ctx, w, cur, p + "ffn_norm.weight"))
-        return self.join(ctx, ctx.add(stream, cur), stack)
+        return self.join(ctx, stream, stack), self.norm(ctx, w, cur, p + "ffn_norm.weight")
+
+    def build_ffn_out(self, ctx: Context, w: Weights, p: str, ffn_out: Tensor, ffn_inp: Tensor) -> Tensor:
+        """The FFN's output added to the stream build_attn_part kept, the stack after it as it was."""
+        il = int(p.split(".")[1])
+        stream, stack = self.split(ctx, ffn_inp, self.banked_before(il + 1))
+        return self.join(ctx, ctx.add(stream, ffn_out), stack)
 
     def mixer(self, blk: BlockGraph, cur: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:
         """Block il's KDA or MLA over its normed input, after its output projection: F32 [n_embd, n]."""

@@ -49,20 +49,21 @@ def host_experts(plan: StepBuilder, arch: Architecture, il: int, n: int, host: i
     hp, k, f32 = arch.hp, arch.hp.n_expert_used, native.GGMLType.F32
     pc = plan.pc
     w = pc.weights  # the weights as the device being built for holds them
+    names = arch.expert_tensors(il)
+    width = int(w(names[-1]).ne[1])  # the experts' outputs: n_embd, or a latent width (kimi-k3)
     hctx, dctx = native.Context(max_tensors=4), native.Context(max_tensors=2)
     cur_h = hctx.new_tensor(f32, [hp.n_embd, n])
     ids_h = hctx.new_tensor(native.GGMLType.I32, [k, n])
     w_h = hctx.new_tensor(f32, [1, k, n])
-    out_h = hctx.new_tensor(f32, [hp.n_embd, k, n])
+    out_h = hctx.new_tensor(f32, [width, k, n])
     w_d = dctx.new_tensor(f32, [1, k, n])
-    part_d = dctx.new_tensor(f32, [hp.n_embd, k, n])
+    part_d = dctx.new_tensor(f32, [width, k, n])
     plan.keep += [hctx, dctx, pc.backends[host].alloc_tensors(hctx), pc.backends[0].alloc_tensors(dctx)]
     size = 64 + 16 * k
     ctx = native.Context(max_tensors=size, graph_size=size)
     gf = ctx.new_graph()
     device, w.device = w.device, host  # the weights as the host holds them (the file mapping)
     try:
-        names = arch.expert_tensors(il)
         out = build_expert_outputs(arch, ctx, w, f"blk.{il}.", cur_h, ids_h, ids_h, w_h, *(w(x) for x in names))
     finally:
         w.device = device

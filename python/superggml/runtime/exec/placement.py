@@ -396,7 +396,7 @@ class Placements:
         native.tensor_set(step.expert_ids, fill(slots, held, int(slots[held][0]) if held.any() else 0))
         native.tensor_set(hx.w_d, np.where(held, weights, 0).astype(np.float32))
         if not host.any():
-            native.tensor_set(hx.part_d, np.zeros((rows, k, pc.hp.n_embd), np.float32))
+            native.tensor_set(hx.part_d, np.zeros((rows, k, hx.part_d.ne[0]), np.float32))
             return
         native.tensor_set(hx.ids_h, fill(ids, host, int(ids[host][0])))
         native.tensor_set(hx.w_h, np.where(host, weights, 0).astype(np.float32))
