@@ -48,6 +48,7 @@ EDGE_FAMILIES = [
     "gemma4-e-shared",
     "deepseek32-yarn-q8_0",
     "deepseek4-csa-hca",
+    "kimi-k3-res2-latent",
 ]
 ZEROED = (  # the integer keys that size or switch something, where 0 is an edge a file can hold
     "attention.sliding_window",
@@ -86,6 +87,9 @@ ZEROED = (  # the integer keys that size or switch something, where 0 is an edge
     "hyper_connection.count",
     "hyper_connection.sinkhorn_iterations",
     "swiglu_clamp_exp",
+    "kda.head_dim",
+    "attn_res.block_size",
+    "expert_latent_length",
 )
 
 

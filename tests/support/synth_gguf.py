@@ -204,6 +204,10 @@ def _synth_any(path, fields, arch="llama", **kw):
         from synth_deepseek4 import synth_deepseek4  # it imports this module's writers
 
         return synth_deepseek4(path, fields, **kw)
+    if arch == "kimi-k3":
+        from synth_kimi_k3 import synth_kimi_k3
+
+        return synth_kimi_k3(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
@@ -1511,6 +1515,11 @@ VARIANTS = {
     "glm-dsa-full-mtp": dict(arch="glm-dsa", q_lora_rank=48, indexer=(2, 128, 20), probs_bias=True, mtp=True),
     # deepseek4: hyper-connections, raw sliding-window keys, CSA (ratio 4, the indexer's top 8) and HCA (ratio 128)
     "deepseek4-csa-hca": dict(arch="deepseek4"),
+    # kimi-k3: KDA and nope-only MLA blocks, residual attention over banked inputs, situ, a latent MoE
+    "kimi-k3-res2-latent": dict(arch="kimi-k3"),
+    "kimi-k3-plain-q8_0": dict(
+        arch="kimi-k3", attn_res=0, gate_lower_bound=None, latent=None, mla_gate=False, q_lora_rank=24, wtype="q8_0"
+    ),
     # qwen35: gated delta-net blocks and, every second block, gated full attention with interleaved M-RoPE
     "qwen35-interval2": dict(arch="qwen35"),
     "qwen35-mtp": dict(arch="qwen35", n_layer=3, interval=3, mtp=True),
@@ -1590,6 +1599,7 @@ ONE_PER_FAMILY = [
     "deepseek32-yarn-q8_0",
     "glm-dsa-shared",
     "deepseek4-csa-hca",
+    "kimi-k3-res2-latent",
 ]
 
 

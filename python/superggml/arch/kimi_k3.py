@@ -62,6 +62,9 @@ class KimiK3Arch(HybridArch):
         self.conv_channels = 3 * hp.n_head * dk
         self.kda = KdaMixer(KdaShape(hp.n_head, dk, self.d_conv, None if lb is None else float(f32(lb)), hp.rms_eps))
         self.res_block = int(self.need(meta, "attn_res.block_size"))
+        if not self.res_block and any(n.endswith("_res_score.weight") for n in self.names):
+            # llama.cpp does not load them then, and refuses a file with tensors it did not load
+            raise GGUFError("kimi-k3: residual-attention score tensors, but 'kimi-k3.attn_res.block_size' is 0")
         self.situ = (
             float(f32(self.need(meta, "activation.situ_beta"))),
             float(f32(self.need(meta, "activation.situ_linear_beta"))),

@@ -1,0 +1,98 @@
+"""kimi-k3 (Kimi-K3) on synthetic GGUFs (tests/support/synth_kimi_k3.py) against llama.cpp: KDA blocks (three convs,
+a per-channel decay) beside nope-only MLA blocks, cross-layer residual attention over banked inputs, the situ
+activation, a latent MoE."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import llama_ref
+from saving import assert_restored_continues
+from superggml import Model
+from synth_gguf import expert_bytes
+from synth_kimi_k3 import synth_kimi_k3
+
+
+@pytest.fixture(scope="module")
+def k3(tmp_path_factory, small_vocab):
+    return synth_kimi_k3(str(tmp_path_factory.mktemp("k3") / "k3.gguf"), small_vocab)
+
+
+def prompt_of(n: int, seed: int = 1) -> list[int]:
+    return [int(x) for x in np.random.default_rng(seed).integers(3, 1000, n)]
+
+
+def greedy(m: Model, prompt: list[int], n_decode: int) -> np.ndarray:
+    rows = [m.eval(prompt, logits_all=True).copy()]
+    for _ in range(n_decode):
+        rows.append(m.eval([int(np.argmax(rows[-1][-1]))]).copy())
+    return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("n_batch", [16, pytest.param(512, marks=pytest.mark.slow)])
+def test_logits_and_48_greedy_tokens_equal_llama_cpp(k3, n_batch):
+    """A 100-token prompt in passes of n_batch, then 48 greedy tokens, flash attention off and on: every row."""
+    prompt = prompt_of(100)
+    configs = [(1, 1, False), (1, 1, True)]
+    req = {"kind": "kv_types", "model": k3, "prompt": prompt, "configs": configs, "n_decode": 48, "n_ctx": 256}
+    ref = llama_ref.start({**req, "n_batch": n_batch})
+    ours = []
+    for fa in (False, True):
+        with Model(k3, ctx_size=256, n_batch=n_batch, n_threads=2, flash_attn=fa) as m:
+            ours.append(greedy(m, prompt, 48))
+    refs = ref.result()
+    for i in range(2):
+        assert np.array_equal(ours[i], refs[f"logits{i}"]), f"flash_attn={bool(i)}"
+
+
+@pytest.mark.slow
+def test_streamed_cached_paged_and_split_equal_resident(k3):
+    """Blocks streamed through 2 slots, a quarter of the experts cached (their latent inputs), both, the MLA
+    blocks' latent rows paged one frame at a time, and the blocks over two devices: the same bits as resident."""
+    prompt = prompt_of(40, 2)
+    experts = expert_bytes(k3)
+
+    def run(**kw):
+        with Model(k3, ctx_size=256, n_threads=2, n_batch=8, repack=False, **kw) as m:
+            out = [m.eval(prompt, logits_all=True).copy()] + [m.eval([t]).copy() for t in (5, 6, 7)]
+            return np.concatenate(out), m.stats()
+
+    ref, _ = run()
+    for kw in (
+        dict(n_gpu_layers=0, async_prefetch=True, prefetch_depth=1),
+        dict(expert_cache=experts // 4),
+        dict(n_gpu_layers=0, expert_cache=experts // 4, prefetch_depth=1),
+        dict(paged_kv=True, kv_page_size=16, kv_device_layers=1),
+        dict(devices=["CPU", "CPU"], tensor_split=[1, 1]),
+    ):
+        got, st = run(**kw)
+        assert np.array_equal(got, ref), kw
+
+
+def test_a_restored_sequence_continues_bit_identically(k3, tmp_path):
+    """The MLA blocks' latent rows and the KDA blocks' windows and states are saved and restored."""
+    assert_restored_continues(k3, tmp_path, prompt_of(30, 3))
+
+
+@pytest.mark.slow
+def test_speculative_decoding_keeps_the_greedy_text(k3, tmp_path, small_vocab):
+    """A draft of other weights, nearly always rejected: the KDA states go back to their checkpoints and the
+    rows after are fed again; the text is the plain greedy one."""
+    draft = synth_kimi_k3(str(tmp_path / "draft.gguf"), small_vocab, seed=1)
+    prompt = prompt_of(30, 4)
+    kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
+
+    def text(m: Model) -> list[int]:
+        out: list[int] = []
+        for t in m.generate(prompt, temp=0.0):
+            out.append(t)
+            if len(out) == 32:
+                return out
+        return out
+
+    with Model(k3, **kw) as m:
+        plain = text(m)
+    with Model(k3, draft_model=draft, draft_k=4, **kw) as m:
+        assert text(m) == plain
+        assert m.stats()["draft_tokens"] > 0
