@@ -181,7 +181,7 @@ def test_qwen_runs_in_256mib_with_a_128mib_budget(qwen_path):
     assert r.returncode == 0, r.stderr[-2000:]
     text, hwm = r.stdout.splitlines()[-2:]
     print(f"\nQwen2.5-1.5B in a 256 MiB cgroup, budget 128 MiB: VmHWM {int(hwm) / 2**20:.0f} MiB, text {text}")
-    assert int(hwm) <= 224 << 20  # the budget, and at most 96 MiB besides (docs/design.md: where it goes)
+    assert int(hwm) <= 232 << 20  # the budget, and at most 104 MiB besides (docs/design.md: where it goes)
     with Model(qwen_path, ctx_size=256, n_threads=2, repack=False) as m:
         ref = m.create_completion("def fibonacci(n):\n   ", max_tokens=6, temperature=0)["choices"][0]["text"]
     assert text == repr(ref)
