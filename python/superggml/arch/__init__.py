@@ -16,6 +16,7 @@ from .deepseek4 import Deepseek4Arch
 from .deepseek4_mtp import Deepseek4Mtp
 from .ernie4_5_moe import Ernie45MoeArch
 from .kimi_k3 import KimiK3Arch
+from .kimi_linear import KimiLinearArch
 from .llama import LlamaArch
 from .mtp import MtpArch
 from .lfm2 import Lfm2Arch
@@ -76,6 +77,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "nemotron_h_moe": NemotronHArch,
     "step35": Step35Arch,
     "kimi-k3": KimiK3Arch,
+    "kimi-linear": KimiLinearArch,
 }
 
 

@@ -36,6 +36,7 @@ class KimiK3Arch(HybridArch):
     rope_factors = False
     late_gather = True  # the head mixes the last residual with the stack, then picks its rows
     recurrent_output = "attn_output"
+    k3 = True  # kimi-linear (arch/kimi_linear.py) has none of K3's additions
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
@@ -55,20 +56,22 @@ class KimiK3Arch(HybridArch):
                 f"kimi-k3 MLA hyperparameters are inconsistent: key_length {hp.head_dim}, kv_lora_rank "
                 f"{self.kv_lora}, rope {hp.n_rot}, key_length_mla {self.k_mla}, value_length_mla {self.v_mla}"
             )
-        self.q_lora = int(self.key(meta, "attention.q_lora_rank", 0))
+        self.q_lora = int(self.key(meta, "attention.q_lora_rank", 0)) if self.k3 else 0
         self.d_conv = int(self.need(meta, "ssm.conv_kernel"))
         dk = int(self.need(meta, "kda.head_dim"))
-        lb = self.key(meta, "kda.gate_lower_bound", None)
+        lb = self.key(meta, "kda.gate_lower_bound", None) if self.k3 else None
         self.conv_channels = 3 * hp.n_head * dk
-        self.kda = KdaMixer(KdaShape(hp.n_head, dk, self.d_conv, None if lb is None else float(f32(lb)), hp.rms_eps))
-        self.res_block = int(self.need(meta, "attn_res.block_size"))
+        self.kda = KdaMixer(self.kda_shape(hp.n_head, dk, None if lb is None else float(f32(lb))))
+        self.res_block = int(self.need(meta, "attn_res.block_size")) if self.k3 else 0
         if not self.res_block and any(n.endswith("_res_score.weight") for n in self.names):
             # llama.cpp does not load them then, and refuses a file with tensors it did not load
-            raise GGUFError("kimi-k3: residual-attention score tensors, but 'kimi-k3.attn_res.block_size' is 0")
-        self.situ = (
-            float(f32(self.need(meta, "activation.situ_beta"))),
-            float(f32(self.need(meta, "activation.situ_linear_beta"))),
-        )
+            raise GGUFError(f"{hp.arch}: residual-attention score tensors, but no residual attention's block size")
+        self.situ = (0.0, 0.0)
+        if self.k3:
+            self.situ = (
+                float(f32(self.need(meta, "activation.situ_beta"))),
+                float(f32(self.need(meta, "activation.situ_linear_beta"))),
+            )
         self.load_ffn_keys(meta)
         banks = -(-hp.n_layer // self.res_block) if self.res_block else 0  # blocks 0, B, 2B, ... bank their input
         self.hp = dataclasses.replace(
@@ -76,11 +79,14 @@ class KimiK3Arch(HybridArch):
         )
         self.count_states()
 
+    def kda_shape(self, n_head: int, head_dim: int, lower_bound: float | None) -> KdaShape:
+        return KdaShape(n_head, head_dim, self.d_conv, lower_bound, self.hp.rms_eps)
+
     def load_ffn_keys(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
         self.n_lead = int(self.key(meta, "leading_dense_block_count", 0))
         self.n_ff_exp = uniform_expert_ff(self, meta)
-        self.n_latent = int(self.key(meta, "expert_latent_length", 0))
+        self.n_latent = int(self.key(meta, "expert_latent_length", 0)) if self.k3 else 0
         shared = int(self.need(meta, "expert_shared_count"))
         self.n_ff_shexp = (
             self.n_ff_exp * max(shared, 1) if f"blk.{self.n_lead}.ffn_gate_shexp.weight" in self.names else 0
@@ -88,9 +94,10 @@ class KimiK3Arch(HybridArch):
         self.shexp_gate = False
         set_gating(self, int(self.need(meta, "expert_gating_func")))
         self.moe.probs_bias = True
-        self.moe.act = "situ"
+        self.moe.act = "situ" if self.k3 else "swiglu"
         self.moe.situ = self.situ
-        self.moe.norm_w = bool(self.key(meta, "expert_weights_norm", False))
+        # kimi-linear normalizes the chosen weights whatever the key says
+        self.moe.norm_w = bool(self.key(meta, "expert_weights_norm", False)) if self.k3 else True
         self.moe.w_scale = float(f32(self.key(meta, "expert_weights_scale", 0.0)))
         if hp.n_expert and not 0 < hp.n_expert_used <= hp.n_expert:
             raise GGUFError(f"kimi-k3: {hp.n_expert_used} of {hp.n_expert} experts per token")
@@ -301,7 +308,7 @@ class KimiK3Arch(HybridArch):
         return each_lane(ctx, inp, lambda j, lane, rows: attend(lane, rows, lane_memory(k_cache, j)))
 
     def build_ffn(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor:
-        if self.is_moe(int(p.split(".")[1])):
+        if self.is_moe(int(p.split(".")[1])) or not self.k3:
             return super().build_ffn(ctx, w, p, cur)
         gate = ctx.mul_mat(w(p + "ffn_gate.weight"), cur)
         up = ctx.mul_mat(w(p + "ffn_up.weight"), cur)
@@ -318,8 +325,8 @@ class KimiK3Arch(HybridArch):
         return ctx.mul_mat(w(p + "ffn_routed_up.weight"), out)
 
     def shared_ffn(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> Tensor | None:
-        if not self.n_ff_shexp:
-            return None
+        if not self.n_ff_shexp or not self.k3:
+            return super().shared_ffn(ctx, w, p, cur)
         gate, up = ctx.mul_mat(w(p + "ffn_gate_shexp.weight"), cur), ctx.mul_mat(w(p + "ffn_up_shexp.weight"), cur)
         return ctx.mul_mat(w(p + "ffn_down_shexp.weight"), situ(ctx, gate, up, *self.situ))
 

@@ -22,6 +22,9 @@ class KdaShape:
     d_conv: int
     lower_bound: float | None  # kda.gate_lower_bound: the bounded-sigmoid decay (K3); None: softplus (kimi-linear)
     eps: float
+    low_rank_gate: bool = False  # the output gate through ssm_g_a and ssm_g_b (kimi-linear), not one ssm_g
+    fused_qkv: bool = False  # Q, K and V from one attn_qkv (kimi-linear may have it)
+    a_shape: tuple[int, ...] = ()  # ssm_a's shape: (n_head,) in K3, (1, n_head) in kimi-linear
 
     @property
     def d_inner(self) -> int:
@@ -46,24 +49,37 @@ class KdaMixer:
         shapes: dict[str, tuple[int, ...]] = {}
         for x in "qkv":
             shapes[p + f"ssm_conv1d_{x}.weight"] = (s.d_conv, 1, Di)
-            shapes[p + f"attn_{x}.weight"] = (n_embd, Di)
-        return shapes | {
-            p + "ssm_f_a.weight": (n_embd, Dk),
-            p + "ssm_f_b.weight": (Dk, Di),
-            p + "ssm_beta.weight": (n_embd, s.n_head),
-            p + "ssm_a": (s.n_head,),
-            p + "ssm_dt.bias": (Di,),
-            p + "ssm_g.weight": (n_embd, Di),
-            p + "ssm_norm.weight": (Dk,),
-            p + "attn_output.weight": (Di, n_embd),
-        }
+            if not s.fused_qkv:
+                shapes[p + f"attn_{x}.weight"] = (n_embd, Di)
+        if s.fused_qkv:
+            shapes[p + "attn_qkv.weight"] = (n_embd, 3 * Di)
+        gate = {p + "ssm_g_a.weight": (n_embd, Dk), p + "ssm_g_b.weight": (Dk, Di)} if s.low_rank_gate else {}
+        return (
+            shapes
+            | gate
+            | {
+                p + "ssm_f_a.weight": (n_embd, Dk),
+                p + "ssm_f_b.weight": (Dk, Di),
+                p + "ssm_beta.weight": (n_embd, s.n_head),
+                p + "ssm_a": s.a_shape or (s.n_head,),
+                p + "ssm_dt.bias": (Di,),
+                **({} if s.low_rank_gate else {p + "ssm_g.weight": (n_embd, Di)}),
+                p + "ssm_norm.weight": (Dk,),
+                p + "attn_output.weight": (Di, n_embd),
+            }
+        )
 
     def build(self, blk: BlockGraph, cur: Tensor, conv_state: Memory, state: Memory) -> Tensor:
         """cur F32 [n_embd, n] -> F32 [d_inner, n]; each sequence's windows and state read and written back."""
         ctx, gf, w, inp, il = blk.ctx, blk.gf, blk.w, blk.inp, blk.il
         s, p, n = self.shape, f"blk.{il}.", inp.n_tokens
         Dk, H = s.head_dim, s.n_head
-        xs = [ctx.mul_mat(w(p + f"attn_{x}.weight"), cur) for x in "qkv"]  # [d_inner, n] each
+        if s.fused_qkv:  # llama.cpp's views of one projection, made contiguous
+            qkv = ctx.mul_mat(w(p + "attn_qkv.weight"), cur)
+            es = qkv.element_size
+            xs = [ctx.cont(ctx.view(qkv, [s.d_inner, n], [qkv.nb[1]], i * s.d_inner * es)) for i in range(3)]
+        else:
+            xs = [ctx.mul_mat(w(p + f"attn_{x}.weight"), cur) for x in "qkv"]  # [d_inner, n] each
         g = ctx.add(
             ctx.mul_mat(w(p + "ssm_f_b.weight"), ctx.mul_mat(w(p + "ssm_f_a.weight"), cur)), w(p + "ssm_dt.bias")
         )
@@ -80,7 +96,11 @@ class KdaMixer:
             return self.rule(ctx, gf, qkv, rows(g), rows(beta), m, st)
 
         out = each_sequence(ctx, inp, il, conv_state, state, run)  # [d_inner, n]
-        g2 = ctx.reshape(ctx.mul_mat(w(p + "ssm_g.weight"), cur), [Dk, H, n])
+        if s.low_rank_gate:
+            g2 = ctx.mul_mat(w(p + "ssm_g_b.weight"), ctx.mul_mat(w(p + "ssm_g_a.weight"), cur))
+        else:
+            g2 = ctx.mul_mat(w(p + "ssm_g.weight"), cur)
+        g2 = ctx.reshape(g2, [Dk, H, n])
         normed = ctx.mul(ctx.rms_norm(ctx.reshape(out, [Dk, H, n]), s.eps), w(p + "ssm_norm.weight"))
         return ctx.reshape(ctx.cont(ctx.mul(normed, ctx.sigmoid(g2))), [s.d_inner, n])
 
