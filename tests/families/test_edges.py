@@ -49,6 +49,7 @@ EDGE_FAMILIES = [
     "deepseek32-yarn-q8_0",
     "deepseek4-csa-hca",
     "kimi-k3-res2-latent",
+    "kimi-linear-4",
 ]
 ZEROED = (  # the integer keys that size or switch something, where 0 is an edge a file can hold
     "attention.sliding_window",

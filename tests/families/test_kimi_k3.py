@@ -1,6 +1,6 @@
-"""kimi-k3 (Kimi-K3) on synthetic GGUFs (tests/support/synth_kimi_k3.py) against llama.cpp: KDA blocks (three convs,
-a per-channel decay) beside nope-only MLA blocks, cross-layer residual attention over banked inputs, the situ
-activation, a latent MoE."""
+"""kimi-k3 (Kimi-K3) and kimi-linear on synthetic GGUFs (tests/support/synth_kimi_k3.py, synth_kimi_linear.py)
+against llama.cpp: KDA blocks (three convs, a per-channel decay) beside nope-only MLA blocks; Kimi-K3's cross-layer
+residual attention over banked inputs, situ activation and latent MoE."""
 
 from __future__ import annotations
 
@@ -12,11 +12,19 @@ from saving import assert_restored_continues
 from superggml import Model
 from synth_gguf import expert_bytes
 from synth_kimi_k3 import synth_kimi_k3
+from synth_kimi_linear import synth_kimi_linear
+
+MAKERS = {"kimi-k3": synth_kimi_k3, "kimi-linear": synth_kimi_linear}
+
+
+@pytest.fixture(scope="module", params=list(MAKERS))
+def family(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def k3(tmp_path_factory, small_vocab):
-    return synth_kimi_k3(str(tmp_path_factory.mktemp("k3") / "k3.gguf"), small_vocab)
+def k3(family, tmp_path_factory, small_vocab):
+    return MAKERS[family](str(tmp_path_factory.mktemp(family) / "m.gguf"), small_vocab)
 
 
 def prompt_of(n: int, seed: int = 1) -> list[int]:
@@ -76,10 +84,10 @@ def test_a_restored_sequence_continues_bit_identically(k3, tmp_path):
 
 
 @pytest.mark.slow
-def test_speculative_decoding_keeps_the_greedy_text(k3, tmp_path, small_vocab):
+def test_speculative_decoding_keeps_the_greedy_text(k3, family, tmp_path, small_vocab):
     """A draft of other weights, nearly always rejected: the KDA states go back to their checkpoints and the
     rows after are fed again; the text is the plain greedy one."""
-    draft = synth_kimi_k3(str(tmp_path / "draft.gguf"), small_vocab, seed=1)
+    draft = MAKERS[family](str(tmp_path / "draft.gguf"), small_vocab, seed=1)
     prompt = prompt_of(30, 4)
     kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
 

@@ -208,6 +208,10 @@ def _synth_any(path, fields, arch="llama", **kw):
         from synth_kimi_k3 import synth_kimi_k3
 
         return synth_kimi_k3(path, fields, **kw)
+    if arch == "kimi-linear":
+        from synth_kimi_linear import synth_kimi_linear
+
+        return synth_kimi_linear(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
@@ -1517,6 +1521,8 @@ VARIANTS = {
     "deepseek4-csa-hca": dict(arch="deepseek4"),
     # kimi-k3: KDA and nope-only MLA blocks, residual attention over banked inputs, situ, a latent MoE
     "kimi-k3-res2-latent": dict(arch="kimi-k3"),
+    "kimi-linear-4": dict(arch="kimi-linear"),
+    "kimi-linear-fused-q8_0": dict(arch="kimi-linear", fused_qkv=True, mla_layers=(0, 2), wtype="q8_0"),
     "kimi-k3-plain-q8_0": dict(
         arch="kimi-k3", attn_res=0, gate_lower_bound=None, latent=None, mla_gate=False, q_lora_rank=24, wtype="q8_0"
     ),
@@ -1600,6 +1606,7 @@ ONE_PER_FAMILY = [
     "glm-dsa-shared",
     "deepseek4-csa-hca",
     "kimi-k3-res2-latent",
+    "kimi-linear-4",
 ]
 
 
