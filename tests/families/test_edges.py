@@ -50,6 +50,7 @@ EDGE_FAMILIES = [
     "deepseek4-csa-hca",
     "kimi-k3-res2-latent",
     "kimi-linear-4",
+    "minimax-m3-dense1",
 ]
 ZEROED = (  # the integer keys that size or switch something, where 0 is an edge a file can hold
     "attention.sliding_window",
@@ -91,6 +92,8 @@ ZEROED = (  # the integer keys that size or switch something, where 0 is an edge
     "kda.head_dim",
     "attn_res.block_size",
     "expert_latent_length",
+    "attention.indexer.block_size",
+    "attention.indexer.local_blocks",
 )
 
 

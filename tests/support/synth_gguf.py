@@ -212,6 +212,10 @@ def _synth_any(path, fields, arch="llama", **kw):
         from synth_kimi_linear import synth_kimi_linear
 
         return synth_kimi_linear(path, fields, **kw)
+    if arch == "minimax-m3":
+        from synth_minimax_m3 import synth_minimax_m3
+
+        return synth_minimax_m3(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
@@ -1521,6 +1525,8 @@ VARIANTS = {
     "deepseek4-csa-hca": dict(arch="deepseek4"),
     # kimi-k3: KDA and nope-only MLA blocks, residual attention over banked inputs, situ, a latent MoE
     "kimi-k3-res2-latent": dict(arch="kimi-k3"),
+    # minimax-m3: per-head Q/K norms, clamped SwiGLU, leading dense blocks; MSA blocks (dense without flash attention)
+    "minimax-m3-dense1": dict(arch="minimax-m3"),
     "kimi-linear-4": dict(arch="kimi-linear"),
     "kimi-linear-fused-q8_0": dict(arch="kimi-linear", fused_qkv=True, mla_layers=(0, 2), wtype="q8_0"),
     "kimi-k3-plain-q8_0": dict(
@@ -1607,6 +1613,7 @@ ONE_PER_FAMILY = [
     "deepseek4-csa-hca",
     "kimi-k3-res2-latent",
     "kimi-linear-4",
+    "minimax-m3-dense1",
 ]
 
 
