@@ -22,6 +22,7 @@ from .mtp import MtpArch
 from .lfm2 import Lfm2Arch
 from .llama4 import Llama4Arch
 from .minimax_m2 import MiniMaxM2Arch
+from .mimo2 import Mimo2Arch
 from .minimax_m3 import MiniMaxM3Arch
 from .mistral3 import Mistral3Arch
 from .mistral4 import Mistral4Arch
@@ -71,6 +72,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "ernie4_5-moe": Ernie45MoeArch,
     "minimax-m2": MiniMaxM2Arch,
     "minimax-m3": MiniMaxM3Arch,
+    "mimo2": Mimo2Arch,
     "llama4": Llama4Arch,
     "mistral4": Mistral4Arch,
     "lfm2": Lfm2Arch,

@@ -83,6 +83,7 @@ class HParams:
     n_head_per_layer: tuple[int, ...] = ()  # attention.head_count where it differs by layer (step35)
     n_head_kv_per_layer: tuple[int, ...] = ()  # attention.head_count_kv where it differs by layer (gemma4)
     kv_width: int = 0  # K (and V) values per token and layer in the memory where layers differ: the widest
+    kv_width_v: int = 0  # V's where it differs from K's (mimo2: narrower value heads)
     n_residual: int = 0  # values per token of the residual between blocks where it is not n_embd (DeepSeek V4's
     # hyper-connections: 4 streams of n_embd); an MTP block then reads the last block's residual rows, not their
     # output norm (llama.cpp's n_embd_out)
@@ -108,7 +109,9 @@ class HParams:
     @property
     def n_embd_v_gqa(self) -> int:
         """V values per token and layer in the memory (0: none, V is read from K)."""
-        return 0 if self.latent_kv else self.kv_width or (self.head_dim_v or self.head_dim) * self.n_head_kv
+        if self.latent_kv:
+            return 0
+        return self.kv_width_v or self.kv_width or (self.head_dim_v or self.head_dim) * self.n_head_kv
 
     @property
     def v_channels(self) -> int:
