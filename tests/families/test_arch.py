@@ -107,6 +107,7 @@ def test_unsupported_rope_scaling(tmp_path):
         "nemotron_h_moe-8x2",
         "step35-4",
         "step35-kv-per-layer",
+        "mimo2-swa-sinks",
         "gemma4-e-shared",
         "gemma4-8x2-kv",
         "deepseek32-dsa",

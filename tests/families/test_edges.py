@@ -51,6 +51,7 @@ EDGE_FAMILIES = [
     "kimi-k3-res2-latent",
     "kimi-linear-4",
     "minimax-m3-dense1",
+    "mimo2-swa-sinks",
 ]
 ZEROED = (  # the integer keys that size or switch something, where 0 is an edge a file can hold
     "attention.sliding_window",

@@ -37,6 +37,8 @@ def run(path, prompt, **kw):
         "gemma4-8x2-fused-pl",
         "deepseek32-dsa",
         "glm-dsa-shared",
+        "mimo2-swa-sinks",
+        "minimax-m3-dense1",
     ],
 )
 def test_expert_cache_of_a_quarter_is_bit_identical_to_resident(tmp_path, small_vocab, variant):

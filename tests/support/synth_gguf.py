@@ -216,6 +216,10 @@ def _synth_any(path, fields, arch="llama", **kw):
         from synth_minimax_m3 import synth_minimax_m3
 
         return synth_minimax_m3(path, fields, **kw)
+    if arch == "mimo2":
+        from synth_mimo2 import synth_mimo2
+
+        return synth_mimo2(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
@@ -1527,6 +1531,9 @@ VARIANTS = {
     "kimi-k3-res2-latent": dict(arch="kimi-k3"),
     # minimax-m3: per-head Q/K norms, clamped SwiGLU, leading dense blocks; MSA blocks (dense without flash attention)
     "minimax-m3-dense1": dict(arch="minimax-m3"),
+    # mimo2: K/V heads per block, narrower values, sinks in the sliding blocks, value scale
+    "mimo2-swa-sinks": dict(arch="mimo2"),
+    "mimo2-scaled-groups-q8_0": dict(arch="mimo2", value_scale=0.7, groups=(4, 2), sinks="all", wtype="q8_0"),
     "kimi-linear-4": dict(arch="kimi-linear"),
     "kimi-linear-fused-q8_0": dict(arch="kimi-linear", fused_qkv=True, mla_layers=(0, 2), wtype="q8_0"),
     "kimi-k3-plain-q8_0": dict(
@@ -1614,6 +1621,7 @@ ONE_PER_FAMILY = [
     "kimi-k3-res2-latent",
     "kimi-linear-4",
     "minimax-m3-dense1",
+    "mimo2-swa-sinks",
 ]
 
 
