@@ -34,6 +34,7 @@ from .gemma4 import Gemma4Arch
 from .glm4moe import Glm4MoeArch
 from .gpt_oss import GptOssArch
 from .granitehybrid import GraniteHybridArch
+from .hy_v3 import HyV3Arch
 from .olmoe import OlmoeArch
 from .phi3 import Phi3Arch
 from .qwen2moe import Qwen2MoeArch
@@ -73,6 +74,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "minimax-m2": MiniMaxM2Arch,
     "minimax-m3": MiniMaxM3Arch,
     "mimo2": Mimo2Arch,
+    "hy_v3": HyV3Arch,
     "llama4": Llama4Arch,
     "mistral4": Mistral4Arch,
     "lfm2": Lfm2Arch,

@@ -29,6 +29,7 @@ class MoeConfig:
     situ: tuple[float, float] = (0.0, 0.0)  # situ's beta and linear beta
     biases: bool = False  # router and expert biases (gpt-oss)
     probs_bias: bool = False  # exp_probs_b: added to the probabilities experts are chosen by
+    probs_bias_name: str = "exp_probs_b.bias"  # its tensor in a block (hy_v3's has no suffix)
     groups: tuple[int, int] = (0, 0)  # expert groups, groups chosen per token (each scored by its top 2)
     w_scale: float = 0.0  # the chosen weights scaled by this (0 or 1: not)
     select_logits: bool = False  # experts chosen by the router's logits, not the probabilities (llama4)
@@ -174,7 +175,7 @@ def moe_tensor_shapes(arch: Architecture, il: int) -> dict[str, tuple[int, ...]]
             }
         )
     if arch.moe.probs_bias:
-        shapes[p + "exp_probs_b.bias"] = (hp.n_expert,)
+        shapes[p + arch.moe.probs_bias_name] = (hp.n_expert,)
     if arch.n_ff_shexp and arch.shexp_gate:
         shapes[p + "ffn_gate_inp_shexp.weight"] = (hp.n_embd,)
     if arch.n_ff_shexp:
@@ -213,7 +214,7 @@ def select_experts(
         if tokens is None:
             raise ValueError(f"{p}ffn_gate_tid2eid routes by token id: the pass's tokens are needed")
         return ctx.get_rows(w(p + "ffn_gate_tid2eid.weight"), tokens), probs  # I32 [k, n]
-    chosen_by = ctx.add(probs, w(p + "exp_probs_b.bias")) if arch.moe.probs_bias else probs
+    chosen_by = ctx.add(probs, w(p + arch.moe.probs_bias_name)) if arch.moe.probs_bias else probs
     if arch.moe.select_logits:  # llama4: the top k of the logits (sigmoid is applied after)
         chosen_by = logits
     n_group, n_group_used = arch.moe.groups

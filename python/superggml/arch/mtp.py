@@ -18,7 +18,15 @@ from ..native import Context, Graph, Tensor
 from .base import Memory, StepInputs, Weights
 from .common import Architecture
 
-MTP_FAMILIES = ("deepseek2", "deepseek4", "glm4moe", "qwen35", "qwen35moe", "qwen3next")  # llama.cpp's graph_mtp
+MTP_FAMILIES = (
+    "deepseek2",
+    "deepseek4",
+    "glm4moe",
+    "hy_v3",
+    "qwen35",
+    "qwen35moe",
+    "qwen3next",
+)  # llama.cpp's graph_mtp
 
 
 class MtpArch:
