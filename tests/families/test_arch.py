@@ -108,6 +108,7 @@ def test_unsupported_rope_scaling(tmp_path):
         "step35-4",
         "step35-kv-per-layer",
         "mimo2-swa-sinks",
+        "hy_v3-mtp",
         "gemma4-e-shared",
         "gemma4-8x2-kv",
         "deepseek32-dsa",

@@ -52,6 +52,7 @@ EDGE_FAMILIES = [
     "kimi-linear-4",
     "minimax-m3-dense1",
     "mimo2-swa-sinks",
+    "hy_v3-mtp",
 ]
 ZEROED = (  # the integer keys that size or switch something, where 0 is an edge a file can hold
     "attention.sliding_window",
@@ -93,6 +94,7 @@ ZEROED = (  # the integer keys that size or switch something, where 0 is an edge
     "kda.head_dim",
     "attn_res.block_size",
     "expert_latent_length",
+    "expert_shared_feed_forward_length",
     "attention.indexer.block_size",
     "attention.indexer.local_blocks",
 )

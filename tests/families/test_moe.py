@@ -39,6 +39,7 @@ def run(path, prompt, **kw):
         "glm-dsa-shared",
         "mimo2-swa-sinks",
         "minimax-m3-dense1",
+        "hy_v3-mtp",
     ],
 )
 def test_expert_cache_of_a_quarter_is_bit_identical_to_resident(tmp_path, small_vocab, variant):

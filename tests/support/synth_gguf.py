@@ -220,6 +220,10 @@ def _synth_any(path, fields, arch="llama", **kw):
         from synth_mimo2 import synth_mimo2
 
         return synth_mimo2(path, fields, **kw)
+    if arch == "hy_v3":
+        from synth_hy_v3 import synth_hy_v3
+
+        return synth_hy_v3(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
@@ -1534,6 +1538,9 @@ VARIANTS = {
     # mimo2: K/V heads per block, narrower values, sinks in the sliding blocks, value scale
     "mimo2-swa-sinks": dict(arch="mimo2"),
     "mimo2-scaled-groups-q8_0": dict(arch="mimo2", value_scale=0.7, groups=(4, 2), sinks="all", wtype="q8_0"),
+    # hy_v3: dense or expert blocks by the router's presence, the suffix-less exp_probs_b, an MTP block
+    "hy_v3-mtp": dict(arch="hy_v3", mtp=True),
+    "hy_v3-fused-tied-q8_0": dict(arch="hy_v3", fused_gate_up=True, tied=True, wtype="q8_0"),
     "kimi-linear-4": dict(arch="kimi-linear"),
     "kimi-linear-fused-q8_0": dict(arch="kimi-linear", fused_qkv=True, mla_layers=(0, 2), wtype="q8_0"),
     "kimi-k3-plain-q8_0": dict(
@@ -1622,6 +1629,7 @@ ONE_PER_FAMILY = [
     "kimi-linear-4",
     "minimax-m3-dense1",
     "mimo2-swa-sinks",
+    "hy_v3-mtp",
 ]
 
 
