@@ -35,6 +35,7 @@ from .glm4moe import Glm4MoeArch
 from .gpt_oss import GptOssArch
 from .granitehybrid import GraniteHybridArch
 from .hy_v3 import HyV3Arch
+from .hy_v4 import HyV4Arch
 from .olmoe import OlmoeArch
 from .phi3 import Phi3Arch
 from .qwen2moe import Qwen2MoeArch
@@ -75,6 +76,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "minimax-m3": MiniMaxM3Arch,
     "mimo2": Mimo2Arch,
     "hy_v3": HyV3Arch,
+    "hy_v4": HyV4Arch,
     "llama4": Llama4Arch,
     "mistral4": Mistral4Arch,
     "lfm2": Lfm2Arch,

@@ -623,6 +623,7 @@ def attend_latent(
     scale: float,
     mask: Tensor | None,
     v_b: Tensor,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Multi-head latent attention over a memory of K only (llama.cpp's build_attn with a K-only cache and
     v_mla): writes k F32 [g, 1, n] (g = kv_lora_rank + n_rot) into this step's rows of k_cache [g, n_ctx * S];
@@ -643,11 +644,12 @@ def attend_latent(
     if inp.flash_attn:
         if k_cache.type == F32:
             kp, vp = ctx.cast(kp, F16), ctx.cast(vp, F16)
-        cur = ctx.permute(ctx.flash_attn_ext(qp, kp, vp, mask, scale), 0, 2, 1, 3)  # [dv, t, n_head, S]
+        cur = ctx.permute(ctx.flash_attn_ext(qp, kp, vp, mask, scale, sinks=sinks), 0, 2, 1, 3)  # [dv, t, n_head, S]
     else:
         kq = ctx.mul_mat(kp, qp)  # [n_kv, t, n_head, S]
         ctx.mul_mat_set_prec_f32(kq)
-        cur = ctx.mul_mat(ctx.cont(ctx.transpose(vp)), ctx.soft_max_ext(kq, mask, scale))  # [dv, t, n_head, S]
+        kq = ctx.soft_max_ext(kq, mask, scale, sinks=sinks)
+        cur = ctx.mul_mat(ctx.cont(ctx.transpose(vp)), kq)  # [dv, t, n_head, S]
     cur = ctx.cont(ctx.permute(ctx.mul_mat(v_b, cur), 0, 2, 1, 3))  # [v_head, n_head, t, S]
     return ctx.reshape(cur, [cur.ne[0] * hp.n_head, n])
 

@@ -162,13 +162,19 @@ class Deepseek2Arch(Architecture):
         v_b = w(p + "attn_v_b.weight")
         lhp = self.layer_hp(il)
 
+        sinks = self.latent_sinks(w, p)
+
         def attend(lane: StepInputs, rows: Rows, cache: Tensor) -> Tensor:
             mask = lane.mask if sparse is None else self.sparse_mask(ctx, gf, lane, sparse, rows, cache)
-            return attend_latent(ctx, gf, lhp, lane, rows(q), rows(k), cache, self.kq_scale, mask, v_b)
+            return attend_latent(ctx, gf, lhp, lane, rows(q), rows(k), cache, self.kq_scale, mask, v_b, sinks)
 
         if inp.lanes is None:
             return attend(inp, whole, one_memory(k_cache))
         return each_lane(ctx, inp, lambda j, lane, rows: attend(lane, rows, lane_memory(k_cache, j)))
+
+    def latent_sinks(self, w: Weights, p: str) -> Tensor | None:
+        """Block p's per-head sink logits in the latent attention's softmax (hy_v4); None: none."""
+        return None
 
     def build_indexer(
         self, ctx: Context, w: Weights, inp: StepInputs, il: int, cur: Tensor, qr: Tensor | None
