@@ -109,6 +109,7 @@ def test_unsupported_rope_scaling(tmp_path):
         "step35-kv-per-layer",
         "mimo2-swa-sinks",
         "hy_v3-mtp",
+        "hy_v4-hc4",
         "gemma4-e-shared",
         "gemma4-8x2-kv",
         "deepseek32-dsa",

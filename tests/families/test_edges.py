@@ -53,6 +53,7 @@ EDGE_FAMILIES = [
     "minimax-m3-dense1",
     "mimo2-swa-sinks",
     "hy_v3-mtp",
+    "hy_v4-hc4",
 ]
 ZEROED = (  # the integer keys that size or switch something, where 0 is an edge a file can hold
     "attention.sliding_window",
@@ -69,6 +70,7 @@ ZEROED = (  # the integer keys that size or switch something, where 0 is an edge
     "expert_used_count",
     "expert_feed_forward_length",
     "expert_shared_feed_forward_length",
+    "hyper_connection.magnitude",
     "expert_shared_count",
     "expert_group_count",
     "expert_group_used_count",
@@ -95,6 +97,7 @@ ZEROED = (  # the integer keys that size or switch something, where 0 is an edge
     "attn_res.block_size",
     "expert_latent_length",
     "expert_shared_feed_forward_length",
+    "hyper_connection.magnitude",
     "attention.indexer.block_size",
     "attention.indexer.local_blocks",
 )

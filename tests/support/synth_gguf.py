@@ -224,6 +224,10 @@ def _synth_any(path, fields, arch="llama", **kw):
         from synth_hy_v3 import synth_hy_v3
 
         return synth_hy_v3(path, fields, **kw)
+    if arch == "hy_v4":
+        from synth_hy_v4 import synth_hy_v4
+
+        return synth_hy_v4(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
@@ -1541,6 +1545,9 @@ VARIANTS = {
     # hy_v3: dense or expert blocks by the router's presence, the suffix-less exp_probs_b, an MTP block
     "hy_v3-mtp": dict(arch="hy_v3", mtp=True),
     "hy_v3-fused-tied-q8_0": dict(arch="hy_v3", fused_gate_up=True, tied=True, wtype="q8_0"),
+    # hy_v4: independent hyper-connections over latent attention with sinks and an output gate
+    "hy_v4-hc4": dict(arch="hy_v4"),
+    "hy_v4-hc2-yarn-q8_0": dict(arch="hy_v4", hc=2, yarn=(4.0, 256), wtype="q8_0"),
     "kimi-linear-4": dict(arch="kimi-linear"),
     "kimi-linear-fused-q8_0": dict(arch="kimi-linear", fused_qkv=True, mla_layers=(0, 2), wtype="q8_0"),
     "kimi-k3-plain-q8_0": dict(
@@ -1630,6 +1637,7 @@ ONE_PER_FAMILY = [
     "minimax-m3-dense1",
     "mimo2-swa-sinks",
     "hy_v3-mtp",
+    "hy_v4-hc4",
 ]
 
 
