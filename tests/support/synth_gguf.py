@@ -1542,9 +1542,10 @@ VARIANTS = {
     # mimo2: K/V heads per block, narrower values, sinks in the sliding blocks, value scale
     "mimo2-swa-sinks": dict(arch="mimo2"),
     "mimo2-scaled-groups-q8_0": dict(arch="mimo2", value_scale=0.7, groups=(4, 2), sinks="all", wtype="q8_0"),
+    "mimo2-fused-qkv": dict(arch="mimo2", fused_qkv=True),
     # hy_v3: dense or expert blocks by the router's presence, the suffix-less exp_probs_b, an MTP block
     "hy_v3-mtp": dict(arch="hy_v3", mtp=True),
-    "hy_v3-fused-tied-q8_0": dict(arch="hy_v3", fused_gate_up=True, tied=True, wtype="q8_0"),
+    "hy_v3-fused-tied-q8_0": dict(arch="hy_v3", fused_gate_up=True, fused_qkv=True, tied=True, wtype="q8_0"),
     # hy_v4: independent hyper-connections over latent attention with sinks and an output gate
     "hy_v4-hc4": dict(arch="hy_v4"),
     "hy_v4-hc2-yarn-q8_0": dict(arch="hy_v4", hc=2, yarn=(4.0, 256), wtype="q8_0"),

@@ -654,6 +654,30 @@ def attend_latent(
     return ctx.reshape(cur, [cur.ne[0] * hp.n_head, n])
 
 
+def fused_qkv(ctx: Context, w: Weights, p: str, cur: Tensor, hp: HParams) -> tuple[Tensor, Tensor, Tensor]:
+    """Q [head_dim, n_head, n] and K [head_dim, n_head_kv, n] as views of one attn_qkv's rows, V [value width, n]
+    after them, as llama.cpp's build_qkv views a fused projection (with its bias where the file has one)."""
+    qkv = ctx.mul_mat(w(p + "attn_qkv.weight"), cur)
+    if w.has(p + "attn_qkv.bias"):
+        qkv = ctx.add(qkv, w(p + "attn_qkv.bias"))
+    es, d, n, row = qkv.element_size, hp.head_dim, cur.ne[1], qkv.nb[1]
+    n_q, n_k = hp.n_head * d, hp.n_head_kv * d
+    q = ctx.view(qkv, [d, hp.n_head, n], [d * es, row], 0)
+    k = ctx.view(qkv, [d, hp.n_head_kv, n], [d * es, row], n_q * es)
+    v = ctx.view(qkv, [(hp.head_dim_v or d) * hp.n_head_kv, n], [row], (n_q + n_k) * es)
+    return q, k, v
+
+
+def fused_qkv_shapes(shapes: dict[str, tuple[int, ...]], p: str, n_embd: int) -> dict[str, tuple[int, ...]]:
+    """`shapes` with block p's attn_q, attn_k and attn_v (and their biases) as one attn_qkv."""
+    rows = sum(shapes.pop(p + f"attn_{x}.weight")[1] for x in "qkv")
+    biases = [shapes.pop(p + f"attn_{x}.bias", None) for x in "qkv"]
+    shapes[p + "attn_qkv.weight"] = (n_embd, rows)
+    if all(biases):
+        shapes[p + "attn_qkv.bias"] = (rows,)
+    return shapes
+
+
 def whole(t: Tensor, dims: int = 3) -> Tensor:
     """Rows of a pass that is one sequence: all of t."""
     return t

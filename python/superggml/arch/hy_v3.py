@@ -8,6 +8,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import GGUFError, UnsupportedModelError
+from ..native import Context, Tensor
+from .base import Weights
+from .common import fused_qkv, fused_qkv_shapes
 from .moe import set_gating, uniform_expert_ff
 from .qwen3 import Qwen3Arch
 
@@ -18,8 +21,6 @@ class HyV3Arch(Qwen3Arch):
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
         n_all = hp.n_layer + hp.n_nextn
-        if any(n.endswith(".attn_qkv.weight") for n in self.names):
-            raise UnsupportedModelError(f"{hp.arch} with a fused attn_qkv: not supported yet")
         if hp.n_rot != hp.head_dim:  # llama.cpp asserts it
             raise GGUFError(f"{hp.arch} rotates whole heads: rope.dimension_count {hp.n_rot} != head_dim {hp.head_dim}")
         self.moe_layers = tuple(f"blk.{il}.ffn_gate_inp.weight" in self.names for il in range(n_all))
@@ -39,6 +40,17 @@ class HyV3Arch(Qwen3Arch):
                 raise GGUFError(f"{hp.arch}: block {il} has experts but no shared expert, which llama.cpp always adds")
             if self.moe_layers[il] and self.moe.probs_bias != (p + "exp_probs_b" in self.names):
                 raise UnsupportedModelError(f"{hp.arch}: exp_probs_b in some expert blocks only")
+
+    def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
+        shapes, p = super().block_tensor_shapes(il), f"blk.{il}."
+        return fused_qkv_shapes(shapes, p, self.hp.n_embd) if p + "attn_qkv.weight" in self.names else shapes
+
+    def build_qkv(
+        self, ctx: Context, w: Weights, p: str, cur: Tensor, n: int
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        if w.has(p + "attn_qkv.weight"):
+            return fused_qkv(ctx, w, p, cur, self.hp)
+        return super().build_qkv(ctx, w, p, cur, n)
 
     def is_moe(self, il: int) -> bool:
         return il < len(self.moe_layers) and self.moe_layers[il]

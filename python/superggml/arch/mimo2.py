@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from ..errors import GGUFError, UnsupportedModelError
 from ..native import Context, Graph, Tensor
 from .base import BlockGraph, HParams, Memory, StepInputs, Weights, f32
-from .common import ROPE_NEOX, Architecture, attend_lanes, inv_sqrt
+from .common import ROPE_NEOX, Architecture, attend_lanes, fused_qkv, fused_qkv_shapes, inv_sqrt
 from .moe import set_gating, uniform_expert_ff
 
 
@@ -28,8 +28,6 @@ class Mimo2Arch(Architecture):
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
         n = hp.n_layer
-        if any(x.endswith(".attn_qkv.weight") for x in self.names):
-            raise UnsupportedModelError(f"{hp.arch} with a fused attn_qkv: not supported yet")
         self.n_head_of = hp.n_head_per_layer[:n] if hp.n_head_per_layer else (hp.n_head,) * n
         self.n_head_kv_of = hp.n_head_kv_per_layer[:n] if hp.n_head_kv_per_layer else (hp.n_head_kv,) * n
         if any(not k or h % k for h, k in zip(self.n_head_of, self.n_head_kv_of)):
@@ -93,7 +91,14 @@ class Mimo2Arch(Architecture):
         shapes[p + "attn_output.weight"] = (h * dv, hp.n_embd)
         if self.sinks[il]:
             shapes[p + "attn_sinks.weight"] = (h,)
-        return shapes
+        return fused_qkv_shapes(shapes, p, hp.n_embd) if p + "attn_qkv.weight" in self.names else shapes
+
+    def build_qkv(
+        self, ctx: Context, w: Weights, p: str, cur: Tensor, n: int
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        if w.has(p + "attn_qkv.weight"):  # MiMo-V2.5's fused projection: RoPE runs on the views, as llama.cpp
+            return fused_qkv(ctx, w, p, cur, self.layer_hp(int(p.split(".")[1])))
+        return super().build_qkv(ctx, w, p, cur, n)
 
     # -- graphs ------------------------------------------------------------
     def rope(self, ctx: Context, w: Weights, inp: StepInputs, il: int, x: Tensor) -> Tensor:
