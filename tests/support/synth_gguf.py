@@ -1549,6 +1549,7 @@ VARIANTS = {
     # hy_v4: independent hyper-connections over latent attention with sinks and an output gate
     "hy_v4-hc4": dict(arch="hy_v4"),
     "hy_v4-hc2-yarn-q8_0": dict(arch="hy_v4", hc=2, yarn=(4.0, 256), wtype="q8_0"),
+    "hy_v4-dsa-shared": dict(arch="hy_v4", indexer=(4, 32, 16), indexer_types=(True, False)),
     "kimi-linear-4": dict(arch="kimi-linear"),
     "kimi-linear-fused-q8_0": dict(arch="kimi-linear", fused_qkv=True, mla_layers=(0, 2), wtype="q8_0"),
     "kimi-k3-plain-q8_0": dict(

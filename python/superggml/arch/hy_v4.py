@@ -3,31 +3,38 @@ latent attention and experts with independent hyper-connections (iHC): `hc` resi
 sublayer's input by a sigmoid gate and each given the sublayer's output by a sigmoid gate of its own (no Sinkhorn
 mixing between streams), the head mixing them once more; per-head sinks in the latent attention and a sigmoid gate
 on its output; the routed experts' SwiGLU clamped by the fused op (swiglu_clamp_exp), the shared and dense FFNs not.
-The sums over streams are mul and add chains, as llama.cpp writes them (not dsv4_hc_pre's loop). DeepSeek sparse
-attention (attention.indexer.top_k > 0) is refused for now."""
+The sums over streams are mul and add chains, as llama.cpp writes them (not dsv4_hc_pre's loop). With
+attention.indexer.top_k > 0, DeepSeek sparse attention as deepseek32's (arch/deepseek32.py) but for the indexer's
+keys: no Hadamard rotation, RoPE on their last n_rot values, a layer norm of the RMS epsilon."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Mapping
 
-from ..errors import GGUFError, UnsupportedModelError
+import numpy as np
+
+from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
-from .base import BlockGraph, Memory, StepInputs, Weights, f32
-from .common import inv_sqrt
+from .base import BlockGraph, HParams, Memory, StepInputs, Weights, f32
+from .common import ROPE_NORM, inv_sqrt
 from .deepseek2 import Deepseek2Arch
+from .deepseek32 import Deepseek32Arch
 
 
-class HyV4Arch(Deepseek2Arch):
+class HyV4Arch(Deepseek32Arch):
     late_gather = True  # the head picks its rows from the last block's streams
+    indexer_rope = ROPE_NORM
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
         if not int(self.key(meta, "expert_gating_func", 0)):  # llama.cpp aborts on gating "none"
             raise GGUFError(f"GGUF metadata lacks '{hp.arch}.expert_gating_func'")
-        if int(self.key(meta, "attention.indexer.top_k", 0)):
-            raise UnsupportedModelError(f"{hp.arch} with DeepSeek sparse attention (indexer.top_k > 0): not yet")
-        super().load_hparams(meta)
+        Deepseek2Arch.load_hparams(self, meta)  # DeepSeek sparse attention where indexer.top_k > 0 (load_dsa)
+        self.dsa = int(self.key(meta, "attention.indexer.top_k", 0)) > 0
+        self.latent_hp = self.hp
+        if self.dsa:
+            self.load_dsa(meta)
         if self.legacy or not self.q_lora:
             raise GGUFError(f"{hp.arch} needs the absorbed latent layout with low-rank queries")
         self.hc = int(self.need(meta, "hyper_connection.count"))
@@ -45,6 +52,63 @@ class HyV4Arch(Deepseek2Arch):
         self.moe.clamp_fused = True
         self.hp = dataclasses.replace(self.hp, n_residual=self.hc * hp.n_embd, n_ffn_inp=self.hc * (hp.n_embd + 1))
 
+    def load_dsa(self, meta: Mapping[str, Any]) -> None:
+        """The indexer's keys: no Hadamard rotation, RoPE on the last n_rot values of a key, a layer norm of the
+        RMS epsilon; its keys kept beside the latent rows (HParams.kv_width), as deepseek32's."""
+        hp = self.hp
+        self.idx_heads = int(self.need(meta, "attention.indexer.head_count"))
+        self.idx_dim = int(self.need(meta, "attention.indexer.key_length"))
+        self.idx_top_k = int(self.need(meta, "attention.indexer.top_k"))
+        if self.idx_heads <= 0 or self.idx_dim <= hp.n_rot:  # llama.cpp throws
+            raise GGUFError(f"{hp.arch}: bad indexer head count / key length ({self.idx_heads}, {self.idx_dim})")
+        if self.key(meta, "attention.indexer.types", None) is None:  # llama.cpp's default: every block shared
+            raise GGUFError(f"{hp.arch}: layer 0 must own an indexer ('{hp.arch}.attention.indexer.types')")
+        self.idx_full = tuple(bool(x) for x in self.per_layer(meta, "attention.indexer.types", 0.0))
+        if not self.idx_full[0]:
+            raise GGUFError(f"{hp.arch}: layer 0 must own an indexer")
+        self.keeps_mask = not all(self.idx_full)
+        self.indexer_norm_eps = hp.rms_eps
+        self.hp = dataclasses.replace(hp, kv_width=hp.n_embd_gqa + self.idx_dim)
+
+    def layer_hp(self, il: int) -> HParams:
+        return self.latent_hp
+
+    def build_indexer(
+        self, ctx: Context, w: Weights, inp: StepInputs, il: int, cur: Tensor, qr: Tensor | None
+    ) -> tuple[Tensor, ...] | None:
+        if not self.dsa:
+            return None
+        if not self.idx_full[il]:
+            return ()
+        p, n, d = f"blk.{il}.", inp.n_tokens, self.idx_dim
+        assert qr is not None
+        iq = self.indexer_roped(
+            ctx, inp, ctx.reshape(ctx.mul_mat(w(p + "indexer.attn_q_b.weight"), qr), [d, self.idx_heads, n])
+        )
+        ik = ctx.norm(ctx.mul_mat(w(p + "indexer.attn_k.weight"), cur), self.indexer_norm_eps)
+        ik = ctx.add(ctx.mul(ik, w(p + "indexer.k_norm.weight")), w(p + "indexer.k_norm.bias"))
+        ik = self.indexer_roped(ctx, inp, ctx.reshape(ik, [d, 1, n]))
+        iw = ctx.mul_mat(w(p + "indexer.proj.weight"), cur)
+        return iq, ik, ctx.scale(iw, float(f32(1.0) / np.sqrt(f32(d * self.idx_heads))))
+
+    def indexer_roped(self, ctx: Context, inp: StepInputs, x: Tensor) -> Tensor:
+        hp = self.hp
+        assert inp.positions is not None
+        return ctx.rope_ext(
+            x,
+            inp.positions,
+            None,
+            hp.n_rot,
+            self.indexer_rope,
+            hp.n_ctx_orig,
+            hp.rope_base,
+            hp.rope_scale,
+            hp.rope_ext_factor,
+            hp.rope_attn_factor,
+            *self.yarn_beta,
+            offset=x.ne[0] - hp.n_rot,
+        )
+
     def attention_scale(self, meta: Mapping[str, Any]) -> float:
         return inv_sqrt(self.k_mla)  # hy_v4 reads no DeepSeek YaRN mscale
 
@@ -52,14 +116,15 @@ class HyV4Arch(Deepseek2Arch):
         return self.limits[il], 0.0
 
     def describe(self) -> list[str]:
-        return super().describe() + [
+        lines = super().describe() if self.dsa else Deepseek2Arch.describe(self)
+        return lines + [
             f"independent hyper-connections: {self.hc} residual streams of {self.hp.n_embd}; sinks and a sigmoid "
             "output gate in the latent attention"
         ]
 
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
         hp, p, hc = self.hp, f"blk.{il}.", self.hc
-        shapes = super().block_tensor_shapes(il)
+        shapes = super().block_tensor_shapes(il) if self.dsa else Deepseek2Arch.block_tensor_shapes(self, il)
         shapes[p + "attn_sinks.weight"] = (hp.n_head,)
         shapes[p + "attn_gate.weight"] = (hp.n_embd, hp.n_head * self.v_mla)
         for part in ("attn", "ffn"):
