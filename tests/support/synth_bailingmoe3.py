@@ -116,7 +116,9 @@ def synth_bailingmoe3(
     if mtp:
         key("nextn_predict_layers", 1, U)
     if mrope_sections is not None:
-        w.add_key_value("bailingmoe3.rope.dimension_sections", [*mrope_sections, 0], A, sub_type=gguf.GGUFValueType.INT32)
+        w.add_key_value(
+            "bailingmoe3.rope.dimension_sections", [*mrope_sections, 0], A, sub_type=gguf.GGUFValueType.INT32
+        )
     for k, value, vtype, sub in fields:
         w.add_key_value(k, value, vtype, sub_type=sub)
 
