@@ -69,9 +69,9 @@ def synth_dots3note(
     indexer_types: attention.indexer.types per block (None: 1 in the full blocks, 0 in the sliding ones); a block
     whose entry is 0 gets no indexer tensors. n_head_swa: the sliding blocks' head count (head_count becomes an
     array). The first n_dense blocks have a dense FFN of n_ff, the rest n_expert experts of n_ff_exp (n_expert_used
-    per token, `gating` 1 softmax / 2 sigmoid, exp_probs_b) and n_shared shared ones. tied: no output.weight.
-    wtype (f32, f16, q8_0, q4_0) is the type of the matmul weights; norms, the embedding, the router, the indexer's
-    proj and the biases stay F32. Returns the path."""
+    per token, `gating` 1 softmax / 2 sigmoid, exp_probs_b) and n_shared shared ones (0: none written, which
+    llama.cpp refuses). tied: no output.weight. wtype (f32, f16, q8_0, q4_0) is the type of the matmul weights;
+    norms, the embedding, the router, the indexer's proj and the biases stay F32. Returns the path."""
     assert all(0 <= il < n_layer for il in swa_layers) and n_dense <= n_layer
     rng = np.random.default_rng(seed)
     U, F, B = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.BOOL
@@ -154,10 +154,11 @@ def synth_dots3note(
             t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd, scale=n_embd**-0.5)
             t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd, scale=n_embd**-0.5)
             t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp, scale=n_ff_exp**-0.5)
-            n_sh = n_ff_exp * n_shared
-            t(p + "ffn_gate_shexp.weight", n_sh, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_up_shexp.weight", n_sh, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_down_shexp.weight", n_embd, n_sh, scale=n_sh**-0.5)
+            if n_shared:  # llama.cpp requires them: 0 makes a file it refuses
+                n_sh = n_ff_exp * n_shared
+                t(p + "ffn_gate_shexp.weight", n_sh, n_embd, scale=n_embd**-0.5)
+                t(p + "ffn_up_shexp.weight", n_sh, n_embd, scale=n_embd**-0.5)
+                t(p + "ffn_down_shexp.weight", n_embd, n_sh, scale=n_sh**-0.5)
         if il >= n_layer:  # NextN block: loaded with TENSOR_SKIP, no graph uses it
             t(p + "nextn.eh_proj.weight", n_embd, 2 * n_embd, scale=(2 * n_embd) ** -0.5)
             norm(p + "nextn.enorm.weight")
