@@ -10,6 +10,7 @@ from typing import Any, Iterable, Mapping
 
 from ..errors import UnsupportedModelError
 from .common import Architecture, HParams
+from .bailingmoe3 import BailingMoe3Arch
 from .deepseek2 import Deepseek2Arch
 from .deepseek32 import Deepseek32Arch, GlmDsaArch
 from .deepseek4 import Deepseek4Arch
@@ -77,6 +78,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "mimo2": Mimo2Arch,
     "hy_v3": HyV3Arch,
     "hy_v4": HyV4Arch,
+    "bailingmoe3": BailingMoe3Arch,
     "llama4": Llama4Arch,
     "mistral4": Mistral4Arch,
     "lfm2": Lfm2Arch,

@@ -276,8 +276,16 @@ class KimiK3Arch(HybridArch):
         else:
             out = self.mla(blk, cur, k_cache)
             if w.has(p + "attn_gate.weight"):
-                out = ctx.mul(out, ctx.sigmoid(ctx.mul_mat(w(p + "attn_gate.weight"), cur)))
+                out = self.mla_gate(ctx, w(p + "attn_gate.weight"), cur, out)
         return ctx.mul_mat(w(p + "attn_output.weight"), out)
+
+    def mla_gate(self, ctx: Context, gate: Tensor, cur: Tensor, out: Tensor) -> Tensor:
+        """The MLA output [n_head * value_length_mla, n] gated by sigmoid(gate cur), value by value."""
+        return ctx.mul(out, ctx.sigmoid(ctx.mul_mat(gate, cur)))
+
+    def mla_rope(self, ctx: Context, inp: StepInputs, x: Tensor) -> Tensor:
+        """The rope part of an MLA query or key [n_rot, heads, n]: as it is (kimi-k3's MLA is nope-only)."""
+        return x
 
     def mla(self, blk: BlockGraph, cur: Tensor, k_cache: Memory) -> Tensor:
         """The absorbed latent attention without RoPE: F32 [n_head * value_length_mla, n]."""
@@ -295,6 +303,7 @@ class KimiK3Arch(HybridArch):
         qs = q.element_size * self.k_mla
         q_nope = ctx.view(q, [self.n_nope, hp.n_head, n], [qs, qs * hp.n_head], 0)
         q_pe = ctx.view(q, [hp.n_rot, hp.n_head, n], [qs, qs * hp.n_head], self.n_nope * q.element_size)
+        q_pe, k_pe = self.mla_rope(ctx, inp, q_pe), self.mla_rope(ctx, inp, k_pe)
         absorbed = ctx.mul_mat(w(p + "attn_k_b.weight"), ctx.permute(q_nope, 0, 2, 1, 3))  # [kv_lora, n, n_head]
         q = ctx.concat(ctx.permute(absorbed, 0, 2, 1, 3), q_pe, 0)  # [kv_lora + n_rot, n_head, n]
         k = ctx.concat(ctx.reshape(kv, [self.kv_lora, 1, n]), k_pe, 0)  # [kv_lora + n_rot, 1, n]

@@ -25,6 +25,8 @@ class KdaShape:
     low_rank_gate: bool = False  # the output gate through ssm_g_a and ssm_g_b (kimi-linear), not one ssm_g
     fused_qkv: bool = False  # Q, K and V from one attn_qkv (kimi-linear may have it)
     a_shape: tuple[int, ...] = ()  # ssm_a's shape: (n_head,) in K3, (1, n_head) in kimi-linear
+    full_rank_decay: bool = False  # bailingmoe3: the decay from one full-rank ssm_f_a, ssm_a holding +exp(A_log)
+    gate_a_full: bool = False  # bailingmoe3: the output gate from one full-rank ssm_g_a
 
     @property
     def d_inner(self) -> int:
@@ -53,21 +55,23 @@ class KdaMixer:
                 shapes[p + f"attn_{x}.weight"] = (n_embd, Di)
         if s.fused_qkv:
             shapes[p + "attn_qkv.weight"] = (n_embd, 3 * Di)
-        gate = {p + "ssm_g_a.weight": (n_embd, Dk), p + "ssm_g_b.weight": (Dk, Di)} if s.low_rank_gate else {}
-        return (
-            shapes
-            | gate
-            | {
-                p + "ssm_f_a.weight": (n_embd, Dk),
-                p + "ssm_f_b.weight": (Dk, Di),
-                p + "ssm_beta.weight": (n_embd, s.n_head),
-                p + "ssm_a": s.a_shape or (s.n_head,),
-                p + "ssm_dt.bias": (Di,),
-                **({} if s.low_rank_gate else {p + "ssm_g.weight": (n_embd, Di)}),
-                p + "ssm_norm.weight": (Dk,),
-                p + "attn_output.weight": (Di, n_embd),
-            }
-        )
+        if s.gate_a_full:
+            gate = {p + "ssm_g_a.weight": (n_embd, Di)}
+        elif s.low_rank_gate:
+            gate = {p + "ssm_g_a.weight": (n_embd, Dk), p + "ssm_g_b.weight": (Dk, Di)}
+        else:
+            gate = {p + "ssm_g.weight": (n_embd, Di)}
+        decay = {p + "ssm_f_a.weight": (n_embd, Di)}
+        if not s.full_rank_decay:
+            decay = {p + "ssm_f_a.weight": (n_embd, Dk), p + "ssm_f_b.weight": (Dk, Di)}
+        rest = {
+            p + "ssm_beta.weight": (n_embd, s.n_head),
+            p + "ssm_a": s.a_shape or (s.n_head,),
+            p + "ssm_dt.bias": (Di,),
+            p + "ssm_norm.weight": (Dk,),
+            p + "attn_output.weight": (Di, n_embd),
+        }
+        return shapes | gate | decay | rest
 
     def build(self, blk: BlockGraph, cur: Tensor, conv_state: Memory, state: Memory) -> Tensor:
         """cur F32 [n_embd, n] -> F32 [d_inner, n]; each sequence's windows and state read and written back."""
@@ -80,11 +84,13 @@ class KdaMixer:
             xs = [ctx.cont(ctx.view(qkv, [s.d_inner, n], [qkv.nb[1]], i * s.d_inner * es)) for i in range(3)]
         else:
             xs = [ctx.mul_mat(w(p + f"attn_{x}.weight"), cur) for x in "qkv"]  # [d_inner, n] each
-        g = ctx.add(
-            ctx.mul_mat(w(p + "ssm_f_b.weight"), ctx.mul_mat(w(p + "ssm_f_a.weight"), cur)), w(p + "ssm_dt.bias")
-        )
+        f = ctx.mul_mat(w(p + "ssm_f_a.weight"), cur)
+        g = ctx.add(f if s.full_rank_decay else ctx.mul_mat(w(p + "ssm_f_b.weight"), f), w(p + "ssm_dt.bias"))
         a = ctx.reshape(w(p + "ssm_a"), [1, H, 1])
-        if s.lower_bound is not None:  # lb * sigmoid(exp(A_log) * f): ssm_a holds -exp(A_log)
+        if s.full_rank_decay:  # lb * sigmoid(exp(A_log) * f): ssm_a holds +exp(A_log)
+            assert s.lower_bound is not None
+            g = ctx.scale(ctx.sigmoid(ctx.mul(ctx.reshape(g, [Dk, H, n]), a)), s.lower_bound)
+        elif s.lower_bound is not None:  # lb * sigmoid(exp(A_log) * f): ssm_a holds -exp(A_log)
             g = ctx.sigmoid(ctx.scale(ctx.mul(ctx.reshape(g, [Dk, H, n]), a), -1.0))
             g = ctx.scale(g, s.lower_bound)
         else:
@@ -96,7 +102,9 @@ class KdaMixer:
             return self.rule(ctx, gf, qkv, rows(g), rows(beta), m, st)
 
         out = each_sequence(ctx, inp, il, conv_state, state, run)  # [d_inner, n]
-        if s.low_rank_gate:
+        if s.gate_a_full:
+            g2 = ctx.mul_mat(w(p + "ssm_g_a.weight"), cur)
+        elif s.low_rank_gate:
             g2 = ctx.mul_mat(w(p + "ssm_g_b.weight"), ctx.mul_mat(w(p + "ssm_g_a.weight"), cur))
         else:
             g2 = ctx.mul_mat(w(p + "ssm_g.weight"), cur)
