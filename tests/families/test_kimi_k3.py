@@ -12,9 +12,10 @@ from saving import assert_restored_continues
 from superggml import Model
 from synth_gguf import expert_bytes
 from synth_kimi_k3 import synth_kimi_k3
+from synth_bailingmoe3 import synth_bailingmoe3
 from synth_kimi_linear import synth_kimi_linear
 
-MAKERS = {"kimi-k3": synth_kimi_k3, "kimi-linear": synth_kimi_linear}
+MAKERS = {"kimi-k3": synth_kimi_k3, "kimi-linear": synth_kimi_linear, "bailingmoe3": synth_bailingmoe3}
 
 
 @pytest.fixture(scope="module", params=list(MAKERS))

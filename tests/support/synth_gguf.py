@@ -228,6 +228,10 @@ def _synth_any(path, fields, arch="llama", **kw):
         from synth_hy_v4 import synth_hy_v4
 
         return synth_hy_v4(path, fields, **kw)
+    if arch == "bailingmoe3":
+        from synth_bailingmoe3 import synth_bailingmoe3
+
+        return synth_bailingmoe3(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
@@ -1550,6 +1554,16 @@ VARIANTS = {
     "hy_v4-hc4": dict(arch="hy_v4"),
     "hy_v4-hc2-yarn-q8_0": dict(arch="hy_v4", hc=2, yarn=(4.0, 256), wtype="q8_0"),
     "hy_v4-dsa-shared": dict(arch="hy_v4", indexer=(4, 32, 16), indexer_types=(True, False)),
+    # bailingmoe3: KDA (full-rank decay and gate) beside roped MLA with a per-head gate, clamped SwiGLU
+    "bailingmoe3-kda-mla": dict(arch="bailingmoe3"),
+    "bailingmoe3-mrope-groups-q8_0": dict(
+        arch="bailingmoe3",
+        mrope_sections=(2, 1, 1),
+        groups=(4, 2),
+        swiglu_limits=(0.5, 0.7),
+        q_lora_rank=24,
+        wtype="q8_0",
+    ),
     "kimi-linear-4": dict(arch="kimi-linear"),
     "kimi-linear-fused-q8_0": dict(arch="kimi-linear", fused_qkv=True, mla_layers=(0, 2), wtype="q8_0"),
     "kimi-k3-plain-q8_0": dict(
@@ -1640,6 +1654,7 @@ ONE_PER_FAMILY = [
     "mimo2-swa-sinks",
     "hy_v3-mtp",
     "hy_v4-hc4",
+    "bailingmoe3-kda-mla",
 ]
 
 

@@ -31,7 +31,7 @@ class BailingMoe3Arch(KimiK3Arch):
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
         lb = float(f32(self.need(meta, "kda.gate_lower_bound")))
-        if not self.key(meta, "kda.safe_gate", False) or lb >= 0:  # llama.cpp asserts both
+        if not self.key(meta, "kda.safe_gate", True) or lb >= 0:  # llama.cpp asserts both (absent: safe)
             raise GGUFError(f"{hp.arch}: KDA needs kda.safe_gate true and a negative kda.gate_lower_bound")
         self.lower_bound = lb
         self.need(meta, "leading_dense_block_count")
