@@ -12,6 +12,7 @@ from ..errors import UnsupportedModelError
 from .common import Architecture, HParams
 from .bailingmoe3 import BailingMoe3Arch
 from .deepseek2 import Deepseek2Arch
+from .dots3note import Dots3NoteArch
 from .deepseek32 import Deepseek32Arch, GlmDsaArch
 from .deepseek4 import Deepseek4Arch
 from .deepseek4_mtp import Deepseek4Mtp
@@ -79,6 +80,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "hy_v3": HyV3Arch,
     "hy_v4": HyV4Arch,
     "bailingmoe3": BailingMoe3Arch,
+    "dots3note": Dots3NoteArch,
     "llama4": Llama4Arch,
     "mistral4": Mistral4Arch,
     "lfm2": Lfm2Arch,
