@@ -111,6 +111,7 @@ def test_unsupported_rope_scaling(tmp_path):
         "hy_v3-mtp",
         "hy_v4-hc4",
         "hy_v4-dsa-shared",
+        "dots3note-sparse-swa",
         "gemma4-e-shared",
         "gemma4-8x2-kv",
         "deepseek32-dsa",

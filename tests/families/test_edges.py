@@ -55,6 +55,7 @@ EDGE_FAMILIES = [
     "hy_v3-mtp",
     "hy_v4-hc4",
     "bailingmoe3-kda-mla",
+    "dots3note-sparse-swa",
 ]
 ZEROED = (  # the integer keys that size or switch something, where 0 is an edge a file can hold
     "attention.sliding_window",

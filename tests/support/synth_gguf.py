@@ -232,6 +232,10 @@ def _synth_any(path, fields, arch="llama", **kw):
         from synth_bailingmoe3 import synth_bailingmoe3
 
         return synth_bailingmoe3(path, fields, **kw)
+    if arch == "dots3note":
+        from synth_dots3note import synth_dots3note
+
+        return synth_dots3note(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)
@@ -1564,6 +1568,9 @@ VARIANTS = {
         q_lora_rank=24,
         wtype="q8_0",
     ),
+    # dots3note: sparse attention in the full blocks, windowed MLA of other shapes in the sliding ones
+    "dots3note-sparse-swa": dict(arch="dots3note"),
+    "dots3note-heads-top8-q8_0": dict(arch="dots3note", swa_layers=(0, 2), n_head_swa=2, top_k=8, wtype="q8_0"),
     "kimi-linear-4": dict(arch="kimi-linear"),
     "kimi-linear-fused-q8_0": dict(arch="kimi-linear", fused_qkv=True, mla_layers=(0, 2), wtype="q8_0"),
     "kimi-k3-plain-q8_0": dict(
@@ -1655,6 +1662,7 @@ ONE_PER_FAMILY = [
     "hy_v3-mtp",
     "hy_v4-hc4",
     "bailingmoe3-kda-mla",
+    "dots3note-sparse-swa",
 ]
 
 

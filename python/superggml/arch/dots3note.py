@@ -30,7 +30,13 @@ class Dots3NoteArch(Deepseek32Arch):
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
         n = hp.n_layer
-        self.need(meta, "leading_dense_block_count")
+        for name in (
+            "leading_dense_block_count",
+            "expert_gating_func",
+            "rope.freq_base_swa",
+            "attention.indexer.types",
+        ):
+            self.need(meta, name)  # llama.cpp requires them
         Deepseek2Arch.load_hparams(self, meta)
         if self.legacy or not self.q_lora:
             raise GGUFError(f"{hp.arch} needs the absorbed latent layout with low-rank queries")
@@ -49,6 +55,9 @@ class Dots3NoteArch(Deepseek32Arch):
         self.kv_lora_swa = int(self.need(meta, "attention.kv_lora_rank_swa"))
         self.k_mla_swa = int(self.need(meta, "attention.key_length_mla_swa"))
         self.v_mla_swa = int(self.need(meta, "attention.value_length_mla_swa"))
+        if int(self.key(meta, "attention.key_length_swa", hp.n_embd // hp.n_head)) != self.kv_lora_swa + hp.n_rot:
+            # the sliding cache's rows: llama.cpp aborts writing them
+            raise GGUFError(f"'{hp.arch}.attention.key_length_swa' must be kv_lora_rank_swa + rope.dimension_count")
         self.n_head_of = hp.n_head_per_layer[:n] if hp.n_head_per_layer else (hp.n_head,) * n
         self.idx_heads = int(self.need(meta, "attention.indexer.head_count"))
         self.idx_dim = int(self.need(meta, "attention.indexer.key_length"))
