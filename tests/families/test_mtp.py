@@ -11,7 +11,15 @@ from superggml import Model, UnsupportedModelError
 from synth_gguf import VARIANTS, expert_bytes, synth
 from prompts import greedy
 
-MTP = ["deepseek2-v3-groups-yarn", "glm4moe-bias-mtp", "qwen35-mtp", "qwen3next-mtp", "deepseek4-csa-hca", "hy_v3-mtp"]
+MTP = [
+    "deepseek2-v3-groups-yarn",
+    "glm4moe-bias-mtp",
+    "qwen35-mtp",
+    "qwen3next-mtp",
+    "deepseek4-csa-hca",
+    "hy_v3-mtp",
+    "bailingmoe3-mtp",
+]
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 
 

@@ -1560,6 +1560,7 @@ VARIANTS = {
     "hy_v4-dsa-shared": dict(arch="hy_v4", indexer=(4, 32, 16), indexer_types=(True, False)),
     # bailingmoe3: KDA (full-rank decay and gate) beside roped MLA with a per-head gate, clamped SwiGLU
     "bailingmoe3-kda-mla": dict(arch="bailingmoe3"),
+    "bailingmoe3-mtp": dict(arch="bailingmoe3", mtp=True),
     "bailingmoe3-mrope-groups-q8_0": dict(
         arch="bailingmoe3",
         mrope_sections=(2, 1, 1),

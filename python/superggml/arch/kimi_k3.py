@@ -42,10 +42,11 @@ class KimiK3Arch(HybridArch):
         hp = self.hp
         kinds = self.key(meta, "attention.head_count_kv", None)
         kv = [int(x) for x in kinds] if isinstance(kinds, (list, tuple)) else [hp.n_head_kv] * hp.n_layer
-        self.recurrent = tuple(x == 0 for x in kv[: hp.n_layer])
+        self.recurrent = tuple(x == 0 for x in kv[: hp.n_layer + hp.n_nextn])  # the MTP blocks' too
         if any(x not in (0, 1) for x in kv):
             raise GGUFError(f"kimi-k3: an MLA block has one K/V head (head_count_kv 0 or 1 per block), not {kv}")
-        if all(self.recurrent) or not any(self.recurrent):  # llama.cpp asserts at its first decode
+        trunk = self.recurrent[: hp.n_layer]
+        if all(trunk) or not any(trunk):  # llama.cpp asserts at its first decode
             raise UnsupportedModelError("kimi-k3 with only KDA or only MLA blocks: llama.cpp cannot run it either")
         self.kv_lora = int(self.need(meta, "attention.kv_lora_rank"))
         self.k_mla = int(self.need(meta, "attention.key_length_mla"))

@@ -19,6 +19,7 @@ from .base import Memory, StepInputs, Weights
 from .common import Architecture
 
 MTP_FAMILIES = (
+    "bailingmoe3",
     "deepseek2",
     "deepseek4",
     "glm4moe",
@@ -65,7 +66,9 @@ class MtpArch:
         self.hp = dataclasses.replace(hp, n_layer=1, n_nextn=0, n_layer_kv=0, state_bytes=0)
         self.swa_layers = (False,)
         self.embed_w = self.own("embed_tokens", "token_embd.weight")
-        self.head_norm = self.own("shared_head_norm", base.output_norm)
+        # nextn.shared_head_norm, else the block's layer_output_norm (bailingmoe3's), else the model's
+        later = f"{p}layer_output_norm.weight"
+        self.head_norm = self.own("shared_head_norm", later if later in base.names else base.output_norm)
         self.head_w = self.own("shared_head_head", base.output_tensor(base.names.__contains__))
 
     def own(self, name: str, fallback: str) -> str:
