@@ -59,6 +59,7 @@ void init_ops(py::module_ & m) {
     };
     binary("add", ggml_add);
     binary("mul", ggml_mul);
+    binary("sub", ggml_sub);
     binary("add_inplace", ggml_add_inplace);
 
     ctx.def("scale", [](const ctx_ptr & c, const T & a, float s) { c->check_room(); return wrap(c, ggml_scale(c->ctx(), a.t, s)); });
@@ -71,6 +72,22 @@ void init_ops(py::module_ & m) {
     ctx.def("relu", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_relu(c->ctx(), a.t)); });
     ctx.def("sqr", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sqr(c->ctx(), a.t)); });
     ctx.def("sqrt", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sqrt(c->ctx(), a.t)); });
+    ctx.def("exp", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_exp(c->ctx(), a.t)); });
+    ctx.def("abs", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_abs(c->ctx(), a.t)); });
+    ctx.def("sgn", [](const ctx_ptr & c, const T & a) { c->check_room(); return wrap(c, ggml_sgn(c->ctx(), a.t)); },
+            "-1, 0 or 1 by the sign of each value");
+    ctx.def("arange", [](const ctx_ptr & c, float start, float stop, float step) {
+        need(step != 0.0f && (stop - start) / step > 0.0f, "arange", "need a non-empty range");
+        c->check_room();
+        return wrap(c, ggml_arange(c->ctx(), start, stop, step));
+    }, py::arg("start"), py::arg("stop"), py::arg("step") = 1.0f, "F32 [ceil((stop - start) / step)]: start, start + step, ...");
+    ctx.def("pool_2d_max", [](const ctx_ptr & c, const T & a, int k0, int k1, int s0, int s1) {
+        need(a.t->type == GGML_TYPE_F32 && k0 > 0 && k1 > 0 && s0 > 0 && s1 > 0, "pool_2d_max",
+             "need F32 input and positive kernel sizes and strides");
+        c->check_room();
+        return wrap(c, ggml_pool_2d(c->ctx(), a.t, GGML_OP_POOL_MAX, k0, k1, s0, s1, 0.0f, 0.0f));
+    }, py::arg("a"), py::arg("k0"), py::arg("k1"), py::arg("s0"), py::arg("s1"),
+       "The largest value of each k0 x k1 window, stepping s0, s1 (no padding)");
     ctx.def("scale_bias", [](const ctx_ptr & c, const T & a, float s, float b) {
         c->check_room();
         return wrap(c, ggml_scale_bias(c->ctx(), a.t, s, b));
@@ -369,6 +386,13 @@ void init_ops(py::module_ & m) {
         c->check_room();
         return wrap(c, ggml_dsv4_hc_pre(c->ctx(), x.t, weights.t));
     }, py::arg("x"), py::arg("weights"), "The streams summed by weight: F32 [n_embd, n_tokens]");
+    ctx.def("dsv4_hc_pre_gated", [](const ctx_ptr & c, const T & x, const T & gate, float scale) {
+        need(x.t->type == GGML_TYPE_F32 && gate.t->type == GGML_TYPE_F32 && ggml_are_same_shape(x.t, gate.t) &&
+             x.t->ne[3] == 1, "dsv4_hc_pre_gated", "x and gate F32 [n_embd, hc, n_tokens]");
+        c->check_room();
+        return wrap(c, ggml_dsv4_hc_pre_gated(c->ctx(), x.t, gate.t, scale));
+    }, py::arg("x"), py::arg("gate"), py::arg("scale"),
+       "scale * the streams summed, each value gated by sigmoid(gate): F32 [n_embd, n_tokens]");
     ctx.def("dsv4_hc_post", [](const ctx_ptr & c, const T & x, const T & residual, const T & post, std::optional<T> comb) {
         const int64_t n = x.t->ne[1], hc = residual.t->ne[1];
         need(x.t->type == GGML_TYPE_F32 && residual.t->type == GGML_TYPE_F32 && post.t->type == GGML_TYPE_F32 &&

@@ -149,6 +149,17 @@ class Context(_pybind11_object):
     def pad(self, a: Tensor, p: Sequence[int]) -> Tensor:
         """a with p[i] zeros appended along dim i"""
     def softplus(self, a: Tensor, /) -> Tensor: ...
+    def exp(self, a: Tensor, /) -> Tensor: ...
+    def abs(self, a: Tensor, /) -> Tensor: ...
+    def sgn(self, a: Tensor, /) -> Tensor:
+        """-1, 0 or 1 by the sign of each value"""
+    def sub(self, a: Tensor, b: Tensor, /) -> Tensor: ...
+    def arange(self, start: float, stop: float, step: float = 1.0) -> Tensor:
+        """F32 [ceil((stop - start) / step)]: start, start + step, ..."""
+    def pool_2d_max(self, a: Tensor, k0: int, k1: int, s0: int, s1: int) -> Tensor:
+        """The largest value of each k0 x k1 window, stepping s0, s1 (no padding)"""
+    def dsv4_hc_pre_gated(self, x: Tensor, gate: Tensor, scale: float) -> Tensor:
+        """scale * the streams summed, each value gated by sigmoid(gate): F32 [n_embd, n_tokens]"""
     def sum_rows(self, a: Tensor, /) -> Tensor:
         """[n, ...] -> [1, ...]"""
     def clamp(self, a: Tensor, lo: float, hi: float, /) -> Tensor: ...

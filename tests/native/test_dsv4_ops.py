@@ -111,3 +111,30 @@ def test_shapes_ggml_would_abort_on_are_errors():
     q = ctx.new_tensor(F32, [8, 3, 2])
     with pytest.raises(SuperggmlError, match="n_kv_max"):
         ctx.flash_attn_ext(q, q, q, None, 1.0, n_kv_max=4)
+
+
+def test_the_ops_the_later_2026_families_need():
+    """exp, abs, sgn, sub, arange, a 2-D max pool (qwen4exp, glm5-next, minimax-m3's MSA) and the gated stream sum
+    (qwen4exp's hyper-connections), each against its formula."""
+    x, y = RNG.standard_normal((3, 8), np.float32), RNG.standard_normal((3, 8), np.float32)
+    xy = {"x": ([8, 3], x), "y": ([8, 3], y)}
+    np.testing.assert_allclose(compute(xy, lambda c, t: c.exp(t["x"])).reshape(3, 8), np.exp(x), rtol=1e-6)
+    assert np.array_equal(compute(xy, lambda c, t: c.abs(t["x"])).reshape(3, 8), np.abs(x))
+    assert np.array_equal(compute(xy, lambda c, t: c.sgn(t["x"])).reshape(3, 8), np.sign(x))
+    assert np.array_equal(compute(xy, lambda c, t: c.sub(t["x"], t["y"])).reshape(3, 8), x - y)
+    got = compute(
+        {"x": ([1], np.zeros(1, np.float32))}, lambda c, t: c.add(c.arange(0.0, 6.0, 2.0), c.scale(t["x"], 0.0))
+    )
+    assert np.array_equal(got, [0.0, 2.0, 4.0])
+    grid = RNG.standard_normal((4, 6), np.float32)  # numpy [rows, cols]: ggml [6, 4]
+    pooled = compute({"g": ([6, 4], grid)}, lambda c, t: c.pool_2d_max(t["g"], 2, 2, 2, 2)).reshape(2, 3)
+    assert np.array_equal(pooled, grid.reshape(2, 2, 3, 2).max(axis=(1, 3)))
+    n_embd, hc, n = 8, 4, 3
+    s, g = RNG.standard_normal((n, hc, n_embd), np.float32), RNG.standard_normal((n, hc, n_embd), np.float32)
+    got = compute(
+        {"s": ([n_embd, hc, n], s), "g": ([n_embd, hc, n], g)}, lambda c, t: c.dsv4_hc_pre_gated(t["s"], t["g"], 0.25)
+    )
+    want = 0.25 * (s / (1 + np.exp(-g))).sum(axis=1)
+    np.testing.assert_allclose(got.reshape(n, n_embd), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(SuperggmlError, match="arange"):
+        compute(xy, lambda c, t: c.arange(1.0, 1.0))
