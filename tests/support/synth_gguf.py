@@ -1547,6 +1547,7 @@ VARIANTS = {
     "kimi-k3-res2-latent": dict(arch="kimi-k3"),
     # minimax-m3: per-head Q/K norms, clamped SwiGLU, leading dense blocks; MSA blocks (dense without flash attention)
     "minimax-m3-dense1": dict(arch="minimax-m3"),
+    "minimax-m3-fused-q8_0": dict(arch="minimax-m3", fused_qkv=True, wtype="q8_0"),
     # mimo2: K/V heads per block, narrower values, sinks in the sliding blocks, value scale
     "mimo2-swa-sinks": dict(arch="mimo2"),
     "mimo2-scaled-groups-q8_0": dict(arch="mimo2", value_scale=0.7, groups=(4, 2), sinks="all", wtype="q8_0"),

@@ -50,6 +50,7 @@ def synth_minimax_m3(
     n_ctx_train=4096,
     wtype="f32",
     seed=0,
+    fused_qkv=False,
 ) -> str:
     """A random-weight minimax-m3 GGUF of n_layer blocks: n_head query heads and n_head_kv K/V heads of head_dim
     (attention.key_length = value_length), RoPE over the first n_rot of each head. Blocks below n_dense have a dense
@@ -93,9 +94,12 @@ def synth_minimax_m3(
     for il in range(n_layer):
         p = f"blk.{il}."
         norm(p + "attn_norm.weight")
-        t(p + "attn_q.weight", n_q, n_embd, scale=n_embd**-0.5)
-        t(p + "attn_k.weight", n_kv, n_embd, scale=n_embd**-0.5)
-        t(p + "attn_v.weight", n_kv, n_embd, scale=n_embd**-0.5)
+        qkv = [(rng.standard_normal((rows, n_embd)) * n_embd**-0.5).astype(np.float32) for rows in (n_q, n_kv, n_kv)]
+        if fused_qkv:  # the same weights as one projection, as llama.cpp also loads them
+            put(p + "attn_qkv.weight", np.concatenate(qkv))
+        else:
+            for x, a in zip("qkv", qkv):
+                put(p + f"attn_{x}.weight", a)
         norm(p + "attn_q_norm.weight", head_dim)  # one head_dim vector for every head
         norm(p + "attn_k_norm.weight", head_dim)
         t(p + "attn_output.weight", n_embd, n_q, scale=n_q**-0.5)

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from ..errors import GGUFError, UnsupportedModelError
 from ..native import Context, Tensor
 from .base import BlockGraph, Memory, Weights
-from .common import ROPE_NEOX, Architecture
+from .common import ROPE_NEOX, Architecture, fused_qkv, fused_qkv_shapes
 from .moe import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, load_routing, routing_note, uniform_expert_ff
 
 
@@ -26,8 +26,6 @@ class MiniMaxM3Arch(Architecture):
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
-        if any(n.endswith(".attn_qkv.weight") for n in self.names):
-            raise UnsupportedModelError(f"{hp.arch} with a fused attn_qkv: not supported yet")
         if hp.head_dim_v:
             raise GGUFError(f"{hp.arch}: attention.value_length must equal key_length, as llama.cpp asserts")
         self.has_qkv_bias = any(n.endswith(".attn_q.bias") for n in self.names)
@@ -57,6 +55,8 @@ class MiniMaxM3Arch(Architecture):
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
         hp, p = self.hp, f"blk.{il}."
         shapes = super().block_tensor_shapes(il)
+        if p + "attn_qkv.weight" in self.names:
+            shapes = fused_qkv_shapes(shapes, p, hp.n_embd)
         if self.is_moe(il):
             d = self.idx_dim
             shapes.update(
@@ -68,6 +68,13 @@ class MiniMaxM3Arch(Architecture):
                 }
             )
         return shapes
+
+    def build_qkv(
+        self, ctx: Context, w: Weights, p: str, cur: Tensor, n: int
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        if w.has(p + "attn_qkv.weight"):
+            return fused_qkv(ctx, w, p, cur, self.hp)
+        return super().build_qkv(ctx, w, p, cur, n)
 
     def build_attention(self, blk: BlockGraph, cur: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:
         if blk.inp.flash_attn and self.is_moe(blk.il):
