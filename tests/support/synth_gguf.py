@@ -236,6 +236,10 @@ def _synth_any(path, fields, arch="llama", **kw):
         from synth_dots3note import synth_dots3note
 
         return synth_dots3note(path, fields, **kw)
+    if arch == "qwen4exp":
+        from synth_qwen4exp import synth_qwen4exp
+
+        return synth_qwen4exp(path, fields, **kw)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):
         return synth_qwen35(path, fields, arch, **kw)
     return _synth(path, fields, arch, **kw)

@@ -46,6 +46,7 @@ from .qwen3moe import Qwen3MoeArch
 from .qwen35 import Qwen35Arch
 from .qwen35moe import Qwen35MoeArch
 from .qwen3next import Qwen3NextArch
+from .qwen4exp import Qwen4ExpArch
 from .seed_oss import SeedOssArch
 from .smollm3 import SmolLM3Arch
 from .step35 import Step35Arch
@@ -70,6 +71,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen35": Qwen35Arch,
     "qwen35moe": Qwen35MoeArch,
     "qwen3next": Qwen3NextArch,
+    "qwen4exp": Qwen4ExpArch,
     "smollm3": SmolLM3Arch,
     "seed_oss": SeedOssArch,
     "mistral3": Mistral3Arch,

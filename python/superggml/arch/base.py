@@ -7,7 +7,7 @@ import ctypes
 import ctypes.util
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, SupportsFloat, Union
+from typing import Any, Callable, Mapping, Protocol, SupportsFloat, Union, runtime_checkable
 
 import numpy as np
 
@@ -233,6 +233,20 @@ def _rope_scaling(meta: Mapping[str, Any], arch: str, n_ctx_train: int) -> dict[
     )
 
 
+@runtime_checkable
+class PassInputs(Protocol):
+    """A family whose blocks read inputs of their own (StepInputs.own), filled each pass from its sequences'
+    positions, as llama.cpp's graph inputs fill themselves (qwen4exp's block-sparse attention)."""
+
+    def own_inputs(self, n: int, n_kv: int, streams: int) -> dict[str, tuple[native.GGMLType, list[int]]]:
+        """name -> (type, shape) of the inputs of a pass (or lane) of n rows over n_kv K/V rows in `streams`."""
+        ...
+
+    def own_values(self, positions: Sequence[np.ndarray], n_kv: int) -> dict[str, np.ndarray]:
+        """Their values, from each stream's positions in the pass."""
+        ...
+
+
 class Weights(Protocol):
     """name -> paged tensor (the executor decides where its bytes are)."""
 
@@ -287,6 +301,7 @@ class StepInputs:
     # layer -> the tensor where a recurrent layer leaves its pass's inputs for replay, or None
     record: Callable[[int], native.Tensor | None] | None = None
     compressed: Mapping[int, CompressorInputs] | None = None  # by ratio: a compressed K/V's inputs (deepseek4)
+    own: Mapping[str, native.Tensor] | None = None  # a family's own inputs (PassInputs), in a lane its lane's
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,13 @@ class Qwen35Arch(HybridArch):
     def build_attention(self, blk: BlockGraph, cur: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:
         if self.recurrent[blk.il]:
             return self.build_recurrent(blk, cur, k_cache, v_cache)
+        q, k, v, gate = self.gated_qkv(blk, cur)
+        out = self.attend(blk, cur, q, k, v, k_cache, v_cache)
+        return blk.ctx.mul(out, blk.ctx.sigmoid(gate))
+
+    def gated_qkv(self, blk: BlockGraph, cur: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Q and K [head_dim, heads, n] normed and roped, V [n_embd_gqa, n] and the output gate [head_dim * n_head,
+        n] of an attention block."""
         ctx, w, inp, il = blk.ctx, blk.w, blk.inp, blk.il
         hp, p, n = self.hp, f"blk.{il}.", inp.n_tokens
         qg = ctx.mul_mat(w(p + "attn_q.weight"), cur)  # [2 * head_dim * n_head, n]
@@ -140,9 +147,14 @@ class Qwen35Arch(HybridArch):
         v = ctx.mul_mat(w(p + "attn_v.weight"), cur)
         q, kn = self.build_qk_norm(ctx, w, p, q, k)
         assert kn is not None
-        q, k = self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, kn)
-        out = attend_lanes(blk, hp, q, k, v, k_cache, v_cache, inv_sqrt(d))
-        return ctx.mul(out, ctx.sigmoid(gate))
+        return self.rope(ctx, w, inp, il, q), self.rope(ctx, w, inp, il, kn), v, gate
+
+    def attend(
+        self, blk: BlockGraph, cur: Tensor, q: Tensor, k: Tensor, v: Tensor, k_cache: Memory, v_cache: Memory
+    ) -> Tensor:
+        """Attention of an attention block over its K/V (cur: the block's normed input), before the gate."""
+        hp = self.layer_hp(blk.il)
+        return attend_lanes(blk, hp, q, k, v, k_cache, v_cache, inv_sqrt(hp.head_dim))
 
     def build_recurrent(self, blk: BlockGraph, cur: Tensor, conv_state: Memory, state: Memory) -> Tensor:
         """A gated delta-net layer over the normed input cur F32 [n_embd, n], before ssm_out: F32 [d_inner, n].
@@ -166,8 +178,12 @@ class Qwen35Arch(HybridArch):
         )
         S, H = self.d_state, self.n_v_heads
         normed = self.norm(ctx, w, ctx.reshape(out, [S, H, n]), p + "ssm_norm.weight")
-        gated = ctx.mul(normed, ctx.silu(ctx.reshape(z, [S, H, n])))
+        gated = ctx.mul(normed, self.output_gate(ctx, ctx.reshape(z, [S, H, n])))
         return ctx.reshape(gated, [self.d_inner, n])
+
+    def output_gate(self, ctx: Context, z: Tensor) -> Tensor:
+        """The delta-net output's gate of z [S, n_v_heads, n]: SiLU (qwen4exp: sigmoid)."""
+        return ctx.silu(z)
 
     def beta_alpha(self, ctx: Context, w: Weights, p: str, cur: Tensor) -> tuple[Tensor, Tensor]:
         """The delta rule's beta (sigmoid) and its gate's input, F32 [n_v_heads, n] each."""

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import native
-from ...arch.base import CompressorInputs, CompressorShape
+from ...arch.base import CompressorInputs, CompressorShape, PassInputs
 from ...arch.common import StepInputs
 from ...arch.deepseek4_attention import compressor_rows
 from ...errors import SuperggmlError
@@ -173,7 +173,9 @@ class GraphPlan:
     def new_inputs(self, di: int, backend: Any) -> StepInputs:
         c, hp, n = self.pc.settings.context, self.pc.hp, self.n
         mtype = F16 if c.flash_attn else F32
-        ictx = native.Context(max_tensors=8 + 5 * max(self.n_lanes, 1) + 8 * len(self.compressed))
+        own = self.pc.arch if isinstance(self.pc.arch, PassInputs) else None
+        n_own = len(own.own_inputs(n, self.n_kv, max(self.streams, 1))) if own is not None else 0
+        ictx = native.Context(max_tensors=8 + (5 + n_own) * max(self.n_lanes, 1) + 8 * len(self.compressed))
 
         def named(tag: str, **t: Any) -> dict[str, Any]:
             for name, x in t.items():
@@ -189,7 +191,7 @@ class GraphPlan:
                 **({"kept_mask": ictx.new_tensor(mtype, mshape)} if self.pc.arch.keeps_mask else {}),
                 k_idxs=ictx.new_tensor(I64, [n]),
                 v_idxs=ictx.new_tensor(I64, [n] if c.flash_attn else [n * hp.v_channels]),
-            )
+            ) | self.own_inputs(ictx, n, n_kv, tag)
 
         n_pos = 4 * n if self.pc.arch.rope_sections else n
         t = named(
@@ -264,6 +266,17 @@ class GraphPlan:
         self.keep += [ictx, backend.alloc_tensors(ictx)]
         return inp
 
+    def own_inputs(self, ictx: Any, n: int, n_kv: int, tag: str) -> dict[str, Any]:
+        """The family's own inputs of a pass or lane (PassInputs), as StepInputs.own."""
+        arch = self.pc.arch
+        if not isinstance(arch, PassInputs):
+            return {}
+        own = {}
+        for name, (t, shape) in arch.own_inputs(n, n_kv, max(self.streams, 1)).items():
+            own[name] = ictx.new_tensor(t, shape)
+            own[name].name = f"inp_{name}{tag}"
+        return {"own": own}
+
     def compressor_inputs(self, ictx: Any, s: CompressorShape, mtype: Any) -> CompressorInputs:
         n, nb = self.n, s.blocks
         return CompressorInputs(
@@ -288,6 +301,7 @@ class GraphPlan:
         if self.pc.arch.rope_sections:  # text positions for every section but the last (llama.cpp's)
             pos = np.concatenate([pos, pos, pos, np.zeros_like(pos)])
         out = np.asarray(out_rows or [0], dtype=np.int32)
+        own_pos = [[r.positions for r in rows]] if self.streams else [[r.positions] for r in rows]
         if self.streams:
             rows = [self.stacked(rows)]
         for inp, backend in zip(self.all_inputs, self.pc.backends):  # a pass's inputs (new_inputs) have what only
@@ -308,8 +322,12 @@ class GraphPlan:
                 for name, tensor in vars(inp.compressed[shape.ratio]).items():
                     if isinstance(tensor, native.Tensor):
                         put(tensor, arrays[name])
-            for lane, r in zip(inp.lanes or [inp], rows):  # each with its own masks and K/V indices (kv)
+            for lane, r, lane_pos in zip(inp.lanes or [inp], rows, own_pos):  # each with its masks, K/V indices (kv)
                 assert lane.mask is not None and lane.k_idxs is not None and lane.v_idxs is not None
+                if lane.own:
+                    assert isinstance(self.pc.arch, PassInputs)
+                    for name, arr in self.pc.arch.own_values(lane_pos, lane.n_kv).items():
+                        put(lane.own[name], arr)
                 put(lane.mask, r.mask)
                 if r.mask_swa is not None:
                     assert lane.mask_swa is not None  # both there with sliding-window layers
