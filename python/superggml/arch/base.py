@@ -246,6 +246,14 @@ class PassInputs(Protocol):
         """Their values, from each stream's positions in the pass."""
         ...
 
+    def pass_inputs(self, n: int) -> dict[str, tuple[native.GGMLType, list[int]]]:
+        """name -> (type, shape) of the inputs of a whole pass of n rows (beside its lanes')."""
+        ...
+
+    def pass_values(self, contexts: Sequence[Sequence[int]], rows: Sequence[int]) -> dict[str, np.ndarray]:
+        """Their values, from each lane's sequence: its tokens up to the lane's last row, the lane's rows last."""
+        ...
+
 
 class Weights(Protocol):
     """name -> paged tensor (the executor decides where its bytes are)."""

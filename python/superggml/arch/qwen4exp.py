@@ -23,16 +23,19 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .. import native
-from ..errors import GGUFError, UnsupportedModelError
+from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
 from .base import BlockGraph, HParams, Memory, StepInputs, Weights, f32, lane_memory, one_memory
 from .common import Rows, build_attn, each_lane, inv_sqrt, row_size, whole
 from .qwen35moe import Qwen35MoeArch
+from .qwen4exp_ple import build_ple, load_ple, ple_rows
 from .qwen4exp_qsa import qsa_inputs, qsa_values
 
 I32 = native.GGMLType.I32
 F32 = native.GGMLType.F32
 HC_NORMS = ("hc_attn_norm", "hc_ffn_norm")
+PLE_NORMS = ("ple_norm_key", "ple_norm_query", "ple_norm_conv")
+PLE_TABLE = "per_layer_token_embd.weight"
 
 
 class Qwen4ExpArch(Qwen35MoeArch):
@@ -65,14 +68,18 @@ class Qwen4ExpArch(Qwen35MoeArch):
             raise GGUFError(f"qwen4exp: a compress ratio above 64: {list(self.ratios)}")
         if any(self.ratios) and hp.n_rot > self.idx_dim:
             raise GGUFError(f"qwen4exp: rope.dimension_count {hp.n_rot} > the indexer's key length {self.idx_dim}")
-        if self.key(meta, "ple.layers", None):
-            raise UnsupportedModelError("qwen4exp's PLE n-gram embedding (ple.layers) is not supported yet")
+        self.ple = load_ple(self.key, meta, hp.n_embd, self.recurrent[: hp.n_layer])
+        self.count_states()  # with the PLE's conv history
         self.hc_inv = float(f32(1.0) / f32(self.hc))
-        width: dict[str, int] = {"n_residual": self.hc * hp.n_embd, "n_ffn_inp": self.hc * (hp.n_embd + 1)}
-        if any(self.ratios):  # the raw indexer keys after each K row
-            width |= {"kv_width": hp.n_embd_gqa + self.idx_dim, "kv_width_v": hp.n_embd_gqa}
         self.attn_hp = hp  # the attention's own widths (the memory's rows are wider with QSA)
-        self.hp = dataclasses.replace(hp, **width)
+        g = hp.n_embd_gqa
+        self.hp = dataclasses.replace(
+            hp,
+            n_residual=self.hc * hp.n_embd,
+            n_ffn_inp=self.hc * (hp.n_embd + 1),
+            kv_width=g + self.idx_dim if any(self.ratios) else 0,  # the raw indexer keys after each K row
+            kv_width_v=g if any(self.ratios) else 0,
+        )
 
     def layer_hp(self, il: int) -> HParams:
         return self.attn_hp
@@ -88,6 +95,25 @@ class Qwen4ExpArch(Qwen35MoeArch):
             else "attention blocks dense (no compress ratio)",
         ]
 
+    # -- memory: the PLE's conv history after the conv window in every recurrent block's row -----------
+    @property
+    def state_sizes(self) -> tuple[int, int]:
+        conv, state = super().state_sizes
+        ple = getattr(self, "ple", None)
+        return conv + (ple.history(self.hc * self.hp.n_embd) if ple else 0), state
+
+    def window(self, ctx: Context, conv_state: Tensor) -> Tensor:
+        dc, ch, es = self.d_conv - 1, self.conv_channels, conv_state.element_size
+        return ctx.view(conv_state, [dc, ch, 1], [dc * es, dc * ch * es], 0)
+
+    def record_size(self, n: int) -> int:
+        return 0 if self.ple else super().record_size(n)  # with a PLE: back to checkpoints only
+
+    def replay(self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv: Tensor, state: Tensor) -> None:
+        if self.ple:
+            raise NotImplementedError("qwen4exp with a PLE does not record its passes: it goes back to checkpoints")
+        super().replay(ctx, gf, record, n, k, conv, state)
+
     # -- inputs the passes fill (PassInputs) ---------------------------------------
     def own_inputs(self, n: int, n_kv: int, streams: int) -> dict[str, tuple[native.GGMLType, list[int]]]:
         return qsa_inputs({r for r in self.ratios if r}, n, n_kv, streams)
@@ -95,16 +121,25 @@ class Qwen4ExpArch(Qwen35MoeArch):
     def own_values(self, positions: Sequence[np.ndarray], n_kv: int) -> dict[str, np.ndarray]:
         return qsa_values({r for r in self.ratios if r}, positions, n_kv)
 
+    def pass_inputs(self, n: int) -> dict[str, tuple[native.GGMLType, list[int]]]:
+        return {"ple_rows": (I32, [self.ple.n_heads * n])} if self.ple else {}
+
+    def pass_values(self, contexts: Sequence[Sequence[int]], rows: Sequence[int]) -> dict[str, np.ndarray]:
+        return {"ple_rows": ple_rows(self.ple, contexts, rows)} if self.ple else {}
+
     # -- tensors ---------------------------------------------------------
     def global_tensor_shapes(self, has: Any) -> dict[str, tuple[int, ...]]:
         hp, hcE = self.hp, self.hc * self.hp.n_embd
-        return {
+        shapes: dict[str, tuple[int, ...]] = {
             "token_embd.weight": (hp.n_embd, hp.n_vocab),
             self.output_tensor(has): (hp.n_embd, hp.n_vocab),
             "output_hc_norm.weight": (hp.n_embd, self.hc),
             "output_hc_down.weight": (hcE, self.hc_rank),
             "output_hc_up.weight": (self.hc_rank, hcE),
         }
+        if self.ple:
+            shapes[PLE_TABLE] = (self.ple.dim, self.ple.rows_needed)
+        return shapes
 
     def block_tensor_shapes(self, il: int) -> dict[str, tuple[int, ...]]:
         hp, p, hcE = self.hp, f"blk.{il}.", self.hc * self.hp.n_embd
@@ -119,6 +154,12 @@ class Qwen4ExpArch(Qwen35MoeArch):
             shapes[p + f"hc_{part}_down.weight"] = (hcE, self.hc_rank)
             shapes[p + f"hc_{part}_up.weight"] = (self.hc_rank, hcE)
             shapes[p + f"hc_{part}_inject.weight"] = (hcE, self.hc)
+        if self.ple and il == self.ple.layer:
+            shapes[p + "ple_key.weight"] = (hp.n_embd, hcE)
+            shapes[p + "ple_value.weight"] = (hp.n_embd, hp.n_embd)
+            for n in PLE_NORMS:
+                shapes[p + f"{n}.weight"] = (hp.n_embd, self.hc)
+            shapes[p + "ple_conv1d.weight"] = (self.ple.conv, hcE)
         if not self.is_recurrent(il):
             d, h = self.idx_dim, self.idx_heads
             shapes[p + "indexer.q_proj.weight"] = (hp.n_embd, h * d)
@@ -132,18 +173,19 @@ class Qwen4ExpArch(Qwen35MoeArch):
         E, hc = self.hp.n_embd, self.hc
         fixed = dict(table)
         for name, shape in table.items():
-            if name.endswith("hc_norm.weight") or any(name.endswith(f"{n}.weight") for n in HC_NORMS):
+            if name.endswith("hc_norm.weight") or any(name.endswith(f"{n}.weight") for n in HC_NORMS + PLE_NORMS):
                 if int(np.prod(shape)) == E * hc:
                     fixed[name] = (E, hc)
+        table_rows = table.get(PLE_TABLE)
+        if self.ple and table_rows is not None and len(table_rows) == 2 and table_rows[1] >= self.ple.rows_needed:
+            fixed[PLE_TABLE] = (table_rows[0], self.ple.rows_needed)  # more rows than the heads read load
         super().validate(fixed)
 
     def matmul_weights(self, has: Any) -> list[str]:
         return [n for n in super().matmul_weights(has) if "_norm" not in n]
 
     # -- hyper-connections -------------------------------------------------------
-    def hc_mix(
-        self, ctx: Context, w: Weights, x: Tensor, p: str, fused: bool = True
-    ) -> tuple[Tensor, Tensor | None]:
+    def hc_mix(self, ctx: Context, w: Weights, x: Tensor, p: str, fused: bool = True) -> tuple[Tensor, Tensor | None]:
         """(the sublayer's input F32 [n_embd, n], the streams' inject weights F32 [hc, n] or None at the head) of
         the streams x F32 [n_embd, hc, n] (llama.cpp's build_hc_mix)."""
         E, hc, n = self.hp.n_embd, self.hc, x.ne[2]
@@ -179,6 +221,10 @@ class Qwen4ExpArch(Qwen35MoeArch):
         input F32 [n_embd, rows]); the last block keeps only the output rows from the attention's output on."""
         E, hc, p = self.hp.n_embd, self.hc, f"blk.{il}."
         streams = ctx.reshape(x, [E, hc, inp.n_tokens])
+        if self.ple and il == self.ple.layer:
+            at = (self.d_conv - 1) * self.conv_channels
+            blk = BlockGraph(ctx, gf, w, inp, il)
+            streams = build_ple(blk, self.ple, hc, self.hp.rms_eps, streams, k_cache, v_cache, at)
         cur, inject = self.hc_mix(ctx, w, streams, p + "hc_attn")
         assert inject is not None
         cur = self.build_attention(BlockGraph(ctx, gf, w, inp, il), cur, k_cache, v_cache)
@@ -230,9 +276,7 @@ class Qwen4ExpArch(Qwen35MoeArch):
             ctx, inp, lambda j, lane, rows: one(lane, rows, lane_memory(k_cache, j), lane_memory(v_cache, j))
         )
 
-    def qsa_mask(
-        self, blk: BlockGraph, inp: StepInputs, raw: Tensor, iq: Tensor, k_cache: Tensor, r: int
-    ) -> Tensor:
+    def qsa_mask(self, blk: BlockGraph, inp: StepInputs, raw: Tensor, iq: Tensor, k_cache: Tensor, r: int) -> Tensor:
         """The attention mask of QSA (llama.cpp's build_qsa_top_k and build_attn_qsa): the pass's (lane's) mask
         at each query's top cells, -inf elsewhere; the raw indexer keys raw [d, n] of its rows written first, its
         indexer queries iq [d, heads, n] normed and roped."""

@@ -22,9 +22,7 @@ F32 = native.GGMLType.F32
 TAIL = np.float32(1e9)
 
 
-def qsa_inputs(
-    ratios: Iterable[int], n: int, n_kv: int, streams: int
-) -> dict[str, tuple[native.GGMLType, list[int]]]:
+def qsa_inputs(ratios: Iterable[int], n: int, n_kv: int, streams: int) -> dict[str, tuple[native.GGMLType, list[int]]]:
     out: dict[str, tuple[native.GGMLType, list[int]]] = {}
     for r in sorted(ratios):
         nb = -(-n_kv // r)

@@ -173,8 +173,8 @@ class GraphPlan:
     def new_inputs(self, di: int, backend: Any) -> StepInputs:
         c, hp, n = self.pc.settings.context, self.pc.hp, self.n
         mtype = F16 if c.flash_attn else F32
-        own = self.pc.arch if isinstance(self.pc.arch, PassInputs) else None
-        n_own = len(own.own_inputs(n, self.n_kv, max(self.streams, 1))) if own is not None else 0
+        arch = self.pc.arch if isinstance(self.pc.arch, PassInputs) else None
+        n_own = len(arch.own_inputs(n, self.n_kv, max(self.streams, 1))) + len(arch.pass_inputs(n)) if arch else 0
         ictx = native.Context(max_tensors=8 + (5 + n_own) * max(self.n_lanes, 1) + 8 * len(self.compressed))
 
         def named(tag: str, **t: Any) -> dict[str, Any]:
@@ -217,7 +217,10 @@ class GraphPlan:
             t["compressed"] = {s.ratio: self.compressor_inputs(ictx, s, mtype) for s in self.compressed}
         one = (self.lanes is None and not self.streams) or self.chain
         record = self.pc.memory.record_tensor if records(n, one) else None
+        whole = arch.pass_inputs(n) if arch else {}
+        own = {name: named("", **{name: ictx.new_tensor(ty, shape)})[name] for name, (ty, shape) in whole.items()}
         if self.lanes is None:
+            lane0 = kv(n, self.n_kv, "")
             inp = StepInputs(
                 n_tokens=n,
                 n_kv=self.n_kv,
@@ -228,8 +231,9 @@ class GraphPlan:
                 n_streams=max(self.streams, 1),
                 keep_rows=self.keep_rows,
                 record=record,
-                **kv(n, self.n_kv, ""),
+                **lane0,
             )
+            inp.own = {**own, **(inp.own or {})} or None
         else:
             lane_inputs, r0 = [], 0
             for j, (nj, kvj) in enumerate(self.lanes):
@@ -261,6 +265,7 @@ class GraphPlan:
                 keep_rows=self.keep_rows,
                 chain=self.chain,
                 record=record,
+                own=own or None,
                 **t,
             )
         self.keep += [ictx, backend.alloc_tensors(ictx)]
@@ -292,10 +297,22 @@ class GraphPlan:
         )
 
     def fill(
-        self, tokens: np.ndarray, rows: Sequence[LaneRows], out_rows: Sequence[int], hidden: np.ndarray | None = None
+        self,
+        tokens: np.ndarray,
+        rows: Sequence[LaneRows],
+        out_rows: Sequence[int],
+        hidden: np.ndarray | None = None,
+        contexts: Sequence[Sequence[int]] = (),
     ) -> None:
         """Sets every device's inputs: the pass's tokens, each lane's rows, the rows whose output is wanted,
-        and the hidden rows an MTP block reads (F32 [n, n_embd])."""
+        the hidden rows an MTP block reads (F32 [n, n_embd]), and the family's own inputs (PassInputs; contexts:
+        each lane's sequence through its last row)."""
+        arch = self.pc.arch if isinstance(self.pc.arch, PassInputs) else None
+        whole: dict[str, np.ndarray] = {}
+        if arch is not None and arch.pass_inputs(self.n):
+            if not contexts:
+                contexts = [[0] * (int(r.positions[-1]) + 1) for r in rows]  # a scratch pass of no real tokens
+            whole = arch.pass_values(contexts, [len(r.positions) for r in rows])
         pos = np.concatenate([r.positions for r in rows])
         temp = self.pc.arch.attn_scale_of(pos) if self.pc.arch.attn_temp else None
         if self.pc.arch.rope_sections:  # text positions for every section but the last (llama.cpp's)
@@ -310,6 +327,9 @@ class GraphPlan:
             put(inp.tokens, tokens)
             put(inp.positions, pos)
             put(inp.out_ids, out)
+            if inp.own:
+                for name, arr in whole.items():
+                    put(inp.own[name], arr)
             if inp.attn_scale is not None and temp is not None:
                 put(inp.attn_scale, temp)
             if inp.hidden is not None:
@@ -374,6 +394,8 @@ class GraphPlan:
         for la, lb in zip(ia.lanes or [ia], ib.lanes or [ib]):
             if la.kept_mask is not None and lb.kept_mask is not None:
                 pairs.append((la.kept_mask, lb.kept_mask))
+            # own inputs a block writes for later blocks (glm5-next's kept selection)
+            pairs += [(t, lb.own[name]) for name, t in (la.own or {}).items() if name.startswith("kept_") and lb.own]
         return pairs
 
     def graph(

@@ -14,6 +14,7 @@ from ..memory.arrays import tensor_array
 from ..memory.sequences import SequenceState
 from ..weights.pagers import WeightPager
 from .context import PassContext
+from ...arch.base import PassInputs
 from ...arch.deepseek4_attention import pass_shape
 from .graph import GraphPlan, LaneRows, Step, lane_rows, padded_kv
 from .placement import Placements, Placer
@@ -150,7 +151,12 @@ class PassRunner:
             p0=starts[0],
         )
         self.placements.arrange(hosted)
-        plan.fill(np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items]), rows, out_rows, hidden)
+        contexts: list[list[int]] = []
+        seen: dict[int, list[int]] = {}
+        for seq, toks in items if isinstance(self.pc.arch, PassInputs) else ():  # each lane's sequence so far
+            seen[seq.id] = seen.get(seq.id, list(seq.tokens)) + [int(t) for t in toks]
+            contexts.append(seen[seq.id])
+        plan.fill(np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items]), rows, out_rows, hidden, contexts)
         self.pc.memory.bind(ids, streams=bool(streams))
         self.n_passes += 1
         self.stream_passes += bool(streams)
