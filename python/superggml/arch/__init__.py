@@ -33,6 +33,7 @@ from .qwen2 import Qwen2Arch
 from .gemma2 import Gemma2Arch
 from .gemma3 import Gemma3Arch
 from .gemma4 import Gemma4Arch
+from .glm5_next import Glm5NextArch
 from .glm4moe import Glm4MoeArch
 from .gpt_oss import GptOssArch
 from .granitehybrid import GraniteHybridArch
@@ -92,6 +93,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "step35": Step35Arch,
     "kimi-k3": KimiK3Arch,
     "kimi-linear": KimiLinearArch,
+    "glm5-next": Glm5NextArch,
 }
 
 
@@ -104,7 +106,7 @@ def get_architecture(meta: Mapping[str, Any], names: Iterable[str] = ()) -> Arch
             f"unsupported model architecture {name!r}; supported: {', '.join(sorted(ARCHITECTURES))}"
         )
     cls = ARCHITECTURES[name]
-    return cls(HParams.from_metadata(meta, name, cls.rms_eps_keys, cls.kv_heads_per_layer), meta, names)
+    return cls(cls.read_hparams(meta, name), meta, names)
 
 
 def mtp_arch(base: Architecture) -> MtpArch:

@@ -27,6 +27,7 @@ class KdaShape:
     a_shape: tuple[int, ...] = ()  # ssm_a's shape: (n_head,) in K3, (1, n_head) in kimi-linear
     full_rank_decay: bool = False  # bailingmoe3: the decay from one full-rank ssm_f_a, ssm_a holding +exp(A_log)
     gate_a_full: bool = False  # bailingmoe3: the output gate from one full-rank ssm_g_a
+    l2_eps: float | None = None  # the L2 norms' epsilon where it is not eps (glm5-next's fixed 1e-6)
 
     @property
     def d_inner(self) -> int:
@@ -146,4 +147,5 @@ class KdaMixer:
     def l2_norm(self, ctx: Context, x: Tensor) -> Tensor:
         """llama.cpp's build_gdn_l2_norm: x / |x| per head, an RMS norm of eps / d scaled by 1 / sqrt(d)."""
         d = x.ne[0]
-        return ctx.scale(ctx.rms_norm(x, float(f32(self.shape.eps) / f32(d))), inv_sqrt(d))
+        eps = self.shape.eps if self.shape.l2_eps is None else self.shape.l2_eps
+        return ctx.scale(ctx.rms_norm(x, float(f32(eps) / f32(d))), inv_sqrt(d))
