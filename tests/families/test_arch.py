@@ -22,7 +22,7 @@ from synth_gguf import N_LAYER, VARIANTS, synth
 from cli_runner import run_cli
 
 
-FLASH_REFUSED = {"minimax-m3"}  # families whose flash-attention path llama.cpp computes otherwise (MSA)
+FLASH_REFUSED: set[str] = set()  # families whose flash-attention path llama.cpp computes otherwise
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
