@@ -55,6 +55,18 @@ def test_logits_and_48_greedy_tokens_equal_llama_cpp(m3, n_batch):
     assert gap[:SPARSE_FROM].max() < 0.01 and np.median(gap[SPARSE_FROM:]) > 0.1  # blocks were dropped
 
 
+def test_last_rows_only_equal_llama_cpp(m3):
+    """Passes that want only their last row's logits (the last block drops the others after attention)."""
+    prompt = prompt_of(150, 4)
+    req = {"kind": "tail", "model": m3, "prompt": prompt, "n_decode": 3, "flash_attn": True}
+    ref = llama_ref.start({**req, "n_ctx": 256, "n_batch": 64})
+    with Model(m3, ctx_size=256, n_batch=64, n_threads=2, flash_attn=True) as m:
+        rows = [m.eval(prompt)[-1].copy()]
+        for _ in range(3):
+            rows.append(m.eval([int(np.argmax(rows[-1]))])[-1].copy())
+    assert np.array_equal(np.stack(rows), ref.result()["logits"])
+
+
 def test_token_by_token_equals_llama_cpp(m3):
     """40 tokens in one pass, then 110 one at a time (MSA's decode path over a growing memory)."""
     prompt = prompt_of(150, 5)
@@ -78,9 +90,20 @@ def test_cache_types_with_msa_equal_llama_cpp(tmp_path, small_vocab, synth_kw, k
         assert np.array_equal(greedy(m, prompt, 6), ref.result()["logits0"])
 
 
-@pytest.mark.parametrize("kw", [dict(block_size=24, local_blocks=2), dict(top_k=2, block_size=32, n_dense=0)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(block_size=24, local_blocks=2),
+        dict(top_k=2, block_size=32, n_dense=0),
+        dict(local_blocks=0),
+        dict(local_blocks=6),
+        dict(top_k=64),
+        dict(block_size=512, top_k=2),
+    ],
+)
 def test_block_layouts_equal_llama_cpp(tmp_path, small_vocab, kw):
-    """A block size that does not divide 256, two local blocks; no dense block and two blocks of 32 kept."""
+    """A block size that does not divide 256, two local blocks; no dense block and two blocks of 32 kept; no block
+    forced; more forced than kept (llama.cpp keeps some of them); every block kept; one block over every position."""
     path = synth_minimax_m3(str(tmp_path / "m3.gguf"), small_vocab, **kw)
     prompt = prompt_of(160, 3)
     req = {"kind": "kv_types", "model": path, "prompt": prompt, "configs": [(1, 1, True)], "n_decode": 4}
