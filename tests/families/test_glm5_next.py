@@ -9,7 +9,7 @@ import pytest
 
 import llama_ref
 from saving import assert_restored_continues
-from superggml import Model
+from superggml import Model, SuperggmlError
 from synth_gguf import expert_bytes
 from synth_glm5_next import synth_glm5_next
 
@@ -71,3 +71,52 @@ def test_streamed_cached_paged_and_split_equal_resident(g5):
 def test_a_restored_sequence_continues_bit_identically(g5, tmp_path):
     """The MLA blocks' latent and indexer rows (with the pooled keys) and the KDA blocks' windows and states."""
     assert_restored_continues(g5, tmp_path, prompt_of(30, 3))
+
+
+OPTIONS = {
+    "mtp": dict(mtp=True),  # the NextN block loaded and never run, by llama.cpp as here
+    "f16": dict(wtype="f16"),
+    "q4_0": dict(wtype="q4_0"),
+    "all-full-no-clamp": dict(shared_indexer=(), swiglu_limit=(None, None)),
+    "top256": dict(indexer=(2, 16, 256)),  # every pool selected: the mask path even when decoding
+    "tail-off": dict(select_tail=False),  # no tail: NaN rows in both without flash attention
+}
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_generator_options_equal_llama_cpp(tmp_path, small_vocab, option):
+    """A 100-token prompt in passes of 32 and 4 decoded tokens, flash attention off and on."""
+    path = synth_glm5_next(str(tmp_path / "m.gguf"), small_vocab, **OPTIONS[option])
+    prompt = prompt_of(100, 6)
+    configs = [(1, 1, False), (1, 1, True)]
+    req = {"kind": "kv_types", "model": path, "prompt": prompt, "configs": configs, "n_decode": 4, "n_ctx": 256}
+    ref = llama_ref.start({**req, "n_batch": 32})
+    ours = []
+    for fa in (False, True):
+        with Model(path, ctx_size=256, n_batch=32, n_threads=2, flash_attn=fa) as m:
+            ours.append(greedy(m, prompt, 4))
+    refs = ref.result()
+    for i in range(2):
+        assert np.array_equal(ours[i], refs[f"logits{i}"], equal_nan=True), f"flash_attn={bool(i)}"
+
+
+REFUSED = {  # files llama.cpp fails to load or aborts on (docs/dev/glm5-next.md section 5)
+    "no rope.dimension_count": (dict(n_rot=None), "nope-only"),
+    "rope.dimension_count 8": (dict(n_rot=8), "nope-only"),
+    "kpool 1": (dict(kpool=1, indexer=(2, 16, 4)), "kpool"),
+    "top_k 6 over pools of 4": (dict(indexer=(2, 16, 6)), "kpool"),
+    "sinkhorn 0": (dict(hc_iters=0), "sinkhorn"),
+    "a shared first MLA block": (dict(shared_indexer=(1, 3)), "first MLA block"),
+    "KDA only": (dict(mla_layers=(), shared_indexer=()), "only KDA"),
+    "no shared expert": (dict(n_shared=0), "shared"),
+    "gating 9": (dict(gating=9), "gating"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_files_llama_cpp_cannot_run_are_refused(tmp_path, small_vocab, case):
+    kw, reason = REFUSED[case]
+    path = synth_glm5_next(str(tmp_path / "bad.gguf"), small_vocab, **kw)
+    with pytest.raises((SuperggmlError, ValueError), match=reason):
+        with Model(path, ctx_size=128, n_threads=2) as m:
+            m.eval([1, 2, 3])
