@@ -216,7 +216,7 @@ class Architecture:
         assert self.attn_temp is not None
         return attn_scale(self.attn_temp, positions)
 
-    def set_context(self, n_ctx: int) -> None:
+    def set_context(self, n_ctx: int, flash_attn: bool = False) -> None:
         """The context size the model runs with, padded as llama.cpp pads it (it picks LongRoPE's factors)."""
         self.n_ctx_seq = -(-n_ctx // 256) * 256
 

@@ -56,6 +56,7 @@ class MiniMaxM3Arch(Architecture):
             raise GGUFError(f"'{hp.arch}.attention.indexer.block_size' is 0: llama.cpp aborts on it")
         self.msa = Msa(self.block_size, self.idx_top_k, local, self.idx_dim)
         self.attention_path = ""  # what the last graph built ran: "MSA", or the dense fallback's reason
+        self.flash_attn: bool | None = None  # the context's (set_context); None: not told, MSA's inputs are made
         self.attn_hp = hp
         if self.n_lead < hp.n_layer:  # each K row: the block's keys, then the indexer's (its own cache in llama.cpp)
             self.hp = dataclasses.replace(hp, kv_width=hp.n_embd_gqa + self.idx_dim, kv_width_v=hp.n_embd_gqa)
@@ -100,9 +101,15 @@ class MiniMaxM3Arch(Architecture):
             return fused_qkv(ctx, w, p, cur, self.attn_hp)
         return super().build_qkv(ctx, w, p, cur, n)
 
+    def set_context(self, n_ctx: int, flash_attn: bool = False) -> None:
+        super().set_context(n_ctx, flash_attn)
+        self.flash_attn = flash_attn
+
     # -- MSA: the pass's inputs (PassInputs) and the sparse blocks ---------------------
     def own_inputs(self, n: int, n_kv: int, streams: int) -> dict[str, tuple[native.GGMLType, list[int]]]:
-        return self.msa.shapes(n, n_kv) if streams == 1 and self.n_lead < self.hp.n_layer else {}
+        """MSA's inputs where it may run: flash attention, a stream of one sequence, a sparse block."""
+        runs = self.flash_attn is not False and streams == 1 and self.n_lead < self.hp.n_layer
+        return self.msa.shapes(n, n_kv) if runs else {}
 
     def own_values(self, positions: Sequence[np.ndarray], n_kv: int) -> dict[str, np.ndarray]:
         return self.msa.values(positions[0], n_kv)

@@ -43,7 +43,7 @@ class Executor:
         the reads overlap the rest; not with `load` False: the caller has bound them), the sequence memory."""
         s, devices = resolved.settings, resolved.devices
         self.arch, self.hp = arch, arch.hp
-        arch.set_context(s.context.ctx_size)
+        arch.set_context(s.context.ctx_size, s.context.flash_attn)
         self.settings, self.memory_plan, self.devices = s, resolved.memory_plan, devices
         self.backends = devices.backends
         self.n_split = devices.n_split  # the devices the blocks are split over
