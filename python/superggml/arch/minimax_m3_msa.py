@@ -65,6 +65,7 @@ class Msa:
         """The inputs of a pass of one sequence at `positions` (its last is the last the memory holds)."""
         pos = positions.astype(np.int64)
         n, n_ps = len(pos), self.n_pos(n_kv)
+        assert np.array_equal(pos, pos[0] + np.arange(n)), "one sequence's run of positions"
         nblk, end = n_ps // self.block, int(pos.max()) + 1
         p = np.arange(n_ps)
         slot = np.where(p < end, p, 0).astype(np.int32)
@@ -75,7 +76,7 @@ class Msa:
             bias[np.nonzero(ok)[0], b[ok]] = np.float32(LOCAL_BIAS)
         out = {
             "msa_bias": bias,
-            "msa_pos_mask": np.where(p[None, :] <= pos[:, None], np.float32(0), np.float32(-np.inf)),
+            "msa_pos_mask": causal_rows(int(pos[0]), n, n_ps),
             "msa_pos_slot_i": slot,
         }
         if n == 1:
@@ -84,6 +85,15 @@ class Msa:
             cells = np.arange(n_kv)
             out["msa_cell_blk"] = np.where(cells < end, cells // self.block, 0).astype(np.int32)
         return out
+
+
+def causal_rows(p0: int, n: int, width: int) -> np.ndarray:
+    """F32 [n, width]: row i 0 up to position p0 + i, -inf after; each row a window into one run of zeros then
+    -infs (a copy, no compare per value)."""
+    z = np.concatenate([np.zeros(width, np.float32), np.full(width, -np.inf, np.float32)])
+    start = width - p0 - 1  # row 0 keeps p0 + 1 zeros
+    windows = np.lib.stride_tricks.sliding_window_view(z, width)
+    return np.ascontiguousarray(windows[start - n + 1 : start + 1][::-1])
 
 
 @dataclass(frozen=True)
