@@ -86,14 +86,25 @@ class Qwen4ExpArch(Qwen35MoeArch):
 
     def describe(self) -> list[str]:
         qsa = sorted({r for r in self.ratios if r})
-        return super().describe() + [
-            f"hyper-connections: {self.hc} residual streams of {self.hp.n_embd}, low-rank gated mixers in place of "
-            "norms",
-            f"block-sparse attention (QSA) in {sum(1 for r in self.ratios if r)} block(s), blocks of {qsa} tokens: "
-            f"top {self.idx_top_k} cells by an indexer of {self.idx_heads} heads of {self.idx_dim} over pooled keys"
-            if qsa
-            else "attention blocks dense (no compress ratio)",
-        ]
+        return (
+            super().describe()
+            + [
+                f"hyper-connections: {self.hc} residual streams of {self.hp.n_embd}, low-rank gated mixers in place of "
+                "norms",
+                f"block-sparse attention (QSA) in {sum(1 for r in self.ratios if r)} block(s), blocks of {qsa} tokens: "
+                f"top {self.idx_top_k} cells by an indexer of {self.idx_heads} heads of {self.idx_dim} over pooled keys"
+                if qsa
+                else "attention blocks dense (no compress ratio)",
+            ]
+            + (
+                [
+                    f"PLE n-gram embedding in block {self.ple.layer}: {self.ple.n_heads} hashed heads of {self.ple.dim} "
+                    f"over up to {self.ple.ngram} tokens, a dilated conv of {self.ple.conv} taps"
+                ]
+                if self.ple
+                else []
+            )
+        )
 
     # -- memory: the PLE's conv history after the conv window in every recurrent block's row -----------
     @property
@@ -176,6 +187,8 @@ class Qwen4ExpArch(Qwen35MoeArch):
             if name.endswith("hc_norm.weight") or any(name.endswith(f"{n}.weight") for n in HC_NORMS + PLE_NORMS):
                 if int(np.prod(shape)) == E * hc:
                     fixed[name] = (E, hc)
+        if not self.ple and any(n == PLE_TABLE or ".ple_" in n for n in table):
+            raise GGUFError("qwen4exp: PLE tensors but no 'qwen4exp.ple.layers' (llama.cpp: wrong number of tensors)")
         table_rows = table.get(PLE_TABLE)
         if self.ple and table_rows is not None and len(table_rows) == 2 and table_rows[1] >= self.ple.rows_needed:
             fixed[PLE_TABLE] = (table_rows[0], self.ple.rows_needed)  # more rows than the heads read load
@@ -232,7 +245,8 @@ class Qwen4ExpArch(Qwen35MoeArch):
         if il == self.hp.n_layer - 1 and inp.n_outputs < inp.n_tokens and not inp.keep_rows:
             assert inp.out_ids is not None
             cur, inject = ctx.get_rows(cur, inp.out_ids), ctx.get_rows(inject, inp.out_ids)
-            streams = ctx.reshape(ctx.get_rows(x, inp.out_ids), [E, hc, inp.n_outputs])
+            kept = ctx.get_rows(ctx.reshape(streams, [hc * E, inp.n_tokens]), inp.out_ids)
+            streams = ctx.reshape(kept, [E, hc, kept.ne[1]])
         streams = self.hc_combine(ctx, streams, cur, inject)
         cur, inject = self.hc_mix(ctx, w, streams, p + "hc_ffn")
         assert inject is not None
