@@ -106,7 +106,9 @@ def get_architecture(meta: Mapping[str, Any], names: Iterable[str] = ()) -> Arch
             f"unsupported model architecture {name!r}; supported: {', '.join(sorted(ARCHITECTURES))}"
         )
     cls = ARCHITECTURES[name]
-    return cls(cls.read_hparams(meta, name), meta, names)
+    own = getattr(cls, "read_hparams", None)  # a family whose common keys differ reads them its own way
+    hp = own(meta, name) if own else HParams.from_metadata(meta, name, cls.rms_eps_keys, cls.kv_heads_per_layer)
+    return cls(hp, meta, names)
 
 
 def mtp_arch(base: Architecture) -> MtpArch:

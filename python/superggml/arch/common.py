@@ -110,11 +110,6 @@ class Architecture:
             raise GGUFError(f"GGUF metadata lacks '{self.hp.arch}.feed_forward_length' (a block has a dense FFN)")
         check_sizes(self.hp, meta, self.own_v_heads, any(self.swa_layers))
 
-    @classmethod
-    def read_hparams(cls, meta: Mapping[str, Any], arch: str) -> HParams:
-        """The file's HParams (a family whose common keys differ reads them its own way)."""
-        return HParams.from_metadata(meta, arch, cls.rms_eps_keys, cls.kv_heads_per_layer)
-
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         """Family keys beyond HParams (llama.cpp's load_arch_hparams)."""
 

@@ -57,7 +57,8 @@ class Glm5NextArch(KimiK3Arch):
         if n_rot is None or int(n_rot) != 0:
             raise GGUFError(f"GLM5-Next MLA is nope-only: '{arch}.rope.dimension_count' must be 0, not {n_rot}")
         head = meta.get(f"{arch}.attention.key_length", 0)
-        hp = super().read_hparams({**meta, f"{arch}.rope.dimension_count": max(2, int(head) // 2 * 2)}, arch)
+        meta = {**meta, f"{arch}.rope.dimension_count": max(2, int(head) // 2 * 2)}
+        hp = HParams.from_metadata(meta, arch, cls.rms_eps_keys, cls.kv_heads_per_layer)
         return dataclasses.replace(hp, n_rot=0)
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
@@ -93,7 +94,12 @@ class Glm5NextArch(KimiK3Arch):
         width = self.kv_lora + 3 * self.kp.dim  # latent | indexer key | pool gate | pooled key
         self.latent_hp = dataclasses.replace(hp, latent_kv=True, head_dim_v=self.kv_lora)
         self.hp = dataclasses.replace(
-            self.latent_hp, kv_width=width, n_residual=HC * hp.n_embd, n_ffn_inp=HC * hp.n_embd + HC + HC * HC
+            hp,
+            latent_kv=True,
+            head_dim_v=self.kv_lora,
+            kv_width=width,
+            n_residual=HC * hp.n_embd,
+            n_ffn_inp=HC * hp.n_embd + HC + HC * HC,
         )
         self.count_states()
 
