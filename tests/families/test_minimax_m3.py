@@ -12,6 +12,7 @@ import pytest
 import llama_ref
 from saving import assert_restored_continues
 from superggml import Model, UnsupportedModelError
+from superggml.arch.base import PassInputs
 from superggml.arch.minimax_m3 import NO_FLASH, SEVERAL
 from synth_gguf import expert_bytes
 from synth_minimax_m3 import synth_minimax_m3
@@ -48,7 +49,7 @@ def test_logits_and_48_greedy_tokens_equal_llama_cpp(m3, n_batch):
             ours.append(greedy(m, prompt, 48))
             paths.append(m.arch.attention_path)
     refs = ref.result()
-    assert paths == [NO_FLASH, "MSA"]
+    assert paths == [NO_FLASH, "MSA"] and isinstance(m.arch, PassInputs)
     for i in range(2):
         assert np.array_equal(ours[i], refs[f"logits{i}"]), i
     gap = np.abs(ours[1][: len(prompt)] - ours[0][: len(prompt)]).max(axis=1)

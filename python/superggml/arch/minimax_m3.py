@@ -134,10 +134,12 @@ class MiniMaxM3Arch(Architecture):
             self.check_msa()
         if not inp.flash_attn or not self.is_moe(blk.il):
             return super().build_attention(blk, cur, k_cache, v_cache)
-        if inp.lanes is not None or inp.n_streams > 1 or not inp.own:
+        if inp.lanes is not None or inp.n_streams > 1:
             self.note_path(SEVERAL)
             self.keep_indexer_keys(blk, self.indexer(blk, cur, keys_only=True)[1], k_cache)
             return super().build_attention(blk, cur, k_cache, v_cache)
+        if not inp.own:  # a pass of one sequence has them (PassInputs): never attend densely unsaid
+            raise RuntimeError(f"{self.hp.arch}: the pass lacks MSA's inputs")
         self.note_path("MSA")
         ctx, w, il = blk.ctx, blk.w, blk.il
         p = f"blk.{il}."
