@@ -260,13 +260,6 @@ class Glm5NextArch(KimiK3Arch):
         x = ctx.reshape(ctx.get_rows(w("token_embd.weight"), inp.tokens), [E, 1, n])
         return ctx.reshape(ctx.repeat_4d(x, [E, HC, n, 1]), [HC * E, n])
 
-    def build_block(
-        self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
-    ) -> Tensor:
-        p = f"blk.{il}."
-        ffn_inp, cur = self.build_attn_part(ctx, gf, w, inp, il, x, k_cache, v_cache)
-        return self.build_ffn_out(ctx, w, p, self.build_ffn(ctx, w, p, cur), ffn_inp)
-
     def build_attn_part(
         self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
     ) -> tuple[Tensor, Tensor]:
