@@ -9,7 +9,7 @@ import pytest
 
 import llama_ref
 from saving import assert_restored_continues
-from superggml import Model, SuperggmlError
+from superggml import Model, SuperggmlError, UnsupportedModelError
 from synth_gguf import expert_bytes
 from synth_glm5_next import synth_glm5_next
 
@@ -119,4 +119,35 @@ def test_files_llama_cpp_cannot_run_are_refused(tmp_path, small_vocab, case):
     path = synth_glm5_next(str(tmp_path / "bad.gguf"), small_vocab, **kw)
     with pytest.raises((SuperggmlError, ValueError), match=reason):
         with Model(path, ctx_size=128, n_threads=2) as m:
+            m.eval([1, 2, 3])
+
+
+@pytest.mark.slow
+def test_speculative_decoding_keeps_the_greedy_text(g5, tmp_path, small_vocab):
+    """A draft of other weights, nearly always rejected: the KDA states go back to their checkpoints, the rows
+    after (and the pools they complete) are fed again; the text is the plain greedy one."""
+    draft = synth_glm5_next(str(tmp_path / "draft.gguf"), small_vocab, seed=1)
+    prompt = prompt_of(30, 4)
+    kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
+
+    def text(m: Model) -> list[int]:
+        out: list[int] = []
+        for t in m.generate(prompt, temp=0.0):
+            out.append(t)
+            if len(out) == 32:
+                return out
+        return out
+
+    with Model(g5, **kw) as m:
+        plain = text(m)
+    with Model(g5, draft_model=draft, draft_k=4, **kw) as m:
+        assert text(m) == plain
+        assert m.stats()["draft_tokens"] > 0
+
+
+def test_its_nextn_block_does_not_draft(tmp_path, small_vocab):
+    """llama.cpp builds no graph for the NextN block (its MTP context fails): drafting with it is refused."""
+    path = synth_glm5_next(str(tmp_path / "mtp.gguf"), small_vocab, mtp=True)
+    with pytest.raises(UnsupportedModelError, match="glm5-next"):
+        with Model(path, ctx_size=128, n_threads=2, draft_mtp=True) as m:
             m.eval([1, 2, 3])
