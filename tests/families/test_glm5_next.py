@@ -4,6 +4,8 @@ sees fewer pools than it could), 4 hyper-connection streams, clamped experts."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -48,8 +50,8 @@ def test_logits_and_48_greedy_tokens_equal_llama_cpp(g5, n_batch):
 
 
 def test_streamed_cached_paged_and_split_equal_resident(g5):
-    """Blocks streamed through 2 slots (40% of the bytes), a quarter of the experts cached, the MLA blocks' rows
-    paged, the blocks over two devices: the same bits as resident."""
+    """Blocks streamed through 2 slots, and within a device budget of 40% of the file's bytes, a quarter of the
+    experts cached, the MLA blocks' rows paged, the blocks over two devices: the same bits as resident."""
     prompt = prompt_of(40, 2)
     experts = expert_bytes(g5)
 
@@ -61,6 +63,7 @@ def test_streamed_cached_paged_and_split_equal_resident(g5):
     ref = run()
     for kw in (
         dict(n_gpu_layers=0, async_prefetch=True, prefetch_depth=1),
+        dict(device_budget=int(0.4 * os.path.getsize(g5)), async_prefetch=True),
         dict(expert_cache=experts // 4),
         dict(paged_kv=True, kv_page_size=16, kv_device_layers=1),
         dict(devices=["CPU", "CPU"], tensor_split=[1, 1]),
