@@ -19,6 +19,7 @@ MTP = [
     "deepseek4-csa-hca",
     "hy_v3-mtp",
     "bailingmoe3-mtp",
+    "mimo2-mtp",
 ]
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 

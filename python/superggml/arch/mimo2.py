@@ -4,7 +4,8 @@ wide as the widest block's K, and V, each block its own leading values), NeoX Ro
 rope.dimension_count values of each head (rope.freq_base_swa in the sliding blocks), attention sinks where a block
 has them, the attention output scaled by attention.value_scale after its projection; a dense SwiGLU where a block
 has no router, else experts with sigmoid routing (exp_probs_b where present) and renormalized weights, no shared
-expert. The MTP blocks are not run (drafting refuses this family)."""
+expert. The MTP block (fused attn_qkv, a dense FFN) drafts from the hidden rows before the output norm
+(arch/mtp.py)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ class Mimo2Arch(Architecture):
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
-        n = hp.n_layer
-        self.n_head_of = hp.n_head_per_layer[:n] if hp.n_head_per_layer else (hp.n_head,) * n
-        self.n_head_kv_of = hp.n_head_kv_per_layer[:n] if hp.n_head_kv_per_layer else (hp.n_head_kv,) * n
+        n = hp.n_layer + hp.n_nextn  # the MTP blocks' too
+        self.n_head_of = per_block(hp.n_head_per_layer, hp.n_head, n)
+        self.n_head_kv_of = per_block(hp.n_head_kv_per_layer, hp.n_head_kv, n)
         if any(not k or h % k for h, k in zip(self.n_head_of, self.n_head_kv_of)):
             raise GGUFError(f"{hp.arch}: heads {list(self.n_head_of)} do not fit K/V heads {list(self.n_head_kv_of)}")
         self.n_swa = int(self.need(meta, "attention.sliding_window"))
@@ -141,3 +142,12 @@ class Mimo2Arch(Architecture):
             cur, x = ctx.get_rows(cur, inp.out_ids), ctx.get_rows(x, inp.out_ids)
         ffn_inp = ctx.add(cur, x)
         return ffn_inp, self.norm(ctx, w, ffn_inp, p + "ffn_norm.weight")
+
+
+def per_block(per: tuple[int, ...], one: int, n: int) -> tuple[int, ...]:
+    """A count per block, MTP blocks included: the per-layer array where the file has one, else `one` each."""
+    if not per:
+        return (one,) * n
+    if len(per) < n:
+        raise GGUFError(f"a per-layer head count has {len(per)} entries for {n} blocks")
+    return tuple(per[:n])

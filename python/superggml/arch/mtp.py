@@ -24,10 +24,12 @@ MTP_FAMILIES = (
     "deepseek4",
     "glm4moe",
     "hy_v3",
+    "mimo2",
     "qwen35",
     "qwen35moe",
     "qwen3next",
 )  # llama.cpp's graph_mtp
+PRE_NORM_HIDDEN = frozenset({"mimo2"})  # families whose MTP block reads the hidden rows before the output norm
 
 
 class MtpArch:
@@ -55,6 +57,8 @@ class MtpArch:
             )
         if hp.arch in ("deepseek2", "glm4moe") and not base.is_moe(self.il):
             raise UnsupportedModelError("the MTP block is expected to have experts, as llama.cpp's graph_mtp")
+        if hp.arch == "mimo2" and p + "attn_qkv.weight" not in base.names:  # llama.cpp asserts
+            raise UnsupportedModelError("mimo2's MTP block needs a fused attn_qkv, as llama.cpp's graph_mtp")
         if hp.arch == "deepseek2" and not hp.latent_kv:
             raise UnsupportedModelError(
                 "deepseek2's MTP block needs the absorbed MLA layout, as llama.cpp's graph_mtp: convert the model again"

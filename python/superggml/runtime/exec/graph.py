@@ -20,6 +20,7 @@ from ... import native
 from ...arch.base import CompressorInputs, CompressorShape, PassInputs
 from ...arch.common import StepInputs
 from ...arch.deepseek4_attention import compressor_rows
+from ...arch.mtp import PRE_NORM_HIDDEN
 from ...errors import SuperggmlError
 from ..memory.arrays import tensor_array
 from .context import PassContext
@@ -560,8 +561,12 @@ class GraphPlan:
 
     def hidden_of(self, ctx: Any, x: Any) -> Any:
         """The hidden rows an MTP block reads of the last block's rows x: their output norm, or x itself where the
-        residual is wider than n_embd (deepseek4's streams, as llama.cpp's nextn embeddings)."""
-        return x if self.pc.hp.n_residual else self.pc.arch.build_output_norm(ctx, self.pc.weights, x)
+        residual is wider than n_embd (deepseek4's streams, as llama.cpp's nextn embeddings) or the family's MTP
+        reads them before the norm (mimo2)."""
+        hp = self.pc.hp
+        if hp.n_residual or hp.arch in PRE_NORM_HIDDEN:
+            return x
+        return self.pc.arch.build_output_norm(ctx, self.pc.weights, x)
 
     def hidden_rows(self, ctx: Any) -> Any:
         """The pass's rows of pc.buffers.hidden (F32 [residual_width, n])."""
