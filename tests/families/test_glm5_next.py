@@ -154,3 +154,37 @@ def test_its_nextn_block_does_not_draft(tmp_path, small_vocab):
     with pytest.raises(UnsupportedModelError, match="glm5-next"):
         with Model(path, ctx_size=128, n_threads=2, draft_mtp=True) as m:
             m.eval([1, 2, 3])
+
+
+@pytest.mark.parametrize("top_k", [16, 512])
+def test_a_longer_prompt_in_short_passes_equals_llama_cpp(tmp_path, small_vocab, top_k):
+    """300 tokens in passes of 16 (gathered) over a memory that grows past 256 rows, then 8 greedy tokens; top_k 512:
+    128 pools per query, more than llama.cpp's padded pool count early on (every pool selected)."""
+    path = synth_glm5_next(str(tmp_path / "m.gguf"), small_vocab, indexer=(2, 16, top_k))
+    prompt = prompt_of(300, 7)
+    configs = [(1, 1, False), (1, 1, True)]
+    req = {"kind": "kv_types", "model": path, "prompt": prompt, "configs": configs, "n_decode": 8, "n_ctx": 512}
+    ref = llama_ref.start({**req, "n_batch": 16})
+    ours = []
+    for fa in (False, True):
+        with Model(path, ctx_size=512, n_batch=16, n_threads=2, flash_attn=fa) as m:
+            ours.append(greedy(m, prompt, 8))
+    refs = ref.result()
+    for i in range(2):
+        assert np.array_equal(ours[i], refs[f"logits{i}"]), f"flash_attn={bool(i)}"
+
+
+def test_a_truncated_sequence_continues_as_if_fed_anew(g5):
+    """Back to 50 tokens (in the middle of a pool; the KDA states from their checkpoint, the rows after it fed
+    again), then other tokens: the pools they complete are pooled again, the logits those of a fresh run."""
+    prompt, more = prompt_of(100, 8), prompt_of(20, 9)
+    kw = dict(ctx_size=256, n_threads=2, n_batch=16, batch_invariant=True)
+    with Model(g5, **kw) as m:
+        m.eval(prompt)
+        kept = m.truncate(50)
+        if kept < 50:
+            m.eval(prompt[kept:50])
+        got = m.eval(more, logits_all=True).copy()
+    with Model(g5, **kw) as m:
+        m.eval(prompt[:50])
+        assert np.array_equal(m.eval(more, logits_all=True), got)
