@@ -24,7 +24,7 @@ VARIANTS = {
 VARIANTS_OF: dict[str, str] = {}  # path -> variant
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
+@pytest.fixture(scope="module", params=["qsa-ple", pytest.param("qsa48-nople", marks=pytest.mark.slow)])
 def q4(request, tmp_path_factory, small_vocab):
     path = synth_qwen4exp(str(tmp_path_factory.mktemp("q4") / "m.gguf"), small_vocab, **VARIANTS[request.param])
     VARIANTS_OF[path] = request.param
