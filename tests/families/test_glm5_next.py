@@ -188,3 +188,15 @@ def test_a_truncated_sequence_continues_as_if_fed_anew(g5):
     with Model(g5, **kw) as m:
         m.eval(prompt[:50])
         assert np.array_equal(m.eval(more, logits_all=True), got)
+
+
+def test_a_q8_0_cache_equals_llama_cpp(tmp_path, small_vocab):
+    """Latent and indexer rows quantized (an indexer key of 32: rows of whole blocks; llama.cpp aborts on keys of
+    16), flash attention on as a quantized V asks."""
+    path = synth_glm5_next(str(tmp_path / "m.gguf"), small_vocab, indexer=(2, 32, 16))
+    prompt = prompt_of(100, 10)
+    req = {"kind": "kv_types", "model": path, "prompt": prompt, "n_decode": 3, "n_ctx": 256, "n_batch": 64}
+    ref = llama_ref.start({**req, "configs": [[8, 8, True]]})
+    with Model(path, ctx_size=256, n_batch=64, n_threads=2, flash_attn=True, kv_type="q8_0") as m:
+        got = greedy(m, prompt, 3)
+    assert np.array_equal(got, ref.result()["logits0"])
