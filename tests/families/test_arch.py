@@ -112,6 +112,7 @@ def test_unsupported_rope_scaling(tmp_path):
         "hy_v4-hc4",
         "hy_v4-dsa-shared",
         "dots3note-sparse-swa",
+        "glm5-next-kpool-shared",
         "gemma4-e-shared",
         "gemma4-8x2-kv",
         "deepseek32-dsa",
@@ -231,6 +232,7 @@ def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, va
         "gemma4-8x2-kv",
         "deepseek32-dsa",
         "glm-dsa-shared",
+        "glm5-next-kpool-shared",
     ],
 )
 def test_a_batch_equals_each_sequence_alone(tmp_path, vocab_fields, variant):

@@ -236,6 +236,10 @@ def _synth_any(path, fields, arch="llama", **kw):
         from synth_dots3note import synth_dots3note
 
         return synth_dots3note(path, fields, **kw)
+    if arch == "glm5-next":
+        from synth_glm5_next import synth_glm5_next
+
+        return synth_glm5_next(path, fields, **kw)
     if arch == "qwen4exp":
         from synth_qwen4exp import synth_qwen4exp
 
@@ -1578,6 +1582,22 @@ VARIANTS = {
     "dots3note-sparse-swa": dict(arch="dots3note"),
     "dots3note-heads-top8-q8_0": dict(arch="dots3note", swa_layers=(0, 2), n_head_swa=2, top_k=8, wtype="q8_0"),
     "kimi-linear-4": dict(arch="kimi-linear"),
+    # glm5-next: KDA and nope-only MLA blocks, a k-pool indexer (a shared block), 4 hyper-connection streams
+    "glm5-next-kpool-shared": dict(arch="glm5-next"),
+    "glm5-next-6-softplus-kpool2-q8_0": dict(
+        arch="glm5-next",
+        n_layer=6,
+        mla_layers=(0, 2, 3, 5),
+        shared_indexer=(3, 5),
+        gate_lower_bound=None,
+        indexer=(1, 16, 4),
+        kpool=2,
+        n_dense=0,
+        gating=None,
+        norm_eps=None,
+        swiglu_limit=(0.5, 0.3),
+        wtype="q8_0",
+    ),
     "kimi-linear-fused-q8_0": dict(arch="kimi-linear", fused_qkv=True, mla_layers=(0, 2), wtype="q8_0"),
     "kimi-k3-plain-q8_0": dict(
         arch="kimi-k3", attn_res=0, gate_lower_bound=None, latent=None, mla_gate=False, q_lora_rank=24, wtype="q8_0"
@@ -1669,6 +1689,7 @@ ONE_PER_FAMILY = [
     "hy_v4-hc4",
     "bailingmoe3-kda-mla",
     "dots3note-sparse-swa",
+    "glm5-next-kpool-shared",
 ]
 
 
