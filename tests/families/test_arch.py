@@ -112,6 +112,7 @@ def test_unsupported_rope_scaling(tmp_path):
         "hy_v4-hc4",
         "hy_v4-dsa-shared",
         "dots3note-sparse-swa",
+        "qwen4exp-qsa-ple",
         "glm5-next-kpool-shared",
         "gemma4-e-shared",
         "gemma4-8x2-kv",
@@ -232,6 +233,7 @@ def test_greedy_text_matches_llama_cpp_over_48_tokens(tmp_path, vocab_fields, va
         "gemma4-8x2-kv",
         "deepseek32-dsa",
         "glm-dsa-shared",
+        "qwen4exp-qsa-ple",
         "glm5-next-kpool-shared",
     ],
 )

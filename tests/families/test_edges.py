@@ -56,6 +56,7 @@ EDGE_FAMILIES = [
     "hy_v4-hc4",
     "bailingmoe3-kda-mla",
     "dots3note-sparse-swa",
+    "qwen4exp-qsa-ple",
     "glm5-next-kpool-shared",
 ]
 ZEROED = (  # the integer keys that size or switch something, where 0 is an edge a file can hold

@@ -43,6 +43,7 @@ def run(path, prompt, **kw):
         "hy_v4-hc4",
         "dots3note-sparse-swa",
         "glm5-next-kpool-shared",
+        "qwen4exp-qsa-ple",
     ],
 )
 def test_expert_cache_of_a_quarter_is_bit_identical_to_resident(tmp_path, small_vocab, variant):

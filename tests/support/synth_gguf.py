@@ -1560,6 +1560,7 @@ VARIANTS = {
     "mimo2-swa-sinks": dict(arch="mimo2"),
     "mimo2-scaled-groups-q8_0": dict(arch="mimo2", value_scale=0.7, groups=(4, 2), sinks="all", wtype="q8_0"),
     "mimo2-fused-qkv": dict(arch="mimo2", fused_qkv=True),
+    "mimo2-mtp": dict(arch="mimo2", fused_qkv=True, n_mtp=1),
     # hy_v3: dense or expert blocks by the router's presence, the suffix-less exp_probs_b, an MTP block
     "hy_v3-mtp": dict(arch="hy_v3", mtp=True),
     "hy_v3-fused-tied-q8_0": dict(arch="hy_v3", fused_gate_up=True, fused_qkv=True, tied=True, wtype="q8_0"),
@@ -1581,6 +1582,11 @@ VARIANTS = {
     # dots3note: sparse attention in the full blocks, windowed MLA of other shapes in the sliding ones
     "dots3note-sparse-swa": dict(arch="dots3note"),
     "dots3note-heads-top8-q8_0": dict(arch="dots3note", swa_layers=(0, 2), n_head_swa=2, top_k=8, wtype="q8_0"),
+    # qwen4exp: hyper-connections for norms, QSA (pooled-key block-sparse attention), a PLE n-gram embedding
+    "qwen4exp-qsa-ple": dict(arch="qwen4exp"),
+    "qwen4exp-qsa48-hc2-q8_0": dict(
+        arch="qwen4exp", compress_ratios=(0, 4, 0, 8), hc=2, ple_layer=None, fused_gate_up=True, tied=True, wtype="q8_0"
+    ),
     "kimi-linear-4": dict(arch="kimi-linear"),
     # glm5-next: KDA and nope-only MLA blocks, a k-pool indexer (a shared block), 4 hyper-connection streams
     "glm5-next-kpool-shared": dict(arch="glm5-next"),
@@ -1689,6 +1695,7 @@ ONE_PER_FAMILY = [
     "hy_v4-hc4",
     "bailingmoe3-kda-mla",
     "dots3note-sparse-swa",
+    "qwen4exp-qsa-ple",
     "glm5-next-kpool-shared",
 ]
 
