@@ -1,7 +1,7 @@
 """A mixture of experts larger than its memory: superggml's expert cache against llama.cpp's mmap, side by side
 under the same real RAM limit (a child memory cgroup of a quarter of the file's size).
 
-    python bench/moe_limited.py [--arch qwen3moe|deepseek2|qwen35moe] [--tokens 16] [--overhead 160MiB] [--json PATH]
+    python bench/moe_limited.py [--arch qwen3moe|deepseek2|qwen35moe|kimi-linear|...] [--tokens 16] [--json PATH]
     python bench/moe_limited.py --small          # a ~340 MB model, superggml only: a quick functional run
                                                  # (limit: a quarter of the file + the overhead)
 
@@ -17,6 +17,12 @@ vocabulary, random quantized experts and attention, F32 norms, router and embedd
 - qwen35moe: Qwen3.5-35B-A3B's shape (40 layers, every 4th gated full attention, the others gated delta-net;
   256 experts of n_ff_exp 512, 8 per token, a gated shared expert), Q4_0, SmolLM2's vocabulary: about 34B weights,
   19 GB.
+- kimi-linear: Kimi-Linear-48B-A3B's dimensions (its public config.json), 9 of its 27 layers: n_embd 2304; KDA
+  blocks of 32 heads of 128 with short convs of 4, MLA blocks where its linear_attn_config's full_attn_layers put
+  them (4, 8, 12, ..., 1-based: blocks 3 and 7 of these 9; 32 heads, kv_lora_rank 512, qk_nope 128, qk_rope 64
+  (never roped), v_head_dim 128, no q_lora); block 0 dense (intermediate_size 9216), the others 256 experts of
+  1024, 8 per token, sigmoid routing with exp_probs_b, 1 shared expert, routed_scaling_factor 2.446; Q4_0,
+  SmolLM2's vocabulary (not its own 163840): about 8.3 GiB (tests/support/synth_kimi_linear.py's layout).
 It is written tensor by tensor (never held in memory) and cached under /work/tmp (or --cache-dir).
 
 Every run is its own child process in a memory cgroup of a quarter of the file's size, with the file's pages
@@ -214,6 +220,52 @@ MODELS = {
         n_shared=1,
         n_lead=0,
     ),
+    # Kimi-Linear-48B-A3B (config.json): n_embd 2304; KDA: 32 heads of 128, short_conv_kernel_size 4; MLA on the
+    # full_attn_layers (1-based) 4, 8, 12, 16, 20, 24, 27: 32 heads, kv_lora_rank 512, qk_nope 128, qk_rope 64,
+    # v_head_dim 128, q_lora_rank null; first_k_dense_replace 1 (intermediate_size 9216), then 256 experts of 1024,
+    # 8 per token, 1 shared, sigmoid routing, routed_scaling_factor 2.446; 9 of its 27 layers (past 8 GB in Q4_0)
+    "kimi-linear": dict(
+        arch="kimi-linear",
+        wtype="q4_0",
+        n_layer=9,
+        n_embd=2304,
+        n_head=32,
+        kda_head_dim=128,
+        d_conv=4,
+        full_attn=(4, 8, 12, 16, 20, 24, 27),
+        kv_lora=512,
+        qk_nope=128,
+        qk_rope=64,
+        v_head=128,
+        n_expert=256,
+        n_expert_used=8,
+        n_shared=1,
+        n_ff_exp=1024,
+        n_ff=9216,
+        weights_scale=2.446,
+        n_lead=1,
+    ),
+    "kimi-linear-small": dict(
+        arch="kimi-linear",
+        wtype="q4_0",
+        n_layer=8,
+        n_embd=512,
+        n_head=8,
+        kda_head_dim=64,
+        d_conv=4,
+        full_attn=(4, 8),
+        kv_lora=128,
+        qk_nope=64,
+        qk_rope=32,
+        v_head=64,
+        n_expert=32,
+        n_expert_used=4,
+        n_shared=1,
+        n_ff_exp=512,
+        n_ff=1024,
+        weights_scale=2.446,
+        n_lead=1,
+    ),
     "deepseek2-small": dict(
         arch="deepseek2",
         wtype="q4_0",
@@ -255,6 +307,8 @@ def tensor_specs(p: dict, n_vocab: int) -> list[tuple]:
     ]
     if p["arch"] == "deepseek4":
         return deepseek4_specs(p, n_vocab)
+    if p["arch"] == "kimi-linear":
+        return kimi_linear_specs(p, n_vocab)
     for il in range(p["n_layer"]):
         b = f"blk.{il}."
         if p["arch"] == "qwen35moe":
@@ -379,6 +433,66 @@ def deepseek4_specs(p: dict, n_vocab: int) -> list[tuple]:
     ]
 
 
+def kimi_linear_specs(p: dict, n_vocab: int) -> list[tuple]:
+    """A kimi-linear model's tensors in tests/support/synth_kimi_linear.py's order: KDA blocks (separate Q, K, V and
+    their 4-D convs, low-rank decay and output gate), MLA blocks on full_attn (1-based) with one attn_q and the
+    absorbed attn_k_b/attn_v_b, the first n_lead blocks dense, the rest routed experts with exp_probs_b and the
+    shared expert; kind "neg" is ssm_a (-exp(A_log))."""
+    e, h, hd, ne, fe = p["n_embd"], p["n_head"], p["kda_head_dim"], p["n_expert"], p["n_ff_exp"]
+    kv, nope, rope, vh, di = p["kv_lora"], p["qk_nope"], p["qk_rope"], p["v_head"], p["n_head"] * p["kda_head_dim"]
+    out: list[tuple] = [("token_embd.weight", (n_vocab, e), "f32", 1.0)]
+    for il in range(p["n_layer"]):
+        b = f"blk.{il}."
+        out += [(b + "attn_norm.weight", (e,), "norm", 0.1)]
+        if il + 1 in p["full_attn"]:
+            out += [
+                (b + "attn_q.weight", (h * (nope + rope), e), "q", e**-0.5),
+                (b + "attn_kv_a_mqa.weight", (kv + rope, e), "q", e**-0.5),
+                (b + "attn_kv_a_norm.weight", (kv,), "norm", 0.1),
+                (b + "attn_k_b.weight", (h, kv, nope), "q", kv**-0.5),
+                (b + "attn_v_b.weight", (h, vh, kv), "q", kv**-0.5),
+                (b + "attn_output.weight", (e, h * vh), "q", (h * vh) ** -0.5),
+            ]
+        else:
+            out += [(b + f"ssm_conv1d_{x}.weight", (1, di, 1, p["d_conv"]), "f32", 0.5) for x in "qkv"]
+            out += [(b + f"attn_{x}.weight", (di, e), "q", e**-0.5) for x in "qkv"]
+            out += [
+                (b + "ssm_f_a.weight", (hd, e), "q", e**-0.5),
+                (b + "ssm_f_b.weight", (di, hd), "q", hd**-0.5),
+                (b + "ssm_beta.weight", (h, e), "q", e**-0.5),
+                (b + "ssm_a", (1, 1, h, 1), "neg", 0.5),
+                (b + "ssm_dt.bias", (di,), "f32", 0.5),
+                (b + "ssm_g_a.weight", (hd, e), "q", e**-0.5),
+                (b + "ssm_g_b.weight", (di, hd), "q", hd**-0.5),
+                (b + "ssm_norm.weight", (hd,), "norm", 0.1),
+                (b + "attn_output.weight", (e, di), "q", di**-0.5),
+            ]
+        out += [(b + "ffn_norm.weight", (e,), "norm", 0.1)]
+        if il < p["n_lead"]:
+            f = p["n_ff"]
+            out += [
+                (b + "ffn_gate.weight", (f, e), "q", e**-0.5),
+                (b + "ffn_up.weight", (f, e), "q", e**-0.5),
+                (b + "ffn_down.weight", (e, f), "q", f**-0.5),
+            ]
+            continue
+        fs = fe * p["n_shared"]
+        out += [
+            (b + "ffn_gate_inp.weight", (ne, e), "f32", e**-0.5),
+            (b + "exp_probs_b.bias", (ne,), "f32", 0.1),
+            (b + "ffn_gate_exps.weight", (ne, fe, e), "q", e**-0.5),
+            (b + "ffn_up_exps.weight", (ne, fe, e), "q", e**-0.5),
+            (b + "ffn_down_exps.weight", (ne, e, fe), "q", fe**-0.5),
+            (b + "ffn_gate_shexp.weight", (fs, e), "q", e**-0.5),
+            (b + "ffn_up_shexp.weight", (fs, e), "q", e**-0.5),
+            (b + "ffn_down_shexp.weight", (e, fs), "q", fs**-0.5),
+        ]
+    return out + [
+        ("output_norm.weight", (e,), "norm", 0.1),
+        ("output.weight", (n_vocab, e), "q", e**-0.5),
+    ]
+
+
 def qwen35_block(p: dict, b: str, attention: bool) -> list[tuple]:
     """A qwen35moe block's tensors but its experts, in tests/support/synth_gguf.py's order."""
     e, hd, S = p["n_embd"], p["head_dim"], p["d_state"]
@@ -451,6 +565,9 @@ def write_keys(w: Any, p: dict, n_vocab: int) -> None:
     if p["arch"] == "deepseek4":
         deepseek4_keys(w, p, n_vocab)
         return
+    if p["arch"] == "kimi-linear":
+        kimi_linear_keys(w, p, n_vocab)
+        return
     if p["arch"] == "deepseek2":
 
         def key(name: str, value: Any) -> None:
@@ -488,6 +605,40 @@ def write_keys(w: Any, p: dict, n_vocab: int) -> None:
     if p["arch"] == "minimax-m2":
         w.add_key_value("minimax-m2.rope.dimension_count", p["n_rot"], U)
         w.add_key_value("minimax-m2.expert_gating_func", 2, U)
+
+
+def kimi_linear_keys(w: Any, p: dict, n_vocab: int) -> None:
+    """kimi-linear's keys after write_keys' first ones, as tests/support/synth_kimi_linear.py writes them: the block
+    kind is the per-block head_count_kv (0: KDA, 1: an absorbed MLA block)."""
+    import gguf
+
+    U = gguf.GGUFValueType.UINT32
+
+    def key(name: str, value: Any) -> None:
+        w.add_key_value(f"kimi-linear.{name}", value, U)
+
+    w.add_feed_forward_length(p["n_ff"])
+    w.add_head_count_kv([int(il + 1 in p["full_attn"]) for il in range(p["n_layer"])])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_key_length(p["kv_lora"] + p["qk_rope"])  # the absorbed MLA cache row
+    w.add_value_length(p["n_embd"] // p["n_head"])  # HF's head_dim, as the converter writes it (unread)
+    for name, value in (
+        ("expert_count", p["n_expert"]),
+        ("expert_used_count", p["n_expert_used"]),
+        ("expert_gating_func", 2),  # sigmoid
+        ("vocab_size", n_vocab),
+        ("ssm.conv_kernel", p["d_conv"]),
+        ("kda.head_dim", p["kda_head_dim"]),
+        ("attention.kv_lora_rank", p["kv_lora"]),
+        ("rope.dimension_count", p["qk_rope"]),
+        ("attention.key_length_mla", p["qk_nope"] + p["qk_rope"]),
+        ("attention.value_length_mla", p["v_head"]),
+        ("expert_feed_forward_length", p["n_ff_exp"]),
+        ("expert_shared_count", p["n_shared"]),
+        ("leading_dense_block_count", p["n_lead"]),
+    ):
+        key(name, value)
+    w.add_key_value("kimi-linear.expert_weights_scale", p["weights_scale"], gguf.GGUFValueType.FLOAT32)
 
 
 def deepseek4_keys(w: Any, p: dict, n_vocab: int) -> None:
@@ -661,7 +812,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--arch",
-        choices=("qwen3moe", "qwen3moe-30b", "deepseek2", "deepseek4", "qwen35moe", "minimax-m2"),
+        choices=("qwen3moe", "qwen3moe-30b", "deepseek2", "deepseek4", "qwen35moe", "minimax-m2", "kimi-linear"),
         default="qwen3moe",
     )
     ap.add_argument("--small", action="store_true", help="a small model, superggml only (a functional run)")
