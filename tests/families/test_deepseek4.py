@@ -5,6 +5,8 @@ boundaries fall inside compressor windows, and decoding crosses a window's end."
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -64,6 +66,9 @@ def test_streamed_cached_and_split_equal_resident(ds4):
     ref, _ = run()
     streamed, st = run(n_gpu_layers=0, async_prefetch=True, prefetch_depth=1)
     assert st["n_slots"] == 2 and st["loads"] > 0
+    assert np.array_equal(streamed, ref)
+    streamed, st = run(device_budget=int(0.4 * os.path.getsize(ds4)), async_prefetch=True, prefetch_depth=1)
+    assert st["loads"] > 0
     assert np.array_equal(streamed, ref)
     cached, st = run(expert_cache=experts // 4)
     assert st["expert_misses"] > 0

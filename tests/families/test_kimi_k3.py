@@ -4,6 +4,8 @@ residual attention over banked inputs, situ activation and latent MoE."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -70,6 +72,7 @@ def test_streamed_cached_paged_and_split_equal_resident(k3):
     ref, _ = run()
     for kw in (
         dict(n_gpu_layers=0, async_prefetch=True, prefetch_depth=1),
+        dict(device_budget=int(0.4 * os.path.getsize(k3)), async_prefetch=True, prefetch_depth=1),
         dict(expert_cache=experts // 4),
         dict(n_gpu_layers=0, expert_cache=experts // 4, prefetch_depth=1),
         dict(paged_kv=True, kv_page_size=16, kv_device_layers=1),

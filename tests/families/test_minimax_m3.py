@@ -4,6 +4,8 @@ rows at positions >= top_k * block_size = 64 attend to some of their blocks only
 
 from __future__ import annotations
 
+import os
+
 import logging
 
 import numpy as np
@@ -161,6 +163,7 @@ def test_streamed_cached_paged_and_split_equal_resident(m3, tmp_path, flash_attn
     ref = run()
     for kw in (
         dict(n_gpu_layers=0, async_prefetch=True, prefetch_depth=1),
+        dict(device_budget=int(0.4 * os.path.getsize(m3)), async_prefetch=True),
         dict(n_gpu_layers=0, expert_cache=experts // 4, prefetch_depth=1),
         dict(expert_cache=experts // 4),
         dict(paged_kv=True, kv_page_size=16, kv_device_layers=1),

@@ -5,6 +5,8 @@ embedding with its dilated conv."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -73,6 +75,7 @@ def test_streamed_cached_paged_and_split_equal_resident(q4):
     ref = run()
     for kw in (
         dict(n_gpu_layers=0, async_prefetch=True, prefetch_depth=1),
+        dict(device_budget=int(0.4 * os.path.getsize(q4)), async_prefetch=True),
         dict(expert_cache=experts // 4),
         dict(paged_kv=True, kv_page_size=16, kv_device_layers=1),
         dict(devices=["CPU", "CPU"], tensor_split=[1, 1]),
