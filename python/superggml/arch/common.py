@@ -683,6 +683,20 @@ def whole(t: Tensor, dims: int = 3) -> Tensor:
     return t
 
 
+def top_k_mask(ctx: Context, mask: Tensor, top: Tensor, scratch: Tensor) -> Tensor:
+    """llama.cpp's top-k mask of sparse attention: -inf but at each query's chosen rows top (I32 [k, t, S]), plus
+    the visibility mask [n_kv, t, 1, S] (F16 with flash attention); its zeros filled over a view of scratch (F32, k *
+    t * S values at least, as llama.cpp fills them over the indexer's scores)."""
+    n_kv, t, S, k = mask.ne[0], mask.ne[1], mask.ne[3], top.ne[0]
+    shut = ctx.fill(mask, float("-inf"))
+    es = shut.element_size
+    shut = ctx.view(shut, [1, n_kv, t, S], [es, es * n_kv, es * n_kv * t])
+    zeros = ctx.fill(ctx.view(scratch, [1, k, t, S], [4, 4 * k, 4 * k * t]), 0.0)
+    opened = ctx.set_rows(shut, zeros, top)
+    opened = ctx.view(opened, [n_kv, t, 1, S], [es * n_kv, es * n_kv * t, es * n_kv * t])
+    return ctx.add(opened, mask)
+
+
 def attend_lanes(
     blk: BlockGraph,
     hp: HParams,

@@ -22,7 +22,7 @@ from .. import native
 from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
 from .base import HParams, StepInputs, Weights, f32
-from .common import ROPE_NEOX, ROPE_NORM, Rows, row_size
+from .common import ROPE_NEOX, ROPE_NORM, Rows, row_size, top_k_mask
 from .deepseek2 import Deepseek2Arch
 from .moe import set_gating
 
@@ -163,13 +163,7 @@ class Deepseek32Arch(Deepseek2Arch):
         scores = ctx.lightning_indexer(q4, k4, w4, mask if mask.type == f16 else ctx.cast(mask, f16))
         k = min(n_kv, self.idx_top_k)
         top = ctx.top_k(scores, k)  # I32 [k, t, 1, S]
-        shut = ctx.fill(mask, float("-inf"))
-        es = shut.element_size
-        shut = ctx.view(shut, [1, n_kv, t, S], [es, es * n_kv, es * n_kv * t])
-        zeros = ctx.fill(ctx.view(scores, [1, k, t, S], [4, 4 * k, 4 * k * t]), 0.0)
-        opened = ctx.set_rows(shut, zeros, ctx.view(top, [k, t, S], [top.nb[1], top.nb[3]]))
-        opened = ctx.view(opened, [n_kv, t, 1, S], [es * n_kv, es * n_kv * t, es * n_kv * t])
-        out = ctx.add(opened, mask)
+        out = top_k_mask(ctx, mask, ctx.view(top, [k, t, S], [top.nb[1], top.nb[3]]), scores)
         if inp.kept_mask is not None:  # for the blocks that reuse this choice
             gf.expand(ctx.cpy(out, inp.kept_mask))
         return out

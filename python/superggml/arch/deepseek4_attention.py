@@ -11,7 +11,7 @@ import numpy as np
 
 from ..native import Context, Tensor
 from .base import BlockGraph, CompressedLayer, CompressorInputs, CompressorShape, HParams, StepInputs, Weights, f32
-from .common import F16, F32, ROPE_NORM, inv_sqrt
+from .common import F16, F32, ROPE_NORM, inv_sqrt, top_k_mask
 
 CSA, HCA = 4, 128  # the compression ratios llama.cpp knows
 RING_SPARE = 16  # tokens a sequence can go back by while its compressors' rings still hold what they need
@@ -162,7 +162,9 @@ class CompressedAttention:
             cmask = comp.mask
             if r == CSA:
                 top, scores = self.lid_top_k(blk, qr, cur, comp, mem)
-                cmask = self.top_k_mask(ctx, comp.mask, top, scores)
+                n_c, n = comp.mask.ne[0], comp.mask.ne[1]
+                tk = ctx.view(top, [top.ne[0], n, 1], [top.nb[1], top.nb[2]], 0)
+                cmask = ctx.reshape(top_k_mask(ctx, ctx.reshape(comp.mask, [n_c, n, 1, 1]), tk, scores), [n_c, n])
                 n_kv_max = min(n_kv, self.n_swa) + top.ne[0]
             k_all = ctx.concat(k_all, ck, 2)
             mask = ctx.concat(mask, cmask, 0)
@@ -275,16 +277,3 @@ class CompressedAttention:
         m4 = ctx.reshape(comp.lid_mask, [n_lid, n, 1, 1])
         scores = ctx.lightning_indexer(q4, k, w4, m4)
         return ctx.cont(ctx.top_k(scores, min(n_lid, self.idx_top_k))), scores
-
-    def top_k_mask(self, ctx: Context, mask: Tensor, top: Tensor, scores: Tensor) -> Tensor:
-        """-inf but at each query's chosen rows, plus the visibility mask (llama.cpp's build_top_k_mask; its zeros
-        filled over a view of the indexer's scores, at least as many)."""
-        n_c, n, k = mask.ne[0], mask.ne[1], top.ne[0]
-        shut = ctx.fill(mask, float("-inf"))
-        es = shut.element_size
-        shut = ctx.view(shut, [1, n_c, n, 1], [es, es * n_c, es * n_c * n], 0)
-        tk = ctx.view(top, [k, n, 1], [top.nb[1], top.nb[2]], 0)
-        zeros = ctx.fill(ctx.view(scores, [1, k, n, 1], [4, 4 * k, 4 * k * n], 0), 0.0)
-        opened = ctx.set_rows(shut, zeros, tk)
-        opened = ctx.view(opened, [n_c, n], [es * n_c], 0)
-        return ctx.add(opened, mask)

@@ -111,11 +111,15 @@ class Qwen35Arch(HybridArch):
 
     # -- graphs ------------------------------------------------------------
     def rope(self, ctx: Context, w: Weights, inp: StepInputs, il: int, x: Tensor) -> Tensor:
+        return self.rope_at(ctx, x, inp.positions)
+
+    def rope_at(self, ctx: Context, x: Tensor, pos: Tensor | None) -> Tensor:
+        """Multi-section RoPE of x [d, heads, m] over its first n_rot values at positions pos (4 * m)."""
         hp = self.hp
-        assert inp.positions is not None and self.rope_sections is not None
+        assert pos is not None and self.rope_sections is not None
         return ctx.rope_multi(
             x,
-            inp.positions,
+            pos,
             hp.n_rot,
             self.rope_sections,
             self.rope_mode,

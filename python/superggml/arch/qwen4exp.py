@@ -26,7 +26,7 @@ from .. import native
 from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
 from .base import BlockGraph, HParams, Memory, StepInputs, Weights, f32, lane_memory, one_memory
-from .common import Rows, build_attn, each_lane, inv_sqrt, row_size, whole
+from .common import Rows, build_attn, each_lane, inv_sqrt, row_size, top_k_mask, whole
 from .qwen35moe import Qwen35MoeArch
 from .qwen4exp_ple import build_ple, load_ple, ple_rows
 from .qwen4exp_qsa import qsa_inputs, qsa_values
@@ -321,27 +321,4 @@ class Qwen4ExpArch(Qwen35MoeArch):
         scores = ctx.add(ctx.cont(ctx.permute(cells, 1, 0, 2, 3)), ctx.reshape(mask, [n_kv, t, S]))
         k = min(n_kv, self.idx_top_k + r - 1)
         top = ctx.cont(ctx.top_k(scores, k))  # I32 [k, t, S]
-        shut = ctx.fill(inp.mask, float("-inf"))
-        es = shut.element_size
-        shut = ctx.view(shut, [1, n_kv, t, S], [es, es * n_kv, es * n_kv * t])
-        zeros = ctx.fill(ctx.view(scores, [1, k, t, S], [4, 4 * k, 4 * k * t]), 0.0)
-        opened = ctx.set_rows(shut, zeros, top)
-        opened = ctx.view(opened, [n_kv, t, 1, S], [es * n_kv, es * n_kv * t, es * n_kv * t])
-        return ctx.add(opened, inp.mask)
-
-    def rope_at(self, ctx: Context, x: Tensor, pos: Tensor | None) -> Tensor:
-        """IMRoPE of x [d, heads, m] over its first n_rot values at positions pos (4 * m)."""
-        hp = self.hp
-        assert pos is not None and self.rope_sections is not None
-        return ctx.rope_multi(
-            x,
-            pos,
-            hp.n_rot,
-            self.rope_sections,
-            self.rope_mode,
-            hp.n_ctx_orig,
-            hp.rope_base,
-            hp.rope_scale,
-            hp.rope_ext_factor,
-            hp.rope_attn_factor,
-        )
+        return top_k_mask(ctx, ctx.reshape(inp.mask, [n_kv, t, 1, S]), top, scores)
