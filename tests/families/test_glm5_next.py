@@ -200,3 +200,11 @@ def test_a_q8_0_cache_equals_llama_cpp(tmp_path, small_vocab):
     with Model(path, ctx_size=256, n_batch=64, n_threads=2, flash_attn=True, kv_type="q8_0") as m:
         got = greedy(m, prompt, 3)
     assert np.array_equal(got, ref.result()["logits0"])
+
+
+def test_a_quantized_cache_of_rows_it_cannot_divide_is_refused(tmp_path, small_vocab):
+    """An indexer key of 16 leaves rows that q8_0's blocks of 32 do not divide (llama.cpp aborts): a clear error."""
+    path = synth_glm5_next(str(tmp_path / "m.gguf"), small_vocab, indexer=(1, 16, 4), kpool=2)
+    with pytest.raises(ValueError, match="blocks of 32 values, which this model's K/V rows"):
+        with Model(path, ctx_size=64, n_threads=2, flash_attn=True, kv_type="q8_0") as m:
+            m.eval([1, 2, 3])

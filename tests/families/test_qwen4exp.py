@@ -147,3 +147,11 @@ def test_analyze_names_the_new_structure(q4, capsys):
     assert "hyper-connections: 4 residual streams of 64" in out and "gated delta-net layers" in out
     assert "block-sparse attention (QSA)" in out
     assert ("PLE n-gram embedding in block 0" in out) == (VARIANTS_OF[q4] == "qsa-ple")
+
+
+def test_a_quantized_cache_of_rows_it_cannot_divide_is_refused(tmp_path, small_vocab):
+    """QSA's raw indexer keys of 16 after each K row: q8_0's blocks of 32 do not divide the rows."""
+    path = synth_qwen4exp(str(tmp_path / "m.gguf"), small_vocab, idx_dim=16, ple_layer=None)
+    with pytest.raises(ValueError, match="blocks of 32 values, which this model's K/V rows"):
+        with Model(path, ctx_size=64, n_threads=2, flash_attn=True, kv_type="q8_0") as m:
+            m.eval([1, 2, 3])

@@ -58,10 +58,23 @@ def check_blocks(c: Any, name: str, dims: Sequence[int]) -> None:
         )
 
 
+def check_rows(hp: Any, c: Any) -> None:
+    """ValueError unless the cache types' blocks divide the memory's rows where a family keeps more than its heads
+    in them (HParams.kv_width: an indexer's keys after K, a latent's pooled keys)."""
+    for name, width in (("cache_type_k", hp.kv_width), ("cache_type_v", hp.kv_width_v or hp.kv_width)):
+        block = native.blck_size(kv_type(getattr(c, name)))
+        if width and (name == "cache_type_k" or not hp.latent_kv) and width % block:
+            raise ValueError(
+                f"{name}={getattr(c, name)} stores blocks of {block} values, which this model's K/V rows of "
+                f"{width} values (its heads and what {hp.arch} keeps beside them) do not divide into"
+            )
+
+
 def cache_rotations(hp: Any, c: Any, head_dims: Sequence[int] = ()) -> dict[str, int]:
     """Every check of the cache types against the model's heads, and the rotations a quantized cache holds Q, K
     and V rotated by: "k" and "v" (0: none; none for a latent K/V, one type with V read from K, as llama.cpp's),
     and with layers of other head sizes (`head_dims`) K's rotation of each size, "k<size>"."""
+    check_rows(hp, c)
     if hp.latent_kv:
         check_latent_types(hp, c.cache_type_k, c.cache_type_v)
         return {"k": attn_rot_size(hp.head_dim, c.cache_type_k, largest=True) if hp.k_only_rot else 0, "v": 0}
