@@ -16,13 +16,14 @@ namespace superggml {
 expert_cache::expert_cache(const expert_cache_params & params, std::shared_ptr<prefetcher> io)
     : p_(params), io_(std::move(io)) {
     if (p_.n_slots < 1 || p_.slot_size == 0) throw Error("expert cache needs at least one slot of nonzero size");
+    if (p_.zero_slots < 0) throw Error("expert cache: zero_slots must not be negative");
     if (!io_) throw Error("expert cache needs a prefetcher");
     if (!p_.buft) p_.buft = ggml_backend_cpu_buffer_type();
     want_direct_ = p_.direct;
     p_.direct = p_.direct && ggml_backend_buft_is_host(p_.buft) && !io_->staged();
     const size_t align = p_.direct ? DIRECT_ALIGN : ggml_backend_buft_get_alignment(p_.buft);
     slot_size_ = (p_.slot_size + align - 1) / align * align;
-    const size_t total = slot_size_ * (size_t) p_.n_slots + (p_.direct ? DIRECT_ALIGN : 0);
+    const size_t total = slot_size_ * (size_t) (p_.n_slots + p_.zero_slots) + (p_.direct ? DIRECT_ALIGN : 0);
     buf_ = ggml_backend_buft_alloc_buffer(p_.buft, total);
     if (!buf_) {
         throw Error("cannot allocate an expert cache of " + std::to_string(total) + " bytes on " +
@@ -32,7 +33,7 @@ expert_cache::expert_cache(const expert_cache_params & params, std::shared_ptr<p
         const auto base = (uintptr_t) ggml_backend_buffer_get_base(buf_);
         pad_ = (DIRECT_ALIGN - base % DIRECT_ALIGN) % DIRECT_ALIGN;
     }
-    ggml_backend_buffer_clear(buf_, 0);   // slots never loaded are read by no graph, but keep them finite
+    ggml_backend_buffer_clear(buf_, 0);   // the zero slots, and slots not loaded yet kept finite
     slots_.resize(p_.n_slots);
     active_ = p_.n_slots;
     if (p_.host_slots > 0 && (io_->staged() || !ggml_backend_buft_is_host(p_.buft))) {
@@ -337,7 +338,9 @@ int expert_cache::prefetch(int layer, const std::vector<int> & experts) {
 }
 
 void expert_cache::bind_view(ggml_tensor * t, size_t offset) const {
-    if (t->ne[2] != (int64_t) slots_.size() || t->ne[3] != 1) throw Error("expert view: ne[2] must be n_slots");
+    if (t->ne[2] != (int64_t) slots_.size() + p_.zero_slots || t->ne[3] != 1) {
+        throw Error("expert view: ne[2] must be n_slots + zero_slots");
+    }
     if (offset + ggml_row_size(t->type, t->ne[0]) * (size_t) t->ne[1] > slot_size_) {
         throw Error("expert view: the matrix does not fit the slot at that offset");
     }

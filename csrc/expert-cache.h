@@ -42,6 +42,13 @@
 // set_active(n) sets the slots past the first n aside: their experts are
 // evicted, no load takes them, and on host memory their pages are returned
 // to the system (MADV_DONTNEED) until set_active gives them back.
+//
+// Zero slots (zero_slots > 0): slots past the n_slots that no load ever
+// takes, left zeroed, for the positions of a map() whose experts are computed
+// elsewhere. ggml-cuda's mul_mat_id wants each row's ids distinct (its
+// grouping of rows by expert keeps one of a repeated id and leaves the other's
+// index unset); a zero slot is an expert that computes 0, distinct from every
+// loaded one. The views span n_slots + zero_slots.
 #pragma once
 
 #include "error.h"
@@ -70,6 +77,7 @@ struct expert_cache_params {
     ggml_backend_buffer_type * buft = nullptr;  // nullptr: CPU
     bool direct = false;                        // O_DIRECT reads where a layer's layout allows (host slots)
     int host_slots = 0;                         // a host tier of this many experts (device or staged slots)
+    int zero_slots = 0;                         // zeroed slots after the n_slots, never loaded (see above)
 };
 
 struct expert_cache_stats {
@@ -120,12 +128,13 @@ public:
     int prefetch(int layer, const std::vector<int> & experts);
     bool holds(int layer, int expert) const { return where_.count(key(layer, expert)) != 0; }
 
-    // Points `t` (ne[2] == n_slots) into the buffer at `offset` inside slot 0, with nb[2] = slot_size.
+    // Points `t` (ne[2] == n_slots + zero_slots) into the buffer at `offset` inside slot 0, with nb[2] = slot_size.
     void bind_view(ggml_tensor * t, size_t offset) const;
 
     expert_cache_stats stats() const;
     size_t slot_size() const { return slot_size_; }
     int n_slots() const { return (int) slots_.size(); }
+    int zero_slots() const { return p_.zero_slots; }   // slots n_slots() .. n_slots() + zero_slots() - 1
 
 private:
     struct slot {

@@ -26,22 +26,24 @@ void init_expert_cache(py::module_ & m) {
     py::class_<expert_cache, std::shared_ptr<expert_cache>>(m, "ExpertCache",
         "Mixture-of-experts experts paged one by one through slots of one buffer (see csrc/expert-cache.h).")
         .def(py::init([](const std::string & path, int n_slots, size_t slot_size, compute_backend * backend,
-                         int n_workers, bool direct_io, bool staged, int host_slots) {
+                         int n_workers, bool direct_io, bool staged, int host_slots, int zero_slots) {
             expert_cache_params p;
             p.n_slots = n_slots;
             p.slot_size = slot_size;
             p.buft = backend ? backend->buffer_type() : nullptr;
             p.direct = direct_io;
             p.host_slots = host_slots;
+            p.zero_slots = zero_slots;
             auto io = std::make_shared<prefetcher>(path, n_workers, direct_io,
                                                    backend ? backend->device() : nullptr, staged,
                                                    content_writer());
             return std::make_shared<expert_cache>(p, io);
         }), py::arg("path"), py::arg("n_slots"), py::arg("slot_size"), py::arg("backend") = nullptr,
             py::arg("n_workers") = 2, py::arg("direct_io") = false, py::arg("staged") = false,
-            py::arg("host_slots") = 0,
+            py::arg("host_slots") = 0, py::arg("zero_slots") = 0,
             "staged: host slots too load through staging and async copies (the device path); host_slots: a host "
-            "tier of that many experts between the file and slots that are not host memory (or staged ones)")
+            "tier of that many experts between the file and slots that are not host memory (or staged ones); "
+            "zero_slots: zeroed slots after the n_slots that no load takes (map()'s positions computed elsewhere)")
         .def("set_layer", [](expert_cache & c, int layer, int n_expert,
                              const std::vector<std::tuple<uint64_t, size_t, size_t, size_t>> & parts) {
             std::vector<expert_cache::part> ps;
@@ -72,9 +74,10 @@ void init_expert_cache(py::module_ & m) {
         .def("holds", &expert_cache::holds, py::arg("layer"), py::arg("expert"))
         .def("bind_view", [](const expert_cache & c, tensor_ref & t, size_t offset) { c.bind_view(t.t, offset); },
              py::arg("tensor"), py::arg("offset"),
-             "Points a [K, M, n_slots] tensor at `offset` inside slot 0 with nb[2] = slot_size.")
+             "Points a [K, M, n_slots + zero_slots] tensor at `offset` inside slot 0 with nb[2] = slot_size.")
         .def_property_readonly("slot_size", &expert_cache::slot_size)
         .def_property_readonly("n_slots", &expert_cache::n_slots)
+        .def_property_readonly("zero_slots", &expert_cache::zero_slots)
         .def("stats", [](const expert_cache & c) { return to_dict(c.stats()); });
 }
 

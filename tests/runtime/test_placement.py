@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import synth_gguf
-from superggml import Model
+from superggml import Model, native
 from superggml.commands.analyze import model_layout
 from superggml.runtime.exec.placement import ExpertPlacer, PlaceRates, Placer, bucket, compact
 from prompts import TOKENS_40 as PROMPT, run_prompt as run  # the prompt's logits, then six greedy tokens'
@@ -87,15 +87,26 @@ def test_placed_runs_equal_the_cpu(server, smollm2_path, tmp_path, kw):
 
 
 @pytest.mark.parametrize("variant", ["qwen3moe-8x2-q8_0", "gpt-oss-8x2-mxfp4", "qwen2moe-shared"])
-def test_experts_the_device_cache_lacks_compute_on_the_host(server, smollm2_path, tmp_path, variant):
+def test_experts_the_device_cache_lacks_compute_on_the_host(server, smollm2_path, tmp_path, variant, monkeypatch):
     """An expert cache of a quarter of the experts on the server's device: the experts it holds compute there,
     the others on the host (host), or loaded where the cost model says loading costs less (auto: here the
     prompts' experts, routed many rows each, load; a decoded row's compute on the host). Each position's output
-    is computed on one side alone, so the sums are the CPU's bits."""
+    is computed on one side alone, so the sums are the CPU's bits. The device's ids stay distinct in each row
+    (ggml-cuda's mul_mat_id groups a row's ids by expert and leaves a repeated one's index unset): its positions
+    computed on the host read the cache's zero slots."""
     fields = synth_gguf.vocab_fields(smollm2_path)
     path = str(synth(tmp_path / f"{variant}.gguf", fields, **{**VARIANTS[variant], "n_layer": 4}))
     cache = synth_gguf.expert_bytes(path) // 4
     prompt = [int(x) for x in np.random.default_rng(4).integers(0, 49152, 40)]
+    slot_ids: list[np.ndarray] = []
+    tensor_set = native.tensor_set
+
+    def recording(t, a):
+        if t.name.startswith("inp_expert_slots"):
+            slot_ids.append(np.array(a, np.int32).reshape(-1, t.ne[0]))
+        tensor_set(t, a)
+
+    monkeypatch.setattr(native, "tensor_set", recording)
 
     def run(**kw):
         with Model(path, ctx_size=128, n_threads=2, n_batch=8, **kw) as m:
@@ -103,13 +114,22 @@ def test_experts_the_device_cache_lacks_compute_on_the_host(server, smollm2_path
             if hx is not None and kw.get("placement") == "auto":
                 hx.rates = PlaceRates(host_row=1e12, host_rows=1e6, dev_row=1e10, dev_rows=1e15, link=1e12)
             out = [m.eval(prompt, logits_all=True).copy()] + [m.eval([t]).copy() for t in (5, 6, 7, 8, 9)]
-            return np.concatenate(out), m.stats(), hx
+            pager = m.runtime.placement.experts
+            zeros = (pager.core.n_slots, pager.zero_slots) if pager is not None else (0, 0)
+            return np.concatenate(out), m.stats(), hx, zeros
 
-    ref, _, _ = run()
+    ref, _, _, _ = run()
+    k = VARIANTS[variant]["n_expert_used"]
     for mode in ("device", "host", "auto"):
-        got, st, hx = run(devices=[on(server)], expert_cache=cache, placement=mode)
+        slot_ids.clear()
+        got, st, hx, (n_slots, zeros) = run(devices=[on(server)], expert_cache=cache, placement=mode)
         assert np.array_equal(got, ref), (mode, float(np.abs(got - ref).max()))
         assert (hx is None) == (mode == "device")
+        assert zeros == (0 if mode == "device" else k)
+        assert slot_ids and all(len(set(row)) == k for ids in slot_ids for row in ids.tolist()), mode
+        used = np.concatenate([ids.reshape(-1) for ids in slot_ids])
+        assert used.min() >= 0 and used.max() < n_slots + zeros
+        assert (used >= n_slots).any() == (mode != "device")  # the host's positions read zero slots
         if mode == "device":
             assert st["expert_misses"] > 0 and st["expert_host_misses"] == 0
         elif mode == "host":

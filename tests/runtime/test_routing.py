@@ -10,6 +10,7 @@ import synth_gguf
 from synth_gguf import expert_bytes
 from superggml import Model
 from superggml.errors import SuperggmlError
+from superggml.runtime.memory.arrays import tensor_array
 from superggml.runtime.weights.routing import optimal_loads
 
 
@@ -171,3 +172,24 @@ def test_slots_set_aside_are_emptied_and_given_back(smollm2_path):
     assert all(c.holds(0, e) for e in (1, 2, 3))
     with pytest.raises(SuperggmlError, match="out of range"):
         c.set_active(5)
+
+
+def test_zero_slots_are_never_loaded_and_stay_zero(smollm2_path):
+    """Zero slots (the positions a split computes off the device) sit past the loadable slots: the views span them,
+    no map() or prefetch() ever returns or fills one, and they read back as zeros while the others cycle."""
+    from superggml import native
+
+    c = one_layer_cache(smollm2_path, 2, zero_slots=3)
+    assert c.n_slots == 2 and c.zero_slots == 3
+    ctx = native.Context(max_tensors=2)
+    short, view = ctx.new_tensor(native.GGMLType.F32, [1024, 1, 2]), ctx.new_tensor(native.GGMLType.F32, [1024, 1, 5])
+    with pytest.raises(Exception, match="n_slots \\+ zero_slots"):
+        c.bind_view(short, 0)
+    c.bind_view(view, 0)
+    for ids in ([0, 1], [2, 3], [4], [5, 6], [7]):
+        c.prefetch(0, [9, 10])
+        slots, pinned = c.map(0, np.array(ids, np.int32))
+        assert set(slots.tolist()) <= {0, 1} and len(set(slots.tolist())) == len(ids)
+        c.release(pinned)
+    a = tensor_array(view).reshape(5, -1)
+    assert a[:2].any() and not a[2:].any()

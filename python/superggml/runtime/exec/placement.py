@@ -319,7 +319,7 @@ class Placements:
         pc = self.pc
         pl, p = pc.placement, pc.settings.paging
         pager = pl.pagers[0]
-        if pl.experts is not None and not pc.backends[0].is_host and p.placement != "device":
+        if pl.experts is not None and pl.experts_split:
             self.start_host_experts()
         if not (pl.paged and pc.n_split == 1 and not pc.backends[0].is_host and isinstance(pager, WeightPager)):
             return
@@ -393,7 +393,9 @@ class Placements:
             first = np.where(use.any(axis=1), values[np.arange(rows), use.argmax(axis=1)], fallback)
             return np.where(use, values, first[:, None]).astype(np.int32)
 
-        native.tensor_set(step.expert_ids, fill(slots, held, int(slots[held][0]) if held.any() else 0))
+        # the device's positions computed on the host read the zero slots: each row's ids stay distinct
+        zeros = pl.experts.core.n_slots + np.cumsum(host, axis=1) - 1
+        native.tensor_set(step.expert_ids, np.where(held, slots, zeros).astype(np.int32))
         native.tensor_set(hx.w_d, np.where(held, weights, 0).astype(np.float32))
         if not host.any():
             native.tensor_set(hx.part_d, np.zeros((rows, k, hx.part_d.ne[0]), np.float32))

@@ -166,8 +166,10 @@ class ExpertPager:
 
     Every slot holds one expert of one layer: its gate, up and down matrices at the offsets that layer's
     types give (a slot is as large as the largest layer's triple). Per layer, three tensors view the cache
-    buffer as [K, M, n_slots] expert tensors (nb[2] = slot size), so the FFN graph runs ggml_mul_mat_id on
-    them with the router's ids remapped to slots (map)."""
+    buffer as [K, M, n_slots + zero_slots] expert tensors (nb[2] = slot size), so the FFN graph runs
+    ggml_mul_mat_id on them with the router's ids remapped to slots (map). The zero slots (`zero_slots`, never
+    loaded) stand for the positions computed elsewhere (split), distinct from each other and every loaded
+    slot, since ggml-cuda's mul_mat_id wants a row's ids distinct."""
 
     def __init__(
         self,
@@ -183,23 +185,27 @@ class ExpertPager:
         loan: int = 0,
         staged: bool = False,
         host_tier: int = 0,
+        split: bool = False,
     ):
         """`lookahead`: load the next router's guesses (lookahead()) always (True), never (False), or as a
         timed trial of the first decoded tokens finds faster (None). `loan`: bytes beyond the budget that the
         cache holds until they are owed back (lend()). `staged`: loads go through staging buffers and async
         copies, as into a device; `host_tier`: bytes of host memory that keep experts between the file and a
-        device (or staged) cache."""
+        device (or staged) cache. `split`: some routed positions are computed off the cache
+        (runtime/exec/placement.py's split_experts): n_expert_used zero slots stand for them."""
         hp = arch.hp
         self.n_layer = hp.n_layer
         strided = staged or not backend.is_host
         self.parts = self.layout(store, arch, direct=direct_io, strided=strided)
         self.expert_bytes = slot = self.slot_bytes(store, arch, direct=direct_io, strided=strided)
-        self.base_slots = n_slots = budget // slot
-        need = hp.n_expert_used * 1
+        self.zero_slots = hp.n_expert_used if split else 0
+        self.base_slots = n_slots = budget // slot - self.zero_slots
+        need = hp.n_expert_used
         if n_slots < need:
+            zeros = f" besides {self.zero_slots} zero slots (experts computed on the host)" if split else ""
             raise ValueError(
-                f"expert_cache of {budget} bytes holds {n_slots} experts; a token is routed to "
-                f"{hp.n_expert_used} of {slot} bytes each: give it at least {need * slot} bytes"
+                f"expert_cache of {budget} bytes holds {max(n_slots, 0)} experts{zeros}; a token is routed to "
+                f"{hp.n_expert_used} of {slot} bytes each: give it at least {(need + self.zero_slots) * slot} bytes"
             )
         n_experts = hp.n_expert * sum(1 for parts in self.parts if parts)
         n_slots = max(n_slots, min(n_slots + loan // slot, n_experts))  # never more slots than experts on loan
@@ -214,6 +220,7 @@ class ExpertPager:
             direct_io=direct_io,
             staged=staged,
             host_slots=self.tier_slots,
+            zero_slots=self.zero_slots,
         )
         for il, parts in enumerate(self.parts):
             if parts:  # a block with a dense FFN has none
@@ -224,7 +231,7 @@ class ExpertPager:
             vs = []
             for name, (_, _, _, off) in zip(arch.expert_tensors(il), self.parts[il]):
                 t = store.get(name)
-                v = self.ctx.new_tensor(t.type, [t.ne[0], t.ne[1], n_slots])
+                v = self.ctx.new_tensor(t.type, [t.ne[0], t.ne[1], n_slots + self.zero_slots])
                 v.name = name + ".cache"
                 self.core.bind_view(v, off)
                 vs.append(v)
@@ -372,6 +379,7 @@ class ExpertPager:
         recall (routed experts that were predicted), over the layers it predicted."""
         d = dict(self.core.stats())
         d["expert_slots_lent"] = d["expert_slots_active"] - self.base_slots  # held on the plan's loan now
+        d["expert_zero_slots"] = self.zero_slots
         d["expert_lookahead_precision"] = self.guessed_right / self.guessed if self.guessed else 0.0
         d["expert_lookahead_recall"] = self.guessed_right / self.routed if self.routed else 0.0
         d["expert_lookahead"] = self.lookahead_state

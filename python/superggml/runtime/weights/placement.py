@@ -91,6 +91,9 @@ class WeightPlacement:
         self.experts: ExpertPager | None = None  # experts paged one by one (expert_cache)
         self.loan: ExpertLoan | None = None  # the plan's untouched K/V and compute, lent to the expert cache
         self.host_experts: Any = None  # placement.ExpertPlacer: missed experts computed on the host
+        self.experts_split = (
+            False  # the cache's misses may compute on the host (a device cache, placement not "device")
+        )
         self.expert_rows = 0
         self.moe: MoEScratch | None = None
         self.scheduler: LayerScheduler | None = None
@@ -352,6 +355,7 @@ class WeightPlacement:
         self.moe = MoEScratch(self.arch, c.n_batch, b, ahead)
         host = b.is_host and not p.staged_io and p.expert_cache_bytes is None and self.n_split == 1
         self.loan = ExpertLoan.of(self.memory_plan, hp, c, self.arch.ffn_width) if host else None
+        self.experts_split = not b.is_host and p.placement != "device"
         self.experts = ExpertPager(
             self.store,
             self.store.path,
@@ -363,6 +367,7 @@ class WeightPlacement:
             loan=self.loan.size if self.loan else 0,
             staged=p.staged_io,
             host_tier=max(0, self.host_tier_bytes() - self.host_tier_used),
+            split=self.experts_split,
         )
         self.host_tier_used += self.experts.tier_slots * self.experts.expert_bytes
         self.expert_rows = max(1, min(c.n_batch, self.experts.base_slots // hp.n_expert_used))
