@@ -40,10 +40,15 @@ def counters(m):
 
 def superggml_speed(path, n_gen, reps, **kw):
     """pp and tg tok/s (means over reps, after a warm-up), and the pager's counters per pass and per token. As
-    llama-bench runs them: the prefill reps one after another, then the decode reps, each from an empty context."""
+    llama-bench runs them: the prefill reps one after another, then the decode reps, each from an empty context,
+    after the load (superggml's runs in the background: it is waited for, as llama-bench's load ends before its
+    warm-up; else the warm-up computes block by block as the weights arrive and the first rep builds the pass's
+    graph)."""
     prompt = prompt_tokens(N_PROMPT)
     t0 = time.perf_counter()
     with Model(path, ctx_size=1024, n_batch=512, n_threads=THREADS, flash_attn=False, **device_kw(), **kw) as m:
+        while m.stats()["weights_loading"] and time.perf_counter() - t0 < 120:
+            time.sleep(0.005)
         load = time.perf_counter() - t0
         pp, tg, per_pass, per_token = [], [], [], []
         for rep in range(reps + 1):

@@ -3,6 +3,8 @@ and a host cost per decoded token that does not grow with the model's depth."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import synth_gguf
@@ -53,6 +55,25 @@ def test_resident_decode_reuses_its_graph(depths):
     assert prof["compute_ms"] > 0 and prof["host_ms"] > 0
     assert prof["host_ms"] + prof["compute_ms"] == pytest.approx(prof["wall_ms"], rel=1e-3, abs=1e-3)
     assert prof["device_ms"] == 0  # the CPU has no events
+
+
+def test_a_load_finished_before_the_first_pass_gives_it_the_whole_graph(depths):
+    """The weights load in the background; a pass that starts after the load has ended runs the pass's one graph,
+    and the next reuses it (as llama.cpp's warm-up builds the graph its timed runs reuse), rather than computing
+    block by block as if the weights were still arriving and building the whole graph a pass later."""
+    with Model(depths[24], ctx_size=256, n_threads=1) as m:
+        for _ in range(2000):
+            if not m.stats()["weights_loading"]:
+                break
+            time.sleep(0.005)
+        prof = []
+        for _ in range(2):
+            m.reset()
+            m.runtime.profile.reset()
+            m.eval(list(range(1, 17)))
+            st = m.stats()
+            prof.append((st["graphs_per_pass"], st["pass_profile"]["prefill"]["reused_per_pass"]))
+    assert prof == [(1, 0.0), (1, 1.0)], prof
 
 
 def test_host_time_per_decoded_token_does_not_grow_with_depth(depths):

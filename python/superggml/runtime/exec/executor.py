@@ -143,7 +143,7 @@ class Executor:
             "n_sequences": len(self.sequences),
             "n_tokens": self.seq.n_past,
             "n_threads": self.backends[self.embed_dev].n_threads,
-            "weights_loading": self.placement.loader is not None,
+            "weights_loading": self.placement.loader is not None and not self.placement.loader.done(),
             "devices": [b.name for b in self.backends[: self.n_split]],
             "blocks_per_device": [self.layer_device.count(i) for i in range(self.n_split)],
             "passes": ps.n_passes,

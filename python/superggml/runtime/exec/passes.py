@@ -118,6 +118,7 @@ class PassRunner:
         norm's rows (F32 [n_out, n_embd]) instead. hidden: an MTP block's rows beside the tokens."""
         self.profile.start()
         t0 = time.perf_counter()
+        self.pc.placement.pass_done()  # a load that ended since the last pass: this one merges
         c = self.pc.settings.context
         shapes: list[tuple[int, int]] = []
         starts: list[int] = []

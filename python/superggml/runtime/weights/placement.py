@@ -236,6 +236,7 @@ class WeightPlacement:
             self.loader.wait(group)
 
     def pass_done(self) -> None:
+        """Between passes: a background load that has finished is forgotten, so the next plan merges."""
         if self.loader is not None and self.loader.done():
             self.loader = None
 
