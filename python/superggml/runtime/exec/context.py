@@ -4,10 +4,12 @@ buffers every plan shares (HeadBuffers), whose growth makes the plans built befo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Sequence
 
 from ... import native
 from ...arch import Architecture
+from ...arch.base import PassInputs
 from ...arch.common import HParams
 from ...arch.mtp import MtpArch
 from ...settings import Settings
@@ -75,3 +77,9 @@ class PassContext:
     @property
     def hp(self) -> HParams:
         return self.arch.hp
+
+    @cached_property
+    def family_inputs(self) -> PassInputs | None:
+        """The architecture where it has inputs of its own (PassInputs), else None: checked once, since a
+        Protocol's isinstance costs microseconds each decoded token."""
+        return self.arch if isinstance(self.arch, PassInputs) else None

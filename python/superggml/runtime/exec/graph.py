@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import native
-from ...arch.base import CompressorInputs, CompressorShape, PassInputs
+from ...arch.base import CompressorInputs, CompressorShape
 from ...arch.common import StepInputs
 from ...arch.deepseek4_attention import compressor_rows
 from ...arch.mtp import PRE_NORM_HIDDEN
@@ -174,7 +174,7 @@ class GraphPlan:
     def new_inputs(self, di: int, backend: Any) -> StepInputs:
         c, hp, n = self.pc.settings.context, self.pc.hp, self.n
         mtype = F16 if c.flash_attn else F32
-        arch = self.pc.arch if isinstance(self.pc.arch, PassInputs) else None
+        arch = self.pc.family_inputs
         n_own = len(arch.own_inputs(n, self.n_kv, max(self.streams, 1))) + len(arch.pass_inputs(n)) if arch else 0
         ictx = native.Context(max_tensors=8 + (5 + n_own) * max(self.n_lanes, 1) + 8 * len(self.compressed))
 
@@ -274,8 +274,8 @@ class GraphPlan:
 
     def own_inputs(self, ictx: Any, n: int, n_kv: int, tag: str) -> dict[str, Any]:
         """The family's own inputs of a pass or lane (PassInputs), as StepInputs.own."""
-        arch = self.pc.arch
-        if not isinstance(arch, PassInputs):
+        arch = self.pc.family_inputs
+        if arch is None:
             return {}
         own = {}
         for name, (t, shape) in arch.own_inputs(n, n_kv, max(self.streams, 1)).items():
@@ -308,7 +308,7 @@ class GraphPlan:
         """Sets every device's inputs: the pass's tokens, each lane's rows, the rows whose output is wanted,
         the hidden rows an MTP block reads (F32 [n, n_embd]), and the family's own inputs (PassInputs; contexts:
         each lane's sequence through its last row)."""
-        arch = self.pc.arch if isinstance(self.pc.arch, PassInputs) else None
+        arch = self.pc.family_inputs
         whole: dict[str, np.ndarray] = {}
         if arch is not None and arch.pass_inputs(self.n):
             if not contexts:
@@ -346,8 +346,8 @@ class GraphPlan:
             for lane, r, lane_pos in zip(inp.lanes or [inp], rows, own_pos):  # each with its masks, K/V indices (kv)
                 assert lane.mask is not None and lane.k_idxs is not None and lane.v_idxs is not None
                 if lane.own:
-                    assert isinstance(self.pc.arch, PassInputs)
-                    for name, arr in self.pc.arch.own_values(lane_pos, lane.n_kv).items():
+                    assert arch is not None
+                    for name, arr in arch.own_values(lane_pos, lane.n_kv).items():
                         put(lane.own[name], arr)
                 put(lane.mask, r.mask)
                 if r.mask_swa is not None:

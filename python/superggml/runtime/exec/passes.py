@@ -14,7 +14,6 @@ from ..memory.arrays import tensor_array
 from ..memory.sequences import SequenceState
 from ..weights.pagers import WeightPager
 from .context import PassContext
-from ...arch.base import PassInputs
 from ...arch.deepseek4_attention import pass_shape
 from .graph import GraphPlan, LaneRows, Step, lane_rows, padded_kv
 from .placement import Placements, Placer
@@ -154,7 +153,7 @@ class PassRunner:
         self.placements.arrange(hosted)
         contexts: list[list[int]] = []
         seen: dict[int, list[int]] = {}
-        for seq, toks in items if isinstance(self.pc.arch, PassInputs) else ():  # each lane's sequence so far
+        for seq, toks in items if self.pc.family_inputs is not None else ():  # each lane's sequence so far
             seen[seq.id] = seen.get(seq.id, list(seq.tokens)) + [int(t) for t in toks]
             contexts.append(seen[seq.id])
         plan.fill(np.concatenate([np.asarray(t, dtype=np.int32) for _, t in items]), rows, out_rows, hidden, contexts)
