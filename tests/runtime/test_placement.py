@@ -138,6 +138,20 @@ def test_experts_the_device_cache_lacks_compute_on_the_host(server, smollm2_path
             assert st["expert_host_misses"] > 0 and hx.loaded > 0 and hx.hosted > 0  # loads go as prefetches
 
 
+def test_an_expert_cache_too_small_beside_its_zero_slots_is_a_clear_error(server, smollm2_path, tmp_path):
+    """Where the experts the cache lacks may compute on the host, n_expert_used of the cache's bytes are zero slots:
+    a cache that then holds fewer experts than a token is routed to says so, and how much it needs."""
+    fields = synth_gguf.vocab_fields(smollm2_path)
+    path = str(synth(tmp_path / "moe.gguf", fields, **{**VARIANTS["qwen3moe-8x2-q8_0"], "n_layer": 4}))
+    kw = dict(ctx_size=128, n_threads=1, devices=[on(server)])
+    with Model(path, **kw, expert_cache=1 << 20, placement="device") as m:
+        slot = m.stats()["expert_slot_size"]
+    with Model(path, **kw, expert_cache=3 * slot, placement="device") as m:
+        assert m.stats()["expert_slots"] == 3 and m.stats()["expert_zero_slots"] == 0
+    with pytest.raises(ValueError, match=f"besides 2 zero slots.*at least {4 * slot} bytes"):
+        Model(path, **kw, expert_cache=3 * slot, placement="auto")
+
+
 def test_the_kv_follows_the_blocks_both_ways(server, smollm2_path):
     """Prompts on the device, decoded tokens on the host, then a prompt on the device again: each switch moves
     the K/V of the streamed blocks, and the logits stay the CPU's."""
