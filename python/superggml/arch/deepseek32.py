@@ -32,6 +32,7 @@ GLM_5_2_INDEXER_TYPES = (1, 1) + (1, 0, 0, 0) * 19
 
 class Deepseek32Arch(Deepseek2Arch):
     indexer_rope = ROPE_NEOX
+    indexer_rope_last = False  # the indexer's RoPE turns the first n_rot values of a head (else the last)
     indexer_norm_eps = 1e-6  # llama.cpp fixes deepseek32's layer-norm epsilon
     default_gating = 0  # expert_gating_func required
 
@@ -135,6 +136,7 @@ class Deepseek32Arch(Deepseek2Arch):
             hp.rope_ext_factor,
             hp.rope_attn_factor,
             *self.yarn_beta,
+            offset=x.ne[0] - hp.n_rot if self.indexer_rope_last else 0,
         )
 
     def sparse_mask(

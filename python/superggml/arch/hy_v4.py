@@ -25,6 +25,7 @@ from .deepseek32 import Deepseek32Arch
 class HyV4Arch(Deepseek32Arch):
     late_gather = True  # the head picks its rows from the last block's streams
     indexer_rope = ROPE_NORM
+    indexer_rope_last = True  # the indexer's RoPE turns the last n_rot values of a head
 
     def load_hparams(self, meta: Mapping[str, Any]) -> None:
         hp = self.hp
@@ -90,24 +91,6 @@ class HyV4Arch(Deepseek32Arch):
         ik = self.indexer_roped(ctx, inp, ctx.reshape(ik, [d, 1, n]))
         iw = ctx.mul_mat(w(p + "indexer.proj.weight"), cur)
         return iq, ik, ctx.scale(iw, float(f32(1.0) / np.sqrt(f32(d * self.idx_heads))))
-
-    def indexer_roped(self, ctx: Context, inp: StepInputs, x: Tensor) -> Tensor:
-        hp = self.hp
-        assert inp.positions is not None
-        return ctx.rope_ext(
-            x,
-            inp.positions,
-            None,
-            hp.n_rot,
-            self.indexer_rope,
-            hp.n_ctx_orig,
-            hp.rope_base,
-            hp.rope_scale,
-            hp.rope_ext_factor,
-            hp.rope_attn_factor,
-            *self.yarn_beta,
-            offset=x.ne[0] - hp.n_rot,
-        )
 
     def attention_scale(self, meta: Mapping[str, Any]) -> float:
         return inv_sqrt(self.k_mla)  # hy_v4 reads no DeepSeek YaRN mscale
@@ -203,13 +186,6 @@ class HyV4Arch(Deepseek32Arch):
     def build_attention(self, blk: BlockGraph, cur: Tensor, k_cache: Memory, v_cache: Memory) -> Tensor:
         out = super().build_attention(blk, cur, k_cache, v_cache)
         return blk.ctx.mul(out, blk.ctx.sigmoid(blk.ctx.mul_mat(blk.w(f"blk.{blk.il}.attn_gate.weight"), cur)))
-
-    def build_block(
-        self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
-    ) -> Tensor:
-        p = f"blk.{il}."
-        ffn_inp, cur = self.build_attn_part(ctx, gf, w, inp, il, x, k_cache, v_cache)
-        return self.build_ffn_out(ctx, w, p, self.build_ffn(ctx, w, p, cur), ffn_inp)
 
     def build_attn_part(
         self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory

@@ -236,14 +236,6 @@ class KimiK3Arch(HybridArch):
     def build_embed(self, ctx: Context, w: Weights, inp: StepInputs) -> Tensor:
         return self.join(ctx, super().build_embed(ctx, w, inp), None)
 
-    def build_block(
-        self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
-    ) -> Tensor:
-        """Block il over the residual rows x F32 [residual_width, n] -> same shape (every row: the head picks)."""
-        p = f"blk.{il}."
-        ffn_inp, cur = self.build_attn_part(ctx, gf, w, inp, il, x, k_cache, v_cache)
-        return self.build_ffn_out(ctx, w, p, self.build_ffn(ctx, w, p, cur), ffn_inp)
-
     def build_attn_part(
         self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
     ) -> tuple[Tensor, Tensor]:

@@ -34,13 +34,6 @@ class KimiLinearArch(KimiK3Arch):
         fused = any(n.endswith(".attn_qkv.weight") for n in self.names)
         return KdaShape(n_head, head_dim, self.d_conv, None, self.hp.rms_eps, True, fused, (1, n_head))
 
-    def build_block(
-        self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
-    ) -> Tensor:
-        p = f"blk.{il}."
-        ffn_inp, cur = self.build_attn_part(ctx, gf, w, inp, il, x, k_cache, v_cache)
-        return self.build_ffn_out(ctx, w, p, self.build_ffn(ctx, w, p, cur), ffn_inp)
-
     def build_attn_part(
         self, ctx: Context, gf: Graph, w: Weights, inp: StepInputs, il: int, x: Tensor, k_cache: Memory, v_cache: Memory
     ) -> tuple[Tensor, Tensor]:
