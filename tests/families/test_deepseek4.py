@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 import llama_ref
+from greedy_reference import assert_greedy_equals_llama_cpp
+from prompts import greedy_ids, greedy_rows as greedy, random_tokens as prompt_of
 from superggml import Model, UnsupportedModelError
 from synth_deepseek4 import synth_deepseek4
 
@@ -20,18 +22,6 @@ def ds4(tmp_path_factory, small_vocab):
     return synth_deepseek4(str(tmp_path_factory.mktemp("ds4") / "ds4.gguf"), small_vocab)
 
 
-def prompt_of(n: int, seed: int = 1) -> list[int]:
-    return [int(x) for x in np.random.default_rng(seed).integers(3, 1000, n)]
-
-
-def greedy(m: Model, prompt: list[int], n_decode: int) -> np.ndarray:
-    """The prompt's logits, then n_decode greedy steps' (llama_ref's kv_types: the argmax fed back)."""
-    rows = [m.eval(prompt, logits_all=True).copy()]
-    for _ in range(n_decode):
-        rows.append(m.eval([int(np.argmax(rows[-1][-1]))]).copy())
-    return np.concatenate(rows)
-
-
 @pytest.mark.parametrize(
     "n_batch", [64, pytest.param(512, marks=pytest.mark.slow), pytest.param(5, marks=pytest.mark.slow)]
 )
@@ -39,16 +29,7 @@ def test_logits_and_48_greedy_tokens_equal_llama_cpp(ds4, n_batch):
     """Flash attention off and on, F16 K/V: a 260-token prompt in chunks of n_batch (n_batch 5 splits CSA windows
     across passes), then 48 greedy tokens, every row bit for bit."""
     prompt = prompt_of(260)
-    configs = [(1, 1, False), (1, 1, True)]
-    req = {"kind": "kv_types", "model": ds4, "prompt": prompt, "configs": configs, "n_decode": 48, "n_ctx": 512}
-    ref = llama_ref.start({**req, "n_batch": n_batch})
-    ours = []
-    for fa in (False, True):
-        with Model(ds4, ctx_size=512, n_batch=n_batch, n_threads=2, flash_attn=fa) as m:
-            ours.append(greedy(m, prompt, 48))
-    refs = ref.result()
-    for i in range(2):
-        assert np.array_equal(ours[i], refs[f"logits{i}"]), f"flash_attn={bool(i)}"
+    assert_greedy_equals_llama_cpp(ds4, prompt, 48, n_batch=n_batch, n_ctx=512)
 
 
 @pytest.mark.slow
@@ -157,18 +138,10 @@ def test_speculative_decoding_rolls_the_compressed_memory_back(ds4, tmp_path, sm
     prompt = prompt_of(150, 8)
     kw = dict(ctx_size=512, n_threads=2, batch_invariant=batch_invariant)
 
-    def greedy_text(m: Model) -> list[int]:
-        out: list[int] = []
-        for t in m.generate(prompt, temp=0.0):
-            out.append(t)
-            if len(out) == 40:
-                return out
-        return out
-
     with Model(ds4, **kw) as m:
-        plain = greedy_text(m)
+        plain = greedy_ids(m, prompt, 40)
     with Model(ds4, draft_model=draft, draft_k=4, **kw) as m:
-        assert greedy_text(m) == plain
+        assert greedy_ids(m, prompt, 40) == plain
         st = m.stats()
         assert st["draft_tokens"] > 4 * st["draft_accepted"]
 

@@ -10,7 +10,8 @@ import os
 import numpy as np
 import pytest
 
-import llama_ref
+from greedy_reference import assert_greedy_equals_llama_cpp
+from prompts import random_tokens as prompt_of
 from saving import assert_restored_continues
 from superggml import Model
 from synth_gguf import VARIANTS, synth
@@ -25,30 +26,10 @@ def model(request, tmp_path_factory, small_vocab):
     return synth(tmp_path_factory.mktemp("frontier") / f"{request.param}.gguf", small_vocab, **VARIANTS[request.param])
 
 
-def prompt_of(n: int, seed: int = 1) -> list[int]:
-    return [int(x) for x in np.random.default_rng(seed).integers(3, 1000, n)]
-
-
-def greedy(m: Model, prompt: list[int], n_decode: int) -> np.ndarray:
-    rows = [m.eval(prompt, logits_all=True).copy()]
-    for _ in range(n_decode):
-        rows.append(m.eval([int(np.argmax(rows[-1][-1]))]).copy())
-    return np.concatenate(rows)
-
-
 def test_logits_and_48_greedy_tokens_equal_llama_cpp(model):
     """A 100-token prompt in passes of 16, then 48 greedy tokens, flash attention off and on: every row."""
     prompt = prompt_of(100)
-    configs = [(1, 1, False), (1, 1, True)]
-    req = {"kind": "kv_types", "model": model, "prompt": prompt, "configs": configs, "n_decode": 48, "n_ctx": 256}
-    ref = llama_ref.start({**req, "n_batch": 16})
-    ours = []
-    for fa in (False, True):
-        with Model(model, ctx_size=256, n_batch=16, n_threads=2, flash_attn=fa) as m:
-            ours.append(greedy(m, prompt, 48))
-    refs = ref.result()
-    for i in range(2):
-        assert np.array_equal(ours[i], refs[f"logits{i}"]), f"flash_attn={bool(i)}"
+    assert_greedy_equals_llama_cpp(model, prompt, 48, n_batch=16)
 
 
 def test_streamed_in_40_percent_equals_resident_and_a_restored_sequence_continues(model, tmp_path):

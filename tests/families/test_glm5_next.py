@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 import llama_ref
+from greedy_reference import assert_greedy_equals_llama_cpp
+from prompts import greedy_ids, greedy_rows as greedy, random_tokens as prompt_of
 from saving import assert_restored_continues
 from superggml import Model, SuperggmlError, UnsupportedModelError
 from synth_gguf import expert_bytes
@@ -21,32 +23,12 @@ def g5(tmp_path_factory, small_vocab):
     return synth_glm5_next(str(tmp_path_factory.mktemp("g5") / "g5.gguf"), small_vocab)
 
 
-def prompt_of(n: int, seed: int = 1) -> list[int]:
-    return [int(x) for x in np.random.default_rng(seed).integers(3, 1000, n)]
-
-
-def greedy(m: Model, prompt: list[int], n_decode: int) -> np.ndarray:
-    rows = [m.eval(prompt, logits_all=True).copy()]
-    for _ in range(n_decode):
-        rows.append(m.eval([int(np.argmax(rows[-1][-1]))]).copy())
-    return np.concatenate(rows)
-
-
 @pytest.mark.parametrize("n_batch", [16, 512])
 def test_logits_and_48_greedy_tokens_equal_llama_cpp(g5, n_batch):
     """A 100-token prompt in passes of n_batch (16: the indexer's gather path, 512: its mask), then 48 greedy
     tokens (gathered), flash attention off and on: every row."""
     prompt = prompt_of(100)
-    configs = [(1, 1, False), (1, 1, True)]
-    req = {"kind": "kv_types", "model": g5, "prompt": prompt, "configs": configs, "n_decode": 48, "n_ctx": 256}
-    ref = llama_ref.start({**req, "n_batch": n_batch})
-    ours = []
-    for fa in (False, True):
-        with Model(g5, ctx_size=256, n_batch=n_batch, n_threads=2, flash_attn=fa) as m:
-            ours.append(greedy(m, prompt, 48))
-    refs = ref.result()
-    for i in range(2):
-        assert np.array_equal(ours[i], refs[f"logits{i}"]), f"flash_attn={bool(i)}"
+    assert_greedy_equals_llama_cpp(g5, prompt, 48, n_batch=n_batch)
 
 
 def test_streamed_cached_paged_and_split_equal_resident(g5):
@@ -91,16 +73,7 @@ def test_generator_options_equal_llama_cpp(tmp_path, small_vocab, option):
     """A 100-token prompt in passes of 32 and 4 decoded tokens, flash attention off and on."""
     path = synth_glm5_next(str(tmp_path / "m.gguf"), small_vocab, **OPTIONS[option])
     prompt = prompt_of(100, 6)
-    configs = [(1, 1, False), (1, 1, True)]
-    req = {"kind": "kv_types", "model": path, "prompt": prompt, "configs": configs, "n_decode": 4, "n_ctx": 256}
-    ref = llama_ref.start({**req, "n_batch": 32})
-    ours = []
-    for fa in (False, True):
-        with Model(path, ctx_size=256, n_batch=32, n_threads=2, flash_attn=fa) as m:
-            ours.append(greedy(m, prompt, 4))
-    refs = ref.result()
-    for i in range(2):
-        assert np.array_equal(ours[i], refs[f"logits{i}"], equal_nan=True), f"flash_attn={bool(i)}"
+    assert_greedy_equals_llama_cpp(path, prompt, 4, n_batch=32, equal_nan=True)
 
 
 REFUSED = {  # files llama.cpp fails to load or aborts on (docs/dev/glm5-next.md section 5)
@@ -133,18 +106,10 @@ def test_speculative_decoding_keeps_the_greedy_text(g5, tmp_path, small_vocab):
     prompt = prompt_of(30, 4)
     kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
 
-    def text(m: Model) -> list[int]:
-        out: list[int] = []
-        for t in m.generate(prompt, temp=0.0):
-            out.append(t)
-            if len(out) == 32:
-                return out
-        return out
-
     with Model(g5, **kw) as m:
-        plain = text(m)
+        plain = greedy_ids(m, prompt, 32)
     with Model(g5, draft_model=draft, draft_k=4, **kw) as m:
-        assert text(m) == plain
+        assert greedy_ids(m, prompt, 32) == plain
         assert m.stats()["draft_tokens"] > 0
 
 
@@ -162,16 +127,7 @@ def test_a_longer_prompt_in_short_passes_equals_llama_cpp(tmp_path, small_vocab,
     128 pools per query, more than llama.cpp's padded pool count early on (every pool selected)."""
     path = synth_glm5_next(str(tmp_path / "m.gguf"), small_vocab, indexer=(2, 16, top_k))
     prompt = prompt_of(300, 7)
-    configs = [(1, 1, False), (1, 1, True)]
-    req = {"kind": "kv_types", "model": path, "prompt": prompt, "configs": configs, "n_decode": 8, "n_ctx": 512}
-    ref = llama_ref.start({**req, "n_batch": 16})
-    ours = []
-    for fa in (False, True):
-        with Model(path, ctx_size=512, n_batch=16, n_threads=2, flash_attn=fa) as m:
-            ours.append(greedy(m, prompt, 8))
-    refs = ref.result()
-    for i in range(2):
-        assert np.array_equal(ours[i], refs[f"logits{i}"]), f"flash_attn={bool(i)}"
+    assert_greedy_equals_llama_cpp(path, prompt, 8, n_batch=16, n_ctx=512)
 
 
 def test_a_truncated_sequence_continues_as_if_fed_anew(g5):

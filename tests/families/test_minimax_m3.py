@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import llama_ref
+from prompts import greedy_rows as greedy, random_tokens as prompt_of
 from saving import assert_restored_continues
 from superggml import Model, UnsupportedModelError
 from superggml.arch.base import PassInputs
@@ -25,17 +26,6 @@ SPARSE_FROM = 64  # top_k 4 blocks of 16: rows before this keep every block
 @pytest.fixture(scope="module")
 def m3(tmp_path_factory, small_vocab):
     return synth_minimax_m3(str(tmp_path_factory.mktemp("m3") / "m3.gguf"), small_vocab)
-
-
-def prompt_of(n: int, seed: int = 1) -> list[int]:
-    return [int(x) for x in np.random.default_rng(seed).integers(3, 1000, n)]
-
-
-def greedy(m: Model, prompt: list[int], steps: int) -> np.ndarray:
-    rows = [m.eval(prompt, logits_all=True).copy()]
-    for _ in range(steps):
-        rows.append(m.eval([int(np.argmax(rows[-1][-1]))]).copy())
-    return np.concatenate(rows)
 
 
 @pytest.mark.parametrize("n_batch", [16, 512])

@@ -10,7 +10,8 @@ import os
 import numpy as np
 import pytest
 
-import llama_ref
+from greedy_reference import assert_greedy_equals_llama_cpp
+from prompts import greedy_ids, random_tokens as prompt_of
 from saving import assert_restored_continues
 from cli_runner import run_cli
 from superggml import GGUFError, Model
@@ -33,31 +34,11 @@ def q4(request, tmp_path_factory, small_vocab):
     return path
 
 
-def prompt_of(n: int, seed: int = 1) -> list[int]:
-    return [int(x) for x in np.random.default_rng(seed).integers(3, 1000, n)]
-
-
-def greedy(m: Model, prompt: list[int], n_decode: int) -> np.ndarray:
-    rows = [m.eval(prompt, logits_all=True).copy()]
-    for _ in range(n_decode):
-        rows.append(m.eval([int(np.argmax(rows[-1][-1]))]).copy())
-    return np.concatenate(rows)
-
-
 @pytest.mark.parametrize("n_batch", [16, pytest.param(512, marks=pytest.mark.slow)])
 def test_logits_and_48_greedy_tokens_equal_llama_cpp(q4, n_batch):
     """A 100-token prompt in passes of n_batch, then 48 greedy tokens, flash attention off and on: every row."""
     prompt = prompt_of(100)
-    configs = [(1, 1, False), (1, 1, True)]
-    req = {"kind": "kv_types", "model": q4, "prompt": prompt, "configs": configs, "n_decode": 48, "n_ctx": 256}
-    ref = llama_ref.start({**req, "n_batch": n_batch})
-    ours = []
-    for fa in (False, True):
-        with Model(q4, ctx_size=256, n_batch=n_batch, n_threads=2, flash_attn=fa) as m:
-            ours.append(greedy(m, prompt, 48))
-    refs = ref.result()
-    for i in range(2):
-        assert np.array_equal(ours[i], refs[f"logits{i}"]), f"flash_attn={bool(i)}"
+    assert_greedy_equals_llama_cpp(q4, prompt, 48, n_batch=n_batch)
 
 
 @pytest.mark.slow
@@ -112,18 +93,10 @@ def test_speculative_decoding_keeps_the_greedy_text(q4, tmp_path, small_vocab):
     prompt = prompt_of(30, 4)
     kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
 
-    def text(m: Model) -> list[int]:
-        out: list[int] = []
-        for t in m.generate(prompt, temp=0.0):
-            out.append(t)
-            if len(out) == 32:
-                return out
-        return out
-
     with Model(q4, **kw) as m:
-        plain = text(m)
+        plain = greedy_ids(m, prompt, 32)
     with Model(q4, draft_model=draft, draft_k=4, **kw) as m:
-        assert text(m) == plain
+        assert greedy_ids(m, prompt, 32) == plain
         assert m.stats()["draft_tokens"] > 0
 
 

@@ -2,6 +2,8 @@
 (varied, each at least 64 tokens); the token feed the streamed-against-resident tests compare (a 40-token prompt,
 then 3 decoded tokens); the prompts of the tests that compare runs of one model; greedy text."""
 
+import itertools
+
 import numpy as np
 
 PROMPTS = [
@@ -64,3 +66,21 @@ def greedy(m, prompt, n: int) -> str:
         out = m.create_chat_completion(prompt, temperature=0.0, max_tokens=n)
         return str(out["choices"][0]["message"]["content"])
     return m.create_completion(prompt, max_tokens=n, temperature=0.0)["choices"][0]["text"]
+
+
+def random_tokens(n: int, seed: int = 1) -> list[int]:
+    """n token ids in [3, 1000): a prompt for the small-vocabulary synthetic models."""
+    return [int(x) for x in np.random.default_rng(seed).integers(3, 1000, n)]
+
+
+def greedy_rows(m, prompt: list[int], n_decode: int) -> np.ndarray:
+    """The prompt's logits, then n_decode greedy steps' (llama_ref's kv_types: the argmax fed back)."""
+    rows = [m.eval(prompt, logits_all=True).copy()]
+    for _ in range(n_decode):
+        rows.append(m.eval([int(np.argmax(rows[-1][-1]))]).copy())
+    return np.concatenate(rows)
+
+
+def greedy_ids(m, prompt: list[int], n: int) -> list[int]:
+    """The first n token ids m.generate gives at temperature 0 after `prompt`."""
+    return list(itertools.islice(m.generate(prompt, temp=0.0), n))
