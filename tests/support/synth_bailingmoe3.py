@@ -11,13 +11,11 @@ docs/dev/bailingmoe3.md describes the family.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import gguf
 import numpy as np
-from superggml import models
-from synth_gguf import finish, small_vocab_fields, start_header, tensor_writers, vocab_fields
+from synth_gguf import family_fields, family_parser, finish, scaled_ffn_tensors, start_header, tensor_writers
 
 SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (Ling's score_function)
 
@@ -144,15 +142,8 @@ def synth_bailingmoe3(
         t(p + "attn_output.weight", n_embd, n_head * v_head_dim, scale=(n_head * v_head_dim) ** -0.5)
 
     def moe(p):
-        t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=n_embd**-0.5)
-        f32(p + "exp_probs_b.bias", n_expert, scale=0.1)
-        t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd, scale=n_embd**-0.5)
-        t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd, scale=n_embd**-0.5)
-        t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp, scale=n_ff_exp**-0.5)
         n_sh = n_ff_shexp if n_ff_shexp else n_ff_exp * max(1, n_shared)
-        t(p + "ffn_gate_shexp.weight", n_sh, n_embd, scale=n_embd**-0.5)
-        t(p + "ffn_up_shexp.weight", n_sh, n_embd, scale=n_embd**-0.5)
-        t(p + "ffn_down_shexp.weight", n_embd, n_sh, scale=n_sh**-0.5)
+        scaled_ffn_tensors(t, p, False, n_embd, 0, n_expert, n_ff_exp, n_sh)
 
     t("token_embd.weight", n_vocab, n_embd, scale=1.0)
     d_inner = n_head * kda_head_dim
@@ -175,9 +166,7 @@ def synth_bailingmoe3(
             t(p + "attn_output.weight", n_embd, d_inner, scale=d_inner**-0.5)
         norm(p + "ffn_norm.weight")
         if il < n_dense:
-            t(p + "ffn_gate.weight", n_ff, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_up.weight", n_ff, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_down.weight", n_embd, n_ff, scale=n_ff**-0.5)
+            scaled_ffn_tensors(t, p, True, n_embd, n_ff, 0, 0, 0)
         else:
             moe(p)
     if mtp:
@@ -197,15 +186,11 @@ def synth_bailingmoe3(
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out")
-    ap.add_argument("--vocab-from", help="GGUF whose vocabulary to use, cut to 1024 tokens (default: SmolLM2)")
-    ap.add_argument("--wtype", default="f32", choices=("f32", "f16", "q8_0", "q4_0"))
+    ap = family_parser(__doc__)
     ap.add_argument("--mtp", action="store_true", help="add one MTP block")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    vocab = a.vocab_from or str(models.smollm2_path())
-    fields = small_vocab_fields(vocab_fields(vocab), 1024)
+    fields = family_fields(a)
     print(synth_bailingmoe3(a.out, fields, wtype=a.wtype, mtp=a.mtp, seed=a.seed))
     return 0
 

@@ -10,13 +10,11 @@ MTP (nextn) block. docs/dev/deepseek4.md describes the family.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import gguf
 import numpy as np
-from superggml import models
-from synth_gguf import finish, small_vocab_fields, start_header, tensor_writers, vocab_fields
+from synth_gguf import family_fields, family_parser, finish, start_header, tensor_writers
 
 SQRT_SOFTPLUS = 4  # LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS, the only scoring llama.cpp accepts for deepseek4
 CSA, HCA = 4, 128  # the compression ratios llama.cpp knows (0: a block without compression)
@@ -200,12 +198,9 @@ def block_tensors(t, norm, p, ratio, hashed, is_mtp, d):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out")
-    ap.add_argument("--vocab-from", help="GGUF whose vocabulary to use, cut to 1024 tokens (default: SmolLM2)")
+    ap = family_parser(__doc__, wtype=False)
     a = ap.parse_args(argv)
-    vocab = a.vocab_from or str(models.smollm2_path())
-    print(synth_deepseek4(a.out, small_vocab_fields(vocab_fields(vocab), 1024)))
+    print(synth_deepseek4(a.out, family_fields(a)))
     return 0
 
 

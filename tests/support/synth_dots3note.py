@@ -11,13 +11,11 @@ exp_probs_b and shared experts. docs/dev/dots3note.md describes the family.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import gguf
 import numpy as np
-from superggml import models
-from synth_gguf import finish, small_vocab_fields, start_header, tensor_writers, vocab_fields
+from synth_gguf import family_fields, family_parser, finish, scaled_ffn_tensors, start_header, tensor_writers
 
 SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 
@@ -144,21 +142,9 @@ def synth_dots3note(
             t(p + "indexer.proj.weight", indexer_heads, n_embd, scale=n_embd**-0.5)
             t(p + "indexer.attn_k.weight", indexer_dim, n_embd, scale=n_embd**-0.5)
             t(p + "indexer.attn_q_b.weight", indexer_heads * indexer_dim, q_lora_rank, scale=q_lora_rank**-0.5)
-        if il < n_dense or il >= n_layer:
-            t(p + "ffn_gate.weight", n_ff, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_up.weight", n_ff, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_down.weight", n_embd, n_ff, scale=n_ff**-0.5)
-        else:
-            t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=n_embd**-0.5)
-            put(p + "exp_probs_b.bias", (rng.standard_normal(n_expert) * 0.1).astype(np.float32))
-            t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp, scale=n_ff_exp**-0.5)
-            if n_shared:  # llama.cpp requires them: 0 makes a file it refuses
-                n_sh = n_ff_exp * n_shared
-                t(p + "ffn_gate_shexp.weight", n_sh, n_embd, scale=n_embd**-0.5)
-                t(p + "ffn_up_shexp.weight", n_sh, n_embd, scale=n_embd**-0.5)
-                t(p + "ffn_down_shexp.weight", n_embd, n_sh, scale=n_sh**-0.5)
+        # shared experts: llama.cpp requires them, n_shared 0 makes a file it refuses
+        dense = il < n_dense or il >= n_layer
+        scaled_ffn_tensors(t, p, dense, n_embd, n_ff, n_expert, n_ff_exp, n_ff_exp * n_shared)
         if il >= n_layer:  # NextN block: loaded with TENSOR_SKIP, no graph uses it
             t(p + "nextn.eh_proj.weight", n_embd, 2 * n_embd, scale=(2 * n_embd) ** -0.5)
             norm(p + "nextn.enorm.weight")
@@ -172,17 +158,13 @@ def synth_dots3note(
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out")
-    ap.add_argument("--vocab-from", help="GGUF whose vocabulary to use, cut to 1024 tokens (default: SmolLM2)")
-    ap.add_argument("--wtype", default="f32", choices=("f32", "f16", "q8_0", "q4_0"))
+    ap = family_parser(__doc__)
     ap.add_argument("--top-k", type=int, default=16)
     ap.add_argument("--swa-layers", default="1,2", help="comma-separated sliding-window blocks (default 1,2)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    vocab = a.vocab_from or str(models.smollm2_path())
     swa = tuple(int(x) for x in a.swa_layers.split(",") if x)
-    fields = small_vocab_fields(vocab_fields(vocab), 1024)
+    fields = family_fields(a)
     print(synth_dots3note(a.out, fields, wtype=a.wtype, top_k=a.top_k, swa_layers=swa, seed=a.seed))
     return 0
 

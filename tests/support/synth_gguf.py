@@ -41,6 +41,24 @@ def vocab_fields(path):
     return fields
 
 
+def family_parser(doc, wtype=True):
+    """The command line of a family's synthetic model (synth_<family>.py): the output path, --vocab-from and, with
+    `wtype`, --wtype; the family adds its own options."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--vocab-from", help="GGUF whose vocabulary to use, cut to 1024 tokens (default: SmolLM2)")
+    if wtype:
+        ap.add_argument("--wtype", default="f32", choices=("f32", "f16", "q8_0", "q4_0"))
+    return ap
+
+
+def family_fields(args):
+    """The vocabulary fields family_parser's arguments ask for: --vocab-from's (else SmolLM2's), cut to 1024 tokens."""
+    from superggml import models
+
+    return small_vocab_fields(vocab_fields(args.vocab_from or str(models.smollm2_path())), 1024)
+
+
 def small_vocab_fields(fields, n):
     """`fields` cut to the first n tokens: their types and scores, the merges of those tokens into those tokens;
     the special ids must lie below n. A file of 1024 tokens loads in a fraction of a 49k-token file's time."""
@@ -546,6 +564,27 @@ def ffn_tensors(t, p, dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_b
         t(p + "ffn_gate_shexp.weight", n_ff_exp * n_shared, n_embd)
         t(p + "ffn_up_shexp.weight", n_ff_exp * n_shared, n_embd)
         t(p + "ffn_down_shexp.weight", n_embd, n_ff_exp * n_shared)
+
+
+def scaled_ffn_tensors(t, p, dense, n_embd, n_ff, n_expert, n_ff_exp, n_sh, probs_bias=True):
+    """Block p's FFN as the synthetic models of the 2026 families lay it out, each matrix scaled by 1/sqrt(its
+    fan-in): a dense SwiGLU of n_ff, or a router (plus exp_probs_b), n_expert experts of n_ff_exp and a shared
+    expert of n_sh (0: none)."""
+    if dense:
+        t(p + "ffn_gate.weight", n_ff, n_embd, scale=n_embd**-0.5)
+        t(p + "ffn_up.weight", n_ff, n_embd, scale=n_embd**-0.5)
+        t(p + "ffn_down.weight", n_embd, n_ff, scale=n_ff**-0.5)
+        return
+    t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=n_embd**-0.5)
+    if probs_bias:
+        t(p + "exp_probs_b.bias", n_expert, scale=0.1)  # F32, as every bias
+    t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd, scale=n_embd**-0.5)
+    t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd, scale=n_embd**-0.5)
+    t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp, scale=n_ff_exp**-0.5)
+    if n_sh:
+        t(p + "ffn_gate_shexp.weight", n_sh, n_embd, scale=n_embd**-0.5)
+        t(p + "ffn_up_shexp.weight", n_sh, n_embd, scale=n_embd**-0.5)
+        t(p + "ffn_down_shexp.weight", n_embd, n_sh, scale=n_sh**-0.5)
 
 
 def mtp_tensors(t, norm, p, n_embd):

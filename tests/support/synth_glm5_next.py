@@ -11,13 +11,11 @@ NextN (MTP) block. docs/dev/glm5-next.md describes the family.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import gguf
 import numpy as np
-from superggml import models
-from synth_gguf import finish, small_vocab_fields, start_header, tensor_writers, vocab_fields
+from synth_gguf import family_fields, family_parser, finish, start_header, tensor_writers
 
 SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, also llama.cpp's default for this family
 HC = 4  # hyper_connection.count: llama.cpp asserts 4
@@ -208,15 +206,11 @@ def synth_glm5_next(
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out")
-    ap.add_argument("--vocab-from", help="GGUF whose vocabulary to use, cut to 1024 tokens (default: SmolLM2)")
-    ap.add_argument("--wtype", default="f32", choices=("f32", "f16", "q8_0", "q4_0"))
+    ap = family_parser(__doc__)
     ap.add_argument("--mtp", action="store_true", help="add the NextN block")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    vocab = a.vocab_from or str(models.smollm2_path())
-    fields = small_vocab_fields(vocab_fields(vocab), 1024)
+    fields = family_fields(a)
     print(synth_glm5_next(a.out, fields, wtype=a.wtype, mtp=a.mtp, seed=a.seed))
     return 0
 

@@ -9,13 +9,11 @@ laid out as the loader reads it (the converter seen drops it). docs/dev/hy-v4.md
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import gguf
 import numpy as np
-from superggml import models
-from synth_gguf import finish, small_vocab_fields, start_header, tensor_writers, vocab_fields
+from synth_gguf import family_fields, family_parser, finish, start_header, tensor_writers
 
 SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, what HYV3Model writes (and llama.cpp's default here)
 
@@ -131,14 +129,10 @@ def synth_hy_v3(
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out")
-    ap.add_argument("--vocab-from", help="GGUF whose vocabulary to use, cut to 1024 tokens (default: SmolLM2)")
-    ap.add_argument("--wtype", default="f32", choices=("f32", "f16", "q8_0", "q4_0"))
+    ap = family_parser(__doc__)
     ap.add_argument("--mtp", action="store_true", help="one nextn (MTP) block after the trunk")
     a = ap.parse_args(argv)
-    vocab = a.vocab_from or str(models.smollm2_path())
-    print(synth_hy_v3(a.out, small_vocab_fields(vocab_fields(vocab), 1024), wtype=a.wtype, mtp=a.mtp))
+    print(synth_hy_v3(a.out, family_fields(a), wtype=a.wtype, mtp=a.mtp))
     return 0
 
 

@@ -11,13 +11,11 @@ No MTP. docs/dev/hy-v4.md describes the family.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import gguf
 import numpy as np
-from superggml import models
-from synth_gguf import finish, small_vocab_fields, start_header, tensor_writers, vocab_fields
+from synth_gguf import family_fields, family_parser, finish, scaled_ffn_tensors, start_header, tensor_writers
 
 SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, what HYV4Model writes
 
@@ -144,21 +142,7 @@ def synth_hy_v4(
             f32(p + f"hc_{x}_base.weight", 2 * hc, scale=0.5)
             f32(p + f"hc_{x}_scale.weight", 2, scale=0.5)
         norm(p + "ffn_norm.weight")
-        if il < n_dense:
-            t(p + "ffn_gate.weight", n_ff, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_up.weight", n_ff, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_down.weight", n_embd, n_ff, scale=n_ff**-0.5)
-            continue
-        t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=n_embd**-0.5)
-        if probs_bias:
-            f32(p + "exp_probs_b.bias", n_expert, scale=0.1)
-        t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd, scale=n_embd**-0.5)
-        t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd, scale=n_embd**-0.5)
-        t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp, scale=n_ff_exp**-0.5)
-        n_sh = n_ff_exp * n_shared
-        t(p + "ffn_gate_shexp.weight", n_sh, n_embd, scale=n_embd**-0.5)
-        t(p + "ffn_up_shexp.weight", n_sh, n_embd, scale=n_embd**-0.5)
-        t(p + "ffn_down_shexp.weight", n_embd, n_sh, scale=n_sh**-0.5)
+        scaled_ffn_tensors(t, p, il < n_dense, n_embd, n_ff, n_expert, n_ff_exp, n_ff_exp * n_shared, probs_bias)
     norm("output_norm.weight")
     t("output.weight", n_vocab, n_embd, scale=n_embd**-0.5)
     f32("output_hc_fn.weight", hc, hc * n_embd, scale=(hc * n_embd) ** -0.5)
@@ -168,15 +152,11 @@ def synth_hy_v4(
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out")
-    ap.add_argument("--vocab-from", help="GGUF whose vocabulary to use, cut to 1024 tokens (default: SmolLM2)")
-    ap.add_argument("--wtype", default="f32", choices=("f32", "f16", "q8_0", "q4_0"))
+    ap = family_parser(__doc__)
     ap.add_argument("--dsa", action="store_true", help="DSA: 4 indexer heads of 32, top 16, blocks full/shared")
     a = ap.parse_args(argv)
-    vocab = a.vocab_from or str(models.smollm2_path())
     dsa = dict(indexer=(4, 32, 16), indexer_types=(True, False)) if a.dsa else {}
-    print(synth_hy_v4(a.out, small_vocab_fields(vocab_fields(vocab), 1024), wtype=a.wtype, **dsa))
+    print(synth_hy_v4(a.out, family_fields(a), wtype=a.wtype, **dsa))
     return 0
 
 

@@ -12,13 +12,11 @@ family.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import gguf
 import numpy as np
-from superggml import models
-from synth_gguf import finish, small_vocab_fields, start_header, tensor_writers, vocab_fields
+from synth_gguf import family_fields, family_parser, finish, start_header, tensor_writers
 
 SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (scoring_func "sigmoid"); mimo2.cpp does not read it
 
@@ -140,16 +138,12 @@ def synth_mimo2(
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out")
-    ap.add_argument("--vocab-from", help="GGUF whose vocabulary to use, cut to 1024 tokens (default: SmolLM2)")
-    ap.add_argument("--wtype", default="f32", choices=("f32", "f16", "q8_0", "q4_0"))
+    ap = family_parser(__doc__)
     ap.add_argument("--mtp", type=int, default=0, help="MTP blocks after the trunk (implies a fused attn_qkv)")
     ap.add_argument("--fused-qkv", action="store_true", help="one attn_qkv per block (MiMo-V2.5)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    vocab = a.vocab_from or str(models.smollm2_path())
-    fields = small_vocab_fields(vocab_fields(vocab), 1024)
+    fields = family_fields(a)
     print(synth_mimo2(a.out, fields, wtype=a.wtype, n_mtp=a.mtp, fused_qkv=a.fused_qkv or a.mtp > 0, seed=a.seed))
     return 0
 

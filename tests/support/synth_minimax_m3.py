@@ -11,13 +11,11 @@ runs MSA only with flash attention; without it every block is dense. docs/dev/mi
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import gguf
 import numpy as np
-from superggml import models
-from synth_gguf import finish, small_vocab_fields, start_header, tensor_writers, vocab_fields
+from synth_gguf import family_fields, family_parser, finish, scaled_ffn_tensors, start_header, tensor_writers
 
 SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 
@@ -104,20 +102,9 @@ def synth_minimax_m3(
         norm(p + "attn_k_norm.weight", head_dim)
         t(p + "attn_output.weight", n_embd, n_q, scale=n_q**-0.5)
         norm(p + "ffn_norm.weight")
-        if il < n_dense:
-            t(p + "ffn_gate.weight", n_ff, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_up.weight", n_ff, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_down.weight", n_embd, n_ff, scale=n_ff**-0.5)
+        scaled_ffn_tensors(t, p, il < n_dense, n_embd, n_ff, n_expert, n_ff_exp, n_ff_exp * n_shared)
+        if il < n_dense:  # the dense blocks have no indexer
             continue
-        t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=n_embd**-0.5)
-        w.add_tensor(p + "exp_probs_b.bias", (rng.standard_normal(n_expert) * 0.1).astype(np.float32))
-        t(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd, scale=n_embd**-0.5)
-        t(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd, scale=n_embd**-0.5)
-        t(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp, scale=n_ff_exp**-0.5)
-        n_sh = n_ff_exp * n_shared
-        t(p + "ffn_gate_shexp.weight", n_sh, n_embd, scale=n_embd**-0.5)
-        t(p + "ffn_up_shexp.weight", n_sh, n_embd, scale=n_embd**-0.5)
-        t(p + "ffn_down_shexp.weight", n_embd, n_sh, scale=n_sh**-0.5)
         t(p + "indexer.q_proj.weight", idx_head * idx_dim, n_embd, scale=n_embd**-0.5)
         t(p + "indexer.k_proj.weight", idx_dim, n_embd, scale=n_embd**-0.5)
         norm(p + "indexer.q_norm.weight", idx_dim)
@@ -128,18 +115,14 @@ def synth_minimax_m3(
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out")
-    ap.add_argument("--vocab-from", help="GGUF whose vocabulary to use, cut to 1024 tokens (default: SmolLM2)")
-    ap.add_argument("--wtype", default="f32", choices=("f32", "f16", "q8_0", "q4_0"))
+    ap = family_parser(__doc__)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--top-k", type=int, default=4)
     ap.add_argument("--local-blocks", type=int, default=1)
     ap.add_argument("--n-dense", type=int, default=1, help="leading dense blocks (4: no MSA block)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    vocab = a.vocab_from or str(models.smollm2_path())
-    fields = small_vocab_fields(vocab_fields(vocab), 1024)
+    fields = family_fields(a)
     kw = dict(block_size=a.block_size, top_k=a.top_k, local_blocks=a.local_blocks, n_dense=a.n_dense)
     print(synth_minimax_m3(a.out, fields, wtype=a.wtype, seed=a.seed, **kw))
     return 0

@@ -11,13 +11,11 @@ docs/dev/qwen4exp.md describes the family.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import gguf
 import numpy as np
-from superggml import models
-from synth_gguf import finish, small_vocab_fields, start_header, tensor_writers, vocab_fields
+from synth_gguf import family_fields, family_parser, finish, start_header, tensor_writers
 
 # odd 64-bit multipliers for the PLE n-gram hash (any values load)
 PLE_MULTIPLIERS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5)
@@ -203,15 +201,11 @@ def synth_qwen4exp(
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out")
-    ap.add_argument("--vocab-from", help="GGUF whose vocabulary to use, cut to 1024 tokens (default: SmolLM2)")
-    ap.add_argument("--wtype", default="f32", choices=("f32", "f16", "q8_0", "q4_0"))
+    ap = family_parser(__doc__)
     ap.add_argument("--no-ple", action="store_true", help="no PLE module")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    vocab = a.vocab_from or str(models.smollm2_path())
-    fields = small_vocab_fields(vocab_fields(vocab), 1024)
+    fields = family_fields(a)
     kw = {"ple_layer": None} if a.no_ple else {}
     print(synth_qwen4exp(a.out, fields, wtype=a.wtype, seed=a.seed, **kw))
     return 0
