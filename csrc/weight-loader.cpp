@@ -83,7 +83,8 @@ weight_loader::~weight_loader() {
 }
 
 void weight_loader::cancel() {
-    stop_ = true;
+    // under the mutex: a filler between its predicate and its sleep would miss the notify and never wake
+    { std::lock_guard<std::mutex> lk(mu_); stop_ = true; }
     cv_.notify_all();
     for (auto & t : threads_) if (t.joinable()) t.join();
     threads_.clear();
