@@ -12,6 +12,7 @@ import pytest
 import llama_ref
 from greedy_reference import assert_greedy_equals_llama_cpp
 from prompts import greedy_ids, greedy_rows as greedy, random_tokens as prompt_of
+from rollback import assert_going_back_replays
 from saving import assert_restored_continues
 from superggml import Model, SuperggmlError, UnsupportedModelError
 from synth_gguf import expert_bytes
@@ -98,10 +99,18 @@ def test_files_llama_cpp_cannot_run_are_refused(tmp_path, small_vocab, case):
             m.eval([1, 2, 3])
 
 
+def test_going_back_into_a_pass_replays_its_record(g5):
+    """A pass of 6 rows after 30 leaves the KDA blocks' inputs; going back 1 or 4 rows into it replays them, and
+    the MLA rows and pools after are dropped. glm5-next's rows depend on how its passes split (30 + 1 + 2 tokens
+    and one pass of 33 differ by ~1e-6 without any replay), and the replayed rows come from a pass of 6: the next
+    logits are within 1e-4 of a sequence fed in passes of 30, keep and 2."""
+    assert_going_back_replays(g5, prompt_of(30, 5), prompt_of(6, 6), (1, 4), atol=1e-4, batch_invariant=True)
+
+
 @pytest.mark.slow
 def test_speculative_decoding_keeps_the_greedy_text(g5, tmp_path, small_vocab):
-    """A draft of other weights, nearly always rejected: the KDA states go back to their checkpoints, the rows
-    after (and the pools they complete) are fed again; the text is the plain greedy one."""
+    """A draft of other weights, nearly always rejected: the KDA states go back by replaying the check's record,
+    the pools the rejected rows completed are dropped; the text is the plain greedy one."""
     draft = synth_glm5_next(str(tmp_path / "draft.gguf"), small_vocab, seed=1)
     prompt = prompt_of(30, 4)
     kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
@@ -110,7 +119,8 @@ def test_speculative_decoding_keeps_the_greedy_text(g5, tmp_path, small_vocab):
         plain = greedy_ids(m, prompt, 32)
     with Model(g5, draft_model=draft, draft_k=4, **kw) as m:
         assert greedy_ids(m, prompt, 32) == plain
-        assert m.stats()["draft_tokens"] > 0
+        st = m.stats()
+        assert st["draft_tokens"] > 0 and st["state_replays"] > 0
 
 
 def test_its_nextn_block_does_not_draft(tmp_path, small_vocab):

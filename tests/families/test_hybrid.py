@@ -13,6 +13,7 @@ from superggml import GGUFError, Model
 from superggml.runtime.plan.devices import layer_split
 from synth_gguf import VARIANTS, synth
 from prompts import TOKENS_40 as PROMPT, greedy, run_prompt
+from rollback import assert_going_back_replays
 
 HYBRID = [
     "qwen35-interval2",
@@ -114,24 +115,13 @@ def test_speculative_decoding_keeps_the_greedy_text(tmp_path, vocab_fields, vari
 
 @pytest.mark.parametrize("variant", HYBRID)
 def test_going_back_into_a_pass_replays_its_record(tmp_path, vocab_fields, variant):
-    """A pass of 2..16 rows of one sequence (a speculative check, a short prompt) leaves its delta-rule inputs:
-    truncating to any row inside it restores the checkpoint where it began and replays that many rows with no
-    weights. No tokens are fed again, and the next logits are a fresh sequence's, bit for bit."""
+    """A pass of 6 rows of one sequence (a speculative check, a short prompt) leaves its delta-rule inputs:
+    going back 1, 3 or 5 rows into it replays them with no weights, bit for bit with a fresh sequence."""
     path = synth(tmp_path / f"{variant}.gguf", vocab_fields, **VARIANTS[variant])
     rng = np.random.default_rng(6)
     prompt = [int(x) for x in rng.integers(0, 49152, 20)]
     check = [int(x) for x in rng.integers(0, 49152, 6)]
-    kw = dict(ctx_size=128, n_threads=2, n_batch=16)
-    for keep in (1, 3, 5):
-        with Model(path, **kw) as m:
-            fresh = m.eval(prompt + check[:keep] + [7, 8]).copy()
-        with Model(path, **kw) as m:
-            m.eval(prompt)
-            m.eval(check)
-            passes = m.stats()["passes"]
-            assert m.runtime.sequences.truncate(20 + keep) == 20 + keep
-            assert m.stats()["state_replays"] == 1
-            assert np.array_equal(m.eval([7, 8]), fresh[-1:]) and m.stats()["passes"] == passes + 1
+    assert_going_back_replays(path, prompt, check, (1, 3, 5))
 
 
 def test_a_rejected_draft_is_replayed_not_fed_again(tmp_path, vocab_fields):

@@ -11,6 +11,7 @@ import pytest
 
 from greedy_reference import assert_greedy_equals_llama_cpp
 from prompts import greedy_ids, random_tokens as prompt_of
+from rollback import assert_going_back_replays
 from saving import assert_restored_continues
 from superggml import Model
 from synth_gguf import expert_bytes
@@ -68,10 +69,16 @@ def test_a_restored_sequence_continues_bit_identically(k3, tmp_path):
     assert_restored_continues(k3, tmp_path, prompt_of(30, 3))
 
 
+def test_going_back_into_a_pass_replays_its_record(k3):
+    """A pass of 6 rows leaves the KDA blocks' inputs (the three windows with their rows, the conv outputs, the
+    decay and beta); going back 1 or 4 rows into it replays them, bit for bit with a fresh sequence."""
+    assert_going_back_replays(k3, prompt_of(20, 5), prompt_of(6, 6), (1, 4))
+
+
 @pytest.mark.slow
 def test_speculative_decoding_keeps_the_greedy_text(k3, family, tmp_path, small_vocab):
-    """A draft of other weights, nearly always rejected: the KDA states go back to their checkpoints and the
-    rows after are fed again; the text is the plain greedy one."""
+    """A draft of other weights, nearly always rejected: the KDA states go back by replaying the check's
+    record; the text is the plain greedy one."""
     draft = MAKERS[family](str(tmp_path / "draft.gguf"), small_vocab, seed=1)
     prompt = prompt_of(30, 4)
     kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
@@ -80,4 +87,5 @@ def test_speculative_decoding_keeps_the_greedy_text(k3, family, tmp_path, small_
         plain = greedy_ids(m, prompt, 32)
     with Model(k3, draft_model=draft, draft_k=4, **kw) as m:
         assert greedy_ids(m, prompt, 32) == plain
-        assert m.stats()["draft_tokens"] > 0
+        st = m.stats()
+        assert st["draft_tokens"] > 0 and st["state_replays"] > 0

@@ -128,10 +128,10 @@ class KimiK3Arch(HybridArch):
         return self.kda.state_sizes
 
     def record_size(self, n: int) -> int:
-        return 0
+        return self.kda.record_size(n)
 
-    def replay(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError("kimi-k3 does not record its passes: it goes back to checkpoints")
+    def replay(self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv: Tensor, state: Tensor) -> None:
+        self.kda.replay(ctx, gf, record, n, k, conv, state)
 
     def is_moe(self, il: int) -> bool:
         return self.hp.n_expert > 0 and il >= self.n_lead

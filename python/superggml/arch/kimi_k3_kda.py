@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..native import Context, Graph, Tensor
 from .base import BlockGraph, Memory, Weights, f32
-from .common import each_sequence, inv_sqrt
+from .common import each_sequence, inv_sqrt, packed_views
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,15 @@ class KdaMixer:
         beta = ctx.sigmoid(ctx.reshape(ctx.mul_mat(w(p + "ssm_beta.weight"), cur), [1, H, n]))
 
         def run(rows, m: int, conv: Tensor, st: Tensor, record: Tensor | None) -> Tensor:  # type: ignore[no-untyped-def]
-            qkv = [self.conv(ctx, gf, w, p, i, rows(x, 2), m, conv) for i, x in enumerate(xs)]
-            return self.rule(ctx, gf, qkv, rows(g), rows(beta), m, st)
+            views = self.record_views(ctx, record, m) if record is not None else None
+            qkv = [
+                self.conv(ctx, gf, w, p, i, rows(x, 2), m, conv, views[i] if views else None) for i, x in enumerate(xs)
+            ]
+            gm, bm = rows(g), rows(beta)
+            if views:
+                for src, dst in zip([*qkv, gm, bm], views[3:]):
+                    gf.expand(ctx.cpy(src, dst))
+            return self.rule(ctx, gf, qkv, gm, bm, m, st)
 
         out = each_sequence(ctx, inp, il, conv_state, state, run)  # [d_inner, n]
         if s.gate_a_full:
@@ -113,20 +120,70 @@ class KdaMixer:
         normed = ctx.mul(ctx.rms_norm(ctx.reshape(out, [Dk, H, n]), s.eps), w(p + "ssm_norm.weight"))
         return ctx.reshape(ctx.cont(ctx.mul(normed, ctx.sigmoid(g2))), [s.d_inner, n])
 
-    def conv(self, ctx: Context, gf: Graph, w: Weights, p: str, part: int, x: Tensor, n: int, conv: Tensor) -> Tensor:
+    def conv(
+        self,
+        ctx: Context,
+        gf: Graph,
+        w: Weights,
+        p: str,
+        part: int,
+        x: Tensor,
+        n: int,
+        conv: Tensor,
+        record: Tensor | None = None,
+    ) -> Tensor:
         """Part `part` (q, k, v) of one sequence's n rows x [d_inner, n] through its causal conv, SiLU'd: F32
-        [head_dim, n_head, n, 1]; its window after the rows written back."""
+        [head_dim, n_head, n, 1]; its window after the rows written back (and the window with the rows copied to
+        `record`)."""
         s = self.shape
-        Di, c = s.d_inner, s.d_conv - 1
-        es = conv.element_size
-        window = ctx.view(conv, [c, Di, 1], [c * es, c * Di * es], part * c * Di * es)
+        Di = s.d_inner
         if x.nb[1] != Di * x.element_size:
             x = ctx.cont(x)
-        xx = ctx.concat(window, ctx.transpose(ctx.reshape(x, [Di, n, 1])), 0)  # [c + n, Di, 1]
-        gf.expand(ctx.cpy(ctx.view(xx, [c, Di, 1], [xx.nb[1], xx.nb[2]], n * xx.element_size), window))
+        xx = ctx.concat(self.window(ctx, conv, part), ctx.transpose(ctx.reshape(x, [Di, n, 1])), 0)  # [c + n, Di, 1]
+        self.slide(ctx, gf, xx, n, conv, part)
+        if record is not None:
+            gf.expand(ctx.cpy(xx, record))
         weight = ctx.reshape(w(p + f"ssm_conv1d_{'qkv'[part]}.weight"), [s.d_conv, Di])
         y = ctx.silu(ctx.reshape(ctx.ssm_conv(xx, weight), [Di, n]))
         return ctx.reshape(y, [s.head_dim, s.n_head, n, 1])
+
+    def window(self, ctx: Context, conv: Tensor, part: int) -> Tensor:
+        """Part `part`'s window in a sequence's conv state: F32 [d_conv - 1, d_inner, 1]."""
+        Di, c, es = self.shape.d_inner, self.shape.d_conv - 1, conv.element_size
+        return ctx.view(conv, [c, Di, 1], [c * es, c * Di * es], part * c * Di * es)
+
+    def slide(self, ctx: Context, gf: Graph, xx: Tensor, k: int, conv: Tensor, part: int) -> None:
+        """The window after k of xx's rows (xx: the window, then the rows) written back to part `part`'s."""
+        c, Di = self.shape.d_conv - 1, self.shape.d_inner
+        gf.expand(
+            ctx.cpy(ctx.view(xx, [c, Di, 1], [xx.nb[1], xx.nb[2]], k * xx.element_size), self.window(ctx, conv, part))
+        )
+
+    # -- replay: the states k rows into a recorded pass ----------------------
+    def record_size(self, n: int) -> int:
+        """Values a pass of n rows records per KDA block: each part's window with its rows, each part's conv
+        output, the decay and beta."""
+        s = self.shape
+        return 3 * (s.d_conv - 1 + n) * s.d_inner + 4 * n * s.d_inner + n * s.n_head
+
+    def record_views(self, ctx: Context, record: Tensor, n: int) -> list[Tensor]:
+        """The q, k, v windows with their rows [d_conv - 1 + n, d_inner, 1], the q, k, v conv outputs [head_dim,
+        n_head, n], the decay [head_dim, n_head, n] and beta [1, n_head, n], one after another in record."""
+        s = self.shape
+        c, Dk, H = s.d_conv - 1, s.head_dim, s.n_head
+        flat = packed_views(ctx, record, [[c + n, s.d_inner, 1]] * 3 + [[s.d_inner, n]] * 4 + [[H, n]])
+        heads = [ctx.reshape(v, [Dk, H, n]) for v in flat[3:7]]
+        return flat[:3] + heads + [ctx.reshape(flat[7], [1, H, n])]
+
+    def replay(self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv: Tensor, state: Tensor) -> None:
+        """The states after the first k of a recorded pass's n rows, from the states before it: each window
+        slides k rows, and the delta rule runs the first k rows again (the same arithmetic, row by row)."""
+        views = self.record_views(ctx, record, n)
+        for part in range(3):
+            self.slide(ctx, gf, views[part], k, conv, part)
+        first = [ctx.view(v, [v.ne[0], v.ne[1], k], [v.nb[1], v.nb[2]], 0) for v in views[3:]]
+        qkv = [ctx.reshape(v, [v.ne[0], v.ne[1], k, 1]) for v in first[:3]]
+        self.rule(ctx, gf, qkv, first[3], first[4], k, state)
 
     def rule(
         self, ctx: Context, gf: Graph, qkv: list[Tensor], g: Tensor, beta: Tensor, n: int, state: Tensor
