@@ -12,6 +12,7 @@ import pytest
 
 from greedy_reference import assert_greedy_equals_llama_cpp
 from prompts import greedy_ids, random_tokens as prompt_of
+from rollback import assert_going_back_replays
 from saving import assert_restored_continues
 from cli_runner import run_cli
 from superggml import GGUFError, Model
@@ -85,10 +86,16 @@ def test_a_batch_equals_each_sequence_alone(q4):
         assert np.array_equal(a, b)
 
 
+def test_going_back_into_a_pass_replays_its_record(q4):
+    """A pass of 6 rows leaves the delta-net's inputs and, in the PLE's block, its conv's input with the history
+    before it; going back 1 or 4 rows into it replays both, bit for bit with a fresh sequence."""
+    assert_going_back_replays(q4, prompt_of(20, 5), prompt_of(6, 6), (1, 4))
+
+
 @pytest.mark.slow
 def test_speculative_decoding_keeps_the_greedy_text(q4, tmp_path, small_vocab):
-    """A draft of other weights, nearly always rejected: the delta-net states are replayed (or, with the PLE,
-    go back to their checkpoints) and the text is the plain greedy one."""
+    """A draft of other weights, nearly always rejected: the delta-net states (and the PLE's history) are
+    replayed and the text is the plain greedy one."""
     draft = synth_qwen4exp(str(tmp_path / "draft.gguf"), small_vocab, ple_layer=None, seed=1)
     prompt = prompt_of(30, 4)
     kw = dict(ctx_size=256, n_threads=2, batch_invariant=True)
@@ -97,7 +104,8 @@ def test_speculative_decoding_keeps_the_greedy_text(q4, tmp_path, small_vocab):
         plain = greedy_ids(m, prompt, 32)
     with Model(q4, draft_model=draft, draft_k=4, **kw) as m:
         assert greedy_ids(m, prompt, 32) == plain
-        assert m.stats()["draft_tokens"] > 0
+        st = m.stats()
+        assert st["draft_tokens"] > 0 and st["state_replays"] > 0
 
 
 @pytest.mark.parametrize(

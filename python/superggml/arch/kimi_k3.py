@@ -130,7 +130,9 @@ class KimiK3Arch(HybridArch):
     def record_size(self, n: int) -> int:
         return self.kda.record_size(n)
 
-    def replay(self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv: Tensor, state: Tensor) -> None:
+    def replay(
+        self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv: Tensor, state: Tensor, slot: int
+    ) -> None:
         self.kda.replay(ctx, gf, record, n, k, conv, state)
 
     def is_moe(self, il: int) -> bool:

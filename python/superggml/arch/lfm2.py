@@ -106,7 +106,7 @@ class Lfm2Arch(HybridArch):
         return ctx.view(record, [t, self.hp.n_embd, 1], [t * es, t * self.hp.n_embd * es], 0)
 
     def replay(
-        self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv_state: Tensor, state: Tensor
+        self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv_state: Tensor, state: Tensor, slot: int
     ) -> None:
         """The window after the first k of a recorded pass's n rows."""
         self.slide(ctx, gf, self.record_view(ctx, record, n), k, conv_state)

@@ -153,7 +153,9 @@ class Mamba2Layers(HybridArch):
         ch, dc, H = self.conv_channels, self.d_conv, self.n_ssm_head
         return packed_views(ctx, record, [[dc - 1 + n, ch, 1], [ch, n, 1], [H, n], [1, H]])
 
-    def replay(self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv: Tensor, state: Tensor) -> None:
+    def replay(
+        self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv: Tensor, state: Tensor, slot: int
+    ) -> None:
         """The states after the first k of a recorded pass's n rows, from the states before it: the window
         slides k rows, and the scan runs the first k rows again."""
         xx, mixed, dt, a = self.record_views(ctx, record, n)

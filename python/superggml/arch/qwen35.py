@@ -246,7 +246,7 @@ class Qwen35Arch(HybridArch):
         return packed_views(ctx, record, [[dc - 1 + n, ch, 1], [ch, n, 1], [Hv, n], [Hv, n]])
 
     def replay(
-        self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv_state: Tensor, state: Tensor
+        self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv_state: Tensor, state: Tensor, slot: int
     ) -> None:
         """The states after the first k of a recorded pass's n rows, from the states before it: the window
         slides k rows, and the delta rule runs the first k rows again (the same arithmetic, row by row)."""

@@ -28,7 +28,7 @@ from ..native import Context, Graph, Tensor
 from .base import BlockGraph, HParams, Memory, StepInputs, Weights, f32, lane_memory, one_memory
 from .common import Rows, build_attn, each_lane, inv_sqrt, row_size, top_k_mask, whole
 from .qwen35moe import Qwen35MoeArch
-from .qwen4exp_ple import build_ple, load_ple, ple_rows
+from .qwen4exp_ple import build_ple, load_ple, ple_rows, slide_history
 from .qwen4exp_qsa import qsa_inputs, qsa_values
 
 I32 = native.GGMLType.I32
@@ -113,17 +113,32 @@ class Qwen4ExpArch(Qwen35MoeArch):
         ple = getattr(self, "ple", None)
         return conv + (ple.history(self.hc * self.hp.n_embd) if ple else 0), state
 
+    @property
+    def ple_at(self) -> int:
+        """Where the PLE's history starts in its block's conv row: after the conv window."""
+        return (self.d_conv - 1) * self.conv_channels
+
     def window(self, ctx: Context, conv_state: Tensor) -> Tensor:
         dc, ch, es = self.d_conv - 1, self.conv_channels, conv_state.element_size
         return ctx.view(conv_state, [dc, ch, 1], [dc * es, dc * ch * es], 0)
 
     def record_size(self, n: int) -> int:
-        return 0 if self.ple else super().record_size(n)  # with a PLE: back to checkpoints only
+        """The delta-net's record, then (every layer as wide) the PLE conv's input with its history."""
+        ple = self.ple
+        return super().record_size(n) + (((ple.conv - 1) * ple.ngram + n) * self.hc * self.hp.n_embd if ple else 0)
 
-    def replay(self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv: Tensor, state: Tensor) -> None:
-        if self.ple:
-            raise NotImplementedError("qwen4exp with a PLE does not record its passes: it goes back to checkpoints")
-        super().replay(ctx, gf, record, n, k, conv, state)
+    def ple_record(self, ctx: Context, record: Tensor, n: int) -> Tensor:
+        """Where a pass of n rows leaves the PLE conv's input with its history: F32 [hist + n, hc * n_embd, 1]."""
+        assert self.ple is not None
+        rows, hcd, es = (self.ple.conv - 1) * self.ple.ngram + n, self.hc * self.hp.n_embd, record.element_size
+        return ctx.view(record, [rows, hcd, 1], [rows * es, rows * hcd * es], super().record_size(n) * es)
+
+    def replay(
+        self, ctx: Context, gf: Graph, record: Tensor, n: int, k: int, conv: Tensor, state: Tensor, slot: int
+    ) -> None:
+        super().replay(ctx, gf, record, n, k, conv, state, slot)
+        if self.ple and slot == sum(self.recurrent[: self.ple.layer]):  # the PLE's block: its history slides too
+            slide_history(ctx, gf, self.ple, self.ple_record(ctx, record, n), k, conv, self.ple_at)
 
     # -- inputs the passes fill (PassInputs) ---------------------------------------
     def own_inputs(self, n: int, n_kv: int, streams: int) -> dict[str, tuple[native.GGMLType, list[int]]]:
@@ -235,9 +250,18 @@ class Qwen4ExpArch(Qwen35MoeArch):
         E, hc, p = self.hp.n_embd, self.hc, f"blk.{il}."
         streams = ctx.reshape(x, [E, hc, inp.n_tokens])
         if self.ple and il == self.ple.layer:
-            at = (self.d_conv - 1) * self.conv_channels
             blk = BlockGraph(ctx, gf, w, inp, il)
-            streams = build_ple(blk, self.ple, hc, self.hp.rms_eps, streams, k_cache, v_cache, at)
+            streams = build_ple(
+                blk,
+                self.ple,
+                hc,
+                self.hp.rms_eps,
+                streams,
+                k_cache,
+                v_cache,
+                self.ple_at,
+                lambda r, m: self.ple_record(ctx, r, m),
+            )
         cur, inject = self.hc_mix(ctx, w, streams, p + "hc_attn")
         assert inject is not None
         cur = self.build_attention(BlockGraph(ctx, gf, w, inp, il), cur, k_cache, v_cache)

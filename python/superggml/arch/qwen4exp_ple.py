@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import native
 from ..errors import GGUFError
-from ..native import Context, Tensor
+from ..native import Context, Graph, Tensor
 from .base import BlockGraph, Memory, Weights, f32
 from .common import each_sequence, inv_sqrt
 
@@ -115,9 +115,18 @@ def token_rows(ple: Ple, seq: Sequence[int], p: int) -> list[int]:
 
 
 def build_ple(
-    blk: BlockGraph, ple: Ple, hc: int, eps: float, x: Tensor, conv_state: Memory, state: Memory, at: int
+    blk: BlockGraph,
+    ple: Ple,
+    hc: int,
+    eps: float,
+    x: Tensor,
+    conv_state: Memory,
+    state: Memory,
+    at: int,
+    record_view: Callable[[Tensor, int], Tensor],
 ) -> Tensor:
-    """The streams x F32 [n_embd, hc, n] after the PLE; `at`: where its history starts in a sequence's conv row."""
+    """The streams x F32 [n_embd, hc, n] after the PLE; `at`: where its history starts in a sequence's conv row;
+    `record_view(record, m)`: where a recorded pass of m rows leaves the conv's input with its history."""
     ctx, w, p = blk.ctx, blk.w, f"blk.{blk.il}."
     E, n = x.ne[0], x.ne[2]
     assert blk.inp.own is not None
@@ -137,7 +146,9 @@ def build_ple(
         blk.il,
         conv_state,
         state,
-        lambda lane, m, cs, _s, _r: dilated_conv(blk, ple, lane(normed, 2), m, cs, at),
+        lambda lane, m, cs, _s, r: dilated_conv(
+            blk, ple, lane(normed, 2), m, cs, at, record_view(r, m) if r is not None else None
+        ),
     )
     return ctx.add(x, ctx.add(gated, ctx.reshape(conv, [E, hc, n])))
 
@@ -149,18 +160,35 @@ def grouped_norm(ctx: Context, w: Weights, x: Tensor, name: str, hc: int, eps: f
     return ctx.mul(ctx.rms_norm(ctx.reshape(x, [E, hc, x.nelements // (E * hc)]), eps), ctx.reshape(t, [E, hc]))
 
 
-def dilated_conv(blk: BlockGraph, ple: Ple, x: Tensor, m: int, conv_state: Tensor, at: int) -> Tensor:
+def history(ctx: Context, ple: Ple, conv_state: Tensor, hcd: int, at: int) -> Tensor:
+    """The conv's history in a sequence's conv row, after `at`: F32 [(K - 1) n, hc_dim, 1]."""
+    hist, es = (ple.conv - 1) * ple.ngram, conv_state.element_size
+    return ctx.view(conv_state, [hist, hcd, 1], [hist * es, hist * hcd * es], at * es)
+
+
+def slide_history(ctx: Context, gf: Graph, ple: Ple, padded: Tensor, k: int, conv_state: Tensor, at: int) -> None:
+    """The history after k of padded's rows (padded [hist + m, hc_dim, 1]: the history, then the rows) written
+    back."""
+    hist, hcd = (ple.conv - 1) * ple.ngram, padded.ne[1]
+    tail = ctx.view(padded, [hist, hcd, 1], [padded.nb[1], padded.nb[2]], k * padded.element_size)
+    gf.expand(ctx.cpy(ctx.cont(tail), history(ctx, ple, conv_state, hcd, at)))
+
+
+def dilated_conv(
+    blk: BlockGraph, ple: Ple, x: Tensor, m: int, conv_state: Tensor, at: int, record: Tensor | None = None
+) -> Tensor:
     """One sequence's m rows x [hc_dim, m] through the causal depthwise conv (SiLU): F32 [hc_dim, m]; the last
-    (K - 1) n inputs written back after `at` in its conv row."""
+    (K - 1) n inputs written back after `at` in its conv row (and the history with the rows copied to
+    `record`)."""
     ctx, gf, w = blk.ctx, blk.gf, blk.w
     hcd, hist = x.ne[0], (ple.conv - 1) * ple.ngram
     if x.nb[1] != hcd * x.element_size:
         x = ctx.cont(x)
-    es = conv_state.element_size
-    past = ctx.view(conv_state, [hist, hcd, 1], [hist * es, hist * hcd * es], at * es)
-    padded = ctx.concat(past, ctx.transpose(ctx.reshape(x, [hcd, m, 1])), 0)  # [hist + m, hcd, 1]
-    tail = ctx.view(padded, [hist, hcd, 1], [padded.nb[1], padded.nb[2]], m * padded.element_size)
-    gf.expand(ctx.cpy(ctx.cont(tail), past))
+    rows = ctx.transpose(ctx.reshape(x, [hcd, m, 1]))
+    padded = ctx.concat(history(ctx, ple, conv_state, hcd, at), rows, 0)  # [hist + m, hcd, 1]
+    slide_history(ctx, gf, ple, padded, m, conv_state, at)
+    if record is not None:
+        gf.expand(ctx.cpy(padded, record))
     weights = w(f"blk.{blk.il}.ple_conv1d.weight")
     out: Tensor | None = None
     for k in range(ple.conv):

@@ -56,7 +56,8 @@ class RecurrentStates:
     ):
         """`max_device`: sequences whose states stay in device buffers (None: all); the least recently bound
         others are paged to host memory (numpy copies) and back when they next run. `replay(ctx, gf, record, n,
-        k, conv, state)` builds the graph that takes a layer's states k rows into a recorded pass of n rows;
+        k, conv, state, slot)` builds the graph that takes a layer's states k rows into a recorded pass of n rows
+        (slot: the layer's index among the recurrent layers);
         `record_size`: the F32 values a layer records for a pass of RECORD_ROWS rows."""
         self.n_layer, self.n_r, self.n_s = len(layer_backends), n_r, n_s
         self.groups: list[tuple[Any, list[int]]] = []  # backend, its layers
@@ -249,7 +250,7 @@ class RecurrentStates:
             ctx = native.Context(max_tensors=size, graph_size=size)
             gf = ctx.new_graph()
             for il in layers:
-                self.replay_fn(ctx, gf, self.record[il], n, k, conv[il], state[il])
+                self.replay_fn(ctx, gf, self.record[il], n, k, conv[il], state[il], il)
             backend.compute(gf)
         self.replays += 1
 
