@@ -326,9 +326,9 @@ class Deepseek4Arch(Architecture):
             normed, positions = cur, inp.positions
 
             def attend_one(j: int, lane: StepInputs, rows: Rows) -> Tensor:
-                blk = BlockGraph(ctx, gf, w, lane, il)
+                at = dataclasses.replace(lane, positions=rows(positions, 1))
                 return self.attn.attention(
-                    blk, rows(normed, 2), lane_memory(k_cache, j), v_cache[j], rows(positions, 1)
+                    BlockGraph(ctx, gf, w, at, il), rows(normed, 2), lane_memory(k_cache, j), v_cache[j]
                 )
 
             cur = each_lane(ctx, inp, attend_one)

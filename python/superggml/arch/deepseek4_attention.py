@@ -109,10 +109,11 @@ class CompressedAttention:
     def norm(self, ctx: Context, w: Weights, x: Tensor, name: str) -> Tensor:
         return ctx.mul(ctx.rms_norm(x, self.hp.rms_eps), w(name))
 
-    def roped(self, ctx: Context, pos: Tensor, il: int, x: Tensor, back: bool = False) -> Tensor:
-        """RoPE of the last n_rot values of each head of x [d, heads, n] at `pos` with block il's parameters: the
+    def roped(self, ctx: Context, inp: StepInputs, il: int, x: Tensor, back: bool = False) -> Tensor:
+        """RoPE of the last n_rot values of each head of x [d, heads, n] with block il's parameters: the
         compressed blocks' base and YaRN, or plain rope.freq_base in a raw block."""
-        return self.rope_at(ctx, x, pos, self.ratios[il] != 0, back)
+        assert inp.positions is not None
+        return self.rope_at(ctx, x, inp.positions, self.ratios[il] != 0, back)
 
     def rope_at(self, ctx: Context, x: Tensor, pos: Tensor, compressed: bool, back: bool = False) -> Tensor:
         """RoPE (or its inverse) of the last n_rot values of x's rows at `pos`: the compressed parameters, or
@@ -127,21 +128,17 @@ class CompressedAttention:
             beta = (0.0, 0.0)
         return f(x, pos, None, hp.n_rot, ROPE_NORM, *args, *beta, offset=x.ne[0] - hp.n_rot)
 
-    def attention(
-        self, blk: BlockGraph, cur: Tensor, raw_k: Tensor, mem: CompressedLayer, pos: Tensor | None = None
-    ) -> Tensor:
+    def attention(self, blk: BlockGraph, cur: Tensor, raw_k: Tensor, mem: CompressedLayer) -> Tensor:
         """Block il's attention over its normed input cur F32 [n_embd, n] -> F32 [n_embd, n] (after the
-        output projection); `pos`: its rows' positions (a lane's), where they are not blk.inp's."""
+        output projection)."""
         ctx, gf, w, inp, il = blk.ctx, blk.gf, blk.w, blk.inp, blk.il
-        pos = inp.positions if pos is None else pos
-        assert pos is not None
         hp, p, r = self.hp, f"blk.{il}.", self.ratios[il]
         D, H, n = hp.head_dim, hp.n_head, inp.n_tokens
         qr = self.norm(ctx, w, ctx.mul_mat(w(p + "attn_q_a.weight"), cur), p + "attn_q_a_norm.weight")
         q = ctx.reshape(ctx.mul_mat(w(p + "attn_q_b.weight"), qr), [D, H, n])
-        q = self.roped(ctx, pos, il, ctx.rms_norm(q, hp.rms_eps))
+        q = self.roped(ctx, inp, il, ctx.rms_norm(q, hp.rms_eps))
         kv = self.norm(ctx, w, ctx.mul_mat(w(p + "attn_kv.weight"), cur), p + "attn_kv_a_norm.weight")
-        kv = self.roped(ctx, pos, il, ctx.reshape(kv, [D, 1, n]))
+        kv = self.roped(ctx, inp, il, ctx.reshape(kv, [D, 1, n]))
         if inp.k_rot is not None:  # a quantized cache: Q and K turned, the output turned back (llama.cpp's k_rot)
             q, kv = ctx.mul_mat_hadamard(q, inp.k_rot), ctx.mul_mat_hadamard(kv, inp.k_rot)
         comp = inp.compressed[r] if r and inp.compressed is not None else None
@@ -164,7 +161,7 @@ class CompressedAttention:
             ck = ctx.view(mem.comp, [D, 1, comp.mask.ne[0]], [cs, cs], 0)
             cmask = comp.mask
             if r == CSA:
-                top, scores = self.lid_top_k(blk, qr, cur, comp, mem, pos)
+                top, scores = self.lid_top_k(blk, qr, cur, comp, mem)
                 n_c, n = comp.mask.ne[0], comp.mask.ne[1]
                 tk = ctx.view(top, [top.ne[0], n, 1], [top.nb[1], top.nb[2]], 0)
                 cmask = ctx.reshape(top_k_mask(ctx, ctx.reshape(comp.mask, [n_c, n, 1, 1]), tk, scores), [n_c, n])
@@ -174,7 +171,7 @@ class CompressedAttention:
         out = self.attend(ctx, inp, q, k_all, mask, w(p + "attn_sinks.weight"), n_kv_max)
         if inp.k_rot is not None:
             out = ctx.mul_mat_hadamard(out, inp.k_rot)
-        out = self.roped(ctx, pos, il, ctx.reshape(out, [D, H, n]), back=True)
+        out = self.roped(ctx, inp, il, ctx.reshape(out, [D, H, n]), back=True)
         g = self.o_groups
         out = ctx.permute(ctx.reshape(out, [H * D // g, g, n]), 0, 2, 1, 3)  # [H*D/g, n, g]
         wo_a = w(p + "attn_output_a.weight")
@@ -260,16 +257,16 @@ class CompressedAttention:
         return ctx.concat(t, ctx.reshape(row, [t.ne[0], 1]), 1)
 
     def lid_top_k(
-        self, blk: BlockGraph, qr: Tensor, cur: Tensor, comp: CompressorInputs, mem: CompressedLayer, pos: Tensor
+        self, blk: BlockGraph, qr: Tensor, cur: Tensor, comp: CompressorInputs, mem: CompressedLayer
     ) -> tuple[Tensor, Tensor]:
-        """The lightning indexer's choice of compressed rows for each query (at `pos`), I32 [k, n], and its scores
-        F32 [n_comp, n]."""
+        """The lightning indexer's choice of compressed rows for each query, I32 [k, n], and its scores F32
+        [n_comp, n]."""
         ctx, w, inp, il = blk.ctx, blk.w, blk.inp, blk.il
         p, d, h, n = f"blk.{il}.", self.idx_dim, self.idx_heads, inp.n_tokens
-        assert inp.indexer_rot is not None and mem.lid is not None
+        assert inp.positions is not None and inp.indexer_rot is not None and mem.lid is not None
         assert comp.lid_mask is not None
         q = ctx.reshape(ctx.mul_mat(w(p + "indexer.attn_q_b.weight"), qr), [d, h, n])
-        q = ctx.mul_mat_hadamard(self.rope_at(ctx, q, pos, True), inp.indexer_rot)
+        q = ctx.mul_mat_hadamard(self.rope_at(ctx, q, inp.positions, True), inp.indexer_rot)
         iw = ctx.mul_mat(w(p + "indexer.proj.weight"), cur)
         iw = ctx.scale(iw, float(f32(1.0) / np.sqrt(f32(d * h))))
         n_lid = comp.lid_mask.ne[0]
