@@ -381,7 +381,7 @@ class BlockGraph:
 
 # A layer's memory as its graph reads it: a tensor (K, V, or a recurrent state), a list of them, one per lane
 # of a pass with lanes (StepInputs.lanes), or None (a latent K/V's V).
-Memory = Union[native.Tensor, Sequence[native.Tensor], CompressedLayer, Sequence[CompressedLayer], None]
+Memory = Union[native.Tensor, Sequence[native.Tensor], CompressedLayer, None]
 
 
 def one_memory(m: Memory) -> native.Tensor:
@@ -393,9 +393,7 @@ def one_memory(m: Memory) -> native.Tensor:
 def lane_memory(m: Memory, j: int) -> native.Tensor:
     """Lane j's memory in a pass with lanes."""
     assert m is not None and not isinstance(m, (native.Tensor, CompressedLayer))
-    t = m[j]
-    assert isinstance(t, native.Tensor)
-    return t
+    return m[j]
 
 
 def check_sizes(hp: HParams, meta: Mapping[str, Any], own_v_heads: bool, sliding: bool) -> None:

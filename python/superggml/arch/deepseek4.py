@@ -25,8 +25,8 @@ from typing import Any, Mapping
 
 from ..errors import GGUFError, UnsupportedModelError
 from ..native import Context, Graph, Tensor
-from .base import BlockGraph, CompressedLayer, Memory, StepInputs, Weights, f32, lane_memory, logf, one_memory
-from .common import ROPE_NORM, Architecture, Rows, each_lane
+from .base import BlockGraph, CompressedLayer, Memory, StepInputs, Weights, f32, logf, one_memory
+from .common import ROPE_NORM, Architecture
 from .deepseek4_attention import CSA, HCA, AttentionShape, CompressedAttention
 from .moe import build_expert_outputs, build_router, moe_tensor_shapes, sum_experts
 
@@ -315,23 +315,11 @@ class Deepseek4Arch(Architecture):
         n]; the FFN's normed input F32 [n_embd, n])."""
         hp, p = self.hp, f"blk.{il}."
         E, n = hp.n_embd, inp.n_tokens
+        assert isinstance(v_cache, CompressedLayer)
         x = ctx.reshape(x, [E, HC, n])
         cur, post, comb = self.hc_pre(ctx, w, x, p + "hc_attn")
         cur = self.norm(ctx, w, cur, p + "attn_norm.weight")
-        if inp.lanes is None:
-            assert isinstance(v_cache, CompressedLayer)
-            cur = self.attn.attention(BlockGraph(ctx, gf, w, inp, il), cur, one_memory(k_cache), v_cache)
-        else:  # each sequence over its own memory, at its own positions
-            assert isinstance(v_cache, list) and inp.positions is not None
-            normed, positions = cur, inp.positions
-
-            def attend_one(j: int, lane: StepInputs, rows: Rows) -> Tensor:
-                at = dataclasses.replace(lane, positions=rows(positions, 1))
-                return self.attn.attention(
-                    BlockGraph(ctx, gf, w, at, il), rows(normed, 2), lane_memory(k_cache, j), v_cache[j]
-                )
-
-            cur = each_lane(ctx, inp, attend_one)
+        cur = self.attn.attention(BlockGraph(ctx, gf, w, inp, il), cur, one_memory(k_cache), v_cache)
         x = ctx.dsv4_hc_post(cur, x, post, comb)
         cur, post, comb = self.hc_pre(ctx, w, x, p + "hc_ffn")
         kept = ctx.concat(ctx.concat(ctx.reshape(x, [HC * E, n]), post, 0), ctx.reshape(comb, [HC * HC, n]), 0)

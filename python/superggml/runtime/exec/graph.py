@@ -138,7 +138,7 @@ class GraphPlan:
         chain: bool = False,
         merge: bool = False,
         hosted: tuple[tuple[int, ...], bool] = ((), False),
-        compressed: tuple[tuple[CompressorShape, ...], ...] = (),
+        compressed: tuple[CompressorShape, ...] = (),
     ):
         """`pc`: what the graphs are built from (the arch, weights, memory, activations, rotations, devices). `lanes`: a pass over several
         sequences, (tokens, n_kv) of each in row order, each attending over its own K/V (its lane's
@@ -159,7 +159,7 @@ class GraphPlan:
         self.chain = chain
         self.streams = streams
         self.n_lanes = len(lanes) if lanes else 0
-        self.compressed = compressed  # a compressed K/V's work per ratio, per lane (arch.pass_shape of each)
+        self.compressed = compressed  # a compressed K/V's work per ratio (one sequence: arch.pass_shape)
         self.keep: list[Any] = []  # contexts and buffers the graphs point into
         self.steps: list[Step] = []
         self.whole_graph: Any = None
@@ -176,8 +176,7 @@ class GraphPlan:
         mtype = F16 if c.flash_attn else F32
         arch = self.pc.family_inputs
         n_own = len(arch.own_inputs(n, self.n_kv, max(self.streams, 1))) + len(arch.pass_inputs(n)) if arch else 0
-        n_comp = sum(len(c) for c in self.compressed)
-        ictx = native.Context(max_tensors=8 + (5 + n_own) * max(self.n_lanes, 1) + 8 * n_comp)
+        ictx = native.Context(max_tensors=8 + (5 + n_own) * max(self.n_lanes, 1) + 8 * len(self.compressed))
 
         def named(tag: str, **t: Any) -> dict[str, Any]:
             for name, x in t.items():
@@ -215,12 +214,8 @@ class GraphPlan:
             "k_rots": {int(x[1:]): t for x, t in rots.items() if x[1:].isdigit()},
             "indexer_rot": rots.get("indexer"),
         }
-        comp = [
-            {s.ratio: self.compressor_inputs(ictx, s, nj, mtype) for s in c}
-            for c, nj in zip(self.compressed, [n] if self.lanes is None else [x for x, _ in self.lanes])
-        ]
-        if comp and self.lanes is None:
-            t["compressed"] = comp[0]
+        if self.compressed:
+            t["compressed"] = {s.ratio: self.compressor_inputs(ictx, s, mtype) for s in self.compressed}
         one = (self.lanes is None and not self.streams) or self.chain
         record = self.pc.memory.record_tensor if records(n, one) else None
         whole = arch.pass_inputs(n) if arch else {}
@@ -255,7 +250,6 @@ class GraphPlan:
                         row0=r0,
                         **rot,
                         **kv(nj, kvj, f"_s{j}"),
-                        compressed=comp[j] if comp else None,
                     )
                 )
                 r0 += nj
@@ -289,8 +283,8 @@ class GraphPlan:
             own[name].name = f"inp_{name}{tag}"
         return {"own": own}
 
-    def compressor_inputs(self, ictx: Any, s: CompressorShape, n: int, mtype: Any) -> CompressorInputs:
-        nb = s.blocks
+    def compressor_inputs(self, ictx: Any, s: CompressorShape, mtype: Any) -> CompressorInputs:
+        n, nb = self.n, s.blocks
         return CompressorInputs(
             ratio=s.ratio,
             state_pos=ictx.new_tensor(I32, [n]),
@@ -343,14 +337,12 @@ class GraphPlan:
                 if hidden is None:
                     raise ValueError("an MTP pass needs the hidden rows its tokens follow")
                 put(inp.hidden, np.ascontiguousarray(hidden, dtype=np.float32))
-            for lane, r, shapes in zip(inp.lanes or [inp], rows, self.compressed):  # each lane's compressors
-                assert lane.compressed is not None
-                for shape in shapes:
-                    p0, nj, fa = int(r.positions[0]), len(r.positions), self.pc.settings.context.flash_attn
-                    arrays = compressor_rows(shape, p0, nj, fa)
-                    for name, tensor in vars(lane.compressed[shape.ratio]).items():
-                        if isinstance(tensor, native.Tensor):
-                            put(tensor, arrays[name])
+            for shape in self.compressed:
+                assert inp.compressed is not None
+                arrays = compressor_rows(shape, int(pos[0]), self.n, self.pc.settings.context.flash_attn)
+                for name, tensor in vars(inp.compressed[shape.ratio]).items():
+                    if isinstance(tensor, native.Tensor):
+                        put(tensor, arrays[name])
             for lane, r, lane_pos in zip(inp.lanes or [inp], rows, own_pos):  # each with its masks, K/V indices (kv)
                 assert lane.mask is not None and lane.k_idxs is not None and lane.v_idxs is not None
                 if lane.own:

@@ -69,7 +69,7 @@ class PassRunner:
         chain: bool = False,
         merge: bool | None = None,
         hosted: tuple[tuple[int, ...], bool] = ((), False),
-        starts: Sequence[int] = (0,),
+        p0: int = 0,
     ) -> GraphPlan:
         """The graphs for micro-batches of this shape, built once and reused (embed: ending at the output norm,
         not the logits; streams, chain, merge: see GraphPlan; merge None: where nothing acts between blocks)."""
@@ -77,10 +77,9 @@ class PassRunner:
         hidden = buffers.hidden is not None and not embed
         if merge is None:
             merge = self.merges()
-        # a compressed K/V's work depends on where each lane starts (starts: their first positions)
+        # a compressed K/V's work depends on where the pass starts (p0: its one sequence's first position)
         layout = self.pc.arch.compressed_layout()
-        sizes = [n] if lanes is None else [x for x, _ in lanes]
-        compressed = tuple(pass_shape(layout[0], p0, x) for p0, x in zip(starts, sizes)) if layout else ()
+        compressed = pass_shape(layout[0], p0, n) if layout else ()
         key = (n, n_kv, n_out, lanes, embed, streams, hidden, chain, merge, hosted, compressed)
         plan = self.plans.pop(key, None)
         if plan is None or plan.generation != buffers.generation:
@@ -149,7 +148,7 @@ class PassRunner:
             streams,
             chain=bool(lanes) and len(set(ids)) == 1,
             hosted=hosted,
-            starts=starts,
+            p0=starts[0],
         )
         self.placements.arrange(hosted)
         contexts: list[list[int]] = []
@@ -328,7 +327,7 @@ class PassRunner:
         if any(not 0 <= il < self.pc.hp.n_layer for il in blocks):
             raise ValueError(f"blocks are in 0..{self.pc.hp.n_layer - 1}")
         n_kv = padded_kv(p0, 1, c.ctx_size)
-        plan = self.plan(1, n_kv, 1, merge=False, starts=(p0,))
+        plan = self.plan(1, n_kv, 1, merge=False, p0=p0)
         self.placements.arrange(((), False))  # every block on its device
         plan.fill(np.zeros(1, dtype=np.int32), [self.lane_rows(p0, 1, n_kv)], [0])
         self.pc.memory.bind([seq.id])

@@ -40,8 +40,9 @@ class LayerShapes:
 
 class CompressedKV(SequenceMemory):
     """The memory of a deepseek4 model: `ratios` per block, `head_dim` and `idx_dim` (the indexer's head) wide,
-    each block on its layer_device's backend. A pass over several sequences runs each lane's attention over its
-    own tensors (lanes, not streams: llama.cpp's unified dsv4 cache serves one sequence a graph)."""
+    each block on its layer_device's backend. One sequence a pass (max_lanes 1)."""
+
+    max_lanes = 1
 
     def __init__(
         self,
@@ -80,22 +81,11 @@ class CompressedKV(SequenceMemory):
                     ),
                 )
             )
-        if raw is not None:
-            self.max_lanes = min(self.max_lanes, raw.max_lanes)
-        self.lane_ctx: list[Any] = []
-        self.lanes: list[list[tuple[Any, CompressedLayer]]] = []  # per lane, per block: the tensors bind aliases
+        self.lane_ctx = native.Context(max_tensors=7 * len(self.shapes))
+        self.lanes = [self.new_layer(self.lane_ctx, s, raw is None) for s in self.shapes]
         self.storage: dict[int, tuple[list[tuple[Any, CompressedLayer]], list[Any]]] = {}
         self.length: dict[int, int] = {}
-        self.bound: list[int | None] = []  # each lane's sequence
-        self.ensure(1)
-
-    def ensure(self, n: int) -> None:
-        """Tensors for n lanes (no bytes: bind points them at their sequences)."""
-        while len(self.lanes) < n:
-            cx = native.Context(max_tensors=7 * len(self.shapes))
-            self.lane_ctx.append(cx)
-            self.lanes.append([self.new_layer(cx, s, self.raw is None) for s in self.shapes])
-            self.bound.append(None)
+        self.bound: int | None = None
 
     @staticmethod
     def new_layer(cx: Any, s: LayerShapes, with_raw: bool) -> tuple[Any, CompressedLayer]:
@@ -126,32 +116,28 @@ class CompressedKV(SequenceMemory):
         return got[0]
 
     def layer_tensors(self, il: int, n_lanes: int, streams: bool = False) -> tuple[Any, Any]:
-        """Block il's raw K and CompressedLayer of the first lane, or lists of n_lanes lanes'."""
-        if streams:
-            raise ValueError("deepseek4's compressed K/V runs sequences in lanes, not streams")
-        self.ensure(max(n_lanes, 1))
-        raws = [self.lanes[j][il][0] for j in range(max(n_lanes, 1))]
+        if n_lanes > 1 or streams:
+            raise ValueError("deepseek4's compressed K/V runs one sequence a pass")
+        raw, comp = self.lanes[il]
         if self.raw is not None:
-            raws = self.raw.lanes.layer(il, n_lanes)[0]
-        comps = [self.lanes[j][il][1] for j in range(max(n_lanes, 1))]
-        return (raws, comps) if n_lanes else (raws if self.raw is not None else raws[0], comps[0])
+            raw = self.raw.lanes.layer(il, 0)[0]
+        return ([raw] if n_lanes else raw), comp
 
     def bind(self, seqs: Sequence[int], streams: bool = False) -> None:
-        if streams:
-            raise ValueError("deepseek4's compressed K/V runs sequences in lanes, not streams")
-        self.ensure(len(seqs))
+        if len(seqs) != 1 or streams:
+            raise ValueError("deepseek4's compressed K/V runs one sequence a pass")
+        seq = seqs[0]
         if self.raw is not None:
             self.raw.bind(seqs)
-        for j, seq in enumerate(seqs):
-            if self.bound[j] == seq and seq in self.storage:
-                continue
-            for (raw, comp), (sraw, scomp) in zip(self.lanes[j], self.tensors(seq)):
-                if raw is not None:
-                    native.tensor_alias(raw, sraw)
-                for a, b in zip(vars(comp).values(), vars(scomp).values()):
-                    if a is not None:
-                        native.tensor_alias(a, b)
-            self.bound[j] = seq
+        if self.bound == seq and seq in self.storage:
+            return
+        for (raw, comp), (sraw, scomp) in zip(self.lanes, self.tensors(seq)):
+            if raw is not None:
+                native.tensor_alias(raw, sraw)
+            for a, b in zip(vars(comp).values(), vars(scomp).values()):
+                if a is not None:
+                    native.tensor_alias(a, b)
+        self.bound = seq
 
     def begin(self, seq: int, p0: int, n: int = 1) -> None:
         self.length[seq] = p0 + n
@@ -177,7 +163,8 @@ class CompressedKV(SequenceMemory):
     def drop(self, seq: int) -> None:
         self.storage.pop(seq, None)
         self.length.pop(seq, None)
-        self.bound = [None if b == seq else b for b in self.bound]
+        if self.bound == seq:
+            self.bound = None
 
     def stats(self) -> dict[str, Any]:
         raw = self.raw.stats() if self.raw is not None else {}
