@@ -566,14 +566,20 @@ def ffn_tensors(t, p, dense, n_embd, n_ff, n_expert, n_ff_exp, n_shared, probs_b
         t(p + "ffn_down_shexp.weight", n_embd, n_ff_exp * n_shared)
 
 
+def dense_ffn_tensors(t, p, n_embd, n_ff):
+    """Block p's dense SwiGLU of n_ff (gate, up, down), each matrix scaled by 1/sqrt(its fan-in), through the
+    writer t."""
+    t(p + "ffn_gate.weight", n_ff, n_embd, scale=n_embd**-0.5)
+    t(p + "ffn_up.weight", n_ff, n_embd, scale=n_embd**-0.5)
+    t(p + "ffn_down.weight", n_embd, n_ff, scale=n_ff**-0.5)
+
+
 def scaled_ffn_tensors(t, p, dense, n_embd, n_ff, n_expert, n_ff_exp, n_sh, probs_bias=True):
     """Block p's FFN as the synthetic models of the 2026 families lay it out, each matrix scaled by 1/sqrt(its
     fan-in): a dense SwiGLU of n_ff, or a router (plus exp_probs_b), n_expert experts of n_ff_exp and a shared
     expert of n_sh (0: none)."""
     if dense:
-        t(p + "ffn_gate.weight", n_ff, n_embd, scale=n_embd**-0.5)
-        t(p + "ffn_up.weight", n_ff, n_embd, scale=n_embd**-0.5)
-        t(p + "ffn_down.weight", n_embd, n_ff, scale=n_ff**-0.5)
+        dense_ffn_tensors(t, p, n_embd, n_ff)
         return
     t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=n_embd**-0.5)
     if probs_bias:

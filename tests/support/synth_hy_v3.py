@@ -13,7 +13,7 @@ import sys
 
 import gguf
 import numpy as np
-from synth_gguf import family_fields, family_parser, finish, start_header, tensor_writers
+from synth_gguf import dense_ffn_tensors, family_fields, family_parser, finish, start_header, tensor_writers
 
 SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, what HYV3Model writes (and llama.cpp's default here)
 
@@ -97,9 +97,7 @@ def synth_hy_v3(
         norm(p + "attn_k_norm.weight", head_dim)
         norm(p + "ffn_norm.weight")
         if il < n_dense:
-            t(p + "ffn_gate.weight", n_ff, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_up.weight", n_ff, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_down.weight", n_embd, n_ff, scale=n_ff**-0.5)
+            dense_ffn_tensors(t, p, n_embd, n_ff)
         else:
             t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=n_embd**-0.5)
             if probs_bias:

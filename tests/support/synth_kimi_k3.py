@@ -14,7 +14,7 @@ import sys
 
 import gguf
 import numpy as np
-from synth_gguf import family_fields, family_parser, finish, start_header, tensor_writers
+from synth_gguf import dense_ffn_tensors, family_fields, family_parser, finish, start_header, tensor_writers
 
 SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, what the converter asserts for Kimi-K3
 
@@ -145,9 +145,7 @@ def synth_kimi_k3(
             t(p + "attn_output.weight", n_embd, d_inner, scale=d_inner**-0.5)
         norm(p + "ffn_norm.weight")
         if il < n_dense:
-            t(p + "ffn_gate.weight", n_ff, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_up.weight", n_ff, n_embd, scale=n_embd**-0.5)
-            t(p + "ffn_down.weight", n_embd, n_ff, scale=n_ff**-0.5)
+            dense_ffn_tensors(t, p, n_embd, n_ff)
             continue
         t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=n_embd**-0.5)
         f32(p + "exp_probs_b.bias", n_expert, scale=0.1)

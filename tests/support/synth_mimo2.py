@@ -16,7 +16,7 @@ import sys
 
 import gguf
 import numpy as np
-from synth_gguf import family_fields, family_parser, finish, start_header, tensor_writers
+from synth_gguf import dense_ffn_tensors, family_fields, family_parser, finish, start_header, tensor_writers
 
 SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (scoring_func "sigmoid"); mimo2.cpp does not read it
 
@@ -120,9 +120,7 @@ def synth_mimo2(
         tb(p + "attn_output.weight", n_embd, n_head * head_dim_v, scale=(n_head * head_dim_v) ** -0.5)
         nb(p + "ffn_norm.weight")
         if il in dense_layers or mtp:
-            tb(p + "ffn_gate.weight", n_ff, n_embd, scale=n_embd**-0.5)
-            tb(p + "ffn_up.weight", n_ff, n_embd, scale=n_embd**-0.5)
-            tb(p + "ffn_down.weight", n_embd, n_ff, scale=n_ff**-0.5)
+            dense_ffn_tensors(tb, p, n_embd, n_ff)
         else:
             t(p + "ffn_gate_inp.weight", n_expert, n_embd, scale=n_embd**-0.5)
             if probs_bias:
