@@ -752,6 +752,24 @@ def each_sequence(
     )
 
 
+def conv_input(ctx: Context, gf: Graph, window: Tensor, x: Tensor, n: int) -> Tensor:
+    """A causal conv's input: one sequence's n rows x [ch, n] after its window (F32 [w, ch, 1], in its conv
+    state), F32 [w + n, ch, 1]; the window after the rows written back."""
+    ch = window.ne[1]
+    if x.nb[1] != ch * x.element_size:
+        x = ctx.cont(x)
+    xx = ctx.concat(window, ctx.transpose(ctx.reshape(x, [ch, n, 1])), 0)
+    slide_window(ctx, gf, xx, n, window)
+    return xx
+
+
+def slide_window(ctx: Context, gf: Graph, xx: Tensor, k: int, window: Tensor) -> None:
+    """The window after k of xx's rows (xx: the window's rows, then a pass's: conv_input's, or a record of it)
+    written back to `window` (F32 [w, ch, 1])."""
+    rows = ctx.view(xx, list(window.ne[:3]), [xx.nb[1], xx.nb[2]], k * xx.element_size)
+    gf.expand(ctx.cpy(rows, window))
+
+
 def packed_views(ctx: Context, record: Tensor, shapes: list[list[int]]) -> list[Tensor]:
     """Views of contiguous tensors of `shapes` (2-D or 3-D), one after another in record."""
     views, off, es = [], 0, record.element_size

@@ -8,7 +8,7 @@ import abc
 import dataclasses
 
 from ..native import Context, Graph, Tensor
-from .common import Architecture
+from .common import Architecture, conv_input, slide_window
 
 Shapes = dict[str, tuple[int, ...]]
 ATTENTION_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm")
@@ -55,17 +55,11 @@ class HybridArch(Architecture, abc.ABC):
     def conv_window(self, ctx: Context, gf: Graph, x: Tensor, n: int, conv_state: Tensor) -> Tensor:
         """One sequence's n rows x [conv_channels, n] after its window: [d_conv - 1 + n, conv_channels, 1], the
         conv's input; the window after the rows written back to conv_state."""
-        ch = self.conv_channels
-        if x.nb[1] != ch * x.element_size:
-            x = ctx.cont(x)
-        xx = ctx.concat(self.window(ctx, conv_state), ctx.transpose(ctx.reshape(x, [ch, n, 1])), 0)
-        self.slide(ctx, gf, xx, n, conv_state)
-        return xx
+        return conv_input(ctx, gf, self.window(ctx, conv_state), x, n)
 
     def window(self, ctx: Context, conv_state: Tensor) -> Tensor:
         return ctx.reshape(conv_state, [self.d_conv - 1, self.conv_channels, 1])
 
     def slide(self, ctx: Context, gf: Graph, xx: Tensor, k: int, conv_state: Tensor) -> None:
         """The window after k of xx's rows (xx: the window, then the rows) written back to conv_state."""
-        rows = ctx.view(xx, [self.d_conv - 1, self.conv_channels, 1], [xx.nb[1], xx.nb[2]], k * xx.element_size)
-        gf.expand(ctx.cpy(rows, self.window(ctx, conv_state)))
+        slide_window(ctx, gf, xx, k, self.window(ctx, conv_state))

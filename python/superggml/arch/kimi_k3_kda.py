@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..native import Context, Graph, Tensor
 from .base import BlockGraph, Memory, Weights, f32
-from .common import each_sequence, inv_sqrt, packed_views
+from .common import conv_input, each_sequence, inv_sqrt, packed_views, slide_window
 
 
 @dataclass(frozen=True)
@@ -137,10 +137,7 @@ class KdaMixer:
         `record`)."""
         s = self.shape
         Di = s.d_inner
-        if x.nb[1] != Di * x.element_size:
-            x = ctx.cont(x)
-        xx = ctx.concat(self.window(ctx, conv, part), ctx.transpose(ctx.reshape(x, [Di, n, 1])), 0)  # [c + n, Di, 1]
-        self.slide(ctx, gf, xx, n, conv, part)
+        xx = conv_input(ctx, gf, self.window(ctx, conv, part), x, n)  # [c + n, Di, 1]
         if record is not None:
             gf.expand(ctx.cpy(xx, record))
         weight = ctx.reshape(w(p + f"ssm_conv1d_{'qkv'[part]}.weight"), [s.d_conv, Di])
@@ -151,13 +148,6 @@ class KdaMixer:
         """Part `part`'s window in a sequence's conv state: F32 [d_conv - 1, d_inner, 1]."""
         Di, c, es = self.shape.d_inner, self.shape.d_conv - 1, conv.element_size
         return ctx.view(conv, [c, Di, 1], [c * es, c * Di * es], part * c * Di * es)
-
-    def slide(self, ctx: Context, gf: Graph, xx: Tensor, k: int, conv: Tensor, part: int) -> None:
-        """The window after k of xx's rows (xx: the window, then the rows) written back to part `part`'s."""
-        c, Di = self.shape.d_conv - 1, self.shape.d_inner
-        gf.expand(
-            ctx.cpy(ctx.view(xx, [c, Di, 1], [xx.nb[1], xx.nb[2]], k * xx.element_size), self.window(ctx, conv, part))
-        )
 
     # -- replay: the states k rows into a recorded pass ----------------------
     def record_size(self, n: int) -> int:
@@ -180,7 +170,7 @@ class KdaMixer:
         slides k rows, and the delta rule runs the first k rows again (the same arithmetic, row by row)."""
         views = self.record_views(ctx, record, n)
         for part in range(3):
-            self.slide(ctx, gf, views[part], k, conv, part)
+            slide_window(ctx, gf, views[part], k, self.window(ctx, conv, part))
         first = [ctx.view(v, [v.ne[0], v.ne[1], k], [v.nb[1], v.nb[2]], 0) for v in views[3:]]
         qkv = [ctx.reshape(v, [v.ne[0], v.ne[1], k, 1]) for v in first[:3]]
         self.rule(ctx, gf, qkv, first[3], first[4], k, state)

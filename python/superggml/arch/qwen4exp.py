@@ -26,9 +26,9 @@ from .. import native
 from ..errors import GGUFError
 from ..native import Context, Graph, Tensor
 from .base import BlockGraph, HParams, Memory, StepInputs, Weights, f32, lane_memory, one_memory
-from .common import Rows, build_attn, each_lane, inv_sqrt, row_size, top_k_mask, whole
+from .common import Rows, build_attn, each_lane, inv_sqrt, row_size, slide_window, top_k_mask, whole
 from .qwen35moe import Qwen35MoeArch
-from .qwen4exp_ple import build_ple, load_ple, ple_rows, slide_history
+from .qwen4exp_ple import build_ple, history, load_ple, ple_rows
 from .qwen4exp_qsa import qsa_inputs, qsa_values
 
 I32 = native.GGMLType.I32
@@ -125,12 +125,12 @@ class Qwen4ExpArch(Qwen35MoeArch):
     def record_size(self, n: int) -> int:
         """The delta-net's record, then (every layer as wide) the PLE conv's input with its history."""
         ple = self.ple
-        return super().record_size(n) + (((ple.conv - 1) * ple.ngram + n) * self.hc * self.hp.n_embd if ple else 0)
+        return super().record_size(n) + ((ple.history_rows + n) * self.hc * self.hp.n_embd if ple else 0)
 
     def ple_record(self, ctx: Context, record: Tensor, n: int) -> Tensor:
         """Where a pass of n rows leaves the PLE conv's input with its history: F32 [hist + n, hc * n_embd, 1]."""
         assert self.ple is not None
-        rows, hcd, es = (self.ple.conv - 1) * self.ple.ngram + n, self.hc * self.hp.n_embd, record.element_size
+        rows, hcd, es = self.ple.history_rows + n, self.hc * self.hp.n_embd, record.element_size
         return ctx.view(record, [rows, hcd, 1], [rows * es, rows * hcd * es], super().record_size(n) * es)
 
     def replay(
@@ -138,7 +138,8 @@ class Qwen4ExpArch(Qwen35MoeArch):
     ) -> None:
         super().replay(ctx, gf, record, n, k, conv, state, slot)
         if self.ple and slot == sum(self.recurrent[: self.ple.layer]):  # the PLE's block: its history slides too
-            slide_history(ctx, gf, self.ple, self.ple_record(ctx, record, n), k, conv, self.ple_at)
+            past = history(ctx, self.ple, conv, self.hc * self.hp.n_embd, self.ple_at)
+            slide_window(ctx, gf, self.ple_record(ctx, record, n), k, past)
 
     # -- inputs the passes fill (PassInputs) ---------------------------------------
     def own_inputs(self, n: int, n_kv: int, streams: int) -> dict[str, tuple[native.GGMLType, list[int]]]:

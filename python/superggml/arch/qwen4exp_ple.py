@@ -19,9 +19,9 @@ import numpy as np
 
 from .. import native
 from ..errors import GGUFError
-from ..native import Context, Graph, Tensor
+from ..native import Context, Tensor
 from .base import BlockGraph, Memory, Weights, f32
-from .common import each_sequence, inv_sqrt
+from .common import conv_input, each_sequence, inv_sqrt
 
 MASK64 = (1 << 64) - 1
 F32 = native.GGMLType.F32
@@ -49,9 +49,14 @@ class Ple:
     def rows_needed(self) -> int:
         return max(o + s for o, s in zip(self.offsets, self.sizes))
 
+    @property
+    def history_rows(self) -> int:
+        """Rows of the conv's history a sequence keeps: (K - 1) n."""
+        return (self.conv - 1) * self.ngram
+
     def history(self, hc_dim: int) -> int:
         """Values of the conv's history a sequence keeps: (K - 1) n rows of hc * n_embd."""
-        return (self.conv - 1) * self.ngram * hc_dim
+        return self.history_rows * hc_dim
 
 
 def load_ple(
@@ -162,16 +167,8 @@ def grouped_norm(ctx: Context, w: Weights, x: Tensor, name: str, hc: int, eps: f
 
 def history(ctx: Context, ple: Ple, conv_state: Tensor, hcd: int, at: int) -> Tensor:
     """The conv's history in a sequence's conv row, after `at`: F32 [(K - 1) n, hc_dim, 1]."""
-    hist, es = (ple.conv - 1) * ple.ngram, conv_state.element_size
+    hist, es = ple.history_rows, conv_state.element_size
     return ctx.view(conv_state, [hist, hcd, 1], [hist * es, hist * hcd * es], at * es)
-
-
-def slide_history(ctx: Context, gf: Graph, ple: Ple, padded: Tensor, k: int, conv_state: Tensor, at: int) -> None:
-    """The history after k of padded's rows (padded [hist + m, hc_dim, 1]: the history, then the rows) written
-    back."""
-    hist, hcd = (ple.conv - 1) * ple.ngram, padded.ne[1]
-    tail = ctx.view(padded, [hist, hcd, 1], [padded.nb[1], padded.nb[2]], k * padded.element_size)
-    gf.expand(ctx.cpy(ctx.cont(tail), history(ctx, ple, conv_state, hcd, at)))
 
 
 def dilated_conv(
@@ -181,12 +178,8 @@ def dilated_conv(
     (K - 1) n inputs written back after `at` in its conv row (and the history with the rows copied to
     `record`)."""
     ctx, gf, w = blk.ctx, blk.gf, blk.w
-    hcd, hist = x.ne[0], (ple.conv - 1) * ple.ngram
-    if x.nb[1] != hcd * x.element_size:
-        x = ctx.cont(x)
-    rows = ctx.transpose(ctx.reshape(x, [hcd, m, 1]))
-    padded = ctx.concat(history(ctx, ple, conv_state, hcd, at), rows, 0)  # [hist + m, hcd, 1]
-    slide_history(ctx, gf, ple, padded, m, conv_state, at)
+    hcd, hist = x.ne[0], ple.history_rows
+    padded = conv_input(ctx, gf, history(ctx, ple, conv_state, hcd, at), x, m)  # [hist + m, hcd, 1]
     if record is not None:
         gf.expand(ctx.cpy(padded, record))
     weights = w(f"blk.{blk.il}.ple_conv1d.weight")
